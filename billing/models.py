@@ -1,0 +1,116 @@
+"""Usage records (one per proxied request), SLOs and alerts."""
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+
+class UsageStatus(models.TextChoices):
+    OK = "ok", "OK"
+    SHED = "shed", "Shed"
+    RATE_LIMITED = "rate_limited", "Rate limited"
+    CLIENT_CANCELLED = "client_cancelled", "Client cancelled"
+    UPSTREAM_ERROR = "upstream_error", "Upstream error"
+    TIMEOUT = "timeout", "Timeout"
+
+
+class UsageRecord(models.Model):
+    """Exactly one per request id; writers insert with ON CONFLICT DO NOTHING so re-delivery is harmless."""
+
+    request_id = models.CharField(max_length=64, unique=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="usage_records")
+    api_key = models.ForeignKey("tenants.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    endpoint = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    replica = models.ForeignKey("endpoints.Replica", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    priority = models.CharField(max_length=12, default="standard")
+    input_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    mu = models.FloatField(default=0.0)
+    queue_ms = models.FloatField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    tpot_ms = models.FloatField(null=True, blank=True)
+    e2e_ms = models.FloatField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=UsageStatus.choices, db_index=True)
+    slo_met = models.BooleanField(default=False)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(db_index=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-finished_at"]
+        indexes = [
+            models.Index(fields=["endpoint", "finished_at"], name="usage_endpoint_time"),
+            models.Index(fields=["tenant", "finished_at"], name="usage_tenant_time"),
+        ]
+
+    def __str__(self) -> str:
+        return self.request_id
+
+
+class SLIKind(models.TextChoices):
+    AVAILABILITY = "availability", "Availability"
+    TTFT = "ttft", "Time to first token"
+    TPOT = "tpot", "Time per output token"
+    GOODPUT = "goodput", "Goodput (TTFT and TPOT)"
+
+
+class SLO(models.Model):
+    name = models.CharField(max_length=120)
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="slos")
+    tenant = models.ForeignKey(
+        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="slos",
+        help_text="empty = the whole endpoint",
+    )
+    sli = models.CharField(max_length=16, choices=SLIKind.choices)
+    objective = models.FloatField(validators=[MinValueValidator(0.5), MaxValueValidator(0.99999)])
+    period_days = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1), MaxValueValidator(365)])
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True, help_text="defaults to the endpoint's TTFT SLO")
+    tpot_ms = models.PositiveIntegerField(null=True, blank=True, help_text="defaults to the endpoint's TPOT SLO")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["endpoint_id", "name"]
+        verbose_name = "SLO"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_sli_display()} {self.objective:.3%})"
+
+
+class Alert(models.Model):
+    class Severity(models.TextChoices):
+        PAGE = "page", "Page"
+        TICKET = "ticket", "Ticket"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        FIRING = "firing", "Firing"
+        RESOLVED = "resolved", "Resolved"
+
+    slo = models.ForeignKey(SLO, on_delete=models.CASCADE, related_name="alerts")
+    severity = models.CharField(max_length=8, choices=Severity.choices)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    long_window = models.CharField(max_length=8)
+    short_window = models.CharField(max_length=8)
+    burn_rate_threshold = models.FloatField()
+    burn_rate_long = models.FloatField(default=0.0)
+    burn_rate_short = models.FloatField(default=0.0)
+    started_at = models.DateTimeField(default=timezone.now)
+    fired_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey("tenants.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            # Deduplication: at most one open alert per SLO and window pair.
+            models.UniqueConstraint(
+                fields=["slo", "long_window", "short_window"],
+                condition=~models.Q(state="resolved"),
+                name="one_open_alert_per_slo_window",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.severity} {self.slo} {self.long_window}/{self.short_window} {self.state}"

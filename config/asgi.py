@@ -1,0 +1,22 @@
+"""ASGI entry point: Channels routes HTTP (the OpenAI-compatible proxy under /v1/, Django for the rest)
+and WebSockets (the console's live updates)."""
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from config.routing import http_application, websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_application(django_asgi_app),
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -1,0 +1,10 @@
+"""Channels routing tables. The proxy and console modules register themselves here."""
+from channels.routing import URLRouter
+from django.urls import re_path
+
+websocket_urlpatterns: list = []
+
+
+def http_application(django_asgi_app):
+    """HTTP: /v1/ and /metrics go to the proxy once it exists; everything else to Django."""
+    return URLRouter([re_path(r"", django_asgi_app)])

@@ -1,0 +1,103 @@
+"""Settings shared by every environment; integrations live in their own small modules below."""
+from pathlib import Path
+
+from .backends import resolve_backends
+from .env import env, env_bool, env_int
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(env("INFERCAP_VAR_DIR", str(BASE_DIR / "var")))
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", "")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = [h for h in env("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "tenants",
+    "endpoints",
+    "capacity",
+    "billing",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+AUTH_USER_MODEL = "tenants.User"
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/console/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+BACKENDS = resolve_backends(database_url=env("DATABASE_URL", ""), redis_url=env("REDIS_URL", ""), var_dir=VAR_DIR)
+DATABASES = {"default": BACKENDS.database}
+CACHES = {"default": BACKENDS.cache}
+CHANNEL_LAYERS = {"default": BACKENDS.channel_layer}
+REDIS_URL = BACKENDS.redis_url
+
+from .celery import celery_settings  # noqa: E402
+
+globals().update(celery_settings(BACKENDS))
+from .drf import *  # noqa: E402,F401,F403
+from .logging import *  # noqa: E402,F401,F403
+
+# infercap knobs (documented in README "Configuration")
+INFERCAP = {
+    # How stale a proxy's config snapshot may get before it re-reads the version stamp.
+    "SNAPSHOT_POLL_S": float(env("INFERCAP_SNAPSHOT_POLL_S", "0.5")),
+    # Sold MU/min may exceed an endpoint's capacity by this ratio before a sale is refused.
+    "OVERCOMMIT_LIMIT": float(env("INFERCAP_OVERCOMMIT_LIMIT", "1.5")),
+    # Raw usage records older than this are deleted in batches once rolled up.
+    "USAGE_RETENTION_DAYS": env_int("INFERCAP_USAGE_RETENTION_DAYS", 30),
+    # When Redis cannot be reached the limiter admits ("open") or refuses ("closed").
+    "RATE_LIMIT_FAIL_MODE": env("INFERCAP_RATE_LIMIT_FAIL_MODE", "open"),
+    "SPOOL_DIR": str(VAR_DIR / "spool"),
+}

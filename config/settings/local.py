@@ -1,0 +1,14 @@
+"""Developer and demo settings: DEBUG on, a throwaway secret, the embedded default when nothing is configured."""
+import os
+import sys
+
+from .base import *  # noqa: F401,F403
+from .base import BACKENDS
+
+DEBUG = True
+SECRET_KEY = SECRET_KEY or "local-only-insecure-key-never-use-in-production"  # noqa: F405
+
+if (BACKENDS.embedded_database or BACKENDS.embedded_redis) and not os.environ.get("INFERCAP_QUIET"):
+    # Say once per process which backends are in use, so nobody mistakes the demo for production.
+    os.environ["INFERCAP_QUIET"] = "1"
+    print(f"infercap: {BACKENDS.describe()}", file=sys.stderr)

@@ -1,0 +1,14 @@
+"""Test settings: the real PostgreSQL and Redis (DATABASE_URL / REDIS_URL, defaulting to the local servers)."""
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/infercap")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+from .base import *  # noqa: E402,F401,F403
+
+SECRET_KEY = "test-only-key"
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+CELERY_TASK_ALWAYS_EAGER = True
+CELERY_TASK_EAGER_PROPAGATES = True
+INFERCAP["SNAPSHOT_POLL_S"] = 0.1  # noqa: F405

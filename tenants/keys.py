@@ -1,0 +1,68 @@
+"""API key material: generation, hashing, lookup. Only the prefix is ever stored or logged in clear."""
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+KEY_PREFIX = "ick_"
+PREFIX_LEN = 12  # "ick_" + 8 random characters, unique and shown in lists
+
+
+def generate_key() -> tuple[str, str, str]:
+    """Return (full key, prefix, sha256 hex digest)."""
+    raw = KEY_PREFIX + secrets.token_urlsafe(32)
+    return raw, raw[:PREFIX_LEN], hash_key(raw)
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def authenticate_api_key(raw: str):
+    """Return the usable ApiKey for a presented key, or None. Constant-time digest comparison."""
+    from tenants.models import ApiKey
+
+    if not raw.startswith(KEY_PREFIX) or len(raw) < PREFIX_LEN + 8:
+        return None
+    candidate = ApiKey.objects.select_related("tenant").filter(prefix=raw[:PREFIX_LEN]).first()
+    if candidate is None or not hmac.compare_digest(candidate.key_hash, hash_key(raw)):
+        return None
+    if not candidate.is_usable(now=timezone.now()) or not candidate.tenant.is_active:
+        return None
+    return candidate
+
+
+@dataclass
+class ApiKeyPrincipal:
+    """request.user for key-authenticated API calls: a tenant member (or admin with the write scope)."""
+
+    api_key: object
+    is_authenticated: bool = True
+    is_active: bool = True
+    is_staff: bool = False
+    is_superuser: bool = False
+    is_operator: bool = False
+
+    @property
+    def tenant(self):
+        return self.api_key.tenant
+
+    @property
+    def tenant_id(self):
+        return self.api_key.tenant_id
+
+    @property
+    def is_tenant_admin(self) -> bool:
+        return "write" in self.api_key.scopes
+
+    @property
+    def pk(self):
+        return None
+
+    id = pk
+
+    @property
+    def username(self) -> str:
+        return f"key:{self.api_key.prefix}"

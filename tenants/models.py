@@ -1,0 +1,131 @@
+"""Tenants, users and their roles, API keys, capacity reservations and the audit trail."""
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+
+class PriorityClass(models.TextChoices):
+    """Gateway API InferenceModel criticality; health probes outrank all of them."""
+
+    CRITICAL = "critical", "Critical"
+    STANDARD = "standard", "Standard"
+    SHEDDABLE = "sheddable", "Sheddable"
+
+    @classmethod
+    def rank(cls, value: str) -> int:
+        """Lower rank is served first."""
+        return {cls.CRITICAL: 0, cls.STANDARD: 1, cls.SHEDDABLE: 2}[value]
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=120, unique=True)
+    slug = models.SlugField(max_length=63, unique=True)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Role(models.TextChoices):
+    OPERATOR = "operator", "Operator"
+    TENANT_ADMIN = "tenant_admin", "Tenant admin"
+    TENANT_MEMBER = "tenant_member", "Tenant member"
+
+
+class User(AbstractUser):
+    """An operator sees everything; tenant admins and members see only their tenant."""
+
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.TENANT_MEMBER)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="users")
+
+    @property
+    def is_operator(self) -> bool:
+        return self.is_superuser or self.role == Role.OPERATOR
+
+    @property
+    def is_tenant_admin(self) -> bool:
+        return self.role == Role.TENANT_ADMIN
+
+
+class ApiKeyScope(models.TextChoices):
+    INFERENCE = "inference", "Inference (proxy)"
+    READ = "read", "Read API"
+    WRITE = "write", "Write API"
+
+
+def default_scopes() -> list[str]:
+    return [ApiKeyScope.INFERENCE]
+
+
+class ApiKey(models.Model):
+    """Stored as a SHA-256 digest: keys are 256-bit random, so a slow hash would buy nothing but proxy latency."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=120)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    scopes = models.JSONField(default=default_scopes)
+    max_priority = models.CharField(max_length=12, choices=PriorityClass.choices, default=PriorityClass.STANDARD)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def is_usable(self, *, now=None) -> bool:
+        now = now or timezone.now()
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class CapacityReservation(models.Model):
+    """Capacity sold to a tenant on one endpoint, in model units per minute."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="reservations")
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="reservations")
+    mu_per_min = models.FloatField(validators=[MinValueValidator(0.0)])
+    priority = models.CharField(max_length=12, choices=PriorityClass.choices, default=PriorityClass.STANDARD)
+    # Burst allowance: the token bucket holds this many minutes of the reservation.
+    burst_minutes = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "endpoint"], name="one_reservation_per_tenant_endpoint")]
+        ordering = ["endpoint_id", "tenant_id"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} on {self.endpoint}: {self.mu_per_min:g} MU/min"
+
+
+class AuditEntry(models.Model):
+    """Who did what to which object, from the console, the API or a control loop."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    actor_label = models.CharField(max_length=120, blank=True)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.SET_NULL)
+    action = models.CharField(max_length=64)
+    object_type = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor_label} {self.action} {self.object_type}:{self.object_id}"
