@@ -1,0 +1,55 @@
+"""``python manage.py bench NAME [--quick] [--plot FILE.svg]``: run one of the platform's benchmarks.
+
+Each benchmark is a module exposing ``run(*, quick: bool, plot: str | None, progress, **options) -> dict``
+and optionally ``add_arguments(parser)``. Progress goes to stderr; the figures are printed last, as one
+line of JSON on stdout.
+"""
+import importlib
+import json
+import sys
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+BENCHMARKS = {
+    "sim": "endpoints.benchmarks.sim",
+    "proxy": "endpoints.benchmarks.proxy",
+    "routing": "endpoints.benchmarks.routing",
+    "planner": "capacity.benchmarks.planner",
+    "autoscale": "capacity.benchmarks.autoscale",
+    "slo": "billing.benchmarks.slo",
+    "reliability": "workers.benchmarks.reliability",
+}
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Command(BaseCommand):
+    help = "Run a benchmark and print its figures as JSON on the last line. Names: " + ", ".join(BENCHMARKS)
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", choices=sorted(BENCHMARKS))
+        parser.add_argument("--quick", action="store_true", help="a reduced run that finishes in about a minute")
+        parser.add_argument("--plot", metavar="FILE.svg", help="also draw the benchmark's curves to an SVG file")
+        # Benchmark-specific options are accepted as --opt key=value pairs to keep one command.
+        parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE")
+        parser.add_argument("--live", action="store_true", help="run through real processes instead of the simulator")
+
+    def handle(self, *args, name, quick, plot, opt, live, **kwargs):
+        try:
+            module = importlib.import_module(BENCHMARKS[name])
+        except ModuleNotFoundError as exc:
+            raise CommandError(f"benchmark {name!r} is not available: {exc}") from exc
+        extra = {}
+        for pair in opt:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise CommandError(f"--opt expects KEY=VALUE, got {pair!r}")
+            extra[key.replace("-", "_")] = value
+        started = time.perf_counter()
+        progress(f"bench {name}{' (quick)' if quick else ''} starting")
+        figures = module.run(quick=quick, plot=plot, live=live, progress=progress, **extra)
+        progress(f"bench {name} finished in {time.perf_counter() - started:.1f} s")
+        self.stdout.write(json.dumps(figures, sort_keys=False, default=str))
