@@ -1,0 +1,33 @@
+# The two commands of the README, and a few more for developers.
+SHELL := /bin/bash
+PY := .venv/bin/python
+export DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/infercap
+export REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
+
+.PHONY: run test setup lint schema bench-quick clean
+
+## run: set up and start the whole platform on the embedded default (no PostgreSQL/Redis needed)
+run: setup
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py run_platform
+
+## test: set up and run every test against real PostgreSQL and Redis (started if needed), browser tests included
+test: setup
+	scripts/ensure_services.sh
+	@if [ -x scripts/install_browser.sh ]; then scripts/install_browser.sh; fi
+	DATABASE_URL=$(DATABASE_URL_TEST) REDIS_URL=$(REDIS_URL_TEST) $(PY) -m pytest -q -p no:cacheprovider
+
+setup:
+	@scripts/bootstrap.sh
+
+lint: setup
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+schema: setup
+	DATABASE_URL=$(DATABASE_URL_TEST) $(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
+
+bench-quick: setup
+	for b in sim planner routing autoscale proxy slo; do $(PY) manage.py bench $$b --quick | tail -n1; done
+
+clean:
+	rm -rf var artifacts .pytest_cache
