@@ -1,0 +1,91 @@
+"""Admin for endpoints, replicas and the replica lifecycle history."""
+
+from django.contrib import admin
+
+from endpoints.models import Endpoint, Replica, ReplicaTransition
+from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
+
+
+class ReplicaInline(admin.TabularInline):
+    model = Replica
+    fields = ["name", "url", "state", "state_changed_at", "concurrency_limit", "last_probe_ok", "is_standby"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        # Replicas are created by actuators, and their state moves only through replica_transition.
+        return False
+
+
+@admin.register(Endpoint)
+class EndpointAdmin(OperatorAdmin):
+    list_display = [
+        "name",
+        "owner_tenant",
+        "model_profile",
+        "hardware_profile",
+        "runtime",
+        "min_replicas",
+        "desired_replicas",
+        "max_replicas",
+        "concurrency_limit",
+        "routing_policy",
+        "ttft_slo_ms",
+        "tpot_slo_ms",
+    ]
+    list_filter = ["runtime", "routing_policy", "hardware_profile", "model_profile", "owner_tenant"]
+    search_fields = ["name", "owner_tenant__name", "model_profile__name", "hardware_profile__name"]
+    list_select_related = ["owner_tenant", "model_profile", "hardware_profile"]
+    inlines = [ReplicaInline]
+
+
+class ReplicaTransitionInline(admin.TabularInline):
+    model = ReplicaTransition
+    fields = ["at", "from_state", "to_state", "reason"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Replica)
+class ReplicaAdmin(OperatorAdmin):
+    list_display = [
+        "name",
+        "endpoint",
+        "state",
+        "state_changed_at",
+        "url",
+        "actuator",
+        "concurrency_limit",
+        "last_probe_ok",
+        "consecutive_probe_failures",
+        "is_standby",
+    ]
+    list_filter = ["state", "actuator", "is_standby", "endpoint"]
+    search_fields = ["name", "url", "endpoint__name", "actuator_ref"]
+    list_select_related = ["endpoint"]
+    # State is read-only here: edits would bypass the lifecycle state machine and its transition log.
+    readonly_fields = [
+        "state",
+        "state_changed_at",
+        "last_probe_at",
+        "last_probe_ok",
+        "consecutive_probe_failures",
+        "failure_reason",
+        "created_at",
+    ]
+    inlines = [ReplicaTransitionInline]
+
+
+@admin.register(ReplicaTransition)
+class ReplicaTransitionAdmin(ReadOnlyOperatorAdmin):
+    list_display = ["at", "replica", "from_state", "to_state", "reason"]
+    list_filter = ["to_state", "from_state"]
+    search_fields = ["replica__name", "replica__endpoint__name", "reason"]
+    list_select_related = ["replica__endpoint"]
+    date_hierarchy = "at"

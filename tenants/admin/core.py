@@ -1,0 +1,102 @@
+"""Admin for tenants, users, API keys (prefix only, never the hash), reservations and the audit trail."""
+
+from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+
+from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
+from tenants.models import ApiKey, AuditEntry, CapacityReservation, Tenant, User
+from tenants.services import api_key_create, api_key_revoke
+
+
+@admin.register(Tenant)
+class TenantAdmin(OperatorAdmin):
+    list_display = ["name", "slug", "is_active", "created_at"]
+    list_filter = ["is_active"]
+    search_fields = ["name", "slug"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(User)
+class UserAdmin(OperatorAdmin, DjangoUserAdmin):
+    list_display = ["username", "email", "role", "tenant", "is_staff", "is_active", "last_login"]
+    list_filter = ["role", "tenant", "is_staff", "is_active"]
+    search_fields = ["username", "email", "first_name", "last_name", "tenant__name"]
+    list_select_related = ["tenant"]
+    fieldsets = DjangoUserAdmin.fieldsets + (("infercap", {"fields": ("role", "tenant")}),)
+    add_fieldsets = DjangoUserAdmin.add_fieldsets + (("infercap", {"fields": ("role", "tenant")}),)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(OperatorAdmin):
+    list_display = ["name", "prefix", "tenant", "scopes", "max_priority", "expires_at", "revoked_at", "last_used_at"]
+    list_filter = ["tenant", "max_priority", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix", "tenant__name"]
+    list_select_related = ["tenant"]
+    # The hash is deliberately absent: it is never shown, not even to operators.
+    fields = [
+        "tenant",
+        "name",
+        "prefix",
+        "scopes",
+        "max_priority",
+        "expires_at",
+        "revoked_at",
+        "created_by",
+        "created_at",
+        "last_used_at",
+    ]
+    readonly_fields = ["prefix", "revoked_at", "created_by", "created_at", "last_used_at"]
+    actions = ["revoke_keys"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # An existing key belongs to its tenant for good; moving it would hand a live secret to someone else.
+        return self.readonly_fields + (["tenant"] if obj else [])
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        key, raw = api_key_create(
+            tenant=obj.tenant,
+            name=obj.name,
+            scopes=obj.scopes,
+            max_priority=obj.max_priority,
+            expires_at=obj.expires_at,
+            actor=request.user,
+        )
+        obj.pk, obj.prefix, obj.key_hash = key.pk, key.prefix, key.key_hash
+        # Shown exactly once: only its hash is stored.
+        self.message_user(request, f"New API key (copy it now, it will not be shown again): {raw}", messages.WARNING)
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke_keys(self, request, queryset):
+        for key in queryset:
+            api_key_revoke(api_key=key, actor=request.user)
+        self.message_user(request, f"Revoked {queryset.count()} key(s).")
+
+
+@admin.register(CapacityReservation)
+class CapacityReservationAdmin(OperatorAdmin):
+    list_display = [
+        "tenant",
+        "endpoint",
+        "mu_per_min",
+        "priority",
+        "burst_minutes",
+        "rpm_limit",
+        "tpm_limit",
+        "updated_at",
+    ]
+    list_filter = ["priority", "endpoint", "tenant"]
+    search_fields = ["tenant__name", "endpoint__name"]
+    list_select_related = ["tenant", "endpoint"]
+    autocomplete_fields = ["tenant"]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyOperatorAdmin):
+    list_display = ["at", "actor_label", "tenant", "action", "object_type", "object_id"]
+    list_filter = ["action", "object_type", "tenant"]
+    search_fields = ["actor_label", "action", "object_type", "object_id"]
+    list_select_related = ["tenant"]
+    date_hierarchy = "at"
