@@ -1,0 +1,97 @@
+"""Which model-unit coefficients an endpoint uses: its pinned benchmark, else the latest succeeded benchmark of its
+(model, hardware) pair, else the model profile's defaults. Kept apart from ``capacity.units`` so that stays pure."""
+from __future__ import annotations
+
+from capacity.models import CapacityBenchmark, ModelProfile
+from capacity.units import MUCoefficients
+
+
+def benchmark_coefficients(benchmark: CapacityBenchmark) -> MUCoefficients:
+    return MUCoefficients(
+        alpha=benchmark.alpha,
+        alpha_cached=benchmark.alpha_cached,
+        beta=benchmark.beta,
+        gamma=benchmark.gamma,
+        mu_per_min=benchmark.mu_per_min,
+        source=f"benchmark:{benchmark.pk}",
+    )
+
+
+def profile_coefficients(profile: ModelProfile) -> MUCoefficients:
+    return MUCoefficients(
+        alpha=profile.alpha,
+        alpha_cached=profile.alpha_cached,
+        beta=profile.beta,
+        gamma=profile.gamma,
+        mu_per_min=profile.mu_per_min,
+        source="profile",
+    )
+
+
+def _usable(benchmark: CapacityBenchmark | None) -> bool:
+    return (
+        benchmark is not None
+        and benchmark.status == CapacityBenchmark.Status.SUCCEEDED
+        and None not in (benchmark.alpha, benchmark.alpha_cached, benchmark.beta, benchmark.gamma, benchmark.mu_per_min)
+    )
+
+
+def latest_benchmark_for(*, model_profile_id: int, hardware_profile_id: int) -> CapacityBenchmark | None:
+    return (
+        CapacityBenchmark.objects.filter(
+            model_profile_id=model_profile_id,
+            hardware_profile_id=hardware_profile_id,
+            status=CapacityBenchmark.Status.SUCCEEDED,
+        )
+        .order_by("-version")
+        .first()
+    )
+
+
+def endpoint_benchmark(endpoint) -> CapacityBenchmark | None:
+    """The benchmark an endpoint's model units come from, or None when it runs on profile defaults."""
+    pinned = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
+    if _usable(pinned):
+        return pinned
+    latest = latest_benchmark_for(
+        model_profile_id=endpoint.model_profile_id, hardware_profile_id=endpoint.hardware_profile_id
+    )
+    return latest if _usable(latest) else None
+
+
+def endpoint_coefficients(endpoint) -> MUCoefficients:
+    """The MU coefficients for one endpoint (one or two queries; the proxy caches them in its config snapshot)."""
+    benchmark = endpoint_benchmark(endpoint)
+    if benchmark is not None:
+        return benchmark_coefficients(benchmark)
+    return profile_coefficients(endpoint.model_profile)
+
+
+def coefficients_by_endpoint(endpoints) -> dict[int, MUCoefficients]:
+    """Coefficients for many endpoints with a fixed number of queries (for config snapshots and the ledger)."""
+    endpoints = list(endpoints)
+    pairs = {(e.model_profile_id, e.hardware_profile_id) for e in endpoints}
+    latest: dict[tuple[int, int], CapacityBenchmark] = {}
+    if pairs:
+        model_ids = {m for m, _ in pairs}
+        hardware_ids = {h for _, h in pairs}
+        candidates = CapacityBenchmark.objects.filter(
+            model_profile_id__in=model_ids,
+            hardware_profile_id__in=hardware_ids,
+            status=CapacityBenchmark.Status.SUCCEEDED,
+        ).order_by("model_profile_id", "hardware_profile_id", "-version")
+        for bench in candidates:
+            latest.setdefault((bench.model_profile_id, bench.hardware_profile_id), bench)
+    pinned_ids = {e.pinned_benchmark_id for e in endpoints if e.pinned_benchmark_id}
+    pinned = CapacityBenchmark.objects.in_bulk(pinned_ids) if pinned_ids else {}
+    profiles = ModelProfile.objects.in_bulk({e.model_profile_id for e in endpoints})
+    result: dict[int, MUCoefficients] = {}
+    for endpoint in endpoints:
+        chosen = pinned.get(endpoint.pinned_benchmark_id)
+        if not _usable(chosen):
+            chosen = latest.get((endpoint.model_profile_id, endpoint.hardware_profile_id))
+        if _usable(chosen):
+            result[endpoint.pk] = benchmark_coefficients(chosen)
+        else:
+            result[endpoint.pk] = profile_coefficients(profiles[endpoint.model_profile_id])
+    return result

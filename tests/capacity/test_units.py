@@ -1,0 +1,60 @@
+"""The model-unit cost function and the endpoint → coefficients resolver."""
+import pytest
+
+from capacity.models import CapacityBenchmark
+from capacity.unit_resolver import coefficients_by_endpoint, endpoint_coefficients
+from capacity.units import MUCoefficients, estimate_request_mu, request_mu, usage_mu
+
+COEFFS = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.05, mu_per_min=1000)
+
+
+def test_request_mu_is_linear_in_each_token_kind():
+    assert request_mu(COEFFS, 500, 0, 300) == pytest.approx(0.5 + 3.0 + 0.05)
+    assert request_mu(COEFFS, 0, 1000, 0) == pytest.approx(0.1 + 0.05)
+    assert COEFFS.output_to_input_ratio == pytest.approx(10)
+
+
+def test_usage_mu_splits_cached_prompt_tokens():
+    assert usage_mu(COEFFS, prompt_tokens=600, cached_tokens=100, completion_tokens=10) == pytest.approx(
+        request_mu(COEFFS, 500, 100, 10)
+    )
+    # A replica reporting more cached than prompt tokens must not produce a negative count.
+    assert usage_mu(COEFFS, prompt_tokens=10, cached_tokens=50, completion_tokens=0) == pytest.approx(0.001 + 0.05)
+
+
+def test_estimate_uses_max_tokens_else_typical_output():
+    assert estimate_request_mu(COEFFS, prompt_tokens=100, max_tokens=20) == pytest.approx(0.1 + 0.2 + 0.05)
+    assert estimate_request_mu(COEFFS, prompt_tokens=100) == pytest.approx(0.1 + 2.56 + 0.05)
+
+
+@pytest.mark.parametrize("field", ["alpha", "beta", "mu_per_min"])
+def test_negative_coefficients_are_refused(field):
+    values = dict(alpha=0.001, alpha_cached=0.0, beta=0.01, gamma=0.0, mu_per_min=10.0)
+    values[field] = -1
+    with pytest.raises(ValueError, match=field):
+        MUCoefficients(**values)
+    with pytest.raises(ValueError):
+        request_mu(COEFFS, -1, 0, 0)
+
+
+def _benchmark(endpoint, version, status=CapacityBenchmark.Status.SUCCEEDED, beta=0.02):
+    return CapacityBenchmark.objects.create(
+        model_profile=endpoint.model_profile, hardware_profile=endpoint.hardware_profile, version=version,
+        status=status, alpha=0.002, alpha_cached=0.0, beta=beta, gamma=0.1, mu_per_min=900.0,
+    )
+
+
+def test_resolver_prefers_pinned_then_latest_succeeded_then_profile(tenant_a, django_assert_max_num_queries):
+    endpoint = tenant_a.endpoint
+    assert endpoint_coefficients(endpoint).source == "profile"
+    assert endpoint_coefficients(endpoint).beta == endpoint.model_profile.beta
+    v1 = _benchmark(endpoint, 1, beta=0.03)
+    v2 = _benchmark(endpoint, 2, beta=0.04)
+    _benchmark(endpoint, 3, status=CapacityBenchmark.Status.FAILED)
+    assert endpoint_coefficients(endpoint).source == f"benchmark:{v2.pk}"
+    endpoint.pinned_benchmark = v1
+    endpoint.save()
+    assert endpoint_coefficients(endpoint).beta == 0.03
+    with django_assert_max_num_queries(3):
+        bulk = coefficients_by_endpoint([endpoint])
+    assert bulk[endpoint.pk].source == f"benchmark:{v1.pk}"
