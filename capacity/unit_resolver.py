@@ -1,5 +1,6 @@
 """Which model-unit coefficients an endpoint uses: its pinned benchmark, else the latest succeeded benchmark of its
 (model, hardware) pair, else the model profile's defaults. Kept apart from ``capacity.units`` so that stays pure."""
+
 from __future__ import annotations
 
 from capacity.models import CapacityBenchmark, ModelProfile
@@ -32,7 +33,16 @@ def _usable(benchmark: CapacityBenchmark | None) -> bool:
     return (
         benchmark is not None
         and benchmark.status == CapacityBenchmark.Status.SUCCEEDED
-        and None not in (benchmark.alpha, benchmark.alpha_cached, benchmark.beta, benchmark.gamma, benchmark.mu_per_min)
+        and all(
+            value is not None
+            for value in (
+                benchmark.alpha,
+                benchmark.alpha_cached,
+                benchmark.beta,
+                benchmark.gamma,
+                benchmark.mu_per_min,
+            )
+        )
     )
 
 

@@ -5,6 +5,7 @@ fitted by ``capacity.benchmarking``. The scale is GPU time: **1 MU = 60 ms of on
 maximum load**, so one fully used GPU delivers 1,000 MU/min and a dollar figure follows from the GPU-hour rate.
 The Django-side resolver (endpoint → coefficients) lives in ``capacity.unit_resolver``.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """The model-unit cost function and the endpoint → coefficients resolver."""
+
 import pytest
 
 from capacity.models import CapacityBenchmark
@@ -39,8 +40,15 @@ def test_negative_coefficients_are_refused(field):
 
 def _benchmark(endpoint, version, status=CapacityBenchmark.Status.SUCCEEDED, beta=0.02):
     return CapacityBenchmark.objects.create(
-        model_profile=endpoint.model_profile, hardware_profile=endpoint.hardware_profile, version=version,
-        status=status, alpha=0.002, alpha_cached=0.0, beta=beta, gamma=0.1, mu_per_min=900.0,
+        model_profile=endpoint.model_profile,
+        hardware_profile=endpoint.hardware_profile,
+        version=version,
+        status=status,
+        alpha=0.002,
+        alpha_cached=0.0,
+        beta=beta,
+        gamma=0.1,
+        mu_per_min=900.0,
     )
 
 
