@@ -1,0 +1,121 @@
+"""infercap's policy: MU load, prefix affinity, bounded load and session stickiness as a preference (pure).
+
+1. Filter (shared): healthy, not draining, fresh metrics, below the concurrency limit.
+2. Bounded load (consistent hashing with bounded loads, Mirrokni et al.): a replica may take the request
+   only if its load afterwards stays within ``bound × mean load afterwards``. Load is in-flight model
+   units over the replica's MU capacity, so a 2k-token prompt weighs what it costs, not "one request".
+   A small absolute floor keeps affinity at low load, where the mean is close to zero and any single
+   request would exceed the bound.
+3. Score the allowed replicas: prefix affinity (matched / total prompt blocks), session stickiness,
+   and spare capacity; the best wins. Stickiness and affinity are preferences: a sticky replica that is
+   over the bound or at its limit is simply not allowed, and the session moves.
+"""
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from endpoints.routing.base import ReplicaView, RouteRequest
+from endpoints.routing.baselines import RouterBase
+from endpoints.routing.llmd import request_hashes
+from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixIndex
+
+
+def replica_load(replica: ReplicaView, extra_mu: float = 0.0) -> float:
+    """In-flight MU over the replica's MU capacity (after adding ``extra_mu``)."""
+    return (replica.in_flight_mu + extra_mu) / max(replica.mu_capacity, 1e-9)
+
+
+class SessionTable:
+    """session id → (replica id, last seen), bounded and expiring, so stickiness cannot grow without limit."""
+
+    def __init__(self, max_sessions: int = 100_000, ttl_s: float = 900.0):
+        self.max_sessions, self.ttl_s = max_sessions, ttl_s
+        self._table: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def get(self, session_id: str | None, now: float) -> str | None:
+        if not session_id:
+            return None
+        entry = self._table.get(session_id)
+        if entry is None or now - entry[1] > self.ttl_s:
+            return None
+        return entry[0]
+
+    def set(self, session_id: str | None, replica_id: str, now: float) -> None:
+        if not session_id:
+            return
+        self._table[session_id] = (replica_id, now)
+        self._table.move_to_end(session_id)
+        while len(self._table) > self.max_sessions:
+            self._table.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+class InfercapRouter(RouterBase):
+    name = "infercap"
+
+    def __init__(
+        self,
+        *,
+        load_bound: float = 1.25,
+        load_floor: float = 0.25,
+        prefix_weight: float = 3.0,
+        session_weight: float = 1.0,
+        load_weight: float = 1.0,
+        block_chars: int = PREFIX_BLOCK_CHARS,
+        max_blocks: int = MAX_PREFIX_BLOCKS,
+        session_ttl_s: float = 900.0,
+        max_sessions: int = 100_000,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if load_bound < 1.0:
+            raise ValueError("load_bound must be ≥ 1.0 (1.0 means perfectly even load)")
+        self.load_bound, self.load_floor = load_bound, load_floor
+        self.prefix_weight, self.session_weight, self.load_weight = prefix_weight, session_weight, load_weight
+        self.prefix_index = PrefixIndex(block_chars, max_blocks)
+        self.sessions = SessionTable(max_sessions, session_ttl_s)
+        self._cache_config: dict[str, tuple[int, int]] = {}
+
+    def within_bound(self, candidates: Sequence[ReplicaView], mu: float) -> list[ReplicaView]:
+        """Replicas whose load after taking ``mu`` stays within bound × the mean load after it."""
+        total_capacity = sum(max(r.mu_capacity, 1e-9) for r in candidates)
+        mean_after = (sum(r.in_flight_mu for r in candidates) + mu) / total_capacity
+        limit = max(self.load_bound * mean_after, self.load_floor)
+        # An idle replica is always allowed (the ceil in CH-BL's per-bin capacity gives every bin one ball).
+        allowed = [r for r in candidates if r.in_flight == 0 or replica_load(r, mu) <= limit + 1e-12]
+        if allowed:
+            return allowed
+        # Reachable only with very uneven capacities: then the least loaded replicas are the right answer.
+        lowest = min(replica_load(r, mu) for r in candidates)
+        return [r for r in candidates if replica_load(r, mu) <= lowest + 1e-12]
+
+    def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
+        candidates = self.candidates(replicas)
+        if not candidates:
+            return None
+        mu = max(request.mu, 0.0)
+        allowed = self.within_bound(candidates, mu)
+        hashes = request_hashes(self.prefix_index, request)
+        sticky = self.sessions.get(request.session_id, now)
+        scored = []
+        for r in allowed:
+            self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
+            score = (
+                self.prefix_weight * self.prefix_index.match_fraction(r.replica_id, hashes)
+                + (self.session_weight if r.replica_id == sticky else 0.0)
+                - self.load_weight * min(replica_load(r, mu), 4.0) / 4.0
+            )
+            scored.append((score, r))
+        return self._random_best(scored)
+
+    def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
+        num_gpu_blocks, block_size = self._cache_config.get(replica_id, (0, 16))
+        self.prefix_index.record(replica_id, request_hashes(self.prefix_index, request), num_gpu_blocks, block_size)
+        self.sessions.set(request.session_id, replica_id, now)
+
+    def forget_replica(self, replica_id: str) -> None:
+        """A replica restarted or left: its prefix cache is gone, so is our memory of it."""
+        self.prefix_index.forget(replica_id)
+        self._cache_config.pop(replica_id, None)
