@@ -1,8 +1,9 @@
 """Writes for endpoints and replicas, including the replica lifecycle state machine."""
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from endpoints.models import REPLICA_TRANSITIONS, Replica, ReplicaState, ReplicaTransition
+from endpoints.models import REPLICA_TRANSITIONS, Endpoint, Replica, ReplicaState, ReplicaTransition
 
 
 class IllegalTransition(Exception):
@@ -30,3 +31,136 @@ def replica_transition(*, replica: Replica, to_state: str, reason: str = "") -> 
     replica.state, replica.state_changed_at = locked.state, locked.state_changed_at
     replica.failure_reason = locked.failure_reason
     return replica
+
+
+# --- Endpoint lifecycle (create / update / scale / delete) -------------------------------------------------------
+
+# Replica states that still hold (or are about to hold) GPUs; an endpoint cannot be deleted while any remain.
+ACTIVE_REPLICA_STATES = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
+
+ENDPOINT_EDITABLE_FIELDS = frozenset(
+    {
+        "name",
+        "owner_tenant",
+        "model_profile",
+        "hardware_profile",
+        "pinned_benchmark",
+        "runtime",
+        "launch_options",
+        "min_replicas",
+        "max_replicas",
+        "scale_to_zero",
+        "provisioned_concurrency",
+        "concurrency_min",
+        "concurrency_max",
+        "concurrency_limit",
+        "warm_pool_size",
+        "routing_policy",
+        "ttft_slo_ms",
+        "tpot_slo_ms",
+    }
+)
+
+
+def _endpoint_validate(endpoint: Endpoint) -> None:
+    """Field validators, uniqueness and the cross-field bounds of Endpoint.clean, all as one ValidationError."""
+    errors: dict[str, list[str]] = {}
+    try:
+        endpoint.full_clean()
+    except ValidationError as exc:
+        errors.update(exc.message_dict)
+    if not isinstance(endpoint.launch_options, dict):
+        errors.setdefault("launch_options", []).append("must be a JSON object")
+    if errors:
+        raise ValidationError(errors)
+
+
+def _audit(*, actor, action: str, endpoint: Endpoint, detail: dict) -> None:
+    from tenants.services import audit_log
+
+    audit_log(actor=actor, action=action, obj=endpoint, tenant=endpoint.owner_tenant, detail=detail)
+
+
+def endpoint_create(*, actor=None, **fields) -> Endpoint:
+    """Create an endpoint; desired replicas start at the floor (min replicas) unless given."""
+    unknown = set(fields) - ENDPOINT_EDITABLE_FIELDS - {"desired_replicas"}
+    if unknown:
+        raise ValidationError({name: ["not a settable endpoint field"] for name in sorted(unknown)})
+    endpoint = Endpoint(**fields)
+    if "desired_replicas" not in fields:
+        endpoint.desired_replicas = endpoint.min_replicas
+    _endpoint_validate(endpoint)
+    _desired_within_bounds(endpoint, endpoint.desired_replicas)
+    with transaction.atomic():
+        endpoint.save()
+        _audit(actor=actor, action="endpoint.create", endpoint=endpoint, detail={"name": endpoint.name})
+    return endpoint
+
+
+def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
+    """Change an endpoint's settings. Desired replicas follow new bounds (clamped into [min, max])."""
+    unknown = set(changes) - ENDPOINT_EDITABLE_FIELDS
+    if unknown:
+        raise ValidationError({name: ["not changeable here"] for name in sorted(unknown)})
+    before = {name: _plain(getattr(endpoint, name)) for name in changes}
+    for name, value in changes.items():
+        setattr(endpoint, name, value)
+    endpoint.desired_replicas = min(max(endpoint.desired_replicas, endpoint.min_replicas), endpoint.max_replicas)
+    _endpoint_validate(endpoint)
+    diff = {
+        name: [before[name], _plain(value)] for name, value in changes.items() if before[name] != _plain(value)
+    }
+    with transaction.atomic():
+        endpoint.save()
+        if diff:
+            _audit(actor=actor, action="endpoint.update", endpoint=endpoint, detail={"changes": diff})
+    return endpoint
+
+
+def endpoint_scale(*, endpoint: Endpoint, desired_replicas: int, actor=None, reason: str = "") -> Endpoint:
+    """Set the desired replica count within [min, max]; the autoscaler's actuators converge replicas to it."""
+    _desired_within_bounds(endpoint, desired_replicas)
+    with transaction.atomic():
+        locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        _desired_within_bounds(locked, desired_replicas)
+        previous = locked.desired_replicas
+        locked.desired_replicas = desired_replicas
+        locked.save(update_fields=["desired_replicas", "updated_at"])
+        _audit(
+            actor=actor,
+            action="endpoint.scale",
+            endpoint=locked,
+            detail={"from": previous, "to": desired_replicas, "reason": reason},
+        )
+    endpoint.desired_replicas, endpoint.updated_at = locked.desired_replicas, locked.updated_at
+    return endpoint
+
+
+def endpoint_delete(*, endpoint: Endpoint, actor=None) -> None:
+    """Delete an endpoint that no longer runs replicas (scale it to zero first), with its reservations and SLOs."""
+    active = endpoint.replicas.filter(state__in=ACTIVE_REPLICA_STATES).count()
+    if active:
+        raise ValidationError(
+            {"replicas": [f"{active} replica(s) still active; scale to 0 (min_replicas 0) and let them stop first"]}
+        )
+    with transaction.atomic():
+        _audit(actor=actor, action="endpoint.delete", endpoint=endpoint, detail={"name": endpoint.name})
+        endpoint.delete()
+
+
+def _desired_within_bounds(endpoint: Endpoint, desired_replicas: int) -> None:
+    if isinstance(desired_replicas, bool) or not isinstance(desired_replicas, int):
+        raise ValidationError({"desired_replicas": ["must be an integer"]})
+    if not endpoint.min_replicas <= desired_replicas <= endpoint.max_replicas:
+        raise ValidationError(
+            {
+                "desired_replicas": [
+                    f"must lie within [min_replicas, max_replicas] = [{endpoint.min_replicas}, {endpoint.max_replicas}]"
+                ]
+            }
+        )
+
+
+def _plain(value):
+    """A JSON-safe form of a field value for audit details (model instances become their pk)."""
+    return getattr(value, "pk", value)

@@ -1,11 +1,13 @@
 """Writes for tenants, users, API keys and reservations. Views, serializers and the console call these."""
 from datetime import datetime
 
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from tenants.keys import generate_key
-from tenants.models import ApiKey, AuditEntry, PriorityClass, Tenant
+from tenants.models import ApiKey, AuditEntry, CapacityReservation, PriorityClass, Role, Tenant, User
 
 
 def audit_log(*, actor=None, action: str, obj, tenant=None, detail: dict | None = None) -> AuditEntry:
@@ -60,3 +62,170 @@ def api_key_revoke(*, api_key: ApiKey, actor=None) -> ApiKey:
         api_key.save(update_fields=["revoked_at"])
         audit_log(actor=actor, action="api_key.revoke", obj=api_key, detail={"prefix": api_key.prefix})
     return api_key
+
+
+# --- Tenants, users, key settings and reservations (REST API and console) ----------------------------------------
+
+
+def _validated_save(obj, *, exclude: list[str] | None = None) -> None:
+    obj.full_clean(exclude=exclude)
+    obj.save()
+
+
+def _changes(obj, changes: dict) -> dict:
+    diff = {}
+    for name, value in changes.items():
+        before, after = getattr(obj, name), value
+        before, after = getattr(before, "pk", before), getattr(after, "pk", after)
+        if before != after:
+            diff[name] = [str(before) if before is not None else None, str(after) if after is not None else None]
+        setattr(obj, name, value)
+    return diff
+
+
+@transaction.atomic
+def tenant_update(*, tenant: Tenant, actor=None, **changes) -> Tenant:
+    diff = _changes(tenant, changes)
+    _validated_save(tenant)
+    if diff:
+        audit_log(actor=actor, action="tenant.update", obj=tenant, tenant=tenant, detail={"changes": diff})
+    return tenant
+
+
+def tenant_delete(*, tenant: Tenant, actor=None) -> None:
+    """Deleting a tenant removes its users, keys, reservations, owned endpoints and usage: operators only."""
+    with transaction.atomic():
+        audit_log(actor=actor, action="tenant.delete", obj=tenant, tenant=None, detail={"slug": tenant.slug})
+        tenant.delete()
+
+
+def _check_role_and_tenant(user: User) -> None:
+    if user.role == Role.OPERATOR and user.tenant_id is not None:
+        raise ValidationError({"tenant": ["operators belong to no tenant"]})
+    if user.role != Role.OPERATOR and user.tenant_id is None:
+        raise ValidationError({"tenant": ["tenant admins and members need a tenant"]})
+
+
+def _check_password(password: str, user: User) -> None:
+    try:
+        validate_password(password, user=user)
+    except ValidationError as exc:
+        raise ValidationError({"password": exc.messages}) from exc
+
+
+@transaction.atomic
+def user_create(
+    *,
+    username: str,
+    role: str,
+    tenant: Tenant | None,
+    password: str | None = None,
+    email: str = "",
+    first_name: str = "",
+    last_name: str = "",
+    actor=None,
+) -> User:
+    user = User(username=username, role=role, tenant=tenant, email=email, first_name=first_name, last_name=last_name)
+    # Operators reach the admin; tenant users never do.
+    user.is_staff = role == Role.OPERATOR
+    _check_role_and_tenant(user)
+    if password:
+        _check_password(password, user)
+        user.set_password(password)
+    else:
+        user.set_unusable_password()
+    _validated_save(user)
+    audit_log(actor=actor, action="user.create", obj=user, tenant=tenant, detail={"username": username, "role": role})
+    return user
+
+
+@transaction.atomic
+def user_update(*, user: User, actor=None, password: str | None = None, **changes) -> User:
+    diff = _changes(user, changes)
+    if "role" in changes:
+        user.is_staff = user.role == Role.OPERATOR
+    _check_role_and_tenant(user)
+    if password:
+        _check_password(password, user)
+        user.set_password(password)
+        diff["password"] = ["…", "…"]
+    _validated_save(user)
+    if diff:
+        audit_log(actor=actor, action="user.update", obj=user, tenant=user.tenant, detail={"changes": diff})
+    return user
+
+
+@transaction.atomic
+def user_delete(*, user: User, actor=None) -> None:
+    audit_log(actor=actor, action="user.delete", obj=user, tenant=user.tenant, detail={"username": user.username})
+    user.delete()
+
+
+@transaction.atomic
+def api_key_update(*, api_key: ApiKey, actor=None, **changes) -> ApiKey:
+    """Rename a key or change its scopes, priority ceiling or expiry; the secret itself never changes."""
+    diff = _changes(api_key, changes)
+    _validated_save(api_key)
+    if diff:
+        audit_log(actor=actor, action="api_key.update", obj=api_key, detail={"prefix": api_key.prefix, "changes": diff})
+    return api_key
+
+
+def _check_reservation_unique(reservation: CapacityReservation) -> None:
+    clash = CapacityReservation.objects.filter(tenant_id=reservation.tenant_id, endpoint_id=reservation.endpoint_id)
+    if reservation.pk:
+        clash = clash.exclude(pk=reservation.pk)
+    if clash.exists():
+        raise ValidationError({"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]})
+
+
+def reservation_create(*, tenant: Tenant, endpoint, mu_per_min: float, actor=None, **options) -> CapacityReservation:
+    """Sell capacity. When the capacity app provides ``reservation_sell`` it decides (overcommit limit included)."""
+    reservation = CapacityReservation(tenant=tenant, endpoint=endpoint, mu_per_min=mu_per_min, **options)
+    _check_reservation_unique(reservation)
+    reservation.full_clean(validate_unique=False)
+    sell = _capacity_service("reservation_sell")
+    if sell is not None:
+        return sell(tenant=tenant, endpoint=endpoint, mu_per_min=mu_per_min, actor=actor, **options)
+    with transaction.atomic():
+        reservation.save()
+        audit_log(
+            actor=actor, action="reservation.create", obj=reservation, detail={"endpoint": endpoint.pk, "mu_per_min": mu_per_min}
+        )
+    return reservation
+
+
+def reservation_update(*, reservation: CapacityReservation, actor=None, **changes) -> CapacityReservation:
+    """Change a reservation; a larger MU/min goes through the capacity app's overcommit check when it exists."""
+    resize = _capacity_service("reservation_resize")
+    if resize is not None and "mu_per_min" in changes:
+        reservation = resize(reservation=reservation, mu_per_min=changes.pop("mu_per_min"), actor=actor)
+    with transaction.atomic():
+        diff = _changes(reservation, changes)
+        _check_reservation_unique(reservation)
+        _validated_save(reservation)
+        if diff:
+            audit_log(actor=actor, action="reservation.update", obj=reservation, detail={"changes": diff})
+    return reservation
+
+
+@transaction.atomic
+def reservation_delete(*, reservation: CapacityReservation, actor=None) -> None:
+    audit_log(
+        actor=actor,
+        action="reservation.delete",
+        obj=reservation,
+        detail={"endpoint": reservation.endpoint_id, "mu_per_min": reservation.mu_per_min},
+    )
+    reservation.delete()
+
+
+def _capacity_service(name: str):
+    """The capacity app's reservation services, when that app provides them (built in parallel with this one)."""
+    try:
+        from capacity import services
+    except ModuleNotFoundError as exc:
+        if exc.name != "capacity.services":
+            raise
+        return None
+    return getattr(services, name, None)

@@ -21,5 +21,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {},
+    "ENUM_NAME_OVERRIDES": {
+        "PriorityClassEnum": "tenants.models.PriorityClass",
+        "ReplicaStateEnum": "endpoints.models.ReplicaState",
+    },
 }

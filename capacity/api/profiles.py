@@ -1,0 +1,84 @@
+"""/api/v1/hardware-profiles/ and /api/v1/model-profiles/: every authenticated principal reads; operators write."""
+
+from django.db import transaction
+from rest_framework import serializers
+
+from capacity.models import HardwareProfile, ModelProfile
+from config.api_base import WRITE, ScopedModelViewSet
+from tenants.services import audit_log
+
+
+class HardwareProfileSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HardwareProfile
+        fields = [
+            "id", "name", "gpu_type", "gpus_per_replica", "gpu_memory_gb", "memory_bandwidth_gbps", "usd_per_gpu_hour",
+        ]  # fmt: skip
+        read_only_fields = ["id"]
+
+
+class ModelProfileSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ModelProfile
+        fields = [
+            "id", "name", "parameters_b", "n_layers", "n_kv_heads", "d_head", "dtype_bytes", "weights_gb",
+            "max_model_len", "alpha", "alpha_cached", "beta", "gamma", "mu_per_min", "source_benchmark",
+        ]  # fmt: skip
+        # Coefficients come from benchmarks; source_benchmark records which one, and is set by the capacity app.
+        read_only_fields = ["id", "source_benchmark"]
+
+
+class ProfileViewSet(ScopedModelViewSet):
+    """Profiles are platform catalogue data, the same for every tenant."""
+
+    write_access = WRITE.OPERATORS
+
+    def visible_queryset(self, principal):
+        return self.model.objects.all()
+
+    def create_object(self, data):
+        profile = self.model.objects.create(**data)
+        audit_log(actor=self.request.user, action=f"{self.model._meta.model_name}.create", obj=profile, tenant=None)
+        return profile
+
+    def update_object(self, instance, data):
+        for name, value in data.items():
+            setattr(instance, name, value)
+        instance.save()
+        audit_log(
+            actor=self.request.user,
+            action=f"{self.model._meta.model_name}.update",
+            obj=instance,
+            tenant=None,
+            detail={"fields": sorted(data)},
+        )
+        return instance
+
+    def delete_object(self, instance):
+        # Endpoints PROTECT their profiles: the ProtectedError rolls back the audit entry and becomes a 409.
+        with transaction.atomic():
+            audit_log(
+                actor=self.request.user, action=f"{self.model._meta.model_name}.delete", obj=instance, tenant=None
+            )
+            instance.delete()
+
+
+class HardwareProfileViewSet(ProfileViewSet):
+    model = HardwareProfile
+    queryset = HardwareProfile.objects.all()
+    serializer_class = HardwareProfileSerializer
+    filterset_fields = ["gpu_type", "gpus_per_replica"]
+    ordering_fields = ["name", "usd_per_gpu_hour"]
+
+
+class ModelProfileViewSet(ProfileViewSet):
+    model = ModelProfile
+    queryset = ModelProfile.objects.select_related("source_benchmark")
+    serializer_class = ModelProfileSerializer
+    filterset_fields = ["dtype_bytes"]
+    ordering_fields = ["name", "parameters_b"]
+
+
+def register(router) -> None:
+    router.register("hardware-profiles", HardwareProfileViewSet, basename="hardware-profile")
+    router.register("model-profiles", ModelProfileViewSet, basename="model-profile")

@@ -1,0 +1,154 @@
+"""Shared REST API building blocks: tenant-scoped querysets, role-based write permission, service-backed writes.
+
+Rules, in one place: operators see and change everything; a tenant's admins (and API keys with the write
+scope) change their tenant's objects; members (and read-scoped keys) only read. Querysets come from the
+apps' selectors, so another tenant's object is simply not found (404), never forbidden (403).
+"""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError, QuerySet
+from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.exceptions import APIException, ValidationError
+
+from tenants.selectors import principal_can_write, principal_is_operator, principal_tenant_id
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "the object is still in use"
+    default_code = "conflict"
+
+
+class WRITE:
+    """Who may write a resource: operators only, or also the tenant's admins."""
+
+    OPERATORS = "operators"
+    TENANT_ADMINS = "tenant_admins"
+
+
+class ScopedPermission(permissions.BasePermission):
+    """Reads: any authenticated principal (the queryset scopes them). Writes: as the view's ``write_access`` says.
+
+    On detail routes the decision waits for the object, so that a foreign object is a 404 before anything else.
+    """
+
+    message = "your role may only read this resource"
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        if view.lookup_url_kwarg in view.kwargs or view.lookup_field in view.kwargs:
+            return True
+        return view.may_write(request.user)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return view.may_write(request.user) and view.may_change(request.user, obj)
+
+
+class ScopedViewSetMixin:
+    """Tenant scoping and service-backed writes for a ModelViewSet.
+
+    Subclasses set ``model``, ``write_access`` and implement ``visible_queryset(principal)``; writes go through
+    ``create_object`` / ``update_object`` / ``delete_object``, which call the app's services.
+    """
+
+    permission_classes = [ScopedPermission]
+    write_access = WRITE.TENANT_ADMINS
+    model = None
+
+    def visible_queryset(self, principal) -> QuerySet:
+        raise NotImplementedError
+
+    def get_queryset(self) -> QuerySet:
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no principal
+            return self.model.objects.none()
+        return self.visible_queryset(self.request.user)
+
+    def may_write(self, principal) -> bool:
+        if self.write_access == WRITE.OPERATORS:
+            return principal_is_operator(principal)
+        return principal_can_write(principal)
+
+    def may_change(self, principal, obj) -> bool:
+        """Object-level write check on a visible object (e.g. a shared endpoint a tenant only reserves on)."""
+        return True
+
+    # Writes go through services so validation and audit entries are the same for the API, console and admin.
+    def create_object(self, data: dict):
+        raise NotImplementedError
+
+    def update_object(self, instance, data: dict):
+        raise NotImplementedError
+
+    def delete_object(self, instance) -> None:
+        raise NotImplementedError
+
+    def perform_create(self, serializer) -> None:
+        serializer.instance = self.create_object(dict(serializer.validated_data))
+
+    def perform_update(self, serializer) -> None:
+        serializer.instance = self.update_object(serializer.instance, dict(serializer.validated_data))
+
+    def perform_destroy(self, instance) -> None:
+        try:
+            self.delete_object(instance)
+        except ProtectedError as exc:
+            users = sorted({str(obj) for obj in exc.protected_objects})[:5]
+            raise Conflict(f"still used by: {', '.join(users)}") from exc
+
+
+class ScopedModelViewSet(ScopedViewSetMixin, viewsets.ModelViewSet):
+    http_method_names = ["get", "post", "put", "patch", "delete", "head", "options"]
+
+
+class ScopedReadOnlyViewSet(ScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
+    pass
+
+
+class ScopedCreateReadUpdateViewSet(
+    ScopedViewSetMixin,
+    mixins.CreateModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.ListModelMixin,
+    viewsets.GenericViewSet,
+):
+    """For resources that are never deleted over the API (API keys are revoked instead)."""
+
+
+class ScopedPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
+    """A foreign key the principal may only point at objects it can see; anything else is "does not exist"."""
+
+    def __init__(self, *, scope, **kwargs):
+        self.scope = scope
+        super().__init__(**kwargs)
+
+    def get_queryset(self) -> QuerySet:
+        request = self.context.get("request")
+        if request is None:
+            return self.queryset.none()
+        return self.scope(request.user)
+
+
+def principal_from(serializer: serializers.Serializer):
+    return serializer.context["request"].user
+
+
+def default_tenant(serializer: serializers.Serializer, attrs: dict, field: str = "tenant") -> dict:
+    """Tenant users act for their own tenant; operators must say which tenant (on create)."""
+    if serializer.instance is not None or attrs.get(field) is not None:
+        return attrs
+    tenant_id = principal_tenant_id(principal_from(serializer))
+    if tenant_id is None:
+        raise ValidationError({field: ["This field is required."]})
+    attrs[field] = serializer.fields[field].get_queryset().get(pk=tenant_id)
+    return attrs
+
+
+def as_drf_validation_error(exc: DjangoValidationError) -> ValidationError:
+    detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+    return ValidationError(detail=detail)

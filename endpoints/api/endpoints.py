@@ -1,0 +1,101 @@
+"""/api/v1/endpoints/: create, update, scale and delete endpoints (the OpenAI ``model`` names tenants call)."""
+
+from django.db.models import Count, Q
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
+from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
+from endpoints.models import Endpoint, ReplicaState
+from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
+from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_update
+from tenants.models import Tenant
+from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
+
+
+class EndpointSerializer(serializers.ModelSerializer):
+    owner_tenant = ScopedPrimaryKeyRelatedField(
+        scope=tenants_visible_to,
+        queryset=Tenant.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="empty = a shared endpoint run by the operators (tenant users always create their own)",
+    )
+    model_profile = serializers.PrimaryKeyRelatedField(queryset=ModelProfile.objects.all())
+    hardware_profile = serializers.PrimaryKeyRelatedField(queryset=HardwareProfile.objects.all())
+    pinned_benchmark = serializers.PrimaryKeyRelatedField(
+        queryset=CapacityBenchmark.objects.all(), required=False, allow_null=True
+    )
+    launch_options = serializers.DictField(required=False, help_text="runtime launch options (JSON object)")
+    ready_replicas = serializers.IntegerField(read_only=True, default=0)
+
+    class Meta:
+        model = Endpoint
+        fields = [
+            "id", "name", "owner_tenant", "model_profile", "hardware_profile", "pinned_benchmark", "runtime",
+            "launch_options", "min_replicas", "max_replicas", "desired_replicas", "ready_replicas", "scale_to_zero",
+            "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
+            "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "created_at", "updated_at",
+        ]  # fmt: skip
+        # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].
+        read_only_fields = ["id", "desired_replicas", "created_at", "updated_at"]
+
+    def validate(self, attrs):
+        principal = principal_from(self)
+        if not principal_is_operator(principal):
+            if self.instance is None:
+                attrs["owner_tenant"] = Tenant.objects.get(pk=principal_tenant_id(principal))
+            elif "owner_tenant" in attrs and attrs["owner_tenant"] != self.instance.owner_tenant:
+                raise serializers.ValidationError({"owner_tenant": ["only operators may move an endpoint"]})
+        return attrs
+
+
+class ScaleSerializer(serializers.Serializer):
+    desired_replicas = serializers.IntegerField(min_value=0)
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class EndpointViewSet(ScopedModelViewSet):
+    model = Endpoint
+    serializer_class = EndpointSerializer
+    filterset_fields = ["owner_tenant", "runtime", "routing_policy", "model_profile", "hardware_profile"]
+    ordering_fields = ["name", "created_at", "desired_replicas"]
+
+    def visible_queryset(self, principal):
+        return endpoints_visible_to(principal).annotate(
+            ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY))
+        )
+
+    def may_change(self, principal, obj) -> bool:
+        # A tenant sees shared endpoints it reserves capacity on, but only the operators run them.
+        return endpoint_is_owned_by(endpoint=obj, principal=principal)
+
+    def create_object(self, data):
+        return endpoint_create(actor=self.request.user, **data)
+
+    def update_object(self, instance, data):
+        return endpoint_update(endpoint=instance, actor=self.request.user, **data)
+
+    def delete_object(self, instance):
+        endpoint_delete(endpoint=instance, actor=self.request.user)
+
+    @extend_schema(request=ScaleSerializer, responses={200: EndpointSerializer})
+    @action(detail=True, methods=["post"])
+    def scale(self, request, pk=None):
+        """Set the desired replica count within [min_replicas, max_replicas]; actuators converge to it."""
+        endpoint = self.get_object()
+        body = ScaleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        endpoint_scale(
+            endpoint=endpoint,
+            desired_replicas=body.validated_data["desired_replicas"],
+            reason=body.validated_data["reason"],
+            actor=request.user,
+        )
+        return Response(self.get_serializer(self.get_object()).data)
+
+
+def register(router) -> None:
+    router.register("endpoints", EndpointViewSet, basename="endpoint")

@@ -1,0 +1,46 @@
+"""Reads for endpoints and replicas, scoped to what a principal may see.
+
+Operators see every endpoint. A tenant's users see the endpoints their tenant owns and the shared
+endpoints on which it holds a capacity reservation; they may change only the ones it owns.
+"""
+
+from django.db.models import Q, QuerySet
+
+from endpoints.models import Endpoint, Replica
+from tenants.models import CapacityReservation
+from tenants.selectors import principal_is_operator, principal_tenant_id
+
+
+def endpoints_visible_to(principal) -> QuerySet[Endpoint]:
+    queryset = Endpoint.objects.select_related("owner_tenant", "model_profile", "hardware_profile")
+    if principal_is_operator(principal):
+        return queryset
+    tenant_id = principal_tenant_id(principal)
+    if tenant_id is None:
+        return queryset.none()
+    # A subquery rather than a join, so an endpoint with several matching rows is not listed twice.
+    reserved = CapacityReservation.objects.filter(tenant_id=tenant_id).values("endpoint_id")
+    return queryset.filter(Q(owner_tenant_id=tenant_id) | Q(pk__in=reserved))
+
+
+def endpoints_owned_by(principal) -> QuerySet[Endpoint]:
+    """The endpoints a principal's tenant may change (all of them for operators)."""
+    queryset = Endpoint.objects.all()
+    if principal_is_operator(principal):
+        return queryset
+    tenant_id = principal_tenant_id(principal)
+    return queryset.filter(owner_tenant_id=tenant_id) if tenant_id else queryset.none()
+
+
+def endpoint_is_owned_by(*, endpoint: Endpoint, principal) -> bool:
+    if principal_is_operator(principal):
+        return True
+    tenant_id = principal_tenant_id(principal)
+    return tenant_id is not None and endpoint.owner_tenant_id == tenant_id
+
+
+def replicas_visible_to(principal) -> QuerySet[Replica]:
+    queryset = Replica.objects.select_related("endpoint")
+    if principal_is_operator(principal):
+        return queryset
+    return queryset.filter(endpoint__in=endpoints_visible_to(principal).values("pk"))

@@ -1,0 +1,85 @@
+"""/api/v1/api-keys/: create (the full key is in that one response only), list by prefix, revoke."""
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from config.api_base import ScopedCreateReadUpdateViewSet, ScopedPrimaryKeyRelatedField, default_tenant
+from tenants.models import ApiKey, ApiKeyScope, Tenant
+from tenants.selectors import api_keys_visible_to, tenants_visible_to
+from tenants.services import api_key_create, api_key_revoke, api_key_update
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    tenant = ScopedPrimaryKeyRelatedField(scope=tenants_visible_to, queryset=Tenant.objects.all(), required=False)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiKeyScope.choices), allow_empty=False, required=False
+    )
+    is_usable = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id", "tenant", "name", "prefix", "scopes", "max_priority", "expires_at", "revoked_at", "is_usable",
+            "created_at", "last_used_at",
+        ]  # fmt: skip
+        read_only_fields = ["id", "prefix", "revoked_at", "created_at", "last_used_at"]
+
+    def get_is_usable(self, obj: ApiKey) -> bool:
+        return obj.is_usable()
+
+    def validate_scopes(self, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+    def validate_expires_at(self, value):
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("must be in the future")
+        return value
+
+    def validate(self, attrs):
+        if self.instance is not None and "tenant" in attrs and attrs["tenant"] != self.instance.tenant:
+            raise serializers.ValidationError({"tenant": ["a key cannot move to another tenant"]})
+        return default_tenant(self, attrs)
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="the full secret; shown in this response only")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+
+class ApiKeyViewSet(ScopedCreateReadUpdateViewSet):
+    model = ApiKey
+    serializer_class = ApiKeySerializer
+    filterset_fields = ["tenant", "max_priority"]
+    ordering_fields = ["created_at", "name", "last_used_at"]
+
+    def visible_queryset(self, principal):
+        return api_keys_visible_to(principal)
+
+    @extend_schema(request=ApiKeySerializer, responses={201: ApiKeyCreatedSerializer})
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        key, raw = api_key_create(actor=request.user, **serializer.validated_data)
+        body = ApiKeyCreatedSerializer(key, context=self.get_serializer_context()).data
+        body["key"] = raw
+        return Response(body, status=201, headers={"Cache-Control": "no-store"})
+
+    def update_object(self, instance, data):
+        data.pop("tenant", None)
+        return api_key_update(api_key=instance, actor=self.request.user, **data)
+
+    @extend_schema(request=None, responses={200: ApiKeySerializer})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        """Revoke the key at once; it can never be used again (revoking twice is harmless)."""
+        key = api_key_revoke(api_key=self.get_object(), actor=request.user)
+        return Response(self.get_serializer(key).data)
+
+
+def register(router) -> None:
+    router.register("api-keys", ApiKeyViewSet, basename="api-key")

@@ -1,0 +1,60 @@
+"""/api/v1/reservations/: capacity sold to tenants (MU/min per endpoint). Operators sell; tenants read theirs."""
+
+from rest_framework import serializers
+
+from config.api_base import WRITE, ScopedModelViewSet, ScopedPrimaryKeyRelatedField
+from endpoints.models import Endpoint
+from endpoints.selectors import endpoints_visible_to
+from tenants.models import CapacityReservation, Tenant
+from tenants.selectors import reservations_visible_to, tenants_visible_to
+from tenants.services import reservation_create, reservation_delete, reservation_update
+
+
+class ReservationSerializer(serializers.ModelSerializer):
+    tenant = ScopedPrimaryKeyRelatedField(scope=tenants_visible_to, queryset=Tenant.objects.all())
+    endpoint = ScopedPrimaryKeyRelatedField(scope=endpoints_visible_to, queryset=Endpoint.objects.all())
+    tenant_name = serializers.CharField(source="tenant.name", read_only=True)
+    endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
+
+    class Meta:
+        model = CapacityReservation
+        fields = [
+            "id", "tenant", "tenant_name", "endpoint", "endpoint_name", "mu_per_min", "priority", "burst_minutes",
+            "rpm_limit", "tpm_limit", "created_at", "updated_at",
+        ]  # fmt: skip
+        read_only_fields = ["id", "created_at", "updated_at"]
+        # Uniqueness of (tenant, endpoint) is checked by the service, with a message that says what to do.
+        validators = []
+
+    def validate(self, attrs):
+        if self.instance is not None:
+            for field in ("tenant", "endpoint"):
+                if field in attrs and attrs[field] != getattr(self.instance, field):
+                    raise serializers.ValidationError({field: ["cannot change; delete and sell a new reservation"]})
+        return attrs
+
+
+class ReservationViewSet(ScopedModelViewSet):
+    model = CapacityReservation
+    serializer_class = ReservationSerializer
+    write_access = WRITE.OPERATORS
+    filterset_fields = ["tenant", "endpoint", "priority"]
+    ordering_fields = ["mu_per_min", "created_at"]
+
+    def visible_queryset(self, principal):
+        return reservations_visible_to(principal)
+
+    def create_object(self, data):
+        return reservation_create(actor=self.request.user, **data)
+
+    def update_object(self, instance, data):
+        data.pop("tenant", None)
+        data.pop("endpoint", None)
+        return reservation_update(reservation=instance, actor=self.request.user, **data)
+
+    def delete_object(self, instance):
+        reservation_delete(reservation=instance, actor=self.request.user)
+
+
+def register(router) -> None:
+    router.register("reservations", ReservationViewSet, basename="reservation")
