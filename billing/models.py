@@ -3,6 +3,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
+
 
 class UsageStatus(models.TextChoices):
     OK = "ok", "OK"
@@ -114,3 +116,99 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.severity} {self.slo} {self.long_window}/{self.short_window} {self.state}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rollups: per-minute, per-hour and per-day aggregates of usage records by (endpoint, tenant).
+# SLOs, the capacity ledger and cost reports read these, never the raw usage rows.
+
+
+# The counters every rollup row holds, summed as-is from finer rows into coarser ones.
+ROLLUP_COUNTERS: tuple[str, ...] = (
+    "requests",  # every usage record
+    "ok",  # status ok
+    "good",  # status ok and slo_met (the proxy judged it against the endpoint's TTFT/TPOT SLOs)
+    "upstream_errors",
+    "timeouts",
+    "client_cancelled",
+    "shed",
+    "rate_limited",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "good_output_tokens",  # output tokens of good requests: the numerator of goodput
+    "mu",
+    "ttft_sum_ms",
+    "tpot_sum_ms",
+    *(f"ttft_le_{b}" for b in TTFT_BOUNDS_MS),  # ok requests with ttft ≤ b (or not measured)
+    *(f"tpot_le_{b}" for b in TPOT_BOUNDS_MS),  # ok requests with tpot ≤ b (or no decode step)
+)
+
+
+class UsageRollup(models.Model):
+    """Aggregates of one (endpoint, tenant) over one bucket that starts at ``start`` (UTC, truncated)."""
+
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="+")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    start = models.DateTimeField()
+    requests = models.BigIntegerField(default=0)
+    ok = models.BigIntegerField(default=0)
+    good = models.BigIntegerField(default=0)
+    upstream_errors = models.BigIntegerField(default=0)
+    timeouts = models.BigIntegerField(default=0)
+    client_cancelled = models.BigIntegerField(default=0)
+    shed = models.BigIntegerField(default=0)
+    rate_limited = models.BigIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    good_output_tokens = models.BigIntegerField(default=0)
+    mu = models.FloatField(default=0.0)
+    ttft_sum_ms = models.FloatField(default=0.0)
+    tpot_sum_ms = models.FloatField(default=0.0)
+
+    class Meta:
+        abstract = True
+
+
+# Histogram columns are generated from the bounds so the lists above stay the single source of truth.
+for _bound in TTFT_BOUNDS_MS:
+    UsageRollup.add_to_class(f"ttft_le_{_bound}", models.BigIntegerField(default=0))
+for _bound in TPOT_BOUNDS_MS:
+    UsageRollup.add_to_class(f"tpot_le_{_bound}", models.BigIntegerField(default=0))
+
+
+class UsageMinute(UsageRollup):
+    """Per-minute rollup; ``start`` is the minute of the records' ``finished_at``. The capacity ledger reads MU here."""
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["endpoint", "tenant", "start"], name="usage_minute_unique")]
+        indexes = [models.Index(fields=["start"], name="usage_minute_start")]
+
+
+class UsageHour(UsageRollup):
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["endpoint", "tenant", "start"], name="usage_hour_unique")]
+        indexes = [models.Index(fields=["start"], name="usage_hour_start")]
+
+
+class UsageDay(UsageRollup):
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["endpoint", "tenant", "start"], name="usage_day_unique")]
+        indexes = [models.Index(fields=["start"], name="usage_day_start")]
+
+
+class RollupCursor(models.Model):
+    """How far the rollup task has read the usage records, by primary key (ids are taken at insert time).
+
+    Each run re-reads the records after ``previous_id`` (the cursor of the run before), so a batch whose
+    transaction committed just after a run still gets rolled up on the next one.
+    """
+
+    name = models.CharField(max_length=32, unique=True)
+    last_id = models.BigIntegerField(default=0)
+    previous_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.last_id}"

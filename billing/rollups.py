@@ -1,0 +1,292 @@
+"""Usage rollups: per-minute aggregates by (endpoint, tenant) recomputed from raw usage, then hours and days on top.
+
+Correct for late records and idempotent: each run finds the minutes touched by records inserted since the previous
+run (by primary key, which is taken at insert time, so a record spooled for hours still counts as new) and
+recomputes those minutes wholesale from the raw rows with one INSERT … SELECT … ON CONFLICT DO UPDATE, then the
+hours and days that contain them. Re-running recomputes the same numbers.
+"""
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, models, transaction
+from django.db.models import Count, F, Max, Q, Sum
+from django.db.models.functions import Coalesce, TruncDay, TruncHour, TruncMinute
+from django.utils import timezone
+
+from billing.models import (
+    ROLLUP_COUNTERS,
+    TPOT_BOUNDS_MS,
+    TTFT_BOUNDS_MS,
+    RollupCursor,
+    UsageDay,
+    UsageHour,
+    UsageMinute,
+    UsageRecord,
+    UsageStatus,
+)
+
+logger = logging.getLogger("infercap.billing")
+
+MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+# How long each tier is kept; windows reaching further back are read from the next coarser tier.
+MINUTE_ROLLUP_RETENTION = timedelta(days=8)
+HOUR_ROLLUP_RETENTION = timedelta(days=120)
+# More disjoint ranges than this are merged into one covering range (still exact, just reads more rows).
+MAX_RANGES = 64
+CURSOR_NAME = "usage"
+
+
+@dataclass(frozen=True)
+class RollupResult:
+    records_scanned: int
+    minutes: int  # distinct touched minutes recomputed
+    minute_rows: int
+    hour_rows: int
+    day_rows: int
+    last_id: int
+
+
+def _raw_aggregates() -> dict[str, models.Aggregate]:
+    """One aggregate per rollup counter, in ROLLUP_COUNTERS order (the INSERT relies on that order)."""
+    ok = Q(status=UsageStatus.OK)
+    good = ok & Q(slo_met=True)
+
+    def count(condition: Q | None = None):
+        return Count("id", filter=condition)
+
+    def total(field: str, condition: Q | None = None, zero=0):
+        return Coalesce(Sum(field, filter=condition), zero)
+
+    aggregates = {
+        "requests": count(),
+        "ok": count(ok),
+        "good": count(good),
+        "upstream_errors": count(Q(status=UsageStatus.UPSTREAM_ERROR)),
+        "timeouts": count(Q(status=UsageStatus.TIMEOUT)),
+        "client_cancelled": count(Q(status=UsageStatus.CLIENT_CANCELLED)),
+        "shed": count(Q(status=UsageStatus.SHED)),
+        "rate_limited": count(Q(status=UsageStatus.RATE_LIMITED)),
+        "input_tokens": total("input_tokens"),
+        "cached_tokens": total("cached_tokens"),
+        "output_tokens": total("output_tokens"),
+        "good_output_tokens": total("output_tokens", good),
+        "mu": total("mu", zero=0.0),
+        "ttft_sum_ms": total("ttft_ms", ok, 0.0),
+        "tpot_sum_ms": total("tpot_ms", ok, 0.0),
+    }
+    # A missing latency means it was not measured (no decode step for TPOT): it does not count against the SLI.
+    for bound in TTFT_BOUNDS_MS:
+        aggregates[f"ttft_le_{bound}"] = count(ok & (Q(ttft_ms__isnull=True) | Q(ttft_ms__lte=bound)))
+    for bound in TPOT_BOUNDS_MS:
+        aggregates[f"tpot_le_{bound}"] = count(ok & (Q(tpot_ms__isnull=True) | Q(tpot_ms__lte=bound)))
+    assert tuple(aggregates) == ROLLUP_COUNTERS
+    return {f"agg_{name}": aggregate for name, aggregate in aggregates.items()}
+
+
+def _summed_aggregates() -> dict[str, models.Aggregate]:
+    return {f"agg_{name}": Sum(name) for name in ROLLUP_COUNTERS}
+
+
+def _upsert(target: type[models.Model], source: models.QuerySet) -> int:
+    """INSERT INTO target SELECT … (the grouped source) ON CONFLICT (endpoint, tenant, start) DO UPDATE."""
+    source = source.order_by()
+    columns = list(source.query.values_select) + list(source.query.annotation_select)
+    expected = ["endpoint_id", "tenant_id", "bucket", *(f"agg_{name}" for name in ROLLUP_COUNTERS)]
+    if columns != expected:  # the compiled SELECT's column order is what the INSERT maps by position
+        raise RuntimeError(f"unexpected rollup column order {columns}")
+    select_sql, params = source.query.sql_with_params()
+    quote = connection.ops.quote_name
+    table = quote(target._meta.db_table)
+    names = ["endpoint_id", "tenant_id", "start", *ROLLUP_COUNTERS]
+    updates = ", ".join(f"{quote(n)} = EXCLUDED.{quote(n)}" for n in ROLLUP_COUNTERS)
+    sql = (
+        f"INSERT INTO {table} ({', '.join(quote(n) for n in names)}) {select_sql} "
+        f"ON CONFLICT ({quote('endpoint_id')}, {quote('tenant_id')}, {quote('start')}) DO UPDATE SET {updates}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return max(cursor.rowcount, 0)
+
+
+def _merge_ranges(starts: Iterable[datetime], step: timedelta) -> list[tuple[datetime, datetime]]:
+    """Contiguous [lo, hi) ranges covering the given bucket starts; at most MAX_RANGES of them."""
+    ranges: list[list[datetime]] = []
+    for start in sorted(set(starts)):
+        if ranges and start <= ranges[-1][1]:
+            ranges[-1][1] = max(ranges[-1][1], start + step)
+        else:
+            ranges.append([start, start + step])
+    if len(ranges) > MAX_RANGES:
+        return [(ranges[0][0], ranges[-1][1])]
+    return [(lo, hi) for lo, hi in ranges]
+
+
+def _ranges_q(field: str, ranges: list[tuple[datetime, datetime]]) -> Q:
+    condition = Q(pk__in=[])
+    for lo, hi in ranges:
+        condition |= Q(**{f"{field}__gte": lo, f"{field}__lt": hi})
+    return condition
+
+
+def _truncate(moment: datetime, step: timedelta) -> datetime:
+    if step == MINUTE:
+        return moment.replace(second=0, microsecond=0)
+    if step == HOUR:
+        return moment.replace(minute=0, second=0, microsecond=0)
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def recompute_minutes(ranges: list[tuple[datetime, datetime]]) -> int:
+    """Recompute every (endpoint, tenant) minute row inside the given minute-aligned ranges from raw usage."""
+    if not ranges:
+        return 0
+    source = (
+        UsageRecord.objects.filter(_ranges_q("finished_at", ranges), endpoint__isnull=False)
+        .annotate(bucket=TruncMinute("finished_at"))
+        .values("endpoint_id", "tenant_id", "bucket")
+        .annotate(**_raw_aggregates())
+    )
+    return _upsert(UsageMinute, source)
+
+
+def recompute_coarser(target: type[models.Model], ranges: list[tuple[datetime, datetime]]) -> int:
+    """Recompute hour rows from minute rows (or day rows from hour rows) inside the given aligned ranges."""
+    if not ranges:
+        return 0
+    finer, trunc = (UsageMinute, TruncHour) if target is UsageHour else (UsageHour, TruncDay)
+    source = (
+        finer.objects.filter(_ranges_q("start", ranges))
+        .annotate(bucket=trunc("start"))
+        .values("endpoint_id", "tenant_id", "bucket")
+        .annotate(**_summed_aggregates())
+    )
+    return _upsert(target, source)
+
+
+def usage_rollup_run(*, now: datetime | None = None) -> RollupResult:
+    """Roll up the usage records inserted since the previous run (and the run before it, for late commits)."""
+    now = now or timezone.now()
+    raw_horizon = _truncate(now - timedelta(days=usage_retention_days()), MINUTE)
+    with transaction.atomic():
+        cursor, _ = RollupCursor.objects.get_or_create(name=CURSOR_NAME)
+        # Serializes concurrent runs (a beat tick overlapping a slow previous tick).
+        cursor = RollupCursor.objects.select_for_update().get(pk=cursor.pk)
+        upper = UsageRecord.objects.aggregate(top=Max("id"))["top"] or 0
+        fresh = UsageRecord.objects.filter(id__gt=cursor.previous_id, id__lte=upper, endpoint__isnull=False)
+        touched = list(
+            fresh.annotate(bucket=TruncMinute("finished_at")).values_list("bucket", flat=True).distinct().order_by()
+        )
+        # Minutes older than raw retention may have lost rows already; recomputing them would undercount.
+        touched = [m for m in touched if m >= raw_horizon]
+        minute_ranges = _merge_ranges(touched, MINUTE)
+        minute_rows = recompute_minutes(minute_ranges)
+        hour_ranges = _merge_ranges((_truncate(m, HOUR) for m in touched), HOUR)
+        hour_rows = recompute_coarser(UsageHour, hour_ranges)
+        day_ranges = _merge_ranges((_truncate(m, DAY) for m in touched), DAY)
+        day_rows = recompute_coarser(UsageDay, day_ranges)
+        scanned = upper - cursor.previous_id if upper > cursor.previous_id else 0
+        RollupCursor.objects.filter(pk=cursor.pk).update(
+            previous_id=max(cursor.last_id, cursor.previous_id), last_id=max(upper, cursor.last_id), updated_at=now
+        )
+    result = RollupResult(
+        records_scanned=scanned,
+        minutes=len(touched),
+        minute_rows=minute_rows,
+        hour_rows=hour_rows,
+        day_rows=day_rows,
+        last_id=upper,
+    )
+    logger.info("usage rollup: %s", result)
+    return result
+
+
+def usage_retention_days() -> int:
+    return int(getattr(settings, "INFERCAP", {}).get("USAGE_RETENTION_DAYS", 30))
+
+
+def usage_retention_cleanup(*, now: datetime | None = None, batch_size: int = 10_000, max_batches: int = 100) -> int:
+    """Delete raw usage records older than the retention (only rolled-up ones) and expired rollup rows, in batches.
+
+    Batches keep each DELETE's locks and WAL small so the proxy's inserts are never blocked for long.
+    """
+    now = now or timezone.now()
+    cursor = RollupCursor.objects.filter(name=CURSOR_NAME).first()
+    rolled_up_id = cursor.previous_id if cursor else 0
+    cutoff = now - timedelta(days=usage_retention_days())
+    deleted = 0
+    expired = UsageRecord.objects.filter(finished_at__lt=cutoff, id__lte=rolled_up_id)
+    for _ in range(max_batches):
+        ids = list(expired.order_by("id").values_list("id", flat=True)[:batch_size])
+        if not ids:
+            break
+        deleted += UsageRecord.objects.filter(id__in=ids).delete()[0]
+    UsageMinute.objects.filter(start__lt=now - MINUTE_ROLLUP_RETENTION).delete()
+    UsageHour.objects.filter(start__lt=now - HOUR_ROLLUP_RETENTION).delete()
+    return deleted
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading rollups over arbitrary ranges: whole days from the day tier, whole hours from the hour tier, the ragged
+# edges from the minute tier.
+
+
+def split_range(start: datetime, end: datetime, *, now: datetime) -> list[tuple[type[models.Model], datetime, datetime]]:
+    """Cover [start, end) with (tier, lo, hi) pieces. Starts older than a tier's retention snap to the next tier."""
+    if start < now - MINUTE_ROLLUP_RETENTION + HOUR:
+        start = _ceil(start, HOUR)
+    if start < now - HOUR_ROLLUP_RETENTION + DAY:
+        start = _ceil(start, DAY)
+    start, end = _truncate(start, MINUTE), _ceil(end, MINUTE)
+    if start >= end:
+        return []
+    h0, h1 = _ceil(start, HOUR), _truncate(end, HOUR)
+    if h0 >= h1:
+        return [(UsageMinute, start, end)]
+    pieces: list[tuple[type[models.Model], datetime, datetime]] = []
+    if start < h0:
+        pieces.append((UsageMinute, start, h0))
+    d0, d1 = _ceil(h0, DAY), _truncate(h1, DAY)
+    if d0 < d1:
+        if h0 < d0:
+            pieces.append((UsageHour, h0, d0))
+        pieces.append((UsageDay, d0, d1))
+        if d1 < h1:
+            pieces.append((UsageHour, d1, h1))
+    else:
+        pieces.append((UsageHour, h0, h1))
+    if h1 < end:
+        pieces.append((UsageMinute, h1, end))
+    return pieces
+
+
+def _ceil(moment: datetime, step: timedelta) -> datetime:
+    floor = _truncate(moment, step)
+    return floor if floor == moment else floor + step
+
+
+Key = tuple[int, int]  # (endpoint_id, tenant_id)
+
+
+def range_sums(
+    *, start: datetime, end: datetime, fields: Iterable[str] = ROLLUP_COUNTERS, now: datetime | None = None,
+    endpoint_ids: Iterable[int] | None = None,
+) -> dict[Key, dict[str, float]]:
+    """Summed rollup counters per (endpoint, tenant) over [start, end)."""
+    now = now or timezone.now()
+    fields = list(fields)
+    totals: dict[Key, dict[str, float]] = {}
+    for tier, lo, hi in split_range(start, end, now=now):
+        rows = tier.objects.filter(start__gte=lo, start__lt=hi)
+        if endpoint_ids is not None:
+            rows = rows.filter(endpoint_id__in=list(endpoint_ids))
+        rows = rows.values("endpoint_id", "tenant_id").annotate(**{f"s_{f}": Sum(F(f)) for f in fields}).order_by()
+        for row in rows:
+            bucket = totals.setdefault((row["endpoint_id"], row["tenant_id"]), dict.fromkeys(fields, 0))
+            for field in fields:
+                bucket[field] += row[f"s_{field}"] or 0
+    return totals
