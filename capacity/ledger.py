@@ -1,0 +1,299 @@
+"""The capacity ledger (selectors): have / sold / used / headroom / overcommit per endpoint and in total, and per
+tenant reserved vs used with throttled and shed requests. Every figure is in model units per minute.
+
+have = ready (non-standby) replicas × the replica's MU/min; sold = Σ reservations; used = MU actually consumed,
+read from the per-minute usage rollups (``billing.UsageMinute``) through ``usage_by_minute``, the one place that
+knows where usage lives, so raw usage rows are only scanned where rollups do not exist.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from django.apps import apps
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from capacity.unit_resolver import coefficients_by_endpoint
+from endpoints.models import Endpoint, ReplicaState
+from tenants.models import CapacityReservation
+
+MINUTE = timedelta(minutes=1)
+DAY_MINUTES = 24 * 60
+
+
+@dataclass
+class MinuteUsage:
+    endpoint_id: int
+    tenant_id: int
+    start: datetime
+    mu: float = 0.0
+    requests: int = 0
+    throttled: int = 0  # refused by the tenant's rate limits (429 rate_limited)
+    shed: int = 0  # dropped by admission (queue full or too old)
+
+
+def _rollup_model():
+    try:
+        return apps.get_model("billing", "UsageMinute")
+    except LookupError:
+        return None
+
+
+def usage_by_minute(
+    *, start: datetime, end: datetime, endpoint_ids: list[int] | None = None, tenant_id: int | None = None
+) -> list[MinuteUsage]:
+    """MU, requests, throttled and shed per (endpoint, tenant, minute) over [start, end)."""
+    rollup = _rollup_model()
+    if rollup is not None:
+        rows = rollup.objects.filter(start__gte=start, start__lt=end)
+        if endpoint_ids is not None:
+            rows = rows.filter(endpoint_id__in=endpoint_ids)
+        if tenant_id is not None:
+            rows = rows.filter(tenant_id=tenant_id)
+        return [
+            MinuteUsage(
+                r["endpoint_id"], r["tenant_id"], r["start"], r["mu"], r["requests"], r["rate_limited"], r["shed"]
+            )
+            for r in rows.values("endpoint_id", "tenant_id", "start", "mu", "requests", "rate_limited", "shed")
+        ]
+    usage = apps.get_model("billing", "UsageRecord").objects.filter(
+        finished_at__gte=start, finished_at__lt=end, endpoint_id__isnull=False
+    )
+    if endpoint_ids is not None:
+        usage = usage.filter(endpoint_id__in=endpoint_ids)
+    if tenant_id is not None:
+        usage = usage.filter(tenant_id=tenant_id)
+    rows = (
+        usage.annotate(minute=TruncMinute("finished_at"))
+        .values("endpoint_id", "tenant_id", "minute")
+        .annotate(
+            mu_sum=Sum("mu"),
+            n=Count("id"),
+            throttled=Count("id", filter=Q(status="rate_limited")),
+            shed_n=Count("id", filter=Q(status="shed")),
+        )
+        .order_by()
+    )
+    return [
+        MinuteUsage(
+            r["endpoint_id"], r["tenant_id"], r["minute"], r["mu_sum"] or 0.0, r["n"], r["throttled"], r["shed_n"]
+        )
+        for r in rows
+    ]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0–100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class EndpointLedger:
+    endpoint_id: int
+    endpoint: str
+    coefficients_source: str
+    replica_mu_per_min: float
+    ready_replicas: int
+    have_mu_per_min: float
+    sellable_mu_per_min: float  # what sales are checked against: max(ready, min_replicas) × replica MU/min
+    sold_mu_per_min: float
+    used_mu_per_min_1m: float
+    used_mu_per_min_1h: float
+    used_mu_per_min_p95_1d: float
+    headroom_mu_per_min: float  # have − used over the last minute
+    unsold_mu_per_min: float  # have − sold
+    overcommit_ratio: float | None  # sold / have; None when nothing is ready
+    utilization_1h: float | None  # used (1 h) / have
+    throttled_1h: int = 0
+    shed_1h: int = 0
+
+
+@dataclass
+class TenantLedgerRow:
+    tenant_id: int
+    tenant: str
+    endpoint_id: int
+    endpoint: str
+    reserved_mu_per_min: float
+    used_mu_per_min_1m: float
+    used_mu_per_min_1h: float
+    requests_1h: int
+    throttled_1h: int
+    shed_1h: int
+    reservation_use_1h: float | None  # used (1 h) / reserved
+
+
+@dataclass
+class Ledger:
+    at: datetime
+    endpoints: list[EndpointLedger] = field(default_factory=list)
+    tenants: list[TenantLedgerRow] = field(default_factory=list)
+    total: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: int | None = None) -> Ledger:
+    """The ledger over ``endpoints`` (default: all). With ``tenant_id`` only that tenant's rows are computed, and
+    the per-endpoint and total sections are left empty: they aggregate other tenants' reservations and use."""
+    now = now or timezone.now()
+    minute_end = now.replace(second=0, microsecond=0)  # the last complete minute ends here
+    day_start = minute_end - DAY_MINUTES * MINUTE
+    hour_start = minute_end - 60 * MINUTE
+    last_minute = minute_end - MINUTE
+    queryset = endpoints if endpoints is not None else Endpoint.objects.all()
+    endpoint_list = list(
+        queryset.select_related(None)
+        .annotate(
+            ready_count=Count(
+                "replicas", filter=Q(replicas__state=ReplicaState.READY, replicas__is_standby=False), distinct=True
+            )
+        )
+        .order_by("name")
+    )
+    ids = [e.pk for e in endpoint_list]
+    reservations = CapacityReservation.objects.filter(endpoint_id__in=ids).select_related("tenant")
+    if tenant_id is not None:
+        reservations = reservations.filter(tenant_id=tenant_id)
+    usage = usage_by_minute(
+        start=day_start if tenant_id is None else hour_start, end=minute_end, endpoint_ids=ids, tenant_id=tenant_id
+    )
+    ledger = Ledger(at=now)
+    ledger.tenants = _tenant_rows(endpoint_list, list(reservations), usage, hour_start, last_minute)
+    if tenant_id is not None:
+        return ledger
+
+    coefficients = coefficients_by_endpoint(endpoint_list)
+    sold: dict[int, float] = defaultdict(float)
+    for reservation in reservations:
+        sold[reservation.endpoint_id] += reservation.mu_per_min
+    per_minute: dict[int, dict[datetime, float]] = defaultdict(lambda: defaultdict(float))
+    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for row in usage:
+        per_minute[row.endpoint_id][row.start] += row.mu
+        if row.start >= hour_start:
+            counts[row.endpoint_id][0] += row.throttled
+            counts[row.endpoint_id][1] += row.shed
+    for endpoint in endpoint_list:
+        coeffs = coefficients[endpoint.pk]
+        minutes = per_minute[endpoint.pk]
+        have = endpoint.ready_count * coeffs.mu_per_min
+        used_1m = minutes.get(last_minute, 0.0)
+        used_1h = sum(mu for start, mu in minutes.items() if start >= hour_start) / 60
+        # Minutes without usage count as zero: the day has 1,440 samples however sparse the traffic.
+        samples = list(minutes.values()) + [0.0] * (DAY_MINUTES - len(minutes))
+        ledger.endpoints.append(
+            EndpointLedger(
+                endpoint_id=endpoint.pk,
+                endpoint=endpoint.name,
+                coefficients_source=coeffs.source,
+                replica_mu_per_min=coeffs.mu_per_min,
+                ready_replicas=endpoint.ready_count,
+                have_mu_per_min=have,
+                sellable_mu_per_min=max(endpoint.ready_count, endpoint.min_replicas) * coeffs.mu_per_min,
+                sold_mu_per_min=sold[endpoint.pk],
+                used_mu_per_min_1m=used_1m,
+                used_mu_per_min_1h=used_1h,
+                used_mu_per_min_p95_1d=percentile(samples, 95),
+                headroom_mu_per_min=have - used_1m,
+                unsold_mu_per_min=have - sold[endpoint.pk],
+                overcommit_ratio=_ratio(sold[endpoint.pk], have),
+                utilization_1h=_ratio(used_1h, have),
+                throttled_1h=counts[endpoint.pk][0],
+                shed_1h=counts[endpoint.pk][1],
+            )
+        )
+    ledger.total = _totals(ledger.endpoints, per_minute)
+    return ledger
+
+
+def _totals(rows: list[EndpointLedger], per_minute: dict[int, dict[datetime, float]]) -> dict:
+    combined: dict[datetime, float] = defaultdict(float)
+    for minutes in per_minute.values():
+        for start, mu in minutes.items():
+            combined[start] += mu
+    have = sum(r.have_mu_per_min for r in rows)
+    sold = sum(r.sold_mu_per_min for r in rows)
+    used_1m = sum(r.used_mu_per_min_1m for r in rows)
+    used_1h = sum(r.used_mu_per_min_1h for r in rows)
+    samples = list(combined.values()) + [0.0] * (DAY_MINUTES - len(combined))
+    return {
+        "endpoints": len(rows),
+        "ready_replicas": sum(r.ready_replicas for r in rows),
+        "have_mu_per_min": have,
+        "sold_mu_per_min": sold,
+        "used_mu_per_min_1m": used_1m,
+        "used_mu_per_min_1h": used_1h,
+        # p95 of the summed per-minute series, not the sum of per-endpoint p95s (peaks rarely coincide).
+        "used_mu_per_min_p95_1d": percentile(samples, 95),
+        "headroom_mu_per_min": have - used_1m,
+        "unsold_mu_per_min": have - sold,
+        "overcommit_ratio": _ratio(sold, have),
+        "utilization_1h": _ratio(used_1h, have),
+        "throttled_1h": sum(r.throttled_1h for r in rows),
+        "shed_1h": sum(r.shed_1h for r in rows),
+    }
+
+
+def _tenant_rows(endpoint_list, reservations, usage: list[MinuteUsage], hour_start, last_minute) -> list:
+    names = {e.pk: e.name for e in endpoint_list}
+    rows: dict[tuple[int, int], TenantLedgerRow] = {}
+    for reservation in reservations:
+        rows[(reservation.tenant_id, reservation.endpoint_id)] = TenantLedgerRow(
+            reservation.tenant_id, reservation.tenant.name, reservation.endpoint_id, names[reservation.endpoint_id],
+            reservation.mu_per_min, 0.0, 0.0, 0, 0, 0, None,
+        )  # fmt: skip
+    unreserved: set[int] = set()
+    for row in usage:
+        if row.start < hour_start:
+            continue
+        key = (row.tenant_id, row.endpoint_id)
+        if key not in rows:
+            # Best-effort traffic from a tenant holding no reservation here still shows up, with reserved = 0.
+            rows[key] = TenantLedgerRow(row.tenant_id, "", row.endpoint_id, names[row.endpoint_id], 0.0,
+                                        0.0, 0.0, 0, 0, 0, None)  # fmt: skip
+            unreserved.add(row.tenant_id)
+        entry = rows[key]
+        entry.used_mu_per_min_1h += row.mu / 60
+        entry.requests_1h += row.requests
+        entry.throttled_1h += row.throttled
+        entry.shed_1h += row.shed
+        if row.start == last_minute:
+            entry.used_mu_per_min_1m += row.mu
+    if unreserved:
+        tenant_names = dict(
+            apps.get_model("tenants", "Tenant").objects.filter(pk__in=unreserved).values_list("pk", "name")
+        )
+        for entry in rows.values():
+            if not entry.tenant:
+                entry.tenant = tenant_names.get(entry.tenant_id, "")
+    for entry in rows.values():
+        entry.reservation_use_1h = _ratio(entry.used_mu_per_min_1h, entry.reserved_mu_per_min)
+    return sorted(rows.values(), key=lambda r: (r.tenant, r.endpoint))
+
+
+def endpoint_sellable_mu_per_min(endpoint: Endpoint) -> tuple[float, int, float]:
+    """(sellable MU/min, replicas counted, MU/min per replica) for the overcommit check of one endpoint."""
+    ready = endpoint.replicas.filter(state=ReplicaState.READY, is_standby=False).count()
+    coeffs = coefficients_by_endpoint([endpoint])[endpoint.pk]
+    replicas = max(ready, endpoint.min_replicas)
+    return replicas * coeffs.mu_per_min, replicas, coeffs.mu_per_min
+
+
+def endpoint_sold_mu_per_min(endpoint: Endpoint, *, exclude_reservation_id: int | None = None) -> float:
+    reservations = CapacityReservation.objects.filter(endpoint=endpoint)
+    if exclude_reservation_id is not None:
+        reservations = reservations.exclude(pk=exclude_reservation_id)
+    return reservations.aggregate(total=Sum("mu_per_min"))["total"] or 0.0
