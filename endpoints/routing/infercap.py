@@ -4,8 +4,9 @@
 2. Bounded load (consistent hashing with bounded loads, Mirrokni et al.): a replica may take the request
    only if its load afterwards stays within ``bound × mean load afterwards``. Load is in-flight model
    units over the replica's MU capacity, so a 2k-token prompt weighs what it costs, not "one request".
-   A small absolute floor keeps affinity at low load, where the mean is close to zero and any single
-   request would exceed the bound.
+   A floor keeps affinity at low load, where the mean is close to zero and any single request would
+   exceed the bound: a replica with fewer than ``load_floor × concurrency_limit`` requests in flight is
+   never "over the bound". The floor is in requests, so it does not depend on the unit of MU capacity.
 3. Score the allowed replicas: prefix affinity (matched / total prompt blocks), session stickiness,
    and spare capacity; the best wins. Stickiness and affinity are preferences: a sticky replica that is
    over the bound or at its limit is simply not allowed, and the session moves.
@@ -82,9 +83,13 @@ class InfercapRouter(RouterBase):
         """Replicas whose load after taking ``mu`` stays within bound × the mean load after it."""
         total_capacity = sum(max(r.mu_capacity, 1e-9) for r in candidates)
         mean_after = (sum(r.in_flight_mu for r in candidates) + mu) / total_capacity
-        limit = max(self.load_bound * mean_after, self.load_floor)
+        limit = self.load_bound * mean_after
         # An idle replica is always allowed (the ceil in CH-BL's per-bin capacity gives every bin one ball).
-        allowed = [r for r in candidates if r.in_flight == 0 or replica_load(r, mu) <= limit + 1e-12]
+        allowed = [
+            r
+            for r in candidates
+            if r.in_flight < max(1.0, self.load_floor * r.concurrency_limit) or replica_load(r, mu) <= limit + 1e-12
+        ]
         if allowed:
             return allowed
         # Reachable only with very uneven capacities: then the least loaded replicas are the right answer.

@@ -170,18 +170,18 @@ def test_infercap_bound_yields_to_prefix_when_within_bound():
 
 
 def test_infercap_load_floor_keeps_affinity_near_idle():
-    # Below the floor (a fraction of MU capacity) a replica is never "overloaded", so a prefix is not scattered.
+    # Below the floor (a fraction of the concurrency limit) a replica is never over the bound: no scattering.
     hot = SYSTEM + "the same prompt"
     for floor, expect_spread in ((0.25, False), (0.0, True)):
         router = make_router("infercap", seed=0, load_floor=floor)
-        replicas = views(4, mu_capacity=100.0)
+        replicas = views(4, mu_capacity=100.0, concurrency_limit=24)
         chosen = {route(router, request(i, prompt=hot, mu=4), replicas) for i in range(5)}
         assert (len(chosen) > 1) is expect_spread
 
 
 def test_session_stickiness_is_a_preference_that_yields_to_overload():
     router = make_router("infercap", seed=0)
-    replicas = views(3, mu_capacity=100.0, concurrency_limit=10)
+    replicas = views(3, mu_capacity=100.0, concurrency_limit=20)
     home = route(router, request(0, session="s-1", mu=2), replicas)
     for i in range(1, 5):  # unrelated prompts, same session → same replica
         assert route(router, request(i, session="s-1", mu=2), replicas) == home
@@ -194,7 +194,7 @@ def test_session_stickiness_is_a_preference_that_yields_to_overload():
     assert router.pick(request(11, session="s-1", mu=2), replicas, 1.0) == moved
     # Over the bounded load (not only the hard limit) also moves it.
     moved_view = next(r for r in replicas if r.replica_id == moved)
-    moved_view.in_flight, moved_view.in_flight_mu = 9, 90.0
+    moved_view.in_flight, moved_view.in_flight_mu = 9, 18.0
     assert router.pick(request(12, session="s-1", mu=2), replicas, 1.0) != moved
 
 
