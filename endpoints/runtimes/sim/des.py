@@ -1,0 +1,584 @@
+"""Virtual-time discrete-event simulation of a fleet of simulated vLLM replicas, driving the platform's real policies.
+
+Usage::
+
+    from endpoints.runtimes.sim.des import Simulation, VirtualClock
+    from endpoints.runtimes.sim import workloads
+    clock = VirtualClock()
+    router = MyRouter(...)                         # anything with endpoints.routing.base.Router's methods
+    sim = Simulation(router=router, replicas=8, profile="llama-13b-a100", clock=clock, seed=1)
+    result = sim.run(workloads.shared_prefix(groups=32, prompts_per_group=32, qps=20, seed=1))
+    result.percentile("ttft_s", 95), result.slo_attainment(ttft_s=2, tpot_s=0.1), result.gpu_hours()
+
+Requests are ``workloads.SimRequest`` (arrival time, prompt text, output tokens, priority, tenant, session).
+Results are ``results.SimResult`` (per request: arrival, queue, TTFT, TPOT, e2e, tokens, cached tokens, replica,
+status; per replica: busy time, replica-seconds, prefix hits). Same seed and inputs → identical results.
+
+Interfaces the simulation drives (all optional except the router):
+
+* **Router** (``endpoints.routing.base.Router``): for every dispatch the simulation builds one ``ReplicaView`` per
+  ready or draining replica from the engine's state as last *scraped* (every ``scrape_interval_s``, default
+  50 ms; ``metrics_age_s`` is the time since that scrape): ``num_running``, ``num_waiting``, ``kv_usage``, plus
+  the simulation's own bookkeeping ``in_flight`` / ``in_flight_mu`` (sent, not finished), ``concurrency_limit``,
+  ``mu_capacity``, ``block_size``, ``num_gpu_blocks``. It calls ``pick(request, views, now)`` →
+  replica id or None, then ``on_routed`` and later ``on_finished``. ``RouteRequest.extra`` carries ``tenant``,
+  ``priority`` (vLLM int), ``priority_class``, ``prompt_tokens``, ``max_tokens``. A None pick parks the request
+  in a FIFO backlog that is retried whenever a request finishes and every tick.
+* **Admission** (``Admission`` protocol below): ``offer(request, views, now)`` on arrival and
+  ``poll(views, now)`` after every finish and every tick; both return a ``Verdict`` listing requests to
+  dispatch now (routed as above) and requests to reject (recorded as status ``rejected`` with
+  ``retry_after_s``). A request neither dispatched nor rejected is queued by the controller; the simulation
+  counts it in the fleet's ``queued`` demand. ``on_finished`` (optional) is called like the router's.
+  Without an admission controller every arrival is dispatched at once. ``SlotAdmission`` is a minimal
+  reference (dispatch when a replica is below its concurrency limit, else FIFO queue, 429 when full).
+* **Autoscaler** (``Autoscaler`` protocol below): ``tick(fleet, actions, now)`` every simulated ``tick_s``
+  (1 s) with a ``FleetView`` (replicas with state starting/ready/draining and their load, in-flight and
+  queued demand in requests and MU, arrivals and completions during the last tick). ``FleetActions`` can
+  ``add_replicas(n, cold_start_s=None)`` (GPUs count from the request; routable after the cold start),
+  ``drain(id)`` (no new requests; removed when empty), ``remove(id)`` (at once; in-flight requests are
+  aborted) and ``set_concurrency(limit, replica_id=None)`` (the ``concurrency_limit`` routers and admission
+  see).
+* **Clock**: ``VirtualClock.now()`` is the simulated time; give the same object to policies that read a clock.
+* **Cost**: ``cost_fn(request) -> MU`` (e.g. the capacity engineer's estimate); default counts 1 MU per
+  1,000 prompt tokens plus 1 MU per 100 output tokens.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from endpoints.routing.base import ReplicaView, RouteRequest, Router
+
+from .engine import Engine
+from .engine import Sequence as EngineSeq
+from .profiles import EngineProfile, get_profile
+from .results import ReplicaRecord, RequestResult, SimResult
+from .workloads import SimRequest
+
+_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP = 0, 1, 2, 3, 4
+_MANY_STEPS = 1 << 30
+
+
+class VirtualClock:
+    """The simulated time, readable by injected policies (``now()``, ``monotonic()``, ``time()``)."""
+
+    def __init__(self, start_s: float = 0.0):
+        self._now = start_s
+
+    def now(self) -> float:
+        return self._now
+
+    monotonic = now
+    time = now
+
+
+@dataclass
+class Rejection:
+    request: RouteRequest
+    retry_after_s: float | None = None
+    reason: str = "rejected"
+
+
+@dataclass
+class Verdict:
+    dispatch: list[RouteRequest] = field(default_factory=list)
+    reject: list[Rejection] = field(default_factory=list)
+
+
+class Admission(Protocol):
+    def offer(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> Verdict: ...
+
+    def poll(self, replicas: Sequence[ReplicaView], now: float) -> Verdict: ...
+
+
+@dataclass
+class ReplicaStatus:
+    replica_id: str
+    state: str  # starting | ready | draining
+    added_s: float
+    in_flight: int
+    in_flight_mu: float
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    concurrency_limit: int
+
+
+@dataclass
+class FleetView:
+    now: float
+    replicas: list[ReplicaStatus]
+    in_flight: int
+    in_flight_mu: float
+    queued: int  # held by the admission controller or the routing backlog
+    queued_mu: float
+    arrivals_last_tick: int
+    finished_last_tick: list[RequestResult]
+    mu_capacity_per_replica: float
+
+    @property
+    def demand_mu(self) -> float:
+        return self.in_flight_mu + self.queued_mu
+
+    def count(self, state: str) -> int:
+        return sum(r.state == state for r in self.replicas)
+
+
+class Autoscaler(Protocol):
+    def tick(self, fleet: FleetView, actions: FleetActions, now: float) -> None: ...
+
+
+class FleetActions:
+    """What an autoscaler may do to the simulated fleet."""
+
+    def __init__(self, sim: Simulation):
+        self._sim = sim
+
+    def add_replicas(self, n: int = 1, cold_start_s: float | None = None) -> list[str]:
+        return [self._sim.add_replica(cold_start_s=cold_start_s) for _ in range(max(0, n))]
+
+    def drain(self, replica_id: str) -> None:
+        self._sim.drain_replica(replica_id)
+
+    def remove(self, replica_id: str) -> None:
+        self._sim.remove_replica(replica_id)
+
+    def set_concurrency(self, limit: int, replica_id: str | None = None) -> None:
+        for rep in self._sim.live_replicas():
+            if replica_id is None or rep.replica_id == replica_id:
+                rep.concurrency_limit = max(1, int(limit))
+
+
+class SlotAdmission:
+    """Reference admission: dispatch while some ready replica is below its concurrency limit, else queue (FIFO,
+    at most ``max_queue``), else reject with a Retry-After of ``retry_after_s``."""
+
+    def __init__(self, *, max_queue: int = 1000, retry_after_s: float = 1.0):
+        self.max_queue = max_queue
+        self.retry_after_s = retry_after_s
+        self._queue: deque[RouteRequest] = deque()
+        self._sent: dict[str, int] = {}  # dispatched by this controller and not finished, per replica
+
+    def _free_slots(self, replicas: Sequence[ReplicaView]) -> int:
+        return sum(
+            max(0, r.concurrency_limit - r.in_flight) for r in replicas if r.healthy and not r.draining
+        )
+
+    def offer(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> Verdict:
+        if not self._queue and self._free_slots(replicas) > 0:
+            return Verdict(dispatch=[request])
+        if len(self._queue) >= self.max_queue:
+            return Verdict(reject=[Rejection(request, self.retry_after_s, "queue_full")])
+        self._queue.append(request)
+        return Verdict()
+
+    def poll(self, replicas: Sequence[ReplicaView], now: float) -> Verdict:
+        free = self._free_slots(replicas)
+        out = []
+        while self._queue and free > 0:
+            out.append(self._queue.popleft())
+            free -= 1
+        return Verdict(dispatch=out)
+
+
+class SimReplica:
+    def __init__(self, replica_id: str, profile: EngineProfile, now: float, concurrency_limit: int, policy: str):
+        self.replica_id = replica_id
+        self.profile = profile
+        self.engine = Engine(profile, scheduling_policy=policy)
+        self.state = "starting"
+        self.record = ReplicaRecord(replica_id, profile.name, profile.gpus, added_s=now)
+        self.concurrency_limit = concurrency_limit
+        self.in_flight: dict[str, tuple[RouteRequest, RequestResult, EngineSeq]] = {}
+        self.in_flight_mu = 0.0
+        self.plan = None
+        self.version = 0
+        self.scraped_s = -1e18
+        self.scraped = (0, 0, 0.0)
+
+
+def _default_cost(request: SimRequest, prompt_tokens: int) -> float:
+    return prompt_tokens / 1000 + request.output_tokens / 100
+
+
+class Simulation:
+    def __init__(
+        self,
+        *,
+        router: Router,
+        replicas: int = 1,
+        profile: str | EngineProfile = "llama-13b-a100",
+        clock: VirtualClock | None = None,
+        admission: Admission | None = None,
+        autoscaler: Autoscaler | None = None,
+        cost_fn: Callable[[SimRequest, int], float] | None = None,
+        mu_capacity: float = 1.0,
+        concurrency_limit: int | None = None,
+        cold_start_s: float = 60.0,
+        scrape_interval_s: float = 0.05,
+        tick_s: float = 1.0,
+        scheduling_policy: str = "priority",
+        seed: int = 0,
+    ):
+        self.profile = get_profile(profile) if isinstance(profile, str) or profile is None else profile
+        self.clock = clock or VirtualClock()
+        self.router = router
+        self.admission = admission
+        self.autoscaler = autoscaler
+        self.cost_fn = cost_fn or _default_cost
+        self.mu_capacity = mu_capacity
+        self.concurrency_limit = concurrency_limit or self.profile.max_num_seqs
+        self.cold_start_s = cold_start_s
+        self.scrape_interval_s = scrape_interval_s
+        self.tick_s = tick_s
+        self.policy = scheduling_policy
+        self.seed = seed
+        self.replicas: dict[str, SimReplica] = {}
+        self._all_replicas: list[SimReplica] = []
+        self._events: list = []
+        self._seq = itertools.count()
+        self._ids = itertools.count()
+        self._results: list[RequestResult] = []
+        self._pending: dict[str, tuple[RouteRequest, RequestResult, SimRequest]] = {}  # offered, not dispatched
+        self._backlog: deque[RouteRequest] = deque()
+        self._arrivals_tick = 0
+        self._finished_tick: list[RequestResult] = []
+        self._actions = FleetActions(self)
+        self.timeline: list[dict] = []
+        for _ in range(replicas):
+            self._make_ready(self.add_replica(cold_start_s=0.0, schedule=False))
+
+    # -- fleet -------------------------------------------------------------------------------------
+    def add_replica(self, *, cold_start_s: float | None = None, schedule: bool = True) -> str:
+        now = self.clock.now()
+        rep = SimReplica(f"r{next(self._ids)}", self.profile, now, self.concurrency_limit, self.policy)
+        self.replicas[rep.replica_id] = rep
+        self._all_replicas.append(rep)
+        if schedule:
+            delay = self.cold_start_s if cold_start_s is None else cold_start_s
+            self._push(now + delay, _READY, rep)
+        return rep.replica_id
+
+    def _make_ready(self, replica_id: str) -> None:
+        rep = self.replicas[replica_id]
+        rep.state = "ready"
+        rep.record.ready_s = self.clock.now()
+
+    def drain_replica(self, replica_id: str) -> None:
+        rep = self.replicas.get(replica_id)
+        if rep is None:
+            return
+        if rep.state == "starting" or not rep.in_flight:
+            self.remove_replica(replica_id)
+        else:
+            rep.state = "draining"
+
+    def remove_replica(self, replica_id: str) -> None:
+        rep = self.replicas.pop(replica_id, None)
+        if rep is None:
+            return
+        now = self.clock.now()
+        rep.state = "removed"
+        rep.version += 1
+        rep.record.removed_s = now
+        rep.engine.abort_all(now)
+        for route, result, _seq in list(rep.in_flight.values()):
+            result.status, result.reason, result.finish_s = "aborted", "replica_removed", now
+            self._finished_tick.append(result)
+            self.router.on_finished(route, replica_id, now)
+        rep.in_flight.clear()
+        self._sync_record(rep)
+
+    def live_replicas(self) -> list[SimReplica]:
+        return list(self.replicas.values())
+
+    def views(self) -> list[ReplicaView]:
+        now = self.clock.now()
+        views = []
+        for rep in self.replicas.values():
+            if rep.state not in ("ready", "draining"):
+                continue
+            if now - rep.scraped_s >= self.scrape_interval_s:
+                rep.scraped_s = now
+                rep.scraped = (rep.engine.num_running, rep.engine.num_waiting, rep.engine.kv_usage)
+            running, waiting, kv = rep.scraped
+            views.append(
+                ReplicaView(
+                    replica_id=rep.replica_id,
+                    draining=rep.state == "draining",
+                    metrics_age_s=now - rep.scraped_s,
+                    num_running=running,
+                    num_waiting=waiting,
+                    kv_usage=kv,
+                    in_flight=len(rep.in_flight),
+                    in_flight_mu=rep.in_flight_mu,
+                    mu_capacity=self.mu_capacity,
+                    concurrency_limit=rep.concurrency_limit,
+                    block_size=self.profile.block_size,
+                    num_gpu_blocks=self.profile.num_gpu_blocks,
+                )
+            )
+        return views
+
+    def fleet_view(self) -> FleetView:
+        statuses = [
+            ReplicaStatus(
+                rep.replica_id, rep.state, rep.record.added_s, len(rep.in_flight), rep.in_flight_mu,
+                rep.engine.num_running, rep.engine.num_waiting, rep.engine.kv_usage, rep.concurrency_limit,
+            )
+            for rep in self.replicas.values()
+        ]
+        in_flight = sum(s.in_flight for s in statuses)
+        return FleetView(
+            now=self.clock.now(),
+            replicas=statuses,
+            in_flight=in_flight,
+            in_flight_mu=sum(s.in_flight_mu for s in statuses),
+            queued=len(self._pending),
+            queued_mu=sum(route.mu for route, _, _ in self._pending.values()),
+            arrivals_last_tick=self._arrivals_tick,
+            finished_last_tick=list(self._finished_tick),
+            mu_capacity_per_replica=self.mu_capacity,
+        )
+
+    # -- event loop --------------------------------------------------------------------------------
+    def _push(self, at: float, kind: int, payload) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), kind, payload))
+
+    def run(self, workload: Iterable[SimRequest], *, until_s: float | None = None) -> SimResult:
+        """Simulate until every request is finished or rejected (or ``until_s``); returns the results."""
+        started = time.perf_counter()
+        arrivals = iter(workload)
+        self._next_arrival(arrivals)
+        self._push(self.clock.now() + self.tick_s, _TICK, None)
+        while self._events:
+            at, _, kind, payload = heapq.heappop(self._events)
+            if until_s is not None and at > until_s:
+                self.clock._now = until_s
+                break
+            self.clock._now = at
+            if kind == _STEP_END:
+                rep, version = payload
+                if version == rep.version:
+                    self._step_end(rep)
+            elif kind == _ARRIVAL:
+                self._arrive(payload)
+                self._next_arrival(arrivals)
+            elif kind == _FOLLOWUP:
+                self._arrive(payload)
+            elif kind == _READY:
+                if payload.state == "starting" and payload.replica_id in self.replicas:
+                    self._make_ready(payload.replica_id)
+                    self._pump()
+            elif kind == _TICK:
+                self._tick()
+                if self._busy() or self._has_future_arrivals():
+                    self._push(at + self.tick_s, _TICK, None)
+        for rep in self._all_replicas:
+            self._sync_record(rep)
+        return SimResult(
+            requests=self._results,
+            replicas=[rep.record for rep in self._all_replicas],
+            end_s=self.clock.now(),
+            wall_s=time.perf_counter() - started,
+            timeline=self.timeline,
+        )
+
+    def _next_arrival(self, arrivals) -> None:
+        request = next(arrivals, None)
+        if request is not None:
+            self._push(request.arrival_s, _ARRIVAL, request)
+
+    def _has_future_arrivals(self) -> bool:
+        return any(kind in (_ARRIVAL, _READY, _FOLLOWUP) for _, _, kind, _ in self._events)
+
+    def _busy(self) -> bool:
+        return bool(self._pending or self._backlog or any(rep.in_flight for rep in self.replicas.values()))
+
+    def _tick(self) -> None:
+        now = self.clock.now()
+        if self.autoscaler is not None:
+            self.autoscaler.tick(self.fleet_view(), self._actions, now)
+        self._arrivals_tick = 0
+        self._finished_tick = []
+        self._pump()
+        states = [rep.state for rep in self.replicas.values()]
+        self.timeline.append(
+            {
+                "t": round(now, 3),
+                "ready": states.count("ready"),
+                "starting": states.count("starting"),
+                "draining": states.count("draining"),
+                "in_flight": sum(len(rep.in_flight) for rep in self.replicas.values()),
+                "queued": len(self._pending),
+            }
+        )
+
+    # -- requests ----------------------------------------------------------------------------------
+    def _arrive(self, request: SimRequest) -> None:
+        prompt = request.prompt_text
+        prompt_tokens = request.prompt_tokens
+        mu = self.cost_fn(request, prompt_tokens)
+        result = RequestResult(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            priority=request.priority,
+            arrival_s=request.arrival_s,
+            prompt_tokens=prompt_tokens,
+            max_tokens=request.output_tokens,
+            mu=mu,
+            session_id=request.session_id,
+            priority_class=request.priority_class,
+        )
+        self._results.append(result)
+        self._arrivals_tick += 1
+        route = RouteRequest(
+            request_id=request.request_id,
+            prompt_text=prompt,
+            mu=mu,
+            session_id=request.session_id,
+            extra={
+                "tenant": request.tenant,
+                "priority": request.priority,
+                "priority_class": request.priority_class,
+                "prompt_tokens": prompt_tokens,
+                "max_tokens": request.output_tokens,
+            },
+        )
+        self._pending[request.request_id] = (route, result, request)
+        if self.admission is None:
+            self._dispatch(route)
+        else:
+            self._apply(self.admission.offer(route, self.views(), self.clock.now()))
+
+    def _apply(self, verdict: Verdict) -> None:
+        now = self.clock.now()
+        for rejection in verdict.reject:
+            entry = self._pending.pop(rejection.request.request_id, None)
+            if entry is None:
+                continue
+            _route, result, request = entry
+            result.status, result.retry_after_s, result.reason = "rejected", rejection.retry_after_s, rejection.reason
+            result.finish_s = now
+            self._finished_tick.append(result)
+            self._followup(request, result)
+        for route in verdict.dispatch:
+            self._dispatch(route)
+
+    def _dispatch(self, route: RouteRequest) -> bool:
+        entry = self._pending.get(route.request_id)
+        if entry is None:
+            return True
+        now = self.clock.now()
+        replica_id = self.router.pick(route, self.views(), now)
+        rep = self.replicas.get(replica_id) if replica_id is not None else None
+        if rep is None or rep.state not in ("ready", "draining"):
+            self._backlog.append(route)
+            return False
+        del self._pending[route.request_id]
+        _route, result, request = entry
+        self.router.on_routed(route, replica_id, now)
+        seq = EngineSeq(
+            request_id=request.request_id,
+            prompt_tokens=result.prompt_tokens,
+            max_tokens=request.output_tokens,
+            block_hashes=request.block_hashes(),
+            priority=request.priority,
+            arrival_s=now,
+            tag=request,
+        )
+        result.dispatch_s, result.replica_id = now, replica_id
+        try:
+            rep.engine.add(seq)
+        except ValueError as exc:  # too long for the model: vLLM answers 400
+            result.status, result.reason, result.finish_s = "error", str(exc), now
+            self.router.on_finished(route, replica_id, now)
+            self._finished_tick.append(result)
+            return True
+        rep.in_flight[request.request_id] = (route, result, seq)
+        rep.in_flight_mu += route.mu
+        self._kick(rep)
+        return True
+
+    def _kick(self, rep: SimReplica) -> None:
+        """A request joined ``rep``: start its engine, or cut its batch of steps at the step now under way."""
+        now = self.clock.now()
+        plan = rep.plan
+        if plan is None:
+            self._start_plan(rep)
+            return
+        if plan.steps > 1 and rep.engine.num_running < rep.profile.max_num_seqs:
+            done = plan.steps_started_before(now - plan.start_s)
+            if done < plan.steps:
+                plan.steps = done
+                rep.version += 1
+                self._push(plan.start_s + plan.duration(), _STEP_END, (rep, rep.version))
+
+    def _start_plan(self, rep: SimReplica) -> None:
+        now = self.clock.now()
+        plan = rep.engine.plan(now, _MANY_STEPS)
+        rep.plan = plan
+        if plan is not None:
+            rep.version += 1
+            self._push(now + plan.duration(), _STEP_END, (rep, rep.version))
+
+    def _step_end(self, rep: SimReplica) -> None:
+        now = self.clock.now()
+        plan = rep.plan
+        rep.plan = None
+        finished = rep.engine.commit(plan, plan.steps, now)
+        for seq in finished:
+            self._complete(rep, seq)
+        if rep.replica_id in self.replicas:
+            self._start_plan(rep)
+        if finished:
+            self._pump()
+
+    def _complete(self, rep: SimReplica, seq: EngineSeq) -> None:
+        now = self.clock.now()
+        route, result, _ = rep.in_flight.pop(seq.request_id)
+        rep.in_flight_mu -= route.mu
+        result.status = "ok"
+        result.scheduled_s, result.first_token_s, result.finish_s = seq.scheduled_s, seq.first_token_s, now
+        result.output_tokens, result.cached_tokens, result.preemptions = seq.generated, seq.cached_tokens, seq.preemptions
+        rep.record.requests += 1
+        self._finished_tick.append(result)
+        self.router.on_finished(route, rep.replica_id, now)
+        on_finished = getattr(self.admission, "on_finished", None)
+        if on_finished is not None:
+            on_finished(route, rep.replica_id, now)
+        if rep.state == "draining" and not rep.in_flight:
+            self.remove_replica(rep.replica_id)
+        self._followup(seq.tag, result)
+
+    def _followup(self, request: SimRequest, result: RequestResult) -> None:
+        if request.followup is None:
+            return
+        nxt = request.followup(result)
+        if nxt is not None:
+            nxt.arrival_s = max(nxt.arrival_s, self.clock.now())
+            self._push(nxt.arrival_s, _FOLLOWUP, nxt)
+
+    def _pump(self) -> None:
+        """Give freed capacity to queued work: the admission controller first, then the routing backlog."""
+        if self.admission is not None:
+            self._apply(self.admission.poll(self.views(), self.clock.now()))
+        for _ in range(len(self._backlog)):
+            route = self._backlog.popleft()
+            if not self._dispatch(route):
+                # _dispatch re-appended it at the back; keep FIFO order and stop at the first unroutable one.
+                self._backlog.appendleft(self._backlog.pop())
+                break
+
+    def _sync_record(self, rep: SimReplica) -> None:
+        stats, record = rep.engine.stats, rep.record
+        record.busy_s = stats.busy_s
+        record.prompt_tokens, record.generation_tokens = stats.prompt_tokens, stats.generation_tokens
+        record.prefix_queries, record.prefix_hits, record.preemptions = (
+            stats.prefix_queries, stats.prefix_hits, stats.preemptions,
+        )

@@ -1,0 +1,323 @@
+"""The performance model of one vLLM engine, shared by the real-time HTTP replica and the discrete-event runner.
+
+The engine has no clock of its own: callers pass ``now`` (seconds on whatever clock they run) and drive it
+in *plans* (one scheduler decision followed by one or more model steps):
+
+    plan = engine.plan(now, max_steps)      # schedule waiting → running, choose how many steps to run
+    ... the caller lets plan.duration(k) seconds pass ...
+    done = engine.commit(plan, k, now)       # k ≤ plan.steps steps happened; returns finished sequences
+
+Model (vLLM V1 in outline):
+- continuous batching up to ``max_num_seqs``; the waiting queue is ordered by (priority, arrival) under the
+  ``priority`` policy (lower value first, as vLLM) or by arrival under ``fcfs``; head-of-line blocking;
+- a step that admits new sequences prefills them (at most ``max_num_batched_tokens`` uncached tokens, at
+  least one sequence) and costs ``decode(batch_before) + overhead + uncached / prefill_rate``; it produces
+  their first token. Prefix-cache hits (``kvcache.KVCache``) cost no prefill time;
+- a pure decode step costs ``t0 + per_seq·batch + per_ctx_token·context_tokens`` and produces one token per
+  running sequence. The discrete-event runner asks for many decode steps at once (a batch of steps with a
+  fixed running set, up to the next finish), so it never handles individual tokens;
+- a sequence grows a block every 16 tokens; when blocks run out, the running sequence with the largest
+  (priority, arrival) is preempted (recompute: its blocks are freed, it goes back to the waiting queue
+  and later prefills prompt + generated tokens again, usually hitting its own cached prefix).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from .kvcache import KVCache
+from .profiles import EngineProfile
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine. Times are on the caller's clock."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int  # tokens to generate (the simulator always generates exactly this many)
+    block_hashes: list[int]
+    priority: int = 0
+    arrival_s: float = 0.0
+    stop_reason: str = "length"  # finish_reason when max_tokens is reached ("stop" for a natural end)
+    tag: object = None  # caller's handle (the HTTP stream, the DES request)
+    # progress
+    state: str = WAITING
+    generated: int = 0
+    cached_tokens: int = 0  # prefix-cache hit at first scheduling (usage.prompt_tokens_details.cached_tokens)
+    held_hashed: list[int] = field(default_factory=list)
+    held_anon: int = 0
+    held_blocks: int = 0  # len(held_hashed) + held_anon, kept in step for speed
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    finish_reason: str | None = None
+    preemptions: int = 0
+    order: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - self.generated
+
+
+@dataclass
+class Plan:
+    """What the engine will do next: ``steps`` model steps over ``seqs`` starting at ``start_s``."""
+
+    start_s: float
+    steps: int
+    seqs: list[Sequence]
+    prefill_s: float  # extra time of the first step (prefill of newly admitted sequences)
+    step0_s: float  # decode cost of the first step
+    ctx_slope_s: float  # per-step growth of the decode cost (context grows by one token per sequence)
+    admitted: list[Sequence]
+
+    def duration(self, steps: int | None = None) -> float:
+        """Time taken by the first ``steps`` steps (all of them by default)."""
+        k = self.steps if steps is None else steps
+        if k <= 0:
+            return 0.0
+        return self.prefill_s + k * self.step0_s + self.ctx_slope_s * k * (k - 1) / 2
+
+    def steps_started_before(self, elapsed_s: float) -> int:
+        """Steps already under way ``elapsed_s`` after the plan started (the one in progress included)."""
+        lo, hi = 1, self.steps
+        while lo < hi:  # the smallest k whose end is at or after elapsed_s
+            mid = (lo + hi) // 2
+            if self.duration(mid) >= elapsed_s:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def step_s(self, index: int) -> float:
+        """Duration of step ``index`` (0-based)."""
+        return self.duration(index + 1) - self.duration(index)
+
+
+class EngineStats:
+    """Counters behind vLLM's Prometheus series."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.preemptions = 0
+        self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
+        self.busy_s = 0.0
+        self.steps = 0
+        self.iteration_tokens: list[int] = []  # tokens per step since the last drain (real-time metrics)
+
+
+class Engine:
+    def __init__(self, profile: EngineProfile, *, scheduling_policy: str = "priority", record_iterations=False):
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+        self.profile = profile
+        self.scheduling_policy = scheduling_policy
+        self.kv = KVCache(profile.num_gpu_blocks, profile.block_size)
+        self.running: list[Sequence] = []
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        self._order = itertools.count()
+        self.stats = EngineStats()
+        self._record_iterations = record_iterations
+        self._block = profile.block_size
+
+    # -- queue -------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv.usage
+
+    def validate(self, prompt_tokens: int, max_tokens: int) -> None:
+        limit = self.profile.max_model_len
+        if prompt_tokens >= limit:
+            raise ValueError(
+                f"The decoder prompt (length {prompt_tokens}) is longer than the maximum model length of {limit}."
+            )
+        if prompt_tokens + max_tokens > limit:
+            raise ValueError(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
+                f"length is {limit} tokens and your request has {prompt_tokens} input tokens "
+                f"({max_tokens} > {limit} - {prompt_tokens})."
+            )
+
+    def add(self, seq: Sequence) -> Sequence:
+        self.validate(seq.prompt_tokens, seq.max_tokens)
+        if seq.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        seq.order = next(self._order)
+        seq.state = WAITING
+        self._push_waiting(seq)
+        return seq
+
+    def _push_waiting(self, seq: Sequence) -> None:
+        key = seq.priority if self.scheduling_policy == "priority" else 0
+        heapq.heappush(self._waiting, (key, seq.order, seq))
+
+    def abort(self, seq: Sequence, now: float, reason: str = "abort") -> bool:
+        """Cancel a sequence (client disconnect); frees its blocks. False if it had already finished."""
+        if seq.state == FINISHED:
+            return False
+        if seq.state == RUNNING:
+            self.running.remove(seq)
+            self._free(seq)
+        else:
+            self._waiting = [item for item in self._waiting if item[2] is not seq]
+            heapq.heapify(self._waiting)
+        self._finish(seq, now, reason)
+        return True
+
+    def abort_all(self, now: float, reason: str = "abort") -> list[Sequence]:
+        victims = list(self.running) + [item[2] for item in self._waiting]
+        for seq in victims:
+            self.abort(seq, now, reason)
+        return victims
+
+    # -- scheduling --------------------------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self._block)
+
+    def _schedule(self, now: float) -> tuple[list[Sequence], int]:
+        admitted: list[Sequence] = []
+        budget = self.profile.max_num_batched_tokens
+        prefill_tokens = 0
+        while self._waiting and len(self.running) < self.profile.max_num_seqs:
+            seq = self._waiting[0][2]
+            tokens = seq.prompt_tokens + seq.generated
+            total_blocks = self._blocks_for(tokens)
+            matched, shared = self.kv.probe(seq.block_hashes)
+            if total_blocks - shared > self.kv.free_blocks:
+                break  # head-of-line: wait for blocks to free up
+            # vLLM recomputes at least the last token, so a fully cached prompt still prefills one block.
+            hit_blocks = min(matched, (tokens - 1) // self._block)
+            uncached = tokens - hit_blocks * self._block
+            if admitted and prefill_tokens + uncached > budget:
+                break
+            heapq.heappop(self._waiting)
+            self.kv.acquire(seq.block_hashes, total_blocks - len(seq.block_hashes))
+            seq.held_hashed = list(seq.block_hashes)
+            seq.held_anon = total_blocks - len(seq.block_hashes)
+            seq.held_blocks = total_blocks
+            if seq.scheduled_s is None:
+                seq.scheduled_s = now
+                seq.cached_tokens = hit_blocks * self._block
+                self.stats.prompt_tokens += seq.prompt_tokens
+            self.stats.prefix_queries += tokens
+            self.stats.prefix_hits += hit_blocks * self._block
+            seq.state = RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+            prefill_tokens += uncached
+        return admitted, prefill_tokens
+
+    def _preempt_one(self) -> None:
+        victim = max(self.running, key=lambda s: (s.priority, s.order))
+        self.running.remove(victim)
+        self._free(victim)
+        victim.state = WAITING
+        victim.preemptions += 1
+        self.stats.preemptions += 1
+        self._push_waiting(victim)
+
+    def _free(self, seq: Sequence) -> None:
+        self.kv.release(seq.held_hashed, seq.held_anon)
+        seq.held_hashed = []
+        seq.held_anon = 0
+        seq.held_blocks = 0
+
+    def _growth(self, steps: int) -> int:
+        """Blocks the running set needs to run ``steps`` more decode steps."""
+        need = 0
+        block = self._block
+        for seq in self.running:
+            extra = -(-(seq.prompt_tokens + seq.generated + steps - 1) // block) - seq.held_blocks
+            if extra > 0:
+                need += extra
+        return need
+
+    def plan(self, now: float, max_steps: int = 1) -> Plan | None:
+        """Schedule and decide the next steps; None when there is nothing to run."""
+        profile = self.profile
+        old = list(self.running)
+        admitted, prefill_tokens = self._schedule(now)
+        if not self.running:
+            return None
+        if admitted:
+            # The prefill step: the sequences already running also decode one token in it.
+            while old and self._growth(1) > self.kv.free_blocks:
+                self._preempt_one()
+                old = [s for s in old if s.state == RUNNING]
+            ctx = sum(s.prompt_tokens + s.generated for s in old)
+            step0 = profile.decode_step_s(len(old), ctx) if old else profile.decode_t0_s
+            prefill = profile.prefill_s(prefill_tokens)
+            return Plan(now, 1, list(self.running), prefill, step0, 0.0, admitted)
+        while self._growth(1) > self.kv.free_blocks:
+            self._preempt_one()
+            if not self.running:
+                return None
+        steps = min(max_steps, min(s.remaining for s in self.running))
+        free = self.kv.free_blocks
+        if steps > 1 and self._growth(steps) > free:
+            lo, hi = 1, steps  # the most steps whose block growth fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._growth(mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            steps = lo
+        batch = len(self.running)
+        ctx = sum(s.prompt_tokens + s.generated for s in self.running)
+        step0 = profile.decode_step_s(batch, ctx)
+        return Plan(now, steps, list(self.running), 0.0, step0, profile.decode_per_ctx_token_s * batch, [])
+
+    def commit(self, plan: Plan, steps: int, now: float) -> list[Sequence]:
+        """Apply ``steps`` completed steps of ``plan`` ending at ``now``; returns the sequences that finished."""
+        if steps <= 0:
+            return []
+        block = self._block
+        finished: list[Sequence] = []
+        first_token_at = plan.start_s + plan.duration(1)
+        tokens = 0
+        for seq in plan.seqs:
+            if seq.state != RUNNING:
+                continue  # aborted or preempted meanwhile
+            if seq.generated == 0:
+                seq.first_token_s = first_token_at
+            seq.generated += steps
+            tokens += steps
+            need = -(-(seq.prompt_tokens + seq.generated - 1) // block) - seq.held_blocks
+            if need > 0:
+                self.kv.grow(need)
+                seq.held_anon += need
+                seq.held_blocks += need
+            if seq.generated >= seq.max_tokens:
+                finished.append(seq)
+        self.stats.generation_tokens += tokens
+        self.stats.busy_s += plan.duration(steps)
+        self.stats.steps += steps
+        if self._record_iterations:
+            self.stats.iteration_tokens.append(tokens)
+        for seq in finished:
+            self.running.remove(seq)
+            self._free(seq)
+            self._finish(seq, now, seq.stop_reason)
+        return finished
+
+    def _finish(self, seq: Sequence, now: float, reason: str) -> None:
+        seq.state = FINISHED
+        seq.finish_s = now
+        seq.finish_reason = reason
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1

@@ -1,0 +1,123 @@
+"""Performance profiles of simulated vLLM engines, selectable by name (pure).
+
+A profile is the engine model's constants: batch and KV limits, decode step time
+``t0 + per_seq·batch + per_ctx_token·context_tokens`` and prefill time ``overhead + uncached / rate``.
+The default, ``llama-13b-a100``, is fitted to DESIGN.md's 13B table (per-stream 105 / 68 / 44 tok/s at
+batch 16 / 64 / 128 with 500-token prompts and 300-token outputs): a least-squares line through the three
+step times gives 7.45 ms + 0.1183 ms per sequence at ≈650 context tokens per sequence, split here into a
+per-sequence and a per-context-token part. ``bench sim`` measures the fit (``profile_fit``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    model_name: str  # the served model name (``--served-model-name``)
+    max_num_seqs: int
+    max_num_batched_tokens: int  # prefill token budget per step (vLLM's chunked-prefill budget)
+    num_gpu_blocks: int
+    block_size: int
+    max_model_len: int
+    decode_t0_s: float
+    decode_per_seq_s: float
+    decode_per_ctx_token_s: float
+    prefill_overhead_s: float
+    prefill_tokens_per_s: float
+    gpus: int = 1
+    gpu_memory_utilization: float = 0.9
+    startup_s: float = 0.0  # simulated cold start before /health turns 200
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        return self.decode_t0_s + self.decode_per_seq_s * batch + self.decode_per_ctx_token_s * context_tokens
+
+    def prefill_s(self, uncached_tokens: int) -> float:
+        return self.prefill_overhead_s + uncached_tokens / self.prefill_tokens_per_s
+
+    def with_options(self, **changes) -> EngineProfile:
+        unknown = set(changes) - set(self.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown profile fields: {', '.join(sorted(unknown))}")
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PROFILES: dict[str, EngineProfile] = {
+    # DESIGN.md §5 worked example: 13B dense FP16 on one 80 GB A100, M_KV = 44 GB → 268,554 KV tokens.
+    "llama-13b-a100": EngineProfile(
+        name="llama-13b-a100",
+        model_name="llama-13b",
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        num_gpu_blocks=16_784,
+        block_size=16,
+        max_model_len=8192,
+        decode_t0_s=0.00745,
+        decode_per_seq_s=0.0001053,
+        decode_per_ctx_token_s=2.0e-8,
+        prefill_overhead_s=0.010,
+        prefill_tokens_per_s=6000.0,
+    ),
+    # 8B on one H100: ≈410k KV tokens at 0.92 utilization; vLLM's H100 batch defaults.
+    "llama-8b-h100": EngineProfile(
+        name="llama-8b-h100",
+        model_name="llama-8b",
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        num_gpu_blocks=25_600,
+        block_size=16,
+        max_model_len=8192,
+        decode_t0_s=0.0050,
+        decode_per_seq_s=0.00005,
+        decode_per_ctx_token_s=1.0e-8,
+        prefill_overhead_s=0.006,
+        prefill_tokens_per_s=20000.0,
+        gpu_memory_utilization=0.92,
+    ),
+    # llm-d's routing benchmark model: Qwen3-32B on 2 H100 (TP2) per pod.
+    "qwen3-32b-h100x2": EngineProfile(
+        name="qwen3-32b-h100x2",
+        model_name="qwen3-32b",
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        num_gpu_blocks=17_000,
+        block_size=16,
+        max_model_len=16384,
+        decode_t0_s=0.0120,
+        decode_per_seq_s=0.00015,
+        decode_per_ctx_token_s=2.0e-8,
+        prefill_overhead_s=0.012,
+        prefill_tokens_per_s=9000.0,
+        gpus=2,
+        gpu_memory_utilization=0.92,
+    ),
+    # A small, fast engine for tests: few blocks (eviction and preemption show up quickly), short steps.
+    "tiny": EngineProfile(
+        name="tiny",
+        model_name="tiny",
+        max_num_seqs=8,
+        max_num_batched_tokens=1024,
+        num_gpu_blocks=96,
+        block_size=16,
+        max_model_len=1024,
+        decode_t0_s=0.002,
+        decode_per_seq_s=0.0005,
+        decode_per_ctx_token_s=0.0,
+        prefill_overhead_s=0.002,
+        prefill_tokens_per_s=20000.0,
+    ),
+}
+DEFAULT_PROFILE = "llama-13b-a100"
+
+
+def get_profile(name: str | None = None, **overrides) -> EngineProfile:
+    """The named profile (default ``llama-13b-a100``), with field overrides (e.g. ``num_gpu_blocks=512``)."""
+    key = name or DEFAULT_PROFILE
+    if key not in PROFILES:
+        raise ValueError(f"unknown simulator profile {key!r}; known: {', '.join(sorted(PROFILES))}")
+    profile = PROFILES[key]
+    return profile.with_options(**overrides) if overrides else profile
