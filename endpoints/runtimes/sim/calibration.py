@@ -1,4 +1,5 @@
 """Measure a profile the way the 13B table was measured: per-stream decode tok/s at a fixed batch (pure)."""
+
 from __future__ import annotations
 
 from .engine import Engine, Sequence

@@ -42,6 +42,7 @@ Interfaces the simulation drives (all optional except the router):
 * **Cost**: ``cost_fn(request) -> MU`` (e.g. the capacity engineer's estimate); default counts 1 MU per
   1,000 prompt tokens plus 1 MU per 100 output tokens.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -52,7 +53,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from endpoints.routing.base import ReplicaView, RouteRequest, Router
+from endpoints.routing.base import ReplicaView, Router, RouteRequest
 
 from .engine import Engine
 from .engine import Sequence as EngineSeq
@@ -165,9 +166,7 @@ class SlotAdmission:
         self._sent: dict[str, int] = {}  # dispatched by this controller and not finished, per replica
 
     def _free_slots(self, replicas: Sequence[ReplicaView]) -> int:
-        return sum(
-            max(0, r.concurrency_limit - r.in_flight) for r in replicas if r.healthy and not r.draining
-        )
+        return sum(max(0, r.concurrency_limit - r.in_flight) for r in replicas if r.healthy and not r.draining)
 
     def offer(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> Verdict:
         if not self._queue and self._free_slots(replicas) > 0:
@@ -328,8 +327,15 @@ class Simulation:
     def fleet_view(self) -> FleetView:
         statuses = [
             ReplicaStatus(
-                rep.replica_id, rep.state, rep.record.added_s, len(rep.in_flight), rep.in_flight_mu,
-                rep.engine.num_running, rep.engine.num_waiting, rep.engine.kv_usage, rep.concurrency_limit,
+                rep.replica_id,
+                rep.state,
+                rep.record.added_s,
+                len(rep.in_flight),
+                rep.in_flight_mu,
+                rep.engine.num_running,
+                rep.engine.num_waiting,
+                rep.engine.kv_usage,
+                rep.concurrency_limit,
             )
             for rep in self.replicas.values()
         ]
@@ -545,7 +551,11 @@ class Simulation:
         rep.in_flight_mu -= route.mu
         result.status = "ok"
         result.scheduled_s, result.first_token_s, result.finish_s = seq.scheduled_s, seq.first_token_s, now
-        result.output_tokens, result.cached_tokens, result.preemptions = seq.generated, seq.cached_tokens, seq.preemptions
+        result.output_tokens, result.cached_tokens, result.preemptions = (
+            seq.generated,
+            seq.cached_tokens,
+            seq.preemptions,
+        )
         rep.record.requests += 1
         self._finished_tick.append(result)
         self.router.on_finished(route, rep.replica_id, now)
@@ -580,5 +590,7 @@ class Simulation:
         record.busy_s = stats.busy_s
         record.prompt_tokens, record.generation_tokens = stats.prompt_tokens, stats.generation_tokens
         record.prefix_queries, record.prefix_hits, record.preemptions = (
-            stats.prefix_queries, stats.prefix_hits, stats.preemptions,
+            stats.prefix_queries,
+            stats.prefix_hits,
+            stats.preemptions,
         )

@@ -20,6 +20,7 @@ Model (vLLM V1 in outline):
   (priority, arrival) is preempted (recompute: its blocks are freed, it goes back to the waiting queue
   and later prefills prompt + generated tokens again, usually hitting its own cached prefix).
 """
+
 from __future__ import annotations
 
 import heapq

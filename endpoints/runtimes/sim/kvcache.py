@@ -6,6 +6,7 @@ of an LRU queue (a request's blocks in reverse order, so its tail blocks are evi
 A hit takes the block back out of the queue. A block's hash is forgotten only when the block is reused
 (evicted from the LRU head). Decode blocks and partial prompt blocks are anonymous (never shared).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -7,6 +7,7 @@ batch 16 / 64 / 128 with 500-token prompts and 300-token outputs): a least-squar
 step times gives 7.45 ms + 0.1183 ms per sequence at ≈650 context tokens per sequence, split here into a
 per-sequence and a per-context-token part. ``bench sim`` measures the fit (``profile_fit``).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace

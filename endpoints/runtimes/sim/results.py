@@ -4,6 +4,7 @@ Latencies are in simulated seconds. A request's ``status`` is ``ok`` (completed)
 admission controller, ``retry_after_s`` set), ``aborted`` (its replica was removed or failed under it) or
 ``unserved`` (still queued or running when the run ended).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -9,6 +9,7 @@ Chat prompts are rendered with ``render_chat``: ``<|role|>\\n`` + content + ``\\
 Generated text is deterministic: output token i is ``OUTPUT_WORDS[i % len]`` (4 characters each), so
 ``count_tokens(output) == completion_tokens`` exactly.
 """
+
 from __future__ import annotations
 
 import random

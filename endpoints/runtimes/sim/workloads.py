@@ -6,6 +6,7 @@ processes: ``poisson_times``, ``constant_times``, ``staged_poisson_times`` (risi
 ``bursty_times`` (diurnal cycle, 10× spikes, near-zero nights). Shapes: ``shared_prefix`` (llm-d's benchmark),
 ``multi_turn`` (sessions whose next turn follows the previous answer after a think time), ``bursty``.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,14 @@ class SimRequest:
 
 
 # -- arrival processes ---------------------------------------------------------------------------------
-def poisson_times(rate_per_s: float, *, count: int | None = None, duration_s: float | None = None,
-                  start_s: float = 0.0, seed: int = 0) -> Iterator[float]:
+def poisson_times(
+    rate_per_s: float,
+    *,
+    count: int | None = None,
+    duration_s: float | None = None,
+    start_s: float = 0.0,
+    seed: int = 0,
+) -> Iterator[float]:
     rng = random.Random(f"poisson-{seed}")
     t, n = start_s, 0
     while (count is None or n < count) and rate_per_s > 0:
@@ -81,9 +88,16 @@ def staged_poisson_times(stages: Iterable[tuple[float, float]], *, seed: int = 0
         start += duration
 
 
-def diurnal_rate(t: float, *, peak_qps: float, day_s: float, night_fraction: float = 0.02,
-                 spikes: Iterable[tuple[float, float]] = (), spike_factor: float = 10.0, spike_ramp_s: float = 2.0
-                 ) -> float:
+def diurnal_rate(
+    t: float,
+    *,
+    peak_qps: float,
+    day_s: float,
+    night_fraction: float = 0.02,
+    spikes: Iterable[tuple[float, float]] = (),
+    spike_factor: float = 10.0,
+    spike_ramp_s: float = 2.0,
+) -> float:
     """Request rate at time t: a raised-cosine day (trough ``night_fraction``·peak at t = 0, peak at day_s/2),
     times ``spike_factor`` inside each spike ``(start_s, length_s)``, reached within ``spike_ramp_s``."""
     phase = (1 - math.cos(2 * math.pi * t / day_s)) / 2
@@ -95,9 +109,17 @@ def diurnal_rate(t: float, *, peak_qps: float, day_s: float, night_fraction: flo
     return rate
 
 
-def bursty_times(*, duration_s: float, peak_qps: float, day_s: float | None = None, spikes: int = 3,
-                 spike_s: float = 20.0, spike_factor: float = 10.0, night_fraction: float = 0.02, seed: int = 0
-                 ) -> tuple[Iterator[float], Callable[[float], float]]:
+def bursty_times(
+    *,
+    duration_s: float,
+    peak_qps: float,
+    day_s: float | None = None,
+    spikes: int = 3,
+    spike_s: float = 20.0,
+    spike_factor: float = 10.0,
+    night_fraction: float = 0.02,
+    seed: int = 0,
+) -> tuple[Iterator[float], Callable[[float], float]]:
     """Non-homogeneous Poisson arrivals (thinning) over the diurnal rate with random spikes.
 
     Spikes are multiplied onto the current diurnal rate (10× within ~2 s by default). Returns (times, rate_fn).
@@ -107,8 +129,9 @@ def bursty_times(*, duration_s: float, peak_qps: float, day_s: float | None = No
     windows = sorted((rng.uniform(0.1, 0.9) * duration_s, spike_s) for _ in range(spikes))
 
     def rate_fn(t: float) -> float:
-        return diurnal_rate(t, peak_qps=peak_qps, day_s=day, night_fraction=night_fraction, spikes=windows,
-                            spike_factor=spike_factor)
+        return diurnal_rate(
+            t, peak_qps=peak_qps, day_s=day, night_fraction=night_fraction, spikes=windows, spike_factor=spike_factor
+        )
 
     bound = peak_qps * spike_factor
 
@@ -125,16 +148,27 @@ def bursty_times(*, duration_s: float, peak_qps: float, day_s: float | None = No
 
 
 # -- request shapes ------------------------------------------------------------------------------------
-def shared_prefix(*, groups: int = 32, prompts_per_group: int = 32, system_tokens: int = 2048,
-                  question_tokens: int = 256, output_tokens: int = 256, times: Iterable[float] | None = None,
-                  qps: float = 10.0, count: int | None = None, tenants: int = 1, seed: int = 0
-                  ) -> Iterator[SimRequest]:
+def shared_prefix(
+    *,
+    groups: int = 32,
+    prompts_per_group: int = 32,
+    system_tokens: int = 2048,
+    question_tokens: int = 256,
+    output_tokens: int = 256,
+    times: Iterable[float] | None = None,
+    qps: float = 10.0,
+    count: int | None = None,
+    tenants: int = 1,
+    seed: int = 0,
+) -> Iterator[SimRequest]:
     """llm-d's shared-prefix benchmark: each request takes a random group's system prompt and one of that
     group's questions (so whole prompts recur too), and asks for a fixed-length output."""
     rng = random.Random(f"shared-prefix-{seed}")
     systems = [filler_text(system_tokens, seed=f"sys-{seed}-{g}") for g in range(groups)]
-    questions = [[filler_text(question_tokens, seed=f"q-{seed}-{g}-{p}") for p in range(prompts_per_group)]
-                 for g in range(groups)]
+    questions = [
+        [filler_text(question_tokens, seed=f"q-{seed}-{g}-{p}") for p in range(prompts_per_group)]
+        for g in range(groups)
+    ]
     if times is None:
         times = poisson_times(qps, count=count if count is not None else groups * prompts_per_group, seed=seed)
     for i, t in enumerate(times):
@@ -152,9 +186,15 @@ def shared_prefix(*, groups: int = 32, prompts_per_group: int = 32, system_token
         )
 
 
-def uniform(*, times: Iterable[float], prompt_tokens: int | tuple[int, int] = 512,
-            output_tokens: int | tuple[int, int] = 128, tenants: int = 1, seed: int = 0, prefix: str = "u"
-            ) -> Iterator[SimRequest]:
+def uniform(
+    *,
+    times: Iterable[float],
+    prompt_tokens: int | tuple[int, int] = 512,
+    output_tokens: int | tuple[int, int] = 128,
+    tenants: int = 1,
+    seed: int = 0,
+    prefix: str = "u",
+) -> Iterator[SimRequest]:
     """Independent prompts (no shared prefix) with fixed or uniformly drawn lengths."""
     rng = random.Random(f"uniform-{seed}")
 
@@ -171,20 +211,38 @@ def uniform(*, times: Iterable[float], prompt_tokens: int | tuple[int, int] = 51
         )
 
 
-def bursty(*, duration_s: float = 3600.0, peak_qps: float = 5.0, day_s: float | None = None, spikes: int = 3,
-           spike_s: float = 20.0, prompt_tokens: tuple[int, int] = (200, 800), output_tokens: tuple[int, int] = (50, 300),
-           seed: int = 0) -> tuple[Iterator[SimRequest], Callable[[float], float]]:
+def bursty(
+    *,
+    duration_s: float = 3600.0,
+    peak_qps: float = 5.0,
+    day_s: float | None = None,
+    spikes: int = 3,
+    spike_s: float = 20.0,
+    prompt_tokens: tuple[int, int] = (200, 800),
+    output_tokens: tuple[int, int] = (50, 300),
+    seed: int = 0,
+) -> tuple[Iterator[SimRequest], Callable[[float], float]]:
     """The autoscaling trace: diurnal cycle + 10× spikes within seconds + near-zero nights. Returns
     (requests, rate_fn) so benchmarks can plot the offered rate."""
-    times, rate_fn = bursty_times(duration_s=duration_s, peak_qps=peak_qps, day_s=day_s, spikes=spikes,
-                                  spike_s=spike_s, seed=seed)
-    return uniform(times=times, prompt_tokens=prompt_tokens, output_tokens=output_tokens, seed=seed,
-                   prefix="burst"), rate_fn
+    times, rate_fn = bursty_times(
+        duration_s=duration_s, peak_qps=peak_qps, day_s=day_s, spikes=spikes, spike_s=spike_s, seed=seed
+    )
+    return uniform(
+        times=times, prompt_tokens=prompt_tokens, output_tokens=output_tokens, seed=seed, prefix="burst"
+    ), rate_fn
 
 
-def multi_turn(*, sessions: int = 50, turns: int = 5, session_rate_per_s: float = 1.0, system_tokens: int = 512,
-               user_tokens: int = 64, output_tokens: int = 128, think_time_s: float = 5.0, seed: int = 0
-               ) -> Iterator[SimRequest]:
+def multi_turn(
+    *,
+    sessions: int = 50,
+    turns: int = 5,
+    session_rate_per_s: float = 1.0,
+    system_tokens: int = 512,
+    user_tokens: int = 64,
+    output_tokens: int = 128,
+    think_time_s: float = 5.0,
+    seed: int = 0,
+) -> Iterator[SimRequest]:
     """Chat sessions: turn k+1 arrives ``think_time_s`` (exponential) after turn k finished (or was rejected),
     with the whole conversation so far as its prompt, so each turn extends the previous prompt's prefix."""
     rng = random.Random(f"multi-turn-{seed}")
@@ -200,6 +258,7 @@ def multi_turn(*, sessions: int = 50, turns: int = 5, session_rate_per_s: float 
             session_id=session,
         )
         if k + 1 < turns:
+
             def followup(result, _request=request, _history=history + user) -> SimRequest | None:
                 answer = output_text(0, result.output_tokens or 0)
                 return turn(session, k + 1, _history + answer, result.finish_s + rng.expovariate(1 / think_time_s))
