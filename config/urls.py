@@ -2,6 +2,7 @@
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 
@@ -16,4 +17,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("config.api_urls")),
     path("healthz", healthz, name="healthz"),
+    path("console/", include("console.urls")),
+    path("", RedirectView.as_view(url="/console/", permanent=False)),
 ]

@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "capacity",
     "billing",
     "workers",
+    "console",
 ]
 
 MIDDLEWARE = [

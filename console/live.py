@@ -1,0 +1,55 @@
+"""Live events for the console: group names, publishing on commit, and the shared Redis client.
+
+A tenant's socket joins only its own tenant group, operators join the operators group; an event is
+sent to the operators group and to the groups of the tenants allowed to see its object, so isolation
+is decided here, once, on the sending side.
+"""
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+OPERATORS_GROUP = "console.operators"
+
+
+def tenant_group(tenant_id: int) -> str:
+    return f"console.tenant.{tenant_id}"
+
+
+def groups_for(tenant_ids) -> list[str]:
+    return [OPERATORS_GROUP] + [tenant_group(t) for t in sorted(set(tenant_ids))]
+
+
+def publish(*, kind: str, payload: dict, tenant_ids) -> None:
+    """Send after the surrounding transaction commits, so no socket hears of a row that was rolled back."""
+    groups = groups_for(tenant_ids)
+    message = {"type": "console.event", "kind": kind, "payload": payload}
+    transaction.on_commit(lambda: _send(groups, message))
+
+
+def _send(groups: list[str], message: dict) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for group in groups:
+        try:
+            async_to_sync(layer.group_send)(group, message)
+        except Exception:  # a down channel layer must never fail the write that triggered the event
+            logger.warning("console event to %s not delivered", group, exc_info=True)
+
+
+@lru_cache(maxsize=1)
+def redis_client():
+    """Synchronous Redis client for reads (queue depth); None on the embedded default without Redis."""
+    if not settings.REDIS_URL:
+        return None
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=0.5)

@@ -1,0 +1,73 @@
+"""Receivers that turn committed writes into live console events (replica states, alerts, autoscaler decisions).
+
+Each event goes to the operators group and to the groups of the tenants allowed to see its endpoint,
+after the transaction commits (console.live.publish).
+"""
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+
+from billing.models import Alert
+from capacity.models import AutoscalerDecision
+from console.access import tenant_ids_seeing
+from console.live import publish
+from endpoints.models import Endpoint, Replica
+
+
+@receiver(post_save, sender=Replica, dispatch_uid="console.replica_saved")
+def replica_saved(sender, instance: Replica, created: bool, raw: bool = False, **kwargs) -> None:
+    if raw:
+        return
+    endpoint = instance.endpoint
+    payload = {
+        "endpoint_id": endpoint.pk,
+        "endpoint": endpoint.name,
+        "replica_id": instance.pk,
+        "replica": instance.name,
+        "state": instance.state,
+        "created": created,
+    }
+    publish(kind="replica", payload=payload, tenant_ids=tenant_ids_seeing(endpoint))
+
+
+@receiver(post_save, sender=Endpoint, dispatch_uid="console.endpoint_saved")
+def endpoint_saved(sender, instance: Endpoint, created: bool, raw: bool = False, **kwargs) -> None:
+    if raw:
+        return
+    payload = {
+        "endpoint_id": instance.pk,
+        "endpoint": instance.name,
+        "created": created,
+        "desired_replicas": instance.desired_replicas,
+    }
+    publish(kind="endpoint", payload=payload, tenant_ids=tenant_ids_seeing(instance))
+
+
+@receiver(post_save, sender=Alert, dispatch_uid="console.alert_saved")
+def alert_saved(sender, instance: Alert, created: bool, raw: bool = False, **kwargs) -> None:
+    if raw:
+        return
+    slo = instance.slo
+    tenant_ids = [slo.tenant_id] if slo.tenant_id else tenant_ids_seeing(slo.endpoint)
+    payload = {
+        "alert_id": instance.pk,
+        "endpoint_id": slo.endpoint_id,
+        "slo": slo.name,
+        "severity": instance.severity,
+        "state": instance.state,
+        "acknowledged": instance.acknowledged_at is not None,
+    }
+    publish(kind="alert", payload=payload, tenant_ids=tenant_ids)
+
+
+@receiver(post_save, sender=AutoscalerDecision, dispatch_uid="console.decision_saved")
+def decision_saved(sender, instance: AutoscalerDecision, created: bool, raw: bool = False, **kwargs) -> None:
+    if raw or not created:
+        return
+    payload = {
+        "endpoint_id": instance.endpoint_id,
+        "axis": instance.axis,
+        "current": instance.current,
+        "desired": instance.desired,
+        "reason": instance.reason,
+    }
+    publish(kind="decision", payload=payload, tenant_ids=tenant_ids_seeing(instance.endpoint))

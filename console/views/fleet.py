@@ -1,0 +1,180 @@
+"""Fleet overview and endpoint pages (operators see every endpoint, tenants the ones they may see), and
+the operator actions on them: create, scale, drain a replica."""
+from datetime import timedelta
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.safestring import mark_safe
+
+from console import charts
+from console.access import endpoint_for, endpoints_visible_to, operator_required
+from console.actions import endpoint_create, endpoint_scale, replica_drain
+from console.forms import DrainForm, EndpointCreateForm, ScaleForm
+from console.reports import slo_statuses_for
+from console.selectors import (
+    capacity_ledger,
+    endpoint_replicas,
+    endpoint_series,
+    fleet_rows,
+    queue_depth,
+    recent_decisions,
+    replica_mu_per_min,
+)
+from console.views.common import confirm_then_run
+from endpoints.models import Replica, ReplicaState
+
+
+@login_required
+def home(request):
+    if request.user.is_operator:
+        return redirect("console:fleet")
+    return redirect("console:tenant-home")
+
+
+@operator_required
+def fleet(request):
+    now = timezone.now()
+    rows = fleet_rows(endpoints=endpoints_visible_to(request.user), now=now)
+    for row in rows:
+        row.chart = mark_safe(
+            charts.bar_chart(
+                f"{row.endpoint.name} capacity",
+                [
+                    charts.Bar("have", row.ledger.have_mu_per_min),
+                    charts.Bar("sold", row.ledger.sold_mu_per_min, f"({row.ledger.sold_ratio:.0%})"),
+                    charts.Bar("used", row.ledger.used_mu_per_min),
+                ],
+                unit="MU/min",
+                width=340,
+            )
+        )
+    return render(request, "console/fleet.html", {"rows": rows, "states": ReplicaState, "now": now})
+
+
+@login_required
+def endpoint_detail(request, endpoint_id: int):
+    endpoint = endpoint_for(request.user, endpoint_id)
+    now = timezone.now()
+    minutes = 60
+    series = endpoint_series(endpoint=endpoint, now=now, minutes=minutes)
+    decisions = recent_decisions(endpoint=endpoint, since=now - timedelta(minutes=minutes))
+    replicas = endpoint_replicas(endpoint, include_stopped=request.GET.get("stopped") == "1")
+    ready = sum(1 for r in replicas if r.state == ReplicaState.READY)
+    tenant = None if request.user.is_operator else request.user.tenant
+    context = {
+        "endpoint": endpoint,
+        "replicas": replicas,
+        "decisions": decisions,
+        "ledger": capacity_ledger(endpoint=endpoint, ready_replicas=ready, now=now),
+        "slo_statuses": slo_statuses_for(endpoint=endpoint, now=now, tenant=tenant),
+        "queue": queue_depth(endpoint.pk),
+        "charts": _endpoint_charts(endpoint, series, decisions),
+        "replica_mu": replica_mu_per_min(endpoint),
+        "now": now,
+    }
+    return render(request, "console/endpoint_detail.html", context)
+
+
+def _endpoint_charts(endpoint, series, decisions) -> dict:
+    xs = series.minutes
+    markers = [
+        charts.Marker(d.at.timestamp(), f"{d.at:%H:%M:%S} {d.get_axis_display()}: {d.current:g} → {d.desired:g} ({d.reason})")
+        for d in decisions
+    ]
+    capacity = [ready * replica_mu_per_min(endpoint) for ready in series.ready_replicas]
+    specs = {
+        "requests": charts.LineChart(
+            "Requests per second",
+            [charts.Series("requests/s", list(zip(xs, series.requests_per_s))),
+             charts.Series("errors/s", list(zip(xs, series.errors_per_s)))],
+            y_label="req/s",
+        ),
+        "ttft": charts.LineChart(
+            "TTFT p95 (ms)", [charts.Series("TTFT p95", list(zip(xs, series.ttft_p95_ms)))], y_label="ms",
+            threshold=endpoint.ttft_slo_ms, threshold_label=f"SLO {endpoint.ttft_slo_ms} ms",
+        ),
+        "tpot": charts.LineChart(
+            "TPOT p95 (ms)", [charts.Series("TPOT p95", list(zip(xs, series.tpot_p95_ms)))], y_label="ms",
+            threshold=endpoint.tpot_slo_ms, threshold_label=f"SLO {endpoint.tpot_slo_ms} ms",
+        ),
+        "replicas": charts.LineChart(
+            "Ready replicas (▾ autoscaler decisions)",
+            [charts.Series("ready replicas", list(zip(xs, series.ready_replicas)))],
+            y_label="replicas", markers=markers,
+        ),
+        "mu": charts.LineChart(
+            "MU used vs capacity",
+            [charts.Series("used MU/min", list(zip(xs, series.mu_per_min))),
+             charts.Series("capacity MU/min", list(zip(xs, capacity)))],
+            y_label="MU/min",
+        ),
+    }
+    return {name: mark_safe(charts.line_chart(spec)) for name, spec in specs.items()}
+
+
+@operator_required
+def endpoint_create_view(request):
+    if request.method != "POST":
+        return render(request, "console/endpoint_form.html", {"form": EndpointCreateForm()})
+    form = EndpointCreateForm(request.POST)
+    return confirm_then_run(
+        request,
+        form=form,
+        template="console/endpoint_form.html",
+        context={},
+        title="Create endpoint",
+        summary=(
+            f"Create endpoint “{form.data.get('name', '')}” with {form.data.get('desired_replicas', '?')} desired "
+            "replica(s)? The autoscaler's actuator starts the replicas."
+        ),
+        run=lambda: endpoint_create(form_data=form.cleaned_data, actor=request.user),
+        success_message=lambda e: f"Endpoint {e.name} created.",
+        success_url=lambda e: reverse("console:endpoint", args=[e.pk]),
+    )
+
+
+@operator_required
+def endpoint_scale_view(request, endpoint_id: int):
+    endpoint = endpoint_for(request.user, endpoint_id)
+    context = {"endpoint": endpoint}
+    if request.method != "POST":
+        initial = {k: getattr(endpoint, k) for k in ("min_replicas", "max_replicas", "desired_replicas")}
+        return render(request, "console/scale_form.html", {**context, "form": ScaleForm(initial=initial)})
+    form = ScaleForm(request.POST)
+    return confirm_then_run(
+        request,
+        form=form,
+        template="console/scale_form.html",
+        context=context,
+        title=f"Scale {endpoint.name}",
+        summary=(
+            f"Scale {endpoint.name} from {endpoint.desired_replicas} to {form.data.get('desired_replicas')} desired "
+            f"replicas (bounds {form.data.get('min_replicas')}–{form.data.get('max_replicas')})?"
+        ),
+        run=lambda: endpoint_scale(endpoint=endpoint, actor=request.user, **form.cleaned_data),
+        success_message=lambda e: f"{e.name} now wants {e.desired_replicas} replica(s).",
+        success_url=reverse("console:endpoint", args=[endpoint.pk]),
+    )
+
+
+@operator_required
+def replica_drain_view(request, endpoint_id: int, replica_id: int):
+    endpoint = endpoint_for(request.user, endpoint_id)
+    replica = get_object_or_404(Replica, pk=replica_id, endpoint=endpoint)
+    context = {"endpoint": endpoint, "replica": replica}
+    if request.method != "POST":
+        return render(request, "console/drain_form.html", {**context, "form": DrainForm()})
+    form = DrainForm(request.POST)
+    return confirm_then_run(
+        request,
+        form=form,
+        template="console/drain_form.html",
+        context=context,
+        title=f"Drain {replica.name}",
+        summary=f"Drain replica {replica.name} of {endpoint.name}? It stops taking new requests and stops when idle.",
+        run=lambda: replica_drain(replica=replica, actor=request.user, reason=form.cleaned_data["reason"]),
+        success_message=f"Replica {replica.name} is draining.",
+        success_url=reverse("console:endpoint", args=[endpoint.pk]),
+    )

@@ -1,0 +1,121 @@
+"""Capacity planner page: a form over capacity.planner (the three barriers), its result table, and why."""
+import math
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.shortcuts import render
+
+from capacity import planner
+from capacity.models import HardwareProfile, ModelProfile
+from console.access import operator_required
+
+WORKED_TABLE = "16 105 1680\n64 68 4352\n128 44 5632"
+
+
+class PlannerForm(forms.Form):
+    """Defaults reproduce DESIGN.md's worked example (13B FP16 on an 80 GB GPU, λ = 20 req/s)."""
+
+    n_layers = forms.IntegerField(min_value=1, initial=40)
+    n_kv_heads = forms.IntegerField(min_value=1, initial=8)
+    d_head = forms.IntegerField(min_value=1, initial=128)
+    dtype_bytes = forms.IntegerField(min_value=1, max_value=8, initial=2)
+    weights_gb = forms.FloatField(min_value=0, initial=26)
+    gpu_memory_gb = forms.FloatField(min_value=1, initial=80, label="GPU memory (GB)")
+    overhead_gb = forms.FloatField(min_value=0, initial=10, label="Overhead (GB)")
+    gpus_per_replica = forms.IntegerField(min_value=1, initial=1)
+    usd_per_gpu_hour = forms.FloatField(min_value=0, initial=2.5, label="USD per GPU-hour")
+    arrival_rate_per_s = forms.FloatField(min_value=0, initial=20, label="Arrival rate λ (req/s)")
+    input_tokens = forms.FloatField(min_value=0, initial=500)
+    output_tokens = forms.FloatField(min_value=1, initial=300)
+    context_tokens = forms.FloatField(min_value=1, initial=800, required=False)
+    min_stream_tok_s = forms.FloatField(min_value=0.001, initial=60, label="Min per-stream tok/s (SLO)")
+    ttft_s = forms.FloatField(min_value=0, initial=0.3, required=False, label="TTFT (s)")
+    headroom = forms.FloatField(min_value=0, max_value=10, initial=0.5, label="Headroom r")
+    spike_multiplier = forms.FloatField(min_value=1, max_value=100, initial=3, required=False)
+    cold_start_s = forms.FloatField(min_value=0, initial=90, required=False, label="Cold start (s)")
+    throughput_table = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 24}),
+        initial=WORKED_TABLE,
+        help_text="one row per line: batch, per-stream tok/s, optional aggregate tok/s",
+    )
+
+    def clean_throughput_table(self):
+        rows = []
+        for n, line in enumerate(self.cleaned_data["throughput_table"].splitlines(), start=1):
+            parts = line.replace(",", " ").split()
+            if not parts:
+                continue
+            if len(parts) not in (2, 3):
+                raise ValidationError(f"line {n}: expected 2 or 3 numbers, got {len(parts)}")
+            try:
+                batch, stream = int(parts[0]), float(parts[1])
+                aggregate = float(parts[2]) if len(parts) == 3 else None
+            except ValueError:
+                raise ValidationError(f"line {n}: “{line.strip()}” is not numbers") from None
+            if not all(math.isfinite(v) for v in (stream, aggregate or 0.0)):
+                raise ValidationError(f"line {n}: numbers must be finite")
+            rows.append(planner.ThroughputRow(batch=batch, per_stream_tok_s=stream, aggregate_tok_s=aggregate))
+        if not rows:
+            raise ValidationError("needs at least one row")
+        return rows
+
+
+
+
+def _field_for(key: str, form: PlannerForm) -> str | None:
+    name = key.split("[")[0]
+    for prefix in ("model.", "hardware.", "workload.", "slo."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name if name in form.fields else None
+
+
+def _profile_initial(request) -> dict:
+    initial = {}
+    model = ModelProfile.objects.filter(pk=request.GET.get("model_profile") or 0).first()
+    if model:
+        initial.update(n_layers=model.n_layers, n_kv_heads=model.n_kv_heads, d_head=model.d_head,
+                       dtype_bytes=model.dtype_bytes, weights_gb=model.weights_gb)
+    hardware = HardwareProfile.objects.filter(pk=request.GET.get("hardware_profile") or 0).first()
+    if hardware:
+        initial.update(gpu_memory_gb=hardware.gpu_memory_gb, gpus_per_replica=hardware.gpus_per_replica,
+                       usd_per_gpu_hour=hardware.usd_per_gpu_hour)
+    return initial
+
+
+@operator_required
+def planner_view(request):
+    context = {"models": ModelProfile.objects.all(), "hardware": HardwareProfile.objects.all(), "result": None}
+    if request.method != "POST":
+        context["form"] = PlannerForm(initial=_profile_initial(request))
+        return render(request, "console/planner.html", context)
+    form = PlannerForm(request.POST)
+    context["form"] = form
+    if not form.is_valid():
+        return render(request, "console/planner.html", context, status=400)
+    data = form.cleaned_data
+    spike = None
+    if data.get("spike_multiplier"):
+        spike = planner.SpikeInput(load_multiplier=data["spike_multiplier"], cold_start_s=data.get("cold_start_s") or 0.0)
+    try:
+        result = planner.plan(
+            model=planner.ModelShape(n_layers=data["n_layers"], n_kv_heads=data["n_kv_heads"], d_head=data["d_head"],
+                                     dtype_bytes=data["dtype_bytes"], weights_gb=data["weights_gb"]),
+            hardware=planner.Hardware(gpu_memory_gb=data["gpu_memory_gb"], overhead_gb=data["overhead_gb"],
+                                      gpus_per_replica=data["gpus_per_replica"],
+                                      usd_per_gpu_hour=data["usd_per_gpu_hour"]),
+            workload=planner.Workload(arrival_rate_per_s=data["arrival_rate_per_s"], input_tokens=data["input_tokens"],
+                                      output_tokens=data["output_tokens"], context_tokens=data.get("context_tokens")),
+            slo=planner.SLO(min_stream_tok_s=data["min_stream_tok_s"]),
+            throughput_table=data["throughput_table"],
+            headroom=data["headroom"],
+            ttft_s=data.get("ttft_s"),
+            spike=spike,
+        )
+    except planner.PlannerInputError as exc:
+        for key, message in exc.errors.items():
+            form.add_error(_field_for(key, form), f"{key}: {message}" if _field_for(key, form) is None else message)
+        return render(request, "console/planner.html", context, status=400)
+    context["result"] = result
+    context["barriers"] = [("memory", result.n_mem), ("throughput", result.n_thr), ("latency", result.n_lat)]
+    return render(request, "console/planner.html", context)
