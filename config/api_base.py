@@ -140,7 +140,8 @@ def principal_from(serializer: serializers.Serializer):
 
 def default_tenant(serializer: serializers.Serializer, attrs: dict, field: str = "tenant") -> dict:
     """Tenant users act for their own tenant; operators must say which tenant (on create)."""
-    if serializer.instance is not None or attrs.get(field) is not None:
+    # Only an absent field is filled in: an explicit null is the caller's choice, for the resource to judge.
+    if serializer.instance is not None or field in attrs:
         return attrs
     tenant_id = principal_tenant_id(principal_from(serializer))
     if tenant_id is None:
