@@ -2,11 +2,21 @@
 from channels.routing import URLRouter
 from django.urls import re_path
 
-from console.routing import websocket_urlpatterns as console_websocket_urlpatterns
-
-websocket_urlpatterns: list = [*console_websocket_urlpatterns]
+websocket_urlpatterns: list = []
 
 
 def http_application(django_asgi_app):
-    """HTTP: /v1/ and /metrics go to the proxy once it exists; everything else to Django."""
-    return URLRouter([re_path(r"", django_asgi_app)])
+    """HTTP: /v1/ and /metrics go to the proxy (a plain ASGI app, no Django request cycle on the hot path);
+    everything else to Django."""
+    from endpoints.proxy.app import application as proxy_app
+
+    django_router = URLRouter([re_path(r"", django_asgi_app)])
+
+    async def dispatch(scope, receive, send):
+        path = scope.get("path", "")
+        # A prefix test instead of URL resolution: the proxy's added latency budget is about a millisecond.
+        if path.startswith("/v1/") or path == "/metrics":
+            return await proxy_app(scope, receive, send)
+        return await django_router(scope, receive, send)
+
+    return dispatch

@@ -1,0 +1,55 @@
+"""Proxy knobs, read once per process from ``settings.INFERCAP["PROXY"]`` overridden by environment variables."""
+
+import os
+from dataclasses import dataclass
+
+
+def _f(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw not in (None, "") else default
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_queue: int = 512  # per endpoint and process
+    max_age_critical_s: float = 30.0
+    max_age_standard_s: float = 10.0
+    max_age_sheddable_s: float = 2.0
+    ttft_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
+    connect_timeout_s: float = 2.0
+    snapshot_poll_s: float = 0.5
+    snapshot_fallback_reload_s: float = 5.0  # when Redis is down, reload from the database this often
+    demand_interval_s: float = 1.0
+    rate_limit_fail_mode: str = "open"
+    usage_flush_s: float = 0.25
+    usage_batch: int = 500
+
+    @property
+    def max_age_s(self) -> dict[str, float]:
+        return {
+            "critical": self.max_age_critical_s,
+            "standard": self.max_age_standard_s,
+            "sheddable": self.max_age_sheddable_s,
+        }
+
+
+def load_config() -> ProxyConfig:
+    from django.conf import settings
+
+    knobs = getattr(settings, "INFERCAP", {})
+    base = dict(knobs.get("PROXY", {}))
+    base.setdefault("snapshot_poll_s", float(knobs.get("SNAPSHOT_POLL_S", 0.5)))
+    base.setdefault("rate_limit_fail_mode", knobs.get("RATE_LIMIT_FAIL_MODE", "open"))
+    cfg = ProxyConfig(**base)
+    overrides = {}
+    for name, value in cfg.__dict__.items():
+        env_name = "INFERCAP_PROXY_" + name.upper()
+        if env_name in os.environ:
+            overrides[name] = os.environ[env_name] if isinstance(value, str) else type(value)(_f(env_name, value))
+    if overrides:
+        cfg = ProxyConfig(**{**cfg.__dict__, **overrides})
+    if cfg.rate_limit_fail_mode not in ("open", "closed"):
+        raise ValueError("RATE_LIMIT_FAIL_MODE must be 'open' or 'closed'")
+    return cfg

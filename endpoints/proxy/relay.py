@@ -1,0 +1,191 @@
+"""The upstream exchange: one request to one replica over the pooled aiohttp session, relaying SSE events
+to the client as they arrive. The first byte to the client is sent only once the replica has produced
+output, so a failure before it may be retried on another replica."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from endpoints.proxy.errors import sse_error_event
+
+_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+_ERROR_MARKERS = (b'data: {"error"', b'data: {"object":"error"')
+
+
+class UpstreamFailed(Exception):
+    """The replica failed before anything reached the client (connect error, 5xx, reset): retryable."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Outcome:
+    """What happened, for metering; filled in as the exchange progresses."""
+
+    status: str = "ok"
+    started_client: bool = False  # the response head went to the client: no retry any more
+    first_token_at: float | None = None
+    last_read_at: float | None = None
+    finished_at: float | None = None
+    usage: dict | None = None
+    content_events: int = 0
+    error: str = ""
+    extra_headers: list = field(default_factory=list)
+
+
+def _split_usage(out: bytes, forward_usage: bool, outcome: Outcome) -> bytes:
+    """Read the usage block out of complete events; drop the usage-only event if the client did not ask for it."""
+    kept = []
+    for event in out.split(b"\n\n"):
+        if not event:
+            continue
+        if any(marker in event for marker in _USAGE_MARKERS) and event.startswith(b"data: {"):
+            try:
+                obj = json.loads(event[6:])
+            except ValueError:
+                kept.append(event)
+                continue
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                outcome.usage = usage
+            if not forward_usage and obj.get("choices") == []:
+                continue
+        kept.append(event)
+    return b"\n\n".join(kept) + b"\n\n" if kept else b""
+
+
+async def stream_exchange(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    headers: dict,
+    send,
+    *,
+    response_headers: list,
+    forward_usage: bool,
+    outcome: Outcome,
+    connect_timeout_s: float,
+) -> None:
+    # No read timeout here: the request's watchdog enforces TTFT and stream-idle limits (never a total one).
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+    try:
+        resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamFailed(f"replica unreachable: {type(exc).__name__}") from exc
+    async with resp:
+        if resp.status >= 500:
+            raise UpstreamFailed(f"replica answered {resp.status}")
+        if resp.status != 200:
+            # A client error from the replica (prompt too long, bad parameter): pass it through unchanged.
+            body = await resp.read()
+            outcome.status = "upstream_error"
+            outcome.error = f"replica answered {resp.status}"
+            outcome.started_client = True
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": resp.status,
+                    "headers": [(b"content-type", b"application/json"), *response_headers],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        content = resp.content
+        buf = b""
+        done = False
+        try:
+            while True:
+                data = await content.readany()
+                if not data:
+                    break
+                outcome.last_read_at = time.perf_counter()
+                if outcome.first_token_at is None:
+                    outcome.first_token_at = time.perf_counter()
+                buf = buf + data if buf else data
+                cut = buf.rfind(b"\n\n")
+                if cut < 0:
+                    continue
+                out, buf = buf[: cut + 2], buf[cut + 2 :]
+                if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
+                    out = _split_usage(out, forward_usage, outcome)
+                outcome.content_events += out.count(b"data: ")
+                if b"data: [DONE]" in out:
+                    done = True
+                if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
+                    outcome.status = "upstream_error"
+                    outcome.error = "replica reported an error mid-stream"
+                if not outcome.started_client:
+                    outcome.started_client = True
+                    await send({"type": "http.response.start", "status": 200, "headers": response_headers})
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        except (aiohttp.ClientError, OSError) as exc:
+            if not outcome.started_client:
+                raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
+        if not outcome.started_client:
+            if not done:
+                raise UpstreamFailed("replica closed the stream without output")
+            outcome.started_client = True
+            await send({"type": "http.response.start", "status": 200, "headers": response_headers})
+        if buf:
+            await send({"type": "http.response.body", "body": buf, "more_body": True})
+        if not done:
+            outcome.status = "upstream_error"
+            outcome.error = "replica stream ended early"
+            await send({"type": "http.response.body", "body": sse_error_event(outcome.error), "more_body": True})
+        outcome.finished_at = time.perf_counter()
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def plain_exchange(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    headers: dict,
+    send,
+    *,
+    response_headers: list,
+    outcome: Outcome,
+    connect_timeout_s: float,
+) -> None:
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+    try:
+        resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamFailed(f"replica unreachable: {type(exc).__name__}") from exc
+    async with resp:
+        try:
+            body = await resp.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
+        if resp.status >= 500:
+            raise UpstreamFailed(f"replica answered {resp.status}")
+    outcome.first_token_at = outcome.finished_at = time.perf_counter()
+    if resp.status == 200:
+        try:
+            usage = json.loads(body).get("usage")
+            outcome.usage = usage if isinstance(usage, dict) else None
+        except (ValueError, AttributeError):
+            outcome.status = "upstream_error"
+    else:
+        outcome.status = "upstream_error"
+        outcome.error = f"replica answered {resp.status}"
+    outcome.started_client = True
+    await send(
+        {
+            "type": "http.response.start",
+            "status": resp.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *response_headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

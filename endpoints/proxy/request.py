@@ -1,0 +1,154 @@
+"""Reading and validating an OpenAI request before it costs anything: body size, JSON shape, field types."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from endpoints.admission import CLASSES
+from endpoints.proxy.errors import ProxyError
+
+PRIORITY_HEADER = b"x-infercap-priority"
+
+
+@dataclass
+class ParsedRequest:
+    kind: str  # "chat" or "completions"
+    body: dict
+    raw: bytes
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    max_tokens: int | None
+    prompt_chars: int
+
+
+async def read_body(receive, *, limit: int, content_length: int | None) -> bytes:
+    if content_length is not None and content_length > limit:
+        raise ProxyError(
+            413, f"Request body is {content_length} bytes; the limit is {limit} bytes.", code="body_too_large"
+        )
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ProxyError(499, "client disconnected", code="client_closed")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError(413, f"Request body exceeds the limit of {limit} bytes.", code="body_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+
+
+def _bad(message: str, param: str | None = None) -> ProxyError:
+    return ProxyError(400, message, param=param, code="invalid_value" if param else "invalid_request")
+
+
+def _opt_int(body: dict, name: str, *, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"'{name}' must be an integer.", name)
+    if value < minimum:
+        raise _bad(f"'{name}' must be at least {minimum}.", name)
+    return value
+
+
+def _text_len(content) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
+
+
+def parse_request(kind: str, raw: bytes) -> ParsedRequest:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"The request body is not valid JSON: {exc}.") from None
+    if not isinstance(body, dict):
+        raise _bad("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required and must be a non-empty string.", "model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean.", "stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None:
+        if not isinstance(stream_options, dict):
+            raise _bad("'stream_options' must be an object.", "stream_options")
+        if not stream:
+            raise _bad("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("'messages' is required and must be a non-empty array.", "messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _bad(f"'messages[{i}]' must be an object with a string 'role'.", f"messages[{i}]")
+            content = message.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise _bad(f"'messages[{i}].content' must be a string or an array of parts.", f"messages[{i}].content")
+        prompt_chars = sum(_text_len(m.get("content")) for m in messages)
+        max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
+        if max_tokens is None:
+            max_tokens = _opt_int(body, "max_tokens", minimum=1)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_chars = len(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompt_chars = sum(len(p) for p in prompt)
+        elif (
+            isinstance(prompt, list) and prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+        ):
+            prompt_chars = 4 * len(prompt)  # token ids
+        else:
+            raise _bad("'prompt' is required: a string, an array of strings or an array of token ids.", "prompt")
+        max_tokens = _opt_int(body, "max_tokens", minimum=1)
+        if max_tokens is None:
+            max_tokens = 16  # vLLM's and OpenAI's default for completions
+    # vLLM turns usage on once stream_options is present (include_usage defaults to true there).
+    wants_usage = bool(stream and stream_options is not None and stream_options.get("include_usage", True))
+    return ParsedRequest(
+        kind=kind,
+        body=body,
+        raw=raw,
+        model=model,
+        stream=stream,
+        client_wants_usage=wants_usage,
+        max_tokens=max_tokens,
+        prompt_chars=prompt_chars,
+    )
+
+
+def upstream_payload(req: ParsedRequest) -> bytes:
+    """The body sent to the replica: usage is always requested on streams so metering is exact."""
+    if not req.stream:
+        return req.raw
+    options = req.body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage", True) is True:
+        return req.raw
+    body = dict(req.body)
+    body["stream_options"] = {**(options or {}), "include_usage": True}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def requested_priority(headers: dict[bytes, bytes]) -> str | None:
+    raw = headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return None
+    value = raw.decode("latin-1").strip().lower()
+    if value not in CLASSES:
+        raise ProxyError(
+            400,
+            f"x-infercap-priority must be one of {', '.join(CLASSES)}.",
+            param="x-infercap-priority",
+            code="invalid_value",
+        )
+    return value

@@ -1,0 +1,263 @@
+"""Per-process live state of one endpoint: its replicas' slots (in-flight requests and MU, which this
+process tracks itself), its admission queue and its router. Everything here runs on the event loop and
+never touches the database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from endpoints.admission import AdmissionQueue, DrainRateMeter, QueuedItem, retry_after_s
+from endpoints.proxy import metrics as m
+from endpoints.proxy.snapshot import EndpointInfo
+from endpoints.routing.base import ReplicaView, RouteRequest
+
+log = logging.getLogger(__name__)
+
+
+class Shed(Exception):
+    """Admission refused the request: ``reason`` is queue_full, queue_age, evicted or no_replica."""
+
+    def __init__(self, reason: str, retry_after: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class Slot:
+    """One replica as this process sees it."""
+
+    replica_id: int
+    name: str
+    url: str
+    view: ReplicaView
+    removed: bool = False  # gone from the snapshot: finish what runs, take nothing new
+
+
+class EndpointRuntime:
+    def __init__(self, info: EndpointInfo, *, config, scraper=None, clock=time.monotonic) -> None:
+        from endpoints.routing import make_router
+
+        self.info = info
+        self.config = config
+        self.clock = clock
+        self.scraper = scraper
+        self.queue = AdmissionQueue(max_size=config.max_queue, max_age_s=config.max_age_s)
+        self.drain = DrainRateMeter(tau_s=10.0, now=clock())
+        self.router = make_router(info.routing_policy)
+        self.slots: dict[str, Slot] = {}
+        self.in_flight = 0
+        self.in_flight_mu = 0.0
+        self._expiry_handle: asyncio.TimerHandle | None = None
+        self.update(info)
+
+    # -- config ---------------------------------------------------------------------------------------
+    def update(self, info: EndpointInfo) -> None:
+        """Apply a new snapshot: add replicas, retire removed ones, follow concurrency-limit changes."""
+        if info.routing_policy != self.info.routing_policy:
+            from endpoints.routing import make_router
+
+            self.router = make_router(info.routing_policy)
+        self.info = info
+        mu_capacity = max(info.coeffs.mu_per_min / 60.0, 1e-6)
+        seen = set()
+        for r in info.replicas:
+            rid = str(r.id)
+            seen.add(rid)
+            limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
+            slot = self.slots.get(rid)
+            if slot is None:
+                view = ReplicaView(replica_id=rid, concurrency_limit=limit, mu_capacity=mu_capacity)
+                self.slots[rid] = Slot(replica_id=r.id, name=r.name, url=r.url, view=view)
+            else:
+                slot.url, slot.removed = r.url, False
+                slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity
+                slot.view.draining = False
+        for rid, slot in list(self.slots.items()):
+            if rid not in seen:
+                slot.removed = True
+                slot.view.draining = True
+                if slot.view.in_flight == 0:
+                    del self.slots[rid]
+        self.pump()
+
+    def scrape_targets(self) -> dict[str, str]:
+        return {rid: s.url for rid, s in self.slots.items() if not s.removed}
+
+    @property
+    def has_replicas(self) -> bool:
+        return any(not s.removed for s in self.slots.values())
+
+    # -- slots ------------------------------------------------------------------------------------------
+    def _views(self, now: float, exclude: set[str] | None = None) -> list[ReplicaView]:
+        views = []
+        scraper = self.scraper
+        for rid, slot in self.slots.items():
+            if slot.removed or (exclude and rid in exclude):
+                continue
+            view = slot.view
+            if scraper is not None:
+                latest = scraper.latest(rid)
+                if latest is not None:
+                    view.metrics_age_s = now - latest.scraped_at
+                    view.num_running = latest.num_running
+                    view.num_waiting = latest.num_waiting
+                    view.kv_usage = latest.kv_usage
+                    if latest.block_size:
+                        view.block_size = latest.block_size
+                    if latest.num_gpu_blocks:
+                        view.num_gpu_blocks = latest.num_gpu_blocks
+                else:
+                    view.metrics_age_s = float("inf")
+            views.append(view)
+        return views
+
+    def _has_free_slot(self) -> bool:
+        return any(not s.removed and s.view.in_flight < s.view.concurrency_limit for s in self.slots.values())
+
+    def try_take(self, route: RouteRequest, mu: float, exclude: set[str] | None = None) -> Slot | None:
+        """Route now if some replica has a free slot; the slot is taken when this returns one."""
+        now = self.clock()
+        views = self._views(now, exclude)
+        rid = self.router.pick(route, views, now) if views else None
+        if rid is None:
+            # The router may refuse stale or saturated replicas; our own slot count is the hard limit.
+            free = [v for v in views if v.in_flight < v.concurrency_limit]
+            if not free:
+                return None
+            rid = min(free, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id
+        slot = self.slots[rid]
+        if slot.view.in_flight >= slot.view.concurrency_limit:
+            return None
+        self._take(slot, route, mu, now)
+        return slot
+
+    def _take(self, slot: Slot, route: RouteRequest, mu: float, now: float) -> None:
+        slot.view.in_flight += 1
+        slot.view.in_flight_mu += mu
+        self.in_flight += 1
+        self.in_flight_mu += mu
+        self.router.on_routed(route, slot.view.replica_id, now)
+        m.IN_FLIGHT.labels(self.info.name, slot.name).set(slot.view.in_flight)
+        m.IN_FLIGHT_MU.labels(self.info.name, slot.name).set(slot.view.in_flight_mu)
+
+    def release(self, slot: Slot, route: RouteRequest, mu_reserved: float, mu_done: float) -> None:
+        now = self.clock()
+        slot.view.in_flight -= 1
+        slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - mu_reserved)
+        self.in_flight -= 1
+        self.in_flight_mu = max(0.0, self.in_flight_mu - mu_reserved)
+        self.drain.record(mu_done, now)
+        try:
+            self.router.on_finished(route, slot.view.replica_id, now)
+        except Exception:  # noqa: BLE001 - a router bug must not leak slots
+            log.exception("router on_finished failed")
+        m.IN_FLIGHT.labels(self.info.name, slot.name).set(slot.view.in_flight)
+        m.IN_FLIGHT_MU.labels(self.info.name, slot.name).set(slot.view.in_flight_mu)
+        if slot.removed and slot.view.in_flight == 0:
+            self.slots.pop(slot.view.replica_id, None)
+        self.pump()
+
+    # -- queue --------------------------------------------------------------------------------------------
+    def retry_after(self, priority: str) -> int:
+        now = self.clock()
+        ahead = self.queue.mu_ahead_of(priority) + self.in_flight_mu
+        return retry_after_s(queued_mu=ahead, drain_mu_per_s=self.drain.rate_mu_per_s(now))
+
+    async def acquire(self, route: RouteRequest, *, tenant: str, priority: str, mu: float) -> tuple[Slot, float]:
+        """A slot for this request, now or after queueing; returns (slot, seconds queued). Raises Shed."""
+        if not len(self.queue):
+            slot = self.try_take(route, mu)
+            if slot is not None:
+                return slot, 0.0
+        if not self.has_replicas and not self.info.scale_to_zero:
+            raise Shed("no_replica", self.retry_after(priority))
+        now = self.clock()
+        fut = asyncio.get_running_loop().create_future()
+        item = QueuedItem(
+            request_id=route.request_id, tenant=tenant, priority=priority, mu=mu, enqueued_at=now, payload=(fut, route)
+        )
+        result = self.queue.offer(item, now)
+        for victim in result.evicted:
+            self._fail(victim, "evicted")
+        if not result.admitted:
+            m.SHED.labels(self.info.name, priority, result.reason).inc()
+            raise Shed(result.reason, self.retry_after(priority))
+        self._gauge_depth()
+        self._arm_expiry()
+        if not self.has_replicas:
+            _request_scale_from_zero(self.info.id)
+        try:
+            slot = await fut
+        except asyncio.CancelledError:
+            # The client went away while queued: leave the queue, or give back a slot granted meanwhile.
+            if self.queue.remove(item):
+                self._gauge_depth()
+            elif fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result(), route, mu, 0.0)
+            raise
+        return slot, self.clock() - now
+
+    def pump(self) -> None:
+        """Expire over-age requests, then hand free slots to queued ones in admission order."""
+        if not len(self.queue):
+            return
+        now = self.clock()
+        for item in self.queue.expire(now):
+            self._fail(item, "queue_age")
+        changed = True
+        while len(self.queue) and self._has_free_slot():
+            item = self.queue.pop(now)
+            fut, route = item.payload
+            if fut.done():  # cancelled while queued
+                continue
+            slot = self.try_take(route, item.mu)
+            if slot is None:  # cannot happen while a slot is free, but never lose the request
+                self.queue.offer(item, item.enqueued_at)
+                break
+            fut.set_result(slot)
+        if changed:
+            self._gauge_depth()
+            self._arm_expiry()
+
+    def _fail(self, item: QueuedItem, reason: str) -> None:
+        fut, _ = item.payload
+        m.SHED.labels(self.info.name, item.priority, reason).inc()
+        if not fut.done():
+            fut.set_exception(Shed(reason, self.retry_after(item.priority)))
+
+    def _arm_expiry(self) -> None:
+        if self._expiry_handle is not None:
+            self._expiry_handle.cancel()
+            self._expiry_handle = None
+        at = self.queue.next_expiry()
+        if at is not None:
+            loop = asyncio.get_running_loop()
+            self._expiry_handle = loop.call_later(max(0.0, at - self.clock()) + 0.001, self.pump)
+
+    def _gauge_depth(self) -> None:
+        for cls, n in self.queue.depth_by_class().items():
+            m.QUEUE_DEPTH.labels(self.info.name, cls).set(n)
+
+    def demand(self) -> dict:
+        return {
+            "in_flight": self.in_flight,
+            "queued": len(self.queue),
+            "in_flight_mu": round(self.in_flight_mu, 4),
+            "queued_mu": round(self.queue.queued_mu, 4),
+            "queued_by_class": self.queue.depth_by_class(),
+        }
+
+
+def _request_scale_from_zero(endpoint_id: int) -> None:
+    try:
+        from capacity.autoscaling.activator import request_scale_from_zero
+    except ImportError:
+        return
+    try:
+        request_scale_from_zero(endpoint_id)
+    except Exception:  # noqa: BLE001 - the activator is best effort; the queue age bounds the wait
+        log.exception("scale-from-zero request failed")

@@ -1,0 +1,136 @@
+"""In-process config snapshot: keys, endpoints, replicas, reservations and MU coefficients.
+
+The hot path reads only this object, never the database. It is rebuilt (in a worker thread) when the
+version stamp in Redis changes; ``endpoints.proxy.signals`` bumps the stamp when an admin edits any
+of these models.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from capacity.units import MUCoefficients
+
+VERSION_KEY = "infercap:config:version"
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    id: int
+    prefix: str
+    tenant_id: int
+    tenant_slug: str
+    scopes: frozenset
+    max_priority: str
+    expires_at: float | None  # unix seconds
+
+    def usable(self, now: float) -> bool:
+        return self.expires_at is None or self.expires_at > now
+
+
+@dataclass(frozen=True)
+class ReservationInfo:
+    mu_per_min: float
+    burst_minutes: float
+    priority: str
+    rpm_limit: int | None
+    tpm_limit: int | None
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    id: int
+    name: str
+    url: str
+    concurrency_limit: int
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    id: int
+    name: str
+    owner_tenant_id: int | None
+    coeffs: MUCoefficients
+    routing_policy: str
+    scale_to_zero: bool
+    concurrency_limit: int
+    ttft_slo_ms: int
+    tpot_slo_ms: int
+    max_model_len: int
+    created: int
+    replicas: tuple[ReplicaInfo, ...] = ()
+
+    def visible_to(self, tenant_id: int) -> bool:
+        return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: str
+    loaded_at: float
+    keys_by_hash: dict[str, KeyInfo] = field(default_factory=dict)
+    endpoints_by_name: dict[str, EndpointInfo] = field(default_factory=dict)
+    reservations: dict[tuple[int, int], ReservationInfo] = field(default_factory=dict)
+
+    def endpoints_for(self, tenant_id: int) -> list[EndpointInfo]:
+        return [e for e in self.endpoints_by_name.values() if e.visible_to(tenant_id)]
+
+
+def load_snapshot(version: str = "") -> Snapshot:
+    """Read everything the proxy needs in a fixed number of queries (sync: call from a worker thread)."""
+    from capacity.unit_resolver import coefficients_by_endpoint
+    from endpoints.models import Endpoint, Replica, ReplicaState
+    from tenants.models import ApiKey, CapacityReservation
+
+    keys = {}
+    for k in ApiKey.objects.filter(revoked_at__isnull=True, tenant__is_active=True).select_related("tenant"):
+        keys[k.key_hash] = KeyInfo(
+            id=k.pk,
+            prefix=k.prefix,
+            tenant_id=k.tenant_id,
+            tenant_slug=k.tenant.slug,
+            scopes=frozenset(k.scopes or ()),
+            max_priority=k.max_priority,
+            expires_at=k.expires_at.timestamp() if k.expires_at else None,
+        )
+    endpoints = list(Endpoint.objects.select_related("model_profile"))
+    coeffs = coefficients_by_endpoint(endpoints)
+    replicas: dict[int, list[ReplicaInfo]] = {}
+    for r in Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").order_by("id"):
+        replicas.setdefault(r.endpoint_id, []).append(
+            ReplicaInfo(id=r.pk, name=r.name, url=r.url.rstrip("/"), concurrency_limit=r.concurrency_limit)
+        )
+    by_name = {}
+    for e in endpoints:
+        by_name[e.name] = EndpointInfo(
+            id=e.pk,
+            name=e.name,
+            owner_tenant_id=e.owner_tenant_id,
+            coeffs=coeffs[e.pk],
+            routing_policy=e.routing_policy,
+            scale_to_zero=e.scale_to_zero,
+            concurrency_limit=e.concurrency_limit,
+            ttft_slo_ms=e.ttft_slo_ms,
+            tpot_slo_ms=e.tpot_slo_ms,
+            max_model_len=e.model_profile.max_model_len,
+            created=int(e.created_at.timestamp()),
+            replicas=tuple(replicas.get(e.pk, ())),
+        )
+    reservations = {
+        (r.tenant_id, r.endpoint_id): ReservationInfo(
+            mu_per_min=r.mu_per_min,
+            burst_minutes=r.burst_minutes,
+            priority=r.priority,
+            rpm_limit=r.rpm_limit,
+            tpm_limit=r.tpm_limit,
+        )
+        for r in CapacityReservation.objects.all()
+    }
+    return Snapshot(
+        version=version,
+        loaded_at=time.time(),
+        keys_by_hash=keys,
+        endpoints_by_name=by_name,
+        reservations=reservations,
+    )

@@ -1,0 +1,201 @@
+"""One ``ProxyState`` per process: the config snapshot and its poller, the endpoint runtimes, the pooled
+upstream client, the rate limiter, the usage writer, the replica metrics scraper and the demand publisher.
+Created lazily on the first request (Channels' router has no lifespan hook)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+from django.conf import settings
+from django.db import close_old_connections
+
+from endpoints.proxy.config import ProxyConfig, load_config
+from endpoints.proxy.limits import RateLimiter
+from endpoints.proxy.runtime import EndpointRuntime
+from endpoints.proxy.snapshot import VERSION_KEY, Snapshot, load_snapshot
+
+log = logging.getLogger(__name__)
+
+DEMAND_KEY = "infercap:demand:{endpoint_id}"
+DEMAND_TTL_S = 5
+
+
+def _load_in_thread(version: str) -> Snapshot:
+    close_old_connections()
+    try:
+        return load_snapshot(version)
+    finally:
+        close_old_connections()
+
+
+class ProxyState:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.snapshot: Snapshot | None = None
+        self.runtimes: dict[int, EndpointRuntime] = {}
+        self.session: aiohttp.ClientSession | None = None
+        self.redis = None
+        self.limiter: RateLimiter | None = None
+        self.usage = None
+        self.scraper = None
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-snapshot")
+        self._tasks: list[asyncio.Task] = []
+        self.background: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        from billing.ingest import UsageWriter
+
+        loop = asyncio.get_running_loop()
+        if settings.REDIS_URL:
+            import redis.asyncio as aioredis
+
+            self.redis = aioredis.Redis.from_url(
+                settings.REDIS_URL, socket_connect_timeout=0.25, socket_timeout=0.5, health_check_interval=30
+            )
+        self.limiter = RateLimiter(self.redis, fail_mode=self.config.rate_limit_fail_mode)
+        # The data-plane client: aiohttp won the calibration in issue 4 (httpx collapsed at 256 streams).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+        self.usage = UsageWriter(flush_s=self.config.usage_flush_s, batch=self.config.usage_batch)
+        self.usage.start()
+        version = await self._read_version()
+        self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
+        self._scraper_start()
+        self._tasks.append(loop.create_task(self._poll_snapshot(), name="proxy-snapshot-poll"))
+        self._tasks.append(loop.create_task(self._publish_demand(), name="proxy-demand"))
+
+    def _scraper_start(self) -> None:
+        try:
+            from endpoints.metrics_scraper import MetricsScraper
+        except ImportError:
+            return
+        interval = float(os.environ.get("INFERCAP_PROXY_SCRAPE_INTERVAL_S", "0.1"))
+        self.scraper = MetricsScraper(interval_s=interval)
+        self.scraper.start()
+
+    # -- snapshot ------------------------------------------------------------------------------------
+    async def _read_version(self) -> str | None:
+        if self.redis is None:
+            return None
+        try:
+            raw = await self.redis.get(VERSION_KEY)
+        except Exception:  # noqa: BLE001
+            return None
+        return raw.decode() if raw else "0"
+
+    async def _poll_snapshot(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.snapshot_poll_s)
+            try:
+                version = await self._read_version()
+                stale = time.time() - self.snapshot.loaded_at
+                if (
+                    (version is not None and version != self.snapshot.version)
+                    or (version is None and stale > self.config.snapshot_fallback_reload_s)
+                    or stale > 60
+                ):
+                    snap = await loop.run_in_executor(self._db, _load_in_thread, version or "")
+                    self.apply_snapshot(snap)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep serving the last good snapshot
+                log.exception("proxy snapshot reload failed; keeping version %s", self.snapshot.version)
+
+    def apply_snapshot(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+        by_id = {e.id: e for e in snap.endpoints_by_name.values()}
+        for eid, runtime in list(self.runtimes.items()):
+            info = by_id.get(eid)
+            if info is None:
+                if runtime.in_flight == 0 and not len(runtime.queue):
+                    del self.runtimes[eid]
+                continue
+            runtime.update(info)
+        self._sync_scrape_targets()
+
+    def runtime_for(self, info) -> EndpointRuntime:
+        runtime = self.runtimes.get(info.id)
+        if runtime is None:
+            runtime = self.runtimes[info.id] = EndpointRuntime(info, config=self.config, scraper=self.scraper)
+            self._sync_scrape_targets()
+        return runtime
+
+    def _sync_scrape_targets(self) -> None:
+        if self.scraper is None:
+            return
+        targets = {}
+        for runtime in self.runtimes.values():
+            targets.update(runtime.scrape_targets())
+        self.scraper.set_targets(targets)
+
+    # -- demand for the autoscaler and the console ------------------------------------------------------
+    async def _publish_demand(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.demand_interval_s)
+            if self.redis is None or not self.runtimes:
+                continue
+            now = time.time()
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                for eid, runtime in self.runtimes.items():
+                    key = DEMAND_KEY.format(endpoint_id=eid)
+                    pipe.hset(key, self.process_id, json.dumps({"t": round(now, 3), **runtime.demand()}))
+                    pipe.expire(key, DEMAND_TTL_S)
+                await pipe.execute()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - demand is advisory; the autoscaler tolerates gaps
+                log.debug("demand publish failed: %s", exc)
+
+    def spawn(self, coro) -> None:
+        """Fire and forget, keeping a reference so the task is not garbage collected mid-flight."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        if self.scraper is not None:
+            await self.scraper.stop()
+        if self.usage is not None:
+            await self.usage.close()
+        if self.session is not None:
+            await self.session.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+
+_state: ProxyState | None = None
+_state_lock: asyncio.Lock | None = None
+
+
+async def get_state() -> ProxyState:
+    global _state, _state_lock
+    if _state is not None:
+        return _state
+    if _state_lock is None:
+        _state_lock = asyncio.Lock()
+    async with _state_lock:
+        if _state is None:
+            state = ProxyState(load_config())
+            await state.start()
+            _state = state
+    return _state

@@ -1,0 +1,179 @@
+"""Real processes over real sockets: replicas (the simulator, or the stub for failure modes) and proxy
+workers (uvicorn running ``config.asgi``) that read the test database. Every process is killed on teardown."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from endpoints.models import Replica, ReplicaState
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {port} after {timeout} s")
+
+
+def subprocess_database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+class Processes:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, args: list[str], env: dict | None = None, port: int | None = None) -> subprocess.Popen:
+        full_env = {**os.environ, **(env or {})}
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        self.procs.append(proc)
+        if port is not None:
+            try:
+                wait_port(port, proc)
+            except Exception:
+                self.kill_all()
+                err = proc.stderr.read().decode(errors="replace")[-3000:] if proc.stderr else ""
+                raise RuntimeError(f"{args} failed to start:\n{err}") from None
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=5)
+        if proc.stderr:
+            proc.stderr.close()
+
+    def kill_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.kill(proc)
+        self.procs.clear()
+
+
+@pytest.fixture
+def procs():
+    p = Processes()
+    yield p
+    p.kill_all()
+
+
+@pytest.fixture
+def clean_redis():
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter("infercap:*"):
+        client.delete(key)
+    yield client
+    client.close()
+
+
+def sim_available() -> bool:
+    return (ROOT / "endpoints" / "management" / "commands" / "run_replica.py").exists()
+
+
+def spawn_replica(
+    procs: Processes,
+    *,
+    endpoint,
+    name: str,
+    mode: str = "ok",
+    delay: float = 0.005,
+    sim: bool | None = None,
+    speed: float = 20.0,
+    concurrency_limit: int = 64,
+    extra: list[str] | None = None,
+):
+    """A replica process plus its READY row. ``sim`` None = the simulator when it exists, else the stub."""
+    port = free_port()
+    use_sim = sim_available() if sim is None else sim
+    if use_sim:
+        args = [
+            PY,
+            "manage.py",
+            "run_replica",
+            "--runtime",
+            "sim",
+            "--port",
+            str(port),
+            "--speed",
+            str(speed),
+            *(extra or []),
+        ]
+        env = {
+            "DJANGO_SETTINGS_MODULE": "config.settings.test",
+            "DATABASE_URL": subprocess_database_url(),
+            "REDIS_URL": settings.REDIS_URL,
+        }
+    else:
+        args, env = [PY, str(ROOT / "tests" / "proxy" / "stub_replica.py"), str(port), mode, str(delay)], {}
+    proc = procs.spawn(args, env=env, port=port)
+    replica = Replica.objects.create(
+        endpoint=endpoint,
+        name=name,
+        url=f"http://127.0.0.1:{port}",
+        state=ReplicaState.READY,
+        concurrency_limit=concurrency_limit,
+    )
+    return proc, replica, port
+
+
+def spawn_proxy(procs: Processes, **knobs) -> str:
+    """A proxy worker on a free port; ``knobs`` become INFERCAP_PROXY_* variables. Returns its base URL."""
+    port = free_port()
+    env = {
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "DATABASE_URL": subprocess_database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "INFERCAP_SNAPSHOT_POLL_S": "0.1",
+        **{f"INFERCAP_PROXY_{k.upper()}": str(v) for k, v in knobs.items()},
+    }
+    args = [
+        PY,
+        "-m",
+        "uvicorn",
+        "config.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--lifespan",
+        "off",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
+    procs.spawn(args, env=env, port=port)
+    return f"http://127.0.0.1:{port}"
