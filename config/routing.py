@@ -2,7 +2,9 @@
 from channels.routing import URLRouter
 from django.urls import re_path
 
-websocket_urlpatterns: list = []
+from console.routing import websocket_urlpatterns as console_websocket_urlpatterns
+
+websocket_urlpatterns: list = [*console_websocket_urlpatterns]
 
 
 def http_application(django_asgi_app):
