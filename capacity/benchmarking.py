@@ -1,0 +1,499 @@
+"""Automatic benchmark of one replica (pure: no Django): a closed-loop load sweep and the model-unit fit.
+
+1. **Concurrency sweep** with a reference shape: per level the throughput-table row (per-stream tok/s, aggregate
+   tok/s, TTFT p50/p95); the SLO-compliant maximum batch B_max is the largest level (refined by bisection) whose
+   median per-stream rate meets the TPOT SLO and whose TTFT p95 meets the TTFT SLO.
+2. **Shape grid at B_max**: for each (input, output, shared-prefix) shape, the replica's GPU-seconds per request
+   in the steady window (window length × GPUs / requests finished in it): at full SLO-compliant load the replica
+   is always busy, so that is what one request of that shape really costs.
+3. **Fit**: non-negative least squares (relative error) of GPU-seconds per request on (uncached in, cached in,
+   out, 1) gives α, α_c, β, γ; divided by ``GPU_SECONDS_PER_MU`` they are model units. The error on held-out shapes
+   (never fitted) says how far to trust them; the capacity is the MU/min the replica served at B_max.
+
+A ``LoadDriver`` runs one closed loop: ``capacity.benchmark_http.HttpReplicaDriver`` over HTTP against a live
+replica (simulated or real vLLM), ``EngineDriver`` below against the simulator's engine in virtual time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from capacity.units import GPU_SECONDS_PER_MU
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Shape:
+    input_tokens: int
+    output_tokens: int
+    shared_prefix_tokens: int = 0  # the first tokens of every prompt in a run are identical (prefix-cache hits)
+
+    @property
+    def label(self) -> str:
+        prefix = f"+{self.shared_prefix_tokens}p" if self.shared_prefix_tokens else ""
+        return f"{self.input_tokens}{prefix}/{self.output_tokens}"
+
+
+@dataclass
+class Sample:
+    """One finished request, times in replica seconds (drivers undo any simulator speed-up)."""
+
+    start_s: float
+    end_s: float
+    first_token_s: float | None  # None when the request was not streamed
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ok: bool = True
+    error: str = ""
+
+
+class LoadDriver(Protocol):
+    name: str
+
+    def run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
+        """Keep ``concurrency`` requests of ``shape`` in flight until ``requests`` have finished."""
+        ...
+
+
+@dataclass
+class LevelStats:
+    shape: Shape
+    concurrency: int
+    requests: int
+    failed: int
+    window_s: float
+    window_requests: int
+    gpu_s_per_request: float
+    req_per_s: float
+    aggregate_tok_s: float
+    per_stream_tok_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    mean_uncached_in: float
+    mean_cached_in: float
+    mean_out: float
+
+    def table_row(self) -> dict:
+        return {
+            "batch": self.concurrency,
+            "per_stream_tok_s": _round(self.per_stream_tok_s),
+            "aggregate_tok_s": _round(self.aggregate_tok_s),
+            "ttft_p50_s": _round(self.ttft_p50_s, 4),
+            "ttft_p95_s": _round(self.ttft_p95_s, 4),
+            "req_per_s": _round(self.req_per_s, 3),
+        }
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+class BenchmarkError(RuntimeError):
+    pass
+
+
+def summarize(shape: Shape, concurrency: int, samples: list[Sample], *, gpus: int = 1) -> LevelStats:
+    """Steady-state figures of one closed-loop run: the first and last ``concurrency`` finishes are ramp-up and
+    drain-down (fewer requests in flight), so the window runs from the c-th to the (n−c)-th finish."""
+    ok = sorted((s for s in samples if s.ok), key=lambda s: s.end_s)
+    failed = len(samples) - len(ok)
+    if len(ok) < max(2, len(samples) // 2):
+        errors = sorted({s.error for s in samples if not s.ok})[:3]
+        raise BenchmarkError(f"{failed} of {len(samples)} requests failed at {shape.label} ×{concurrency}: {errors}")
+    n, c = len(ok), concurrency
+    if n >= 3 * c and ok[n - c - 1].end_s > ok[c - 1].end_s:
+        t_a, t_b = ok[c - 1].end_s, ok[n - c - 1].end_s
+        window = ok[c : n - c]
+    else:  # too few requests for a steady window: the whole run
+        t_a, t_b = min(s.start_s for s in ok), ok[-1].end_s
+        window = ok
+    span = max(t_b - t_a, 1e-9)
+    streams = [
+        (s.output_tokens - 1) / (s.end_s - s.first_token_s)
+        for s in window
+        if s.first_token_s is not None and s.output_tokens > 1 and s.end_s > s.first_token_s
+    ]
+    ttfts = [s.first_token_s - s.start_s for s in window if s.first_token_s is not None]
+    return LevelStats(
+        shape=shape,
+        concurrency=c,
+        requests=len(samples),
+        failed=failed,
+        window_s=span,
+        window_requests=len(window),
+        gpu_s_per_request=span * gpus / len(window),
+        req_per_s=len(window) / span,
+        aggregate_tok_s=sum(s.output_tokens for s in window) / span,
+        per_stream_tok_s=statistics.median(streams) if streams else None,
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p95_s=percentile(ttfts, 95),
+        mean_uncached_in=statistics.fmean(s.prompt_tokens - s.cached_tokens for s in window),
+        mean_cached_in=statistics.fmean(s.cached_tokens for s in window),
+        mean_out=statistics.fmean(s.output_tokens for s in window),
+    )
+
+
+# --- Non-negative least squares -----------------------------------------------------------------------------------
+
+
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(rhs)
+    a = [row[:] + [rhs[i]] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                factor = a[r][col] / a[col][col]
+                for k in range(col, n + 1):
+                    a[r][k] -= factor * a[col][k]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def nnls(rows: list[list[float]], targets: list[float], weights: list[float] | None = None) -> list[float]:
+    """Exact non-negative least squares for a handful of variables: the best unconstrained solution over every
+    subset of free variables that comes out non-negative (2^k small solves; k = 4 here)."""
+    if not rows:
+        raise BenchmarkError("nothing to fit")
+    k = len(rows[0])
+    w = weights or [1.0] * len(rows)
+    # Scale columns to unit RMS so token counts (hundreds) and the intercept (1) condition alike.
+    scale = [math.sqrt(sum(r[j] ** 2 for r in rows) / len(rows)) or 1.0 for j in range(k)]
+    xs = [[r[j] / scale[j] for j in range(k)] for r in rows]
+    best, best_err = [0.0] * k, math.inf
+    for size in range(1, k + 1):
+        for free in itertools.combinations(range(k), size):
+            gram = [[sum(wi * x[i] * x[j] for x, wi in zip(xs, w, strict=True)) for j in free] for i in free]
+            rhs = [sum(wi * x[i] * t for x, t, wi in zip(xs, targets, w, strict=True)) for i in free]
+            solution = _solve(gram, rhs)
+            if solution is None or min(solution) < 0:
+                continue
+            theta = [0.0] * k
+            for index, value in zip(free, solution, strict=True):
+                theta[index] = value
+            err = sum(
+                wi * (sum(t * x for t, x in zip(theta, xrow, strict=True)) - y) ** 2
+                for xrow, y, wi in zip(xs, targets, w, strict=True)
+            )
+            if err < best_err - 1e-15:
+                best, best_err = theta, err
+    return [best[j] / scale[j] for j in range(k)]
+
+
+@dataclass
+class CostFit:
+    """GPU-seconds per uncached input token, cached input token, output token and request."""
+
+    alpha_s: float
+    alpha_cached_s: float
+    beta_s: float
+    gamma_s: float
+
+    def gpu_seconds(self, uncached: float, cached: float, out: float) -> float:
+        return self.alpha_s * uncached + self.alpha_cached_s * cached + self.beta_s * out + self.gamma_s
+
+    def in_mu(self) -> dict:
+        return {
+            "alpha": self.alpha_s / GPU_SECONDS_PER_MU,
+            "alpha_cached": self.alpha_cached_s / GPU_SECONDS_PER_MU,
+            "beta": self.beta_s / GPU_SECONDS_PER_MU,
+            "gamma": self.gamma_s / GPU_SECONDS_PER_MU,
+        }
+
+
+def fit_costs(levels: list[LevelStats]) -> CostFit:
+    rows = [[lv.mean_uncached_in, lv.mean_cached_in, lv.mean_out, 1.0] for lv in levels]
+    targets = [lv.gpu_s_per_request for lv in levels]
+    # Relative error: a 10 ms request and a 2 s request should weigh alike.
+    weights = [1.0 / max(t, 1e-12) ** 2 for t in targets]
+    alpha, alpha_cached, beta, gamma = nnls(rows, targets, weights)
+    return CostFit(alpha, alpha_cached, beta, gamma)
+
+
+def relative_errors(fit: CostFit, levels: list[LevelStats]) -> list[float]:
+    return [
+        abs(fit.gpu_seconds(lv.mean_uncached_in, lv.mean_cached_in, lv.mean_out) - lv.gpu_s_per_request)
+        / lv.gpu_s_per_request
+        for lv in levels
+    ]
+
+
+# --- The sweep ----------------------------------------------------------------------------------------------------
+
+DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_REFERENCE = Shape(512, 128)
+DEFAULT_FIT_SHAPES = (
+    Shape(128, 32),
+    Shape(1024, 32),
+    Shape(128, 256),
+    Shape(1024, 256),
+    Shape(1024, 64, shared_prefix_tokens=768),
+    Shape(512, 160, shared_prefix_tokens=384),
+)
+DEFAULT_HELD_OUT = (
+    Shape(384, 96),
+    Shape(768, 192, shared_prefix_tokens=512),
+    Shape(256, 200, shared_prefix_tokens=128),
+)
+
+
+@dataclass
+class SweepConfig:
+    tpot_slo_ms: float
+    ttft_slo_ms: float
+    gpus_per_replica: int = 1
+    levels: tuple[int, ...] = DEFAULT_LEVELS
+    max_concurrency: int = 256
+    reference_shape: Shape = DEFAULT_REFERENCE
+    fit_shapes: tuple[Shape, ...] = DEFAULT_FIT_SHAPES
+    held_out_shapes: tuple[Shape, ...] = DEFAULT_HELD_OUT
+    requests_per_stream: int = 3  # closed-loop requests = this × concurrency (≥ 3 for a steady window)
+    min_requests: int = 12
+    bisect_steps: int = 2
+
+    def __post_init__(self) -> None:
+        if self.tpot_slo_ms <= 0 or self.ttft_slo_ms <= 0:
+            raise ValueError("SLOs must be positive")
+        if self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        if not self.fit_shapes or len(self.fit_shapes) < 4:
+            raise ValueError("the fit needs at least 4 shapes for 4 coefficients")
+
+    @property
+    def min_stream_tok_s(self) -> float:
+        return 1000.0 / self.tpot_slo_ms
+
+    def requests_for(self, concurrency: int) -> int:
+        return max(self.min_requests, self.requests_per_stream * concurrency)
+
+
+def compliant(stats: LevelStats, cfg: SweepConfig) -> bool:
+    stream_ok = stats.per_stream_tok_s is None or stats.per_stream_tok_s >= cfg.min_stream_tok_s
+    ttft_ok = stats.ttft_p95_s is None or stats.ttft_p95_s * 1000 <= cfg.ttft_slo_ms
+    return stream_ok and ttft_ok
+
+
+def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda _msg: None) -> dict:
+    """The whole benchmark; returns a JSON-able result (table, B_max, fit, held-out error, capacity)."""
+    runs = itertools.count(1)
+
+    def measure(shape: Shape, concurrency: int) -> LevelStats:
+        samples = driver.run(shape, concurrency, cfg.requests_for(concurrency), f"run{next(runs)}")
+        return summarize(shape, concurrency, samples, gpus=cfg.gpus_per_replica)
+
+    sweep: dict[int, LevelStats] = {}
+    first_bad: int | None = None
+    levels = [c for c in cfg.levels if c <= cfg.max_concurrency]
+    for c in levels:
+        stats = sweep[c] = measure(cfg.reference_shape, c)
+        ok = compliant(stats, cfg)
+        progress(
+            f"sweep ×{c}: {stats.per_stream_tok_s or 0:.1f} tok/s per stream, {stats.aggregate_tok_s:.0f} aggregate, "
+            f"TTFT p95 {1000 * (stats.ttft_p95_s or 0):.0f} ms — {'meets' if ok else 'misses'} the SLO"
+        )
+        if not ok:
+            first_bad = c
+            break
+    good = [c for c, s in sweep.items() if compliant(s, cfg)]
+    if not good:
+        best = sweep[levels[0]]
+        return {
+            "feasible": False,
+            "explanation": (
+                f"No concurrency meets the SLO: even ×{best.concurrency} streams at "
+                f"{best.per_stream_tok_s or 0:.1f} tok/s (needs {cfg.min_stream_tok_s:.1f}) with TTFT p95 "
+                f"{1000 * (best.ttft_p95_s or 0):.0f} ms (SLO {cfg.ttft_slo_ms:g} ms)."
+            ),
+            "throughput_table": [s.table_row() for s in sweep.values()],
+        }
+    lo, hi = max(good), first_bad
+    for _ in range(cfg.bisect_steps):
+        if hi is None or hi - lo <= max(1, lo // 10):
+            break
+        mid = (lo + hi) // 2
+        stats = sweep[mid] = measure(cfg.reference_shape, mid)
+        if compliant(stats, cfg):
+            lo = mid
+        else:
+            hi = mid
+        progress(f"bisect ×{mid}: {stats.per_stream_tok_s or 0:.1f} tok/s per stream → B_max in [{lo}, {hi})")
+    b_max = lo
+    progress(f"B_max = {b_max}; fitting costs on {len(cfg.fit_shapes)} shapes, {len(cfg.held_out_shapes)} held out")
+
+    fit_levels = []
+    for shape in cfg.fit_shapes:
+        fit_levels.append(measure(shape, b_max))
+        progress(f"fit {shape.label} ×{b_max}: {fit_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
+    fit = fit_costs(fit_levels)
+    held_levels = []
+    for shape in cfg.held_out_shapes:
+        held_levels.append(measure(shape, b_max))
+        progress(f"held out {shape.label}: {held_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
+    train_err = relative_errors(fit, fit_levels)
+    held_err = relative_errors(fit, held_levels) if held_levels else []
+    at_b_max = sweep[b_max]
+    mu_per_request = fit.gpu_seconds(at_b_max.mean_uncached_in, at_b_max.mean_cached_in, at_b_max.mean_out) / (
+        GPU_SECONDS_PER_MU
+    )
+    mu_per_min = at_b_max.req_per_s * 60 * mu_per_request
+    coefficients = fit.in_mu()
+    return {
+        "feasible": True,
+        "driver": driver.name,
+        "slo": {"tpot_ms": cfg.tpot_slo_ms, "ttft_ms": cfg.ttft_slo_ms, "min_stream_tok_s": cfg.min_stream_tok_s},
+        "throughput_table": [sweep[c].table_row() for c in sorted(sweep)],
+        "b_max": b_max,
+        "fit": {
+            **coefficients,
+            "gpu_seconds": asdict(fit),
+            "output_to_input_ratio": (fit.beta_s / fit.alpha_s) if fit.alpha_s else None,
+            "train_relative_error": statistics.fmean(train_err),
+            "held_out_relative_error": statistics.fmean(held_err) if held_err else None,
+            "held_out_max_relative_error": max(held_err) if held_err else None,
+            "shapes": [_shape_row(lv, fit, held=False) for lv in fit_levels]
+            + [_shape_row(lv, fit, held=True) for lv in held_levels],
+        },
+        "mu_per_min": mu_per_min,
+        "capacity": {
+            "reference_shape": asdict(cfg.reference_shape),
+            "req_per_s": at_b_max.req_per_s,
+            "output_tok_s": at_b_max.aggregate_tok_s,
+            "mu_per_request": mu_per_request,
+            "mu_per_min": mu_per_min,
+        },
+    }
+
+
+def _shape_row(lv: LevelStats, fit: CostFit, *, held: bool) -> dict:
+    predicted = fit.gpu_seconds(lv.mean_uncached_in, lv.mean_cached_in, lv.mean_out)
+    return {
+        "shape": lv.shape.label,
+        "held_out": held,
+        "uncached_in": round(lv.mean_uncached_in, 1),
+        "cached_in": round(lv.mean_cached_in, 1),
+        "out": round(lv.mean_out, 1),
+        "measured_gpu_ms": round(lv.gpu_s_per_request * 1000, 3),
+        "predicted_gpu_ms": round(predicted * 1000, 3),
+    }
+
+
+# --- Prompts and the simulator's engine in virtual time -----------------------------------------------------------
+
+_WORDS = ("data", "node", "gpus", "fast", "slow", "tick", "rack", "warm", "cold", "load", "unit", "page")
+
+
+def prompt_text(tokens: int, *, prefix_tokens: int, run_id: str, index: int) -> str:
+    """A prompt of ``tokens`` 4-character words whose first ``prefix_tokens`` are the same for every request of
+    one run (and differ between runs, so one run never warms the next one's cache)."""
+    prefix_tokens = min(prefix_tokens, tokens)
+    shared = random.Random(f"{run_id}-prefix")
+    own = random.Random(f"{run_id}-{index}")
+    words = [shared.choice(_WORDS) for _ in range(prefix_tokens)]
+    words += [own.choice(_WORDS) for _ in range(tokens - prefix_tokens)]
+    return "".join(words)
+
+
+def output_lengths(shape: Shape, count: int, run_id: str, jitter: float = 0.25) -> list[int]:
+    """Output lengths spread ±25 % around the shape's mean, so closed-loop streams do not finish in lockstep."""
+    rng = random.Random(f"{run_id}-out")
+    low, high = max(1, round(shape.output_tokens * (1 - jitter))), round(shape.output_tokens * (1 + jitter))
+    lengths = [rng.randint(low, max(low, high)) for _ in range(count)]
+    # Re-centre on the exact mean so the shape's output length is what was asked for.
+    drift = shape.output_tokens * count - sum(lengths)
+    for i in range(abs(drift)):
+        j = i % count
+        lengths[j] = max(1, lengths[j] + (1 if drift > 0 else -1))
+    return lengths
+
+
+class EngineDriver:
+    """The simulator's engine in virtual time: the same performance model as the HTTP replica, with no clock noise.
+
+    Used for the simulator's *true* figures (what a perfect measurement would see) and fast tests of the fit.
+    """
+
+    name = "sim-engine"
+
+    def __init__(self, profile):
+        self.profile = profile
+
+    def run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
+        from endpoints.runtimes.sim.engine import Engine, Sequence
+        from endpoints.runtimes.sim.tokens import block_hashes, count_tokens
+
+        engine = Engine(self.profile)
+        outputs = output_lengths(shape, requests, run_id)
+        samples: list[Sample] = []
+        issued = 0
+        now = 0.0
+
+        def issue() -> None:
+            nonlocal issued
+            text = prompt_text(
+                shape.input_tokens, prefix_tokens=shape.shared_prefix_tokens, run_id=run_id, index=issued
+            )
+            engine.add(
+                Sequence(f"{run_id}-{issued}", count_tokens(text), outputs[issued], block_hashes(text), arrival_s=now)
+            )
+            issued += 1
+
+        for _ in range(min(concurrency, requests)):
+            issue()
+        while len(samples) < requests:
+            plan = engine.plan(now, 1 << 30)
+            if plan is None:
+                raise BenchmarkError("engine idle with requests outstanding")
+            now += plan.duration()
+            for seq in engine.commit(plan, plan.steps, now):
+                samples.append(
+                    Sample(seq.arrival_s, now, seq.first_token_s, seq.prompt_tokens, seq.cached_tokens, seq.generated)
+                )
+                if issued < requests:
+                    issue()
+        return samples
+
+
+def engine_true_costs(profile, *, batch: int, context_tokens: float, admitted_per_prefill: float = 1.0) -> CostFit:
+    """The simulator's costs straight from its profile (``endpoints/runtimes/sim/engine.py``), in GPU-seconds.
+
+    A prefill step stops the whole replica for ``overhead + uncached / rate``; cached tokens cost nothing. A decode
+    step of ``batch`` sequences takes ``t0 + per_seq·batch + per_ctx·Σcontext`` and yields one token per sequence,
+    so one output token costs ``t0/batch + per_seq + per_ctx·context``.
+    """
+    gpus = profile.gpus
+    return CostFit(
+        alpha_s=gpus / profile.prefill_tokens_per_s,
+        alpha_cached_s=0.0,
+        beta_s=gpus
+        * (profile.decode_t0_s / batch + profile.decode_per_seq_s + profile.decode_per_ctx_token_s * context_tokens),
+        gamma_s=gpus * profile.prefill_overhead_s / admitted_per_prefill,
+    )
+
+
+@dataclass
+class Comparison:
+    name: str
+    true: float
+    fitted: float
+    relative_error: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.relative_error = abs(self.fitted - self.true) / self.true if self.true else abs(self.fitted)
