@@ -11,6 +11,11 @@ class HardwareProfile(models.Model):
     gpu_memory_gb = models.FloatField(validators=[MinValueValidator(1.0)])
     memory_bandwidth_gbps = models.FloatField(validators=[MinValueValidator(0.0)])
     usd_per_gpu_hour = models.FloatField(validators=[MinValueValidator(0.0)])
+    memory_overhead_gb = models.FloatField(
+        default=10.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="per replica, memory neither weights nor KV cache get (activations, CUDA graphs); the planner's M_overhead",
+    )
 
     class Meta:
         ordering = ["name"]
