@@ -1,4 +1,5 @@
 """Usage records (one per proxied request), SLOs and alerts."""
+
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -21,8 +22,12 @@ class UsageRecord(models.Model):
     request_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="usage_records")
     api_key = models.ForeignKey("tenants.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    endpoint = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    replica = models.ForeignKey("endpoints.Replica", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    replica = models.ForeignKey(
+        "endpoints.Replica", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     priority = models.CharField(max_length=12, default="standard")
     input_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
@@ -60,7 +65,11 @@ class SLO(models.Model):
     name = models.CharField(max_length=120)
     endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="slos")
     tenant = models.ForeignKey(
-        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="slos",
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="slos",
         help_text="empty = the whole endpoint",
     )
     sli = models.CharField(max_length=16, choices=SLIKind.choices)
@@ -101,7 +110,9 @@ class Alert(models.Model):
     fired_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.ForeignKey("tenants.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    acknowledged_by = models.ForeignKey(
+        "tenants.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["-started_at"]
@@ -170,6 +181,9 @@ class UsageRollup(models.Model):
     class Meta:
         abstract = True
 
+    def __str__(self) -> str:
+        return f"{type(self).__name__} endpoint={self.endpoint_id} tenant={self.tenant_id} {self.start:%Y-%m-%d %H:%M}"
+
 
 # Histogram columns are generated from the bounds so the lists above stay the single source of truth.
 for _bound in TTFT_BOUNDS_MS:
@@ -212,3 +226,109 @@ class RollupCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} @ {self.last_id}"
+
+
+class SLOStatus(models.Model):
+    """The latest evaluation of one SLO: burn rate per window and what is left of the period's error budget."""
+
+    slo = models.OneToOneField(SLO, on_delete=models.CASCADE, related_name="status")
+    evaluated_at = models.DateTimeField()
+    burn_rates = models.JSONField(default=dict, help_text="window → burn rate, e.g. {'5m': 0.4, '1h': 1.2}")
+    window_counts = models.JSONField(default=dict, help_text="window → [good, valid]")
+    period_good = models.FloatField(default=0.0)
+    period_valid = models.FloatField(default=0.0)
+    budget_remaining = models.FloatField(default=1.0, help_text="fraction of the period's error budget left")
+    exhausts_at = models.DateTimeField(null=True, blank=True, help_text="at the current 1 h burn rate")
+
+    class Meta:
+        verbose_name = "SLO status"
+        verbose_name_plural = "SLO statuses"
+
+    def __str__(self) -> str:
+        return f"{self.slo_id}: {self.budget_remaining:.1%} budget left"
+
+
+class Webhook(models.Model):
+    """Where alert notifications go: operators' hooks (no tenant) get every alert, a tenant's get its own SLOs'."""
+
+    name = models.CharField(max_length=120)
+    url = models.URLField(max_length=500)
+    tenant = models.ForeignKey(
+        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="webhooks"
+    )
+    secret = models.CharField(
+        max_length=128, blank=True, help_text="signs the body: X-Infercap-Signature: sha256=<hmac>"
+    )
+    severities = models.JSONField(default=list, blank=True, help_text="empty = every severity")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AlertNotification(models.Model):
+    """One delivery of one alert event to one webhook; the unique constraint is what prevents double notification."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="notifications")
+    event = models.CharField(max_length=10, help_text="firing or resolved")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_error = models.CharField(max_length=500, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["alert", "webhook", "event"], name="one_notification_per_alert_event")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.alert_id} {self.event} → {self.webhook_id} ({self.status})"
+
+
+class CostReport(models.Model):
+    """Cost and goodput of one endpoint (tenant empty) or one tenant on it, over one hour or one day."""
+
+    class Granularity(models.TextChoices):
+        HOUR = "hour", "Hourly"
+        DAY = "day", "Daily"
+
+    granularity = models.CharField(max_length=4, choices=Granularity.choices)
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="+")
+    tenant = models.ForeignKey("tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    gpu_hours = models.FloatField(default=0.0)
+    usd = models.FloatField(default=0.0)
+    requests = models.BigIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    good_output_tokens = models.BigIntegerField(default=0)
+    used_mu = models.FloatField(default=0.0)
+    capacity_mu = models.FloatField(default=0.0)
+    utilization = models.FloatField(null=True, blank=True)
+    idle_usd = models.FloatField(default=0.0)
+    good_tokens_per_usd = models.FloatField(null=True, blank=True)
+    usd_per_1m_good_tokens = models.FloatField(null=True, blank=True)
+    computed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-start", "endpoint_id", "tenant_id"]
+        indexes = [models.Index(fields=["granularity", "start"], name="cost_report_period")]
+
+    def __str__(self) -> str:
+        who = f"tenant {self.tenant_id}" if self.tenant_id else "endpoint"
+        return f"{self.granularity} {self.start:%Y-%m-%d %H:%M} {self.endpoint_id} {who}: ${self.usd:.2f}"

@@ -5,6 +5,7 @@ run (by primary key, which is taken at insert time, so a record spooled for hour
 recomputes those minutes wholesale from the raw rows with one INSERT … SELECT … ON CONFLICT DO UPDATE, then the
 hours and days that contain them. Re-running recomputes the same numbers.
 """
+
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -235,7 +236,9 @@ def usage_retention_cleanup(*, now: datetime | None = None, batch_size: int = 10
 # edges from the minute tier.
 
 
-def split_range(start: datetime, end: datetime, *, now: datetime) -> list[tuple[type[models.Model], datetime, datetime]]:
+def split_range(
+    start: datetime, end: datetime, *, now: datetime
+) -> list[tuple[type[models.Model], datetime, datetime]]:
     """Cover [start, end) with (tier, lo, hi) pieces. Starts older than a tier's retention snap to the next tier."""
     if start < now - MINUTE_ROLLUP_RETENTION + HOUR:
         start = _ceil(start, HOUR)
@@ -273,8 +276,13 @@ Key = tuple[int, int]  # (endpoint_id, tenant_id)
 
 
 def range_sums(
-    *, start: datetime, end: datetime, fields: Iterable[str] = ROLLUP_COUNTERS, now: datetime | None = None,
+    *,
+    start: datetime,
+    end: datetime,
+    fields: Iterable[str] = ROLLUP_COUNTERS,
+    now: datetime | None = None,
     endpoint_ids: Iterable[int] | None = None,
+    tenant_ids: Iterable[int] | None = None,
 ) -> dict[Key, dict[str, float]]:
     """Summed rollup counters per (endpoint, tenant) over [start, end)."""
     now = now or timezone.now()
@@ -284,6 +292,8 @@ def range_sums(
         rows = tier.objects.filter(start__gte=lo, start__lt=hi)
         if endpoint_ids is not None:
             rows = rows.filter(endpoint_id__in=list(endpoint_ids))
+        if tenant_ids is not None:
+            rows = rows.filter(tenant_id__in=list(tenant_ids))
         rows = rows.values("endpoint_id", "tenant_id").annotate(**{f"s_{f}": Sum(F(f)) for f in fields}).order_by()
         for row in rows:
             bucket = totals.setdefault((row["endpoint_id"], row["tenant_id"]), dict.fromkeys(fields, 0))

@@ -3,6 +3,7 @@
 No Django here. Windows and thresholds follow the Google SRE workbook's multiwindow, multi-burn-rate alerts
 (as Sloth generates them) over a 30-day budget.
 """
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -134,7 +135,9 @@ class AlertStep:
     notify: str | None = None  # "firing" or "resolved" when a notification is due
 
 
-def alert_step(*, state: str | None, condition: bool, pending_since: datetime | None, now: datetime, for_s: float) -> AlertStep:
+def alert_step(
+    *, state: str | None, condition: bool, pending_since: datetime | None, now: datetime, for_s: float
+) -> AlertStep:
     """The pending → firing → resolved state machine of one alert.
 
     A new condition opens a pending alert; it fires once the condition has held ``for_s``. A condition that clears

@@ -1,4 +1,5 @@
 """Rollups equal a plain aggregation of the raw usage records, including late records and re-runs."""
+
 import itertools
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -70,8 +71,12 @@ def _insert(records: list[dict], combos) -> None:
         fields = {k: v for k, v in r.items() if k not in ("who", "minute", "second")}
         rows.append(
             UsageRecord(
-                request_id=f"prop-{next(_ids)}", endpoint=endpoint, tenant=tenant, started_at=finished,
-                finished_at=finished, **fields,
+                request_id=f"prop-{next(_ids)}",
+                endpoint=endpoint,
+                tenant=tenant,
+                started_at=finished,
+                finished_at=finished,
+                **fields,
             )
         )
     UsageRecord.objects.bulk_create(rows)
@@ -112,7 +117,11 @@ def _check(records: list[dict], combos) -> None:
 
 @pytest.fixture
 def combos(tenant_a, tenant_b):
-    return [(tenant_a.endpoint, tenant_a.tenant), (tenant_a.endpoint, tenant_b.tenant), (tenant_b.endpoint, tenant_b.tenant)]
+    return [
+        (tenant_a.endpoint, tenant_a.tenant),
+        (tenant_a.endpoint, tenant_b.tenant),
+        (tenant_b.endpoint, tenant_b.tenant),
+    ]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -151,8 +160,12 @@ def test_retention_deletes_only_old_rolled_up_records(tenant_a):
     old = NOW - timedelta(days=31)
     for i, when in enumerate([old, old, NOW]):
         UsageRecord.objects.create(
-            request_id=f"ret-{i}", tenant=tenant_a.tenant, endpoint=tenant_a.endpoint, status="ok",
-            started_at=when, finished_at=when,
+            request_id=f"ret-{i}",
+            tenant=tenant_a.tenant,
+            endpoint=tenant_a.endpoint,
+            status="ok",
+            started_at=when,
+            finished_at=when,
         )
     assert usage_retention_cleanup(now=NOW) == 0  # nothing rolled up yet: keep everything
     usage_rollup_run(now=NOW)

@@ -1,0 +1,140 @@
+"""Tenant statements: for a period, per endpoint, the MU reserved, the MU used and the overage above the reservation.
+
+Reserved MU = reservation MU/min × the minutes of the period it existed. Overage = used − reserved when positive,
+priced at ``INFERCAP["OVERAGE_USD_PER_1K_MU"]``; the reservation itself at ``INFERCAP["RESERVED_USD_PER_1K_MU"]``.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.utils import timezone
+
+from billing.rollups import range_sums
+from endpoints.models import Endpoint
+from tenants.models import CapacityReservation, Tenant
+
+DEFAULT_RESERVED_USD_PER_1K_MU = 0.02
+DEFAULT_OVERAGE_USD_PER_1K_MU = 0.05
+
+
+def prices() -> tuple[float, float]:
+    """(reserved, overage) USD per 1,000 MU."""
+    knobs = getattr(settings, "INFERCAP", {})
+    return (
+        float(knobs.get("RESERVED_USD_PER_1K_MU", DEFAULT_RESERVED_USD_PER_1K_MU)),
+        float(knobs.get("OVERAGE_USD_PER_1K_MU", DEFAULT_OVERAGE_USD_PER_1K_MU)),
+    )
+
+
+@dataclass
+class StatementLine:
+    endpoint_id: int
+    endpoint: str
+    reserved_mu_per_min: float
+    reserved_mu: float
+    used_mu: float
+    overage_mu: float
+    reserved_usd: float
+    overage_usd: float
+    requests: int
+    output_tokens: int
+    good_output_tokens: int
+
+    @property
+    def total_usd(self) -> float:
+        return self.reserved_usd + self.overage_usd
+
+
+@dataclass
+class Statement:
+    tenant_id: int
+    tenant: str
+    start: datetime
+    end: datetime
+    reserved_usd_per_1k_mu: float
+    overage_usd_per_1k_mu: float
+    lines: list[StatementLine] = field(default_factory=list)
+
+    @property
+    def reserved_mu(self) -> float:
+        return sum(line.reserved_mu for line in self.lines)
+
+    @property
+    def used_mu(self) -> float:
+        return sum(line.used_mu for line in self.lines)
+
+    @property
+    def overage_mu(self) -> float:
+        return sum(line.overage_mu for line in self.lines)
+
+    @property
+    def total_usd(self) -> float:
+        return sum(line.total_usd for line in self.lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "tenant_id": self.tenant_id,
+            "tenant": self.tenant,
+            "start": self.start.isoformat(),
+            "end": self.end.isoformat(),
+            "reserved_usd_per_1k_mu": self.reserved_usd_per_1k_mu,
+            "overage_usd_per_1k_mu": self.overage_usd_per_1k_mu,
+            "reserved_mu": self.reserved_mu,
+            "used_mu": self.used_mu,
+            "overage_mu": self.overage_mu,
+            "total_usd": round(self.total_usd, 6),
+            "lines": [{**vars(line), "total_usd": round(line.total_usd, 6)} for line in self.lines],
+        }
+
+
+def statement_for(*, tenant: Tenant, start: datetime, end: datetime, now: datetime | None = None) -> Statement:
+    if end <= start:
+        raise ValueError("the statement's end must be after its start")
+    now = now or timezone.now()
+    reserved_price, overage_price = prices()
+    statement = Statement(
+        tenant_id=tenant.pk,
+        tenant=tenant.slug,
+        start=start,
+        end=end,
+        reserved_usd_per_1k_mu=reserved_price,
+        overage_usd_per_1k_mu=overage_price,
+    )
+    usage = {
+        endpoint_id: sums
+        for (endpoint_id, tenant_id), sums in range_sums(
+            start=start,
+            end=end,
+            fields=("requests", "output_tokens", "good_output_tokens", "mu"),
+            now=now,
+            tenant_ids=[tenant.pk],
+        ).items()
+        if tenant_id == tenant.pk
+    }
+    reservations = {r.endpoint_id: r for r in CapacityReservation.objects.filter(tenant=tenant, created_at__lt=end)}
+    endpoints = Endpoint.objects.in_bulk(set(usage) | set(reservations))
+    for endpoint_id in sorted(endpoints, key=lambda pk: endpoints[pk].name):
+        reservation = reservations.get(endpoint_id)
+        sums = usage.get(endpoint_id, {})
+        rate = reservation.mu_per_min if reservation else 0.0
+        minutes = (end - max(start, reservation.created_at)).total_seconds() / 60 if reservation else 0.0
+        reserved_mu = rate * minutes
+        used_mu = float(sums.get("mu", 0.0))
+        overage_mu = max(0.0, used_mu - reserved_mu)
+        statement.lines.append(
+            StatementLine(
+                endpoint_id=endpoint_id,
+                endpoint=endpoints[endpoint_id].name,
+                reserved_mu_per_min=rate,
+                reserved_mu=reserved_mu,
+                used_mu=used_mu,
+                overage_mu=overage_mu,
+                reserved_usd=reserved_mu / 1000 * reserved_price,
+                overage_usd=overage_mu / 1000 * overage_price,
+                requests=int(sums.get("requests", 0)),
+                output_tokens=int(sums.get("output_tokens", 0)),
+                good_output_tokens=int(sums.get("good_output_tokens", 0)),
+            )
+        )
+    return statement
