@@ -1,0 +1,167 @@
+"""Console actions: bad input gives field errors, a valid form asks for confirmation, a confirmed one acts and audits."""
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from billing.models import Alert
+from endpoints.models import Endpoint, ReplicaState
+from tenants.models import ApiKey, AuditEntry, CapacityReservation
+from tenants.keys import authenticate_api_key
+from tests.factories import EndpointFactory, ReplicaFactory, SLOFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _post_confirmed(client, url, data):
+    """First POST must only ask for confirmation; the second (confirmed) one acts."""
+    first = client.post(url, data)
+    assert first.status_code == 200 and 'name="confirmed" value="yes"' in first.content.decode()
+    return client.post(url, {**data, "confirmed": "yes"})
+
+
+def _endpoint_data(tenant_a, **overrides):
+    data = {
+        "name": "llama-new", "owner_tenant": "", "model_profile": tenant_a.endpoint.model_profile_id,
+        "hardware_profile": tenant_a.endpoint.hardware_profile_id, "runtime": "sim", "min_replicas": 1,
+        "max_replicas": 4, "desired_replicas": 2, "concurrency_limit": 64, "routing_policy": "infercap",
+        "ttft_slo_ms": 2000, "tpot_slo_ms": 100,
+    }
+    return {**data, **overrides}
+
+
+def test_endpoint_create_errors_then_confirm_then_audit(client, operator, tenant_a):
+    client.force_login(operator)
+    url = reverse("console:endpoint-create")
+    bad = client.post(url, _endpoint_data(tenant_a, name="bad name!", desired_replicas=9, ttft_slo_ms=0))
+    assert bad.status_code == 400
+    form = bad.context["form"]
+    assert {"name", "desired_replicas", "ttft_slo_ms"} <= set(form.errors)
+    assert "field-error" in bad.content.decode()
+    duplicate = client.post(url, _endpoint_data(tenant_a, name=tenant_a.endpoint.name))
+    assert duplicate.status_code == 400 and "name" in duplicate.context["form"].errors
+    assert not Endpoint.objects.filter(name="llama-new").exists()
+    done = _post_confirmed(client, url, _endpoint_data(tenant_a))
+    endpoint = Endpoint.objects.get(name="llama-new")
+    assert done.status_code == 302 and done["Location"] == reverse("console:endpoint", args=[endpoint.pk])
+    entry = AuditEntry.objects.get(action="endpoint.create", object_id=str(endpoint.pk))
+    assert entry.actor == operator and entry.detail["desired_replicas"] == 2
+
+
+def test_scale_validates_bounds_and_audits(client, operator, tenant_a):
+    client.force_login(operator)
+    url = reverse("console:endpoint-scale", args=[tenant_a.endpoint.pk])
+    bad = client.post(url, {"min_replicas": 3, "max_replicas": 2, "desired_replicas": 2})
+    assert bad.status_code == 400 and "min_replicas" in bad.context["form"].errors
+    bad = client.post(url, {"min_replicas": 1, "max_replicas": 2, "desired_replicas": "many"})
+    assert bad.status_code == 400 and "desired_replicas" in bad.context["form"].errors
+    done = _post_confirmed(client, url, {"min_replicas": 1, "max_replicas": 6, "desired_replicas": 5})
+    assert done.status_code == 302
+    tenant_a.endpoint.refresh_from_db()
+    assert (tenant_a.endpoint.max_replicas, tenant_a.endpoint.desired_replicas) == (6, 5)
+    entry = AuditEntry.objects.get(action="endpoint.scale")
+    assert entry.detail["before"]["desired"] == 1 and entry.detail["after"]["desired"] == 5
+
+
+def test_drain_only_ready_replicas(client, operator, tenant_a):
+    client.force_login(operator)
+    ready = ReplicaFactory(endpoint=tenant_a.endpoint, name="r-ready", state=ReplicaState.READY)
+    starting = ReplicaFactory(endpoint=tenant_a.endpoint, name="r-start", state=ReplicaState.STARTING)
+    url = reverse("console:replica-drain", args=[tenant_a.endpoint.pk, starting.pk])
+    refused = _post_confirmed(client, url, {"reason": ""})
+    assert refused.status_code == 400 and "only a ready replica drains" in refused.content.decode()
+    url = reverse("console:replica-drain", args=[tenant_a.endpoint.pk, ready.pk])
+    assert _post_confirmed(client, url, {"reason": "maintenance"}).status_code == 302
+    ready.refresh_from_db()
+    assert ready.state == ReplicaState.DRAINING
+    assert ready.transitions.get().reason == "maintenance"
+    assert AuditEntry.objects.filter(action="replica.drain", object_id=str(ready.pk)).exists()
+    other = EndpointFactory(name="other")
+    assert client.get(reverse("console:replica-drain", args=[other.pk, ready.pk])).status_code == 404
+
+
+def test_sell_reservation_refuses_overcommit(client, operator, tenant_a, tenant_b, settings):
+    settings.INFERCAP = {**settings.INFERCAP, "OVERCOMMIT_LIMIT": 1.5}
+    client.force_login(operator)
+    endpoint = tenant_a.endpoint  # 1 desired replica × 1000 MU/min; tenant A holds 100
+    ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY)
+    url = reverse("console:reservation-sell")
+    bad = client.post(url, {"tenant": tenant_b.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": -5,
+                            "priority": "standard", "burst_minutes": 1})
+    assert bad.status_code == 400 and "mu_per_min" in bad.context["form"].errors
+    duplicate = client.post(url, {"tenant": tenant_a.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": 5,
+                                  "priority": "standard", "burst_minutes": 1})
+    assert duplicate.status_code == 400 and "already holds" in duplicate.content.decode()
+    data = {"tenant": tenant_b.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": 1500, "priority": "standard",
+            "burst_minutes": 1}
+    refused = _post_confirmed(client, url, data)
+    assert refused.status_code == 400 and "overcommit" in refused.content.decode()
+    assert not CapacityReservation.objects.filter(tenant=tenant_b.tenant, endpoint=endpoint).exists()
+    assert _post_confirmed(client, url, {**data, "mu_per_min": 1400}).status_code == 302
+    assert CapacityReservation.objects.get(tenant=tenant_b.tenant, endpoint=endpoint).mu_per_min == 1400
+    assert AuditEntry.objects.filter(action="reservation.sell", tenant=tenant_b.tenant).exists()
+
+
+def test_acknowledge_alert_once(client, operator, tenant_a):
+    client.force_login(operator)
+    slo = SLOFactory(endpoint=tenant_a.endpoint)
+    alert = Alert.objects.create(slo=slo, severity="page", state="firing", long_window="1h", short_window="5m",
+                                 burn_rate_threshold=14.4)
+    url = reverse("console:alert-ack", args=[alert.pk])
+    assert _post_confirmed(client, url, {"note": "looking"}).status_code == 302
+    alert.refresh_from_db()
+    assert alert.acknowledged_by == operator and alert.acknowledged_at is not None
+    again = client.post(url, {"note": "", "confirmed": "yes"})
+    assert again.status_code == 400 and "already acknowledged" in again.content.decode()
+    assert AuditEntry.objects.filter(action="alert.acknowledge").count() == 1
+
+
+def test_api_key_shown_once_then_revoked(client, tenant_a):
+    client.force_login(tenant_a.admin)
+    url = reverse("console:api-key-create")
+    bad = client.post(url, {"name": "  ", "scopes": ["bogus"], "max_priority": "urgent",
+                            "expires_at": "2001-01-01T00:00"})
+    assert bad.status_code == 400
+    assert {"name", "scopes", "max_priority", "expires_at"} <= set(bad.context["form"].errors)
+    done = _post_confirmed(client, url, {"name": "ci", "scopes": ["inference", "read"], "max_priority": "critical"})
+    assert done.status_code == 302
+    page = client.get(reverse("console:api-keys")).content.decode()
+    key = ApiKey.objects.get(tenant=tenant_a.tenant, name="ci")
+    raw = page.split('id="new-key-value" class="key" type="text" readonly value="')[1].split('"')[0]
+    assert raw.startswith(key.prefix) and authenticate_api_key(raw) == key
+    assert key.scopes == ["inference", "read"] and key.max_priority == "critical"
+    assert raw not in client.get(reverse("console:api-keys")).content.decode()  # shown once
+    revoke = reverse("console:api-key-revoke", args=[key.pk])
+    assert "Applications using it stop working" in client.get(revoke).content.decode()
+    client.post(revoke, {"confirmed": "yes"})
+    key.refresh_from_db()
+    assert key.revoked_at is not None and key.revoked_at <= timezone.now()
+    assert authenticate_api_key(raw) is None
+    assert AuditEntry.objects.filter(action="api_key.revoke", object_id=str(key.pk)).exists()
+
+
+def test_planner_reproduces_worked_example_and_reports_field_errors(client, operator):
+    client.force_login(operator)
+    url = reverse("console:planner")
+    form = client.get(url).context["form"]
+    data = {name: field.initial for name, field in form.fields.items()}
+    result = client.post(url, data)
+    assert result.status_code == 200
+    plan = result.context["result"]
+    assert (plan.n_mem, plan.n_thr, plan.n_lat, plan.n_with_headroom) == (1, 2, 2, 3)
+    assert "binding" in result.content.decode()
+    bad = client.post(url, {**data, "throughput_table": "16 fast", "arrival_rate_per_s": -1, "gpu_memory_gb": ""})
+    assert bad.status_code == 400
+    assert {"throughput_table", "arrival_rate_per_s", "gpu_memory_gb"} <= set(bad.context["form"].errors)
+    no_kv = client.post(url, {**data, "weights_gb": 79})
+    assert no_kv.status_code == 400 and "gpu_memory_gb" in no_kv.context["form"].errors
+
+
+def test_cost_period_errors_and_csv(client, operator, tenant_a):
+    client.force_login(operator)
+    bad = client.get(reverse("console:cost"), {"hours": "-3"})
+    assert bad.status_code == 400 and "hours" in bad.context["form"].errors
+    csv_response = client.get(reverse("console:cost"), {"hours": 24, "format": "csv"})
+    assert csv_response["Content-Type"] == "text/csv"
+    lines = csv_response.content.decode().strip().splitlines()
+    assert lines[0].startswith("endpoint,start,end,gpu_hours,usd")
+    assert any(line.startswith("a-model,") for line in lines[1:])
