@@ -48,7 +48,13 @@ def output_text(start: int, count: int) -> str:
 
 
 _POOL_TOKENS = 1 << 16
-_POOL = "".join(random.Random(20260101).choice(_FILLER_WORDS) for _ in range(_POOL_TOKENS))
+_pool: list[str] = []
+
+
+def _filler_pool() -> str:
+    if not _pool:
+        _pool.append("".join(random.Random(20260101).choices(_FILLER_WORDS, k=_POOL_TOKENS)))
+    return _pool[0]
 
 
 def filler_text(tokens: int, *, seed: int | str = 0) -> str:
@@ -58,11 +64,12 @@ def filler_text(tokens: int, *, seed: int | str = 0) -> str:
     """
     if tokens <= 0:
         return ""
+    pool = _filler_pool()
     offset = (zlib.crc32(str(seed).encode()) % _POOL_TOKENS) * CHARS_PER_TOKEN
     need = tokens * CHARS_PER_TOKEN
-    text = _POOL[offset : offset + need]
+    text = pool[offset : offset + need]
     while len(text) < need:
-        text += _POOL[: need - len(text)]
+        text += pool[: need - len(text)]
     return text
 
 

@@ -1,0 +1,124 @@
+"""Command line of a replica process, shared by ``manage.py run_replica`` and ``python -m endpoints.runtimes.sim.cli``.
+
+The ``-m`` form skips Django's start-up (about a second per process), which matters when tests start many
+replicas; both accept the same arguments and print ``READY http://host:port`` once listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from endpoints.runtimes import vllm
+
+from .faults import parse_fault_flags
+from .profiles import PROFILES, get_profile
+from .server import ReplicaServer, serve_forever
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime", choices=["sim", "vllm"], default="sim")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on READY)")
+    parser.add_argument("--profile", default=None, help=f"sim profile: {', '.join(sorted(PROFILES))}")
+    parser.add_argument(
+        "--profile-opt",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a profile field, e.g. num_gpu_blocks=512",
+    )
+    parser.add_argument("--speed", type=float, default=1.0, help="sim: simulated seconds per wall second")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="priority")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="sim fault: hang, hang_health, slow_factor=3, error_rate=0.2, crash_after_s=5, "
+        "crash_after_requests=10, startup_delay_s=2",
+    )
+    parser.add_argument("--startup-delay", type=float, default=None, help="sim: seconds before binding")
+    parser.add_argument("--model", default=None, help="vllm: model path or HF id")
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+
+
+def _number(value: str):
+    try:
+        return int(value)
+    except ValueError:
+        return float(value)
+
+
+def build_server(opts: dict) -> ReplicaServer:
+    """The configured simulated replica; ValueError on bad options."""
+    overrides = {}
+    for pair in opts["profile_opt"]:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--profile-opt expects FIELD=VALUE, got {pair!r}")
+        key = key.replace("-", "_")
+        overrides[key] = value if key in ("model_name", "name") else _number(value)
+    if opts.get("max_num_seqs"):
+        overrides["max_num_seqs"] = opts["max_num_seqs"]
+    profile = get_profile(opts["profile"], **overrides)
+    faults = parse_fault_flags(opts["fault"])
+    if opts.get("startup_delay") is not None:
+        faults.update({"startup_delay_s": opts["startup_delay"]})
+    return ReplicaServer(
+        profile,
+        speed=opts["speed"],
+        served_model_name=opts["served_model_name"],
+        scheduling_policy=opts["scheduling_policy"],
+        faults=faults,
+    )
+
+
+async def _serve(server: ReplicaServer, host: str, port: int) -> None:
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await serve_forever(server, host, port, announce=lambda line: print(line, flush=True))
+    except asyncio.CancelledError:
+        pass
+
+
+def run(opts: dict) -> None:
+    """Serve until SIGTERM/SIGINT (sim), or exec ``vllm serve`` (vllm)."""
+    if opts["runtime"] == "vllm":
+        if not opts.get("model"):
+            raise ValueError("--runtime vllm needs --model")
+        argv = vllm.serve_command(
+            model=opts["model"],
+            port=opts["port"],
+            host=opts["host"],
+            served_model_name=opts["served_model_name"],
+            max_num_seqs=opts["max_num_seqs"],
+            gpu_memory_utilization=opts["gpu_memory_utilization"],
+            scheduling_policy=opts["scheduling_policy"],
+        )
+        sys.stdout.flush()
+        os.execvp(argv[0], argv)
+    server = build_server(opts)
+    asyncio.run(_serve(server, opts["host"], opts["port"]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m endpoints.runtimes.sim.cli", description=__doc__)
+    add_arguments(parser)
+    opts = vars(parser.parse_args(argv))
+    try:
+        run(opts)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+if __name__ == "__main__":
+    main()

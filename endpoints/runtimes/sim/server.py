@@ -1,0 +1,424 @@
+"""The simulated replica: an aiohttp server speaking vLLM's OpenAI-compatible HTTP API, backed by ``engine``.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and not), ``GET /v1/models``, ``/health``,
+``/ping``, ``/version``, ``/load``, ``/metrics``; admin: ``GET|POST /admin/faults`` (JSON settings of
+``faults.Faults``), ``POST /admin/crash``, ``POST /reset_prefix_cache``. Responses echo ``X-Request-Id``.
+
+The engine runs in real time scaled by ``speed``: a modeled 20 ms step takes 2 ms of wall time at speed 10.
+Everything the replica reports (usage, ``/metrics`` latencies) is in simulated seconds. A client that
+disconnects aborts its request (blocks freed, ``finished_reason="abort"`` counted), streaming or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+
+from aiohttp import web
+
+from .engine import FINISHED, Engine, Sequence
+from .faults import Faults
+from .metrics import ReplicaMetrics
+from .profiles import EngineProfile
+from .protocol import (
+    BadRequest,
+    ParsedRequest,
+    chat_chunk,
+    completion_chunk,
+    error_body,
+    full_response,
+    parse_request,
+    usage_block,
+    usage_chunk,
+)
+from .tokens import block_hashes, output_text
+
+logger = logging.getLogger(__name__)
+VERSION = "0.11.0+infercap.sim"
+CRASH_EXIT_CODE = 75
+
+
+class _Live:
+    """A request being served: the engine sequence plus what the HTTP side needs to stream it."""
+
+    __slots__ = ("seq", "event", "arrival_s", "last_token_s", "parsed")
+
+    def __init__(self, seq: Sequence, parsed: ParsedRequest, arrival_s: float):
+        self.seq = seq
+        self.parsed = parsed
+        self.event = asyncio.Event()
+        self.arrival_s = arrival_s
+        self.last_token_s = arrival_s
+
+
+def _sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+class ReplicaServer:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        *,
+        speed: float = 1.0,
+        served_model_name: str | None = None,
+        scheduling_policy: str = "priority",
+        faults: Faults | None = None,
+        on_crash=None,
+    ):
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        self.profile = profile
+        self.speed = speed
+        self.model = served_model_name or profile.model_name
+        self.scheduling_policy = scheduling_policy
+        self.engine = Engine(profile, scheduling_policy=scheduling_policy)
+        self.metrics = ReplicaMetrics(self.engine, self.model)
+        self.faults = faults or Faults()
+        self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
+        self.created = int(time.time())
+        self.received = 0
+        self.crashed = False
+        self._live: set[_Live] = set()
+        self._runner: web.AppRunner | None = None
+        self._engine_task: asyncio.Task | None = None
+        self._t0 = 0.0
+        self.url = ""
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def now(self) -> float:
+        return (asyncio.get_running_loop().time() - self._t0) * self.speed
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_route("*", "/ping", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/load", self.load)
+        app.router.add_get("/metrics", self.metrics_view)
+        app.router.add_get("/admin/faults", self.get_faults)
+        app.router.add_post("/admin/faults", self.set_faults)
+        app.router.add_post("/admin/crash", self.crash_view)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        loop = asyncio.get_running_loop()
+        self._t0 = loop.time()
+        self._wake = asyncio.Event()
+        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=0.2)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://{host}:{bound}"
+        self._engine_task = loop.create_task(self._run_engine())
+        if self.faults.crash_after_s is not None:
+            loop.call_later(self.faults.crash_after_s, self.crash)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._engine_task is not None:
+            self._engine_task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def crash(self) -> None:
+        logger.warning("simulated crash")
+        self.crashed = True
+        self.on_crash()
+
+    # -- engine loop -------------------------------------------------------------------------------
+    async def _run_engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while self.faults.hang:
+                await asyncio.sleep(0.01)
+            plan = self.engine.plan(self.now(), 1)
+            if plan is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            deadline = loop.time() + plan.duration(1) * self.faults.slow_factor / self.speed
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            while self.faults.hang:  # a hang freezes the step in progress too: streams stop mid-way
+                await asyncio.sleep(0.01)
+            now = self.now()
+            prefill = sum(s.prompt_tokens - s.cached_tokens for s in plan.admitted if s.generated == 0)
+            finished = self.engine.commit(plan, 1, now)
+            self.metrics.iteration_tokens.observe(prefill + len(plan.seqs))
+            for seq in plan.seqs:
+                live = seq.tag
+                if live is None or seq.generated == 0:
+                    continue
+                if seq.generated == 1:
+                    self.metrics.ttft.observe(now - live.arrival_s)
+                    self.metrics.queue.observe(max(0.0, (seq.scheduled_s or now) - live.arrival_s))
+                    self.metrics.prefill.observe(max(0.0, now - (seq.scheduled_s or now)))
+                else:
+                    self.metrics.itl.observe(now - live.last_token_s)
+                live.last_token_s = now
+                live.event.set()
+            for seq in finished:
+                self._observe_finished(seq.tag, now)
+
+    def _observe_finished(self, live: _Live, now: float) -> None:
+        seq, m = live.seq, self.metrics
+        first = seq.first_token_s if seq.first_token_s is not None else now
+        decode = max(0.0, now - first)
+        m.e2e.observe(now - live.arrival_s)
+        m.decode.observe(decode)
+        m.inference.observe(max(0.0, now - (seq.scheduled_s or now)))
+        m.prompt_tokens.observe(seq.prompt_tokens)
+        m.generation_tokens.observe(seq.generated)
+        if live.parsed.max_tokens_param is not None:
+            m.max_tokens.observe(live.parsed.max_tokens_param)
+        if seq.generated > 1:
+            m.tpot.observe(decode / (seq.generated - 1))
+
+    # -- OpenAI endpoints --------------------------------------------------------------------------
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    def _error(self, exc: BadRequest, request_id: str | None = None) -> web.Response:
+        headers = {"X-Request-Id": request_id} if request_id else None
+        body = error_body(str(exc), status=exc.status, kind=exc.kind, param=exc.param)
+        return web.json_response(body, status=exc.status, headers=headers)
+
+    async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        header_id = request.headers.get("X-Request-Id")
+        self.received += 1
+        if self.faults.crash_after_requests is not None and self.received >= self.faults.crash_after_requests:
+            self.crash()
+        if self.faults.should_error():
+            status = int(self.faults.error_status)
+            kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
+            return self._error(
+                BadRequest("simulated engine error (fault injection)", status=status, kind=kind), header_id
+            )
+        try:
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise BadRequest("the request body is not valid JSON") from None
+            parsed = parse_request(
+                body,
+                chat=chat,
+                served_model=self.model,
+                max_model_len=self.profile.max_model_len,
+                scheduling_policy=self.scheduling_policy,
+                header_request_id=header_id,
+            )
+        except BadRequest as exc:
+            return self._error(exc, header_id)
+        if self.faults.hang:
+            await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
+        now = self.now()
+        seq = Sequence(
+            request_id=parsed.request_id,
+            prompt_tokens=parsed.prompt_tokens,
+            max_tokens=parsed.max_tokens,
+            block_hashes=block_hashes(parsed.prompt_text, salt=parsed.cache_salt),
+            priority=parsed.priority,
+            arrival_s=now,
+            stop_reason=parsed.finish_reason,
+        )
+        live = _Live(seq, parsed, now)
+        seq.tag = live
+        try:
+            self.engine.add(seq)
+        except ValueError as exc:
+            return self._error(BadRequest(str(exc)), parsed.request_id)
+        self._live.add(live)
+        self._wake.set()
+        try:
+            if parsed.stream:
+                return await self._stream(request, live)
+            while seq.state != FINISHED:
+                await live.event.wait()
+                live.event.clear()
+            usage = usage_block(seq.prompt_tokens, seq.generated, seq.cached_tokens, streaming=False)
+            payload = full_response(parsed, self.created, output_text(0, seq.generated), seq.finish_reason, usage)
+            return web.json_response(payload, headers={"X-Request-Id": parsed.request_id})
+        finally:
+            self._live.discard(live)
+            if seq.state != FINISHED:  # the client went away (or the handler failed): free the slot now
+                self.engine.abort(seq, self.now())
+                self._wake.set()
+
+    async def _stream(self, request: web.Request, live: _Live) -> web.StreamResponse:
+        parsed, seq = live.parsed, live.seq
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": parsed.request_id,
+            }
+        )
+        await response.prepare(request)
+        created, emitted = self.created, 0
+        while True:
+            await live.event.wait()
+            live.event.clear()
+            frames = []
+            if parsed.chat and emitted == 0 and seq.generated > 0:
+                first = chat_chunk(parsed, created, {"role": "assistant", "content": ""})
+                if parsed.continuous_usage:
+                    first["usage"] = usage_block(seq.prompt_tokens, 0, seq.cached_tokens, streaming=True)
+                frames.append(_sse(first))
+            while emitted < seq.generated:
+                last = emitted + 1 == seq.max_tokens
+                reason = seq.finish_reason if last else None
+                text = output_text(emitted, 1)
+                if parsed.chat:
+                    chunk = chat_chunk(parsed, created, {"content": text}, reason, final=last)
+                else:
+                    chunk = completion_chunk(parsed, created, text, reason)
+                emitted += 1
+                if parsed.continuous_usage:
+                    chunk["usage"] = usage_block(seq.prompt_tokens, emitted, seq.cached_tokens, streaming=True)
+                frames.append(_sse(chunk))
+            if frames:
+                await response.write(b"".join(frames))
+            if seq.state == FINISHED:
+                break
+        if parsed.include_usage:
+            usage = usage_block(seq.prompt_tokens, seq.generated, seq.cached_tokens, streaming=True)
+            await response.write(_sse(usage_chunk(parsed, created, usage)))
+        await response.write(_sse("[DONE]"))
+        await response.write_eof()
+        return response
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.model,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": self.profile.name,
+            "parent": None,
+            "max_model_len": self.profile.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{self.model}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    # -- operations --------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        if self.faults.hang and self.faults.hang_health:
+            await asyncio.Event().wait()
+        return web.Response(status=503 if self.crashed else 200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VERSION})
+
+    async def load(self, request: web.Request) -> web.Response:
+        return web.json_response({"server_load": len(self._live)})
+
+    async def metrics_view(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return web.json_response(self.faults.as_dict())
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise ValueError("expected a JSON object of fault settings")
+            self.faults.update(changes)
+        except (ValueError, json.JSONDecodeError) as exc:
+            return self._error(BadRequest(str(exc)))
+        return web.json_response(self.faults.as_dict())
+
+    async def crash_view(self, request: web.Request) -> web.Response:
+        # Answer first so the caller knows the call arrived, then die.
+        asyncio.get_running_loop().call_later(0.05, self.crash)
+        return web.json_response({"crashing": True})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        self.engine.kv.reset()
+        return web.Response(status=200)
+
+
+async def serve_forever(server: ReplicaServer, host: str, port: int, *, announce=print) -> None:
+    """Run until cancelled (the process entry point): cold-start delay, bind, announce the URL."""
+    if server.faults.startup_delay_s:
+        await asyncio.sleep(server.faults.startup_delay_s)
+    url = await server.start(host, port)
+    announce(f"READY {url}")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+
+
+class ThreadedReplica:
+    """An in-process replica on its own event loop thread (for synchronous tests and clients).
+
+    A simulated crash here closes the listening socket and every connection instead of exiting the process.
+    """
+
+    def __init__(self, profile: EngineProfile, **kwargs):
+        kwargs.setdefault("on_crash", self._crash)
+        self.server = ReplicaServer(profile, **kwargs)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sim-replica", daemon=True)
+        self.url = ""
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> ThreadedReplica:
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self.server.start(host, port), self.loop).result(10)
+        return self
+
+    def call(self, fn, *args):
+        """Run ``fn(*args)`` on the replica's loop and return its result (to read engine state safely)."""
+
+        async def run():
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def _crash(self) -> None:
+        self.loop.create_task(self.server.stop())
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+            finally:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join(10)
+        self.loop.close()
+
+    def __enter__(self) -> ThreadedReplica:
+        return self.start() if not self.url else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
