@@ -6,6 +6,7 @@ endpoints they can see; endpoint-wide SLOs of those endpoints are visible to the
 
 from django.db import transaction
 from django.db.models import Q, QuerySet
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from billing.models import SLO
@@ -28,6 +29,7 @@ def slos_visible_to(principal) -> QuerySet[SLO]:
     return queryset.filter(Q(tenant_id=tenant_id) | endpoint_wide)
 
 
+@extend_schema_serializer(component_name="ServiceLevelObjective")
 class SLOSerializer(serializers.ModelSerializer):
     endpoint = ScopedPrimaryKeyRelatedField(scope=endpoints_visible_to, queryset=Endpoint.objects.all())
     tenant = ScopedPrimaryKeyRelatedField(

@@ -1,8 +1,9 @@
 """Django REST framework and drf-spectacular."""
 REST_FRAMEWORK = {
+    # The key authenticator goes first: DRF takes the first class's WWW-Authenticate header, so a bad key is a 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
         "tenants.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",

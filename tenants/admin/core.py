@@ -2,10 +2,15 @@
 
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.contrib.auth.models import Group
 
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 from tenants.models import ApiKey, AuditEntry, CapacityReservation, Tenant, User
 from tenants.services import api_key_create, api_key_revoke
+
+# Access follows User.role, not Django groups; an unused Group page would only mislead.
+if admin.site.is_registered(Group):
+    admin.site.unregister(Group)
 
 
 @admin.register(Tenant)
