@@ -77,7 +77,8 @@ async def application(scope, receive, send) -> None:
 
 
 async def _plain_error(send, status: int, message: str, code: str) -> None:
-    await send_json(send, status, error_body(message, type="invalid_request_error", code=code), [])
+    rid = [(b"x-request-id", ("req-" + uuid.uuid4().hex).encode())]
+    await send_json(send, status, error_body(message, type="invalid_request_error", code=code), rid)
 
 
 def _headers(scope) -> dict[bytes, bytes]:
@@ -112,7 +113,7 @@ def _authenticate(state: ProxyState, headers: dict[bytes, bytes]):
 
 
 async def _models(scope, send) -> None:
-    request_id = uuid.uuid4().hex
+    request_id = "req-" + uuid.uuid4().hex
     rid_header = [(b"x-request-id", request_id.encode())]
     try:
         state = await get_state()
@@ -313,10 +314,13 @@ async def _completion(scope, receive, send, kind: str) -> None:
         if reason is None:
             raise
         ctx.task.uncancel()
-        if outcome is not None:
-            outcome.status = "client_cancelled" if reason == "client" else "timeout"
-        usage_status = "client_cancelled" if reason == "client" else "timeout"
-        if reason != "client":
+        if outcome is not None and outcome.done:
+            pass  # the whole answer was delivered; the client just closed first
+        elif reason == "client":
+            usage_status = "client_cancelled"
+        else:
+            usage_status = "timeout"
+        if reason != "client" and usage_status == "timeout":
             message = (
                 "no first token from the replica in time" if reason == "ttft" else "the replica stopped streaming"
             )

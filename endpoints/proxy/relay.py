@@ -32,6 +32,7 @@ class Outcome:
     started_client: bool = False  # the response head went to the client: no retry any more
     first_token_at: float | None = None
     last_read_at: float | None = None
+    done: bool = False  # [DONE] went to the client: a disconnect after this is a normal close
     finished_at: float | None = None
     usage: dict | None = None
     content_events: int = 0
@@ -117,6 +118,7 @@ async def stream_exchange(
                 outcome.content_events += out.count(b"data: ")
                 if b"data: [DONE]" in out:
                     done = True
+                    outcome.finished_at = time.perf_counter()
                 if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
                     outcome.status = "upstream_error"
                     outcome.error = "replica reported an error mid-stream"
@@ -125,6 +127,8 @@ async def stream_exchange(
                     await send({"type": "http.response.start", "status": 200, "headers": response_headers})
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                if done:
+                    outcome.done = True
         except (aiohttp.ClientError, OSError) as exc:
             if not outcome.started_client:
                 raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
@@ -139,7 +143,9 @@ async def stream_exchange(
             outcome.status = "upstream_error"
             outcome.error = "replica stream ended early"
             await send({"type": "http.response.body", "body": sse_error_event(outcome.error), "more_body": True})
-        outcome.finished_at = time.perf_counter()
+        outcome.done = True
+        if outcome.finished_at is None:
+            outcome.finished_at = time.perf_counter()
         await send({"type": "http.response.body", "body": b""})
 
 

@@ -101,7 +101,7 @@ def clean_redis():
 
 
 def sim_available() -> bool:
-    return (ROOT / "endpoints" / "management" / "commands" / "run_replica.py").exists()
+    return (ROOT / "endpoints" / "runtimes" / "sim" / "cli.py").exists()
 
 
 def spawn_replica(
@@ -120,23 +120,22 @@ def spawn_replica(
     port = free_port()
     use_sim = sim_available() if sim is None else sim
     if use_sim:
+        # Replicas serve the endpoint's name as their model (the actuators launch them with --served-model-name).
         args = [
             PY,
-            "manage.py",
-            "run_replica",
+            "-m",
+            "endpoints.runtimes.sim.cli",
             "--runtime",
             "sim",
             "--port",
             str(port),
             "--speed",
             str(speed),
+            "--served-model-name",
+            endpoint.name,
             *(extra or []),
         ]
-        env = {
-            "DJANGO_SETTINGS_MODULE": "config.settings.test",
-            "DATABASE_URL": subprocess_database_url(),
-            "REDIS_URL": settings.REDIS_URL,
-        }
+        env = {}
     else:
         args, env = [PY, str(ROOT / "tests" / "proxy" / "stub_replica.py"), str(port), mode, str(delay)], {}
     proc = procs.spawn(args, env=env, port=port)
@@ -177,3 +176,74 @@ def spawn_proxy(procs: Processes, **knobs) -> str:
     ]
     procs.spawn(args, env=env, port=port)
     return f"http://127.0.0.1:{port}"
+
+
+class TcpRelay:
+    """A TCP forwarder in a thread: lets a test make PostgreSQL unreachable for one process (``cut``) and bring
+    it back (``restore``) without touching the server every other test shares."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        import threading
+
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self._threads = threading
+        self.restore()
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        self._threads.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                self._threads.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        """Refuse new connections and reset the open ones, as a stopped server would."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.cut()

@@ -1,0 +1,72 @@
+"""Small helpers shared by the proxy's end-to-end tests."""
+
+import json
+import time
+
+import httpx
+
+from billing.models import UsageRecord
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def wait_usage(count: int, timeout: float = 10.0, **filters) -> list[UsageRecord]:
+    """Usage records arrive in batches off the request path; wait until ``count`` of them exist."""
+    wait_for(lambda: UsageRecord.objects.filter(**filters).count() >= count, timeout)
+    time.sleep(0.3)  # and make sure no extra one follows
+    return list(UsageRecord.objects.filter(**filters).order_by("started_at"))
+
+
+def chat_body(model: str, *, max_tokens: int = 8, stream: bool = True, content: str = "hello there", **extra) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }
+
+
+def sse_events(raw: str) -> list:
+    """Parse an SSE body into JSON objects (and the string "[DONE]")."""
+    out = []
+    for block in raw.split("\n\n"):
+        block = block.strip()
+        if not block.startswith("data: "):
+            continue
+        payload = block[6:]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def post(
+    base: str,
+    key: str | None,
+    body,
+    *,
+    headers: dict | None = None,
+    timeout: float = 30.0,
+    path: str = "/v1/chat/completions",
+) -> httpx.Response:
+    h = dict(headers or {})
+    if key is not None:
+        h["Authorization"] = f"Bearer {key}"
+    if isinstance(body, (dict, list)):
+        return httpx.post(base + path, json=body, headers=h, timeout=timeout)
+    return httpx.post(base + path, content=body, headers={**h, "content-type": "application/json"}, timeout=timeout)
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, (response.status_code, response.text)
+    err = response.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert response.headers.get("x-request-id")
+    return err
