@@ -71,6 +71,16 @@ def _endpoint_validate(endpoint: Endpoint) -> None:
         errors.update(exc.message_dict)
     if not isinstance(endpoint.launch_options, dict):
         errors.setdefault("launch_options", []).append("must be a JSON object")
+    benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
+    if benchmark is not None:
+        # A pinned calibration must describe this endpoint's own model on its own hardware, and be finished.
+        if benchmark.status != "succeeded":
+            errors.setdefault("pinned_benchmark", []).append("only a succeeded benchmark can be pinned")
+        if (benchmark.model_profile_id, benchmark.hardware_profile_id) != (
+            endpoint.model_profile_id,
+            endpoint.hardware_profile_id,
+        ):
+            errors.setdefault("pinned_benchmark", []).append("the benchmark is for another model or hardware")
     if errors:
         raise ValidationError(errors)
 
@@ -107,9 +117,7 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
         setattr(endpoint, name, value)
     endpoint.desired_replicas = min(max(endpoint.desired_replicas, endpoint.min_replicas), endpoint.max_replicas)
     _endpoint_validate(endpoint)
-    diff = {
-        name: [before[name], _plain(value)] for name, value in changes.items() if before[name] != _plain(value)
-    }
+    diff = {name: [before[name], _plain(value)] for name, value in changes.items() if before[name] != _plain(value)}
     with transaction.atomic():
         endpoint.save()
         if diff:

@@ -149,3 +149,24 @@ def test_replica_detail_shows_its_transitions(world):
     assert [(t["from_state"], t["to_state"], t["reason"]) for t in body["transitions"]] == [
         ("pending", "starting", "actuator")
     ]
+
+
+def test_pinned_benchmark_must_be_a_finished_run_of_the_same_pair(world):
+    from capacity.models import CapacityBenchmark
+    from tests.factories import ModelProfileFactory
+
+    endpoint = world.a.endpoint
+    mine = dict(model_profile=endpoint.model_profile, hardware_profile=endpoint.hardware_profile)
+    running = CapacityBenchmark.objects.create(version=1, **mine)
+    other_model = CapacityBenchmark.objects.create(
+        version=1,
+        status="succeeded",
+        model_profile=ModelProfileFactory(name="other"),
+        hardware_profile=endpoint.hardware_profile,
+    )
+    good = CapacityBenchmark.objects.create(version=2, status="succeeded", **mine)
+    client, url = world.client("operator"), reverse("endpoint-detail", args=[endpoint.pk])
+    for bad in (running, other_model):
+        response = client.patch(url, {"pinned_benchmark": bad.pk}, format="json")
+        assert response.status_code == 400 and "pinned_benchmark" in response.json(), response.content
+    assert client.patch(url, {"pinned_benchmark": good.pk}, format="json").json()["pinned_benchmark"] == good.pk
