@@ -1,0 +1,152 @@
+"""The horizontal policy: how many replicas an endpoint should run (pure: no Django, clock injected).
+
+``desired = ceil(demand / (target_concurrency · target_utilization))``, after Databricks' APA: scale up on the
+last 20 s with a bounded step, counting starting replicas as capacity; scale down on the maximum of the last
+5 min, one bounded step at a time and never within the scale-down delay of a scale-up; floors from min
+replicas, provisioned concurrency and the predictive floor; a ceiling at max replicas; optional scale to zero.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from capacity.autoscaling.demand import DemandSample, window, window_max
+
+
+@dataclass(frozen=True)
+class HorizontalConfig:
+    target_utilization: float = 0.7
+    scale_up_window_s: float = 20.0
+    scale_down_window_s: float = 300.0
+    # A scale-up adds at most max(current·factor − current, step) replicas per decision.
+    max_scale_up_factor: float = 2.0
+    max_scale_up_step: int = 4
+    # A scale-down removes at most max(1, floor(current·fraction)) replicas per decision.
+    max_scale_down_fraction: float = 0.2
+    # No scale-down this soon after a scale-up: a steady load never flaps.
+    scale_down_delay_s: float = 300.0
+    # Between two scale-downs: batches on the remaining replicas grow and lengthen requests, so in-flight demand
+    # rises after each step; the next step must see that before it removes more.
+    scale_down_cooldown_s: float = 30.0
+    # Ignore demand/capacity ratios within ±tolerance of 1 (AIBrix APA uses 0.1 both ways).
+    tolerance: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError("target_utilization must be in (0, 1]")
+        if self.max_scale_up_factor < 1 or self.max_scale_up_step < 1:
+            raise ValueError("scale steps must be at least 1")
+        if not 0 <= self.max_scale_down_fraction < 1:
+            raise ValueError("max_scale_down_fraction must be in [0, 1)")
+        if not 0 <= self.tolerance < 1:
+            raise ValueError("tolerance must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class HorizontalInputs:
+    now: float
+    samples: Sequence[DemandSample]
+    ready: int  # replicas serving traffic
+    starting: int  # pending or starting replicas: capacity on its way (the pending guard)
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_concurrency: float = 64.0  # requests per replica, from the vertical policy
+    mu_capacity_per_replica: float | None = None  # in-flight MU per replica; None = scale on requests only
+    provisioned_concurrency: int = 0
+    scale_to_zero: bool = False
+    predicted_floor: int = 0
+    last_scale_up_at: float | None = None
+    last_scale_down_at: float | None = None
+
+
+@dataclass(frozen=True)
+class HorizontalDecision:
+    current: int
+    desired: int
+    reason: str
+    inputs: dict = field(default_factory=dict)
+
+    @property
+    def delta(self) -> int:
+        return self.desired - self.current
+
+
+def replicas_for(demand_requests: float, demand_mu: float, inputs: HorizontalInputs, cfg: HorizontalConfig) -> float:
+    """Fractional replicas the demand needs at the target utilization (requests and, when known, MU)."""
+    need = demand_requests / (inputs.target_concurrency * cfg.target_utilization)
+    if inputs.mu_capacity_per_replica:
+        need = max(need, demand_mu / (inputs.mu_capacity_per_replica * cfg.target_utilization))
+    return need
+
+
+def floor_for(inputs: HorizontalInputs, *, recent_demand: bool) -> tuple[int, str]:
+    floors = {
+        "min_replicas": inputs.min_replicas,
+        "provisioned_concurrency": math.ceil(inputs.provisioned_concurrency / inputs.target_concurrency),
+        "predictive_floor": inputs.predicted_floor,
+    }
+    name, value = max(floors.items(), key=lambda kv: kv[1])
+    # Without scale-to-zero an endpoint always keeps a replica; with it, only while there is demand.
+    if value < 1 and (not inputs.scale_to_zero or recent_demand):
+        return 1, "keep one replica" if not inputs.scale_to_zero else "demand present"
+    return value, name
+
+
+def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig()) -> HorizontalDecision:
+    if inputs.target_concurrency <= 0:
+        raise ValueError("target_concurrency must be positive")
+    current = inputs.ready + inputs.starting
+    up_window = window(inputs.samples, now=inputs.now, seconds=cfg.scale_up_window_s)
+    down_window = window(inputs.samples, now=inputs.now, seconds=cfg.scale_down_window_s)
+    up_need = replicas_for(window_max(up_window), window_max(up_window, attr="mu"), inputs, cfg)
+    down_need = replicas_for(window_max(down_window), window_max(down_window, attr="mu"), inputs, cfg)
+    recent_demand = down_need > 0
+    floor, floor_reason = floor_for(inputs, recent_demand=recent_demand)
+    ceiling = max(inputs.max_replicas, 0)
+    record = {
+        "ready": inputs.ready,
+        "starting": inputs.starting,
+        "up_need": round(up_need, 3),
+        "down_need": round(down_need, 3),
+        "target_concurrency": inputs.target_concurrency,
+        "floor": floor,
+        "floor_reason": floor_reason,
+        "max_replicas": ceiling,
+        "samples_up": len(up_window),
+        "samples_down": len(down_window),
+        "config": asdict(cfg),
+    }
+
+    def result(desired: int, reason: str) -> HorizontalDecision:
+        return HorizontalDecision(current=current, desired=desired, reason=reason, inputs=record)
+
+    if current < floor:
+        return result(min(floor, ceiling), f"below floor ({floor_reason})")
+    if current > ceiling:
+        return result(ceiling, "above max replicas")
+
+    # Scale up: needed replicas beyond the tolerance band around what is ready or already starting.
+    if up_need > current * (1 + cfg.tolerance) or (current == 0 and up_need > 0):
+        wanted = min(math.ceil(up_need), ceiling)
+        step_limit = max(math.ceil(current * cfg.max_scale_up_factor) - current, cfg.max_scale_up_step)
+        desired = min(wanted, current + step_limit)
+        if desired > current:
+            bounded = " (step bounded)" if desired < wanted else ""
+            return result(desired, f"scale up: demand needs {up_need:.2f} replicas{bounded}")
+        if inputs.starting:
+            return result(current, "hold: starting replicas cover the demand")
+
+    # Scale down: only on the 5-minute maximum, only after the delay, one bounded step at a time.
+    target_down = max(math.ceil(down_need), floor)
+    if target_down < current and down_need < current * (1 - cfg.tolerance):
+        if inputs.last_scale_up_at is not None and inputs.now - inputs.last_scale_up_at < cfg.scale_down_delay_s:
+            return result(current, "hold: scale-down delay after a scale-up")
+        if (
+            inputs.last_scale_down_at is not None
+            and inputs.now - inputs.last_scale_down_at < cfg.scale_down_cooldown_s
+        ):
+            return result(current, "hold: cooling down after a scale-down")
+        step = max(1, math.floor(current * cfg.max_scale_down_fraction))
+        desired = max(target_down, current - step)
+        return result(desired, f"scale down: 5-min peak needs {down_need:.2f} replicas")
+    return result(current, "hold: within tolerance" if up_need > 0 else "hold: no change needed")

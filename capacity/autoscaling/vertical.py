@@ -1,0 +1,128 @@
+"""The vertical policy: each endpoint's per-replica concurrency limit (pure: no Django).
+
+Every 30 s the limit moves within [min, max] from TTFT/TPOT p95 against the SLO, KV-cache usage and the replica
+queue: it decreases fast on overload and increases slowly when healthy, but only once a signal has stayed across
+its threshold for several cycles (one noisy p95 must not move it), and never by more than a bounded fraction per
+cycle. Its output is the horizontal policy's ``target_concurrency`` and the proxy's replica slots.
+"""
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class VerticalConfig:
+    # Overload when any signal is above its high mark; healthy when all are below their low marks.
+    latency_high: float = 1.0  # p95 / SLO
+    ttft_low: float = 0.5
+    tpot_low: float = 0.7
+    kv_high: float = 0.92
+    kv_low: float = 0.75
+    queue_high: float = 4.0  # requests waiting inside a replica (vLLM's own queue), per replica
+    queue_low: float = 1.0
+    overload_cycles: int = 2
+    healthy_cycles: int = 3
+    decrease_factor: float = 0.7
+    increase_fraction: float = 0.125
+    max_change_fraction: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.decrease_factor < 1:
+            raise ValueError("decrease_factor must be in (0, 1)")
+        if self.overload_cycles < 1 or self.healthy_cycles < 1:
+            raise ValueError("cycle counts must be at least 1")
+
+
+@dataclass(frozen=True)
+class VerticalState:
+    """Consecutive cycles each way; persisted between ticks (the services keep it with the decision)."""
+
+    overload_streak: int = 0
+    healthy_streak: int = 0
+
+
+@dataclass(frozen=True)
+class VerticalInputs:
+    current_limit: int
+    min_limit: int
+    max_limit: int
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+    ttft_p95_ms: float | None = None  # None: no requests finished in the window
+    tpot_p95_ms: float | None = None
+    kv_usage: float | None = None  # highest replica's vllm:kv_cache_usage_perc
+    waiting_per_replica: float | None = None  # mean vllm:num_requests_waiting
+    state: VerticalState = field(default_factory=VerticalState)
+
+
+@dataclass(frozen=True)
+class VerticalDecision:
+    current: int
+    desired: int
+    reason: str
+    state: VerticalState
+    inputs: dict = field(default_factory=dict)
+
+
+def classify(inputs: VerticalInputs, cfg: VerticalConfig) -> tuple[str, list[str]]:
+    """'overload', 'healthy' or 'neutral', with the signals that made it so."""
+    ratios = {}
+    if inputs.ttft_p95_ms is not None:
+        ratios["ttft"] = inputs.ttft_p95_ms / inputs.ttft_slo_ms
+    if inputs.tpot_p95_ms is not None:
+        ratios["tpot"] = inputs.tpot_p95_ms / inputs.tpot_slo_ms
+    over = [f"{name} p95 at {r:.0%} of SLO" for name, r in ratios.items() if r > cfg.latency_high]
+    if inputs.kv_usage is not None and inputs.kv_usage > cfg.kv_high:
+        over.append(f"kv usage {inputs.kv_usage:.0%}")
+    if inputs.waiting_per_replica is not None and inputs.waiting_per_replica > cfg.queue_high:
+        over.append(f"{inputs.waiting_per_replica:.1f} waiting per replica")
+    if over:
+        return "overload", over
+    if not ratios:
+        return "neutral", ["no latency samples"]
+    healthy = (
+        ratios.get("ttft", 0.0) < cfg.ttft_low
+        and ratios.get("tpot", 0.0) < cfg.tpot_low
+        and (inputs.kv_usage is None or inputs.kv_usage < cfg.kv_low)
+        and (inputs.waiting_per_replica is None or inputs.waiting_per_replica < cfg.queue_low)
+    )
+    return ("healthy", ["all signals below their low marks"]) if healthy else ("neutral", ["between thresholds"])
+
+
+def decide(inputs: VerticalInputs, cfg: VerticalConfig = VerticalConfig()) -> VerticalDecision:
+    if inputs.min_limit < 1 or inputs.min_limit > inputs.max_limit:
+        raise ValueError("need 1 <= min_limit <= max_limit")
+    current = min(max(inputs.current_limit, inputs.min_limit), inputs.max_limit)
+    verdict, signals = classify(inputs, cfg)
+    state = inputs.state
+    if verdict == "overload":
+        state = VerticalState(overload_streak=state.overload_streak + 1, healthy_streak=0)
+    elif verdict == "healthy":
+        state = VerticalState(overload_streak=0, healthy_streak=state.healthy_streak + 1)
+    else:
+        state = VerticalState()
+    record = {
+        "ttft_p95_ms": inputs.ttft_p95_ms,
+        "tpot_p95_ms": inputs.tpot_p95_ms,
+        "kv_usage": inputs.kv_usage,
+        "waiting_per_replica": inputs.waiting_per_replica,
+        "verdict": verdict,
+        "signals": signals,
+        "overload_streak": state.overload_streak,
+        "healthy_streak": state.healthy_streak,
+        "bounds": [inputs.min_limit, inputs.max_limit],
+    }
+    max_change = max(1, math.floor(current * cfg.max_change_fraction))
+    desired, reason = current, f"hold: {verdict} ({'; '.join(signals)})"
+    if verdict == "overload" and state.overload_streak >= cfg.overload_cycles:
+        cut = min(current - math.floor(current * cfg.decrease_factor), max_change)
+        desired = max(inputs.min_limit, current - max(1, cut))
+        reason = f"decrease: {'; '.join(signals)}"
+        state = replace(state, overload_streak=0)  # re-arm: the next cut needs fresh evidence at the new limit
+    elif verdict == "healthy" and state.healthy_streak >= cfg.healthy_cycles:
+        desired = min(inputs.max_limit, current + min(max(1, round(current * cfg.increase_fraction)), max_change))
+        reason = f"increase: healthy for {state.healthy_streak} cycles"
+        state = replace(state, healthy_streak=0)
+    if current != inputs.current_limit:
+        reason = f"clamped into bounds; {reason}"
+    return VerticalDecision(current=inputs.current_limit, desired=desired, reason=reason, state=state, inputs=record)

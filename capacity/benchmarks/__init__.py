@@ -1,0 +1,1 @@
+"""Benchmarks of the capacity app, run by ``python manage.py bench NAME``."""
