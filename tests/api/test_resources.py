@@ -3,7 +3,7 @@
 from billing.models import SLO, UsageRecord
 from capacity.models import HardwareProfile, ModelProfile
 from endpoints.models import Endpoint, Replica
-from tenants.models import ApiKey, CapacityReservation, Tenant, User
+from tenants.models import ApiKey, AuditEntry, CapacityReservation, Tenant, User
 from tenants.services import api_key_create
 from tests.api.base import APIResourceCase, unique
 from tests.factories import (
@@ -304,3 +304,15 @@ class TestUsage(APIResourceCase):
     def make(self, world, side):
         actors = side_of(world, side)
         return UsageRecordFactory(tenant=actors.tenant, endpoint=actors.endpoint, api_key=actors.key)
+
+
+class TestAudit(APIResourceCase):
+    basename = "audit-entry"
+    model = AuditEntry
+    write_access = None
+
+    def make(self, world, side):
+        tenant = side_of(world, side).tenant
+        return AuditEntry.objects.create(
+            tenant=tenant, action="test.touch", object_type="tenant", object_id=str(tenant.pk)
+        )
