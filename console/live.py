@@ -6,7 +6,9 @@ is decided here, once, on the sending side.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from functools import lru_cache
 
 from asgiref.sync import async_to_sync
@@ -38,11 +40,24 @@ def _send(groups: list[str], message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    for group in groups:
-        try:
-            async_to_sync(layer.group_send)(group, message)
-        except Exception:  # a down channel layer must never fail the write that triggered the event
-            logger.warning("console event to %s not delivered", group, exc_info=True)
+
+    async def send_all() -> None:
+        for group in groups:
+            try:
+                await layer.group_send(group, message)
+            except Exception:  # a down channel layer must never fail the write that triggered the event
+                logger.warning("console event to %s not delivered", group, exc_info=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        async_to_sync(send_all)()
+        return
+    # Sync ORM code running on an event loop's thread (allowed with DJANGO_ALLOW_ASYNC_UNSAFE, e.g. next to
+    # Playwright) cannot block on that loop: send from a short-lived thread with its own loop instead.
+    sender = threading.Thread(target=async_to_sync(send_all), name="console-event-send", daemon=True)
+    sender.start()
+    sender.join(timeout=5)
 
 
 @lru_cache(maxsize=1)
