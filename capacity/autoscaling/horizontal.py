@@ -133,8 +133,10 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
         if desired > current:
             bounded = " (step bounded)" if desired < wanted else ""
             return result(desired, f"scale up: demand needs {up_need:.2f} replicas{bounded}")
-        if inputs.starting:
-            return result(current, "hold: starting replicas cover the demand")
+    if inputs.starting and up_need > inputs.ready * (1 + cfg.tolerance):
+        # The pending guard: ready replicas alone are short, but what is booting covers it; adding more now would
+        # cascade (each tick would see the same unmet demand until the first replica is up).
+        return result(current, "hold: starting replicas cover the demand")
 
     # Scale down: only on the 5-minute maximum, only after the delay, one bounded step at a time.
     target_down = max(math.ceil(down_need), floor)

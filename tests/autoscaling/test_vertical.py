@@ -1,0 +1,78 @@
+"""The vertical policy: fast decrease on overload, slow increase when healthy, only on stable signals, bounded."""
+import pytest
+
+from capacity.autoscaling.vertical import VerticalConfig, VerticalInputs, VerticalState, decide
+
+
+def run_cycles(n, limit=64, **signals):
+    base = dict(min_limit=8, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100)
+    state, decisions = VerticalState(), []
+    for _ in range(n):
+        d = decide(VerticalInputs(current_limit=limit, state=state, **base, **signals))
+        state, limit = d.state, d.desired
+        decisions.append(d)
+    return decisions
+
+
+HEALTHY = dict(ttft_p95_ms=300, tpot_p95_ms=30, kv_usage=0.3, waiting_per_replica=0)
+OVERLOADED = dict(ttft_p95_ms=3000, tpot_p95_ms=30, kv_usage=0.3, waiting_per_replica=0)
+
+
+def test_one_overloaded_cycle_does_not_move_the_limit():
+    first, second = run_cycles(2, **OVERLOADED)
+    assert first.desired == 64 and first.reason.startswith("hold")
+    # the second consecutive overloaded cycle cuts fast: ×0.7, bounded to 30% per cycle
+    assert second.desired == 45 and second.reason.startswith("decrease")
+
+
+def test_increase_is_slow_and_needs_three_healthy_cycles():
+    decisions = run_cycles(6, **HEALTHY)
+    assert [d.desired for d in decisions] == [64, 64, 72, 72, 72, 81]
+
+
+def test_a_flapping_signal_never_moves_the_limit():
+    limit, state = 64, VerticalState()
+    for i in range(10):
+        signals = OVERLOADED if i % 2 else HEALTHY
+        d = decide(VerticalInputs(current_limit=limit, min_limit=8, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100,
+                                  state=state, **signals))
+        state, limit = d.state, d.desired
+    assert limit == 64
+
+
+def test_between_thresholds_holds_and_resets_streaks():
+    # TTFT at 80% of SLO: not overloaded, not healthy
+    (d,) = run_cycles(1, ttft_p95_ms=1600, tpot_p95_ms=30)
+    assert d.desired == 64 and d.state == VerticalState()
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [
+        dict(ttft_p95_ms=300, tpot_p95_ms=150),  # TPOT over SLO
+        dict(ttft_p95_ms=300, tpot_p95_ms=30, kv_usage=0.97),  # KV cache nearly full
+        dict(ttft_p95_ms=300, tpot_p95_ms=30, waiting_per_replica=12),  # replicas queueing internally
+    ],
+)
+def test_each_overload_signal_decreases(signals):
+    assert run_cycles(2, **signals)[-1].desired < 64
+
+
+def test_bounds_hold():
+    assert run_cycles(4, limit=9, **OVERLOADED)[-1].desired == 8
+    assert run_cycles(9, limit=126, **HEALTHY)[-1].desired == 128
+    # a limit outside the bounds is pulled in
+    assert decide(VerticalInputs(current_limit=500, min_limit=8, max_limit=128, ttft_slo_ms=2000,
+                                 tpot_slo_ms=100)).desired == 128
+
+
+def test_no_samples_holds():
+    (d,) = run_cycles(1)
+    assert d.desired == 64 and "no latency samples" in d.reason
+
+
+def test_change_per_cycle_is_bounded():
+    cfg = VerticalConfig(decrease_factor=0.1, max_change_fraction=0.25, overload_cycles=1)
+    d = decide(VerticalInputs(current_limit=100, min_limit=1, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100,
+                              **OVERLOADED), cfg)
+    assert d.desired == 75
