@@ -292,20 +292,23 @@ class Engine:
         finished: list[Sequence] = []
         first_token_at = plan.start_s + plan.duration(1)
         tokens = 0
+        grown = 0
         for seq in plan.seqs:
             if seq.state != RUNNING:
                 continue  # aborted or preempted meanwhile
             if seq.generated == 0:
                 seq.first_token_s = first_token_at
-            seq.generated += steps
+            generated = seq.generated = seq.generated + steps
             tokens += steps
-            need = -(-(seq.prompt_tokens + seq.generated - 1) // block) - seq.held_blocks
-            if need > 0:
-                self.kv.grow(need)
+            held = seq.held_blocks
+            if seq.prompt_tokens + generated - 1 > held * block:
+                need = -(-(seq.prompt_tokens + generated - 1) // block) - held
+                grown += need
                 seq.held_anon += need
-                seq.held_blocks += need
-            if seq.generated >= seq.max_tokens:
+                seq.held_blocks = held + need
+            if generated >= seq.max_tokens:
                 finished.append(seq)
+        self.kv.grow(grown)
         self.stats.generation_tokens += tokens
         self.stats.busy_s += plan.duration(steps)
         self.stats.steps += steps

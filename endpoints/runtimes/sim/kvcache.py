@@ -68,17 +68,17 @@ class KVCache:
 
     def acquire(self, hashes: Sequence[int], anon_blocks: int) -> None:
         """Take the hashed blocks (hits reuse cached ones, misses get new blocks) and ``anon_blocks`` more."""
+        ref, lru = self._ref, self._lru
+        missing = [h for h in hashes if h not in ref and h not in lru]
+        self._make_room(len(missing) + anon_blocks)
         for h in hashes:
-            holders = self._ref.get(h)
+            holders = ref.get(h)
             if holders is not None:
-                self._ref[h] = holders + 1
-            elif h in self._lru:
-                del self._lru[h]
-                self._ref[h] = 1
+                ref[h] = holders + 1
             else:
-                self._make_room(1)
-                self._ref[h] = 1
-        self.grow(anon_blocks)
+                lru.pop(h, None)
+                ref[h] = 1
+        self._anon += anon_blocks
 
     def grow(self, anon_blocks: int) -> None:
         if anon_blocks <= 0:
@@ -97,13 +97,16 @@ class KVCache:
         self._anon -= anon_blocks
 
     def _make_room(self, n: int) -> None:
-        empty = self.num_blocks - self.used_blocks - len(self._lru)
-        short = n - empty
-        if short > self.num_blocks - self.used_blocks - empty:
+        """Evict enough free cached blocks (oldest first) for ``n`` new blocks."""
+        lru = self._lru
+        short = n - (self.num_blocks - len(self._ref) - self._anon - len(lru))
+        if short <= 0:
+            return
+        if short > len(lru):
             raise RuntimeError("KV cache over-allocated")  # the scheduler checks free_blocks first
-        for _ in range(max(0, short)):
-            self._lru.popitem(last=False)
-            self.evictions += 1
+        for _ in range(short):
+            lru.popitem(last=False)
+        self.evictions += short
 
     def reset(self) -> None:
         """Drop every free cached block (vLLM's /reset_prefix_cache)."""

@@ -1,0 +1,128 @@
+"""The engine model in virtual time: the 13B fit, prefix caching, eviction, preemption, priority, aborts."""
+
+import pytest
+
+from endpoints.runtimes.sim.calibration import profile_fit
+from endpoints.runtimes.sim.engine import FINISHED, Engine, Sequence
+from endpoints.runtimes.sim.kvcache import KVCache
+from endpoints.runtimes.sim.profiles import get_profile
+from endpoints.runtimes.sim.tokens import block_hashes, count_tokens, filler_text, output_text, render_chat
+
+
+def seq_for(text: str, out: int, rid: str, priority: int = 0) -> Sequence:
+    return Sequence(rid, count_tokens(text), out, block_hashes(text), priority=priority)
+
+
+def run_to_end(engine: Engine, now: float = 0.0, max_steps: int = 1 << 30) -> float:
+    while (plan := engine.plan(now, max_steps)) is not None:
+        now += plan.duration()
+        engine.commit(plan, plan.steps, now)
+    return now
+
+
+def test_default_profile_reproduces_the_13b_table_within_5_percent():
+    table = {16: 105, 64: 68, 128: 44}
+    measured = profile_fit(get_profile("llama-13b-a100"))
+    for batch, expected in table.items():
+        assert measured[batch] == pytest.approx(expected, rel=0.05), (batch, measured)
+
+
+def test_tokenizer_counts_exactly():
+    assert count_tokens(filler_text(2048, seed="x")) == 2048
+    assert count_tokens(output_text(0, 37)) == 37
+    assert count_tokens("") == 0 and count_tokens("abcde") == 2
+    assert filler_text(64, seed=1) != filler_text(64, seed=2)
+    assert render_chat([{"role": "system", "content": "S"}]).startswith("<|system|>\nS\n")
+
+
+def test_repeated_prefix_is_served_from_cache_and_skips_prefill():
+    engine = Engine(get_profile())
+    prefix = filler_text(2000, seed="system")
+    cold = engine.add(seq_for(prefix + filler_text(40, seed="q1"), 8, "cold"))
+    end = run_to_end(engine)
+    warm = engine.add(
+        Sequence("warm", cold.prompt_tokens, 8, block_hashes(prefix + filler_text(40, seed="q2")), arrival_s=end)
+    )
+    warm_start = end
+    run_to_end(engine, end)
+    assert cold.cached_tokens == 0
+    assert warm.cached_tokens == 2000  # the 125 full blocks of the shared prefix
+    cold_ttft = cold.first_token_s
+    warm_ttft = warm.first_token_s - warm_start
+    assert warm_ttft < 0.2 * cold_ttft
+    assert engine.stats.prefix_hits == 2000
+
+
+def test_fully_cached_prompt_still_recomputes_its_last_block():
+    engine = Engine(get_profile())
+    text = filler_text(64, seed="exact")  # exactly 4 blocks
+    engine.add(seq_for(text, 2, "a"))
+    end = run_to_end(engine)
+    again = engine.add(seq_for(text, 2, "b"))
+    run_to_end(engine, end)
+    assert again.cached_tokens == 48
+
+
+def test_lru_evicts_the_oldest_free_blocks_first():
+    kv = KVCache(num_blocks=4, block_size=16)
+    a, b = [1, 2], [3, 4]
+    kv.acquire(a, 0)
+    kv.release(a, 0)
+    kv.acquire(b, 0)
+    kv.release(b, 0)
+    assert kv.match(a) == 2 and kv.free_blocks == 4
+    kv.acquire([5], 0)  # one block: evicts a's tail block (the oldest request, its blocks freed in reverse)
+    assert kv.match(a) == 1 and kv.match(b) == 2
+    assert kv.usage == 0.25
+    kv.acquire([6, 7], 0)  # two more: a's head block, then b's tail
+    assert kv.match(a) == 0 and kv.match(b) == 1
+
+
+def test_preemption_when_blocks_run_out_and_everything_still_finishes():
+    engine = Engine(get_profile("tiny", num_gpu_blocks=64, max_num_seqs=8))
+    seqs = [engine.add(seq_for(filler_text(100, seed=i), 300, f"s{i}")) for i in range(6)]
+    run_to_end(engine, max_steps=7)
+    assert engine.stats.preemptions > 0
+    assert all(s.state == FINISHED and s.generated == 300 for s in seqs)
+    assert engine.kv.used_blocks == 0
+
+
+def test_priority_orders_the_waiting_queue():
+    engine = Engine(get_profile("tiny", max_num_seqs=1))
+    low = engine.add(seq_for(filler_text(20, seed="l"), 4, "low", priority=5))
+    high = engine.add(seq_for(filler_text(20, seed="h"), 4, "high", priority=-1))
+    run_to_end(engine)
+    assert high.first_token_s < low.first_token_s
+
+
+def test_fcfs_ignores_priority():
+    engine = Engine(get_profile("tiny", max_num_seqs=1), scheduling_policy="fcfs")
+    first = engine.add(seq_for(filler_text(20, seed="l"), 4, "first", priority=5))
+    second = engine.add(seq_for(filler_text(20, seed="h"), 4, "second", priority=-1))
+    run_to_end(engine)
+    assert first.first_token_s < second.first_token_s
+
+
+def test_abort_frees_blocks_and_counts():
+    engine = Engine(get_profile("tiny"))
+    seq = engine.add(seq_for(filler_text(200, seed="a"), 50, "a"))
+    plan = engine.plan(0.0, 1)
+    engine.commit(plan, 1, plan.duration())
+    assert engine.kv.used_blocks > 0
+    assert engine.abort(seq, 1.0)
+    assert engine.kv.used_blocks == 0 and engine.num_running == 0
+    assert engine.stats.finished["abort"] == 1
+    assert not engine.abort(seq, 2.0)
+
+
+def test_too_long_prompt_is_refused():
+    engine = Engine(get_profile("tiny"))
+    with pytest.raises(ValueError, match="maximum context length"):
+        engine.add(seq_for(filler_text(1000, seed="x"), 100, "x"))
+
+
+def test_unknown_profile_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown simulator profile"):
+        get_profile("nope")
+    with pytest.raises(ValueError, match="unknown profile fields"):
+        get_profile("tiny", bogus=1)

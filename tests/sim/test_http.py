@@ -1,0 +1,286 @@
+"""The simulated replica over HTTP: vLLM's shapes through the OpenAI client, /metrics, prefix caching, aborts."""
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from endpoints.runtimes.sim.metrics import ITL_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS
+from endpoints.runtimes.sim.profiles import get_profile
+from endpoints.runtimes.sim.server import ThreadedReplica
+from endpoints.runtimes.sim.tokens import count_tokens, filler_text
+
+DESIGN_METRICS = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:cache_config_info",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:request_queue_time_seconds_bucket",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+)
+
+
+@pytest.fixture
+def tiny():
+    with ThreadedReplica(get_profile("tiny"), speed=4.0) as replica:
+        yield replica
+
+
+def scrape(url: str) -> dict[str, list]:
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def value(samples, name: str, **labels) -> float:
+    return next(s.value for s in samples[name] if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_openai_client_streams_the_exact_token_count_and_a_usage_chunk_with_cached_tokens(tiny):
+    client = openai.OpenAI(base_url=f"{tiny.url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": filler_text(512, seed="sys")}, {"role": "user", "content": "hello"}]
+    usages = []
+    for _ in range(2):
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=37,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        text, finish, usage, roles = "", None, None, []
+        for chunk in stream:
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                roles.append(delta.role)
+                text += delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage
+        assert count_tokens(text) == 37 and roles[0] == "assistant"
+        assert finish == "length"
+        assert usage.completion_tokens == 37 and usage.prompt_tokens == count_tokens(
+            "<|system|>\n" + messages[0]["content"] + "\n<|user|>\nhello\n<|assistant|>\n"
+        )
+        usages.append(usage)
+    assert usages[0].prompt_tokens_details is None
+    assert usages[1].prompt_tokens_details.cached_tokens >= 512  # the system prompt's blocks, then some
+    assert usages[1].prompt_tokens_details.cached_tokens % 16 == 0
+
+
+def test_non_streaming_chat_and_completions_shapes(tiny):
+    response = httpx.post(
+        f"{tiny.url}/v1/chat/completions",
+        headers={"X-Request-Id": "abc123"},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+    )
+    body = response.json()
+    assert response.status_code == 200 and response.headers["x-request-id"] == "abc123"
+    assert body["id"] == "chatcmpl-abc123" and body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert count_tokens(body["choices"][0]["message"]["content"]) == 5
+    assert body["usage"] == {
+        "prompt_tokens": body["usage"]["prompt_tokens"],
+        "total_tokens": body["usage"]["prompt_tokens"] + 5,
+        "completion_tokens": 5,
+        "prompt_tokens_details": None,
+    }
+    completion = httpx.post(f"{tiny.url}/v1/completions", json={"model": "tiny", "prompt": "abcd" * 10}).json()
+    assert completion["object"] == "text_completion" and completion["usage"]["completion_tokens"] == 16
+    assert completion["usage"]["prompt_tokens"] == 10
+    lines = httpx.post(
+        f"{tiny.url}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3, "stream": True}
+    ).text.split("\n\n")
+    assert lines[0].startswith('data: {"id":"cmpl-') and '"usage":null' in lines[0]
+    assert lines[-2] == "data: [DONE]" and len(lines) == 5  # three chunks, [DONE], trailing ""
+    models = httpx.get(f"{tiny.url}/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
+    assert models["data"][0]["max_model_len"] == 1024
+    assert httpx.get(f"{tiny.url}/health").status_code == 200
+    assert httpx.get(f"{tiny.url}/version").json()["version"]
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "status", "param"),
+    [
+        ("/v1/chat/completions", {"model": "tiny"}, 400, "messages"),
+        ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
+        ("/v1/completions", {"model": "tiny", "prompt": "abcd" * 1100}, 400, "input_tokens"),
+        (
+            "/v1/completions",
+            {"model": "tiny", "prompt": "x", "stream_options": {"include_usage": True}},
+            400,
+            "stream_options",
+        ),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 2}, 400, "n"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "cache_salt": ""}, 400, "cache_salt"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "priority": "high"}, 400, "priority"),
+        ("/v1/completions", {"model": "tiny", "prompt": 5}, 400, "prompt"),
+    ],
+)
+def test_bad_requests_get_vllms_error_shape(tiny, path, payload, status, param):
+    response = httpx.post(f"{tiny.url}{path}", json=payload)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["code"] == status and error["param"] == param and error["message"]
+    assert error["type"] == ("NotFoundError" if status == 404 else "BadRequestError")
+
+
+def test_invalid_json_is_a_400(tiny):
+    response = httpx.post(f"{tiny.url}/v1/completions", content=b"{nope", headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["type"] == "BadRequestError"
+
+
+def test_metrics_carry_every_design_name_with_vllm_buckets_and_move_under_load():
+    with ThreadedReplica(get_profile("tiny", max_num_seqs=4), speed=1.0) as replica:
+        idle = scrape(replica.url)
+        for name in DESIGN_METRICS:
+            assert name in idle, name
+        info = idle["vllm:cache_config_info"][0].labels
+        assert info["block_size"] == "16" and info["num_gpu_blocks"] == "96"
+        assert value(idle, "vllm:num_requests_running") == 0
+        for name, buckets in (
+            ("vllm:time_to_first_token_seconds_bucket", TTFT_BUCKETS),
+            ("vllm:inter_token_latency_seconds_bucket", ITL_BUCKETS),
+            ("vllm:e2e_request_latency_seconds_bucket", REQUEST_BUCKETS),
+        ):
+            les = [float(s.labels["le"]) for s in idle[name] if s.labels["le"] != "+Inf"]
+            assert les == [float(b) for b in buckets]
+        assert all(s.labels["model_name"] == "tiny" for s in idle["vllm:num_requests_running"])
+
+        def one(i):
+            httpx.post(
+                f"{replica.url}/v1/completions",
+                timeout=30,
+                json={"model": "tiny", "prompt": filler_text(100, seed=i), "max_tokens": 150},
+            )
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        peak = {"running": 0, "waiting": 0, "kv": 0.0}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(t.is_alive() for t in threads):
+            s = scrape(replica.url)
+            peak["running"] = max(peak["running"], value(s, "vllm:num_requests_running"))
+            peak["waiting"] = max(peak["waiting"], value(s, "vllm:num_requests_waiting"))
+            peak["kv"] = max(peak["kv"], value(s, "vllm:kv_cache_usage_perc"))
+            time.sleep(0.02)
+        for t in threads:
+            t.join(30)
+        assert peak["running"] == 4 and peak["waiting"] >= 1 and peak["kv"] > 0.3
+        after = scrape(replica.url)
+        assert value(after, "vllm:num_requests_running") == 0 and value(after, "vllm:kv_cache_usage_perc") == 0
+        assert value(after, "vllm:generation_tokens_total") == 900
+        assert value(after, "vllm:prompt_tokens_total") == 600
+        assert value(after, "vllm:request_success_total", finished_reason="length") == 6
+        assert value(after, "vllm:time_to_first_token_seconds_count") == 6
+        assert value(after, "vllm:inter_token_latency_seconds_count") == 6 * 149
+
+
+def test_a_repeated_2000_token_prefix_cuts_time_to_first_token():
+    with ThreadedReplica(get_profile(), speed=1.0) as replica:
+        prefix = filler_text(2000, seed="long-system-prompt")
+
+        def ttft(suffix: str) -> tuple[float, dict]:
+            started = time.perf_counter()
+            with httpx.stream(
+                "POST",
+                f"{replica.url}/v1/completions",
+                timeout=30,
+                json={
+                    "model": "llama-13b",
+                    "prompt": prefix + suffix,
+                    "max_tokens": 4,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            ) as response:
+                lines = response.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                elapsed = time.perf_counter() - started
+                usage = [line for line in lines if '"usage":{' in line]
+            assert '"text":' in first
+            import json
+
+            return elapsed, json.loads(usage[-1][6:])["usage"]
+
+        cold, cold_usage = ttft(filler_text(30, seed="q1"))
+        warm, warm_usage = ttft(filler_text(30, seed="q2"))
+        assert "prompt_tokens_details" not in cold_usage
+        assert warm_usage["prompt_tokens_details"]["cached_tokens"] == 2000
+        assert cold > 0.3  # ≈ 10 ms + 2,030 tokens at 6,000 tok/s
+        assert warm < 0.35 * cold
+        hits = value(scrape(replica.url), "vllm:prefix_cache_hits_total")
+        assert hits == 2000
+
+
+def test_client_disconnect_aborts_and_frees_blocks():
+    with ThreadedReplica(get_profile("tiny"), speed=1.0) as replica:
+        with httpx.stream(
+            "POST",
+            f"{replica.url}/v1/completions",
+            timeout=30,
+            json={
+                "model": "tiny",
+                "prompt": filler_text(200, seed="d"),
+                "max_tokens": 800,
+                "stream": True,
+            },
+        ) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+        with pytest.raises(httpx.ReadTimeout):  # a non-streaming request abandoned by its client
+            httpx.post(
+                f"{replica.url}/v1/completions",
+                timeout=0.3,
+                json={"model": "tiny", "prompt": filler_text(200, seed="e"), "max_tokens": 800},
+            )
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            s = scrape(replica.url)
+            if value(s, "vllm:request_success_total", finished_reason="abort") == 2:
+                break
+            time.sleep(0.05)
+        assert value(s, "vllm:request_success_total", finished_reason="abort") == 2
+        assert value(s, "vllm:num_requests_running") == 0 and value(s, "vllm:kv_cache_usage_perc") == 0
+        assert replica.call(lambda: replica.server.engine.kv.used_blocks) == 0
+
+
+def test_priority_is_served_first_when_the_batch_is_full():
+    with ThreadedReplica(get_profile("tiny", max_num_seqs=1), speed=1.0) as replica:
+        finished: dict[str, float] = {}
+
+        def send(name: str, priority: int, tokens: int):
+            httpx.post(
+                f"{replica.url}/v1/completions",
+                timeout=30,
+                json={"model": "tiny", "prompt": name, "max_tokens": tokens, "priority": priority},
+            )
+            finished[name] = time.monotonic()
+
+        blocker = threading.Thread(target=send, args=("blocker", 0, 200))
+        blocker.start()
+        time.sleep(0.1)
+        low = threading.Thread(target=send, args=("low", 10, 5))
+        low.start()
+        time.sleep(0.05)
+        high = threading.Thread(target=send, args=("high", -10, 5))
+        high.start()
+        for t in (blocker, low, high):
+            t.join(30)
+        assert finished["high"] < finished["low"]
