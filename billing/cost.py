@@ -79,7 +79,7 @@ def replica_seconds(*, endpoint_ids: list[int], start: datetime, end: datetime) 
     """Per endpoint: (billed replica-seconds in ready/draining, ready replica-seconds) over [start, end)."""
     last_before = ReplicaTransition.objects.filter(replica=OuterRef("pk"), at__lt=start).order_by("-at", "-id")
     replicas = list(
-        Replica.objects.filter(endpoint_id__in=endpoint_ids, created_at__lt=end).annotate(
+        Replica.objects.filter(endpoint_id__in=endpoint_ids).annotate(
             state_at_start=Subquery(last_before.values("to_state")[:1]),
             transitions_before=Subquery(last_before.values("id")[:1]),
         )
@@ -118,11 +118,10 @@ def cost_lines(
     if end <= start:
         raise ValueError("the report's end must be after its start")
     now = now or timezone.now()
-    endpoint_list = list(
-        (endpoints if endpoints is not None else Endpoint.objects.all()).select_related(
-            "hardware_profile", "owner_tenant", "model_profile", "pinned_benchmark"
-        )
-    )
+    queryset = Endpoint.objects.all()
+    if endpoints is not None:
+        queryset = queryset.filter(pk__in=[e.pk for e in endpoints])
+    endpoint_list = list(queryset.select_related("hardware_profile", "model_profile", "pinned_benchmark"))
     ids = [e.pk for e in endpoint_list]
     seconds = replica_seconds(endpoint_ids=ids, start=start, end=end)
     usage = range_sums(start=start, end=end, fields=COST_FIELDS, now=now, endpoint_ids=ids)
