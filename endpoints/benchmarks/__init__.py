@@ -1,0 +1,1 @@
+"""Benchmarks of the endpoints app (``python manage.py bench sim|proxy|routing``)."""
