@@ -15,6 +15,16 @@ from django.urls import reverse
 _counter = itertools.count(1)
 
 
+def needs(*traits: str):
+    """Mark a check as applying only to resources with these traits (see APIResourceCase.__init_subclass__)."""
+
+    def mark(test):
+        test._needs = traits
+        return test
+
+    return mark
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{next(_counter)}"
 
@@ -69,13 +79,20 @@ class APIResourceCase:
             return ["a_admin", "a_member", "a_write_key", "a_read_key"]
         return ["a_member", "a_read_key"]
 
-    def _need(self, *, writable: bool = False, scoped: bool = False, deletable: bool = False) -> None:
-        if writable and self.write_access is None:
-            pytest.skip("read-only resource")
-        if scoped and not self.tenant_scoped:
-            pytest.skip("catalogue resource, the same for every tenant")
-        if deletable and not self.supports_delete:
-            pytest.skip("not deletable over the API")
+    def __init_subclass__(cls, **kwargs):
+        """Drop the checks that do not apply to this resource, rather than reporting dozens of skips."""
+        super().__init_subclass__(**kwargs)
+        traits = {
+            "writable": cls.write_access is not None,
+            "read_only": cls.write_access is None,
+            "scoped": cls.tenant_scoped,
+            "deletable": cls.write_access is not None and cls.supports_delete,
+            "undeletable": cls.write_access is not None and not cls.supports_delete,
+        }
+        for name in dir(cls):
+            needs = getattr(getattr(cls, name), "_needs", ())
+            if name.startswith("test_") and not all(traits[need] for need in needs):
+                setattr(cls, name, None)
 
     # --- reads -----------------------------------------------------------------------------------------------
     def test_anonymous_is_refused(self, world):
@@ -89,9 +106,9 @@ class APIResourceCase:
         ids = {row["id"] for row in self.results(response)}
         assert {a_obj.pk, b_obj.pk} <= ids
 
+    @needs("scoped")
     @pytest.mark.parametrize("who", ["a_admin", "a_member", "a_read_key", "a_write_key"])
     def test_tenant_lists_only_its_own(self, world, who):
-        self._need(scoped=True)
         a_obj, b_obj = self.make(world, "a"), self.make(world, "b")
         response = world.client(who).get(self.list_url())
         assert response.status_code == 200, response.content
@@ -109,9 +126,9 @@ class APIResourceCase:
         assert response.status_code == 200, response.content
         assert response.json()["id"] == a_obj.pk
 
+    @needs("scoped")
     @pytest.mark.parametrize("who", ["a_admin", "a_member", "a_read_key", "a_write_key"])
     def test_other_tenants_object_is_not_found(self, world, who):
-        self._need(scoped=True)
         b_obj = self.make(world, "b")
         response = world.client(who).get(self.detail_url(b_obj))
         assert response.status_code == 404, response.content
@@ -130,8 +147,8 @@ class APIResourceCase:
         assert counts[:2] == counts[2:], f"query count grew with rows (N+1): {counts}"
 
     # --- create ----------------------------------------------------------------------------------------------
+    @needs("writable")
     def test_writer_creates(self, world):
-        self._need(writable=True)
         for who in self.writers():
             before = self.model.objects.count()
             response = world.client(who).post(self.list_url(), self.create_payload(world), format="json")
@@ -141,16 +158,16 @@ class APIResourceCase:
             if self.tenant_scoped and who != "operator":
                 assert self.tenant_of(created) == world.a.tenant.pk
 
+    @needs("writable")
     def test_reader_cannot_create(self, world):
-        self._need(writable=True)
         for who in self.tenant_readonly():
             before = self.model.objects.count()
             response = world.client(who).post(self.list_url(), self.create_payload(world), format="json")
             assert response.status_code == 403, (who, response.content)
             assert self.model.objects.count() == before
 
+    @needs("writable")
     def test_invalid_payloads_are_400_with_field_errors(self, world):
-        self._need(writable=True)
         cases = self.invalid_payloads(world)
         assert cases, "declare invalid payloads for every writable resource"
         client = world.client(self.writers()[0])
@@ -161,9 +178,8 @@ class APIResourceCase:
             assert field in response.json(), (payload, response.json())
             assert self.model.objects.count() == before
 
+    @needs("read_only")
     def test_read_only_resource_refuses_writes(self, world):
-        if self.write_access is not None:
-            pytest.skip("writable resource")
         obj = self.make(world, "a")
         client = world.client("operator")
         assert client.post(self.list_url(), {}, format="json").status_code == 405
@@ -171,8 +187,8 @@ class APIResourceCase:
         assert client.delete(self.detail_url(obj)).status_code == 405
 
     # --- update ----------------------------------------------------------------------------------------------
+    @needs("writable")
     def test_writer_updates(self, world):
-        self._need(writable=True)
         for who in self.writers():
             obj = self.make(world, "a")
             payload = self.update_payload(world, obj)
@@ -181,16 +197,16 @@ class APIResourceCase:
             for key, value in payload.items():
                 assert response.json()[key] == value, key
 
+    @needs("writable")
     def test_reader_cannot_update(self, world):
-        self._need(writable=True)
         obj = self.make(world, "a")
         for who in self.tenant_readonly():
             response = world.client(who).patch(self.detail_url(obj), self.update_payload(world, obj), format="json")
             assert response.status_code == 403, (who, response.content)
 
+    @needs("writable", "scoped")
     @pytest.mark.parametrize("who", ["a_admin", "a_write_key", "a_member"])
     def test_other_tenants_object_cannot_be_changed(self, world, who):
-        self._need(writable=True, scoped=True)
         b_obj = self.make(world, "b")
         before = self.detail_snapshot(world, b_obj)
         response = world.client(who).patch(self.detail_url(b_obj), self.update_payload(world, b_obj), format="json")
@@ -201,32 +217,31 @@ class APIResourceCase:
         return world.client("operator").get(self.detail_url(obj)).json()
 
     # --- delete ----------------------------------------------------------------------------------------------
+    @needs("deletable")
     def test_writer_deletes(self, world):
-        self._need(writable=True, deletable=True)
         for who in self.writers():
             obj = self.make(world, "a")
             response = world.client(who).delete(self.detail_url(obj))
             assert response.status_code == 204, (who, response.content)
             assert not self.model.objects.filter(pk=obj.pk).exists()
 
+    @needs("deletable")
     def test_reader_cannot_delete(self, world):
-        self._need(writable=True, deletable=True)
         obj = self.make(world, "a")
         for who in self.tenant_readonly():
             assert world.client(who).delete(self.detail_url(obj)).status_code == 403, who
         assert self.model.objects.filter(pk=obj.pk).exists()
 
+    @needs("writable", "scoped")
     @pytest.mark.parametrize("who", ["a_admin", "a_write_key", "a_member"])
     def test_other_tenants_object_cannot_be_deleted(self, world, who):
-        self._need(writable=True, scoped=True)
         b_obj = self.make(world, "b")
         response = world.client(who).delete(self.detail_url(b_obj))
         assert response.status_code in ((404,) if self.supports_delete else (404, 405)), response.content
         assert self.model.objects.filter(pk=b_obj.pk).exists()
 
+    @needs("undeletable")
     def test_delete_not_offered(self, world):
-        if self.supports_delete or self.write_access is None:
-            pytest.skip("deletable or read-only")
         obj = self.make(world, "a")
         assert world.client(self.writers()[0]).delete(self.detail_url(obj)).status_code == 405
         assert self.model.objects.filter(pk=obj.pk).exists()
