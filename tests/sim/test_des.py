@@ -216,3 +216,14 @@ def test_shared_prefix_workload_shape():
     from endpoints.runtimes.sim.tokens import block_hashes
 
     assert reqs[0].block_hashes() == block_hashes(reqs[0].prompt_text)
+
+
+def test_a_router_that_never_picks_ends_the_run_with_unserved_requests():
+    class Nowhere(RecordingRouter):
+        def pick(self, request, replicas, now):
+            return None
+
+    sim = Simulation(router=Nowhere(), replicas=1, profile="tiny", stall_limit_s=30)
+    result = sim.run(workloads.uniform(times=[0.0, 1.0], prompt_tokens=10, output_tokens=5))
+    assert [r.status for r in result.requests] == ["unserved", "unserved"]
+    assert 30 <= result.end_s <= 33

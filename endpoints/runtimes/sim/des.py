@@ -23,7 +23,8 @@ Interfaces the simulation drives (all optional except the router):
   ``mu_capacity``, ``block_size``, ``num_gpu_blocks``. It calls ``pick(request, views, now)`` →
   replica id or None, then ``on_routed`` and later ``on_finished``. ``RouteRequest.extra`` carries ``tenant``,
   ``priority`` (vLLM int), ``priority_class``, ``prompt_tokens``, ``max_tokens``. A None pick parks the request
-  in a FIFO backlog that is retried whenever a request finishes and every tick.
+  in a FIFO backlog that is retried whenever a request finishes and every tick. (Queued work that no replica
+  is serving or starting for ``stall_limit_s`` ends the run; those requests stay ``unserved``.)
 * **Admission** (``Admission`` protocol below): ``offer(request, views, now)`` on arrival and
   ``poll(views, now)`` after every finish and every tick; both return a ``Verdict`` listing requests to
   dispatch now (routed as above) and requests to reject (recorded as status ``rejected`` with
@@ -221,6 +222,7 @@ class Simulation:
         cold_start_s: float = 60.0,
         scrape_interval_s: float = 0.05,
         tick_s: float = 1.0,
+        stall_limit_s: float = 600.0,
         scheduling_policy: str = "priority",
         seed: int = 0,
     ):
@@ -235,6 +237,8 @@ class Simulation:
         self.cold_start_s = cold_start_s
         self.scrape_interval_s = scrape_interval_s
         self.tick_s = tick_s
+        self.stall_limit_s = stall_limit_s
+        self._stalled_since: float | None = None
         self.policy = scheduling_policy
         self.seed = seed
         self.replicas: dict[str, SimReplica] = {}
@@ -383,6 +387,8 @@ class Simulation:
                     self._pump()
             elif kind == _TICK:
                 self._tick()
+                if self._stalled():
+                    break  # queued work that nothing will ever serve: stop, it stays "unserved"
                 if self._busy() or self._has_future_arrivals():
                     self._push(at + self.tick_s, _TICK, None)
         for rep in self._all_replicas:
@@ -405,6 +411,16 @@ class Simulation:
 
     def _busy(self) -> bool:
         return bool(self._pending or self._backlog or any(rep.in_flight for rep in self.replicas.values()))
+
+    def _stalled(self) -> bool:
+        """True after ``stall_limit_s`` of queued requests with no replica working or starting."""
+        progressing = any(rep.in_flight or rep.state == "starting" for rep in self.replicas.values())
+        if progressing or not (self._pending or self._backlog) or self._has_future_arrivals():
+            self._stalled_since = None
+            return False
+        if self._stalled_since is None:
+            self._stalled_since = self.clock.now()
+        return self.clock.now() - self._stalled_since >= self.stall_limit_s
 
     def _tick(self) -> None:
         now = self.clock.now()
