@@ -93,7 +93,21 @@ def tenant_update(*, tenant: Tenant, actor=None, **changes) -> Tenant:
 
 
 def tenant_delete(*, tenant: Tenant, actor=None) -> None:
-    """Deleting a tenant removes its users, keys, reservations, owned endpoints and usage: operators only."""
+    """Delete a tenant with its users, keys, reservations and owned endpoints: operators only.
+
+    Refused while it has usage on record (that is billing history: deactivate the tenant instead) or owns
+    endpoints whose replicas still run.
+    """
+    from billing.models import UsageRecord
+    from endpoints.models import Replica, ReplicaState
+
+    if UsageRecord.objects.filter(tenant=tenant).exists():
+        raise ValidationError({"non_field_errors": ["this tenant has usage on record; set is_active=false instead"]})
+    running = Replica.objects.filter(endpoint__owner_tenant=tenant).exclude(
+        state__in=[ReplicaState.STOPPED, ReplicaState.FAILED]
+    )
+    if running.exists():
+        raise ValidationError({"non_field_errors": ["this tenant's endpoints still run replicas; scale them to 0 first"]})
     with transaction.atomic():
         audit_log(actor=actor, action="tenant.delete", obj=tenant, tenant=None, detail={"slug": tenant.slug})
         tenant.delete()

@@ -6,8 +6,9 @@ from rest_framework import serializers
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from config.api_base import ScopedCreateReadUpdateViewSet, ScopedPrimaryKeyRelatedField, default_tenant
-from tenants.models import ApiKey, ApiKeyScope, Tenant
+from config.api_base import ScopedCreateReadUpdateViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
+from tenants.keys import ApiKeyPrincipal
+from tenants.models import ApiKey, ApiKeyScope, PriorityClass, Tenant
 from tenants.selectors import api_keys_visible_to, tenants_visible_to
 from tenants.services import api_key_create, api_key_revoke, api_key_update
 
@@ -41,6 +42,17 @@ class ApiKeySerializer(serializers.ModelSerializer):
     def validate(self, attrs):
         if self.instance is not None and "tenant" in attrs and attrs["tenant"] != self.instance.tenant:
             raise serializers.ValidationError({"tenant": ["a key cannot move to another tenant"]})
+        principal = principal_from(self)
+        if isinstance(principal, ApiKeyPrincipal):
+            # A key can hand out no more than it holds, so a leaked key cannot mint a stronger one.
+            parent = principal.api_key
+            requested = attrs.get("scopes", [] if self.instance is not None else [ApiKeyScope.INFERENCE])
+            extra = set(requested) - set(parent.scopes)
+            if extra:
+                raise serializers.ValidationError({"scopes": [f"your key does not hold: {', '.join(sorted(extra))}"]})
+            wanted = attrs.get("max_priority")
+            if wanted and PriorityClass.rank(wanted) < PriorityClass.rank(parent.max_priority):
+                raise serializers.ValidationError({"max_priority": [f"your key is limited to {parent.max_priority}"]})
         return default_tenant(self, attrs)
 
 

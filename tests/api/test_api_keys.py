@@ -110,3 +110,17 @@ def test_operator_creates_key_for_a_named_tenant_only(world):
     created = client.post(reverse("api-key-list"), {"name": "x", "tenant": world.b.tenant.pk}, format="json")
     assert created.status_code == 201
     assert ApiKey.objects.get(pk=created.json()["id"]).tenant == world.b.tenant
+
+
+def test_a_key_cannot_mint_a_stronger_key(world):
+    _, raw = api_key_create(tenant=world.a.tenant, name="limited", scopes=["read", "write"], max_priority="sheddable")
+    client = _bearer_client(world, raw)
+    url = reverse("api-key-list")
+    assert "scopes" in client.post(url, {"name": "x"}, format="json").json()  # default scope: inference
+    assert "scopes" in client.post(url, {"name": "x", "scopes": ["read", "inference"]}, format="json").json()
+    assert (
+        "max_priority"
+        in client.post(url, {"name": "x", "scopes": ["read"], "max_priority": "critical"}, format="json").json()
+    )
+    ok = client.post(url, {"name": "x", "scopes": ["read"], "max_priority": "sheddable"}, format="json")
+    assert ok.status_code == 201, ok.content

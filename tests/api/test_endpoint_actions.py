@@ -170,3 +170,18 @@ def test_pinned_benchmark_must_be_a_finished_run_of_the_same_pair(world):
         response = client.patch(url, {"pinned_benchmark": bad.pk}, format="json")
         assert response.status_code == 400 and "pinned_benchmark" in response.json(), response.content
     assert client.patch(url, {"pinned_benchmark": good.pk}, format="json").json()["pinned_benchmark"] == good.pk
+
+
+def test_tenant_with_usage_or_running_replicas_cannot_be_deleted(world):
+    from tenants.models import Tenant
+    from tests.factories import UsageRecordFactory
+
+    client = world.client("operator")
+    replica = ReplicaFactory(endpoint=world.a.endpoint, state="ready")
+    response = client.delete(reverse("tenant-detail", args=[world.a.tenant.pk]))
+    assert response.status_code == 400 and "replicas" in str(response.json())
+    type(replica).objects.filter(pk=replica.pk).update(state="stopped")
+    UsageRecordFactory(tenant=world.a.tenant, endpoint=world.a.endpoint)
+    response = client.delete(reverse("tenant-detail", args=[world.a.tenant.pk]))
+    assert response.status_code == 400 and "is_active" in str(response.json())
+    assert Tenant.objects.filter(pk=world.a.tenant.pk).exists()
