@@ -39,6 +39,7 @@ class LineChart:
     threshold_label: str = ""
     markers: list[Marker] = field(default_factory=list)
     x_is_time: bool = True
+    x_range: tuple[float, float] | None = None  # the window shown, even where it has no data
     width: int = 560
     height: int = 220
     y_min_zero: bool = True
@@ -77,7 +78,7 @@ def _format_x(x: float, is_time: bool) -> str:
 
 def line_chart(chart: LineChart) -> str:
     """Render time series as SVG lines, with an optional horizontal SLO line and vertical markers."""
-    left, right, top, bottom = 52, 12, 28, 40
+    left, right, top, bottom = 52, 22, 28, 40
     plot_w, plot_h = chart.width - left - right, chart.height - top - bottom
     xs = [x for s in chart.series for x, y in s.points if y is not None] + [m.x for m in chart.markers]
     ys = [y for s in chart.series for _, y in s.points if y is not None]
@@ -91,11 +92,12 @@ def line_chart(chart: LineChart) -> str:
             "no data in this window</text></svg>"
         )
         return "".join(parts)
-    x_lo, x_hi = min(xs), max(xs)
+    x_lo, x_hi = chart.x_range or (min(xs), max(xs))
     if x_hi == x_lo:
         x_lo, x_hi = x_lo - 1, x_hi + 1
     y_lo = 0.0 if chart.y_min_zero else min(ys)
-    y_hi = nice_ceiling(max(ys) * 1.05)
+    # Four grid steps of a round size, so tick labels read 0, 25, 50, 75, 100 rather than 0, 0.62, 1.25.
+    y_hi = y_lo + 4 * nice_ceiling((max(ys) * 1.05 - y_lo) / 4)
     if y_hi <= y_lo:
         y_hi = y_lo + 1
 
@@ -152,12 +154,19 @@ class Bar:
 
 
 def bar_chart(title: str, bars: Sequence[Bar], *, unit: str = "", width: int = 360, limit: float | None = None) -> str:
-    """Horizontal bars on one scale (e.g. capacity have / sold / used), with the value printed on each bar."""
-    row_h, left, right, top = 22, 70, 80, 22
+    """Horizontal bars on one scale (e.g. capacity have / sold / used), with the value printed on each bar.
+
+    Drawn at its natural pixel size (not stretched), with margins sized from the longest label and value.
+    """
+    char_w = 6.6  # average glyph width at 11 px
+    row_h, top = 22, 22
+    left = 10 + char_w * max([len(b.label) for b in bars] + [4])
+    right = 10 + char_w * max([len(_bar_text(b, unit)) for b in bars] + [6])
+    width = max(width, int(left + right + 160))
     height = top + row_h * max(len(bars), 1) + 8
     scale_max = nice_ceiling(max([b.value for b in bars] + [limit or 0, 1e-9]))
     plot_w = width - left - right
-    parts = [_svg_open(width, height, title)]
+    parts = [_svg_open(width, height, title, natural=True)]
     parts.append(f'<text x="0" y="14" class="chart-title">{escape(title)}</text>')
     for i, bar in enumerate(bars):
         y = top + i * row_h
@@ -168,7 +177,7 @@ def bar_chart(title: str, bars: Sequence[Bar], *, unit: str = "", width: int = 3
             f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" fill="{colour}">'
             f"<title>{escape(bar.label)}: {escape(format_number(bar.value))} {escape(unit)}</title></rect>"
         )
-        text = f"{format_number(bar.value)} {unit}".strip() + (f" {bar.note}" if bar.note else "")
+        text = _bar_text(bar, unit)
         parts.append(f'<text x="{left + w + 4:.1f}" y="{y + 14}" class="bar-value">{escape(text)}</text>')
     if limit is not None:
         x = left + limit / scale_max * plot_w
@@ -201,9 +210,14 @@ def _segments(points: Sequence[tuple[float, float | None]]) -> list[list[tuple[f
     return [s for s in segments if s]
 
 
-def _svg_open(width: int, height: int, title: str) -> str:
+def _bar_text(bar: Bar, unit: str) -> str:
+    return f"{format_number(bar.value)} {unit}".strip() + (f" {bar.note}" if bar.note else "")
+
+
+def _svg_open(width: int, height: int, title: str, natural: bool = False) -> str:
+    size = f'width="{width}" height="{height}"' if natural else 'width="100%"'
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" {size} '
         f'role="img" aria-label="{escape(title)}" class="chart" preserveAspectRatio="xMinYMin meet">'
         f"<title>{escape(title)}</title>"
     )

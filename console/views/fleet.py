@@ -43,7 +43,7 @@ def fleet(request):
                 f"{row.endpoint.name} capacity",
                 [
                     charts.Bar("have", row.ledger.have_mu_per_min),
-                    charts.Bar("sold", row.ledger.sold_mu_per_min, f"({row.ledger.sold_ratio:.0%})"),
+                    charts.Bar("sold", row.ledger.sold_mu_per_min, _sold_note(row.ledger)),
                     charts.Bar("used", row.ledger.used_mu_per_min),
                 ],
                 unit="MU/min",
@@ -51,6 +51,12 @@ def fleet(request):
             )
         )
     return render(request, "console/fleet.html", {"rows": rows, "states": ReplicaState, "now": now})
+
+
+def _sold_note(ledger) -> str:
+    if ledger.have_mu_per_min:
+        return f"({ledger.sold_ratio:.0%} of have)"
+    return "(no ready capacity)" if ledger.sold_mu_per_min else ""
 
 
 @login_required
@@ -84,6 +90,7 @@ def _endpoint_charts(endpoint, series, decisions) -> dict:
         for d in decisions
     ]
     capacity = [ready * replica_mu_per_min(endpoint) for ready in series.ready_replicas]
+    window = (xs[0], xs[-1]) if xs else None
     specs = {
         "requests": charts.LineChart(
             "Requests per second",
@@ -111,6 +118,8 @@ def _endpoint_charts(endpoint, series, decisions) -> dict:
             y_label="MU/min",
         ),
     }
+    for spec in specs.values():
+        spec.x_range = window
     return {name: mark_safe(charts.line_chart(spec)) for name, spec in specs.items()}
 
 

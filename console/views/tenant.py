@@ -42,6 +42,7 @@ def tenant_home(request):
             "Usage, last 24 hours (MU per hour)",
             [charts.Series("MU/hour", [(hour.timestamp(), mu) for hour, mu, _ in usage])],
             y_label="MU",
+            x_range=(start.timestamp(), now.timestamp()),
         )
     )
     context = {"tenant": tenant, "rows": rows, "usage_chart": mark_safe(chart), "usage": usage}

@@ -31,7 +31,7 @@ def database_url() -> str:
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def console_server(django_db_setup, tmp_path_factory):
     """uvicorn on a socket bound to port 0 by us (no port race), killed at the end even if a test failed."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -80,19 +80,28 @@ def console_server(django_db_setup, tmp_path_factory):
         log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
+    """Module-scoped on purpose: Playwright's sync API keeps an event loop running in this thread, which would break
+    every asyncio test collected after the browser tests if it outlived them."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip(f"no Chromium at {CHROMIUM}: run scripts/install_browser.sh")
     sync_api = pytest.importorskip("playwright.sync_api", reason="run scripts/install_browser.sh")
-    # Playwright's sync API keeps an event loop running in this thread; the test's own ORM calls are still sync.
+    # With Playwright's loop running here, Django would refuse the test's own (sync) ORM calls.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                yield browser
+            finally:
+                browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture
