@@ -1,4 +1,5 @@
 """OpenAPI description of API key authentication (drf-spectacular finds extensions by subclassing)."""
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 

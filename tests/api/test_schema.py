@@ -13,7 +13,7 @@ def test_schema_validates_and_lists_every_resource(tmp_path: Path, db):
     paths = set(schema["paths"])
     for resource in (
         "tenants", "users", "api-keys", "reservations", "endpoints", "replicas", "hardware-profiles",
-        "model-profiles", "slos", "usage",
+        "model-profiles", "slos", "usage", "audit", "me",
     ):  # fmt: skip
         assert f"/api/v1/{resource}/" in paths, resource
     assert "/api/v1/endpoints/{id}/scale/" in paths
