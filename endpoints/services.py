@@ -71,6 +71,14 @@ def _endpoint_validate(endpoint: Endpoint) -> None:
         errors.update(exc.message_dict)
     if not isinstance(endpoint.launch_options, dict):
         errors.setdefault("launch_options", []).append("must be a JSON object")
+    elif "actuator" in endpoint.launch_options:
+        # Refuse an unknown actuator now rather than at the autoscaler's next tick.
+        from capacity.autoscaling.actuators import ActuatorError, get_actuator
+
+        try:
+            get_actuator(endpoint)
+        except ActuatorError as exc:
+            errors.setdefault("launch_options", []).append(str(exc))
     benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
     if benchmark is not None:
         # A pinned calibration must describe this endpoint's own model on its own hardware, and be finished.

@@ -167,6 +167,7 @@ class TestEndpoints(APIResourceCase):
             ({**good, "min_replicas": -1}, "min_replicas"),
             ({**good, "concurrency_min": 8, "concurrency_max": 16, "concurrency_limit": 64}, "concurrency_limit"),
             ({**good, "launch_options": ["--tp", "2"]}, "launch_options"),
+            ({**good, "launch_options": {"actuator": "teleport"}}, "launch_options"),
             ({**good, "routing_policy": "random"}, "routing_policy"),
             ({**good, "ttft_slo_ms": 0}, "ttft_slo_ms"),
         ]
