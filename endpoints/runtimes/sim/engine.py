@@ -264,13 +264,23 @@ class Engine:
             step0 = profile.decode_step_s(len(old), ctx) if old else profile.decode_t0_s
             prefill = profile.prefill_s(prefill_tokens)
             return Plan(now, 1, list(self.running), prefill, step0, 0.0, admitted)
-        while self._growth(1) > self.kv.free_blocks:
-            self._preempt_one()
-            if not self.running:
-                return None
-        steps = min(max_steps, min(s.remaining for s in self.running))
+        running = self.running
+        steps = max_steps
+        ctx = 0
+        for s in running:
+            if s.max_tokens - s.generated < steps:
+                steps = s.max_tokens - s.generated
+            ctx += s.prompt_tokens + s.generated
         free = self.kv.free_blocks
-        if steps > 1 and self._growth(steps) > free:
+        if self._growth(steps) > free:
+            while self._growth(1) > self.kv.free_blocks:
+                self._preempt_one()
+                if not self.running:
+                    return None
+            running = self.running
+            steps = min(max_steps, min(s.max_tokens - s.generated for s in running))
+            ctx = sum(s.prompt_tokens + s.generated for s in running)
+            free = self.kv.free_blocks
             lo, hi = 1, steps  # the most steps whose block growth fits
             while lo < hi:
                 mid = (lo + hi + 1) // 2
@@ -279,10 +289,9 @@ class Engine:
                 else:
                     hi = mid - 1
             steps = lo
-        batch = len(self.running)
-        ctx = sum(s.prompt_tokens + s.generated for s in self.running)
+        batch = len(running)
         step0 = profile.decode_step_s(batch, ctx)
-        return Plan(now, steps, list(self.running), 0.0, step0, profile.decode_per_ctx_token_s * batch, [])
+        return Plan(now, steps, list(running), 0.0, step0, profile.decode_per_ctx_token_s * batch, [])
 
     def commit(self, plan: Plan, steps: int, now: float) -> list[Sequence]:
         """Apply ``steps`` completed steps of ``plan`` ending at ``now``; returns the sequences that finished."""
