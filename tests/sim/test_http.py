@@ -284,3 +284,44 @@ def test_priority_is_served_first_when_the_batch_is_full():
         for t in (blocker, low, high):
             t.join(30)
         assert finished["high"] < finished["low"]
+
+
+def test_fail_after_tokens_ends_a_stream_with_vllms_error_event():
+    from endpoints.runtimes.sim.faults import Faults
+
+    with ThreadedReplica(get_profile("tiny"), speed=4.0, faults=Faults(fail_after_tokens=3)) as replica:
+        text = httpx.post(
+            f"{replica.url}/v1/chat/completions",
+            timeout=10,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 10,
+                "stream": True,
+            },
+        ).text
+        frames = [f for f in text.split("\n\n") if f]
+        assert '"role":"assistant"' in frames[0]
+        assert sum('"content":" ' in f for f in frames) == 3
+        assert frames[-2].startswith('data: {"error":') and frames[-1] == "data: [DONE]"
+        plain = httpx.post(
+            f"{replica.url}/v1/completions", timeout=10, json={"model": "tiny", "prompt": "x", "max_tokens": 10}
+        )
+        assert plain.status_code == 500 and plain.json()["error"]["type"] == "InternalServerError"
+        assert (
+            httpx.post(
+                f"{replica.url}/v1/completions", timeout=10, json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+            ).status_code
+            == 200
+        )
+        s = scrape(replica.url)
+        assert value(s, "vllm:request_success_total", finished_reason="abort") == 2
+        assert value(s, "vllm:num_requests_running") == 0
+
+
+def test_priority_needs_the_priority_scheduler():
+    with ThreadedReplica(get_profile("tiny"), scheduling_policy="fcfs") as replica:
+        response = httpx.post(f"{replica.url}/v1/completions", json={"model": "tiny", "prompt": "x", "priority": 3})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "priority"
+        ok = httpx.post(f"{replica.url}/v1/completions", json={"model": "tiny", "prompt": "x", "priority": 0})
+        assert ok.status_code == 200

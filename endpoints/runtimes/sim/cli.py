@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME[=VALUE]",
         help="sim fault: hang, hang_health, slow_factor=3, error_rate=0.2, crash_after_s=5, "
-        "crash_after_requests=10, startup_delay_s=2",
+        "crash_after_requests=10, fail_after_tokens=5, startup_delay_s=2",
     )
     parser.add_argument("--startup-delay", type=float, default=None, help="sim: seconds before binding")
     parser.add_argument("--model", default=None, help="vllm: model path or HF id")

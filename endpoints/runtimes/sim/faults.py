@@ -5,6 +5,8 @@
 - ``crash``: the process exits at once (``POST /admin/crash``, or ``crash_after_s`` / ``crash_after_requests``);
 - ``slow_factor``: every engine step takes this many times longer;
 - ``error_rate`` (0–1): that share of completion requests fails with ``error_status`` (500) in vLLM's error shape;
+- ``fail_after_tokens``: every request fails after that many output tokens: a stream gets vLLM's mid-stream
+  ``data: {"error": …}`` then ``data: [DONE]``, a non-streaming request a 500 (the request is aborted);
 - ``startup_delay_s``: the server binds its port only after this long (a cold start: connection refused, then
   ``/health`` 200).
 """
@@ -22,6 +24,7 @@ class Faults:
     slow_factor: float = 1.0
     error_rate: float = 0.0
     error_status: int = 500
+    fail_after_tokens: int | None = None
     crash_after_s: float | None = None
     crash_after_requests: int | None = None
     startup_delay_s: float = 0.0
@@ -40,6 +43,8 @@ class Faults:
             raise ValueError("startup_delay_s must be non-negative")
         if not 400 <= int(self.error_status) <= 599:
             raise ValueError("error_status must be an HTTP error status")
+        if self.fail_after_tokens is not None and int(self.fail_after_tokens) < 0:
+            raise ValueError("fail_after_tokens must be non-negative")
 
     def update(self, changes: dict) -> None:
         """Apply a partial update (admin call); unknown keys or bad values raise ValueError, nothing changes."""

@@ -255,9 +255,13 @@ class ReplicaServer:
         try:
             if parsed.stream:
                 return await self._stream(request, live)
+            fail_at = self.faults.fail_after_tokens
             while seq.state != FINISHED:
                 await live.event.wait()
                 live.event.clear()
+                if fail_at is not None and seq.generated >= fail_at and seq.state != FINISHED:
+                    failure = BadRequest("simulated engine failure (fault injection)", status=500)
+                    return self._error(failure, parsed.request_id)
             usage = usage_block(seq.prompt_tokens, seq.generated, seq.cached_tokens, streaming=False)
             payload = full_response(parsed, self.created, output_text(0, seq.generated), seq.finish_reason, usage)
             return web.json_response(payload, headers={"X-Request-Id": parsed.request_id})
@@ -287,7 +291,16 @@ class ReplicaServer:
                 if parsed.continuous_usage:
                     first["usage"] = usage_block(seq.prompt_tokens, 0, seq.cached_tokens, streaming=True)
                 frames.append(_sse(first))
+            fail_at = self.faults.fail_after_tokens
             while emitted < seq.generated:
+                if fail_at is not None and emitted >= fail_at:
+                    # vLLM's mid-stream failure: an error event, then [DONE]; the request is aborted.
+                    error = error_body(
+                        "simulated engine failure mid-stream (fault injection)", status=500, kind="InternalServerError"
+                    )
+                    await response.write(b"".join(frames) + _sse(error) + _sse("[DONE]"))
+                    await response.write_eof()
+                    return response
                 last = emitted + 1 == seq.max_tokens
                 reason = seq.finish_reason if last else None
                 text = output_text(emitted, 1)
