@@ -1,0 +1,31 @@
+"""Actuators behind one interface; ``get_actuator(endpoint)`` picks the endpoint's.
+
+The choice is ``Endpoint.launch_options["actuator"]``, else ``INFERCAP["AUTOSCALE_ACTUATOR"]``, else ``local``.
+The health checker restarts a failed replica with ``get_actuator(replica.endpoint).restart(replica)``.
+"""
+from django.conf import settings
+
+from capacity.autoscaling.actuators.base import Actuator, ActuatorError, StaticActuator
+
+
+def actuator_name(endpoint) -> str:
+    default = getattr(settings, "INFERCAP", {}).get("AUTOSCALE_ACTUATOR", "local")
+    return str((endpoint.launch_options or {}).get("actuator") or default)
+
+
+def get_actuator(endpoint) -> Actuator:
+    name = actuator_name(endpoint)
+    if name == "local":
+        from capacity.autoscaling.actuators.local import LocalActuator
+
+        return LocalActuator()
+    if name == "kubernetes":
+        from capacity.autoscaling.actuators.kubernetes import KubernetesActuator
+
+        return KubernetesActuator()
+    if name == "static":
+        return StaticActuator()
+    raise ActuatorError(f"unknown actuator {name!r} (local, kubernetes, static)")
+
+
+__all__ = ["Actuator", "ActuatorError", "actuator_name", "get_actuator"]

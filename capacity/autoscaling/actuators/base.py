@@ -1,0 +1,94 @@
+"""The actuator interface: what the autoscaler asks of whatever runs replicas (local processes, Kubernetes).
+
+An actuator owns the replicas it started (``Replica.actuator`` = its name) and only ever stops those; replicas
+registered by hand (``static``) count as capacity but are left alone. Lifecycle moves go through
+``endpoints.services.replica_transition`` so every change is recorded and the proxy's snapshot follows.
+"""
+import logging
+from abc import ABC, abstractmethod
+
+import httpx
+
+from endpoints.models import Endpoint, Replica, ReplicaState
+from endpoints.services import IllegalTransition, replica_transition
+
+log = logging.getLogger(__name__)
+
+
+class ActuatorError(Exception):
+    """The actuator could not do what it was asked (no free port, API refused, bad launch options)."""
+
+
+class Actuator(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
+        """Start ``count`` replicas (registered as pending/starting); they turn ready in ``sync`` once healthy."""
+
+    @abstractmethod
+    def terminate(self, replicas: list[Replica], *, reason: str) -> None:
+        """Stop these replicas now (drained or never ready) and mark them stopped."""
+
+    @abstractmethod
+    def sync(self, endpoint: Endpoint) -> None:
+        """Bring rows in line with reality: starting → ready once healthy, dead ones → failed → stopped."""
+
+    def restart(self, replica: Replica) -> list[Replica]:
+        """Replace a failed or hung replica: stop it, start another of the same kind (for the health checker)."""
+        replica.refresh_from_db()
+        if replica.actuator != self.name:
+            raise ActuatorError(f"replica {replica.pk} belongs to actuator {replica.actuator!r}, not {self.name!r}")
+        standby = replica.is_standby
+        if replica.state != ReplicaState.STOPPED:
+            self.terminate([replica], reason="restart")
+        return self.launch(replica.endpoint, 1, standby=standby)
+
+    def owns(self, replica: Replica) -> bool:
+        return replica.actuator == self.name
+
+    # -- helpers shared by the implementations ------------------------------------------------------------
+    @staticmethod
+    def move(replica: Replica, to_state: str, reason: str) -> bool:
+        """Transition if still allowed; a concurrent health check may have moved it first."""
+        try:
+            replica_transition(replica=replica, to_state=to_state, reason=reason)
+            return True
+        except IllegalTransition as exc:
+            log.info("actuator: %s", exc)
+            return False
+
+    @staticmethod
+    def stop_row(replica: Replica, reason: str) -> None:
+        """Walk a replica to stopped from wherever it is (ready must drain first: ready → draining → stopped)."""
+        replica.refresh_from_db(fields=["state"])
+        if replica.state == ReplicaState.READY:
+            Actuator.move(replica, ReplicaState.DRAINING, reason)
+        if replica.state != ReplicaState.STOPPED:
+            Actuator.move(replica, ReplicaState.STOPPED, reason)
+
+    @staticmethod
+    def healthy(url: str, timeout_s: float = 0.5) -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+class StaticActuator(Actuator):
+    """Hand-registered replicas: nothing to start or stop; the autoscaler records decisions but cannot act."""
+
+    name = "static"
+
+    def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
+        raise ActuatorError("the static actuator cannot start replicas; register them by hand")
+
+    def terminate(self, replicas: list[Replica], *, reason: str) -> None:
+        for replica in replicas:
+            self.stop_row(replica, reason)
+
+    def sync(self, endpoint: Endpoint) -> None:
+        pass
+
+    def restart(self, replica: Replica) -> list[Replica]:
+        raise ActuatorError("the static actuator cannot restart replicas")

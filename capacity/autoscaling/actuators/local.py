@@ -1,0 +1,172 @@
+"""The local actuator: replicas as processes on this host, on free ports (simulated vLLM, or ``vllm serve``).
+
+Launch options come from ``Endpoint.launch_options``: for ``sim`` endpoints ``profile``, ``speed``,
+``profile_opts`` (dict), ``faults`` (dict); for ``vllm`` endpoints ``model`` and any ``serve_command`` option.
+A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
+signal does not take them down; the worker that started one reaps it, any other finds it by pid.
+"""
+import inspect
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from capacity.autoscaling.actuators.base import Actuator, ActuatorError
+from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
+from endpoints.runtimes import vllm
+from endpoints.runtimes.sim.process import free_port
+
+log = logging.getLogger(__name__)
+
+BASE_DIR = Path(__file__).resolve().parents[3]
+# Popen objects of the processes this Python process started, so exits are reaped (no zombies counted alive).
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+def pid_alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie answers kill(0) but is gone
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def stop_pid(pid: int, *, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after the grace period; returns once the process is gone."""
+    if not pid_alive(pid):
+        _CHILDREN.pop(pid, None)
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            break
+        time.sleep(0.05)
+    else:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("local actuator: pid %s did not exit after SIGKILL", pid)
+
+
+def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> list[str]:
+    options = dict(endpoint.launch_options or {})
+    if endpoint.runtime == Runtime.VLLM:
+        model = options.pop("model", None) or endpoint.model_profile.name
+        allowed = set(inspect.signature(vllm.serve_command).parameters)
+        extra = {k: v for k, v in options.items() if k in allowed and k not in ("model", "port", "host")}
+        return vllm.serve_command(model=model, port=port, host=host, served_model_name=endpoint.name, **extra)
+    argv = [sys.executable, "-m", "endpoints.runtimes.sim.cli", "--runtime", "sim", "--host", host]
+    argv += ["--port", str(port), "--served-model-name", endpoint.name]
+    if options.get("profile"):
+        argv += ["--profile", str(options["profile"])]
+    argv += ["--speed", str(float(options.get("speed", 1.0)))]
+    for key, value in (options.get("profile_opts") or {}).items():
+        argv += ["--profile-opt", f"{key}={value}"]
+    for key, value in (options.get("faults") or {}).items():
+        argv += ["--fault", f"{key}={value}"]
+    return argv
+
+
+class LocalActuator(Actuator):
+    name = "local"
+    start_timeout_s = 600.0  # vLLM loading a large model takes minutes; past this a start counts as failed
+
+    def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
+        started = []
+        log_dir = Path(settings.INFERCAP.get("SPOOL_DIR", BASE_DIR / "var")).parent / "replicas"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(count):
+            port = free_port()
+            name = f"local-{uuid.uuid4().hex[:8]}"
+            try:
+                argv = replica_argv(endpoint, port=port)
+            except (TypeError, ValueError) as exc:
+                raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
+            replica = Replica.objects.create(
+                endpoint=endpoint,
+                name=name,
+                url=f"http://127.0.0.1:{port}",
+                actuator=self.name,
+                is_standby=standby,
+                concurrency_limit=endpoint.concurrency_limit,
+            )
+            env = {**os.environ, **self._child_env()}
+            with open(log_dir / f"{endpoint.name.replace('/', '_')}-{name}.log", "ab") as out:
+                try:
+                    proc = subprocess.Popen(
+                        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(BASE_DIR),
+                        env=env, start_new_session=True,
+                    )
+                except OSError as exc:
+                    self.move(replica, ReplicaState.FAILED, f"could not start: {exc}")
+                    self.move(replica, ReplicaState.STOPPED, "start failed")
+                    raise ActuatorError(f"could not start {argv[0]}: {exc}") from exc
+            _CHILDREN[proc.pid] = proc
+            replica.actuator_ref = str(proc.pid)
+            replica.save(update_fields=["actuator_ref"])
+            self.move(replica, ReplicaState.STARTING, f"pid {proc.pid} on port {port}")
+            started.append(replica)
+        return started
+
+    @staticmethod
+    def _child_env() -> dict:
+        # A replica process that imports Django must reach the same database as the worker that started it.
+        db = connection.settings_dict
+        if db.get("ENGINE", "").endswith("postgresql") and db.get("NAME"):
+            user, host, port = db.get("USER") or "", db.get("HOST") or "127.0.0.1", db.get("PORT") or "5432"
+            return {"DATABASE_URL": f"postgres://{user}@{host}:{port}/{db['NAME']}"}
+        return {}
+
+    def terminate(self, replicas: list[Replica], *, reason: str) -> None:
+        for replica in replicas:
+            if replica.actuator_ref.isdigit():
+                stop_pid(int(replica.actuator_ref))
+            self.stop_row(replica, reason)
+
+    def sync(self, endpoint: Endpoint) -> None:
+        live = endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)
+        now = timezone.now()
+        for replica in live:
+            pid = int(replica.actuator_ref) if replica.actuator_ref.isdigit() else None
+            alive = pid is not None and pid_alive(pid)
+            if replica.state == ReplicaState.FAILED:
+                # Failed (by us or by the health checker): make sure the process is gone, then close the row.
+                self.terminate([replica], reason="failed replica cleaned up")
+            elif not alive:
+                code = _CHILDREN.pop(pid).returncode if pid in _CHILDREN else None
+                if self.move(replica, ReplicaState.FAILED, f"process {pid} exited (code {code})"):
+                    self.move(replica, ReplicaState.STOPPED, "process gone")
+            elif replica.state in (ReplicaState.PENDING, ReplicaState.STARTING):
+                if self.healthy(replica.url):
+                    if replica.state == ReplicaState.PENDING:
+                        self.move(replica, ReplicaState.STARTING, "process up")
+                    self.move(replica, ReplicaState.READY, "health check passed")
+                elif (now - replica.created_at).total_seconds() > self.start_timeout_s:
+                    self.move(replica, ReplicaState.FAILED, f"not healthy after {self.start_timeout_s:.0f} s")
+                    self.terminate([replica], reason="start timed out")

@@ -1,0 +1,339 @@
+"""One decision tick per endpoint and axis, and the reconcile loop that makes replicas match the decision.
+
+Each tick: take the (axis, endpoint) lock in Redis, skip if the tick's decision already exists (a redelivered
+task), gather inputs, run the pure policy, store an ``AutoscalerDecision`` with inputs and reason, then act.
+The unique (endpoint, axis, tick) constraint is the last guard: a second writer gets IntegrityError and stops.
+
+Sources: demand from the proxies' Redis reports; replica counts from ``Replica`` rows; the predictive floor's
+history from the per-minute usage rollups (``billing.UsageMinute``: requests per minute, a day back); the
+vertical policy's p95s, KV usage and queue from the replicas' own ``/metrics`` histograms, diffed per cycle.
+"""
+import logging
+import math
+import time
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from capacity.autoscaling import horizontal, predictive, replica_metrics, store, vertical
+from capacity.autoscaling.actuators import ActuatorError, get_actuator
+from capacity.autoscaling.demand import DemandSample, sum_process_reports
+from capacity.models import AutoscalerDecision
+from endpoints.models import Endpoint, Replica, ReplicaState
+
+log = logging.getLogger(__name__)
+
+HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
+VERTICAL = AutoscalerDecision.Axis.VERTICAL
+ACTIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
+DRAIN_GRACE_S = 2.0  # the proxies' snapshots stop routing to a draining replica within a second
+DRAIN_TIMEOUT_S = 120.0  # a stream still running after this is cut: the replica must go eventually
+DEFAULT_SECONDS_PER_REQUEST = 10.0
+PREDICTIVE = predictive.PredictiveConfig()
+
+
+# -- horizontal ---------------------------------------------------------------------------------------------
+def horizontal_tick(*, endpoint_id: int, tick: str, now: float | None = None) -> AutoscalerDecision | None:
+    """Decide and apply the replica count for one endpoint; None when another worker owns this tick."""
+    with store.TickLock(axis=HORIZONTAL, endpoint_id=endpoint_id) as lock:
+        if not lock.held or _decided(endpoint_id, HORIZONTAL, tick):
+            return None
+        endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
+        if endpoint is None:
+            return None
+        now = time.time() if now is None else now
+        actuator = _actuator_or_none(endpoint)
+        if actuator is not None:
+            _safe(actuator.sync, endpoint)
+        inputs = horizontal_inputs(endpoint, now=now)
+        decision = horizontal.decide(inputs)
+        row = _store(endpoint, HORIZONTAL, tick, decision.current, decision.desired, decision.reason, decision.inputs)
+        if row is None:
+            return None
+        if decision.desired != endpoint.desired_replicas:
+            Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=decision.desired)
+            endpoint.desired_replicas = decision.desired
+        actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
+        row.applied = actuator is not None
+        row.inputs = {**row.inputs, "actions": actions}
+        row.save(update_fields=["applied", "inputs"])
+        return row
+
+
+def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
+    sample = sum_process_reports(store.demand_reports(endpoint.pk), now=now)
+    if store.woken(endpoint.pk) and sample.requests == 0:
+        sample = DemandSample(t=now, queued=1)  # the activator saw a request waiting for a first replica
+    window = [
+        DemandSample(**{k: float(v) for k, v in s.items() if k in DemandSample.__dataclass_fields__})
+        for s in store.push_sample(endpoint.pk, sample.__dict__)
+    ]
+    replicas = list(endpoint.replicas.filter(state__in=ACTIVE, is_standby=False).values_list("state", flat=True))
+    ready = sum(1 for s in replicas if s == ReplicaState.READY)
+    floor, _ = predicted_floor_for(endpoint, now=now)
+    last_up, last_down = _last_moves(endpoint)
+    return horizontal.HorizontalInputs(
+        now=now,
+        samples=window,
+        ready=ready,
+        starting=len(replicas) - ready,
+        min_replicas=endpoint.min_replicas,
+        max_replicas=endpoint.max_replicas,
+        target_concurrency=float(endpoint.concurrency_limit),
+        provisioned_concurrency=endpoint.provisioned_concurrency,
+        scale_to_zero=endpoint.scale_to_zero,
+        predicted_floor=floor,
+        last_scale_up_at=last_up,
+        last_scale_down_at=last_down,
+    )
+
+
+def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
+    """The predictive floor from per-minute request counts of the usage rollups (yesterday and the last minutes)."""
+    try:
+        from billing.models import UsageMinute
+    except ImportError:  # the billing app is optional for this feature
+        return 0, {"reason": "no usage rollups"}
+    cfg = PREDICTIVE
+    at = datetime.fromtimestamp(now, tz=UTC)
+    yesterday_end = cfg.period_s - cfg.lead_s - cfg.lookahead_margin_s - cfg.bucket_s
+    windows = [
+        (at - timedelta(seconds=cfg.period_s + cfg.trend_window_s), at - timedelta(seconds=yesterday_end), False),
+        (at - timedelta(seconds=cfg.trend_window_s + cfg.bucket_s), at, True),
+    ]
+    history: dict[int, float] = {}
+    recent = {"ok": 0, "ttft": 0.0, "tpot": 0.0, "out": 0}
+    for start, end, is_recent in windows:
+        rows = (
+            UsageMinute.objects.filter(endpoint=endpoint, start__gte=start, start__lt=end)
+            .values("start")
+            .annotate(n=Sum("requests"), ok=Sum("ok"), ttft=Sum("ttft_sum_ms"), tpot=Sum("tpot_sum_ms"),
+                      out=Sum("output_tokens"))
+        )
+        for row in rows:
+            history[predictive.bucket_of(row["start"].timestamp(), cfg)] = (row["n"] or 0) / cfg.bucket_s
+            if is_recent:
+                for key in recent:
+                    recent[key] += row[key] or 0
+    seconds = DEFAULT_SECONDS_PER_REQUEST
+    if recent["ok"]:
+        # Little's law needs how long a request is in flight: mean TTFT plus mean output × mean TPOT.
+        seconds = (recent["ttft"] + recent["tpot"] * recent["out"] / recent["ok"]) / recent["ok"] / 1000.0
+        seconds = max(seconds, 0.1)
+    floor, detail = predictive.predicted_floor(
+        history, now=now, target_concurrency=float(endpoint.concurrency_limit), seconds_per_request=seconds, cfg=cfg
+    )
+    return floor, {**detail, "seconds_per_request": round(seconds, 3)}
+
+
+def _last_moves(endpoint: Endpoint) -> tuple[float | None, float | None]:
+    from django.db.models import F
+
+    applied = AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL, applied=True)
+    up = applied.filter(desired__gt=F("current")).order_by("-at").values_list("at", flat=True).first()
+    down = applied.filter(desired__lt=F("current")).order_by("-at").values_list("at", flat=True).first()
+    return (up.timestamp() if up else None), (down.timestamp() if down else None)
+
+
+# -- reconcile: make replicas match desired_replicas ----------------------------------------------------------
+def reconcile(*, endpoint: Endpoint) -> list[str]:
+    """Converge the endpoint's replicas on ``desired_replicas``: finish drains, promote standbys, start, drain,
+    keep the warm pool. Returns what it did, for the decision's record."""
+    actuator = get_actuator(endpoint)
+    actions: list[str] = []
+    _safe(actuator.sync, endpoint)
+    actions += finish_drains(endpoint=endpoint, actuator=actuator)
+    active = list(endpoint.replicas.filter(state__in=ACTIVE, is_standby=False).order_by("created_at"))
+    missing = endpoint.desired_replicas - len(active)
+    if missing > 0:
+        for standby in endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")[:missing]:
+            standby.is_standby = False
+            standby.save(update_fields=["is_standby"])  # the proxy snapshot picks it up on this save
+            actions.append(f"promoted standby {standby.name}")
+            missing -= 1
+        if missing > 0:
+            try:
+                started = actuator.launch(endpoint, missing)
+                actions.append(f"launched {missing}" + (f": {', '.join(r.name for r in started)}" if started else ""))
+            except ActuatorError as exc:
+                actions.append(f"launch failed: {exc}")
+                log.warning("autoscaler: %s", exc)
+    elif missing < 0:
+        owned = [r for r in active if actuator.owns(r)]
+        # Replicas still booting go first (nothing to drain), then the ready ones with the least work.
+        booting = [r for r in reversed(owned) if r.state != ReplicaState.READY]
+        ready = sorted((r for r in owned if r.state == ReplicaState.READY), key=_in_flight)
+        for replica in (booting + ready)[:-missing]:
+            if replica.state == ReplicaState.READY:
+                if actuator.move(replica, ReplicaState.DRAINING, "scale in"):
+                    actions.append(f"draining {replica.name}")
+            else:
+                _safe(actuator.terminate, [replica], reason="scale in before ready")
+                actions.append(f"cancelled {replica.name}")
+    actions += keep_warm_pool(endpoint=endpoint, actuator=actuator)
+    return actions
+
+
+def keep_warm_pool(*, endpoint: Endpoint, actuator) -> list[str]:
+    if not getattr(actuator, "supports_standby", True):
+        return []
+    standby = list(endpoint.replicas.filter(is_standby=True, state__in=ACTIVE, actuator=actuator.name))
+    want = endpoint.warm_pool_size
+    if len(standby) < want:
+        try:
+            started = actuator.launch(endpoint, want - len(standby), standby=True)
+            return [f"warm pool: started {', '.join(r.name for r in started)}"]
+        except ActuatorError as exc:
+            return [f"warm pool: launch failed: {exc}"]
+    if len(standby) > want:
+        extra = standby[want:]
+        _safe(actuator.terminate, extra, reason="warm pool shrunk")
+        return [f"warm pool: stopped {len(extra)}"]
+    return []
+
+
+def finish_drains(*, endpoint: Endpoint, actuator) -> list[str]:
+    """Stop draining replicas whose in-flight work is done (or whose drain ran past the timeout)."""
+    actions = []
+    for replica in endpoint.replicas.filter(state=ReplicaState.DRAINING, actuator=actuator.name):
+        age = (timezone.now() - replica.state_changed_at).total_seconds()
+        if age < DRAIN_GRACE_S:
+            continue
+        busy = _in_flight(replica)
+        if busy == 0 or age > DRAIN_TIMEOUT_S or busy is None and age > 10:
+            why = "drained" if busy == 0 else ("drain timed out" if busy else "drain: replica unreachable")
+            _safe(actuator.terminate, [replica], reason=why)
+            actions.append(f"stopped {replica.name} ({why})")
+    return actions
+
+
+def replica_drain(*, replica: Replica, reason: str = "drain") -> Replica:
+    """Stop routing to a ready replica; the next ticks stop it once its in-flight requests finished."""
+    actuator = get_actuator(replica.endpoint)
+    actuator.move(replica, ReplicaState.DRAINING, reason)
+    return replica
+
+
+def _in_flight(replica: Replica) -> int | None:
+    """Requests the replica is running or queueing, from its /metrics; None if it cannot be read."""
+    scrape = _scrape(replica)
+    return None if scrape is None else int(scrape.running + scrape.waiting)
+
+
+def _scrape(replica: Replica, timeout_s: float = 1.0) -> replica_metrics.Scrape | None:
+    if not replica.url:
+        return None
+    try:
+        response = httpx.get(f"{replica.url}/metrics", timeout=timeout_s)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return replica_metrics.parse(response.text)
+
+
+# -- vertical ---------------------------------------------------------------------------------------------
+def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
+    """Adjust the per-replica concurrency limit for one endpoint; None when another worker owns this tick."""
+    with store.TickLock(axis=VERTICAL, endpoint_id=endpoint_id) as lock:
+        if not lock.held or _decided(endpoint_id, VERTICAL, tick):
+            return None
+        endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
+        if endpoint is None:
+            return None
+        inputs = vertical_inputs(endpoint)
+        decision = vertical.decide(inputs)
+        record = {**decision.inputs, "overload_streak": decision.state.overload_streak,
+                  "healthy_streak": decision.state.healthy_streak}
+        row = _store(endpoint, VERTICAL, tick, decision.current, decision.desired, decision.reason, record)
+        if row is None:
+            return None
+        if decision.desired != endpoint.concurrency_limit:
+            with transaction.atomic():
+                endpoint.concurrency_limit = decision.desired
+                endpoint.save(update_fields=["concurrency_limit", "updated_at"])  # bumps the proxies' snapshot
+                endpoint.replicas.filter(state__in=ACTIVE).update(concurrency_limit=decision.desired)
+        row.applied = True
+        row.save(update_fields=["applied"])
+        return row
+
+
+def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
+    ttft, tpot, kv, waiting, seen = [], [], [], [], 0
+    for replica in endpoint.replicas.filter(state=ReplicaState.READY, is_standby=False):
+        scrape = _scrape(replica)
+        if scrape is None:
+            continue
+        seen += 1
+        kv.append(scrape.kv_usage)
+        waiting.append(scrape.waiting)
+        key = store.HIST_KEY.format(replica_id=replica.pk)
+        before = store.load_json(key) or {}
+        now_ttft, now_tpot = scrape.buckets(replica_metrics.TTFT), scrape.buckets(replica_metrics.TPOT)
+        ttft.append(replica_metrics.diff(now_ttft, _unjson(before.get("ttft"))))
+        tpot.append(replica_metrics.diff(now_tpot, _unjson(before.get("tpot"))))
+        store.save_json(key, {"ttft": _json(now_ttft), "tpot": _json(now_tpot)})
+    last = AutoscalerDecision.objects.filter(endpoint=endpoint, axis=VERTICAL).order_by("-at").first()
+    state = vertical.VerticalState(
+        overload_streak=int((last.inputs or {}).get("overload_streak", 0)) if last else 0,
+        healthy_streak=int((last.inputs or {}).get("healthy_streak", 0)) if last else 0,
+    )
+    p95_ttft = replica_metrics.quantile(replica_metrics.merge(ttft))
+    p95_tpot = replica_metrics.quantile(replica_metrics.merge(tpot))
+    return vertical.VerticalInputs(
+        current_limit=endpoint.concurrency_limit,
+        min_limit=endpoint.concurrency_min,
+        max_limit=endpoint.concurrency_max,
+        ttft_slo_ms=endpoint.ttft_slo_ms,
+        tpot_slo_ms=endpoint.tpot_slo_ms,
+        ttft_p95_ms=None if p95_ttft is None else p95_ttft * 1000,
+        tpot_p95_ms=None if p95_tpot is None else p95_tpot * 1000,
+        kv_usage=max(kv) if kv else None,
+        waiting_per_replica=sum(waiting) / seen if seen else None,
+        state=state,
+    )
+
+
+def _json(hist: dict[float, float]) -> list:
+    return [["inf" if math.isinf(b) else b, c] for b, c in hist.items()]
+
+
+def _unjson(rows) -> dict[float, float] | None:
+    if not rows:
+        return None
+    return {(math.inf if b == "inf" else float(b)): float(c) for b, c in rows}
+
+
+# -- shared -----------------------------------------------------------------------------------------------
+def _decided(endpoint_id: int, axis: str, tick: str) -> bool:
+    return AutoscalerDecision.objects.filter(endpoint_id=endpoint_id, axis=axis, tick=tick).exists()
+
+
+def _store(endpoint, axis, tick, current, desired, reason, inputs) -> AutoscalerDecision | None:
+    try:
+        with transaction.atomic():
+            return AutoscalerDecision.objects.create(
+                endpoint=endpoint, axis=axis, tick=tick, current=current, desired=desired, reason=reason[:255],
+                inputs=inputs,
+            )
+    except IntegrityError:
+        log.info("autoscaler: %s decision for endpoint %s tick %s already stored", axis, endpoint.pk, tick)
+        return None
+
+
+def _actuator_or_none(endpoint: Endpoint):
+    try:
+        return get_actuator(endpoint)
+    except ActuatorError as exc:
+        log.warning("autoscaler: endpoint %s: %s", endpoint.pk, exc)
+        return None
+
+
+def _safe(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except ActuatorError as exc:
+        log.warning("autoscaler: %s", exc)
+        return None

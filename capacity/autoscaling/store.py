@@ -1,0 +1,166 @@
+"""Shared state of the control loops in Redis: demand reports, the demand window, histogram snapshots, tick locks.
+
+Without ``REDIS_URL`` (the embedded default: one process) an in-memory stand-in keeps the same interface.
+"""
+import json
+import threading
+import time
+import uuid
+
+from django.conf import settings
+
+DEMAND_KEY = "infercap:demand:{endpoint_id}"  # written by every proxy process, one field per process
+SAMPLES_KEY = "infercap:autoscale:samples:{endpoint_id}"
+HIST_KEY = "infercap:autoscale:hist:{replica_id}"
+LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
+WAKE_KEY = "infercap:activator:{endpoint_id}"
+SAMPLES_KEPT = 400  # ticks every 5 s: more than the 5-minute scale-down window
+
+_client = None
+_client_lock = threading.Lock()
+
+
+class _MemoryStore:
+    """Just enough of redis-py for one process."""
+
+    def __init__(self) -> None:
+        self.data: dict = {}
+        self.expiry: dict = {}
+        self.lock = threading.Lock()
+
+    def _live(self, key):
+        if key in self.expiry and self.expiry[key] < time.monotonic():
+            self.data.pop(key, None)
+            self.expiry.pop(key, None)
+        return self.data.get(key)
+
+    def set(self, key, value, nx=False, ex=None):
+        with self.lock:
+            if nx and self._live(key) is not None:
+                return None
+            self.data[key] = value if isinstance(value, bytes) else str(value).encode()
+            if ex:
+                self.expiry[key] = time.monotonic() + ex
+            return True
+
+    def get(self, key):
+        with self.lock:
+            return self._live(key)
+
+    def delete(self, key):
+        with self.lock:
+            self.data.pop(key, None)
+
+    def hgetall(self, key):
+        with self.lock:
+            return dict(self._live(key) or {})
+
+    def hset(self, key, field, value):
+        with self.lock:
+            self.data.setdefault(key, {})[field.encode() if isinstance(field, str) else field] = (
+                value.encode() if isinstance(value, str) else value
+            )
+
+    def rpush(self, key, value):
+        with self.lock:
+            self.data.setdefault(key, []).append(value.encode() if isinstance(value, str) else value)
+
+    def ltrim(self, key, start, end):
+        with self.lock:
+            items = self.data.get(key, [])
+            self.data[key] = items[start:] if end == -1 else items[start : end + 1]
+
+    def lrange(self, key, start, end):
+        with self.lock:
+            items = self.data.get(key, [])
+            return items[start:] if end == -1 else items[start : end + 1]
+
+    def eval(self, script, numkeys, key, token):  # only the compare-and-delete below
+        with self.lock:
+            if self._live(key) == token.encode():
+                self.data.pop(key, None)
+                return 1
+            return 0
+
+
+def client():
+    global _client
+    with _client_lock:
+        if _client is None:
+            if settings.REDIS_URL:
+                import redis
+
+                _client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=2)
+            else:
+                _client = _MemoryStore()
+        return _client
+
+
+def reset_client() -> None:
+    global _client
+    with _client_lock:
+        _client = None
+
+
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+
+class TickLock:
+    """One holder per (axis, endpoint) at a time across every worker; released only by its holder."""
+
+    def __init__(self, *, axis: str, endpoint_id: int, ttl_s: int = 60) -> None:
+        self.key = LOCK_KEY.format(axis=axis, endpoint_id=endpoint_id)
+        self.token = uuid.uuid4().hex
+        self.ttl_s = ttl_s
+        self.held = False
+
+    def __enter__(self) -> "TickLock":
+        self.held = bool(client().set(self.key, self.token, nx=True, ex=self.ttl_s))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.held:
+            client().eval(_RELEASE, 1, self.key, self.token)
+
+
+def demand_reports(endpoint_id: int) -> list[dict]:
+    reports = []
+    for raw in client().hgetall(DEMAND_KEY.format(endpoint_id=endpoint_id)).values():
+        try:
+            value = json.loads(raw)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict):
+            reports.append(value)
+    return reports
+
+
+def push_sample(endpoint_id: int, sample: dict) -> list[dict]:
+    """Append one demand sample to the endpoint's window and return the window (oldest first)."""
+    key = SAMPLES_KEY.format(endpoint_id=endpoint_id)
+    c = client()
+    c.rpush(key, json.dumps(sample))
+    c.ltrim(key, -SAMPLES_KEPT, -1)
+    out = []
+    for raw in c.lrange(key, 0, -1):
+        try:
+            out.append(json.loads(raw))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def woken(endpoint_id: int) -> bool:
+    return client().get(WAKE_KEY.format(endpoint_id=endpoint_id)) is not None
+
+
+def load_json(key: str):
+    raw = client().get(key)
+    try:
+        return json.loads(raw) if raw else None
+    except (TypeError, ValueError):
+        return None
+
+
+def save_json(key: str, value, ttl_s: int = 3600) -> None:
+    client().set(key, json.dumps(value), ex=ttl_s)

@@ -1,0 +1,140 @@
+"""The local actuator with real simulated replica processes behind the real proxy: start, drain, stop, restart."""
+import threading
+import time
+
+import httpx
+import pytest
+
+from capacity.autoscaling.actuators import get_actuator
+from capacity.autoscaling.actuators.local import pid_alive
+from capacity.autoscaling.services import _in_flight, reconcile
+from endpoints.models import Endpoint, ReplicaState
+from tests.proxy.conftest import spawn_proxy
+from tests.proxy.helpers import chat_body, sse_events, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def configure(endpoint, **launch):
+    Endpoint.objects.filter(pk=endpoint.pk).update(
+        launch_options={"actuator": "local", "profile": "tiny", **launch}, min_replicas=0, max_replicas=4,
+    )
+    endpoint.refresh_from_db()
+    return endpoint
+
+
+def scale(endpoint, desired):
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=desired)
+    endpoint.refresh_from_db()
+    return reconcile(endpoint=endpoint)
+
+
+def ready(endpoint):
+    return list(endpoint.replicas.filter(state=ReplicaState.READY, is_standby=False))
+
+
+def converge(endpoint, predicate, timeout=30.0):
+    def step():
+        reconcile(endpoint=endpoint)
+        return predicate()
+
+    return wait_for(step, timeout, interval=0.2)
+
+
+def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_local_replicas, tenant_a):
+    # Slow decode steps (20 ms) so that a 150-token stream lasts about 3 s: long enough to be cut by a bad drain.
+    endpoint = configure(tenant_a.endpoint, profile_opts={"decode_t0_s": 0.02})
+    # Given two replicas started by the actuator as real processes, ready once their /health answers
+    actions = scale(endpoint, 2)
+    assert any(a.startswith("launched 2") for a in actions)
+    converge(endpoint, lambda: len(ready(endpoint)) == 2)
+    replicas = ready(endpoint)
+    assert all(pid_alive(int(r.actuator_ref)) for r in replicas)
+    base = spawn_proxy(procs)
+
+    # And streams in flight on both replicas through the proxy
+    results: list[tuple[int, list]] = []
+
+    def stream():
+        with httpx.Client(timeout=60) as client:
+            response = client.post(
+                f"{base}/v1/chat/completions",
+                json=chat_body(endpoint.name, max_tokens=150),
+                headers={"Authorization": f"Bearer {tenant_a.raw_key}"},
+            )
+            results.append((response.status_code, sse_events(response.text)))
+
+    threads = [threading.Thread(target=stream) for _ in range(8)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: all((_in_flight(r) or 0) > 0 for r in replicas), 15)
+
+    # When the endpoint scales in to one replica
+    actions = scale(endpoint, 1)
+    victim = endpoint.replicas.get(state=ReplicaState.DRAINING)
+    assert f"draining {victim.name}" in actions
+    assert _in_flight(victim) > 0  # it still has streams to finish
+    # ...and new requests keep arriving while it drains
+    time.sleep(1.0)  # the proxies' snapshot follows within a poll interval
+    late = [threading.Thread(target=stream) for _ in range(6)]
+    for t in late:
+        t.start()
+    converge(endpoint, lambda: endpoint.replicas.get(pk=victim.pk).state == ReplicaState.STOPPED, timeout=60)
+    for t in threads + late:
+        t.join(60)
+
+    # Then every request finished with its full stream, and the drained replica's process is gone
+    assert len(results) == 14
+    for status, events in results:
+        assert status == 200
+        assert events[-1] == "[DONE]"
+        assert events[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+    assert not pid_alive(int(victim.actuator_ref))
+    states = list(victim.transitions.values_list("to_state", flat=True))
+    assert states == ["starting", "ready", "draining", "stopped"]
+    survivor = endpoint.replicas.get(state=ReplicaState.READY)
+    assert pid_alive(int(survivor.actuator_ref))
+
+    # Scaling to zero drains the last one too
+    scale(endpoint, 0)
+    converge(endpoint, lambda: not endpoint.replicas.exclude(state=ReplicaState.STOPPED).exists())
+    assert not pid_alive(int(survivor.actuator_ref))
+
+
+def test_warm_pool_standby_is_promoted_on_scale_up(clean_store, reap_local_replicas, tenant_a):
+    endpoint = configure(tenant_a.endpoint)
+    Endpoint.objects.filter(pk=endpoint.pk).update(warm_pool_size=1)
+    endpoint.refresh_from_db()
+    # A standby is started and becomes ready, but does not count as capacity
+    scale(endpoint, 0)
+    converge(endpoint, lambda: endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).exists())
+    assert ready(endpoint) == []
+    standby = endpoint.replicas.get(is_standby=True)
+    # On scale-up it is promoted at once (no cold start) and the pool is refilled behind it
+    actions = scale(endpoint, 1)
+    assert f"promoted standby {standby.name}" in actions
+    assert [r.pk for r in ready(endpoint)] == [standby.pk]
+    assert any(a.startswith("warm pool: started") for a in actions)
+    converge(endpoint, lambda: endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).count() == 1)
+
+
+def test_restart_replaces_a_crashed_replica_and_sync_marks_dead_processes(clean_store, reap_local_replicas, tenant_a):
+    endpoint = configure(tenant_a.endpoint)
+    scale(endpoint, 1)
+    converge(endpoint, lambda: len(ready(endpoint)) == 1)
+    (first,) = ready(endpoint)
+    # A process that dies is noticed by sync: failed, then stopped
+    httpx.post(f"{first.url}/admin/crash", json={}, timeout=2)
+    wait_for(lambda: not pid_alive(int(first.actuator_ref)), 10)
+    get_actuator(endpoint).sync(endpoint)
+    first.refresh_from_db()
+    assert first.state == ReplicaState.STOPPED
+    assert list(first.transitions.values_list("to_state", flat=True))[-2:] == ["failed", "stopped"]
+    # restart() (what the health checker calls) replaces a replica with a fresh process
+    scale(endpoint, 1)
+    converge(endpoint, lambda: len(ready(endpoint)) == 1)
+    (second,) = ready(endpoint)
+    (third,) = get_actuator(endpoint).restart(second)
+    second.refresh_from_db()
+    assert second.state == ReplicaState.STOPPED and not pid_alive(int(second.actuator_ref))
+    converge(endpoint, lambda: endpoint.replicas.get(pk=third.pk).state == ReplicaState.READY)

@@ -1,0 +1,61 @@
+"""Autoscaling loops: horizontal every 5 s, vertical every 30 s; fan out one task per autoscaled endpoint.
+
+The tick id is the wall-clock slot (``h-<unix//5>``, ``v-<unix//30>``) taken at fan-out, so a redelivered or
+duplicated task lands on the same id and the services store at most one decision for it.
+"""
+import time
+
+from celery import shared_task
+
+HORIZONTAL_S = 5.0
+VERTICAL_S = 30.0
+
+BEAT_SCHEDULE = {
+    "autoscale-horizontal": {"task": "autoscale.horizontal_all", "schedule": HORIZONTAL_S, "options": {"expires": 5}},
+    "autoscale-vertical": {"task": "autoscale.vertical_all", "schedule": VERTICAL_S, "options": {"expires": 30}},
+}
+
+
+def autoscaled_endpoint_ids() -> list[int]:
+    from capacity.autoscaling.actuators import actuator_name
+    from endpoints.models import Endpoint
+
+    return [
+        e.pk
+        for e in Endpoint.objects.only("id", "launch_options")
+        if (e.launch_options or {}).get("autoscale", True) and actuator_name(e) != "static"
+    ]
+
+
+@shared_task(name="autoscale.horizontal_all", ignore_result=True)
+def horizontal_all() -> int:
+    tick = f"h-{int(time.time() // HORIZONTAL_S)}"
+    ids = autoscaled_endpoint_ids()
+    for endpoint_id in ids:
+        horizontal_one.apply_async(args=[endpoint_id, tick], expires=HORIZONTAL_S * 2)
+    return len(ids)
+
+
+@shared_task(name="autoscale.horizontal_one", ignore_result=True, soft_time_limit=20, time_limit=30)
+def horizontal_one(endpoint_id: int, tick: str) -> int | None:
+    from capacity.autoscaling.services import horizontal_tick
+
+    decision = horizontal_tick(endpoint_id=endpoint_id, tick=tick)
+    return decision.pk if decision else None
+
+
+@shared_task(name="autoscale.vertical_all", ignore_result=True)
+def vertical_all() -> int:
+    tick = f"v-{int(time.time() // VERTICAL_S)}"
+    ids = autoscaled_endpoint_ids()
+    for endpoint_id in ids:
+        vertical_one.apply_async(args=[endpoint_id, tick], expires=VERTICAL_S)
+    return len(ids)
+
+
+@shared_task(name="autoscale.vertical_one", ignore_result=True, soft_time_limit=20, time_limit=30)
+def vertical_one(endpoint_id: int, tick: str) -> int | None:
+    from capacity.autoscaling.services import vertical_tick
+
+    decision = vertical_tick(endpoint_id=endpoint_id, tick=tick)
+    return decision.pk if decision else None
