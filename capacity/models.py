@@ -1,7 +1,10 @@
 """Hardware and model profiles, their benchmarked model-unit calibrations, and autoscaler decisions."""
+
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
+
+from endpoints.models import Endpoint
 
 
 class HardwareProfile(models.Model):
@@ -82,7 +85,9 @@ class CapacityBenchmark(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["model_profile", "hardware_profile", "version"], name="benchmark_version_unique")
+            models.UniqueConstraint(
+                fields=["model_profile", "hardware_profile", "version"], name="benchmark_version_unique"
+            )
         ]
 
     def __str__(self) -> str:
@@ -114,3 +119,12 @@ class AutoscalerDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.axis} {self.current:g}→{self.desired:g} ({self.reason})"
+
+
+class EndpointCapacity(Endpoint):
+    """The capacity ledger's rows in the admin: endpoints seen through have / sold / used (no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "capacity ledger row"
+        verbose_name_plural = "capacity ledger"

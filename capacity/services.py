@@ -12,9 +12,10 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from capacity.benchmarking import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
 from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_min
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
-from endpoints.models import Endpoint
+from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import audit_log
 
@@ -168,3 +169,123 @@ def endpoint_pin_benchmark(*, endpoint: Endpoint, benchmark: CapacityBenchmark |
         detail={"benchmark": benchmark.pk if benchmark else None},
     )
     return endpoint
+
+
+# A short sweep for tests, demos and `--quick`: fewer levels and shapes, shorter outputs.
+QUICK_SWEEP = {
+    "levels": (1, 8, 16),
+    "reference_shape": Shape(512, 64),
+    "fit_shapes": (Shape(128, 32), Shape(1024, 32), Shape(128, 128), Shape(768, 128, shared_prefix_tokens=512)),
+    "held_out_shapes": (Shape(512, 96), Shape(640, 64, shared_prefix_tokens=256)),
+    "requests_per_stream": 6,
+}
+
+
+def endpoint_sweep_config(endpoint: Endpoint, *, quick: bool = False, **overrides) -> SweepConfig:
+    """The sweep for an endpoint: its SLOs, its hardware's GPUs, at most its concurrency ceiling."""
+    options = {
+        "tpot_slo_ms": float(endpoint.tpot_slo_ms),
+        "ttft_slo_ms": float(endpoint.ttft_slo_ms),
+        "gpus_per_replica": endpoint.hardware_profile.gpus_per_replica,
+        "max_concurrency": endpoint.concurrency_max,
+        **(QUICK_SWEEP if quick else {}),
+        **overrides,
+    }
+    return SweepConfig(**options)
+
+
+def benchmark_target(
+    endpoint: Endpoint, *, replica: Replica | None = None, url: str | None = None
+) -> tuple[str, float]:
+    """(URL, time scale) of the replica to measure: the given one, else the endpoint's first ready replica.
+
+    A simulated replica runs ``launch_options["speed"]`` times faster than modeled; times are scaled back.
+    """
+    if url is None:
+        if replica is None:
+            replica = endpoint.replicas.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").first()
+        if replica is None or not replica.url:
+            raise ValidationError(
+                {"replica": [f"endpoint {endpoint.name} has no ready replica with a URL to benchmark"]}
+            )
+        url = replica.url
+    speed = 1.0
+    if endpoint.runtime == Runtime.SIM:
+        try:
+            speed = float((endpoint.launch_options or {}).get("speed", 1.0))
+        except (TypeError, ValueError):
+            speed = 1.0
+    return url, speed if speed > 0 else 1.0
+
+
+def benchmark_run(
+    *,
+    endpoint: Endpoint,
+    replica: Replica | None = None,
+    url: str | None = None,
+    time_scale: float | None = None,
+    quick: bool = False,
+    pin: bool = False,
+    overrides: dict | None = None,
+    progress: Progress | None = None,
+    actor=None,
+    driver=None,
+) -> CapacityBenchmark:
+    """Benchmark one live replica of ``endpoint`` and store the result as the next version of its (model,
+    hardware) pair. A failure is stored too (status failed, with the reason) and re-raised as BenchmarkError."""
+    target, speed = benchmark_target(endpoint, replica=replica, url=url) if driver is None else ("", 1.0)
+    scale = time_scale if time_scale is not None else speed
+    cfg = endpoint_sweep_config(endpoint, quick=quick, **(overrides or {}))
+    benchmark = benchmark_start(
+        model_profile=endpoint.model_profile,
+        hardware_profile=endpoint.hardware_profile,
+        detail={"endpoint": endpoint.name, "url": target, "time_scale": scale, "quick": quick, "progress": []},
+        actor=actor,
+    )
+    lines: list[str] = []
+
+    def report(message: str) -> None:
+        lines.append(message)
+        if progress is not None:
+            progress(message)
+        # The admin and console show how far a running benchmark got.
+        CapacityBenchmark.objects.filter(pk=benchmark.pk).update(detail={**benchmark.detail, "progress": lines[-50:]})
+
+    try:
+        if driver is None:
+            from capacity.benchmark_http import HttpReplicaDriver
+
+            driver = HttpReplicaDriver(target, time_scale=scale)
+        result = run_sweep(driver, cfg, report)
+    except (BenchmarkError, ValueError, OSError) as exc:
+        benchmark.detail["progress"] = lines[-50:]
+        benchmark_fail(benchmark=benchmark, reason=str(exc), actor=actor)
+        raise BenchmarkError(str(exc)) from exc
+    benchmark.detail["progress"] = lines[-50:]
+    if not result["feasible"]:
+        benchmark.throughput_table = result["throughput_table"]
+        benchmark_fail(benchmark=benchmark, reason=result["explanation"], actor=actor)
+        raise BenchmarkError(result["explanation"])
+    benchmark_complete(benchmark=benchmark, result=result, actor=actor)
+    if pin:
+        endpoint_pin_benchmark(endpoint=endpoint, benchmark=benchmark, actor=actor)
+    return benchmark
+
+
+def benchmark_enqueue(
+    *, endpoint: Endpoint, replica: Replica | None = None, quick: bool = False, pin: bool = False, actor=None
+) -> None:
+    """Run the benchmark in a worker, once the caller's transaction commits; the sweep takes minutes."""
+    from workers.tasks.capacity import benchmark_endpoint
+
+    benchmark_target(endpoint, replica=replica)  # refuse now, not in the worker, when there is nothing to measure
+    audit_log(
+        actor=actor,
+        action="benchmark.enqueue",
+        obj=endpoint,
+        tenant=endpoint.owner_tenant,
+        detail={"replica": replica.pk if replica else None, "quick": quick, "pin": pin},
+    )
+    transaction.on_commit(
+        lambda: benchmark_endpoint.delay(endpoint.pk, replica.pk if replica else None, quick=quick, pin=pin)
+    )

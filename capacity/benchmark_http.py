@@ -1,0 +1,144 @@
+"""The benchmark's load driver for a live replica over HTTP (vLLM's OpenAI-compatible ``/v1/completions``).
+
+Closed loop: ``concurrency`` workers each send a request, wait for it to finish, send the next. Most requests are
+not streamed (the client must not be the bottleneck at 100+ concurrent streams); every k-th one is, and gives
+TTFT and the per-stream decode rate. Token counts come from the replica's ``usage`` (cached tokens from
+``prompt_tokens_details``), never from the client's guess. Times are scaled by ``time_scale`` (a simulated
+replica's speed factor) so that the figures are replica seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+
+from capacity.benchmarking import BenchmarkError, Sample, Shape, output_lengths, prompt_text
+
+STREAMED_PER_LEVEL = 12  # about this many streamed probes per run, whatever the concurrency
+
+
+class HttpReplicaDriver:
+    name = "http"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        time_scale: float = 1.0,
+        request_timeout_s: float = 300.0,
+        api_key: str | None = None,
+    ):
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.url = url.rstrip("/")
+        self.time_scale = time_scale
+        self.request_timeout_s = request_timeout_s
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model or self._served_model()
+
+    def _served_model(self) -> str:
+        try:
+            response = httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=10.0)
+            response.raise_for_status()
+            models = response.json().get("data") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            raise BenchmarkError(f"cannot list the models of {self.url}: {exc}") from exc
+        if not models:
+            raise BenchmarkError(f"{self.url} serves no model")
+        return models[0]["id"]
+
+    def run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
+        return asyncio.run(self._run(shape, concurrency, requests, run_id))
+
+    async def _run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
+        outputs = output_lengths(shape, requests, run_id)
+        stream_every = max(1, requests // STREAMED_PER_LEVEL)
+        limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+        timeout = httpx.Timeout(self.request_timeout_s, connect=10.0)
+        samples: list[Sample] = []
+        next_index = 0
+        t0 = time.perf_counter()
+
+        def clock() -> float:
+            return (time.perf_counter() - t0) * self.time_scale
+
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.headers) as client:
+
+            async def worker() -> None:
+                nonlocal next_index
+                while next_index < requests:
+                    index = next_index
+                    next_index += 1
+                    prompt = prompt_text(
+                        shape.input_tokens, prefix_tokens=shape.shared_prefix_tokens, run_id=run_id, index=index
+                    )
+                    stream = index % stream_every == 0
+                    samples.append(await self._one(client, prompt, outputs[index], stream, clock))
+
+            await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+        return samples
+
+    async def _one(self, client: httpx.AsyncClient, prompt: str, max_tokens: int, stream: bool, clock) -> Sample:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,  # vLLM: generate exactly max_tokens, so shapes are what was asked for
+            "temperature": 0.0,
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        start = clock()
+        try:
+            if stream:
+                first, usage = await self._streamed(client, body, clock)
+            else:
+                response = await client.post(f"{self.url}/v1/completions", json=body)
+                if response.status_code != 200:
+                    return _failed(start, clock(), f"HTTP {response.status_code}: {response.text[:200]}")
+                first, usage = None, response.json().get("usage") or {}
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            return _failed(start, clock(), f"{type(exc).__name__}: {exc}")
+        end = clock()
+        if not usage:
+            return _failed(start, end, "the replica sent no usage")
+        details = usage.get("prompt_tokens_details") or {}
+        return Sample(
+            start_s=start,
+            end_s=end,
+            first_token_s=first,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            output_tokens=int(usage.get("completion_tokens", 0)),
+        )
+
+    async def _streamed(self, client: httpx.AsyncClient, body: dict, clock) -> tuple[float | None, dict]:
+        first: float | None = None
+        usage: dict = {}
+        async with client.stream("POST", f"{self.url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise ValueError(f"error event: {chunk['error']}")
+                if first is None and any(choice.get("text") for choice in chunk.get("choices") or []):
+                    first = clock()
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+        return first, usage
+
+
+def _failed(start: float, end: float, error: str) -> Sample:
+    return Sample(start, end, None, 0, 0, 0, ok=False, error=error)

@@ -1,0 +1,124 @@
+"""Planner inputs from stored objects: an endpoint, model and hardware profiles, a benchmark's throughput table.
+
+Shared by ``POST /api/v1/capacity/plan`` and ``python manage.py plan_capacity``. Anything given explicitly in the
+request wins over what is looked up; whatever is still missing is reported field by field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
+from capacity.planner import (
+    SLO,
+    Hardware,
+    ModelShape,
+    PlannerInputError,
+    PlanResult,
+    SpikeInput,
+    Workload,
+    plan,
+    table_from_dicts,
+)
+from capacity.unit_resolver import endpoint_benchmark, latest_benchmark_for
+
+
+@dataclass
+class PlanRequest:
+    """Already type-checked input (the API serializer or the command's arguments produce it)."""
+
+    workload: dict
+    endpoint: object | None = None  # endpoints.models.Endpoint
+    model_profile: ModelProfile | None = None
+    hardware_profile: HardwareProfile | None = None
+    benchmark: CapacityBenchmark | None = None
+    model: dict | None = None
+    hardware: dict | None = None
+    throughput_table: list[dict] | None = None
+    slo: dict | None = None
+    headroom: float = 0.0
+    ttft_s: float | None = None
+    spike: dict | None = None
+
+
+def _model_shape(req: PlanRequest) -> ModelShape:
+    given = dict(req.model or {})
+    profile = req.model_profile or (req.endpoint.model_profile if req.endpoint else None)
+    if profile is not None:
+        for name in ("n_layers", "n_kv_heads", "d_head", "dtype_bytes", "weights_gb"):
+            given.setdefault(name, getattr(profile, name))
+    missing = [n for n in ("n_layers", "n_kv_heads", "d_head") if n not in given]
+    if missing:
+        raise PlannerInputError({"model": f"give model_profile, endpoint or model fields ({', '.join(missing)})"})
+    return ModelShape(
+        **{k: given[k] for k in ("n_layers", "n_kv_heads", "d_head", "dtype_bytes", "weights_gb") if k in given}
+    )
+
+
+def _hardware(req: PlanRequest) -> Hardware:
+    given = dict(req.hardware or {})
+    profile = req.hardware_profile or (req.endpoint.hardware_profile if req.endpoint else None)
+    if profile is not None:
+        given.setdefault("gpu_memory_gb", profile.gpu_memory_gb)
+        given.setdefault("overhead_gb", profile.memory_overhead_gb)
+        given.setdefault("gpus_per_replica", profile.gpus_per_replica)
+        given.setdefault("usd_per_gpu_hour", profile.usd_per_gpu_hour)
+    if "gpu_memory_gb" not in given:
+        raise PlannerInputError({"hardware": "give hardware_profile, endpoint or hardware.gpu_memory_gb"})
+    return Hardware(**given)
+
+
+def _benchmark(req: PlanRequest) -> CapacityBenchmark | None:
+    if req.benchmark is not None:
+        return req.benchmark
+    if req.endpoint is not None:
+        return endpoint_benchmark(req.endpoint)
+    if req.model_profile is not None and req.hardware_profile is not None:
+        return latest_benchmark_for(model_profile_id=req.model_profile.pk, hardware_profile_id=req.hardware_profile.pk)
+    return None
+
+
+def _slo(req: PlanRequest) -> SLO:
+    given = dict(req.slo or {})
+    if "tpot_ms" in given:
+        tpot = given.pop("tpot_ms")
+        given.setdefault("min_stream_tok_s", 1000.0 / tpot if tpot else 0.0)
+    if "ttft_ms" in given:
+        given.setdefault("ttft_s", given.pop("ttft_ms") / 1000.0)
+    if req.endpoint is not None:
+        given.setdefault("min_stream_tok_s", 1000.0 / req.endpoint.tpot_slo_ms)
+        given.setdefault("ttft_s", req.endpoint.ttft_slo_ms / 1000.0)
+    if "min_stream_tok_s" not in given:
+        raise PlannerInputError({"slo": "give slo.min_stream_tok_s or slo.tpot_ms (or an endpoint)"})
+    return SLO(**given)
+
+
+def plan_from_request(req: PlanRequest) -> tuple[PlanResult, dict]:
+    """Run the planner; returns the result and where each input came from."""
+    benchmark = None
+    table = req.throughput_table
+    if table is None:
+        benchmark = _benchmark(req)
+        if benchmark is None or not benchmark.throughput_table:
+            raise PlannerInputError(
+                {
+                    "throughput_table": "give throughput_table, a benchmark, or an endpoint/profiles with a stored benchmark"
+                }
+            )
+        table = benchmark.throughput_table
+    workload = dict(req.workload)
+    result = plan(
+        model=_model_shape(req),
+        hardware=_hardware(req),
+        workload=Workload(**workload),
+        slo=_slo(req),
+        throughput_table=table_from_dicts(table),
+        headroom=req.headroom,
+        ttft_s=req.ttft_s,
+        spike=SpikeInput(**req.spike) if req.spike is not None else None,
+    )
+    sources = {
+        "endpoint": req.endpoint.name if req.endpoint else None,
+        "throughput_table": f"benchmark:{benchmark.pk} v{benchmark.version}" if benchmark else "given",
+    }
+    return result, sources
