@@ -36,7 +36,8 @@ class _TenantLane:
 
 
 class _ClassQueue:
-    """Deficit round robin over tenants; a tenant's turn adds ``quantum_mu`` to its deficit."""
+    """Deficit round robin over tenants by MU: each turn adds credit to a tenant's deficit, and a request is
+    served once its tenant's credit covers its cost."""
 
     def __init__(self, quantum_mu: float) -> None:
         self.quantum_mu = quantum_mu
@@ -68,22 +69,29 @@ class _ClassQueue:
     def pop(self) -> QueuedItem | None:
         if not self.count:
             return None
+        # A turn grants the smallest head cost (at least quantum_mu): a quantum larger than typical requests
+        # would let one tenant burst many of them per turn, which is fair only in the long run.
+        grant = max(self.quantum_mu, min(self.lanes[t].items[0].mu for t in self.active), 1e-9)
         while True:
             tenant = self.active[0]
             lane = self.lanes[tenant]
             head = lane.items[0]
-            if lane.deficit >= head.mu:
-                lane.items.popleft()
-                lane.deficit -= head.mu
-                self.count -= 1
-                self.mu -= head.mu
-                if not lane.items:
-                    self.active.popleft()
-                    del self.lanes[tenant]
-                return head
-            # Not enough credit: grant this turn's quantum (at least enough rounds to ever fit) and move on.
-            lane.deficit += max(self.quantum_mu, head.mu / 8.0)
-            self.active.rotate(-1)
+            # Every visit earns the same credit and serves at most one request, so MU served per tenant
+            # tracks credit granted: equal shares among backlogged tenants whatever their request sizes.
+            lane.deficit += grant
+            if lane.deficit < head.mu:
+                self.active.rotate(-1)
+                continue
+            lane.items.popleft()
+            lane.deficit -= head.mu
+            self.count -= 1
+            self.mu -= head.mu
+            if not lane.items:
+                self.active.popleft()
+                del self.lanes[tenant]
+            else:
+                self.active.rotate(-1)
+            return head
 
     def remove(self, item: QueuedItem) -> bool:
         lane = self.lanes.get(item.tenant)
@@ -119,7 +127,7 @@ class _ClassQueue:
 class AdmissionQueue:
     """Pure data structure; the caller supplies ``now`` (seconds, any monotonic clock)."""
 
-    def __init__(self, *, max_size: int, max_age_s: dict[str, float], quantum_mu: float = 1.0) -> None:
+    def __init__(self, *, max_size: int, max_age_s: dict[str, float], quantum_mu: float = 0.0) -> None:
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
         missing = [c for c in CLASSES if c not in max_age_s]

@@ -38,7 +38,7 @@ def test_strict_priority_across_classes_fcfs_inside_tenant():
 
 def test_drr_shares_mu_fairly_between_tenants():
     # Tenant a sends large requests, tenant b small ones; service in MU should alternate evenly.
-    q = AdmissionQueue(max_size=1000, max_age_s=AGES, quantum_mu=4.0)
+    q = AdmissionQueue(max_size=1000, max_age_s=AGES)
     for i in range(50):
         q.offer(item(f"a{i}", tenant="a", mu=8.0, at=i), now=i)
     for i in range(200):
@@ -49,6 +49,17 @@ def test_drr_shares_mu_fairly_between_tenants():
         served[it.tenant] += it.mu
     assert served["a"] > 0 and served["b"] > 0
     assert 0.8 < served["a"] / served["b"] < 1.25
+
+
+def test_drr_does_not_let_one_tenant_burst_small_requests():
+    # Tenant a queued six small requests before tenant b's two: b is served on the second and fourth turns.
+    q = AdmissionQueue(max_size=100, max_age_s=AGES)
+    for i in range(6):
+        q.offer(item(f"a{i}", tenant="a", mu=0.15, at=i), now=i)
+    for i in range(2):
+        q.offer(item(f"b{i}", tenant="b", mu=0.15, at=10 + i), now=10 + i)
+    order = [q.pop(now=20).tenant for _ in range(8)]
+    assert order[:4] == ["a", "b", "a", "b"]
 
 
 def test_queue_age_shedding_removes_only_over_age_requests():
