@@ -1,0 +1,70 @@
+"""Every create endpoint in the project, found from the routers (not a hand-kept list), answers an empty or
+malformed payload with 400 and field errors: a new resource from any app is checked the day it is registered."""
+
+import importlib
+
+import pytest
+from django.urls import reverse
+
+APPS = ["tenants", "endpoints", "capacity", "billing"]
+
+
+def _create_routes() -> list[tuple[str, str]]:
+    routes = []
+    for app in APPS:
+        urls = importlib.import_module(f"{app}.api.urls")
+        for prefix, viewset, basename in urls.router.registry:
+            if hasattr(viewset, "create"):
+                routes.append((basename, prefix))
+    return sorted(routes)
+
+
+def _post_views() -> list[str]:
+    """Plain POST views (not router resources) without URL parameters, e.g. the capacity planner."""
+    names = []
+    for app in APPS:
+        for pattern in importlib.import_module(f"{app}.api.urls").extra_urlpatterns:
+            view = getattr(pattern.callback, "cls", None) or getattr(pattern.callback, "view_class", None)
+            if view is not None and hasattr(view, "post") and not pattern.pattern.converters and pattern.name:
+                names.append(pattern.name)
+    return sorted(names)
+
+
+CREATE_ROUTES = _create_routes()
+POST_VIEWS = _post_views()
+
+
+def test_the_routers_were_found():
+    names = {basename for basename, _ in CREATE_ROUTES}
+    assert {"endpoint", "api-key", "reservation", "slo", "user", "tenant"} <= names
+
+
+@pytest.mark.parametrize(("basename", "prefix"), CREATE_ROUTES)
+def test_empty_payload_is_400_with_field_errors(world, basename, prefix):
+    response = world.client("operator").post(reverse(f"{basename}-list"), {}, format="json")
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()
+    assert isinstance(body, dict) and body, body
+    for field, messages in body.items():
+        assert isinstance(field, str) and messages, (field, messages)
+
+
+@pytest.mark.parametrize(("basename", "prefix"), CREATE_ROUTES)
+def test_wrongly_typed_payload_is_400(world, basename, prefix):
+    client = world.client("operator")
+    url = reverse(f"{basename}-list")
+    fields = list(client.options(url).json().get("actions", {}).get("POST", {}))
+    for value in ({"nested": {"deep": [1, 2]}}, -(10**30), "\u0000"):
+        response = client.post(url, {field: value for field in fields}, format="json")
+        assert response.status_code == 400, (value, response.content[:300])
+    assert client.generic("POST", url, b"{broken", content_type="application/json").status_code == 400
+
+
+@pytest.mark.parametrize("name", POST_VIEWS)
+def test_plain_post_views_refuse_garbage_with_400(world, name):
+    client = world.client("operator")
+    url = reverse(name)
+    for body in ({}, {"x": {"deep": [1]}}, [1, 2]):
+        response = client.post(url, body, format="json")
+        assert response.status_code == 400, (body, response.content[:300])
+    assert client.generic("POST", url, b"{broken", content_type="application/json").status_code == 400
