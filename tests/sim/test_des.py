@@ -227,3 +227,78 @@ def test_a_router_that_never_picks_ends_the_run_with_unserved_requests():
     result = sim.run(workloads.uniform(times=[0.0, 1.0], prompt_tokens=10, output_tokens=5))
     assert [r.status for r in result.requests] == ["unserved", "unserved"]
     assert 30 <= result.end_s <= 33
+
+
+class RoundRobin(RecordingRouter):
+    def __init__(self):
+        super().__init__()
+        self.turn = 0
+
+    def pick(self, request, replicas, now):
+        live = sorted((r for r in replicas if r.healthy and r.metrics_age_s < 2.0), key=lambda r: r.replica_id)
+        if not live:
+            return None
+        self.turn += 1
+        return live[self.turn % len(live)].replica_id
+
+
+def test_a_crashed_replica_fails_its_requests_and_new_ones_are_retried_elsewhere():
+    class Janitor:
+        def __init__(self):
+            self.seen_failed_at = None
+
+        def tick(self, fleet, actions, now):
+            failed = [r.replica_id for r in fleet.replicas if r.state == "failed"]
+            if failed and self.seen_failed_at is None:
+                self.seen_failed_at = now
+            if now >= 10 and failed:
+                actions.remove(failed[0])
+
+    janitor = Janitor()
+    router = RoundRobin()
+    sim = Simulation(router=router, replicas=2, profile="tiny", autoscaler=janitor, scrape_interval_s=0.05)
+    sim.inject_fault("r0", "crash", at_s=5.0)
+    result = sim.run(
+        workloads.uniform(times=workloads.constant_times(10, count=150), prompt_tokens=30, output_tokens=400)
+    )
+    crashed = [r for r in result.requests if r.reason == "replica_crashed"]
+    assert crashed and all(r.replica_id == "r0" and r.finish_s == 5.0 for r in crashed)
+    retried = [
+        r for r in result.requests if r.arrival_s > 5.0 and r.status == "ok" and r.dispatch_s and r.arrival_s < 7
+    ]
+    assert retried and all(r.replica_id == "r1" for r in retried)
+    assert not [r for r in result.requests if r.reason == "connection_refused"]
+    assert all(r.status == "ok" for r in result.requests if r.arrival_s > 5.0)
+    record = {rep.replica_id: rep for rep in result.replicas}["r0"]
+    assert record.failed_s == 5.0 and record.removed_s == 10.0
+    assert janitor.seen_failed_at == 5.0 + 0 or janitor.seen_failed_at <= 6.0
+
+
+def test_a_hung_replica_stops_and_resumes_where_it_was():
+    def run(hang: bool):
+        sim = Simulation(router=RoundRobin(), replicas=1, profile="tiny")
+        if hang:
+            sim.inject_fault("r0", "hang", at_s=1.0)
+            sim.inject_fault("r0", "recover", at_s=5.0)
+        return sim.run(workloads.uniform(times=times, prompt_tokens=30, output_tokens=300))
+
+    times = [0.5, 0.6]
+    normal, hung = run(False), run(True)
+    for before, after in zip(normal.requests, hung.requests, strict=True):
+        assert after.status == "ok" and after.output_tokens == before.output_tokens
+        assert after.finish_s == pytest.approx(before.finish_s + 4.0, abs=1e-6)
+    times = [0.5, 2.0]  # the second arrives during the hang: accepted, no token until the engine resumes
+    late = run(True).requests[1]
+    assert late.status == "ok" and late.first_token_s > 5.0
+
+
+def test_a_slow_replica_takes_proportionally_longer():
+    def run(factor: float):
+        sim = Simulation(router=RoundRobin(), replicas=1, profile="tiny")
+        if factor != 1:
+            sim.inject_fault("r0", "slow", at_s=0.0, factor=factor)
+        return sim.run(workloads.uniform(times=[0.1], prompt_tokens=30, output_tokens=200))
+
+    assert run(3.0).requests[0].e2e_s == pytest.approx(3 * run(1.0).requests[0].e2e_s, rel=0.01)
+    with pytest.raises(ValueError):
+        Simulation(router=RoundRobin(), replicas=1).inject_fault("r0", "melt")

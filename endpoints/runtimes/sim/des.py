@@ -37,8 +37,10 @@ Interfaces the simulation drives (all optional except the router):
   queued demand in requests and MU, arrivals and completions during the last tick). ``FleetActions`` can
   ``add_replicas(n, cold_start_s=None)`` (GPUs count from the request; routable after the cold start),
   ``drain(id)`` (no new requests; removed when empty), ``remove(id)`` (at once; in-flight requests are
-  aborted) and ``set_concurrency(limit, replica_id=None)`` (the ``concurrency_limit`` routers and admission
-  see).
+  aborted), ``set_concurrency(limit, replica_id=None)`` (the ``concurrency_limit`` routers and admission
+  see) and ``set_healthy(id, bool)`` (a health checker's verdict, ``ReplicaView.healthy``).
+* **Faults**: ``sim.inject_fault(replica_id, "crash" | "hang" | "slow" | "recover", at_s=…, factor=…)``; a
+  crashed replica shows state ``failed`` and stale metrics, a hung one stops advancing ``last_progress_s``.
 * **Clock**: ``VirtualClock.now()`` is the simulated time; give the same object to policies that read a clock.
 * **Cost**: ``cost_fn(request) -> MU`` (e.g. the capacity engineer's estimate); default counts 1 MU per
   1,000 prompt tokens plus 1 MU per 100 output tokens.
@@ -62,7 +64,7 @@ from .profiles import EngineProfile, get_profile
 from .results import ReplicaRecord, RequestResult, SimResult
 from .workloads import SimRequest
 
-_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP = 0, 1, 2, 3, 4
+_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT = 0, 1, 2, 3, 4, 5
 _MANY_STEPS = 1 << 30
 
 
@@ -109,6 +111,7 @@ class ReplicaStatus:
     num_waiting: int
     kv_usage: float
     concurrency_limit: int
+    last_progress_s: float = 0.0  # end of the replica's last engine step (a hung engine stops advancing it)
 
 
 @dataclass
@@ -149,6 +152,12 @@ class FleetActions:
 
     def remove(self, replica_id: str) -> None:
         self._sim.remove_replica(replica_id)
+
+    def set_healthy(self, replica_id: str, healthy: bool) -> None:
+        """What a health checker concludes; routers see it as ``ReplicaView.healthy``."""
+        rep = self._sim.replicas.get(replica_id)
+        if rep is not None:
+            rep.healthy = healthy
 
     def set_concurrency(self, limit: int, replica_id: str | None = None) -> None:
         for rep in self._sim.live_replicas():
@@ -200,6 +209,14 @@ class SimReplica:
         self.version = 0
         self.scraped_s = -1e18
         self.scraped = (0, 0, 0.0)
+        self.slow = 1.0  # fault: step time factor
+        self.hung_since: float | None = None  # fault: engine frozen since
+        self.last_progress_s = now  # last step end (tokens produced)
+        self.busy_s = 0.0
+        self.healthy = True  # set by a health controller through FleetActions.set_healthy
+
+    def end_of(self, plan, steps: int | None = None) -> float:
+        return plan.start_s + plan.duration(steps) * self.slow
 
 
 def _default_cost(request: SimRequest, prompt_tokens: int) -> float:
@@ -223,6 +240,7 @@ class Simulation:
         scrape_interval_s: float = 0.05,
         tick_s: float = 1.0,
         stall_limit_s: float = 600.0,
+        retry_connect_errors: bool = True,
         scheduling_policy: str = "priority",
         seed: int = 0,
     ):
@@ -238,6 +256,7 @@ class Simulation:
         self.scrape_interval_s = scrape_interval_s
         self.tick_s = tick_s
         self.stall_limit_s = stall_limit_s
+        self.retry_connect_errors = retry_connect_errors
         self._stalled_since: float | None = None
         self.policy = scheduling_policy
         self.seed = seed
@@ -297,6 +316,60 @@ class Simulation:
         rep.in_flight.clear()
         self._sync_record(rep)
 
+    def inject_fault(self, replica_id: str, kind: str, *, at_s: float | None = None, factor: float = 1.0) -> None:
+        """Schedule a replica fault at ``at_s`` (default now), as the HTTP replica's fault injection does:
+
+        ``crash``: the replica dies; its requests end with status ``error`` (``replica_crashed``), its metrics go
+        stale, new requests routed to it are refused and retried once elsewhere; it holds its GPUs until an
+        autoscaler or health controller calls ``remove``. ``hang``: the engine freezes (requests accepted, no tokens;
+        metrics still answer, frozen). ``slow``: steps take ``factor`` times longer. ``recover``: undo hang/slow.
+        """
+        if kind not in ("crash", "hang", "slow", "recover"):
+            raise ValueError(f"unknown fault {kind!r}; expected crash, hang, slow or recover")
+        if kind == "slow" and factor <= 0:
+            raise ValueError("slow factor must be positive")
+        self._push(self.clock.now() if at_s is None else at_s, _FAULT, (replica_id, kind, factor))
+
+    def _apply_fault(self, replica_id: str, kind: str, factor: float) -> None:
+        rep = self.replicas.get(replica_id)
+        if rep is None or rep.state == "failed":
+            return
+        now = self.clock.now()
+        if kind == "crash":
+            rep.state = "failed"
+            rep.version += 1
+            rep.plan = None
+            rep.record.failed_s = now
+            rep.engine.abort_all(now)
+            for route, result, _seq in list(rep.in_flight.values()):
+                result.status, result.reason, result.finish_s = "error", "replica_crashed", now
+                self._finished_tick.append(result)
+                self.router.on_finished(route, replica_id, now)
+            rep.in_flight.clear()
+            rep.in_flight_mu = 0.0
+            self._sync_record(rep)
+            return
+        if kind == "hang":
+            if rep.hung_since is None:
+                rep.hung_since = now
+                rep.version += 1  # the step under way never ends
+            return
+        if rep.plan is not None and rep.hung_since is None:
+            self._cut_plan(rep, now)  # the new speed applies from the next step
+        if kind == "slow":
+            rep.slow = factor
+            return
+        rep.slow = 1.0  # recover
+        if rep.hung_since is not None:
+            frozen = now - rep.hung_since
+            rep.hung_since = None
+            if rep.plan is not None:
+                rep.plan.start_s += frozen
+                rep.version += 1
+                self._push(rep.end_of(rep.plan), _STEP_END, (rep, rep.version))
+            else:
+                self._start_plan(rep)
+
     def live_replicas(self) -> list[SimReplica]:
         return list(self.replicas.values())
 
@@ -304,15 +377,16 @@ class Simulation:
         now = self.clock.now()
         views = []
         for rep in self.replicas.values():
-            if rep.state not in ("ready", "draining"):
+            if rep.state not in ("ready", "draining", "failed"):
                 continue
-            if now - rep.scraped_s >= self.scrape_interval_s:
+            if rep.state != "failed" and now - rep.scraped_s >= self.scrape_interval_s:
                 rep.scraped_s = now
                 rep.scraped = (rep.engine.num_running, rep.engine.num_waiting, rep.engine.kv_usage)
             running, waiting, kv = rep.scraped
             views.append(
                 ReplicaView(
                     replica_id=rep.replica_id,
+                    healthy=rep.healthy,
                     draining=rep.state == "draining",
                     metrics_age_s=now - rep.scraped_s,
                     num_running=running,
@@ -340,6 +414,7 @@ class Simulation:
                 rep.engine.num_waiting,
                 rep.engine.kv_usage,
                 rep.concurrency_limit,
+                rep.last_progress_s,
             )
             for rep in self.replicas.values()
         ]
@@ -381,6 +456,8 @@ class Simulation:
                 self._next_arrival(arrivals)
             elif kind == _FOLLOWUP:
                 self._arrive(payload)
+            elif kind == _FAULT:
+                self._apply_fault(*payload)
             elif kind == _READY:
                 if payload.state == "starting" and payload.replica_id in self.replicas:
                     self._make_ready(payload.replica_id)
@@ -407,7 +484,7 @@ class Simulation:
             self._push(request.arrival_s, _ARRIVAL, request)
 
     def _has_future_arrivals(self) -> bool:
-        return any(kind in (_ARRIVAL, _READY, _FOLLOWUP) for _, _, kind, _ in self._events)
+        return any(kind in (_ARRIVAL, _READY, _FOLLOWUP, _FAULT) for _, _, kind, _ in self._events)
 
     def _busy(self) -> bool:
         return bool(self._pending or self._backlog or any(rep.in_flight for rep in self.replicas.values()))
@@ -436,6 +513,7 @@ class Simulation:
                 "ready": states.count("ready"),
                 "starting": states.count("starting"),
                 "draining": states.count("draining"),
+                "failed": states.count("failed"),
                 "in_flight": sum(len(rep.in_flight) for rep in self.replicas.values()),
                 "queued": len(self._pending),
             }
@@ -499,12 +577,17 @@ class Simulation:
         now = self.clock.now()
         replica_id = self.router.pick(route, self.views(), now)
         rep = self.replicas.get(replica_id) if replica_id is not None else None
+        if rep is not None and rep.state == "failed":
+            return self._connection_refused(route, entry[1], replica_id)
         if rep is None or rep.state not in ("ready", "draining"):
             self._backlog.append(route)
             return False
-        del self._pending[route.request_id]
-        _route, result, request = entry
         self.router.on_routed(route, replica_id, now)
+        return self._send(route, rep)
+
+    def _send(self, route: RouteRequest, rep: SimReplica) -> bool:
+        now, replica_id = self.clock.now(), rep.replica_id
+        _route, result, request = self._pending.pop(route.request_id)
         seq = EngineSeq(
             request_id=request.request_id,
             prompt_tokens=result.prompt_tokens,
@@ -527,19 +610,47 @@ class Simulation:
         self._kick(rep)
         return True
 
+    def _connection_refused(self, route: RouteRequest, result: RequestResult, replica_id: str) -> bool:
+        """A request sent to a crashed replica: retried once elsewhere (before any byte reached the client)."""
+        now = self.clock.now()
+        if self.retry_connect_errors and not route.extra.get("retried_from"):
+            route.extra["retried_from"] = replica_id
+            others = [v for v in self.views() if v.replica_id != replica_id]
+            other_id = self.router.pick(route, others, now)
+            other = self.replicas.get(other_id) if other_id is not None else None
+            if other is not None and other.state in ("ready", "draining"):
+                self.router.on_routed(route, other_id, now)
+                return self._send(route, other)
+        del self._pending[route.request_id]
+        result.status, result.reason, result.finish_s, result.replica_id = (
+            "error",
+            "connection_refused",
+            now,
+            replica_id,
+        )
+        self._finished_tick.append(result)
+        return True
+
     def _kick(self, rep: SimReplica) -> None:
         """A request joined ``rep``: start its engine, or cut its batch of steps at the step now under way."""
         now = self.clock.now()
         plan = rep.plan
+        if rep.hung_since is not None or rep.state == "failed":
+            return
         if plan is None:
             self._start_plan(rep)
             return
         if plan.steps > 1 and rep.engine.num_running < rep.profile.max_num_seqs:
-            done = plan.steps_started_before(now - plan.start_s)
-            if done < plan.steps:
-                plan.steps = done
-                rep.version += 1
-                self._push(plan.start_s + plan.duration(), _STEP_END, (rep, rep.version))
+            self._cut_plan(rep, now)
+
+    def _cut_plan(self, rep: SimReplica, now: float) -> None:
+        """End ``rep``'s batch of steps with the step under way at ``now``."""
+        plan = rep.plan
+        done = plan.steps_started_before((now - plan.start_s) / rep.slow)
+        if done < plan.steps:
+            plan.steps = done
+            rep.version += 1
+            self._push(rep.end_of(plan), _STEP_END, (rep, rep.version))
 
     def _start_plan(self, rep: SimReplica) -> None:
         now = self.clock.now()
@@ -547,13 +658,15 @@ class Simulation:
         rep.plan = plan
         if plan is not None:
             rep.version += 1
-            self._push(now + plan.duration(), _STEP_END, (rep, rep.version))
+            self._push(rep.end_of(plan), _STEP_END, (rep, rep.version))
 
     def _step_end(self, rep: SimReplica) -> None:
         now = self.clock.now()
         plan = rep.plan
         rep.plan = None
         finished = rep.engine.commit(plan, plan.steps, now)
+        rep.busy_s += plan.duration(plan.steps) * rep.slow
+        rep.last_progress_s = now
         for seq in finished:
             self._complete(rep, seq)
         if rep.replica_id in self.replicas:
@@ -603,7 +716,7 @@ class Simulation:
 
     def _sync_record(self, rep: SimReplica) -> None:
         stats, record = rep.engine.stats, rep.record
-        record.busy_s = stats.busy_s
+        record.busy_s = rep.busy_s
         record.prompt_tokens, record.generation_tokens = stats.prompt_tokens, stats.generation_tokens
         record.prefix_queries, record.prefix_hits, record.preemptions = (
             stats.prefix_queries,

@@ -72,6 +72,7 @@ class ReplicaRecord:
     added_s: float
     ready_s: float | None = None
     removed_s: float | None = None
+    failed_s: float | None = None  # crashed (fault injection); GPUs held until removed
     busy_s: float = 0.0  # time the engine spent running steps
     requests: int = 0
     prompt_tokens: int = 0
