@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from django import forms
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
@@ -18,7 +17,8 @@ class EndpointCreateForm(forms.ModelForm):
             "name", "owner_tenant", "model_profile", "hardware_profile", "runtime", "min_replicas", "max_replicas",
             "desired_replicas", "concurrency_limit", "routing_policy", "ttft_slo_ms", "tpot_slo_ms",
         ]
-        help_texts = {"name": "The OpenAI `model` name tenants call.", "owner_tenant": "Empty = shared endpoint."}
+        help_texts = {"name": "The OpenAI “model” name tenants call.", "owner_tenant": "Empty = shared endpoint."}
+        labels = {"ttft_slo_ms": "TTFT SLO (ms)", "tpot_slo_ms": "TPOT SLO (ms)"}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -60,9 +60,8 @@ class ReservationSellForm(forms.ModelForm):
         fields = ["tenant", "endpoint", "mu_per_min", "priority", "burst_minutes", "rpm_limit", "tpm_limit"]
         labels = {"mu_per_min": "MU per minute"}
 
-    def __init__(self, *args, have_mu_per_min=None, **kwargs):
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.have_mu_per_min = have_mu_per_min
         self.fields["mu_per_min"].min_value = 0.001
         self.fields["mu_per_min"].widget.attrs["min"] = "0.001"
         self.fields["mu_per_min"].widget.attrs["step"] = "any"
@@ -83,10 +82,6 @@ class ReservationSellForm(forms.ModelForm):
     def validate_unique(self):
         # clean() reports the duplicate on the endpoint field with a clearer message.
         pass
-
-
-def overcommit_limit() -> float:
-    return float(settings.INFERCAP.get("OVERCOMMIT_LIMIT", 1.5))
 
 
 class AlertAckForm(forms.Form):

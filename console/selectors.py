@@ -1,7 +1,7 @@
-"""Reads behind the fleet and endpoint pages: replicas by state, capacity have/sold/used, per-minute series.
+"""Reads behind the console pages, built on the apps' own selectors: the capacity ledger (capacity.ledger), SLO
+budgets (billing.selectors), visibility (endpoints.selectors) and the per-minute usage rollups (billing.UsageMinute).
 
-Charts aggregate in the database (one grouped query per chart window), never row by row in Python, except
-on the embedded SQLite default, which has no percentile function and only holds laptop-sized data.
+Charts read the rollups, never raw usage rows, so a page costs a handful of grouped queries whatever the traffic.
 """
 from __future__ import annotations
 
@@ -11,56 +11,21 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import connection
-from django.db.models import Aggregate, Count, FloatField, Q, Sum
-from django.db.models.functions import TruncMinute
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncHour
 
-from billing.models import UsageRecord, UsageStatus
+from billing.models import UsageMinute
+from billing.selectors import SLOBudget, slo_budgets
+from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
+from capacity.ledger import EndpointLedger, capacity_ledger
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, Replica, ReplicaState, ReplicaTransition
+from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
 DEMAND_KEY = "infercap:demand:{endpoint_id}"
 PRIORITY_CLASSES = ("critical", "standard", "sheddable")
-
-
-class Percentile95(Aggregate):
-    """PostgreSQL's ordered-set aggregate; NULLs are ignored like in every other aggregate."""
-
-    function = "percentile_cont"
-    template = "%(function)s(0.95) WITHIN GROUP (ORDER BY %(expressions)s)"
-    output_field = FloatField()
-
-
-def replica_mu_per_min(endpoint: Endpoint) -> float:
-    """Capacity C of one replica: the pinned benchmark's calibration, else the model profile's default."""
-    bench = endpoint.pinned_benchmark
-    if bench is not None and bench.mu_per_min:
-        return float(bench.mu_per_min)
-    return float(endpoint.model_profile.mu_per_min)
-
-
-@dataclass
-class Ledger:
-    have_mu_per_min: float
-    sold_mu_per_min: float
-    used_mu_per_min: float
-
-    @property
-    def sold_ratio(self) -> float:
-        return self.sold_mu_per_min / self.have_mu_per_min if self.have_mu_per_min else 0.0
-
-
-def capacity_ledger(*, endpoint: Endpoint, ready_replicas: int, now: datetime, window_min: int = 5) -> Ledger:
-    """Have = ready replicas × C; sold = reservations; used = MU consumed per minute over the last minutes."""
-    sold = endpoint.reservations.aggregate(total=Sum("mu_per_min"))["total"] or 0.0
-    used = (
-        UsageRecord.objects.filter(endpoint=endpoint, finished_at__gte=now - timedelta(minutes=window_min))
-        .aggregate(total=Sum("mu"))["total"]
-        or 0.0
-    )
-    return Ledger(ready_replicas * replica_mu_per_min(endpoint), float(sold), float(used) / window_min)
 
 
 def replica_state_counts(endpoint_ids: list[int]) -> dict[int, Counter]:
@@ -95,7 +60,7 @@ def queue_depth(endpoint_id: int) -> dict[str, int]:
         except (ValueError, AttributeError):
             continue
         for cls, n in queued.items():
-            if isinstance(n, int | float):
+            if isinstance(n, int | float) and not isinstance(n, bool):
                 depth[cls] = depth.get(cls, 0) + int(n)
     return depth
 
@@ -104,107 +69,107 @@ def queue_depth(endpoint_id: int) -> dict[str, int]:
 class FleetRow:
     endpoint: Endpoint
     states: Counter
-    ledger: Ledger
-    slo_statuses: list = field(default_factory=list)
+    ledger: EndpointLedger
+    budgets: list[SLOBudget] = field(default_factory=list)
 
     @property
-    def worst_budget(self):
-        return min((s.budget_remaining for s in self.slo_statuses), default=None)
+    def worst_budget(self) -> float | None:
+        return min((b.budget_remaining for b in self.budgets if b.budget_remaining is not None), default=None)
 
     @property
-    def max_burn_1h(self):
-        return max((s.burn.get("1h", 0.0) for s in self.slo_statuses), default=None)
+    def max_burn_1h(self) -> float | None:
+        return max((b.burn_rates.get("1h", 0.0) for b in self.budgets if b.evaluated_at), default=None)
+
+    @property
+    def health(self) -> str:
+        order = ["page", "ticket", "unknown", "ok"]
+        return min((b.health for b in self.budgets), key=order.index, default="none")
 
 
-def fleet_rows(*, endpoints, now: datetime) -> list[FleetRow]:
-    from console.reports import slo_statuses_for
+def budgets_by_endpoint(user) -> dict[str, list[SLOBudget]]:
+    grouped: dict[str, list[SLOBudget]] = defaultdict(list)
+    for budget in slo_budgets(user):
+        grouped[budget.endpoint].append(budget)
+    return grouped
 
+
+def fleet_rows(*, user, endpoints, now: datetime) -> list[FleetRow]:
     endpoints = list(endpoints)
-    counts = replica_state_counts([e.pk for e in endpoints])
-    rows = []
-    for endpoint in endpoints:
-        states = counts.get(endpoint.pk, Counter())
-        ledger = capacity_ledger(endpoint=endpoint, ready_replicas=states.get(ReplicaState.READY, 0), now=now)
-        rows.append(FleetRow(endpoint, states, ledger, slo_statuses_for(endpoint=endpoint, now=now)))
-    return rows
+    ids = [e.pk for e in endpoints]
+    ledger = {row.endpoint_id: row for row in capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk__in=ids)).endpoints}
+    counts = replica_state_counts(ids)
+    budgets = budgets_by_endpoint(user)
+    return [
+        FleetRow(e, counts.get(e.pk, Counter()), ledger[e.pk], budgets.get(e.name, [])) for e in endpoints if e.pk in ledger
+    ]
+
+
+def endpoint_ledger(*, endpoint: Endpoint, now: datetime) -> EndpointLedger:
+    return capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk=endpoint.pk)).endpoints[0]
+
+
+def bucket_quantile(q: float, bounds: tuple[int, ...], cumulative: list[float], total: float) -> float | None:
+    """Quantile from cumulative ``≤ bound`` counts, interpolating linearly inside the bucket (as Prometheus'
+    histogram_quantile does). Beyond the last bound it answers the last bound: the rollup knows no more."""
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if count >= rank:
+            width = count - lower_count
+            fraction = (rank - lower_count) / width if width > 0 else 1.0
+            return lower_bound + (bound - lower_bound) * fraction
+        lower_bound, lower_count = float(bound), count
+    return float(bounds[-1])
 
 
 @dataclass
 class EndpointSeries:
     minutes: list[float]  # epoch seconds of each bucket
-    requests_per_s: list[float | None]
+    requests_per_s: list[float]
+    errors_per_s: list[float]
     ttft_p95_ms: list[float | None]
     tpot_p95_ms: list[float | None]
-    mu_per_min: list[float | None]
+    mu_per_min: list[float]
     ready_replicas: list[float]
-    errors_per_s: list[float | None]
+
+
+TTFT_FIELDS = [f"ttft_le_{b}" for b in TTFT_BOUNDS_MS]
+TPOT_FIELDS = [f"tpot_le_{b}" for b in TPOT_BOUNDS_MS]
 
 
 def endpoint_series(*, endpoint: Endpoint, now: datetime, minutes: int = 60) -> EndpointSeries:
+    """Per-minute series over the last ``minutes`` from the usage rollups (summed over tenants)."""
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(minutes=minutes)
     buckets = [start + timedelta(minutes=i) for i in range(minutes)]
-    rows = _usage_by_minute(endpoint=endpoint, start=start, end=end)
-    by_minute = {row["minute"]: row for row in rows}
-
-    def pick(key: str, scale: float = 1.0) -> list[float | None]:
-        out: list[float | None] = []
-        for b in buckets:
-            value = by_minute.get(b, {}).get(key)
-            out.append(None if value is None else value * scale)
-        return out
-
-    requests = [(by_minute.get(b, {}).get("n") or 0) / 60 for b in buckets]
-    errors = [(by_minute.get(b, {}).get("errors") or 0) / 60 for b in buckets]
-    return EndpointSeries(
-        minutes=[b.timestamp() for b in buckets],
-        requests_per_s=requests,
-        ttft_p95_ms=pick("ttft_p95"),
-        tpot_p95_ms=pick("tpot_p95"),
-        mu_per_min=[v or 0.0 for v in pick("mu")],
-        ready_replicas=ready_replica_series(endpoint=endpoint, buckets=buckets),
-        errors_per_s=errors,
+    sums = ["requests", "ok", "upstream_errors", "timeouts", "shed", "mu", *TTFT_FIELDS, *TPOT_FIELDS]
+    rows = (
+        UsageMinute.objects.filter(endpoint=endpoint, start__gte=start, start__lt=end)
+        .values("start")
+        .annotate(**{f"s_{name}": Sum(name) for name in sums})
+        .order_by("start")
     )
-
-
-def _usage_by_minute(*, endpoint: Endpoint, start: datetime, end: datetime) -> list[dict]:
-    records = UsageRecord.objects.filter(endpoint=endpoint, finished_at__gte=start, finished_at__lt=end)
-    error_q = Q(status__in=[UsageStatus.UPSTREAM_ERROR, UsageStatus.TIMEOUT, UsageStatus.SHED])
-    grouped = records.annotate(minute=TruncMinute("finished_at")).values("minute")
-    if connection.vendor == "postgresql":
-        return list(
-            grouped.annotate(
-                n=Count("id"),
-                errors=Count("id", filter=error_q),
-                mu=Sum("mu"),
-                ttft_p95=Percentile95("ttft_ms"),
-                tpot_p95=Percentile95("tpot_ms"),
-            ).order_by("minute")
-        )
-    per_minute: dict[datetime, dict] = {}
-    for rec in records.only("finished_at", "status", "mu", "ttft_ms", "tpot_ms"):
-        minute = rec.finished_at.replace(second=0, microsecond=0)
-        row = per_minute.setdefault(minute, {"minute": minute, "n": 0, "errors": 0, "mu": 0.0, "t": [], "p": []})
-        row["n"] += 1
-        row["errors"] += rec.status in (UsageStatus.UPSTREAM_ERROR, UsageStatus.TIMEOUT, UsageStatus.SHED)
-        row["mu"] += rec.mu
-        if rec.ttft_ms is not None:
-            row["t"].append(rec.ttft_ms)
-        if rec.tpot_ms is not None:
-            row["p"].append(rec.tpot_ms)
-    for row in per_minute.values():
-        row["ttft_p95"], row["tpot_p95"] = _p95(row.pop("t")), _p95(row.pop("p"))
-    return sorted(per_minute.values(), key=lambda r: r["minute"])
-
-
-def _p95(values: list[float]) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    rank = 0.95 * (len(values) - 1)
-    lo = int(rank)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (rank - lo)
+    by_minute = {row["start"]: row for row in rows}
+    series = EndpointSeries([b.timestamp() for b in buckets], [], [], [], [], [], [])
+    for bucket in buckets:
+        row = by_minute.get(bucket)
+        if row is None:
+            series.requests_per_s.append(0.0)
+            series.errors_per_s.append(0.0)
+            series.mu_per_min.append(0.0)
+            series.ttft_p95_ms.append(None)
+            series.tpot_p95_ms.append(None)
+            continue
+        series.requests_per_s.append(row["s_requests"] / 60)
+        series.errors_per_s.append((row["s_upstream_errors"] + row["s_timeouts"] + row["s_shed"]) / 60)
+        series.mu_per_min.append(float(row["s_mu"]))
+        ok = row["s_ok"]
+        series.ttft_p95_ms.append(bucket_quantile(0.95, TTFT_BOUNDS_MS, [row[f"s_{f}"] for f in TTFT_FIELDS], ok))
+        series.tpot_p95_ms.append(bucket_quantile(0.95, TPOT_BOUNDS_MS, [row[f"s_{f}"] for f in TPOT_FIELDS], ok))
+    series.ready_replicas = ready_replica_series(endpoint=endpoint, buckets=buckets)
+    return series
 
 
 def ready_replica_series(*, endpoint: Endpoint, buckets: list[datetime]) -> list[float]:
@@ -212,7 +177,7 @@ def ready_replica_series(*, endpoint: Endpoint, buckets: list[datetime]) -> list
     if not buckets:
         return []
     end = buckets[-1] + timedelta(minutes=1)
-    transitions = (
+    events = list(
         ReplicaTransition.objects.filter(replica__endpoint=endpoint, at__lt=end)
         .exclude(replica__state=ReplicaState.STOPPED, replica__state_changed_at__lt=buckets[0])
         .order_by("at", "id")
@@ -220,7 +185,6 @@ def ready_replica_series(*, endpoint: Endpoint, buckets: list[datetime]) -> list
     )
     state: dict[int, str] = {}
     out: list[float] = []
-    events = list(transitions)
     i = 0
     for bucket in buckets:
         bucket_end = bucket + timedelta(minutes=1)
@@ -240,3 +204,14 @@ def endpoint_replicas(endpoint: Endpoint, *, include_stopped: bool = False) -> l
     if not include_stopped:
         replicas = replicas.exclude(state=ReplicaState.STOPPED)
     return list(replicas)
+
+
+def tenant_usage_by_hour(*, tenant: Tenant, start: datetime, end: datetime) -> list[tuple[datetime, float, int]]:
+    rows = (
+        UsageMinute.objects.filter(tenant=tenant, start__gte=start, start__lt=end)
+        .annotate(hour=TruncHour("start"))
+        .values("hour")
+        .annotate(used=Sum("mu"), n=Sum("requests"))
+        .order_by("hour")
+    )
+    return [(row["hour"], float(row["used"] or 0.0), int(row["n"] or 0)) for row in rows]

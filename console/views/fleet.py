@@ -12,15 +12,14 @@ from console import charts
 from console.access import endpoint_for, endpoints_visible_to, operator_required
 from console.actions import endpoint_create, endpoint_scale, replica_drain
 from console.forms import DrainForm, EndpointCreateForm, ScaleForm
-from console.reports import slo_statuses_for
 from console.selectors import (
-    capacity_ledger,
+    budgets_by_endpoint,
+    endpoint_ledger,
     endpoint_replicas,
     endpoint_series,
     fleet_rows,
     queue_depth,
     recent_decisions,
-    replica_mu_per_min,
 )
 from console.views.common import confirm_then_run
 from endpoints.models import Replica, ReplicaState
@@ -36,7 +35,7 @@ def home(request):
 @operator_required
 def fleet(request):
     now = timezone.now()
-    rows = fleet_rows(endpoints=endpoints_visible_to(request.user), now=now)
+    rows = fleet_rows(user=request.user, endpoints=endpoints_visible_to(request.user), now=now)
     for row in rows:
         row.chart = mark_safe(
             charts.bar_chart(
@@ -44,7 +43,7 @@ def fleet(request):
                 [
                     charts.Bar("have", row.ledger.have_mu_per_min),
                     charts.Bar("sold", row.ledger.sold_mu_per_min, _sold_note(row.ledger)),
-                    charts.Bar("used", row.ledger.used_mu_per_min),
+                    charts.Bar("used (1 h)", row.ledger.used_mu_per_min_1h),
                 ],
                 unit="MU/min",
                 width=340,
@@ -54,8 +53,8 @@ def fleet(request):
 
 
 def _sold_note(ledger) -> str:
-    if ledger.have_mu_per_min:
-        return f"({ledger.sold_ratio:.0%} of have)"
+    if ledger.overcommit_ratio is not None:
+        return f"({ledger.overcommit_ratio:.0%} of have)"
     return "(no ready capacity)" if ledger.sold_mu_per_min else ""
 
 
@@ -67,29 +66,27 @@ def endpoint_detail(request, endpoint_id: int):
     series = endpoint_series(endpoint=endpoint, now=now, minutes=minutes)
     decisions = recent_decisions(endpoint=endpoint, since=now - timedelta(minutes=minutes))
     replicas = endpoint_replicas(endpoint, include_stopped=request.GET.get("stopped") == "1")
-    ready = sum(1 for r in replicas if r.state == ReplicaState.READY)
-    tenant = None if request.user.is_operator else request.user.tenant
+    ledger = endpoint_ledger(endpoint=endpoint, now=now)
     context = {
         "endpoint": endpoint,
         "replicas": replicas,
         "decisions": decisions,
-        "ledger": capacity_ledger(endpoint=endpoint, ready_replicas=ready, now=now),
-        "slo_statuses": slo_statuses_for(endpoint=endpoint, now=now, tenant=tenant),
+        "ledger": ledger,
+        "budgets": budgets_by_endpoint(request.user).get(endpoint.name, []),
         "queue": queue_depth(endpoint.pk),
-        "charts": _endpoint_charts(endpoint, series, decisions),
-        "replica_mu": replica_mu_per_min(endpoint),
+        "charts": _endpoint_charts(endpoint, series, decisions, ledger.replica_mu_per_min),
         "now": now,
     }
     return render(request, "console/endpoint_detail.html", context)
 
 
-def _endpoint_charts(endpoint, series, decisions) -> dict:
+def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float) -> dict:
     xs = series.minutes
     markers = [
         charts.Marker(d.at.timestamp(), f"{d.at:%H:%M:%S} {d.get_axis_display()}: {d.current:g} → {d.desired:g} ({d.reason})")
         for d in decisions
     ]
-    capacity = [ready * replica_mu_per_min(endpoint) for ready in series.ready_replicas]
+    capacity = [ready * replica_mu_per_min for ready in series.ready_replicas]
     window = (xs[0], xs[-1]) if xs else None
     specs = {
         "requests": charts.LineChart(

@@ -1,5 +1,4 @@
 """Operator pages for tenants and reservations, SLOs and alerts, and cost and goodput reports."""
-import csv
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
@@ -10,23 +9,15 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from billing.models import Alert, UsageRecord
+from billing.cost import cost_csv
+from billing.models import Alert, UsageMinute
+from billing.selectors import alerts_visible_to, cost_lines_for, slo_budgets
+from billing.slo import WINDOW_PAIRS, WINDOWS_S
 from console import charts
-from console.access import endpoints_visible_to, operator_required
+from console.access import operator_required
 from console.actions import alert_acknowledge, reservation_sell
-from console.forms import AlertAckForm, PeriodForm, ReservationSellForm, overcommit_limit
-from console.reports import (
-    BURN_RULES,
-    BURN_WINDOWS,
-    COST_CSV_HEADER,
-    alerts_visible,
-    cost_csv_rows,
-    cost_rows,
-    slo_statuses_for,
-)
-from console.selectors import capacity_ledger, replica_state_counts
+from console.forms import AlertAckForm, PeriodForm, ReservationSellForm
 from console.views.common import confirm_then_run
-from endpoints.models import Endpoint, ReplicaState
 from tenants.models import Tenant
 
 
@@ -42,18 +33,12 @@ def tenants(request):
         tenant.reserved = sum(r.mu_per_min for r in tenant.reservations.all())
     usage = {
         row["tenant_id"]: row
-        for row in UsageRecord.objects.filter(finished_at__gte=since)
+        for row in UsageMinute.objects.filter(start__gte=since)
         .values("tenant_id")
-        .annotate(used=Sum("mu"), n=Count("id"))
+        .annotate(used=Sum("mu"), n=Sum("requests"))
+        .order_by()
     }
     return render(request, "console/tenants.html", {"tenants": rows, "usage": usage})
-
-
-def _have_for(endpoint: Endpoint) -> float:
-    """Capacity a sale is checked against: ready replicas, or the desired count when more are on their way."""
-    counts = replica_state_counts([endpoint.pk]).get(endpoint.pk, {})
-    replicas = max(counts.get(ReplicaState.READY, 0), endpoint.desired_replicas)
-    return capacity_ledger(endpoint=endpoint, ready_replicas=replicas, now=timezone.now()).have_mu_per_min
 
 
 @operator_required
@@ -63,9 +48,7 @@ def reservation_sell_view(request):
         initial = {k: request.GET.get(k) for k in ("tenant", "endpoint") if request.GET.get(k)}
         return render(request, template, {"form": ReservationSellForm(initial=initial)})
     form = ReservationSellForm(request.POST)
-    endpoint = None
-    if form.is_valid():
-        endpoint = form.cleaned_data["endpoint"]
+    valid = form.is_valid()
     return confirm_then_run(
         request,
         form=form,
@@ -73,13 +56,11 @@ def reservation_sell_view(request):
         context={},
         title="Sell a reservation",
         summary=(
-            f"Sell {form.data.get('mu_per_min')} MU/min on {endpoint} to {form.cleaned_data.get('tenant')}?"
-            if endpoint else ""
+            f"Sell {form.cleaned_data['mu_per_min']:g} MU/min on {form.cleaned_data['endpoint']} to "
+            f"{form.cleaned_data['tenant']} ({form.cleaned_data['priority']})?"
+            if valid else ""
         ),
-        run=lambda: reservation_sell(
-            form_data=form.cleaned_data, have_mu_per_min=_have_for(endpoint), overcommit_limit=overcommit_limit(),
-            actor=request.user,
-        ),
+        run=lambda: reservation_sell(form_data=form.cleaned_data, actor=request.user),
         success_message=lambda r: f"Sold {r.mu_per_min:g} MU/min on {r.endpoint} to {r.tenant}.",
         success_url=reverse("console:tenants"),
     )
@@ -87,23 +68,22 @@ def reservation_sell_view(request):
 
 @login_required
 def slos(request):
-    now = timezone.now()
-    endpoints = endpoints_visible_to(request.user)
-    tenant = None if request.user.is_operator else request.user.tenant
-    statuses = [s for endpoint in endpoints for s in slo_statuses_for(endpoint=endpoint, now=now, tenant=tenant)]
-    budget_chart = mark_safe(
-        charts.bar_chart(
-            "Error budget remaining",
-            [charts.Bar(f"{s.slo.name}"[:12], max(0.0, s.budget_remaining) * 100) for s in statuses],
-            unit="%",
-            width=480,
+    budgets = slo_budgets(request.user)
+    evaluated = [b for b in budgets if b.budget_remaining is not None]
+    budget_chart = ""
+    if evaluated:
+        budget_chart = mark_safe(
+            charts.bar_chart(
+                "Error budget remaining (%)",
+                [charts.Bar(b.name[:24], max(0.0, b.budget_remaining) * 100) for b in evaluated],
+                unit="%",
+            )
         )
-    ) if statuses else ""
     context = {
-        "statuses": statuses,
-        "windows": list(BURN_WINDOWS),
-        "rules": BURN_RULES,
-        "alerts": alerts_visible(user=request.user, endpoints=endpoints),
+        "budgets": budgets,
+        "windows": list(WINDOWS_S),
+        "pairs": WINDOW_PAIRS,
+        "alerts": alerts_visible_to(request.user).order_by("-started_at")[:200],
         "budget_chart": budget_chart,
     }
     return render(request, "console/slos.html", context)
@@ -132,34 +112,37 @@ def alert_ack_view(request, alert_id: int):
 @operator_required
 def cost(request):
     form = PeriodForm(request.GET or None)
-    hours = form.cleaned_data["hours"] if form.is_valid() else 24
+    if request.GET and not form.is_valid():
+        return render(request, "console/cost.html", {"form": form, "lines": [], "charts": []}, status=400)
+    hours = form.cleaned_data["hours"] if form.is_bound else 24
     end = timezone.now()
     start = end - timedelta(hours=hours)
-    rows = cost_rows(endpoints=endpoints_visible_to(request.user), start=start, end=end)
-    if request.GET.get("format") == "csv" and (form.is_valid() or not request.GET.get("hours")):
-        response = HttpResponse(content_type="text/csv")
+    lines = cost_lines_for(request.user, start=start, end=end)
+    if request.GET.get("format") == "csv":
+        response = HttpResponse(cost_csv(lines), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="infercap-cost-{end:%Y%m%d-%H%M}-{hours}h.csv"'
-        writer = csv.writer(response)
-        writer.writerow(COST_CSV_HEADER)
-        writer.writerows(cost_csv_rows(rows, start=start, end=end))
         return response
-    usd_chart = charts.bar_chart("GPU cost (USD)", [charts.Bar(r.endpoint.name[:12], r.usd) for r in rows], unit="$")
-    idle_chart = charts.bar_chart("Idle cost (USD)", [charts.Bar(r.endpoint.name[:12], r.idle_usd) for r in rows], unit="$")
-    goodput_chart = charts.bar_chart(
-        "Good tokens per USD", [charts.Bar(r.endpoint.name[:12], r.good_tokens_per_usd or 0.0) for r in rows]
-    )
+    endpoint_lines = [line for line in lines if line.tenant_id is None]
+    chart_specs = [
+        ("GPU cost (USD)", "usd", "$"),
+        ("Idle cost (USD)", "idle_usd", "$"),
+        ("Good tokens per USD", "good_tokens_per_usd", ""),
+    ]
     context = {
         "form": form,
-        "rows": rows,
+        "lines": lines,
         "hours": hours,
         "start": start,
         "end": end,
-        "charts": [mark_safe(c) for c in (usd_chart, idle_chart, goodput_chart)] if rows else [],
+        "charts": [
+            mark_safe(charts.bar_chart(title, [charts.Bar(l.endpoint[:24], getattr(l, attr) or 0.0) for l in endpoint_lines], unit=unit))
+            for title, attr, unit in chart_specs
+        ] if endpoint_lines else [],
         "totals": {
-            "gpu_hours": sum(r.gpu_hours for r in rows),
-            "usd": sum(r.usd for r in rows),
-            "good": sum(r.good_output_tokens for r in rows),
-            "idle_usd": sum(r.idle_usd for r in rows),
+            "gpu_hours": sum(line.gpu_hours for line in endpoint_lines),
+            "usd": sum(line.usd for line in endpoint_lines),
+            "good": sum(line.good_output_tokens for line in endpoint_lines),
+            "idle_usd": sum(line.idle_usd for line in endpoint_lines),
         },
     }
-    return render(request, "console/cost.html", context, status=200 if form.is_valid() or not request.GET else 400)
+    return render(request, "console/cost.html", context)

@@ -11,8 +11,8 @@ from django.utils.safestring import mark_safe
 from console import charts
 from console.access import endpoints_visible_to, tenant_admin_required, user_tenant
 from console.forms import ApiKeyCreateForm
-from console.reports import slo_statuses_for, tenant_statement, tenant_usage_by_hour
-from console.selectors import replica_state_counts
+from billing.statements import statement_for
+from console.selectors import budgets_by_endpoint, replica_state_counts, tenant_usage_by_hour
 from console.views.common import confirm_then_run
 from tenants.models import ApiKey
 from tenants.services import api_key_create, api_key_revoke
@@ -26,12 +26,14 @@ def tenant_home(request):
     now = timezone.now()
     endpoints = list(endpoints_visible_to(request.user))
     counts = replica_state_counts([e.pk for e in endpoints])
+    budgets = budgets_by_endpoint(request.user)
+    reservations = {r.endpoint_id: r for r in tenant.reservations.all()}
     rows = [
         {
             "endpoint": e,
             "ready": counts.get(e.pk, {}).get("ready", 0),
-            "slos": slo_statuses_for(endpoint=e, now=now, tenant=tenant),
-            "reservation": next((r for r in e.reservations.all() if r.tenant_id == tenant.pk), None),
+            "budgets": budgets.get(e.name, []),
+            "reservation": reservations.get(e.pk),
         }
         for e in endpoints
     ]
@@ -115,5 +117,5 @@ def statement(request):
     tenant = user_tenant(request.user)
     now = timezone.now()
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    lines = tenant_statement(tenant=tenant, start=start, end=now)
-    return render(request, "console/statement.html", {"tenant": tenant, "lines": lines, "start": start, "end": now})
+    statement = statement_for(tenant=tenant, start=start, end=now, now=now)
+    return render(request, "console/statement.html", {"tenant": tenant, "statement": statement})

@@ -43,8 +43,9 @@ def test_endpoint_create_errors_then_confirm_then_audit(client, operator, tenant
     done = _post_confirmed(client, url, _endpoint_data(tenant_a))
     endpoint = Endpoint.objects.get(name="llama-new")
     assert done.status_code == 302 and done["Location"] == reverse("console:endpoint", args=[endpoint.pk])
+    assert endpoint.desired_replicas == 2
     entry = AuditEntry.objects.get(action="endpoint.create", object_id=str(endpoint.pk))
-    assert entry.actor == operator and entry.detail["desired_replicas"] == 2
+    assert entry.actor == operator and entry.detail["name"] == "llama-new"
 
 
 def test_scale_validates_bounds_and_audits(client, operator, tenant_a):
@@ -59,7 +60,8 @@ def test_scale_validates_bounds_and_audits(client, operator, tenant_a):
     tenant_a.endpoint.refresh_from_db()
     assert (tenant_a.endpoint.max_replicas, tenant_a.endpoint.desired_replicas) == (6, 5)
     entry = AuditEntry.objects.get(action="endpoint.scale")
-    assert entry.detail["before"]["desired"] == 1 and entry.detail["after"]["desired"] == 5
+    assert (entry.detail["from"], entry.detail["to"], entry.actor) == (1, 5, operator)
+    assert AuditEntry.objects.get(action="endpoint.update").detail["changes"]["max_replicas"] == [4, 6]
 
 
 def test_drain_only_ready_replicas(client, operator, tenant_a):
@@ -94,11 +96,12 @@ def test_sell_reservation_refuses_overcommit(client, operator, tenant_a, tenant_
     data = {"tenant": tenant_b.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": 1500, "priority": "standard",
             "burst_minutes": 1}
     refused = _post_confirmed(client, url, data)
-    assert refused.status_code == 400 and "overcommit" in refused.content.decode()
+    assert refused.status_code == 400 and "overcommit limit" in refused.content.decode()
+    assert "mu_per_min" in refused.context["form"].errors  # shown next to the field
     assert not CapacityReservation.objects.filter(tenant=tenant_b.tenant, endpoint=endpoint).exists()
     assert _post_confirmed(client, url, {**data, "mu_per_min": 1400}).status_code == 302
     assert CapacityReservation.objects.get(tenant=tenant_b.tenant, endpoint=endpoint).mu_per_min == 1400
-    assert AuditEntry.objects.filter(action="reservation.sell", tenant=tenant_b.tenant).exists()
+    assert AuditEntry.objects.filter(action="reservation.create", tenant=tenant_b.tenant, actor=operator).exists()
 
 
 def test_acknowledge_alert_once(client, operator, tenant_a):
@@ -163,5 +166,5 @@ def test_cost_period_errors_and_csv(client, operator, tenant_a):
     csv_response = client.get(reverse("console:cost"), {"hours": 24, "format": "csv"})
     assert csv_response["Content-Type"] == "text/csv"
     lines = csv_response.content.decode().strip().splitlines()
-    assert lines[0].startswith("endpoint,start,end,gpu_hours,usd")
-    assert any(line.startswith("a-model,") for line in lines[1:])
+    assert lines[0].startswith("endpoint_id,endpoint,tenant_id,tenant,start,end,gpu_hours,usd")
+    assert any(",a-model," in line for line in lines[1:])

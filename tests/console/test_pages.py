@@ -5,7 +5,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.alerts import slo_evaluate_all
 from billing.models import Alert
+from billing.rollups import usage_rollup_run
 from capacity.models import AutoscalerDecision
 from endpoints.models import ReplicaState
 from tests.factories import ReplicaFactory, SLOFactory, UsageRecordFactory
@@ -28,7 +30,9 @@ def _world(tenant_a, tenant_b):
                                           reason="demand up", at=now - timedelta(minutes=5))
         for i in range(5):
             UsageRecordFactory(tenant=actors.tenant, endpoint=actors.endpoint, ttft_ms=100 + i * 50, tpot_ms=20,
-                               finished_at=now - timedelta(minutes=i))
+                               finished_at=now - timedelta(minutes=i + 1))
+    usage_rollup_run(now=now)  # what the beat does every minute: the console reads rollups and SLO statuses
+    slo_evaluate_all(now=now)
 
 
 def test_anonymous_is_sent_to_login(client):
@@ -47,6 +51,7 @@ def test_operator_sees_every_page_and_every_endpoint(client, operator, tenant_a,
     assert "a-model" in fleet and "b-model" in fleet
     detail = client.get(reverse("console:endpoint", args=[tenant_a.endpoint.pk])).content.decode()
     assert "<polyline" in detail  # charts have data
+    assert "not evaluated yet" not in detail and "budget left" in detail
     assert "SLO 2000 ms" in detail  # TTFT chart carries the SLO line
     assert "demand up" in detail  # decision listed and marked
     assert "a-r1" in detail and "Drain" in detail
