@@ -1,5 +1,6 @@
-"""Every create endpoint in the project, found from the routers (not a hand-kept list), answers an empty or
-malformed payload with 400 and field errors: a new resource from any app is checked the day it is registered."""
+"""Every API route in the project, found from the routers (not a hand-kept list): lists refuse anonymous callers
+and serve every role; create endpoints answer empty or malformed payloads with 400 and field errors. A new
+resource from any app is checked the day it is registered."""
 
 import importlib
 
@@ -7,6 +8,15 @@ import pytest
 from django.urls import reverse
 
 APPS = ["tenants", "endpoints", "capacity", "billing"]
+
+
+def _list_routes() -> list[str]:
+    routes = []
+    for app in APPS:
+        for _, viewset, basename in importlib.import_module(f"{app}.api.urls").router.registry:
+            if hasattr(viewset, "list"):
+                routes.append(basename)
+    return sorted(routes)
 
 
 def _create_routes() -> list[tuple[str, str]]:
@@ -31,6 +41,7 @@ def _post_views() -> list[str]:
 
 
 CREATE_ROUTES = _create_routes()
+LIST_ROUTES = _list_routes()
 POST_VIEWS = _post_views()
 
 
@@ -68,3 +79,12 @@ def test_plain_post_views_refuse_garbage_with_400(world, name):
         response = client.post(url, body, format="json")
         assert response.status_code == 400, (body, response.content[:300])
     assert client.generic("POST", url, b"{broken", content_type="application/json").status_code == 400
+
+
+@pytest.mark.parametrize("basename", LIST_ROUTES)
+def test_every_list_refuses_anonymous_and_serves_each_role(world, basename):
+    url = reverse(f"{basename}-list")
+    assert world.client("anonymous").get(url).status_code == 401
+    for who in ("operator", "a_admin", "a_member", "a_read_key"):
+        response = world.client(who).get(url)
+        assert response.status_code == 200, (who, response.content[:300])
