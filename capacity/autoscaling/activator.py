@@ -4,6 +4,7 @@ Like Knative's activator: the proxy holds the request in its queue (bounded by t
 429 + Retry-After) while this wakes the autoscaler at once instead of at its next 5 s tick. The call runs on the
 proxy's event loop, so it only checks an in-process debounce and hands the work to a daemon thread: no I/O here.
 """
+
 import logging
 import threading
 import time
@@ -39,3 +40,7 @@ def _wake(endpoint_id: int) -> None:
         horizontal_one.apply_async(args=[endpoint_id, f"wake-{int(time.time())}"], expires=30)
     except Exception:  # noqa: BLE001 - best effort: the regular tick picks the queued demand up within 5 s
         log.exception("activator: could not wake the autoscaler for endpoint %s", endpoint_id)
+    finally:
+        from django.db import connections
+
+        connections.close_all()  # this thread's own connections; a short-lived thread must not leak them

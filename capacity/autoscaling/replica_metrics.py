@@ -5,12 +5,13 @@ TTFT ``vllm:time_to_first_token_seconds`` and TPOT ``vllm:inter_token_latency_se
 ``vllm:time_per_output_token_seconds``). Gauges: running, waiting, KV-cache usage (``gpu_cache_usage_perc`` is
 the older name). Histogram series are summed over ``model_name``/``engine`` labels.
 """
+
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)')
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)")
 _LE = re.compile(r'le="([^"]+)"')
 TTFT = ("vllm:time_to_first_token_seconds",)
 TPOT = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")

@@ -8,6 +8,7 @@ Sources: demand from the proxies' Redis reports; replica counts from ``Replica``
 history from the per-minute usage rollups (``billing.UsageMinute``: requests per minute, a day back); the
 vertical policy's p95s, KV usage and queue from the replicas' own ``/metrics`` histograms, diffed per cycle.
 """
+
 import logging
 import math
 import time
@@ -110,8 +111,13 @@ def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
         rows = (
             UsageMinute.objects.filter(endpoint=endpoint, start__gte=start, start__lt=end)
             .values("start")
-            .annotate(n=Sum("requests"), ok=Sum("ok"), ttft=Sum("ttft_sum_ms"), tpot=Sum("tpot_sum_ms"),
-                      out=Sum("output_tokens"))
+            .annotate(
+                n=Sum("requests"),
+                ok=Sum("ok"),
+                ttft=Sum("ttft_sum_ms"),
+                tpot=Sum("tpot_sum_ms"),
+                out=Sum("output_tokens"),
+            )
         )
         for row in rows:
             history[predictive.bucket_of(row["start"].timestamp(), cfg)] = (row["n"] or 0) / cfg.bucket_s
@@ -149,7 +155,9 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     active = list(endpoint.replicas.filter(state__in=ACTIVE, is_standby=False).order_by("created_at"))
     missing = endpoint.desired_replicas - len(active)
     if missing > 0:
-        for standby in endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")[:missing]:
+        for standby in endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")[
+            :missing
+        ]:
             standby.is_standby = False
             standby.save(update_fields=["is_standby"])  # the proxy snapshot picks it up on this save
             actions.append(f"promoted standby {standby.name}")
@@ -165,7 +173,7 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
         owned = [r for r in active if actuator.owns(r)]
         # Replicas still booting go first (nothing to drain), then the ready ones with the least work.
         booting = [r for r in reversed(owned) if r.state != ReplicaState.READY]
-        ready = sorted((r for r in owned if r.state == ReplicaState.READY), key=_in_flight)
+        ready = sorted((r for r in owned if r.state == ReplicaState.READY), key=_drain_order)
         for replica in (booting + ready)[:-missing]:
             if replica.state == ReplicaState.READY:
                 if actuator.move(replica, ReplicaState.DRAINING, "scale in"):
@@ -217,6 +225,11 @@ def replica_drain(*, replica: Replica, reason: str = "drain") -> Replica:
     return replica
 
 
+def _drain_order(replica: Replica) -> int:
+    busy = _in_flight(replica)
+    return -1 if busy is None else busy  # an unreachable replica goes first: it serves nobody well
+
+
 def _in_flight(replica: Replica) -> int | None:
     """Requests the replica is running or queueing, from its /metrics; None if it cannot be read."""
     scrape = _scrape(replica)
@@ -245,8 +258,11 @@ def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
             return None
         inputs = vertical_inputs(endpoint)
         decision = vertical.decide(inputs)
-        record = {**decision.inputs, "overload_streak": decision.state.overload_streak,
-                  "healthy_streak": decision.state.healthy_streak}
+        record = {
+            **decision.inputs,
+            "overload_streak": decision.state.overload_streak,
+            "healthy_streak": decision.state.healthy_streak,
+        }
         row = _store(endpoint, VERTICAL, tick, decision.current, decision.desired, decision.reason, record)
         if row is None:
             return None
@@ -315,7 +331,12 @@ def _store(endpoint, axis, tick, current, desired, reason, inputs) -> Autoscaler
     try:
         with transaction.atomic():
             return AutoscalerDecision.objects.create(
-                endpoint=endpoint, axis=axis, tick=tick, current=current, desired=desired, reason=reason[:255],
+                endpoint=endpoint,
+                axis=axis,
+                tick=tick,
+                current=current,
+                desired=desired,
+                reason=reason[:255],
                 inputs=inputs,
             )
     except IntegrityError:

@@ -2,6 +2,7 @@
 
 Without ``REDIS_URL`` (the embedded default: one process) an in-memory stand-in keeps the same interface.
 """
+
 import json
 import threading
 import time

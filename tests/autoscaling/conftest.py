@@ -1,4 +1,5 @@
 """Fixtures for the autoscaling tests: a clean Redis namespace and no replica process left behind."""
+
 import pytest
 import redis
 from django.conf import settings
@@ -30,6 +31,8 @@ def clean_store():
 def reap_local_replicas():
     """Stop every process the local actuator started during the test, also when the test failed."""
     yield
-    pids = {int(p) for p in Replica.objects.filter(actuator="local").values_list("actuator_ref", flat=True) if p.isdigit()}
+    pids = {
+        int(p) for p in Replica.objects.filter(actuator="local").values_list("actuator_ref", flat=True) if p.isdigit()
+    }
     for pid in pids | set(local._CHILDREN):
         local.stop_pid(pid, grace_s=2.0)

@@ -1,4 +1,5 @@
 """Baseline policies follow their published rules."""
+
 from capacity.autoscaling.baselines import HpaLikePolicy, KpaLikePolicy
 from capacity.autoscaling.demand import DemandSample
 

@@ -1,4 +1,5 @@
 """The horizontal policy's rules on hand-built demand series."""
+
 import pytest
 
 from capacity.autoscaling.demand import DemandSample, sum_process_reports
@@ -12,7 +13,9 @@ def series(values, *, end=300.0):
 
 
 def inputs(samples, **kw):
-    base = dict(now=300.0, samples=samples, ready=1, starting=0, min_replicas=1, max_replicas=20, target_concurrency=10)
+    base = dict(
+        now=300.0, samples=samples, ready=1, starting=0, min_replicas=1, max_replicas=20, target_concurrency=10
+    )
     base.update(kw)
     return HorizontalInputs(**base)
 
@@ -96,8 +99,11 @@ def test_scale_to_zero_only_when_enabled_and_idle():
     # any demand in the 5-minute window keeps one replica
     assert decide(inputs(series([0] * 299 + [1]), ready=1, min_replicas=0, scale_to_zero=True)).desired == 1
     # from zero, a queued request brings the first replica at once
-    woke = decide(inputs(series([0] * 299, end=299) + [DemandSample(t=300, queued=1)], ready=0, min_replicas=0,
-                         scale_to_zero=True))
+    woke = decide(
+        inputs(
+            series([0] * 299, end=299) + [DemandSample(t=300, queued=1)], ready=0, min_replicas=0, scale_to_zero=True
+        )
+    )
     assert woke.desired == 1
 
 

@@ -1,4 +1,5 @@
 """The local actuator with real simulated replica processes behind the real proxy: start, drain, stop, restart."""
+
 import threading
 import time
 
@@ -17,7 +18,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transacti
 
 def configure(endpoint, **launch):
     Endpoint.objects.filter(pk=endpoint.pk).update(
-        launch_options={"actuator": "local", "profile": "tiny", **launch}, min_replicas=0, max_replicas=4,
+        launch_options={"actuator": "local", "profile": "tiny", **launch},
+        min_replicas=0,
+        max_replicas=4,
     )
     endpoint.refresh_from_db()
     return endpoint

@@ -1,4 +1,5 @@
 """The predictive floor: yesterday's peak one cold start ahead, and a rising trend."""
+
 from capacity.autoscaling.predictive import PredictiveConfig, predicted_floor, record
 
 DAY = 86_400.0

@@ -1,4 +1,5 @@
 """The vertical policy: fast decrease on overload, slow increase when healthy, only on stable signals, bounded."""
+
 import pytest
 
 from capacity.autoscaling.vertical import VerticalConfig, VerticalInputs, VerticalState, decide
@@ -34,8 +35,17 @@ def test_a_flapping_signal_never_moves_the_limit():
     limit, state = 64, VerticalState()
     for i in range(10):
         signals = OVERLOADED if i % 2 else HEALTHY
-        d = decide(VerticalInputs(current_limit=limit, min_limit=8, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100,
-                                  state=state, **signals))
+        d = decide(
+            VerticalInputs(
+                current_limit=limit,
+                min_limit=8,
+                max_limit=128,
+                ttft_slo_ms=2000,
+                tpot_slo_ms=100,
+                state=state,
+                **signals,
+            )
+        )
         state, limit = d.state, d.desired
     assert limit == 64
 
@@ -62,8 +72,12 @@ def test_bounds_hold():
     assert run_cycles(4, limit=9, **OVERLOADED)[-1].desired == 8
     assert run_cycles(9, limit=126, **HEALTHY)[-1].desired == 128
     # a limit outside the bounds is pulled in
-    assert decide(VerticalInputs(current_limit=500, min_limit=8, max_limit=128, ttft_slo_ms=2000,
-                                 tpot_slo_ms=100)).desired == 128
+    assert (
+        decide(
+            VerticalInputs(current_limit=500, min_limit=8, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100)
+        ).desired
+        == 128
+    )
 
 
 def test_no_samples_holds():
@@ -73,6 +87,8 @@ def test_no_samples_holds():
 
 def test_change_per_cycle_is_bounded():
     cfg = VerticalConfig(decrease_factor=0.1, max_change_fraction=0.25, overload_cycles=1)
-    d = decide(VerticalInputs(current_limit=100, min_limit=1, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100,
-                              **OVERLOADED), cfg)
+    d = decide(
+        VerticalInputs(current_limit=100, min_limit=1, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100, **OVERLOADED),
+        cfg,
+    )
     assert d.desired == 75

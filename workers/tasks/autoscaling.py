@@ -3,6 +3,7 @@
 The tick id is the wall-clock slot (``h-<unix//5>``, ``v-<unix//30>``) taken at fan-out, so a redelivered or
 duplicated task lands on the same id and the services store at most one decision for it.
 """
+
 import time
 
 from celery import shared_task

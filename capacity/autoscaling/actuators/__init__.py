@@ -3,6 +3,7 @@
 The choice is ``Endpoint.launch_options["actuator"]``, else ``INFERCAP["AUTOSCALE_ACTUATOR"]``, else ``local``.
 The health checker restarts a failed replica with ``get_actuator(replica.endpoint).restart(replica)``.
 """
+
 from django.conf import settings
 
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError, StaticActuator

@@ -4,6 +4,7 @@ An actuator owns the replicas it started (``Replica.actuator`` = its name) and o
 registered by hand (``static``) count as capacity but are left alone. Lifecycle moves go through
 ``endpoints.services.replica_transition`` so every change is recorded and the proxy's snapshot follows.
 """
+
 import logging
 from abc import ABC, abstractmethod
 

@@ -9,6 +9,7 @@ ReplicaSet removes that pod and not a busy one. A restart deletes the pod; the D
 The API server comes from ``INFERCAP["KUBERNETES_API_URL"]`` (or in-cluster: ``KUBERNETES_SERVICE_HOST`` and the
 service-account token). No warm pool here: standby pods would need a second Deployment.
 """
+
 import logging
 import os
 import re
@@ -36,8 +37,14 @@ class KubernetesActuator(Actuator):
     name = "kubernetes"
     supports_standby = False
 
-    def __init__(self, *, api_url: str | None = None, token: str | None = None, verify: bool | str = True,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        api_url: str | None = None,
+        token: str | None = None,
+        verify: bool | str = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         conf = getattr(settings, "INFERCAP", {})
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
         in_cluster = f"https://{host}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}" if host else None
@@ -48,8 +55,9 @@ class KubernetesActuator(Actuator):
             token = (SA_DIR / "token").read_text().strip()
             verify = str(SA_DIR / "ca.crt")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=self.api_url, headers=headers, verify=verify, timeout=5.0,
-                                   transport=transport)
+        self.client = httpx.Client(
+            base_url=self.api_url, headers=headers, verify=verify, timeout=5.0, transport=transport
+        )
 
     # -- API calls ----------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs) -> dict:
@@ -77,14 +85,17 @@ class KubernetesActuator(Actuator):
         return int(scale.get("spec", {}).get("replicas") or 0), scale.get("status", {}).get("selector", "")
 
     def set_scale(self, endpoint: Endpoint, replicas: int) -> None:
-        self._request("PATCH", self._scale_path(endpoint), json={"spec": {"replicas": max(0, replicas)}},
-                      headers=MERGE_PATCH)
+        self._request(
+            "PATCH", self._scale_path(endpoint), json={"spec": {"replicas": max(0, replicas)}}, headers=MERGE_PATCH
+        )
 
     def pods(self, endpoint: Endpoint) -> list[dict]:
         _, selector = self.get_scale(endpoint)
         if not selector:
             raise ActuatorError(f"deployment {deployment_name(endpoint)} reports no selector")
-        listing = self._request("GET", f"/api/v1/namespaces/{self._ns(endpoint)}/pods", params={"labelSelector": selector})
+        listing = self._request(
+            "GET", f"/api/v1/namespaces/{self._ns(endpoint)}/pods", params={"labelSelector": selector}
+        )
         return listing.get("items", [])
 
     # -- the actuator interface ---------------------------------------------------------------------------
@@ -125,8 +136,9 @@ class KubernetesActuator(Actuator):
         rows = {r.name: r for r in endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)}
         # A pod we stopped can stay listed for a while (terminating); it must not come back as a new replica.
         stopped = set(
-            endpoint.replicas.filter(actuator=self.name, state=ReplicaState.STOPPED, name__in=list(pods))
-            .values_list("name", flat=True)
+            endpoint.replicas.filter(actuator=self.name, state=ReplicaState.STOPPED, name__in=list(pods)).values_list(
+                "name", flat=True
+            )
         )
         for name, pod in pods.items():
             meta, status = pod.get("metadata", {}), pod.get("status", {})
@@ -136,9 +148,14 @@ class KubernetesActuator(Actuator):
             ip = status.get("podIP") or ""
             row = rows.get(name)
             if row is None:
-                row = Replica.objects.create(endpoint=endpoint, name=name, actuator=self.name, actuator_ref=name,
-                                             url=f"http://{ip}:{port}" if ip else "",
-                                             concurrency_limit=endpoint.concurrency_limit)
+                row = Replica.objects.create(
+                    endpoint=endpoint,
+                    name=name,
+                    actuator=self.name,
+                    actuator_ref=name,
+                    url=f"http://{ip}:{port}" if ip else "",
+                    concurrency_limit=endpoint.concurrency_limit,
+                )
                 self.move(row, ReplicaState.STARTING, f"pod {status.get('phase', 'Pending')}")
             if ip and not row.url:
                 row.url = f"http://{ip}:{port}"

@@ -5,6 +5,7 @@ Launch options come from ``Endpoint.launch_options``: for ``sim`` endpoints ``pr
 A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
 signal does not take them down; the worker that started one reaps it, any other finds it by pid.
 """
+
 import inspect
 import logging
 import os
@@ -120,8 +121,13 @@ class LocalActuator(Actuator):
             with open(log_dir / f"{endpoint.name.replace('/', '_')}-{name}.log", "ab") as out:
                 try:
                     proc = subprocess.Popen(
-                        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(BASE_DIR),
-                        env=env, start_new_session=True,
+                        argv,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        cwd=str(BASE_DIR),
+                        env=env,
+                        start_new_session=True,
                     )
                 except OSError as exc:
                     self.move(replica, ReplicaState.FAILED, f"could not start: {exc}")

@@ -1,0 +1,244 @@
+"""Decision ticks: inputs from the proxies' Redis demand, one stored decision per tick even with two workers,
+the scale-down delay across ticks, the activator's scale from zero, and the vertical tick on replica /metrics."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.db import connections
+
+from capacity.autoscaling import services, store
+from capacity.autoscaling.activator import request_scale_from_zero
+from capacity.autoscaling.actuators.base import Actuator
+from capacity.models import AutoscalerDecision
+from endpoints.models import Endpoint, ReplicaState
+from tests.factories import ReplicaFactory
+from tests.proxy.helpers import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class RecordingActuator(Actuator):
+    """Counts what the services ask for; starts nothing."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.launched, self.terminated, self.lock = [], [], threading.Lock()
+
+    def launch(self, endpoint, count, *, standby=False):
+        with self.lock:
+            self.launched.append((endpoint.pk, count, standby))
+        return [
+            ReplicaFactory(endpoint=endpoint, state=ReplicaState.STARTING, actuator=self.name, is_standby=standby)
+            for _ in range(count)
+        ]
+
+    def terminate(self, replicas, *, reason):
+        with self.lock:
+            self.terminated += [r.pk for r in replicas]
+
+    def sync(self, endpoint):
+        pass
+
+
+@pytest.fixture
+def actuator(monkeypatch):
+    recording = RecordingActuator()
+    monkeypatch.setattr(services, "get_actuator", lambda endpoint: recording)
+    return recording
+
+
+@pytest.fixture
+def endpoint(tenant_a):
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(concurrency_limit=10, max_replicas=8, min_replicas=1)
+    ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.READY, actuator="recording")
+    tenant_a.endpoint.refresh_from_db()
+    return tenant_a.endpoint
+
+
+def report(client, endpoint, process, **demand):
+    client.hset(store.DEMAND_KEY.format(endpoint_id=endpoint.pk), process, json.dumps(demand))
+
+
+def test_demand_from_fresh_proxy_reports_scales_up_and_is_recorded(clean_store, actuator, endpoint):
+    now = time.time()
+    report(clean_store, endpoint, "proxy-1", t=now, in_flight=20, queued=10, in_flight_mu=4, queued_mu=2)
+    report(clean_store, endpoint, "proxy-2", t=now - 1, in_flight=5, queued=0)
+    report(clean_store, endpoint, "proxy-dead", t=now - 60, in_flight=500, queued=0)
+    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now)
+    # 35 requests against 10 per replica at 0.7 → 5 replicas; from 1 a step may add 4
+    assert (decision.current, decision.desired, decision.applied) == (1, 5, True)
+    assert decision.reason.startswith("scale up")
+    assert decision.inputs["up_need"] == 5.0 and decision.inputs["ready"] == 1
+    assert decision.inputs["actions"][0].startswith("launched 4")
+    assert actuator.launched == [(endpoint.pk, 4, False)]
+    endpoint.refresh_from_db()
+    assert endpoint.desired_replicas == 5
+    # The same tick again (a redelivered task) stores and does nothing
+    assert services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now) is None
+    assert AutoscalerDecision.objects.filter(endpoint=endpoint).count() == 1
+    assert len(actuator.launched) == 1
+
+
+def test_one_decision_per_tick_with_two_workers(clean_store, actuator, endpoint, monkeypatch):
+    report(clean_store, endpoint, "proxy-1", t=time.time(), in_flight=30, queued=0)
+
+    def race(tick):
+        barrier, out = threading.Barrier(2), []
+
+        def worker():
+            barrier.wait()
+            try:
+                out.append(services.horizontal_tick(endpoint_id=endpoint.pk, tick=tick))
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return out
+
+    for i in range(5):
+        results = race(f"h-race-{i}")
+        assert sum(r is not None for r in results) == 1
+    assert AutoscalerDecision.objects.filter(endpoint=endpoint).count() == 5
+    assert len(actuator.launched) == 1  # only the first tick had anything to start; the others saw it pending
+
+    # Without the Redis lock (say it expired mid-tick) the unique tick constraint still lets only one through.
+    class NoLock(store.TickLock):
+        def __enter__(self):
+            self.held = True
+            return self
+
+    monkeypatch.setattr(store, "TickLock", NoLock)
+    results = race("h-nolock")
+    assert sum(r is not None for r in results) == 1
+    assert AutoscalerDecision.objects.filter(endpoint=endpoint, tick="h-nolock").count() == 1
+
+
+def test_a_held_lock_skips_the_tick(clean_store, actuator, endpoint):
+    with store.TickLock(axis="horizontal", endpoint_id=endpoint.pk) as held:
+        assert held.held
+        assert services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-9") is None
+    assert not AutoscalerDecision.objects.exists()
+
+
+def test_no_scale_down_within_five_minutes_of_a_scale_up_across_ticks(clean_store, actuator, endpoint):
+    now = time.time()
+    report(clean_store, endpoint, "p", t=now, in_flight=30, queued=0)
+    up = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-a", now=now)
+    assert up.desired > up.current
+    # The new replicas come up; the demand is gone (and so is its window, to isolate the delay rule)
+    endpoint.replicas.filter(state=ReplicaState.STARTING).update(state=ReplicaState.READY)
+    clean_store.delete(store.DEMAND_KEY.format(endpoint_id=endpoint.pk))
+    clean_store.delete(store.SAMPLES_KEY.format(endpoint_id=endpoint.pk))
+    held = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-b", now=now + 60)
+    assert held.desired == held.current and held.reason == "hold: scale-down delay after a scale-up"
+    down = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-c", now=now + 400)
+    assert down.desired == down.current - 1 and down.reason.startswith("scale down")
+    assert len(actuator.terminated) == 0  # the victim drains first (ready → draining); it stops on a later tick
+    assert endpoint.replicas.filter(state=ReplicaState.DRAINING).count() == 1
+
+
+def test_activator_wakes_a_scaled_to_zero_endpoint(clean_store, actuator, tenant_a):
+    endpoint = tenant_a.endpoint
+    Endpoint.objects.filter(pk=endpoint.pk).update(scale_to_zero=True, min_replicas=0, desired_replicas=0)
+    started = time.perf_counter()
+    assert request_scale_from_zero(endpoint.pk) is True
+    assert time.perf_counter() - started < 0.05  # cheap: the proxy calls it on its event loop
+    assert request_scale_from_zero(endpoint.pk) is False  # debounced
+    decision = wait_for(
+        lambda: AutoscalerDecision.objects.filter(endpoint=endpoint, tick__startswith="wake-", applied=True).first()
+    )
+    assert (decision.current, decision.desired) == (0, 1)
+    assert actuator.launched == [(endpoint.pk, 1, False)]
+
+
+def histogram(name, counts, bounds):
+    lines, total = [], 0
+    for bound, count in zip(bounds, counts, strict=True):
+        total += count
+        lines.append(f'{name}_bucket{{model_name="m",engine="0",le="{bound}"}} {total}')
+    lines.append(f'{name}_bucket{{model_name="m",engine="0",le="+Inf"}} {total}')
+    lines.append(f'{name}_count{{model_name="m",engine="0"}} {total}')
+    return lines
+
+
+class MetricsServer:
+    """A replica's /metrics over a real socket, with counts the test moves forward."""
+
+    TTFT_BOUNDS = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0]
+    TPOT_BOUNDS = [0.01, 0.025, 0.05, 0.1, 0.25]
+
+    def __init__(self):
+        self.ttft = [0] * 6
+        self.tpot = [0] * 5
+        self.waiting, self.kv = 0, 0.3
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = server.text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def text(self):
+        lines = [
+            'vllm:num_requests_running{model_name="m",engine="0"} 4',
+            f'vllm:num_requests_waiting{{model_name="m",engine="0"}} {self.waiting}',
+            f'vllm:kv_cache_usage_perc{{model_name="m",engine="0"}} {self.kv}',
+        ]
+        lines += histogram("vllm:time_to_first_token_seconds", self.ttft, self.TTFT_BOUNDS)
+        lines += histogram("vllm:inter_token_latency_seconds", self.tpot, self.TPOT_BOUNDS)
+        return "\n".join(lines) + "\n"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def metrics_server():
+    server = MetricsServer()
+    yield server
+    server.close()
+
+
+def test_vertical_tick_cuts_the_limit_after_two_overloaded_cycles(clean_store, tenant_a, metrics_server):
+    endpoint = tenant_a.endpoint
+    Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
+    replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=metrics_server.url, concurrency_limit=64)
+    # Long ago the replica was fast: those counts must not count in today's p95 (the tick diffs scrapes)
+    metrics_server.ttft = [1000, 0, 0, 0, 0, 0]
+    metrics_server.tpot = [0, 1000, 0, 0, 0]
+    first = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-1")
+    assert first.desired == 64 and first.inputs["verdict"] == "healthy"
+    # Now 40% of first tokens take 2.5–5 s: p95 TTFT 5 s against a 2 s SLO
+    metrics_server.ttft = [1060, 0, 0, 0, 40, 0]
+    metrics_server.tpot = [0, 1100, 0, 0, 0]
+    second = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-2")
+    assert second.inputs["ttft_p95_ms"] == 5000 and second.inputs["verdict"] == "overload"
+    assert second.desired == 64 and second.inputs["overload_streak"] == 1  # one cycle is not stable yet
+    metrics_server.ttft = [1120, 0, 0, 0, 80, 0]
+    metrics_server.tpot = [0, 1200, 0, 0, 0]
+    third = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-3")
+    assert third.desired == 45 and third.reason.startswith("decrease")
+    endpoint.refresh_from_db()
+    replica.refresh_from_db()
+    assert endpoint.concurrency_limit == 45 and replica.concurrency_limit == 45
+    assert services.vertical_tick(endpoint_id=endpoint.pk, tick="v-3") is None
