@@ -3,6 +3,7 @@
 Every view resolves objects through these helpers, so a tenant asking for another tenant's object gets 404
 (never 403, which would confirm that the object exists).
 """
+
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required

@@ -1,6 +1,7 @@
 """Writes the console performs, delegated to the apps' services so the console and the REST API behave the same
 (validation, overcommit refusal, audit entries). Live events follow from console.signals on commit.
 """
+
 from __future__ import annotations
 
 from django.db import transaction
@@ -24,7 +25,9 @@ def endpoint_create(*, form_data: dict, actor) -> Endpoint:
 
 
 @transaction.atomic
-def endpoint_scale(*, endpoint: Endpoint, min_replicas: int, max_replicas: int, desired_replicas: int, actor) -> Endpoint:
+def endpoint_scale(
+    *, endpoint: Endpoint, min_replicas: int, max_replicas: int, desired_replicas: int, actor
+) -> Endpoint:
     """New bounds first (endpoint.update audit entry when they change), then the desired count (endpoint.scale)."""
     if (endpoint.min_replicas, endpoint.max_replicas) != (min_replicas, max_replicas):
         endpoint = endpoint_services.endpoint_update(
@@ -42,7 +45,10 @@ def replica_drain(*, replica: Replica, actor, reason: str = "") -> Replica:
     with transaction.atomic():
         replica_transition(replica=replica, to_state=ReplicaState.DRAINING, reason=reason or "console drain")
         audit_log(
-            actor=actor, action="replica.drain", obj=replica, tenant=replica.endpoint.owner_tenant,
+            actor=actor,
+            action="replica.drain",
+            obj=replica,
+            tenant=replica.endpoint.owner_tenant,
             detail={"endpoint": replica.endpoint.name, "replica": replica.name, "reason": reason},
         )
     return replica
@@ -52,7 +58,11 @@ def reservation_sell(*, form_data: dict, actor) -> CapacityReservation:
     """capacity.services refuses a sale beyond the overcommit limit with a ValidationError on mu_per_min."""
     data = dict(form_data)
     return capacity_reservation_sell(
-        tenant=data.pop("tenant"), endpoint=data.pop("endpoint"), mu_per_min=data.pop("mu_per_min"), actor=actor, **data
+        tenant=data.pop("tenant"),
+        endpoint=data.pop("endpoint"),
+        mu_per_min=data.pop("mu_per_min"),
+        actor=actor,
+        **data,
     )
 
 
@@ -65,7 +75,10 @@ def alert_acknowledge(*, alert: Alert, actor, note: str = "") -> Alert:
         raise ActionRefused("this alert is resolved; there is nothing left to acknowledge")
     billing_alert_acknowledge(alert=locked, user=actor)
     audit_log(
-        actor=actor, action="alert.acknowledge", obj=locked, tenant=locked.slo.tenant,
+        actor=actor,
+        action="alert.acknowledge",
+        obj=locked,
+        tenant=locked.slo.tenant,
         detail={"slo": locked.slo.name, "severity": locked.severity, "note": note},
     )
     return locked

@@ -3,6 +3,7 @@
 Pure code (no Django import): callers pass plain numbers and get an SVG string back, which the
 templates mark safe. Every text that reaches the SVG goes through ``escape``.
 """
+
 from __future__ import annotations
 
 import math
@@ -229,7 +230,9 @@ def _axes(left: float, top: float, plot_w: float, plot_h: float, y_lo: float, y_
         value = y_lo + (y_hi - y_lo) * i / 4
         y = top + plot_h - plot_h * i / 4
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" class="tick">{format_number(value)}</text>')
+        parts.append(
+            f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" class="tick">{format_number(value)}</text>'
+        )
     if y_label:
         parts.append(
             f'<text x="12" y="{top + plot_h / 2:.1f}" transform="rotate(-90 12 {top + plot_h / 2:.1f})" '
@@ -243,7 +246,9 @@ def _legend(labels: list[str], left: float, y: float) -> str:
     for i, label in enumerate(labels):
         colour, dash = PALETTE[i % len(PALETTE)], DASHES[i % len(DASHES)]
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        parts.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 18}" y2="{y - 4}" stroke="{colour}" stroke-width="2"{dash_attr}/>')
+        parts.append(
+            f'<line x1="{x}" y1="{y - 4}" x2="{x + 18}" y2="{y - 4}" stroke="{colour}" stroke-width="2"{dash_attr}/>'
+        )
         parts.append(f'<text x="{x + 22}" y="{y}" class="legend">{escape(label)}</text>')
         x += 30 + 7 * len(label)
     return "".join(parts)

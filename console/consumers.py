@@ -4,6 +4,7 @@ A socket joins exactly one group, chosen from the authenticated user (operators,
 tenant's socket can never be subscribed to another tenant's events; queue-depth watches are checked
 against the same visibility rules as the pages.
 """
+
 import asyncio
 import logging
 

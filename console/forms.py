@@ -1,4 +1,5 @@
 """Console forms. Validation lives here (field errors shown next to the field); writes go to console.actions."""
+
 from __future__ import annotations
 
 from django import forms
@@ -14,8 +15,18 @@ class EndpointCreateForm(forms.ModelForm):
     class Meta:
         model = Endpoint
         fields = [
-            "name", "owner_tenant", "model_profile", "hardware_profile", "runtime", "min_replicas", "max_replicas",
-            "desired_replicas", "concurrency_limit", "routing_policy", "ttft_slo_ms", "tpot_slo_ms",
+            "name",
+            "owner_tenant",
+            "model_profile",
+            "hardware_profile",
+            "runtime",
+            "min_replicas",
+            "max_replicas",
+            "desired_replicas",
+            "concurrency_limit",
+            "routing_policy",
+            "ttft_slo_ms",
+            "tpot_slo_ms",
         ]
         help_texts = {"name": "The OpenAI “model” name tenants call.", "owner_tenant": "Empty = shared endpoint."}
         labels = {"ttft_slo_ms": "TTFT SLO (ms)", "tpot_slo_ms": "TPOT SLO (ms)"}

@@ -4,6 +4,7 @@ A tenant's socket joins only its own tenant group, operators join the operators 
 sent to the operators group and to the groups of the tenants allowed to see its object, so isolation
 is decided here, once, on the sending side.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """WebSocket URL patterns of the console, imported by config.routing."""
+
 from django.urls import path
 
 from console.consumers import ConsoleConsumer

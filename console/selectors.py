@@ -3,6 +3,7 @@ budgets (billing.selectors), visibility (endpoints.selectors) and the per-minute
 
 Charts read the rollups, never raw usage rows, so a page costs a handful of grouped queries whatever the traffic.
 """
+
 from __future__ import annotations
 
 import json
@@ -96,11 +97,16 @@ def budgets_by_endpoint(user) -> dict[str, list[SLOBudget]]:
 def fleet_rows(*, user, endpoints, now: datetime) -> list[FleetRow]:
     endpoints = list(endpoints)
     ids = [e.pk for e in endpoints]
-    ledger = {row.endpoint_id: row for row in capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk__in=ids)).endpoints}
+    ledger = {
+        row.endpoint_id: row
+        for row in capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk__in=ids)).endpoints
+    }
     counts = replica_state_counts(ids)
     budgets = budgets_by_endpoint(user)
     return [
-        FleetRow(e, counts.get(e.pk, Counter()), ledger[e.pk], budgets.get(e.name, [])) for e in endpoints if e.pk in ledger
+        FleetRow(e, counts.get(e.pk, Counter()), ledger[e.pk], budgets.get(e.name, []))
+        for e in endpoints
+        if e.pk in ledger
     ]
 
 

@@ -3,6 +3,7 @@
 Each event goes to the operators group and to the groups of the tenants allowed to see its endpoint,
 after the transaction commits (console.live.publish).
 """
+
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 

@@ -1,4 +1,5 @@
 """Console URL map, mounted at /console/."""
+
 from django.urls import path
 
 from console.views import fleet, operations, planner, tenant

@@ -1,4 +1,5 @@
 """Small template filters for the console: dictionary lookup and percentages."""
+
 from django import template
 
 register = template.Library()

@@ -1,4 +1,5 @@
 """Helpers shared by console views: the two-step confirmation every action goes through."""
+
 from collections.abc import Callable
 
 from django.contrib import messages
@@ -9,8 +10,16 @@ from console.actions import ActionRefused
 
 
 def confirm_then_run(
-    request, *, form, template: str, context: dict, title: str, summary: str, run: Callable[[], object],
-    success_message: str | Callable[[object], str], success_url: str | Callable[[object], str],
+    request,
+    *,
+    form,
+    template: str,
+    context: dict,
+    title: str,
+    summary: str,
+    run: Callable[[], object],
+    success_message: str | Callable[[object], str],
+    success_url: str | Callable[[object], str],
 ):
     """Invalid form → the form again with field errors. Valid but unconfirmed → a confirmation page that
     carries the submitted data. Confirmed → run the action; a refusal comes back as a form error."""

@@ -1,5 +1,6 @@
 """Fleet overview and endpoint pages (operators see every endpoint, tenants the ones they may see), and
 the operator actions on them: create, scale, drain a replica."""
+
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
@@ -83,7 +84,9 @@ def endpoint_detail(request, endpoint_id: int):
 def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float) -> dict:
     xs = series.minutes
     markers = [
-        charts.Marker(d.at.timestamp(), f"{d.at:%H:%M:%S} {d.get_axis_display()}: {d.current:g} → {d.desired:g} ({d.reason})")
+        charts.Marker(
+            d.at.timestamp(), f"{d.at:%H:%M:%S} {d.get_axis_display()}: {d.current:g} → {d.desired:g} ({d.reason})"
+        )
         for d in decisions
     ]
     capacity = [ready * replica_mu_per_min for ready in series.ready_replicas]
@@ -91,27 +94,38 @@ def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float) -> 
     specs = {
         "requests": charts.LineChart(
             "Requests per second",
-            [charts.Series("requests/s", list(zip(xs, series.requests_per_s))),
-             charts.Series("errors/s", list(zip(xs, series.errors_per_s)))],
+            [
+                charts.Series("requests/s", list(zip(xs, series.requests_per_s, strict=True))),
+                charts.Series("errors/s", list(zip(xs, series.errors_per_s, strict=True))),
+            ],
             y_label="req/s",
         ),
         "ttft": charts.LineChart(
-            "TTFT p95 (ms)", [charts.Series("TTFT p95", list(zip(xs, series.ttft_p95_ms)))], y_label="ms",
-            threshold=endpoint.ttft_slo_ms, threshold_label=f"SLO {endpoint.ttft_slo_ms} ms",
+            "TTFT p95 (ms)",
+            [charts.Series("TTFT p95", list(zip(xs, series.ttft_p95_ms, strict=True)))],
+            y_label="ms",
+            threshold=endpoint.ttft_slo_ms,
+            threshold_label=f"SLO {endpoint.ttft_slo_ms} ms",
         ),
         "tpot": charts.LineChart(
-            "TPOT p95 (ms)", [charts.Series("TPOT p95", list(zip(xs, series.tpot_p95_ms)))], y_label="ms",
-            threshold=endpoint.tpot_slo_ms, threshold_label=f"SLO {endpoint.tpot_slo_ms} ms",
+            "TPOT p95 (ms)",
+            [charts.Series("TPOT p95", list(zip(xs, series.tpot_p95_ms, strict=True)))],
+            y_label="ms",
+            threshold=endpoint.tpot_slo_ms,
+            threshold_label=f"SLO {endpoint.tpot_slo_ms} ms",
         ),
         "replicas": charts.LineChart(
             "Ready replicas (▾ autoscaler decisions)",
-            [charts.Series("ready replicas", list(zip(xs, series.ready_replicas)))],
-            y_label="replicas", markers=markers,
+            [charts.Series("ready replicas", list(zip(xs, series.ready_replicas, strict=True)))],
+            y_label="replicas",
+            markers=markers,
         ),
         "mu": charts.LineChart(
             "MU used vs capacity",
-            [charts.Series("used MU/min", list(zip(xs, series.mu_per_min))),
-             charts.Series("capacity MU/min", list(zip(xs, capacity)))],
+            [
+                charts.Series("used MU/min", list(zip(xs, series.mu_per_min, strict=True))),
+                charts.Series("capacity MU/min", list(zip(xs, capacity, strict=True))),
+            ],
             y_label="MU/min",
         ),
     }

@@ -1,4 +1,5 @@
 """Operator pages for tenants and reservations, SLOs and alerts, and cost and goodput reports."""
+
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
@@ -58,7 +59,8 @@ def reservation_sell_view(request):
         summary=(
             f"Sell {form.cleaned_data['mu_per_min']:g} MU/min on {form.cleaned_data['endpoint']} to "
             f"{form.cleaned_data['tenant']} ({form.cleaned_data['priority']})?"
-            if valid else ""
+            if valid
+            else ""
         ),
         run=lambda: reservation_sell(form_data=form.cleaned_data, actor=request.user),
         success_message=lambda r: f"Sold {r.mu_per_min:g} MU/min on {r.endpoint} to {r.tenant}.",
@@ -135,9 +137,17 @@ def cost(request):
         "start": start,
         "end": end,
         "charts": [
-            mark_safe(charts.bar_chart(title, [charts.Bar(l.endpoint[:24], getattr(l, attr) or 0.0) for l in endpoint_lines], unit=unit))
+            mark_safe(
+                charts.bar_chart(
+                    title,
+                    [charts.Bar(line.endpoint[:24], getattr(line, attr) or 0.0) for line in endpoint_lines],
+                    unit=unit,
+                )
+            )
             for title, attr, unit in chart_specs
-        ] if endpoint_lines else [],
+        ]
+        if endpoint_lines
+        else [],
         "totals": {
             "gpu_hours": sum(line.gpu_hours for line in endpoint_lines),
             "usd": sum(line.usd for line in endpoint_lines),

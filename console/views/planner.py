@@ -1,4 +1,5 @@
 """Capacity planner page: a form over capacity.planner (the three barriers), its result table, and why."""
+
 import math
 
 from django import forms
@@ -60,13 +61,11 @@ class PlannerForm(forms.Form):
         return rows
 
 
-
-
 def _field_for(key: str, form: PlannerForm) -> str | None:
     name = key.split("[")[0]
     for prefix in ("model.", "hardware.", "workload.", "slo."):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     return name if name in form.fields else None
 
 
@@ -74,12 +73,20 @@ def _profile_initial(request) -> dict:
     initial = {}
     model = ModelProfile.objects.filter(pk=request.GET.get("model_profile") or 0).first()
     if model:
-        initial.update(n_layers=model.n_layers, n_kv_heads=model.n_kv_heads, d_head=model.d_head,
-                       dtype_bytes=model.dtype_bytes, weights_gb=model.weights_gb)
+        initial.update(
+            n_layers=model.n_layers,
+            n_kv_heads=model.n_kv_heads,
+            d_head=model.d_head,
+            dtype_bytes=model.dtype_bytes,
+            weights_gb=model.weights_gb,
+        )
     hardware = HardwareProfile.objects.filter(pk=request.GET.get("hardware_profile") or 0).first()
     if hardware:
-        initial.update(gpu_memory_gb=hardware.gpu_memory_gb, gpus_per_replica=hardware.gpus_per_replica,
-                       usd_per_gpu_hour=hardware.usd_per_gpu_hour)
+        initial.update(
+            gpu_memory_gb=hardware.gpu_memory_gb,
+            gpus_per_replica=hardware.gpus_per_replica,
+            usd_per_gpu_hour=hardware.usd_per_gpu_hour,
+        )
     return initial
 
 
@@ -96,16 +103,30 @@ def planner_view(request):
     data = form.cleaned_data
     spike = None
     if data.get("spike_multiplier"):
-        spike = planner.SpikeInput(load_multiplier=data["spike_multiplier"], cold_start_s=data.get("cold_start_s") or 0.0)
+        spike = planner.SpikeInput(
+            load_multiplier=data["spike_multiplier"], cold_start_s=data.get("cold_start_s") or 0.0
+        )
     try:
         result = planner.plan(
-            model=planner.ModelShape(n_layers=data["n_layers"], n_kv_heads=data["n_kv_heads"], d_head=data["d_head"],
-                                     dtype_bytes=data["dtype_bytes"], weights_gb=data["weights_gb"]),
-            hardware=planner.Hardware(gpu_memory_gb=data["gpu_memory_gb"], overhead_gb=data["overhead_gb"],
-                                      gpus_per_replica=data["gpus_per_replica"],
-                                      usd_per_gpu_hour=data["usd_per_gpu_hour"]),
-            workload=planner.Workload(arrival_rate_per_s=data["arrival_rate_per_s"], input_tokens=data["input_tokens"],
-                                      output_tokens=data["output_tokens"], context_tokens=data.get("context_tokens")),
+            model=planner.ModelShape(
+                n_layers=data["n_layers"],
+                n_kv_heads=data["n_kv_heads"],
+                d_head=data["d_head"],
+                dtype_bytes=data["dtype_bytes"],
+                weights_gb=data["weights_gb"],
+            ),
+            hardware=planner.Hardware(
+                gpu_memory_gb=data["gpu_memory_gb"],
+                overhead_gb=data["overhead_gb"],
+                gpus_per_replica=data["gpus_per_replica"],
+                usd_per_gpu_hour=data["usd_per_gpu_hour"],
+            ),
+            workload=planner.Workload(
+                arrival_rate_per_s=data["arrival_rate_per_s"],
+                input_tokens=data["input_tokens"],
+                output_tokens=data["output_tokens"],
+                context_tokens=data.get("context_tokens"),
+            ),
             slo=planner.SLO(min_stream_tok_s=data["min_stream_tok_s"]),
             throughput_table=data["throughput_table"],
             headroom=data["headroom"],

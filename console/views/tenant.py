@@ -1,4 +1,5 @@
 """Tenant pages: their endpoints and SLO status, usage over time, API keys (shown once), statement."""
+
 from datetime import timedelta
 
 from django.contrib import messages
@@ -8,10 +9,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
+from billing.statements import statement_for
 from console import charts
 from console.access import endpoints_visible_to, tenant_admin_required, user_tenant
 from console.forms import ApiKeyCreateForm
-from billing.statements import statement_for
 from console.selectors import budgets_by_endpoint, replica_state_counts, tenant_usage_by_hour
 from console.views.common import confirm_then_run
 from tenants.models import ApiKey
@@ -98,12 +99,16 @@ def api_key_revoke_view(request, key_id: int):
     tenant = user_tenant(request.user)
     key = get_object_or_404(ApiKey, pk=key_id, tenant=tenant)
     if request.method != "POST":
-        return render(request, "console/confirm.html", {
-            "title": f"Revoke {key.name}",
-            "summary": f"Revoke key {key.prefix}…? Applications using it stop working at once.",
-            "form": None,
-            "cancel_url": reverse("console:api-keys"),
-        })
+        return render(
+            request,
+            "console/confirm.html",
+            {
+                "title": f"Revoke {key.name}",
+                "summary": f"Revoke key {key.prefix}…? Applications using it stop working at once.",
+                "form": None,
+                "cancel_url": reverse("console:api-keys"),
+            },
+        )
     if key.revoked_at is not None:
         messages.info(request, f"Key {key.name} was already revoked.")
     else:

@@ -1,4 +1,5 @@
 """Fixtures for browser tests: a real uvicorn server on the test database, and Debian's Chromium via Playwright."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = os.environ.get("INFERCAP_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -48,9 +55,23 @@ def console_server(django_db_setup, tmp_path_factory):
     }
     log = (tmp_path_factory.mktemp("server") / "uvicorn.log").open("w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--fd", str(sock.fileno()),
-         "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env=env, pass_fds=[sock.fileno()], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "console.asgi:application",
+            "--fd",
+            str(sock.fileno()),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        cwd=ROOT,
+        env=env,
+        pass_fds=[sock.fileno()],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     sock.close()
     base = f"http://127.0.0.1:{port}"

@@ -1,12 +1,13 @@
 """Console actions: bad input gives field errors, a valid form asks for confirmation, a confirmed one acts and audits."""
+
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
 from billing.models import Alert
 from endpoints.models import Endpoint, ReplicaState
-from tenants.models import ApiKey, AuditEntry, CapacityReservation
 from tenants.keys import authenticate_api_key
+from tenants.models import ApiKey, AuditEntry, CapacityReservation
 from tests.factories import EndpointFactory, ReplicaFactory, SLOFactory
 
 pytestmark = pytest.mark.django_db
@@ -21,10 +22,18 @@ def _post_confirmed(client, url, data):
 
 def _endpoint_data(tenant_a, **overrides):
     data = {
-        "name": "llama-new", "owner_tenant": "", "model_profile": tenant_a.endpoint.model_profile_id,
-        "hardware_profile": tenant_a.endpoint.hardware_profile_id, "runtime": "sim", "min_replicas": 1,
-        "max_replicas": 4, "desired_replicas": 2, "concurrency_limit": 64, "routing_policy": "infercap",
-        "ttft_slo_ms": 2000, "tpot_slo_ms": 100,
+        "name": "llama-new",
+        "owner_tenant": "",
+        "model_profile": tenant_a.endpoint.model_profile_id,
+        "hardware_profile": tenant_a.endpoint.hardware_profile_id,
+        "runtime": "sim",
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "desired_replicas": 2,
+        "concurrency_limit": 64,
+        "routing_policy": "infercap",
+        "ttft_slo_ms": 2000,
+        "tpot_slo_ms": 100,
     }
     return {**data, **overrides}
 
@@ -87,14 +96,35 @@ def test_sell_reservation_refuses_overcommit(client, operator, tenant_a, tenant_
     endpoint = tenant_a.endpoint  # 1 desired replica × 1000 MU/min; tenant A holds 100
     ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY)
     url = reverse("console:reservation-sell")
-    bad = client.post(url, {"tenant": tenant_b.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": -5,
-                            "priority": "standard", "burst_minutes": 1})
+    bad = client.post(
+        url,
+        {
+            "tenant": tenant_b.tenant.pk,
+            "endpoint": endpoint.pk,
+            "mu_per_min": -5,
+            "priority": "standard",
+            "burst_minutes": 1,
+        },
+    )
     assert bad.status_code == 400 and "mu_per_min" in bad.context["form"].errors
-    duplicate = client.post(url, {"tenant": tenant_a.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": 5,
-                                  "priority": "standard", "burst_minutes": 1})
+    duplicate = client.post(
+        url,
+        {
+            "tenant": tenant_a.tenant.pk,
+            "endpoint": endpoint.pk,
+            "mu_per_min": 5,
+            "priority": "standard",
+            "burst_minutes": 1,
+        },
+    )
     assert duplicate.status_code == 400 and "already holds" in duplicate.content.decode()
-    data = {"tenant": tenant_b.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": 1500, "priority": "standard",
-            "burst_minutes": 1}
+    data = {
+        "tenant": tenant_b.tenant.pk,
+        "endpoint": endpoint.pk,
+        "mu_per_min": 1500,
+        "priority": "standard",
+        "burst_minutes": 1,
+    }
     refused = _post_confirmed(client, url, data)
     assert refused.status_code == 400 and "overcommit limit" in refused.content.decode()
     assert "mu_per_min" in refused.context["form"].errors  # shown next to the field
@@ -107,8 +137,9 @@ def test_sell_reservation_refuses_overcommit(client, operator, tenant_a, tenant_
 def test_acknowledge_alert_once(client, operator, tenant_a):
     client.force_login(operator)
     slo = SLOFactory(endpoint=tenant_a.endpoint)
-    alert = Alert.objects.create(slo=slo, severity="page", state="firing", long_window="1h", short_window="5m",
-                                 burn_rate_threshold=14.4)
+    alert = Alert.objects.create(
+        slo=slo, severity="page", state="firing", long_window="1h", short_window="5m", burn_rate_threshold=14.4
+    )
     url = reverse("console:alert-ack", args=[alert.pk])
     assert _post_confirmed(client, url, {"note": "looking"}).status_code == 302
     alert.refresh_from_db()
@@ -121,8 +152,9 @@ def test_acknowledge_alert_once(client, operator, tenant_a):
 def test_api_key_shown_once_then_revoked(client, tenant_a):
     client.force_login(tenant_a.admin)
     url = reverse("console:api-key-create")
-    bad = client.post(url, {"name": "  ", "scopes": ["bogus"], "max_priority": "urgent",
-                            "expires_at": "2001-01-01T00:00"})
+    bad = client.post(
+        url, {"name": "  ", "scopes": ["bogus"], "max_priority": "urgent", "expires_at": "2001-01-01T00:00"}
+    )
     assert bad.status_code == 400
     assert {"name", "scopes", "max_priority", "expires_at"} <= set(bad.context["form"].errors)
     done = _post_confirmed(client, url, {"name": "ci", "scopes": ["inference", "read"], "max_priority": "critical"})

@@ -1,5 +1,6 @@
 """The console in headless Chromium against a real uvicorn server: operators and tenants log in with the
 keyboard, act through forms, and see replicas appear live over the WebSocket. Screenshots: artifacts/screenshots/."""
+
 from datetime import timedelta
 
 import pytest
@@ -24,8 +25,14 @@ def _traffic(endpoint, tenant, minutes: int = 30) -> None:
     for minute in range(minutes):
         for i in range(3):
             UsageRecordFactory(
-                tenant=tenant, endpoint=endpoint, ttft_ms=300 + 40 * minute + 10 * i, tpot_ms=30 + minute, mu=12.0,
-                output_tokens=200, slo_met=minute < 25, finished_at=now - timedelta(minutes=minute, seconds=i),
+                tenant=tenant,
+                endpoint=endpoint,
+                ttft_ms=300 + 40 * minute + 10 * i,
+                tpot_ms=30 + minute,
+                mu=12.0,
+                output_tokens=200,
+                slo_met=minute < 25,
+                finished_at=now - timedelta(minutes=minute, seconds=i),
             )
 
 
@@ -62,8 +69,14 @@ def test_operator_creates_endpoint_sees_replicas_live_and_charts(page, operator,
 
     _traffic(endpoint, tenant_a.tenant)
     usage_rollup_run()  # the per-minute beat task; charts read its rollups
-    AutoscalerDecision.objects.create(endpoint=endpoint, axis="horizontal", current=1, desired=2,
-                                      reason="demand 1.6 replicas", at=timezone.now() - timedelta(minutes=10))
+    AutoscalerDecision.objects.create(
+        endpoint=endpoint,
+        axis="horizontal",
+        current=1,
+        desired=2,
+        reason="demand 1.6 replicas",
+        at=timezone.now() - timedelta(minutes=10),
+    )
     page.reload()
     for title in ("Requests per second", "TTFT p95 (ms)", "TPOT p95 (ms)", "MU used vs capacity"):
         chart = page.locator(f"svg[aria-label='{title}']")
@@ -81,8 +94,16 @@ def test_operator_creates_endpoint_sees_replicas_live_and_charts(page, operator,
     slo = SLOFactory(endpoint=endpoint, name="llama-goodput", sli="goodput", objective=0.99)
     slo_evaluate_all()
     if not Alert.objects.filter(slo=slo).exclude(state="resolved").exists():
-        Alert.objects.create(slo=slo, severity="page", state="firing", long_window="1h", short_window="5m",
-                             burn_rate_threshold=14.4, burn_rate_long=16.7, burn_rate_short=16.7)
+        Alert.objects.create(
+            slo=slo,
+            severity="page",
+            state="firing",
+            long_window="1h",
+            short_window="5m",
+            burn_rate_threshold=14.4,
+            burn_rate_long=16.7,
+            burn_rate_short=16.7,
+        )
     for link, name in [("SLOs", "operator-slos"), ("Cost", "operator-cost"), ("Tenants", "operator-tenants")]:
         page.get_by_role("link", name=link, exact=True).click()
         page.wait_for_load_state()
@@ -144,8 +165,14 @@ FORM_CASES = [
 
 def test_every_operator_form_shows_field_errors(page, operator, tenant_a, tenant_b):
     replica = ReplicaFactory(endpoint=tenant_a.endpoint, name="a-r1", state=ReplicaState.READY)
-    alert = Alert.objects.create(slo=SLOFactory(endpoint=tenant_a.endpoint), severity="ticket", state="firing",
-                                 long_window="1d", short_window="2h", burn_rate_threshold=3)
+    alert = Alert.objects.create(
+        slo=SLOFactory(endpoint=tenant_a.endpoint),
+        severity="ticket",
+        state="firing",
+        long_window="1d",
+        short_window="2h",
+        burn_rate_threshold=3,
+    )
     urls = {
         "scale": f"/console/endpoints/{tenant_a.endpoint.pk}/scale/",
         "sell": f"/console/reservations/new/?tenant={tenant_b.tenant.pk}&endpoint={tenant_a.endpoint.pk}",

@@ -1,4 +1,5 @@
 """Server-side SVG charts: data reaches the drawing, gaps stay gaps, labels are escaped, axes are round."""
+
 import re
 import xml.etree.ElementTree as ET
 
@@ -16,8 +17,14 @@ def _parse(svg: str) -> ET.Element:
 def test_line_chart_draws_series_threshold_and_markers():
     points = [(1000.0 + 60 * i, float(i * 10)) for i in range(10)]
     svg = charts.line_chart(
-        charts.LineChart("TTFT p95 (ms)", [charts.Series("p95", points)], threshold=45, threshold_label="SLO 45 ms",
-                         markers=[charts.Marker(1180.0, "scale 1 → 2")], x_is_time=False)
+        charts.LineChart(
+            "TTFT p95 (ms)",
+            [charts.Series("p95", points)],
+            threshold=45,
+            threshold_label="SLO 45 ms",
+            markers=[charts.Marker(1180.0, "scale 1 → 2")],
+            x_is_time=False,
+        )
     )
     root = _parse(svg)
     polyline = root.find(f"{SVG}polyline")
@@ -49,11 +56,13 @@ def test_x_range_keeps_the_whole_window():
 
 
 def test_labels_are_escaped():
-    svg = charts.line_chart(charts.LineChart("<script>", [charts.Series("a&b", [(0, 1.0), (1, 2.0)])], x_is_time=False))
+    svg = charts.line_chart(
+        charts.LineChart("<script>", [charts.Series("a&b", [(0, 1.0), (1, 2.0)])], x_is_time=False)
+    )
     assert "<script>" not in svg and "&lt;script&gt;" in svg and "a&amp;b" in svg
     _parse(svg)
     bars = charts.bar_chart("cap", [charts.Bar('"quoted"', 3.0)])
-    assert '&quot;quoted&quot;' in bars
+    assert "&quot;quoted&quot;" in bars
     _parse(bars)
 
 
@@ -65,8 +74,13 @@ def test_y_axis_ticks_are_round_numbers():
 
 
 def test_bar_chart_scales_bars_and_sizes_margins_to_labels():
-    root = _parse(charts.bar_chart("capacity", [charts.Bar("have", 2000), charts.Bar("sold", 1000),
-                                                charts.Bar("a-very-long-label", 500)], unit="MU/min"))
+    root = _parse(
+        charts.bar_chart(
+            "capacity",
+            [charts.Bar("have", 2000), charts.Bar("sold", 1000), charts.Bar("a-very-long-label", 500)],
+            unit="MU/min",
+        )
+    )
     widths = [float(r.get("width")) for r in root.findall(f"{SVG}rect")]
     assert widths[0] == pytest.approx(2 * widths[1], abs=0.2) == pytest.approx(4 * widths[2], abs=0.4)
     assert float(root.find(f"{SVG}rect").get("x")) > 6.6 * len("a-very-long-label")

@@ -1,5 +1,6 @@
 """Live console events over the real Channels stack (session auth, Redis channel layer): each socket hears only
 what its user may see, events follow commits, and queue-depth watches respect tenant visibility."""
+
 import json
 
 import pytest
@@ -66,7 +67,11 @@ def _start_replica(endpoint, name: str) -> Replica:
 
 
 async def test_tenant_socket_hears_only_its_own_events(operator, tenant_a, tenant_b):
-    socket_a, socket_b, socket_op = await _connect(tenant_a.member), await _connect(tenant_b.member), await _connect(operator)
+    socket_a, socket_b, socket_op = (
+        await _connect(tenant_a.member),
+        await _connect(tenant_b.member),
+        await _connect(operator),
+    )
     try:
         await _start_replica(tenant_b.endpoint, "b-live")
         states = [(await _next_of_kind(socket_b, "replica"))["state"] for _ in range(3)]
@@ -91,6 +96,7 @@ async def test_tenant_socket_hears_only_its_own_events(operator, tenant_a, tenan
 async def test_events_follow_commit_not_rollback(tenant_a):
     socket_a = await _connect(tenant_a.admin)
     try:
+
         @database_sync_to_async
         def rolled_back():
             with pytest.raises(RuntimeError), transaction.atomic():

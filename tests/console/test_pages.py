@@ -1,4 +1,5 @@
 """Console pages render for the right people, and a tenant never sees another tenant's objects."""
+
 from datetime import timedelta
 
 import pytest
@@ -14,8 +15,14 @@ from tests.factories import ReplicaFactory, SLOFactory, UsageRecordFactory
 
 pytestmark = pytest.mark.django_db
 
-OPERATOR_PAGES = ["console:fleet", "console:endpoint-create", "console:tenants", "console:reservation-sell",
-                  "console:cost", "console:planner"]
+OPERATOR_PAGES = [
+    "console:fleet",
+    "console:endpoint-create",
+    "console:tenants",
+    "console:reservation-sell",
+    "console:cost",
+    "console:planner",
+]
 TENANT_PAGES = ["console:tenant-home", "console:api-keys", "console:statement"]
 
 
@@ -24,13 +31,32 @@ def _world(tenant_a, tenant_b):
     for actors in (tenant_a, tenant_b):
         ReplicaFactory(endpoint=actors.endpoint, name=f"{actors.tenant.slug}-r1", state=ReplicaState.READY)
         slo = SLOFactory(endpoint=actors.endpoint, name=f"{actors.tenant.slug}-avail")
-        Alert.objects.create(slo=slo, severity="page", state="firing", long_window="1h", short_window="5m",
-                             burn_rate_threshold=14.4, burn_rate_long=20, burn_rate_short=30)
-        AutoscalerDecision.objects.create(endpoint=actors.endpoint, axis="horizontal", current=1, desired=2,
-                                          reason="demand up", at=now - timedelta(minutes=5))
+        Alert.objects.create(
+            slo=slo,
+            severity="page",
+            state="firing",
+            long_window="1h",
+            short_window="5m",
+            burn_rate_threshold=14.4,
+            burn_rate_long=20,
+            burn_rate_short=30,
+        )
+        AutoscalerDecision.objects.create(
+            endpoint=actors.endpoint,
+            axis="horizontal",
+            current=1,
+            desired=2,
+            reason="demand up",
+            at=now - timedelta(minutes=5),
+        )
         for i in range(5):
-            UsageRecordFactory(tenant=actors.tenant, endpoint=actors.endpoint, ttft_ms=100 + i * 50, tpot_ms=20,
-                               finished_at=now - timedelta(minutes=i + 1))
+            UsageRecordFactory(
+                tenant=actors.tenant,
+                endpoint=actors.endpoint,
+                ttft_ms=100 + i * 50,
+                tpot_ms=20,
+                finished_at=now - timedelta(minutes=i + 1),
+            )
     usage_rollup_run(now=now)  # what the beat does every minute: the console reads rollups and SLO statuses
     slo_evaluate_all(now=now)
 
@@ -91,6 +117,8 @@ def test_tenant_gets_404_on_operator_pages_and_actions(client, tenant_a, tenant_
 def test_member_cannot_manage_keys(client, tenant_a):
     client.force_login(tenant_a.member)
     assert "Create a key" not in client.get(reverse("console:api-keys")).content.decode()
-    response = client.post(reverse("console:api-key-create"), {"name": "x", "scopes": ["inference"],
-                                                                "max_priority": "standard", "confirmed": "yes"})
+    response = client.post(
+        reverse("console:api-key-create"),
+        {"name": "x", "scopes": ["inference"], "max_priority": "standard", "confirmed": "yes"},
+    )
     assert response.status_code == 404
