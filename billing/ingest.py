@@ -240,6 +240,8 @@ class UsageWriter:
                 pass
             self._task = None
         await self.flush()
+        # The writer thread owns its own connection; close it there so the database sees no stray session.
+        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: connection.close())
         self._executor.shutdown(wait=True)
 
 

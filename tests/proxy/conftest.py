@@ -149,12 +149,12 @@ def spawn_replica(
     return proc, replica, port
 
 
-def spawn_proxy(procs: Processes, **knobs) -> str:
+def spawn_proxy(procs: Processes, db_url: str | None = None, **knobs) -> str:
     """A proxy worker on a free port; ``knobs`` become INFERCAP_PROXY_* variables. Returns its base URL."""
     port = free_port()
     env = {
         "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": subprocess_database_url(),
+        "DATABASE_URL": db_url or subprocess_database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "INFERCAP_SNAPSHOT_POLL_S": "0.1",
         **{f"INFERCAP_PROXY_{k.upper()}": str(v) for k, v in knobs.items()},
