@@ -11,12 +11,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from billing.models import SLO, Alert, AlertNotification, SLOStatus, Webhook
-from billing.rollups import range_sums
+from billing.rollups import windows_sums
 from billing.slo import (
     ALERT_FOR_S,
     TPOT_BOUNDS_MS,
@@ -100,20 +100,18 @@ def slo_evaluate_all(*, now: datetime | None = None) -> EvaluationResult:
     slos = list(SLO.objects.filter(enabled=True).select_related("endpoint"))
     if not slos:
         return EvaluationResult(0, 0, 0, 0, time.perf_counter() - started)
-    windows = {
-        label: _WindowTotals(range_sums(start=end - timedelta(seconds=s), end=end, fields=SLI_FIELDS, now=now))
-        for label, s in WINDOWS_S.items()
-    }
-    periods = {
-        days: _WindowTotals(range_sums(start=end - timedelta(days=days), end=end, fields=SLI_FIELDS, now=now))
-        for days in {slo.period_days for slo in slos}
-    }
+    ranges = {label: (end - timedelta(seconds=seconds), end) for label, seconds in WINDOWS_S.items()}
+    ranges |= {f"period-{days}d": (end - timedelta(days=days), end) for days in {slo.period_days for slo in slos}}
+    sums = windows_sums(ranges, fields=SLI_FIELDS, now=now)
+    windows = {label: _WindowTotals(sums[label]) for label in WINDOWS_S}
+    periods = {days: _WindowTotals(sums[f"period-{days}d"]) for days in {slo.period_days for slo in slos}}
     open_alerts = {
         (a.slo_id, a.long_window, a.short_window): a
         for a in Alert.objects.filter(slo__enabled=True).exclude(state=Alert.State.RESOLVED)
     }
     statuses = []
     counts = {"opened": 0, "fired": 0, "resolved": 0}
+    burning: list[Alert] = []  # open alerts whose state holds; their burn rates are refreshed in one statement
     for slo in slos:
         spec = slo_spec(slo)
         burns: dict[str, float] = {}
@@ -139,9 +137,11 @@ def slo_evaluate_all(*, now: datetime | None = None) -> EvaluationResult:
             )
         )
         for pair in WINDOW_PAIRS:
-            key = (slo.id, pair.long_window, pair.short_window)
-            outcome = _advance_alert(slo, pair, open_alerts.get(key), burns, now)
-            if outcome:
+            alert = open_alerts.get((slo.id, pair.long_window, pair.short_window))
+            outcome = _advance_alert(slo, pair, alert, burns, now)
+            if outcome == "burning":
+                burning.append(alert)
+            elif outcome:
                 counts[outcome] += 1
     SLOStatus.objects.bulk_create(
         statuses,
@@ -158,13 +158,18 @@ def slo_evaluate_all(*, now: datetime | None = None) -> EvaluationResult:
         ],
         batch_size=500,
     )
+    _update_burn_rates(burning)
     result = EvaluationResult(slos=len(slos), seconds=time.perf_counter() - started, **counts)
     logger.info("burn-rate evaluation: %s", result)
     return result
 
 
 def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float], now: datetime) -> str | None:
-    """Apply one state-machine step to the (SLO, pair) alert; returns "opened", "fired", "resolved" or None."""
+    """Apply one state-machine step to the (SLO, pair) alert.
+
+    Returns "opened", "fired" or "resolved" after a transition (saved one by one, so ``post_save`` listeners see
+    it), "burning" when an open alert only has new burn rates (the caller bulk-updates those), else None.
+    """
     condition = pair_condition(burns, pair)
     step = alert_step(
         state=alert.state if alert else None,
@@ -198,9 +203,9 @@ def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float],
             return "fired"
         return "opened"
     changed = step.state != alert.state
-    if not changed and (alert.burn_rate_long, alert.burn_rate_short) == (long_burn, short_burn):
-        return None
     alert.burn_rate_long, alert.burn_rate_short = long_burn, short_burn
+    if not changed:
+        return "burning"  # only the burn rates moved: saved in bulk by the caller, no event
     fields = ["burn_rate_long", "burn_rate_short"]
     if changed:
         alert.state = step.state
@@ -217,6 +222,23 @@ def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float],
     if not changed:
         return None
     return "fired" if step.state == Alert.State.FIRING else "resolved"
+
+
+def _update_burn_rates(alerts: list[Alert]) -> None:
+    """Refresh open alerts' burn rates in one statement per 1,000 (no per-row save, no event: nothing changed state)."""
+    if connection.vendor != "postgresql":
+        Alert.objects.bulk_update(alerts, ["burn_rate_long", "burn_rate_short"], batch_size=500)
+        return
+    for first in range(0, len(alerts), 1000):
+        batch = alerts[first : first + 1000]
+        values = ", ".join(["(%s::bigint, %s::double precision, %s::double precision)"] * len(batch))
+        params = [v for a in batch for v in (a.pk, a.burn_rate_long, a.burn_rate_short)]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE billing_alert SET burn_rate_long = v.l, burn_rate_short = v.s "
+                f"FROM (VALUES {values}) AS v(id, l, s) WHERE billing_alert.id = v.id",
+                params,
+            )
 
 
 def webhooks_for(slo: SLO, severity: str) -> list[Webhook]:

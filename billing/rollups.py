@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import Count, F, Max, Q, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import Coalesce, TruncDay, TruncHour, TruncMinute
 from django.utils import timezone
 
@@ -285,18 +285,69 @@ def range_sums(
     tenant_ids: Iterable[int] | None = None,
 ) -> dict[Key, dict[str, float]]:
     """Summed rollup counters per (endpoint, tenant) over [start, end)."""
+    return windows_sums(
+        {"range": (start, end)}, fields=fields, now=now, endpoint_ids=endpoint_ids, tenant_ids=tenant_ids
+    )["range"]
+
+
+def windows_sums(
+    windows: dict[str, tuple[datetime, datetime]],
+    *,
+    fields: Iterable[str] = ROLLUP_COUNTERS,
+    now: datetime | None = None,
+    endpoint_ids: Iterable[int] | None = None,
+    tenant_ids: Iterable[int] | None = None,
+) -> dict[str, dict[Key, dict[str, float]]]:
+    """Summed counters per (endpoint, tenant) for several (possibly overlapping) windows at once.
+
+    One grouped query per tier, whatever the number of windows: each window's sums are ``SUM(…) FILTER (WHERE
+    start in its pieces)``, and the scan reads only the rows of some window's pieces (index range scans).
+    """
     now = now or timezone.now()
-    fields = list(fields)
-    totals: dict[Key, dict[str, float]] = {}
-    for tier, lo, hi in split_range(start, end, now=now):
-        rows = tier.objects.filter(start__gte=lo, start__lt=hi)
-        if endpoint_ids is not None:
-            rows = rows.filter(endpoint_id__in=list(endpoint_ids))
-        if tenant_ids is not None:
-            rows = rows.filter(tenant_id__in=list(tenant_ids))
-        rows = rows.values("endpoint_id", "tenant_id").annotate(**{f"s_{f}": Sum(F(f)) for f in fields}).order_by()
-        for row in rows:
-            bucket = totals.setdefault((row["endpoint_id"], row["tenant_id"]), dict.fromkeys(fields, 0))
+    fields = [f for f in fields if f in ROLLUP_COUNTERS]  # names are interpolated into SQL: only known columns
+    labels = list(windows)
+    pieces_by_tier: dict[type[models.Model], dict[str, list[tuple[datetime, datetime]]]] = {}
+    for label, (start, end) in windows.items():
+        for tier, lo, hi in split_range(start, end, now=now):
+            pieces_by_tier.setdefault(tier, {}).setdefault(label, []).append((lo, hi))
+    result: dict[str, dict[Key, dict[str, float]]] = {label: {} for label in labels}
+    quote = connection.ops.quote_name
+    for tier, by_label in pieces_by_tier.items():
+        select_sql, select_params = [], []
+        tier_labels = list(by_label)
+        for label in tier_labels:
+            condition = " OR ".join(f"({quote('start')} >= %s AND {quote('start')} < %s)" for _ in by_label[label])
+            bounds = [moment for piece in by_label[label] for moment in piece]
             for field in fields:
-                bucket[field] += row[f"s_{field}"] or 0
-    return totals
+                select_sql.append(f"SUM({quote(field)}) FILTER (WHERE {condition})")
+                select_params += bounds
+        all_pieces = [piece for label in tier_labels for piece in by_label[label]]
+        where = " OR ".join(f"({quote('start')} >= %s AND {quote('start')} < %s)" for _ in all_pieces)
+        where_params = [moment for piece in all_pieces for moment in piece]
+        for column, ids in (("endpoint_id", endpoint_ids), ("tenant_id", tenant_ids)):
+            if ids is not None:
+                ids = [int(i) for i in ids]
+                if not ids:
+                    where = "1 = 0"
+                    continue
+                where = f"({where}) AND {quote(column)} IN ({', '.join(['%s'] * len(ids))})"
+                where_params += ids
+        sql = (
+            f"SELECT {quote('endpoint_id')}, {quote('tenant_id')}, {', '.join(select_sql)} "
+            f"FROM {quote(tier._meta.db_table)} WHERE {where} GROUP BY {quote('endpoint_id')}, {quote('tenant_id')}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, select_params + where_params)
+            rows = cursor.fetchall()
+        width = len(fields)
+        for row in rows:
+            key = (row[0], row[1])
+            for index, label in enumerate(tier_labels):
+                values = row[2 + index * width : 2 + (index + 1) * width]
+                if all(v is None for v in values):
+                    continue
+                bucket = result[label].setdefault(key, dict.fromkeys(fields, 0.0))
+                for field, value in zip(fields, values, strict=True):
+                    if value is not None:
+                        bucket[field] += float(value)
+    return result
