@@ -497,3 +497,15 @@ class Comparison:
 
     def __post_init__(self) -> None:
         self.relative_error = abs(self.fitted - self.true) / self.true if self.true else abs(self.fitted)
+
+
+def measure_table(
+    driver: LoadDriver, shape: Shape, levels: tuple[int, ...], *, gpus: int = 1, requests_per_stream: int = 3
+) -> list[LevelStats]:
+    """The throughput table of one shape at every given concurrency (the planner's input), without stopping at
+    the SLO: rows beyond B_max show what overloading a replica would cost."""
+    rows = []
+    for i, c in enumerate(levels):
+        samples = driver.run(shape, c, max(12, requests_per_stream * c), f"table-{shape.label}-{i}")
+        rows.append(summarize(shape, c, samples, gpus=gpus))
+    return rows

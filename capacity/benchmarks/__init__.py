@@ -1,1 +1,1 @@
-"""Benchmarks of the capacity app, run by ``python manage.py bench NAME``."""
+"""``python manage.py bench planner``: the capacity planner's figures (see ``planner``)."""
