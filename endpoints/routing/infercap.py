@@ -4,9 +4,9 @@
 2. Bounded load (consistent hashing with bounded loads, Mirrokni et al.): a replica may take the request
    only if its load afterwards stays within ``bound × mean load afterwards``. Load is in-flight model
    units over the replica's MU capacity, so a 2k-token prompt weighs what it costs, not "one request".
-   A floor keeps affinity at low load, where the mean is close to zero and any single request would
-   exceed the bound: a replica with fewer than ``load_floor × concurrency_limit`` requests in flight is
-   never "over the bound". The floor is in requests, so it does not depend on the unit of MU capacity.
+   ``load_slack`` requests of this request's size are allowed on top, as CH-BL's ceiling allows one
+   ball above ``(1+ε)·m/n``: near idle the mean is close to zero and any single request would
+   exceed the bound, scattering every prefix over the fleet.
 3. Score the allowed replicas: prefix affinity (matched / total prompt blocks), session stickiness,
    and spare capacity; the best wins. Stickiness and affinity are preferences: a sticky replica that is
    over the bound or at its limit is simply not allowed, and the session moves.
@@ -24,6 +24,15 @@ from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, Pref
 def replica_load(replica: ReplicaView, extra_mu: float = 0.0) -> float:
     """In-flight MU over the replica's MU capacity (after adding ``extra_mu``)."""
     return (replica.in_flight_mu + extra_mu) / max(replica.mu_capacity, 1e-9)
+
+
+def home_rank(key: int, replica_id: str) -> float:
+    """Rendezvous (highest-random-weight) hashing score in [0, 1) of a prompt's head on a replica.
+
+    A new prefix goes to its highest-ranked replica, and when that one is over the bound, to the next in
+    the same order; so each prefix lives on as few replicas as possible and is not smeared by load noise.
+    """
+    return (hash((key, replica_id)) & 0xFFFFFFFF) / 4294967296.0
 
 
 class SessionTable:
@@ -60,10 +69,12 @@ class InfercapRouter(RouterBase):
         self,
         *,
         load_bound: float = 1.25,
-        load_floor: float = 0.25,
+        load_slack: float = 2.0,
         prefix_weight: float = 3.0,
         session_weight: float = 1.0,
         load_weight: float = 1.0,
+        home_weight: float = 1.5,
+        home_blocks: int = 16,
         block_chars: int = PREFIX_BLOCK_CHARS,
         max_blocks: int = MAX_PREFIX_BLOCKS,
         session_ttl_s: float = 900.0,
@@ -73,8 +84,11 @@ class InfercapRouter(RouterBase):
         super().__init__(**kwargs)
         if load_bound < 1.0:
             raise ValueError("load_bound must be ≥ 1.0 (1.0 means perfectly even load)")
-        self.load_bound, self.load_floor = load_bound, load_floor
+        if load_slack < 0:
+            raise ValueError("load_slack must be ≥ 0")
+        self.load_bound, self.load_slack = load_bound, load_slack
         self.prefix_weight, self.session_weight, self.load_weight = prefix_weight, session_weight, load_weight
+        self.home_weight, self.home_blocks = home_weight, max(1, home_blocks)
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
         self.sessions = SessionTable(max_sessions, session_ttl_s)
         self._cache_config: dict[str, tuple[int, int]] = {}
@@ -83,12 +97,11 @@ class InfercapRouter(RouterBase):
         """Replicas whose load after taking ``mu`` stays within bound × the mean load after it."""
         total_capacity = sum(max(r.mu_capacity, 1e-9) for r in candidates)
         mean_after = (sum(r.in_flight_mu for r in candidates) + mu) / total_capacity
-        limit = self.load_bound * mean_after
-        # An idle replica is always allowed (the ceil in CH-BL's per-bin capacity gives every bin one ball).
         allowed = [
             r
             for r in candidates
-            if r.in_flight < max(1.0, self.load_floor * r.concurrency_limit) or replica_load(r, mu) <= limit + 1e-12
+            if replica_load(r, mu)
+            <= self.load_bound * mean_after + self.load_slack * mu / max(r.mu_capacity, 1e-9) + 1e-12
         ]
         if allowed:
             return allowed
@@ -104,13 +117,18 @@ class InfercapRouter(RouterBase):
         allowed = self.within_bound(candidates, mu)
         hashes = request_hashes(self.prefix_index, request)
         sticky = self.sessions.get(request.session_id, now)
+        # Spare capacity breaks ties between equal affinities; it is relative, so MU units do not matter.
+        loads = {r.replica_id: replica_load(r, mu) for r in allowed}
+        top_load = max(loads.values()) or 1.0
+        home_key = hashes[min(len(hashes), self.home_blocks) - 1] if hashes else hash(request.prompt_text)
         scored = []
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
             score = (
                 self.prefix_weight * self.prefix_index.match_fraction(r.replica_id, hashes)
                 + (self.session_weight if r.replica_id == sticky else 0.0)
-                - self.load_weight * min(replica_load(r, mu), 4.0) / 4.0
+                + self.home_weight * home_rank(home_key, r.replica_id)
+                - self.load_weight * loads[r.replica_id] / top_load
             )
             scored.append((score, r))
         return self._random_best(scored)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
-from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixIndex
+from endpoints.routing.prefix import DEFAULT_INDEX_BLOCKS, MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixIndex
 
 HASHES_KEY = "_prefix_hashes"
 
@@ -47,12 +47,15 @@ class LlmdRouter(RouterBase):
         prefix_weight: float = 3.0,
         block_chars: int = PREFIX_BLOCK_CHARS,
         max_blocks: int = MAX_PREFIX_BLOCKS,
+        lru_capacity_per_server: int = DEFAULT_INDEX_BLOCKS,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.queue_weight, self.kv_weight, self.prefix_weight = queue_weight, kv_weight, prefix_weight
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
-        self._cache_config: dict[str, tuple[int, int]] = {}
+        # llm-d's approximate prefix scorer keeps a fixed LRU per server (lruCapacityPerServer, 31,250 blocks),
+        # whatever the replica's real KV cache holds; sizing it from cache_config_info is infercap's addition.
+        self.lru_capacity_per_server = lru_capacity_per_server
 
     def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
         candidates = self.candidates(replicas)
@@ -62,7 +65,6 @@ class LlmdRouter(RouterBase):
         queue = queue_scores(candidates)
         scored = []
         for r in candidates:
-            self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
             score = (
                 self.queue_weight * queue[r.replica_id]
                 + self.kv_weight * kv_score(r)
@@ -72,5 +74,6 @@ class LlmdRouter(RouterBase):
         return self._random_best(scored)
 
     def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
-        num_gpu_blocks, block_size = self._cache_config.get(replica_id, (0, 16))
-        self.prefix_index.record(replica_id, request_hashes(self.prefix_index, request), num_gpu_blocks, block_size)
+        self.prefix_index.record_fixed(
+            replica_id, request_hashes(self.prefix_index, request), self.lru_capacity_per_server
+        )

@@ -107,6 +107,13 @@ class PrefixIndex:
     def record(self, replica_id: str, hashes: Sequence[int], num_gpu_blocks: int = 0, block_size: int = 16) -> None:
         self._index(replica_id, num_gpu_blocks, block_size).add(hashes)
 
+    def record_fixed(self, replica_id: str, hashes: Sequence[int], capacity_blocks: int) -> None:
+        """Record with a fixed index size, whatever the replica's cache (llm-d's lruCapacityPerServer)."""
+        index = self._replicas.get(replica_id)
+        if index is None:
+            index = self._replicas[replica_id] = ReplicaPrefixIndex(capacity_blocks)
+        index.add(hashes)
+
     def forget(self, replica_id: str) -> None:
         """Drop a replica's index (it restarted or left): its cache is empty now."""
         self._replicas.pop(replica_id, None)

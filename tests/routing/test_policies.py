@@ -124,14 +124,28 @@ def test_llmd_scores_queue_kv_and_prefix_with_its_default_weights():
     assert router.pick(request(3, prompt=SYSTEM + "third"), replicas, 0.0) in {"r1", "r2"}
 
 
+def busy_views(n: int, *, background_mu: float = 20.0, **overrides) -> list[ReplicaView]:
+    """Replicas already carrying some traffic, so the load bound has a mean to work with."""
+    return views(n, mu_capacity=100.0, in_flight=4, in_flight_mu=background_mu, **overrides)
+
+
 def test_infercap_prefers_the_replica_holding_the_prefix():
     router = make_router("infercap", seed=0)
-    replicas = views(4, mu_capacity=100.0)
-    first = route(router, request(0, prompt=SYSTEM + "a", mu=5), replicas)
-    for i in range(1, 4):
-        assert route(router, request(i, prompt=SYSTEM + f"q{i}", mu=5), replicas) == first
-    other = route(router, request(9, prompt="entirely different " * 20, mu=5), replicas)
-    assert other != first
+    replicas = busy_views(4)
+    first = route(router, request(0, prompt=SYSTEM + "a", mu=1), replicas)
+    for i in range(1, 5):
+        assert route(router, request(i, prompt=SYSTEM + f"q{i}", mu=1), replicas) == first
+    assert {route(router, request(9 + i, prompt=f"different {i} " * 30, mu=1), replicas) for i in range(12)} != {first}
+
+
+def test_infercap_places_new_prefixes_by_rendezvous_hash_not_arrival_order():
+    # Two routers that saw different traffic still agree where an unseen prefix belongs (same replica set).
+    a, b = make_router("infercap", seed=1), make_router("infercap", seed=2)
+    replicas_a, replicas_b = busy_views(8), busy_views(8)
+    for i in range(5):
+        route(a, request(100 + i, prompt=f"warm-up {i} " * 40), replicas_a)
+    prompt = SYSTEM + "brand new tenant prompt"
+    assert a.pick(request(1, prompt=prompt), busy_views(8), 0.0) == b.pick(request(1, prompt=prompt), replicas_b, 0.0)
 
 
 def test_infercap_measures_load_in_model_units_not_requests():
@@ -144,7 +158,7 @@ def test_infercap_measures_load_in_model_units_not_requests():
 
 
 def test_infercap_bounded_load_keeps_every_replica_within_the_bound():
-    router = make_router("infercap", seed=0, load_bound=1.25, load_floor=0.0)
+    router = make_router("infercap", seed=0, load_bound=1.25, load_slack=0.0)
     replicas = views(4, mu_capacity=100.0, concurrency_limit=1000)
     hot = SYSTEM + "the one prompt everyone sends"
     for i in range(400):
@@ -158,7 +172,7 @@ def test_infercap_bounded_load_keeps_every_replica_within_the_bound():
 
 
 def test_infercap_bound_yields_to_prefix_when_within_bound():
-    router = make_router("infercap", seed=0, load_bound=1.25, load_floor=0.0)
+    router = make_router("infercap", seed=0, load_bound=1.25, load_slack=0.0)
     replicas = views(2, mu_capacity=100.0)
     route(router, request(0, prompt=SYSTEM + "x", mu=10), replicas)
     holder = next(r for r in replicas if r.in_flight)
@@ -169,19 +183,19 @@ def test_infercap_bound_yields_to_prefix_when_within_bound():
     assert router.pick(request(2, prompt=SYSTEM + "z", mu=10), replicas, 0.0) == holder.replica_id
 
 
-def test_infercap_load_floor_keeps_affinity_near_idle():
-    # Below the floor (a fraction of the concurrency limit) a replica is never over the bound: no scattering.
+def test_infercap_load_slack_keeps_affinity_near_idle():
+    # Near idle the mean is ~0, so without slack the second request of a prefix would already leave its replica.
     hot = SYSTEM + "the same prompt"
-    for floor, expect_spread in ((0.25, False), (0.0, True)):
-        router = make_router("infercap", seed=0, load_floor=floor)
-        replicas = views(4, mu_capacity=100.0, concurrency_limit=24)
-        chosen = {route(router, request(i, prompt=hot, mu=4), replicas) for i in range(5)}
+    for slack, expect_spread in ((2.0, False), (0.0, True)):
+        router = make_router("infercap", seed=0, load_slack=slack)
+        replicas = views(4, mu_capacity=100.0)
+        chosen = {route(router, request(i, prompt=hot, mu=4), replicas) for i in range(2)}
         assert (len(chosen) > 1) is expect_spread
 
 
 def test_session_stickiness_is_a_preference_that_yields_to_overload():
     router = make_router("infercap", seed=0)
-    replicas = views(3, mu_capacity=100.0, concurrency_limit=20)
+    replicas = busy_views(3, concurrency_limit=20)
     home = route(router, request(0, session="s-1", mu=2), replicas)
     for i in range(1, 5):  # unrelated prompts, same session → same replica
         assert route(router, request(i, session="s-1", mu=2), replicas) == home
@@ -190,11 +204,11 @@ def test_session_stickiness_is_a_preference_that_yields_to_overload():
     home_view.in_flight = home_view.concurrency_limit
     moved = route(router, request(10, session="s-1", mu=2), replicas)
     assert moved != home
-    home_view.in_flight, home_view.in_flight_mu = 0, 0.0
+    home_view.in_flight, home_view.in_flight_mu = 4, 20.0
     assert router.pick(request(11, session="s-1", mu=2), replicas, 1.0) == moved
     # Over the bounded load (not only the hard limit) also moves it.
     moved_view = next(r for r in replicas if r.replica_id == moved)
-    moved_view.in_flight, moved_view.in_flight_mu = 9, 18.0
+    moved_view.in_flight, moved_view.in_flight_mu = 9, 60.0
     assert router.pick(request(12, session="s-1", mu=2), replicas, 1.0) != moved
 
 
