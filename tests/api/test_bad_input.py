@@ -39,7 +39,7 @@ def test_nasty_patches_on_an_endpoint_never_500(world):
     client = world.client("operator")
     url = reverse("endpoint-detail", args=[world.a.endpoint.pk])
     for field in _all_fields(world, "endpoint"):
-        for value in NASTY_VALUES:
+        for value in (None, -1, 10**30, [], "\u0000"):
             response = client.patch(url, {field: value}, format="json")
             assert response.status_code < 500, (field, value, response.content[:300])
 

@@ -101,7 +101,7 @@ class TestApiKeys(APIResourceCase):
         ]
 
     def update_payload(self, world, obj):
-        return {"name": "renamed", "max_priority": "critical"}
+        return {"name": "renamed", "max_priority": "sheddable"}
 
 
 class TestReservations(APIResourceCase):
