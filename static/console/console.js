@@ -3,7 +3,8 @@
 // marked data-live-region, so the live view and a full reload always show the same thing.
 (function () {
   "use strict";
-  var POLL_MS = 15000;
+  // Page-level override (window.infercapPollMs) lets tests shorten the fallback period.
+  var POLL_MS = Number(window.infercapPollMs) > 0 ? Number(window.infercapPollMs) : 15000;
   var status = document.getElementById("live-status");
   var log = document.getElementById("live-log");
   var body = document.body;

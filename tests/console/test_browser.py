@@ -193,3 +193,16 @@ def test_every_operator_form_shows_field_errors(page, operator, tenant_a, tenant
         assert expected in error.inner_text(), (case, error.inner_text())
         assert error.locator("input, select, textarea").first.get_attribute("aria-invalid") == "true", case
     screenshot(page, "operator-form-errors")
+
+
+def test_without_websocket_the_page_falls_back_to_periodic_refresh(page, tenant_a):
+    page.add_init_script("window.infercapPollMs = 1000")
+    page.route_web_socket("**/ws/console/", lambda ws: ws.close())  # the socket is refused every time
+    login(page, "a-member")
+    page.goto(f"/console/endpoints/{tenant_a.endpoint.pk}/")
+    page.wait_for_selector("body[data-live-state='polling']")
+    assert "refreshing every" in page.locator("#live-status").inner_text()
+    page.evaluate("window.__notReloaded = true")
+    ReplicaFactory(endpoint=tenant_a.endpoint, name="a-polled", state=ReplicaState.READY)
+    page.wait_for_selector("#replica-table >> text=a-polled")
+    assert page.evaluate("window.__notReloaded === true")
