@@ -111,8 +111,8 @@ class LocalBuckets:
             need = min(b.cost, b.capacity)
             if tokens < need:
                 w = (need - tokens) / b.refill_per_s
-            if w > wait:
-                wait, which = w, b.name
+                if w > wait:
+                    wait, which = w, b.name
         if wait > 0:
             return wait, which
         for key, b, tokens in zip(keys, buckets, levels, strict=True):

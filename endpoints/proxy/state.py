@@ -58,9 +58,17 @@ class ProxyState:
         if settings.REDIS_URL:
             import redis.asyncio as aioredis
 
-            self.redis = aioredis.Redis.from_url(
-                settings.REDIS_URL, socket_connect_timeout=0.25, socket_timeout=0.5, health_check_interval=30
+            # A bounded pool: a burst of requests shares a few connections instead of opening one each
+            # (which, on a busy host, turns into connect timeouts and a tripped breaker).
+            pool = aioredis.BlockingConnectionPool.from_url(
+                settings.REDIS_URL,
+                max_connections=32,
+                timeout=1.0,
+                socket_connect_timeout=1.0,
+                socket_timeout=1.0,
+                health_check_interval=30,
             )
+            self.redis = aioredis.Redis(connection_pool=pool)
         self.limiter = RateLimiter(self.redis, fail_mode=self.config.rate_limit_fail_mode)
         # The data-plane client: aiohttp won the calibration in issue 4 (httpx collapsed at 256 streams).
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)

@@ -1,0 +1,346 @@
+"""``bench proxy``: the proxy's added latency and throughput cost, proxied vs direct to simulated replicas,
+at 1, 64 and 256 concurrent streams, measured in one run on the same replicas.
+
+Processes: simulated replicas (``endpoints.runtimes.sim.cli``), one proxy worker (uvicorn running
+``config.asgi``, the full data path: auth, limits, admission, routing, relay, metering), and this process as
+the load generator (aiohttp). Each level alternates direct and proxied phases of equal length so drifting
+background load hits both. Reported per level: added TTFT p50/p99 and added end-to-end p50 (ms, proxied −
+direct), tokens/s through the proxy as a ratio of direct, errors, and the proxy's CPU ms per 1,000 tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TENANT_SLUG = "bench-proxy"
+ENDPOINT = "bench-proxy-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited ({proc.returncode}) before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on port {port}")
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def _setup_world(replica_urls: list[str]) -> str:
+    """Bench tenant, endpoint, key and replicas (idempotent); returns a fresh raw key."""
+    from capacity.models import HardwareProfile, ModelProfile
+    from endpoints.models import Endpoint, Replica, ReplicaState
+    from tenants.models import CapacityReservation, Tenant
+    from tenants.services import api_key_create
+
+    tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Bench (proxy)"})
+    hw, _ = HardwareProfile.objects.get_or_create(
+        name="bench-a100",
+        defaults={
+            "gpu_type": "A100-80GB",
+            "gpu_memory_gb": 80,
+            "memory_bandwidth_gbps": 2039,
+            "usd_per_gpu_hour": 2.5,
+        },
+    )
+    mp, _ = ModelProfile.objects.get_or_create(
+        name="bench-13b",
+        defaults={"parameters_b": 13, "n_layers": 40, "n_kv_heads": 8, "d_head": 128, "weights_gb": 26},
+    )
+    endpoint, _ = Endpoint.objects.update_or_create(
+        name=ENDPOINT,
+        defaults={
+            "owner_tenant": tenant,
+            "model_profile": mp,
+            "hardware_profile": hw,
+            "concurrency_limit": 1024,
+            "concurrency_max": 1024,
+            "routing_policy": "least_request",
+        },
+    )
+    CapacityReservation.objects.update_or_create(
+        tenant=tenant, endpoint=endpoint, defaults={"mu_per_min": 1e9, "priority": "standard"}
+    )
+    Replica.objects.filter(endpoint=endpoint).delete()
+    for i, url in enumerate(replica_urls):
+        Replica.objects.create(
+            endpoint=endpoint, name=f"bench-r{i}", url=url, state=ReplicaState.READY, concurrency_limit=1024
+        )
+    _, raw = api_key_create(tenant=tenant, name=f"bench {time.time():.0f}")
+    return raw
+
+
+async def _one(session, url: str, payload: bytes, headers: dict, out: dict) -> None:
+    t0 = time.perf_counter()
+    ttft = None
+    tokens = 0
+    done = False
+    try:
+        async with session.post(url, data=payload, headers=headers) as resp:
+            if resp.status != 200:
+                body = await resp.read()
+                out["errors"] += 1
+                out.setdefault("samples", []).append(f"{resp.status} {body[:200]!r}")
+                return
+            async for chunk in resp.content.iter_any():
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                tokens += chunk.count(b'"text":')
+                if b"[DONE]" in chunk:
+                    done = True
+    except Exception as exc:  # noqa: BLE001 - every failure is counted, none stops the run
+        out["errors"] += 1
+        out.setdefault("samples", []).append(repr(exc)[:200])
+        return
+    if not done or ttft is None:
+        out["errors"] += 1
+        out.setdefault("samples", []).append("stream ended without [DONE]")
+        return
+    out["ttft"].append(ttft)
+    out["e2e"].append(time.perf_counter() - t0)
+    out["tokens"] += tokens
+
+
+async def _phase(base: str, key: str | None, *, streams: int, duration_s: float, max_tokens: int) -> dict:
+    import aiohttp
+
+    url = base + "/v1/completions"
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    out = {"ttft": [], "e2e": [], "tokens": 0, "errors": 0}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        deadline = time.perf_counter() + duration_s
+
+        async def worker(w: int) -> None:
+            i = 0
+            while time.perf_counter() < deadline:
+                body = {
+                    "model": ENDPOINT,
+                    "prompt": f"bench worker {w} request {i} " * 8,
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                }
+                await _one(session, url, json.dumps(body).encode(), headers, out)
+                i += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(streams)))
+        out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def _summary(direct: dict, proxied: dict, cpu_s: float) -> dict:
+    d_tps = direct["tokens"] / direct["wall_s"] if direct["wall_s"] else 0.0
+    p_tps = proxied["tokens"] / proxied["wall_s"] if proxied["wall_s"] else 0.0
+    return {
+        "added_ttft_p50_ms": round((_pct(proxied["ttft"], 50) - _pct(direct["ttft"], 50)) * 1000, 3),
+        "added_ttft_p99_ms": round((_pct(proxied["ttft"], 99) - _pct(direct["ttft"], 99)) * 1000, 3),
+        "added_e2e_p50_ms": round((_pct(proxied["e2e"], 50) - _pct(direct["e2e"], 50)) * 1000, 3),
+        "tokens_per_s_ratio": round(p_tps / d_tps, 4) if d_tps else None,
+        "errors": proxied["errors"],
+        "direct_errors": direct["errors"],
+        "direct_ttft_p50_ms": round(_pct(direct["ttft"], 50) * 1000, 3),
+        "proxied_ttft_p50_ms": round(_pct(proxied["ttft"], 50) * 1000, 3),
+        "direct_tokens_per_s": round(d_tps, 1),
+        "proxied_tokens_per_s": round(p_tps, 1),
+        "requests": len(proxied["ttft"]),
+        "error_samples": sorted(set(proxied.get("samples", [])))[:3],
+        "proxy_cpu_ms_per_1k_tokens": round(cpu_s * 1000 / (proxied["tokens"] / 1000), 3)
+        if proxied["tokens"]
+        else None,
+    }
+
+
+def _merge(a: dict | None, b: dict) -> dict:
+    if a is None:
+        return b
+    return {
+        "ttft": a["ttft"] + b["ttft"],
+        "e2e": a["e2e"] + b["e2e"],
+        "tokens": a["tokens"] + b["tokens"],
+        "errors": a["errors"] + b["errors"],
+        "wall_s": a["wall_s"] + b["wall_s"],
+        "samples": a.get("samples", []) + b.get("samples", []),
+    }
+
+
+def _svg(results: dict, path: str) -> None:
+    levels = list(results)
+    width, height, pad = 520, 300, 50
+    bar_w = (width - 2 * pad) / (len(levels) * 3)
+    top = max(max(r["direct_ttft_p50_ms"], r["proxied_ttft_p50_ms"]) for r in results.values()) or 1.0
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
+        f'<text x="{pad}" y="18">TTFT p50 (ms): direct (grey) vs proxied (blue)</text>',
+    ]
+    for i, level in enumerate(levels):
+        r = results[level]
+        for j, (value, color) in enumerate(((r["direct_ttft_p50_ms"], "#999"), (r["proxied_ttft_p50_ms"], "#36c"))):
+            h = (height - 2 * pad) * value / top
+            x = pad + (i * 3 + j) * bar_w
+            parts.append(
+                f'<rect x="{x:.1f}" y="{height - pad - h:.1f}" width="{bar_w * 0.9:.1f}" height="{h:.1f}" fill="{color}"/>'
+            )
+            parts.append(f'<text x="{x:.1f}" y="{height - pad - h - 3:.1f}">{value:.1f}</text>')
+        parts.append(
+            f'<text x="{pad + i * 3 * bar_w:.1f}" y="{height - pad + 15}">{level} ({r["tokens_per_s_ratio"]}× tok/s)</text>'
+        )
+    parts.append("</svg>")
+    Path(path).write_text("\n".join(parts))
+
+
+def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **opts) -> dict:
+    from django.conf import settings
+    from django.db import connection
+
+    speed = float(opts.get("speed", 1.0))
+    replicas = int(opts.get("replicas", 1))
+    max_tokens = int(opts.get("max_tokens", 64))
+    rounds = int(opts.get("rounds", 1 if quick else 2))
+    durations = {1: 2.0, 64: 2.5, 256: 3.0} if quick else {1: 6.0, 64: 6.0, 256: 8.0}
+    levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
+    procs: list[subprocess.Popen] = []
+    env = {**os.environ}
+    s = connection.settings_dict
+    try:
+        urls = []
+        for _ in range(replicas):
+            port = _free_port()
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "endpoints.runtimes.sim.cli",
+                    "--port",
+                    str(port),
+                    "--speed",
+                    str(speed),
+                    "--served-model-name",
+                    ENDPOINT,
+                    "--max-num-seqs",
+                    "512",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            procs.append(proc)
+            _wait_port(port, proc)
+            urls.append(f"http://127.0.0.1:{port}")
+        key = _setup_world(urls)
+        proxy_port = _free_port()
+        proxy_env = {
+            **env,
+            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings.local"),
+        }
+        if s["ENGINE"].endswith("postgresql"):
+            auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+            proxy_env["DATABASE_URL"] = f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+        if settings.REDIS_URL:
+            proxy_env["REDIS_URL"] = settings.REDIS_URL
+        proxy = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(proxy_port),
+                "--lifespan",
+                "off",
+                "--no-access-log",
+                "--log-level",
+                "warning",
+                "--loop",
+                "uvloop",
+                "--http",
+                "httptools",
+            ],
+            cwd=ROOT,
+            env=proxy_env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(opts.get("proxy_log", os.devnull), "ab"),  # noqa: SIM115 - closed with the process
+            start_new_session=True,
+        )
+        procs.append(proxy)
+        _wait_port(proxy_port, proxy)
+        proxy_base = f"http://127.0.0.1:{proxy_port}"
+        direct_base = urls[0]
+        progress(f"replicas {urls}, proxy {proxy_base}; speed {speed}, {max_tokens} tokens per request")
+
+        async def measure() -> dict:
+            # Warm both paths (the proxy loads its snapshot on the first request).
+            await _phase(proxy_base, key, streams=4, duration_s=0.5, max_tokens=8)
+            await _phase(direct_base, None, streams=4, duration_s=0.5, max_tokens=8)
+            results = {}
+            for level in levels:
+                direct = proxied = None
+                cpu = 0.0
+                for _ in range(rounds):
+                    d = await _phase(
+                        direct_base, None, streams=level, duration_s=durations.get(level, 3.0), max_tokens=max_tokens
+                    )
+                    before = _cpu_s(proxy.pid)
+                    p = await _phase(
+                        proxy_base, key, streams=level, duration_s=durations.get(level, 3.0), max_tokens=max_tokens
+                    )
+                    cpu += _cpu_s(proxy.pid) - before
+                    direct, proxied = _merge(direct, d), _merge(proxied, p)
+                results[f"streams_{level}"] = _summary(direct, proxied, cpu)
+                progress(f"{level} streams: {results[f'streams_{level}']}")
+            return results
+
+        if len(urls) > 1:
+            progress(
+                "note: direct traffic goes to the first replica only; use --opt replicas=1 for a like-for-like ratio"
+            )
+        results = asyncio.run(measure())
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    if plot:
+        _svg(results, plot)
+    return results

@@ -1,0 +1,83 @@
+"""Tenant limits: Redis token buckets shared by limiter instances (as by proxy processes), and the fail modes."""
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from endpoints.proxy.limits import Bucket, LimiterUnavailable, LocalBuckets, RateLimiter, buckets_for
+from endpoints.proxy.snapshot import ReservationInfo
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _flush(client):
+    async for key in client.scan_iter("infercap:rl:*"):
+        await client.delete(key)
+
+
+def test_buckets_from_reservation():
+    res = ReservationInfo(mu_per_min=120.0, burst_minutes=0.5, priority="standard", rpm_limit=10, tpm_limit=1000)
+    bs = {b.name: b for b in buckets_for(reservation=res, mu=3.0, tokens=200)}
+    assert bs["mu"].capacity == 60.0 and bs["mu"].refill_per_s == 2.0 and bs["mu"].cost == 3.0
+    assert bs["rpm"].capacity == 10 and bs["tpm"].cost == 200
+    assert buckets_for(reservation=None, mu=3.0, tokens=10) == []
+
+
+def test_shared_buckets_across_two_limiters_and_retry_after():
+    async def scenario():
+        a = aioredis.Redis.from_url(settings.REDIS_URL)
+        b = aioredis.Redis.from_url(settings.REDIS_URL)
+        await _flush(a)
+        la, lb = RateLimiter(a), RateLimiter(b)
+        rpm = [Bucket("rpm", 4.0, 4 / 60.0, 1.0)]
+        results = []
+        for i in range(6):
+            limiter = la if i % 2 == 0 else lb
+            results.append(await limiter.acquire(tenant_id=1, endpoint_id=2, buckets=rpm))
+        assert [w == 0 for w, _ in results] == [True] * 4 + [False] * 2
+        wait, which = results[-1]
+        assert which == "rpm" and 10 < wait <= 15.5  # one request refills in 15 s
+        # A request bigger than the whole bucket still runs once it is full, leaving the bucket in debt.
+        big = [Bucket("mu", 10.0, 10.0, 25.0)]
+        assert (await la.acquire(tenant_id=1, endpoint_id=3, buckets=big))[0] == 0
+        wait, _ = await lb.acquire(tenant_id=1, endpoint_id=3, buckets=[Bucket("mu", 10.0, 10.0, 1.0)])
+        assert 1.4 < wait <= 1.6
+        # Settling refunds what the estimate over-charged.
+        await la.settle(tenant_id=1, endpoint_id=3, buckets=big, actual={"mu": 0.0})
+        assert (await lb.acquire(tenant_id=1, endpoint_id=3, buckets=[Bucket("mu", 10.0, 10.0, 1.0)]))[0] == 0
+        await _flush(a)
+        await a.aclose()
+        await b.aclose()
+
+    run(scenario())
+
+
+def test_fail_open_uses_local_buckets_and_fail_closed_refuses():
+    async def scenario():
+        dead = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+        rpm = [Bucket("rpm", 2.0, 2 / 60.0, 1.0)]
+        open_limiter = RateLimiter(dead, fail_mode="open")
+        got = [(await open_limiter.acquire(tenant_id=1, endpoint_id=1, buckets=rpm))[0] for _ in range(3)]
+        assert got[:2] == [0.0, 0.0] and got[2] > 0, "limits still hold per process while Redis is down"
+        assert open_limiter.redis_failures == 1, "the breaker stops later requests from paying a connect timeout"
+        closed = RateLimiter(dead, fail_mode="closed")
+        with pytest.raises(LimiterUnavailable):
+            await closed.acquire(tenant_id=1, endpoint_id=1, buckets=rpm)
+        await dead.aclose()
+
+    run(scenario())
+
+
+def test_local_buckets_refill_with_the_clock():
+    now = [0.0]
+    local = LocalBuckets(clock=lambda: now[0])
+    b = [Bucket("rpm", 1.0, 1.0, 1.0)]
+    assert local.take(["k"], b) == (0.0, "")
+    wait, which = local.take(["k"], b)
+    assert which == "rpm" and wait == pytest.approx(1.0)
+    now[0] = 1.0
+    assert local.take(["k"], b) == (0.0, "")
