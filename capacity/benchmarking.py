@@ -11,7 +11,8 @@
    (never fitted) says how far to trust them; the capacity is the MU/min the replica served at B_max.
 
 A ``LoadDriver`` runs one closed loop: ``capacity.benchmark_http.HttpReplicaDriver`` over HTTP against a live
-replica (simulated or real vLLM), ``EngineDriver`` below against the simulator's engine in virtual time.
+replica (simulated or real vLLM), ``capacity.benchmark_sim.EngineDriver`` against the simulator's engine in
+virtual time.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from capacity.units import GPU_SECONDS_PER_MU
@@ -395,7 +396,7 @@ def _shape_row(lv: LevelStats, fit: CostFit, *, held: bool) -> dict:
     }
 
 
-# --- Prompts and the simulator's engine in virtual time -----------------------------------------------------------
+# --- Prompts shared by the drivers --------------------------------------------------------------------------------
 
 _WORDS = ("data", "node", "gpus", "fast", "slow", "tick", "rack", "warm", "cold", "load", "unit", "page")
 
@@ -422,81 +423,6 @@ def output_lengths(shape: Shape, count: int, run_id: str, jitter: float = 0.25) 
         j = i % count
         lengths[j] = max(1, lengths[j] + (1 if drift > 0 else -1))
     return lengths
-
-
-class EngineDriver:
-    """The simulator's engine in virtual time: the same performance model as the HTTP replica, with no clock noise.
-
-    Used for the simulator's *true* figures (what a perfect measurement would see) and fast tests of the fit.
-    """
-
-    name = "sim-engine"
-
-    def __init__(self, profile):
-        self.profile = profile
-
-    def run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
-        from endpoints.runtimes.sim.engine import Engine, Sequence
-        from endpoints.runtimes.sim.tokens import block_hashes, count_tokens
-
-        engine = Engine(self.profile)
-        outputs = output_lengths(shape, requests, run_id)
-        samples: list[Sample] = []
-        issued = 0
-        now = 0.0
-
-        def issue() -> None:
-            nonlocal issued
-            text = prompt_text(
-                shape.input_tokens, prefix_tokens=shape.shared_prefix_tokens, run_id=run_id, index=issued
-            )
-            engine.add(
-                Sequence(f"{run_id}-{issued}", count_tokens(text), outputs[issued], block_hashes(text), arrival_s=now)
-            )
-            issued += 1
-
-        for _ in range(min(concurrency, requests)):
-            issue()
-        while len(samples) < requests:
-            plan = engine.plan(now, 1 << 30)
-            if plan is None:
-                raise BenchmarkError("engine idle with requests outstanding")
-            now += plan.duration()
-            for seq in engine.commit(plan, plan.steps, now):
-                samples.append(
-                    Sample(seq.arrival_s, now, seq.first_token_s, seq.prompt_tokens, seq.cached_tokens, seq.generated)
-                )
-                if issued < requests:
-                    issue()
-        return samples
-
-
-def engine_true_costs(profile, *, batch: int, context_tokens: float, admitted_per_prefill: float = 1.0) -> CostFit:
-    """The simulator's costs straight from its profile (``endpoints/runtimes/sim/engine.py``), in GPU-seconds.
-
-    A prefill step stops the whole replica for ``overhead + uncached / rate``; cached tokens cost nothing. A decode
-    step of ``batch`` sequences takes ``t0 + per_seq·batch + per_ctx·Σcontext`` and yields one token per sequence,
-    so one output token costs ``t0/batch + per_seq + per_ctx·context``.
-    """
-    gpus = profile.gpus
-    return CostFit(
-        alpha_s=gpus / profile.prefill_tokens_per_s,
-        alpha_cached_s=0.0,
-        beta_s=gpus
-        * (profile.decode_t0_s / batch + profile.decode_per_seq_s + profile.decode_per_ctx_token_s * context_tokens),
-        gamma_s=gpus * profile.prefill_overhead_s / admitted_per_prefill,
-    )
-
-
-@dataclass
-class Comparison:
-    name: str
-    true: float
-    fitted: float
-    relative_error: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.relative_error = abs(self.fitted - self.true) / self.true if self.true else abs(self.fitted)
 
 
 def measure_table(

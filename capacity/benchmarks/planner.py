@@ -10,7 +10,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from capacity.benchmarking import EngineDriver, Shape, SweepConfig, measure_table, run_sweep
+from capacity.benchmark_sim import EngineDriver
+from capacity.benchmarking import Shape, SweepConfig, measure_table, run_sweep
 from capacity.planner import SLO, WORKED_EXAMPLE, Hardware, ModelShape, ThroughputRow, Workload, plan
 
 # (name, reference figure, tolerance: the source rounds; None = exact)

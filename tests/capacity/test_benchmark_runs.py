@@ -8,7 +8,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from capacity.benchmarking import BenchmarkError, EngineDriver, engine_true_costs, summarize
+from capacity.benchmark_sim import EngineDriver, engine_true_costs
+from capacity.benchmarking import BenchmarkError, summarize
 from capacity.models import CapacityBenchmark
 from capacity.services import QUICK_SWEEP, benchmark_run
 from capacity.unit_resolver import endpoint_coefficients
