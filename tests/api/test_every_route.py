@@ -88,3 +88,10 @@ def test_every_list_refuses_anonymous_and_serves_each_role(world, basename):
     for who in ("operator", "a_admin", "a_member", "a_read_key"):
         response = world.client(who).get(url)
         assert response.status_code == 200, (who, response.content[:300])
+
+
+def test_api_root_links_every_resource(world):
+    body = world.client("anonymous").get("/api/v1/").json()
+    for _, prefix in CREATE_ROUTES:
+        assert body[prefix].endswith(f"/api/v1/{prefix}/"), prefix
+    assert {"usage", "replicas", "audit", "me", "schema", "docs"} <= set(body)
