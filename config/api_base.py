@@ -65,7 +65,8 @@ class ScopedViewSetMixin:
 
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):  # schema generation: no principal
-            return self.model.objects.none()
+            model = self.model or self.get_serializer_class().Meta.model
+            return model.objects.none()
         return self.visible_queryset(self.request.user)
 
     def may_write(self, principal) -> bool:
