@@ -179,8 +179,6 @@ class UsageWriter:
         self._wake = asyncio.Event()
         self.written = 0
         self.spooled_total = 0
-        # Without this a PostgreSQL that drops packets would block the writer thread for minutes per attempt.
-        settings.DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
 
     def submit(self, record: dict) -> None:
         """Non-blocking: called on the request path."""

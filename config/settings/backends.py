@@ -38,11 +38,14 @@ def resolve_backends(*, database_url: str, redis_url: str, var_dir: Path) -> Bac
         }
     else:
         database = dj_database_url.parse(database_url, conn_max_age=60, conn_health_checks=True)
+        # Fail fast when PostgreSQL drops packets: the usage writer spools instead of blocking for minutes.
+        database.setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
     embedded_redis = not redis_url
     if embedded_redis:
         broker_dir = var_dir / "broker"
         for sub in ("in", "processed"):
             (broker_dir / sub).mkdir(parents=True, exist_ok=True)
+        (var_dir / "results").mkdir(parents=True, exist_ok=True)
         return Backends(
             database=database,
             cache={"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
