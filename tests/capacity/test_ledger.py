@@ -152,3 +152,13 @@ def test_tenants_service_delegates_to_the_overcommit_check(two_replicas, tenant_
 
     with pytest.raises(OvercommitRefused):
         reservation_create(tenant=tenant_b.tenant, endpoint=two_replicas, mu_per_min=10_000)
+
+
+def test_ledger_queries_do_not_grow_with_endpoints(shared, django_assert_max_num_queries):
+    from tests.factories import EndpointFactory, ReservationFactory
+
+    for _ in range(5):
+        ReservationFactory(endpoint=EndpointFactory())
+    with django_assert_max_num_queries(8):
+        ledger = capacity_ledger(now=NOW)
+    assert len(ledger.endpoints) == 7
