@@ -13,6 +13,7 @@ from console import charts
 from console.access import endpoint_for, endpoints_visible_to, operator_required
 from console.actions import endpoint_create, endpoint_scale, replica_drain
 from console.forms import DrainForm, EndpointCreateForm, ScaleForm
+from console.queue_history import queue_history
 from console.selectors import (
     budgets_by_endpoint,
     endpoint_ledger,
@@ -99,6 +100,14 @@ def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float) -> 
                 charts.Series("errors/s", list(zip(xs, series.errors_per_s, strict=True))),
             ],
             y_label="req/s",
+        ),
+        "queue": charts.LineChart(
+            "Queue depth by priority class",
+            [
+                charts.Series(cls, points)
+                for cls, points in queue_history(endpoint.pk, since=xs[0] if xs else 0).items()
+            ],
+            y_label="queued requests",
         ),
         "ttft": charts.LineChart(
             "TTFT p95 (ms)",

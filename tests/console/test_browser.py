@@ -1,6 +1,7 @@
 """The console in headless Chromium against a real uvicorn server: operators and tenants log in with the
 keyboard, act through forms, and see replicas appear live over the WebSocket. Screenshots: artifacts/screenshots/."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,8 @@ from billing.alerts import slo_evaluate_all
 from billing.models import Alert
 from billing.rollups import usage_rollup_run
 from capacity.models import AutoscalerDecision
+from console.queue_history import HISTORY_KEY, queue_sample
+from console.selectors import DEMAND_KEY
 from endpoints.models import Endpoint, Replica, ReplicaState
 from endpoints.services import replica_transition
 from tenants.models import ApiKey
@@ -34,6 +37,25 @@ def _traffic(endpoint, tenant, minutes: int = 30) -> None:
                 slo_met=minute < 25,
                 finished_at=now - timedelta(minutes=minute, seconds=i),
             )
+
+
+def _redis():
+    import redis
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def _queue_samples(endpoint) -> None:
+    """What the proxy publishes and the console's beat task samples: queue depth by class over ten minutes."""
+    demand = DEMAND_KEY.format(endpoint_id=endpoint.pk)
+    client = _redis()
+    now = timezone.now().timestamp()
+    for i in range(10):
+        queued = {"critical": i % 3, "standard": 2 * i, "sheddable": max(0, 12 - 2 * i)}
+        client.hset(demand, "proxy-1", json.dumps({"queued_by_class": queued}))
+        queue_sample(endpoint_ids=[endpoint.pk], now=now - 60 * (10 - i))
+    client.delete(demand)
 
 
 def test_operator_creates_endpoint_sees_replicas_live_and_charts(page, operator, tenant_a, tenant_b):
@@ -69,6 +91,7 @@ def test_operator_creates_endpoint_sees_replicas_live_and_charts(page, operator,
 
     _traffic(endpoint, tenant_a.tenant)
     usage_rollup_run()  # the per-minute beat task; charts read its rollups
+    _queue_samples(endpoint)
     AutoscalerDecision.objects.create(
         endpoint=endpoint,
         axis="horizontal",
@@ -78,12 +101,21 @@ def test_operator_creates_endpoint_sees_replicas_live_and_charts(page, operator,
         at=timezone.now() - timedelta(minutes=10),
     )
     page.reload()
-    for title in ("Requests per second", "TTFT p95 (ms)", "TPOT p95 (ms)", "MU used vs capacity"):
+    titles = (
+        "Requests per second",
+        "Queue depth by priority class",
+        "TTFT p95 (ms)",
+        "TPOT p95 (ms)",
+        "MU used vs capacity",
+    )
+    for title in titles:
         chart = page.locator(f"svg[aria-label='{title}']")
         assert chart.locator("polyline").count() >= 1, title
         assert chart.bounding_box()["width"] > 300, title
     assert page.locator("svg[aria-label^='Ready replicas'] line.marker").count() == 1
+    assert page.locator("svg[aria-label='Queue depth by priority class'] polyline").count() == 3
     screenshot(page, "operator-endpoint-detail")
+    _redis().delete(HISTORY_KEY.format(endpoint_id=endpoint.pk))
 
     page.get_by_role("link", name="Drain").first.click()
     page.get_by_role("button", name="Continue").click()

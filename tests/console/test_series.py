@@ -1,5 +1,6 @@
 """Chart series come from the per-minute rollups: rates per second, p95 from histogram buckets, ready replicas."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -49,3 +50,36 @@ def test_endpoint_series_from_rollups(tenant_a):
     assert 100 < series.ttft_p95_ms[index] <= 200 and TTFT_BOUNDS_MS[1] == 100
     assert series.ttft_p95_ms[index - 1] is None and series.requests_per_s[index - 1] == 0
     assert series.ready_replicas[-1] == 1 and series.ready_replicas[0] == 0
+
+
+@pytest.mark.django_db
+def test_queue_depth_history_is_sampled_per_class_and_charted(client, operator, tenant_a, tenant_b, settings):
+    import redis
+
+    from console.live import redis_client
+    from console.queue_history import HISTORY_KEY, queue_history, queue_sample
+    from console.selectors import DEMAND_KEY
+
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    endpoint = tenant_a.endpoint
+    demand, history = DEMAND_KEY.format(endpoint_id=endpoint.pk), HISTORY_KEY.format(endpoint_id=endpoint.pk)
+    redis_client.cache_clear()
+    r.delete(demand, history)
+    try:
+        base = float(int(timezone.now().timestamp()) - 60)
+        r.hset(demand, "p1", json.dumps({"queued_by_class": {"critical": 1, "standard": 4}}))
+        r.hset(demand, "p2", json.dumps({"queued_by_class": {"standard": 2, "sheddable": 7}}))
+        assert queue_sample(endpoint_ids=[endpoint.pk], now=base) == 1
+        r.hset(demand, "p2", json.dumps({"queued_by_class": {}}))
+        queue_sample(endpoint_ids=[endpoint.pk], now=base + 5)
+        points = queue_history(endpoint.pk, since=base - 1)
+        assert points["standard"] == [(base, 6.0), (base + 5, 4.0)]
+        assert points["sheddable"] == [(base, 7.0), (base + 5, 0.0)]
+        assert queue_history(endpoint.pk, since=base + 1)["critical"] == [(base + 5, 1.0)]
+
+        client.force_login(operator)
+        page = client.get(f"/console/endpoints/{endpoint.pk}/").content.decode()
+        chart = page.split('aria-label="Queue depth by priority class"')[1].split("</svg>")[0]
+        assert chart.count("<polyline") == 3
+    finally:
+        r.delete(demand, history)
