@@ -1,13 +1,18 @@
 """Admin for endpoints, replicas and the replica lifecycle history."""
 
 from django.contrib import admin
+from django.db import models
 
 from endpoints.models import Endpoint, Replica, ReplicaTransition
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 
+# Replicas sit on the cluster network and speak plain http to the proxy.
+REPLICA_URL_FIELD = {models.URLField: {"assume_scheme": "http"}}
+
 
 class ReplicaInline(admin.TabularInline):
     model = Replica
+    formfield_overrides = REPLICA_URL_FIELD
     fields = ["name", "url", "state", "state_changed_at", "concurrency_limit", "last_probe_ok", "is_standby"]
     readonly_fields = fields
     extra = 0
@@ -69,6 +74,7 @@ class ReplicaAdmin(OperatorAdmin):
     list_filter = ["state", "actuator", "is_standby", "endpoint"]
     search_fields = ["name", "url", "endpoint__name", "actuator_ref"]
     list_select_related = ["endpoint"]
+    formfield_overrides = REPLICA_URL_FIELD
     # State is read-only here: edits would bypass the lifecycle state machine and its transition log.
     readonly_fields = [
         "state",

@@ -1,6 +1,7 @@
 """Admin access for operators only: a tenant user must never reach the cross-tenant admin, even if flagged staff."""
 
 from django.contrib import admin
+from django.db import models
 
 
 def _operator_only(request) -> bool:
@@ -18,6 +19,8 @@ class OperatorAdmin(admin.ModelAdmin):
     """Operators hold full rights on every model without per-model Django permissions to maintain."""
 
     list_per_page = 50
+    # Say the scheme a bare host means now, as Django 6 will change the default (webhooks: https).
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def has_module_permission(self, request) -> bool:
         return _operator_only(request)

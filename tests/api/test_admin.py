@@ -78,3 +78,20 @@ def test_revoke_action(operator_client, world):
     )
     world.a.key.refresh_from_db()
     assert world.a.key.revoked_at is not None
+
+
+def test_operator_opens_every_add_and_change_page(operator_client, world):
+    from django.test import RequestFactory
+
+    ReplicaFactory(endpoint=world.a.endpoint)
+    SLOFactory(endpoint=world.a.endpoint)
+    UsageRecordFactory(tenant=world.a.tenant, endpoint=world.a.endpoint)
+    request = RequestFactory().get("/")
+    request.user = world.operator
+    for model, model_admin in admin.site._registry.items():
+        info = f"{model._meta.app_label}_{model._meta.model_name}"
+        if model_admin.has_add_permission(request):
+            assert operator_client.get(reverse(f"admin:{info}_add")).status_code == 200, info
+        obj = model.objects.first()
+        if obj is not None:
+            assert operator_client.get(reverse(f"admin:{info}_change", args=[obj.pk])).status_code == 200, info
