@@ -11,7 +11,6 @@ from billing.models import Alert
 from capacity.services import reservation_sell as capacity_reservation_sell
 from endpoints import services as endpoint_services
 from endpoints.models import Endpoint, Replica, ReplicaState
-from endpoints.services import replica_transition
 from tenants.models import CapacityReservation
 from tenants.services import audit_log
 
@@ -40,10 +39,19 @@ def endpoint_scale(
 
 def replica_drain(*, replica: Replica, actor, reason: str = "") -> Replica:
     """Stop routing new requests to a ready replica; the autoscaler stops it once its in-flight requests finish."""
+    from capacity.autoscaling.actuators import ActuatorError
+    from capacity.autoscaling.services import replica_drain as autoscaling_replica_drain
+
     if replica.state != ReplicaState.READY:
         raise ActionRefused(f"{replica.name} is {replica.get_state_display().lower()}; only a ready replica drains")
     with transaction.atomic():
-        replica_transition(replica=replica, to_state=ReplicaState.DRAINING, reason=reason or "console drain")
+        try:
+            autoscaling_replica_drain(replica=replica, reason=reason or "console drain")
+        except ActuatorError as exc:
+            raise ActionRefused(str(exc)) from exc
+        replica.refresh_from_db(fields=["state"])
+        if replica.state != ReplicaState.DRAINING:  # a health check moved it first
+            raise ActionRefused(f"{replica.name} is now {replica.get_state_display().lower()}; not drained")
         audit_log(
             actor=actor,
             action="replica.drain",
