@@ -220,13 +220,18 @@ def test_a_repeated_2000_token_prefix_cuts_time_to_first_token():
             return elapsed, json.loads(usage[-1][6:])["usage"]
 
         cold, cold_usage = ttft(filler_text(30, seed="q1"))
-        warm, warm_usage = ttft(filler_text(30, seed="q2"))
+        cold_ttft_sum = value(scrape(replica.url), "vllm:time_to_first_token_seconds_sum")
+        # The best of three warm requests: one stall of a busy shared machine must not decide the test.
+        warm_runs = [ttft(filler_text(30, seed=f"q{i}")) for i in range(2, 5)]
+        warm = min(elapsed for elapsed, _ in warm_runs)
         assert "prompt_tokens_details" not in cold_usage
-        assert warm_usage["prompt_tokens_details"]["cached_tokens"] == 2000
+        assert all(usage["prompt_tokens_details"]["cached_tokens"] == 2000 for _, usage in warm_runs)
         assert cold > 0.3  # ≈ 10 ms + 2,030 tokens at 6,000 tok/s
         assert warm < 0.35 * cold
-        hits = value(scrape(replica.url), "vllm:prefix_cache_hits_total")
-        assert hits == 2000
+        after = scrape(replica.url)
+        warm_ttft_mean = (value(after, "vllm:time_to_first_token_seconds_sum") - cold_ttft_sum) / 3
+        assert warm_ttft_mean < 0.5 * cold_ttft_sum  # the replica's own view, in simulated seconds
+        assert value(after, "vllm:prefix_cache_hits_total") == 3 * 2000
 
 
 def test_client_disconnect_aborts_and_frees_blocks():

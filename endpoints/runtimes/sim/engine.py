@@ -47,7 +47,6 @@ class Sequence:
     tag: object = None  # caller's handle (the HTTP stream, the DES request)
     # progress
     state: str = WAITING
-    generated: int = 0
     cached_tokens: int = 0  # prefix-cache hit at first scheduling (usage.prompt_tokens_details.cached_tokens)
     held_hashed: list[int] = field(default_factory=list)
     held_anon: int = 0
@@ -58,6 +57,18 @@ class Sequence:
     finish_reason: str | None = None
     preemptions: int = 0
     order: int = 0
+    # While running, tokens are counted lazily: generated = _gen + (engine tick − _tick_base), so a decode step
+    # costs the engine O(1) instead of a pass over the batch.
+    _gen: int = field(default=0, repr=False)
+    _tick_base: int = field(default=0, repr=False)
+    _cell: list = field(default=None, repr=False)
+    _run: int = field(default=0, repr=False)  # bumped at every (re)admission: invalidates old heap entries
+
+    @property
+    def generated(self) -> int:
+        if self.state == RUNNING:
+            return self._gen + self._cell[0] - self._tick_base
+        return self._gen
 
     @property
     def remaining(self) -> int:
@@ -127,6 +138,10 @@ class Engine:
         self.stats = EngineStats()
         self._record_iterations = record_iterations
         self._block = profile.block_size
+        self._tick = [0]  # decode steps run so far: the clock of lazily counted tokens (Sequence.generated)
+        self._ctx = 0  # prompt + generated tokens of the running set
+        self._finishes: list = []  # (tick at which it has generated max_tokens, order, run, seq)
+        self._boundaries: list = []  # (tick at which it needs another KV block, order, run, seq)
 
     # -- queue -------------------------------------------------------------------------------------
     @property
@@ -172,8 +187,7 @@ class Engine:
         if seq.state == FINISHED:
             return False
         if seq.state == RUNNING:
-            self.running.remove(seq)
-            self._free(seq)
+            self._stop_running(seq)
         else:
             self._waiting = [item for item in self._waiting if item[2] is not seq]
             heapq.heapify(self._waiting)
@@ -194,16 +208,19 @@ class Engine:
         admitted: list[Sequence] = []
         budget = self.profile.max_num_batched_tokens
         prefill_tokens = 0
+        block = self._block
+        # Like vLLM, the running sequences' next blocks come first: waiting ones get what is left.
+        reserve = self._blocks_due(1) if self._waiting else 0
         while self._waiting and len(self.running) < self.profile.max_num_seqs:
             seq = self._waiting[0][2]
-            tokens = seq.prompt_tokens + seq.generated
-            total_blocks = self._blocks_for(tokens)
+            tokens = seq.prompt_tokens + seq._gen
+            total_blocks = -(-tokens // block)
             matched, shared = self.kv.probe(seq.block_hashes)
-            if total_blocks - shared > self.kv.free_blocks:
+            if total_blocks - shared > self.kv.free_blocks - reserve:
                 break  # head-of-line: wait for blocks to free up
             # vLLM recomputes at least the last token, so a fully cached prompt still prefills one block.
-            hit_blocks = min(matched, (tokens - 1) // self._block)
-            uncached = tokens - hit_blocks * self._block
+            hit_blocks = min(matched, (tokens - 1) // block)
+            uncached = tokens - hit_blocks * block
             if admitted and prefill_tokens + uncached > budget:
                 break
             heapq.heappop(self._waiting)
@@ -213,21 +230,46 @@ class Engine:
             seq.held_blocks = total_blocks
             if seq.scheduled_s is None:
                 seq.scheduled_s = now
-                seq.cached_tokens = hit_blocks * self._block
+                seq.cached_tokens = hit_blocks * block
                 self.stats.prompt_tokens += seq.prompt_tokens
             self.stats.prefix_queries += tokens
-            self.stats.prefix_hits += hit_blocks * self._block
-            seq.state = RUNNING
-            self.running.append(seq)
+            self.stats.prefix_hits += hit_blocks * block
+            self._start_running(seq)
             admitted.append(seq)
             prefill_tokens += uncached
         return admitted, prefill_tokens
 
+    def _start_running(self, seq: Sequence) -> None:
+        tick = self._tick[0]
+        seq.state = RUNNING
+        seq._cell = self._tick
+        seq._tick_base = tick
+        seq._run += 1
+        self.running.append(seq)
+        self._ctx += seq.prompt_tokens + seq._gen
+        heapq.heappush(self._finishes, (tick + seq.max_tokens - seq._gen, seq.order, seq._run, seq))
+        self._push_boundary(seq, tick)
+
+    def _push_boundary(self, seq: Sequence, tick: int) -> None:
+        """Queue the tick at which ``seq`` needs its next KV block (after its ``generated`` passes a block)."""
+        # commit() holds ceil((prompt + generated − 1) / block) blocks: one more once generated reaches g*.
+        g_star = seq.held_blocks * self._block - seq.prompt_tokens + 2
+        generated = seq._gen + tick - seq._tick_base
+        at = tick + max(1, g_star - generated)
+        heapq.heappush(self._boundaries, (at, seq.order, seq._run, seq))
+
+    def _stop_running(self, seq: Sequence) -> None:
+        """Leave the running set (finish, preemption, abort): freeze the token count, free the blocks."""
+        generated = seq.generated
+        self.running.remove(seq)
+        self._ctx -= seq.prompt_tokens + generated
+        seq._gen = generated
+        seq.state = WAITING  # callers set the final state
+        self._free(seq)
+
     def _preempt_one(self) -> None:
         victim = max(self.running, key=lambda s: (s.priority, s.order))
-        self.running.remove(victim)
-        self._free(victim)
-        victim.state = WAITING
+        self._stop_running(victim)
         victim.preemptions += 1
         self.stats.preemptions += 1
         self._push_waiting(victim)
@@ -239,7 +281,7 @@ class Engine:
         seq.held_blocks = 0
 
     def _growth(self, steps: int) -> int:
-        """Blocks the running set needs to run ``steps`` more decode steps."""
+        """Blocks the running set needs for ``steps`` more decode steps (exact; O(batch))."""
         need = 0
         block = self._block
         for seq in self.running:
@@ -248,84 +290,114 @@ class Engine:
                 need += extra
         return need
 
+    def _max_steps_within(self, free: int, steps: int) -> int:
+        """The most steps (≤ ``steps``) whose block growth fits in ``free`` blocks; 0 if not even one."""
+        batch = len(self.running)
+        per_16 = -(-steps // self._block)
+        if batch * per_16 <= free:  # each sequence grows at most one block per 16 steps
+            return steps
+        if free >= batch:
+            return min(steps, self._block * (free // batch))
+        lo, hi = 0, min(steps, self._block)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._growth(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _blocks_due(self, steps: int) -> int:
+        """Running sequences that cross a block boundary within ``steps`` steps (a pruned walk of the heap)."""
+        heap, limit, count = self._boundaries, self._tick[0] + steps, 0
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            at, _, run, seq = heap[i]
+            if at > limit:
+                continue  # heap order: nothing below is due either
+            if seq.state == RUNNING and run == seq._run:
+                count += 1
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    stack.append(child)
+        return count
+
+    def _next_finish_tick(self) -> int:
+        finishes = self._finishes
+        while finishes:
+            _, _, run, seq = finishes[0]
+            if seq.state == RUNNING and run == seq._run:
+                return finishes[0][0]
+            heapq.heappop(finishes)
+        raise RuntimeError("no running sequence")
+
     def plan(self, now: float, max_steps: int = 1) -> Plan | None:
         """Schedule and decide the next steps; None when there is nothing to run."""
         profile = self.profile
-        old = list(self.running)
+        old_batch, old_ctx = len(self.running), self._ctx
         admitted, prefill_tokens = self._schedule(now)
         if not self.running:
             return None
         if admitted:
             # The prefill step: the sequences already running also decode one token in it.
-            while old and self._growth(1) > self.kv.free_blocks:
-                self._preempt_one()
-                old = [s for s in old if s.state == RUNNING]
-            ctx = sum(s.prompt_tokens + s.generated for s in old)
-            step0 = profile.decode_step_s(len(old), ctx) if old else profile.decode_t0_s
+            if self._max_steps_within(self.kv.free_blocks, 1) < 1:
+                while self._max_steps_within(self.kv.free_blocks, 1) < 1:
+                    self._preempt_one()
+                new = {id(s) for s in admitted}
+                old = [s for s in self.running if id(s) not in new]
+                old_batch, old_ctx = len(old), sum(s.prompt_tokens + s.generated for s in old)
+            step0 = profile.decode_step_s(old_batch, old_ctx) if old_batch else profile.decode_t0_s
             prefill = profile.prefill_s(prefill_tokens)
             return Plan(now, 1, list(self.running), prefill, step0, 0.0, admitted)
-        running = self.running
-        steps = max_steps
-        ctx = 0
-        for s in running:
-            if s.max_tokens - s.generated < steps:
-                steps = s.max_tokens - s.generated
-            ctx += s.prompt_tokens + s.generated
-        free = self.kv.free_blocks
-        if self._growth(steps) > free:
-            while self._growth(1) > self.kv.free_blocks:
-                self._preempt_one()
-                if not self.running:
-                    return None
-            running = self.running
-            steps = min(max_steps, min(s.max_tokens - s.generated for s in running))
-            ctx = sum(s.prompt_tokens + s.generated for s in running)
-            free = self.kv.free_blocks
-            lo, hi = 1, steps  # the most steps whose block growth fits
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if self._growth(mid) <= free:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            steps = lo
-        batch = len(running)
-        step0 = profile.decode_step_s(batch, ctx)
-        return Plan(now, steps, list(running), 0.0, step0, profile.decode_per_ctx_token_s * batch, [])
+        while True:
+            steps = min(max_steps, self._next_finish_tick() - self._tick[0])
+            steps = self._max_steps_within(self.kv.free_blocks, steps)
+            if steps >= 1:
+                break
+            self._preempt_one()
+            if not self.running:
+                return None
+        batch = len(self.running)
+        step0 = profile.decode_step_s(batch, self._ctx)
+        return Plan(now, steps, list(self.running), 0.0, step0, profile.decode_per_ctx_token_s * batch, [])
 
     def commit(self, plan: Plan, steps: int, now: float) -> list[Sequence]:
         """Apply ``steps`` completed steps of ``plan`` ending at ``now``; returns the sequences that finished."""
         if steps <= 0:
             return []
-        block = self._block
-        finished: list[Sequence] = []
-        first_token_at = plan.start_s + plan.duration(1)
-        tokens = 0
-        grown = 0
-        for seq in plan.seqs:
-            if seq.state != RUNNING:
-                continue  # aborted or preempted meanwhile
-            if seq.generated == 0:
-                seq.first_token_s = first_token_at
-            generated = seq.generated = seq.generated + steps
-            tokens += steps
-            held = seq.held_blocks
-            if seq.prompt_tokens + generated - 1 > held * block:
-                need = -(-(seq.prompt_tokens + generated - 1) // block) - held
+        for seq in plan.admitted:
+            if seq.state == RUNNING and seq.first_token_s is None:
+                seq.first_token_s = plan.start_s + plan.duration(1)
+        batch = len(self.running)
+        tick = self._tick[0] = self._tick[0] + steps
+        self._ctx += batch * steps
+        # KV blocks for the tokens just written, from the queue of block boundaries.
+        boundaries, block, grown = self._boundaries, self._block, 0
+        while boundaries and boundaries[0][0] <= tick:
+            _, _, run, seq = heapq.heappop(boundaries)
+            if seq.state != RUNNING or run != seq._run:
+                continue
+            need = -(-(seq.prompt_tokens + seq.generated - 1) // block) - seq.held_blocks
+            if need > 0:
                 grown += need
                 seq.held_anon += need
-                seq.held_blocks = held + need
-            if generated >= seq.max_tokens:
-                finished.append(seq)
+                seq.held_blocks += need
+            self._push_boundary(seq, tick)
         self.kv.grow(grown)
-        self.stats.generation_tokens += tokens
+        finished: list[Sequence] = []
+        finishes = self._finishes
+        while finishes and finishes[0][0] <= tick:
+            _, _, run, seq = heapq.heappop(finishes)
+            if seq.state == RUNNING and run == seq._run:
+                finished.append(seq)
+        self.stats.generation_tokens += batch * steps
         self.stats.busy_s += plan.duration(steps)
         self.stats.steps += steps
         if self._record_iterations:
-            self.stats.iteration_tokens.append(tokens)
+            self.stats.iteration_tokens.append(batch * steps)
         for seq in finished:
-            self.running.remove(seq)
-            self._free(seq)
+            self._stop_running(seq)
             self._finish(seq, now, seq.stop_reason)
         return finished
 
