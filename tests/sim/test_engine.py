@@ -126,3 +126,44 @@ def test_unknown_profile_is_a_clear_error():
         get_profile("nope")
     with pytest.raises(ValueError, match="unknown profile fields"):
         get_profile("tiny", bogus=1)
+
+
+def test_block_accounting_stays_exact_under_random_load_preemption_and_aborts():
+    import random
+
+    rng = random.Random(11)
+    engine = Engine(get_profile("tiny", num_gpu_blocks=80, max_num_seqs=6))
+    now, live = 0.0, []
+    for step in range(400):
+        if rng.random() < 0.3:
+            live.append(
+                engine.add(
+                    seq_for(
+                        filler_text(rng.randint(5, 300), seed=rng.randint(0, 9)),
+                        rng.randint(1, 120),
+                        f"s{step}",
+                        priority=rng.randint(-1, 1),
+                    )
+                )
+            )
+        if live and rng.random() < 0.05:
+            engine.abort(rng.choice(live), now)
+        plan = engine.plan(now, rng.choice([1, 3, 50, 1 << 30]))
+        if plan is None:
+            continue
+        steps = rng.randint(1, plan.steps)
+        now += plan.duration(steps)
+        engine.commit(plan, steps, now)
+        running = engine.running
+        shared = {h for s in running for h in s.held_hashed}  # prefix blocks are held once, however many hold them
+        assert engine.kv.used_blocks == len(shared) + sum(s.held_anon for s in running) <= engine.kv.num_blocks
+        for s in running:
+            assert s.held_blocks >= -(-(s.prompt_tokens + s.generated - 1) // 16)
+            assert 0 < s.generated <= s.max_tokens
+    while (plan := engine.plan(now, 1 << 30)) is not None:
+        now += plan.duration()
+        engine.commit(plan, plan.steps, now)
+    assert engine.kv.used_blocks == 0
+    assert all(s.state == FINISHED for s in live)
+    assert all(s.generated == s.max_tokens for s in live if s.finish_reason != "abort")
+    assert engine.stats.preemptions > 0
