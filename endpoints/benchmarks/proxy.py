@@ -140,6 +140,8 @@ async def _phase(base: str, key: str | None, *, streams: int, duration_s: float,
     if key:
         headers["authorization"] = f"Bearer {key}"
     out = {"ttft": [], "e2e": [], "tokens": 0, "errors": 0}
+    # A fresh prefix per phase: the simulator caches prefixes, and a phase must not ride on the previous one's cache.
+    nonce = os.urandom(4).hex()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
         deadline = time.perf_counter() + duration_s
@@ -149,7 +151,7 @@ async def _phase(base: str, key: str | None, *, streams: int, duration_s: float,
             while time.perf_counter() < deadline:
                 body = {
                     "model": ENDPOINT,
-                    "prompt": f"bench worker {w} request {i} " * 8,
+                    "prompt": f"{nonce} bench worker {w} request {i} " * 8,
                     "max_tokens": max_tokens,
                     "stream": True,
                 }

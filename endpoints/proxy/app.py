@@ -404,7 +404,7 @@ def _meter(
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         output = int(usage.get("completion_tokens") or 0)
     elif outcome is not None and outcome.content_events:
-        output = max(0, outcome.content_events - 1)  # tokens delivered before a failure, approximately
+        output = max(0, outcome.content_events)  # tokens delivered before a failure (one per chunk, as vLLM streams)
     if outcome is not None and outcome.first_token_at is not None:
         ttft_s = outcome.first_token_at - t0
         end = outcome.finished_at or done_at

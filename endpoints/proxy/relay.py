@@ -115,7 +115,8 @@ async def stream_exchange(
                 out, buf = buf[: cut + 2], buf[cut + 2 :]
                 if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
                     out = _split_usage(out, forward_usage, outcome)
-                outcome.content_events += out.count(b"data: ")
+                # Token chunks, for metering a stream that breaks before its usage chunk (role chunks carry none).
+                outcome.content_events += out.count(b'data: {"id"') - out.count(b'"role":"assistant"')
                 if b"data: [DONE]" in out:
                     done = True
                     outcome.finished_at = time.perf_counter()
