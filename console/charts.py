@@ -85,7 +85,7 @@ def line_chart(chart: LineChart) -> str:
     ys = [y for s in chart.series for _, y in s.points if y is not None]
     if chart.threshold is not None:
         ys.append(chart.threshold)
-    parts = [_svg_open(chart.width, chart.height, chart.title)]
+    parts = [_svg_open(chart.width, chart.height, chart.title, natural=not xs or not ys)]
     parts.append(f'<text x="{left}" y="16" class="chart-title">{escape(chart.title)}</text>')
     if not xs or not ys:
         parts.append(

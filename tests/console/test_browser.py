@@ -22,10 +22,10 @@ from tests.factories import ReplicaFactory, SLOFactory, UsageRecordFactory
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def _traffic(endpoint, tenant, minutes: int = 30) -> None:
+def _traffic(endpoint, tenant, minutes: int = 30, step: int = 1) -> None:
     """What the proxy would have written: a few requests per minute with rising latency."""
     now = timezone.now()
-    for minute in range(minutes):
+    for minute in range(0, minutes, step):
         for i in range(3):
             UsageRecordFactory(
                 tenant=tenant,
@@ -154,10 +154,14 @@ def test_operator_creates_endpoint_sees_replicas_live_and_charts(page, operator,
 
 def test_tenant_creates_key_once_and_sees_only_its_endpoints(page, tenant_a, tenant_b):
     ReplicaFactory(endpoint=tenant_b.endpoint, name="b-r1")
+    _traffic(tenant_a.endpoint, tenant_a.tenant, minutes=8 * 60, step=10)
+    _traffic(tenant_b.endpoint, tenant_b.tenant, minutes=5)
+    usage_rollup_run()
     login(page, "a-admin")
     page.wait_for_selector("body[data-live-state='live']")
     table = page.locator("#tenant-endpoints").inner_text()
     assert "a-model" in table and "b-model" not in table
+    assert page.locator("svg[aria-label^='Usage, last 24 hours'] polyline").count() == 1
     screenshot(page, "tenant-endpoints")
 
     page.get_by_role("link", name="API keys").click()
