@@ -47,10 +47,12 @@ def test_error_rate_fails_that_share_of_requests_in_vllms_error_shape(replica):
         "code": 503,
     }
     replica.set_faults(error_rate=0.5, error_status=500)
-    statuses = [complete(replica.url, max_tokens=1).status_code for _ in range(40)]
-    assert 8 <= statuses.count(500) <= 32 and statuses.count(200) + statuses.count(500) == 40
-    replica.set_faults(error_rate=0.0)
-    assert all(complete(replica.url, max_tokens=1).status_code == 200 for _ in range(5))
+    with httpx.Client(timeout=10) as client:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 1}
+        statuses = [client.post(f"{replica.url}/v1/completions", json=body).status_code for _ in range(40)]
+        assert 8 <= statuses.count(500) <= 32 and statuses.count(200) + statuses.count(500) == 40
+        replica.set_faults(error_rate=0.0)
+        assert all(client.post(f"{replica.url}/v1/completions", json=body).status_code == 200 for _ in range(5))
 
 
 def test_bad_admin_settings_are_refused_and_change_nothing(replica):
@@ -107,6 +109,13 @@ def test_crash_by_admin_call_exits_the_process():
             complete(proc.url, timeout=2)
     finally:
         proc.stop()
+
+
+def test_crash_after_seconds_set_by_admin_call():
+    with start_replica(profile="tiny") as proc:
+        proc.set_faults(crash_after_s=0.5)
+        assert proc.alive()
+        assert proc.wait_exit(10) == 75
 
 
 def test_crash_after_requests_by_flag_drops_the_request_that_triggers_it():

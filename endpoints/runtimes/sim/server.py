@@ -263,7 +263,7 @@ class ReplicaServer:
                     failure = BadRequest("simulated engine failure (fault injection)", status=500)
                     return self._error(failure, parsed.request_id)
             usage = usage_block(seq.prompt_tokens, seq.generated, seq.cached_tokens, streaming=False)
-            payload = full_response(parsed, self.created, output_text(0, seq.generated), seq.finish_reason, usage)
+            payload = full_response(parsed, int(time.time()), output_text(0, seq.generated), seq.finish_reason, usage)
             return web.json_response(payload, headers={"X-Request-Id": parsed.request_id})
         finally:
             self._live.discard(live)
@@ -281,7 +281,7 @@ class ReplicaServer:
             }
         )
         await response.prepare(request)
-        created, emitted = self.created, 0
+        created, emitted = int(time.time()), 0  # one value for every chunk of a response, as vLLM
         while True:
             await live.event.wait()
             live.event.clear()
@@ -377,6 +377,8 @@ class ReplicaServer:
             self.faults.update(changes)
         except (ValueError, json.JSONDecodeError) as exc:
             return self._error(BadRequest(str(exc)))
+        if changes.get("crash_after_s") is not None:
+            asyncio.get_running_loop().call_later(float(self.faults.crash_after_s), self.crash)
         return web.json_response(self.faults.as_dict())
 
     async def crash_view(self, request: web.Request) -> web.Response:
