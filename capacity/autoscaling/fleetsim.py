@@ -40,7 +40,7 @@ class ReplicaProfile:
         return self.prefill_overhead_s + tokens / self.prefill_tok_s
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     arrival: float
     in_tok: int
@@ -51,6 +51,10 @@ class Request:
 
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+    def fresh(self, shift_s: float = 0.0) -> "Request":
+        """The same arrival, unserved (each policy's run gets its own copies)."""
+        return Request(arrival=self.arrival + shift_s, in_tok=self.in_tok, out_tok=self.out_tok)
 
     def tpot_s(self) -> float | None:
         if self.finished_at is None or self.first_token_at is None:
@@ -145,6 +149,7 @@ class FleetSim:
         self.events: list = []
         self.seq = 0
         self.replicas: list[SimReplica] = []
+        self.live: list[SimReplica] = []  # not stopped; rebuilt every sample so scans skip the dead
         self.queue: deque[Request] = deque()
         self.finished: deque[Request] = deque()  # for the vertical policy's 30 s percentiles
         self.billed_s = 0.0
@@ -186,28 +191,29 @@ class FleetSim:
         return self._result()
 
     def _on_sample(self, now: float) -> None:
+        self.live = [r for r in self.live if r.state != "stopped"]
         while self.queue and now - self.queue[0].arrival > self.cfg.max_queue_age_s:
             self.queue.popleft().shed = True
-        in_flight = sum(r.in_flight for r in self.replicas if r.state in ("ready", "draining"))
+        in_flight = sum(r.in_flight for r in self.live if r.state in ("ready", "draining"))
         self.policy.observe(DemandSample(t=now, in_flight=in_flight, queued=len(self.queue), arrivals=self.arrivals))
         self.arrivals = 0
-        billed = sum(1 for r in self.replicas if r.state != "stopped")
+        billed = sum(1 for r in self.live if r.state != "stopped")
         if now >= self.cfg.score_from:
             self.billed_s += billed * self.cfg.sample_s * self.profile.gpus
-        ready = sum(1 for r in self.replicas if r.state == "ready" and r.promoted)
+        ready = sum(1 for r in self.live if r.state == "ready" and r.promoted)
         self.series.append((now, billed, ready, len(self.queue)))
         self._push(now + self.cfg.sample_s, "sample")
 
     def _on_policy(self, now: float) -> None:
-        ready = [r for r in self.replicas if r.state == "ready" and r.promoted]
-        starting = [r for r in self.replicas if r.state == "booting" and r.promoted]
+        ready = [r for r in self.live if r.state == "ready" and r.promoted]
+        starting = [r for r in self.live if r.state == "booting" and r.promoted]
         current = len(ready) + len(starting)
         desired = self.policy.desired(now=now, ready=len(ready), starting=len(starting))
         if desired > current:
             self.scale_events.append((now, +1))
             for _ in range(desired - current):
                 standby = next(
-                    (r for r in self.replicas if not r.promoted and r.state in ("standby", "booting")), None
+                    (r for r in self.live if not r.promoted and r.state in ("standby", "booting")), None
                 )
                 if standby is not None:
                     standby.promoted = True
@@ -221,7 +227,7 @@ class FleetSim:
             victims = sorted(starting, key=lambda r: -r.boot_done_at) + sorted(ready, key=lambda r: r.in_flight)
             for replica in victims[: current - desired]:
                 self._drain(now, replica)
-        standby_count = sum(1 for r in self.replicas if not r.promoted and r.state != "stopped")
+        standby_count = sum(1 for r in self.live if not r.promoted and r.state != "stopped")
         for _ in range(self.warm_pool - standby_count):
             self._start_replica(now, promoted=False)
         self._dispatch(now)
@@ -230,14 +236,14 @@ class FleetSim:
     def _on_vertical(self, now: float) -> None:
         window = [r for r in self.finished if r.finished_at > now - self.policy.vertical_interval_s]
         self.finished = deque(window)
-        active = [r for r in self.replicas if r.state == "ready" and r.promoted]
+        active = [r for r in self.live if r.state == "ready" and r.promoted]
         kv = max((r.kv_used / self.profile.kv_tokens for r in active), default=None)
         ttfts = sorted(r.ttft_s() * 1000 for r in window)
         tpots = sorted(r.tpot_s() * 1000 for r in window)
         self.limit = self.policy.adjust_concurrency(
             ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), kv_usage=kv, waiting_per_replica=0.0 if active else None
         )
-        for r in self.replicas:
+        for r in self.live:
             r.limit = self.limit
         self._dispatch(now)
         self._push(now + self.policy.vertical_interval_s, "vertical")
@@ -280,6 +286,7 @@ class FleetSim:
             clock_at=now,
         )
         self.replicas.append(replica)
+        self.live.append(replica)
         if cold:
             self._push(now + boot, "booted", replica)
         else:
@@ -313,7 +320,7 @@ class FleetSim:
             req = self.queue[0]
             need = req.in_tok + req.out_tok
             best = None
-            for r in self.replicas:
+            for r in self.live:
                 if (
                     r.state == "ready"
                     and r.promoted

@@ -7,7 +7,6 @@ endpoint's configured concurrency limit; static peak is sized for the trace's pe
 target utilization. A second, steady-load run counts flaps (scale-downs within 5 min of a scale-up).
 """
 
-import copy
 import math
 import time
 
@@ -68,11 +67,9 @@ def _run_one(name, o, requests, *, period, static_replicas):
     profile = SimConfig().profile
     policy = _policy(name, o, profile, period_s=period, static_replicas=static_replicas)
     if name == "infercap":
-        fresh, score_from, end = [copy.copy(r) for r in requests], period, 2 * period
+        fresh, score_from, end = [r.fresh() for r in requests], period, 2 * period
     else:
-        fresh, score_from, end = [copy.copy(r) for r in requests if r.arrival >= period], 0.0, period
-        for r in fresh:
-            r.arrival -= period
+        fresh, score_from, end = [r.fresh(-period) for r in requests if r.arrival >= period], 0.0, period
     initial = static_replicas if name == "static_peak" else 1
     sim = FleetSim(
         policy, fresh, cfg=SimConfig(score_from=score_from, seed=o["seed"]), end=end, initial_replicas=initial
@@ -160,7 +157,7 @@ def _steady_flaps(o: dict) -> dict:
     out = {}
     for name in POLICIES:
         policy = _policy(name, o, SimConfig().profile, period_s=None, static_replicas=1)
-        sim = FleetSim(policy, [copy.copy(r) for r in requests], cfg=SimConfig(seed=o["seed"]), end=duration)
+        sim = FleetSim(policy, [r.fresh() for r in requests], cfg=SimConfig(seed=o["seed"]), end=duration)
         out[name] = count_flaps(sim.run().scale_events)
     return out
 
