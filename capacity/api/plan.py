@@ -103,7 +103,7 @@ class PlanView(APIView):
         try:
             result, sources = plan_from_request(PlanRequest(**data))
         except PlannerInputError as exc:
-            raise serializers.ValidationError(exc.errors) from exc
+            raise serializers.ValidationError({field: [message] for field, message in exc.errors.items()}) from exc
         return Response({**result.as_dict(), "sources": sources})
 
 
