@@ -212,9 +212,7 @@ class FleetSim:
         if desired > current:
             self.scale_events.append((now, +1))
             for _ in range(desired - current):
-                standby = next(
-                    (r for r in self.live if not r.promoted and r.state in ("standby", "booting")), None
-                )
+                standby = next((r for r in self.live if not r.promoted and r.state in ("standby", "booting")), None)
                 if standby is not None:
                     standby.promoted = True
                     if standby.state == "standby":

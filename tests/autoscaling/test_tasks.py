@@ -1,4 +1,5 @@
 """The beat loops: scheduled every 5 s and 30 s, fanning out one tick per autoscaled endpoint."""
+
 import pytest
 
 from capacity.autoscaling import services
