@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Sum
+from django.db.models import Count, F, Sum
 from django.db.models.functions import TruncHour
 
 from billing.models import UsageMinute
@@ -202,7 +202,9 @@ def ready_replica_series(*, endpoint: Endpoint, buckets: list[datetime]) -> list
 
 
 def recent_decisions(*, endpoint: Endpoint, since: datetime, limit: int = 50) -> list[AutoscalerDecision]:
-    return list(endpoint.autoscaler_decisions.filter(at__gte=since).order_by("-at")[:limit])
+    """Decisions that changed something: the autoscaler stores one every tick (5 s), mostly "hold"."""
+    changes = endpoint.autoscaler_decisions.filter(at__gte=since).exclude(desired=F("current"))
+    return list(changes.order_by("-at")[:limit])
 
 
 def endpoint_replicas(endpoint: Endpoint, *, include_stopped: bool = False) -> list[Replica]:

@@ -62,7 +62,8 @@ def alert_saved(sender, instance: Alert, created: bool, raw: bool = False, **kwa
 
 @receiver(post_save, sender=AutoscalerDecision, dispatch_uid="console.decision_saved")
 def decision_saved(sender, instance: AutoscalerDecision, created: bool, raw: bool = False, **kwargs) -> None:
-    if raw or not created:
+    # One decision is stored every tick; only a change is worth waking every open console page for.
+    if raw or not created or instance.desired == instance.current:
         return
     payload = {
         "endpoint_id": instance.endpoint_id,

@@ -3,6 +3,8 @@
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -11,7 +13,7 @@ from billing.models import Alert
 from billing.rollups import usage_rollup_run
 from capacity.models import AutoscalerDecision
 from endpoints.models import ReplicaState
-from tests.factories import ReplicaFactory, SLOFactory, UsageRecordFactory
+from tests.factories import EndpointFactory, ReplicaFactory, SLOFactory, UsageRecordFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -122,3 +124,38 @@ def test_member_cannot_manage_keys(client, tenant_a):
         {"name": "x", "scopes": ["inference"], "max_priority": "standard", "confirmed": "yes"},
     )
     assert response.status_code == 404
+
+
+def test_hold_decisions_are_not_marked(client, operator, tenant_a):
+    now = timezone.now()
+    for i in range(20):  # the autoscaler stores a "hold" every tick
+        AutoscalerDecision.objects.create(
+            endpoint=tenant_a.endpoint,
+            axis="horizontal",
+            current=2,
+            desired=2,
+            reason="hold",
+            at=now - timedelta(seconds=5 * i),
+        )
+    AutoscalerDecision.objects.create(
+        endpoint=tenant_a.endpoint, axis="horizontal", current=2, desired=3, reason="burst", at=now
+    )
+    client.force_login(operator)
+    page = client.get(reverse("console:endpoint", args=[tenant_a.endpoint.pk])).content.decode()
+    assert page.count('class="marker"') == 1 and "burst" in page and ">hold<" not in page
+
+
+def test_fleet_page_queries_do_not_grow_with_endpoints(client, operator, django_assert_max_num_queries):
+    client.force_login(operator)
+    for i in range(3):
+        endpoint = EndpointFactory(name=f"fleet-{i}")
+        ReplicaFactory(endpoint=endpoint, name=f"fleet-{i}-r")
+        SLOFactory(endpoint=endpoint)
+    with CaptureQueriesContext(connection) as three:
+        assert client.get(reverse("console:fleet")).status_code == 200
+    for i in range(3, 9):
+        endpoint = EndpointFactory(name=f"fleet-{i}")
+        ReplicaFactory(endpoint=endpoint, name=f"fleet-{i}-r")
+        SLOFactory(endpoint=endpoint)
+    with django_assert_max_num_queries(len(three.captured_queries)):
+        assert client.get(reverse("console:fleet")).status_code == 200
