@@ -52,7 +52,7 @@ _WORDS = (
 
 def random_text(tokens: int, rng: random.Random) -> str:
     """``tokens`` simulator tokens (4 characters each) of random words."""
-    return "".join(rng.choice(_WORDS) for _ in range(tokens))
+    return "".join(rng.choices(_WORDS, k=tokens))
 
 
 @dataclass(frozen=True)

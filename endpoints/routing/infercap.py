@@ -7,9 +7,15 @@
    ``load_slack`` requests of this request's size are allowed on top, as CH-BL's ceiling allows one
    ball above ``(1+ε)·m/n``: near idle the mean is close to zero and any single request would
    exceed the bound, scattering every prefix over the fleet.
-3. Score the allowed replicas: prefix affinity (matched / total prompt blocks), session stickiness,
-   and spare capacity; the best wins. Stickiness and affinity are preferences: a sticky replica that is
-   over the bound or at its limit is simply not allowed, and the session moves.
+3. Score the allowed replicas and take the best:
+   ``3 × prefix match`` (matched / total prompt blocks, from an index sized like the replica's KV cache)
+   ``+ 1 × session`` (the replica this session last used)
+   ``+ 0.5 × home rank`` (rendezvous hash of the prompt's head: where a new prefix goes, and the order in
+   which it spills, so a prefix lives on few replicas and every proxy process agrees)
+   ``− 2 × index fill`` (share of the replica's cache already holding routed prefixes: new prefixes go
+   where there is room, so cached prefixes spread evenly)
+   ``− 1 × relative load``. Stickiness and affinity are preferences: a sticky replica that is over the
+   bound or at its limit is simply not allowed, and the session moves.
 """
 
 from collections import OrderedDict
@@ -73,8 +79,9 @@ class InfercapRouter(RouterBase):
         prefix_weight: float = 3.0,
         session_weight: float = 1.0,
         load_weight: float = 1.0,
-        home_weight: float = 1.5,
+        home_weight: float = 0.5,
         home_blocks: int = 16,
+        fill_weight: float = 2.0,
         block_chars: int = PREFIX_BLOCK_CHARS,
         max_blocks: int = MAX_PREFIX_BLOCKS,
         session_ttl_s: float = 900.0,
@@ -89,6 +96,7 @@ class InfercapRouter(RouterBase):
         self.load_bound, self.load_slack = load_bound, load_slack
         self.prefix_weight, self.session_weight, self.load_weight = prefix_weight, session_weight, load_weight
         self.home_weight, self.home_blocks = home_weight, max(1, home_blocks)
+        self.fill_weight = fill_weight
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
         self.sessions = SessionTable(max_sessions, session_ttl_s)
         self._cache_config: dict[str, tuple[int, int]] = {}
@@ -128,6 +136,7 @@ class InfercapRouter(RouterBase):
                 self.prefix_weight * self.prefix_index.match_fraction(r.replica_id, hashes)
                 + (self.session_weight if r.replica_id == sticky else 0.0)
                 + self.home_weight * home_rank(home_key, r.replica_id)
+                - self.fill_weight * self.prefix_index.fill(r.replica_id)
                 - self.load_weight * loads[r.replica_id] / top_load
             )
             scored.append((score, r))

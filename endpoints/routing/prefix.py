@@ -118,6 +118,11 @@ class PrefixIndex:
         """Drop a replica's index (it restarted or left): its cache is empty now."""
         self._replicas.pop(replica_id, None)
 
+    def fill(self, replica_id: str) -> float:
+        """How full the replica's index is (0–1): a proxy for how much cached prefix it already carries."""
+        index = self._replicas.get(replica_id)
+        return len(index) / index.capacity_blocks if index else 0.0
+
     def size(self, replica_id: str) -> int:
         index = self._replicas.get(replica_id)
         return len(index) if index else 0

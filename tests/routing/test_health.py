@@ -228,3 +228,16 @@ def test_a_recent_proxy_completion_skips_the_probe(sim_endpoint):
     assert report.probed_ids == [replica.pk] and not report.checks[0].result.ok
     replica.refresh_from_db()
     assert replica.consecutive_probe_failures == 1 and replica.state == ReplicaState.READY
+
+
+def test_beat_runs_the_probe_cycle(sim_endpoint):
+    from workers.schedule import beat_schedule
+    from workers.tasks.health import probe_cycle
+
+    assert beat_schedule()["health-probe-cycle"]["task"] == "health.probe_cycle"
+    endpoint, _actuator = sim_endpoint
+    from tests.factories import ReplicaFactory
+
+    ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url="http://127.0.0.1:9", actuator="static")
+    # Eager in tests: the task runs the real cycle against the (unreachable) replica.
+    assert probe_cycle.delay().get()["probed"] == 1

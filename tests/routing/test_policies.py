@@ -138,14 +138,25 @@ def test_infercap_prefers_the_replica_holding_the_prefix():
     assert {route(router, request(9 + i, prompt=f"different {i} " * 30, mu=1), replicas) for i in range(12)} != {first}
 
 
-def test_infercap_places_new_prefixes_by_rendezvous_hash_not_arrival_order():
-    # Two routers that saw different traffic still agree where an unseen prefix belongs (same replica set).
+def test_infercap_places_new_prefixes_by_rendezvous_hash_not_by_chance():
+    # Two proxy processes (different seeds, so different tie-breaks) agree where an unseen prefix belongs.
+    prompts = [f"tenant {i} " * 20 + SYSTEM for i in range(20)]
     a, b = make_router("infercap", seed=1), make_router("infercap", seed=2)
-    replicas_a, replicas_b = busy_views(8), busy_views(8)
-    for i in range(5):
-        route(a, request(100 + i, prompt=f"warm-up {i} " * 40), replicas_a)
-    prompt = SYSTEM + "brand new tenant prompt"
-    assert a.pick(request(1, prompt=prompt), busy_views(8), 0.0) == b.pick(request(1, prompt=prompt), replicas_b, 0.0)
+    picks_a = [a.pick(request(i, prompt=p), busy_views(8), 0.0) for i, p in enumerate(prompts)]
+    picks_b = [b.pick(request(i, prompt=p), busy_views(8), 0.0) for i, p in enumerate(prompts)]
+    assert picks_a == picks_b and len(set(picks_a)) > 3
+
+
+def test_infercap_places_new_prefixes_where_the_cache_has_room():
+    router = make_router("infercap", seed=0)
+    replicas = busy_views(4, num_gpu_blocks=200)  # each index holds 200 text blocks
+    for i, rid in enumerate(["r0", "r1", "r2"]):
+        router.on_routed(request(50 + i, prompt=str(i) * 64 * 150), rid, 0.0)
+        router._cache_config[rid] = (200, 16)
+    for rid in ("r0", "r1", "r2"):
+        router.prefix_index.record(rid, [], 200, 16)  # size the index from cache_config_info
+        assert router.prefix_index.fill(rid) == 0.75
+    assert router.pick(request(1, prompt="fresh " * 200), replicas, 0.0) == "r3"
 
 
 def test_infercap_measures_load_in_model_units_not_requests():
