@@ -242,7 +242,7 @@ class Simulation:
         stall_limit_s: float = 600.0,
         retry_connect_errors: bool = True,
         scheduling_policy: str = "priority",
-        seed: int = 0,
+        seed: int = 0,  # recorded only: the simulation draws no random numbers; workloads and routers seed theirs
     ):
         self.profile = get_profile(profile) if isinstance(profile, str) or profile is None else profile
         self.clock = clock or VirtualClock()
