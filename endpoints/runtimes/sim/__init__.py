@@ -1,10 +1,13 @@
-"""The simulated vLLM runtime: one engine model, two clocks (pure except ``server``/``process``).
+"""The simulated vLLM runtime: one engine model, two clocks (pure except ``server``/``process``/``cli``).
 
 - ``tokens``: the tokenizer (4 characters = 1 token), chat template, deterministic output text, block hashes.
-- ``profiles``: engine constants by name (default ``llama-13b-a100``, fitted to DESIGN.md's 13B table).
+- ``profiles``: engine constants by name (default ``llama-13b-a100``, fitted to DESIGN.md's 13B table);
+  ``calibration`` measures a profile's per-stream decode rate.
 - ``kvcache`` + ``engine``: continuous batching, KV blocks, prefix caching, priority queue, preemption.
-- ``des``: the virtual-time discrete-event runner driving real routers, admission and autoscalers.
-- ``workloads``: arrival processes and request shapes; ``results``: per-request and per-replica records.
-- ``server``: the real-time aiohttp replica speaking vLLM's HTTP API; ``process``: start it for tests.
-- ``faults``: hang, crash, slow, error rate, startup delay.
+- ``des`` (+ ``fleet``, ``interfaces``): the virtual-time discrete-event runner driving real routers,
+  admission controllers and autoscalers; ``results``: per-request and per-replica records.
+- ``workloads``: arrival processes and request shapes shared by benchmarks and tests.
+- ``server`` (+ ``protocol``, ``metrics``): the real-time aiohttp replica speaking vLLM's HTTP API;
+  ``faults``: hang, crash, slow, error rate, mid-stream failure, startup delay;
+  ``cli``/``process``: run it as a process (``manage.py run_replica`` or ``python -m ...cli``) and start it from tests.
 """

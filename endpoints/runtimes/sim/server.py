@@ -40,7 +40,7 @@ from .tokens import block_hashes, output_text
 logger = logging.getLogger(__name__)
 VERSION = "0.11.0+infercap.sim"
 CRASH_EXIT_CODE = 75
-STEP_CATCH_UP_S = 0.25  # wall seconds a late engine may catch up on
+STEP_CATCH_UP_S = 1.0  # wall seconds a late engine may catch up on (CPU starvation on a shared machine)
 
 
 class _Live:
@@ -143,7 +143,7 @@ class ReplicaServer:
         loop = asyncio.get_running_loop()
         # Steps end on an absolute timeline, so wake-up latency on a busy machine does not add up step after step
         # (it slowed the modeled rates by 20–30 % under load); a step that ends late is followed at once by the
-        # next one. After a stall longer than STEP_CATCH_UP_S (a hang, an idle engine) the timeline restarts.
+        # next one. After a hang, an idle engine or a stall longer than STEP_CATCH_UP_S the timeline restarts.
         step_end = None
         while True:
             while self.faults.hang:

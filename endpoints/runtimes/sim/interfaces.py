@@ -1,0 +1,117 @@
+"""The small interfaces the discrete-event runner (``des``) drives, and a reference admission controller (pure).
+
+Read ``des``'s module docstring for how each is called. Everything here is re-exported by ``des``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from endpoints.routing.base import ReplicaView, RouteRequest
+
+if TYPE_CHECKING:
+    from .des import FleetActions
+    from .results import RequestResult
+
+
+class VirtualClock:
+    """The simulated time, readable by injected policies (``now()``, ``monotonic()``, ``time()``)."""
+
+    def __init__(self, start_s: float = 0.0):
+        self._now = start_s
+
+    def now(self) -> float:
+        return self._now
+
+    monotonic = now
+    time = now
+
+
+@dataclass
+class Rejection:
+    request: RouteRequest
+    retry_after_s: float | None = None
+    reason: str = "rejected"
+
+
+@dataclass
+class Verdict:
+    dispatch: list[RouteRequest] = field(default_factory=list)
+    reject: list[Rejection] = field(default_factory=list)
+
+
+class Admission(Protocol):
+    def offer(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> Verdict: ...
+
+    def poll(self, replicas: Sequence[ReplicaView], now: float) -> Verdict: ...
+
+
+@dataclass
+class ReplicaStatus:
+    replica_id: str
+    state: str  # starting | ready | draining
+    added_s: float
+    in_flight: int
+    in_flight_mu: float
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    concurrency_limit: int
+    last_progress_s: float = 0.0  # end of the replica's last engine step (a hung engine stops advancing it)
+
+
+@dataclass
+class FleetView:
+    now: float
+    replicas: list[ReplicaStatus]
+    in_flight: int
+    in_flight_mu: float
+    queued: int  # held by the admission controller or the routing backlog
+    queued_mu: float
+    arrivals_last_tick: int
+    finished_last_tick: list[RequestResult]
+    mu_capacity_per_replica: float
+
+    @property
+    def demand_mu(self) -> float:
+        return self.in_flight_mu + self.queued_mu
+
+    def count(self, state: str) -> int:
+        return sum(r.state == state for r in self.replicas)
+
+
+class Autoscaler(Protocol):
+    def tick(self, fleet: FleetView, actions: FleetActions, now: float) -> None: ...
+
+
+class SlotAdmission:
+    """Reference admission: dispatch while some ready replica is below its concurrency limit, else queue (FIFO,
+    at most ``max_queue``), else reject with a Retry-After of ``retry_after_s``."""
+
+    def __init__(self, *, max_queue: int = 1000, retry_after_s: float = 1.0):
+        self.max_queue = max_queue
+        self.retry_after_s = retry_after_s
+        self._queue: deque[RouteRequest] = deque()
+        self._sent: dict[str, int] = {}  # dispatched by this controller and not finished, per replica
+
+    def _free_slots(self, replicas: Sequence[ReplicaView]) -> int:
+        return sum(max(0, r.concurrency_limit - r.in_flight) for r in replicas if r.healthy and not r.draining)
+
+    def offer(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> Verdict:
+        if not self._queue and self._free_slots(replicas) > 0:
+            return Verdict(dispatch=[request])
+        if len(self._queue) >= self.max_queue:
+            return Verdict(reject=[Rejection(request, self.retry_after_s, "queue_full")])
+        self._queue.append(request)
+        return Verdict()
+
+    def poll(self, replicas: Sequence[ReplicaView], now: float) -> Verdict:
+        free = self._free_slots(replicas)
+        out = []
+        while self._queue and free > 0:
+            out.append(self._queue.popleft())
+            free -= 1
+        return Verdict(dispatch=out)
