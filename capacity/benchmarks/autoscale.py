@@ -10,6 +10,8 @@ target utilization. A second, steady-load run counts flaps (scale-downs within 5
 import math
 import time
 
+from django.core.management.base import CommandError
+
 from capacity.autoscaling.baselines import HpaLikePolicy, KpaLikePolicy, StaticPolicy
 from capacity.autoscaling.fleetsim import FleetSim, SimConfig, count_flaps, generate_requests, spike_absorb_s
 from capacity.autoscaling.infercap import InfercapPolicy
@@ -29,11 +31,17 @@ def _options(quick: bool, opts: dict) -> dict:
         "concurrency_max": 256,
         "max_replicas": 40,
         "seed": 1,
+        "warm_pool": 0,
     }
     for key, value in opts.items():
         if key not in o:
-            raise ValueError(f"unknown option {key!r}; known: {', '.join(o)}")
-        o[key] = type(o[key])(value)
+            raise CommandError(f"unknown option {key!r}; known: {', '.join(o)}")
+        try:
+            o[key] = type(o[key])(value)
+        except ValueError as exc:
+            raise CommandError(f"option {key}: {exc}") from exc
+    if o["period_s"] < 600 or o["peak_rps"] <= 0 or o["max_replicas"] < 1:
+        raise CommandError("need period_s >= 600, peak_rps > 0 and max_replicas >= 1")
     return o
 
 
@@ -56,6 +64,7 @@ def _policy(name: str, o: dict, profile, *, period_s: float | None, static_repli
             tpot_slo_ms=100,
             predictive_period_s=period_s,
             predictive_lead_s=profile.cold_max_s,
+            warm_pool=o["warm_pool"],
             seconds_per_request=profile.seconds_per_request,
         )
     policy.concurrency_limit = limit
@@ -79,7 +88,7 @@ def _run_one(name, o, requests, *, period, static_replicas):
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
     if live:
-        raise ValueError("bench autoscale runs in the discrete-event simulator only; drop --live")
+        raise CommandError("bench autoscale runs in the discrete-event simulator only; drop --live")
     o = _options(quick, opts)
     period = o["period_s"]
     trace = BurstyTrace(period_s=period, peak_rps=o["peak_rps"], night_rps=o["night_rps"])
@@ -141,6 +150,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         "static_replicas": static_replicas,
         "baseline_concurrency_limit": o["concurrency_limit"],
         "infercap_concurrency_bounds": [4, o["concurrency_max"]],
+        "infercap_warm_pool": o["warm_pool"],
         "slo": {"ttft_ms": 2000, "tpot_ms": 100},
         "billed": "booting, standby, ready and draining replicas",
     }

@@ -39,6 +39,8 @@ class RecordingActuator(Actuator):
     def terminate(self, replicas, *, reason):
         with self.lock:
             self.terminated += [r.pk for r in replicas]
+        for replica in replicas:
+            self.stop_row(replica, reason)
 
     def sync(self, endpoint):
         pass
@@ -178,7 +180,7 @@ class MetricsServer:
     def __init__(self):
         self.ttft = [0] * 6
         self.tpot = [0] * 5
-        self.waiting, self.kv = 0, 0.3
+        self.waiting, self.kv, self.running = 0, 0.3, 4
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -199,7 +201,7 @@ class MetricsServer:
 
     def text(self):
         lines = [
-            'vllm:num_requests_running{model_name="m",engine="0"} 4',
+            f'vllm:num_requests_running{{model_name="m",engine="0"}} {self.running}',
             f'vllm:num_requests_waiting{{model_name="m",engine="0"}} {self.waiting}',
             f'vllm:kv_cache_usage_perc{{model_name="m",engine="0"}} {self.kv}',
         ]
@@ -242,3 +244,49 @@ def test_vertical_tick_cuts_the_limit_after_two_overloaded_cycles(clean_store, t
     replica.refresh_from_db()
     assert endpoint.concurrency_limit == 45 and replica.concurrency_limit == 45
     assert services.vertical_tick(endpoint_id=endpoint.pk, tick="v-3") is None
+
+
+def test_predictive_floor_from_yesterdays_usage_rollups(clean_store, actuator, endpoint):
+    from datetime import UTC, datetime, timedelta
+
+    from billing.models import UsageMinute
+
+    now = time.time()
+    at = datetime.fromtimestamp(now, tz=UTC).replace(second=0, microsecond=0)
+    # Yesterday, starting one minute from now-of-day: 1,800 requests a minute (30 req/s); today so far: quiet.
+    for minute in range(1, 4):
+        UsageMinute.objects.create(
+            endpoint=endpoint, tenant=endpoint.owner_tenant, start=at - timedelta(days=1) + timedelta(minutes=minute),
+            requests=1800, ok=1800, ttft_sum_ms=1800 * 200.0, tpot_sum_ms=1800 * 20.0, output_tokens=1800 * 100,
+        )  # fmt: skip
+    UsageMinute.objects.create(
+        endpoint=endpoint, tenant=endpoint.owner_tenant, start=at - timedelta(minutes=2), requests=60, ok=60,
+        ttft_sum_ms=60 * 200.0, tpot_sum_ms=60 * 20.0, output_tokens=60 * 100,
+    )  # fmt: skip
+    floor, detail = services.predicted_floor_for(endpoint, now=now)
+    # in flight: 0.2 s TTFT + 100 tokens × 20 ms = 2.2 s per request; 30 req/s → 66 in flight at 7 per replica
+    assert detail["seconds_per_request"] == pytest.approx(2.2)
+    assert detail["yesterday_rps"] == pytest.approx(30.0)
+    assert floor == 10
+    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-predict", now=now)
+    assert decision.desired == 8 and decision.reason == "below floor (predictive_floor)"  # capped by max_replicas 8
+
+
+def test_drains_finish_when_idle_and_are_bounded_when_not(clean_store, actuator, endpoint, metrics_server):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    busy = ReplicaFactory(endpoint=endpoint, state=ReplicaState.DRAINING, actuator="recording", url=metrics_server.url)
+    # running 4 (from the canned /metrics): a fresh drain waits
+    assert services.finish_drains(endpoint=endpoint, actuator=actuator) == []
+    # past the drain timeout it is stopped anyway
+    endpoint.replicas.filter(pk=busy.pk).update(state_changed_at=timezone.now() - timedelta(seconds=200))
+    assert services.finish_drains(endpoint=endpoint, actuator=actuator) == [f"stopped {busy.name} (drain timed out)"]
+    # an idle draining replica stops once the proxies had time to stop routing to it
+    metrics_server.running = 0
+    idle = ReplicaFactory(endpoint=endpoint, state=ReplicaState.DRAINING, actuator="recording", url=metrics_server.url)
+    assert services.finish_drains(endpoint=endpoint, actuator=actuator) == []  # within the grace period
+    endpoint.replicas.filter(pk=idle.pk).update(state_changed_at=timezone.now() - timedelta(seconds=3))
+    assert services.finish_drains(endpoint=endpoint, actuator=actuator) == [f"stopped {idle.name} (drained)"]
+    assert actuator.terminated == [busy.pk, idle.pk]
