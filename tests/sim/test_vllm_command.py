@@ -1,5 +1,7 @@
 """The ``vllm serve`` command line built for an endpoint (not run in CI)."""
 
+import shutil
+
 import pytest
 
 from endpoints.runtimes.vllm import serve_command, serve_command_line
@@ -44,3 +46,14 @@ def test_serve_command_carries_the_platform_flags():
 def test_bad_options_are_refused(bad):
     with pytest.raises(ValueError):
         serve_command(**bad)
+
+
+@pytest.mark.skipif(shutil.which("vllm") is not None, reason="vllm is installed: the command would exec it")
+def test_run_replica_vllm_without_vllm_installed_is_a_clear_error():
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="not installed|needs --model"):
+        call_command("run_replica", "--runtime", "vllm", "--model", "m", "--port", "8001")
+    with pytest.raises(CommandError, match="needs --model"):
+        call_command("run_replica", "--runtime", "vllm")

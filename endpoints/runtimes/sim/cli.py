@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import sys
 
@@ -104,6 +105,8 @@ def run(opts: dict) -> None:
             gpu_memory_utilization=opts["gpu_memory_utilization"],
             scheduling_policy=opts["scheduling_policy"],
         )
+        if shutil.which(argv[0]) is None:
+            raise ValueError(f"{argv[0]!r} is not installed here: real vLLM runs on GPU hosts (pip install vllm)")
         sys.stdout.flush()
         os.execvp(argv[0], argv)
     server = build_server(opts)
