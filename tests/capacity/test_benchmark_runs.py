@@ -107,10 +107,11 @@ def test_benchmark_replica_over_http_against_a_simulated_replica(sim_endpoint):
     b_max = benchmark.b_max
     reference = QUICK_SWEEP["reference_shape"]
     true = engine_true_costs(PROFILE, batch=b_max, context_tokens=reference.input_tokens + 32).in_mu()
-    # Real time on a shared machine is noisier than virtual time: the coefficients within 15 %, capacity within 10 %.
+    # Real time on a shared machine is noisier than virtual time (test_benchmarking holds the fit to 10 % there):
+    # the dominant coefficients within 15 % (observed 2–11 % at load average 7–9 on 2 cores), capacity within 10 %.
     assert benchmark.alpha == pytest.approx(true["alpha"], rel=0.15)
     assert benchmark.beta == pytest.approx(true["beta"], rel=0.15)
-    assert benchmark.alpha_cached < 0.15 * true["alpha"]
+    assert benchmark.alpha_cached < true["alpha"] / 3  # prefix-cache hits are much cheaper than prefill
     assert benchmark.fit_error < 0.15
     # The simulator's true SLO-compliant capacity at that batch, measured in virtual time with the same shape.
     truth = summarize(reference, b_max, EngineDriver(PROFILE).run(reference, b_max, 20 * b_max, "truth"))
