@@ -18,6 +18,8 @@ from capacity.autoscaling.infercap import InfercapPolicy
 from capacity.autoscaling.traces import BurstyTrace
 
 POLICIES = ("static_peak", "hpa", "kpa", "infercap")
+# Ours with one mechanism switched off, to show what each contributes (``--opt ablations=1``; on in the full run).
+ABLATIONS = ("infercap_no_vertical", "infercap_no_predictive")
 
 
 def _options(quick: bool, opts: dict) -> dict:
@@ -32,6 +34,7 @@ def _options(quick: bool, opts: dict) -> dict:
         "max_replicas": 40,
         "seed": 1,
         "warm_pool": 0,
+        "ablations": 0 if quick else 1,
     }
     for key, value in opts.items():
         if key not in o:
@@ -54,15 +57,17 @@ def _policy(name: str, o: dict, profile, *, period_s: float | None, static_repli
     elif name == "kpa":
         policy = KpaLikePolicy(target_concurrency=limit, min_replicas=1, max_replicas=o["max_replicas"])
     else:
+        fixed = name == "infercap_no_vertical"
         return InfercapPolicy(
+            name=name,
             min_replicas=1,
             max_replicas=o["max_replicas"],
             concurrency_limit=limit,
-            concurrency_min=4,
-            concurrency_max=o["concurrency_max"],
+            concurrency_min=limit if fixed else 4,
+            concurrency_max=limit if fixed else o["concurrency_max"],
             ttft_slo_ms=2000,
             tpot_slo_ms=100,
-            predictive_period_s=period_s,
+            predictive_period_s=None if name == "infercap_no_predictive" else period_s,
             predictive_lead_s=profile.cold_max_s,
             warm_pool=o["warm_pool"],
             seconds_per_request=profile.seconds_per_request,
@@ -75,7 +80,7 @@ def _run_one(name, o, requests, *, period, static_replicas):
     """Ours runs both days and is scored on the second; the others keep no history and run the second day only."""
     profile = SimConfig().profile
     policy = _policy(name, o, profile, period_s=period, static_replicas=static_replicas)
-    if name == "infercap":
+    if name.startswith("infercap"):
         fresh, score_from, end = [r.fresh() for r in requests], period, 2 * period
     else:
         fresh, score_from, end = [r.fresh(-period) for r in requests if r.arrival >= period], 0.0, period
@@ -102,17 +107,18 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
 
     figures: dict = {"policies": {}}
     curves = {}
-    for name in POLICIES:
+    for name in POLICIES + (ABLATIONS if o["ablations"] else ()):
         started = time.perf_counter()
         sim, result = _run_one(name, o, requests, period=period, static_replicas=static_replicas)
-        offset = period if name == "infercap" else 0.0
+        offset = period if name.startswith("infercap") else 0.0
         onsets = [t + offset for t in trace.spike_onsets(day=0)]
         horizons = [b - a for a, b in zip(onsets, onsets[1:] + [onsets[-1] + 600.0], strict=False)]
         absorb = [
             spike_absorb_s(result.requests_scored, onset=t, horizon_s=min(600.0, h), ttft_slo_s=2.0)
             for t, h in zip(onsets, horizons, strict=False)
         ]
-        figures["policies"][name] = {
+        table = figures["policies"] if name in POLICIES else figures.setdefault("ablations", {})
+        table[name] = {
             "gpu_hours": round(result.gpu_hours, 3),
             "slo_attainment": round(result.slo_attainment, 5),
             "rate_429": round(result.rate_429, 5),
@@ -122,8 +128,9 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
             "requests": result.requests,
             "final_concurrency_limit": sim.limit,
         }
-        curves[name] = [(t - offset, billed) for t, billed, _, _ in result.replica_series if t >= offset]
-        progress(f"{name}: {figures['policies'][name]} ({time.perf_counter() - started:.1f} s)")
+        if name in POLICIES:
+            curves[name] = [(t - offset, billed) for t, billed, _, _ in result.replica_series if t >= offset]
+        progress(f"{name}: {table[name]} ({time.perf_counter() - started:.1f} s)")
 
     steady = _steady_flaps(o)
     for name, flaps in steady.items():
