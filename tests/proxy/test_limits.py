@@ -81,3 +81,28 @@ def test_local_buckets_refill_with_the_clock():
     assert which == "rpm" and wait == pytest.approx(1.0)
     now[0] = 1.0
     assert local.take(["k"], b) == (0.0, "")
+
+
+def test_leases_spare_redis_round_trips_without_exceeding_the_shared_limit():
+    async def scenario():
+        a = aioredis.Redis.from_url(settings.REDIS_URL)
+        b = aioredis.Redis.from_url(settings.REDIS_URL)
+        await _flush(a)
+        la, lb = RateLimiter(a), RateLimiter(b)
+        # 200 units, no refill to speak of, 1 per request: leases of 10 (5%) serve most requests locally.
+        bucket = [Bucket("mu", 200.0, 1e-6, 1.0)]
+        admitted = 0
+        for i in range(300):
+            limiter = la if i % 3 else lb
+            wait, _ = await limiter.acquire(tenant_id=9, endpoint_id=9, buckets=bucket)
+            admitted += wait == 0
+            if i == 149:
+                calls = la.redis_calls + lb.redis_calls
+                assert admitted == 150 and calls <= 25, f"{calls} Redis calls for 150 admitted requests"
+        assert admitted <= 200, "two processes together never admit more than the bucket holds"
+        assert admitted >= 180, "leases only lapse unspent when a process stops using them"
+        await _flush(a)
+        await a.aclose()
+        await b.aclose()
+
+    run(scenario())
