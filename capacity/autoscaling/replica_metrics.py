@@ -80,8 +80,8 @@ def merge(histograms: Iterable[Mapping[float, float]]) -> dict[float, float]:
 
 
 def quantile(cumulative: Mapping[float, float], q: float = 0.95) -> float | None:
-    """The upper bound of the bucket holding the q-quantile (Prometheus' histogram_quantile without interpolation:
-    conservative, so a p95 just over the SLO bucket counts as over). None when the window holds no samples."""
+    """Prometheus' ``histogram_quantile``: linear interpolation inside the bucket holding the q-quantile (the first
+    bucket starts at 0; a quantile in the +Inf bucket reads as the highest finite bound). None without samples."""
     bounds = sorted(cumulative)
     if not bounds:
         return None
@@ -89,8 +89,14 @@ def quantile(cumulative: Mapping[float, float], q: float = 0.95) -> float | None
     if total <= 0:
         return None
     rank = q * total
-    finite = [b for b in bounds if math.isfinite(b)]
+    lower_bound, lower_count = 0.0, 0.0
     for b in bounds:
-        if cumulative[b] >= rank:
-            return b if math.isfinite(b) else (finite[-1] * 2 if finite else None)
+        count = cumulative[b]
+        if count >= rank:
+            if not math.isfinite(b):
+                return lower_bound
+            if count == lower_count:
+                return b
+            return lower_bound + (b - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = b, count
     return None

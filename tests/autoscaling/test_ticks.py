@@ -234,7 +234,8 @@ def test_vertical_tick_cuts_the_limit_after_two_overloaded_cycles(clean_store, t
     metrics_server.ttft = [1060, 0, 0, 0, 40, 0]
     metrics_server.tpot = [0, 1100, 0, 0, 0]
     second = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-2")
-    assert second.inputs["ttft_p95_ms"] == 5000 and second.inputs["verdict"] == "overload"
+    # p95 interpolated in the (2.5, 5] s bucket as Prometheus does: 2.5 + 2.5 × (95 − 60) / 40
+    assert second.inputs["ttft_p95_ms"] == pytest.approx(4687.5) and second.inputs["verdict"] == "overload"
     assert second.desired == 64 and second.inputs["overload_streak"] == 1  # one cycle is not stable yet
     metrics_server.ttft = [1120, 0, 0, 0, 80, 0]
     metrics_server.tpot = [0, 1200, 0, 0, 0]
