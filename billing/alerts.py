@@ -8,11 +8,11 @@ console's ``post_save`` listener sees each change; notifications are queued once
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 from billing.models import SLO, Alert, AlertNotification, SLOStatus, Webhook
@@ -55,6 +55,7 @@ class EvaluationResult:
     fired: int
     resolved: int
     seconds: float
+    skipped: bool = False
 
 
 def slo_spec(slo: SLO) -> SliSpec:
@@ -78,8 +79,8 @@ class _WindowTotals:
         self.per_endpoint: dict[int, dict[str, float]] = defaultdict(lambda: dict.fromkeys(SLI_FIELDS, 0))
         for (endpoint_id, _tenant_id), sums in per_pair.items():
             row = self.per_endpoint[endpoint_id]
-            for field in SLI_FIELDS:
-                row[field] += sums[field]
+            for name in SLI_FIELDS:
+                row[name] += sums[name]
 
     def for_slo(self, slo: SLO) -> dict[str, float]:
         if slo.tenant_id:
@@ -92,26 +93,50 @@ def _evaluation_end(now: datetime) -> datetime:
     return now.replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
+EVALUATION_LOCK = 7_240_001  # pg advisory lock key: one evaluation at a time across workers
+
+
 def slo_evaluate_all(*, now: datetime | None = None) -> EvaluationResult:
-    """One evaluation tick over every enabled SLO."""
+    """One evaluation tick over every enabled SLO; a tick that finds another one running skips (returns skipped)."""
     started = time.perf_counter()
     now = now or timezone.now()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [EVALUATION_LOCK])
+                if not cursor.fetchone()[0]:
+                    return EvaluationResult(0, 0, 0, 0, time.perf_counter() - started, skipped=True)
+        counts = _evaluate(now)
+    result = EvaluationResult(seconds=time.perf_counter() - started, **counts)
+    logger.info("burn-rate evaluation: %s", result)
+    return result
+
+
+@dataclass
+class _AlertChanges:
+    created: list[Alert] = field(default_factory=list)
+    transitioned: list[Alert] = field(default_factory=list)  # existing alerts whose state changed
+    burning: list[Alert] = field(default_factory=list)  # existing alerts with new burn rates only
+    events: list[tuple[Alert, str]] = field(default_factory=list)  # (alert, "firing" | "resolved") to notify
+
+
+def _evaluate(now: datetime) -> dict[str, int]:
     end = _evaluation_end(now)
     slos = list(SLO.objects.filter(enabled=True).select_related("endpoint"))
     if not slos:
-        return EvaluationResult(0, 0, 0, 0, time.perf_counter() - started)
+        return {"slos": 0, "opened": 0, "fired": 0, "resolved": 0}
+    period_days = {slo.period_days for slo in slos}
     ranges = {label: (end - timedelta(seconds=seconds), end) for label, seconds in WINDOWS_S.items()}
-    ranges |= {f"period-{days}d": (end - timedelta(days=days), end) for days in {slo.period_days for slo in slos}}
+    ranges |= {f"period-{days}d": (end - timedelta(days=days), end) for days in period_days}
     sums = windows_sums(ranges, fields=SLI_FIELDS, now=now)
     windows = {label: _WindowTotals(sums[label]) for label in WINDOWS_S}
-    periods = {days: _WindowTotals(sums[f"period-{days}d"]) for days in {slo.period_days for slo in slos}}
+    periods = {days: _WindowTotals(sums[f"period-{days}d"]) for days in period_days}
     open_alerts = {
         (a.slo_id, a.long_window, a.short_window): a
         for a in Alert.objects.filter(slo__enabled=True).exclude(state=Alert.State.RESOLVED)
     }
     statuses = []
-    counts = {"opened": 0, "fired": 0, "resolved": 0}
-    burning: list[Alert] = []  # open alerts whose state holds; their burn rates are refreshed in one statement
+    changes = _AlertChanges()
     for slo in slos:
         spec = slo_spec(slo)
         burns: dict[str, float] = {}
@@ -138,11 +163,7 @@ def slo_evaluate_all(*, now: datetime | None = None) -> EvaluationResult:
         )
         for pair in WINDOW_PAIRS:
             alert = open_alerts.get((slo.id, pair.long_window, pair.short_window))
-            outcome = _advance_alert(slo, pair, alert, burns, now)
-            if outcome == "burning":
-                burning.append(alert)
-            elif outcome:
-                counts[outcome] += 1
+            _advance_alert(slo, pair, alert, burns, now, changes)
     SLOStatus.objects.bulk_create(
         statuses,
         update_conflicts=True,
@@ -155,25 +176,24 @@ def slo_evaluate_all(*, now: datetime | None = None) -> EvaluationResult:
             "period_valid",
             "budget_remaining",
             "exhausts_at",
-        ],
+        ],  # fmt: skip
         batch_size=500,
     )
-    _update_burn_rates(burning)
-    result = EvaluationResult(slos=len(slos), seconds=time.perf_counter() - started, **counts)
-    logger.info("burn-rate evaluation: %s", result)
-    return result
+    _apply(changes, now)
+    fired = sum(1 for _, event in changes.events if event == "firing")
+    return {
+        "slos": len(slos),
+        "opened": sum(1 for a in changes.created if a.state == Alert.State.PENDING),
+        "fired": fired,
+        "resolved": sum(1 for a in changes.transitioned if a.state == Alert.State.RESOLVED),
+    }
 
 
-def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float], now: datetime) -> str | None:
-    """Apply one state-machine step to the (SLO, pair) alert.
-
-    Returns "opened", "fired" or "resolved" after a transition (saved one by one, so ``post_save`` listeners see
-    it), "burning" when an open alert only has new burn rates (the caller bulk-updates those), else None.
-    """
-    condition = pair_condition(burns, pair)
+def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float], now: datetime, changes) -> None:
+    """One state-machine step of the (SLO, pair) alert, recorded in ``changes`` (written in bulk afterwards)."""
     step = alert_step(
         state=alert.state if alert else None,
-        condition=condition,
+        condition=pair_condition(burns, pair),
         pending_since=alert.started_at if alert else None,
         now=now,
         for_s=ALERT_FOR_S[pair.severity],
@@ -181,85 +201,111 @@ def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float],
     long_burn, short_burn = burns[pair.long_window], burns[pair.short_window]
     if alert is None:
         if step.state is None:
-            return None
-        try:
-            with transaction.atomic():
-                alert = Alert.objects.create(
-                    slo=slo,
-                    severity=pair.severity,
-                    state=step.state,
-                    long_window=pair.long_window,
-                    short_window=pair.short_window,
-                    burn_rate_threshold=pair.burn_rate,
-                    burn_rate_long=long_burn,
-                    burn_rate_short=short_burn,
-                    started_at=now,
-                    fired_at=now if step.state == Alert.State.FIRING else None,
-                )
-        except IntegrityError:  # another evaluator opened it first: the constraint deduplicates
-            return None
-        if step.notify:
-            notifications_enqueue(alert=alert, event=step.notify, now=now)
-            return "fired"
-        return "opened"
-    changed = step.state != alert.state
-    alert.burn_rate_long, alert.burn_rate_short = long_burn, short_burn
-    if not changed:
-        return "burning"  # only the burn rates moved: saved in bulk by the caller, no event
-    fields = ["burn_rate_long", "burn_rate_short"]
-    if changed:
+            return
+        alert = Alert(
+            slo=slo, severity=pair.severity, state=step.state, long_window=pair.long_window,
+            short_window=pair.short_window, burn_rate_threshold=pair.burn_rate, burn_rate_long=long_burn,
+            burn_rate_short=short_burn, started_at=now, fired_at=now if step.state == Alert.State.FIRING else None,
+        )  # fmt: skip
+        changes.created.append(alert)
+    else:
+        alert.slo = slo
+        moved = (alert.burn_rate_long, alert.burn_rate_short) != (long_burn, short_burn)
+        alert.burn_rate_long, alert.burn_rate_short = long_burn, short_burn
+        if step.state == alert.state:
+            if moved:
+                changes.burning.append(alert)
+            return
         alert.state = step.state
-        fields.append("state")
         if step.state == Alert.State.FIRING:
             alert.fired_at = now
-            fields.append("fired_at")
         elif step.state == Alert.State.RESOLVED:
             alert.resolved_at = now
-            fields.append("resolved_at")
-    alert.save(update_fields=fields)
+        changes.transitioned.append(alert)
     if step.notify:
-        notifications_enqueue(alert=alert, event=step.notify, now=now)
-    if not changed:
-        return None
-    return "fired" if step.state == Alert.State.FIRING else "resolved"
+        changes.events.append((alert, step.notify))
 
 
-def _update_burn_rates(alerts: list[Alert]) -> None:
-    """Refresh open alerts' burn rates in one statement per 1,000 (no per-row save, no event: nothing changed state)."""
+def _apply(changes: _AlertChanges, now: datetime) -> None:
+    """Write the tick's alert changes in a few statements, then tell ``post_save`` listeners (the console) and
+    queue notifications, exactly as one-by-one saves would."""
+    if changes.created:
+        try:
+            with transaction.atomic():
+                Alert.objects.bulk_create(changes.created, batch_size=500)
+        except IntegrityError:  # an alert opened meanwhile (manual evaluation): fall back to row by row
+            kept = []
+            for alert in changes.created:
+                try:
+                    with transaction.atomic():
+                        alert.save(force_insert=True)
+                    kept.append(alert)
+                except IntegrityError:
+                    alert.pk = None
+            changes.created[:] = kept
+            changes.events[:] = [(a, e) for a, e in changes.events if a.pk is not None]
+    _write_alerts(changes.transitioned + changes.burning)
+    for alert in changes.created:
+        post_save.send(sender=Alert, instance=alert, created=True, update_fields=None, raw=False, using="default")
+    for alert in changes.transitioned:
+        post_save.send(sender=Alert, instance=alert, created=False, update_fields=None, raw=False, using="default")
+    notifications_enqueue_many(changes.events, now=now)
+
+
+def _write_alerts(alerts: list[Alert]) -> None:
+    """Update state, timestamps and burn rates of many alerts, one statement per 1,000 on PostgreSQL."""
+    fields = ["state", "fired_at", "resolved_at", "burn_rate_long", "burn_rate_short"]
     if connection.vendor != "postgresql":
-        Alert.objects.bulk_update(alerts, ["burn_rate_long", "burn_rate_short"], batch_size=500)
+        Alert.objects.bulk_update(alerts, fields, batch_size=500)
         return
+    row = "(%s::bigint, %s::varchar, %s::timestamptz, %s::timestamptz, %s::double precision, %s::double precision)"
     for first in range(0, len(alerts), 1000):
         batch = alerts[first : first + 1000]
-        values = ", ".join(["(%s::bigint, %s::double precision, %s::double precision)"] * len(batch))
-        params = [v for a in batch for v in (a.pk, a.burn_rate_long, a.burn_rate_short)]
+        params = [
+            v for a in batch for v in (a.pk, a.state, a.fired_at, a.resolved_at, a.burn_rate_long, a.burn_rate_short)
+        ]
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE billing_alert SET burn_rate_long = v.l, burn_rate_short = v.s "
-                f"FROM (VALUES {values}) AS v(id, l, s) WHERE billing_alert.id = v.id",
+                "UPDATE billing_alert SET state = v.state, fired_at = v.fired_at, resolved_at = v.resolved_at, "
+                "burn_rate_long = v.long_burn, burn_rate_short = v.short_burn "
+                f"FROM (VALUES {', '.join([row] * len(batch))}) AS v(id, state, fired_at, resolved_at, long_burn, "
+                "short_burn) WHERE billing_alert.id = v.id",
                 params,
             )
 
 
+def _hook_matches(hook: Webhook, alert: Alert) -> bool:
+    if hook.severities and alert.severity not in hook.severities:
+        return False
+    return hook.tenant_id is None or hook.tenant_id in (alert.slo.tenant_id, alert.slo.endpoint.owner_tenant_id)
+
+
 def webhooks_for(slo: SLO, severity: str) -> list[Webhook]:
     """Operators' webhooks, plus those of the SLO's tenant and of the endpoint's owner."""
-    tenant_ids = {t for t in (slo.tenant_id, slo.endpoint.owner_tenant_id) if t}
-    hooks = Webhook.objects.filter(enabled=True).filter(Q(tenant__isnull=True) | Q(tenant_id__in=tenant_ids))
-    return [h for h in hooks if not h.severities or severity in h.severities]
+    probe = Alert(slo=slo, severity=severity)
+    return [h for h in Webhook.objects.filter(enabled=True) if _hook_matches(h, probe)]
+
+
+def notifications_enqueue_many(events: list[tuple[Alert, str]], *, now: datetime | None = None) -> int:
+    """Queue one notification per matching webhook and alert event; the unique constraint drops repeats."""
+    if not events:
+        return 0
+    now = now or timezone.now()
+    hooks = list(Webhook.objects.filter(enabled=True))
+    rows = [
+        AlertNotification(alert=alert, webhook=hook, event=event, next_attempt_at=now, created_at=now)
+        for alert, event in events
+        for hook in hooks
+        if _hook_matches(hook, alert)
+    ]
+    if rows:
+        AlertNotification.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
+        transaction.on_commit(_deliver_soon)
+    return len(rows)
 
 
 def notifications_enqueue(*, alert: Alert, event: str, now: datetime | None = None) -> int:
-    """Queue one notification per matching webhook for this alert event; a second call for the same event adds none."""
-    now = now or timezone.now()
-    created = 0
-    for hook in webhooks_for(alert.slo, alert.severity):
-        _, was_created = AlertNotification.objects.get_or_create(
-            alert=alert, webhook=hook, event=event, defaults={"next_attempt_at": now, "created_at": now}
-        )
-        created += was_created
-    if created:
-        transaction.on_commit(_deliver_soon)
-    return created
+    return notifications_enqueue_many([(alert, event)], now=now)
 
 
 def _deliver_soon() -> None:

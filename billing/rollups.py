@@ -109,6 +109,11 @@ def _upsert(target: type[models.Model], source: models.QuerySet) -> int:
         f"INSERT INTO {table} ({', '.join(quote(n) for n in names)}) {select_sql} "
         f"ON CONFLICT ({quote('endpoint_id')}, {quote('tenant_id')}, {quote('start')}) DO UPDATE SET {updates}"
     )
+    if connection.vendor == "postgresql":
+        # Re-runs recompute rows that mostly did not change: skipping those writes skips their dead tuples too.
+        current = ", ".join(f"{table}.{quote(n)}" for n in ROLLUP_COUNTERS)
+        excluded = ", ".join(f"EXCLUDED.{quote(n)}" for n in ROLLUP_COUNTERS)
+        sql += f" WHERE ({current}) IS DISTINCT FROM ({excluded})"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return max(cursor.rowcount, 0)
@@ -174,6 +179,10 @@ def usage_rollup_run(*, now: datetime | None = None) -> RollupResult:
     now = now or timezone.now()
     raw_horizon = _truncate(now - timedelta(days=usage_retention_days()), MINUTE)
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # A backfill groups millions of rows by minute: let the hash aggregate stay in memory.
+            with connection.cursor() as db:
+                db.execute("SET LOCAL work_mem = '256MB'")
         cursor, _ = RollupCursor.objects.get_or_create(name=CURSOR_NAME)
         # Serializes concurrent runs (a beat tick overlapping a slow previous tick).
         cursor = RollupCursor.objects.select_for_update().get(pk=cursor.pk)

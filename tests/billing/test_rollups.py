@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.models import ROLLUP_COUNTERS, TPOT_BOUNDS_MS, TTFT_BOUNDS_MS, UsageHour, UsageMinute, UsageRecord
-from billing.rollups import range_sums, split_range, usage_retention_cleanup, usage_rollup_run
+from billing.rollups import range_sums, split_range, usage_retention_cleanup, usage_rollup_run, windows_sums
 
 NOW = datetime(2026, 11, 29, 1, 30, tzinfo=UTC)  # 90 minutes after a day (and hour) boundary
 STATUSES = ["ok", "ok", "ok", "shed", "rate_limited", "client_cancelled", "upstream_error", "timeout"]
@@ -113,6 +113,18 @@ def _check(records: list[dict], combos) -> None:
     assert set(sums) == set(window)
     for key, row in window.items():
         _assert_close(sums[key], row, key)
+    # Overlapping windows read together equal each read alone.
+    ranges = {
+        "5m": (NOW - timedelta(minutes=4), hi),
+        "2h": (NOW - timedelta(minutes=119), hi),
+        "all": (NOW - timedelta(minutes=151), hi),
+    }
+    together = windows_sums(ranges, now=NOW, fields=("requests", "mu", "ttft_le_1000"))
+    for label, (start, end) in ranges.items():
+        alone = range_sums(start=start, end=end, now=NOW, fields=("requests", "mu", "ttft_le_1000"))
+        assert set(together[label]) == set(alone), label
+        for key, row in alone.items():
+            assert together[label][key] == pytest.approx(row), (label, key)
 
 
 @pytest.fixture
