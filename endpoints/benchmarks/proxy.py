@@ -86,7 +86,7 @@ def _setup_world(replica_urls: list[str]) -> str:
             "hardware_profile": hw,
             "concurrency_limit": 1024,
             "concurrency_max": 1024,
-            "routing_policy": "least_request",
+            "routing_policy": "infercap",
         },
     )
     CapacityReservation.objects.update_or_create(
@@ -164,6 +164,63 @@ async def _phase(base: str, key: str | None, *, streams: int, duration_s: float,
     return out
 
 
+async def _httpx_phase(base: str, *, streams: int, duration_s: float, max_tokens: int) -> dict:
+    """The same load through one pooled ``httpx.AsyncClient``: the calibration behind choosing aiohttp."""
+    import httpx
+
+    out = {"ttft": [], "e2e": [], "tokens": 0, "errors": 0}
+    nonce = os.urandom(4).hex()
+    limits = httpx.Limits(max_connections=streams * 2, max_keepalive_connections=streams * 2)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        deadline = time.perf_counter() + duration_s
+
+        async def worker(w: int) -> None:
+            i = 0
+            while time.perf_counter() < deadline:
+                body = {
+                    "model": ENDPOINT,
+                    "prompt": f"{nonce} w{w} r{i} " * 8,
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                }
+                i += 1
+                t0 = time.perf_counter()
+                ttft, tokens, done = None, 0, False
+                try:
+                    async with client.stream("POST", base + "/v1/completions", json=body) as resp:
+                        if resp.status_code != 200:
+                            out["errors"] += 1
+                            continue
+                        async for chunk in resp.aiter_raw():
+                            if ttft is None:
+                                ttft = time.perf_counter() - t0
+                            tokens += chunk.count(b'"text":')
+                            done = done or b"[DONE]" in chunk
+                except Exception:  # noqa: BLE001
+                    out["errors"] += 1
+                    continue
+                if not done:
+                    out["errors"] += 1
+                    continue
+                out["ttft"].append(ttft)
+                out["e2e"].append(time.perf_counter() - t0)
+                out["tokens"] += tokens
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(streams)))
+        out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def _client_row(out: dict) -> dict:
+    return {
+        "ttft_p50_ms": round(_pct(out["ttft"], 50) * 1000, 1),
+        "ttft_p99_ms": round(_pct(out["ttft"], 99) * 1000, 1),
+        "tokens_per_s": round(out["tokens"] / out["wall_s"], 1) if out["wall_s"] else 0.0,
+        "errors": out["errors"],
+    }
+
+
 def _summary(direct: dict, proxied: dict, cpu_s: float) -> dict:
     d_tps = direct["tokens"] / direct["wall_s"] if direct["wall_s"] else 0.0
     p_tps = proxied["tokens"] / proxied["wall_s"] if proxied["wall_s"] else 0.0
@@ -231,9 +288,15 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
     speed = float(opts.get("speed", 1.0))
     replicas = int(opts.get("replicas", 1))
     max_tokens = int(opts.get("max_tokens", 64))
+
+    def tokens_for(level: int) -> int:
+        # Short answers at one stream: TTFT is the figure there, and more requests give steadier percentiles.
+        return min(max_tokens, 16) if level == 1 else max_tokens
+
     rounds = int(opts.get("rounds", 1 if quick else 2))
     durations = {1: 2.0, 64: 2.5, 256: 3.0} if quick else {1: 6.0, 64: 6.0, 256: 8.0}
     levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
+    calibrate = str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes")
     procs: list[subprocess.Popen] = []
     env = {**os.environ}
     s = connection.settings_dict
@@ -317,16 +380,32 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                 cpu = 0.0
                 for _ in range(rounds):
                     d = await _phase(
-                        direct_base, None, streams=level, duration_s=durations.get(level, 3.0), max_tokens=max_tokens
+                        direct_base,
+                        None,
+                        streams=level,
+                        duration_s=durations.get(level, 3.0),
+                        max_tokens=tokens_for(level),
                     )
                     before = _cpu_s(proxy.pid)
                     p = await _phase(
-                        proxy_base, key, streams=level, duration_s=durations.get(level, 3.0), max_tokens=max_tokens
+                        proxy_base,
+                        key,
+                        streams=level,
+                        duration_s=durations.get(level, 3.0),
+                        max_tokens=tokens_for(level),
                     )
                     cpu += _cpu_s(proxy.pid) - before
                     direct, proxied = _merge(direct, d), _merge(proxied, p)
                 results[f"streams_{level}"] = _summary(direct, proxied, cpu)
                 progress(f"{level} streams: {results[f'streams_{level}']}")
+            if calibrate:
+                # Upstream client calibration (issue 4, item 8): the same 256 streams straight to the replica
+                # through each candidate data-plane client, in this one run.
+                n, dur = 256, durations.get(256, 3.0)
+                a = await _phase(direct_base, None, streams=n, duration_s=dur, max_tokens=max_tokens)
+                h = await _httpx_phase(direct_base, streams=n, duration_s=dur, max_tokens=max_tokens)
+                results["client_calibration_256"] = {"aiohttp": _client_row(a), "httpx": _client_row(h)}
+                progress(f"client calibration: {results['client_calibration_256']}")
             return results
 
         if len(urls) > 1:
@@ -335,6 +414,9 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             )
         results = asyncio.run(measure())
     finally:
+        from endpoints.models import Replica
+
+        Replica.objects.filter(endpoint__name=ENDPOINT).delete()  # their processes are gone
         for proc in reversed(procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
