@@ -16,23 +16,23 @@ WORKED_TABLE = "16 105 1680\n64 68 4352\n128 44 5632"
 class PlannerForm(forms.Form):
     """Defaults reproduce DESIGN.md's worked example (13B FP16 on an 80 GB GPU, λ = 20 req/s)."""
 
-    n_layers = forms.IntegerField(min_value=1, initial=40)
-    n_kv_heads = forms.IntegerField(min_value=1, initial=8)
-    d_head = forms.IntegerField(min_value=1, initial=128)
-    dtype_bytes = forms.IntegerField(min_value=1, max_value=8, initial=2)
-    weights_gb = forms.FloatField(min_value=0, initial=26)
+    n_layers = forms.IntegerField(min_value=1, initial=40, label="Layers")
+    n_kv_heads = forms.IntegerField(min_value=1, initial=8, label="KV heads")
+    d_head = forms.IntegerField(min_value=1, initial=128, label="Head dimension")
+    dtype_bytes = forms.IntegerField(min_value=1, max_value=8, initial=2, label="Bytes per value")
+    weights_gb = forms.FloatField(min_value=0, initial=26, label="Weights (GB)")
     gpu_memory_gb = forms.FloatField(min_value=1, initial=80, label="GPU memory (GB)")
     overhead_gb = forms.FloatField(min_value=0, initial=10, label="Overhead (GB)")
-    gpus_per_replica = forms.IntegerField(min_value=1, initial=1)
+    gpus_per_replica = forms.IntegerField(min_value=1, initial=1, label="GPUs per replica")
     usd_per_gpu_hour = forms.FloatField(min_value=0, initial=2.5, label="USD per GPU-hour")
     arrival_rate_per_s = forms.FloatField(min_value=0, initial=20, label="Arrival rate λ (req/s)")
-    input_tokens = forms.FloatField(min_value=0, initial=500)
-    output_tokens = forms.FloatField(min_value=1, initial=300)
-    context_tokens = forms.FloatField(min_value=1, initial=800, required=False)
+    input_tokens = forms.FloatField(min_value=0, initial=500, label="Input tokens (mean)")
+    output_tokens = forms.FloatField(min_value=1, initial=300, label="Output tokens (mean)")
+    context_tokens = forms.FloatField(min_value=1, initial=800, required=False, label="Context held (tokens)")
     min_stream_tok_s = forms.FloatField(min_value=0.001, initial=60, label="Min per-stream tok/s (SLO)")
     ttft_s = forms.FloatField(min_value=0, initial=0.3, required=False, label="TTFT (s)")
     headroom = forms.FloatField(min_value=0, max_value=10, initial=0.5, label="Headroom r")
-    spike_multiplier = forms.FloatField(min_value=1, max_value=100, initial=3, required=False)
+    spike_multiplier = forms.FloatField(min_value=1, max_value=100, initial=3, required=False, label="Spike ×load")
     cold_start_s = forms.FloatField(min_value=0, initial=90, required=False, label="Cold start (s)")
     throughput_table = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 4, "cols": 24}),
