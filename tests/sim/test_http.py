@@ -146,7 +146,7 @@ def test_invalid_json_is_a_400(tiny):
 
 
 def test_metrics_carry_every_design_name_with_vllm_buckets_and_move_under_load():
-    with ThreadedReplica(get_profile("tiny", max_num_seqs=4), speed=1.0) as replica:
+    with ThreadedReplica(get_profile("tiny", max_num_seqs=4), speed=0.5) as replica:
         idle = scrape(replica.url)
         for name in DESIGN_METRICS:
             assert name in idle, name
@@ -193,15 +193,15 @@ def test_metrics_carry_every_design_name_with_vllm_buckets_and_move_under_load()
 
 
 def test_a_repeated_2000_token_prefix_cuts_time_to_first_token():
-    with ThreadedReplica(get_profile(), speed=1.0) as replica:
+    # One client for every request: creating an httpx client (TLS context) costs more than a warm prefill.
+    with ThreadedReplica(get_profile(), speed=1.0) as replica, httpx.Client(timeout=30) as client:
         prefix = filler_text(2000, seed="long-system-prompt")
 
         def ttft(suffix: str) -> tuple[float, dict]:
             started = time.perf_counter()
-            with httpx.stream(
+            with client.stream(
                 "POST",
                 f"{replica.url}/v1/completions",
-                timeout=30,
                 json={
                     "model": "llama-13b",
                     "prompt": prefix + suffix,
@@ -330,3 +330,26 @@ def test_priority_needs_the_priority_scheduler():
         assert response.status_code == 400 and response.json()["error"]["param"] == "priority"
         ok = httpx.post(f"{replica.url}/v1/completions", json={"model": "tiny", "prompt": "x", "priority": 0})
         assert ok.status_code == 200
+
+
+def test_templated_content_frames_equal_the_json_encoder():
+    import json
+
+    from endpoints.runtimes.sim.protocol import chat_chunk, completion_chunk, parse_request
+    from endpoints.runtimes.sim.server import _content_template, _sse
+
+    for chat in (True, False):
+        body = {"messages": [{"role": "user", "content": "x"}]} if chat else {"prompt": "x"}
+        parsed = parse_request(
+            {**body, "stream": True},
+            chat=chat,
+            served_model="m",
+            max_model_len=100,
+            scheduling_policy="priority",
+            header_request_id="r1",
+        )
+        head, tail = _content_template(parsed, 123)
+        for word in (" the", " GPU"):
+            expected = chat_chunk(parsed, 123, {"content": word}) if chat else completion_chunk(parsed, 123, word)
+            assert head + word.encode() + tail == _sse(expected)
+            assert json.loads((head + word.encode() + tail)[6:])["id"].endswith("-r1")

@@ -56,6 +56,22 @@ class _Live:
         self.last_token_s = arrival_s
 
 
+_TEXT_MARK = "\u0000text\u0000"
+
+
+def _content_template(parsed: ParsedRequest, created: int) -> tuple[bytes, bytes]:
+    """The SSE frame of a content chunk split around its text: the same bytes ``_sse`` writes, built once.
+
+    Output words (``tokens.OUTPUT_WORDS``) need no JSON escaping, so a frame is prefix + word + suffix.
+    """
+    if parsed.chat:
+        chunk = chat_chunk(parsed, created, {"content": _TEXT_MARK})
+    else:
+        chunk = completion_chunk(parsed, created, _TEXT_MARK)
+    head, tail = _sse(chunk).split(json.dumps(_TEXT_MARK)[1:-1].encode())
+    return head, tail
+
+
 def _sse(payload: dict | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
@@ -282,6 +298,7 @@ class ReplicaServer:
         )
         await response.prepare(request)
         created, emitted = int(time.time()), 0  # one value for every chunk of a response, as vLLM
+        template = None
         while True:
             await live.event.wait()
             live.event.clear()
@@ -292,6 +309,8 @@ class ReplicaServer:
                     first["usage"] = usage_block(seq.prompt_tokens, 0, seq.cached_tokens, streaming=True)
                 frames.append(_sse(first))
             fail_at = self.faults.fail_after_tokens
+            if template is None:
+                template = _content_template(parsed, created)
             while emitted < seq.generated:
                 if fail_at is not None and emitted >= fail_at:
                     # vLLM's mid-stream failure: an error event, then [DONE]; the request is aborted.
@@ -304,6 +323,10 @@ class ReplicaServer:
                 last = emitted + 1 == seq.max_tokens
                 reason = seq.finish_reason if last else None
                 text = output_text(emitted, 1)
+                if not last and not parsed.continuous_usage:
+                    frames.append(template[0] + text.encode() + template[1])  # the hot path: no JSON encoding
+                    emitted += 1
+                    continue
                 if parsed.chat:
                     chunk = chat_chunk(parsed, created, {"content": text}, reason, final=last)
                 else:

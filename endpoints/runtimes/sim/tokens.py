@@ -21,6 +21,7 @@ BLOCK_CHARS = CHARS_PER_TOKEN * BLOCK_SIZE_TOKENS
 
 # Every word is exactly CHARS_PER_TOKEN characters, so n words are n tokens.
 OUTPUT_WORDS = (" the", " sim", " ran", " one", " GPU", " and", " got", " ten", " new", " tok", " for", " you")
+assert all(len(w) == CHARS_PER_TOKEN and w.isascii() and '"' not in w and "\\" not in w for w in OUTPUT_WORDS)
 _FILLER_WORDS = ("data", "node", "gpus", "kv_c", "fast", "slow", "tick", "rack", "warm", "cold", "load", "unit")
 
 
