@@ -64,14 +64,22 @@ def horizontal_tick(*, endpoint_id: int, tick: str, now: float | None = None) ->
         return row
 
 
-def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
-    sample = sum_process_reports(store.demand_reports(endpoint.pk), now=now)
-    if store.woken(endpoint.pk) and sample.requests == 0:
+def sample_demand(*, endpoint_id: int, now: float | None = None) -> list[DemandSample]:
+    """Sum the proxies' fresh demand reports into one sample, append it to the endpoint's window, return the window.
+
+    Runs every second from beat (``autoscale.sample_demand``) and once more at each decision tick."""
+    now = time.time() if now is None else now
+    sample = sum_process_reports(store.demand_reports(endpoint_id), now=now)
+    if store.woken(endpoint_id) and sample.requests == 0:
         sample = DemandSample(t=now, queued=1)  # the activator saw a request waiting for a first replica
-    window = [
+    return [
         DemandSample(**{k: float(v) for k, v in s.items() if k in DemandSample.__dataclass_fields__})
-        for s in store.push_sample(endpoint.pk, sample.__dict__)
+        for s in store.push_sample(endpoint_id, sample.__dict__)
     ]
+
+
+def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
+    window = sample_demand(endpoint_id=endpoint.pk, now=now)
     replicas = list(endpoint.replicas.filter(state__in=ACTIVE, is_standby=False).values_list("state", flat=True))
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
     floor, _ = predicted_floor_for(endpoint, now=now)

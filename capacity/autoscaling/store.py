@@ -15,7 +15,7 @@ SAMPLES_KEY = "infercap:autoscale:samples:{endpoint_id}"
 HIST_KEY = "infercap:autoscale:hist:{replica_id}"
 LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
-SAMPLES_KEPT = 400  # ticks every 5 s: more than the 5-minute scale-down window
+SAMPLES_KEPT = 330  # one per second from the sampler (plus one per tick): the 5-minute scale-down window
 
 _client = None
 _client_lock = threading.Lock()

@@ -18,6 +18,24 @@ def test_beat_schedule_has_both_loops():
     assert schedule["autoscale-horizontal"]["schedule"] == 5.0
     assert schedule["autoscale-vertical"]["task"] == "autoscale.vertical_all"
     assert schedule["autoscale-vertical"]["schedule"] == 30.0
+    assert schedule["autoscale-sample-demand"]["schedule"] == 1.0
+
+
+def test_sampler_keeps_one_sample_per_second_for_the_decision(clean_store, tenant_a, monkeypatch):
+    import json
+    import time
+
+    from capacity.autoscaling import store
+
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(launch_options={"actuator": "local"}, concurrency_limit=10)
+    key = store.DEMAND_KEY.format(endpoint_id=tenant_a.endpoint.pk)
+    # A 3-second burst that is over by the time the 5 s tick runs still drives the decision (max of the last 20 s).
+    for in_flight in (5, 60, 5):
+        clean_store.hset(key, "proxy-1", json.dumps({"t": time.time(), "in_flight": in_flight}))
+        assert tasks.sample_demand() == 1
+    monkeypatch.setattr(services, "get_actuator", lambda endpoint: RecordingActuator())
+    decision = services.horizontal_tick(endpoint_id=tenant_a.endpoint.pk, tick="h-s")
+    assert decision.inputs["samples_up"] == 4 and decision.inputs["up_need"] == pytest.approx(60 / 7, abs=1e-3)
 
 
 def test_fan_out_skips_static_and_opted_out_endpoints(clean_store, tenant_a, tenant_b, monkeypatch):

@@ -1,4 +1,5 @@
-"""Autoscaling loops: horizontal every 5 s, vertical every 30 s; fan out one task per autoscaled endpoint.
+"""Autoscaling loops: demand sampled every second, horizontal decisions every 5 s, vertical every 30 s; the
+decision loops fan out one task per autoscaled endpoint.
 
 The tick id is the wall-clock slot (``h-<unix//5>``, ``v-<unix//30>``) taken at fan-out, so a redelivered or
 duplicated task lands on the same id and the services store at most one decision for it.
@@ -11,7 +12,10 @@ from celery import shared_task
 HORIZONTAL_S = 5.0
 VERTICAL_S = 30.0
 
+SAMPLE_S = 1.0
+
 BEAT_SCHEDULE = {
+    "autoscale-sample-demand": {"task": "autoscale.sample_demand", "schedule": SAMPLE_S, "options": {"expires": 1}},
     "autoscale-horizontal": {"task": "autoscale.horizontal_all", "schedule": HORIZONTAL_S, "options": {"expires": 5}},
     "autoscale-vertical": {"task": "autoscale.vertical_all", "schedule": VERTICAL_S, "options": {"expires": 30}},
 }
@@ -26,6 +30,17 @@ def autoscaled_endpoint_ids() -> list[int]:
         for e in Endpoint.objects.only("id", "launch_options")
         if (e.launch_options or {}).get("autoscale", True) and actuator_name(e) != "static"
     ]
+
+
+@shared_task(name="autoscale.sample_demand", ignore_result=True, soft_time_limit=2, time_limit=3)
+def sample_demand() -> int:
+    """One demand sample per autoscaled endpoint per second (the proxies report every second; ticks every 5 s)."""
+    from capacity.autoscaling.services import sample_demand as sample
+
+    ids = autoscaled_endpoint_ids()
+    for endpoint_id in ids:
+        sample(endpoint_id=endpoint_id)
+    return len(ids)
 
 
 @shared_task(name="autoscale.horizontal_all", ignore_result=True)
