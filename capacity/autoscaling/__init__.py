@@ -1,2 +1,9 @@
-"""Two-axis autoscaling: pure policies (horizontal, vertical, predictive floor, baselines), actuators and the
-services that run one decision tick for an endpoint."""
+"""Two-axis autoscaling: replica count (horizontal) and per-replica concurrency (vertical).
+
+Pure (no Django; shared with the simulator): ``demand`` (samples, windows), ``horizontal``, ``vertical``,
+``predictive`` (floor from yesterday and the trend), ``baselines`` (static, HPA-like, KPA-like), ``infercap`` (our
+policies as one stateful object for simulations), ``fleetsim`` (discrete-event fleet for ``bench autoscale``),
+``traces`` (the bursty trace), ``replica_metrics`` (vLLM /metrics → p95s, gauges).
+Django side: ``actuators`` (``get_actuator(endpoint)``: local, kubernetes, static), ``services`` (decision ticks,
+reconcile, drains, warm pool), ``store`` (Redis: demand, windows, tick locks), ``activator`` (scale from zero).
+"""
