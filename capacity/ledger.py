@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 from django.apps import apps
+from django.conf import settings
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
@@ -103,6 +104,7 @@ class EndpointLedger:
     ready_replicas: int
     have_mu_per_min: float
     sellable_mu_per_min: float  # what sales are checked against: max(ready, min_replicas) × replica MU/min
+    available_to_sell_mu_per_min: float  # overcommit limit × sellable − sold, never below 0
     sold_mu_per_min: float
     used_mu_per_min_1m: float
     used_mu_per_min_1h: float
@@ -176,6 +178,7 @@ def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: i
         return ledger
 
     coefficients = coefficients_by_endpoint(endpoint_list)
+    limit = float(settings.INFERCAP["OVERCOMMIT_LIMIT"])
     sold: dict[int, float] = defaultdict(float)
     for reservation in reservations:
         sold[reservation.endpoint_id] += reservation.mu_per_min
@@ -190,6 +193,7 @@ def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: i
         coeffs = coefficients[endpoint.pk]
         minutes = per_minute[endpoint.pk]
         have = endpoint.ready_count * coeffs.mu_per_min
+        sellable = max(endpoint.ready_count, endpoint.min_replicas) * coeffs.mu_per_min
         used_1m = minutes.get(last_minute, 0.0)
         used_1h = sum(mu for start, mu in minutes.items() if start >= hour_start) / 60
         # Minutes without usage count as zero: the day has 1,440 samples however sparse the traffic.
@@ -202,7 +206,8 @@ def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: i
                 replica_mu_per_min=coeffs.mu_per_min,
                 ready_replicas=endpoint.ready_count,
                 have_mu_per_min=have,
-                sellable_mu_per_min=max(endpoint.ready_count, endpoint.min_replicas) * coeffs.mu_per_min,
+                sellable_mu_per_min=sellable,
+                available_to_sell_mu_per_min=max(0.0, limit * sellable - sold[endpoint.pk]),
                 sold_mu_per_min=sold[endpoint.pk],
                 used_mu_per_min_1m=used_1m,
                 used_mu_per_min_1h=used_1h,
@@ -240,6 +245,7 @@ def _totals(rows: list[EndpointLedger], per_minute: dict[int, dict[datetime, flo
         "used_mu_per_min_p95_1d": percentile(samples, 95),
         "headroom_mu_per_min": have - used_1m,
         "unsold_mu_per_min": have - sold,
+        "available_to_sell_mu_per_min": sum(r.available_to_sell_mu_per_min for r in rows),
         "overcommit_ratio": _ratio(sold, have),
         "utilization_1h": _ratio(used_1h, have),
         "throttled_1h": sum(r.throttled_1h for r in rows),

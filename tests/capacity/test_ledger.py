@@ -55,7 +55,8 @@ def _row(ledger, endpoint):
     return next(r for r in ledger.endpoints if r.endpoint_id == endpoint.pk)
 
 
-def test_have_sold_used_headroom_overcommit(shared, tenant_a, tenant_b):
+def test_have_sold_used_headroom_overcommit(shared, tenant_a, tenant_b, settings):
+    settings.INFERCAP = {**settings.INFERCAP, "OVERCOMMIT_LIMIT": 1.5}
     endpoint, _ = shared
     ledger = capacity_ledger(now=NOW)
     row = _row(ledger, endpoint)
@@ -69,6 +70,7 @@ def test_have_sold_used_headroom_overcommit(shared, tenant_a, tenant_b):
     assert row.headroom_mu_per_min == pytest.approx(2000 - 60)
     assert row.unsold_mu_per_min == pytest.approx(1600)
     assert row.overcommit_ratio == pytest.approx(0.2)
+    assert row.available_to_sell_mu_per_min == pytest.approx(1.5 * 2000 - 400)  # OVERCOMMIT_LIMIT 1.5
     assert (row.throttled_1h, row.shed_1h) == (1, 2)
     # The other endpoint (tenant B's own, no replicas) adds sold but no capacity.
     assert ledger.total["have_mu_per_min"] == 2000
