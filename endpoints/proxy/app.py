@@ -28,6 +28,7 @@ from endpoints.routing.session import prompt_text_of, session_id_of
 
 log = logging.getLogger(__name__)
 
+NON_STREAM_MIN_TOKENS_PER_S = 5.0
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -58,6 +59,19 @@ async def application(scope, receive, send) -> None:
         return
     path = scope["path"]
     method = scope["method"]
+    if path != "/metrics":
+        try:
+            await get_state()
+        except Exception:  # noqa: BLE001 - e.g. the database is down when this process starts
+            log.exception("proxy could not load its configuration")
+            rid = [(b"x-request-id", ("req-" + uuid.uuid4().hex).encode()), (b"retry-after", b"1")]
+            body = error_body(
+                "The proxy is starting and cannot read its configuration yet.",
+                type="server_error",
+                code="proxy_unavailable",
+            )
+            await send_json(send, 503, body, rid)
+            return
     kind = _ROUTES.get(path)
     if kind is not None:
         if method != "POST":
@@ -258,13 +272,13 @@ async def _completion(scope, receive, send, kind: str) -> None:
         tried: set[str] = set()
         outcome = ctx.outcome = Outcome()
         ctx.dispatched_at = time.perf_counter()
+        # A non-streaming answer shows no byte before it is complete, so its first-byte limit also allows
+        # generation at a floor of NON_STREAM_MIN_TOKENS_PER_S.
+        first_byte_s = cfg.ttft_timeout_s
+        if not req.stream:
+            first_byte_s += (req.max_tokens or 4096) / NON_STREAM_MIN_TOKENS_PER_S
         loop.call_later(
-            min(cfg.ttft_timeout_s, cfg.idle_timeout_s) / 4,
-            _watchdog,
-            ctx,
-            cfg.ttft_timeout_s,
-            cfg.idle_timeout_s,
-            loop,
+            min(cfg.ttft_timeout_s, cfg.idle_timeout_s) / 4, _watchdog, ctx, first_byte_s, cfg.idle_timeout_s, loop
         )
         for attempt in (0, 1):
             tried.add(slot.view.replica_id)

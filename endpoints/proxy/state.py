@@ -70,6 +70,9 @@ class ProxyState:
             )
             self.redis = aioredis.Redis(connection_pool=pool)
         self.limiter = RateLimiter(self.redis, fail_mode=self.config.rate_limit_fail_mode)
+        # The snapshot first: if the database is unreachable this raises before anything else is started.
+        version = await self._read_version()
+        self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
         # The data-plane client: aiohttp won the calibration in issue 4 (httpx collapsed at 256 streams).
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
@@ -77,8 +80,6 @@ class ProxyState:
         )
         self.usage = UsageWriter(flush_s=self.config.usage_flush_s, batch=self.config.usage_batch)
         self.usage.start()
-        version = await self._read_version()
-        self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
         self._scraper_start()
         self._tasks.append(loop.create_task(self._poll_snapshot(), name="proxy-snapshot-poll"))
         self._tasks.append(loop.create_task(self._publish_demand(), name="proxy-demand"))
@@ -204,6 +205,10 @@ async def get_state() -> ProxyState:
     async with _state_lock:
         if _state is None:
             state = ProxyState(load_config())
-            await state.start()
+            try:
+                await state.start()
+            except BaseException:
+                await state.close()  # the next request tries again from scratch
+                raise
             _state = state
     return _state

@@ -73,3 +73,12 @@ def test_auth_failures_and_bad_input_are_clean_4xx(procs, clean_redis, tenant_a,
     # Only authenticated, admitted requests are metered: 1 + the revoked key's successes.
     assert UsageRecord.objects.filter(status="ok").count() >= 2
     assert not UsageRecord.objects.exclude(status="ok").exists()
+
+
+def test_proxy_without_its_database_answers_503_not_500(procs, clean_redis, tenant_a):
+    from tests.proxy.conftest import free_port
+
+    base = spawn_proxy(procs, db_url=f"postgres://postgres@127.0.0.1:{free_port()}/nowhere")
+    r = post(base, tenant_a.raw_key, chat_body(tenant_a.endpoint.name, max_tokens=2))
+    err = assert_openai_error(r, 503)
+    assert err["code"] == "proxy_unavailable" and r.headers["retry-after"] == "1"
