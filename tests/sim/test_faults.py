@@ -11,8 +11,18 @@ from endpoints.runtimes.sim.tokens import filler_text
 pytestmark = pytest.mark.e2e
 
 
+# One pooled client: creating an httpx client per call costs a TLS context, noise that timing checks do not need.
+_client = httpx.Client()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_client():
+    yield
+    _client.close()
+
+
 def complete(url: str, *, max_tokens: int = 10, timeout: float = 10.0, prompt: str = "hello") -> httpx.Response:
-    return httpx.post(
+    return _client.post(
         f"{url}/v1/completions", timeout=timeout, json={"model": "tiny", "prompt": prompt, "max_tokens": max_tokens}
     )
 
