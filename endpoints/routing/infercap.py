@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
-from endpoints.routing.llmd import request_hashes
+from endpoints.routing.llmd import kv_score, queue_scores, request_hashes
 from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixIndex
 
 
@@ -82,6 +82,8 @@ class InfercapRouter(RouterBase):
         home_weight: float = 0.5,
         home_blocks: int = 16,
         fill_weight: float = 2.0,
+        queue_weight: float = 0.0,
+        kv_weight: float = 0.0,
         block_chars: int = PREFIX_BLOCK_CHARS,
         max_blocks: int = MAX_PREFIX_BLOCKS,
         session_ttl_s: float = 900.0,
@@ -96,7 +98,7 @@ class InfercapRouter(RouterBase):
         self.load_bound, self.load_slack = load_bound, load_slack
         self.prefix_weight, self.session_weight, self.load_weight = prefix_weight, session_weight, load_weight
         self.home_weight, self.home_blocks = home_weight, max(1, home_blocks)
-        self.fill_weight = fill_weight
+        self.fill_weight, self.queue_weight, self.kv_weight = fill_weight, queue_weight, kv_weight
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
         self.sessions = SessionTable(max_sessions, session_ttl_s)
         self._cache_config: dict[str, tuple[int, int]] = {}
@@ -129,6 +131,7 @@ class InfercapRouter(RouterBase):
         loads = {r.replica_id: replica_load(r, mu) for r in allowed}
         top_load = max(loads.values()) or 1.0
         home_key = hashes[min(len(hashes), self.home_blocks) - 1] if hashes else hash(request.prompt_text)
+        queue = queue_scores(allowed) if self.queue_weight else {}
         scored = []
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
@@ -137,6 +140,8 @@ class InfercapRouter(RouterBase):
                 + (self.session_weight if r.replica_id == sticky else 0.0)
                 + self.home_weight * home_rank(home_key, r.replica_id)
                 - self.fill_weight * self.prefix_index.fill(r.replica_id)
+                + (self.queue_weight * queue[r.replica_id] if queue else 0.0)
+                + (self.kv_weight * kv_score(r) if self.kv_weight else 0.0)
                 - self.load_weight * loads[r.replica_id] / top_load
             )
             scored.append((score, r))
