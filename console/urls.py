@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.views import fleet, operations, planner, tenant
+from console.views import audit, fleet, operations, planner, tenant
 
 app_name = "console"
 
@@ -21,6 +21,7 @@ urlpatterns = [
     path("alerts/<int:alert_id>/ack/", operations.alert_ack_view, name="alert-ack"),
     path("cost/", operations.cost, name="cost"),
     path("planner/", planner.planner_view, name="planner"),
+    path("audit/", audit.audit, name="audit"),
     path("tenant/", tenant.tenant_home, name="tenant-home"),
     path("tenant/keys/", tenant.api_keys, name="api-keys"),
     path("tenant/keys/new/", tenant.api_key_create_view, name="api-key-create"),

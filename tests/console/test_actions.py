@@ -200,3 +200,18 @@ def test_cost_period_errors_and_csv(client, operator, tenant_a):
     lines = csv_response.content.decode().strip().splitlines()
     assert lines[0].startswith("endpoint_id,endpoint,tenant_id,tenant,start,end,gpu_hours,usd")
     assert any(",a-model," in line for line in lines[1:])
+
+
+def test_audit_page_shows_console_actions_to_the_right_people(client, operator, tenant_a, tenant_b):
+    client.force_login(tenant_a.admin)
+    _post_confirmed(
+        client, reverse("console:api-key-create"), {"name": "audited", "scopes": ["read"], "max_priority": "standard"}
+    )
+    own = client.get(reverse("console:audit"), {"action": "api_key."}).content.decode()
+    assert own.count("<code>api_key.create</code>") == 2  # the fixture's key and this one, not tenant B's
+    assert "a-admin" in own
+    client.force_login(tenant_b.member)
+    assert "a-admin" not in client.get(reverse("console:audit")).content.decode()
+    client.force_login(operator)
+    everything = client.get(reverse("console:audit"), {"page": "999", "action": "api_key."}).content.decode()
+    assert everything.count("<code>api_key.create</code>") == 3  # an out-of-range page shows the last one
