@@ -124,7 +124,10 @@ def _evaluate(now: datetime) -> dict[str, int]:
     end = _evaluation_end(now)
     slos = list(SLO.objects.filter(enabled=True).select_related("endpoint"))
     if not slos:
-        return {"slos": 0, "opened": 0, "fired": 0, "resolved": 0}
+        changes = _AlertChanges()
+        _resolve_orphans(changes, now)
+        _apply(changes, now)
+        return {"slos": 0, "opened": 0, "fired": 0, "resolved": len(changes.transitioned)}
     period_days = {slo.period_days for slo in slos}
     ranges = {label: (end - timedelta(seconds=seconds), end) for label, seconds in WINDOWS_S.items()}
     ranges |= {f"period-{days}d": (end - timedelta(days=days), end) for days in period_days}
@@ -179,6 +182,7 @@ def _evaluate(now: datetime) -> dict[str, int]:
         ],  # fmt: skip
         batch_size=500,
     )
+    _resolve_orphans(changes, now)
     _apply(changes, now)
     fired = sum(1 for _, event in changes.events if event == "firing")
     return {
@@ -224,6 +228,17 @@ def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float],
         changes.transitioned.append(alert)
     if step.notify:
         changes.events.append((alert, step.notify))
+
+
+def _resolve_orphans(changes: _AlertChanges, now: datetime) -> None:
+    """Open alerts of SLOs that were disabled since they opened resolve (a firing one with a notification)."""
+    for alert in (
+        Alert.objects.filter(slo__enabled=False).exclude(state=Alert.State.RESOLVED).select_related("slo__endpoint")
+    ):
+        if alert.state == Alert.State.FIRING:
+            changes.events.append((alert, "resolved"))
+        alert.state, alert.resolved_at = Alert.State.RESOLVED, now
+        changes.transitioned.append(alert)
 
 
 def _apply(changes: _AlertChanges, now: datetime) -> None:

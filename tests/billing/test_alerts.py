@@ -182,3 +182,43 @@ def test_unreachable_webhook_is_recorded_not_raised(tenant_a, slo):
     result = notifications_deliver_due(now=T0 + timedelta(minutes=2))
     assert result.retrying >= 1
     assert AlertNotification.objects.filter(last_error__icontains="connect").exists()
+
+
+def test_overlapping_evaluations_skip_instead_of_racing(tenant_a, slo):
+    """A tick that finds another evaluation holding the lock (a slow previous tick) skips rather than double-alerting."""
+    import psycopg
+    from django.db import connection
+
+    from billing.alerts import EVALUATION_LOCK
+
+    params = connection.settings_dict
+    other = psycopg.connect(
+        dbname=params["NAME"],
+        user=params["USER"],
+        password=params["PASSWORD"] or None,
+        host=params["HOST"] or None,
+        port=params["PORT"] or None,
+        autocommit=True,
+    )
+    try:
+        other.execute("SELECT pg_advisory_lock(%s)", [EVALUATION_LOCK])
+        assert slo_evaluate_all(now=T0).skipped
+        other.execute("SELECT pg_advisory_unlock(%s)", [EVALUATION_LOCK])
+        assert not slo_evaluate_all(now=T0).skipped
+    finally:
+        other.close()
+
+
+def test_disabling_an_slo_resolves_its_open_alerts(tenant_a, slo, webhook_server):
+    Webhook.objects.create(name="ops", url=webhook_server.url)
+    _world(tenant_a, before=0.0, during=1.0, incident_minutes=10)
+    timeline = _ticks(range(0, 3))
+    assert ("page", "1h", "firing") in timeline[-1]
+    slo.enabled = False
+    slo.save()
+    slo_evaluate_all(now=T0 + timedelta(minutes=4))
+    assert not Alert.objects.exclude(state="resolved").exists()
+    assert set(AlertNotification.objects.values_list("alert__long_window", "event")) >= {
+        ("1h", "firing"),
+        ("1h", "resolved"),
+    }
