@@ -28,14 +28,19 @@ DAY_MINUTES = 24 * 60
 
 
 @dataclass
-class MinuteUsage:
-    endpoint_id: int
-    tenant_id: int
-    start: datetime
+class UsageRow:
+    """Usage summed over one group: ``start`` is set when grouped by minute, the ids when grouped by them."""
+
+    endpoint_id: int | None
+    tenant_id: int | None
+    start: datetime | None
     mu: float = 0.0
     requests: int = 0
     throttled: int = 0  # refused by the tenant's rate limits (429 rate_limited)
     shed: int = 0  # dropped by admission (queue full or too old)
+
+
+_GROUPS = {"endpoint": "endpoint_id", "tenant": "tenant_id", "minute": "start"}
 
 
 def _rollup_model():
@@ -45,47 +50,63 @@ def _rollup_model():
         return None
 
 
-def usage_by_minute(
-    *, start: datetime, end: datetime, endpoint_ids: list[int] | None = None, tenant_id: int | None = None
-) -> list[MinuteUsage]:
-    """MU, requests, throttled and shed per (endpoint, tenant, minute) over [start, end)."""
+def usage_aggregate(
+    *,
+    start: datetime,
+    end: datetime,
+    by: tuple[str, ...],
+    endpoint_ids: list[int] | None = None,
+    tenant_id: int | None = None,
+) -> list[UsageRow]:
+    """MU, requests, throttled and shed over [start, end), summed per ``by`` (``endpoint``, ``tenant``, ``minute``).
+
+    The one place the ledger reads usage: from the per-minute rollups (``billing.UsageMinute``) when they exist,
+    else from raw usage records. Sums happen in the database, so a day of minutes costs one grouped query.
+    """
+    unknown = set(by) - set(_GROUPS)
+    if unknown:
+        raise ValueError(f"cannot group usage by {sorted(unknown)}")
     rollup = _rollup_model()
     if rollup is not None:
         rows = rollup.objects.filter(start__gte=start, start__lt=end)
-        if endpoint_ids is not None:
-            rows = rows.filter(endpoint_id__in=endpoint_ids)
-        if tenant_id is not None:
-            rows = rows.filter(tenant_id=tenant_id)
-        return [
-            MinuteUsage(
-                r["endpoint_id"], r["tenant_id"], r["start"], r["mu"], r["requests"], r["rate_limited"], r["shed"]
-            )
-            for r in rows.values("endpoint_id", "tenant_id", "start", "mu", "requests", "rate_limited", "shed")
-        ]
-    usage = apps.get_model("billing", "UsageRecord").objects.filter(
-        finished_at__gte=start, finished_at__lt=end, endpoint_id__isnull=False
-    )
+        sums = {
+            "s_mu": Sum("mu"),
+            "s_requests": Sum("requests"),
+            "s_throttled": Sum("rate_limited"),
+            "s_shed": Sum("shed"),
+        }
+        keys = [_GROUPS[g] for g in by]
+    else:
+        rows = apps.get_model("billing", "UsageRecord").objects.filter(
+            finished_at__gte=start, finished_at__lt=end, endpoint_id__isnull=False
+        )
+        if "minute" in by:
+            rows = rows.annotate(start=TruncMinute("finished_at"))
+        sums = {
+            "s_mu": Sum("mu"),
+            "s_requests": Count("id"),
+            "s_throttled": Count("id", filter=Q(status="rate_limited")),
+            "s_shed": Count("id", filter=Q(status="shed")),
+        }
+        keys = [_GROUPS[g] for g in by]
     if endpoint_ids is not None:
-        usage = usage.filter(endpoint_id__in=endpoint_ids)
+        rows = rows.filter(endpoint_id__in=endpoint_ids)
     if tenant_id is not None:
-        usage = usage.filter(tenant_id=tenant_id)
-    rows = (
-        usage.annotate(minute=TruncMinute("finished_at"))
-        .values("endpoint_id", "tenant_id", "minute")
-        .annotate(
-            mu_sum=Sum("mu"),
-            n=Count("id"),
-            throttled=Count("id", filter=Q(status="rate_limited")),
-            shed_n=Count("id", filter=Q(status="shed")),
+        rows = rows.filter(tenant_id=tenant_id)
+    result = []
+    for r in rows.values(*keys).annotate(**sums).order_by():
+        result.append(
+            UsageRow(
+                endpoint_id=r.get("endpoint_id"),
+                tenant_id=r.get("tenant_id"),
+                start=r.get("start"),
+                mu=r["s_mu"] or 0.0,
+                requests=r["s_requests"] or 0,
+                throttled=r["s_throttled"] or 0,
+                shed=r["s_shed"] or 0,
+            )
         )
-        .order_by()
-    )
-    return [
-        MinuteUsage(
-            r["endpoint_id"], r["tenant_id"], r["minute"], r["mu_sum"] or 0.0, r["n"], r["throttled"], r["shed_n"]
-        )
-        for r in rows
-    ]
+    return result
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -169,11 +190,14 @@ def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: i
     reservations = CapacityReservation.objects.filter(endpoint_id__in=ids).select_related("tenant")
     if tenant_id is not None:
         reservations = reservations.filter(tenant_id=tenant_id)
-    usage = usage_by_minute(
-        start=day_start if tenant_id is None else hour_start, end=minute_end, endpoint_ids=ids, tenant_id=tenant_id
+    tenant_hour = usage_aggregate(
+        start=hour_start, end=minute_end, by=("endpoint", "tenant"), endpoint_ids=ids, tenant_id=tenant_id
+    )
+    tenant_minute = usage_aggregate(
+        start=last_minute, end=minute_end, by=("endpoint", "tenant"), endpoint_ids=ids, tenant_id=tenant_id
     )
     ledger = Ledger(at=now)
-    ledger.tenants = _tenant_rows(endpoint_list, list(reservations), usage, hour_start, last_minute)
+    ledger.tenants = _tenant_rows(endpoint_list, list(reservations), tenant_hour, tenant_minute)
     if tenant_id is not None:
         return ledger
 
@@ -182,13 +206,13 @@ def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: i
     sold: dict[int, float] = defaultdict(float)
     for reservation in reservations:
         sold[reservation.endpoint_id] += reservation.mu_per_min
-    per_minute: dict[int, dict[datetime, float]] = defaultdict(lambda: defaultdict(float))
+    per_minute: dict[int, dict[datetime, float]] = defaultdict(dict)
+    for row in usage_aggregate(start=day_start, end=minute_end, by=("endpoint", "minute"), endpoint_ids=ids):
+        per_minute[row.endpoint_id][row.start] = row.mu
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for row in usage:
-        per_minute[row.endpoint_id][row.start] += row.mu
-        if row.start >= hour_start:
-            counts[row.endpoint_id][0] += row.throttled
-            counts[row.endpoint_id][1] += row.shed
+    for row in tenant_hour:
+        counts[row.endpoint_id][0] += row.throttled
+        counts[row.endpoint_id][1] += row.shed
     for endpoint in endpoint_list:
         coeffs = coefficients[endpoint.pk]
         minutes = per_minute[endpoint.pk]
@@ -253,7 +277,7 @@ def _totals(rows: list[EndpointLedger], per_minute: dict[int, dict[datetime, flo
     }
 
 
-def _tenant_rows(endpoint_list, reservations, usage: list[MinuteUsage], hour_start, last_minute) -> list:
+def _tenant_rows(endpoint_list, reservations, hour: list[UsageRow], minute: list[UsageRow]) -> list:
     names = {e.pk: e.name for e in endpoint_list}
     rows: dict[tuple[int, int], TenantLedgerRow] = {}
     for reservation in reservations:
@@ -262,22 +286,22 @@ def _tenant_rows(endpoint_list, reservations, usage: list[MinuteUsage], hour_sta
             reservation.mu_per_min, 0.0, 0.0, 0, 0, 0, None,
         )  # fmt: skip
     unreserved: set[int] = set()
-    for row in usage:
-        if row.start < hour_start:
-            continue
+
+    def entry_for(row: UsageRow) -> TenantLedgerRow:
         key = (row.tenant_id, row.endpoint_id)
         if key not in rows:
             # Best-effort traffic from a tenant holding no reservation here still shows up, with reserved = 0.
             rows[key] = TenantLedgerRow(row.tenant_id, "", row.endpoint_id, names[row.endpoint_id], 0.0,
                                         0.0, 0.0, 0, 0, 0, None)  # fmt: skip
             unreserved.add(row.tenant_id)
-        entry = rows[key]
-        entry.used_mu_per_min_1h += row.mu / 60
-        entry.requests_1h += row.requests
-        entry.throttled_1h += row.throttled
-        entry.shed_1h += row.shed
-        if row.start == last_minute:
-            entry.used_mu_per_min_1m += row.mu
+        return rows[key]
+
+    for row in hour:
+        entry = entry_for(row)
+        entry.used_mu_per_min_1h = row.mu / 60
+        entry.requests_1h, entry.throttled_1h, entry.shed_1h = row.requests, row.throttled, row.shed
+    for row in minute:
+        entry_for(row).used_mu_per_min_1m = row.mu
     if unreserved:
         tenant_names = dict(
             apps.get_model("tenants", "Tenant").objects.filter(pk__in=unreserved).values_list("pk", "name")

@@ -161,6 +161,16 @@ def test_ledger_queries_do_not_grow_with_endpoints(shared, django_assert_max_num
 
     for _ in range(5):
         ReservationFactory(endpoint=EndpointFactory())
-    with django_assert_max_num_queries(8):
+    with django_assert_max_num_queries(10):
         ledger = capacity_ledger(now=NOW)
     assert len(ledger.endpoints) == 7
+
+
+def test_raw_usage_fallback_gives_the_same_ledger(shared, monkeypatch):
+    from capacity import ledger as ledger_module
+
+    from_rollups = capacity_ledger(now=NOW)
+    monkeypatch.setattr(ledger_module, "_rollup_model", lambda: None)
+    from_raw = capacity_ledger(now=NOW)
+    assert from_raw.as_dict() == from_rollups.as_dict()
+    assert from_raw.total["used_mu_per_min_1h"] > 0
