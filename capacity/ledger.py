@@ -2,7 +2,7 @@
 tenant reserved vs used with throttled and shed requests. Every figure is in model units per minute.
 
 have = ready (non-standby) replicas × the replica's MU/min; sold = Σ reservations; used = MU actually consumed,
-read from the per-minute usage rollups (``billing.UsageMinute``) through ``usage_by_minute``, the one place that
+read from the per-minute usage rollups (``billing.UsageMinute``) through ``usage_aggregate``, the one place that
 knows where usage lives, so raw usage rows are only scanned where rollups do not exist.
 """
 
