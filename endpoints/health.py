@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -301,7 +302,8 @@ async def _gather_evidence_and_probe(replicas, to_probe_ids, config: HealthConfi
             *(read_generation_tokens(r.url, config=config, client=client) for r in replicas if r.pk in need_progress)
         )
         token_by_id = dict(zip([r.pk for r in replicas if r.pk in need_progress], tokens, strict=True))
-        probe_targets = [r for r in replicas if r.pk in to_probe_ids(token_by_id)]
+        chosen = to_probe_ids(token_by_id)
+        probe_targets = [r for r in replicas if r.pk in chosen]
         results = await asyncio.gather(*(probe_replica(r.url, config=config, client=client) for r in probe_targets))
         return token_by_id, dict(zip([r.pk for r in probe_targets], results, strict=True))
 
@@ -315,9 +317,10 @@ def health_check_cycle(
     config = config or HealthConfig.from_settings()
     client = _redis()
     lock_ttl = int(config.ttft_timeout_s + config.connect_timeout_s + 5)
+    token = f"{os.getpid()}-{time.monotonic_ns()}"
     if client is not None:
         try:
-            if not client.set(CYCLE_LOCK_KEY, "1", nx=True, ex=lock_ttl):
+            if not client.set(CYCLE_LOCK_KEY, token, nx=True, ex=lock_ttl):
                 return HealthCycleReport(skipped="another health cycle is running")
         except Exception:  # noqa: BLE001 - without Redis the overlap guard is lost, not the check
             client = None
@@ -328,8 +331,10 @@ def health_check_cycle(
     finally:
         if client is not None:
             try:
-                client.delete(CYCLE_LOCK_KEY)
-            except Exception:  # noqa: BLE001
+                # Only our own lock: if it expired and another cycle took it, that one releases it.
+                if client.get(CYCLE_LOCK_KEY) == token.encode():
+                    client.delete(CYCLE_LOCK_KEY)
+            except Exception:  # noqa: BLE001 - it expires on its own
                 pass
 
 
@@ -404,6 +409,8 @@ def _cycle(*, config, endpoint_ids, now, replica_model, ready) -> HealthCycleRep
             _mark_failed(replica=replica, check=check, errors=errors, now=now)
         elif not result.ok:
             _recent_errors(replica.pk, result.error)
+        else:
+            _error_log.pop(replica.pk, None)
     return report
 
 

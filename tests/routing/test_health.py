@@ -241,3 +241,13 @@ def test_beat_runs_the_probe_cycle(sim_endpoint):
     ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url="http://127.0.0.1:9", actuator="static")
     # Eager in tests: the task runs the real cycle against the (unreachable) replica.
     assert probe_cycle.delay().get()["probed"] == 1
+
+
+def test_overlapping_cycles_do_not_probe_twice(db, clean_health_keys):
+    from endpoints.health import CYCLE_LOCK_KEY
+
+    clean_health_keys.set(CYCLE_LOCK_KEY, "someone-else", ex=30)
+    assert health_check_cycle(config=FAST).skipped == "another health cycle is running"
+    assert clean_health_keys.get(CYCLE_LOCK_KEY) == b"someone-else"  # not ours to release
+    clean_health_keys.delete(CYCLE_LOCK_KEY)
+    assert health_check_cycle(config=FAST).skipped == ""
