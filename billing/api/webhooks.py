@@ -1,5 +1,8 @@
 """/api/v1/webhooks/: where alert notifications are POSTed. Tenant admins manage their tenant's; operators any."""
 
+import ipaddress
+from urllib.parse import urlsplit
+
 from django.db import transaction
 from rest_framework import serializers
 
@@ -12,6 +15,17 @@ from tenants.selectors import principal_is_operator, principal_tenant_id, tenant
 from tenants.services import audit_log
 
 SEVERITIES = sorted({p.severity for p in WINDOW_PAIRS})
+
+
+def _is_internal(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host in ("localhost", "") or host.endswith((".localhost", ".local", ".internal")):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_private or address.is_loopback or address.is_link_local or address.is_reserved
 
 
 class WebhookSerializer(serializers.ModelSerializer):
@@ -33,6 +47,9 @@ class WebhookSerializer(serializers.ModelSerializer):
     def validate_url(self, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise serializers.ValidationError("use an http(s) URL")
+        if not principal_is_operator(principal_from(self)) and _is_internal(urlsplit(value).hostname or ""):
+            # The worker POSTs from inside the platform's network: tenants may not aim it at internal services.
+            raise serializers.ValidationError("webhooks must point at a public host")
         return value
 
     def validate(self, attrs):

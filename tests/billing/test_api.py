@@ -93,8 +93,13 @@ def test_webhooks_are_tenant_scoped(world, tenant_a, tenant_b, operator):
     )
     assert created.status_code == 201, created.json()
     assert "secret" not in created.json()
-    assert Webhook.objects.get().tenant == tenant_a.tenant
+    assert Webhook.objects.get(name="pager").tenant == tenant_a.tenant
     assert admin.post("/api/v1/webhooks/", {"name": "x", "url": "ftp://nope"}, format="json").status_code == 400
+    for internal in ("http://127.0.0.1:8000/", "http://10.1.2.3/hook", "http://localhost/x", "http://[::1]/"):
+        assert admin.post("/api/v1/webhooks/", {"name": "x", "url": internal}, format="json").status_code == 400
+    # Operators may (their alert router may well live inside the network).
+    ops = client_for(operator).post("/api/v1/webhooks/", {"name": "ops", "url": "http://10.0.0.5/hook"}, format="json")
+    assert ops.status_code == 201 and ops.json()["tenant"] is None
     bad_severity = admin.post(
         "/api/v1/webhooks/", {"name": "x", "url": "https://h.example", "severities": ["sms"]}, format="json"
     )
