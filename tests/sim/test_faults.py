@@ -163,3 +163,39 @@ def test_manage_py_run_replica_serves_and_stops_on_sigterm():
 def test_bad_launch_options_fail_fast_with_the_reason():
     with pytest.raises(ReplicaStartError, match="unknown simulator profile"):
         start_replica(profile="no-such-profile", timeout_s=20)
+
+
+def test_a_replica_does_not_outlive_the_process_that_started_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os\n"
+        "from endpoints.runtimes.sim.process import start_replica\n"
+        "print(start_replica(profile='tiny').pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split()[2] == "Z":  # exited, waiting to be reaped by init
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the replica outlived its parent")

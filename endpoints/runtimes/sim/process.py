@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 import os
 import signal
@@ -26,9 +28,25 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 
 MANAGE_PY = Path(__file__).resolve().parents[3] / "manage.py"
+_started: weakref.WeakSet = weakref.WeakSet()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the starting process dies (Linux), so no replica outlives it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for replica in list(_started):
+        replica.kill()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -183,9 +201,11 @@ def start_replica(
         stdin=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
         cwd=str(MANAGE_PY.parent),
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
     log.close()
     replica = ReplicaProcess(proc, host, port, log.name)
+    _started.add(replica)
     if wait:
         try:
             replica.wait_healthy(timeout_s + float((faults or {}).get("startup_delay_s", 0)))
