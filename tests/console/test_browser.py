@@ -151,6 +151,12 @@ def test_operator_creates_endpoint_sees_replicas_live_and_charts(page, operator,
     assert "3 replicas" in page.locator(".planner-result h2").inner_text()
     screenshot(page, "operator-planner")
 
+    page.get_by_role("link", name="Audit").click()
+    trail = page.locator("table").inner_text()
+    for action in ("endpoint.create", "replica.drain", "alert.acknowledge"):
+        assert action in trail, action
+    screenshot(page, "operator-audit")
+
 
 def test_tenant_creates_key_once_and_sees_only_its_endpoints(page, tenant_a, tenant_b):
     ReplicaFactory(endpoint=tenant_b.endpoint, name="b-r1")
