@@ -12,6 +12,10 @@
 ``GET /health`` answers 200 (``wait=False`` returns at once, e.g. to watch a cold start), and returns a
 ``ReplicaProcess`` with ``url``, ``port``, ``pid``, ``stop()``, ``kill()``, ``alive()``, ``wait_exit()``,
 ``set_faults(**settings)``, ``faults()``, ``crash()`` and ``log()`` (its stdout+stderr so far).
+
+A replica gets SIGTERM when the *thread* that started it ends (Linux ``PR_SET_PDEATHSIG``), and leftovers are
+killed at interpreter exit, so a crashed test run leaves no process behind. Start replicas from a long-lived
+thread, or pass ``die_with_parent=False`` (and stop them yourself).
 """
 
 from __future__ import annotations
@@ -166,6 +170,7 @@ def start_replica(
     timeout_s: float = 30.0,
     env: dict | None = None,
     via_manage: bool = False,
+    die_with_parent: bool = True,
 ) -> ReplicaProcess:
     """Start one simulated replica process; see the module docstring."""
     port = port or free_port(host)
@@ -201,7 +206,7 @@ def start_replica(
         stdin=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
         cwd=str(MANAGE_PY.parent),
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
     )
     log.close()
     replica = ReplicaProcess(proc, host, port, log.name)
