@@ -195,9 +195,12 @@ def usage_rollup_run(*, now: datetime | None = None) -> RollupResult:
         touched = [m for m in touched if m >= raw_horizon]
         minute_ranges = _merge_ranges(touched, MINUTE)
         minute_rows = recompute_minutes(minute_ranges)
-        hour_ranges = _merge_ranges((_truncate(m, HOUR) for m in touched), HOUR)
+        # A coarser row is rebuilt from finer rows only while all of its finer rows are still kept.
+        hours = {_truncate(m, HOUR) for m in touched}
+        hour_ranges = _merge_ranges((h for h in hours if h >= now - MINUTE_ROLLUP_RETENTION), HOUR)
         hour_rows = recompute_coarser(UsageHour, hour_ranges)
-        day_ranges = _merge_ranges((_truncate(m, DAY) for m in touched), DAY)
+        days = {_truncate(m, DAY) for m in touched}
+        day_ranges = _merge_ranges((d for d in days if d >= now - HOUR_ROLLUP_RETENTION), DAY)
         day_rows = recompute_coarser(UsageDay, day_ranges)
         scanned = upper - cursor.previous_id if upper > cursor.previous_id else 0
         RollupCursor.objects.filter(pk=cursor.pk).update(
