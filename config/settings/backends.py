@@ -3,6 +3,7 @@
 With neither set the platform runs on an embedded default (SQLite, a file-system Celery broker,
 in-process cache and channel layer) so that one command shows it working on a laptop.
 """
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def resolve_backends(*, database_url: str, redis_url: str, var_dir: Path) -> Bac
         channel_layer={"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}},
         redis_url=redis_url,
         celery_broker_url=redis_url,
-        celery_broker_options={"visibility_timeout": 3600},
+        # With late acks, a task whose worker died is redelivered once this many seconds have passed.
+        celery_broker_options={"visibility_timeout": int(os.environ.get("INFERCAP_BROKER_VISIBILITY_TIMEOUT", "3600"))},
         celery_result_backend=redis_url,
         embedded_database=embedded_db,
         embedded_redis=False,

@@ -101,4 +101,11 @@ INFERCAP = {
     # When Redis cannot be reached the limiter admits ("open") or refuses ("closed").
     "RATE_LIMIT_FAIL_MODE": env("INFERCAP_RATE_LIMIT_FAIL_MODE", "open"),
     "SPOOL_DIR": str(VAR_DIR / "spool"),
+    # Blackbox health checks (endpoints.health.HealthConfig): probe a replica silent for idle_after_s,
+    # fail it after failures_to_fail consecutive failed probes.
+    "HEALTH": {
+        "idle_after_s": float(env("INFERCAP_HEALTH_IDLE_S", "10")),
+        "failures_to_fail": env_int("INFERCAP_HEALTH_FAILURES", 3),
+        "ttft_timeout_s": float(env("INFERCAP_HEALTH_TTFT_TIMEOUT_S", "10")),
+    },
 }

@@ -33,6 +33,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, host, port, endpoint, replicas, exit_after, **options):
         self.children: list[subprocess.Popen] = []
+        self.labels: list[str] = []
         self._say(f"backends: {settings.BACKENDS.describe()}")
         out = io.StringIO()
         call_command("seed_demo", endpoint=endpoint, replicas=replicas, as_json=True, stdout=out)
@@ -44,17 +45,23 @@ class Command(BaseCommand):
         try:
             self._spawn("web", [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", host,
                                 "--port", str(port), "--no-access-log", "--log-level", "warning"], env)
-            self._spawn("control loops", [sys.executable, "-m", "celery", "-A", "config", "worker", "-B",
-                                          "--loglevel", "WARNING", "--concurrency", "2", "--quiet",
+            self._spawn("control loops", [sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "-B",
+                                          "--loglevel", "WARNING", "--concurrency", "2",
                                           "-s", str(var_dir / "celerybeat-schedule")], env)
             self._wait_http(f"{base}/healthz", "web server", timeout_s=60)
             self._bring_up_replicas(endpoint, timeout_s=90)
             self._banner(base, demo)
             started = time.monotonic()
             while True:
-                for child in self.children:
-                    if child.poll() is not None:
-                        raise CommandError(f"{child.args[2] if len(child.args) > 2 else child.args} exited ({child.returncode})")
+                for index, child in enumerate(self.children):
+                    if child.poll() is None:
+                        continue
+                    if self.labels[index] == "web":
+                        raise CommandError(f"the web server exited ({child.returncode})")
+                    # kombu's Redis transport can end a worker on a dropped broker connection; restart it,
+                    # as Kubernetes restarts the worker pod.
+                    self._say(f"{self.labels[index]} exited ({child.returncode}); restarting it")
+                    self.children[index] = subprocess.Popen(child.args, env=env, start_new_session=True)
                 if exit_after and time.monotonic() - started > exit_after:
                     break
                 time.sleep(0.5)
@@ -67,6 +74,7 @@ class Command(BaseCommand):
         self._say(f"starting {label}: {' '.join(argv[1:4])} …")
         # Own process group, so Ctrl-C in the terminal reaches us once and we stop children in order.
         self.children.append(subprocess.Popen(argv, env=env, start_new_session=True))
+        self.labels.append(label)
 
     def _wait_http(self, url: str, what: str, *, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

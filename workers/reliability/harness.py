@@ -1,0 +1,394 @@
+"""Run the platform's real processes for fault injection: the proxy (uvicorn on ``config.asgi``), a
+Celery worker with embedded beat, and simulated replicas started by the local actuator. PostgreSQL
+and Redis are reached through ``TcpRelay``s so a scenario can cut either without touching the servers.
+
+The harness seeds its own tenant, keys and endpoint (unique names), and ``usage_books()`` compares
+the request ids that clients saw (every proxy response carries ``x-request-id``) with the usage
+records in PostgreSQL: lost = seen but never recorded, duplicated = recorded more than once or
+recorded without a client having seen it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+from django.conf import settings
+from django.db import connection
+
+from workers.reliability.chaos import TcpRelay
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Outcome:
+    request_id: str | None
+    priority: str
+    status: int  # HTTP status; 0 when no response arrived
+    started: float
+    ttft_s: float | None = None
+    ended: float | None = None
+    tokens: int = 0
+    error_event: bool = False
+    done: bool = False
+    retry_after: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Seeded:
+    tenant_id: int
+    endpoint_id: int
+    endpoint_name: str
+    keys: dict[str, str]  # priority class → raw key
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def database_url_from_connection() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM: the process's peak resident set size."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+@dataclass
+class Platform:
+    progress: Callable[[str], None] = print
+    replicas: int = 3
+    concurrency_limit: int = 4
+    # Real time (speed 1) and few slots: the replicas, not the shared CPU, must be the bottleneck in
+    # the overload scenario, as they are in production.
+    replica_speed: float = 1.0
+    replica_profile: str = "llama-13b-a100"
+    max_tokens: int = 32
+    ttft_slo_ms: int = 2000
+    tpot_slo_ms: int = 200
+    health_idle_s: float = 1.0
+    health_failures: int = 2
+    health_ttft_timeout_s: float = 1.5
+    with_worker: bool = True
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    worker_restarts: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> Platform:
+        if settings.BACKENDS.embedded_database or settings.BACKENDS.embedded_redis:
+            raise RuntimeError("the reliability harness needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
+        db_url = database_url_from_connection()
+        redis_url = settings.REDIS_URL
+        pg, rd = urlsplit(db_url), urlsplit(redis_url)
+        self.pg_relay = TcpRelay(pg.hostname or "127.0.0.1", pg.port or 5432).start()
+        self.redis_relay = TcpRelay(rd.hostname or "127.0.0.1", rd.port or 6379).start()
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings.production",
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
+            "DJANGO_SECURE_SSL_REDIRECT": "0",
+            "DATABASE_URL": self.pg_relay.url_for(db_url),
+            "REDIS_URL": self.redis_relay.url_for(redis_url),
+            "INFERCAP_QUIET": "1",
+            "INFERCAP_VAR_DIR": str(ROOT / "var" / f"reliability-{os.getpid()}"),
+            "INFERCAP_BROKER_VISIBILITY_TIMEOUT": "6",
+            "INFERCAP_HEALTH_IDLE_S": str(self.health_idle_s),
+            "INFERCAP_HEALTH_FAILURES": str(self.health_failures),
+            "INFERCAP_HEALTH_TTFT_TIMEOUT_S": str(self.health_ttft_timeout_s),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.seeded = self._seed()
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self._spawn("proxy", [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+                              "--port", str(self.port), "--no-access-log", "--log-level", "warning"])
+        if self.with_worker:
+            self.start_worker()
+            self._supervising = True
+            threading.Thread(target=self._supervise_worker, name="worker-supervisor", daemon=True).start()
+        self._launch_replicas()
+        self._wait(lambda: self._http_ok(f"{self.base}/healthz"), 60, "proxy up")
+        self._wait(lambda: self._reconciled() >= self.replicas, 90, f"{self.replicas} replicas ready")
+        self._wait(self._proxy_serves, 30, "proxy serving the endpoint")
+        return self
+
+    def stop(self) -> None:
+        self._supervising = False
+        for name in list(self.procs):
+            self.kill(name, sig=signal.SIGTERM)
+        from capacity.autoscaling.actuators import get_actuator
+        from endpoints.models import Endpoint, ReplicaState
+
+        seeded = getattr(self, "seeded", None)
+        endpoint = Endpoint.objects.filter(pk=seeded.endpoint_id).first() if seeded else None
+        if endpoint is not None:
+            live = list(endpoint.replicas.exclude(state=ReplicaState.STOPPED))
+            if live:
+                get_actuator(endpoint).terminate(live, reason="reliability harness stopped")
+        for relay in (getattr(self, "pg_relay", None), getattr(self, "redis_relay", None)):
+            if relay is not None:
+                relay.close()
+
+    def __enter__(self) -> Platform:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start_worker(self) -> None:
+        self._spawn("worker", [sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "-B",
+                               "--loglevel", "ERROR", "--concurrency", "2", "--without-gossip", "--without-mingle",
+                               "-s", str(ROOT / "var" / f"beat-{os.getpid()}-{uuid.uuid4().hex[:6]}")])
+
+    def _supervise_worker(self) -> None:
+        """Restart the Celery worker when it exits on its own, as Kubernetes or systemd would: kombu's Redis
+        transport can end the worker with an "Unrecoverable error" when the broker connection drops."""
+        while self._supervising:
+            proc = self.procs.get("worker")
+            if proc is not None and proc.poll() is not None and self._supervising:
+                self.worker_restarts += 1
+                self.progress(f"Celery worker exited ({proc.returncode}); restarting it")
+                self.start_worker()
+            time.sleep(0.5)
+
+    def kill(self, name: str, *, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=5)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log_dir = ROOT / "var" / "reliability-logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(log_dir / f"{name}-{os.getpid()}.log", "ab")  # noqa: SIM115 (kept open for the child)
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def _seed(self) -> Seeded:
+        from capacity.models import HardwareProfile, ModelProfile
+        from endpoints.models import Endpoint, Runtime
+        from tenants.models import CapacityReservation, PriorityClass, Tenant
+        from tenants.services import api_key_create
+
+        tag = f"rel-{uuid.uuid4().hex[:6]}"
+        hardware, _ = HardwareProfile.objects.get_or_create(
+            name="sim-a100-80g", defaults=dict(gpu_type="A100-80GB (simulated)", gpus_per_replica=1,
+                                              gpu_memory_gb=80, memory_bandwidth_gbps=2039, usd_per_gpu_hour=2.5))
+        model, _ = ModelProfile.objects.get_or_create(
+            name="llama-13b-sim", defaults=dict(parameters_b=13, n_layers=40, n_kv_heads=8, d_head=128,
+                                               dtype_bytes=2, weights_gb=26, max_model_len=4096))
+        tenant = Tenant.objects.create(name=f"Reliability {tag}", slug=tag)
+        endpoint = Endpoint.objects.create(
+            name=tag, model_profile=model, hardware_profile=hardware, runtime=Runtime.SIM,
+            min_replicas=self.replicas, max_replicas=self.replicas, desired_replicas=self.replicas,
+            concurrency_min=1, concurrency_max=max(self.concurrency_limit, 1), concurrency_limit=self.concurrency_limit,
+            ttft_slo_ms=self.ttft_slo_ms, tpot_slo_ms=self.tpot_slo_ms,
+            # min = max: the autoscaler's reconcile loop keeps the count fixed and replaces lost replicas,
+            # so each fault's effect is measured alone.
+            launch_options={"actuator": "local", "speed": self.replica_speed, "profile": self.replica_profile},
+        )
+        CapacityReservation.objects.create(tenant=tenant, endpoint=endpoint, mu_per_min=1e9,
+                                           priority=PriorityClass.CRITICAL, burst_minutes=1.0)
+        keys = {}
+        for cls in (PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE):
+            _, raw = api_key_create(tenant=tenant, name=f"{tag} {cls}", max_priority=cls)
+            keys[str(cls)] = raw
+        return Seeded(tenant_id=tenant.pk, endpoint_id=endpoint.pk, endpoint_name=endpoint.name, keys=keys)
+
+    def _launch_replicas(self) -> None:
+        from capacity.autoscaling.services import reconcile
+        from endpoints.models import Endpoint
+
+        reconcile(endpoint=Endpoint.objects.get(pk=self.seeded.endpoint_id))
+
+    def _reconciled(self) -> int:
+        self._launch_replicas()  # promotes started replicas whose /health answers
+        return self.ready_replicas()
+
+    # -- observations ------------------------------------------------------------------------------
+    def replicas_by_state(self) -> dict[str, int]:
+        from django.db.models import Count
+
+        from endpoints.models import Replica
+
+        rows = Replica.objects.filter(endpoint_id=self.seeded.endpoint_id).values("state").annotate(n=Count("id"))
+        return {row["state"]: row["n"] for row in rows}
+
+    def ready_replicas(self) -> int:
+        return self.replicas_by_state().get("ready", 0)
+
+    def ready_replica_rows(self) -> list:
+        from endpoints.models import Replica, ReplicaState
+
+        return list(Replica.objects.filter(endpoint_id=self.seeded.endpoint_id, state=ReplicaState.READY))
+
+    def usage_books(self) -> dict:
+        """Compare what clients saw with what PostgreSQL holds, for this harness's tenant."""
+        from django.db.models import Count
+
+        from billing.models import UsageRecord
+
+        seen = {o.request_id for o in self.outcomes if o.request_id}
+        rows = UsageRecord.objects.filter(tenant_id=self.seeded.tenant_id)
+        recorded = dict(rows.values_list("request_id").annotate(n=Count("id")))
+        lost = len(seen - recorded.keys())
+        duplicated = sum(n - 1 for n in recorded.values() if n > 1) + len(recorded.keys() - seen)
+        return {"seen": len(seen), "recorded": len(recorded), "lost": lost, "duplicated": duplicated}
+
+    def wait_books_settled(self, timeout_s: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        books = self.usage_books()
+        while books["lost"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+            books = self.usage_books()
+        return books
+
+    # -- load --------------------------------------------------------------------------------------
+    def body(self, *, max_tokens: int | None = None, stream: bool = True, content: str | None = None) -> dict:
+        return {
+            "model": self.seeded.endpoint_name,
+            "messages": [{"role": "user", "content": content or f"reliability check {uuid.uuid4().hex[:8]}"}],
+            "max_tokens": max_tokens or self.max_tokens,
+            "stream": stream,
+        }
+
+    async def one_request(self, session: aiohttp.ClientSession, priority: str = "standard", *,
+                          body: dict | None = None, timeout_s: float = 60.0) -> Outcome:
+        outcome = Outcome(request_id=None, priority=priority, status=0, started=time.monotonic())
+        headers = {"Authorization": f"Bearer {self.seeded.keys[priority]}"}
+        try:
+            async with session.post(f"{self.base}/v1/chat/completions", json=body or self.body(), headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+                outcome.status = response.status
+                outcome.request_id = response.headers.get("x-request-id")
+                outcome.retry_after = response.headers.get("retry-after")
+                if response.status == 200:
+                    async for raw in response.content:
+                        line = raw.strip()
+                        if not line.startswith(b"data: "):
+                            continue
+                        if line == b"data: [DONE]":
+                            outcome.done = True
+                            break
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            outcome.error_event = True
+                        elif any(c.get("delta", {}).get("content") for c in event.get("choices") or ()):
+                            # One token per content chunk, as vLLM streams (the role chunk is empty).
+                            if outcome.ttft_s is None:
+                                outcome.ttft_s = time.monotonic() - outcome.started
+                            outcome.tokens += 1
+                else:
+                    await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            outcome.error = type(exc).__name__
+        outcome.ended = time.monotonic()
+        self.outcomes.append(outcome)
+        return outcome
+
+    async def open_loop(self, *, rate_per_s: dict[str, float], duration_s: float, seed: int = 7) -> list[Outcome]:
+        """Poisson arrivals per priority class for ``duration_s``; waits for every request to end."""
+        import random
+
+        rng = random.Random(seed)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            tasks: list[asyncio.Task] = []
+            start = time.monotonic()
+
+            async def arrivals(priority: str, rate: float) -> None:
+                t = start
+                while True:
+                    t += rng.expovariate(rate)
+                    if t - start > duration_s:
+                        return
+                    await asyncio.sleep(max(0.0, t - time.monotonic()))
+                    tasks.append(asyncio.create_task(self.one_request(session, priority)))
+
+            await asyncio.gather(*(arrivals(p, r) for p, r in rate_per_s.items() if r > 0))
+            return list(await asyncio.gather(*tasks))
+
+    async def closed_loop(self, *, clients: int, duration_s: float, priority: str = "standard") -> list[Outcome]:
+        results: list[Outcome] = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            stop_at = time.monotonic() + duration_s
+
+            async def client() -> None:
+                while time.monotonic() < stop_at:
+                    results.append(await self.one_request(session, priority))
+
+            await asyncio.gather(*(client() for _ in range(clients)))
+        return results
+
+    # -- helpers -----------------------------------------------------------------------------------
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def _proxy_serves(self) -> bool:
+        async def probe() -> bool:
+            async with aiohttp.ClientSession() as session:
+                outcome = await self.one_request(session, "critical", timeout_s=10)
+                return outcome.status == 200 and outcome.done
+
+        return asyncio.run(probe())
+
+    def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            for name, proc in list(self.procs.items()):
+                if name != "worker" and proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for {what}")
+            if predicate():
+                self.progress(f"{what} ({time.monotonic() - started:.1f} s)")
+                return time.monotonic() - started
+            time.sleep(0.25)
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
