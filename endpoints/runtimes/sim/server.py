@@ -46,13 +46,14 @@ STEP_CATCH_UP_S = 1.0  # wall seconds a late engine may catch up on (CPU starvat
 class _Live:
     """A request being served: the engine sequence plus what the HTTP side needs to stream it."""
 
-    __slots__ = ("seq", "event", "arrival_s", "last_token_s", "parsed")
+    __slots__ = ("seq", "event", "arrival_s", "first_token_s", "last_token_s", "parsed")
 
     def __init__(self, seq: Sequence, parsed: ParsedRequest, arrival_s: float):
         self.seq = seq
         self.parsed = parsed
         self.event = asyncio.Event()
         self.arrival_s = arrival_s
+        self.first_token_s: float | None = None  # on this server's clock (engine times ignore the slow factor)
         self.last_token_s = arrival_s
 
 
@@ -186,6 +187,7 @@ class ReplicaServer:
                 if live is None or seq.generated == 0:
                     continue
                 if seq.generated == 1:
+                    live.first_token_s = now
                     self.metrics.ttft.observe(now - live.arrival_s)
                     self.metrics.queue.observe(max(0.0, (seq.scheduled_s or now) - live.arrival_s))
                     self.metrics.prefill.observe(max(0.0, now - (seq.scheduled_s or now)))
@@ -198,7 +200,7 @@ class ReplicaServer:
 
     def _observe_finished(self, live: _Live, now: float) -> None:
         seq, m = live.seq, self.metrics
-        first = seq.first_token_s if seq.first_token_s is not None else now
+        first = live.first_token_s if live.first_token_s is not None else now
         decode = max(0.0, now - first)
         m.e2e.observe(now - live.arrival_s)
         m.decode.observe(decode)
