@@ -4,6 +4,7 @@ Reserved MU = reservation MU/min × the minutes of the period it existed. Overag
 priced at ``INFERCAP["OVERAGE_USD_PER_1K_MU"]``; the reservation itself at ``INFERCAP["RESERVED_USD_PER_1K_MU"]``.
 """
 
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -19,11 +20,15 @@ DEFAULT_OVERAGE_USD_PER_1K_MU = 0.05
 
 
 def prices() -> tuple[float, float]:
-    """(reserved, overage) USD per 1,000 MU."""
+    """(reserved, overage) USD per 1,000 MU: settings.INFERCAP, else the INFERCAP_* environment, else defaults."""
     knobs = getattr(settings, "INFERCAP", {})
+
+    def knob(name: str, default: float) -> float:
+        return float(knobs.get(name, os.environ.get(f"INFERCAP_{name}", default)))
+
     return (
-        float(knobs.get("RESERVED_USD_PER_1K_MU", DEFAULT_RESERVED_USD_PER_1K_MU)),
-        float(knobs.get("OVERAGE_USD_PER_1K_MU", DEFAULT_OVERAGE_USD_PER_1K_MU)),
+        knob("RESERVED_USD_PER_1K_MU", DEFAULT_RESERVED_USD_PER_1K_MU),
+        knob("OVERAGE_USD_PER_1K_MU", DEFAULT_OVERAGE_USD_PER_1K_MU),
     )
 
 
