@@ -269,6 +269,9 @@ class SweepConfig:
     requests_per_stream: int = 3  # closed-loop requests = this × concurrency (≥ 3 for a steady window)
     min_requests: int = 12
     bisect_steps: int = 2
+    # Per-shape throughput tables at these multiples of B_max (B_max itself is measured anyway): the shapes ×
+    # concurrency grid the planner picks the table nearest its workload from. Empty: no grid (quick sweeps).
+    grid_multipliers: tuple[float, ...] = (0.5, 2.0)
 
     def __post_init__(self) -> None:
         if self.tpot_slo_ms <= 0 or self.ttft_slo_ms <= 0:
@@ -350,6 +353,20 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
         progress(f"held out {shape.label}: {held_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
     train_err = relative_errors(fit, fit_levels)
     held_err = relative_errors(fit, held_levels) if held_levels else []
+    tables = {
+        cfg.reference_shape.label: {
+            "shape": asdict(cfg.reference_shape),
+            "rows": [sweep[c].table_row() for c in sorted(sweep)],
+        }
+    }
+    for lv in fit_levels + held_levels:
+        rows = {b_max: lv}
+        for multiplier in cfg.grid_multipliers:
+            c = max(1, round(b_max * multiplier))
+            if c not in rows and c <= cfg.max_concurrency:
+                rows[c] = measure(lv.shape, c)
+                progress(f"grid {lv.shape.label} ×{c}: {rows[c].per_stream_tok_s or 0:.1f} tok/s per stream")
+        tables[lv.shape.label] = {"shape": asdict(lv.shape), "rows": [rows[c].table_row() for c in sorted(rows)]}
     at_b_max = sweep[b_max]
     mu_per_request = fit.gpu_seconds(at_b_max.mean_uncached_in, at_b_max.mean_cached_in, at_b_max.mean_out) / (
         GPU_SECONDS_PER_MU
@@ -373,6 +390,7 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
             + [_shape_row(lv, fit, held=True) for lv in held_levels],
         },
         "mu_per_min": mu_per_min,
+        "tables": tables,
         "capacity": {
             "reference_shape": asdict(cfg.reference_shape),
             "req_per_s": at_b_max.req_per_s,

@@ -6,6 +6,7 @@ request wins over what is looked up; whatever is still missing is reported field
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
@@ -93,6 +94,23 @@ def _slo(req: PlanRequest) -> SLO:
     return SLO(**given)
 
 
+def table_for_workload(benchmark: CapacityBenchmark, workload: dict) -> tuple[list[dict], str]:
+    """The benchmark's throughput table measured with the shape nearest the workload's (input, output lengths):
+    per-stream rates at a batch depend on the shape (long prompts interrupt decoding for longer)."""
+    tables = (benchmark.detail or {}).get("tables") or {}
+    best, best_distance = None, math.inf
+    for label, table in tables.items():
+        shape, rows = table.get("shape") or {}, table.get("rows") or []
+        if not rows or "input_tokens" not in shape or "output_tokens" not in shape:
+            continue
+        distance = abs(math.log((1 + workload["input_tokens"]) / (1 + shape["input_tokens"]))) + abs(
+            math.log((1 + workload["output_tokens"]) / (1 + shape["output_tokens"]))
+        )
+        if distance < best_distance:
+            best, best_distance = (rows, label), distance
+    return best or (benchmark.throughput_table, "reference")
+
+
 def plan_from_request(req: PlanRequest) -> tuple[PlanResult, dict]:
     """Run the planner; returns the result and where each input came from."""
     benchmark = None
@@ -105,8 +123,10 @@ def plan_from_request(req: PlanRequest) -> tuple[PlanResult, dict]:
                     "throughput_table": "give throughput_table, a benchmark, or an endpoint/profiles with a stored benchmark"
                 }
             )
-        table = benchmark.throughput_table
     workload = dict(req.workload)
+    shape_label = None
+    if benchmark is not None:
+        table, shape_label = table_for_workload(benchmark, workload)
     result = plan(
         model=_model_shape(req),
         hardware=_hardware(req),
@@ -119,6 +139,8 @@ def plan_from_request(req: PlanRequest) -> tuple[PlanResult, dict]:
     )
     sources = {
         "endpoint": req.endpoint.name if req.endpoint else None,
-        "throughput_table": f"benchmark:{benchmark.pk} v{benchmark.version}" if benchmark else "given",
+        "throughput_table": f"benchmark:{benchmark.pk} v{benchmark.version} shape {shape_label}"
+        if benchmark
+        else "given",
     }
     return result, sources

@@ -178,6 +178,7 @@ QUICK_SWEEP = {
     "fit_shapes": (Shape(128, 32), Shape(1024, 32), Shape(128, 128), Shape(768, 128, shared_prefix_tokens=512)),
     "held_out_shapes": (Shape(512, 96), Shape(640, 64, shared_prefix_tokens=256)),
     "requests_per_stream": 6,
+    "grid_multipliers": (),
 }
 
 

@@ -52,7 +52,7 @@ def test_plan_from_profiles_and_a_stored_benchmark(tenant_a):
     data = response.json()
     # The endpoint's profiles give the 13B shape, 80 GB and the 10 GB overhead: the worked example again.
     assert (data["kv_tok_bytes"], data["m_kv_gb"], data["n_base"]) == (163840, 44, 2)
-    assert data["sources"]["throughput_table"] == f"benchmark:{bench.pk} v1"
+    assert data["sources"]["throughput_table"] == f"benchmark:{bench.pk} v1 shape reference"
 
 
 @pytest.mark.parametrize(

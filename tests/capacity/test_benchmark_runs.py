@@ -44,6 +44,20 @@ def test_runs_are_versioned_per_pair_and_the_latest_is_used(sim_endpoint):
     assert AuditEntry.objects.filter(action="benchmark.complete").count() == 3
 
 
+def test_a_full_sweep_stores_a_table_per_shape_and_plans_use_the_nearest(sim_endpoint):
+    from capacity.planning import PlanRequest, plan_from_request
+
+    benchmark = benchmark_run(endpoint=sim_endpoint, driver=EngineDriver(PROFILE))
+    tables = benchmark.detail["tables"]
+    assert "512/128" in tables and "1024/256" in tables
+    batches = [row["batch"] for row in tables["1024/256"]["rows"]]
+    assert benchmark.b_max in batches and len(batches) == 3  # B_max/2, B_max, 2·B_max
+    workload = {"arrival_rate_per_s": 5, "input_tokens": 1000, "output_tokens": 250}
+    result, sources = plan_from_request(PlanRequest(workload=workload, endpoint=sim_endpoint))
+    assert sources["throughput_table"].endswith("shape 1024/256")
+    assert result.feasible and result.n_base >= 1
+
+
 def test_an_unreachable_slo_is_stored_as_a_failed_benchmark(sim_endpoint):
     sim_endpoint.tpot_slo_ms = 1
     sim_endpoint.save()
