@@ -302,3 +302,11 @@ def test_a_slow_replica_takes_proportionally_longer():
     assert run(3.0).requests[0].e2e_s == pytest.approx(3 * run(1.0).requests[0].e2e_s, rel=0.01)
     with pytest.raises(ValueError):
         Simulation(router=RoundRobin(), replicas=1).inject_fault("r0", "melt")
+
+
+def test_a_replica_hung_for_good_ends_the_run_instead_of_ticking_forever():
+    sim = Simulation(router=RoundRobin(), replicas=1, profile="tiny", stall_limit_s=20)
+    sim.inject_fault("r0", "hang", at_s=0.2)
+    result = sim.run(workloads.uniform(times=[0.1, 0.15], prompt_tokens=30, output_tokens=500))
+    assert [r.status for r in result.requests] == ["unserved", "unserved"]
+    assert result.end_s <= 30

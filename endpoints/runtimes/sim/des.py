@@ -190,9 +190,12 @@ class Simulation(FleetOps):
         return bool(self._pending or self._backlog or any(rep.in_flight for rep in self.replicas.values()))
 
     def _stalled(self) -> bool:
-        """True after ``stall_limit_s`` of queued requests with no replica working or starting."""
-        progressing = any(rep.in_flight or rep.state == "starting" for rep in self.replicas.values())
-        if progressing or not (self._pending or self._backlog) or self._has_future_arrivals():
+        """True after ``stall_limit_s`` of unfinished requests with no replica working (a hung one is not) or
+        starting, and nothing scheduled that could change it."""
+        replicas = self.replicas.values()
+        progressing = any((rep.in_flight and rep.hung_since is None) or rep.state == "starting" for rep in replicas)
+        waiting = self._pending or self._backlog or any(rep.in_flight for rep in replicas)
+        if progressing or not waiting or self._has_future_arrivals():
             self._stalled_since = None
             return False
         if self._stalled_since is None:
