@@ -31,6 +31,21 @@ def test_embedded_default_migrates_and_serves_the_schema(tmp_path):
     # It says which backends it chose, so nobody mistakes the demo for production.
     assert "SQLite (embedded)" in migrate.stderr and "embedded" in migrate.stderr.split("broker", 1)[-1]
     assert (tmp_path / "var" / "infercap.sqlite3").exists()
+    make_key = (
+        "from tenants.services import api_key_create, tenant_create;"
+        "t = tenant_create(name='Boot', slug='boot');"
+        "print(api_key_create(tenant=t, name='boot', scopes=['read'])[1])"
+    )
+    shell = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", make_key],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shell.returncode == 0, shell.stderr[-3000:]
+    raw_key = shell.stdout.strip().splitlines()[-1]
 
     # Bind here and hand the socket over, so the port is ours from the start (no race for a "free" port).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -55,8 +70,13 @@ def test_embedded_default_migrates_and_serves_the_schema(tmp_path):
         assert response is not None and response.status_code == 200, response
         assert response.text.startswith("openapi:") and "/api/v1/endpoints/" in response.text
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json() == {"status": "ok"}
-        # The API itself answers (and refuses the anonymous caller) rather than erroring on the embedded database.
+        # The API itself answers on the embedded database: anonymous callers are refused, a tenant key is served.
         assert httpx.get(f"http://127.0.0.1:{port}/api/v1/endpoints/", timeout=10).status_code == 401
+        auth = {"Authorization": f"Bearer {raw_key}"}
+        me = httpx.get(f"http://127.0.0.1:{port}/api/v1/me/", headers=auth, timeout=10)
+        assert me.status_code == 200 and me.json()["tenant"]["slug"] == "boot", me.text
+        listed = httpx.get(f"http://127.0.0.1:{port}/api/v1/api-keys/", headers=auth, timeout=10)
+        assert listed.status_code == 200 and listed.json()["results"][0]["prefix"] == raw_key[:12]
     finally:
         server.terminate()
         try:
