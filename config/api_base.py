@@ -29,7 +29,8 @@ class WRITE:
 class ScopedPermission(permissions.BasePermission):
     """Reads: any authenticated principal (the queryset scopes them). Writes: as the view's ``write_access`` says.
 
-    On detail routes the decision waits for the object, so that a foreign object is a 404 before anything else.
+    On detail routes the decision waits for the object, so that a foreign object is a 404 before anything else:
+    a custom ``detail=True`` action must therefore load its object with ``self.get_object()``.
     """
 
     message = "your role may only read this resource"
