@@ -10,17 +10,18 @@ Usage::
     result = sim.run(workloads.shared_prefix(groups=32, prompts_per_group=32, qps=20, seed=1))
     result.percentile("ttft_s", 95), result.slo_attainment(ttft_s=2, tpot_s=0.1), result.gpu_hours()
 
-Requests are ``workloads.SimRequest`` (arrival time, prompt text, output tokens, priority, tenant, session).
+Requests are ``workloads.SimRequest`` (arrival time, prompt text, output tokens, priority, tenant, session), read
+lazily in arrival order: the workload must be finite (or pass ``run(until_s=…)``).
 Results are ``results.SimResult`` (per request: arrival, queue, TTFT, TPOT, e2e, tokens, cached tokens, replica,
 status; per replica: busy time, replica-seconds, prefix hits). Same seed and inputs → identical results.
 
 Interfaces the simulation drives (all optional except the router):
 
 * **Router** (``endpoints.routing.base.Router``): for every dispatch the simulation builds one ``ReplicaView`` per
-  ready or draining replica from the engine's state as last *scraped* (every ``scrape_interval_s``, default
+  ready, draining or failed (crashed, metrics going stale) replica from the engine's state as last *scraped* (every ``scrape_interval_s``, default
   50 ms; ``metrics_age_s`` is the time since that scrape): ``num_running``, ``num_waiting``, ``kv_usage``, plus
   the simulation's own bookkeeping ``in_flight`` / ``in_flight_mu`` (sent, not finished), ``concurrency_limit``,
-  ``mu_capacity``, ``block_size``, ``num_gpu_blocks``. It calls ``pick(request, views, now)`` →
+  ``mu_capacity``, ``block_size``, ``num_gpu_blocks``, ``healthy`` (see ``set_healthy``). It calls ``pick(request, views, now)`` →
   replica id or None, then ``on_routed`` and later ``on_finished``. ``RouteRequest.extra`` carries ``tenant``,
   ``priority`` (vLLM int), ``priority_class``, ``prompt_tokens``, ``max_tokens``. A None pick parks the request
   in a FIFO backlog that is retried whenever a request finishes and every tick. (Queued work that no replica
