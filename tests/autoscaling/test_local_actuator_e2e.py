@@ -11,7 +11,7 @@ from capacity.autoscaling.actuators.local import pid_alive
 from capacity.autoscaling.services import _in_flight, reconcile
 from endpoints.models import Endpoint, ReplicaState
 from tests.proxy.conftest import spawn_proxy
-from tests.proxy.helpers import chat_body, sse_events, wait_for
+from tests.proxy.helpers import chat_body, sse_events, wait_for, wait_usage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -141,3 +141,50 @@ def test_restart_replaces_a_crashed_replica_and_sync_marks_dead_processes(clean_
     second.refresh_from_db()
     assert second.state == ReplicaState.STOPPED and not pid_alive(int(second.actuator_ref))
     converge(endpoint, lambda: endpoint.replicas.get(pk=third.pk).state == ReplicaState.READY)
+
+
+def test_live_scale_up_from_proxy_demand(procs, clean_store, reap_local_replicas, tenant_a):
+    """The whole loop: proxy demand reports → 1 s samples → 5 s-style ticks → local replicas → proxy routes to them."""
+    from capacity.autoscaling.services import horizontal_tick, sample_demand
+
+    endpoint = configure(tenant_a.endpoint, profile_opts={"decode_t0_s": 0.02})
+    Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=4, max_replicas=3, min_replicas=1)
+    endpoint.refresh_from_db()
+    scale(endpoint, 1)
+    converge(endpoint, lambda: len(ready(endpoint)) == 1)
+    base = spawn_proxy(procs)
+    results = []
+
+    def stream():
+        with httpx.Client(timeout=90) as client:
+            response = client.post(
+                f"{base}/v1/chat/completions",
+                json=chat_body(endpoint.name, max_tokens=300),
+                headers={"Authorization": f"Bearer {tenant_a.raw_key}"},
+            )
+            results.append((response.status_code, sse_events(response.text)))
+
+    # 12 concurrent streams (about 7 s each) against 4 slots per replica: the proxy queues 8 and reports it to Redis
+    # every second; three waves leave time for new replicas to start and take the queued ones
+    threads = [threading.Thread(target=stream) for _ in range(12)]
+    for t in threads:
+        t.start()
+    decisions = []
+
+    def tick():
+        sample_demand(endpoint_id=endpoint.pk)
+        decision = horizontal_tick(endpoint_id=endpoint.pk, tick=f"h-live-{len(decisions)}")
+        decisions.append(decision)
+        return len(ready(endpoint)) == 3
+
+    wait_for(tick, 40, interval=0.5)
+    for t in threads:
+        t.join(90)
+    ups = [d for d in decisions if d and d.desired > d.current]
+    assert ups and ups[0].inputs["up_need"] > 1  # demand came from the proxy's reports
+    endpoint.refresh_from_db()
+    assert endpoint.desired_replicas == 3
+    assert len(results) == 12 and all(status == 200 and events[-1] == "[DONE]" for status, events in results)
+    # and the queued requests were served by the replicas the autoscaler added
+    records = wait_usage(12, timeout=20, endpoint=endpoint)
+    assert len({r.replica_id for r in records}) >= 2
