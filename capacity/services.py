@@ -142,7 +142,7 @@ def benchmark_fail(*, benchmark: CapacityBenchmark, reason: str, actor=None) -> 
     benchmark.status = CapacityBenchmark.Status.FAILED
     benchmark.finished_at = timezone.now()
     benchmark.detail = {**benchmark.detail, "error": reason[:2000]}
-    benchmark.save(update_fields=["status", "finished_at", "detail"])
+    benchmark.save(update_fields=["status", "finished_at", "detail", "throughput_table"])
     audit_log(actor=actor, action="benchmark.fail", obj=benchmark, detail={"error": reason[:500]})
     return benchmark
 
@@ -258,10 +258,13 @@ def benchmark_run(
 
             driver = HttpReplicaDriver(target, time_scale=scale)
         result = run_sweep(driver, cfg, report)
-    except (BenchmarkError, ValueError, OSError) as exc:
+    except Exception as exc:
+        # Whatever went wrong, the record must not stay "running" forever.
         benchmark.detail["progress"] = lines[-50:]
-        benchmark_fail(benchmark=benchmark, reason=str(exc), actor=actor)
-        raise BenchmarkError(str(exc)) from exc
+        benchmark_fail(benchmark=benchmark, reason=f"{type(exc).__name__}: {exc}", actor=actor)
+        if isinstance(exc, (BenchmarkError, ValueError, OSError)):
+            raise BenchmarkError(str(exc)) from exc
+        raise
     benchmark.detail["progress"] = lines[-50:]
     if not result["feasible"]:
         benchmark.throughput_table = result["throughput_table"]

@@ -65,7 +65,20 @@ def test_an_unreachable_slo_is_stored_as_a_failed_benchmark(sim_endpoint):
         benchmark_run(endpoint=sim_endpoint, quick=True, driver=EngineDriver(PROFILE))
     failed = CapacityBenchmark.objects.get()
     assert failed.status == CapacityBenchmark.Status.FAILED and "SLO" in failed.detail["error"]
+    assert failed.throughput_table[0]["batch"] == 1  # what was measured is kept
     assert endpoint_coefficients(sim_endpoint).source == "profile"
+
+
+def test_a_crashing_driver_leaves_no_running_benchmark(sim_endpoint):
+    class Broken:
+        name = "broken"
+
+        def run(self, *args):
+            raise RuntimeError("driver bug")
+
+    with pytest.raises(RuntimeError):
+        benchmark_run(endpoint=sim_endpoint, quick=True, driver=Broken())
+    assert CapacityBenchmark.objects.get().status == CapacityBenchmark.Status.FAILED
 
 
 def test_command_refuses_an_endpoint_without_a_replica(sim_endpoint):
