@@ -4,9 +4,12 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_asgi_app = get_asgi_application()
+# The console's CSS/JS come from the app itself (staticfiles finders): one process serves everything,
+# with no collectstatic step for a laptop; in production a CDN or ingress cache sits in front.
+django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

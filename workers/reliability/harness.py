@@ -99,6 +99,7 @@ class Platform:
     with_worker: bool = True
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     worker_restarts: int = 0
+    log_paths: dict[str, Path] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -200,7 +201,8 @@ class Platform:
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log_dir = ROOT / "var" / "reliability-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        out = open(log_dir / f"{name}-{os.getpid()}.log", "ab")  # noqa: SIM115 (kept open for the child)
+        self.log_paths[name] = log_dir / f"{name}-{os.getpid()}.log"
+        out = open(self.log_paths[name], "ab")  # noqa: SIM115 (kept open for the child)
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs[name] = proc
@@ -270,7 +272,9 @@ class Platform:
 
         from billing.models import UsageRecord
 
-        seen = {o.request_id for o in self.outcomes if o.request_id}
+        # Metered: everything the proxy admitted or rejected for capacity (200, 429, 5xx); a request it
+        # refused as invalid (other 4xx) never reached metering and has no usage record by design.
+        seen = {o.request_id for o in self.outcomes if o.request_id and (o.status in (200, 429) or o.status >= 500)}
         rows = UsageRecord.objects.filter(tenant_id=self.seeded.tenant_id)
         recorded = dict(rows.values_list("request_id").annotate(n=Count("id")))
         lost = len(seen - recorded.keys())
