@@ -297,6 +297,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
     durations = {1: 2.0, 64: 2.5, 256: 3.0} if quick else {1: 6.0, 64: 6.0, 256: 8.0}
     levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
     calibrate = str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes")
+    baseline = str(opts.get("baseline", "1")) in ("1", "true", "yes")
     procs: list[subprocess.Popen] = []
     env = {**os.environ}
     s = connection.settings_dict
@@ -367,6 +368,38 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
         procs.append(proxy)
         _wait_port(proxy_port, proxy)
         proxy_base = f"http://127.0.0.1:{proxy_port}"
+        bare_base = None
+        if baseline:
+            bare_port = _free_port()
+            bare_proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "endpoints.benchmarks.passthrough:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(bare_port),
+                    "--lifespan",
+                    "off",
+                    "--no-access-log",
+                    "--log-level",
+                    "warning",
+                    "--loop",
+                    "uvloop",
+                    "--http",
+                    "httptools",
+                ],
+                cwd=ROOT,
+                env={**env, "BENCH_UPSTREAM": urls[0]},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            procs.append(bare_proc)
+            _wait_port(bare_port, bare_proc)
+            bare_base = f"http://127.0.0.1:{bare_port}"
         direct_base = urls[0]
         progress(f"replicas {urls}, proxy {proxy_base}; speed {speed}, {max_tokens} tokens per request")
 
@@ -376,7 +409,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             await _phase(direct_base, None, streams=4, duration_s=0.5, max_tokens=8)
             results = {}
             for level in levels:
-                direct = proxied = None
+                direct = proxied = bare = None
                 cpu = 0.0
                 for _ in range(rounds):
                     d = await _phase(
@@ -396,7 +429,23 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                     )
                     cpu += _cpu_s(proxy.pid) - before
                     direct, proxied = _merge(direct, d), _merge(proxied, p)
-                results[f"streams_{level}"] = _summary(direct, proxied, cpu)
+                    if bare_base:
+                        b = await _phase(
+                            bare_base,
+                            None,
+                            streams=level,
+                            duration_s=durations.get(level, 3.0),
+                            max_tokens=tokens_for(level),
+                        )
+                        bare = _merge(bare, b)
+                results[f"streams_{level}"] = row = _summary(direct, proxied, cpu)
+                if bare is not None:
+                    # The same extra hop without any of the proxy's features: what this machine charges for a hop.
+                    base_row = _summary(direct, bare, 0.0)
+                    row["bare_passthrough"] = {
+                        k: base_row[k]
+                        for k in ("added_ttft_p50_ms", "added_ttft_p99_ms", "tokens_per_s_ratio", "errors")
+                    }
                 progress(f"{level} streams: {results[f'streams_{level}']}")
             if calibrate:
                 # Upstream client calibration (issue 4, item 8): the same 256 streams straight to the replica

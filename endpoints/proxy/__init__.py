@@ -1,8 +1,26 @@
 """The OpenAI-compatible streaming proxy (the data plane).
 
-Mounted by ``config.routing`` for ``/v1/`` and ``/metrics``; see ``endpoints.proxy.app`` for the request path.
+Run it as part of the platform's ASGI app (``config.asgi``; ``config.routing`` sends ``/v1/`` and ``/metrics``
+here and everything else to Django), e.g. ``uvicorn config.asgi:application --loop uvloop --http httptools``.
+With several worker processes set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before start-up so
+``/metrics`` aggregates all of them. Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models`` (Bearer tenant key) and ``GET /metrics``.
 
-Redis is used for three things, and each degrades on its own when Redis is unreachable:
+Request path (``app.py``): key → in-process snapshot (``snapshot.py``, no database query per request) →
+validation (``request.py``) → tenant limits (``limits.py``) → MU estimate (``capacity.units``) → admission
+(``runtime.py`` over the pure ``endpoints.admission``) → routing (``endpoints.routing``) → upstream relay over
+one pooled aiohttp session per process (``relay.py``) → metering (``billing.ingest``) and metrics
+(``metrics.py``). Every response carries ``x-request-id`` (also the usage record's ``request_id``).
+
+Priority: the reservation's class capped by the key's ``max_priority``; a request may lower it with the header
+``x-infercap-priority: critical|standard|sheddable``. Without a reservation a tenant runs as sheddable.
+
+Knobs (``settings.INFERCAP["PROXY"]`` or ``INFERCAP_PROXY_<NAME>`` environment variables, see ``config.py``):
+``max_queue`` per endpoint and process, ``max_age_{critical,standard,sheddable}_s`` (queue-age shedding),
+``ttft_timeout_s`` and ``idle_timeout_s`` (no total timeout), ``max_body_bytes``. The replica metrics
+scrape interval is ``INFERCAP_PROXY_SCRAPE_INTERVAL_S`` (default 0.1 s).
+
+Redis is used for four things, and each degrades on its own when Redis is unreachable:
 
 * **Rate limits** (reserved MU/min bucket, RPM, TPM) are shared across proxy processes through Redis.
   With ``INFERCAP["RATE_LIMIT_FAIL_MODE"] = "open"`` (the default) each process falls back to its own
@@ -12,6 +30,11 @@ Redis is used for three things, and each degrades on its own when Redis is unrea
   pay a connect timeout.
 * **Config snapshot version** polling: while Redis is down the proxy re-reads its snapshot from
   PostgreSQL every few seconds instead, so admin edits still arrive, only slower.
+* **Demand reports** for the autoscaler and the console (``infercap:demand:{endpoint_id}``) pause; the
+  autoscaler treats missing reports as no data.
 * **Usage spool**: usage records that cannot reach PostgreSQL go to a Redis stream, or, when Redis is
   down too, to a local spool file; both are drained into PostgreSQL when it is back.
+
+Known limits: queues and replica slots are per process, so with N proxy processes a replica may receive
+up to N × its concurrency limit (the replica's own queue absorbs the excess); the queue-age bound holds.
 """

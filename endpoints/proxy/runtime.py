@@ -123,15 +123,14 @@ class EndpointRuntime:
         now = self.clock()
         views = self._views(now, exclude)
         rid = self.router.pick(route, views, now) if views else None
-        if rid is None:
-            # The router may refuse stale or saturated replicas; our own slot count is the hard limit.
+        slot = self.slots.get(rid) if rid is not None else None
+        if slot is None or slot.view.in_flight >= slot.view.concurrency_limit:
+            # The router may refuse stale or saturated replicas; our own slot count is the hard limit, and
+            # a free slot anywhere is never left idle while requests wait.
             free = [v for v in views if v.in_flight < v.concurrency_limit]
             if not free:
                 return None
-            rid = min(free, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id
-        slot = self.slots[rid]
-        if slot.view.in_flight >= slot.view.concurrency_limit:
-            return None
+            slot = self.slots[min(free, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id]
         self._take(slot, route, mu, now)
         return slot
 

@@ -21,7 +21,7 @@ def test_retry_midstream_error_and_timeouts(procs, clean_redis, tenant_a):
     _, bad, _ = spawn_replica(procs, endpoint=retry_ep, name="bad", speed=20, extra=["--fault", "error_rate=1.0"])
     _, good, _ = spawn_replica(procs, endpoint=retry_ep, name="good", speed=20)
     spawn_replica(procs, endpoint=broken_ep, name="b1", speed=20, extra=["--fault", "fail_after_tokens=3"])
-    _, _, hang_port = spawn_replica(procs, endpoint=hang_ep, name="h1", speed=5)
+    _, _, hang_port = spawn_replica(procs, endpoint=hang_ep, name="h1", speed=1)
     base = spawn_proxy(procs, ttft_timeout_s=1.5, idle_timeout_s=1.0)
     key = tenant_a.raw_key
 
@@ -58,7 +58,7 @@ def test_retry_midstream_error_and_timeouts(procs, clean_redis, tenant_a):
     with httpx.stream(
         "POST",
         base + "/v1/chat/completions",
-        json=chat_body("hang-model", max_tokens=400),
+        json=chat_body("hang-model", max_tokens=1500),
         headers={"Authorization": f"Bearer {key}"},
         timeout=10,
     ) as stream:
