@@ -91,11 +91,16 @@ def endpoint(tenant_a):
 
 
 def test_scale_register_drain_and_restart(db, cluster, k8s, endpoint):
+    # The deployment runs one pod; sync registers it
+    cluster.add_pod("llama-13b-a", ip="10.42.0.17")
+    k8s.sync(endpoint)
     # Scale-up goes through the scale subresource: read, then merge-patch spec.replicas
     assert k8s.launch(endpoint, 2) == []
     assert cluster.requests[-2:] == [("GET", SCALE_PATH, None), ("PATCH", SCALE_PATH, {"spec": {"replicas": 3}})]
+    # Asked again before the new pods registered (the next tick), it does not overshoot
+    k8s.launch(endpoint, 2)
+    assert cluster.replicas == 3 and cluster.requests[-1] == ("GET", SCALE_PATH, None)
     # The ReplicaSet's pods are registered as replicas, in the state their conditions say
-    cluster.add_pod("llama-13b-a", ip="10.42.0.17")
     cluster.add_pod("llama-13b-b", phase="Pending", ready=False)
     cluster.add_pod("llama-13b-c", ready=False, ip="10.42.0.19")
     k8s.sync(endpoint)
@@ -149,7 +154,7 @@ def test_scale_register_drain_and_restart(db, cluster, k8s, endpoint):
 def test_api_refusals_are_actuator_errors(db, cluster, k8s, endpoint):
     cluster.refuse_patch = True
     with pytest.raises(ActuatorError, match="403 .*cannot patch resource"):
-        k8s.launch(endpoint, 1)
+        k8s.launch(endpoint, 2)
     with pytest.raises(ActuatorError, match="warm pool"):
         k8s.launch(endpoint, 1, standby=True)
 

@@ -102,8 +102,14 @@ class KubernetesActuator(Actuator):
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
         if standby:
             raise ActuatorError("the kubernetes actuator keeps no warm pool")
+        # The target counts registered pods, not spec.replicas: pods the ReplicaSet is still creating are already
+        # in spec, so asking for spec + count on every tick until they register would overshoot.
+        registered = endpoint.replicas.filter(
+            actuator=self.name, state__in=(ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
+        ).count()
         current, _ = self.get_scale(endpoint)
-        self.set_scale(endpoint, current + count)
+        if registered + count > current:
+            self.set_scale(endpoint, registered + count)
         return []  # the pods show up in sync() once the ReplicaSet has created them
 
     def terminate(self, replicas: list[Replica], *, reason: str) -> None:
