@@ -294,7 +294,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
         return min(max_tokens, 16) if level == 1 else max_tokens
 
     rounds = int(opts.get("rounds", 1 if quick else 2))
-    durations = {1: 2.0, 64: 2.5, 256: 3.0} if quick else {1: 6.0, 64: 6.0, 256: 8.0}
+    durations = {1: 2.0, 64: 2.0, 256: 2.5} if quick else {1: 6.0, 64: 6.0, 256: 8.0}
     levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
     calibrate = str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes")
     baseline = str(opts.get("baseline", "1")) in ("1", "true", "yes")

@@ -164,7 +164,12 @@ class EndpointRuntime:
     def retry_after(self, priority: str) -> int:
         now = self.clock()
         ahead = self.queue.mu_ahead_of(priority) + self.in_flight_mu
-        return retry_after_s(queued_mu=ahead, drain_mu_per_s=self.drain.rate_mu_per_s(now))
+        rate = self.drain.rate_mu_per_s(now)
+        if rate <= 0:
+            # Nothing has finished here yet: fall back to the replicas' nominal capacity.
+            live = sum(1 for s in self.slots.values() if not s.removed)
+            rate = live * self.info.coeffs.mu_per_min / 60.0
+        return retry_after_s(queued_mu=ahead, drain_mu_per_s=rate)
 
     async def acquire(self, route: RouteRequest, *, tenant: str, priority: str, mu: float) -> tuple[Slot, float]:
         """A slot for this request, now or after queueing; returns (slot, seconds queued). Raises Shed."""
