@@ -66,3 +66,17 @@ def test_resolver_prefers_pinned_then_latest_succeeded_then_profile(tenant_a, dj
     with django_assert_max_num_queries(3):
         bulk = coefficients_by_endpoint([endpoint])
     assert bulk[endpoint.pk].source == f"benchmark:{v1.pk}"
+
+
+def test_pure_modules_import_no_django():
+    """The proxy, Celery and the simulator share these; they must not need Django's settings or apps."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; import capacity.units, capacity.planner, capacity.benchmarking, capacity.benchmark_sim, "
+        "capacity.benchmark_http; sys.exit(1 if any(m == 'django' or m.startswith('django.') for m in sys.modules) else 0)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60).returncode == 0
