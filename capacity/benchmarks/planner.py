@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from capacity.benchmark_sim import EngineDriver
 from capacity.benchmarking import Shape, SweepConfig, measure_table, run_sweep
-from capacity.planner import SLO, WORKED_EXAMPLE, Hardware, ModelShape, ThroughputRow, Workload, plan
+from capacity.planner import SLO, WORKED_EXAMPLE, Hardware, ModelShape, ThroughputRow, Workload, plan, spike_scenario
 
 # (name, reference figure, tolerance: the source rounds; None = exact)
 REFERENCE = [
@@ -33,6 +33,7 @@ REFERENCE = [
     ("spike_replicas", 6, None),
     ("spike_backlog_tokens", 445_500, 0.002),
     ("spike_backlog_requests", 1_485, 0.002),
+    ("spike_backlog_tokens_at_14_5_req_s", 445_500, None),
 ]
 
 
@@ -56,6 +57,17 @@ def worked_example() -> tuple[dict, list[dict]]:
         "spike_replicas": result.spike.replicas_needed,
         "spike_backlog_tokens": round(result.spike.backlog_tokens),
         "spike_backlog_requests": round(result.spike.backlog_requests, 1),
+        # The source rounds a replica's 4,352 / 300 = 14.507 req/s to 14.5; the same formula then gives its figure.
+        "spike_backlog_tokens_at_14_5_req_s": round(
+            spike_scenario(
+                spike=WORKED_EXAMPLE["spike"],
+                arrival_rate_per_s=WORKED_EXAMPLE["workload"].arrival_rate_per_s,
+                output_tokens=WORKED_EXAMPLE["workload"].output_tokens,
+                t_dec_tok_s=result.t_dec_tok_s,
+                replicas_before=result.n_with_headroom,
+                replica_req_s=14.5,
+            ).backlog_tokens
+        ),
         "binding_barriers": result.binding_barriers,
     }
     checks = []
