@@ -1,0 +1,105 @@
+"""The proxy's config snapshot (what the hot path may see) and request parsing (no processes needed)."""
+
+import json
+
+import pytest
+
+from endpoints.models import ReplicaState
+from endpoints.proxy.errors import ProxyError
+from endpoints.proxy.request import parse_request, upstream_payload
+from endpoints.proxy.snapshot import load_snapshot
+from tenants.keys import hash_key
+from tenants.services import api_key_create, api_key_revoke
+from tests.factories import ReplicaFactory
+
+
+@pytest.mark.django_db
+def test_snapshot_holds_only_usable_keys_and_ready_replicas(tenant_a, tenant_b, django_assert_max_num_queries):
+    revoked, revoked_raw = api_key_create(tenant=tenant_a.tenant, name="revoked")
+    api_key_revoke(api_key=revoked)
+    tenant_b.tenant.is_active = False
+    tenant_b.tenant.save()
+    ready = ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.READY, concurrency_limit=8)
+    ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.STARTING)
+    ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.READY, is_standby=True)
+    with django_assert_max_num_queries(8):
+        snap = load_snapshot("7")
+    assert snap.version == "7"
+    assert hash_key(tenant_a.raw_key) in snap.keys_by_hash
+    assert hash_key(revoked_raw) not in snap.keys_by_hash
+    assert hash_key(tenant_b.raw_key) not in snap.keys_by_hash, "keys of an inactive tenant do not authenticate"
+    info = snap.endpoints_by_name[tenant_a.endpoint.name]
+    assert [r.id for r in info.replicas] == [ready.pk] and info.replicas[0].concurrency_limit == 8
+    assert info.visible_to(tenant_a.tenant.pk) and not info.visible_to(tenant_b.tenant.pk)
+    assert info.coeffs.beta > 0
+    res = snap.reservations[(tenant_a.tenant.pk, tenant_a.endpoint.pk)]
+    assert res.mu_per_min == 100.0 and res.priority == "standard"
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "param"),
+    [
+        ("chat", b"", None),
+        ("chat", b"null", None),
+        ("chat", json.dumps({"model": "m", "messages": []}).encode(), "messages"),
+        (
+            "chat",
+            json.dumps({"model": "m", "messages": [{"role": "user", "content": 5}]}).encode(),
+            "messages[0].content",
+        ),
+        (
+            "chat",
+            json.dumps({"model": "m", "messages": [{"role": "user"}], "max_tokens": True}).encode(),
+            "max_tokens",
+        ),
+        (
+            "chat",
+            json.dumps({"model": "m", "messages": [{"role": "user"}], "max_completion_tokens": 0}).encode(),
+            "max_completion_tokens",
+        ),
+        ("completions", json.dumps({"model": "m", "prompt": []}).encode(), "prompt"),
+        ("completions", json.dumps({"model": "m", "prompt": [1, "a"]}).encode(), "prompt"),
+        ("completions", json.dumps({"model": "", "prompt": "x"}).encode(), "model"),
+        (
+            "completions",
+            json.dumps({"model": "m", "prompt": "x", "stream": True, "stream_options": []}).encode(),
+            "stream_options",
+        ),
+    ],
+)
+def test_bad_requests_are_400_with_the_offending_param(kind, body, param):
+    with pytest.raises(ProxyError) as exc:
+        parse_request(kind, body)
+    assert exc.value.status == 400 and exc.value.param == param
+    assert set(json.loads(exc.value.body())["error"]) == {"message", "type", "param", "code"}
+
+
+def test_usage_is_always_requested_upstream_but_only_forwarded_when_asked():
+    plain = parse_request(
+        "chat", json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    )
+    assert not plain.client_wants_usage
+    assert json.loads(upstream_payload(plain))["stream_options"] == {"include_usage": True}
+    asked = parse_request(
+        "completions",
+        json.dumps({"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}}).encode(),
+    )
+    assert asked.client_wants_usage and upstream_payload(asked) == asked.raw
+    refused = parse_request(
+        "completions",
+        json.dumps(
+            {
+                "model": "m",
+                "prompt": "hi",
+                "stream": True,
+                "stream_options": {"include_usage": False, "continuous_usage_stats": True},
+            }
+        ).encode(),
+    )
+    assert not refused.client_wants_usage
+    assert json.loads(upstream_payload(refused))["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
+    unary = parse_request("completions", json.dumps({"model": "m", "prompt": ["a", "b"]}).encode())
+    assert unary.max_tokens == 16 and upstream_payload(unary) == unary.raw and unary.prompt_chars == 2
