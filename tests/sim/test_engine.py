@@ -167,3 +167,26 @@ def test_block_accounting_stays_exact_under_random_load_preemption_and_aborts():
     assert all(s.state == FINISHED for s in live)
     assert all(s.generated == s.max_tokens for s in live if s.finish_reason != "abort")
     assert engine.stats.preemptions > 0
+
+
+def test_generated_blocks_are_cached_so_a_chat_follow_up_hits_the_answer_too():
+    from endpoints.runtimes.sim.tokens import partial_block
+
+    engine = Engine(get_profile())
+    first_prompt = filler_text(100, seed="turn-1")  # 6 full blocks + 4 tokens
+    first = Sequence(
+        "t1", count_tokens(first_prompt), 60, block_hashes(first_prompt), prompt_tail=partial_block(first_prompt)
+    )
+    engine.add(first)
+    end = run_to_end(engine)
+    follow_up = first_prompt + output_text(0, 60) + filler_text(20, seed="turn-2")
+    second = engine.add(seq_for(follow_up, 5, "t2"))
+    run_to_end(engine, end)
+    # 100 + 60 = 160 tokens were computed: 10 full blocks, all reusable (the answer's 4 included).
+    assert second.cached_tokens == 160
+    without_output_cache = Engine(get_profile())
+    without_output_cache.add(seq_for(first_prompt, 60, "t1"))
+    end = run_to_end(without_output_cache)
+    again = without_output_cache.add(seq_for(follow_up, 5, "t2"))
+    run_to_end(without_output_cache, end)
+    assert again.cached_tokens == 96

@@ -71,6 +71,7 @@ from .interfaces import (  # noqa: F401 (re-exported: policies import them from 
 )
 from .profiles import EngineProfile, get_profile
 from .results import RequestResult, SimResult
+from .tokens import partial_block
 from .workloads import SimRequest
 
 _MANY_STEPS = 1 << 30
@@ -300,6 +301,8 @@ class Simulation(FleetOps):
             priority=request.priority,
             arrival_s=now,
             tag=request,
+            prompt_tail=partial_block(route.prompt_text),
+            cache_salt=request.cache_salt,
         )
         result.dispatch_s, result.replica_id = now, replica_id
         try:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from .kvcache import KVCache
 from .profiles import EngineProfile
+from .tokens import block_hashes, output_text
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
@@ -45,6 +46,10 @@ class Sequence:
     arrival_s: float = 0.0
     stop_reason: str = "length"  # finish_reason when max_tokens is reached ("stop" for a natural end)
     tag: object = None  # caller's handle (the HTTP stream, the DES request)
+    # Set both to cache the full blocks of generated text too (``tokens.partial_block(prompt)``, vLLM's cache_salt):
+    # a follow-up prompt that repeats this answer (a chat's next turn) then hits them.
+    prompt_tail: str | None = None
+    cache_salt: str | None = None
     # progress
     state: str = WAITING
     cached_tokens: int = 0  # prefix-cache hit at first scheduling (usage.prompt_tokens_details.cached_tokens)
@@ -275,7 +280,12 @@ class Engine:
         self._push_waiting(victim)
 
     def _free(self, seq: Sequence) -> None:
-        self.kv.release(seq.held_hashed, seq.held_anon)
+        output_hashes = ()
+        if seq.prompt_tail is not None and seq._gen > 0 and seq.held_anon:
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            text = seq.prompt_tail + output_text(0, seq._gen)
+            output_hashes = block_hashes(text, salt=seq.cache_salt, parent=parent)[: seq.held_anon]
+        self.kv.release(seq.held_hashed, seq.held_anon, output_hashes)
         seq.held_hashed = []
         seq.held_anon = 0
         seq.held_blocks = 0

@@ -86,7 +86,13 @@ class KVCache:
         self._make_room(anon_blocks)
         self._anon += anon_blocks
 
-    def release(self, hashes: Sequence[int], anon_blocks: int) -> None:
+    def release(self, hashes: Sequence[int], anon_blocks: int, output_hashes: Sequence[int] = ()) -> None:
+        """Free a request's blocks. ``output_hashes`` name full blocks of generated tokens among its anonymous
+        ones: they stay cached too (vLLM hashes every full block), tail first in the LRU, unless an equal block
+        is cached already (then this copy is simply freed)."""
+        for h in reversed(output_hashes):
+            if h not in self._ref and h not in self._lru:
+                self._lru[h] = None
         for h in reversed(hashes):
             holders = self._ref[h] - 1
             if holders:

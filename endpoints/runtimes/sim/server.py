@@ -35,7 +35,7 @@ from .protocol import (
     usage_block,
     usage_chunk,
 )
-from .tokens import block_hashes, output_text
+from .tokens import block_hashes, output_text, partial_block
 
 logger = logging.getLogger(__name__)
 VERSION = "0.11.0+infercap.sim"
@@ -261,6 +261,8 @@ class ReplicaServer:
             priority=parsed.priority,
             arrival_s=now,
             stop_reason=parsed.finish_reason,
+            prompt_tail=partial_block(parsed.prompt_text),
+            cache_salt=parsed.cache_salt,
         )
         live = _Live(seq, parsed, now)
         seq.tag = live

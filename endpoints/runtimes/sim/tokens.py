@@ -42,10 +42,17 @@ def render_chat(messages: list[dict]) -> str:
     return "".join(parts)
 
 
+_OUTPUT_CYCLE = "".join(OUTPUT_WORDS)
+
+
 def output_text(start: int, count: int) -> str:
     """The text of output tokens ``start .. start+count-1`` of any request."""
-    n = len(OUTPUT_WORDS)
-    return "".join(OUTPUT_WORDS[i % n] for i in range(start, start + count))
+    if count <= 0:
+        return ""
+    width = len(_OUTPUT_CYCLE)
+    first = (start * CHARS_PER_TOKEN) % width
+    need = count * CHARS_PER_TOKEN
+    return (_OUTPUT_CYCLE * (2 + need // width))[first : first + need]
 
 
 _POOL_TOKENS = 1 << 16
@@ -89,3 +96,8 @@ def block_hashes(text: str, *, salt: str | None = None, parent: int | None = Non
         parent = hash((parent, text[i * BLOCK_CHARS : (i + 1) * BLOCK_CHARS]))
         hashes.append(parent)
     return hashes
+
+
+def partial_block(text: str) -> str:
+    """The text after the prompt's last full block (where generated tokens continue the chain)."""
+    return text[(count_tokens(text) // BLOCK_SIZE_TOKENS) * BLOCK_CHARS :]
