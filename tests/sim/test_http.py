@@ -353,3 +353,19 @@ def test_templated_content_frames_equal_the_json_encoder():
             expected = chat_chunk(parsed, 123, {"content": word}) if chat else completion_chunk(parsed, 123, word)
             assert head + word.encode() + tail == _sse(expected)
             assert json.loads((head + word.encode() + tail)[6:])["id"].endswith("-r1")
+
+
+def test_a_chat_follow_up_reuses_the_previous_answer_from_the_cache(tiny):
+    messages = [{"role": "system", "content": filler_text(200, seed="mt")}, {"role": "user", "content": "first"}]
+    with httpx.Client(timeout=10) as client:
+        first = client.post(
+            f"{tiny.url}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 64}
+        ).json()
+        answer = first["choices"][0]["message"]["content"]
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "second"}]
+        second = client.post(
+            f"{tiny.url}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 4}
+        ).json()
+    computed = first["usage"]["prompt_tokens"] + 64
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == computed // 16 * 16 and cached > first["usage"]["prompt_tokens"]
