@@ -184,15 +184,14 @@ def _ms(seconds):
     return round(seconds * 1000, 1) if seconds is not None and math.isfinite(seconds) else None
 
 
-def run_live(*, setup, quick: bool, progress) -> dict:
+def run_live(*, setup, quick: bool, progress, policies: tuple[str, ...] = ("round_robin", "llmd", "infercap")) -> dict:
     from django.conf import settings
     from django.db import connection
 
-    policies = ("round_robin", "llmd", "infercap")
     replicas = 4
     groups, per_group, system_tokens, question_tokens, output_tokens = 8, 8, 512, 64, 32
-    stages = (6.0, 12.0) if quick else (6.0, 12.0, 18.0)
-    stage_s = 10.0 if quick else 20.0
+    stages = (8.0, 16.0, 24.0) if quick else (8.0, 16.0, 24.0, 32.0)
+    stage_s = 8.0 if quick else 15.0
     ttft_slo_s, tpot_slo_s = setup.ttft_slo_s, setup.tpot_slo_s
     procs: list[subprocess.Popen] = []
     sims = []
@@ -246,6 +245,11 @@ def run_live(*, setup, quick: bool, progress) -> dict:
                 )
                 figures = _stage_figures(records, duration_s=stage_s, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
                 stage_figures.append({"qps": qps, **figures})
+                progress(
+                    f"live {policy} @ {qps:g} qps: {figures['slo_rps']:.1f} good req/s, TTFT p50 "
+                    f"{_ms(figures['ttft_p50_s'])} ms p95 {_ms(figures['ttft_p95_s'])} ms, "
+                    f"cached {figures['cached_tokens']}/{figures['prompt_tokens']} tokens"
+                )
             after = _generation_tokens(urls)
             per_replica = [a - b for a, b in zip(after, before, strict=True)]
             mean = sum(per_replica) / len(per_replica)
