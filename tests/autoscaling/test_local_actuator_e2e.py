@@ -141,6 +141,12 @@ def test_restart_replaces_a_crashed_replica_and_sync_marks_dead_processes(clean_
     second.refresh_from_db()
     assert second.state == ReplicaState.STOPPED and not pid_alive(int(second.actuator_ref))
     converge(endpoint, lambda: endpoint.replicas.get(pk=third.pk).state == ReplicaState.READY)
+    # A row closed without its process (someone else's cleanup): the next sync stops the orphan
+    third.refresh_from_db()
+    get_actuator(endpoint).stop_row(third, "closed by hand")
+    assert pid_alive(int(third.actuator_ref))
+    get_actuator(endpoint).sync(endpoint)
+    assert not pid_alive(int(third.actuator_ref))
 
 
 def test_live_scale_up_from_proxy_demand(procs, clean_store, reap_local_replicas, tenant_a):

@@ -41,8 +41,7 @@ class Actuator(ABC):
         if replica.actuator != self.name:
             raise ActuatorError(f"replica {replica.pk} belongs to actuator {replica.actuator!r}, not {self.name!r}")
         standby = replica.is_standby
-        if replica.state != ReplicaState.STOPPED:
-            self.terminate([replica], reason="restart")
+        self.terminate([replica], reason="restart")  # also when the row is already stopped: the process may not be
         return self.launch(replica.endpoint, 1, standby=standby)
 
     def owns(self, replica: Replica) -> bool:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -151,13 +152,38 @@ class LocalActuator(Actuator):
 
     def terminate(self, replicas: list[Replica], *, reason: str) -> None:
         for replica in replicas:
-            if replica.actuator_ref.isdigit():
-                stop_pid(int(replica.actuator_ref))
+            pid = self._own_pid(replica)
+            if pid is not None:
+                stop_pid(pid)
             self.stop_row(replica, reason)
 
+    @staticmethod
+    def _own_pid(replica: Replica) -> int | None:
+        """The replica's pid, if that pid still runs this replica (pids get reused: never signal a stranger)."""
+        if not replica.actuator_ref.isdigit():
+            return None
+        pid = int(replica.actuator_ref)
+        if pid in _CHILDREN:
+            return pid
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return pid if pid_alive(pid) else None  # no /proc (not Linux): trust the pid
+        port = replica.url.rsplit(":", 1)[-1].encode()
+        return pid if port in argv else None
+
     def sync(self, endpoint: Endpoint) -> None:
-        live = endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)
         now = timezone.now()
+        # A stopped row whose process still runs (a crash between the kill and the row update, a test that only
+        # closed rows) is stopped here, so replica processes do not outlive their rows.
+        recent = endpoint.replicas.filter(
+            actuator=self.name, state=ReplicaState.STOPPED, state_changed_at__gte=now - timedelta(hours=1)
+        )
+        for replica in recent:
+            pid = self._own_pid(replica)
+            if pid is not None and pid_alive(pid):
+                stop_pid(pid)
+        live = endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)
         for replica in live:
             pid = int(replica.actuator_ref) if replica.actuator_ref.isdigit() else None
             alive = pid is not None and pid_alive(pid)
