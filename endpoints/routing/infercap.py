@@ -14,7 +14,8 @@
    which it spills, so a prefix lives on few replicas and every proxy process agrees)
    ``− 2 × index fill`` (share of the replica's cache already holding routed prefixes: new prefixes go
    where there is room, so cached prefixes spread evenly)
-   ``− 1 × relative load``. Stickiness and affinity are preferences: a sticky replica that is over the
+   ``− 1 × relative load`` (``queue_weight``/``kv_weight`` can add llm-d's queue and kv-cache scorers; off by
+   default: in the benchmark they cost throughput). Stickiness and affinity are preferences: a sticky replica that is over the
    bound or at its limit is simply not allowed, and the session moves.
 """
 
