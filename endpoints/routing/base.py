@@ -3,6 +3,7 @@
 A router sees a snapshot of every replica of one endpoint (``ReplicaView``) and one request
 (``RouteRequest``), filters, scores and picks a replica id, or None when no replica can take it now.
 """
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
