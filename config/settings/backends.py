@@ -69,9 +69,21 @@ def resolve_backends(*, database_url: str, redis_url: str, var_dir: Path) -> Bac
         channel_layer={"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}},
         redis_url=redis_url,
         celery_broker_url=redis_url,
-        # With late acks, a task whose worker died is redelivered once this many seconds have passed.
-        celery_broker_options={"visibility_timeout": int(os.environ.get("INFERCAP_BROKER_VISIBILITY_TIMEOUT", "3600"))},
+        celery_broker_options=_redis_broker_options(int(os.environ.get("INFERCAP_BROKER_VISIBILITY_TIMEOUT", "3600"))),
         celery_result_backend=redis_url,
         embedded_database=embedded_db,
         embedded_redis=False,
     )
+
+
+def _redis_broker_options(visibility_timeout_s: int) -> dict:
+    """With late acks, a task whose worker died is redelivered once ``visibility_timeout_s`` has passed.
+
+    kombu sweeps for such tasks only every interval × throttle seconds (100 s by default); sweep every
+    third of the timeout instead, so redelivery follows the timeout rather than the sweep.
+    """
+    return {
+        "visibility_timeout": visibility_timeout_s,
+        "unacked_restore_interval": max(1, min(10, visibility_timeout_s // 3)),
+        "unacked_restore_throttle": 1,
+    }
