@@ -190,3 +190,27 @@ def test_generated_blocks_are_cached_so_a_chat_follow_up_hits_the_answer_too():
     again = without_output_cache.add(seq_for(follow_up, 5, "t2"))
     run_to_end(without_output_cache, end)
     assert again.cached_tokens == 96
+
+
+def test_long_prompts_are_prefilled_in_chunks_while_others_keep_decoding():
+    profile = get_profile()  # max_num_batched_tokens 2048
+    engine = Engine(profile)
+    runner = engine.add(seq_for(filler_text(100, seed="r"), 50, "runner"))
+    now = 0.0
+    plan = engine.plan(now, 1)
+    now += plan.duration()
+    engine.commit(plan, 1, now)
+    long = engine.add(seq_for(filler_text(5000, seed="long"), 4, "long"))
+    steps, gaps = 0, []
+    while long.first_token_s is None:
+        plan = engine.plan(now, 1)
+        before = runner.generated
+        now += plan.duration()
+        engine.commit(plan, 1, now)
+        steps += 1
+        assert runner.generated == before + 1  # the running request advances in every chunked step
+        gaps.append(plan.duration())
+        assert engine.num_running == 2
+    assert steps == 3  # 2047 + 2047 + 906 prompt tokens
+    assert max(gaps) < profile.decode_step_s(1, 200) + profile.prefill_s(2048) + 1e-9
+    assert long.cached_tokens == 0 and long.generated == 1

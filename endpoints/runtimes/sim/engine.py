@@ -10,9 +10,11 @@ in *plans* (one scheduler decision followed by one or more model steps):
 Model (vLLM V1 in outline):
 - continuous batching up to ``max_num_seqs``; the waiting queue is ordered by (priority, arrival) under the
   ``priority`` policy (lower value first, as vLLM) or by arrival under ``fcfs``; head-of-line blocking;
-- a step that admits new sequences prefills them (at most ``max_num_batched_tokens`` uncached tokens, at
-  least one sequence) and costs ``decode(batch_before) + overhead + uncached / prefill_rate``; it produces
-  their first token. Prefix-cache hits (``kvcache.KVCache``) cost no prefill time;
+- chunked prefill under vLLM's token budget: a step gives each decoding sequence one token of
+  ``max_num_batched_tokens`` and the rest to prompts (partial prefills first, then newly admitted ones, a long
+  prompt split over several steps); such a step costs ``decode(batch) + overhead + prompt_tokens / prefill_rate``
+  and yields the first token of every prompt it completes. Prefix-cache hits (``kvcache.KVCache``) cost no
+  prefill time;
 - a pure decode step costs ``t0 + per_seq·batch + per_ctx_token·context_tokens`` and produces one token per
   running sequence. The discrete-event runner asks for many decode steps at once (a batch of steps with a
   fixed running set, up to the next finish), so it never handles individual tokens;
@@ -31,7 +33,7 @@ from .kvcache import KVCache
 from .profiles import EngineProfile
 from .tokens import block_hashes, output_text
 
-WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+WAITING, PREFILLING, RUNNING, FINISHED = "waiting", "prefilling", "running", "finished"
 
 
 @dataclass(eq=False)
@@ -68,6 +70,7 @@ class Sequence:
     _tick_base: int = field(default=0, repr=False)
     _cell: list = field(default=None, repr=False)
     _run: int = field(default=0, repr=False)  # bumped at every (re)admission: invalidates old heap entries
+    prefill_left: int = field(default=0, repr=False)  # uncached prompt tokens still to prefill (chunked prefill)
 
     @property
     def generated(self) -> int:
@@ -90,7 +93,8 @@ class Plan:
     prefill_s: float  # extra time of the first step (prefill of newly admitted sequences)
     step0_s: float  # decode cost of the first step
     ctx_slope_s: float  # per-step growth of the decode cost (context grows by one token per sequence)
-    admitted: list[Sequence]
+    admitted: list[Sequence]  # sequences whose prefill completes in this step (their first token)
+    prefill_tokens: int = 0  # prompt tokens computed in this step
 
     def duration(self, steps: int | None = None) -> float:
         """Time taken by the first ``steps`` steps (all of them by default)."""
@@ -137,7 +141,8 @@ class Engine:
         self.profile = profile
         self.scheduling_policy = scheduling_policy
         self.kv = KVCache(profile.num_gpu_blocks, profile.block_size)
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # decoding (tokens counted lazily)
+        self.prefilling: list[Sequence] = []  # admitted, prompt partly computed (chunked prefill)
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._order = itertools.count()
         self.stats = EngineStats()
@@ -155,7 +160,8 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        """vllm:num_requests_running: decoding plus partially prefilled sequences."""
+        return len(self.running) + len(self.prefilling)
 
     @property
     def kv_usage(self) -> float:
@@ -193,6 +199,9 @@ class Engine:
             return False
         if seq.state == RUNNING:
             self._stop_running(seq)
+        elif seq.state == PREFILLING:
+            self.prefilling.remove(seq)
+            self._free(seq)
         else:
             self._waiting = [item for item in self._waiting if item[2] is not seq]
             heapq.heapify(self._waiting)
@@ -200,7 +209,7 @@ class Engine:
         return True
 
     def abort_all(self, now: float, reason: str = "abort") -> list[Sequence]:
-        victims = list(self.running) + [item[2] for item in self._waiting]
+        victims = list(self.running) + list(self.prefilling) + [item[2] for item in self._waiting]
         for seq in victims:
             self.abort(seq, now, reason)
         return victims
@@ -210,13 +219,26 @@ class Engine:
         return -(-tokens // self._block)
 
     def _schedule(self, now: float) -> tuple[list[Sequence], int]:
-        admitted: list[Sequence] = []
-        budget = self.profile.max_num_batched_tokens
+        """One step's prefill work under vLLM's token budget: each decoding sequence takes one token, partial
+        prefills continue, then waiting sequences are admitted (chunked when their prompt exceeds what is left).
+        Returns the sequences whose prefill completes in this step and the prompt tokens it computes."""
+        budget = self.profile.max_num_batched_tokens - len(self.running)
+        completed: list[Sequence] = []
         prefill_tokens = 0
+        for seq in list(self.prefilling):
+            if budget <= 0:
+                break
+            take = min(seq.prefill_left, budget)
+            budget -= take
+            prefill_tokens += take
+            seq.prefill_left -= take
+            if not seq.prefill_left:
+                completed.append(seq)
         block = self._block
         # Like vLLM, the running sequences' next blocks come first: waiting ones get what is left.
         reserve = self._blocks_due(1) if self._waiting else 0
-        while self._waiting and len(self.running) < self.profile.max_num_seqs:
+        limit = self.profile.max_num_seqs
+        while self._waiting and budget > 0 and len(self.running) + len(self.prefilling) < limit:
             seq = self._waiting[0][2]
             tokens = seq.prompt_tokens + seq._gen
             total_blocks = -(-tokens // block)
@@ -226,8 +248,6 @@ class Engine:
             # vLLM recomputes at least the last token, so a fully cached prompt still prefills one block.
             hit_blocks = min(matched, (tokens - 1) // block)
             uncached = tokens - hit_blocks * block
-            if admitted and prefill_tokens + uncached > budget:
-                break
             heapq.heappop(self._waiting)
             self.kv.acquire(seq.block_hashes, total_blocks - len(seq.block_hashes))
             seq.held_hashed = list(seq.block_hashes)
@@ -239,10 +259,18 @@ class Engine:
                 self.stats.prompt_tokens += seq.prompt_tokens
             self.stats.prefix_queries += tokens
             self.stats.prefix_hits += hit_blocks * block
+            take = min(uncached, budget)
+            budget -= take
+            prefill_tokens += take
+            seq.prefill_left = uncached - take
+            seq.state = PREFILLING
+            self.prefilling.append(seq)
+            if not seq.prefill_left:
+                completed.append(seq)
+        for seq in completed:
+            self.prefilling.remove(seq)
             self._start_running(seq)
-            admitted.append(seq)
-            prefill_tokens += uncached
-        return admitted, prefill_tokens
+        return completed, prefill_tokens
 
     def _start_running(self, seq: Sequence) -> None:
         tick = self._tick[0]
@@ -273,8 +301,13 @@ class Engine:
         self._free(seq)
 
     def _preempt_one(self) -> None:
-        victim = max(self.running, key=lambda s: (s.priority, s.order))
-        self._stop_running(victim)
+        victim = max(self.running + self.prefilling, key=lambda s: (s.priority, s.order))
+        if victim.state == PREFILLING:
+            self.prefilling.remove(victim)
+            victim.state = WAITING
+            self._free(victim)
+        else:
+            self._stop_running(victim)
         victim.preemptions += 1
         self.stats.preemptions += 1
         self._push_waiting(victim)
@@ -347,9 +380,9 @@ class Engine:
         profile = self.profile
         old_batch, old_ctx = len(self.running), self._ctx
         admitted, prefill_tokens = self._schedule(now)
-        if not self.running:
+        if not self.running and not prefill_tokens:
             return None
-        if admitted:
+        if prefill_tokens:
             # The prefill step: the sequences already running also decode one token in it.
             if self._max_steps_within(self.kv.free_blocks, 1) < 1:
                 while self._max_steps_within(self.kv.free_blocks, 1) < 1:
@@ -359,7 +392,7 @@ class Engine:
                 old_batch, old_ctx = len(old), sum(s.prompt_tokens + s.generated for s in old)
             step0 = profile.decode_step_s(old_batch, old_ctx) if old_batch else profile.decode_t0_s
             prefill = profile.prefill_s(prefill_tokens)
-            return Plan(now, 1, list(self.running), prefill, step0, 0.0, admitted)
+            return Plan(now, 1, list(self.running), prefill, step0, 0.0, admitted, prefill_tokens)
         while True:
             steps = min(max_steps, self._next_finish_tick() - self._tick[0])
             steps = self._max_steps_within(self.kv.free_blocks, steps)

@@ -179,9 +179,8 @@ class ReplicaServer:
             while self.faults.hang:  # a hang freezes the step in progress too: streams stop mid-way
                 await asyncio.sleep(0.01)
             now = self.now()
-            prefill = sum(s.prompt_tokens - s.cached_tokens for s in plan.admitted if s.generated == 0)
             finished = self.engine.commit(plan, 1, now)
-            self.metrics.iteration_tokens.observe(prefill + len(plan.seqs))
+            self.metrics.iteration_tokens.observe(plan.prefill_tokens + len(plan.seqs) - len(plan.admitted))
             for seq in plan.seqs:
                 live = seq.tag
                 if live is None or seq.generated == 0:
