@@ -82,9 +82,8 @@ async def application(scope, receive, send) -> None:
         await _models(scope, send)
     elif path == "/metrics" and method == "GET":
         body, content_type = m.exposition()
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type.encode())]}
-        )
+        headers = [(b"content-type", content_type.encode()), (b"x-request-id", ("req-" + uuid.uuid4().hex).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
     else:
         await _plain_error(send, 404, f"Unknown path {path}.", "not_found")

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 DEMAND_KEY = "infercap:demand:{endpoint_id}"
 DEMAND_TTL_S = 5
+DEMAND_STALE_S = 30.0
+DEMAND_PRUNE_EVERY = 30  # publish cycles
 
 
 def _load_in_thread(version: str) -> Snapshot:
@@ -151,12 +153,16 @@ class ProxyState:
 
     # -- demand for the autoscaler and the console ------------------------------------------------------
     async def _publish_demand(self) -> None:
+        cycle = 0
         while True:
             await asyncio.sleep(self.config.demand_interval_s)
             if self.redis is None or not self.runtimes:
                 continue
             now = time.time()
+            cycle += 1
             try:
+                if cycle % DEMAND_PRUNE_EVERY == 0:
+                    await self._prune_demand(now)
                 pipe = self.redis.pipeline(transaction=False)
                 for eid, runtime in self.runtimes.items():
                     key = DEMAND_KEY.format(endpoint_id=eid)
@@ -167,6 +173,20 @@ class ProxyState:
                 raise
             except Exception as exc:  # noqa: BLE001 - demand is advisory; the autoscaler tolerates gaps
                 log.debug("demand publish failed: %s", exc)
+
+    async def _prune_demand(self, now: float) -> None:
+        """Drop fields left by processes that died: readers skip them anyway, but the hash must not grow forever."""
+        for eid in list(self.runtimes):
+            key = DEMAND_KEY.format(endpoint_id=eid)
+            stale = []
+            for field, raw in (await self.redis.hgetall(key)).items():
+                try:
+                    if now - float(json.loads(raw).get("t", 0)) > DEMAND_STALE_S:
+                        stale.append(field)
+                except (ValueError, TypeError, AttributeError):
+                    stale.append(field)
+            if stale:
+                await self.redis.hdel(key, *stale)
 
     def spawn(self, coro) -> None:
         """Fire and forget, keeping a reference so the task is not garbage collected mid-flight."""
