@@ -330,6 +330,30 @@ def _unjson(rows) -> dict[float, float] | None:
     return {(math.inf if b == "inf" else float(b)): float(c) for b, c in rows}
 
 
+def decisions_prune(*, keep_days: int = 14, batch: int = 5000) -> int:
+    """Delete decisions older than ``keep_days`` in batches (a tick every 5 s is 17,280 rows per endpoint a day).
+
+    The newest applied decision of each axis per endpoint is kept whatever its age: the scale-down delay and the
+    vertical streaks are read from it."""
+    from django.db.models import Max
+
+    cutoff = timezone.now() - timedelta(days=keep_days)
+    keep = set(
+        AutoscalerDecision.objects.filter(applied=True)
+        .values("endpoint", "axis")
+        .annotate(last=Max("id"))
+        .values_list("last", flat=True)
+    )
+    deleted = 0
+    while True:
+        ids = list(
+            AutoscalerDecision.objects.filter(at__lt=cutoff).exclude(id__in=keep).values_list("id", flat=True)[:batch]
+        )
+        if not ids:
+            return deleted
+        deleted += AutoscalerDecision.objects.filter(id__in=ids).delete()[0]
+
+
 # -- shared -----------------------------------------------------------------------------------------------
 def _decided(endpoint_id: int, axis: str, tick: str) -> bool:
     return AutoscalerDecision.objects.filter(endpoint_id=endpoint_id, axis=axis, tick=tick).exists()

@@ -52,3 +52,25 @@ def test_fan_out_skips_static_and_opted_out_endpoints(clean_store, tenant_a, ten
     assert decisions.values("tick").distinct().count() == decisions.count()
     Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(launch_options={"actuator": "local", "autoscale": False})
     assert tasks.autoscaled_endpoint_ids() == []
+
+
+def test_retention_keeps_recent_decisions_and_the_last_applied_one(tenant_a):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    old = timezone.now() - timedelta(days=20)
+
+    def make(tick, at, applied=True, axis="horizontal"):
+        row = AutoscalerDecision.objects.create(
+            endpoint=tenant_a.endpoint, axis=axis, current=1, desired=2, reason="r", tick=tick, applied=applied
+        )
+        AutoscalerDecision.objects.filter(pk=row.pk).update(at=at)
+        return row
+
+    stale = [make(f"h-old-{i}", old) for i in range(3)]
+    last_vertical = make("v-old", old, axis="vertical")
+    fresh = make("h-new", timezone.now())
+    assert tasks.decisions_retention() == 3
+    remaining = set(AutoscalerDecision.objects.values_list("pk", flat=True))
+    assert remaining == {fresh.pk, last_vertical.pk} and not {s.pk for s in stale} & remaining

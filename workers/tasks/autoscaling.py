@@ -18,6 +18,7 @@ BEAT_SCHEDULE = {
     "autoscale-sample-demand": {"task": "autoscale.sample_demand", "schedule": SAMPLE_S, "options": {"expires": 1}},
     "autoscale-horizontal": {"task": "autoscale.horizontal_all", "schedule": HORIZONTAL_S, "options": {"expires": 5}},
     "autoscale-vertical": {"task": "autoscale.vertical_all", "schedule": VERTICAL_S, "options": {"expires": 30}},
+    "autoscale-decisions-retention": {"task": "autoscale.decisions_retention", "schedule": 3600.0},
 }
 
 
@@ -75,3 +76,10 @@ def vertical_one(endpoint_id: int, tick: str) -> int | None:
 
     decision = vertical_tick(endpoint_id=endpoint_id, tick=tick)
     return decision.pk if decision else None
+
+
+@shared_task(name="autoscale.decisions_retention", ignore_result=True, soft_time_limit=240, time_limit=300)
+def decisions_retention() -> int:
+    from capacity.autoscaling.services import decisions_prune
+
+    return decisions_prune()
