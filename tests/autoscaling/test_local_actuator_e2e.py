@@ -9,6 +9,7 @@ import pytest
 from capacity.autoscaling.actuators import get_actuator
 from capacity.autoscaling.actuators.local import pid_alive
 from capacity.autoscaling.services import _in_flight, reconcile
+from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
 from tests.proxy.conftest import spawn_proxy
 from tests.proxy.helpers import chat_body, sse_events, wait_for, wait_usage
@@ -194,3 +195,58 @@ def test_live_scale_up_from_proxy_demand(procs, clean_store, reap_local_replicas
     # and the queued requests were served by the replicas the autoscaler added
     records = wait_usage(12, timeout=20, endpoint=endpoint)
     assert len({r.replica_id for r in records}) >= 2
+
+
+def test_scale_from_zero_through_the_proxy(procs, clean_store, reap_local_replicas, tenant_a):
+    """No replica: the proxy holds the request and its activator wakes the autoscaler at once (eager Celery in
+    tests, so the proxy process runs that tick and launches the replica); the regular ticks, played here by a
+    thread instead of beat, see it healthy; the held request is answered."""
+    from django.db import connections
+
+    from capacity.autoscaling.services import horizontal_tick
+
+    endpoint = configure(tenant_a.endpoint)
+    Endpoint.objects.filter(pk=endpoint.pk).update(scale_to_zero=True, min_replicas=0, desired_replicas=0)
+    base = spawn_proxy(procs)
+    stop = threading.Event()
+
+    def beat():
+        i = 0
+        while not stop.is_set():
+            horizontal_tick(endpoint_id=endpoint.pk, tick=f"h-beat-{i}")
+            i += 1
+            stop.wait(0.5)
+        connections.close_all()
+
+    results = []
+
+    def request():
+        results.append(
+            httpx.post(
+                f"{base}/v1/chat/completions",
+                json=chat_body(endpoint.name, max_tokens=16),
+                headers={"Authorization": f"Bearer {tenant_a.raw_key}"},
+                timeout=60,
+            )
+        )
+
+    ticker, requester = threading.Thread(target=beat), threading.Thread(target=request)
+    started = time.monotonic()
+    try:
+        requester.start()
+        # The wake-up tick comes from the proxy, before any regular tick runs
+        wake = wait_for(
+            lambda: AutoscalerDecision.objects.filter(endpoint=endpoint, tick__startswith="wake-").first(), 15
+        )
+        assert (wake.current, wake.desired) == (0, 1)
+        ticker.start()
+        requester.join(60)
+    finally:
+        stop.set()
+        if ticker.ident:
+            ticker.join(10)
+    (response,) = results
+    assert response.status_code == 200, response.text
+    assert sse_events(response.text)[-1] == "[DONE]"
+    assert time.monotonic() - started < 30
+    assert endpoint.replicas.filter(state=ReplicaState.READY).count() == 1
