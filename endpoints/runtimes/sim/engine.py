@@ -18,6 +18,8 @@ Model (vLLM V1 in outline):
 - a pure decode step costs ``t0 + per_seq·batch + per_ctx_token·context_tokens`` and produces one token per
   running sequence. The discrete-event runner asks for many decode steps at once (a batch of steps with a
   fixed running set, up to the next finish), so it never handles individual tokens;
+- full blocks of generated text are cached too when a sequence leaves (give it ``prompt_tail``), so a chat's
+  next turn hits the previous answer as well as the previous prompt;
 - a sequence grows a block every 16 tokens; when blocks run out, the running sequence with the largest
   (priority, arrival) is preempted (recompute: its blocks are freed, it goes back to the waiting queue
   and later prefills prompt + generated tokens again, usually hitting its own cached prefix).
@@ -215,9 +217,6 @@ class Engine:
         return victims
 
     # -- scheduling --------------------------------------------------------------------------------
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self._block)
-
     def _schedule(self, now: float) -> tuple[list[Sequence], int]:
         """One step's prefill work under vLLM's token budget: each decoding sequence takes one token, partial
         prefills continue, then waiting sequences are admitted (chunked when their prompt exceeds what is left).
