@@ -310,3 +310,14 @@ def test_a_replica_hung_for_good_ends_the_run_instead_of_ticking_forever():
     result = sim.run(workloads.uniform(times=[0.1, 0.15], prompt_tokens=30, output_tokens=500))
     assert [r.status for r in result.requests] == ["unserved", "unserved"]
     assert result.end_s <= 30
+
+
+def test_results_split_by_tenant():
+    sim = Simulation(router=RecordingRouter(), replicas=2, profile="tiny")
+    result = sim.run(
+        workloads.uniform(times=workloads.constant_times(20, count=40), prompt_tokens=20, output_tokens=10, tenants=2)
+    )
+    parts = result.by("tenant")
+    assert set(parts) == {"tenant-0", "tenant-1"}
+    assert [len(p.requests) for p in parts.values()] == [20, 20]
+    assert parts["tenant-0"].slo_attainment() == 1.0 and parts["tenant-0"].gpu_hours() == result.gpu_hours()

@@ -103,6 +103,16 @@ class SimResult:
     wall_s: float = 0.0
     timeline: list[dict] = field(default_factory=list)  # one sample per tick: t, ready, starting, in_flight, queued
 
+    def subset(self, keep) -> SimResult:
+        """The same run restricted to the requests ``keep(request)`` accepts (e.g. one tenant or class);
+        replica figures stay fleet-wide."""
+        return SimResult([r for r in self.requests if keep(r)], self.replicas, self.end_s, self.wall_s, self.timeline)
+
+    def by(self, attribute: str) -> dict:
+        """``{value: subset}`` per value of a request attribute: ``by("tenant")``, ``by("priority_class")``."""
+        values = sorted({getattr(r, attribute) for r in self.requests}, key=str)
+        return {v: self.subset(lambda r, v=v: getattr(r, attribute) == v) for v in values}
+
     def completed(self) -> list[RequestResult]:
         return [r for r in self.requests if r.status == "ok"]
 
