@@ -257,6 +257,7 @@ def _merge(a: dict | None, b: dict) -> dict:
 
 
 def _svg(results: dict, path: str) -> None:
+    results = {k: v for k, v in results.items() if k.startswith("streams_")}
     levels = list(results)
     width, height, pad = 520, 300, 50
     bar_w = (width - 2 * pad) / (len(levels) * 3)
