@@ -23,6 +23,9 @@ class ReplicaProfile:
     step_t0_s: float = 0.0078
     step_k_s: float = 0.000108
     prefill_overhead_s: float = 0.010
+    # H100-class prefill. The engine simulator's A100 profile prefills 6,000 tok/s; at that rate this trace's
+    # spikes (500-token prompts at up to 270 req/s) are prefill-bound and replica counts sized on concurrency,
+    # static peak included, miss the TTFT SLO: scaling on MU (which weighs prompt tokens) is what that needs.
     prefill_tok_s: float = 16_000.0
     kv_tokens: int = 268_000
     cold_min_s: float = 60.0

@@ -154,6 +154,11 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
             {"at_s": s.at_fraction * period, "duration_s": s.duration_s, "x": s.multiplier} for s in trace.spikes
         ],
         "cold_start_s": [profile.cold_min_s, profile.cold_max_s],
+        "replica": {
+            "decode_step_ms": f"{profile.step_t0_s * 1000:g} + {profile.step_k_s * 1000:g}·batch",
+            "prefill_tok_s": profile.prefill_tok_s,
+            "kv_tokens": profile.kv_tokens,
+        },
         "static_replicas": static_replicas,
         "baseline_concurrency_limit": o["concurrency_limit"],
         "infercap_concurrency_bounds": [4, o["concurrency_max"]],
