@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import time
 import uuid
@@ -35,6 +36,15 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+# Request ids: a random per-process prefix and a counter, unique across processes without a syscall per request.
+_ID_PREFIX = "req-" + uuid.uuid4().hex[:16]
+_id_counter = itertools.count(1)
+
+
+def new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_id_counter):08x}"
 
 
 class _Ctx:
@@ -64,7 +74,7 @@ async def application(scope, receive, send) -> None:
             await get_state()
         except Exception:  # noqa: BLE001 - e.g. the database is down when this process starts
             log.exception("proxy could not load its configuration")
-            rid = [(b"x-request-id", ("req-" + uuid.uuid4().hex).encode()), (b"retry-after", b"1")]
+            rid = [(b"x-request-id", new_request_id().encode()), (b"retry-after", b"1")]
             body = error_body(
                 "The proxy is starting and cannot read its configuration yet.",
                 type="server_error",
@@ -82,7 +92,7 @@ async def application(scope, receive, send) -> None:
         await _models(scope, send)
     elif path == "/metrics" and method == "GET":
         body, content_type = m.exposition()
-        headers = [(b"content-type", content_type.encode()), (b"x-request-id", ("req-" + uuid.uuid4().hex).encode())]
+        headers = [(b"content-type", content_type.encode()), (b"x-request-id", new_request_id().encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
     else:
@@ -90,7 +100,7 @@ async def application(scope, receive, send) -> None:
 
 
 async def _plain_error(send, status: int, message: str, code: str) -> None:
-    rid = [(b"x-request-id", ("req-" + uuid.uuid4().hex).encode())]
+    rid = [(b"x-request-id", new_request_id().encode())]
     await send_json(send, status, error_body(message, type="invalid_request_error", code=code), rid)
 
 
@@ -126,7 +136,7 @@ def _authenticate(state: ProxyState, headers: dict[bytes, bytes]):
 
 
 async def _models(scope, send) -> None:
-    request_id = "req-" + uuid.uuid4().hex
+    request_id = new_request_id()
     rid_header = [(b"x-request-id", request_id.encode())]
     try:
         state = await get_state()
@@ -153,6 +163,8 @@ async def _watch_disconnect(receive, ctx: _Ctx) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            if ctx.outcome is not None and ctx.outcome.done:
+                return  # our own end of the response, not the client leaving; let the upstream drain
             ctx.cancel("client")
             return
 
@@ -176,7 +188,7 @@ def _watchdog(ctx: _Ctx, ttft_s: float, idle_s: float, loop: asyncio.AbstractEve
 async def _completion(scope, receive, send, kind: str) -> None:
     t0 = time.perf_counter()
     started_at = time.time()
-    request_id = "req-" + uuid.uuid4().hex
+    request_id = new_request_id()
     rid_header = [(b"x-request-id", request_id.encode())]
     headers = _headers(scope)
     state = await get_state()
@@ -232,7 +244,7 @@ async def _completion(scope, receive, send, kind: str) -> None:
                 ) from None
             if wait_s > 0:
                 buckets = []  # nothing was charged
-                m.RATE_LIMITED.labels(endpoint.name, key.tenant_slug, limit_name).inc()
+                m.child(m.RATE_LIMITED, endpoint.name, key.tenant_slug, limit_name).inc()
                 raise ProxyError(
                     429,
                     f"Rate limit exceeded for this tenant on `{endpoint.name}` ({limit_name}); retry after the Retry-After delay.",
@@ -316,7 +328,7 @@ async def _completion(scope, receive, send, kind: str) -> None:
                     raise ProxyError(
                         failed.status, f"Upstream replica failed: {failed}", type="server_error", code="upstream_error"
                     ) from None
-                m.UPSTREAM_RETRIES.labels(endpoint.name).inc()
+                m.child(m.UPSTREAM_RETRIES, endpoint.name).inc()
                 outcome.first_token_at = outcome.last_read_at = None
                 ctx.dispatched_at = time.perf_counter()
     except ProxyError as err:
@@ -430,14 +442,14 @@ def _meter(
         and (tpot_s is None or tpot_s * 1000 <= endpoint.tpot_slo_ms)
     )
     name = endpoint.name
-    m.REQUESTS.labels(name, key.tenant_slug, priority, status).inc()
-    m.E2E.labels(name).observe(e2e_s)
+    m.child(m.REQUESTS, name, key.tenant_slug, priority, status).inc()
+    m.child(m.E2E, name).observe(e2e_s)
     if ttft_s is not None:
-        m.TTFT.labels(name).observe(ttft_s)
+        m.child(m.TTFT, name).observe(ttft_s)
     if tpot_s is not None:
-        m.TPOT.labels(name).observe(tpot_s)
+        m.child(m.TPOT, name).observe(tpot_s)
     if queue_s is not None:
-        m.QUEUE_TIME.labels(name, priority).observe(queue_s)
+        m.child(m.QUEUE_TIME, name, priority).observe(queue_s)
     state.usage.submit(
         {
             "request_id": request_id,

@@ -206,7 +206,10 @@ class RateLimiter:
                 now = time.monotonic()
                 for key, have, b, extra in zip(keys, live, buckets, extras.split(","), strict=True):
                     left = max(0.0, have - b.cost) + float(extra)
-                    self._leases[key] = [left, now + LEASE_TTL_S]
+                    if left > 0:
+                        self._leases[key] = [left, now + LEASE_TTL_S]
+                    else:
+                        self._leases.pop(key, None)  # no lease: corrections of this request go to Redis
                 return 0.0, ""
         elif self._redis is None:
             return self._local.take(keys, buckets)
@@ -225,6 +228,19 @@ class RateLimiter:
         deltas = [b.cost - actual[b.name] for b in chosen]
         caps = [b.capacity for b in chosen]
         self._local.settle(keys, caps, deltas)
+        # Where this process holds a live lease the correction stays local (the tokens are already ours);
+        # a lease left in debt makes the next Redis call charge the difference.
+        now = time.monotonic()
+        remote = []
+        for key, cap, delta in zip(keys, caps, deltas, strict=True):
+            lease = self._leases.get(key)
+            if lease is not None and lease[1] > now:
+                lease[0] = min(cap, lease[0] + delta)
+            else:
+                remote.append((key, cap, delta))
+        if not remote:
+            return
+        keys, caps, deltas = [k for k, _, _ in remote], [c for _, c, _ in remote], [d for _, _, d in remote]
         if self._redis_usable():
             args: list = []
             for cap, d in zip(caps, deltas, strict=True):

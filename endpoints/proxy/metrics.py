@@ -61,3 +61,15 @@ def exposition() -> tuple[bytes, str]:
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+_children: dict = {}
+
+
+def child(metric, *labels: str):
+    """``metric.labels(*labels)`` without its per-call validation and locking: the hot path calls this per request."""
+    key = (id(metric), labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found

@@ -99,7 +99,7 @@ async def stream_exchange(
             return
         content = resp.content
         buf = b""
-        done = False
+        done = closed = False
         try:
             while True:
                 data = await content.readany()
@@ -123,16 +123,23 @@ async def stream_exchange(
                 if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
                     outcome.status = "upstream_error"
                     outcome.error = "replica reported an error mid-stream"
+                if closed:
+                    continue  # after [DONE]: only drain the upstream to EOF so its connection is reused
                 if not outcome.started_client:
                     outcome.started_client = True
                     await send({"type": "http.response.start", "status": 200, "headers": response_headers})
-                if out:
+                if done and not buf:
+                    # [DONE] ends the client's response in the same write: one syscall fewer per request.
+                    await send({"type": "http.response.body", "body": out, "more_body": False})
+                    closed = outcome.done = True
+                elif out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-                if done:
-                    outcome.done = True
+                    outcome.done = done
         except (aiohttp.ClientError, OSError) as exc:
             if not outcome.started_client:
                 raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
+        if closed:
+            return
         if not outcome.started_client:
             if not done:
                 raise UpstreamFailed("replica closed the stream without output")

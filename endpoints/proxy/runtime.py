@@ -140,8 +140,8 @@ class EndpointRuntime:
         self.in_flight += 1
         self.in_flight_mu += mu
         self.router.on_routed(route, slot.view.replica_id, now)
-        m.IN_FLIGHT.labels(self.info.name, slot.name).set(slot.view.in_flight)
-        m.IN_FLIGHT_MU.labels(self.info.name, slot.name).set(slot.view.in_flight_mu)
+        m.child(m.IN_FLIGHT, self.info.name, slot.name).set(slot.view.in_flight)
+        m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(slot.view.in_flight_mu)
 
     def release(self, slot: Slot, route: RouteRequest, mu_reserved: float, mu_done: float) -> None:
         now = self.clock()
@@ -154,8 +154,8 @@ class EndpointRuntime:
             self.router.on_finished(route, slot.view.replica_id, now)
         except Exception:  # noqa: BLE001 - a router bug must not leak slots
             log.exception("router on_finished failed")
-        m.IN_FLIGHT.labels(self.info.name, slot.name).set(slot.view.in_flight)
-        m.IN_FLIGHT_MU.labels(self.info.name, slot.name).set(slot.view.in_flight_mu)
+        m.child(m.IN_FLIGHT, self.info.name, slot.name).set(slot.view.in_flight)
+        m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(slot.view.in_flight_mu)
         if slot.removed and slot.view.in_flight == 0:
             self.slots.pop(slot.view.replica_id, None)
         self.pump()
@@ -188,7 +188,7 @@ class EndpointRuntime:
         for victim in result.evicted:
             self._fail(victim, "evicted")
         if not result.admitted:
-            m.SHED.labels(self.info.name, priority, result.reason).inc()
+            m.child(m.SHED, self.info.name, priority, result.reason).inc()
             raise Shed(result.reason, self.retry_after(priority))
         self._gauge_depth()
         self._arm_expiry()
@@ -229,7 +229,7 @@ class EndpointRuntime:
 
     def _fail(self, item: QueuedItem, reason: str) -> None:
         fut, _ = item.payload
-        m.SHED.labels(self.info.name, item.priority, reason).inc()
+        m.child(m.SHED, self.info.name, item.priority, reason).inc()
         if not fut.done():
             fut.set_exception(Shed(reason, self.retry_after(item.priority)))
 
@@ -244,7 +244,7 @@ class EndpointRuntime:
 
     def _gauge_depth(self) -> None:
         for cls, n in self.queue.depth_by_class().items():
-            m.QUEUE_DEPTH.labels(self.info.name, cls).set(n)
+            m.child(m.QUEUE_DEPTH, self.info.name, cls).set(n)
 
     def demand(self) -> dict:
         return {
