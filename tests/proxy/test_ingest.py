@@ -111,6 +111,8 @@ def test_writer_spools_while_database_is_unreachable_and_drains_after(tenant_a, 
     asyncio.run(scenario())
     assert UsageRecord.objects.count() == 30
     assert spool_redis.xlen(STREAM_KEY) == 0
+    tenant_a.key.refresh_from_db()
+    assert tenant_a.key.last_used_at is not None, "written batches mark their keys as used"
 
 
 @pytest.mark.e2e
