@@ -370,6 +370,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
         _wait_port(proxy_port, proxy)
         proxy_base = f"http://127.0.0.1:{proxy_port}"
         bare_base = None
+        bare_pid = 0
         if baseline:
             bare_port = _free_port()
             bare_proc = subprocess.Popen(
@@ -400,6 +401,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             )
             procs.append(bare_proc)
             _wait_port(bare_port, bare_proc)
+            bare_pid = bare_proc.pid
             bare_base = f"http://127.0.0.1:{bare_port}"
         direct_base = urls[0]
         progress(f"replicas {urls}, proxy {proxy_base}; speed {speed}, {max_tokens} tokens per request")
@@ -411,7 +413,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             results = {}
             for level in levels:
                 direct = proxied = bare = None
-                cpu = 0.0
+                cpu = bare_cpu = 0.0
                 for _ in range(rounds):
                     d = await _phase(
                         direct_base,
@@ -431,6 +433,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                     cpu += _cpu_s(proxy.pid) - before
                     direct, proxied = _merge(direct, d), _merge(proxied, p)
                     if bare_base:
+                        before_bare = _cpu_s(bare_pid)
                         b = await _phase(
                             bare_base,
                             None,
@@ -439,13 +442,20 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                             max_tokens=tokens_for(level),
                         )
                         bare = _merge(bare, b)
+                        bare_cpu += _cpu_s(bare_pid) - before_bare
                 results[f"streams_{level}"] = row = _summary(direct, proxied, cpu)
                 if bare is not None:
                     # The same extra hop without any of the proxy's features: what this machine charges for a hop.
-                    base_row = _summary(direct, bare, 0.0)
+                    base_row = _summary(direct, bare, bare_cpu)
                     row["bare_passthrough"] = {
                         k: base_row[k]
-                        for k in ("added_ttft_p50_ms", "added_ttft_p99_ms", "tokens_per_s_ratio", "errors")
+                        for k in (
+                            "added_ttft_p50_ms",
+                            "added_ttft_p99_ms",
+                            "tokens_per_s_ratio",
+                            "errors",
+                            "proxy_cpu_ms_per_1k_tokens",
+                        )
                     }
                 progress(f"{level} streams: {results[f'streams_{level}']}")
             if calibrate:
