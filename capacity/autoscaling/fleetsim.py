@@ -51,9 +51,15 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     shed: bool = False
+    dispatched_at: float | None = None
 
     def ttft_s(self) -> float | None:
+        """Arrival at the proxy → first token: what the client sees and the SLO counts."""
         return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+    def replica_ttft_s(self) -> float | None:
+        """Arrival at the replica → first token: what vLLM's TTFT histogram (the vertical policy's input) sees."""
+        return None if self.first_token_at is None else self.first_token_at - self.dispatched_at
 
     def fresh(self, shift_s: float = 0.0) -> "Request":
         """The same arrival, unserved (each policy's run gets its own copies)."""
@@ -239,10 +245,15 @@ class FleetSim:
         self.finished = deque(window)
         active = [r for r in self.live if r.state == "ready" and r.promoted]
         kv = max((r.kv_used / self.profile.kv_tokens for r in active), default=None)
-        ttfts = sorted(r.ttft_s() * 1000 for r in window)
+        ttfts = sorted(r.replica_ttft_s() * 1000 for r in window)
         tpots = sorted(r.tpot_s() * 1000 for r in window)
+        busy = sum(r.in_flight for r in active) / (len(active) * self.limit) if active else None
         self.limit = self.policy.adjust_concurrency(
-            ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), kv_usage=kv, waiting_per_replica=0.0 if active else None
+            ttft_p95_ms=_p95(ttfts),
+            tpot_p95_ms=_p95(tpots),
+            kv_usage=kv,
+            waiting_per_replica=0.0 if active else None,
+            busy_fraction=busy,
         )
         for r in self.live:
             r.limit = self.limit
@@ -333,6 +344,7 @@ class FleetSim:
             if best is None:
                 return
             self.queue.popleft()
+            req.dispatched_at = now
             best.in_flight += 1
             best.kv_used += need
             start = max(now, best.prefill_free_at)

@@ -100,7 +100,9 @@ class InfercapPolicy:
         self.decisions.append(decision)
         return decision.desired
 
-    def adjust_concurrency(self, *, ttft_p95_ms, tpot_p95_ms, kv_usage, waiting_per_replica) -> int:
+    def adjust_concurrency(
+        self, *, ttft_p95_ms, tpot_p95_ms, kv_usage, waiting_per_replica, busy_fraction=None
+    ) -> int:
         decision = vertical.decide(
             vertical.VerticalInputs(
                 current_limit=self.concurrency_limit,
@@ -112,6 +114,7 @@ class InfercapPolicy:
                 tpot_p95_ms=tpot_p95_ms,
                 kv_usage=kv_usage,
                 waiting_per_replica=waiting_per_replica,
+                busy_fraction=busy_fraction,
                 state=self.vertical_state,
             ),
             self.vertical_config,

@@ -285,7 +285,7 @@ def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
 
 
 def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
-    ttft, tpot, kv, waiting, seen = [], [], [], [], 0
+    ttft, tpot, kv, waiting, running, seen = [], [], [], [], [], 0
     for replica in endpoint.replicas.filter(state=ReplicaState.READY, is_standby=False):
         scrape = _scrape(replica)
         if scrape is None:
@@ -293,6 +293,7 @@ def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
         seen += 1
         kv.append(scrape.kv_usage)
         waiting.append(scrape.waiting)
+        running.append(scrape.running)
         key = store.HIST_KEY.format(replica_id=replica.pk)
         before = store.load_json(key) or {}
         now_ttft, now_tpot = scrape.buckets(replica_metrics.TTFT), scrape.buckets(replica_metrics.TPOT)
@@ -316,6 +317,7 @@ def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
         tpot_p95_ms=None if p95_tpot is None else p95_tpot * 1000,
         kv_usage=max(kv) if kv else None,
         waiting_per_replica=sum(waiting) / seen if seen else None,
+        busy_fraction=sum(running) / (seen * endpoint.concurrency_limit) if seen else None,
         state=state,
     )
 

@@ -64,6 +64,9 @@ class EngineSimAutoscaler:
             tpot_p95_ms=_p95(tpots),
             kv_usage=max((r.kv_usage for r in ready), default=None),
             waiting_per_replica=(sum(r.num_waiting for r in ready) / len(ready)) if ready else None,
+            busy_fraction=(
+                sum(r.in_flight for r in ready) / sum(max(1, r.concurrency_limit) for r in ready) if ready else None
+            ),
         )
         self.limits.append((fleet.now, limit))
         actions.set_concurrency(limit)

@@ -92,3 +92,11 @@ def test_change_per_cycle_is_bounded():
         cfg,
     )
     assert d.desired == 75
+
+
+def test_increase_can_require_a_loaded_fleet():
+    cfg = VerticalConfig(increase_min_busy=0.5, healthy_cycles=1)
+    base = dict(current_limit=64, min_limit=8, max_limit=128, ttft_slo_ms=2000, tpot_slo_ms=100, **HEALTHY)
+    idle = decide(VerticalInputs(busy_fraction=0.1, **base), cfg)
+    assert idle.desired == 64 and "only 10% of the limit in use" in idle.reason
+    assert decide(VerticalInputs(busy_fraction=0.7, **base), cfg).desired == 72
