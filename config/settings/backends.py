@@ -52,7 +52,7 @@ def resolve_backends(*, database_url: str, redis_url: str, var_dir: Path) -> Bac
             cache={"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
             channel_layer={"BACKEND": "channels.layers.InMemoryChannelLayer"},
             redis_url="",
-            celery_broker_url="filesystem://",
+            celery_broker_url="filesystem://localhost//",
             celery_broker_options={
                 "data_folder_in": str(broker_dir / "in"),
                 "data_folder_out": str(broker_dir / "in"),
