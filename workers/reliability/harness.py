@@ -154,6 +154,8 @@ class Platform:
             live = list(endpoint.replicas.exclude(state=ReplicaState.STOPPED))
             if live:
                 get_actuator(endpoint).terminate(live, reason="reliability harness stopped")
+        if seeded:
+            self._kill_strays(seeded.endpoint_name)
         for relay in (getattr(self, "pg_relay", None), getattr(self, "redis_relay", None)):
             if relay is not None:
                 relay.close()
@@ -172,6 +174,19 @@ class Platform:
         self._spawn("worker", [sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "-B",
                                "--loglevel", "ERROR", "--concurrency", "2", "--without-gossip", "--without-mingle",
                                "-s", str(ROOT / "var" / f"beat-{os.getpid()}-{uuid.uuid4().hex[:6]}")])
+
+    @staticmethod
+    def _kill_strays(endpoint_name: str) -> None:
+        """Replicas started by a worker that was killed meanwhile are nobody's children: find them by name."""
+        marker = f"--served-model-name\x00{endpoint_name}\x00".encode()
+        for proc_dir in Path("/proc").iterdir():
+            if not proc_dir.name.isdigit():
+                continue
+            try:
+                if marker in (proc_dir / "cmdline").read_bytes() + b"\x00":
+                    os.kill(int(proc_dir.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
 
     def _supervise_worker(self) -> None:
         """Restart the Celery worker when it exits on its own, as Kubernetes or systemd would: kombu's Redis
