@@ -217,8 +217,8 @@ class UsageDay(UsageRollup):
 class RollupCursor(models.Model):
     """How far the rollup task has read the usage records, by primary key (ids are taken at insert time).
 
-    Each run re-reads the records after ``previous_id`` (the cursor of the run before), so a batch whose
-    transaction committed just after a run still gets rolled up on the next one.
+    Each run re-reads the records after ``previous_id`` (the cursor of the run before; at most the last 100,000
+    ids), so a batch whose transaction committed just after a run still gets rolled up on the next one.
     """
 
     name = models.CharField(max_length=32, unique=True)

@@ -40,6 +40,7 @@ HOUR_ROLLUP_RETENTION = timedelta(days=120)
 # More disjoint ranges than this are merged into one covering range (still exact, just reads more rows).
 MAX_RANGES = 64
 CURSOR_NAME = "usage"
+REREAD_MAX_IDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,10 @@ def usage_rollup_run(*, now: datetime | None = None) -> RollupResult:
         # Serializes concurrent runs (a beat tick overlapping a slow previous tick).
         cursor = RollupCursor.objects.select_for_update().get(pk=cursor.pk)
         upper = UsageRecord.objects.aggregate(top=Max("id"))["top"] or 0
-        fresh = UsageRecord.objects.filter(id__gt=cursor.previous_id, id__lte=upper, endpoint__isnull=False)
+        # Re-reading the previous run's ids catches batches that committed after it; those ids sit just below its
+        # cursor, so after a big backfill only the last REREAD_MAX_IDS of them are read again.
+        reread_from = max(cursor.previous_id, cursor.last_id - REREAD_MAX_IDS)
+        fresh = UsageRecord.objects.filter(id__gt=reread_from, id__lte=upper, endpoint__isnull=False)
         touched = list(
             fresh.annotate(bucket=TruncMinute("finished_at")).values_list("bucket", flat=True).distinct().order_by()
         )
@@ -202,7 +206,7 @@ def usage_rollup_run(*, now: datetime | None = None) -> RollupResult:
         days = {_truncate(m, DAY) for m in touched}
         day_ranges = _merge_ranges((d for d in days if d >= now - HOUR_ROLLUP_RETENTION), DAY)
         day_rows = recompute_coarser(UsageDay, day_ranges)
-        scanned = upper - cursor.previous_id if upper > cursor.previous_id else 0
+        scanned = max(0, upper - reread_from)
         RollupCursor.objects.filter(pk=cursor.pk).update(
             previous_id=max(cursor.last_id, cursor.previous_id), last_id=max(upper, cursor.last_id), updated_at=now
         )

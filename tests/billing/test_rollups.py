@@ -184,3 +184,27 @@ def test_retention_deletes_only_old_rolled_up_records(tenant_a):
     usage_rollup_run(now=NOW)
     assert usage_retention_cleanup(now=NOW, batch_size=1) == 2
     assert list(UsageRecord.objects.values_list("request_id", flat=True)) == ["ret-2"]
+
+
+def test_a_batch_committed_after_a_run_with_lower_ids_is_still_rolled_up(tenant_a):
+    """Ids are taken at insert but become visible at commit: the next run re-reads the previous run's ids."""
+
+    def record(pk: int, minute: int) -> UsageRecord:
+        when = NOW - timedelta(minutes=minute)
+        return UsageRecord(
+            id=pk,
+            request_id=f"inflight-{pk}",
+            tenant=tenant_a.tenant,
+            endpoint=tenant_a.endpoint,
+            status="ok",
+            started_at=when,
+            finished_at=when,
+            mu=1.0,
+        )
+
+    UsageRecord.objects.bulk_create([record(1_000_001, 5), record(1_000_003, 3)])
+    usage_rollup_run(now=NOW)
+    UsageRecord.objects.bulk_create([record(1_000_002, 5)])  # allocated before the run, committed after it
+    usage_rollup_run(now=NOW)
+    minute = (NOW - timedelta(minutes=5)).replace(second=0)
+    assert UsageMinute.objects.get(start=minute).requests == 2
