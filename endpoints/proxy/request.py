@@ -70,6 +70,8 @@ def parse_request(kind: str, raw: bytes) -> ParsedRequest:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"The request body is not valid JSON: {exc}.") from None
+    except RecursionError:
+        raise _bad("The request body nests too deeply.") from None
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.")
     model = body.get("model")

@@ -1,4 +1,4 @@
-"""Real processes over real sockets: replicas (the simulator, or the stub for failure modes) and proxy
+"""Real processes over real sockets: simulated vLLM replicas and proxy
 workers (uvicorn running ``config.asgi``) that read the test database. Every process is killed on teardown."""
 
 import os
@@ -100,44 +100,33 @@ def clean_redis():
     client.close()
 
 
-def sim_available() -> bool:
-    return (ROOT / "endpoints" / "runtimes" / "sim" / "cli.py").exists()
-
-
 def spawn_replica(
     procs: Processes,
     *,
     endpoint,
     name: str,
-    mode: str = "ok",
-    delay: float = 0.005,
-    sim: bool | None = None,
     speed: float = 20.0,
     concurrency_limit: int = 64,
     extra: list[str] | None = None,
 ):
-    """A replica process plus its READY row. ``sim`` None = the simulator when it exists, else the stub."""
+    """A simulated vLLM replica process (``--fault …`` in ``extra`` injects failures) plus its READY row."""
     port = free_port()
-    use_sim = sim_available() if sim is None else sim
-    if use_sim:
-        # Replicas serve the endpoint's name as their model (the actuators launch them with --served-model-name).
-        args = [
-            PY,
-            "-m",
-            "endpoints.runtimes.sim.cli",
-            "--runtime",
-            "sim",
-            "--port",
-            str(port),
-            "--speed",
-            str(speed),
-            "--served-model-name",
-            endpoint.name,
-            *(extra or []),
-        ]
-        env = {}
-    else:
-        args, env = [PY, str(ROOT / "tests" / "proxy" / "stub_replica.py"), str(port), mode, str(delay)], {}
+    # Replicas serve the endpoint's name as their model (the actuators launch them with --served-model-name).
+    args = [
+        PY,
+        "-m",
+        "endpoints.runtimes.sim.cli",
+        "--runtime",
+        "sim",
+        "--port",
+        str(port),
+        "--speed",
+        str(speed),
+        "--served-model-name",
+        endpoint.name,
+        *(extra or []),
+    ]
+    env: dict = {}
     proc = procs.spawn(args, env=env, port=port)
     replica = Replica.objects.create(
         endpoint=endpoint,

@@ -41,6 +41,7 @@ def test_snapshot_holds_only_usable_keys_and_ready_replicas(tenant_a, tenant_b, 
     [
         ("chat", b"", None),
         ("chat", b"null", None),
+        ("chat", b"[" * 100_000 + b"]" * 100_000, None),
         ("chat", json.dumps({"model": "m", "messages": []}).encode(), "messages"),
         (
             "chat",
