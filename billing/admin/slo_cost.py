@@ -2,7 +2,16 @@
 
 from django.contrib import admin
 
-from billing.models import AlertNotification, CostReport, SLOStatus, UsageDay, UsageHour, UsageMinute, Webhook
+from billing.models import (
+    AlertNotification,
+    CostReport,
+    RollupCursor,
+    SLOStatus,
+    UsageDay,
+    UsageHour,
+    UsageMinute,
+    Webhook,
+)
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 
 
@@ -37,6 +46,11 @@ class CostReportAdmin(ReadOnlyOperatorAdmin):
     list_select_related = ["endpoint", "tenant"]
     date_hierarchy = "start"
     show_full_result_count = False
+
+
+@admin.register(RollupCursor)
+class RollupCursorAdmin(ReadOnlyOperatorAdmin):
+    list_display = ["name", "last_id", "previous_id", "updated_at"]
 
 
 class RollupAdmin(ReadOnlyOperatorAdmin):

@@ -48,7 +48,17 @@ def test_tasks_run_the_services(tenant_a):
 
 
 @pytest.mark.parametrize(
-    "model", ["slostatus", "webhook", "alertnotification", "costreport", "usageminute", "usagehour", "usageday"]
+    "model",
+    [
+        "rollupcursor",
+        "slostatus",
+        "webhook",
+        "alertnotification",
+        "costreport",
+        "usageminute",
+        "usagehour",
+        "usageday",
+    ],
 )
 def test_admin_pages_load_for_operators(client, operator, tenant_a, model):
     client.force_login(operator)
