@@ -91,7 +91,13 @@ class ProxyState:
             from endpoints.metrics_scraper import MetricsScraper
         except ImportError:
             return
-        interval = float(os.environ.get("INFERCAP_PROXY_SCRAPE_INTERVAL_S", "0.1"))
+        raw = os.environ.get("INFERCAP_PROXY_SCRAPE_INTERVAL_S", "0.1")
+        try:
+            interval = min(10.0, max(0.01, float(raw)))
+        except ValueError:
+            interval = 0.1
+        if str(interval) != raw and raw != "0.1":
+            log.warning("INFERCAP_PROXY_SCRAPE_INTERVAL_S=%r: using %s s (allowed 0.01–10)", raw, interval)
         self.scraper = MetricsScraper(interval_s=interval)
         self.scraper.start()
 
