@@ -212,6 +212,46 @@ async def _httpx_phase(base: str, *, streams: int, duration_s: float, max_tokens
     return out
 
 
+async def _interleaved(direct_base, proxy_base, key, bare_base, *, n, max_tokens, proxy_pid, bare_pid):
+    """``n`` sequential requests to each path, in turn: a paired measurement for the single-stream figures."""
+    import aiohttp
+
+    targets = [("direct", direct_base, None, 0), ("proxy", proxy_base, key, proxy_pid)]
+    if bare_base:
+        targets.append(("bare", bare_base, None, bare_pid))
+    outs = {name: {"ttft": [], "e2e": [], "tokens": 0, "errors": 0, "wall_s": 0.0} for name, *_ in targets}
+    nonce = os.urandom(4).hex()
+    # CPU is read over the whole loop (the kernel counts it in 10 ms ticks, too coarse per request), so it
+    # includes each process's background work while the other paths run.
+    cpu = {name: 0.0 for name, *_ in targets}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for i in range(n + 3):
+            if i == 3:
+                started = {name: _cpu_s(pid) for name, _, _, pid in targets if pid}
+            for name, base, k, _pid in targets:
+                headers = {"content-type": "application/json", **({"authorization": f"Bearer {k}"} if k else {})}
+                body = {
+                    "model": ENDPOINT,
+                    "prompt": f"{nonce} {name} {i} " * 8,
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                }
+                scratch = {"ttft": [], "e2e": [], "tokens": 0, "errors": 0}
+                await _one(session, base + "/v1/completions", json.dumps(body).encode(), headers, scratch)
+                if i < 3:
+                    continue  # warm-up round
+                out = outs[name]
+                out["ttft"] += scratch["ttft"]
+                out["e2e"] += scratch["e2e"]
+                out["tokens"] += scratch["tokens"]
+                out["errors"] += scratch["errors"]
+                out["wall_s"] += sum(scratch["e2e"])
+    for name, _, _, pid in targets:
+        if pid:
+            cpu[name] = _cpu_s(pid) - started[name]
+    return outs["direct"], outs["proxy"], outs.get("bare"), cpu["proxy"], cpu.get("bare", 0.0)
+
+
 def _client_row(out: dict) -> dict:
     return {
         "ttft_p50_ms": round(_pct(out["ttft"], 50) * 1000, 1),
@@ -414,7 +454,20 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             for level in levels:
                 direct = proxied = bare = None
                 cpu = bare_cpu = 0.0
-                for _ in range(rounds):
+                if level == 1:
+                    # One stream: alternate the paths request by request, so both see the same background load.
+                    n = int(durations.get(1, 2.0) * 12) * rounds
+                    direct, proxied, bare, cpu, bare_cpu = await _interleaved(
+                        direct_base,
+                        proxy_base,
+                        key,
+                        bare_base,
+                        n=n,
+                        max_tokens=tokens_for(1),
+                        proxy_pid=proxy.pid,
+                        bare_pid=bare_pid,
+                    )
+                for _ in range(rounds if level != 1 else 0):
                     d = await _phase(
                         direct_base,
                         None,
