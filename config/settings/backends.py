@@ -44,7 +44,7 @@ def resolve_backends(*, database_url: str, redis_url: str, var_dir: Path) -> Bac
     embedded_redis = not redis_url
     if embedded_redis:
         broker_dir = var_dir / "broker"
-        for sub in ("in", "processed"):
+        for sub in ("in", "processed", "control"):
             (broker_dir / sub).mkdir(parents=True, exist_ok=True)
         (var_dir / "results").mkdir(parents=True, exist_ok=True)
         return Backends(
@@ -57,6 +57,7 @@ def resolve_backends(*, database_url: str, redis_url: str, var_dir: Path) -> Bac
                 "data_folder_in": str(broker_dir / "in"),
                 "data_folder_out": str(broker_dir / "in"),
                 "processed_folder": str(broker_dir / "processed"),
+                "control_folder": str(broker_dir / "control"),
                 "store_processed": False,
             },
             celery_result_backend=f"file://{var_dir / 'results'}",
