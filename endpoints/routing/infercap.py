@@ -9,16 +9,22 @@
    exceed the bound, scattering every prefix over the fleet.
 3. Score the allowed replicas and take the best:
    ``3 × prefix match`` (matched / total prompt blocks, from an index sized like the replica's KV cache)
-   ``+ 1 × session`` (the replica this session last used)
+   ``+ 3 × session`` (the replica this session last used; as strong as the load term, so a turn follows its
+   conversation unless the bound or the limit says no)
    ``+ 0.5 × home rank`` (rendezvous hash of the prompt's head: where a new prefix goes, and the order in
-   which it spills, so a prefix lives on few replicas and every proxy process agrees)
+   which it spills, so a prefix lives on few replicas and every proxy process agrees; computed from a
+   process-independent hash, since Python salts ``hash(str)`` per process)
    ``− 2 × index fill`` (share of the replica's cache already holding routed prefixes: new prefixes go
    where there is room, so cached prefixes spread evenly)
-   ``− 1 × relative load`` (``queue_weight``/``kv_weight`` can add llm-d's queue and kv-cache scorers; off by
-   default: in the benchmark they cost throughput). Stickiness and affinity are preferences: a sticky replica that is over the
-   bound or at its limit is simply not allowed, and the session moves.
+   ``− 3 × relative load`` (in-flight MU over the busiest allowed replica's: among the replicas that hold a
+   prefix, the one with spare room wins over question-level cache hits; at weight 1 a 10% heavier replica kept
+   taking its prefix's traffic until it preempted under overload). ``queue_weight``/``kv_weight`` can add
+   llm-d's queue and kv-cache scorers; off by default: in the benchmark they cost throughput.
+   Stickiness and affinity are preferences: a sticky replica that is over the bound or at its limit is simply
+   not allowed, and the session moves.
 """
 
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -33,13 +39,36 @@ def replica_load(replica: ReplicaView, extra_mu: float = 0.0) -> float:
     return (replica.in_flight_mu + extra_mu) / max(replica.mu_capacity, 1e-9)
 
 
+_MASK64 = (1 << 64) - 1
+HOME_KEY = "_home_key"
+
+
+def stable_hash(text: str) -> int:
+    """A hash that is the same in every process (Python's ``hash`` of a str is salted per process)."""
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
 def home_rank(key: int, replica_id: str) -> float:
     """Rendezvous (highest-random-weight) hashing score in [0, 1) of a prompt's head on a replica.
 
     A new prefix goes to its highest-ranked replica, and when that one is over the bound, to the next in
     the same order; so each prefix lives on as few replicas as possible and is not smeared by load noise.
+    Stable across processes (every proxy process, and every benchmark run, places a prefix alike).
     """
-    return (hash((key, replica_id)) & 0xFFFFFFFF) / 4294967296.0
+    x = (key * 0x9E3779B97F4A7C15 ^ stable_hash(replica_id) * 0xC2B2AE3D27D4EB4F) & _MASK64
+    x ^= x >> 31
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
+    x ^= x >> 29
+    return (x & 0xFFFFFFFF) / 4294967296.0
+
+
+def home_key(request: RouteRequest, head_chars: int) -> int:
+    """Stable hash of the prompt's head (the part that names its prefix group), computed once per request."""
+    key = request.extra.get(HOME_KEY)
+    if key is None:
+        salt = request.extra.get("cache_salt", "")
+        key = request.extra[HOME_KEY] = stable_hash(f"{salt}\x00{request.prompt_text[:head_chars]}")
+    return key
 
 
 class SessionTable:
@@ -78,8 +107,8 @@ class InfercapRouter(RouterBase):
         load_bound: float = 1.25,
         load_slack: float = 2.0,
         prefix_weight: float = 3.0,
-        session_weight: float = 1.0,
-        load_weight: float = 1.0,
+        session_weight: float = 3.0,
+        load_weight: float = 3.0,
         home_weight: float = 0.5,
         home_blocks: int = 16,
         fill_weight: float = 2.0,
@@ -131,7 +160,7 @@ class InfercapRouter(RouterBase):
         # Spare capacity breaks ties between equal affinities; it is relative, so MU units do not matter.
         loads = {r.replica_id: replica_load(r, mu) for r in allowed}
         top_load = max(loads.values()) or 1.0
-        home_key = hashes[min(len(hashes), self.home_blocks) - 1] if hashes else hash(request.prompt_text)
+        head = home_key(request, self.home_blocks * self.prefix_index.block_chars)
         queue = queue_scores(allowed) if self.queue_weight else {}
         scored = []
         for r in allowed:
@@ -139,7 +168,7 @@ class InfercapRouter(RouterBase):
             score = (
                 self.prefix_weight * self.prefix_index.match_fraction(r.replica_id, hashes)
                 + (self.session_weight if r.replica_id == sticky else 0.0)
-                + self.home_weight * home_rank(home_key, r.replica_id)
+                + self.home_weight * home_rank(head, r.replica_id)
                 - self.fill_weight * self.prefix_index.fill(r.replica_id)
                 + (self.queue_weight * queue[r.replica_id] if queue else 0.0)
                 + (self.kv_weight * kv_score(r) if self.kv_weight else 0.0)

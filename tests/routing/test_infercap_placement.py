@@ -1,0 +1,81 @@
+"""infercap's placement: stable home ranks across processes, and spare MU deciding among replicas holding a prefix
+(pure: hand-built replica states, no database)."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from endpoints.routing import ReplicaView, RouteRequest, make_router
+from endpoints.routing.infercap import home_key, home_rank
+
+SYSTEM = "You are a careful assistant. " * 40  # ~1,160 characters: 18 prefix blocks
+
+
+def request(i: int = 0, prompt: str = "", mu: float = 1.0) -> RouteRequest:
+    return RouteRequest(request_id=f"q{i}", prompt_text=prompt or f"question {i} " * 8, mu=mu)
+
+
+def busy_views(n: int, *, background_mu: float = 20.0) -> list[ReplicaView]:
+    return [
+        ReplicaView(replica_id=f"r{i}", mu_capacity=100.0, in_flight=4, in_flight_mu=background_mu) for i in range(n)
+    ]
+
+
+def test_home_rank_is_a_pure_function_of_the_prompt_head_and_replica():
+    a, b = request(0, prompt=SYSTEM + "one question"), request(1, prompt=SYSTEM + "another question")
+    # Same head (first 16 blocks) → same key; a different salt (tenant isolation) → a different key.
+    assert home_key(a, 16 * 64) == home_key(b, 16 * 64)
+    salted = RouteRequest(request_id="s", prompt_text=a.prompt_text, extra={"cache_salt": "tenant-b"})
+    assert home_key(salted, 16 * 64) != home_key(a, 16 * 64)
+    ranks = [home_rank(home_key(a, 16 * 64), f"r{i}") for i in range(8)]
+    assert all(0.0 <= x < 1.0 for x in ranks) and len(set(ranks)) == 8
+
+
+def test_infercap_home_placement_is_the_same_in_every_process():
+    # Python salts str hashes per process; the home rank must not depend on it, or two proxy processes (and two
+    # benchmark runs) would place the same new prefix on different replicas.
+    code = (
+        "from endpoints.routing import make_router, ReplicaView, RouteRequest\n"
+        "r = make_router('infercap', seed=0)\n"
+        "vs = [ReplicaView(replica_id=f'r{i}', mu_capacity=100.0, in_flight=4, in_flight_mu=20.0) for i in range(8)]\n"
+        "print([r.pick(RouteRequest(request_id=str(i), prompt_text=f'tenant {i} ' * 40), vs, 0.0) for i in range(16)])\n"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout
+        for seed in (1, 2)
+    }
+    assert len(outputs) == 1 and len(set(ast.literal_eval(outputs.pop()))) > 3
+
+
+def test_infercap_spare_capacity_decides_between_replicas_holding_the_prefix():
+    # Both replicas hold the prefix (same match): the one with more spare MU wins, whatever the home rank says.
+    prompt = SYSTEM + "same question"
+    for light in ("r0", "r1"):
+        router = make_router("infercap", seed=0)
+        replicas = busy_views(2)
+        for r in replicas:
+            router.on_routed(request(0, prompt=prompt), r.replica_id, 0.0)
+        next(
+            r for r in replicas if r.replica_id != light
+        ).in_flight_mu = 30.0  # half again as much MU, still within the bound
+        assert router.pick(request(1, prompt=prompt), replicas, 0.0) == light
+
+
+def test_infercap_prefix_still_beats_a_moderately_lighter_replica():
+    # A full prefix match saves the whole prefill: it outweighs a replica with a third less load (within the bound).
+    router = make_router("infercap", seed=0)
+    replicas = busy_views(2)
+    prompt = SYSTEM + "cached question"
+    router.on_routed(request(0, prompt=prompt), "r1", 0.0)
+    replicas[1].in_flight_mu = 30.0
+    assert router.pick(request(1, prompt=prompt), replicas, 0.0) == "r1"
