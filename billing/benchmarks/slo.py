@@ -27,8 +27,11 @@ OBJECTIVES = (0.99, 0.995, 0.999, 0.9995)
 TTFT_THRESHOLDS_MS = (1000, 2000, 3000)
 TPOT_THRESHOLDS_MS = (75, 100, 150)
 
-# Server-side generation: 3 days of traffic over (endpoint, tenant) pairs. Endpoints 0, 10, 20, … have a 20 %
+# Server-side generation: 3 days of traffic over (endpoint, tenant) pairs, ids rising with time as in production
+# (a few seconds of jitter), late records at random over the last hours. Endpoints 0, 10, 20, … have a 20 %
 # error burst in the last 20 minutes (pages); endpoints 5, 15, … burn slowly at 0.3 % for 3 days (tickets).
+IN_ORDER = "%(now)s - interval '3 days' * (1 - g::float8 / {rows}) - random() * interval '30 seconds'"
+LATE = "%(now)s - random() * interval '3 hours'"
 GENERATE_SQL = """
 INSERT INTO billing_usagerecord (
     request_id, tenant_id, endpoint_id, priority, input_tokens, cached_tokens, output_tokens, mu,
@@ -50,7 +53,7 @@ CROSS JOIN LATERAL (
             WHEN r > 0.9995 THEN 'rate_limited'
             ELSE 'ok'
         END AS status
-    FROM (SELECT %(now)s - random() * interval '3 days' AS ts, random() AS r,
+    FROM (SELECT {finished_at} AS ts, random() AS r,
                  150 + 900 * power(random(), 8) AS ttft, 20 + 90 * power(random(), 10) AS tpot
           WHERE g IS NOT NULL) AS draw
 ) AS x
@@ -100,7 +103,7 @@ def _run(
         for first in range(1, rows + 1, CHUNK_ROWS):
             last = min(rows, first + CHUNK_ROWS - 1)
             cursor.execute(
-                GENERATE_SQL,
+                GENERATE_SQL.format(finished_at=IN_ORDER.format(rows=rows)),
                 {
                     "prefix": f"bench-slo-{stamp}-",
                     "tenant_ids": [t.pk for t in tenants],
@@ -136,7 +139,7 @@ def _run(
     late = max(1, rows // 100)
     with connection.cursor() as cursor:
         cursor.execute(
-            GENERATE_SQL.replace("interval '3 days'", "interval '3 hours'"),
+            GENERATE_SQL.format(finished_at=LATE),
             {
                 "prefix": f"bench-slo-{stamp}-late-",
                 "tenant_ids": [t.pk for t in tenants],
