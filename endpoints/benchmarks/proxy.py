@@ -1,11 +1,18 @@
 """``bench proxy``: the proxy's added latency and throughput cost, proxied vs direct to simulated replicas,
 at 1, 64 and 256 concurrent streams, measured in one run on the same replicas.
 
-Processes: simulated replicas (``endpoints.runtimes.sim.cli``), one proxy worker (uvicorn running
-``config.asgi``, the full data path: auth, limits, admission, routing, relay, metering), and this process as
-the load generator (aiohttp). Each level alternates direct and proxied phases of equal length so drifting
-background load hits both. Reported per level: added TTFT p50/p99 and added end-to-end p50 (ms, proxied −
-direct), tokens/s through the proxy as a ratio of direct, errors, and the proxy's CPU ms per 1,000 tokens.
+Processes: a simulated replica (``endpoints.runtimes.sim.cli``), one proxy worker (uvicorn running
+``config.asgi``: the full data path with auth, limits, admission, routing, relay and metering), a bare
+pass-through (``endpoints.benchmarks.passthrough``: the same uvicorn + aiohttp hop with none of those
+features) and this process as the load generator (aiohttp). At one stream the three paths are used in turn,
+request by request; at 64 and 256 streams they run as phases of equal length. Per level: added TTFT p50/p99
+and added end-to-end p50 (ms, proxied − direct), tokens/s through the proxy as a ratio of direct, errors, and
+the proxy's CPU ms per 1,000 tokens (including its background work, e.g. the replica metrics scraper); the
+``bare_passthrough`` entry gives the same figures for the featureless hop, so a loaded machine's cost of any
+extra hop can be told apart from the proxy's own. Without ``--quick`` it also runs the upstream client
+calibration (aiohttp vs one pooled ``httpx.AsyncClient`` at 256 streams). Options: ``--opt speed=1.0``
+(simulator speed), ``max_tokens=64``, ``levels=1,64,256``, ``rounds``, ``calibrate=0|1``, ``baseline=0|1``,
+``proxy_log=FILE`` (the proxy's stderr).
 """
 
 from __future__ import annotations
