@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,10 @@ class ProxyState:
 
     async def start(self) -> None:
         from billing.ingest import UsageWriter
+
+        # The usage writer and snapshot loader are threads: with CPython's default 5 ms GIL switch interval the
+        # event loop could wait that long behind an ORM batch before relaying a token.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
 
         loop = asyncio.get_running_loop()
         if settings.REDIS_URL:
