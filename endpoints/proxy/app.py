@@ -214,7 +214,9 @@ async def _completion(scope, receive, send, kind: str) -> None:
             content_length = int(cl) if cl is not None else None
         except ValueError:
             raise ProxyError(400, "Invalid Content-Length header.", code="invalid_request") from None
-        raw = await read_body(receive, limit=cfg.max_body_bytes, content_length=content_length)
+        raw = await read_body(
+            receive, limit=cfg.max_body_bytes, content_length=content_length, timeout_s=cfg.body_timeout_s
+        )
         req = parse_request(kind, raw)
         endpoint = state.snapshot.endpoints_by_name.get(req.model)
         if endpoint is None or not endpoint.visible_to(key.tenant_id):

@@ -12,6 +12,7 @@ def _f(name: str, default: float) -> float:
 @dataclass(frozen=True)
 class ProxyConfig:
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 10.0  # the whole request body must arrive within this
     max_queue: int = 512  # per endpoint and process
     max_age_critical_s: float = 30.0
     max_age_standard_s: float = 10.0

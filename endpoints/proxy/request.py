@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
@@ -23,11 +24,22 @@ class ParsedRequest:
     prompt_chars: int
 
 
-async def read_body(receive, *, limit: int, content_length: int | None) -> bytes:
+async def read_body(receive, *, limit: int, content_length: int | None, timeout_s: float = 10.0) -> bytes:
     if content_length is not None and content_length > limit:
         raise ProxyError(
             413, f"Request body is {content_length} bytes; the limit is {limit} bytes.", code="body_too_large"
         )
+    # A client that trickles its body (slow loris) would otherwise hold a connection and a task forever.
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_chunks(receive, limit=limit)
+    except TimeoutError:
+        raise ProxyError(
+            408, f"The request body was not received within {timeout_s:g} s.", code="request_timeout"
+        ) from None
+
+
+async def _read_chunks(receive, *, limit: int) -> bytes:
     chunks, size = [], 0
     while True:
         message = await receive()

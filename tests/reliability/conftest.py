@@ -4,6 +4,7 @@ behind cuttable relays) shared by the fault-injection tests of this package.
 The platform's processes read the test database, so the data it needs is committed outside the
 per-test transactions; the fixture removes what it created at the end.
 """
+
 import pytest
 
 from workers.reliability.harness import Platform

@@ -1,4 +1,5 @@
 """Security settings and guards that need no running platform."""
+
 import os
 import secrets
 import subprocess
@@ -21,7 +22,11 @@ def test_production_settings_pass_check_deploy():
     }
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
@@ -37,8 +42,9 @@ def test_production_settings_refuse_to_start_without_secrets(missing):
         "REDIS_URL": "redis://127.0.0.1:6379/15",
     }
     env.pop(missing)
-    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
 

@@ -7,6 +7,7 @@ its OpenAPI schema with schemathesis). The last line is JSON with ``lost_usage``
 ``proxy_5xx``, ``critical_slo_attainment``, ``hang_detect_s``, ``hang_recover_s``, ``peak_rss_mb``,
 ``fuzz_500s`` and a section per scenario.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +74,10 @@ def crash_mid_stream(p: Platform, progress) -> dict:
     async def scenario() -> tuple[list[Outcome], list[Outcome]]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             # Long enough (several seconds) that the kill lands mid-stream.
-            streams = [asyncio.create_task(p.one_request(session, "critical", body=p.body(max_tokens=400)))
-                       for _ in range(p.replicas * 2)]
+            streams = [
+                asyncio.create_task(p.one_request(session, "critical", body=p.body(max_tokens=400)))
+                for _ in range(p.replicas * 2)
+            ]
             await asyncio.sleep(1.0)
             os.kill(pid, signal.SIGKILL)
             after = [await p.one_request(session, "critical") for _ in range(10)]
@@ -146,8 +149,11 @@ def replica_hang(p: Platform, progress) -> dict:
 
     after = asyncio.run(traffic_after(10))
     recover = _time_until(lambda: p.ready_replicas() >= p.replicas, 60)
-    recover_s = round(detect_s + (time.monotonic() - detected_at if recover is not None else 0), 2) if (
-        detect_s is not None and recover is not None) else None
+    recover_s = (
+        round(detect_s + (time.monotonic() - detected_at if recover is not None else 0), 2)
+        if (detect_s is not None and recover is not None)
+        else None
+    )
     routed_after = _records({o.request_id for o in after})
     result = {
         "detect_s": detect_s,
@@ -206,20 +212,33 @@ def dependency_down(p: Platform, progress, relay, name: str, fault_s: float) -> 
     return result
 
 
-def _celery_resumes(p: Platform, timeout_s: float) -> float | None:
+def _send_canary(token: str, hold_s: float) -> None:
+    """Send through the broker even where tasks run eagerly (tests): the point is a real worker picks it up."""
+    import warnings
+
     from config.celery_app import app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # AlwaysEagerIgnored: send_task always sends, which is what we want
+        app.send_task("canary.hold", args=[token, hold_s])
+
+
+def _celery_resumes(p: Platform, timeout_s: float) -> float | None:
     from tenants.models import AuditEntry
 
     token = f"resume-{uuid.uuid4().hex[:10]}"
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         try:
-            app.send_task("canary.hold", args=[token, 0.0])
+            _send_canary(token, 0.0)
             break
         except Exception:  # the bench's own broker connection may still be reconnecting
             time.sleep(0.5)
-    return _time_until(lambda: AuditEntry.objects.filter(action="canary.completed", object_id=token).exists(),
-                       timeout_s - (time.monotonic() - started), since=started)
+    return _time_until(
+        lambda: AuditEntry.objects.filter(action="canary.completed", object_id=token).exists(),
+        timeout_s - (time.monotonic() - started),
+        since=started,
+    )
 
 
 # -- 5. worker killed mid-task ---------------------------------------------------------------------
@@ -227,7 +246,6 @@ def worker_killed(p: Platform, progress) -> dict:
     import redis
     from django.conf import settings
 
-    from config.celery_app import app
     from tenants.models import AuditEntry
     from workers.tasks.canary import ATTEMPTS_KEY
 
@@ -235,14 +253,15 @@ def worker_killed(p: Platform, progress) -> dict:
     client = redis.Redis.from_url(settings.REDIS_URL)
     attempts = lambda: int(client.get(ATTEMPTS_KEY.format(token=token)) or 0)  # noqa: E731
     progress("worker killed: a canary task holds 4 s; SIGKILL the worker while it runs, start a new one")
-    app.send_task("canary.hold", args=[token, 4.0])
+    _send_canary(token, 4.0)
     started_s = _time_until(lambda: attempts() >= 1, 30)
     p.kill("worker", sig=signal.SIGKILL)
     killed_at = time.monotonic()
     p.start_worker()
     redelivered_s = _time_until(lambda: attempts() >= 2, 60, since=killed_at)
     completed_s = _time_until(
-        lambda: AuditEntry.objects.filter(action="canary.completed", object_id=token).exists(), 30, since=killed_at)
+        lambda: AuditEntry.objects.filter(action="canary.completed", object_id=token).exists(), 30, since=killed_at
+    )
     time.sleep(1.0)
     result = {
         "task_started_s": started_s,
@@ -263,8 +282,10 @@ def overload(p: Platform, progress, duration_s: float) -> dict:
     ok = [o for o in base if o.status == 200 and o.done]
     capacity_rps = len(ok) / 4.0
     rates = {"critical": 0.3 * capacity_rps, "standard": 0.7 * capacity_rps, "sheddable": 2.0 * capacity_rps}
-    progress(f"overload: capacity ≈ {capacity_rps:.1f} req/s; offering 3× for {duration_s:.0f} s: "
-             + ", ".join(f"{k} {v:.1f}/s" for k, v in rates.items()))
+    progress(
+        f"overload: capacity ≈ {capacity_rps:.1f} req/s; offering 3× for {duration_s:.0f} s: "
+        + ", ".join(f"{k} {v:.1f}/s" for k, v in rates.items())
+    )
     before = len(p.outcomes)
     outcomes = asyncio.run(p.open_loop(rate_per_s=rates, duration_s=duration_s))
     slo_s = p.ttft_slo_ms / 1000
@@ -331,8 +352,15 @@ def bad_input(p: Platform, progress) -> dict:
                 response = client.post(url, content=body, headers=headers)
                 statuses[label] = response.status_code
                 # Kept with the other outcomes: a rejected request may still be metered (rate_limited).
-                p.outcomes.append(Outcome(request_id=response.headers.get("x-request-id"), priority="standard",
-                                          status=response.status_code, started=started, ended=time.monotonic()))
+                p.outcomes.append(
+                    Outcome(
+                        request_id=response.headers.get("x-request-id"),
+                        priority="standard",
+                        status=response.status_code,
+                        started=started,
+                        ended=time.monotonic(),
+                    )
+                )
             except httpx.HTTPError as exc:
                 statuses[label] = -1
                 progress(f"bad input {label!r}: {type(exc).__name__}")
@@ -383,25 +411,50 @@ def api_fuzz(p: Platform, progress, max_time_s: float) -> dict:
     st = shutil.which("st") or str(Path(sys.executable).with_name("st"))
     if not Path(st).exists():
         return {"ran": False, "reason": "schemathesis is not installed", "server_errors": 0}
-    from tenants.services import api_key_create
     from tenants.models import Tenant
+    from tenants.services import api_key_create
 
-    _, raw = api_key_create(tenant=Tenant.objects.get(pk=p.seeded.tenant_id), name="schemathesis",
-                            scopes=["read", "write"])
+    _, raw = api_key_create(
+        tenant=Tenant.objects.get(pk=p.seeded.tenant_id), name="schemathesis", scopes=["read", "write"]
+    )
     report_dir = Path(tempfile.mkdtemp(prefix="st-"))
     progress(f"API fuzz: schemathesis for {max_time_s:.0f} s against {p.base}/api/schema/")
-    argv = [st, "run", f"{p.base}/api/schema/", "--url", p.base, "-H", f"Authorization: Bearer {raw}",
-            "--checks", "not_a_server_error,response_schema_conformance", "--max-time", str(int(max_time_s)),
-            "--workers", "1", "--report", "junit", "--report-dir", str(report_dir), "--no-color",
-            "--suppress-health-check", "all"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=max_time_s + 120,
-                          env={**os.environ, "SCHEMATHESIS_HOOKS": ""})
+    argv = [
+        st,
+        "run",
+        f"{p.base}/api/schema/",
+        "--url",
+        p.base,
+        "-H",
+        f"Authorization: Bearer {raw}",
+        "--checks",
+        "not_a_server_error,response_schema_conformance",
+        "--max-time",
+        str(int(max_time_s)),
+        "--workers",
+        "1",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(report_dir),
+        "--no-color",
+        "--suppress-health-check",
+        "all",
+    ]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=max_time_s + 120, env={**os.environ, "SCHEMATHESIS_HOOKS": ""}
+    )
     output = proc.stdout + proc.stderr
     server_errors = output.count("Server error")
     schema_violations = output.count("Response violates schema")
     summary = [line for line in output.splitlines() if "passed" in line or "failed" in line][-3:]
-    result = {"ran": True, "exit_code": proc.returncode, "server_errors": server_errors,
-              "schema_violations": schema_violations, "summary": summary}
+    result = {
+        "ran": True,
+        "exit_code": proc.returncode,
+        "server_errors": server_errors,
+        "schema_violations": schema_violations,
+        "summary": summary,
+    }
     (report_dir / "output.txt").write_text(output)
     result["output"] = str(report_dir / "output.txt")
     progress(f"API fuzz: {result}")

@@ -5,6 +5,7 @@ open connection and answers new ones with an immediate close, which is what a cl
 server is down; ``restore()`` relays again. The real servers are never touched, so other users of
 them (other test runs, a developer's shell) are unaffected.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +27,7 @@ class TcpRelay:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"relay-{target_port}", daemon=True)
         self._ready = threading.Event()
 
-    def start(self) -> "TcpRelay":
+    def start(self) -> TcpRelay:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(timeout=5)
         return self
@@ -51,7 +52,7 @@ class TcpRelay:
         self._thread.join(timeout=5)
         self._loop.close()
 
-    def __enter__(self) -> "TcpRelay":
+    def __enter__(self) -> TcpRelay:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -7,6 +7,7 @@ the request ids that clients saw (every proxy response carries ``x-request-id``)
 records in PostgreSQL: lost = seen but never recorded, duplicated = recorded more than once or
 recorded without a client having seen it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -122,6 +123,7 @@ class Platform:
             "INFERCAP_VAR_DIR": str(ROOT / "var" / f"reliability-{os.getpid()}"),
             "INFERCAP_BROKER_VISIBILITY_TIMEOUT": "6",
             "INFERCAP_HEALTH_IDLE_S": str(self.health_idle_s),
+            "INFERCAP_PROXY_BODY_TIMEOUT_S": "5",
             "INFERCAP_HEALTH_FAILURES": str(self.health_failures),
             "INFERCAP_HEALTH_TTFT_TIMEOUT_S": str(self.health_ttft_timeout_s),
             "PYTHONUNBUFFERED": "1",
@@ -129,8 +131,22 @@ class Platform:
         self.seeded = self._seed()
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self._spawn("proxy", [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-                              "--port", str(self.port), "--no-access-log", "--log-level", "warning"])
+        self._spawn(
+            "proxy",
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+        )
         if self.with_worker:
             self.start_worker()
             self._supervising = True
@@ -171,9 +187,27 @@ class Platform:
         self.stop()
 
     def start_worker(self) -> None:
-        self._spawn("worker", [sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "-B",
-                               "--loglevel", "ERROR", "--concurrency", "2", "--without-gossip", "--without-mingle",
-                               "-s", str(ROOT / "var" / f"beat-{os.getpid()}-{uuid.uuid4().hex[:6]}")])
+        self._spawn(
+            "worker",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "--quiet",
+                "worker",
+                "-B",
+                "--loglevel",
+                "ERROR",
+                "--concurrency",
+                "2",
+                "--without-gossip",
+                "--without-mingle",
+                "-s",
+                str(ROOT / "var" / f"beat-{os.getpid()}-{uuid.uuid4().hex[:6]}"),
+            ],
+        )
 
     @staticmethod
     def _kill_strays(endpoint_name: str) -> None:
@@ -218,8 +252,15 @@ class Platform:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_paths[name] = log_dir / f"{name}-{os.getpid()}.log"
         out = open(self.log_paths[name], "ab")  # noqa: SIM115 (kept open for the child)
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
@@ -231,23 +272,48 @@ class Platform:
 
         tag = f"rel-{uuid.uuid4().hex[:6]}"
         hardware, _ = HardwareProfile.objects.get_or_create(
-            name="sim-a100-80g", defaults=dict(gpu_type="A100-80GB (simulated)", gpus_per_replica=1,
-                                              gpu_memory_gb=80, memory_bandwidth_gbps=2039, usd_per_gpu_hour=2.5))
+            name="sim-a100-80g",
+            defaults=dict(
+                gpu_type="A100-80GB (simulated)",
+                gpus_per_replica=1,
+                gpu_memory_gb=80,
+                memory_bandwidth_gbps=2039,
+                usd_per_gpu_hour=2.5,
+            ),
+        )
         model, _ = ModelProfile.objects.get_or_create(
-            name="llama-13b-sim", defaults=dict(parameters_b=13, n_layers=40, n_kv_heads=8, d_head=128,
-                                               dtype_bytes=2, weights_gb=26, max_model_len=4096))
+            name="llama-13b-sim",
+            defaults=dict(
+                parameters_b=13,
+                n_layers=40,
+                n_kv_heads=8,
+                d_head=128,
+                dtype_bytes=2,
+                weights_gb=26,
+                max_model_len=4096,
+            ),
+        )
         tenant = Tenant.objects.create(name=f"Reliability {tag}", slug=tag)
         endpoint = Endpoint.objects.create(
-            name=tag, model_profile=model, hardware_profile=hardware, runtime=Runtime.SIM,
-            min_replicas=self.replicas, max_replicas=self.replicas, desired_replicas=self.replicas,
-            concurrency_min=1, concurrency_max=max(self.concurrency_limit, 1), concurrency_limit=self.concurrency_limit,
-            ttft_slo_ms=self.ttft_slo_ms, tpot_slo_ms=self.tpot_slo_ms,
+            name=tag,
+            model_profile=model,
+            hardware_profile=hardware,
+            runtime=Runtime.SIM,
+            min_replicas=self.replicas,
+            max_replicas=self.replicas,
+            desired_replicas=self.replicas,
+            concurrency_min=1,
+            concurrency_max=max(self.concurrency_limit, 1),
+            concurrency_limit=self.concurrency_limit,
+            ttft_slo_ms=self.ttft_slo_ms,
+            tpot_slo_ms=self.tpot_slo_ms,
             # min = max: the autoscaler's reconcile loop keeps the count fixed and replaces lost replicas,
             # so each fault's effect is measured alone.
             launch_options={"actuator": "local", "speed": self.replica_speed, "profile": self.replica_profile},
         )
-        CapacityReservation.objects.create(tenant=tenant, endpoint=endpoint, mu_per_min=1e9,
-                                           priority=PriorityClass.CRITICAL, burst_minutes=1.0)
+        CapacityReservation.objects.create(
+            tenant=tenant, endpoint=endpoint, mu_per_min=1e9, priority=PriorityClass.CRITICAL, burst_minutes=1.0
+        )
         keys = {}
         for cls in (PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE):
             _, raw = api_key_create(tenant=tenant, name=f"{tag} {cls}", max_priority=cls)
@@ -313,13 +379,23 @@ class Platform:
             "stream": stream,
         }
 
-    async def one_request(self, session: aiohttp.ClientSession, priority: str = "standard", *,
-                          body: dict | None = None, timeout_s: float = 60.0) -> Outcome:
+    async def one_request(
+        self,
+        session: aiohttp.ClientSession,
+        priority: str = "standard",
+        *,
+        body: dict | None = None,
+        timeout_s: float = 60.0,
+    ) -> Outcome:
         outcome = Outcome(request_id=None, priority=priority, status=0, started=time.monotonic())
         headers = {"Authorization": f"Bearer {self.seeded.keys[priority]}"}
         try:
-            async with session.post(f"{self.base}/v1/chat/completions", json=body or self.body(), headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            async with session.post(
+                f"{self.base}/v1/chat/completions",
+                json=body or self.body(),
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as response:
                 outcome.status = response.status
                 outcome.request_id = response.headers.get("x-request-id")
                 outcome.retry_after = response.headers.get("retry-after")
@@ -341,7 +417,7 @@ class Platform:
                             outcome.tokens += 1
                 else:
                     await response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             outcome.error = type(exc).__name__
         outcome.ended = time.monotonic()
         self.outcomes.append(outcome)
