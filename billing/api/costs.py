@@ -6,11 +6,13 @@ from datetime import UTC, datetime, timedelta
 from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from billing.api.schemas import CostLineSerializer
 from billing.cost import CostLine, cost_csv
 from billing.models import CostReport
 from billing.selectors import cost_lines_for, cost_reports_visible_to
@@ -85,7 +87,8 @@ class CostReportViewSet(ScopedReadOnlyViewSet):
         response["Content-Disposition"] = 'attachment; filename="infercap-cost-reports.csv"'
         return response
 
-    @action(detail=False, methods=["get"])
+    @extend_schema(responses=CostLineSerializer(many=True), filters=False)
+    @action(detail=False, methods=["get"], pagination_class=None)
     def live(self, request):
         """Cost lines computed now over ``?start=&end=`` (default: the last 24 h); ``?format=csv`` for CSV."""
         start, end = parse_range(request.query_params, default=timedelta(days=1))

@@ -4,11 +4,14 @@ from datetime import timedelta
 
 from django.http import Http404
 from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.api.costs import parse_range
+from billing.api.schemas import StatementSerializer
 from billing.statements import statement_for
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
 
@@ -16,6 +19,16 @@ from tenants.selectors import principal_is_operator, principal_tenant_id, tenant
 class StatementView(APIView):
     """Tenants get their own statement; operators name the tenant. Defaults to the last 30 days."""
 
+    serializer_class = StatementSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("start", OpenApiTypes.DATETIME, description="ISO date or datetime; default 30 days ago"),
+            OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO date or datetime; default now"),
+            OpenApiParameter("tenant", OpenApiTypes.INT, description="required for operators"),
+        ],
+        responses=StatementSerializer,
+    )
     def get(self, request):
         start, end = parse_range(request.query_params, default=timedelta(days=30))
         tenant_id = request.query_params.get("tenant")
