@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "tenants",
     "endpoints",
     "capacity",

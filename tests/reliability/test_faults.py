@@ -117,3 +117,11 @@ def test_raw_keys_never_reach_the_logs_or_the_database(platform, db_access):
         assert raw not in logs
         stored = ApiKey.objects.get(prefix=raw[:12])
         assert raw not in (stored.key_hash, stored.prefix) and stored.key_hash != raw
+
+
+def test_rest_api_fuzzed_from_its_openapi_schema_has_no_500s_and_matches_it(platform, db_access):
+    result = scenarios.api_fuzz(platform, print, 20)
+
+    assert result["ran"], result
+    assert result["server_errors"] == 0, result["output"]
+    assert result["schema_violations"] == 0, result["output"]

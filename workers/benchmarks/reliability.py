@@ -440,6 +440,9 @@ def api_fuzz(p: Platform, progress, max_time_s: float) -> dict:
         "--no-color",
         "--suppress-health-check",
         "all",
+        # A fuzzer that revokes or deletes its own key fails every later call with 401: spare it.
+        "--exclude-path-regex",
+        r"/api-keys/\{id\}/",
     ]
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=max_time_s + 120, env={**os.environ, "SCHEMATHESIS_HOOKS": ""}
