@@ -1,4 +1,5 @@
 """API-wide behaviour: every error is JSON with field messages, never an HTML 500 page."""
+
 import logging
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -17,5 +18,7 @@ def exception_handler(exc, context):
         exc = ValidationError(detail=detail)
     elif isinstance(exc, IntegrityError):
         logger.info("integrity error turned into 400: %s", exc)
-        return Response({"non_field_errors": ["conflicts with an existing object"]}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(
+            {"non_field_errors": ["conflicts with an existing object"]}, status=status.HTTP_400_BAD_REQUEST
+        )
     return drf_exception_handler(exc, context)

@@ -1,4 +1,5 @@
 """REST API v1: each app contributes its routes from its own ``api/urls.py``."""
+
 from django.urls import include, path
 
 urlpatterns = [

@@ -1,5 +1,6 @@
 """ASGI entry point: Channels routes HTTP (the OpenAI-compatible proxy under /v1/, Django for the rest)
 and WebSockets (the console's live updates)."""
+
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")

@@ -1,4 +1,5 @@
 """The Celery app; the beat schedule lives in workers.schedule."""
+
 import os
 
 from celery import Celery

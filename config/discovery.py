@@ -1,4 +1,5 @@
 """Import every submodule of a package, so features add files instead of editing shared registries."""
+
 import importlib
 import pkgutil
 from types import ModuleType

@@ -1,4 +1,5 @@
 """Channels routing tables. The proxy and console modules register themselves here."""
+
 from channels.routing import URLRouter
 from django.urls import re_path
 

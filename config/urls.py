@@ -1,4 +1,5 @@
 """URL map: console, REST API (/api/v1/), OpenAPI schema and docs, admin, health. The proxy (/v1/) is in asgi."""
+
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path

@@ -1,4 +1,5 @@
 """Endpoints (the OpenAI ``model`` name tenants call) and the replicas that serve them."""
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -24,11 +25,17 @@ model_name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$", "U
 class Endpoint(models.Model):
     name = models.CharField(max_length=100, unique=True, validators=[model_name_validator])
     owner_tenant = models.ForeignKey(
-        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="owned_endpoints",
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="owned_endpoints",
         help_text="empty = shared endpoint run by the operators",
     )
     model_profile = models.ForeignKey("capacity.ModelProfile", on_delete=models.PROTECT, related_name="endpoints")
-    hardware_profile = models.ForeignKey("capacity.HardwareProfile", on_delete=models.PROTECT, related_name="endpoints")
+    hardware_profile = models.ForeignKey(
+        "capacity.HardwareProfile", on_delete=models.PROTECT, related_name="endpoints"
+    )
     pinned_benchmark = models.ForeignKey(
         "capacity.CapacityBenchmark", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -38,7 +45,9 @@ class Endpoint(models.Model):
     max_replicas = models.PositiveIntegerField(default=4)
     desired_replicas = models.PositiveIntegerField(default=1)
     scale_to_zero = models.BooleanField(default=False)
-    provisioned_concurrency = models.PositiveIntegerField(default=0, help_text="floor of concurrent requests to keep capacity for")
+    provisioned_concurrency = models.PositiveIntegerField(
+        default=0, help_text="floor of concurrent requests to keep capacity for"
+    )
     concurrency_min = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1)])
     concurrency_max = models.PositiveIntegerField(default=128, validators=[MinValueValidator(1)])
     concurrency_limit = models.PositiveIntegerField(default=64, validators=[MinValueValidator(1)])
@@ -124,3 +133,6 @@ class ReplicaTransition(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.replica_id}: {self.from_state} → {self.to_state} at {self.at:%Y-%m-%d %H:%M:%S}"

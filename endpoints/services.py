@@ -1,4 +1,5 @@
 """Writes for endpoints and replicas, including the replica lifecycle state machine."""
+
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -20,7 +21,9 @@ def replica_transition(*, replica: Replica, to_state: str, reason: str = "") -> 
         if to_state not in REPLICA_TRANSITIONS[locked.state]:
             raise IllegalTransition(f"replica {locked.pk}: {locked.state} → {to_state} is not allowed")
         now = timezone.now()
-        ReplicaTransition.objects.create(replica=locked, from_state=locked.state, to_state=to_state, at=now, reason=reason)
+        ReplicaTransition.objects.create(
+            replica=locked, from_state=locked.state, to_state=to_state, at=now, reason=reason
+        )
         locked.state = to_state
         locked.state_changed_at = now
         update_fields = ["state", "state_changed_at"]

@@ -1,4 +1,5 @@
 """REST API authentication with a tenant API key (``Authorization: Bearer ick_…``) holding a read or write scope."""
+
 from rest_framework import authentication, exceptions
 
 from tenants.keys import ApiKeyPrincipal, authenticate_api_key

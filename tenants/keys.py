@@ -1,4 +1,5 @@
 """API key material: generation, hashing, lookup. Only the prefix is ever stored or logged in clear."""
+
 import hashlib
 import hmac
 import secrets

@@ -1,4 +1,5 @@
 """Tenants, users and their roles, API keys, capacity reservations and the audit trail."""
+
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MinValueValidator
@@ -104,7 +105,9 @@ class CapacityReservation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "endpoint"], name="one_reservation_per_tenant_endpoint")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "endpoint"], name="one_reservation_per_tenant_endpoint")
+        ]
         ordering = ["endpoint_id", "tenant_id"]
 
     def __str__(self) -> str:

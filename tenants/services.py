@@ -1,4 +1,5 @@
 """Writes for tenants, users, API keys and reservations. Views, serializers and the console call these."""
+
 from datetime import datetime
 
 from django.contrib.auth.password_validation import validate_password
@@ -107,7 +108,9 @@ def tenant_delete(*, tenant: Tenant, actor=None) -> None:
         state__in=[ReplicaState.STOPPED, ReplicaState.FAILED]
     )
     if running.exists():
-        raise ValidationError({"non_field_errors": ["this tenant's endpoints still run replicas; scale them to 0 first"]})
+        raise ValidationError(
+            {"non_field_errors": ["this tenant's endpoints still run replicas; scale them to 0 first"]}
+        )
     with transaction.atomic():
         audit_log(actor=actor, action="tenant.delete", obj=tenant, tenant=None, detail={"slug": tenant.slug})
         tenant.delete()
@@ -181,7 +184,9 @@ def api_key_update(*, api_key: ApiKey, actor=None, **changes) -> ApiKey:
     diff = _changes(api_key, changes)
     _validated_save(api_key)
     if diff:
-        audit_log(actor=actor, action="api_key.update", obj=api_key, detail={"prefix": api_key.prefix, "changes": diff})
+        audit_log(
+            actor=actor, action="api_key.update", obj=api_key, detail={"prefix": api_key.prefix, "changes": diff}
+        )
     return api_key
 
 
@@ -190,7 +195,9 @@ def _check_reservation_unique(reservation: CapacityReservation) -> None:
     if reservation.pk:
         clash = clash.exclude(pk=reservation.pk)
     if clash.exists():
-        raise ValidationError({"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]})
+        raise ValidationError(
+            {"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]}
+        )
 
 
 def reservation_create(*, tenant: Tenant, endpoint, mu_per_min: float, actor=None, **options) -> CapacityReservation:
@@ -204,7 +211,10 @@ def reservation_create(*, tenant: Tenant, endpoint, mu_per_min: float, actor=Non
     with transaction.atomic():
         reservation.save()
         audit_log(
-            actor=actor, action="reservation.create", obj=reservation, detail={"endpoint": endpoint.pk, "mu_per_min": mu_per_min}
+            actor=actor,
+            action="reservation.create",
+            obj=reservation,
+            detail={"endpoint": endpoint.pk, "mu_per_min": mu_per_min},
         )
     return reservation
 

@@ -1,4 +1,5 @@
 """Named actors shared by every test: an operator, tenant A and tenant B with an admin, a member and keys."""
+
 from dataclasses import dataclass
 
 import pytest

@@ -1,4 +1,5 @@
 """factory_boy factories for every model; tests build their world from these."""
+
 import factory
 from django.utils import timezone
 

@@ -1,6 +1,7 @@
 """The beat schedule: the union of ``BEAT_SCHEDULE`` dicts declared by the modules in workers.tasks."""
-from workers import tasks  # noqa: F401  (imports every task module)
+
 from config.discovery import import_submodules
+from workers import tasks  # noqa: F401  (imports every task module)
 
 
 def beat_schedule() -> dict:

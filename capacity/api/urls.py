@@ -1,4 +1,5 @@
 """REST API routes of the capacity app: every module in this package with a ``register(router)`` adds its views."""
+
 from rest_framework.routers import SimpleRouter
 
 from config.discovery import import_submodules

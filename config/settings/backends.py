@@ -3,6 +3,7 @@
 With neither set the platform runs on an embedded default (SQLite, a file-system Celery broker,
 in-process cache and channel layer) so that one command shows it working on a laptop.
 """
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,11 @@ class Backends:
     embedded_redis: bool
 
     def describe(self) -> str:
-        db = "SQLite (embedded)" if self.embedded_database else f"PostgreSQL ({self.database.get('HOST')}:{self.database.get('PORT')}/{self.database.get('NAME')})"
+        db = (
+            "SQLite (embedded)"
+            if self.embedded_database
+            else f"PostgreSQL ({self.database.get('HOST')}:{self.database.get('PORT')}/{self.database.get('NAME')})"
+        )
         redis = "embedded (file-system broker, in-memory channel layer and cache)" if self.embedded_redis else "Redis"
         return f"database: {db}; broker/cache/channel layer: {redis}"
 

@@ -1,4 +1,5 @@
 """Settings shared by every environment; integrations live in their own small modules below."""
+
 from pathlib import Path
 
 from .backends import resolve_backends

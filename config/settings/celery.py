@@ -1,4 +1,5 @@
 """Celery: broker from the resolved backends, late acks so a killed worker's task is redelivered."""
+
 from .backends import Backends
 
 

@@ -1,4 +1,5 @@
 """Django REST framework and drf-spectacular."""
+
 REST_FRAMEWORK = {
     # The key authenticator goes first: DRF takes the first class's WWW-Authenticate header, so a bad key is a 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -1,4 +1,5 @@
 """Tiny helpers to read typed settings from the environment."""
+
 import os
 
 

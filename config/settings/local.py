@@ -1,4 +1,5 @@
 """Developer and demo settings: DEBUG on, a throwaway secret, the embedded default when nothing is configured."""
+
 import os
 import sys
 

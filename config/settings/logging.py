@@ -1,4 +1,5 @@
 """Logging: structured enough to grep, never a key in clear (the proxy logs key prefixes only)."""
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

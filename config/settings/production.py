@@ -1,4 +1,5 @@
 """Production settings: every secret from the environment, no usable default, hardened headers."""
+
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F401,F403

@@ -1,4 +1,5 @@
 """Test settings: the real PostgreSQL and Redis (DATABASE_URL / REDIS_URL, defaulting to the local servers)."""
+
 import os
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/infercap")

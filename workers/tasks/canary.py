@@ -4,6 +4,7 @@ redelivered (late acks) and that redelivery is harmless (the task's effect is id
 Each attempt increments a Redis counter, holds for ``hold_s`` (long enough to kill the worker under
 it), then records its token once as an audit entry; a second attempt finds the entry and adds nothing.
 """
+
 import time
 
 from celery import shared_task

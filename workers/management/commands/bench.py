@@ -4,6 +4,7 @@ Each benchmark is a module exposing ``run(*, quick: bool, plot: str | None, prog
 and optionally ``add_arguments(parser)``. Progress goes to stderr; the figures are printed last, as one
 line of JSON on stdout.
 """
+
 import importlib
 import json
 import sys

@@ -5,6 +5,7 @@ embedded beat (the control loops), seeds the demo world, lets the autoscaler's a
 demo endpoint's simulated replicas, then prints the URLs, logins and a curl example. Ctrl-C stops
 every process it started, replicas included.
 """
+
 import io
 import json
 import os
@@ -43,11 +44,43 @@ class Command(BaseCommand):
         var_dir.mkdir(parents=True, exist_ok=True)
         base = f"http://{host}:{port}"
         try:
-            self._spawn("web", [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", host,
-                                "--port", str(port), "--no-access-log", "--log-level", "warning"], env)
-            self._spawn("control loops", [sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "-B",
-                                          "--loglevel", "WARNING", "--concurrency", "2",
-                                          "-s", str(var_dir / "celerybeat-schedule")], env)
+            self._spawn(
+                "web",
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "config.asgi:application",
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                    "--no-access-log",
+                    "--log-level",
+                    "warning",
+                ],
+                env,
+            )
+            self._spawn(
+                "control loops",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "config",
+                    "--quiet",
+                    "worker",
+                    "-B",
+                    "--loglevel",
+                    "WARNING",
+                    "--concurrency",
+                    "2",
+                    "-s",
+                    str(var_dir / "celerybeat-schedule"),
+                ],
+                env,
+            )
             self._wait_http(f"{base}/healthz", "web server", timeout_s=60)
             self._bring_up_replicas(endpoint, timeout_s=90)
             self._banner(base, demo)
@@ -108,8 +141,8 @@ class Command(BaseCommand):
         curl = (
             f"curl -N {base}/v1/chat/completions \\\n"
             f"  -H 'Authorization: Bearer {demo['api_key']}' -H 'Content-Type: application/json' \\\n"
-            f"  -d '{{\"model\": \"{demo['endpoint']}\", \"stream\": true, \"max_tokens\": 32, "
-            f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
+            f'  -d \'{{"model": "{demo["endpoint"]}", "stream": true, "max_tokens": 32, '
+            f'"messages": [{{"role": "user", "content": "Hello!"}}]}}\''
         )
         self.stdout.write(
             "\n"
