@@ -445,6 +445,8 @@ def _meter(
     )
     name = endpoint.name
     m.child(m.REQUESTS, name, key.tenant_slug, priority, status).inc()
+    if slo_met:
+        m.child(m.GOOD_REQUESTS, name, key.tenant_slug, priority).inc()
     m.child(m.E2E, name).observe(e2e_s)
     if ttft_s is not None:
         m.child(m.TTFT, name).observe(ttft_s)

@@ -26,6 +26,11 @@ QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 REQUESTS = Counter(
     "infercap_proxy_requests", "Proxied requests by outcome", ["endpoint", "tenant", "priority", "status"]
 )
+# Good = ok and within the endpoint's TTFT and TPOT SLOs (DistServe's goodput): the goodput SLO's Prometheus
+# rules (manage.py export_slo_rules) divide this by infercap_proxy_requests_total.
+GOOD_REQUESTS = Counter(
+    "infercap_proxy_good_requests", "Requests that met every latency SLO", ["endpoint", "tenant", "priority"]
+)
 TTFT = Histogram(
     "infercap_proxy_ttft_seconds", "Time to first token seen by the client", ["endpoint"], buckets=TTFT_BUCKETS
 )

@@ -74,6 +74,12 @@ def test_demand_hash_metrics_and_scale_from_zero(procs, clean_redis, tenant_a):
         and ok[0].labels["tenant"] == "tenant-a"
         and ok[0].labels["priority"] == "standard"
     )
+    # Goodput: the proxy counts exactly the requests its usage records say met every latency SLO.
+    from billing.models import UsageRecord
+
+    wait_for(lambda: UsageRecord.objects.filter(status="ok").count() >= 1, timeout=10)
+    good = [s for s in families["infercap_proxy_good_requests"].samples if s.name.endswith("_total")]
+    assert sum(s.value for s in good) == UsageRecord.objects.filter(status="ok", slo_met=True).count()
 
     # Scale from zero: the request waits in the queue, the autoscaler is woken, and it runs once a replica is ready.
     cold_result = []
