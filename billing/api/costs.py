@@ -44,7 +44,7 @@ def parse_range(params, *, default: timedelta) -> tuple[datetime, datetime]:
 
 class CostReportSerializer(serializers.ModelSerializer):
     endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
-    tenant_slug = serializers.CharField(source="tenant.slug", read_only=True, default=None)
+    tenant_slug = serializers.CharField(source="tenant.slug", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = CostReport

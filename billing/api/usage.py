@@ -68,8 +68,8 @@ class UsagePagination(CursorPagination):
 
 class UsageRecordSerializer(serializers.ModelSerializer):
     tenant_name = serializers.CharField(source="tenant.name", read_only=True)
-    endpoint_name = serializers.CharField(source="endpoint.name", read_only=True, default=None)
-    api_key_prefix = serializers.CharField(source="api_key.prefix", read_only=True, default=None)
+    endpoint_name = serializers.CharField(source="endpoint.name", read_only=True, default=None, allow_null=True)
+    api_key_prefix = serializers.CharField(source="api_key.prefix", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = UsageRecord

