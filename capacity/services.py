@@ -293,3 +293,27 @@ def benchmark_enqueue(
     transaction.on_commit(
         lambda: benchmark_endpoint.delay(endpoint.pk, replica.pk if replica else None, quick=quick, pin=pin)
     )
+
+
+def simulated_profiles_get_or_create() -> tuple[HardwareProfile, ModelProfile]:
+    """The (hardware, model) pair of the simulator's default profile: DESIGN.md's 13B dense FP16 on an 80 GB GPU.
+
+    Shared by the demo world (``seed_demo``) and the reliability harness, so both describe the same replicas.
+    """
+    hardware, _ = HardwareProfile.objects.get_or_create(
+        name="sim-a100-80g",
+        defaults=dict(
+            gpu_type="A100-80GB (simulated)",
+            gpus_per_replica=1,
+            gpu_memory_gb=80,
+            memory_bandwidth_gbps=2039,
+            usd_per_gpu_hour=2.5,
+        ),
+    )
+    model, _ = ModelProfile.objects.get_or_create(
+        name="llama-13b-sim",
+        defaults=dict(
+            parameters_b=13, n_layers=40, n_kv_heads=8, d_head=128, dtype_bytes=2, weights_gb=26, max_model_len=4096
+        ),
+    )
+    return hardware, model

@@ -265,34 +265,13 @@ class Platform:
         return proc
 
     def _seed(self) -> Seeded:
-        from capacity.models import HardwareProfile, ModelProfile
+        from capacity.services import simulated_profiles_get_or_create
         from endpoints.models import Endpoint, Runtime
         from tenants.models import CapacityReservation, PriorityClass, Tenant
         from tenants.services import api_key_create
 
         tag = f"rel-{uuid.uuid4().hex[:6]}"
-        hardware, _ = HardwareProfile.objects.get_or_create(
-            name="sim-a100-80g",
-            defaults=dict(
-                gpu_type="A100-80GB (simulated)",
-                gpus_per_replica=1,
-                gpu_memory_gb=80,
-                memory_bandwidth_gbps=2039,
-                usd_per_gpu_hour=2.5,
-            ),
-        )
-        model, _ = ModelProfile.objects.get_or_create(
-            name="llama-13b-sim",
-            defaults=dict(
-                parameters_b=13,
-                n_layers=40,
-                n_kv_heads=8,
-                d_head=128,
-                dtype_bytes=2,
-                weights_gb=26,
-                max_model_len=4096,
-            ),
-        )
+        hardware, model = simulated_profiles_get_or_create()
         tenant = Tenant.objects.create(name=f"Reliability {tag}", slug=tag)
         endpoint = Endpoint.objects.create(
             name=tag,

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import SLO, SLIKind
-from capacity.models import HardwareProfile, ModelProfile
+from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Runtime
 from tenants.models import ApiKey, CapacityReservation, PriorityClass, Role, Tenant, User
 from tenants.services import api_key_create, api_key_revoke
@@ -30,28 +30,7 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, *args, endpoint: str, replicas: int, as_json: bool = False, **options):
         password = os.environ.get("INFERCAP_DEMO_PASSWORD", "infercap-demo")
-        hardware, _ = HardwareProfile.objects.get_or_create(
-            name="sim-a100-80g",
-            defaults=dict(
-                gpu_type="A100-80GB (simulated)",
-                gpus_per_replica=1,
-                gpu_memory_gb=80,
-                memory_bandwidth_gbps=2039,
-                usd_per_gpu_hour=2.5,
-            ),
-        )
-        model, _ = ModelProfile.objects.get_or_create(
-            name="llama-13b-sim",
-            defaults=dict(
-                parameters_b=13,
-                n_layers=40,
-                n_kv_heads=8,
-                d_head=128,
-                dtype_bytes=2,
-                weights_gb=26,
-                max_model_len=4096,
-            ),
-        )
+        hardware, model = simulated_profiles_get_or_create()
         operator = self._user("admin", password, role=Role.OPERATOR, tenant=None, is_staff=True, is_superuser=True)
         tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo tenant"})
         self._user("demo", password, role=Role.TENANT_ADMIN, tenant=tenant)
