@@ -15,7 +15,9 @@ from tenants.selectors import principal_can_write
 class AlertSerializer(serializers.ModelSerializer):
     slo_name = serializers.CharField(source="slo.name", read_only=True)
     endpoint = serializers.CharField(source="slo.endpoint.name", read_only=True)
-    acknowledged_by = serializers.CharField(source="acknowledged_by.username", read_only=True, default=None, allow_null=True)
+    acknowledged_by = serializers.CharField(
+        source="acknowledged_by.username", read_only=True, default=None, allow_null=True
+    )
 
     class Meta:
         model = Alert
