@@ -172,7 +172,9 @@ class Command(BaseCommand):
                     self._say(f"could not stop replicas of {endpoint.name}: {exc}")
         for child in reversed(self.children):
             if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
+                # The main process only: Celery's warm shutdown stops its own pool (a group-wide SIGTERM makes
+                # every pool process die noisily mid-task).
+                child.terminate()
         for child in self.children:
             try:
                 child.wait(timeout=10)
