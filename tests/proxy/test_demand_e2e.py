@@ -20,7 +20,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transacti
 
 def test_demand_hash_metrics_and_scale_from_zero(procs, clean_redis, tenant_a):
     spawn_replica(procs, endpoint=tenant_a.endpoint, name="r1", speed=1.0, concurrency_limit=1)
-    cold = EndpointFactory(name="cold-model", owner_tenant=tenant_a.tenant, scale_to_zero=True, min_replicas=0)
+    # Static actuator: the test starts the first replica itself (a local one started from inside the proxy
+    # process would outlive it).
+    cold = EndpointFactory(
+        name="cold-model",
+        owner_tenant=tenant_a.tenant,
+        scale_to_zero=True,
+        min_replicas=0,
+        launch_options={"actuator": "static"},
+    )
     CapacityReservation.objects.create(tenant=tenant_a.tenant, endpoint=cold, mu_per_min=100)
     base = spawn_proxy(procs, max_age_standard_s=30)
     key = tenant_a.raw_key

@@ -93,7 +93,12 @@ def test_a_key_cannot_reach_another_tenants_endpoint_through_the_proxy(platform,
 
     from tests.factories import EndpointFactory, TenantFactory
 
-    other = EndpointFactory(name=f"{platform.seeded.endpoint_name}-other", owner_tenant=TenantFactory())
+    # Static actuator: the running autoscaler must not start replicas for it (they would outlive the test).
+    other = EndpointFactory(
+        name=f"{platform.seeded.endpoint_name}-other",
+        owner_tenant=TenantFactory(),
+        launch_options={"actuator": "static"},
+    )
     try:
         time.sleep(1.5)  # the proxy's snapshot picks up the new endpoint
         response = httpx.post(
