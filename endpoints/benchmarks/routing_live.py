@@ -40,25 +40,13 @@ PROFILE_OPTS = {"num_gpu_blocks": 224, "max_num_seqs": 24, "max_model_len": 2048
 
 
 def _setup_world(replica_urls: list[str]) -> str:
-    from capacity.models import HardwareProfile, ModelProfile
+    from capacity.services import simulated_profiles_get_or_create
     from endpoints.models import Endpoint, Replica, ReplicaState
     from tenants.models import CapacityReservation, Tenant
     from tenants.services import api_key_create
 
     tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Bench (routing)"})
-    hw, _ = HardwareProfile.objects.get_or_create(
-        name="bench-a100",
-        defaults={
-            "gpu_type": "A100-80GB",
-            "gpu_memory_gb": 80,
-            "memory_bandwidth_gbps": 2039,
-            "usd_per_gpu_hour": 2.5,
-        },
-    )
-    mp, _ = ModelProfile.objects.get_or_create(
-        name="bench-13b",
-        defaults={"parameters_b": 13, "n_layers": 40, "n_kv_heads": 8, "d_head": 128, "weights_gb": 26},
-    )
+    hw, mp = simulated_profiles_get_or_create()
     endpoint, _ = Endpoint.objects.update_or_create(
         name=ENDPOINT,
         defaults={
