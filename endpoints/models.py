@@ -1,7 +1,8 @@
 """Endpoints (the OpenAI ``model`` name tenants call) and the replicas that serve them."""
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -55,6 +56,14 @@ class Endpoint(models.Model):
     routing_policy = models.CharField(max_length=16, choices=RoutingPolicy.choices, default=RoutingPolicy.INFERCAP)
     ttft_slo_ms = models.PositiveIntegerField(default=2000, validators=[MinValueValidator(1)])
     tpot_slo_ms = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)])
+    current_version = models.ForeignKey(
+        "EndpointVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the version serving traffic (its model, profiles, runtime and launch options are mirrored above)",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -112,6 +121,14 @@ class Replica(models.Model):
     last_probe_ok = models.BooleanField(null=True, blank=True)
     consecutive_probe_failures = models.PositiveIntegerField(default=0)
     failure_reason = models.CharField(max_length=255, blank=True)
+    version = models.ForeignKey(
+        "EndpointVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="replicas",
+        help_text="the endpoint version this replica runs (empty: hand-registered, counted as the current one)",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -136,3 +153,184 @@ class ReplicaTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.replica_id}: {self.from_state} → {self.to_state} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+# --- Versions and rollouts ----------------------------------------------------------------------------------------
+
+# The endpoint fields that make up a version: changing any of them needs new replicas (a rollout). Everything else
+# on Endpoint (routing policy, limits, SLO targets, concurrency bounds) applies live through the proxy snapshot.
+VERSIONED_FIELDS = ("model_profile", "hardware_profile", "runtime", "launch_options")
+
+
+class EndpointVersion(models.Model):
+    """An immutable (model profile, hardware profile, runtime, launch options) of an endpoint.
+
+    Numbered 1, 2, … per endpoint. A change of any versioned field creates a new version (never an edit of an
+    existing one); replicas record the version they run, and ``Endpoint.current_version`` is the one serving
+    traffic. A rollout (``Rollout``) moves traffic from one version to another.
+    """
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    model_profile = models.ForeignKey("capacity.ModelProfile", on_delete=models.PROTECT, related_name="+")
+    hardware_profile = models.ForeignKey("capacity.HardwareProfile", on_delete=models.PROTECT, related_name="+")
+    runtime = models.CharField(max_length=8, choices=Runtime.choices, default=Runtime.SIM)
+    launch_options = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    note = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["endpoint_id", "-number"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "number"], name="version_number_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint.name} v{self.number}"
+
+    def spec(self) -> dict:
+        """The versioned fields as plain values (ids for the profiles), for comparisons and audit entries."""
+        return {
+            "model_profile": self.model_profile_id,
+            "hardware_profile": self.hardware_profile_id,
+            "runtime": self.runtime,
+            "launch_options": self.launch_options,
+        }
+
+
+class RolloutStrategy(models.TextChoices):
+    ALL_AT_ONCE = "all_at_once", "All at once"
+    CANARY = "canary", "Canary (traffic grows in steps)"
+
+
+class RolloutState(models.TextChoices):
+    """Where a rollout stands. The decisions are in ``endpoints.rollouts.machine`` (pure, unit-tested).
+
+    pending → surging → (canary: shifting, step by step) → promoting → succeeded
+    any of pending / surging / shifting → rolling_back → rolled_back (automatic on failure, or an operator)
+    pending / surging / shifting ⇄ paused (an operator; nothing moves while paused)
+    failed: the rollout could not continue and could not roll back on its own (an operator must look).
+    """
+
+    PENDING = "pending", "Pending"
+    SURGING = "surging", "Starting new-version replicas"
+    SHIFTING = "shifting", "Shifting traffic (canary)"
+    PAUSED = "paused", "Paused"
+    PROMOTING = "promoting", "Promoting (all traffic on the new version, draining the old)"
+    SUCCEEDED = "succeeded", "Succeeded"
+    ROLLING_BACK = "rolling_back", "Rolling back (traffic on the old version, draining the new)"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    FAILED = "failed", "Failed"
+
+
+ROLLOUT_ACTIVE_STATES = frozenset(
+    {
+        RolloutState.PENDING,
+        RolloutState.SURGING,
+        RolloutState.SHIFTING,
+        RolloutState.PAUSED,
+        RolloutState.PROMOTING,
+        RolloutState.ROLLING_BACK,
+    }
+)
+ROLLOUT_FINAL_STATES = frozenset({RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED})
+
+
+def default_canary_steps() -> list[int]:
+    return [10, 50, 100]
+
+
+class Rollout(models.Model):
+    """Moving an endpoint's traffic from ``from_version`` to ``to_version`` without losing requests or capacity.
+
+    All of a rollout's progress lives in this row (a Celery beat task ticks it; a worker that dies mid-rollout
+    leaves nothing behind that the next tick cannot rebuild). New-version replicas are started next to the old
+    ones until they match the old version's ready count at the start (``baseline_ready``), at most ``max_surge``
+    starting at a time; each must pass ``/health`` and a warm-up completion before it gets traffic. Traffic then
+    moves all at once or through ``canary_steps`` (percent of requests to the new version), each step held for
+    ``step_duration_s`` while the canary's error rate and SLO-miss rate (latency burn) are compared with the old
+    version's; exceeding them by ``error_rate_margin`` / ``latency_burn_margin`` (with at least ``min_samples``
+    canary requests) rolls back. At most one active rollout per endpoint.
+    """
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="rollouts")
+    from_version = models.ForeignKey(EndpointVersion, on_delete=models.PROTECT, related_name="rollouts_from")
+    to_version = models.ForeignKey(EndpointVersion, on_delete=models.PROTECT, related_name="rollouts_to")
+    strategy = models.CharField(max_length=12, choices=RolloutStrategy.choices, default=RolloutStrategy.ALL_AT_ONCE)
+    canary_steps = models.JSONField(
+        default=default_canary_steps, blank=True, help_text="percents, rising, ending at 100"
+    )
+    step_index = models.PositiveIntegerField(default=0)
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    step_duration_s = models.PositiveIntegerField(default=60, help_text="how long each canary step is observed")
+    traffic_percent = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(100)], help_text="share of requests going to to_version"
+    )
+    max_surge = models.PositiveIntegerField(
+        default=2, validators=[MinValueValidator(1)], help_text="new-version replicas starting at the same time"
+    )
+    baseline_ready = models.PositiveIntegerField(
+        default=0, help_text="ready replicas of from_version when the rollout started (capacity never drops below)"
+    )
+    warmed_replica_ids = models.JSONField(default=list, blank=True, help_text="new replicas that passed warm-up")
+    health_timeout_s = models.PositiveIntegerField(default=600, help_text="new replicas must be ready within this")
+    error_rate_margin = models.FloatField(default=0.05, validators=[MinValueValidator(0.0)])
+    latency_burn_margin = models.FloatField(default=0.10, validators=[MinValueValidator(0.0)])
+    min_samples = models.PositiveIntegerField(default=20, help_text="canary requests needed before comparing")
+    state = models.CharField(max_length=12, choices=RolloutState.choices, default=RolloutState.PENDING, db_index=True)
+    paused_from = models.CharField(max_length=12, choices=RolloutState.choices, blank=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    reason = models.CharField(max_length=500, blank=True, help_text="why it ended up where it is (rollbacks say why)")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["endpoint"],
+                condition=models.Q(
+                    state__in=["pending", "surging", "shifting", "paused", "promoting", "rolling_back"]
+                ),
+                name="one_active_rollout_per_endpoint",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint.name}: v{self.from_version.number} → v{self.to_version.number} ({self.state})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ROLLOUT_ACTIVE_STATES
+
+    def traffic_weights(self) -> dict[int, int]:
+        """Percent of requests per version id while this rollout is active."""
+        if self.traffic_percent >= 100:
+            return {self.to_version_id: 100}
+        if self.traffic_percent <= 0:
+            return {self.from_version_id: 100}
+        return {self.from_version_id: 100 - self.traffic_percent, self.to_version_id: self.traffic_percent}
+
+
+class RolloutEvent(models.Model):
+    """Every decision a rollout took (state changes, traffic shifts, launches, drains, comparisons), with why."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=32)
+    from_state = models.CharField(max_length=12, blank=True)
+    to_state = models.CharField(max_length=12, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"rollout {self.rollout_id} {self.kind} at {self.at:%H:%M:%S}: {self.message}"
