@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shlex
 
+from endpoints.runtimes.launch_env import launch_env
+
 
 def serve_command(
     *,
@@ -68,3 +70,9 @@ def serve_command(
 
 def serve_command_line(**options) -> str:
     return shlex.join(serve_command(**options))
+
+
+def serve_env(launch_options: dict | None = None, **host) -> dict[str, str]:
+    """Environment for ``vllm serve``: thread pools sized from the replica's CPU allotment (``cpus``), split among
+    its tensor-parallel workers; see ``endpoints.runtimes.launch_env``. ``host`` overrides affinity/quota (tests)."""
+    return launch_env(launch_options, runtime="vllm", **host)

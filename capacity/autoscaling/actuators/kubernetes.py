@@ -20,12 +20,14 @@ from django.conf import settings
 
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError
 from endpoints.models import Endpoint, Replica, ReplicaState
+from endpoints.runtimes.launch_env import kubernetes_container_patch
 
 log = logging.getLogger(__name__)
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+STRATEGIC_PATCH = {"Content-Type": "application/strategic-merge-patch+json"}
 
 
 def deployment_name(endpoint: Endpoint) -> str:
@@ -109,8 +111,26 @@ class KubernetesActuator(Actuator):
         ).count()
         current, _ = self.get_scale(endpoint)
         if registered + count > current:
+            if current == 0:
+                self.apply_launch_env(endpoint)
             self.set_scale(endpoint, registered + count)
-        return []  # the pods show up in sync() once the ReplicaSet has created them
+        return []
+
+    def apply_launch_env(self, endpoint: Endpoint) -> None:
+        """Set the pod template's CPU request/limit and thread variables from the ``cpus`` launch option.
+
+        Only while the Deployment has no pods (called when scaling up from zero): a template change then starts no
+        rollout of running pods. Without a ``cpus`` option the template's own limit and ``resourceFieldRef`` rule.
+        """
+        try:
+            patch = kubernetes_container_patch(endpoint.launch_options, runtime=endpoint.runtime)
+        except ValueError as exc:
+            raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
+        if patch is not None:
+            path = f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{deployment_name(endpoint)}"
+            self._request(
+                "PATCH", path, json=patch, headers=STRATEGIC_PATCH
+            )  # the pods show up in sync() once the ReplicaSet has created them
 
     def terminate(self, replicas: list[Replica], *, reason: str) -> None:
         by_endpoint: dict[int, list[Replica]] = {}

@@ -1,7 +1,8 @@
 """The local actuator: replicas as processes on this host, on free ports (simulated vLLM, or ``vllm serve``).
 
 Launch options come from ``Endpoint.launch_options``: for ``sim`` endpoints ``profile``, ``speed``,
-``profile_opts`` (dict), ``faults`` (dict); for ``vllm`` endpoints ``model`` and any ``serve_command`` option.
+``profile_opts`` (dict), ``faults`` (dict); for ``vllm`` endpoints ``model`` and any ``serve_command`` option;
+for both ``cpus`` (the replica's CPU allotment: thread pools are sized from it, see ``launch_env``).
 A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
 signal does not take them down; the worker that started one reaps it, any other finds it by pid.
 """
@@ -24,6 +25,7 @@ from django.utils import timezone
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from endpoints.runtimes import vllm
+from endpoints.runtimes.launch_env import launch_env
 from endpoints.runtimes.sim.process import free_port
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,14 @@ def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> l
     return argv
 
 
+def replica_env(endpoint: Endpoint) -> dict[str, str]:
+    """Thread-pool sizes from the replica's CPU allotment (``cpus`` launch option), not this host's core count."""
+    options = endpoint.launch_options or {}
+    if endpoint.runtime == Runtime.VLLM:
+        return vllm.serve_env(options)
+    return launch_env(options, runtime=endpoint.runtime)
+
+
 class LocalActuator(Actuator):
     name = "local"
     start_timeout_s = 600.0  # vLLM loading a large model takes minutes; past this a start counts as failed
@@ -108,6 +118,7 @@ class LocalActuator(Actuator):
             name = f"local-{uuid.uuid4().hex[:8]}"
             try:
                 argv = replica_argv(endpoint, port=port)
+                launch_vars = replica_env(endpoint)
             except (TypeError, ValueError) as exc:
                 raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
             replica = Replica.objects.create(
@@ -118,7 +129,7 @@ class LocalActuator(Actuator):
                 is_standby=standby,
                 concurrency_limit=endpoint.concurrency_limit,
             )
-            env = {**os.environ, **self._child_env()}
+            env = {**os.environ, **self._child_env(), **launch_vars}
             with open(log_dir / f"{endpoint.name.replace('/', '_')}-{name}.log", "ab") as out:
                 try:
                     proc = subprocess.Popen(

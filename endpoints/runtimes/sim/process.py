@@ -35,6 +35,8 @@ import urllib.request
 import weakref
 from pathlib import Path
 
+from endpoints.runtimes.launch_env import launch_env
+
 MANAGE_PY = Path(__file__).resolve().parents[3] / "manage.py"
 _started: weakref.WeakSet = weakref.WeakSet()
 
@@ -169,10 +171,15 @@ def start_replica(
     wait: bool = True,
     timeout_s: float = 30.0,
     env: dict | None = None,
+    cpus: float | str | None = None,
     via_manage: bool = False,
     die_with_parent: bool = True,
 ) -> ReplicaProcess:
-    """Start one simulated replica process; see the module docstring."""
+    """Start one simulated replica process; see the module docstring.
+
+    ``cpus`` is the replica's CPU allotment: its thread pools (``OMP_NUM_THREADS`` and friends) are sized from it,
+    or, without one, from what this process may use (affinity, cgroup quota), never from the host's core count.
+    """
     port = port or free_port(host)
     # The Django-free entry point starts in a fraction of the time; ``via_manage`` exercises manage.py's.
     entry = [str(MANAGE_PY), "run_replica"] if via_manage else ["-m", "endpoints.runtimes.sim.cli"]
@@ -204,7 +211,7 @@ def start_replica(
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **launch_env({"cpus": cpus} if cpus is not None else {}), **(env or {})},
         cwd=str(MANAGE_PY.parent),
         preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
     )
