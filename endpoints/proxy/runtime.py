@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass
 
@@ -35,15 +36,17 @@ class Slot:
     url: str
     view: ReplicaView
     removed: bool = False  # gone from the snapshot: finish what runs, take nothing new
+    version_id: int | None = None  # the endpoint version the replica runs (traffic is split by version)
 
 
 class EndpointRuntime:
-    def __init__(self, info: EndpointInfo, *, config, scraper=None, clock=time.monotonic) -> None:
+    def __init__(self, info: EndpointInfo, *, config, scraper=None, clock=time.monotonic, rng=None) -> None:
         from endpoints.routing import make_router
 
         self.info = info
         self.config = config
         self.clock = clock
+        self.rng = rng or random.Random().random  # picks the version of each request during a rollout
         self.scraper = scraper
         self.queue = AdmissionQueue(max_size=config.max_queue, max_age_s=config.max_age_s)
         self.drain = DrainRateMeter(tau_s=10.0, now=clock())
@@ -71,9 +74,9 @@ class EndpointRuntime:
             slot = self.slots.get(rid)
             if slot is None:
                 view = ReplicaView(replica_id=rid, concurrency_limit=limit, mu_capacity=mu_capacity)
-                self.slots[rid] = Slot(replica_id=r.id, name=r.name, url=r.url, view=view)
+                self.slots[rid] = Slot(replica_id=r.id, name=r.name, url=r.url, view=view, version_id=r.version_id)
             else:
-                slot.url, slot.removed = r.url, False
+                slot.url, slot.removed, slot.version_id = r.url, False, r.version_id
                 slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity
                 slot.view.draining = False
         for rid, slot in list(self.slots.items()):
@@ -116,12 +119,47 @@ class EndpointRuntime:
         return views
 
     def _has_free_slot(self) -> bool:
-        return any(not s.removed and s.view.in_flight < s.view.concurrency_limit for s in self.slots.values())
+        routed = self._routed_versions()
+        return any(
+            not s.removed
+            and s.view.in_flight < s.view.concurrency_limit
+            and (routed is None or s.version_id in routed)
+            for s in self.slots.values()
+        )
+
+    def _routed_versions(self) -> frozenset | None:
+        """Versions taking traffic during a rollout; None outside one (every replica is routed)."""
+        weights = self.info.version_weights
+        return frozenset(v for v, w in weights if w > 0) if weights else None
+
+    def _one_version(self, views: list[ReplicaView]) -> list[ReplicaView]:
+        """During a rollout: the replicas of one version, drawn by the versions' traffic weights; when the drawn
+        version has no free slot (or no replica left), another weighted one. Outside a rollout: all of them."""
+        weights = self.info.version_weights
+        if not weights:
+            return views
+        groups: dict[int | None, list[ReplicaView]] = {}
+        for view in views:
+            groups.setdefault(self.slots[view.replica_id].version_id, []).append(view)
+        live = [(version, weight) for version, weight in weights if weight > 0 and version in groups]
+        if not live:
+            return []
+        x = self.rng() * sum(weight for _, weight in live)
+        drawn = live[-1][0]
+        for version, weight in live:
+            if x < weight:
+                drawn = version
+                break
+            x -= weight
+        for version in [drawn] + [v for v, _ in live if v != drawn]:
+            if any(v.in_flight < v.concurrency_limit for v in groups[version]):
+                return groups[version]
+        return groups[drawn]
 
     def try_take(self, route: RouteRequest, mu: float, exclude: set[str] | None = None) -> Slot | None:
         """Route now if some replica has a free slot; the slot is taken when this returns one."""
         now = self.clock()
-        views = self._views(now, exclude)
+        views = self._one_version(self._views(now, exclude))
         rid = self.router.pick(route, views, now) if views else None
         slot = self.slots.get(rid) if rid is not None else None
         if slot is None or slot.view.in_flight >= slot.view.concurrency_limit:

@@ -44,6 +44,7 @@ class ReplicaInfo:
     name: str
     url: str
     concurrency_limit: int
+    version_id: int | None = None  # the endpoint version it runs (hand-registered: the current one)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class EndpointInfo:
     max_model_len: int
     created: int
     replicas: tuple[ReplicaInfo, ...] = ()
+    # During a rollout: (version id, percent of requests) for each version that takes traffic; empty otherwise
+    # (every ready replica is routed). Replicas of a version not listed here get no traffic.
+    version_weights: tuple[tuple[int, int], ...] = ()
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
@@ -96,11 +100,21 @@ def load_snapshot(version: str = "") -> Snapshot:
         )
     endpoints = list(Endpoint.objects.select_related("model_profile"))
     coeffs = coefficients_by_endpoint(endpoints)
+    current_version = {e.pk: e.current_version_id for e in endpoints}
     replicas: dict[int, list[ReplicaInfo]] = {}
     for r in Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").order_by("id"):
         replicas.setdefault(r.endpoint_id, []).append(
-            ReplicaInfo(id=r.pk, name=r.name, url=r.url.rstrip("/"), concurrency_limit=r.concurrency_limit)
+            ReplicaInfo(
+                id=r.pk,
+                name=r.name,
+                url=r.url.rstrip("/"),
+                concurrency_limit=r.concurrency_limit,
+                version_id=r.version_id or current_version.get(r.endpoint_id),
+            )
         )
+    from endpoints.rollouts.selectors import traffic_weights_by_endpoint
+
+    weights = traffic_weights_by_endpoint()
     by_name = {}
     for e in endpoints:
         by_name[e.name] = EndpointInfo(
@@ -116,6 +130,7 @@ def load_snapshot(version: str = "") -> Snapshot:
             max_model_len=e.model_profile.max_model_len,
             created=int(e.created_at.timestamp()),
             replicas=tuple(replicas.get(e.pk, ())),
+            version_weights=weights.get(e.pk, ()),
         )
     reservations = {
         (r.tenant_id, r.endpoint_id): ReservationInfo(
