@@ -1,6 +1,9 @@
 """The horizontal policy: how many replicas an endpoint should run (pure: no Django, clock injected).
 
-``desired = ceil(demand / (target_concurrency · target_utilization))``, after Databricks' APA: scale up on the
+``desired = ceil(demand / (target_concurrency · target_utilization))``, after Databricks' APA, with demand and
+capacity in model units when the replica's MU capacity is known (DESIGN §5: in-flight + queued MU against
+``target_concurrency`` converted to MU, see ``mu_capacity_per_replica``), so a few long prompts weigh what they
+cost; in requests otherwise (no coefficients, or proxies that report no MU). Requests are always recorded. Scale up on the
 last 20 s with a bounded step, counting starting replicas as capacity; scale down on the maximum of the last
 5 min, one bounded step at a time and never within the scale-down delay of a scale-up; floors from min
 replicas, provisioned concurrency and the predictive floor; a ceiling at max replicas; optional scale to zero.
@@ -51,7 +54,8 @@ class HorizontalInputs:
     min_replicas: int = 1
     max_replicas: int = 4
     target_concurrency: float = 64.0  # requests per replica, from the vertical policy
-    mu_capacity_per_replica: float | None = None  # in-flight MU per replica; None = scale on requests only
+    # In-flight MU one replica holds at target_concurrency (``mu_capacity_per_replica()``); None = scale on requests.
+    mu_capacity_per_replica: float | None = None
     provisioned_concurrency: int = 0
     scale_to_zero: bool = False
     predicted_floor: int = 0
@@ -72,11 +76,32 @@ class HorizontalDecision:
 
 
 def replicas_for(demand_requests: float, demand_mu: float, inputs: HorizontalInputs, cfg: HorizontalConfig) -> float:
-    """Fractional replicas the demand needs at the target utilization (requests and, when known, MU)."""
-    need = demand_requests / (inputs.target_concurrency * cfg.target_utilization)
+    """Fractional replicas the demand needs at the target utilization: in MU when the replica's MU capacity is known
+    and the demand carries MU, else in requests."""
+    return _needs(demand_requests, demand_mu, inputs, cfg)[0]
+
+
+def _needs(
+    demand_requests: float, demand_mu: float, inputs: HorizontalInputs, cfg: HorizontalConfig
+) -> tuple[float, float, float | None, str]:
+    """(need, need in requests, need in MU or None, signal used)."""
+    by_requests = demand_requests / (inputs.target_concurrency * cfg.target_utilization)
+    by_mu = None
     if inputs.mu_capacity_per_replica:
-        need = max(need, demand_mu / (inputs.mu_capacity_per_replica * cfg.target_utilization))
-    return need
+        by_mu = demand_mu / (inputs.mu_capacity_per_replica * cfg.target_utilization)
+    # MU decides whenever it is there; requests without any MU (a proxy that reports none) fall back to requests.
+    if by_mu is not None and (demand_mu > 0 or demand_requests <= 0):
+        return by_mu, by_requests, by_mu, "mu"
+    return by_requests, by_requests, by_mu, "requests"
+
+
+def mu_capacity_per_replica(target_concurrency: float, reference_request_mu: float) -> float:
+    """``target_concurrency`` converted to MU: the in-flight MU of that many reference requests (the chat shape the
+    concurrency limit is set for, priced with the endpoint's coefficients; Little's law makes this the replica's
+    C MU/min times the reference request's in-flight time)."""
+    if target_concurrency <= 0 or reference_request_mu <= 0:
+        raise ValueError("target_concurrency and reference_request_mu must be positive")
+    return target_concurrency * reference_request_mu
 
 
 def floor_for(inputs: HorizontalInputs, *, recent_demand: bool) -> tuple[int, str]:
@@ -98,8 +123,12 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
     current = inputs.ready + inputs.starting
     up_window = window(inputs.samples, now=inputs.now, seconds=cfg.scale_up_window_s)
     down_window = window(inputs.samples, now=inputs.now, seconds=cfg.scale_down_window_s)
-    up_need = replicas_for(window_max(up_window), window_max(up_window, attr="mu"), inputs, cfg)
-    down_need = replicas_for(window_max(down_window), window_max(down_window, attr="mu"), inputs, cfg)
+    up_need, up_need_requests, up_need_mu, signal = _needs(
+        window_max(up_window), window_max(up_window, attr="mu"), inputs, cfg
+    )
+    down_need, down_need_requests, down_need_mu, _ = _needs(
+        window_max(down_window), window_max(down_window, attr="mu"), inputs, cfg
+    )
     recent_demand = down_need > 0
     floor, floor_reason = floor_for(inputs, recent_demand=recent_demand)
     ceiling = max(inputs.max_replicas, 0)
@@ -108,7 +137,15 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
         "starting": inputs.starting,
         "up_need": round(up_need, 3),
         "down_need": round(down_need, 3),
+        "signal": signal,
+        "up_need_requests": round(up_need_requests, 3),
+        "down_need_requests": round(down_need_requests, 3),
+        "up_need_mu": None if up_need_mu is None else round(up_need_mu, 3),
+        "down_need_mu": None if down_need_mu is None else round(down_need_mu, 3),
+        "demand_requests_20s": window_max(up_window),
+        "demand_mu_20s": round(window_max(up_window, attr="mu"), 3),
         "target_concurrency": inputs.target_concurrency,
+        "mu_capacity_per_replica": inputs.mu_capacity_per_replica,
         "floor": floor,
         "floor_reason": floor_reason,
         "max_replicas": ceiling,

@@ -16,14 +16,14 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from capacity.autoscaling import horizontal, predictive, replica_metrics, store, vertical
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
 from capacity.autoscaling.demand import DemandSample, sum_process_reports
 from capacity.models import AutoscalerDecision
-from endpoints.models import Endpoint, Replica, ReplicaState
+from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ ACTIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
 DRAIN_GRACE_S = 2.0  # the proxies' snapshots stop routing to a draining replica within a second
 DRAIN_TIMEOUT_S = 120.0  # a stream still running after this is cut: the replica must go eventually
 DEFAULT_SECONDS_PER_REQUEST = 10.0
+# The request shape a concurrency limit is set for (DESIGN §4's worked example, a typical chat turn): the
+# horizontal policy converts target_concurrency into MU with it.
+REFERENCE_REQUEST = (500, 300)  # prompt tokens, output tokens
 PREDICTIVE = predictive.PredictiveConfig()
 
 
@@ -80,7 +83,8 @@ def sample_demand(*, endpoint_id: int, now: float | None = None) -> list[DemandS
 
 def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
     window = sample_demand(endpoint_id=endpoint.pk, now=now)
-    replicas = list(endpoint.replicas.filter(state__in=ACTIVE, is_standby=False).values_list("state", flat=True))
+    serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False)
+    replicas = list(serving.values_list("state", flat=True))
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
     floor, _ = predicted_floor_for(endpoint, now=now)
     last_up, last_down = _last_moves(endpoint)
@@ -92,12 +96,29 @@ def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.Horizonta
         min_replicas=endpoint.min_replicas,
         max_replicas=endpoint.max_replicas,
         target_concurrency=float(endpoint.concurrency_limit),
+        mu_capacity_per_replica=mu_capacity_for(endpoint),
         provisioned_concurrency=endpoint.provisioned_concurrency,
         scale_to_zero=endpoint.scale_to_zero,
         predicted_floor=floor,
         last_scale_up_at=last_up,
         last_scale_down_at=last_down,
     )
+
+
+def mu_capacity_for(endpoint: Endpoint) -> float | None:
+    """In-flight MU one replica holds at the endpoint's concurrency limit: that many reference requests priced with
+    the endpoint's MU coefficients (the ones its proxies price demand with). None when they cannot be resolved:
+    the horizontal policy then scales on requests."""
+    from capacity.unit_resolver import endpoint_coefficients
+    from capacity.units import estimate_request_mu
+
+    try:
+        coeffs = endpoint_coefficients(endpoint)
+        reference = estimate_request_mu(coeffs, prompt_tokens=REFERENCE_REQUEST[0], max_tokens=REFERENCE_REQUEST[1])
+        return horizontal.mu_capacity_per_replica(float(endpoint.concurrency_limit), reference)
+    except (ValueError, AttributeError) as exc:
+        log.warning("endpoint %s: no MU capacity (%s); scaling on requests", endpoint.pk, exc)
+        return None
 
 
 def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
@@ -160,7 +181,10 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     actions: list[str] = []
     _safe(actuator.sync, endpoint)
     actions += finish_drains(endpoint=endpoint, actuator=actuator)
-    active = list(endpoint.replicas.filter(state__in=ACTIVE, is_standby=False).order_by("created_at"))
+    if Rollout.objects.filter(endpoint=endpoint, state__in=ROLLOUT_ACTIVE_STATES).exists():
+        # Surge, drain and rollback replicas belong to the rollout until it ends; scaling resumes after it.
+        return actions + ["rollout in progress: replicas left to the rollout"]
+    active = list(serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False).order_by("created_at"))
     missing = endpoint.desired_replicas - len(active)
     if missing > 0:
         for standby in endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")[
@@ -191,6 +215,13 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
                 actions.append(f"cancelled {replica.name}")
     actions += keep_warm_pool(endpoint=endpoint, actuator=actuator)
     return actions
+
+
+def serving_replicas(endpoint: Endpoint):
+    """Replicas of the version serving traffic (hand-registered ones without a version count as it)."""
+    if endpoint.current_version_id is None:
+        return endpoint.replicas.all()
+    return endpoint.replicas.filter(Q(version_id=endpoint.current_version_id) | Q(version__isnull=True))
 
 
 def keep_warm_pool(*, endpoint: Endpoint, actuator) -> list[str]:

@@ -3,7 +3,7 @@
 import pytest
 
 from capacity.autoscaling.demand import DemandSample, sum_process_reports
-from capacity.autoscaling.horizontal import HorizontalConfig, HorizontalInputs, decide
+from capacity.autoscaling.horizontal import HorizontalConfig, HorizontalInputs, decide, mu_capacity_per_replica
 
 
 def series(values, *, end=300.0):
@@ -107,10 +107,47 @@ def test_scale_to_zero_only_when_enabled_and_idle():
     assert woke.desired == 1
 
 
-def test_model_units_scale_when_known():
+def mu_series(requests, mu, *, seconds=20, end=300.0):
+    return [DemandSample(t=end - (seconds - 1 - i), in_flight=requests, in_flight_mu=mu) for i in range(seconds)]
+
+
+def test_model_units_are_the_signal_when_known():
     # 10 requests but 50 MU in flight against 10 MU per replica at 0.7 → MU decides: ceil(50 / 7) = 8
-    samples = [DemandSample(t=281 + i, in_flight=10, in_flight_mu=50) for i in range(20)]
-    assert decide(inputs(samples, ready=4, mu_capacity_per_replica=10)).desired == 8
+    decision = decide(inputs(mu_series(10, 50), ready=4, mu_capacity_per_replica=10))
+    assert decision.desired == 8
+    assert decision.inputs["signal"] == "mu"
+    # the request count is recorded alongside: 10 / (10 · 0.7) ≈ 1.43 replicas
+    assert decision.inputs["up_need_requests"] == pytest.approx(10 / 7, abs=1e-3)
+    assert decision.inputs["up_need_mu"] == pytest.approx(50 / 7, abs=1e-3)
+
+
+def test_many_light_requests_need_fewer_replicas_in_mu_than_in_requests():
+    # 60 short requests (1 MU each) against 10 per replica = 35 MU per replica (3.5-MU reference request):
+    # by count they would need ceil(60 / 7) = 9 replicas, by cost ceil(60 / 24.5) = 3.
+    decision = decide(inputs(mu_series(60, 60), ready=3, mu_capacity_per_replica=35))
+    assert decision.desired == 3 and decision.inputs["signal"] == "mu"
+    assert decide(inputs(mu_series(60, 60), ready=3)).desired == 7  # requests only: 3 + max(2×, +4) step bound
+
+
+def test_requests_decide_when_the_demand_carries_no_mu():
+    # A proxy that reports no MU (or an endpoint without coefficients): the request count still scales.
+    decision = decide(inputs(mu_series(42, 0), ready=4, mu_capacity_per_replica=35))
+    assert decision.desired == 6 and decision.inputs["signal"] == "requests"
+
+
+def test_scale_down_window_is_in_mu_too():
+    # 5 minutes of 70 MU then quiet: the 5-minute MU peak (70 / (35 · 0.7) → 3) holds 3 of 3 replicas.
+    samples = [DemandSample(t=1 + i, in_flight=20, in_flight_mu=70 if i < 200 else 3.5) for i in range(300)]
+    assert decide(inputs(samples, ready=3, mu_capacity_per_replica=35)).desired == 3
+    later = [DemandSample(t=1 + i, in_flight=20, in_flight_mu=3.5) for i in range(300)]
+    # 20 requests would hold ceil(20 / 7) = 3, but 3.5 MU needs one: a bounded step down (20% of 3 → 1)
+    assert decide(inputs(later, ready=3, mu_capacity_per_replica=35)).desired == 2
+
+
+def test_mu_capacity_is_target_concurrency_in_reference_requests():
+    assert mu_capacity_per_replica(64, 3.55) == pytest.approx(227.2)
+    with pytest.raises(ValueError):
+        mu_capacity_per_replica(0, 3.55)
 
 
 def test_bad_configuration_is_refused():

@@ -67,14 +67,17 @@ def report(client, endpoint, process, **demand):
 
 def test_demand_from_fresh_proxy_reports_scales_up_and_is_recorded(clean_store, actuator, endpoint):
     now = time.time()
-    report(clean_store, endpoint, "proxy-1", t=now, in_flight=20, queued=10, in_flight_mu=4, queued_mu=2)
-    report(clean_store, endpoint, "proxy-2", t=now - 1, in_flight=5, queued=0)
-    report(clean_store, endpoint, "proxy-dead", t=now - 60, in_flight=500, queued=0)
+    # MU of one reference request (500 in / 300 out) under the endpoint's coefficients: a replica holds 10 of them
+    ref = services.mu_capacity_for(endpoint) / 10
+    report(clean_store, endpoint, "proxy-1", t=now, in_flight=20, queued=10, in_flight_mu=20 * ref, queued_mu=10 * ref)
+    report(clean_store, endpoint, "proxy-2", t=now - 1, in_flight=5, queued=0, in_flight_mu=5 * ref)
+    report(clean_store, endpoint, "proxy-dead", t=now - 60, in_flight=500, queued=0, in_flight_mu=500 * ref)
     decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now)
-    # 35 requests against 10 per replica at 0.7 → 5 replicas; from 1 a step may add 4
+    # 35 reference requests' MU against 10 per replica at 0.7 → 5 replicas; from 1 a step may add 4
     assert (decision.current, decision.desired, decision.applied) == (1, 5, True)
     assert decision.reason.startswith("scale up")
-    assert decision.inputs["up_need"] == 5.0 and decision.inputs["ready"] == 1
+    assert decision.inputs["up_need"] == pytest.approx(5.0) and decision.inputs["ready"] == 1
+    assert decision.inputs["signal"] == "mu" and decision.inputs["up_need_requests"] == 5.0
     assert decision.inputs["actions"][0].startswith("launched 4")
     assert actuator.launched == [(endpoint.pk, 4, False)]
     endpoint.refresh_from_db()
@@ -83,6 +86,16 @@ def test_demand_from_fresh_proxy_reports_scales_up_and_is_recorded(clean_store, 
     assert services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now) is None
     assert AutoscalerDecision.objects.filter(endpoint=endpoint).count() == 1
     assert len(actuator.launched) == 1
+
+
+def test_scale_up_weighs_requests_by_their_mu(clean_store, actuator, endpoint):
+    # 35 requests in flight, but short ones: together they cost what 14 reference requests cost → ceil(14 / 7) = 2
+    now = time.time()
+    ref = services.mu_capacity_for(endpoint) / 10
+    report(clean_store, endpoint, "proxy-1", t=now, in_flight=35, queued=0, in_flight_mu=14 * ref)
+    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-mu", now=now)
+    assert (decision.current, decision.desired) == (1, 2)
+    assert decision.inputs["signal"] == "mu" and decision.inputs["up_need_requests"] == 5.0
 
 
 def test_one_decision_per_tick_with_two_workers(clean_store, actuator, endpoint, monkeypatch):
