@@ -115,14 +115,30 @@ def endpoint_create(*, actor=None, **fields) -> Endpoint:
     with transaction.atomic():
         endpoint.save()
         _audit(actor=actor, action="endpoint.create", endpoint=endpoint, detail={"name": endpoint.name})
+        from endpoints.rollouts.services import ensure_current_version
+
+        ensure_current_version(endpoint)  # version 1
     return endpoint
 
 
 def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
-    """Change an endpoint's settings. Desired replicas follow new bounds (clamped into [min, max])."""
+    """Change an endpoint's settings. Desired replicas follow new bounds (clamped into [min, max]).
+
+    Model, profiles, runtime and launch options form a version: changing them creates a new version and, when
+    running replicas must be replaced, starts a rollout (the fields change when it promotes); the rest applies live.
+    """
     unknown = set(changes) - ENDPOINT_EDITABLE_FIELDS
     if unknown:
         raise ValidationError({name: ["not changeable here"] for name in sorted(unknown)})
+    from endpoints.models import VERSIONED_FIELDS
+    from endpoints.rollouts.services import apply_versioned_changes
+
+    versioned = {name: changes.pop(name) for name in VERSIONED_FIELDS if name in changes}
+    if versioned:
+        with transaction.atomic():
+            apply_versioned_changes(endpoint=endpoint, user=actor, **versioned)
+            endpoint.refresh_from_db()
+            return endpoint_update(endpoint=endpoint, actor=actor, **changes) if changes else endpoint
     before = {name: _plain(getattr(endpoint, name)) for name in changes}
     for name, value in changes.items():
         setattr(endpoint, name, value)

@@ -16,6 +16,12 @@ from endpoints.services import IllegalTransition, replica_transition
 log = logging.getLogger(__name__)
 
 
+def launch_version_id(endpoint: Endpoint) -> int | None:
+    """The version a launch starts: the one a rollout asked for (``rollouts.services.version_endpoint``), else the
+    endpoint's serving version (the autoscaler only ever scales that one)."""
+    return getattr(endpoint, "launch_version_id", None) or endpoint.current_version_id
+
+
 class ActuatorError(Exception):
     """The actuator could not do what it was asked (no free port, API refused, bad launch options)."""
 
@@ -42,7 +48,12 @@ class Actuator(ABC):
             raise ActuatorError(f"replica {replica.pk} belongs to actuator {replica.actuator!r}, not {self.name!r}")
         standby = replica.is_standby
         self.terminate([replica], reason="restart")  # also when the row is already stopped: the process may not be
-        return self.launch(replica.endpoint, 1, standby=standby)
+        endpoint = replica.endpoint
+        if replica.version_id and replica.version_id != endpoint.current_version_id:
+            from endpoints.rollouts.services import version_endpoint
+
+            endpoint = version_endpoint(endpoint, replica.version)  # a replica of a rollout's new version
+        return self.launch(endpoint, 1, standby=standby)
 
     def owns(self, replica: Replica) -> bool:
         return replica.actuator == self.name

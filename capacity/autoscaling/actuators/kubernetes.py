@@ -181,6 +181,7 @@ class KubernetesActuator(Actuator):
                     actuator_ref=name,
                     url=f"http://{ip}:{port}" if ip else "",
                     concurrency_limit=endpoint.concurrency_limit,
+                    version_id=endpoint.current_version_id,  # one Deployment per endpoint: its serving version
                 )
                 self.move(row, ReplicaState.STARTING, f"pod {status.get('phase', 'Pending')}")
             if ip and not row.url:

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from capacity.autoscaling.actuators.base import Actuator, ActuatorError
+from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import launch_env
@@ -128,6 +128,7 @@ class LocalActuator(Actuator):
                 actuator=self.name,
                 is_standby=standby,
                 concurrency_limit=endpoint.concurrency_limit,
+                version_id=launch_version_id(endpoint),
             )
             env = {**os.environ, **self._child_env(), **launch_vars}
             with open(log_dir / f"{endpoint.name.replace('/', '_')}-{name}.log", "ab") as out:

@@ -1,0 +1,644 @@
+"""Writes for endpoint versions and rollouts, and the rollout tick that applies the state machine's decisions.
+
+Versions: ``create_version`` (a new immutable version from the current one plus changes), ``activate_version``
+(switch at once, for endpoints with no replicas to replace), ``apply_versioned_changes`` (what an endpoint update
+calls: a new version, then a rollout or a direct switch).
+Rollouts: ``start_rollout``, ``pause_rollout``, ``resume_rollout``, ``promote_rollout``, ``rollback_rollout`` (each
+with an audit entry and a ``RolloutEvent``), and ``rollout_tick`` (Celery beat, every few seconds).
+
+A tick is idempotent and keeps nothing in memory: it observes the replicas and usage records, asks
+``machine.decide`` and records the decision in the row (a compare-and-set on the state the decision was based on)
+*before* acting; a worker that dies after the record re-does the idempotent action (drain, launch the shortfall)
+on the next tick from the recorded state.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from datetime import datetime
+
+import httpx
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from endpoints.models import (
+    ROLLOUT_ACTIVE_STATES,
+    VERSIONED_FIELDS,
+    Endpoint,
+    EndpointVersion,
+    Replica,
+    ReplicaState,
+    Rollout,
+    RolloutEvent,
+    RolloutState,
+    RolloutStrategy,
+)
+from endpoints.rollouts import machine
+from endpoints.rollouts.selectors import active_rollout, version_stats
+
+log = logging.getLogger(__name__)
+
+WARMUP_TIMEOUT_S = 30.0
+_FINAL = {RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED}
+
+
+# -- versions -------------------------------------------------------------------------------------------------
+def _spec_of(endpoint: Endpoint) -> dict:
+    return {
+        "model_profile": endpoint.model_profile_id,
+        "hardware_profile": endpoint.hardware_profile_id,
+        "runtime": endpoint.runtime,
+        "launch_options": endpoint.launch_options or {},
+    }
+
+
+def ensure_current_version(endpoint: Endpoint) -> EndpointVersion:
+    """The endpoint's serving version; version 1 is created from its fields when it has none yet."""
+    if endpoint.current_version_id:
+        return endpoint.current_version
+    with transaction.atomic():
+        locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if locked.current_version_id is None:
+            number = (locked.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+            version = EndpointVersion.objects.create(
+                endpoint=locked,
+                number=number,
+                model_profile_id=locked.model_profile_id,
+                hardware_profile_id=locked.hardware_profile_id,
+                runtime=locked.runtime,
+                launch_options=locked.launch_options or {},
+                note="initial version",
+            )
+            Endpoint.objects.filter(pk=locked.pk).update(current_version=version)
+            locked.current_version = version
+            # Replicas started before versions existed run this one.
+            Replica.objects.filter(endpoint=locked, version__isnull=True).update(version=version)
+    endpoint.current_version = locked.current_version
+    return endpoint.current_version
+
+
+def version_endpoint(endpoint: Endpoint, version: EndpointVersion) -> Endpoint:
+    """An unsaved copy of the endpoint carrying the version's fields, for the actuators to launch that version."""
+    view = copy.copy(endpoint)
+    view.model_profile_id = version.model_profile_id
+    view.hardware_profile_id = version.hardware_profile_id
+    view.runtime = version.runtime
+    view.launch_options = dict(version.launch_options or {})
+    view.launch_version_id = version.pk  # read by the actuators when they create the Replica row
+    for cached in ("model_profile", "hardware_profile"):
+        view._state.fields_cache.pop(cached, None)  # Django's copy gives the copy its own cache
+    return view
+
+
+def _clean_changes(endpoint: Endpoint, changes: dict) -> dict:
+    unknown = set(changes) - set(VERSIONED_FIELDS)
+    if unknown:
+        raise ValidationError({name: ["not part of a version"] for name in sorted(unknown)})
+    if not changes:
+        raise ValidationError("a new version needs at least one of: " + ", ".join(VERSIONED_FIELDS))
+    clean = {}
+    for name, value in changes.items():
+        if name in ("model_profile", "hardware_profile"):
+            value = getattr(value, "pk", value)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValidationError({name: ["must be a profile id"]})
+        clean[name] = value
+    # The endpoint's own validation (field choices, launch options, actuator, pinned benchmark) on the new spec.
+    from endpoints.services import _endpoint_validate
+
+    candidate = copy.copy(endpoint)
+    for name, value in clean.items():
+        setattr(candidate, f"{name}_id" if name.endswith("_profile") else name, value)
+    for cached in ("model_profile", "hardware_profile"):
+        candidate._state.fields_cache.pop(cached, None)
+    _endpoint_validate(candidate)
+    return clean
+
+
+def create_version(*, endpoint: Endpoint, user=None, note: str = "", **changes) -> EndpointVersion:
+    """A new version: the current version's fields with ``changes`` (model_profile, hardware_profile, runtime,
+    launch_options) applied. Versions are never edited; raises ValidationError when nothing would change."""
+    current = ensure_current_version(endpoint)
+    clean = _clean_changes(endpoint, changes)
+    spec = {**current.spec(), **clean}
+    if spec == current.spec():
+        raise ValidationError("nothing changed: the new version would equal the current one")
+    with transaction.atomic():
+        locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        number = (locked.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        version = EndpointVersion.objects.create(
+            endpoint=locked,
+            number=number,
+            model_profile_id=spec["model_profile"],
+            hardware_profile_id=spec["hardware_profile"],
+            runtime=spec["runtime"],
+            launch_options=spec["launch_options"],
+            created_by=_user(user),
+            note=note[:255],
+        )
+        _audit(
+            user,
+            "endpoint.version.create",
+            endpoint,
+            {"version": number, "changes": {k: [current.spec()[k], v] for k, v in clean.items()}},
+        )
+    return version
+
+
+def activate_version(*, endpoint: Endpoint, version: EndpointVersion, user=None, reason: str = "") -> Endpoint:
+    """Make ``version`` the serving one at once (no replicas are replaced: for endpoints without any to replace)."""
+    if version.endpoint_id != endpoint.pk:
+        raise ValidationError({"version": ["belongs to another endpoint"]})
+    with transaction.atomic():
+        if active_rollout(endpoint) is not None:
+            raise ValidationError("a rollout is in progress; promote or roll it back first")
+        previous = endpoint.current_version_id
+        _mirror(endpoint, version)
+        _audit(
+            user,
+            "endpoint.version.activate",
+            endpoint,
+            {"version": version.number, "reason": reason, "previous_version_id": previous},
+        )
+    return endpoint
+
+
+def _mirror(endpoint: Endpoint, version: EndpointVersion) -> None:
+    """The endpoint's own fields follow its serving version (the rest of the platform reads them)."""
+    fields = {
+        "current_version": version,
+        "model_profile_id": version.model_profile_id,
+        "hardware_profile_id": version.hardware_profile_id,
+        "runtime": version.runtime,
+        "launch_options": version.launch_options,
+        "updated_at": timezone.now(),
+    }
+    Endpoint.objects.filter(pk=endpoint.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(endpoint, name, value)
+    for cached in ("model_profile", "hardware_profile"):
+        endpoint._state.fields_cache.pop(cached, None)
+    transaction.on_commit(_bump)
+
+
+def needs_rollout(endpoint: Endpoint) -> bool:
+    """True when the endpoint's actuator runs replicas for it (they must be replaced by a rollout); hand-registered
+    replicas cannot be replaced, so a new version applies to the endpoint at once."""
+    from capacity.autoscaling.actuators import ActuatorError, get_actuator
+
+    try:
+        actuator = get_actuator(endpoint)
+    except ActuatorError:
+        return False
+    if actuator.name == "static":
+        return False
+    return endpoint.replicas.filter(
+        state__in=[ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY], actuator=actuator.name
+    ).exists()
+
+
+def apply_versioned_changes(*, endpoint: Endpoint, user=None, note: str = "", **changes) -> Rollout | None:
+    """What an endpoint update calls for model / profile / runtime / launch-option changes: a new version, then
+    an all-at-once rollout when running replicas must be replaced, else a direct switch. Returns the rollout."""
+    current = ensure_current_version(endpoint)
+    if {**current.spec(), **{k: getattr(v, "pk", v) for k, v in changes.items()}} == current.spec():
+        return None
+    if active_rollout(endpoint) is not None:
+        raise ValidationError("a rollout is in progress; promote or roll it back before changing the version")
+    version = create_version(endpoint=endpoint, user=user, note=note, **changes)
+    if needs_rollout(endpoint):
+        return start_rollout(endpoint=endpoint, to_version=version, user=user)
+    activate_version(endpoint=endpoint, version=version, user=user, reason="no running replicas to replace")
+    return None
+
+
+# -- rollouts: operator actions ---------------------------------------------------------------------------------
+def start_rollout(
+    *,
+    endpoint: Endpoint,
+    to_version: EndpointVersion,
+    user=None,
+    strategy: str = RolloutStrategy.ALL_AT_ONCE,
+    canary_steps: list[int] | None = None,
+    step_duration_s: int = 60,
+    max_surge: int = 2,
+    health_timeout_s: int = 600,
+    error_rate_margin: float = 0.05,
+    latency_burn_margin: float = 0.10,
+    min_samples: int = 20,
+) -> Rollout:
+    """Start moving the endpoint's traffic to ``to_version``; the beat task's ticks carry it out."""
+    from_version = ensure_current_version(endpoint)
+    errors: dict[str, list[str]] = {}
+    if to_version.endpoint_id != endpoint.pk:
+        errors["to_version"] = ["belongs to another endpoint"]
+    elif to_version.pk == from_version.pk:
+        errors["to_version"] = ["is already the serving version"]
+    if strategy not in RolloutStrategy.values:
+        errors["strategy"] = [f"one of {', '.join(RolloutStrategy.values)}"]
+    steps = canary_steps if canary_steps is not None else [10, 50, 100]
+    try:
+        steps = machine.validate_canary_steps(steps)
+    except ValueError as exc:
+        errors["canary_steps"] = [str(exc)]
+    for name, value, low in (
+        ("max_surge", max_surge, 1),
+        ("step_duration_s", step_duration_s, 1),
+        ("health_timeout_s", health_timeout_s, 1),
+        ("min_samples", min_samples, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            errors[name] = [f"must be a whole number of at least {low}"]
+    for name, value in (("error_rate_margin", error_rate_margin), ("latency_burn_margin", latency_burn_margin)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            errors[name] = ["must be a fraction between 0 and 1"]
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if active_rollout(endpoint) is not None:
+            raise ValidationError("a rollout is already in progress for this endpoint")
+        baseline = _replicas_of(endpoint, from_version, current=from_version).filter(state=ReplicaState.READY).count()
+        rollout = Rollout.objects.create(
+            endpoint=endpoint,
+            from_version=from_version,
+            to_version=to_version,
+            strategy=strategy,
+            canary_steps=steps,
+            step_duration_s=step_duration_s,
+            max_surge=max_surge,
+            health_timeout_s=health_timeout_s,
+            error_rate_margin=float(error_rate_margin),
+            latency_burn_margin=float(latency_burn_margin),
+            min_samples=min_samples,
+            baseline_ready=baseline,
+            created_by=_user(user),
+        )
+        _event(
+            rollout,
+            "created",
+            "",
+            RolloutState.PENDING,
+            f"v{from_version.number} → v{to_version.number}, {strategy}, baseline {baseline} ready replica(s)",
+        )
+        _audit(
+            user,
+            "rollout.start",
+            endpoint,
+            {"rollout": rollout.pk, "from": from_version.number, "to": to_version.number, "strategy": strategy},
+        )
+    return rollout
+
+
+def pause_rollout(*, rollout: Rollout, user=None, reason: str = "") -> Rollout:
+    def change(locked: Rollout) -> str:
+        if locked.state not in (RolloutState.PENDING, RolloutState.SURGING, RolloutState.SHIFTING):
+            raise ValidationError(f"a {locked.state} rollout cannot be paused")
+        locked.paused_from = locked.state
+        return RolloutState.PAUSED
+
+    return _operator_action(rollout, user, "pause", change, reason or "paused by an operator")
+
+
+def resume_rollout(*, rollout: Rollout, user=None, reason: str = "") -> Rollout:
+    def change(locked: Rollout) -> str:
+        if locked.state != RolloutState.PAUSED:
+            raise ValidationError("only a paused rollout can be resumed")
+        to_state, locked.paused_from = locked.paused_from or RolloutState.PENDING, ""
+        if to_state == RolloutState.SHIFTING:
+            locked.step_started_at = timezone.now()  # the canary is observed afresh after a pause
+        return to_state
+
+    return _operator_action(rollout, user, "resume", change, reason or "resumed by an operator")
+
+
+def promote_rollout(*, rollout: Rollout, user=None, reason: str = "") -> Rollout:
+    """Skip the remaining canary steps: all traffic to the new version once all its replicas are warmed up."""
+
+    def change(locked: Rollout) -> str:
+        state = locked.paused_from if locked.state == RolloutState.PAUSED else locked.state
+        if state == RolloutState.SHIFTING:
+            locked.traffic_percent, locked.paused_from = 100, ""
+            locked.step_started_at = timezone.now()
+            return RolloutState.PROMOTING
+        if state in (RolloutState.PENDING, RolloutState.SURGING):
+            # Not ready for traffic yet: go straight to 100 % as soon as the new replicas are warmed up.
+            locked.strategy = RolloutStrategy.ALL_AT_ONCE
+            locked.paused_from = ""
+            return state
+        raise ValidationError(f"a {locked.state} rollout cannot be promoted")
+
+    return _operator_action(rollout, user, "promote", change, reason or "promoted by an operator")
+
+
+def rollback_rollout(*, rollout: Rollout, user=None, reason: str = "") -> Rollout:
+    """Traffic back to the old version and the new one drained (before the old version started draining)."""
+
+    def change(locked: Rollout) -> str:
+        if locked.state not in machine.ROLLBACK_FROM:
+            raise ValidationError(f"a {locked.state} rollout cannot be rolled back")
+        locked.traffic_percent, locked.paused_from = 0, ""
+        return RolloutState.ROLLING_BACK
+
+    return _operator_action(rollout, user, "rollback", change, reason or "rolled back by an operator")
+
+
+def _operator_action(rollout: Rollout, user, kind: str, change, reason: str) -> Rollout:
+    with transaction.atomic():
+        locked = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        before = locked.state
+        to_state = change(locked)
+        now = timezone.now()
+        if to_state != before:
+            locked.state, locked.state_changed_at = to_state, now
+        locked.reason = reason[:500]
+        locked.save()
+        _event(locked, kind, before, to_state, reason, {"by": getattr(user, "username", "") or "system"})
+        _audit(
+            user,
+            f"rollout.{kind}",
+            locked.endpoint,
+            {"rollout": locked.pk, "from_state": before, "to_state": to_state, "reason": reason},
+        )
+        transaction.on_commit(_bump)
+    return locked
+
+
+# -- the tick -------------------------------------------------------------------------------------------------
+def tick_active_rollouts(*, now: datetime | None = None) -> list[int]:
+    ticked = []
+    for rollout_id in Rollout.objects.filter(state__in=ROLLOUT_ACTIVE_STATES).values_list("id", flat=True):
+        try:
+            rollout_tick(rollout_id=rollout_id, now=now)
+        except Exception:  # noqa: BLE001 - one broken rollout must not stop the others
+            log.exception("rollout %s: tick failed", rollout_id)
+        ticked.append(rollout_id)
+    return ticked
+
+
+def rollout_tick(*, rollout_id: int, now: datetime | None = None) -> Rollout | None:
+    """Observe, decide, record, act, for one rollout. None when another worker holds its lock."""
+    from capacity.autoscaling import store
+
+    rollout = Rollout.objects.select_related("endpoint", "from_version", "to_version").get(pk=rollout_id)
+    with store.TickLock(axis="rollout", endpoint_id=rollout.endpoint_id, ttl_s=120) as lock:
+        if not lock.held:
+            return None
+        rollout.refresh_from_db()
+        if rollout.state in _FINAL or rollout.state == RolloutState.PAUSED:
+            return rollout
+        return _tick(rollout, now or timezone.now())
+
+
+def _tick(rollout: Rollout, now: datetime) -> Rollout:
+    from capacity.autoscaling.actuators import ActuatorError, get_actuator
+    from capacity.autoscaling.services import finish_drains
+
+    endpoint = rollout.endpoint
+    actuator = get_actuator(endpoint)
+    try:
+        actuator.sync(endpoint)
+    except Exception:  # noqa: BLE001 - the observation below still holds what the rows say
+        log.exception("rollout %s: actuator sync failed", rollout.pk)
+    finish_drains(endpoint=endpoint, actuator=actuator)
+    _warm_up(rollout)
+    facts = _facts(rollout, now)
+    decision = machine.decide(facts, _config(rollout))
+    if not _record(rollout, facts, decision, now):
+        return rollout  # an operator (or another worker) changed the row meanwhile: the next tick decides again
+    if decision.launch:
+        try:
+            started = actuator.launch(version_endpoint(endpoint, rollout.to_version), decision.launch)
+            _event(
+                rollout,
+                "launched",
+                rollout.state,
+                rollout.state,
+                f"started {decision.launch} new-version replica(s)",
+                {"replicas": [r.name for r in started]},
+            )
+        except ActuatorError as exc:
+            _event(rollout, "launch_failed", rollout.state, rollout.state, str(exc)[:500])
+    if decision.drain_old:
+        _drain(rollout, actuator, old=True)
+    if decision.drain_new:
+        _drain(rollout, actuator, old=False)
+    return rollout
+
+
+def _config(rollout: Rollout) -> machine.RolloutConfig:
+    return machine.RolloutConfig(
+        strategy=rollout.strategy,
+        canary_steps=tuple(rollout.canary_steps or ()),
+        step_duration_s=float(rollout.step_duration_s),
+        max_surge=rollout.max_surge,
+        health_timeout_s=float(rollout.health_timeout_s),
+        error_rate_margin=rollout.error_rate_margin,
+        latency_burn_margin=rollout.latency_burn_margin,
+        min_samples=rollout.min_samples,
+    )
+
+
+def _replicas_of(endpoint: Endpoint, version: EndpointVersion, *, current: EndpointVersion | None):
+    """A version's replicas; unversioned (hand-registered) ones count as ``current``."""
+    match = Q(version=version)
+    if current is not None and current.pk == version.pk:
+        match |= Q(version__isnull=True)
+    return Replica.objects.filter(match, endpoint=endpoint, is_standby=False)
+
+
+def _new_replicas(rollout: Rollout):
+    return _replicas_of(rollout.endpoint, rollout.to_version, current=None).filter(created_at__gte=rollout.created_at)
+
+
+def _old_replicas(rollout: Rollout):
+    return _replicas_of(rollout.endpoint, rollout.from_version, current=rollout.from_version)
+
+
+def _facts(rollout: Rollout, now: datetime) -> machine.RolloutFacts:
+    warmed = set(rollout.warmed_replica_ids or ())
+    new = list(_new_replicas(rollout).values("id", "name", "state", "failure_reason"))
+    old_states = list(_old_replicas(rollout).values_list("state", flat=True))
+    count = lambda states, s: sum(1 for x in states if x == s)  # noqa: E731
+    new_states = [r["state"] for r in new]
+    failures = tuple(
+        f"{r['name']}: {r['failure_reason'] or 'failed'}"
+        for r in new
+        if r["state"] == ReplicaState.FAILED or (r["state"] == ReplicaState.STOPPED and r["failure_reason"])
+    )
+    canary = baseline = machine.VersionStats()
+    if rollout.state == RolloutState.SHIFTING and rollout.step_started_at is not None:
+        stats = version_stats(endpoint=rollout.endpoint, since=rollout.step_started_at)
+        canary = stats.get(rollout.to_version_id, canary)
+        baseline = stats.get(rollout.from_version_id, baseline)
+    return machine.RolloutFacts(
+        state=rollout.state,
+        now=now.timestamp(),
+        state_since=rollout.state_changed_at.timestamp(),
+        traffic_percent=rollout.traffic_percent,
+        step_index=rollout.step_index,
+        step_started_at=rollout.step_started_at.timestamp() if rollout.step_started_at else None,
+        baseline_ready=rollout.baseline_ready,
+        new_starting=count(new_states, ReplicaState.PENDING) + count(new_states, ReplicaState.STARTING),
+        new_ready=sum(1 for r in new if r["state"] == ReplicaState.READY and r["id"] not in warmed),
+        new_warmed=sum(1 for r in new if r["state"] == ReplicaState.READY and r["id"] in warmed),
+        new_draining=count(new_states, ReplicaState.DRAINING),
+        new_failures=failures,
+        old_ready=count(old_states, ReplicaState.READY),
+        old_draining=count(old_states, ReplicaState.DRAINING)
+        + count(old_states, ReplicaState.PENDING)
+        + count(old_states, ReplicaState.STARTING),
+        canary=canary,
+        baseline=baseline,
+    )
+
+
+def _record(rollout: Rollout, facts: machine.RolloutFacts, decision: machine.Decision, now: datetime) -> bool:
+    """Store the decision if the row still holds what it was based on (compare-and-set); events and the
+    endpoint's serving version change in the same transaction."""
+    changes: dict = {}
+    if decision.state != rollout.state:
+        changes.update(state=decision.state, state_changed_at=now)
+    if decision.traffic_percent != rollout.traffic_percent:
+        changes["traffic_percent"] = decision.traffic_percent
+    if decision.step_index != rollout.step_index:
+        changes["step_index"] = decision.step_index
+    if decision.new_step:
+        changes["step_started_at"] = now
+    if decision.kind and decision.reason:
+        changes["reason"] = decision.reason[:500]
+    if rollout.started_at is None and decision.state != RolloutState.PENDING:
+        changes["started_at"] = now
+    if decision.state in _FINAL:
+        changes["finished_at"] = now
+    if not changes and not decision.kind:
+        return True
+    with transaction.atomic():
+        updated = Rollout.objects.filter(pk=rollout.pk, state=rollout.state, updated_at=rollout.updated_at).update(
+            **changes, updated_at=now
+        )
+        if not updated:
+            return False
+        before = rollout.state
+        for name, value in changes.items():
+            setattr(rollout, name, value)
+        rollout.updated_at = now
+        if decision.kind:
+            _event(rollout, decision.kind, before, decision.state, decision.reason, _facts_data(facts))
+        if decision.state == RolloutState.PROMOTING and before != RolloutState.PROMOTING:
+            _mirror(rollout.endpoint, rollout.to_version)
+        if decision.state == RolloutState.ROLLING_BACK and before != RolloutState.ROLLING_BACK:
+            _audit(
+                None,
+                "rollout.rollback",
+                rollout.endpoint,
+                {"rollout": rollout.pk, "reason": decision.reason, "automatic": True},
+            )
+        if "traffic_percent" in changes or "state" in changes:
+            transaction.on_commit(_bump)
+    return True
+
+
+def _facts_data(facts: machine.RolloutFacts) -> dict:
+    return {
+        "new": {
+            "starting": facts.new_starting,
+            "ready": facts.new_ready,
+            "warmed": facts.new_warmed,
+            "draining": facts.new_draining,
+            "failures": list(facts.new_failures),
+        },
+        "old": {"ready": facts.old_ready, "draining": facts.old_draining},
+        "canary": vars(facts.canary)
+        | {"error_rate": round(facts.canary.error_rate, 4), "latency_burn": round(facts.canary.latency_burn, 4)},
+        "baseline": vars(facts.baseline)
+        | {"error_rate": round(facts.baseline.error_rate, 4), "latency_burn": round(facts.baseline.latency_burn, 4)},
+    }
+
+
+def _drain(rollout: Rollout, actuator, *, old: bool) -> None:
+    """Stop routing to one version's replicas through the autoscaler's drain path (in-flight requests finish)."""
+    replicas = _old_replicas(rollout) if old else _new_replicas(rollout)
+    label = f"rollout {rollout.pk}: " + ("replaced by the new version" if old else "rolled back")
+    for replica in replicas.filter(state=ReplicaState.READY):
+        if actuator.move(replica, ReplicaState.DRAINING, label):
+            _event(
+                rollout,
+                "drain",
+                rollout.state,
+                rollout.state,
+                f"draining {replica.name}",
+                {"replica": replica.pk, "version": "old" if old else "new"},
+            )
+    booting = list(replicas.filter(state__in=[ReplicaState.PENDING, ReplicaState.STARTING]))
+    if booting:
+        actuator.terminate(booting, reason=label)
+    standby_versions = [rollout.from_version_id] if old else [rollout.to_version_id]
+    standbys = list(
+        Replica.objects.filter(endpoint=rollout.endpoint, is_standby=True, version_id__in=standby_versions).exclude(
+            state__in=[ReplicaState.STOPPED]
+        )
+    )
+    if standbys:
+        actuator.terminate(standbys, reason=label)
+
+
+def _warm_up(rollout: Rollout) -> None:
+    """One short completion on each healthy new replica before it may take traffic (loads kernels, fills caches)."""
+    if rollout.state not in (RolloutState.SURGING, RolloutState.SHIFTING):
+        return
+    warmed = list(rollout.warmed_replica_ids or ())
+    fresh = _new_replicas(rollout).filter(state=ReplicaState.READY).exclude(pk__in=warmed)
+    added = []
+    for replica in fresh:
+        ok, detail = warm_up_request(replica.url, model=rollout.endpoint.name)
+        if ok:
+            added.append(replica.pk)
+        _event(
+            rollout,
+            "warm_up",
+            rollout.state,
+            rollout.state,
+            f"{replica.name}: warm-up {'passed' if ok else 'failed'}{': ' + detail if detail else ''}",
+            {"replica": replica.pk, "ok": ok},
+        )
+    if added:
+        rollout.warmed_replica_ids = warmed + added
+        Rollout.objects.filter(pk=rollout.pk).update(warmed_replica_ids=rollout.warmed_replica_ids)
+
+
+def warm_up_request(url: str, *, model: str, timeout_s: float = WARMUP_TIMEOUT_S) -> tuple[bool, str]:
+    body = {"model": model, "prompt": "warm-up", "max_tokens": 1, "temperature": 0}
+    try:
+        response = httpx.post(f"{url.rstrip('/')}/v1/completions", json=body, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return False, f"{type(exc).__name__}: {exc}"[:200]
+    if response.status_code != 200:
+        return False, f"HTTP {response.status_code}"
+    return True, ""
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+def _event(rollout: Rollout, kind: str, from_state: str, to_state: str, message: str, data: dict | None = None):
+    return RolloutEvent.objects.create(
+        rollout=rollout, kind=kind, from_state=from_state, to_state=to_state, message=message[:500], data=data or {}
+    )
+
+
+def _user(user):
+    return user if getattr(user, "pk", None) and hasattr(user, "role") else None
+
+
+def _audit(user, action: str, endpoint: Endpoint, detail: dict) -> None:
+    from tenants.services import audit_log
+
+    audit_log(actor=user, action=action, obj=endpoint, tenant=endpoint.owner_tenant, detail=detail)
+
+
+def _bump() -> None:
+    from endpoints.proxy.signals import bump_config_version
+
+    bump_config_version()
