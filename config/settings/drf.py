@@ -30,5 +30,6 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "PriorityClassEnum": "tenants.models.PriorityClass",
         "ReplicaStateEnum": "endpoints.models.ReplicaState",
+        "RolloutStateEnum": "endpoints.models.RolloutState",
     },
 }

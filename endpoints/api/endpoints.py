@@ -1,6 +1,7 @@
 """/api/v1/endpoints/: create, update, scale and delete endpoints (the OpenAI ``model`` names tenants call)."""
 
-from django.db.models import Count, Q
+from django.db import transaction
+from django.db.models import Count, OuterRef, Q, Subquery
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import action
@@ -8,7 +9,8 @@ from rest_framework.response import Response
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
-from endpoints.models import Endpoint, ReplicaState
+from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, ReplicaState, Rollout
+from endpoints.rollouts.services import apply_versioned_changes
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
 from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_update
 from tenants.models import Tenant
@@ -30,6 +32,16 @@ class EndpointSerializer(serializers.ModelSerializer):
     )
     launch_options = serializers.DictField(required=False, help_text="runtime launch options (JSON object)")
     ready_replicas = serializers.IntegerField(read_only=True, default=0)
+    current_version = serializers.PrimaryKeyRelatedField(
+        read_only=True, allow_null=True, help_text="the version serving traffic (see /endpoint-versions/)"
+    )
+    active_rollout = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="the rollout in progress, if any: a PATCH of model, profiles, runtime or launch options creates a "
+        "new version and starts one when running replicas must be replaced",
+    )
 
     class Meta:
         model = Endpoint
@@ -37,10 +49,11 @@ class EndpointSerializer(serializers.ModelSerializer):
             "id", "name", "owner_tenant", "model_profile", "hardware_profile", "pinned_benchmark", "runtime",
             "launch_options", "min_replicas", "max_replicas", "desired_replicas", "ready_replicas", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
-            "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "created_at", "updated_at",
+            "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "current_version", "active_rollout", "created_at",
+            "updated_at",
         ]  # fmt: skip
         # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].
-        read_only_fields = ["id", "desired_replicas", "created_at", "updated_at"]
+        read_only_fields = ["id", "desired_replicas", "current_version", "created_at", "updated_at"]
 
     def validate(self, attrs):
         principal = principal_from(self)
@@ -64,8 +77,10 @@ class EndpointViewSet(ScopedModelViewSet):
     ordering_fields = ["name", "created_at", "desired_replicas"]
 
     def visible_queryset(self, principal):
+        active = Rollout.objects.filter(endpoint=OuterRef("pk"), state__in=ROLLOUT_ACTIVE_STATES).values("pk")[:1]
         return endpoints_visible_to(principal).annotate(
-            ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY))
+            ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+            active_rollout=Subquery(active),
         )
 
     def may_change(self, principal, obj) -> bool:
@@ -76,7 +91,21 @@ class EndpointViewSet(ScopedModelViewSet):
         return endpoint_create(actor=self.request.user, **data)
 
     def update_object(self, instance, data):
-        return endpoint_update(endpoint=instance, actor=self.request.user, **data)
+        """Live settings apply at once (the proxy follows within a second, nothing restarts); a change of model,
+        profiles, runtime or launch options makes a new version, rolled out when running replicas must be replaced."""
+        versioned = {
+            name: data.pop(name)
+            for name in VERSIONED_FIELDS
+            if name in data and _plain(data[name]) != _plain(getattr(instance, name))
+        }
+        for name in VERSIONED_FIELDS:
+            data.pop(name, None)  # unchanged: nothing to do
+        with transaction.atomic():
+            if data:
+                instance = endpoint_update(endpoint=instance, actor=self.request.user, **data)
+            if versioned:
+                apply_versioned_changes(endpoint=instance, user=self.request.user, **versioned)
+        return self.visible_queryset(self.request.user).get(pk=instance.pk)  # with the new version and rollout
 
     def delete_object(self, instance):
         endpoint_delete(endpoint=instance, actor=self.request.user)
@@ -95,6 +124,10 @@ class EndpointViewSet(ScopedModelViewSet):
             actor=request.user,
         )
         return Response(self.get_serializer(self.get_object()).data)
+
+
+def _plain(value):
+    return getattr(value, "pk", value)
 
 
 def register(router) -> None:

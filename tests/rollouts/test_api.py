@@ -1,0 +1,253 @@
+"""REST API for endpoint versions and rollouts: the NetBox-style resource checks (roles, tenant isolation, field
+errors, no N+1), the operator actions with their events and audit entries, and endpoint PATCHes that make a new
+version (switched at once without running replicas, rolled out with them) while config-only changes make none."""
+
+import pytest
+from django.urls import reverse
+
+from endpoints.models import Endpoint, EndpointVersion, Rollout, RolloutState
+from endpoints.rollouts.services import create_version, ensure_current_version, start_rollout
+from tenants.models import AuditEntry
+from tenants.services import api_key_create
+from tests.api.base import APIResourceCase
+from tests.api.conftest import World
+from tests.factories import EndpointFactory, ModelProfileFactory, ReplicaFactory
+
+_speed = iter(range(2, 10**6))
+
+
+@pytest.fixture
+def world(operator, tenant_a, tenant_b) -> World:
+    _, raw = api_key_create(tenant=tenant_a.tenant, name="a read-only", scopes=["read"])
+    return World(operator=operator, a=tenant_a, b=tenant_b, a_read_key_raw=raw)
+
+
+def side_of(world, side):
+    return world.a if side == "a" else world.b
+
+
+def new_version(endpoint, **changes) -> EndpointVersion:
+    return create_version(endpoint=endpoint, launch_options={"speed": next(_speed)}, **changes)
+
+
+def finished_rollout(endpoint) -> Rollout:
+    current = ensure_current_version(endpoint)
+    return Rollout.objects.create(
+        endpoint=endpoint, from_version=current, to_version=new_version(endpoint), state=RolloutState.SUCCEEDED
+    )
+
+
+class TestEndpointVersions(APIResourceCase):
+    basename = "endpoint-version"
+    model = EndpointVersion
+    write_access = None
+
+    def make(self, world, side):
+        return new_version(side_of(world, side).endpoint)
+
+    def tenant_of(self, obj):
+        return obj.endpoint.owner_tenant_id
+
+
+class TestRollouts(APIResourceCase):
+    basename = "rollout"
+    model = Rollout
+    write_access = "operators"
+    supports_delete = False
+    # A rollout is never edited: it is steered with actions (tested below).
+    test_writer_updates = None
+    test_reader_cannot_update = None
+    test_other_tenants_object_cannot_be_changed = None
+
+    def make(self, world, side):
+        return finished_rollout(side_of(world, side).endpoint)
+
+    def tenant_of(self, obj):
+        return obj.endpoint.owner_tenant_id
+
+    def create_payload(self, world):
+        endpoint = EndpointFactory(owner_tenant=world.a.tenant)
+        return {"endpoint": endpoint.pk, "to_version": new_version(endpoint).pk, "strategy": "canary"}
+
+    def invalid_payloads(self, world):
+        endpoint = EndpointFactory(owner_tenant=world.a.tenant)
+        good = {"endpoint": endpoint.pk, "to_version": new_version(endpoint).pk}
+        current = ensure_current_version(endpoint)
+        return [
+            ({"to_version": good["to_version"]}, "endpoint"),
+            ({**good, "to_version": new_version(world.b.endpoint).pk}, "to_version"),
+            ({**good, "to_version": current.pk}, "to_version"),  # already serving
+            ({**good, "to_version": 10**9}, "to_version"),
+            ({**good, "strategy": "yolo"}, "strategy"),
+            ({**good, "strategy": "canary", "canary_steps": [50, 10]}, "canary_steps"),
+            ({**good, "strategy": "canary", "canary_steps": [10, 50]}, "canary_steps"),  # must end at 100
+            ({**good, "max_surge": 0}, "max_surge"),
+            ({**good, "error_rate_margin": 2}, "error_rate_margin"),
+            ({**good, "step_duration_s": "soon"}, "step_duration_s"),
+        ]
+
+
+# --- actions ------------------------------------------------------------------------------------------------------
+
+
+def act(client, rollout, name, reason=""):
+    return client.post(reverse(f"rollout-{name}", args=[rollout.pk]), {"reason": reason}, format="json")
+
+
+def test_operator_pauses_resumes_and_rolls_back_with_events_and_audit_entries(world):
+    endpoint = world.a.endpoint
+    client = world.client("operator")
+    response = client.post(
+        reverse("rollout-list"),
+        {
+            "endpoint": endpoint.pk,
+            "to_version": new_version(endpoint).pk,
+            "strategy": "canary",
+            "canary_steps": [25, 100],
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["state"] == "pending" and body["canary_steps"] == [25, 100] and body["created_by"] == "operator"
+    assert [e["kind"] for e in body["events"]] == ["created"]
+    rollout = Rollout.objects.get(pk=body["id"])
+
+    paused = act(client, rollout, "pause", "looking at the canary")
+    assert paused.status_code == 200, paused.content
+    assert paused.json()["state"] == "paused" and paused.json()["paused_from"] == "pending"
+    assert paused.json()["events"][-1]["kind"] == "pause"
+    assert paused.json()["events"][-1]["message"] == "looking at the canary"
+    # A paused rollout cannot be paused again: 400 with the reason, nothing recorded
+    again = act(client, rollout, "pause")
+    assert again.status_code == 400 and "paused" in str(again.json())
+    assert act(client, rollout, "resume").json()["state"] == "pending"
+    rolled = act(client, rollout, "rollback", "wrong model")
+    assert rolled.json()["state"] == "rolling_back" and rolled.json()["traffic_percent"] == 0
+    # The endpoint's detail names the rollout in progress
+    detail = client.get(reverse("endpoint-detail", args=[endpoint.pk])).json()
+    assert detail["active_rollout"] == rollout.pk
+
+    actions = list(
+        AuditEntry.objects.filter(action__startswith="rollout.", object_id=str(endpoint.pk))
+        .order_by("id")
+        .values_list("action", "actor_label")
+    )
+    assert actions == [
+        ("rollout.start", "operator"),
+        ("rollout.pause", "operator"),
+        ("rollout.resume", "operator"),
+        ("rollout.rollback", "operator"),
+    ]
+
+
+def test_promote_skips_the_remaining_canary_steps(world):
+    endpoint = world.a.endpoint
+    rollout = start_rollout(endpoint=endpoint, to_version=new_version(endpoint), strategy="canary")
+    Rollout.objects.filter(pk=rollout.pk).update(state=RolloutState.SHIFTING, traffic_percent=10)
+    response = act(world.client("operator"), rollout, "promote")
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "promoting" and response.json()["traffic_percent"] == 100
+
+
+@pytest.mark.parametrize("name", ["pause", "resume", "promote", "rollback"])
+def test_tenants_cannot_act_and_never_see_another_tenants_rollout(world, name):
+    endpoint = world.a.endpoint
+    rollout = start_rollout(endpoint=endpoint, to_version=new_version(endpoint))
+    for who in ("a_admin", "a_write_key", "a_member"):
+        assert act(world.client(who), rollout, name).status_code == 403, who
+    for who in ("b_admin", "b_member"):
+        assert act(world.client(who), rollout, name).status_code == 404, who
+        assert world.client(who).get(reverse("rollout-detail", args=[rollout.pk])).status_code == 404
+    assert Rollout.objects.get(pk=rollout.pk).state == RolloutState.PENDING
+    assert not AuditEntry.objects.filter(action=f"rollout.{name}").exists()
+
+
+def test_a_second_rollout_of_an_endpoint_is_refused(world):
+    endpoint = world.a.endpoint
+    start_rollout(endpoint=endpoint, to_version=new_version(endpoint))
+    response = world.client("operator").post(
+        reverse("rollout-list"), {"endpoint": endpoint.pk, "to_version": new_version(endpoint).pk}, format="json"
+    )
+    assert response.status_code == 400 and "in progress" in str(response.json())
+    assert Rollout.objects.filter(endpoint=endpoint).count() == 1
+
+
+def test_versions_are_listed_per_endpoint_newest_first_with_the_serving_one_marked(world):
+    endpoint = world.a.endpoint
+    v1 = ensure_current_version(endpoint)
+    v2 = new_version(endpoint, model_profile=ModelProfileFactory().pk)
+    rows = world.client("a_member").get(reverse("endpoint-version-list"), {"endpoint": endpoint.pk}).json()["results"]
+    assert [(r["number"], r["is_current"]) for r in rows] == [(v2.number, False), (v1.number, True)]
+    assert rows[0]["model_profile"] == v2.model_profile_id and rows[0]["endpoint_name"] == endpoint.name
+
+
+# --- endpoint PATCH and versions ---------------------------------------------------------------------------------
+
+
+def patch_endpoint(client, endpoint, payload):
+    return client.patch(reverse("endpoint-detail", args=[endpoint.pk]), payload, format="json")
+
+
+def test_a_versioned_change_without_running_replicas_switches_to_a_new_version_at_once(world):
+    endpoint = world.a.endpoint
+    response = patch_endpoint(world.client("a_admin"), endpoint, {"launch_options": {"speed": 7}})
+    assert response.status_code == 200, response.content
+    endpoint.refresh_from_db()
+    version = endpoint.current_version
+    assert version.number == 2 and version.launch_options == {"speed": 7}
+    assert response.json()["current_version"] == version.pk and response.json()["launch_options"] == {"speed": 7}
+    assert response.json()["active_rollout"] is None
+
+
+def test_a_versioned_change_with_running_replicas_starts_a_rollout_and_keeps_serving_the_old_version(world):
+    endpoint = world.a.endpoint
+    Endpoint.objects.filter(pk=endpoint.pk).update(launch_options={"actuator": "local", "speed": 1})
+    endpoint.refresh_from_db()
+    old = ensure_current_version(endpoint)
+    ReplicaFactory(endpoint=endpoint, actuator="local", version=old)
+    client = world.client("operator")
+    response = patch_endpoint(client, endpoint, {"launch_options": {"actuator": "local", "speed": 2}})
+    assert response.status_code == 200, response.content
+    rollout = Rollout.objects.get(endpoint=endpoint)
+    assert response.json()["active_rollout"] == rollout.pk
+    assert (rollout.from_version, rollout.to_version.launch_options) == (old, {"actuator": "local", "speed": 2})
+    # Until the rollout promotes, the endpoint still serves (and shows) the old version
+    assert response.json()["current_version"] == old.pk and response.json()["launch_options"]["speed"] == 1
+
+    # Another versioned change meanwhile is refused, and the live change sent with it is not applied either
+    refused = patch_endpoint(
+        client, endpoint, {"launch_options": {"actuator": "local", "speed": 3}, "max_replicas": 9}
+    )
+    assert refused.status_code == 400 and "in progress" in str(refused.json())
+    endpoint.refresh_from_db()
+    assert endpoint.max_replicas != 9 and EndpointVersion.objects.filter(endpoint=endpoint).count() == 2
+
+
+def test_config_only_changes_and_unchanged_versioned_fields_make_no_version(world):
+    endpoint = world.a.endpoint
+    ensure_current_version(endpoint)
+    client = world.client("a_admin")
+    payload = {
+        "routing_policy": "least_request",
+        "ttft_slo_ms": 900,
+        "concurrency_limit": 32,
+        "launch_options": endpoint.launch_options,  # sent as it is: not a change
+        "model_profile": endpoint.model_profile_id,
+    }
+    assert patch_endpoint(client, endpoint, payload).status_code == 200
+    assert EndpointVersion.objects.filter(endpoint=endpoint).count() == 1
+    assert not Rollout.objects.filter(endpoint=endpoint).exists()
+    endpoint.refresh_from_db()
+    assert (endpoint.routing_policy, endpoint.ttft_slo_ms, endpoint.concurrency_limit) == ("least_request", 900, 32)
+
+
+def test_a_bad_versioned_change_is_a_field_error_and_changes_nothing(world):
+    endpoint = world.a.endpoint
+    ensure_current_version(endpoint)
+    response = patch_endpoint(
+        world.client("operator"), endpoint, {"launch_options": {"actuator": "teleport"}, "max_replicas": 9}
+    )
+    assert response.status_code == 400 and "launch_options" in response.json(), response.content
+    endpoint.refresh_from_db()
+    assert endpoint.max_replicas != 9 and EndpointVersion.objects.filter(endpoint=endpoint).count() == 1
