@@ -90,3 +90,31 @@ def alert_acknowledge(*, alert: Alert, actor, note: str = "") -> Alert:
         detail={"slo": locked.slo.name, "severity": locked.severity, "note": note},
     )
     return locked
+
+
+@transaction.atomic
+def rollout_start(*, endpoint: Endpoint, form_data: dict, actor):
+    """Start a rollout to the chosen version, or to a new one made from the changed model / launch options."""
+    from endpoints.rollouts import services as rollout_services
+
+    data = dict(form_data)
+    version = data.pop("to_version", None)
+    changes = {k: v for k in ("model_profile", "launch_options") if (v := data.pop(k, None)) is not None}
+    if version is None:
+        version = rollout_services.create_version(endpoint=endpoint, user=actor, note="console", **changes)
+    if data.get("canary_steps") is None:
+        data.pop("canary_steps", None)
+    return rollout_services.start_rollout(endpoint=endpoint, to_version=version, user=actor, **data)
+
+
+def rollout_act(*, rollout, action: str, actor, reason: str = ""):
+    """pause / resume / promote / rollback through the rollout services (event and audit entry there)."""
+    from endpoints.rollouts import services as rollout_services
+
+    run = {
+        "pause": rollout_services.pause_rollout,
+        "resume": rollout_services.resume_rollout,
+        "promote": rollout_services.promote_rollout,
+        "rollback": rollout_services.rollback_rollout,
+    }[action]
+    return run(rollout=rollout, user=actor, reason=reason)

@@ -126,3 +126,59 @@ class PeriodForm(forms.Form):
     """A report window: the last N hours, ending now."""
 
     hours = forms.IntegerField(min_value=1, max_value=24 * 90, initial=24)
+
+
+class RolloutStartForm(forms.Form):
+    """Roll an endpoint out to one of its versions, or to a new one made here from a changed model / launch options."""
+
+    to_version = forms.ModelChoiceField(
+        queryset=None, required=False, empty_label="— a new version from the fields below —"
+    )
+    model_profile = forms.ModelChoiceField(
+        queryset=ModelProfile.objects.order_by("name"), required=False, help_text="new version: another model"
+    )
+    launch_options = forms.JSONField(
+        required=False, help_text='new version: launch options as JSON, e.g. {"speed": 2, "cpus": 12}'
+    )
+    strategy = forms.ChoiceField(choices=[("all_at_once", "All at once"), ("canary", "Canary (traffic in steps)")])
+    canary_steps = forms.CharField(
+        required=False, initial="10, 50, 100", help_text="canary: percents of requests, rising, ending at 100"
+    )
+    max_surge = forms.IntegerField(min_value=1, max_value=64, initial=2, help_text="new replicas starting at once")
+    step_duration_s = forms.IntegerField(
+        min_value=1, max_value=86400, initial=60, label="Step duration (s)", help_text="how long each step is watched"
+    )
+
+    def __init__(self, *args, endpoint: Endpoint, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.endpoint = endpoint
+        self.fields["to_version"].queryset = endpoint.versions.exclude(pk=endpoint.current_version_id)
+        self.fields["to_version"].label_from_instance = lambda v: f"v{v.number} · {v.model_profile} · {v.runtime}"
+
+    def clean_canary_steps(self):
+        raw = (self.cleaned_data.get("canary_steps") or "").strip()
+        if not raw:
+            return None
+        try:
+            return [int(part) for part in raw.replace(";", ",").split(",") if part.strip()]
+        except ValueError:
+            raise ValidationError("whole percents separated by commas, e.g. 10, 50, 100") from None
+
+    def clean_launch_options(self):
+        value = self.cleaned_data.get("launch_options")
+        if value is not None and not isinstance(value, dict):
+            raise ValidationError("must be a JSON object")
+        return value
+
+    def clean(self):
+        cleaned = super().clean()
+        changes = {k: cleaned.get(k) for k in ("model_profile", "launch_options") if cleaned.get(k) is not None}
+        if cleaned.get("to_version") is None and not changes and not self.errors:
+            self.add_error("to_version", "choose a version, or change the model or launch options for a new one")
+        if cleaned.get("to_version") is not None and changes:
+            self.add_error("to_version", "either an existing version or changes for a new one, not both")
+        return cleaned
+
+
+class RolloutActionForm(forms.Form):
+    reason = forms.CharField(max_length=200, required=False)

@@ -11,7 +11,7 @@ from billing.models import Alert
 from capacity.models import AutoscalerDecision
 from console.access import tenant_ids_seeing
 from console.live import publish
-from endpoints.models import Endpoint, Replica
+from endpoints.models import Endpoint, Replica, RolloutEvent
 
 
 @receiver(post_save, sender=Replica, dispatch_uid="console.replica_saved")
@@ -73,3 +73,21 @@ def decision_saved(sender, instance: AutoscalerDecision, created: bool, raw: boo
         "reason": instance.reason,
     }
     publish(kind="decision", payload=payload, tenant_ids=tenant_ids_seeing(instance.endpoint))
+
+
+@receiver(post_save, sender=RolloutEvent, dispatch_uid="console.rollout_event_saved")
+def rollout_event_saved(sender, instance: RolloutEvent, created: bool, raw: bool = False, **kwargs) -> None:
+    """A rollout decision refreshes the endpoint page of operators and of the endpoint's owner (who see rollouts)."""
+    if raw or not created:
+        return
+    rollout = instance.rollout
+    endpoint = rollout.endpoint
+    payload = {
+        "endpoint_id": endpoint.pk,
+        "endpoint": endpoint.name,
+        "rollout_id": rollout.pk,
+        "kind": instance.kind,
+        "state": instance.to_state,
+        "message": instance.message,
+    }
+    publish(kind="rollout", payload=payload, tenant_ids=[endpoint.owner_tenant_id] if endpoint.owner_tenant_id else [])

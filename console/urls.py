@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.views import audit, fleet, operations, planner, tenant
+from console.views import audit, fleet, operations, planner, rollouts, tenant
 
 app_name = "console"
 
@@ -14,6 +14,12 @@ urlpatterns = [
     path("endpoints/<int:endpoint_id>/scale/", fleet.endpoint_scale_view, name="endpoint-scale"),
     path(
         "endpoints/<int:endpoint_id>/replicas/<int:replica_id>/drain/", fleet.replica_drain_view, name="replica-drain"
+    ),
+    path("endpoints/<int:endpoint_id>/rollouts/new/", rollouts.rollout_start_view, name="rollout-start"),
+    path(
+        "endpoints/<int:endpoint_id>/rollouts/<int:rollout_id>/<slug:action>/",
+        rollouts.rollout_action_view,
+        name="rollout-action",
     ),
     path("tenants/", operations.tenants, name="tenants"),
     path("reservations/new/", operations.reservation_sell_view, name="reservation-sell"),

@@ -24,6 +24,7 @@ from console.selectors import (
     recent_decisions,
 )
 from console.views.common import confirm_then_run
+from console.views.rollouts import rollout_panel
 from endpoints.models import Replica, ReplicaState
 
 
@@ -77,6 +78,7 @@ def endpoint_detail(request, endpoint_id: int):
         "budgets": budgets_by_endpoint(request.user).get(endpoint.name, []),
         "queue": queue_depth(endpoint.pk),
         "charts": _endpoint_charts(endpoint, series, decisions, ledger.replica_mu_per_min),
+        "rollouts": rollout_panel(endpoint=endpoint, user=request.user),
         "now": now,
     }
     return render(request, "console/endpoint_detail.html", context)

@@ -59,7 +59,8 @@
     var text = kind === "replica" ? "Replica " + p.replica + " of " + p.endpoint + " is " + p.state
       : kind === "alert" ? "Alert on " + p.slo + ": " + p.state
       : kind === "decision" ? "Autoscaler: " + p.current + " → " + p.desired + " (" + p.reason + ")"
-      : kind === "endpoint" ? "Endpoint " + p.endpoint + " changed" : "";
+      : kind === "endpoint" ? "Endpoint " + p.endpoint + " changed"
+      : kind === "rollout" ? "Rollout of " + p.endpoint + ": " + p.message : "";
     if (log && text) log.textContent = text;
     body.dataset.lastEvent = kind;
   }
@@ -88,7 +89,7 @@
       var event;
       try { event = JSON.parse(message.data); } catch (e) { return; }
       if (event.kind === "queue") { onQueue(event.payload); return; }
-      if (["replica", "endpoint", "alert", "decision"].indexOf(event.kind) >= 0) {
+      if (["replica", "endpoint", "alert", "decision", "rollout"].indexOf(event.kind) >= 0) {
         announce(event.kind, event.payload);
         scheduleRefresh();
       }
