@@ -41,7 +41,10 @@ from endpoints.rollouts.selectors import active_rollout, version_stats
 
 log = logging.getLogger(__name__)
 
-WARMUP_TIMEOUT_S = 30.0
+WARMUP_TIMEOUT_S = 10.0
+# A tick takes seconds (a warm-up request per new replica); a worker killed while holding the lock blocks the
+# rollout for at most this long.
+LOCK_TTL_S = 30
 _FINAL = {RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED}
 
 
@@ -384,7 +387,7 @@ def rollout_tick(*, rollout_id: int, now: datetime | None = None) -> Rollout | N
     from capacity.autoscaling import store
 
     rollout = Rollout.objects.select_related("endpoint", "from_version", "to_version").get(pk=rollout_id)
-    with store.TickLock(axis="rollout", endpoint_id=rollout.endpoint_id, ttl_s=120) as lock:
+    with store.TickLock(axis="rollout", endpoint_id=rollout.endpoint_id, ttl_s=LOCK_TTL_S) as lock:
         if not lock.held:
             return None
         rollout.refresh_from_db()
@@ -508,8 +511,8 @@ def _record(rollout: Rollout, facts: machine.RolloutFacts, decision: machine.Dec
         changes["step_index"] = decision.step_index
     if decision.new_step:
         changes["step_started_at"] = now
-    if decision.kind and decision.reason:
-        changes["reason"] = decision.reason[:500]
+    if decision.kind and decision.reason and decision.state != RolloutState.ROLLED_BACK:
+        changes["reason"] = decision.reason[:500]  # a rolled-back rollout keeps saying why it was rolled back
     if rollout.started_at is None and decision.state != RolloutState.PENDING:
         changes["started_at"] = now
     if decision.state in _FINAL:
