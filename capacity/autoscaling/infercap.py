@@ -29,6 +29,9 @@ class InfercapPolicy:
     # In-flight seconds of a request at a given per-replica concurrency (a latency model); Little's law turns the
     # forecast rate into concurrency with it.
     seconds_per_request: Callable[[float], float] = lambda concurrency: 10.0
+    # MU of the reference request the concurrency limit is set for; when given, the horizontal policy scales on
+    # demand in MU against concurrency_limit × this (else on requests).
+    reference_request_mu: float | None = None
     horizontal_config: horizontal.HorizontalConfig = field(default_factory=horizontal.HorizontalConfig)
     vertical_config: vertical.VerticalConfig = field(default_factory=vertical.VerticalConfig)
     name: str = "infercap"
@@ -85,6 +88,11 @@ class InfercapPolicy:
                 min_replicas=self.min_replicas,
                 max_replicas=self.max_replicas,
                 target_concurrency=self.target_concurrency,
+                mu_capacity_per_replica=(
+                    horizontal.mu_capacity_per_replica(self.target_concurrency, self.reference_request_mu)
+                    if self.reference_request_mu
+                    else None
+                ),
                 provisioned_concurrency=self.provisioned_concurrency,
                 scale_to_zero=self.scale_to_zero,
                 predicted_floor=floor,

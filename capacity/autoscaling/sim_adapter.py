@@ -1,38 +1,54 @@
 """Our policies (or a baseline) behind the engine simulator's ``Autoscaler`` hook (pure: no Django).
 
 ``endpoints.runtimes.sim.des.Simulation`` calls ``tick(fleet, actions, now)`` every simulated second with a
-``FleetView``; this adapter feeds the policy one demand sample per tick, asks for a replica count every
-``policy.interval_s`` and a concurrency limit every ``policy.vertical_interval_s`` (when the policy has a vertical
-axis), and acts through ``FleetActions``: add replicas (cold start), cancel starting ones, drain ready ones (the
-simulator removes a draining replica once its last request finished).
+``FleetView``; this adapter feeds the policy one demand sample per tick (requests and MU), asks for a replica count
+every ``policy.interval_s`` and a concurrency limit every ``policy.vertical_interval_s`` (when the policy has a
+vertical axis), and acts through ``FleetActions``: add replicas (cold start), cancel starting ones, drain ready ones
+(the simulator removes a draining replica once its last request finished).
+
+Also here, for ``bench autoscale`` on the engine simulator: ``QueueAgeAdmission`` (the proxy's FIFO queue with
+queue-age shedding: a request that waited longer than the class's max queue age is answered 429) and
+``engine_seconds_per_request`` (how long a request stays in flight on an engine profile, prefill stalls included).
 """
 
 import math
+import random
+from collections import deque
 
 from capacity.autoscaling.demand import DemandSample
 
 
 class EngineSimAutoscaler:
-    def __init__(self, policy, *, cold_start_s: float | None = None) -> None:
+    """``cold_start_s``: a fixed cold start, a ``(min, max)`` range drawn uniformly per replica (seeded), or None
+    for the simulation's own."""
+
+    def __init__(self, policy, *, cold_start_s: float | tuple[float, float] | None = None, seed: int = 0) -> None:
         self.policy = policy
         self.cold_start_s = cold_start_s
+        self.rng = random.Random(f"cold-start-{seed}")
         self.next_decision_s = 0.0
         self.next_vertical_s = getattr(policy, "vertical_interval_s", math.inf)
         self.finished: list = []
         self.decisions: list[tuple[float, int, int]] = []  # (t, current, desired)
         self.limits: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, float, float]] = []  # (t, demand in requests, demand in MU), every tick
+
+    def _cold_start(self) -> float | None:
+        if isinstance(self.cold_start_s, tuple):
+            return self.rng.uniform(*self.cold_start_s)
+        return self.cold_start_s
 
     def tick(self, fleet, actions, now: float) -> None:
-        self.policy.observe(
-            DemandSample(
-                t=now,
-                in_flight=fleet.in_flight,
-                queued=fleet.queued,
-                in_flight_mu=fleet.in_flight_mu,
-                queued_mu=fleet.queued_mu,
-                arrivals=fleet.arrivals_last_tick,
-            )
+        sample = DemandSample(
+            t=now,
+            in_flight=fleet.in_flight,
+            queued=fleet.queued,
+            in_flight_mu=fleet.in_flight_mu,
+            queued_mu=fleet.queued_mu,
+            arrivals=fleet.arrivals_last_tick,
         )
+        self.policy.observe(sample)
+        self.samples.append((now, sample.requests, sample.mu))
         self.finished += [r for r in fleet.finished_last_tick if r.status == "ok"]
         if now >= self.next_decision_s:
             self.next_decision_s = now + self.policy.interval_s
@@ -41,6 +57,10 @@ class EngineSimAutoscaler:
             self.next_vertical_s = now + self.policy.vertical_interval_s
             self._vertical(fleet, actions)
 
+    def scale_events(self) -> list[tuple[float, int]]:
+        """(t, +1 scale-up / −1 scale-down) per decision that changed the replica count."""
+        return [(t, 1 if desired > current else -1) for t, current, desired in self.decisions if desired != current]
+
     def _horizontal(self, fleet, actions, now: float) -> None:
         ready = [r for r in fleet.replicas if r.state == "ready"]
         starting = [r for r in fleet.replicas if r.state == "starting"]
@@ -48,7 +68,10 @@ class EngineSimAutoscaler:
         desired = self.policy.desired(now=now, ready=len(ready), starting=len(starting))
         self.decisions.append((now, current, desired))
         if desired > current:
-            actions.add_replicas(desired - current, cold_start_s=self.cold_start_s)
+            for _ in range(desired - current):
+                for replica_id in actions.add_replicas(1, cold_start_s=self._cold_start()):
+                    if self.limits:  # a new replica starts at the limit the vertical axis set, not the default
+                        actions.set_concurrency(self.limits[-1][1], replica_id=replica_id)
         elif desired < current:
             victims = sorted(starting, key=lambda r: -r.added_s) + sorted(ready, key=lambda r: r.in_flight)
             for replica in victims[: current - desired]:
@@ -56,7 +79,13 @@ class EngineSimAutoscaler:
 
     def _vertical(self, fleet, actions) -> None:
         window, self.finished = self.finished, []
-        ttfts = sorted(r.ttft_s * 1000 for r in window if r.ttft_s is not None)
+        # Replica-side TTFT (dispatch → first token), as vLLM's histogram sees it: time queued at the proxy is the
+        # horizontal axis's business, not a sign that replicas run too many sequences.
+        ttfts = sorted(
+            (r.first_token_s - r.dispatch_s) * 1000
+            for r in window
+            if r.first_token_s is not None and r.dispatch_s is not None
+        )
         tpots = sorted(r.tpot_s * 1000 for r in window if r.tpot_s is not None)
         ready = [r for r in fleet.replicas if r.state == "ready"]
         limit = self.policy.adjust_concurrency(
@@ -70,6 +99,63 @@ class EngineSimAutoscaler:
         )
         self.limits.append((fleet.now, limit))
         actions.set_concurrency(limit)
+
+
+class QueueAgeAdmission:
+    """The proxy's endpoint queue in the engine simulator: dispatch while a ready replica has a free slot, else
+    queue (FIFO); a queued request older than ``max_queue_age_s`` is shed with a 429 and a Retry-After (checked on
+    every poll: after each finish and each 1 s tick)."""
+
+    def __init__(self, *, max_queue_age_s: float = 30.0, retry_after_s: float = 1.0) -> None:
+        if max_queue_age_s <= 0:
+            raise ValueError("max_queue_age_s must be positive")
+        self.max_queue_age_s = max_queue_age_s
+        self.retry_after_s = retry_after_s
+        self._queue: deque = deque()  # (arrived at, RouteRequest)
+
+    @staticmethod
+    def _free_slots(replicas) -> int:
+        return sum(max(0, r.concurrency_limit - r.in_flight) for r in replicas if r.healthy and not r.draining)
+
+    def offer(self, request, replicas, now: float):
+        from endpoints.runtimes.sim.interfaces import Verdict
+
+        if not self._queue and self._free_slots(replicas) > 0:
+            return Verdict(dispatch=[request])
+        self._queue.append((now, request))
+        return Verdict()
+
+    def poll(self, replicas, now: float):
+        from endpoints.runtimes.sim.interfaces import Rejection, Verdict
+
+        verdict = Verdict()
+        while self._queue and now - self._queue[0][0] > self.max_queue_age_s:
+            verdict.reject.append(Rejection(self._queue.popleft()[1], self.retry_after_s, "queue_age"))
+        free = self._free_slots(replicas) if self._queue else 0
+        while self._queue and free > 0:
+            verdict.dispatch.append(self._queue.popleft()[1])
+            free -= 1
+        return verdict
+
+
+def engine_seconds_per_request(profile, concurrency: float, *, in_tok: float = 500, out_tok: float = 300) -> float:
+    """Mean in-flight time W of a request on a replica of ``profile`` holding ``concurrency`` sequences.
+
+    With chunked prefill a step that carries prompt tokens stalls every decoding sequence for the prefill, so the
+    decode rate is cut by the share of time spent prefilling, ``f = λ·p`` (``p``: prefill seconds per request, the
+    per-step overhead spread over the prompts one step's token budget holds). With ``s`` the decode-only time of
+    ``out_tok`` tokens and ``t`` the prefill of one prompt, ``W = t + s / (1 − f)`` and Little's law ``B = λ·W``
+    give ``W² − (t + B·p + s)·W + t·B·p = 0``; W is its larger root. Ignoring the stall (``W = t + s``)
+    overestimates an A100 replica's request rate by ~1.8× at 500-token prompts and 45 sequences.
+    """
+    b = max(float(concurrency), 1.0)
+    per_step = max(1.0, profile.max_num_batched_tokens / max(in_tok, 1.0))
+    p = in_tok / profile.prefill_tokens_per_s + profile.prefill_overhead_s / per_step
+    t = profile.prefill_s(int(in_tok))
+    context = b * (in_tok + out_tok / 2)
+    s = max(out_tok - 1, 0) * profile.decode_step_s(int(round(b)), int(context))
+    total = t + b * p + s
+    return (total + math.sqrt(max(total * total - 4 * t * b * p, 0.0))) / 2
 
 
 def _p95(values: list[float]) -> float | None:
