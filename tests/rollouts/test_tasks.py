@@ -1,0 +1,106 @@
+"""The beat task ticks every active rollout; the autoscaler keeps its hands off a rollout's replicas."""
+
+import pytest
+
+from capacity.autoscaling import services as autoscaling
+from capacity.autoscaling.actuators import base
+from endpoints.models import Endpoint, ReplicaState, RolloutState
+from endpoints.rollouts import services
+from tests.factories import ReplicaFactory
+from workers.schedule import beat_schedule
+from workers.tasks import rollouts as tasks
+
+pytestmark = pytest.mark.django_db
+
+
+class FakeActuator(base.Actuator):
+    """Creates rows for the version it is asked to launch (as the real actuators do); no processes."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, endpoint, count, *, standby=False):
+        self.launched.append((base.launch_version_id(endpoint), count))
+        return [
+            ReplicaFactory(
+                endpoint=endpoint,
+                state=ReplicaState.STARTING,
+                actuator=self.name,
+                version_id=base.launch_version_id(endpoint),
+                is_standby=standby,
+            )
+            for _ in range(count)
+        ]
+
+    def terminate(self, replicas, *, reason):
+        for replica in replicas:
+            self.stop_row(replica, reason)
+
+    def sync(self, endpoint):
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    actuator = FakeActuator()
+    monkeypatch.setattr("capacity.autoscaling.actuators.get_actuator", lambda endpoint: actuator)
+    monkeypatch.setattr(autoscaling, "get_actuator", lambda endpoint: actuator)
+    return actuator
+
+
+@pytest.fixture
+def endpoint(tenant_a):
+    endpoint = tenant_a.endpoint
+    Endpoint.objects.filter(pk=endpoint.pk).update(launch_options={"actuator": "fake"}, desired_replicas=2)
+    endpoint.refresh_from_db()
+    v1 = services.ensure_current_version(endpoint)
+    for _ in range(2):
+        ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, actuator="fake", version=v1)
+    return endpoint
+
+
+def test_beat_schedule_ticks_rollouts_every_few_seconds():
+    entry = beat_schedule()["rollouts-tick"]
+    assert entry["task"] == "rollouts.tick_all" and entry["schedule"] <= 5
+
+
+def test_tick_all_launches_the_surge_of_the_new_version(clean_store, fake, endpoint):
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
+    rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=1)
+    assert tasks.tick_all() == 1  # eager in tests: the per-rollout tick runs in place
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.SURGING and rollout.started_at is not None
+    assert fake.launched == [(v2.pk, 1)]
+    # a repeated tick with nothing new observed launches nothing more (max_surge 1 is starting)
+    tasks.tick_all()
+    assert fake.launched == [(v2.pk, 1)]
+    assert endpoint.replicas.filter(version=v2).count() == 1
+
+
+def test_the_autoscaler_leaves_a_rollouts_replicas_alone_and_scales_only_the_serving_version(
+    clean_store, fake, endpoint
+):
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
+    rollout = services.start_rollout(endpoint=endpoint, to_version=v2)
+    services.rollout_tick(rollout_id=rollout.pk)  # 2 surge replicas of v2 starting next to 2 ready v1
+    assert endpoint.replicas.exclude(state=ReplicaState.STOPPED).count() == 4
+    # desired 2 with 4 replicas: outside a rollout this would drain two; during it nothing is touched
+    actions = autoscaling.reconcile(endpoint=endpoint)
+    assert actions[-1].startswith("rollout in progress")
+    assert endpoint.replicas.filter(state=ReplicaState.DRAINING).count() == 0
+    # the autoscaler's inputs count the serving version only
+    inputs = autoscaling.horizontal_inputs(endpoint, now=0.0)
+    assert (inputs.ready, inputs.starting) == (2, 0)
+    # after the rollout ended (rolled back here), scaling resumes on the serving version: v2 is not counted
+    services.rollback_rollout(rollout=rollout)
+    services.rollout_tick(rollout_id=rollout.pk)  # stops the new replicas
+    services.rollout_tick(rollout_id=rollout.pk)  # sees them gone
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=3)
+    endpoint.refresh_from_db()
+    fake.launched.clear()
+    autoscaling.reconcile(endpoint=endpoint)
+    assert fake.launched == [(endpoint.current_version_id, 1)]
