@@ -11,6 +11,8 @@ log = logging.getLogger(__name__)
 
 # Health probes save these fields every few seconds; they do not change what the proxy routes to.
 _PROBE_ONLY_FIELDS = frozenset({"last_probe_at", "last_probe_ok", "consecutive_probe_failures", "last_used_at"})
+# Published on every bump: proxies subscribed to it reload at once instead of at their next poll.
+VERSION_CHANNEL = "infercap:config:changed"
 _redis_client = None
 
 
@@ -31,7 +33,7 @@ def bump_config_version() -> None:
     if client is None:
         return
     try:
-        client.incr(VERSION_KEY)
+        client.publish(VERSION_CHANNEL, client.incr(VERSION_KEY))
     except Exception as exc:  # noqa: BLE001 - an edit must not fail because the cache is down
         log.warning("could not bump proxy config version: %s", exc)
 

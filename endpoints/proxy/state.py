@@ -21,6 +21,7 @@ from django.db import close_old_connections
 from endpoints.proxy.config import ProxyConfig, load_config
 from endpoints.proxy.limits import RateLimiter
 from endpoints.proxy.runtime import EndpointRuntime
+from endpoints.proxy.signals import VERSION_CHANNEL
 from endpoints.proxy.snapshot import VERSION_KEY, Snapshot, load_snapshot
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class ProxyState:
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-snapshot")
         self._tasks: list[asyncio.Task] = []
         self.background: set[asyncio.Task] = set()
+        self._config_changed = asyncio.Event()  # set by a published config change: reload without waiting the poll
 
     async def start(self) -> None:
         from billing.ingest import UsageWriter
@@ -89,6 +91,8 @@ class ProxyState:
         self.usage.start()
         self._scraper_start()
         self._tasks.append(loop.create_task(self._poll_snapshot(), name="proxy-snapshot-poll"))
+        if self.redis is not None:
+            self._tasks.append(loop.create_task(self._listen_config(), name="proxy-config-listen"))
         self._tasks.append(loop.create_task(self._publish_demand(), name="proxy-demand"))
 
     def _scraper_start(self) -> None:
@@ -119,7 +123,11 @@ class ProxyState:
     async def _poll_snapshot(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.config.snapshot_poll_s)
+            try:
+                await asyncio.wait_for(self._config_changed.wait(), self.config.snapshot_poll_s)
+            except TimeoutError:
+                pass
+            self._config_changed.clear()
             try:
                 version = await self._read_version()
                 stale = time.time() - self.snapshot.loaded_at
@@ -134,6 +142,29 @@ class ProxyState:
                 raise
             except Exception:  # noqa: BLE001 - keep serving the last good snapshot
                 log.exception("proxy snapshot reload failed; keeping version %s", self.snapshot.version)
+
+    async def _listen_config(self) -> None:
+        """Wake the poller as soon as a config change is published, so an edit reaches this process in
+        milliseconds rather than up to a poll interval later; the poll stays as the fallback (missed messages,
+        Redis restarts)."""
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(VERSION_CHANNEL)
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        self._config_changed.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: the poll still reloads; subscribe again later
+                log.debug("config change listener: %s", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:  # noqa: BLE001
+                    pass
 
     def apply_snapshot(self, snap: Snapshot) -> None:
         self.snapshot = snap

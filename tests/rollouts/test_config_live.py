@@ -2,8 +2,9 @@
 reaches the real proxy within a second and restarts nothing: same replica processes, no replica transition, no
 new endpoint version.
 
-The proxy runs with its production snapshot poll (0.5 s). Each change's delay is measured from the moment the
-API answered (the change is committed) to the sending of the first request that shows the new behaviour.
+The proxy runs with its production settings: a change bumps the config version and publishes it, which wakes the
+proxy's snapshot reload at once (the 0.5 s poll is the fallback). Each change's delay is measured from the moment
+the API answered (the change is committed) to the sending of the first request that shows the new behaviour.
 """
 
 import re
