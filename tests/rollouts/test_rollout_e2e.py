@@ -4,6 +4,7 @@ The test drives the same tick the beat task runs (``rollout_tick``) in a loop, w
 stream of requests going through the proxy.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -171,6 +172,16 @@ def test_canary_rollout_under_steady_traffic_loses_no_request_and_no_capacity(
     assert stats[v1.pk].requests > 0 and stats[v2.pk].requests > 0
     kinds = list(rollout.events.values_list("kind", flat=True))
     assert kinds[0] == "created" and "shift" in kinds and "promote" in kinds and kinds[-1] == "succeeded"
+    figures = {
+        "requests": len(traffic.results),
+        "failed": traffic.failed,
+        "baseline_ready": rollout.baseline_ready,
+        "min_routable_ready": min(capacity),
+        "max_routable_ready": max(capacity),
+        "rollout_s": round((rollout.finished_at - rollout.started_at).total_seconds(), 1),
+        "served_by_version": {f"v{v.number}": stats[v.pk].requests for v in (v1, v2)},
+    }
+    print(json.dumps(figures))
 
 
 def test_new_version_that_never_gets_healthy_is_rolled_back(procs, clean_store, reap_local_replicas, tenant_a):
