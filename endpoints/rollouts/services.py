@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import replace
 from datetime import datetime
 
 import httpx
@@ -424,7 +425,11 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
                 {"replicas": [r.name for r in started]},
             )
         except ActuatorError as exc:
-            _event(rollout, "launch_failed", rollout.state, rollout.state, str(exc)[:500])
+            # The new version cannot even start (bad launch options, no capacity): same as replicas failing.
+            failed = machine.decide(
+                replace(facts, state=rollout.state, new_failures=(f"could not start: {exc}",)), _config(rollout)
+            )
+            _record(rollout, replace(facts, state=rollout.state), failed, now)
     if decision.drain_old:
         _drain(rollout, actuator, old=True)
     if decision.drain_new:

@@ -104,3 +104,64 @@ def test_the_autoscaler_leaves_a_rollouts_replicas_alone_and_scales_only_the_ser
     fake.launched.clear()
     autoscaling.reconcile(endpoint=endpoint)
     assert fake.launched == [(endpoint.current_version_id, 1)]
+
+
+def test_a_version_that_cannot_be_launched_is_rolled_back(clean_store, fake, endpoint, monkeypatch):
+    from capacity.autoscaling.actuators import ActuatorError
+
+    def refuse(endpoint, count, *, standby=False):
+        raise ActuatorError("bad launch options for a-model: unknown profile 'huge'")
+
+    monkeypatch.setattr(fake, "launch", refuse)
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "profile": "huge"})
+    rollout = services.start_rollout(endpoint=endpoint, to_version=v2)
+    services.rollout_tick(rollout_id=rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLING_BACK
+    assert "could not start: bad launch options" in rollout.reason
+    services.rollout_tick(rollout_id=rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK and "unknown profile" in rollout.reason
+    assert list(rollout.events.values_list("kind", flat=True)) == ["created", "surge", "rollback", "rolled_back"]
+    # the old version never stopped serving
+    assert endpoint.replicas.filter(state=ReplicaState.READY, version=endpoint.current_version).count() == 2
+
+
+def test_version_stats_count_outcomes_per_version_through_the_replica(fake, endpoint):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.models import UsageStatus
+    from endpoints.rollouts.selectors import version_stats
+    from tests.factories import UsageRecordFactory
+
+    v1 = endpoint.current_version
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
+    old = endpoint.replicas.filter(version=v1).first()
+    new = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, version=v2)
+    unversioned = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, version=None)
+    since = timezone.now()
+
+    def record(replica, status=UsageStatus.OK, slo_met=True, at=None):
+        UsageRecordFactory(
+            endpoint=endpoint,
+            tenant=endpoint.owner_tenant,
+            replica=replica,
+            status=status,
+            slo_met=slo_met,
+            finished_at=at or timezone.now(),
+        )
+
+    record(old)
+    record(unversioned, slo_met=False)  # counts as the serving version
+    record(old, status=UsageStatus.SHED)  # not the replica's fault: left out
+    record(old, at=since - timedelta(minutes=5))  # before the window
+    record(new, status=UsageStatus.UPSTREAM_ERROR, slo_met=False)
+    record(new, status=UsageStatus.TIMEOUT, slo_met=False)
+    record(new, slo_met=False)
+    record(new)
+    stats = version_stats(endpoint=endpoint, since=since)
+    assert (stats[v1.pk].requests, stats[v1.pk].errors, stats[v1.pk].slo_misses) == (2, 0, 1)
+    assert (stats[v2.pk].requests, stats[v2.pk].errors, stats[v2.pk].slo_misses) == (4, 2, 1)
+    assert stats[v2.pk].error_rate == 0.5 and stats[v2.pk].latency_burn == 0.5
