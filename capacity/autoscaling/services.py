@@ -190,8 +190,11 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
         for standby in endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")[
             :missing
         ]:
-            standby.is_standby = False
-            standby.save(update_fields=["is_standby"])  # the proxy snapshot picks it up on this save
+            try:
+                actuator.promote(standby)  # the proxy snapshot picks it up on this save
+            except ActuatorError as exc:
+                actions.append(f"promote {standby.name} failed: {exc}")
+                continue
             actions.append(f"promoted standby {standby.name}")
             missing -= 1
         if missing > 0:

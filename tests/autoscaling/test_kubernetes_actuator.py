@@ -1,5 +1,6 @@
 """The Kubernetes actuator against a recorded API contract: scale subresource, pod registration, drained-pod
-choice by deletion cost, restart by pod deletion, API errors surfaced as ActuatorError."""
+choice by deletion cost, restart by pod deletion, the warm pool (a standby Deployment whose pods are promoted by
+relabelling), API errors surfaced as ActuatorError."""
 
 import copy
 import json
@@ -8,13 +9,22 @@ from pathlib import Path
 import httpx
 import pytest
 
+from capacity.autoscaling import services
 from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.kubernetes import DELETION_COST, KubernetesActuator
 from endpoints.models import Endpoint, ReplicaState
 
 CONTRACT = json.loads((Path(__file__).parent / "contracts" / "kubernetes.json").read_text())
 SCALE_PATH = "/apis/apps/v1/namespaces/infer/deployments/llama-13b/scale"
+STANDBY_SCALE_PATH = "/apis/apps/v1/namespaces/infer/deployments/llama-13b-standby/scale"
 PODS_PATH = "/api/v1/namespaces/infer/pods"
+SELECTOR = CONTRACT["scale"]["status"]["selector"]  # app=llama-13b,infercap/role=replica
+# The standby Deployment: the recorded scale shape with its own name and selector (same template, role=standby).
+STANDBY_SELECTOR = SELECTOR.replace("infercap/role=replica", "infercap/role=standby")
+
+
+def matches(selector: str, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, _, v in (term.partition("=") for term in selector.split(",")))
 
 
 class FakeCluster:
@@ -22,13 +32,19 @@ class FakeCluster:
 
     def __init__(self):
         self.replicas = 1
+        self.standby_replicas = 0
         self.pods: dict[str, dict] = {}
         self.requests: list[tuple[str, str, dict | None]] = []
         self.refuse_patch = False
 
-    def add_pod(self, name, *, phase="Running", ready=True, ip="10.42.0.17"):
+    @property
+    def scales(self):
+        return {SCALE_PATH: ("replicas", SELECTOR), STANDBY_SCALE_PATH: ("standby_replicas", STANDBY_SELECTOR)}
+
+    def add_pod(self, name, *, phase="Running", ready=True, ip="10.42.0.17", role="replica"):
         pod = copy.deepcopy(CONTRACT["pod"])
         pod["metadata"]["name"] = name
+        pod["metadata"]["labels"]["infercap/role"] = role
         pod["status"]["phase"] = phase
         pod["status"]["podIP"] = ip if phase != "Pending" else None
         for cond in pod["status"]["conditions"]:
@@ -46,23 +62,29 @@ class FakeCluster:
             assert request.headers["Content-Type"] == "application/merge-patch+json"
             if self.refuse_patch:
                 return httpx.Response(403, json=CONTRACT["forbidden"])
-        if path == SCALE_PATH:
+        if path in self.scales:
+            attr, selector = self.scales[path]
             if request.method == "PATCH":
-                self.replicas = body["spec"]["replicas"]
+                setattr(self, attr, body["spec"]["replicas"])
             scale = copy.deepcopy(CONTRACT["scale"])
-            scale["spec"]["replicas"] = scale["status"]["replicas"] = self.replicas
+            scale["metadata"]["name"] = path.split("/")[-2]
+            scale["spec"]["replicas"] = scale["status"]["replicas"] = getattr(self, attr)
+            scale["status"]["selector"] = selector
             return httpx.Response(200, json=scale)
         if path == PODS_PATH and request.method == "GET":
-            assert request.url.params["labelSelector"] == CONTRACT["scale"]["status"]["selector"]
+            selector = request.url.params["labelSelector"]
+            assert selector in (SELECTOR, STANDBY_SELECTOR)
             listing = copy.deepcopy(CONTRACT["podList"])
-            listing["items"] = list(self.pods.values())
+            listing["items"] = [p for p in self.pods.values() if matches(selector, p["metadata"]["labels"])]
             return httpx.Response(200, json=listing)
         if path.startswith(PODS_PATH + "/"):
             name = path.rsplit("/", 1)[1]
             if name not in self.pods:
                 return httpx.Response(404, json={"kind": "Status", "message": f'pods "{name}" not found', "code": 404})
             if request.method == "PATCH":
-                self.pods[name]["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+                meta = self.pods[name]["metadata"]
+                for key in ("annotations", "labels"):
+                    meta.setdefault(key, {}).update(body["metadata"].get(key, {}))
             elif request.method == "DELETE":
                 self.pods[name]["metadata"]["deletionTimestamp"] = "2026-11-29T10:00:00Z"
             return httpx.Response(200, json=self.pods[name])
@@ -151,11 +173,66 @@ def test_scale_register_drain_and_restart(db, cluster, k8s, endpoint):
     assert endpoint.replicas.get(name="llama-13b-d").state == ReplicaState.FAILED
 
 
+def test_warm_pool_standby_pods_are_promoted_by_relabelling(db, cluster, k8s, endpoint, monkeypatch):
+    Endpoint.objects.filter(pk=endpoint.pk).update(warm_pool_size=2, desired_replicas=1)
+    endpoint.refresh_from_db()
+    monkeypatch.setattr(services, "get_actuator", lambda e: k8s)
+    cluster.add_pod("llama-13b-a", ip="10.42.0.17")
+    k8s.sync(endpoint)
+    # The warm pool is the standby Deployment, scaled through its own scale subresource
+    assert "warm pool" in " ".join(services.reconcile(endpoint=endpoint))
+    assert cluster.standby_replicas == 2 and cluster.replicas == 1
+    assert ("PATCH", STANDBY_SCALE_PATH, {"spec": {"replicas": 2}}) in cluster.requests
+    # Its pods register as standby replicas: ready, but neither capacity nor routed
+    cluster.add_pod("llama-13b-standby-x", ip="10.42.1.1", role="standby")
+    cluster.add_pod("llama-13b-standby-y", ip="10.42.1.2", role="standby")
+    services.reconcile(endpoint=endpoint)
+    standby = {r.name: r for r in endpoint.replicas.filter(is_standby=True)}
+    assert set(standby) == {"llama-13b-standby-x", "llama-13b-standby-y"}
+    assert {r.state for r in standby.values()} == {ReplicaState.READY}
+    inputs = services.horizontal_inputs(endpoint, now=0.0)
+    assert (inputs.ready, inputs.starting) == (1, 0)  # standbys are not capacity until promoted
+    assert cluster.standby_replicas == 2 and cluster.replicas == 1  # a full pool: nothing more launched
+
+    # Scale-up promotes a standby instead of cold-starting: its pod is relabelled into the serving set
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=2)
+    endpoint.refresh_from_db()
+    actions = services.reconcile(endpoint=endpoint)
+    assert "promoted standby llama-13b-standby-x" in actions
+    assert (
+        "PATCH",
+        f"{PODS_PATH}/llama-13b-standby-x",
+        {"metadata": {"labels": {"infercap/role": "replica", "infercap/promoted": "true"}}},
+    ) in cluster.requests
+    promoted = endpoint.replicas.get(name="llama-13b-standby-x")
+    assert not promoted.is_standby and promoted.state == ReplicaState.READY
+    assert cluster.replicas == 1  # the serving Deployment was not scaled: the promoted pod is the new replica
+    assert services.horizontal_inputs(endpoint, now=0.0).ready == 2
+    # The standby ReplicaSet releases the relabelled pod and starts a replacement: the pool refills by itself
+    cluster.add_pod("llama-13b-standby-z", phase="Pending", ready=False, role="standby")
+    services.reconcile(endpoint=endpoint)
+    assert cluster.standby_replicas == 2 and cluster.replicas == 1
+    promoted.refresh_from_db()
+    assert not promoted.is_standby and promoted.state == ReplicaState.READY
+    assert endpoint.replicas.get(name="llama-13b-standby-z").is_standby
+
+    # A later scale-up beyond the pool counts the promoted pod: the serving Deployment grows by the shortfall only
+    k8s.launch(endpoint, 1)
+    assert cluster.replicas == 2
+    # Scale-in of a promoted pod deletes it (no ReplicaSet owns it) and leaves the Deployment's count alone
+    k8s.move(promoted, ReplicaState.DRAINING, "scale in")
+    k8s.terminate([promoted], reason="drained")
+    assert cluster.requests[-1] == ("DELETE", f"{PODS_PATH}/llama-13b-standby-x", None)
+    assert cluster.replicas == 2
+    promoted.refresh_from_db()
+    assert promoted.state == ReplicaState.STOPPED
+
+
 def test_api_refusals_are_actuator_errors(db, cluster, k8s, endpoint):
     cluster.refuse_patch = True
     with pytest.raises(ActuatorError, match="403 .*cannot patch resource"):
         k8s.launch(endpoint, 2)
-    with pytest.raises(ActuatorError, match="warm pool"):
+    with pytest.raises(ActuatorError, match="403 .*cannot patch resource"):
         k8s.launch(endpoint, 1, standby=True)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from capacity.autoscaling.actuators import get_actuator
 from capacity.autoscaling.actuators.local import pid_alive
-from capacity.autoscaling.services import _in_flight, reconcile
+from capacity.autoscaling.services import _in_flight, horizontal_inputs, reconcile
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
 from tests.proxy.conftest import spawn_proxy
@@ -113,11 +113,14 @@ def test_warm_pool_standby_is_promoted_on_scale_up(clean_store, reap_local_repli
     scale(endpoint, 0)
     converge(endpoint, lambda: endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).exists())
     assert ready(endpoint) == []
+    inputs = horizontal_inputs(endpoint, now=time.time())
+    assert (inputs.ready, inputs.starting) == (0, 0)  # the horizontal policy does not count it either
     standby = endpoint.replicas.get(is_standby=True)
     # On scale-up it is promoted at once (no cold start) and the pool is refilled behind it
     actions = scale(endpoint, 1)
     assert f"promoted standby {standby.name}" in actions
     assert [r.pk for r in ready(endpoint)] == [standby.pk]
+    assert horizontal_inputs(endpoint, now=time.time()).ready == 1
     assert any(a.startswith("warm pool: started") for a in actions)
     converge(endpoint, lambda: endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).count() == 1)
 

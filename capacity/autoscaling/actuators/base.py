@@ -58,6 +58,12 @@ class Actuator(ABC):
     def owns(self, replica: Replica) -> bool:
         return replica.actuator == self.name
 
+    def promote(self, replica: Replica) -> None:
+        """Turn a ready standby into serving capacity (the proxy snapshot picks it up on this save). Actuators
+        whose standbys differ from serving replicas outside the database (Kubernetes labels) do that first."""
+        replica.is_standby = False
+        replica.save(update_fields=["is_standby"])
+
     # -- helpers shared by the implementations ------------------------------------------------------------
     @staticmethod
     def move(replica: Replica, to_state: str, reason: str) -> bool:

@@ -6,8 +6,17 @@ Deployment's selector are registered as replicas (name = pod name, url = pod IP)
 itself: it gets ``controller.kubernetes.io/pod-deletion-cost: -1000`` before the replica count drops, so the
 ReplicaSet removes that pod and not a busy one. A restart deletes the pod; the Deployment replaces it.
 
+Warm pool: a second Deployment, ``<deployment>-standby`` (launch option ``standby_deployment``), with the same pod
+template except the label ``infercap/role: standby`` where the serving one has ``infercap/role: replica``. Its pods
+are registered as standby replicas (``is_standby``: booted and healthy, but neither routed to nor counted as
+capacity). Promoting one relabels the pod ``infercap/role: replica`` (plus ``infercap/promoted: "true"``): the
+Service and the serving Deployment's selector now include it, and the standby ReplicaSet, whose selector it no
+longer matches, releases it and starts a replacement, so the pool refills by itself. A promoted pod belongs to no
+ReplicaSet (its ``pod-template-hash`` is the standby one's): scale-in deletes it instead of lowering the serving
+Deployment's count, and launches do not count it against that Deployment's ``spec.replicas``.
+
 The API server comes from ``INFERCAP["KUBERNETES_API_URL"]`` (or in-cluster: ``KUBERNETES_SERVICE_HOST`` and the
-service-account token). No warm pool here: standby pods would need a second Deployment.
+service-account token).
 """
 
 import logging
@@ -28,6 +37,8 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 STRATEGIC_PATCH = {"Content-Type": "application/strategic-merge-patch+json"}
+ROLE = "infercap/role"
+PROMOTED = "infercap/promoted"
 
 
 def deployment_name(endpoint: Endpoint) -> str:
@@ -35,9 +46,20 @@ def deployment_name(endpoint: Endpoint) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"endpoint-{endpoint.pk}"
 
 
+def standby_deployment_name(endpoint: Endpoint) -> str:
+    name = (endpoint.launch_options or {}).get("standby_deployment")
+    if name:
+        return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"endpoint-{endpoint.pk}-standby"
+    return f"{deployment_name(endpoint)[:55].rstrip('-')}-standby"
+
+
+def _promoted(pod: dict) -> bool:
+    return (pod.get("metadata", {}).get("labels") or {}).get(PROMOTED) == "true"
+
+
 class KubernetesActuator(Actuator):
     name = "kubernetes"
-    supports_standby = False
+    supports_standby = True
 
     def __init__(
         self,
@@ -79,42 +101,67 @@ class KubernetesActuator(Actuator):
     def _ns(endpoint: Endpoint) -> str:
         return str((endpoint.launch_options or {}).get("namespace") or "default")
 
-    def _scale_path(self, endpoint: Endpoint) -> str:
-        return f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{deployment_name(endpoint)}/scale"
+    def _scale_path(self, endpoint: Endpoint, *, standby: bool = False) -> str:
+        name = standby_deployment_name(endpoint) if standby else deployment_name(endpoint)
+        return f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{name}/scale"
 
-    def get_scale(self, endpoint: Endpoint) -> tuple[int, str]:
-        scale = self._request("GET", self._scale_path(endpoint))
+    def get_scale(self, endpoint: Endpoint, *, standby: bool = False) -> tuple[int, str]:
+        scale = self._request("GET", self._scale_path(endpoint, standby=standby))
         return int(scale.get("spec", {}).get("replicas") or 0), scale.get("status", {}).get("selector", "")
 
-    def set_scale(self, endpoint: Endpoint, replicas: int) -> None:
+    def set_scale(self, endpoint: Endpoint, replicas: int, *, standby: bool = False) -> None:
         self._request(
-            "PATCH", self._scale_path(endpoint), json={"spec": {"replicas": max(0, replicas)}}, headers=MERGE_PATCH
+            "PATCH",
+            self._scale_path(endpoint, standby=standby),
+            json={"spec": {"replicas": max(0, replicas)}},
+            headers=MERGE_PATCH,
         )
 
-    def pods(self, endpoint: Endpoint) -> list[dict]:
-        _, selector = self.get_scale(endpoint)
+    def pods(self, endpoint: Endpoint, *, standby: bool = False) -> list[dict]:
+        _, selector = self.get_scale(endpoint, standby=standby)
         if not selector:
-            raise ActuatorError(f"deployment {deployment_name(endpoint)} reports no selector")
+            name = standby_deployment_name(endpoint) if standby else deployment_name(endpoint)
+            raise ActuatorError(f"deployment {name} reports no selector")
         listing = self._request(
             "GET", f"/api/v1/namespaces/{self._ns(endpoint)}/pods", params={"labelSelector": selector}
         )
         return listing.get("items", [])
 
+    def _pod_path(self, endpoint: Endpoint, replica: Replica) -> str:
+        return f"/api/v1/namespaces/{self._ns(endpoint)}/pods/{replica.actuator_ref or replica.name}"
+
+    def _uses_warm_pool(self, endpoint: Endpoint) -> bool:
+        return endpoint.warm_pool_size > 0 or endpoint.replicas.filter(actuator=self.name, is_standby=True).exists()
+
     # -- the actuator interface ---------------------------------------------------------------------------
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
-        if standby:
-            raise ActuatorError("the kubernetes actuator keeps no warm pool")
         # The target counts registered pods, not spec.replicas: pods the ReplicaSet is still creating are already
         # in spec, so asking for spec + count on every tick until they register would overshoot.
         registered = endpoint.replicas.filter(
-            actuator=self.name, state__in=(ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
+            actuator=self.name,
+            is_standby=standby,
+            state__in=(ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY),
         ).count()
-        current, _ = self.get_scale(endpoint)
+        if not standby and self._uses_warm_pool(endpoint):
+            # Promoted standbys are serving replicas, but not the serving Deployment's pods.
+            registered -= sum(1 for pod in self.pods(endpoint) if _promoted(pod))
+        current, _ = self.get_scale(endpoint, standby=standby)
         if registered + count > current:
-            if current == 0:
+            if current == 0 and not standby:
                 self.apply_launch_env(endpoint)
-            self.set_scale(endpoint, registered + count)
+            self.set_scale(endpoint, registered + count, standby=standby)
         return []
+
+    def promote(self, replica: Replica) -> None:
+        """Relabel the standby pod into the serving set, then count it as capacity (see the module docstring)."""
+        endpoint = replica.endpoint
+        self._request(
+            "PATCH",
+            self._pod_path(endpoint, replica),
+            json={"metadata": {"labels": {ROLE: "replica", PROMOTED: "true"}}},
+            headers=MERGE_PATCH,
+        )
+        super().promote(replica)
 
     def apply_launch_env(self, endpoint: Endpoint) -> None:
         """Set the pod template's CPU request/limit and thread variables from the ``cpus`` launch option.
@@ -138,15 +185,25 @@ class KubernetesActuator(Actuator):
             by_endpoint.setdefault(replica.endpoint_id, []).append(replica)
         for group in by_endpoint.values():
             endpoint = group[0].endpoint
-            for replica in group:
-                self._request(
-                    "PATCH",
-                    f"/api/v1/namespaces/{self._ns(endpoint)}/pods/{replica.actuator_ref or replica.name}",
-                    json={"metadata": {"annotations": {DELETION_COST: "-1000"}}},
-                    headers=MERGE_PATCH,
-                )
-            current, _ = self.get_scale(endpoint)
-            self.set_scale(endpoint, current - len(group))
+            promoted = set()
+            if self._uses_warm_pool(endpoint):
+                promoted = {p["metadata"]["name"] for p in self.pods(endpoint) if _promoted(p)}
+            for standby in (True, False):
+                members = [r for r in group if r.is_standby == standby]
+                owned = [r for r in members if (r.actuator_ref or r.name) not in promoted]
+                for replica in members:
+                    if replica not in owned:  # a promoted pod has no ReplicaSet: delete it
+                        self._request("DELETE", self._pod_path(endpoint, replica))
+                        continue
+                    self._request(
+                        "PATCH",
+                        self._pod_path(endpoint, replica),
+                        json={"metadata": {"annotations": {DELETION_COST: "-1000"}}},
+                        headers=MERGE_PATCH,
+                    )
+                if owned:
+                    current, _ = self.get_scale(endpoint, standby=standby)
+                    self.set_scale(endpoint, current - len(owned), standby=standby)
             for replica in group:
                 self.stop_row(replica, reason)
 
@@ -159,6 +216,18 @@ class KubernetesActuator(Actuator):
     def sync(self, endpoint: Endpoint) -> None:
         port = int((endpoint.launch_options or {}).get("port", 8000))
         pods = {p["metadata"]["name"]: p for p in self.pods(endpoint)}
+        standby_pods = set()
+        standby_listing: list[dict] = []
+        if self._uses_warm_pool(endpoint):
+            try:
+                standby_listing = self.pods(endpoint, standby=True)
+            except ActuatorError as exc:  # no standby Deployment: the serving replicas still sync
+                log.warning("warm pool of %s: %s", endpoint.name, exc)
+            for pod in standby_listing:
+                name = pod["metadata"]["name"]
+                if name not in pods:  # a pod being promoted can show in both listings for a moment
+                    pods[name] = pod
+                    standby_pods.add(name)
         rows = {r.name: r for r in endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)}
         # A pod we stopped can stay listed for a while (terminating); it must not come back as a new replica.
         stopped = set(
@@ -182,6 +251,7 @@ class KubernetesActuator(Actuator):
                     url=f"http://{ip}:{port}" if ip else "",
                     concurrency_limit=endpoint.concurrency_limit,
                     version_id=endpoint.current_version_id,  # one Deployment per endpoint: its serving version
+                    is_standby=name in standby_pods,
                 )
                 self.move(row, ReplicaState.STARTING, f"pod {status.get('phase', 'Pending')}")
             if ip and not row.url:
