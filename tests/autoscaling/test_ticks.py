@@ -238,6 +238,7 @@ def test_vertical_tick_cuts_the_limit_after_two_overloaded_cycles(clean_store, t
     endpoint = tenant_a.endpoint
     Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
     replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=metrics_server.url, concurrency_limit=64)
+    metrics_server.running = 32  # half the limit in use: a loaded replica, whose health is evidence
     # Long ago the replica was fast: those counts must not count in today's p95 (the tick diffs scrapes)
     metrics_server.ttft = [1000, 0, 0, 0, 0, 0]
     metrics_server.tpot = [0, 1000, 0, 0, 0]

@@ -100,3 +100,9 @@ def test_increase_can_require_a_loaded_fleet():
     idle = decide(VerticalInputs(busy_fraction=0.1, **base), cfg)
     assert idle.desired == 64 and "only 10% of the limit in use" in idle.reason
     assert decide(VerticalInputs(busy_fraction=0.7, **base), cfg).desired == 72
+
+
+def test_a_quiet_fleet_does_not_raise_the_limit_by_default():
+    # A night at one replica is "healthy" at any limit: by default that is no evidence for more sequences
+    assert [d.desired for d in run_cycles(6, busy_fraction=0.05, **HEALTHY)] == [64] * 6
+    assert run_cycles(3, busy_fraction=0.6, **HEALTHY)[-1].desired == 72
