@@ -232,6 +232,27 @@ def test_canary_with_injected_errors_is_rolled_back_on_the_burn_comparison(
     assert not Replica.objects.filter(version=v2).exclude(state=ReplicaState.STOPPED).exists()
 
 
+def test_canary_that_misses_the_latency_slo_is_rolled_back_on_the_burn_comparison(
+    procs, clean_store, reap_local_replicas, tenant_a
+):
+    endpoint = start_endpoint(tenant_a.endpoint, 1)
+    # the tiny engine decodes a token in a few ms; 30 times slower misses a 40 ms TPOT target on every request
+    Endpoint.objects.filter(pk=endpoint.pk).update(tpot_slo_ms=40)
+    base = spawn_proxy(procs)
+    v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "faults": {"slow_factor": 30}})
+    rollout = services.start_rollout(
+        endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=120, min_samples=8
+    )
+    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key, clients=3) as traffic:
+        drive(rollout, endpoint, until=finished, timeout=60)
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK
+    assert rollout.reason.startswith("canary latency SLO misses"), rollout.reason
+    rollback = rollout.events.get(kind="rollback")
+    assert rollback.data["canary"]["errors"] == 0 and rollback.data["canary"]["latency_burn"] > 0.5
+    assert traffic.failed == 0  # slow, not broken: every request was still answered
+
+
 TICKER = """
 import time, django
 django.setup()
