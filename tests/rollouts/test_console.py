@@ -135,3 +135,24 @@ def test_tenants_read_their_own_endpoints_rollout_and_never_reach_the_actions(cl
     client.force_login(tenant_b.admin)
     assert client.get(reverse("console:endpoint", args=[tenant_a.endpoint.pk])).status_code == 404
     assert Rollout.objects.get(pk=rollout.pk).state == RolloutState.PENDING
+
+
+def test_a_rollout_decision_is_published_to_operators_and_the_owner_only(monkeypatch, tenant_a, tenant_b):
+    sent = []
+    monkeypatch.setattr("console.signals.publish", lambda **kwargs: sent.append(kwargs))
+    rollout = _rollout(tenant_a.endpoint)  # records its "created" event
+    ReservationFactory(tenant=tenant_b.tenant, endpoint=tenant_a.endpoint)  # a reserver does not see rollouts
+    RolloutEvent.objects.create(
+        rollout=rollout, kind="shift", from_state="surging", to_state="shifting", message="10 %"
+    )
+    events = [e for e in sent if e["kind"] == "rollout"]
+    assert [e["payload"]["kind"] for e in events] == ["created", "shift"]
+    assert events[-1]["payload"] == {
+        "endpoint_id": tenant_a.endpoint.pk,
+        "endpoint": tenant_a.endpoint.name,
+        "rollout_id": rollout.pk,
+        "kind": "shift",
+        "state": "shifting",
+        "message": "10 %",
+    }
+    assert all(list(e["tenant_ids"]) == [tenant_a.tenant.pk] for e in events)
