@@ -2,11 +2,14 @@
 
 import itertools
 
+import pytest
+
 from capacity.autoscaling.infercap import InfercapPolicy
-from capacity.autoscaling.sim_adapter import EngineSimAutoscaler
+from capacity.autoscaling.sim_adapter import EngineSimAutoscaler, QueueAgeAdmission, engine_seconds_per_request
 from endpoints.routing.baselines import LeastRequestRouter
 from endpoints.runtimes.sim import workloads
 from endpoints.runtimes.sim.des import Simulation, SlotAdmission
+from endpoints.runtimes.sim.profiles import get_profile
 
 
 def step_times():
@@ -40,3 +43,88 @@ def test_spike_scales_up_then_down_without_flapping_or_losing_requests():
     assert all(down - max(u for u in ups if u <= down) >= 300 for down in downs)
     # back to one replica once the spike is 5 minutes behind
     assert result.timeline[-1]["ready"] == 1
+
+
+def test_replicas_cold_start_within_the_range_and_take_the_current_limit():
+    class Up:
+        interval_s, vertical_interval_s, concurrency_limit = 5.0, 30.0, 8
+
+        def observe(self, sample):
+            pass
+
+        def desired(self, *, now, ready, starting):
+            return 4
+
+        def adjust_concurrency(self, **signals):
+            return 5
+
+    scaler = EngineSimAutoscaler(Up(), cold_start_s=(60.0, 120.0), seed=3)
+    scaler.limits.append((0.0, 5))  # the vertical axis already moved the limit
+    sim = Simulation(router=LeastRequestRouter(), replicas=1, profile="tiny", autoscaler=scaler, concurrency_limit=8)
+    sim.run(workloads.uniform(times=workloads.constant_times(1.0, count=200), prompt_tokens=32, output_tokens=8))
+    added = [rep for rep in sim._all_replicas if rep.record.added_s > 0]
+    assert len(added) == 3
+    boots = [rep.record.ready_s - rep.record.added_s for rep in added]
+    assert all(60.0 <= b <= 120.0 for b in boots) and len(set(boots)) == 3
+    assert {rep.concurrency_limit for rep in added} == {5}
+
+
+def test_demand_samples_carry_requests_and_mu():
+    seen = []
+
+    class Spy:
+        interval_s = 5.0
+
+        def observe(self, sample):
+            seen.append(sample)
+
+        def desired(self, *, now, ready, starting):
+            return 1
+
+    sim = Simulation(
+        router=LeastRequestRouter(), replicas=1, profile="tiny", autoscaler=EngineSimAutoscaler(Spy()),
+        cost_fn=lambda request, prompt_tokens: 2.5,
+    )  # fmt: skip
+    sim.run(workloads.uniform(times=workloads.constant_times(20.0, count=200), prompt_tokens=64, output_tokens=200))
+    busy = [s for s in seen if s.requests]
+    assert busy and all(s.mu == pytest.approx(2.5 * s.requests) for s in busy)
+    assert sum(s.arrivals for s in seen) == 200
+
+
+class View:
+    def __init__(self, in_flight, limit=2, healthy=True, draining=False):
+        self.in_flight, self.concurrency_limit, self.healthy, self.draining = in_flight, limit, healthy, draining
+
+
+def test_queue_age_admission_dispatches_on_free_slots_and_sheds_old_requests():
+    admission = QueueAgeAdmission(max_queue_age_s=30.0, retry_after_s=2.0)
+    assert admission.offer("a", [View(1)], now=0.0).dispatch == ["a"]
+    assert admission.offer("b", [View(2)], now=1.0).dispatch == []  # full: queued
+    assert admission.offer("c", [View(2)], now=20.0).dispatch == []  # FIFO: behind b
+    # 31 s after b arrived, with no slot freed, b is shed with a 429 and Retry-After; c still waits
+    verdict = admission.poll([View(2)], now=31.5)
+    assert [(r.request, r.retry_after_s, r.reason) for r in verdict.reject] == [("b", 2.0, "queue_age")]
+    assert verdict.dispatch == []
+    # A freed slot goes to the oldest waiting request; a draining or unhealthy replica has none
+    assert admission.poll([View(2, draining=True), View(0, healthy=False)], now=32.0).dispatch == []
+    assert admission.poll([View(1)], now=33.0).dispatch == ["c"]
+    with pytest.raises(ValueError):
+        QueueAgeAdmission(max_queue_age_s=0)
+
+
+def test_in_flight_time_accounts_for_prefill_stalls():
+    # Poisson load on one A100 13B replica: the closed form's W (Little: B = λ·W) against the simulated mean e2e
+    rate = 5.0
+    sim = Simulation(router=LeastRequestRouter(), replicas=1, profile="llama-13b-a100", concurrency_limit=256)
+    result = sim.run(
+        workloads.uniform(
+            times=workloads.poisson_times(rate, duration_s=600.0, seed=2), prompt_tokens=500, output_tokens=300
+        )
+    )
+    measured = [r.e2e_s for r in result.requests if r.arrival_s > 120.0]
+    mean_w = sum(measured) / len(measured)
+    profile = get_profile("llama-13b-a100")
+    assert engine_seconds_per_request(profile, rate * mean_w) == pytest.approx(mean_w, rel=0.15)
+    # without the stall term (decode only) W is far too short: the replica looks ~1.5× faster than it is
+    decode_only = profile.prefill_s(500) + 299 * profile.decode_step_s(round(rate * mean_w), 0)
+    assert decode_only < 0.75 * mean_w
