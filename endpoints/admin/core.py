@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.db import models
 
-from endpoints.models import Endpoint, Replica, ReplicaTransition
+from endpoints.models import VERSIONED_FIELDS, Endpoint, Replica, ReplicaTransition
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 
 # Replicas sit on the cluster network and speak plain http to the proxy.
@@ -44,6 +44,13 @@ class EndpointAdmin(OperatorAdmin):
     search_fields = ["name", "owner_tenant__name", "model_profile__name", "hardware_profile__name"]
     list_select_related = ["owner_tenant", "model_profile", "hardware_profile"]
     inlines = [ReplicaInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Model, profiles, runtime and launch options form a version: changing them needs a rollout (console or
+        # API), not a save here that would leave the running replicas on a version nobody recorded.
+        if obj is None:
+            return ["current_version"]
+        return [*VERSIONED_FIELDS, "current_version"]
 
 
 class ReplicaTransitionInline(admin.TabularInline):

@@ -156,3 +156,13 @@ def test_a_rollout_decision_is_published_to_operators_and_the_owner_only(monkeyp
         "message": "10 %",
     }
     assert all(list(e["tenant_ids"]) == [tenant_a.tenant.pk] for e in events)
+
+
+def test_the_admin_does_not_edit_versioned_fields_of_an_existing_endpoint(client, operator, tenant_a):
+    client.force_login(operator)
+    endpoint = tenant_a.endpoint
+    page = client.get(reverse("admin:endpoints_endpoint_change", args=[endpoint.pk])).content.decode()
+    assert 'name="routing_policy"' in page  # live settings stay editable
+    for field in ("model_profile", "hardware_profile", "runtime", "launch_options", "current_version"):
+        assert f'name="{field}"' not in page, field
+    assert 'name="model_profile"' in client.get(reverse("admin:endpoints_endpoint_add")).content.decode()
