@@ -148,6 +148,12 @@ def upstream_payload(req: ParsedRequest) -> bytes:
     options = req.body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage", True) is True:
         return req.raw
+    if options is None:
+        # The common case: splice the option in before the object's closing brace instead of serialising the
+        # whole body again (the body was parsed as a JSON object, so its last non-blank byte is that brace).
+        raw = req.raw.rstrip()
+        if raw.endswith(b"}") and raw.lstrip()[:1] == b"{":
+            return raw[:-1] + b',"stream_options":{"include_usage":true}}'
     body = dict(req.body)
     body["stream_options"] = {**(options or {}), "include_usage": True}
     return json.dumps(body, separators=(",", ":")).encode()

@@ -104,3 +104,17 @@ def test_usage_is_always_requested_upstream_but_only_forwarded_when_asked():
     }
     unary = parse_request("completions", json.dumps({"model": "m", "prompt": ["a", "b"]}).encode())
     assert unary.max_tokens == 16 and upstream_payload(unary) == unary.raw and unary.prompt_chars == 2
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "prompt": "a}", "stream": true, "n": 1}\n  ',
+        '{"model":"m","prompt":"caf\u00e9 }","stream":true}'.encode(),
+        json.dumps({"model": "m", "prompt": "x", "stream": True}).encode("utf-16"),
+    ],
+)
+def test_usage_option_added_without_losing_or_corrupting_fields(raw):
+    req = parse_request("completions", raw)
+    sent = json.loads(upstream_payload(req))
+    assert sent == {**req.body, "stream_options": {"include_usage": True}}
