@@ -259,6 +259,18 @@ def start_rollout(
     for name, value in (("error_rate_margin", error_rate_margin), ("latency_burn_margin", latency_burn_margin)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             errors[name] = ["must be a fraction between 0 and 1"]
+    if not errors:
+        from capacity.autoscaling.actuators import ActuatorError, get_actuator
+
+        try:
+            actuator = get_actuator(endpoint)
+        except ActuatorError as exc:
+            errors["launch_options"] = [str(exc)]
+        else:
+            if not actuator.supports_versions:
+                errors["to_version"] = [
+                    f"the {actuator.name} actuator cannot run two versions side by side; no rollout possible"
+                ]
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():

@@ -125,3 +125,12 @@ def test_traffic_weights_reach_the_proxy_snapshot():
     v1 = endpoint.current_version_id
     assert dict(info.version_weights) == {v1: 90, v2.pk: 10}
     assert {r.id: r.version_id for r in info.replicas} == {old.pk: v1, new.pk: v2.pk}
+
+
+def test_a_rollout_needs_an_actuator_that_runs_two_versions_side_by_side(settings):
+    settings.INFERCAP = {**settings.INFERCAP, "KUBERNETES_API_URL": "http://127.0.0.1:9"}  # never called
+    endpoint = EndpointFactory(launch_options={"actuator": "kubernetes"})
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "kubernetes", "cpus": 4})
+    with pytest.raises(ValidationError) as err:
+        services.start_rollout(endpoint=endpoint, to_version=v2)
+    assert "cannot run two versions side by side" in str(err.value.message_dict["to_version"])

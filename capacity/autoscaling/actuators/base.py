@@ -28,6 +28,7 @@ class ActuatorError(Exception):
 
 class Actuator(ABC):
     name: str = ""
+    supports_versions = True  # can run replicas of two endpoint versions side by side (what a rollout needs)
 
     @abstractmethod
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:

@@ -60,6 +60,8 @@ def _promoted(pod: dict) -> bool:
 class KubernetesActuator(Actuator):
     name = "kubernetes"
     supports_standby = True
+    # One Deployment per endpoint: its pods all run one pod template, so two versions cannot run side by side.
+    supports_versions = False
 
     def __init__(
         self,
