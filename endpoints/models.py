@@ -210,7 +210,8 @@ class RolloutState(models.TextChoices):
     pending → surging → (canary: shifting, step by step) → promoting → succeeded
     any of pending / surging / shifting → rolling_back → rolled_back (automatic on failure, or an operator)
     pending / surging / shifting ⇄ paused (an operator; nothing moves while paused)
-    failed: the rollout could not continue and could not roll back on its own (an operator must look).
+    failed: the rollout could not continue and could not roll back on its own (the endpoint's serving version
+    was changed outside it); its replicas are left as they are for an operator.
     """
 
     PENDING = "pending", "Pending"

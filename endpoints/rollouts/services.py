@@ -414,6 +414,19 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
     from capacity.autoscaling.services import finish_drains
 
     endpoint = rollout.endpoint
+    endpoint.refresh_from_db(fields=["current_version"])
+    if rollout.state in machine.ROLLBACK_FROM and endpoint.current_version_id != rollout.from_version_id:
+        # Someone switched the serving version behind the rollout's back (the admin, the database): its idea of
+        # old and new no longer holds, so it stops where it is and an operator decides.
+        failed = machine.Decision(
+            state=RolloutState.FAILED,
+            traffic_percent=rollout.traffic_percent,
+            step_index=rollout.step_index,
+            kind="failed",
+            reason=f"the endpoint's serving version changed outside the rollout (now {endpoint.current_version_id})",
+        )
+        _record(rollout, _facts(rollout, now), failed, now)
+        return rollout
     actuator = get_actuator(endpoint)
     try:
         actuator.sync(endpoint)

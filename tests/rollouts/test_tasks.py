@@ -165,3 +165,19 @@ def test_version_stats_count_outcomes_per_version_through_the_replica(fake, endp
     assert (stats[v1.pk].requests, stats[v1.pk].errors, stats[v1.pk].slo_misses) == (2, 0, 1)
     assert (stats[v2.pk].requests, stats[v2.pk].errors, stats[v2.pk].slo_misses) == (4, 2, 1)
     assert stats[v2.pk].error_rate == 0.5 and stats[v2.pk].latency_burn == 0.5
+
+
+def test_a_serving_version_changed_behind_the_rollouts_back_fails_it(clean_store, fake, endpoint):
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
+    v3 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 3.0})
+    rollout = services.start_rollout(endpoint=endpoint, to_version=v2)
+    services.rollout_tick(rollout_id=rollout.pk)
+    Endpoint.objects.filter(pk=endpoint.pk).update(current_version=v3)  # e.g. an edit in the database
+    services.rollout_tick(rollout_id=rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.FAILED and rollout.finished_at is not None
+    assert "changed outside the rollout" in rollout.reason
+    # nothing else happens to a failed rollout
+    launched = list(fake.launched)
+    services.rollout_tick(rollout_id=rollout.pk)
+    assert fake.launched == launched
