@@ -50,15 +50,6 @@ _FINAL = {RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED}
 
 
 # -- versions -------------------------------------------------------------------------------------------------
-def _spec_of(endpoint: Endpoint) -> dict:
-    return {
-        "model_profile": endpoint.model_profile_id,
-        "hardware_profile": endpoint.hardware_profile_id,
-        "runtime": endpoint.runtime,
-        "launch_options": endpoint.launch_options or {},
-    }
-
-
 def ensure_current_version(endpoint: Endpoint) -> EndpointVersion:
     """The endpoint's serving version; version 1 is created from its fields when it has none yet."""
     if endpoint.current_version_id:
