@@ -423,10 +423,11 @@ def _write_svg(path: str, curves: dict, demand: list, period: float) -> None:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
     ]
-    pts = " ".join("{:.1f},{:.1f}".format(*xy(t, v, demand_top)) for t, v in demand[::10] if t <= period)
+    step = max(1, int(period) // 1000)  # about 1,000 points per curve
+    pts = " ".join("{:.1f},{:.1f}".format(*xy(t, v, demand_top)) for t, v in demand[::step] if t <= period)
     lines.append(f'<polyline fill="none" stroke="#2ca02c" stroke-opacity="0.35" points="{pts}"/>')
     for i, (name, curve) in enumerate(curves.items()):
-        pts = " ".join("{:.1f},{:.1f}".format(*xy(t, v, top)) for t, v in curve[::5] if t <= period)
+        pts = " ".join("{:.1f},{:.1f}".format(*xy(t, v, top)) for t, v in curve[::step] if t <= period)
         color = colors.get(name, "#17becf")
         lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>')
         lines.append(f'<text x="{pad + 10 + 120 * i}" y="20" fill="{color}">{name}</text>')
