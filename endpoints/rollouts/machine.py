@@ -11,6 +11,10 @@ States (``endpoints.models.RolloutState``)::
     pending → surging → shifting (step 1 … n) → promoting → succeeded   (canary)
     pending / surging / shifting → rolling_back → rolled_back  (new replicas failed, canary burned, operator)
     paused: nothing moves until resumed (the service keeps the state it came from)
+
+A canary step advances once its window (``step_duration_s``) has passed without a verdict against it; the
+comparison itself waits for ``min_samples`` canary requests, so a quiet endpoint is not held at a step forever
+(its canary is simply judged on less evidence). Any new-version replica failing during the trial rolls back.
 """
 
 from __future__ import annotations
