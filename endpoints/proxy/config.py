@@ -23,6 +23,8 @@ class ProxyConfig:
     snapshot_poll_s: float = 0.5
     snapshot_fallback_reload_s: float = 5.0  # when Redis is down, reload from the database this often
     demand_interval_s: float = 1.0
+    member_interval_s: float = 0.25  # membership heartbeat that splits replica slots between proxy processes
+    member_ttl_s: float = 1.5  # a process silent this long is counted out (its share goes to the others)
     rate_limit_fail_mode: str = "open"
     usage_flush_s: float = 0.25
     usage_batch: int = 500

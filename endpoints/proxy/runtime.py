@@ -37,6 +37,7 @@ class Slot:
     view: ReplicaView
     removed: bool = False  # gone from the snapshot: finish what runs, take nothing new
     version_id: int | None = None  # the endpoint version the replica runs (traffic is split by version)
+    limit: int = 0  # the replica's concurrency limit; view.concurrency_limit is this process's cap of it
 
 
 class EndpointRuntime:
@@ -55,6 +56,10 @@ class EndpointRuntime:
         self.in_flight = 0
         self.in_flight_mu = 0.0
         self._expiry_handle: asyncio.TimerHandle | None = None
+        # This process's share of each replica's limit when several proxy processes run (replica id → cap;
+        # ``endpoints.admission.shares``); None = the whole limit.
+        self.caps: dict[str, int] | None = None
+        self._gauges_dirty: set[str] = set()
         self.update(info)
 
     # -- config ---------------------------------------------------------------------------------------
@@ -72,12 +77,15 @@ class EndpointRuntime:
             seen.add(rid)
             limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
             slot = self.slots.get(rid)
+            cap = limit if self.caps is None else min(limit, self.caps.get(rid, 0))
             if slot is None:
-                view = ReplicaView(replica_id=rid, concurrency_limit=limit, mu_capacity=mu_capacity)
-                self.slots[rid] = Slot(replica_id=r.id, name=r.name, url=r.url, view=view, version_id=r.version_id)
+                view = ReplicaView(replica_id=rid, concurrency_limit=cap, mu_capacity=mu_capacity)
+                self.slots[rid] = Slot(
+                    replica_id=r.id, name=r.name, url=r.url, view=view, version_id=r.version_id, limit=limit
+                )
             else:
-                slot.url, slot.removed, slot.version_id = r.url, False, r.version_id
-                slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity
+                slot.url, slot.removed, slot.version_id, slot.limit = r.url, False, r.version_id, limit
+                slot.view.concurrency_limit, slot.view.mu_capacity = cap, mu_capacity
                 slot.view.draining = False
         for rid, slot in list(self.slots.items()):
             if rid not in seen:
@@ -86,6 +94,26 @@ class EndpointRuntime:
                 if slot.view.in_flight == 0:
                     del self.slots[rid]
         self.pump()
+
+    def apply_caps(self, caps: dict[str, int] | None) -> None:
+        """Follow this process's new share of the replicas' limits; a raised cap admits queued requests."""
+        self.caps = caps
+        for rid, slot in self.slots.items():
+            slot.view.concurrency_limit = slot.limit if caps is None else min(slot.limit, caps.get(rid, 0))
+        self.pump()
+
+    def in_flight_by_replica(self) -> dict[str, int]:
+        return {rid: s.view.in_flight for rid, s in self.slots.items() if s.view.in_flight}
+
+    def flush_gauges(self) -> None:
+        """Write the in-flight gauges of the replicas that changed (batched off the request path: with
+        ``PROMETHEUS_MULTIPROC_DIR`` every write is an mmap update)."""
+        dirty, self._gauges_dirty = self._gauges_dirty, set()
+        for rid in dirty:
+            slot = self.slots.get(rid)
+            if slot is not None:
+                m.child(m.IN_FLIGHT, self.info.name, slot.name).set(slot.view.in_flight)
+                m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(slot.view.in_flight_mu)
 
     def scrape_targets(self) -> dict[str, str]:
         return {rid: s.url for rid, s in self.slots.items() if not s.removed}
@@ -178,8 +206,7 @@ class EndpointRuntime:
         self.in_flight += 1
         self.in_flight_mu += mu
         self.router.on_routed(route, slot.view.replica_id, now)
-        m.child(m.IN_FLIGHT, self.info.name, slot.name).set(slot.view.in_flight)
-        m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(slot.view.in_flight_mu)
+        self._gauges_dirty.add(slot.view.replica_id)
 
     def release(self, slot: Slot, route: RouteRequest, mu_reserved: float, mu_done: float) -> None:
         now = self.clock()
@@ -192,10 +219,11 @@ class EndpointRuntime:
             self.router.on_finished(route, slot.view.replica_id, now)
         except Exception:  # noqa: BLE001 - a router bug must not leak slots
             log.exception("router on_finished failed")
-        m.child(m.IN_FLIGHT, self.info.name, slot.name).set(slot.view.in_flight)
-        m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(slot.view.in_flight_mu)
+        self._gauges_dirty.add(slot.view.replica_id)
         if slot.removed and slot.view.in_flight == 0:
             self.slots.pop(slot.view.replica_id, None)
+            m.child(m.IN_FLIGHT, self.info.name, slot.name).set(0)
+            m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(0)
         self.pump()
 
     # -- queue --------------------------------------------------------------------------------------------

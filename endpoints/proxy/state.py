@@ -5,6 +5,7 @@ Created lazily on the first request (Channels' router has no lifespan hook)."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import json
 import logging
@@ -31,6 +32,37 @@ DEMAND_KEY = "infercap:demand:{endpoint_id}"
 DEMAND_TTL_S = 5
 DEMAND_STALE_S = 30.0
 DEMAND_PRUNE_EVERY = 30  # publish cycles
+MEMBERS_KEY = "infercap:proxy:members"
+
+# Proxy membership heartbeat (see endpoints.admission.shares). KEYS[1]: the members hash. ARGV: this process's
+# id, its in-flight streams per replica (a JSON object), the TTL in seconds. Stamps the entry with Redis' clock
+# (keeping the first join time), drops expired entries and returns the live ones, all in one atomic step, so a
+# member that heartbeats after another joined has seen it.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local ttl = tonumber(ARGV[3])
+local joined = now
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local ok, v = pcall(cjson.decode, old)
+  if ok and type(v) == 'table' and tonumber(v.j) and now - tonumber(v.t or 0) <= ttl then joined = tonumber(v.j) end
+end
+redis.call('HSET', KEYS[1], ARGV[1], string.format('{"j":%.6f,"t":%.6f,"f":%s}', joined, now, ARGV[2]))
+redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
+local all = redis.call('HGETALL', KEYS[1])
+local live = {}
+for i = 1, #all, 2 do
+  local ok, v = pcall(cjson.decode, all[i + 1])
+  if ok and type(v) == 'table' and tonumber(v.t) and now - tonumber(v.t) <= ttl then
+    live[#live + 1] = all[i]
+    live[#live + 1] = all[i + 1]
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return live
+"""
 
 
 def _load_in_thread(version: str) -> Snapshot:
@@ -56,6 +88,8 @@ class ProxyState:
         self._tasks: list[asyncio.Task] = []
         self.background: set[asyncio.Task] = set()
         self._config_changed = asyncio.Event()  # set by a published config change: reload without waiting the poll
+        self.members: dict | None = None  # the last heartbeat read (None: no Redis, this process has whole limits)
+        self._heartbeat = None
 
     async def start(self) -> None:
         from billing.ingest import UsageWriter
@@ -95,6 +129,11 @@ class ProxyState:
         if self.redis is not None:
             self._tasks.append(loop.create_task(self._listen_config(), name="proxy-config-listen"))
         self._tasks.append(loop.create_task(self._publish_demand(), name="proxy-demand"))
+        if self.redis is not None:
+            self._heartbeat = self.redis.register_script(_HEARTBEAT)
+            atexit.register(self._leave_sync)
+            await self._beat()  # a lone process starts with the whole limits, not after one interval
+        self._tasks.append(loop.create_task(self._housekeeping(), name="proxy-housekeeping"))
 
     def _scraper_start(self) -> None:
         try:
@@ -178,13 +217,74 @@ class ProxyState:
                 continue
             runtime.update(info)
         self._sync_scrape_targets()
+        self._apply_caps()
 
     def runtime_for(self, info) -> EndpointRuntime:
         runtime = self.runtimes.get(info.id)
         if runtime is None:
             runtime = self.runtimes[info.id] = EndpointRuntime(info, config=self.config, scraper=self.scraper)
             self._sync_scrape_targets()
+            self._apply_caps(runtime)
         return runtime
+
+    # -- sharing replica slots with the other proxy processes --------------------------------------------
+    async def _housekeeping(self) -> None:
+        """Every ``member_interval_s``: write the in-flight gauges that changed, and heartbeat the membership."""
+        while True:
+            await asyncio.sleep(self.config.member_interval_s)
+            for runtime in self.runtimes.values():
+                runtime.flush_gauges()
+            if self.redis is None:
+                continue
+            try:
+                await self._beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: keep the last caps (nobody can see a change)
+                log.debug("proxy membership heartbeat failed: %s", exc)
+
+    async def _beat(self) -> None:
+        from endpoints.admission.shares import Member
+
+        in_flight: dict[str, int] = {}
+        for runtime in self.runtimes.values():
+            in_flight.update(runtime.in_flight_by_replica())
+        raw = await self._heartbeat(
+            keys=[MEMBERS_KEY],
+            args=[self.process_id, json.dumps(in_flight, separators=(",", ":")), repr(self.config.member_ttl_s)],
+        )
+        members = {}
+        for i in range(0, len(raw) - 1, 2):
+            entry = json.loads(raw[i + 1])
+            flights = entry.get("f")
+            members[raw[i].decode() if isinstance(raw[i], bytes) else raw[i]] = Member(
+                joined=float(entry["j"]),
+                seen_at=float(entry["t"]),
+                in_flight={str(k): int(v) for k, v in flights.items()} if isinstance(flights, dict) else {},
+            )
+        self.members = members
+        self._apply_caps()
+
+    def _apply_caps(self, runtime: EndpointRuntime | None = None) -> None:
+        if self.members is None:
+            return
+        from endpoints.admission.shares import replica_caps
+
+        for rt in [runtime] if runtime is not None else list(self.runtimes.values()):
+            limits = {rid: slot.limit for rid, slot in rt.slots.items()}
+            rt.apply_caps(replica_caps(self.process_id, self.members, limits))
+
+    def _leave_sync(self) -> None:
+        """At exit (uvicorn runs without a lifespan here, so no async shutdown hook): leave the group at once,
+        so the others take over this share now rather than after the TTL."""
+        try:
+            import redis
+
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+            client.hdel(MEMBERS_KEY, self.process_id)
+            client.close()
+        except Exception:  # noqa: BLE001 - the TTL removes it anyway
+            pass
 
     def _sync_scrape_targets(self) -> None:
         if self.scraper is None:
@@ -252,6 +352,10 @@ class ProxyState:
         if self.session is not None:
             await self.session.close()
         if self.redis is not None:
+            try:
+                await self.redis.hdel(MEMBERS_KEY, self.process_id)
+            except Exception:  # noqa: BLE001 - the TTL removes it anyway
+                pass
             await self.redis.aclose()
 
 
