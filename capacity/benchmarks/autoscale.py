@@ -8,7 +8,12 @@ FIFO queue with 30 s queue-age shedding (429), chat-shaped requests (prompts 200
 means 500 / 300 as DESIGN §4's worked example) priced in MU with the model profile's default coefficients, and
 the Endpoint model's default SLO (TTFT ≤ 2 s, TPOT ≤ 100 ms). Static peak holds enough replicas for the trace's
 peak rate at the baselines' 64-sequence limit and 0.7 utilization (a replica then serves ~5.8 req/s, prefill
-stalls included; see ``sim_adapter.engine_seconds_per_request``).
+stalls included; see ``sim_adapter.engine_seconds_per_request``). Sized with the decode-only in-flight time
+(3.9 s instead of 7.7 s at 44.8 sequences: at 6,000 tok/s a loaded replica spends ~45% of its time in prefill),
+static peak gets 8 replicas instead of 14 and meets the SLO for only 78% of requests: that, and a trace whose
+spikes reached ~270 req/s (sized for an H100-class prefill), is why every policy missed the SLO on this engine.
+Speed: ~8,000 simulated requests per wall second on a few replicas, ~4,000 with 15 or more (every dispatch
+builds one routing view per replica); ``sim_requests_per_wall_s`` reports it per run.
 
 The trace is one compressed "day" (quick: 3 h, full: 8 h) of the bursty shape: diurnal cycle, three 10× spikes
 within 3 s, near-zero night. The spikes repeat at the same hour every day. Ours (``infercap``) gets a history day:
