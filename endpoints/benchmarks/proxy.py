@@ -20,35 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_SLUG = "bench-proxy"
 ENDPOINT = "bench-proxy-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited ({proc.returncode}) before listening on {port}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on port {port}")
 
 
 def _cpu_s(pid: int) -> float:
@@ -318,9 +297,6 @@ def _svg(results: dict, path: str) -> None:
 
 
 def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **opts) -> dict:
-    from django.conf import settings
-    from django.db import connection
-
     speed = float(opts.get("speed", 1.0))
     replicas = int(opts.get("replicas", 1))
     max_tokens = int(opts.get("max_tokens", 64))
@@ -334,108 +310,35 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
     levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
     calibrate = str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes")
     baseline = str(opts.get("baseline", "1")) in ("1", "true", "yes")
-    procs: list[subprocess.Popen] = []
-    env = {**os.environ}
-    s = connection.settings_dict
+    group = ProcessGroup()
     try:
         urls = []
         for _ in range(replicas):
-            port = _free_port()
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "endpoints.runtimes.sim.cli",
-                    "--port",
-                    str(port),
-                    "--speed",
-                    str(speed),
-                    "--served-model-name",
-                    ENDPOINT,
-                    "--max-num-seqs",
-                    "512",
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            procs.append(proc)
-            _wait_port(port, proc)
+            port = free_port()
+            argv = sim_replica_argv(port, speed=speed, served_model_name=ENDPOINT, extra=["--max-num-seqs", "512"])
+            group.spawn(argv, port=port, timeout=60)
             urls.append(f"http://127.0.0.1:{port}")
         key = _setup_world(urls)
-        proxy_port = _free_port()
-        proxy_env = {
-            **env,
-            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings.local"),
-        }
-        if s["ENGINE"].endswith("postgresql"):
-            auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
-            proxy_env["DATABASE_URL"] = f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-        if settings.REDIS_URL:
-            proxy_env["REDIS_URL"] = settings.REDIS_URL
-        proxy = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "config.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(proxy_port),
-                "--lifespan",
-                "off",
-                "--no-access-log",
-                "--log-level",
-                "warning",
-                "--loop",
-                "uvloop",
-                "--http",
-                "httptools",
-            ],
-            cwd=ROOT,
-            env=proxy_env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(opts.get("proxy_log", os.devnull), "ab"),  # noqa: SIM115 - closed with the process
-            start_new_session=True,
+        proxy_port = free_port()
+        # The deployed command line: uvloop and httptools (uvicorn_argv adds them when installed).
+        proxy = group.spawn(
+            uvicorn_argv("config.asgi:application", proxy_port),
+            env=child_django_env(),
+            port=proxy_port,
+            stderr=opts.get("proxy_log", os.devnull),
+            timeout=60,
         )
-        procs.append(proxy)
-        _wait_port(proxy_port, proxy)
         proxy_base = f"http://127.0.0.1:{proxy_port}"
         bare_base = None
         bare_pid = 0
         if baseline:
-            bare_port = _free_port()
-            bare_proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "endpoints.benchmarks.passthrough:app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(bare_port),
-                    "--lifespan",
-                    "off",
-                    "--no-access-log",
-                    "--log-level",
-                    "warning",
-                    "--loop",
-                    "uvloop",
-                    "--http",
-                    "httptools",
-                ],
-                cwd=ROOT,
-                env={**env, "BENCH_UPSTREAM": urls[0]},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
+            bare_port = free_port()
+            bare_proc = group.spawn(
+                uvicorn_argv("endpoints.benchmarks.passthrough:app", bare_port),
+                env={"BENCH_UPSTREAM": urls[0]},
+                port=bare_port,
+                timeout=60,
             )
-            procs.append(bare_proc)
-            _wait_port(bare_port, bare_proc)
             bare_pid = bare_proc.pid
             bare_base = f"http://127.0.0.1:{bare_port}"
         direct_base = urls[0]
@@ -522,17 +425,10 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             )
         results = asyncio.run(measure())
     finally:
+        group.kill_all()  # first: a failing clean-up below must not leave the processes running
         from endpoints.models import Replica
 
         Replica.objects.filter(endpoint__name=ENDPOINT).delete()  # their processes are gone
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
     if plot:
         _svg(results, plot)
     return results

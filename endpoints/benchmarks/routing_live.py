@@ -17,18 +17,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from endpoints.benchmarks.routing import random_text
-from endpoints.runtimes.sim.process import free_port, start_replica
+from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_port, uvicorn_argv
+from endpoints.runtimes.sim.process import start_replica
 from endpoints.runtimes.sim.results import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,15 +170,12 @@ def _ms(seconds):
 
 
 def run_live(*, setup, quick: bool, progress, policies: tuple[str, ...] = ("round_robin", "llmd", "infercap")) -> dict:
-    from django.conf import settings
-    from django.db import connection
-
     replicas = 4
     groups, per_group, system_tokens, question_tokens, output_tokens = 8, 8, 512, 64, 32
     stages = (8.0, 16.0, 24.0) if quick else (8.0, 16.0, 24.0, 32.0)
     stage_s = 8.0 if quick else 15.0
     ttft_slo_s, tpot_slo_s = setup.ttft_slo_s, setup.tpot_slo_s
-    procs: list[subprocess.Popen] = []
+    group = ProcessGroup()
     sims = []
     try:
         for _ in range(replicas):
@@ -191,31 +185,7 @@ def run_live(*, setup, quick: bool, progress, policies: tuple[str, ...] = ("roun
         urls = [s.url for s in sims]
         key = _setup_world(urls)
         port = free_port()
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings.local"),
-        }
-        db = connection.settings_dict
-        if db["ENGINE"].endswith("postgresql"):
-            auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-            env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-        if settings.REDIS_URL:
-            env["REDIS_URL"] = settings.REDIS_URL
-        argv = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--lifespan", "off", "--no-access-log", "--log-level", "warning"]
-        proxy = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        procs.append(proxy)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-                break
-            except httpx.HTTPError:
-                if proxy.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the proxy did not start") from None
-                time.sleep(0.2)
+        group.spawn(uvicorn_argv("config.asgi:application", port), env=child_django_env(), port=port, timeout=60)
         base = f"http://127.0.0.1:{port}"
         progress(f"live: {replicas} simulated replicas, proxy at {base}")
         results = {}
@@ -256,14 +226,7 @@ def run_live(*, setup, quick: bool, progress, policies: tuple[str, ...] = ("roun
             }
             progress(f"live {policy}: {results[policy]}")
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        group.kill_all()
         for sim in sims:
             sim.stop()
     ours = results["infercap"]

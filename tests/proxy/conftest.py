@@ -1,87 +1,28 @@
 """Real processes over real sockets: simulated vLLM replicas and proxy
 workers (uvicorn running ``config.asgi``) that read the test database. Every process is killed on teardown."""
 
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
 
 from endpoints.models import Replica, ReplicaState
+from endpoints.runtimes.processes import (
+    PY,
+    ROOT,
+    ProcessGroup,
+    database_url,
+    free_port,
+    sim_replica_argv,
+    uvicorn_argv,
+    wait_port,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {port} after {timeout} s")
-
-
-def subprocess_database_url() -> str:
-    s = connection.settings_dict
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-class Processes:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def spawn(self, args: list[str], env: dict | None = None, port: int | None = None) -> subprocess.Popen:
-        full_env = {**os.environ, **(env or {})}
-        proc = subprocess.Popen(
-            args, cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-        )
-        self.procs.append(proc)
-        if port is not None:
-            try:
-                wait_port(port, proc)
-            except Exception:
-                self.kill_all()
-                err = proc.stderr.read().decode(errors="replace")[-3000:] if proc.stderr else ""
-                raise RuntimeError(f"{args} failed to start:\n{err}") from None
-        return proc
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=5)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=5)
-        if proc.stderr:
-            proc.stderr.close()
-
-    def kill_all(self) -> None:
-        for proc in reversed(self.procs):
-            self.kill(proc)
-        self.procs.clear()
+# Kept for the tests that import them from here.
+Processes = ProcessGroup
+subprocess_database_url = database_url
+__all__ = ["PY", "ROOT", "Processes", "free_port", "subprocess_database_url", "wait_port"]
 
 
 @pytest.fixture
@@ -112,22 +53,9 @@ def spawn_replica(
     """A simulated vLLM replica process (``--fault …`` in ``extra`` injects failures) plus its READY row."""
     port = free_port()
     # Replicas serve the endpoint's name as their model (the actuators launch them with --served-model-name).
-    args = [
-        PY,
-        "-m",
-        "endpoints.runtimes.sim.cli",
-        "--runtime",
-        "sim",
-        "--port",
-        str(port),
-        "--speed",
-        str(speed),
-        "--served-model-name",
-        endpoint.name,
-        *(extra or []),
-    ]
-    env: dict = {}
-    proc = procs.spawn(args, env=env, port=port)
+    proc = procs.spawn(
+        sim_replica_argv(port, speed=speed, served_model_name=endpoint.name, extra=extra or []), port=port
+    )
     replica = Replica.objects.create(
         endpoint=endpoint,
         name=name,
@@ -148,22 +76,7 @@ def spawn_proxy(procs: Processes, db_url: str | None = None, **knobs) -> str:
         "INFERCAP_SNAPSHOT_POLL_S": "0.1",
         **{f"INFERCAP_PROXY_{k.upper()}": str(v) for k, v in knobs.items()},
     }
-    args = [
-        PY,
-        "-m",
-        "uvicorn",
-        "config.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--lifespan",
-        "off",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-    ]
-    procs.spawn(args, env=env, port=port)
+    procs.spawn(uvicorn_argv("config.asgi:application", port), env=env, port=port)
     return f"http://127.0.0.1:{port}"
 
 

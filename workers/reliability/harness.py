@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from django.conf import settings
-from django.db import connection
 
+from endpoints.runtimes.processes import database_url, free_port
 from workers.reliability.chaos import TcpRelay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,18 +57,8 @@ class Seeded:
     keys: dict[str, str]  # priority class → raw key
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def database_url_from_connection() -> str:
-    s = connection.settings_dict
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+_free_port = free_port
+database_url_from_connection = database_url
 
 
 def peak_rss_mb(pid: int) -> float:
