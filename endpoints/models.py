@@ -246,10 +246,11 @@ class Rollout(models.Model):
     """Moving an endpoint's traffic from ``from_version`` to ``to_version`` without losing requests or capacity.
 
     All of a rollout's progress lives in this row (a Celery beat task ticks it; a worker that dies mid-rollout
-    leaves nothing behind that the next tick cannot rebuild). New-version replicas are started next to the old
-    ones until they match the old version's ready count at the start (``baseline_ready``), at most ``max_surge``
-    starting at a time; each must pass ``/health`` and a warm-up completion before it gets traffic. Traffic then
-    moves all at once or through ``canary_steps`` (percent of requests to the new version), each step held for
+    leaves nothing behind that the next tick cannot rebuild). The old version's ready replicas at the start
+    (``baseline_ready``) are replaced in batches: at most ``min(baseline_ready, max_surge)`` extra replicas are
+    alive at once; each new one must pass ``/health`` and a warm-up completion before it gets traffic, traffic
+    follows the warmed new replicas (capped by the canary step's percent in ``canary_steps``) and as many old
+    replicas drain, so ready routable capacity never drops below the start. Each canary step is held for
     ``step_duration_s`` while the canary's error rate and SLO-miss rate (latency burn) are compared with the old
     version's; exceeding them by ``error_rate_margin`` / ``latency_burn_margin`` (with at least ``min_samples``
     canary requests) rolls back. At most one active rollout per endpoint.
@@ -269,7 +270,9 @@ class Rollout(models.Model):
         default=0, validators=[MaxValueValidator(100)], help_text="share of requests going to to_version"
     )
     max_surge = models.PositiveIntegerField(
-        default=2, validators=[MinValueValidator(1)], help_text="new-version replicas starting at the same time"
+        default=2,
+        validators=[MinValueValidator(1)],
+        help_text="extra replicas alive at once (bounded by the ready count): the batch size of the replacement",
     )
     baseline_ready = models.PositiveIntegerField(
         default=0, help_text="ready replicas of from_version when the rollout started (capacity never drops below)"

@@ -2,24 +2,38 @@
 
 ``decide(facts, config)`` is called on every tick with what the service observed (replica counts per version,
 per-version request outcomes since the step began, the time) and returns the state to record, the traffic share
-for the new version and the actions to take (replicas to launch, which version to drain). Calling it twice with
-the same facts returns the same decision, which is what makes a tick idempotent and a crashed worker harmless.
+for the new version and the actions to take (replicas to launch, how many old-version replicas to drain). Calling
+it twice with the same facts returns the same decision, which is what makes a tick idempotent and a crashed worker
+harmless: every count it acts on is derived from the facts, never from what an earlier tick meant to do.
+
+Rolling replacement. With ``B`` the old version's ready replicas at the start (at least one) and the surge
+``S = min(B, max_surge)``, at most ``B + S`` replicas of both versions are alive at once (draining ones count:
+they still hold their accelerator). The rollout proceeds in batches: start up to ``S`` new-version replicas, wait
+for ``/health`` and a warm-up completion, move traffic to the new version in proportion to its warmed replicas
+(``100 * warmed / B`` percent, capped by the canary step's percent), drain as many old-version replicas as the
+new version now carries (the old version keeps ``B - min(warmed, B * cap / 100)`` ready replicas, enough for its
+share at the pre-rollout load per replica), and once those are gone start the next batch. Ready routable replicas
+thus never drop below ``B``. When every one of the ``B`` new replicas is warmed up and the cap is 100 %, the rollout
+promotes: all traffic to the new version, the last old replicas drain.
 
 States (``endpoints.models.RolloutState``)::
 
-    pending → surging → promoting → succeeded                  (all at once)
-    pending → surging → shifting (step 1 … n) → promoting → succeeded   (canary)
+    pending → surging (first batch starting, no traffic yet) → shifting (batches; canary steps) → promoting
+            → succeeded
     pending / surging / shifting → rolling_back → rolled_back  (new replicas failed, canary burned, operator)
     paused: nothing moves until resumed (the service keeps the state it came from)
 
-A canary step advances once its window (``step_duration_s``) has passed without a verdict against it; the
-comparison itself waits for ``min_samples`` canary requests, so a quiet endpoint is not held at a step forever
-(its canary is simply judged on less evidence). Any new-version replica failing during the trial rolls back.
+A canary step advances once its window (``step_duration_s``) has passed without a verdict against it and the
+new version actually carries the step's percent; the comparison itself waits for ``min_samples`` canary
+requests, so a quiet endpoint is not held at a step forever (its canary is simply judged on less evidence). Any
+new-version replica failing during the trial, or a batch not warmed up within ``health_timeout_s`` of its
+launch, rolls back. Rolling back moves all traffic to the old version, drains the new one and starts old-version
+replicas again (within the same ``B + S`` bound) until the old version is back at its starting count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 PENDING = "pending"
 SURGING = "surging"
@@ -81,11 +95,26 @@ class RolloutFacts:
     new_ready: int = 0  # healthy, warm-up not passed yet
     new_warmed: int = 0  # healthy and warmed up: may take traffic
     new_draining: int = 0
+    new_waiting_since: float | None = None  # launch time of the oldest new replica not warmed up yet
     new_failures: tuple[str, ...] = ()  # why new-version replicas failed during this rollout
     old_ready: int = 0
     old_draining: int = 0
+    old_starting: int = 0  # old-version replicas started again by a rollback, not yet ready
     canary: VersionStats = field(default_factory=VersionStats)
     baseline: VersionStats = field(default_factory=VersionStats)
+
+    @property
+    def alive(self) -> int:
+        """Replicas of both versions holding an accelerator (what the surge bound limits)."""
+        return (
+            self.new_starting
+            + self.new_ready
+            + self.new_warmed
+            + self.new_draining
+            + self.old_ready
+            + self.old_draining
+            + self.old_starting
+        )
 
 
 @dataclass(frozen=True)
@@ -95,8 +124,9 @@ class Decision:
     step_index: int
     new_step: bool = False  # a canary step begins now (its observation window restarts)
     launch: int = 0  # new-version replicas to start now
-    drain_old: bool = False
+    drain_old: int = 0  # old-version ready replicas to drain now
     drain_new: bool = False
+    launch_old: int = 0  # old-version replicas to start again now (rolling back)
     kind: str = ""  # what to record as a RolloutEvent ("" when nothing changed)
     reason: str = ""
 
@@ -108,6 +138,11 @@ class Decision:
 def target_new_replicas(facts: RolloutFacts) -> int:
     """The new version gets as many replicas as the old one had ready at the start (at least one)."""
     return max(facts.baseline_ready, 1)
+
+
+def surge(facts: RolloutFacts, config: RolloutConfig) -> int:
+    """Extra replicas alive at once: the starting ready count, bounded by max_surge (at least one)."""
+    return max(1, min(target_new_replicas(facts), config.max_surge))
 
 
 def compare(canary: VersionStats, baseline: VersionStats, config: RolloutConfig) -> str | None:
@@ -132,29 +167,10 @@ def decide(facts: RolloutFacts, config: RolloutConfig) -> Decision:
     stay = Decision(state=state, traffic_percent=facts.traffic_percent, step_index=facts.step_index)
     if state in FINAL or state == PAUSED:
         return stay
-    if state == PENDING:
-        target = target_new_replicas(facts)
-        return Decision(
-            state=SURGING,
-            traffic_percent=0,
-            step_index=0,
-            launch=min(target, config.max_surge),
-            kind="surge",
-            reason=f"starting {target} new-version replica(s), at most {config.max_surge} at a time",
-        )
     if state == ROLLING_BACK:
-        alive = facts.new_starting + facts.new_ready + facts.new_warmed + facts.new_draining
-        if alive == 0:
-            return Decision(
-                state=ROLLED_BACK,
-                traffic_percent=0,
-                step_index=facts.step_index,
-                kind="rolled_back",
-                reason="new-version replicas stopped; the old version serves all traffic",
-            )
-        return Decision(state=ROLLING_BACK, traffic_percent=0, step_index=facts.step_index, drain_new=True)
+        return _rolling_back(facts, config)
     if state == PROMOTING:
-        if facts.old_ready + facts.old_draining == 0:
+        if facts.old_ready + facts.old_draining + facts.old_starting == 0:
             return Decision(
                 state=SUCCEEDED,
                 traffic_percent=100,
@@ -162,81 +178,99 @@ def decide(facts: RolloutFacts, config: RolloutConfig) -> Decision:
                 kind="succeeded",
                 reason="old-version replicas drained; the new version serves all traffic",
             )
-        return Decision(state=PROMOTING, traffic_percent=100, step_index=facts.step_index, drain_old=True)
+        left = facts.old_ready + facts.old_starting
+        return Decision(state=PROMOTING, traffic_percent=100, step_index=facts.step_index, drain_old=left)
+    if state not in (PENDING, SURGING, SHIFTING):
+        raise ValueError(f"unknown rollout state {state!r}")
 
-    # surging or shifting: the new version is on trial and can still be rolled back
+    # pending, surging or shifting: the new version is on trial and can still be rolled back
     if facts.new_failures:
         return _rollback(facts, f"new-version replica failed: {facts.new_failures[0]}")
     target = target_new_replicas(facts)
-    if state == SURGING:
-        if facts.new_warmed >= target:
-            return _first_shift(facts, config)
-        waited = facts.now - facts.state_since
+    waiting = facts.new_starting + facts.new_ready
+    if waiting and state != PENDING:
+        since = facts.new_waiting_since if facts.new_waiting_since is not None else facts.state_since
+        waited = facts.now - since
         if waited > config.health_timeout_s:
             return _rollback(
                 facts,
-                f"only {facts.new_warmed} of {target} new-version replica(s) healthy and warmed up "
-                f"after {waited:.0f} s (limit {config.health_timeout_s:.0f} s)",
+                f"only {facts.new_warmed} of {target} new-version replica(s) healthy and warmed up; "
+                f"a batch waited {waited:.0f} s (limit {config.health_timeout_s:.0f} s)",
             )
-        in_flight = facts.new_starting + facts.new_ready
-        launch = max(0, min(target - in_flight - facts.new_warmed, config.max_surge - in_flight))
-        if launch:
-            return Decision(
-                state=SURGING,
-                traffic_percent=0,
-                step_index=0,
-                launch=launch,
-                kind="launch",
-                reason=f"starting {launch} more new-version replica(s)",
-            )
-        return stay
-    if state == SHIFTING:
+    step_index, new_step = facts.step_index, False
+    if state == SHIFTING and config.strategy == CANARY:
         burned = compare(facts.canary, facts.baseline, config)
         if burned:
             return _rollback(facts, burned)
         started = facts.step_started_at if facts.step_started_at is not None else facts.state_since
-        if facts.now - started < config.step_duration_s:
-            return stay
         steps = _steps(config)
-        index = facts.step_index + 1
-        if index >= len(steps) or steps[index] >= 100:
-            return _promote(facts, f"canary held {len(steps[:index])} step(s) within margins")
-        return Decision(
-            state=SHIFTING,
-            traffic_percent=steps[index],
-            step_index=index,
-            new_step=True,
-            kind="shift",
-            reason=f"canary step {index + 1}: {steps[index]}% of traffic to the new version",
+        if (
+            facts.now - started >= config.step_duration_s
+            and facts.traffic_percent >= _cap(config, step_index)
+            and step_index + 1 < len(steps)
+        ):
+            step_index, new_step = step_index + 1, True
+    cap = _cap(config, step_index)
+    share = min(facts.new_warmed, target)  # new replicas that may carry traffic
+    if share >= target and cap >= 100:
+        why = "all new-version replicas healthy and warmed up"
+        if config.strategy == CANARY:
+            why = f"canary held {step_index + 1} step(s) within margins; {why}"
+        return _promote(facts, step_index, why)
+    percent = min(cap, max(1, 100 * share // target)) if share else 0
+    old_keep = target - min(share, target * cap // 100)
+    drain_old = max(0, facts.old_ready - old_keep)
+    room = target + surge(facts, config) - facts.alive
+    launch = max(0, min(target - facts.new_starting - facts.new_ready - facts.new_warmed, room))
+    next_state = SHIFTING if percent > 0 else (SURGING if state != SHIFTING else SHIFTING)
+    decision = Decision(
+        state=next_state,
+        traffic_percent=percent,
+        step_index=step_index,
+        new_step=new_step or (next_state == SHIFTING and state != SHIFTING),
+        launch=launch,
+        drain_old=drain_old,
+    )
+    if state == PENDING:
+        return replace(
+            decision,
+            state=SURGING,
+            kind="surge",
+            reason=f"replacing {target} replica(s) in batches of at most {surge(facts, config)} "
+            f"(max surge {config.max_surge}): starting {launch}",
         )
-    raise ValueError(f"unknown rollout state {state!r}")
+    if next_state != state or new_step or percent != facts.traffic_percent:
+        where = f"canary step {step_index + 1} (cap {cap}%)" if config.strategy == CANARY else "rolling"
+        return replace(
+            decision,
+            kind="shift",
+            reason=f"{where}: {percent}% of traffic to the new version on {share} of {target} warmed replica(s)"
+            + (f", draining {drain_old} old" if drain_old else ""),
+        )
+    if launch:
+        return replace(decision, kind="launch", reason=f"starting {launch} more new-version replica(s)")
+    return decision
 
 
 def _steps(config: RolloutConfig) -> tuple[int, ...]:
     return tuple(config.canary_steps) or (100,)
 
 
-def _first_shift(facts: RolloutFacts, config: RolloutConfig) -> Decision:
+def _cap(config: RolloutConfig, step_index: int) -> int:
+    """The most traffic the new version may take now: the canary step's percent, 100 for all at once."""
+    if config.strategy != CANARY:
+        return 100
     steps = _steps(config)
-    if config.strategy != CANARY or steps[0] >= 100:
-        return _promote(facts, "all new-version replicas healthy and warmed up")
-    return Decision(
-        state=SHIFTING,
-        traffic_percent=steps[0],
-        step_index=0,
-        new_step=True,
-        kind="shift",
-        reason=f"canary step 1: {steps[0]}% of traffic to the new version",
-    )
+    return steps[min(step_index, len(steps) - 1)]
 
 
-def _promote(facts: RolloutFacts, why: str) -> Decision:
+def _promote(facts: RolloutFacts, step_index: int, why: str) -> Decision:
     return Decision(
         state=PROMOTING,
         traffic_percent=100,
-        step_index=facts.step_index,
+        step_index=step_index,
         new_step=True,
-        drain_old=True,
+        drain_old=facts.old_ready + facts.old_starting,
         kind="promote",
         reason=f"{why}: all traffic to the new version, draining the old",
     )
@@ -245,6 +279,29 @@ def _promote(facts: RolloutFacts, why: str) -> Decision:
 def _rollback(facts: RolloutFacts, why: str) -> Decision:
     return Decision(
         state=ROLLING_BACK, traffic_percent=0, step_index=facts.step_index, drain_new=True, kind="rollback", reason=why
+    )
+
+
+def _rolling_back(facts: RolloutFacts, config: RolloutConfig) -> Decision:
+    """Drain the new version; start old-version replicas again until it is back at its starting ready count
+    (within the surge bound, for at most ``health_timeout_s``); rolled back once the new version is gone."""
+    restore = facts.baseline_ready
+    gave_up = facts.now - facts.state_since > config.health_timeout_s
+    new_alive = facts.new_starting + facts.new_ready + facts.new_warmed + facts.new_draining
+    old_up = facts.old_ready + facts.old_starting
+    room = target_new_replicas(facts) + surge(facts, config) - facts.alive
+    launch_old = 0 if gave_up else max(0, min(restore - old_up, room))
+    if new_alive == 0 and facts.old_starting == 0 and launch_old == 0 and (facts.old_ready >= restore or gave_up):
+        short = "" if facts.old_ready >= restore else f" ({facts.old_ready} of {restore} old replicas came back)"
+        return Decision(
+            state=ROLLED_BACK,
+            traffic_percent=0,
+            step_index=facts.step_index,
+            kind="rolled_back",
+            reason=f"new-version replicas stopped; the old version serves all traffic{short}",
+        )
+    return Decision(
+        state=ROLLING_BACK, traffic_percent=0, step_index=facts.step_index, drain_new=True, launch_old=launch_old
     )
 
 

@@ -323,16 +323,12 @@ def resume_rollout(*, rollout: Rollout, user=None, reason: str = "") -> Rollout:
 
 
 def promote_rollout(*, rollout: Rollout, user=None, reason: str = "") -> Rollout:
-    """Skip the remaining canary steps: all traffic to the new version once all its replicas are warmed up."""
+    """Skip the remaining canary steps (and the canary comparison): the rollout carries on as all at once, the new
+    version's traffic growing with its warmed replicas batch by batch, never ahead of its capacity."""
 
     def change(locked: Rollout) -> str:
         state = locked.paused_from if locked.state == RolloutState.PAUSED else locked.state
-        if state == RolloutState.SHIFTING:
-            locked.traffic_percent, locked.paused_from = 100, ""
-            locked.step_started_at = timezone.now()
-            return RolloutState.PROMOTING
-        if state in (RolloutState.PENDING, RolloutState.SURGING):
-            # Not ready for traffic yet: go straight to 100 % as soon as the new replicas are warmed up.
+        if state in (RolloutState.PENDING, RolloutState.SURGING, RolloutState.SHIFTING):
             locked.strategy = RolloutStrategy.ALL_AT_ONCE
             locked.paused_from = ""
             return state
@@ -447,9 +443,24 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
             )
             _record(rollout, replace(facts, state=rollout.state), failed, now)
     if decision.drain_old:
-        _drain(rollout, actuator, old=True)
+        # a batch of the rolling replacement drains that many; promoting drains whatever is left of the old version
+        count = None if decision.state == RolloutState.PROMOTING else decision.drain_old
+        _drain(rollout, actuator, old=True, count=count)
     if decision.drain_new:
         _drain(rollout, actuator, old=False)
+    if decision.launch_old:
+        try:
+            started = actuator.launch(version_endpoint(endpoint, rollout.from_version), decision.launch_old)
+            _event(
+                rollout,
+                "launched",
+                rollout.state,
+                rollout.state,
+                f"started {decision.launch_old} old-version replica(s) again",
+                {"replicas": [r.name for r in started], "version": "old"},
+            )
+        except ActuatorError as exc:  # the rollback still drains the new version; an operator sees why
+            _event(rollout, "launch_failed", rollout.state, rollout.state, f"old version: {exc}", {"version": "old"})
     return rollout
 
 
@@ -484,8 +495,14 @@ def _old_replicas(rollout: Rollout):
 
 def _facts(rollout: Rollout, now: datetime) -> machine.RolloutFacts:
     warmed = set(rollout.warmed_replica_ids or ())
-    new = list(_new_replicas(rollout).values("id", "name", "state", "failure_reason"))
+    new = list(_new_replicas(rollout).values("id", "name", "state", "failure_reason", "created_at"))
     old_states = list(_old_replicas(rollout).values_list("state", flat=True))
+    waiting = [
+        r["created_at"]
+        for r in new
+        if r["state"] in (ReplicaState.PENDING, ReplicaState.STARTING)
+        or (r["state"] == ReplicaState.READY and r["id"] not in warmed)
+    ]
     count = lambda states, s: sum(1 for x in states if x == s)  # noqa: E731
     new_states = [r["state"] for r in new]
     failures = tuple(
@@ -510,11 +527,11 @@ def _facts(rollout: Rollout, now: datetime) -> machine.RolloutFacts:
         new_ready=sum(1 for r in new if r["state"] == ReplicaState.READY and r["id"] not in warmed),
         new_warmed=sum(1 for r in new if r["state"] == ReplicaState.READY and r["id"] in warmed),
         new_draining=count(new_states, ReplicaState.DRAINING),
+        new_waiting_since=min(waiting).timestamp() if waiting else None,
         new_failures=failures,
         old_ready=count(old_states, ReplicaState.READY),
-        old_draining=count(old_states, ReplicaState.DRAINING)
-        + count(old_states, ReplicaState.PENDING)
-        + count(old_states, ReplicaState.STARTING),
+        old_draining=count(old_states, ReplicaState.DRAINING),
+        old_starting=count(old_states, ReplicaState.PENDING) + count(old_states, ReplicaState.STARTING),
         canary=canary,
         baseline=baseline,
     )
@@ -575,7 +592,7 @@ def _facts_data(facts: machine.RolloutFacts) -> dict:
             "draining": facts.new_draining,
             "failures": list(facts.new_failures),
         },
-        "old": {"ready": facts.old_ready, "draining": facts.old_draining},
+        "old": {"ready": facts.old_ready, "draining": facts.old_draining, "starting": facts.old_starting},
         "canary": vars(facts.canary)
         | {"error_rate": round(facts.canary.error_rate, 4), "latency_burn": round(facts.canary.latency_burn, 4)},
         "baseline": vars(facts.baseline)
@@ -583,11 +600,15 @@ def _facts_data(facts: machine.RolloutFacts) -> dict:
     }
 
 
-def _drain(rollout: Rollout, actuator, *, old: bool) -> None:
-    """Stop routing to one version's replicas through the autoscaler's drain path (in-flight requests finish)."""
+def _drain(rollout: Rollout, actuator, *, old: bool, count: int | None = None) -> None:
+    """Stop routing to one version's replicas through the autoscaler's drain path (in-flight requests finish).
+
+    ``count``: drain only that many of its ready replicas (a batch of a rolling replacement; oldest first) and
+    leave its booting ones alone; None: all of them, booting ones stopped at once."""
     replicas = _old_replicas(rollout) if old else _new_replicas(rollout)
     label = f"rollout {rollout.pk}: " + ("replaced by the new version" if old else "rolled back")
-    for replica in replicas.filter(state=ReplicaState.READY):
+    ready = replicas.filter(state=ReplicaState.READY).order_by("created_at", "id")
+    for replica in ready[:count] if count is not None else ready:
         if actuator.move(replica, ReplicaState.DRAINING, label):
             _event(
                 rollout,
@@ -597,6 +618,8 @@ def _drain(rollout: Rollout, actuator, *, old: bool) -> None:
                 f"draining {replica.name}",
                 {"replica": replica.pk, "version": "old" if old else "new"},
             )
+    if count is not None:
+        return
     booting = list(replicas.filter(state__in=[ReplicaState.PENDING, ReplicaState.STARTING]))
     if booting:
         actuator.terminate(booting, reason=label)

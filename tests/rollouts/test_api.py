@@ -147,7 +147,11 @@ def test_promote_skips_the_remaining_canary_steps(world):
     Rollout.objects.filter(pk=rollout.pk).update(state=RolloutState.SHIFTING, traffic_percent=10)
     response = act(world.client("operator"), rollout, "promote")
     assert response.status_code == 200, response.content
-    assert response.json()["state"] == "promoting" and response.json()["traffic_percent"] == 100
+    # the canary steps and comparison are skipped; traffic then grows with the new version's warmed replicas
+    # (all at once), never ahead of its capacity: still shifting at 10 % until the next tick
+    body = response.json()
+    assert (body["state"], body["strategy"], body["traffic_percent"]) == ("shifting", "all_at_once", 10)
+    assert body["events"][-1]["kind"] == "promote"
 
 
 @pytest.mark.parametrize("name", ["pause", "resume", "promote", "rollback"])

@@ -108,13 +108,24 @@ class SteadyTraffic:
         return sum(1 for status, complete in self.results if status != 200 or not complete)
 
 
-def drive(rollout, endpoint, *, until, timeout=60.0, on_tick=None) -> list[int]:
-    """Tick the rollout (as the beat task would) until ``until`` holds; returns routable capacity per tick."""
+def alive_count(endpoint) -> int:
+    """Replicas of any version holding a process (starting, ready or draining): what the surge bound limits."""
+    return Replica.objects.filter(
+        endpoint=endpoint,
+        state__in=[ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING],
+    ).count()
+
+
+def drive(rollout, endpoint, *, until, timeout=60.0, on_tick=None, alive=None) -> list[int]:
+    """Tick the rollout (as the beat task would) until ``until`` holds; returns routable capacity per tick (and
+    appends the replicas alive after each tick to ``alive``: replicas only start and stop inside a tick)."""
     capacity = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         services.rollout_tick(rollout_id=rollout.pk)
         capacity.append(routable_ready(endpoint))
+        if alive is not None:
+            alive.append(alive_count(endpoint))
         rollout.refresh_from_db()
         if on_tick is not None:
             on_tick(rollout)
@@ -140,11 +151,16 @@ def test_canary_rollout_under_steady_traffic_loses_no_request_and_no_capacity(
         endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=3, max_surge=1
     )
     assert rollout.baseline_ready == 2
-    traffic_seen = []
+    traffic_seen, alive = [], [alive_count(endpoint)]
     with SteadyTraffic(base, endpoint.name, tenant_a.raw_key) as traffic:
         wait_for(lambda: len(traffic.results) >= 10, 20)
         capacity = drive(
-            rollout, endpoint, until=finished, timeout=90, on_tick=lambda r: traffic_seen.append(r.traffic_percent)
+            rollout,
+            endpoint,
+            until=finished,
+            timeout=90,
+            alive=alive,
+            on_tick=lambda r: traffic_seen.append(r.traffic_percent),
         )
         time.sleep(1.0)  # traffic keeps flowing on the new version alone
     rollout.refresh_from_db()
@@ -154,6 +170,7 @@ def test_canary_rollout_under_steady_traffic_loses_no_request_and_no_capacity(
     assert len(traffic.results) > 50
     assert traffic.failed == 0, f"{traffic.failed} of {len(traffic.results)} failed: {traffic.errors}"
     assert min(capacity) >= 2, capacity
+    assert max(alive) == 3, alive  # max_surge 1: one extra replica at most
     # Traffic moved in the canary's steps, surge replicas started one at a time (max_surge=1)
     assert 50 in traffic_seen and traffic_seen[-1] == 100
     launches = [e.data for e in rollout.events.filter(kind="launched")]
@@ -178,10 +195,65 @@ def test_canary_rollout_under_steady_traffic_loses_no_request_and_no_capacity(
         "baseline_ready": rollout.baseline_ready,
         "min_routable_ready": min(capacity),
         "max_routable_ready": max(capacity),
+        "peak_replicas": max(alive),
         "rollout_s": round((rollout.finished_at - rollout.started_at).total_seconds(), 1),
         "served_by_version": {f"v{v.number}": stats[v.pk].requests for v in (v1, v2)},
     }
     print(json.dumps(figures))
+
+
+def test_rolling_replacement_of_three_replicas_one_at_a_time_under_steady_traffic(
+    procs, clean_store, reap_local_replicas, tenant_a
+):
+    endpoint = start_endpoint(tenant_a.endpoint, 3)
+    old_ids = set(endpoint.replicas.filter(state=ReplicaState.READY).values_list("id", flat=True))
+    base = spawn_proxy(procs)
+    v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "speed": 2.0})
+    rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=1)
+    traffic_seen, alive = [], [alive_count(endpoint)]
+    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key) as traffic:
+        wait_for(lambda: len(traffic.results) >= 10, 20)
+        capacity = drive(
+            rollout,
+            endpoint,
+            until=finished,
+            timeout=120,
+            alive=alive,
+            on_tick=lambda r: traffic_seen.append(r.traffic_percent),
+        )
+        time.sleep(0.5)
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.SUCCEEDED, rollout.reason
+    assert traffic.failed == 0, f"{traffic.failed} of {len(traffic.results)} failed: {traffic.errors}"
+    assert len(traffic.results) > 50
+    # never more than one extra replica, never fewer routable ready replicas than the three at the start
+    assert max(alive) == 4, alive
+    assert min(capacity) >= 3, capacity
+    # one new replica at a time; traffic followed the warmed new replicas a third at a time
+    launches = [len(e.data["replicas"]) for e in rollout.events.filter(kind="launched")]
+    assert launches == [1, 1, 1]
+    assert [p for p in dict.fromkeys(traffic_seen)] == [0, 33, 66, 100], traffic_seen
+    # an old replica was drained after each batch, not all at the end
+    drained_at = sorted(
+        Replica.objects.get(pk=pk).transitions.filter(to_state="draining").values_list("at", flat=True)[0]
+        for pk in old_ids
+    )
+    promoted_at = rollout.events.get(kind="promote").at
+    assert sum(1 for at in drained_at if at < promoted_at) == 2
+    assert ready_count(endpoint, [v2.pk]) == 3 and not endpoint.replicas.filter(pk__in=old_ids, state="ready").exists()
+    print(
+        json.dumps(
+            {
+                "test": "rolling 3 replicas, max_surge 1",
+                "requests": len(traffic.results),
+                "failed": traffic.failed,
+                "baseline_ready": rollout.baseline_ready,
+                "min_routable_ready": min(capacity),
+                "peak_replicas": max(alive),
+                "rollout_s": round((rollout.finished_at - rollout.started_at).total_seconds(), 1),
+            }
+        )
+    )
 
 
 def test_new_version_that_never_gets_healthy_is_rolled_back(procs, clean_store, reap_local_replicas, tenant_a):
