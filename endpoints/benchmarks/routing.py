@@ -4,13 +4,22 @@
 2,048-token system prompt, 256-token question, 256-token output; Poisson arrivals in rising QPS stages,
 one continuous run per policy (caches stay warm across stages), until the first *saturated* stage: more
 than ``qps × TTFT_SLO`` requests waiting at a stage's end (Little's law: the mean wait alone exceeds the TTFT
-SLO), or fewer than half of the requests finishing during the stage within their SLO.
+SLO), or fewer than half of the requests finishing during the stage within their SLO. When the configured
+stages run out first, the run keeps rising by the last step (up to twice the last configured QPS), so every
+policy is measured up to its own saturation. After the last stage, arrivals go on at its rate for one more
+(unmeasured) stage: the last stage's requests finish under the load they were offered, not on a fleet that
+drains (which would make the saturated stage look good).
 
 Per policy: SLO-meeting throughput (requests/s, arrived in a stage, that met TTFT and TPOT, best stage),
 TTFT p50/p95 and output tokens/s at the highest stage every policy ran ("highest common load"),
-prefix-cache hit rate (the engines' own counters) and max/mean MU routed per replica. Then a hot-prefix
+prefix-cache hit rate (the engines' own counters), max/mean MU routed per replica, and the per-stage figures
+with ``max_qps_at_90pct_slo`` (DistServe's goodput: the highest offered QPS with ≥ 90% of requests within the
+SLO). Stages shorter than a request's life (~25 s near the knee) measure the ramp between stages rather than
+the load: 12 s stages gave infercap up to +10% over llm-d that vanished at steady state. Then a hot-prefix
 variant (half the traffic in one group: ours vs pure prefix affinity without the load bound) and a
-multi-turn chat workload. ``--live`` runs the shared-prefix workload through the real proxy instead.
+multi-turn chat workload. Full mode also runs ``PartitionOracle`` (each group pinned to one replica, known
+from the workload): the room prefix affinity leaves above llm-d. ``--live`` runs the shared-prefix workload
+through the real proxy instead.
 
 Prompts use this module's own random text: each group's system prompt and each question differ from
 the first block on, which is what makes prefix affinity matter.
@@ -26,6 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from endpoints.routing import make_router
+from endpoints.routing.baselines import RouterBase
+from endpoints.routing.prefix import PREFIX_BLOCK_CHARS
 from endpoints.runtimes.sim.des import Simulation
 from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.sim.results import SimResult, percentile
@@ -62,7 +73,10 @@ class Setup:
     # 6,000 blocks = a 96k-token KV cache per replica (Qwen3-32B TP2 on 2×48 GB GPUs, or an H100 pair with a
     # lower --gpu-memory-utilization): the 32 groups' prefixes (65k tokens) fill two thirds of one replica's
     # cache, the contended regime llm-d's prefix-aware scheduling is built for. None = the profile's own
-    # 17,000 blocks (reported too, in full mode, as the compute-bound regime).
+    # 17,000 blocks (reported too, in full mode, as "compute_bound"). Both regimes saturate at the same place:
+    # the TPOT SLO caps a replica near 14.5 req/s here (decode step ≈ 12 ms + 12 ms when a prefill rides
+    # along + 0.2 ms per running sequence; 100 ms allows ~370 sequences = 370 / (256 × 0.1 s) req/s), and
+    # ~370 running sequences with four groups' prefixes and questions also fill the 6,000 blocks.
     num_gpu_blocks: int | None = 6000
     replicas: int = 8
     groups: int = 32
@@ -72,13 +86,31 @@ class Setup:
     output_tokens: int = 256
     ttft_slo_s: float = 2.0  # the endpoint defaults (Endpoint.ttft_slo_ms / tpot_slo_ms)
     tpot_slo_s: float = 0.1
-    stages: tuple[float, ...] = (40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 160)
-    stage_s: float = 20.0
+    # Coarse steps to the neighbourhood of the knee, then 5 qps steps: SLO-meeting throughput is the best stage,
+    # so the step size near saturation is the resolution of the comparison.
+    stages: tuple[float, ...] = (40, 50, 60, 65, 70, 75, 80, 90, 100, 105, 110, 115, 120, 125, 130, 135, 140, 150, 160)
+    # A stage must outlast a request: near the knee a request lives ~25 s (256 tokens at ~0.1 s). Shorter stages
+    # measure the ramp between stages, not the offered load (12 s stages flattered infercap by up to 10%).
+    stage_s: float = 40.0
     hot_share: float = 0.5
     seed: int = 1
 
 
-QUICK = Setup(stages=(60, 90, 120, 140, 160), stage_s=12.0)
+# Round robin's knee is near 60 qps, the prefix-aware ones' near 115: both get 5–10 qps steps there.
+QUICK = Setup(stages=(40, 50, 60, 65, 70, 80, 100, 110, 115, 120, 125, 130, 140, 150, 160), stage_s=30.0)
+
+
+def stage_plan(setup: Setup) -> tuple[float, ...]:
+    """The configured stages, then rising by the last step up to twice the last one (until saturation)."""
+    stages = tuple(float(q) for q in setup.stages)
+    if not stages:
+        raise ValueError("bench routing needs at least one QPS stage")
+    step = stages[-1] - stages[-2] if len(stages) > 1 and stages[-1] > stages[-2] else max(stages[-1] / 10, 1.0)
+    extra, qps = [], stages[-1]
+    while qps + step <= 2 * stages[-1] + 1e-9:
+        qps += step
+        extra.append(qps)
+    return stages + tuple(extra)
 
 
 def engine_profile(setup: Setup):
@@ -155,9 +187,11 @@ class SloMonitor:
 
 
 def _staged_times(setup: Setup, sim_ref: list, monitor: SloMonitor, stopped: list) -> Iterator[float]:
-    """Rising Poisson stages; stops after the first stage at whose end the fleet is saturated."""
+    """Rising Poisson stages; stops after the first stage at whose end the fleet is saturated, then goes on at
+    that stage's rate for one unmeasured stage (so the measured requests never finish on a draining fleet)."""
     start = 0.0
-    for index, qps in enumerate(setup.stages):
+    plan = stage_plan(setup)
+    for index, qps in enumerate(plan):
         yield from poisson_times(qps, duration_s=setup.stage_s, start_s=start, seed=setup.seed * 1000 + index)
         fleet = sim_ref[0].fleet_view()
         # Little's law on the waiting requests (proxy backlog + engines' waiting queues): more than
@@ -170,20 +204,50 @@ def _staged_times(setup: Setup, sim_ref: list, monitor: SloMonitor, stopped: lis
         start += setup.stage_s
         if waiting > qps * setup.ttft_slo_s or (len(recent) >= 20 and good < 0.5 * len(recent)):
             stopped.append(index)
-            return
+            break
+    yield from poisson_times(qps, duration_s=setup.stage_s, start_s=start, seed=setup.seed * 1000 + 999)
+
+
+class PartitionOracle(RouterBase):
+    """Reference, not a product policy: knows each request's prefix group and pins group g to replica g mod n.
+
+    Every replica holds exactly its share of the groups (perfect cache partition, no duplicated prefix, no
+    prefix miss after the first), with the Poisson imbalance of independent groups. It is what prefix affinity
+    can reach at best without moving groups, so it shows how much room the workload leaves above llm-d.
+    """
+
+    name = "partition_oracle"
+
+    def __init__(self, setup: Setup, **kwargs):
+        super().__init__(**kwargs)
+        systems, _ = _texts(
+            setup.groups, setup.prompts_per_group, setup.system_tokens, setup.question_tokens, setup.seed
+        )
+        self._group = {text[:PREFIX_BLOCK_CHARS]: g for g, text in enumerate(systems)}
+
+    def pick(self, request, replicas, now):
+        candidates = sorted(self.candidates(replicas), key=lambda r: r.replica_id)
+        if not candidates:
+            return None
+        group = self._group.get(request.prompt_text[:PREFIX_BLOCK_CHARS], 0)
+        return candidates[group % len(candidates)].replica_id
 
 
 def run_staged(setup: Setup, policy: str, router_options: dict | None = None) -> dict:
-    router = make_router(policy, seed=setup.seed, **(router_options or {}))
+    if policy == PartitionOracle.name:
+        router = PartitionOracle(setup, seed=setup.seed)
+    else:
+        router = make_router(policy, seed=setup.seed, **(router_options or {}))
     monitor = SloMonitor()
     sim = Simulation(
         router=router, replicas=setup.replicas, profile=engine_profile(setup), autoscaler=monitor, seed=setup.seed
     )
     stopped: list[int] = []
     result = sim.run(shared_prefix_requests(setup, _staged_times(setup, [sim], monitor, stopped)))
-    last_stage = stopped[0] if stopped else len(setup.stages) - 1
+    plan = stage_plan(setup)
+    last_stage = stopped[0] if stopped else len(plan) - 1
     stages = [_stage_figures(setup, result, k) for k in range(last_stage + 1)]
-    return {"result": result, "stages": stages, "saturated_at_qps": setup.stages[last_stage] if stopped else None}
+    return {"result": result, "stages": stages, "saturated_at_qps": plan[last_stage] if stopped else None}
 
 
 def _stage_window(setup: Setup, k: int) -> tuple[float, float]:
@@ -198,13 +262,20 @@ def _stage_figures(setup: Setup, result: SimResult, k: int) -> dict:
     ttfts = [r.ttft_s if r.ttft_s is not None else math.inf for r in arrived]
     tokens_out = _tokens_generated_between(result, lo, hi)
     return {
-        "qps": setup.stages[k],
+        "qps": stage_plan(setup)[k],
         "requests": len(arrived),
         "slo_rps": good / setup.stage_s,
+        "slo_attainment": good / len(arrived) if arrived else 0.0,
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p95_s": percentile(ttfts, 95),
         "output_tok_s": tokens_out / setup.stage_s,
     }
+
+
+def max_qps_meeting(stages: list[dict], attainment: float) -> float | None:
+    """The highest offered QPS among the stages where at least ``attainment`` of the requests met the SLO."""
+    good = [s["qps"] for s in stages if s["requests"] and s["slo_attainment"] >= attainment]
+    return max(good) if good else None
 
 
 def _tokens_generated_between(result: SimResult, lo: float, hi: float) -> float:
@@ -253,6 +324,8 @@ def run(
     started = time.perf_counter()
     runs, figures = compare_policies(setup, POLICIES, progress)
     if not quick:
+        progress("reference: an oracle that partitions the prefix groups over the replicas")
+        figures["partition_oracle"] = partition_oracle(setup, figures)
         progress("compute-bound regime: the profile's own KV cache (17,000 blocks)")
         roomy = Setup(**{**setup.__dict__, "num_gpu_blocks": None})
         _, figures["compute_bound"] = compare_policies(roomy, ("round_robin", "llmd", "infercap"), progress)
@@ -291,6 +364,9 @@ def compare_policies(setup: Setup, names, progress) -> tuple[dict, dict]:
             "prefix_hit_rate": round(result.prefix_hit_rate(), 4),
             "max_over_mean_load": round(load_over_mean(result), 3),
             "saturated_at_qps": data["saturated_at_qps"],
+            "max_qps_at_90pct_slo": max_qps_meeting(data["stages"], 0.9),
+            # Per stage: offered QPS, SLO-meeting requests/s, share of the stage's requests that met the SLO.
+            "stages": [[s["qps"], round(s["slo_rps"], 2), round(s["slo_attainment"], 3)] for s in data["stages"]],
         }
     ours = policies["infercap"]
     figures = {
@@ -301,15 +377,17 @@ def compare_policies(setup: Setup, names, progress) -> tuple[dict, dict]:
             "groups": setup.groups,
             "prompts_per_group": setup.prompts_per_group,
             "tokens": [setup.system_tokens, setup.question_tokens, setup.output_tokens],
-            "stages_qps": list(setup.stages),
+            "stages_qps": list(stage_plan(setup)[: max(len(r["stages"]) for r in runs.values())]),
             "stage_s": setup.stage_s,
             "slo": {"ttft_s": setup.ttft_slo_s, "tpot_s": setup.tpot_slo_s},
-            "highest_common_qps": setup.stages[common],
+            "highest_common_qps": stage_plan(setup)[common],
         },
         "policies": policies,
         "ratio_vs_round_robin": _ratio(ours["slo_rps"], policies["round_robin"]["slo_rps"]),
         "ratio_vs_llmd": _ratio(ours["slo_rps"], policies["llmd"]["slo_rps"]),
         "ttft_p50_ratio_vs_round_robin": _ratio(ours["ttft_p50_ms"], policies["round_robin"]["ttft_p50_ms"]),
+        # DistServe's goodput: the highest offered QPS at which ≥ 90% of the requests met their SLO.
+        "ratio_vs_llmd_at_90pct_slo": _ratio(ours["max_qps_at_90pct_slo"], policies["llmd"]["max_qps_at_90pct_slo"]),
     }
     # Past saturation: SLO-meeting throughput at the last stage llm-d's scheduler ran (its saturated stage).
     llmd_last = len(runs["llmd"]["stages"]) - 1
@@ -318,6 +396,22 @@ def compare_policies(setup: Setup, names, progress) -> tuple[dict, dict]:
             runs["infercap"]["stages"][llmd_last]["slo_rps"], runs["llmd"]["stages"][llmd_last]["slo_rps"]
         )
     return runs, figures
+
+
+def partition_oracle(setup: Setup, figures: dict) -> dict:
+    """The same staged run with ``PartitionOracle``: the room prefix affinity leaves above llm-d's scheduler."""
+    data = run_staged(setup, PartitionOracle.name)
+    slo_rps = round(max(s["slo_rps"] for s in data["stages"]), 2)
+    at_90 = max_qps_meeting(data["stages"], 0.9)
+    llmd = figures["policies"]["llmd"]
+    return {
+        "slo_rps": slo_rps,
+        "max_qps_at_90pct_slo": at_90,
+        "prefix_hit_rate": round(data["result"].prefix_hit_rate(), 4),
+        "stages": [[s["qps"], round(s["slo_rps"], 2), round(s["slo_attainment"], 3)] for s in data["stages"]],
+        "ratio_vs_llmd": _ratio(slo_rps, llmd["slo_rps"]),
+        "ratio_vs_llmd_at_90pct_slo": _ratio(at_90, llmd["max_qps_at_90pct_slo"]),
+    }
 
 
 def hot_prefix(setup: Setup, *, best_qps: float) -> dict:
@@ -372,7 +466,7 @@ def goals(figures: dict) -> dict:
 def write_svg(path: str, runs: dict, setup: Setup) -> None:
     """SLO-meeting requests/s against offered QPS, one line per policy (no plotting library needed)."""
     width, height, pad = 640, 400, 50
-    top = max(setup.stages)
+    top = max(s["qps"] for data in runs.values() for s in data["stages"])
     colors = ["#888", "#4a90d9", "#7cb342", "#f5a623", "#d0021b"]
 
     def xy(qps, rps):

@@ -16,6 +16,13 @@
    process-independent hash, since Python salts ``hash(str)`` per process)
    ``− 2 × index fill`` (share of the replica's cache already holding routed prefixes: new prefixes go
    where there is room, so cached prefixes spread evenly)
+   ``− 2 × extra heads`` (only where the prompt's head, its first 16 blocks, is not cached yet: how many more
+   distinct heads the replica holds than the emptiest allowed one. Every head a replica adds costs its whole
+   prefix plus its questions in KV blocks; near saturation one group too many is what tips a replica into
+   preemption and its TPOT over the SLO, while the group's own load is within Poisson noise. So heads are dealt
+   out evenly by count, each group lives on one replica until the bound moves part of it, and a hot group is
+   replicated where the fewest groups live. Counted in an eviction-aware table: a head whose opening blocks
+   left the replica's LRU index no longer counts.)
    ``− 3 × relative load`` (in-flight MU over the busiest allowed replica's: among the replicas that hold a
    prefix, the one with spare room wins over question-level cache hits; at weight 1 a 10% heavier replica kept
    taking its prefix's traffic until it preempted under overload). ``queue_weight``/``kv_weight`` can add
@@ -31,7 +38,7 @@ from collections.abc import Sequence
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
 from endpoints.routing.llmd import kv_score, queue_scores, request_hashes
-from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixIndex
+from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixHeads, PrefixIndex
 
 
 def replica_load(replica: ReplicaView, extra_mu: float = 0.0) -> float:
@@ -112,6 +119,7 @@ class InfercapRouter(RouterBase):
         home_weight: float = 0.5,
         home_blocks: int = 16,
         fill_weight: float = 2.0,
+        spread_weight: float = 2.0,
         queue_weight: float = 0.0,
         kv_weight: float = 0.0,
         block_chars: int = PREFIX_BLOCK_CHARS,
@@ -129,7 +137,9 @@ class InfercapRouter(RouterBase):
         self.prefix_weight, self.session_weight, self.load_weight = prefix_weight, session_weight, load_weight
         self.home_weight, self.home_blocks = home_weight, max(1, home_blocks)
         self.fill_weight, self.queue_weight, self.kv_weight = fill_weight, queue_weight, kv_weight
+        self.spread_weight = spread_weight
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
+        self.heads = PrefixHeads()
         self.sessions = SessionTable(max_sessions, session_ttl_s)
         self._cache_config: dict[str, tuple[int, int]] = {}
 
@@ -162,6 +172,7 @@ class InfercapRouter(RouterBase):
         top_load = max(loads.values()) or 1.0
         head = home_key(request, self.home_blocks * self.prefix_index.block_chars)
         queue = queue_scores(allowed) if self.queue_weight else {}
+        extra_heads = self._extra_heads(allowed, head, hashes)
         scored = []
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
@@ -172,17 +183,32 @@ class InfercapRouter(RouterBase):
                 - self.fill_weight * self.prefix_index.fill(r.replica_id)
                 + (self.queue_weight * queue[r.replica_id] if queue else 0.0)
                 + (self.kv_weight * kv_score(r) if self.kv_weight else 0.0)
+                - self.spread_weight * extra_heads.get(r.replica_id, 0)
                 - self.load_weight * loads[r.replica_id] / top_load
             )
             scored.append((score, r))
         return self._random_best(scored)
 
+    def _extra_heads(self, allowed: Sequence[ReplicaView], head: int, hashes: Sequence[int]) -> dict[str, int]:
+        """Per allowed replica not holding this prompt's head: its distinct heads above the emptiest one's."""
+        if not self.spread_weight or len(hashes) < self.home_blocks:
+            return {}  # a short prompt has no head worth placing (and would make every prompt a head)
+        index = self.prefix_index
+        counts = {r.replica_id: self.heads.count(r.replica_id, index) for r in allowed}
+        low = min(counts.values())
+        return {rid: n - low for rid, n in counts.items() if n > low and not self.heads.has(rid, head, index)}
+
     def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
         num_gpu_blocks, block_size = self._cache_config.get(replica_id, (0, 16))
-        self.prefix_index.record(replica_id, request_hashes(self.prefix_index, request), num_gpu_blocks, block_size)
+        hashes = request_hashes(self.prefix_index, request)
+        self.prefix_index.record(replica_id, hashes, num_gpu_blocks, block_size)
+        if len(hashes) >= self.home_blocks:
+            head = home_key(request, self.home_blocks * self.prefix_index.block_chars)
+            self.heads.record(replica_id, head, hashes[self.home_blocks - 1], self.prefix_index)
         self.sessions.set(request.session_id, replica_id, now)
 
     def forget_replica(self, replica_id: str) -> None:
         """A replica restarted or left: its prefix cache is gone, so is our memory of it."""
         self.prefix_index.forget(replica_id)
+        self.heads.forget(replica_id)
         self._cache_config.pop(replica_id, None)

@@ -62,6 +62,9 @@ class ReplicaPrefixIndex:
                 blocks[h] = None
         self._evict()
 
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._blocks
+
     def match_blocks(self, hashes: Sequence[int]) -> int:
         """Length of the longest run of leading hashes present in the index."""
         blocks = self._blocks
@@ -123,6 +126,47 @@ class PrefixIndex:
         index = self._replicas.get(replica_id)
         return len(index) / index.capacity_blocks if index else 0.0
 
+    def holds(self, replica_id: str, block_hash: int) -> bool:
+        """Whether the replica's index still holds this block (not evicted from the LRU)."""
+        index = self._replicas.get(replica_id)
+        return index is not None and block_hash in index
+
     def size(self, replica_id: str) -> int:
         index = self._replicas.get(replica_id)
         return len(index) if index else 0
+
+
+class PrefixHeads:
+    """The distinct prompt heads (prefix groups) each replica holds, eviction-aware through the prefix index.
+
+    A head is the stable hash of a prompt's first blocks (``infercap.home_key``); it counts on a replica while
+    the block that opens it is still in that replica's LRU index, so a head the cache has dropped stops counting.
+    Kept per replica in least-recently-routed order and pruned from the old end, O(1) amortized per request.
+    """
+
+    def __init__(self, max_heads: int = 4096):
+        self.max_heads = max(1, max_heads)
+        self._heads: dict[str, OrderedDict[int, int]] = {}
+
+    def record(self, replica_id: str, head: int, first_block: int, index: PrefixIndex) -> None:
+        heads = self._heads.setdefault(replica_id, OrderedDict())
+        heads[head] = first_block
+        heads.move_to_end(head)
+        self._prune(replica_id, index)
+
+    def _prune(self, replica_id: str, index: PrefixIndex) -> None:
+        heads = self._heads.get(replica_id)
+        while heads and (len(heads) > self.max_heads or not index.holds(replica_id, next(iter(heads.values())))):
+            heads.popitem(last=False)
+
+    def has(self, replica_id: str, head: int, index: PrefixIndex) -> bool:
+        heads = self._heads.get(replica_id)
+        return bool(heads) and head in heads and index.holds(replica_id, heads[head])
+
+    def count(self, replica_id: str, index: PrefixIndex) -> int:
+        self._prune(replica_id, index)
+        heads = self._heads.get(replica_id)
+        return len(heads) if heads else 0
+
+    def forget(self, replica_id: str) -> None:
+        self._heads.pop(replica_id, None)

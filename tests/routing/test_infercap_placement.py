@@ -79,3 +79,36 @@ def test_infercap_prefix_still_beats_a_moderately_lighter_replica():
     router.on_routed(request(0, prompt=prompt), "r1", 0.0)
     replicas[1].in_flight_mu = 30.0
     assert router.pick(request(1, prompt=prompt), replicas, 0.0) == "r1"
+
+
+def group_prompt(g: int, q: int = 0) -> str:
+    """A prompt of prefix group ``g``: a 20-block system prompt (a head) and a question."""
+    return f"group {g:02d} system prompt. " * 56 + f"question {q}"
+
+
+def test_infercap_deals_new_prefix_groups_out_evenly_by_count():
+    # 16 groups arrive on 8 equally loaded replicas: every replica gets exactly two, whatever the hashes say.
+    # Without the spread term the rendezvous hash alone piles several groups on some replicas.
+    def placement(spread_weight: float) -> list[int]:
+        router = make_router("infercap", seed=0, spread_weight=spread_weight)
+        replicas = busy_views(8)
+        for g in range(16):
+            router.on_routed(
+                request(g, prompt=group_prompt(g)), router.pick(request(g, group_prompt(g)), replicas, 0), 0
+            )
+        return sorted(router.heads.count(r.replica_id, router.prefix_index) for r in replicas)
+
+    assert placement(2.0) == [2] * 8
+    assert placement(0.0) != [2] * 8
+
+
+def test_infercap_keeps_a_group_on_its_replica_although_that_one_holds_more_groups():
+    # The spread term only prices a head a replica does not hold yet: a holder with more groups keeps its group.
+    router = make_router("infercap", seed=0)
+    replicas = busy_views(2)
+    for g in range(3):
+        router.on_routed(request(g, prompt=group_prompt(g)), "r0", 0.0)
+    assert router.heads.count("r0", router.prefix_index) == 3
+    assert router.pick(request(9, prompt=group_prompt(1, q=7)), replicas, 0.0) == "r0"
+    # A new group goes to the replica with fewer groups, even where the home rank prefers r0.
+    assert {router.pick(request(10 + g, prompt=group_prompt(g)), replicas, 0.0) for g in range(3, 9)} == {"r1"}

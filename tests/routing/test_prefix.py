@@ -2,6 +2,7 @@
 
 from endpoints.routing.prefix import (
     DEFAULT_INDEX_BLOCKS,
+    PrefixHeads,
     PrefixIndex,
     ReplicaPrefixIndex,
     index_blocks_for,
@@ -55,3 +56,21 @@ def test_index_size_comes_from_cache_config():
     assert index.match_fraction("r1", hashes) == 1.0
     index.forget("r1")
     assert index.match_fraction("r1", hashes) == 0.0
+
+
+def test_prefix_heads_count_distinct_heads_and_forget_the_evicted_ones():
+    index, heads = PrefixIndex(), PrefixHeads()
+    group = [prefix_hashes(f"{g}" * 64 * 20) for g in range(3)]
+    for g, hashes in enumerate(group):
+        index.record_fixed("r0", hashes, 64)  # room for 3 × 20 blocks, with 4 to spare
+        heads.record("r0", g, hashes[15], index)
+        heads.record("r0", g, hashes[15], index)  # the same head again is still one head
+    assert heads.count("r0", index) == 3 and heads.has("r0", 1, index)
+    # A fourth prompt evicts the oldest head's blocks from the LRU index: that head stops counting.
+    fourth = prefix_hashes("z" * 64 * 20)
+    index.record_fixed("r0", fourth, 64)
+    heads.record("r0", 3, fourth[15], index)
+    assert not heads.has("r0", 0, index)
+    assert heads.count("r0", index) == 3 and heads.count("r1", index) == 0
+    heads.forget("r0")
+    assert heads.count("r0", index) == 0
