@@ -258,10 +258,9 @@ def start_rollout(
         except ActuatorError as exc:
             errors["launch_options"] = [str(exc)]
         else:
-            if not actuator.supports_versions:
-                errors["to_version"] = [
-                    f"the {actuator.name} actuator cannot run two versions side by side; no rollout possible"
-                ]
+            refusal = actuator.rollout_refusal(endpoint, from_version, to_version)
+            if refusal:
+                errors["to_version"] = [refusal]
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():

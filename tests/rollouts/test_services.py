@@ -3,7 +3,7 @@
 import pytest
 from django.core.exceptions import ValidationError
 
-from endpoints.models import EndpointVersion, ReplicaState, Rollout, RolloutState
+from endpoints.models import Endpoint, EndpointVersion, ReplicaState, Rollout, RolloutState
 from endpoints.rollouts import services
 from endpoints.services import endpoint_create, endpoint_update
 from tenants.models import AuditEntry
@@ -127,10 +127,23 @@ def test_traffic_weights_reach_the_proxy_snapshot():
     assert {r.id: r.version_id for r in info.replicas} == {old.pk: v1, new.pk: v2.pk}
 
 
-def test_a_rollout_needs_an_actuator_that_runs_two_versions_side_by_side(settings):
+def test_a_kubernetes_rollout_needs_a_prepared_template_for_a_new_model_and_no_warm_pool(settings):
     settings.INFERCAP = {**settings.INFERCAP, "KUBERNETES_API_URL": "http://127.0.0.1:9"}  # never called
     endpoint = EndpointFactory(launch_options={"actuator": "kubernetes"})
-    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "kubernetes", "cpus": 4})
+    other = ModelProfileFactory(name="llama-70b")
+    # a copy of the serving template would run the old model
+    v2 = services.create_version(endpoint=endpoint, model_profile=other)
     with pytest.raises(ValidationError) as err:
         services.start_rollout(endpoint=endpoint, to_version=v2)
-    assert "cannot run two versions side by side" in str(err.value.message_dict["to_version"])
+    assert "changes model_profile but names the same template Deployment" in str(err.value.message_dict)
+    v3 = services.create_version(
+        endpoint=endpoint, model_profile=other, launch_options={"actuator": "kubernetes", "deployment": "llama-70b"}
+    )
+    # the warm pool's standby Deployment runs the serving template: no rollout while there is one
+    Endpoint.objects.filter(pk=endpoint.pk).update(warm_pool_size=1)
+    endpoint.refresh_from_db()
+    with pytest.raises(ValidationError, match="warm pool"):
+        services.start_rollout(endpoint=endpoint, to_version=v3)
+    Endpoint.objects.filter(pk=endpoint.pk).update(warm_pool_size=0)
+    endpoint.refresh_from_db()
+    assert services.start_rollout(endpoint=endpoint, to_version=v3).state == RolloutState.PENDING

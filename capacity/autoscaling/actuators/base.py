@@ -56,6 +56,12 @@ class Actuator(ABC):
             endpoint = version_endpoint(endpoint, replica.version)  # a replica of a rollout's new version
         return self.launch(endpoint, 1, standby=standby)
 
+    def rollout_refusal(self, endpoint: Endpoint, from_version, to_version) -> str | None:
+        """Why a rollout of ``endpoint`` from one version to the other cannot run on this actuator, or None."""
+        if not self.supports_versions:
+            return f"the {self.name} actuator cannot run two versions side by side; no rollout possible"
+        return None
+
     def owns(self, replica: Replica) -> bool:
         return replica.actuator == self.name
 

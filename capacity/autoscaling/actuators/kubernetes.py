@@ -15,10 +15,21 @@ longer matches, releases it and starts a replacement, so the pool refills by its
 ReplicaSet (its ``pod-template-hash`` is the standby one's): scale-in deletes it instead of lowering the serving
 Deployment's count, and launches do not count it against that Deployment's ``spec.replicas``.
 
+Versions: each endpoint version runs in its own Deployment, so a rollout runs two side by side. Version 1 runs in
+the endpoint's Deployment (the one the operator set up); version N in ``<deployment>-v<N>``, created on its first
+launch as a copy of the Deployment its launch options name (the template) with ``infercap/version: "N"`` added to
+its labels, selector and pod labels, 0 replicas, then the version's CPU allotment patched in and scaled like any
+other. Pods carrying ``infercap/version`` are left out of the template Deployment's listing (its selector matches
+them too; ControllerRef keeps the ReplicaSets apart) and registered with their version. Once a retired version has
+no replica left, its ``-v<N>`` Deployment is deleted (the template one is only scaled to 0). A version that changes
+the model, hardware or runtime must name a template prepared for it (launch option ``deployment``): a copy of the
+old one would run the old model.
+
 The API server comes from ``INFERCAP["KUBERNETES_API_URL"]`` (or in-cluster: ``KUBERNETES_SERVICE_HOST`` and the
 service-account token).
 """
 
+import copy
 import logging
 import os
 import re
@@ -26,9 +37,10 @@ from pathlib import Path
 
 import httpx
 from django.conf import settings
+from django.db.models import Q
 
-from capacity.autoscaling.actuators.base import Actuator, ActuatorError
-from endpoints.models import Endpoint, Replica, ReplicaState
+from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id
+from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState
 from endpoints.runtimes.launch_env import kubernetes_container_patch
 
 log = logging.getLogger(__name__)
@@ -39,6 +51,9 @@ MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 STRATEGIC_PATCH = {"Content-Type": "application/strategic-merge-patch+json"}
 ROLE = "infercap/role"
 PROMOTED = "infercap/promoted"
+VERSION = "infercap/version"
+TEMPLATE = "infercap/template"
+LIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
 
 
 def deployment_name(endpoint: Endpoint) -> str:
@@ -53,6 +68,15 @@ def standby_deployment_name(endpoint: Endpoint) -> str:
     return f"{deployment_name(endpoint)[:55].rstrip('-')}-standby"
 
 
+def version_deployment_name(endpoint: Endpoint, number: int | None) -> str:
+    """The Deployment running one version: the endpoint's own for version 1 (or before versions existed),
+    ``<deployment>-v<N>`` for version N (``endpoint`` carries that version's launch options)."""
+    base = deployment_name(endpoint)
+    if not number or number == 1:
+        return base
+    return f"{base[: 62 - len(str(number))].rstrip('-')}-v{number}"
+
+
 def _promoted(pod: dict) -> bool:
     return (pod.get("metadata", {}).get("labels") or {}).get(PROMOTED) == "true"
 
@@ -60,8 +84,6 @@ def _promoted(pod: dict) -> bool:
 class KubernetesActuator(Actuator):
     name = "kubernetes"
     supports_standby = True
-    # One Deployment per endpoint: its pods all run one pod template, so two versions cannot run side by side.
-    supports_versions = False
 
     def __init__(
         self,
@@ -96,33 +118,42 @@ class KubernetesActuator(Actuator):
                 message = response.json().get("message", response.text)
             except ValueError:
                 message = response.text
-            raise ActuatorError(f"kubernetes API {method} {path}: {response.status_code} {message}")
+            error = ActuatorError(f"kubernetes API {method} {path}: {response.status_code} {message}")
+            error.status_code = response.status_code
+            raise error
         return response.json() if response.content else {}
 
     @staticmethod
     def _ns(endpoint: Endpoint) -> str:
         return str((endpoint.launch_options or {}).get("namespace") or "default")
 
-    def _scale_path(self, endpoint: Endpoint, *, standby: bool = False) -> str:
-        name = standby_deployment_name(endpoint) if standby else deployment_name(endpoint)
+    def _deployment_path(self, endpoint: Endpoint, name: str | None = None) -> str:
+        return f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{name or deployment_name(endpoint)}"
+
+    def _scale_path(self, endpoint: Endpoint, *, standby: bool = False, deployment: str | None = None) -> str:
+        name = standby_deployment_name(endpoint) if standby else (deployment or deployment_name(endpoint))
         return f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{name}/scale"
 
-    def get_scale(self, endpoint: Endpoint, *, standby: bool = False) -> tuple[int, str]:
-        scale = self._request("GET", self._scale_path(endpoint, standby=standby))
+    def get_scale(
+        self, endpoint: Endpoint, *, standby: bool = False, deployment: str | None = None
+    ) -> tuple[int, str]:
+        scale = self._request("GET", self._scale_path(endpoint, standby=standby, deployment=deployment))
         return int(scale.get("spec", {}).get("replicas") or 0), scale.get("status", {}).get("selector", "")
 
-    def set_scale(self, endpoint: Endpoint, replicas: int, *, standby: bool = False) -> None:
+    def set_scale(
+        self, endpoint: Endpoint, replicas: int, *, standby: bool = False, deployment: str | None = None
+    ) -> None:
         self._request(
             "PATCH",
-            self._scale_path(endpoint, standby=standby),
+            self._scale_path(endpoint, standby=standby, deployment=deployment),
             json={"spec": {"replicas": max(0, replicas)}},
             headers=MERGE_PATCH,
         )
 
-    def pods(self, endpoint: Endpoint, *, standby: bool = False) -> list[dict]:
-        _, selector = self.get_scale(endpoint, standby=standby)
+    def pods(self, endpoint: Endpoint, *, standby: bool = False, deployment: str | None = None) -> list[dict]:
+        _, selector = self.get_scale(endpoint, standby=standby, deployment=deployment)
         if not selector:
-            name = standby_deployment_name(endpoint) if standby else deployment_name(endpoint)
+            name = standby_deployment_name(endpoint) if standby else (deployment or deployment_name(endpoint))
             raise ActuatorError(f"deployment {name} reports no selector")
         listing = self._request(
             "GET", f"/api/v1/namespaces/{self._ns(endpoint)}/pods", params={"labelSelector": selector}
@@ -135,23 +166,147 @@ class KubernetesActuator(Actuator):
     def _uses_warm_pool(self, endpoint: Endpoint) -> bool:
         return endpoint.warm_pool_size > 0 or endpoint.replicas.filter(actuator=self.name, is_standby=True).exists()
 
+    # -- versions -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _version(endpoint: Endpoint, version_id: int | None) -> tuple[Endpoint, int | None]:
+        """The endpoint as ``version_id`` launches it (its launch options name the template) and its number."""
+        version = (
+            EndpointVersion.objects.filter(pk=version_id, endpoint_id=endpoint.pk).first() if version_id else None
+        )
+        if version is None:
+            return endpoint, None
+        from endpoints.rollouts.services import version_endpoint
+
+        return version_endpoint(endpoint, version), version.number
+
+    def deployment_for(self, endpoint: Endpoint, version_id: int | None) -> str:
+        view, number = self._version(endpoint, version_id)
+        return version_deployment_name(view, number)
+
+    def ensure_version_deployment(self, endpoint: Endpoint, number: int | None) -> str:
+        """Version ``number``'s Deployment, created from its template (0 replicas) when it does not exist yet."""
+        name, template_name = version_deployment_name(endpoint, number), deployment_name(endpoint)
+        if name == template_name:
+            return name
+        try:
+            self._request("GET", self._deployment_path(endpoint, name))
+            return name
+        except ActuatorError as exc:
+            if getattr(exc, "status_code", None) != 404:
+                raise
+        template = self._request("GET", self._deployment_path(endpoint, template_name))
+        spec = template.get("spec") or {}
+        selector = copy.deepcopy(spec.get("selector") or {})
+        selector.setdefault("matchLabels", {})[VERSION] = str(number)
+        pod = copy.deepcopy(spec.get("template") or {})
+        pod.setdefault("metadata", {}).setdefault("labels", {})[VERSION] = str(number)
+        labels = {**((template.get("metadata") or {}).get("labels") or {}), VERSION: str(number)}
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": name,
+                "namespace": self._ns(endpoint),
+                "labels": labels,
+                "annotations": {TEMPLATE: template_name},
+            },
+            "spec": {
+                **{k: v for k, v in spec.items() if k in ("strategy", "minReadySeconds", "revisionHistoryLimit")},
+                "replicas": 0,
+                "selector": selector,
+                "template": pod,
+            },
+        }
+        try:
+            self._request("POST", f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments", json=body)
+        except ActuatorError as exc:
+            if getattr(exc, "status_code", None) != 409:  # another worker created it first
+                raise
+        return name
+
+    def _deployments(self, endpoint: Endpoint) -> dict[str, int | None]:
+        """Deployment name → the version its pods run, for every version that may have pods: the serving one, those
+        with live replicas, and both sides of an active rollout."""
+        from endpoints.rollouts.selectors import active_rollout
+
+        ids = {endpoint.current_version_id}
+        ids |= set(
+            endpoint.replicas.filter(actuator=self.name, is_standby=False)
+            .exclude(state=ReplicaState.STOPPED)
+            .values_list("version_id", flat=True)
+        )
+        rollout = active_rollout(endpoint)
+        if rollout is not None:
+            ids |= {rollout.from_version_id, rollout.to_version_id}
+        out: dict[str, int | None] = {}
+        for version_id in sorted(ids, key=lambda v: (v is None, v or 0)):
+            out.setdefault(self.deployment_for(endpoint, version_id), version_id)
+        return out
+
+    def _retire(self, endpoint: Endpoint, version_ids: set) -> None:
+        """Delete the ``-v<N>`` Deployments of versions that no longer serve, once none of their replicas is left."""
+        from endpoints.rollouts.selectors import active_rollout
+
+        keep = {endpoint.current_version_id}
+        rollout = active_rollout(endpoint)
+        if rollout is not None and rollout.state not in (RolloutState.PROMOTING, RolloutState.ROLLING_BACK):
+            keep |= {rollout.from_version_id, rollout.to_version_id}
+        for version_id in version_ids - keep - {None}:
+            view, number = self._version(endpoint, version_id)
+            name = version_deployment_name(view, number)
+            if name == deployment_name(view):
+                continue  # the template Deployment stays (at 0 replicas)
+            if endpoint.replicas.filter(
+                actuator=self.name, version_id=version_id, state__in=(*LIVE, ReplicaState.DRAINING)
+            ).exists():
+                continue  # a draining pod still finishes its requests
+            try:
+                self._request("DELETE", self._deployment_path(view, name), params={"propagationPolicy": "Background"})
+            except ActuatorError as exc:
+                if getattr(exc, "status_code", None) != 404:
+                    raise
+
     # -- the actuator interface ---------------------------------------------------------------------------
+    def rollout_refusal(self, endpoint: Endpoint, from_version, to_version) -> str | None:
+        if self._uses_warm_pool(endpoint):
+            return "the Kubernetes warm pool runs the serving template's pods: set warm_pool_size to 0 for a rollout"
+        from endpoints.rollouts.services import version_endpoint
+
+        old, new = version_endpoint(endpoint, from_version), version_endpoint(endpoint, to_version)
+        pod_changes = [
+            f
+            for f in ("model_profile", "hardware_profile", "runtime")
+            if from_version.spec()[f] != to_version.spec()[f]
+        ]
+        if pod_changes and deployment_name(old) == deployment_name(new):
+            return (
+                f"version {to_version.number} changes {', '.join(pod_changes)} but names the same template Deployment "
+                f"({deployment_name(new)}): set its launch option 'deployment' to a Deployment prepared for it"
+            )
+        return None
+
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
         # The target counts registered pods, not spec.replicas: pods the ReplicaSet is still creating are already
         # in spec, so asking for spec + count on every tick until they register would overshoot.
-        registered = endpoint.replicas.filter(
-            actuator=self.name,
-            is_standby=standby,
-            state__in=(ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY),
-        ).count()
+        registered = endpoint.replicas.filter(actuator=self.name, is_standby=standby, state__in=LIVE)
+        name, view = None, endpoint
+        if not standby:
+            version_id = launch_version_id(endpoint)
+            view, number = self._version(endpoint, version_id)
+            name = self.ensure_version_deployment(view, number)
+            mine = Q(version_id__in=[version_id] if version_id else [])
+            if name == deployment_name(view):
+                mine |= Q(version__isnull=True)  # registered before versions existed
+            registered = registered.filter(mine)
+        registered = registered.count()
         if not standby and self._uses_warm_pool(endpoint):
             # Promoted standbys are serving replicas, but not the serving Deployment's pods.
             registered -= sum(1 for pod in self.pods(endpoint) if _promoted(pod))
-        current, _ = self.get_scale(endpoint, standby=standby)
+        current, _ = self.get_scale(endpoint, standby=standby, deployment=name)
         if registered + count > current:
             if current == 0 and not standby:
-                self.apply_launch_env(endpoint)
-            self.set_scale(endpoint, registered + count, standby=standby)
+                self.apply_launch_env(view, deployment=name)
+            self.set_scale(endpoint, registered + count, standby=standby, deployment=name)
         return []
 
     def promote(self, replica: Replica) -> None:
@@ -165,7 +320,7 @@ class KubernetesActuator(Actuator):
         )
         super().promote(replica)
 
-    def apply_launch_env(self, endpoint: Endpoint) -> None:
+    def apply_launch_env(self, endpoint: Endpoint, *, deployment: str | None = None) -> None:
         """Set the pod template's CPU request/limit and thread variables from the ``cpus`` launch option.
 
         Only while the Deployment has no pods (called when scaling up from zero): a template change then starts no
@@ -176,7 +331,7 @@ class KubernetesActuator(Actuator):
         except ValueError as exc:
             raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
         if patch is not None:
-            path = f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{deployment_name(endpoint)}"
+            path = self._deployment_path(endpoint, deployment)
             self._request(
                 "PATCH", path, json=patch, headers=STRATEGIC_PATCH
             )  # the pods show up in sync() once the ReplicaSet has created them
@@ -203,11 +358,16 @@ class KubernetesActuator(Actuator):
                         json={"metadata": {"annotations": {DELETION_COST: "-1000"}}},
                         headers=MERGE_PATCH,
                     )
-                if owned:
-                    current, _ = self.get_scale(endpoint, standby=standby)
-                    self.set_scale(endpoint, current - len(owned), standby=standby)
+                by_deployment: dict[str | None, list[Replica]] = {}
+                for replica in owned:
+                    name = None if standby else self.deployment_for(endpoint, replica.version_id)
+                    by_deployment.setdefault(name, []).append(replica)
+                for name, rows in by_deployment.items():
+                    current, _ = self.get_scale(endpoint, standby=standby, deployment=name)
+                    self.set_scale(endpoint, current - len(rows), standby=standby, deployment=name)
             for replica in group:
                 self.stop_row(replica, reason)
+            self._retire(endpoint, {r.version_id for r in group if not r.is_standby})
 
     def restart(self, replica: Replica) -> list[Replica]:
         endpoint = replica.endpoint
@@ -217,7 +377,21 @@ class KubernetesActuator(Actuator):
 
     def sync(self, endpoint: Endpoint) -> None:
         port = int((endpoint.launch_options or {}).get("port", 8000))
-        pods = {p["metadata"]["name"]: p for p in self.pods(endpoint)}
+        pods, version_of = {}, {}
+        for deployment, version_id in self._deployments(endpoint).items():
+            view, _ = self._version(endpoint, version_id)
+            template = deployment == deployment_name(view)
+            try:
+                listing = self.pods(endpoint, deployment=deployment)
+            except ActuatorError as exc:
+                if template or getattr(exc, "status_code", None) != 404:
+                    raise
+                listing = []  # a version's Deployment not created yet, or already retired
+            for pod in listing:
+                if template and VERSION in (pod.get("metadata", {}).get("labels") or {}):
+                    continue  # a -v<N> Deployment's pod: the template's selector matches it too
+                pods[pod["metadata"]["name"]] = pod
+                version_of[pod["metadata"]["name"]] = version_id
         standby_pods = set()
         standby_listing: list[dict] = []
         if self._uses_warm_pool(endpoint):
@@ -252,7 +426,7 @@ class KubernetesActuator(Actuator):
                     actuator_ref=name,
                     url=f"http://{ip}:{port}" if ip else "",
                     concurrency_limit=endpoint.concurrency_limit,
-                    version_id=endpoint.current_version_id,  # one Deployment per endpoint: its serving version
+                    version_id=version_of.get(name, endpoint.current_version_id),  # standbys: the serving one
                     is_standby=name in standby_pods,
                 )
                 self.move(row, ReplicaState.STARTING, f"pod {status.get('phase', 'Pending')}")
