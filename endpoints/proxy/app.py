@@ -258,14 +258,12 @@ async def _completion(scope, receive, send, kind: str) -> None:
         # From here on the body is read: a disconnect cancels whatever we are waiting for.
         watcher = loop.create_task(_watch_disconnect(receive, ctx))
         runtime = state.runtime_for(endpoint)
+        sid = headers.get(b"x-session-id")
         route = RouteRequest(
             request_id=request_id,
             prompt_text=prompt_text_of(req.body),
             mu=mu_est,
-            session_id=session_id_of(
-                {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k == b"x-session-id"},
-                req.body,
-            ),
+            session_id=session_id_of({"x-session-id": sid.decode("latin-1")} if sid else {}, req.body),
         )
         try:
             slot, queue_s = await runtime.acquire(route, tenant=str(key.tenant_id), priority=priority, mu=mu_est)
@@ -321,6 +319,7 @@ async def _completion(scope, receive, send, kind: str) -> None:
                     )
                 break
             except UpstreamFailed as failed:
+                _note_failed_attempt(state, endpoint.id, slot.replica_id, request_id)
                 # Nothing reached the client yet: one retry on another replica, never mid-stream.
                 retry_slot = runtime.try_take(route, mu_est, exclude=tried) if attempt == 0 else None
                 runtime.release(slot, route, mu_est, 0.0)
@@ -418,6 +417,28 @@ _SHED_MESSAGES = {
     "evicted": "The request was evicted from `{model}`'s queue to make room for higher-priority work.",
     "no_replica": "`{model}` has no ready replica.",
 }
+
+
+def _note_failed_attempt(state, endpoint_id: int, replica_id, request_id: str) -> None:
+    """Count an attempt that failed before the first byte against its replica, for the rollouts' canary comparison
+    (the usage record names the replica that answered in the end, if any). Only on failures; fire and forget."""
+    if state.redis is None:
+        return
+    from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY, FAILED_ATTEMPTS_RETENTION_S
+
+    async def write() -> None:
+        now = time.time()
+        key = FAILED_ATTEMPTS_KEY.format(endpoint_id=endpoint_id)
+        try:
+            pipe = state.redis.pipeline(transaction=False)
+            pipe.zadd(key, {f"{replica_id}:{request_id}": now})
+            pipe.zremrangebyscore(key, 0, now - FAILED_ATTEMPTS_RETENTION_S)
+            pipe.expire(key, FAILED_ATTEMPTS_RETENTION_S)
+            await pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - advisory, like the demand reports
+            log.debug("failed-attempt report failed: %s", exc)
+
+    state.spawn(write())
 
 
 def _meter(

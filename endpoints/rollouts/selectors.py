@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from django.db.models import Count, Q
 
-from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Rollout
+from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, Rollout
+from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY
 from endpoints.rollouts.machine import VersionStats
+
+log = logging.getLogger(__name__)
 
 
 def active_rollout(endpoint: Endpoint | int) -> Rollout | None:
@@ -51,12 +55,40 @@ def version_stats(*, endpoint: Endpoint, since: datetime) -> dict[int, VersionSt
     )
     current = endpoint.current_version_id
     out: dict[int, VersionStats] = {}
-    for row in rows:
-        version_id = row["replica__version_id"] or current
+
+    def add(version_id, requests: int, errors: int, slo_misses: int = 0) -> None:
         prev = out.get(version_id, VersionStats())
         out[version_id] = VersionStats(
-            requests=prev.requests + row["requests"],
-            errors=prev.errors + row["errors"],
-            slo_misses=prev.slo_misses + row["slo_misses"],
+            requests=prev.requests + requests, errors=prev.errors + errors, slo_misses=prev.slo_misses + slo_misses
         )
+
+    for row in rows:
+        add(row["replica__version_id"] or current, row["requests"], row["errors"], row["slo_misses"])
+    # Attempts that failed before the first byte are in no usage record under their replica (the proxy retried
+    # them elsewhere, or had nowhere to retry): each is one more request and one more error of that version.
+    failed = failed_attempts(endpoint_id=endpoint.pk, since=since)
+    if failed:
+        versions = dict(Replica.objects.filter(pk__in=list(failed)).values_list("id", "version_id"))
+        for replica_id, n in failed.items():
+            if replica_id in versions:
+                add(versions[replica_id] or current, n, n)
+    return out
+
+
+def failed_attempts(*, endpoint_id: int, since: datetime) -> dict[int, int]:
+    """Upstream attempts that failed before the first byte since ``since``, per replica id (reported by the
+    proxies in Redis, ``endpoints.rollouts.keys``); empty when Redis cannot be read."""
+    from capacity.autoscaling.store import client
+
+    key = FAILED_ATTEMPTS_KEY.format(endpoint_id=endpoint_id)
+    try:
+        members = client().zrangebyscore(key, since.timestamp(), "+inf")
+    except Exception as exc:  # noqa: BLE001 - the comparison then rests on the usage records alone
+        log.warning("failed attempts of endpoint %s unreadable: %s", endpoint_id, exc)
+        return {}
+    out: dict[int, int] = {}
+    for member in members:
+        replica, _, _ = (member.decode() if isinstance(member, bytes) else member).partition(":")
+        if replica.isdigit():
+            out[int(replica)] = out.get(int(replica), 0) + 1
     return out

@@ -304,6 +304,30 @@ def test_canary_with_injected_errors_is_rolled_back_on_the_burn_comparison(
     assert not Replica.objects.filter(version=v2).exclude(state=ReplicaState.STOPPED).exists()
 
 
+def test_canary_failing_before_the_first_byte_is_rolled_back_though_retries_hide_it_from_clients(
+    procs, clean_store, reap_local_replicas, tenant_a
+):
+    endpoint = start_endpoint(tenant_a.endpoint, 1)
+    base = spawn_proxy(procs)
+    # half the requests on the new version get a 500 before any byte (its warm-up passes on a later tick): the
+    # proxy retries each on the old version, so the usage record names the old replica and the client sees a success
+    v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "faults": {"error_rate": 0.5}})
+    rollout = services.start_rollout(
+        endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=120, min_samples=8
+    )
+    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key, clients=3) as traffic:
+        drive(rollout, endpoint, until=finished, timeout=60)
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK, rollout.reason
+    assert rollout.reason.startswith("canary error rate"), rollout.reason
+    assert "vs 0.0% on the old version" in rollout.reason
+    rollback = rollout.events.get(kind="rollback")
+    assert rollback.data["canary"]["requests"] >= 8 and rollback.data["canary"]["error_rate"] > 0.2
+    assert traffic.failed == 0 and len(traffic.results) > 10  # every failed attempt was retried
+    print(json.dumps({"test": "canary failing before the first byte", "requests": len(traffic.results),
+                      "failed": traffic.failed, "canary": rollback.data["canary"]}))  # fmt: skip
+
+
 def test_canary_that_misses_the_latency_slo_is_rolled_back_on_the_burn_comparison(
     procs, clean_store, reap_local_replicas, tenant_a
 ):

@@ -127,7 +127,7 @@ def test_a_version_that_cannot_be_launched_is_rolled_back(clean_store, fake, end
     assert endpoint.replicas.filter(state=ReplicaState.READY, version=endpoint.current_version).count() == 2
 
 
-def test_version_stats_count_outcomes_per_version_through_the_replica(fake, endpoint):
+def test_version_stats_count_outcomes_per_version_through_the_replica(clean_store, fake, endpoint):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -165,6 +165,18 @@ def test_version_stats_count_outcomes_per_version_through_the_replica(fake, endp
     assert (stats[v1.pk].requests, stats[v1.pk].errors, stats[v1.pk].slo_misses) == (2, 0, 1)
     assert (stats[v2.pk].requests, stats[v2.pk].errors, stats[v2.pk].slo_misses) == (4, 2, 1)
     assert stats[v2.pk].error_rate == 0.5 and stats[v2.pk].latency_burn == 0.5
+
+    # Attempts that failed before the first byte and were retried elsewhere (reported by the proxy in Redis, the
+    # usage record naming only the replica that answered): one more request and error each for their version
+    from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY
+
+    key = FAILED_ATTEMPTS_KEY.format(endpoint_id=endpoint.pk)
+    now = timezone.now().timestamp()
+    clean_store.zadd(key, {f"{new.pk}:r1": now, f"{new.pk}:r2": now, f"{old.pk}:r3": now})
+    clean_store.zadd(key, {f"{new.pk}:r0": since.timestamp() - 60})  # before the window
+    stats = version_stats(endpoint=endpoint, since=since)
+    assert (stats[v1.pk].requests, stats[v1.pk].errors) == (3, 1)
+    assert (stats[v2.pk].requests, stats[v2.pk].errors, stats[v2.pk].slo_misses) == (6, 4, 1)
 
 
 def test_a_serving_version_changed_behind_the_rollouts_back_fails_it(clean_store, fake, endpoint):
