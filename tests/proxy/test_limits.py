@@ -106,3 +106,62 @@ def test_leases_spare_redis_round_trips_without_exceeding_the_shared_limit():
         await b.aclose()
 
     run(scenario())
+
+
+async def _level(client, key: str) -> float:
+    raw = await client.hget(key, "tokens")
+    return float(raw) if raw is not None else float("nan")
+
+
+def test_lapsed_leases_go_back_to_the_bucket_so_an_idle_share_never_drains_it():
+    """A tenant far below its limit, with pauses longer than a lease lives: every token not spent comes back."""
+
+    async def scenario():
+        a = aioredis.Redis.from_url(settings.REDIS_URL)
+        await _flush(a)
+        limiter = RateLimiter(a, lease_ttl_s=0.05)
+        bucket = [Bucket("mu", 100.0, 1e-9, 1.0)]  # leases of 5; without returns 17 requests would empty it
+        key = limiter.keys(7, 7, bucket)[0]
+        results = []
+        for _ in range(40):
+            results.append((await limiter.acquire(tenant_id=7, endpoint_id=7, buckets=bucket))[0])
+            await asyncio.sleep(0.06)  # the lease lapses between requests
+        assert results == [0.0] * 40
+        await limiter.sweep()
+        assert limiter.leased(key) == 0.0
+        # Conservation: what is in Redis is the capacity less what was spent.
+        assert await _level(a, key) == pytest.approx(60.0, abs=1e-3)
+        await _flush(a)
+        await a.aclose()
+
+    run(scenario())
+
+
+def test_busy_tenant_is_served_from_leases_topped_up_in_the_background():
+    async def scenario():
+        a = aioredis.Redis.from_url(settings.REDIS_URL)
+        b = aioredis.Redis.from_url(settings.REDIS_URL)
+        await _flush(a)
+        la, lb = RateLimiter(a, lease_ttl_s=0.3), RateLimiter(b, lease_ttl_s=0.3)
+        bucket = [Bucket("mu", 400.0, 1e-9, 1.0)]  # leases of 20
+        key = la.keys(5, 5, bucket)[0]
+        admitted = 0
+        for i in range(150):
+            limiter = la if i % 2 else lb
+            admitted += (await limiter.acquire(tenant_id=5, endpoint_id=5, buckets=bucket))[0] == 0
+            # Corrections of earlier requests stay in the lease (no Redis call per request).
+            await limiter.settle(tenant_id=5, endpoint_id=5, buckets=bucket, actual={"mu": 0.5})
+            await asyncio.sleep(0.01)  # several lease lifetimes in all
+        assert admitted == 150
+        # Requests waited for Redis only when a process had no lease yet (or it lapsed between two turns).
+        assert la.blocking_calls + lb.blocking_calls <= 6, (la.blocking_calls, lb.blocking_calls)
+        await asyncio.sleep(0.35)
+        await la.sweep()
+        await lb.sweep()
+        # Conservation across both processes: 150 requests × 0.5 MU each were really spent.
+        assert await _level(a, key) == pytest.approx(400.0 - 75.0, abs=1e-3)
+        await _flush(a)
+        await a.aclose()
+        await b.aclose()
+
+    run(scenario())
