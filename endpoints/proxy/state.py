@@ -147,7 +147,10 @@ class ProxyState:
             interval = 0.1
         if str(interval) != raw and raw != "0.1":
             log.warning("INFERCAP_PROXY_SCRAPE_INTERVAL_S=%r: using %s s (allowed 0.01–10)", raw, interval)
-        self.scraper = MetricsScraper(interval_s=interval)
+        from endpoints.proxy.scrape_client import AiohttpScrapeClient
+
+        self._scrape_client = AiohttpScrapeClient()
+        self.scraper = MetricsScraper(interval_s=interval, client=self._scrape_client)
         self.scraper.start()
 
     # -- snapshot ------------------------------------------------------------------------------------
@@ -229,7 +232,8 @@ class ProxyState:
 
     # -- sharing replica slots with the other proxy processes --------------------------------------------
     async def _housekeeping(self) -> None:
-        """Every ``member_interval_s``: write the in-flight gauges that changed, and heartbeat the membership."""
+        """Every ``member_interval_s``: write the in-flight gauges that changed, return lapsed rate-limit leases
+        and heartbeat the membership."""
         while True:
             await asyncio.sleep(self.config.member_interval_s)
             for runtime in self.runtimes.values():
@@ -237,6 +241,7 @@ class ProxyState:
             if self.redis is None:
                 continue
             try:
+                await self.limiter.sweep()  # lapsed rate-limit leases go back to the shared buckets
                 await self._beat()
             except asyncio.CancelledError:
                 raise
@@ -347,6 +352,7 @@ class ProxyState:
                 pass
         if self.scraper is not None:
             await self.scraper.stop()
+            await self._scrape_client.aclose()
         if self.usage is not None:
             await self.usage.close()
         if self.session is not None:
