@@ -144,7 +144,9 @@ class RolloutStartForm(forms.Form):
     canary_steps = forms.CharField(
         required=False, initial="10, 50, 100", help_text="canary: percents of requests, rising, ending at 100"
     )
-    max_surge = forms.IntegerField(min_value=1, max_value=64, initial=2, help_text="new replicas starting at once")
+    max_surge = forms.IntegerField(
+        min_value=1, max_value=64, initial=2, help_text="extra replicas alive at once (batch size)"
+    )
     step_duration_s = forms.IntegerField(
         min_value=1, max_value=86400, initial=60, label="Step duration (s)", help_text="how long each step is watched"
     )

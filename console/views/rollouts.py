@@ -22,7 +22,7 @@ ACTION_TITLES = {
 ACTION_HELP = {
     "pause": "Nothing is started or drained and traffic stays split as it is until you resume.",
     "resume": "The rollout continues from where it was paused; a canary step is observed afresh.",
-    "promote": "All traffic goes to the new version once its replicas are warmed up; the old version drains.",
+    "promote": "Skips the remaining canary steps: traffic follows the new replicas as they warm up; the old version drains.",
     "rollback": "Traffic returns to the old version and the new version's replicas drain.",
 }
 # Which actions make sense in which state (the services refuse the others with a reason anyway).
