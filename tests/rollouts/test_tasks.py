@@ -193,3 +193,35 @@ def test_a_serving_version_changed_behind_the_rollouts_back_fails_it(clean_store
     launched = list(fake.launched)
     services.rollout_tick(rollout_id=rollout.pk)
     assert fake.launched == launched
+
+
+def test_a_rollback_after_old_replicas_drained_starts_the_old_version_again(clean_store, fake, endpoint, monkeypatch):
+    monkeypatch.setattr(services, "warm_up_request", lambda url, model: (True, ""))
+    v1 = endpoint.current_version
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
+    rollout = services.start_rollout(
+        endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=600, max_surge=1
+    )
+    services.rollout_tick(rollout_id=rollout.pk)  # one v2 replica starting (2 old + 1 = B + S)
+    assert fake.launched == [(v2.pk, 1)]
+    endpoint.replicas.filter(version=v2).update(state=ReplicaState.READY)
+    services.rollout_tick(rollout_id=rollout.pk)  # warmed: 50 % on v2, one v1 replica drains
+    rollout.refresh_from_db()
+    assert (rollout.state, rollout.traffic_percent) == (RolloutState.SHIFTING, 50)
+    drained = endpoint.replicas.get(version=v1, state=ReplicaState.DRAINING)
+    fake.stop_row(drained, "drained")
+    services.rollback_rollout(rollout=rollout, reason="bad answers")
+    fake.launched.clear()
+    services.rollout_tick(rollout_id=rollout.pk)
+    # v2 drains and v1 is started again to its starting count, within B + S alive
+    assert fake.launched == [(v1.pk, 1)]
+    assert endpoint.replicas.filter(version=v2, state=ReplicaState.DRAINING).count() == 1
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLING_BACK
+    endpoint.replicas.filter(version=v1, state=ReplicaState.STARTING).update(state=ReplicaState.READY)
+    fake.stop_row(endpoint.replicas.get(version=v2, state=ReplicaState.DRAINING), "drained")
+    services.rollout_tick(rollout_id=rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK and rollout.reason == "bad answers"
+    assert endpoint.replicas.filter(version=v1, state=ReplicaState.READY).count() == 2
+    assert "started 1 old-version replica(s) again" in rollout.events.values_list("message", flat=True)
