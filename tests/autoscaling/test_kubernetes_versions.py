@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from capacity.autoscaling import services as autoscaling
+from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.kubernetes import DELETION_COST, VERSION, KubernetesActuator
 from endpoints.models import Endpoint, Replica, ReplicaState, RolloutState
 from endpoints.rollouts import services
@@ -219,6 +220,12 @@ def test_a_rollout_runs_the_new_version_in_its_own_deployment_and_retires_the_ol
     assert ("DELETE", f"{NS}/llama-13b-v2") in cluster.calls()
     assert set(cluster.deployments) == {"llama-13b", "llama-13b-v3"} and cluster.replicas("llama-13b-v3") == 2
     assert Replica.objects.filter(endpoint=endpoint, version=v3, state=ReplicaState.READY).count() == 2
+    # the autoscaler now scales llama-13b-v3; a warm pool (a copy of the template, version 1) is refused
+    endpoint.refresh_from_db()
+    k8s.launch(endpoint, 1)
+    assert cluster.replicas("llama-13b-v3") == 3 and cluster.replicas("llama-13b") == 0
+    with pytest.raises(ActuatorError, match="warm pool .* not the serving version's \\(llama-13b-v3\\)"):
+        k8s.launch(endpoint, 1, standby=True)
 
 
 def test_a_rolled_back_version_is_scaled_down_and_its_deployment_deleted(db, clean_store, cluster, k8s, endpoint):

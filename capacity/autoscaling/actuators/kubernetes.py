@@ -290,6 +290,12 @@ class KubernetesActuator(Actuator):
         # in spec, so asking for spec + count on every tick until they register would overshoot.
         registered = endpoint.replicas.filter(actuator=self.name, is_standby=standby, state__in=LIVE)
         name, view = None, endpoint
+        if standby and self.deployment_for(endpoint, endpoint.current_version_id) != deployment_name(endpoint):
+            # The standby Deployment copies the template, which runs version 1: its pods would serve the wrong one.
+            raise ActuatorError(
+                f"the warm pool of {endpoint.name} runs the template Deployment's pods, not the serving version's "
+                f"({self.deployment_for(endpoint, endpoint.current_version_id)})"
+            )
         if not standby:
             version_id = launch_version_id(endpoint)
             view, number = self._version(endpoint, version_id)
