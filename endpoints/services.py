@@ -65,15 +65,22 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
 )
 
 
-def _endpoint_validate(endpoint: Endpoint) -> None:
-    """Field validators, uniqueness and the cross-field bounds of Endpoint.clean, all as one ValidationError."""
+def _endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = None) -> None:
+    """Field validators, uniqueness and the cross-field bounds of Endpoint.clean, all as one ValidationError.
+
+    ``check_launch_values``: also refuse launch option values the launchers cannot use (default: for a new
+    endpoint; a new version asks for it, a live change leaves the stored options alone)."""
     errors: dict[str, list[str]] = {}
     try:
         endpoint.full_clean()
     except ValidationError as exc:
         errors.update(exc.message_dict)
+    if check_launch_values is None:
+        check_launch_values = endpoint._state.adding
     if not isinstance(endpoint.launch_options, dict):
         errors.setdefault("launch_options", []).append("must be a JSON object")
+    elif check_launch_values and (bad := launch_option_errors(endpoint.launch_options, runtime=endpoint.runtime)):
+        errors.setdefault("launch_options", []).extend(bad)
     elif "actuator" in endpoint.launch_options:
         # Refuse an unknown actuator now rather than at the autoscaler's next tick.
         from capacity.autoscaling.actuators import ActuatorError, get_actuator
@@ -94,6 +101,48 @@ def _endpoint_validate(endpoint: Endpoint) -> None:
             errors.setdefault("pinned_benchmark", []).append("the benchmark is for another model or hardware")
     if errors:
         raise ValidationError(errors)
+
+
+# Launch options the launchers read, with the type they need (other keys pass through to runtimes and actuators).
+_LAUNCH_OPTION_KINDS = {
+    **dict.fromkeys(("actuator", "deployment", "standby_deployment", "namespace", "profile", "model", "cpuset"), str),
+    **dict.fromkeys(("faults", "profile_opts", "resources"), dict),
+}
+
+
+def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
+    """What is wrong with known launch option values (``cpus: "abc"``, ``speed: -1``, a bad cpuset), so that a
+    new version is refused up front instead of its replicas failing to start in the middle of a rollout."""
+    import inspect
+    import math
+
+    from endpoints.runtimes import vllm
+    from endpoints.runtimes.launch_env import launch_env
+
+    errors = [
+        f"{key} must be {'a string' if kind is str else 'a JSON object'}"
+        for key, kind in _LAUNCH_OPTION_KINDS.items()
+        if options.get(key) is not None and not isinstance(options[key], kind)
+    ]
+    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    if options.get("speed") is not None and not (number(options["speed"]) and options["speed"] > 0):
+        errors.append("speed must be a positive number")
+    if options.get("port") is not None and not (whole(options["port"]) and 0 < options["port"] < 65536):
+        errors.append("port must be a whole number between 1 and 65535")
+    tp = options.get("tensor_parallel_size")
+    if tp is not None and not (whole(tp) and tp >= 1):
+        errors.append("tensor_parallel_size must be a positive whole number")
+    if errors:
+        return errors
+    try:
+        launch_env(options, runtime=runtime, affinity={0}, quota=1.0)  # cpus, cpu_allotment, resources, cpuset
+        if runtime == "vllm":
+            allowed = set(inspect.signature(vllm.serve_command).parameters) - {"model", "port", "host", "executable"}
+            vllm.serve_command(model="check", port=8000, **{k: v for k, v in options.items() if k in allowed})
+    except (TypeError, ValueError) as exc:
+        errors.append(str(exc))
+    return errors
 
 
 def _audit(*, actor, action: str, endpoint: Endpoint, detail: dict) -> None:
@@ -146,7 +195,9 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
     _endpoint_validate(endpoint)
     diff = {name: [before[name], _plain(value)] for name, value in changes.items() if before[name] != _plain(value)}
     with transaction.atomic():
-        endpoint.save()
+        # Only the live fields changed here: a full save would write back the versioned fields and current_version
+        # as loaded, undoing a rollout's promotion that happened meanwhile.
+        endpoint.save(update_fields=sorted({*changes, "desired_replicas", "updated_at"}))
         if diff:
             _audit(actor=actor, action="endpoint.update", endpoint=endpoint, detail={"changes": diff})
     return endpoint

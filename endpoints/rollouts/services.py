@@ -21,7 +21,7 @@ from datetime import datetime
 
 import httpx
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -109,7 +109,7 @@ def _clean_changes(endpoint: Endpoint, changes: dict) -> dict:
         setattr(candidate, f"{name}_id" if name.endswith("_profile") else name, value)
     for cached in ("model_profile", "hardware_profile"):
         candidate._state.fields_cache.pop(cached, None)
-    _endpoint_validate(candidate)
+    _endpoint_validate(candidate, check_launch_values=bool({"launch_options", "runtime"} & set(clean)))
     return clean
 
 
@@ -268,21 +268,25 @@ def start_rollout(
         if active_rollout(endpoint) is not None:
             raise ValidationError("a rollout is already in progress for this endpoint")
         baseline = _replicas_of(endpoint, from_version, current=from_version).filter(state=ReplicaState.READY).count()
-        rollout = Rollout.objects.create(
-            endpoint=endpoint,
-            from_version=from_version,
-            to_version=to_version,
-            strategy=strategy,
-            canary_steps=steps,
-            step_duration_s=step_duration_s,
-            max_surge=max_surge,
-            health_timeout_s=health_timeout_s,
-            error_rate_margin=float(error_rate_margin),
-            latency_burn_margin=float(latency_burn_margin),
-            min_samples=min_samples,
-            baseline_ready=baseline,
-            created_by=_user(user),
-        )
+        try:
+            with transaction.atomic():  # the one-active-rollout constraint, should a writer bypass the lock above
+                rollout = Rollout.objects.create(
+                    endpoint=endpoint,
+                    from_version=from_version,
+                    to_version=to_version,
+                    strategy=strategy,
+                    canary_steps=steps,
+                    step_duration_s=step_duration_s,
+                    max_surge=max_surge,
+                    health_timeout_s=health_timeout_s,
+                    error_rate_margin=float(error_rate_margin),
+                    latency_burn_margin=float(latency_burn_margin),
+                    min_samples=min_samples,
+                    baseline_ready=baseline,
+                    created_by=_user(user),
+                )
+        except IntegrityError:
+            raise ValidationError("a rollout is already in progress for this endpoint") from None
         _event(
             rollout,
             "created",

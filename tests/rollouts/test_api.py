@@ -255,3 +255,145 @@ def test_a_bad_versioned_change_is_a_field_error_and_changes_nothing(world):
     assert response.status_code == 400 and "launch_options" in response.json(), response.content
     endpoint.refresh_from_db()
     assert endpoint.max_replicas != 9 and EndpointVersion.objects.filter(endpoint=endpoint).count() == 1
+
+
+# --- review: bad launch options, races -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "runtime", "says"),
+    [
+        ({"cpus": "abc"}, None, "CPU amount"),
+        ({"cpus": -2}, None, "positive"),
+        ({"resources": {"limits": {"cpu": "lots"}}}, None, "CPU amount"),
+        ({"cpuset": "x-y"}, None, "cpuset"),
+        ({"cpuset": 7}, None, "cpuset"),
+        ({"speed": "abc"}, None, "speed"),
+        ({"speed": 0}, None, "speed"),
+        ({"faults": [1]}, None, "faults"),
+        ({"actuator": 3}, None, "actuator"),
+        ({"port": 70000}, None, "port"),
+        ({"tensor_parallel_size": "abc"}, "vllm", "tensor_parallel_size"),
+        ({"max_num_seqs": "abc"}, "vllm", "invalid literal"),
+        ({"gpu_memory_utilization": 3}, "vllm", "gpu_memory_utilization"),
+    ],
+)
+def test_launch_options_a_launcher_cannot_use_are_field_errors_and_make_no_version(world, options, runtime, says):
+    # Before, {"cpus": "abc"} became version 2 (or a rollout) whose replicas then failed to start.
+    endpoint = world.a.endpoint
+    ensure_current_version(endpoint)
+    client = world.client("operator")
+    payload = {"launch_options": options, **({"runtime": runtime} if runtime else {})}
+    response = patch_endpoint(client, endpoint, payload)
+    assert response.status_code == 400, response.content
+    assert says in str(response.json()["launch_options"])
+    assert EndpointVersion.objects.filter(endpoint=endpoint).count() == 1
+    # and a new endpoint with them is refused the same way
+    created = client.post(
+        reverse("endpoint-list"),
+        {
+            "name": "bad-launch",
+            "owner_tenant": world.a.tenant.pk,
+            "model_profile": endpoint.model_profile_id,
+            "hardware_profile": endpoint.hardware_profile_id,
+            "runtime": runtime or "sim",
+            "launch_options": options,
+        },
+        format="json",
+    )
+    assert created.status_code == 400 and "launch_options" in created.json(), created.content
+
+
+def test_usable_launch_options_and_unknown_keys_still_make_a_version(world):
+    endpoint = world.a.endpoint
+    ensure_current_version(endpoint)
+    options = {"cpus": "1500m", "cpuset": "0-1", "speed": 2.5, "faults": {}, "some_runtime_flag": True}
+    response = patch_endpoint(world.client("operator"), endpoint, {"launch_options": options})
+    assert response.status_code == 200, response.content
+    endpoint.refresh_from_db()
+    assert endpoint.current_version.number == 2 and endpoint.launch_options == options
+
+
+def test_a_live_change_does_not_undo_a_promotion_that_happened_meanwhile(world):
+    # Before, endpoint_update saved every field of the instance it had loaded: a PATCH of max_replicas racing a
+    # rollout's promotion wrote the old version's model and launch options (and current_version) back.
+    from endpoints.rollouts.services import activate_version
+    from endpoints.services import endpoint_update
+
+    endpoint = world.a.endpoint
+    v1 = ensure_current_version(endpoint)
+    stale = Endpoint.objects.get(pk=endpoint.pk)  # what the PATCH request loaded
+    v2 = new_version(endpoint)
+    activate_version(endpoint=Endpoint.objects.get(pk=endpoint.pk), version=v2)  # the promotion, meanwhile
+    endpoint_update(endpoint=stale, max_replicas=stale.max_replicas + 1)
+    endpoint.refresh_from_db()
+    assert endpoint.current_version_id == v2.pk != v1.pk
+    assert endpoint.launch_options == v2.launch_options
+    assert endpoint.max_replicas == stale.max_replicas
+
+
+def test_a_start_that_slips_past_the_in_progress_check_is_a_400_not_an_integrity_error(world, monkeypatch):
+    # The database's one-active-rollout constraint is the last line: it must read as a field error, not a 500.
+    from endpoints.rollouts import services
+
+    endpoint = world.a.endpoint
+    start_rollout(endpoint=endpoint, to_version=new_version(endpoint))
+    monkeypatch.setattr(services, "active_rollout", lambda endpoint: None)
+    response = world.client("operator").post(
+        reverse("rollout-list"), {"endpoint": endpoint.pk, "to_version": new_version(endpoint).pk}, format="json"
+    )
+    assert response.status_code == 400 and "already in progress" in str(response.json()), response.content
+    assert Rollout.objects.filter(endpoint=endpoint).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_starts_for_one_endpoint_give_one_rollout_and_one_400(world):
+    import threading
+
+    from django.db import connection
+
+    endpoint = world.a.endpoint
+    versions = [new_version(endpoint).pk, new_version(endpoint).pk]
+    barrier = threading.Barrier(2)
+    statuses: list[int] = []
+
+    def start(version_id):
+        try:
+            client = world.client("operator")
+            barrier.wait(5)
+            response = client.post(
+                reverse("rollout-list"), {"endpoint": endpoint.pk, "to_version": version_id}, format="json"
+            )
+            statuses.append(response.status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start, args=(v,)) for v in versions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(statuses) == [201, 400]
+    assert Rollout.objects.filter(endpoint=endpoint).count() == 1
+
+
+def test_an_operator_action_wins_over_a_tick_that_decided_before_it(world):
+    # The tick records its decision with a compare-and-set on the row it read; an operator's pause in between
+    # must not be overwritten (and the tick must not act on its stale decision).
+    from django.utils import timezone
+
+    from endpoints.rollouts import machine
+    from endpoints.rollouts.services import _facts, _record, pause_rollout
+
+    endpoint = world.a.endpoint
+    rollout = start_rollout(endpoint=endpoint, to_version=new_version(endpoint))
+    seen_by_tick = Rollout.objects.select_related("endpoint", "from_version", "to_version").get(pk=rollout.pk)
+    pause_rollout(rollout=rollout, user=world.operator, reason="hold on")
+    now = timezone.now()
+    decision = machine.Decision(
+        state=RolloutState.SURGING, traffic_percent=0, step_index=0, kind="surge", reason="start", launch=1
+    )
+    assert _record(seen_by_tick, _facts(seen_by_tick, now), decision, now) is False
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.PAUSED and rollout.paused_from == RolloutState.PENDING
+    assert not rollout.events.filter(kind="surge").exists()

@@ -166,3 +166,52 @@ def test_the_admin_does_not_edit_versioned_fields_of_an_existing_endpoint(client
     for field in ("model_profile", "hardware_profile", "runtime", "launch_options", "current_version"):
         assert f'name="{field}"' not in page, field
     assert 'name="model_profile"' in client.get(reverse("admin:endpoints_endpoint_add")).content.decode()
+
+
+# --- review: launch options, a start racing another, CSRF --------------------------------------------------------
+
+_START = {"strategy": "all_at_once", "canary_steps": "10, 50, 100", "max_surge": 2, "step_duration_s": 60}
+
+
+def test_launch_options_a_launcher_cannot_use_are_a_form_error_and_make_nothing(client, operator, tenant_a):
+    # Before, {"cpus": "abc"} made version 2 and started a rollout whose replicas could never start.
+    endpoint = tenant_a.endpoint
+    ensure_current_version(endpoint)
+    client.force_login(operator)
+    url = reverse("console:rollout-start", args=[endpoint.pk])
+    bad = _post_confirmed(client, url, {**_START, "launch_options": '{"cpus": "abc"}'})
+    assert bad.status_code == 400 and "CPU amount" in str(bad.context["form"].errors["launch_options"])
+    assert EndpointVersion.objects.filter(endpoint=endpoint).count() == 1 and not Rollout.objects.exists()
+
+
+def test_a_start_that_slips_past_the_in_progress_check_is_a_form_error(client, operator, tenant_a, monkeypatch):
+    # The one-active-rollout constraint surfacing as an IntegrityError was a 500 page here.
+    from endpoints.rollouts import services
+
+    endpoint = tenant_a.endpoint
+    _rollout(endpoint)
+    other = create_version(endpoint=endpoint, launch_options={"speed": 4})
+    monkeypatch.setattr(services, "active_rollout", lambda endpoint: None)
+    client.force_login(operator)
+    url = reverse("console:rollout-start", args=[endpoint.pk])
+    bad = _post_confirmed(client, url, {**_START, "to_version": other.pk})
+    assert bad.status_code == 400 and "already in progress" in bad.content.decode()
+    assert Rollout.objects.filter(endpoint=endpoint).count() == 1
+
+
+def test_rollout_actions_need_a_csrf_token_and_a_get_changes_nothing(operator, tenant_a):
+    from django.test import Client
+
+    endpoint = tenant_a.endpoint
+    rollout = _rollout(endpoint)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    for action in ("pause", "promote", "rollback"):
+        url = reverse("console:rollout-action", args=[endpoint.pk, rollout.pk, action])
+        assert client.post(url, {"confirmed": "yes"}).status_code == 403
+        assert client.get(url, {"confirmed": "yes"}).status_code == 200  # the form, nothing done
+    start = reverse("console:rollout-start", args=[endpoint.pk])
+    assert client.post(start, {**_START, "launch_options": '{"speed": 8}', "confirmed": "yes"}).status_code == 403
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.PENDING and list(rollout.events.values_list("kind", flat=True)) == ["created"]
+    assert Rollout.objects.filter(endpoint=endpoint).count() == 1
