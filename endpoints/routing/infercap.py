@@ -120,6 +120,7 @@ class InfercapRouter(RouterBase):
         home_blocks: int = 16,
         fill_weight: float = 2.0,
         spread_weight: float = 2.0,
+        primary_weight: float = 1.0,
         queue_weight: float = 0.0,
         kv_weight: float = 0.0,
         block_chars: int = PREFIX_BLOCK_CHARS,
@@ -137,7 +138,7 @@ class InfercapRouter(RouterBase):
         self.prefix_weight, self.session_weight, self.load_weight = prefix_weight, session_weight, load_weight
         self.home_weight, self.home_blocks = home_weight, max(1, home_blocks)
         self.fill_weight, self.queue_weight, self.kv_weight = fill_weight, queue_weight, kv_weight
-        self.spread_weight = spread_weight
+        self.spread_weight, self.primary_weight = spread_weight, primary_weight
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
         self.heads = PrefixHeads()
         self.sessions = SessionTable(max_sessions, session_ttl_s)
@@ -173,6 +174,7 @@ class InfercapRouter(RouterBase):
         head = home_key(request, self.home_blocks * self.prefix_index.block_chars)
         queue = queue_scores(allowed) if self.queue_weight else {}
         extra_heads = self._extra_heads(allowed, head, hashes)
+        primary = self._primary(allowed, head, hashes)
         scored = []
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
@@ -184,6 +186,7 @@ class InfercapRouter(RouterBase):
                 + (self.queue_weight * queue[r.replica_id] if queue else 0.0)
                 + (self.kv_weight * kv_score(r) if self.kv_weight else 0.0)
                 - self.spread_weight * extra_heads.get(r.replica_id, 0)
+                + (self.primary_weight if r.replica_id == primary else 0.0)
                 - self.load_weight * loads[r.replica_id] / top_load
             )
             scored.append((score, r))
@@ -197,6 +200,14 @@ class InfercapRouter(RouterBase):
         counts = {r.replica_id: self.heads.count(r.replica_id, index) for r in allowed}
         low = min(counts.values())
         return {rid: n - low for rid, n in counts.items() if n > low and not self.heads.has(rid, head, index)}
+
+    def _primary(self, allowed: Sequence[ReplicaView], head: int, hashes: Sequence[int]) -> str | None:
+        """The allowed replica holding the oldest copy of this prompt's head (where its group lives)."""
+        if not self.primary_weight or len(hashes) < self.home_blocks:
+            return None
+        copies = [(self.heads.copy_number(r.replica_id, head, self.prefix_index), r.replica_id) for r in allowed]
+        held = [c for c in copies if c[0] is not None]
+        return min(held)[1] if held else None
 
     def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
         num_gpu_blocks, block_size = self._cache_config.get(replica_id, (0, 16))

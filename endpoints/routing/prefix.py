@@ -142,26 +142,38 @@ class PrefixHeads:
     A head is the stable hash of a prompt's first blocks (``infercap.home_key``); it counts on a replica while
     the block that opens it is still in that replica's LRU index, so a head the cache has dropped stops counting.
     Kept per replica in least-recently-routed order and pruned from the old end, O(1) amortized per request.
+    Each copy remembers when it was made (a sequence number, not a clock): the oldest copy of a head is its
+    *primary*, the replica the group lives on; later copies are spill-overs.
     """
 
     def __init__(self, max_heads: int = 4096):
         self.max_heads = max(1, max_heads)
-        self._heads: dict[str, OrderedDict[int, int]] = {}
+        self._heads: dict[str, OrderedDict[int, tuple[int, int]]] = {}  # head → (first block, copy number)
+        self._copies = 0
 
     def record(self, replica_id: str, head: int, first_block: int, index: PrefixIndex) -> None:
         heads = self._heads.setdefault(replica_id, OrderedDict())
-        heads[head] = first_block
+        entry = heads.get(head)
+        if entry is None or entry[0] != first_block or not index.holds(replica_id, entry[0]):
+            self._copies += 1
+            entry = (first_block, self._copies)
+        heads[head] = entry
         heads.move_to_end(head)
         self._prune(replica_id, index)
 
     def _prune(self, replica_id: str, index: PrefixIndex) -> None:
         heads = self._heads.get(replica_id)
-        while heads and (len(heads) > self.max_heads or not index.holds(replica_id, next(iter(heads.values())))):
+        while heads and (len(heads) > self.max_heads or not index.holds(replica_id, next(iter(heads.values()))[0])):
             heads.popitem(last=False)
 
-    def has(self, replica_id: str, head: int, index: PrefixIndex) -> bool:
+    def copy_number(self, replica_id: str, head: int, index: PrefixIndex) -> int | None:
+        """When the replica's copy of ``head`` was made (lower = older), or None when it holds none."""
         heads = self._heads.get(replica_id)
-        return bool(heads) and head in heads and index.holds(replica_id, heads[head])
+        entry = heads.get(head) if heads else None
+        return entry[1] if entry is not None and index.holds(replica_id, entry[0]) else None
+
+    def has(self, replica_id: str, head: int, index: PrefixIndex) -> bool:
+        return self.copy_number(replica_id, head, index) is not None
 
     def count(self, replica_id: str, index: PrefixIndex) -> int:
         self._prune(replica_id, index)

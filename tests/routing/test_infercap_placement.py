@@ -112,3 +112,24 @@ def test_infercap_keeps_a_group_on_its_replica_although_that_one_holds_more_grou
     assert router.pick(request(9, prompt=group_prompt(1, q=7)), replicas, 0.0) == "r0"
     # A new group goes to the replica with fewer groups, even where the home rank prefers r0.
     assert {router.pick(request(10 + g, prompt=group_prompt(g)), replicas, 0.0) for g in range(3, 9)} == {"r1"}
+
+
+def test_infercap_sends_a_group_to_its_oldest_copy_so_spill_overs_go_cold():
+    # r0 has held group 1 longest, r1 got a copy when r0 was briefly over the bound: with r1 somewhat lighter the
+    # group goes back to r0 (r1's copy can age out of its cache); only a clearly lighter r1 takes it.
+    router = make_router("infercap", seed=0)
+    replicas = busy_views(2)
+    router.on_routed(request(0, prompt=group_prompt(1)), "r0", 0.0)
+    router.on_routed(request(1, prompt=group_prompt(1, q=1)), "r1", 0.0)
+    assert router.heads.copy_number("r0", home_key(request(0, group_prompt(1)), 16 * 64), router.prefix_index) < (
+        router.heads.copy_number("r1", home_key(request(1, group_prompt(1)), 16 * 64), router.prefix_index)
+    )
+    replicas[0].in_flight_mu, replicas[1].in_flight_mu = 25.0, 20.0
+    assert router.pick(request(2, prompt=group_prompt(1, q=2)), replicas, 0.0) == "r0"
+    replicas[0].in_flight_mu = 37.0  # nearly twice the load, just within the bound: the spare room wins
+    assert router.pick(request(3, prompt=group_prompt(1, q=3)), replicas, 0.0) == "r1"
+    no_primary = make_router("infercap", seed=0, primary_weight=0.0)
+    no_primary.on_routed(request(0, prompt=group_prompt(1)), "r0", 0.0)
+    no_primary.on_routed(request(1, prompt=group_prompt(1, q=1)), "r1", 0.0)
+    replicas[0].in_flight_mu = 25.0  # without the preference, a quarter more load already moves the group
+    assert no_primary.pick(request(2, prompt=group_prompt(1, q=2)), replicas, 0.0) == "r1"
