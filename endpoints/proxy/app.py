@@ -218,14 +218,25 @@ async def _completion(scope, receive, send, kind: str) -> None:
             receive, limit=cfg.max_body_bytes, content_length=content_length, timeout_s=cfg.body_timeout_s
         )
         req = parse_request(kind, raw)
-        endpoint = state.snapshot.endpoints_by_name.get(req.model)
-        if endpoint is None or not endpoint.visible_to(key.tenant_id):
+        found = state.snapshot.endpoints_by_name.get(req.model)
+        if found is None or not found.visible_to(key.tenant_id):
             raise ProxyError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
+        if req.max_tokens is not None and req.max_tokens > found.max_model_len:
+            # Refused here rather than by the replica: it is neither charged to the tenant's limits nor dispatched.
+            raise ProxyError(
+                400,
+                f"'max_tokens' is {req.max_tokens}, but `{found.name}` has a context of {found.max_model_len} tokens.",
+                param="max_tokens",
+                code="invalid_value",
+            )
+        requested = requested_priority(headers)
+        # Set only now: from here on an error is metered (a request refused as invalid above is not).
+        endpoint = found
         reservation = state.snapshot.reservations.get((key.tenant_id, endpoint.id))
         priority = effective_priority(
             key_max=key.max_priority,
             reservation=reservation.priority if reservation else None,
-            requested=requested_priority(headers),
+            requested=requested,
         )
         prompt_tokens = estimate_prompt_tokens(req.prompt_chars)
         mu_est = estimate_request_mu(endpoint.coeffs, prompt_tokens=prompt_tokens, max_tokens=req.max_tokens)

@@ -132,7 +132,10 @@ class ProxyState:
         if self.redis is not None:
             self._heartbeat = self.redis.register_script(_HEARTBEAT)
             atexit.register(self._leave_sync)
-            await self._beat()  # a lone process starts with the whole limits, not after one interval
+            try:
+                await self._beat()  # a lone process starts with the whole limits, not after one interval
+            except Exception as exc:  # noqa: BLE001 - Redis away: start with the whole limits, join when it is back
+                log.warning("proxy membership heartbeat failed at start-up: %s", exc)
         self._tasks.append(loop.create_task(self._housekeeping(), name="proxy-housekeeping"))
 
     def _scraper_start(self) -> None:

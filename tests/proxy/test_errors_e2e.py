@@ -11,7 +11,7 @@ from django.utils import timezone
 from billing.models import UsageRecord
 from tenants.services import api_key_create, api_key_revoke
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import assert_openai_error, chat_body, post, wait_for
+from tests.proxy.helpers import assert_openai_error, chat_body, post, wait_for, wait_usage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -55,6 +55,8 @@ def test_auth_failures_and_bad_input_are_clean_4xx(procs, clean_redis, tenant_a,
     assert_openai_error(post(base, key, {"model": model, "messages": [{"content": "no role"}]}), 400)
     assert assert_openai_error(post(base, key, {**good, "max_tokens": "12"}), 400)["param"] == "max_tokens"
     assert_openai_error(post(base, key, {**good, "max_tokens": -1}), 400)
+    # More than the model's context: refused by the proxy, not dispatched (so not metered below).
+    assert assert_openai_error(post(base, key, {**good, "max_tokens": 10**12}), 400)["param"] == "max_tokens"
     assert_openai_error(post(base, key, {**good, "stream": "yes"}), 400)
     assert_openai_error(post(base, key, {**good, "stream_options": {"include_usage": True}}), 400)
     assert_openai_error(post(base, key, {"model": model, "prompt": 42}, path="/v1/completions"), 400)
@@ -70,9 +72,11 @@ def test_auth_failures_and_bad_input_are_clean_4xx(procs, clean_redis, tenant_a,
     assert_openai_error(httpx.get(base + "/v1/nothing-here"), 404)
     assert_openai_error(httpx.get(base + "/v1/models"), 401)
 
-    # Only authenticated, admitted requests are metered: 1 + the revoked key's successes.
-    assert UsageRecord.objects.filter(status="ok").count() >= 2
+    # Only authenticated, admitted requests are metered: 1 + the revoked key's successes, all served by the
+    # replica (a request refused as invalid once its endpoint was known was once metered as "ok" too).
+    assert len(wait_usage(2, status="ok")) >= 2
     assert not UsageRecord.objects.exclude(status="ok").exists()
+    assert not UsageRecord.objects.filter(replica__isnull=True).exists()
 
 
 def test_proxy_without_its_database_answers_503_not_500(procs, clean_redis, tenant_a):
