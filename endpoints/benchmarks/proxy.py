@@ -5,14 +5,21 @@ Processes: a simulated replica (``endpoints.runtimes.sim.cli``), one proxy worke
 ``config.asgi``: the full data path with auth, limits, admission, routing, relay and metering), a bare
 pass-through (``endpoints.benchmarks.passthrough``: the same uvicorn + aiohttp hop with none of those
 features) and this process as the load generator (aiohttp). At one stream the three paths are used in turn,
-request by request; at 64 and 256 streams they run as phases of equal length. Per level: added TTFT p50/p99
-and added end-to-end p50 (ms, proxied − direct), tokens/s through the proxy as a ratio of direct, errors, and
-the proxy's CPU ms per 1,000 tokens (including its background work, e.g. the replica metrics scraper); the
-``bare_passthrough`` entry gives the same figures for the featureless hop, so a loaded machine's cost of any
-extra hop can be told apart from the proxy's own. Without ``--quick`` it also runs the upstream client
-calibration (aiohttp vs one pooled ``httpx.AsyncClient`` at 256 streams). Options: ``--opt speed=1.0``
-(simulator speed), ``max_tokens=64``, ``levels=1,64,256``, ``rounds``, ``calibrate=0|1``, ``baseline=0|1``,
-``proxy_log=FILE`` (the proxy's stderr).
+request by request. At 64 and 256 streams (``method=paired``, the default) direct and proxied traffic run at
+once on the same replica, ``level`` streams each, every load-generator worker switching path on every request
+and the workers' starts spread over ``ramp_s`` (1 s): both paths then see the same replica state, batching
+waves and background load, and the difference measures the proxy. (``method=phased``, the earlier method, runs
+them as consecutive phases; on this 2-core machine the simulator's TTFT at 64 streams, ~0.6 s, then differed
+between phases by ±100 ms, so added p50 came out anywhere from -140 to +30 ms and p99 was noise. Under
+``paired`` the replica carries twice the streams, so its own TTFT is higher than in ``phased``.) Per level:
+added TTFT p50/p99 and added end-to-end p50 (ms, proxied − direct), tokens/s through the proxy as a ratio of
+direct, errors, and the proxy's CPU ms per 1,000 tokens (including its background work, e.g. the replica
+metrics scraper); the ``bare_passthrough`` entry gives the same figures for the featureless hop (paired with
+its own direct traffic), so a loaded machine's cost of any extra hop can be told apart from the proxy's own.
+Without ``--quick`` it also runs the upstream client calibration (aiohttp vs one pooled ``httpx.AsyncClient``
+at 256 streams). Options: ``--opt speed=1.0`` (simulator speed), ``max_tokens=64``, ``levels=1,64,256``,
+``rounds``, ``method=paired|phased``, ``ramp_s=1.0``, ``calibrate=0|1``, ``baseline=0|1``, ``proxy_log=FILE``
+(the proxy's stderr). Quick runs have one or two requests per worker: use them as smoke tests, not figures.
 """
 
 from __future__ import annotations
@@ -136,6 +143,51 @@ async def _phase(base: str, key: str | None, *, streams: int, duration_s: float,
         await asyncio.gather(*(worker(w) for w in range(streams)))
         out["wall_s"] = time.perf_counter() - started
     return out
+
+
+async def _mixed_phase(
+    targets: list, *, streams: int, duration_s: float, max_tokens: int, ramp_s: float = 0.0
+) -> list[dict]:
+    """``streams`` concurrent streams per target, all at once on the same replica: ``streams × len(targets)``
+    workers, each switching target on every request (worker w's request i goes to target (w + i) mod n), so every
+    path sees the same replica state, the same batching waves and the same background load."""
+    import aiohttp
+
+    outs = [{"ttft": [], "e2e": [], "tokens": 0, "errors": 0} for _ in targets]
+    heads = []
+    for base, key in targets:
+        headers = {"content-type": "application/json"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        heads.append((base + "/v1/completions", headers))
+    nonce = os.urandom(4).hex()
+    n = len(targets)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        deadline = time.perf_counter() + duration_s
+
+        async def worker(w: int) -> None:
+            # Starts spread over ``ramp_s``: clients do not all arrive in the same millisecond, and a synchronised
+            # herd makes every TTFT hinge on which side of one replica batching step a request lands.
+            await asyncio.sleep(ramp_s * w / (streams * n))
+            i = 0
+            while time.perf_counter() < deadline:
+                t = (w + i) % n
+                body = {
+                    "model": ENDPOINT,
+                    "prompt": f"{nonce} bench worker {w} request {i} " * 8,
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                }
+                await _one(session, heads[t][0], json.dumps(body).encode(), heads[t][1], outs[t])
+                i += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(streams * n)))
+        wall = time.perf_counter() - started
+    for out in outs:
+        out["wall_s"] = wall
+    return outs
 
 
 async def _httpx_phase(base: str, *, streams: int, duration_s: float, max_tokens: int) -> dict:
@@ -310,12 +362,17 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
     levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
     calibrate = str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes")
     baseline = str(opts.get("baseline", "1")) in ("1", "true", "yes")
+    method = str(opts.get("method", "paired"))
+    if method not in ("paired", "phased"):
+        raise ValueError("--opt method= must be paired or phased")
+    paired = method == "paired"
+    ramp_s = float(opts.get("ramp_s", 1.0))
     group = ProcessGroup()
     try:
         urls = []
         for _ in range(replicas):
             port = free_port()
-            argv = sim_replica_argv(port, speed=speed, served_model_name=ENDPOINT, extra=["--max-num-seqs", "512"])
+            argv = sim_replica_argv(port, speed=speed, served_model_name=ENDPOINT, extra=["--max-num-seqs", "1024"])
             group.spawn(argv, port=port, timeout=60)
             urls.append(f"http://127.0.0.1:{port}")
         key = _setup_world(urls)
@@ -365,39 +422,39 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                         proxy_pid=proxy.pid,
                         bare_pid=bare_pid,
                     )
+                bare_direct = None
                 for _ in range(rounds if level != 1 else 0):
-                    d = await _phase(
-                        direct_base,
-                        None,
-                        streams=level,
-                        duration_s=durations.get(level, 3.0),
-                        max_tokens=tokens_for(level),
-                    )
+                    phase = {
+                        "streams": level,
+                        "duration_s": durations.get(level, 3.0),
+                        "max_tokens": tokens_for(level),
+                    }
+                    mixed = {**phase, "ramp_s": ramp_s}
                     before = _cpu_s(proxy.pid)
-                    p = await _phase(
-                        proxy_base,
-                        key,
-                        streams=level,
-                        duration_s=durations.get(level, 3.0),
-                        max_tokens=tokens_for(level),
-                    )
+                    if paired:
+                        # Both paths at once, each with ``level`` streams, on the same replica: they see the same
+                        # replica state and the same background load, so the difference is the proxy's own.
+                        d, p = await _mixed_phase([(direct_base, None), (proxy_base, key)], **mixed)
+                    else:
+                        d = await _phase(direct_base, None, **phase)
+                        before = _cpu_s(proxy.pid)
+                        p = await _phase(proxy_base, key, **phase)
                     cpu += _cpu_s(proxy.pid) - before
                     direct, proxied = _merge(direct, d), _merge(proxied, p)
                     if bare_base:
                         before_bare = _cpu_s(bare_pid)
-                        b = await _phase(
-                            bare_base,
-                            None,
-                            streams=level,
-                            duration_s=durations.get(level, 3.0),
-                            max_tokens=tokens_for(level),
-                        )
+                        if paired:
+                            bd, b = await _mixed_phase([(direct_base, None), (bare_base, None)], **mixed)
+                            bare_direct = _merge(bare_direct, bd)
+                        else:
+                            b = await _phase(bare_base, None, **phase)
                         bare = _merge(bare, b)
                         bare_cpu += _cpu_s(bare_pid) - before_bare
                 results[f"streams_{level}"] = row = _summary(direct, proxied, cpu)
+                row["method"] = "interleaved" if level == 1 else ("paired" if paired else "phased")
                 if bare is not None:
                     # The same extra hop without any of the proxy's features: what this machine charges for a hop.
-                    base_row = _summary(direct, bare, bare_cpu)
+                    base_row = _summary(bare_direct or direct, bare, bare_cpu)
                     row["bare_passthrough"] = {
                         k: base_row[k]
                         for k in (
