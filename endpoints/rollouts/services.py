@@ -445,6 +445,9 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
                 replace(facts, state=rollout.state, new_failures=(f"could not start: {exc}",)), _config(rollout)
             )
             _record(rollout, replace(facts, state=rollout.state), failed, now)
+            # The rest of the decision (drain old replicas of this batch) assumed the launch; the next tick acts
+            # on the rollback instead, so the old version keeps its capacity.
+            return rollout
     if decision.drain_old:
         # a batch of the rolling replacement drains that many; promoting drains whatever is left of the old version
         count = None if decision.state == RolloutState.PROMOTING else decision.drain_old
