@@ -229,8 +229,14 @@ def endpoint_delete(*, endpoint: Endpoint, actor=None) -> None:
         raise ValidationError(
             {"replicas": [f"{active} replica(s) still active; scale to 0 (min_replicas 0) and let them stop first"]}
         )
+    from endpoints.models import ROLLOUT_ACTIVE_STATES
+
+    if endpoint.rollouts.filter(state__in=ROLLOUT_ACTIVE_STATES).exists():
+        raise ValidationError("a rollout is in progress; roll it back or let it finish first")
     with transaction.atomic():
         _audit(actor=actor, action="endpoint.delete", endpoint=endpoint, detail={"name": endpoint.name})
+        # Finished rollouts protect the versions they name (PROTECT): they go first, with the endpoint's versions.
+        endpoint.rollouts.all().delete()
         endpoint.delete()
 
 

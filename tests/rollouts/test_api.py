@@ -397,3 +397,17 @@ def test_an_operator_action_wins_over_a_tick_that_decided_before_it(world):
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.PAUSED and rollout.paused_from == RolloutState.PENDING
     assert not rollout.events.filter(kind="surge").exists()
+
+
+def test_an_endpoint_with_rollout_history_can_be_deleted_but_not_during_a_rollout(world):
+    # Before, a finished rollout's PROTECT on its versions made every such endpoint a 409 "still used by" forever.
+    endpoint = world.a.endpoint
+    rollout = start_rollout(endpoint=endpoint, to_version=new_version(endpoint))
+    client = world.client("operator")
+    refused = client.delete(reverse("endpoint-detail", args=[endpoint.pk]))
+    assert refused.status_code == 400 and "rollout is in progress" in str(refused.json()), refused.content
+    assert Endpoint.objects.filter(pk=endpoint.pk).exists()
+    Rollout.objects.filter(pk=rollout.pk).update(state=RolloutState.SUCCEEDED)
+    assert client.delete(reverse("endpoint-detail", args=[endpoint.pk])).status_code == 204
+    assert not Endpoint.objects.filter(pk=endpoint.pk).exists() and not Rollout.objects.filter(pk=rollout.pk).exists()
+    assert AuditEntry.objects.filter(action="endpoint.delete", object_id=str(endpoint.pk)).exists()
