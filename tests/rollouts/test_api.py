@@ -411,3 +411,24 @@ def test_an_endpoint_with_rollout_history_can_be_deleted_but_not_during_a_rollou
     assert client.delete(reverse("endpoint-detail", args=[endpoint.pk])).status_code == 204
     assert not Endpoint.objects.filter(pk=endpoint.pk).exists() and not Rollout.objects.filter(pk=rollout.pk).exists()
     assert AuditEntry.objects.filter(action="endpoint.delete", object_id=str(endpoint.pk)).exists()
+
+
+def test_rollouts_and_versions_filter_order_and_page_like_the_other_resources(world):
+    endpoint, other = world.a.endpoint, EndpointFactory(owner_tenant=world.a.tenant)
+    done = finished_rollout(endpoint)
+    active = start_rollout(endpoint=other, to_version=new_version(other))
+    client = world.client("a_admin")
+    rows = client.get(reverse("rollout-list"), {"state": "pending"}).json()["results"]
+    assert [r["id"] for r in rows] == [active.pk]
+    rows = client.get(reverse("rollout-list"), {"endpoint": endpoint.pk}).json()["results"]
+    assert [r["id"] for r in rows] == [done.pk]
+    page = client.get(reverse("rollout-list"), {"limit": 1, "ordering": "created_at"}).json()
+    assert page["count"] == 2 and [r["id"] for r in page["results"]] == [done.pk] and page["next"]
+    numbers = [
+        r["number"]
+        for r in client.get(reverse("endpoint-version-list"), {"endpoint": other.pk, "ordering": "number"}).json()[
+            "results"
+        ]
+    ]
+    assert numbers == sorted(numbers) and len(numbers) == 2
+    assert client.get(reverse("rollout-list"), {"state": "exploded"}).status_code == 400
