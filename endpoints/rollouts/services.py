@@ -148,6 +148,7 @@ def activate_version(*, endpoint: Endpoint, version: EndpointVersion, user=None,
     if version.endpoint_id != endpoint.pk:
         raise ValidationError({"version": ["belongs to another endpoint"]})
     with transaction.atomic():
+        Endpoint.objects.select_for_update().get(pk=endpoint.pk)  # one at a time with start_rollout
         if active_rollout(endpoint) is not None:
             raise ValidationError("a rollout is in progress; promote or roll it back first")
         previous = endpoint.current_version_id

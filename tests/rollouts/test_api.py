@@ -432,3 +432,41 @@ def test_rollouts_and_versions_filter_order_and_page_like_the_other_resources(wo
     ]
     assert numbers == sorted(numbers) and len(numbers) == 2
     assert client.get(reverse("rollout-list"), {"state": "exploded"}).status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_direct_version_switch_waits_for_a_rollout_being_started_and_is_refused(world):
+    # Before, activate_version (a PATCH on an endpoint without running replicas) checked for a rollout without the
+    # endpoint's lock: racing a start, it switched the serving version under the new rollout, which then failed.
+    import threading
+
+    from django.core.exceptions import ValidationError
+    from django.db import connection, transaction
+
+    from endpoints.rollouts.services import activate_version
+
+    endpoint = world.a.endpoint
+    v1 = ensure_current_version(endpoint)
+    v2, v3 = new_version(endpoint), new_version(endpoint)
+    starting, outcome = threading.Event(), {}
+
+    def switch():
+        starting.wait(5)
+        try:
+            activate_version(endpoint=Endpoint.objects.get(pk=endpoint.pk), version=v3)
+            outcome["switched"] = True
+        except ValidationError as exc:
+            outcome["refused"] = " ".join(exc.messages)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=switch)
+    thread.start()
+    with transaction.atomic():
+        start_rollout(endpoint=endpoint, to_version=v2)
+        starting.set()
+        thread.join(0.5)  # the switch runs now; it must wait for this transaction
+    thread.join(10)
+    assert "in progress" in outcome.get("refused", ""), outcome
+    endpoint.refresh_from_db()
+    assert endpoint.current_version_id == v1.pk
