@@ -16,6 +16,16 @@ from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale,
 from tenants.models import Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
 
+# Launch options that decide where and how replicas run on the operators' machines: which actuator, Kubernetes
+# Deployment and namespace (a tenant naming another tenant's Deployment would scale it), CPU allotment and pinning,
+# the executable, host, port and raw runtime flags. Tenants keep the values they have; only operators change them.
+OPERATOR_LAUNCH_OPTIONS = frozenset(
+    {
+        "actuator", "deployment", "standby_deployment", "namespace", "resources", "cpus", "cpu_allotment",
+        "cpuset", "executable", "extra_args", "host", "port", "faults",
+    }
+)  # fmt: skip
+
 
 class EndpointSerializer(serializers.ModelSerializer):
     owner_tenant = ScopedPrimaryKeyRelatedField(
@@ -62,6 +72,15 @@ class EndpointSerializer(serializers.ModelSerializer):
                 attrs["owner_tenant"] = Tenant.objects.get(pk=principal_tenant_id(principal))
             elif "owner_tenant" in attrs and attrs["owner_tenant"] != self.instance.owner_tenant:
                 raise serializers.ValidationError({"owner_tenant": ["only operators may move an endpoint"]})
+            if "launch_options" in attrs:
+                current = (self.instance.launch_options or {}) if self.instance is not None else {}
+                changed = sorted(
+                    key for key in OPERATOR_LAUNCH_OPTIONS if attrs["launch_options"].get(key) != current.get(key)
+                )
+                if changed:
+                    raise serializers.ValidationError(
+                        {"launch_options": [f"only operators may set {', '.join(changed)}"]}
+                    )
         return attrs
 
 

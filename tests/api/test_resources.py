@@ -1,5 +1,7 @@
 """Every REST resource, declared once; the checks come from APIResourceCase."""
 
+import pytest
+
 from billing.models import SLO, UsageRecord
 from capacity.models import HardwareProfile, ModelProfile
 from endpoints.models import Endpoint, Replica
@@ -174,6 +176,43 @@ class TestEndpoints(APIResourceCase):
 
     def update_payload(self, world, obj):
         return {"max_replicas": 6, "routing_policy": "least_request", "ttft_slo_ms": 1500}
+
+    @pytest.mark.parametrize(
+        "options",
+        [
+            {"actuator": "kubernetes", "deployment": "tenant-b-llama"},
+            {"namespace": "kube-system"},
+            {"cpus": 64},
+            {"extra_args": ["--trust-remote-code"]},
+        ],
+    )
+    def test_tenant_cannot_set_placement_launch_options(self, world, options):
+        """Where and how replicas run is the operators' call: a tenant naming another tenant's Deployment would scale it."""
+        mine = self.make(world, "a")
+        before = dict(mine.launch_options)
+        for who in ("a_admin", "a_write_key"):
+            client = world.client(who)
+            response = client.patch(self.detail_url(mine), {"launch_options": {**before, **options}}, format="json")
+            assert response.status_code == 400, (who, response.content)
+            assert "only operators may set" in str(response.json()["launch_options"])
+            created = client.post(
+                self.list_url(), {**self.create_payload(world), "launch_options": options}, format="json"
+            )
+            assert created.status_code == 400, (who, created.content)
+        mine.refresh_from_db()
+        assert mine.launch_options == before
+        # The operator may; and a tenant may resend the options it has, or change the ones it owns (speed).
+        operator = world.client("operator").patch(
+            self.detail_url(mine), {"launch_options": {**before, "cpus": 2}}, format="json"
+        )
+        assert operator.status_code == 200, operator.content
+        placed = operator.json()["launch_options"]
+        again = world.client("a_admin").patch(self.detail_url(mine), {"launch_options": placed}, format="json")
+        assert again.status_code == 200, again.content
+        changed = world.client("a_admin").patch(
+            self.detail_url(mine), {"launch_options": {**placed, "speed": 5}}, format="json"
+        )
+        assert changed.status_code == 200, changed.content
 
 
 class TestReplicas(APIResourceCase):
