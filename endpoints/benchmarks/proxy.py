@@ -7,7 +7,7 @@ pass-through (``endpoints.benchmarks.passthrough``: the same uvicorn + aiohttp h
 features) and this process as the load generator (aiohttp). At one stream the three paths are used in turn,
 request by request. At 64 and 256 streams (``method=paired``, the default) direct and proxied traffic run at
 once on the same replica, ``level`` streams each, every load-generator worker switching path on every request
-and the workers' starts spread over ``ramp_s`` (1 s): both paths then see the same replica state, batching
+and the workers' starts spread over ``ramp_s`` (1 s) per 64 streams: both paths then see the same replica state, batching
 waves and background load, and the difference measures the proxy. (``method=phased``, the earlier method, runs
 them as consecutive phases; on this 2-core machine the simulator's TTFT at 64 streams, ~0.6 s, then differed
 between phases by ±100 ms, so added p50 came out anywhere from -140 to +30 ms and p99 was noise. Under
@@ -429,7 +429,9 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                         "duration_s": durations.get(level, 3.0),
                         "max_tokens": tokens_for(level),
                     }
-                    mixed = {**phase, "ramp_s": ramp_s}
+                    # Starts spread over ramp_s per 64 streams (at most half the phase): at 256 streams a 1 s ramp
+                    # still left bursts of arrivals whose order at the replica swung the p50 by a batching step.
+                    mixed = {**phase, "ramp_s": min(ramp_s * level / 64, phase["duration_s"] / 2)}
                     before = _cpu_s(proxy.pid)
                     if paired:
                         # Both paths at once, each with ``level`` streams, on the same replica: they see the same
