@@ -1,5 +1,6 @@
 """Demand samples and the windowed views the policies take of them (pure: no Django)."""
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,8 @@ def window(samples: Iterable[DemandSample], *, now: float, seconds: float) -> li
 
 
 def window_max(samples: Sequence[DemandSample], *, attr: str = "requests") -> float:
-    return max((getattr(s, attr) for s in samples), default=0.0)
+    """The largest finite value (a non-finite one, e.g. a corrupt stored sample, is ignored)."""
+    return max((v for s in samples if math.isfinite(v := getattr(s, attr))), default=0.0)
 
 
 def window_mean(samples: Sequence[DemandSample], *, attr: str = "requests") -> float:
@@ -42,17 +44,30 @@ def window_mean(samples: Sequence[DemandSample], *, attr: str = "requests") -> f
 
 def sum_process_reports(reports: Iterable[dict], *, now: float, fresh_s: float = 5.0) -> DemandSample:
     """Sum the per-proxy-process demand reports that are fresher than ``fresh_s`` (older ones are dead processes)."""
+    return sum_fresh_reports(reports, now=now, fresh_s=fresh_s)[0]
+
+
+def sum_fresh_reports(reports: Iterable[dict], *, now: float, fresh_s: float = 5.0) -> tuple[DemandSample, int]:
+    """``sum_process_reports`` and how many reports were fresh (0: no proxy vouches for this sample).
+
+    A report stamped in the future by more than ``fresh_s`` (a skewed clock) or with a non-finite stamp would stay
+    "fresh" forever, so it counts as stale; non-finite or negative figures count as 0 (one bad report must not
+    turn into an infinite or NaN demand)."""
     totals = {"in_flight": 0.0, "queued": 0.0, "in_flight_mu": 0.0, "queued_mu": 0.0}
+    fresh = 0
     for report in reports:
         try:
             t = float(report.get("t", 0.0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, AttributeError):
             continue
-        if now - t > fresh_s:
+        if not math.isfinite(t) or abs(now - t) > fresh_s:
             continue
+        fresh += 1
         for key in totals:
             try:
-                totals[key] += max(0.0, float(report.get(key, 0.0) or 0.0))
+                value = float(report.get(key, 0.0) or 0.0)
             except (TypeError, ValueError):
                 continue
-    return DemandSample(t=now, **totals)
+            if math.isfinite(value) and value > 0:
+                totals[key] += value
+    return DemandSample(t=now, **totals), fresh

@@ -61,6 +61,9 @@ class HorizontalInputs:
     predicted_floor: int = 0
     last_scale_up_at: float | None = None
     last_scale_down_at: float | None = None
+    # False when no proxy report was fresh at this tick: the demand is unknown (proxies silent, or cut off from
+    # Redis), not zero, so nothing is removed on it (HPA and KPA also hold on missing metrics).
+    demand_reported: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,20 +90,28 @@ def _needs(
     """(need, need in requests, need in MU or None, signal used)."""
     by_requests = demand_requests / (inputs.target_concurrency * cfg.target_utilization)
     by_mu = None
-    if inputs.mu_capacity_per_replica:
-        by_mu = demand_mu / (inputs.mu_capacity_per_replica * cfg.target_utilization)
+    capacity = usable_mu_capacity(inputs)
+    if capacity is not None:
+        by_mu = demand_mu / (capacity * cfg.target_utilization)
     # MU decides whenever it is there; requests without any MU (a proxy that reports none) fall back to requests.
     if by_mu is not None and (demand_mu > 0 or demand_requests <= 0):
         return by_mu, by_requests, by_mu, "mu"
     return by_requests, by_requests, by_mu, "requests"
 
 
+def usable_mu_capacity(inputs: HorizontalInputs) -> float | None:
+    """The replica's MU capacity, or None when it is missing, 0, NaN or infinite (then the policy scales on requests:
+    dividing by 0 or NaN would crash, and an infinite capacity would read any demand as none)."""
+    capacity = inputs.mu_capacity_per_replica
+    return capacity if capacity is not None and 0 < capacity < math.inf else None
+
+
 def mu_capacity_per_replica(target_concurrency: float, reference_request_mu: float) -> float:
     """``target_concurrency`` converted to MU: the in-flight MU of that many reference requests (the chat shape the
     concurrency limit is set for, priced with the endpoint's coefficients; Little's law makes this the replica's
     C MU/min times the reference request's in-flight time)."""
-    if target_concurrency <= 0 or reference_request_mu <= 0:
-        raise ValueError("target_concurrency and reference_request_mu must be positive")
+    if not (0 < target_concurrency < math.inf and 0 < reference_request_mu < math.inf):  # also rejects NaN
+        raise ValueError("target_concurrency and reference_request_mu must be positive and finite")
     return target_concurrency * reference_request_mu
 
 
@@ -145,12 +156,13 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
         "demand_requests_20s": window_max(up_window),
         "demand_mu_20s": round(window_max(up_window, attr="mu"), 3),
         "target_concurrency": inputs.target_concurrency,
-        "mu_capacity_per_replica": inputs.mu_capacity_per_replica,
+        "mu_capacity_per_replica": usable_mu_capacity(inputs),
         "floor": floor,
         "floor_reason": floor_reason,
         "max_replicas": ceiling,
         "samples_up": len(up_window),
         "samples_down": len(down_window),
+        "demand_reported": inputs.demand_reported,
         "config": asdict(cfg),
     }
 
@@ -178,6 +190,8 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
     # Scale down: only on the 5-minute maximum, only after the delay, one bounded step at a time.
     target_down = max(math.ceil(down_need), floor)
     if target_down < current and down_need < current * (1 - cfg.tolerance):
+        if not inputs.demand_reported:
+            return result(current, "hold: no fresh demand report (proxies silent or Redis unreachable)")
         if inputs.last_scale_up_at is not None and inputs.now - inputs.last_scale_up_at < cfg.scale_down_delay_s:
             return result(current, "hold: scale-down delay after a scale-up")
         if (

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from capacity.autoscaling import horizontal, predictive, replica_metrics, store, vertical
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
-from capacity.autoscaling.demand import DemandSample, sum_process_reports
+from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
 from capacity.models import AutoscalerDecision
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
 
@@ -41,7 +41,16 @@ PREDICTIVE = predictive.PredictiveConfig()
 
 # -- horizontal ---------------------------------------------------------------------------------------------
 def horizontal_tick(*, endpoint_id: int, tick: str, now: float | None = None) -> AutoscalerDecision | None:
-    """Decide and apply the replica count for one endpoint; None when another worker owns this tick."""
+    """Decide and apply the replica count for one endpoint; None when another worker owns this tick, or when Redis
+    (lock, demand window) cannot be reached: no decision then, rather than one on a demand read as zero."""
+    try:
+        return _horizontal_tick(endpoint_id=endpoint_id, tick=tick, now=now)
+    except store.RedisError as exc:
+        log.warning("autoscaler: horizontal tick %s for endpoint %s skipped: Redis: %s", tick, endpoint_id, exc)
+        return None
+
+
+def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> AutoscalerDecision | None:
     with store.TickLock(axis=HORIZONTAL, endpoint_id=endpoint_id) as lock:
         if not lock.held or _decided(endpoint_id, HORIZONTAL, tick):
             return None
@@ -71,18 +80,27 @@ def sample_demand(*, endpoint_id: int, now: float | None = None) -> list[DemandS
     """Sum the proxies' fresh demand reports into one sample, append it to the endpoint's window, return the window.
 
     Runs every second from beat (``autoscale.sample_demand``) and once more at each decision tick."""
-    now = time.time() if now is None else now
-    sample = sum_process_reports(store.demand_reports(endpoint_id), now=now)
+    return _sample_demand(endpoint_id=endpoint_id, now=time.time() if now is None else now)[0]
+
+
+def _sample_demand(*, endpoint_id: int, now: float) -> tuple[list[DemandSample], int]:
+    """The window after this sample, and how many proxy reports were fresh for it."""
+    sample, fresh = sum_fresh_reports(store.demand_reports(endpoint_id), now=now)
     if store.woken(endpoint_id) and sample.requests == 0:
         sample = DemandSample(t=now, queued=1)  # the activator saw a request waiting for a first replica
-    return [
-        DemandSample(**{k: float(v) for k, v in s.items() if k in DemandSample.__dataclass_fields__})
-        for s in store.push_sample(endpoint_id, sample.__dict__)
-    ]
+    window = []
+    for s in store.push_sample(endpoint_id, sample.__dict__):
+        try:
+            window.append(
+                DemandSample(**{k: float(v) for k, v in s.items() if k in DemandSample.__dataclass_fields__})
+            )
+        except (TypeError, ValueError, AttributeError):
+            continue  # a corrupt stored sample is skipped, not a crashed tick
+    return window, fresh
 
 
 def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
-    window = sample_demand(endpoint_id=endpoint.pk, now=now)
+    window, fresh = _sample_demand(endpoint_id=endpoint.pk, now=now)
     serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False)
     replicas = list(serving.values_list("state", flat=True))
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
@@ -95,13 +113,14 @@ def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.Horizonta
         starting=len(replicas) - ready,
         min_replicas=endpoint.min_replicas,
         max_replicas=endpoint.max_replicas,
-        target_concurrency=float(endpoint.concurrency_limit),
+        target_concurrency=float(max(1, endpoint.concurrency_limit)),  # 0 slips past the model's validator in SQL
         mu_capacity_per_replica=mu_capacity_for(endpoint),
         provisioned_concurrency=endpoint.provisioned_concurrency,
         scale_to_zero=endpoint.scale_to_zero,
         predicted_floor=floor,
         last_scale_up_at=last_up,
         last_scale_down_at=last_down,
+        demand_reported=fresh > 0,
     )
 
 
@@ -159,7 +178,11 @@ def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
         seconds = (recent["ttft"] + recent["tpot"] * recent["out"] / recent["ok"]) / recent["ok"] / 1000.0
         seconds = max(seconds, 0.1)
     floor, detail = predictive.predicted_floor(
-        history, now=now, target_concurrency=float(endpoint.concurrency_limit), seconds_per_request=seconds, cfg=cfg
+        history,
+        now=now,
+        target_concurrency=float(max(1, endpoint.concurrency_limit)),
+        seconds_per_request=seconds,
+        cfg=cfg,
     )
     return floor, {**detail, "seconds_per_request": round(seconds, 3)}
 
@@ -291,7 +314,16 @@ def _scrape(replica: Replica, timeout_s: float = 1.0) -> replica_metrics.Scrape 
 
 # -- vertical ---------------------------------------------------------------------------------------------
 def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
-    """Adjust the per-replica concurrency limit for one endpoint; None when another worker owns this tick."""
+    """Adjust the per-replica concurrency limit for one endpoint; None when another worker owns this tick or Redis
+    (lock, histogram snapshots) cannot be reached."""
+    try:
+        return _vertical_tick(endpoint_id=endpoint_id, tick=tick)
+    except store.RedisError as exc:
+        log.warning("autoscaler: vertical tick %s for endpoint %s skipped: Redis: %s", tick, endpoint_id, exc)
+        return None
+
+
+def _vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
     with store.TickLock(axis=VERTICAL, endpoint_id=endpoint_id) as lock:
         if not lock.held or _decided(endpoint_id, VERTICAL, tick):
             return None
@@ -351,7 +383,7 @@ def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
         tpot_p95_ms=None if p95_tpot is None else p95_tpot * 1000,
         kv_usage=max(kv) if kv else None,
         waiting_per_replica=sum(waiting) / seen if seen else None,
-        busy_fraction=sum(running) / (seen * endpoint.concurrency_limit) if seen else None,
+        busy_fraction=sum(running) / (seen * max(1, endpoint.concurrency_limit)) if seen else None,
         state=state,
     )
 

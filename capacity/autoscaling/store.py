@@ -17,6 +17,14 @@ LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
 SAMPLES_KEPT = 330  # one per second from the sampler (plus one per tick): the 5-minute scale-down window
 
+try:
+    from redis.exceptions import RedisError
+except ImportError:  # pragma: no cover - redis is a dependency; the in-memory store never raises it
+
+    class RedisError(Exception):
+        pass
+
+
 _client = None
 _client_lock = threading.Lock()
 
@@ -121,7 +129,10 @@ class TickLock:
 
     def __exit__(self, *exc) -> None:
         if self.held:
-            client().eval(_RELEASE, 1, self.key, self.token)
+            try:
+                client().eval(_RELEASE, 1, self.key, self.token)
+            except RedisError:
+                pass  # the TTL frees it; the tick's own outcome (or error) is what matters
 
 
 def demand_reports(endpoint_id: int) -> list[dict]:

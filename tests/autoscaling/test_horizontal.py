@@ -1,8 +1,10 @@
 """The horizontal policy's rules on hand-built demand series."""
 
+import json
+
 import pytest
 
-from capacity.autoscaling.demand import DemandSample, sum_process_reports
+from capacity.autoscaling.demand import DemandSample, sum_fresh_reports, sum_process_reports
 from capacity.autoscaling.horizontal import HorizontalConfig, HorizontalInputs, decide, mu_capacity_per_replica
 
 
@@ -167,3 +169,57 @@ def test_demand_reports_sum_only_fresh_processes():
     ]
     sample = sum_process_reports(reports, now=100.0, fresh_s=5.0)
     assert (sample.in_flight, sample.queued, sample.mu) == (5, 5, 3.0)
+
+
+@pytest.mark.parametrize("capacity", [float("nan"), float("inf"), 0.0, -5.0])
+def test_unusable_mu_capacity_falls_back_to_requests(capacity):
+    # 30 requests (and some MU) in flight on 2 replicas, but the MU capacity is NaN, infinite, 0 or negative: NaN
+    # crashed math.ceil, an infinite one read the demand as zero and scaled down; requests decide instead
+    samples = [DemandSample(t=300.0 - i, in_flight=30, in_flight_mu=900.0) for i in range(20)]
+    decision = decide(inputs(samples, ready=2, mu_capacity_per_replica=capacity))
+    assert decision.inputs["signal"] == "requests" and decision.desired == 5  # ceil(30 / 7)
+    assert decision.inputs["mu_capacity_per_replica"] is None
+    json.dumps(decision.inputs, allow_nan=False)  # storable in a JSON column
+
+
+def test_non_finite_samples_are_ignored():
+    # A corrupt window entry (inf MU, NaN requests) must neither crash the decision nor be stored
+    samples = series([14] * 20)
+    samples[-1] = DemandSample(t=300.0, in_flight=float("nan"), in_flight_mu=float("inf"))
+    decision = decide(inputs(samples, ready=1, mu_capacity_per_replica=100.0))
+    assert decision.desired == 2 and decision.inputs["signal"] == "requests"  # ceil(14 / 7); no MU anywhere
+    json.dumps(decision.inputs, allow_nan=False)
+
+
+@pytest.mark.parametrize("reference", [float("nan"), float("inf")])
+def test_mu_capacity_refuses_non_finite_reference(reference):
+    with pytest.raises(ValueError):
+        mu_capacity_per_replica(10, reference)
+
+
+def test_no_fresh_demand_report_holds_scale_down_but_not_scale_up():
+    # Five idle minutes on 4 replicas would scale down; but no proxy vouched for this tick's sample (proxies cut
+    # off from Redis read as zero demand), so nothing is removed; to zero neither
+    idle = series([0] * 330)
+    held = decide(inputs(idle, ready=4, demand_reported=False))
+    assert (held.current, held.desired) == (4, 4) and held.reason.startswith("hold: no fresh demand report")
+    to_zero = decide(inputs(idle, ready=1, min_replicas=0, scale_to_zero=True, demand_reported=False))
+    assert to_zero.desired == 1
+    assert decide(inputs(idle, ready=4)).desired == 3  # with a report of the same idle demand it scales down
+    # Demand still known (the activator's queued request) scales up
+    assert decide(inputs(series([30] * 20), ready=1, demand_reported=False)).desired == 5
+
+
+def test_demand_reports_with_bad_stamps_or_figures():
+    now = 1000.0
+    sample, fresh = sum_fresh_reports(
+        [
+            {"t": float("nan"), "in_flight": 7},  # NaN stamp: compared fresh forever before
+            {"t": now + 3600, "in_flight": 9},  # a clock an hour ahead: also fresh forever
+            {"t": now, "in_flight": "1e999", "queued": 2, "in_flight_mu": "nan", "queued_mu": -4},
+            "not a dict",
+        ],
+        now=now,
+    )
+    assert fresh == 1
+    assert (sample.in_flight, sample.queued, sample.in_flight_mu, sample.queued_mu) == (0.0, 2.0, 0.0, 0.0)

@@ -148,12 +148,14 @@ def test_no_scale_down_within_five_minutes_of_a_scale_up_across_ticks(clean_stor
     report(clean_store, endpoint, "p", t=now, in_flight=30, queued=0)
     up = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-a", now=now)
     assert up.desired > up.current
-    # The new replicas come up; the demand is gone (and so is its window, to isolate the delay rule)
+    # The new replicas come up; the demand is gone (and so is its window, to isolate the delay rule): the live
+    # proxy reports an idle endpoint
     endpoint.replicas.filter(state=ReplicaState.STARTING).update(state=ReplicaState.READY)
-    clean_store.delete(store.DEMAND_KEY.format(endpoint_id=endpoint.pk))
     clean_store.delete(store.SAMPLES_KEY.format(endpoint_id=endpoint.pk))
+    report(clean_store, endpoint, "p", t=now + 60, in_flight=0, queued=0)
     held = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-b", now=now + 60)
     assert held.desired == held.current and held.reason == "hold: scale-down delay after a scale-up"
+    report(clean_store, endpoint, "p", t=now + 400, in_flight=0, queued=0)
     down = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-c", now=now + 400)
     assert down.desired == down.current - 1 and down.reason.startswith("scale down")
     assert len(actuator.terminated) == 0  # the victim drains first (ready → draining); it stops on a later tick
@@ -305,3 +307,58 @@ def test_drains_finish_when_idle_and_are_bounded_when_not(clean_store, actuator,
     endpoint.replicas.filter(pk=idle.pk).update(state_changed_at=timezone.now() - timedelta(seconds=3))
     assert services.finish_drains(endpoint=endpoint, actuator=actuator) == [f"stopped {idle.name} (drained)"]
     assert actuator.terminated == [busy.pk, idle.pk]
+
+
+def test_redis_down_skips_the_ticks_without_a_decision(clean_store, actuator, endpoint, monkeypatch):
+    # Nothing listens on port 1: the lock, the demand window and the histogram snapshots are unreachable. The ticks
+    # crashed the Celery task with ConnectionError; they now skip (no decision rather than one on zero demand)
+    import redis
+
+    unreachable = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2, socket_timeout=0.2)
+    monkeypatch.setattr(store, "client", lambda: unreachable)
+    assert services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-down") is None
+    assert services.vertical_tick(endpoint_id=endpoint.pk, tick="v-down") is None
+    assert not AutoscalerDecision.objects.exists() and actuator.launched == actuator.terminated == []
+
+
+def test_silent_proxies_do_not_scale_a_busy_endpoint_to_zero(clean_store, actuator, endpoint):
+    # 3 ready replicas under load; then the proxies stop reporting (cut off from Redis: the hash expires after 5 s)
+    Endpoint.objects.filter(pk=endpoint.pk).update(scale_to_zero=True, min_replicas=0, desired_replicas=3)
+    for _ in range(2):
+        ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, actuator="recording")
+    now = time.time()
+    report(clean_store, endpoint, "p", t=now, in_flight=20, queued=0)
+    busy = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-s0", now=now)
+    assert (busy.current, busy.desired) == (3, 3)
+    clean_store.delete(store.DEMAND_KEY.format(endpoint_id=endpoint.pk))
+    # Ten minutes later, one tick every 30 s: zero-demand samples used to walk it down to 0 replicas
+    for i in range(1, 21):
+        held = services.horizontal_tick(endpoint_id=endpoint.pk, tick=f"h-s{i}", now=now + 30 * i)
+        assert held.desired == 3 and held.inputs["demand_reported"] is False
+        if 30 * i > 300:  # the busy sample has left the 5-minute window: only the missing report holds it
+            assert held.reason.startswith("hold: no fresh demand report")
+    assert actuator.terminated == [] and not endpoint.replicas.filter(state=ReplicaState.DRAINING).exists()
+
+
+def test_endpoint_with_unusable_coefficients_scales_on_requests(clean_store, actuator, endpoint):
+    # A model profile whose coefficient reads infinite (a bad import): the reference request costs inf MU and the
+    # replica's MU capacity was inf, so any demand read as none. The tick scales on requests and stores valid JSON
+    endpoint.model_profile.__class__.objects.filter(pk=endpoint.model_profile_id).update(beta=float("inf"))
+    endpoint.refresh_from_db()
+    assert services.mu_capacity_for(endpoint) is None
+    now = time.time()
+    report(clean_store, endpoint, "p", t=now, in_flight=30, queued=0, in_flight_mu=5.0)
+    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-inf", now=now)
+    decision.refresh_from_db()
+    assert (decision.current, decision.desired) == (1, 5) and decision.inputs["signal"] == "requests"
+    assert decision.inputs["mu_capacity_per_replica"] is None
+    json.dumps(decision.inputs, allow_nan=False)
+
+
+def test_zero_concurrency_limit_in_the_database_does_not_crash_the_tick(clean_store, actuator, endpoint):
+    # The model's validator keeps the limit ≥ 1, but a SQL update or a migration can leave 0: decide() raised
+    Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=0)
+    now = time.time()
+    report(clean_store, endpoint, "p", t=now, in_flight=3, queued=0)
+    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-zero", now=now)
+    assert decision is not None and decision.inputs["target_concurrency"] == 1.0 and decision.desired == 5
