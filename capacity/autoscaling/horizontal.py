@@ -61,8 +61,8 @@ class HorizontalInputs:
     predicted_floor: int = 0
     last_scale_up_at: float | None = None
     last_scale_down_at: float | None = None
-    # False when no proxy report was fresh at this tick: the demand is unknown (proxies silent, or cut off from
-    # Redis), not zero, so nothing is removed on it (HPA and KPA also hold on missing metrics).
+    # False when no proxy report was fresh at this tick and no proxy is alive: the demand is unknown (proxies down,
+    # or cut off from Redis), not zero, so nothing is removed on it (HPA and KPA also hold on missing metrics).
     demand_reported: bool = True
 
 
@@ -182,6 +182,8 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
         if desired > current:
             bounded = " (step bounded)" if desired < wanted else ""
             return result(desired, f"scale up: demand needs {up_need:.2f} replicas{bounded}")
+        if current >= ceiling:
+            return result(current, f"hold: at max replicas (demand needs {up_need:.2f})")
     if inputs.starting and up_need > inputs.ready * (1 + cfg.tolerance):
         # The pending guard: ready replicas alone are short, but what is booting covers it; adding more now would
         # cascade (each tick would see the same unmet demand until the first replica is up).

@@ -63,7 +63,9 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
             _safe(actuator.sync, endpoint)
         inputs = horizontal_inputs(endpoint, now=now)
         decision = horizontal.decide(inputs)
-        row = _store(endpoint, HORIZONTAL, tick, decision.current, decision.desired, decision.reason, decision.inputs)
+        row = _store(
+            endpoint, HORIZONTAL, tick, decision.current, decision.desired, decision.reason, decision.inputs, at=now
+        )
         if row is None:
             return None
         if decision.desired != endpoint.desired_replicas:
@@ -120,7 +122,9 @@ def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.Horizonta
         predicted_floor=floor,
         last_scale_up_at=last_up,
         last_scale_down_at=last_down,
-        demand_reported=fresh > 0,
+        # No fresh report with a live proxy: it has not served this endpoint since it started (zero demand). No
+        # report and no live proxy: unknown demand (proxies down or cut off from Redis), which removes nothing.
+        demand_reported=fresh > 0 or store.proxies_alive(),
     )
 
 
@@ -427,7 +431,12 @@ def _decided(endpoint_id: int, axis: str, tick: str) -> bool:
     return AutoscalerDecision.objects.filter(endpoint_id=endpoint_id, axis=axis, tick=tick).exists()
 
 
-def _store(endpoint, axis, tick, current, desired, reason, inputs) -> AutoscalerDecision | None:
+def _store(
+    endpoint, axis, tick, current, desired, reason, inputs, at: float | None = None
+) -> AutoscalerDecision | None:
+    # Stamped with the tick's own clock: the scale-down delay and cooldown compare the next tick's ``now`` with it
+    # (with the row's save time instead, an injected clock saw every earlier move as long past).
+    stamp = {} if at is None else {"at": datetime.fromtimestamp(at, tz=UTC)}
     try:
         with transaction.atomic():
             return AutoscalerDecision.objects.create(
@@ -438,6 +447,7 @@ def _store(endpoint, axis, tick, current, desired, reason, inputs) -> Autoscaler
                 desired=desired,
                 reason=reason[:255],
                 inputs=inputs,
+                **stamp,
             )
     except IntegrityError:
         log.info("autoscaler: %s decision for endpoint %s tick %s already stored", axis, endpoint.pk, tick)

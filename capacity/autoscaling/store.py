@@ -15,6 +15,8 @@ SAMPLES_KEY = "infercap:autoscale:samples:{endpoint_id}"
 HIST_KEY = "infercap:autoscale:hist:{replica_id}"
 LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
+PROXY_MEMBERS_KEY = "infercap:proxy:members"  # endpoints.proxy.state.MEMBERS_KEY: each proxy's heartbeat
+PROXY_ALIVE_S = 5.0  # a proxy heartbeats every 0.25 s (stamped with Redis' clock)
 SAMPLES_KEPT = 330  # one per second from the sampler (plus one per tick): the 5-minute scale-down window
 
 try:
@@ -55,6 +57,10 @@ class _MemoryStore:
     def get(self, key):
         with self.lock:
             return self._live(key)
+
+    def time(self):
+        now = time.time()
+        return int(now), int((now % 1) * 1e6)
 
     def delete(self, key):
         with self.lock:
@@ -160,6 +166,25 @@ def push_sample(endpoint_id: int, sample: dict) -> list[dict]:
         except (TypeError, ValueError):
             continue
     return out
+
+
+def proxies_alive(max_age_s: float = PROXY_ALIVE_S) -> bool:
+    """Whether some proxy process heartbeated lately: then an endpoint without a demand report has none (a proxy
+    publishes demand only for endpoints it has served since it started), rather than unknown demand."""
+    c = client()
+    entries = c.hgetall(PROXY_MEMBERS_KEY)
+    if not entries:
+        return False
+    seconds, micros = c.time()
+    now = seconds + micros / 1e6
+    for raw in entries.values():
+        try:
+            t = float(json.loads(raw)["t"])
+        except (TypeError, ValueError, KeyError, IndexError):
+            continue
+        if abs(now - t) <= max_age_s:
+            return True
+    return False
 
 
 def woken(endpoint_id: int) -> bool:

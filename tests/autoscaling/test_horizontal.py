@@ -223,3 +223,9 @@ def test_demand_reports_with_bad_stamps_or_figures():
     )
     assert fresh == 1
     assert (sample.in_flight, sample.queued, sample.in_flight_mu, sample.queued_mu) == (0.0, 2.0, 0.0, 0.0)
+
+
+def test_demand_beyond_max_replicas_holds_with_that_reason():
+    decision = decide(inputs(series([70] * 20), ready=4, max_replicas=4))
+    assert (decision.current, decision.desired) == (4, 4)
+    assert decision.reason == "hold: at max replicas (demand needs 10.00)"

@@ -338,6 +338,13 @@ def test_silent_proxies_do_not_scale_a_busy_endpoint_to_zero(clean_store, actuat
         if 30 * i > 300:  # the busy sample has left the 5-minute window: only the missing report holds it
             assert held.reason.startswith("hold: no fresh demand report")
     assert actuator.terminated == [] and not endpoint.replicas.filter(state=ReplicaState.DRAINING).exists()
+    # A live proxy that has no report for this endpoint (it served none of its requests since it started) vouches
+    # for zero demand: the scale-down resumes, one step
+    redis_now = clean_store.time()
+    member = {"j": redis_now[0], "t": redis_now[0] + redis_now[1] / 1e6, "f": {}}
+    clean_store.hset(store.PROXY_MEMBERS_KEY, "proxy-1", json.dumps(member))
+    down = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-s21", now=now + 30 * 21)
+    assert (down.current, down.desired) == (3, 2) and down.inputs["demand_reported"] is True
 
 
 def test_endpoint_with_unusable_coefficients_scales_on_requests(clean_store, actuator, endpoint):
