@@ -51,6 +51,10 @@ def parse(text: str) -> Scrape:
             value = float(raw)
         except ValueError:
             continue
+        if not math.isfinite(value) or value < 0:
+            # A NaN or infinite gauge or count (a confused exporter) crashed the drain's int() and made the vertical
+            # decision's JSON unstorable; these series are never negative either
+            continue
         if name in _GAUGES:
             attr = _GAUGES[name]
             setattr(scrape, attr, getattr(scrape, attr) + value)

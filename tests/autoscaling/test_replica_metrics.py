@@ -42,3 +42,20 @@ def test_diff_covers_one_cycle_and_survives_a_restart():
     restarted = {0.5: 1.0, 1.0: 1.0, math.inf: 1.0}
     assert rm.diff(restarted, before) == restarted
     assert rm.merge([before, now])[math.inf] == 60.0
+
+
+def test_parse_skips_non_finite_and_negative_values():
+    text = "\n".join(
+        [
+            'vllm:num_requests_running{engine="0"} NaN',
+            'vllm:num_requests_running{engine="1"} 3',
+            "vllm:num_requests_waiting +Inf",
+            "vllm:kv_cache_usage_perc -1",
+            'vllm:time_to_first_token_seconds_bucket{le="0.5"} NaN',
+            'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 4',
+        ]
+    )
+    scrape = rm.parse(text)
+    # NaN made int(running + waiting) raise in the drain order; inf raised OverflowError
+    assert (scrape.running, scrape.waiting, scrape.kv_usage) == (3.0, 0.0, 0.0)
+    assert scrape.histograms["vllm:time_to_first_token_seconds"] == {math.inf: 4.0}

@@ -369,3 +369,23 @@ def test_zero_concurrency_limit_in_the_database_does_not_crash_the_tick(clean_st
     report(clean_store, endpoint, "p", t=now, in_flight=3, queued=0)
     decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-zero", now=now)
     assert decision is not None and decision.inputs["target_concurrency"] == 1.0 and decision.desired == 5
+
+
+def test_nan_replica_metrics_neither_crash_the_vertical_tick_nor_the_drain(
+    clean_store, actuator, endpoint, metrics_server
+):
+    # A replica whose exporter prints NaN gauges: the vertical decision's JSON held NaN (PostgreSQL refuses it, the
+    # tick crashed) and the drain order's int(NaN) crashed the reconcile of a scale-in
+    metrics_server.running, metrics_server.waiting, metrics_server.kv = "NaN", "NaN", "NaN"
+    metrics_server.ttft = [10, 0, 0, 0, 0, 0]
+    metrics_server.tpot = [10, 0, 0, 0, 0]
+    endpoint.replicas.update(url=metrics_server.url)
+    decision = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-nan")
+    decision.refresh_from_db()
+    assert decision.inputs["kv_usage"] == 0.0 and decision.inputs["busy_fraction"] == 0.0
+    json.dumps(decision.inputs, allow_nan=False)
+    ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, actuator="recording", url=metrics_server.url)
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=1)
+    endpoint.refresh_from_db()
+    actions = services.reconcile(endpoint=endpoint)
+    assert any(a.startswith("draining") for a in actions)
