@@ -379,8 +379,10 @@ def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
     p95_tpot = replica_metrics.quantile(replica_metrics.merge(tpot))
     return vertical.VerticalInputs(
         current_limit=endpoint.concurrency_limit,
-        min_limit=endpoint.concurrency_min,
-        max_limit=endpoint.concurrency_max,
+        # Bounds a SQL update can leave inverted or at 0 (the model's validators only run on full_clean): decide()
+        # refuses them, which crashed the tick every 30 s; the maximum wins
+        min_limit=max(1, min(endpoint.concurrency_min, endpoint.concurrency_max)),
+        max_limit=max(1, endpoint.concurrency_max),
         ttft_slo_ms=endpoint.ttft_slo_ms,
         tpot_slo_ms=endpoint.tpot_slo_ms,
         ttft_p95_ms=None if p95_ttft is None else p95_ttft * 1000,

@@ -74,3 +74,25 @@ def test_retention_keeps_recent_decisions_and_the_last_applied_one(tenant_a):
     assert tasks.decisions_retention() == 3
     remaining = set(AutoscalerDecision.objects.values_list("pk", flat=True))
     assert remaining == {fresh.pk, last_vertical.pk} and not {s.pk for s in stale} & remaining
+
+
+def test_sampler_and_ticks_survive_redis_down(clean_store, tenant_a, monkeypatch):
+    import redis
+
+    from capacity.autoscaling import store
+
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(launch_options={"actuator": "local"})
+    unreachable = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2, socket_timeout=0.2)
+    monkeypatch.setattr(store, "client", lambda: unreachable)
+    assert tasks.sample_demand() == 0  # raised ConnectionError every second
+    assert tasks.horizontal_one(tenant_a.endpoint.pk, "h-redis-down") is None
+    assert tasks.vertical_one(tenant_a.endpoint.pk, "v-redis-down") is None
+
+
+def test_vertical_tick_with_inverted_bounds_in_the_database(clean_store, tenant_a):
+    # concurrency_min above concurrency_max (a SQL update skips the validators): decide() raised every 30 s
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(
+        concurrency_min=64, concurrency_max=16, concurrency_limit=32
+    )
+    decision = services.vertical_tick(endpoint_id=tenant_a.endpoint.pk, tick="v-inverted")
+    assert decision is not None and decision.desired == 16 and decision.reason.startswith("clamped into bounds")

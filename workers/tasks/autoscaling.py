@@ -5,9 +5,12 @@ The tick id is the wall-clock slot (``h-<unix//5>``, ``v-<unix//30>``) taken at 
 duplicated task lands on the same id and the services store at most one decision for it.
 """
 
+import logging
 import time
 
 from celery import shared_task
+
+log = logging.getLogger(__name__)
 
 HORIZONTAL_S = 5.0
 VERTICAL_S = 30.0
@@ -37,10 +40,15 @@ def autoscaled_endpoint_ids() -> list[int]:
 def sample_demand() -> int:
     """One demand sample per autoscaled endpoint per second (the proxies report every second; ticks every 5 s)."""
     from capacity.autoscaling.services import sample_demand as sample
+    from capacity.autoscaling.store import RedisError
 
     ids = autoscaled_endpoint_ids()
     for endpoint_id in ids:
-        sample(endpoint_id=endpoint_id)
+        try:
+            sample(endpoint_id=endpoint_id)
+        except RedisError as exc:  # Redis away: no sample this second (the ticks skip too); no traceback per second
+            log.warning("autoscaler: demand sampling skipped: Redis: %s", exc)
+            return 0
     return len(ids)
 
 
