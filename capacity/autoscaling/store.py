@@ -17,7 +17,9 @@ LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
 PROXY_MEMBERS_KEY = "infercap:proxy:members"  # endpoints.proxy.state.MEMBERS_KEY: each proxy's heartbeat
 PROXY_ALIVE_S = 5.0  # a proxy heartbeats every 0.25 s (stamped with Redis' clock)
-SAMPLES_KEPT = 330  # one per second from the sampler (plus one per tick): the 5-minute scale-down window
+# The 5-minute scale-down window: one sample per second from the sampler plus one per 5 s tick is 360 in 300 s (330
+# kept only the last 275 s, so a peak 4½ minutes old was forgotten early), plus margin for activator wake-ups.
+SAMPLES_KEPT = 420
 
 try:
     from redis.exceptions import RedisError

@@ -389,3 +389,18 @@ def test_nan_replica_metrics_neither_crash_the_vertical_tick_nor_the_drain(
     endpoint.refresh_from_db()
     actions = services.reconcile(endpoint=endpoint)
     assert any(a.startswith("draining") for a in actions)
+
+
+def test_demand_window_keeps_five_minutes_of_sampler_and_tick_samples(clean_store, endpoint):
+    # The sampler pushes one sample per second and every 5 s tick one more: a peak 296 s ago is still in the
+    # scale-down window (330 samples kept covered 275 s)
+    t0 = time.time()
+    report(clean_store, endpoint, "p", t=t0, in_flight=50)
+    for s in range(296):
+        if s:
+            report(clean_store, endpoint, "p", t=t0 + s, in_flight=1)
+        services.sample_demand(endpoint_id=endpoint.pk, now=t0 + s)
+        if s % 5 == 0:
+            services.sample_demand(endpoint_id=endpoint.pk, now=t0 + s)  # the tick's own sample
+    window = services.sample_demand(endpoint_id=endpoint.pk, now=t0 + 296)
+    assert max(s.requests for s in window) == 50 and min(s.t for s in window) == pytest.approx(t0)
