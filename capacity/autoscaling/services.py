@@ -68,6 +68,13 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
         )
         if row is None:
             return None
+        if _rollout_active(endpoint):
+            # The rollout owns the replicas until it ends: record what demand asked for, change nothing, and keep
+            # the decision out of the cooldowns (they read applied decisions only).
+            actions = finish_drains(endpoint=endpoint, actuator=actuator) if actuator is not None else []
+            row.inputs = {**row.inputs, "actions": actions + ["rollout in progress: not applied"]}
+            row.save(update_fields=["inputs"])
+            return row
         if decision.desired != endpoint.desired_replicas:
             Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=decision.desired)
             endpoint.desired_replicas = decision.desired
@@ -200,6 +207,10 @@ def _last_moves(endpoint: Endpoint) -> tuple[float | None, float | None]:
     return (up.timestamp() if up else None), (down.timestamp() if down else None)
 
 
+def _rollout_active(endpoint: Endpoint) -> bool:
+    return Rollout.objects.filter(endpoint=endpoint, state__in=ROLLOUT_ACTIVE_STATES).exists()
+
+
 # -- reconcile: make replicas match desired_replicas ----------------------------------------------------------
 def reconcile(*, endpoint: Endpoint) -> list[str]:
     """Converge the endpoint's replicas on ``desired_replicas``: finish drains, promote standbys, start, drain,
@@ -208,7 +219,7 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     actions: list[str] = []
     _safe(actuator.sync, endpoint)
     actions += finish_drains(endpoint=endpoint, actuator=actuator)
-    if Rollout.objects.filter(endpoint=endpoint, state__in=ROLLOUT_ACTIVE_STATES).exists():
+    if _rollout_active(endpoint):
         # Surge, drain and rollback replicas belong to the rollout until it ends; scaling resumes after it.
         return actions + ["rollout in progress: replicas left to the rollout"]
     active = list(serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False).order_by("created_at"))

@@ -225,3 +225,28 @@ def test_a_rollback_after_old_replicas_drained_starts_the_old_version_again(clea
     assert rollout.state == RolloutState.ROLLED_BACK and rollout.reason == "bad answers"
     assert endpoint.replicas.filter(version=v1, state=ReplicaState.READY).count() == 2
     assert "started 1 old-version replica(s) again" in rollout.events.values_list("message", flat=True)
+
+
+def test_a_horizontal_tick_during_a_rollout_is_recorded_but_not_applied(clean_store, fake, endpoint):
+    """The rollout owns the replicas: a tick records what demand asked for, changes nothing, and stays out of the
+    cooldowns (which read applied decisions only)."""
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
+    rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=1)
+    services.rollout_tick(rollout_id=rollout.pk)
+    launched = list(fake.launched)
+    Endpoint.objects.filter(pk=endpoint.pk).update(min_replicas=3)  # the floor alone asks for one more replica
+    row = autoscaling.horizontal_tick(endpoint_id=endpoint.pk, tick="t-rollout", now=1_000.0)
+    assert row is not None and row.desired == 3 and row.current == 2
+    assert row.applied is False
+    assert row.inputs["actions"][-1] == "rollout in progress: not applied"
+    endpoint.refresh_from_db()
+    assert endpoint.desired_replicas == 2
+    assert fake.launched == launched
+    # once the rollout has ended the same floor is applied
+    services.rollback_rollout(rollout=rollout)
+    services.rollout_tick(rollout_id=rollout.pk)
+    services.rollout_tick(rollout_id=rollout.pk)
+    row = autoscaling.horizontal_tick(endpoint_id=endpoint.pk, tick="t-after", now=1_005.0)
+    assert row.applied is True and row.desired == 3
+    endpoint.refresh_from_db()
+    assert endpoint.desired_replicas == 3
