@@ -40,6 +40,10 @@ class Slot:
     limit: int = 0  # the replica's concurrency limit; view.concurrency_limit is this process's cap of it
 
 
+COST_RATIO_ALPHA = 0.05  # EWMA weight of one finished request (about the last 20 count)
+MAX_COST_RATIO = 4.0  # a request without max_tokens may run past the typical output it was charged for
+
+
 class EndpointRuntime:
     def __init__(self, info: EndpointInfo, *, config, scraper=None, clock=time.monotonic, rng=None) -> None:
         from endpoints.routing import make_router
@@ -55,6 +59,10 @@ class EndpointRuntime:
         self.slots: dict[str, Slot] = {}
         self.in_flight = 0
         self.in_flight_mu = 0.0
+        # What finished requests actually cost over what admission reserved for them (EWMA). Admission charges
+        # max_tokens as the output (an upper bound a reservation must not under-count); the autoscaler wants the
+        # expected cost, or a client sending max_tokens=4096 for 300-token answers would buy 10x the replicas.
+        self.cost_ratio = 1.0
         self._expiry_handle: asyncio.TimerHandle | None = None
         # This process's share of each replica's limit when several proxy processes run (replica id → cap;
         # ``endpoints.admission.shares``); None = the whole limit.
@@ -215,6 +223,9 @@ class EndpointRuntime:
         self.in_flight -= 1
         self.in_flight_mu = max(0.0, self.in_flight_mu - mu_reserved)
         self.drain.record(mu_done, now)
+        if mu_reserved > 0 and mu_done > 0:  # a completed request (failures and refusals carry no cost)
+            ratio = min(mu_done / mu_reserved, MAX_COST_RATIO)
+            self.cost_ratio += COST_RATIO_ALPHA * (ratio - self.cost_ratio)
         try:
             self.router.on_finished(route, slot.view.replica_id, now)
         except Exception:  # noqa: BLE001 - a router bug must not leak slots
@@ -313,11 +324,16 @@ class EndpointRuntime:
             m.child(m.QUEUE_DEPTH, self.info.name, cls).set(n)
 
     def demand(self) -> dict:
+        """This process's demand for the autoscaler: MU at the expected cost (reserved MU x the observed ratio of
+        actual to reserved cost); the reserved figures are kept alongside."""
         return {
             "in_flight": self.in_flight,
             "queued": len(self.queue),
-            "in_flight_mu": round(self.in_flight_mu, 4),
-            "queued_mu": round(self.queue.queued_mu, 4),
+            "in_flight_mu": round(self.in_flight_mu * self.cost_ratio, 4),
+            "queued_mu": round(self.queue.queued_mu * self.cost_ratio, 4),
+            "in_flight_mu_reserved": round(self.in_flight_mu, 4),
+            "queued_mu_reserved": round(self.queue.queued_mu, 4),
+            "cost_ratio": round(self.cost_ratio, 4),
             "queued_by_class": self.queue.depth_by_class(),
         }
 

@@ -75,7 +75,12 @@ def test_burst_scales_up_bounded_and_back_down_one_step_after_the_window(
     # Units: the proxy priced each request in flight at the reference MU, with the policy's coefficients
     assert reports
     for report in reports:
-        assert report["in_flight_mu"] == pytest.approx(report["in_flight"] * reference_mu, rel=1e-3)
+        assert report["in_flight_mu_reserved"] == pytest.approx(report["in_flight"] * reference_mu, rel=1e-3)
+        # ... and reports it at the expected cost (these requests run to their max_tokens: close to it)
+        assert report["in_flight_mu"] == pytest.approx(
+            report["in_flight_mu_reserved"] * report["cost_ratio"], rel=1e-3
+        )
+        assert 0.9 <= report["cost_ratio"] <= 1.1
     peak_reported = max(r["in_flight_mu"] + r.get("queued_mu", 0.0) for r in reports)
     ups = [d for d in decisions if d.desired > d.current]
     assert ups, [(d.current, d.desired, d.reason) for d in decisions]
