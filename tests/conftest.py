@@ -3,8 +3,11 @@
 from dataclasses import dataclass
 
 import pytest
+import redis
+from django.conf import settings
 from rest_framework.test import APIClient
 
+from endpoints.runtimes.processes import ProcessGroup
 from tenants.models import ApiKey, Role, Tenant, User
 from tenants.services import api_key_create
 from tests.factories import EndpointFactory, OperatorFactory, ReservationFactory, TenantFactory, UserFactory
@@ -48,6 +51,24 @@ def tenant_b(db) -> TenantActors:
 @pytest.fixture
 def api_client() -> APIClient:
     return APIClient()
+
+
+@pytest.fixture
+def procs():
+    """Real processes (replicas, proxies) started by the test; every one is killed on teardown."""
+    group = ProcessGroup()
+    yield group
+    group.kill_all()
+
+
+@pytest.fixture
+def clean_redis():
+    """The test's Redis database without infercap's keys (rate buckets, demand, membership, config version)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter("infercap:*"):
+        client.delete(key)
+    yield client
+    client.close()
 
 
 def client_for(user: User) -> APIClient:

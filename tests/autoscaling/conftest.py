@@ -1,30 +1,17 @@
 """Fixtures for the autoscaling tests: a clean Redis namespace and no replica process left behind."""
 
 import pytest
-import redis
-from django.conf import settings
 
 from capacity.autoscaling import store
 from capacity.autoscaling.actuators import local
 from endpoints.models import Replica
-from tests.proxy.conftest import Processes
 
 
 @pytest.fixture
-def procs():
-    p = Processes()
-    yield p
-    p.kill_all()
-
-
-@pytest.fixture
-def clean_store():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter("infercap:*"):
-        client.delete(key)
+def clean_store(clean_redis):
+    """A clean Redis namespace and a fresh client in the autoscaler's store."""
     store.reset_client()
-    yield client
-    client.close()
+    return clean_redis
 
 
 @pytest.fixture

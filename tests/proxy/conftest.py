@@ -3,8 +3,6 @@ workers (uvicorn running ``config.asgi``) that read the test database. Every pro
 
 import socket
 
-import pytest
-import redis
 from django.conf import settings
 
 from endpoints.models import Replica, ReplicaState
@@ -23,22 +21,6 @@ from endpoints.runtimes.processes import (
 Processes = ProcessGroup
 subprocess_database_url = database_url
 __all__ = ["PY", "ROOT", "Processes", "free_port", "subprocess_database_url", "wait_port"]
-
-
-@pytest.fixture
-def procs():
-    p = Processes()
-    yield p
-    p.kill_all()
-
-
-@pytest.fixture
-def clean_redis():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter("infercap:*"):
-        client.delete(key)
-    yield client
-    client.close()
 
 
 def spawn_replica(

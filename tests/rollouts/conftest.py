@@ -1,3 +1,3 @@
 """Fixtures for the rollout tests: a clean Redis namespace and no replica process left behind."""
 
-from tests.autoscaling.conftest import clean_store, procs, reap_local_replicas  # noqa: F401
+from tests.autoscaling.conftest import clean_store, reap_local_replicas  # noqa: F401

@@ -13,35 +13,17 @@ import time
 
 import httpx
 import pytest
-import redis
-from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from endpoints.models import Endpoint, EndpointVersion, ReplicaState, ReplicaTransition, RoutingPolicy
 from tenants.models import CapacityReservation
 from tests.conftest import client_for
-from tests.proxy.conftest import Processes, spawn_proxy, spawn_replica
+from tests.proxy.conftest import spawn_proxy, spawn_replica
 from tests.proxy.helpers import chat_body, post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PROPAGATION_BUDGET_S = 1.0
-
-
-@pytest.fixture
-def procs():
-    p = Processes()
-    yield p
-    p.kill_all()
-
-
-@pytest.fixture
-def clean_redis():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter("infercap:*"):
-        client.delete(key)
-    yield client
-    client.close()
 
 
 def replica_successes(port: int) -> float:
