@@ -70,3 +70,21 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict:
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     assert response.headers.get("x-request-id")
     return err
+
+
+class Held:
+    """A stream the test keeps open (holding a replica slot) until ``release``, which disconnects it."""
+
+    def __init__(self, base, key, body):
+        self.client = httpx.Client(timeout=60)
+        self.cm = self.client.stream(
+            "POST", base + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+        response = self.cm.__enter__()
+        assert response.status_code == 200
+        self.chunks = response.iter_raw()  # keep a reference: a collected generator closes the response
+        next(self.chunks)
+
+    def release(self):
+        self.cm.__exit__(None, None, None)
+        self.client.close()

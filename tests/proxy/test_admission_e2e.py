@@ -12,7 +12,7 @@ from tenants.models import CapacityReservation
 from tenants.services import api_key_create
 from tests.factories import EndpointFactory
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import assert_openai_error, chat_body, post, wait_for, wait_usage
+from tests.proxy.helpers import Held, assert_openai_error, chat_body, post, wait_for, wait_usage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -34,24 +34,6 @@ class Fired:
         self.thread.join(60)
         assert self.response is not None
         return self.response
-
-
-class Held:
-    """A stream the test keeps open (holding a replica slot) until ``release``, which disconnects it."""
-
-    def __init__(self, base, key, body):
-        self.client = httpx.Client(timeout=60)
-        self.cm = self.client.stream(
-            "POST", base + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        )
-        response = self.cm.__enter__()
-        assert response.status_code == 200
-        self.chunks = response.iter_raw()  # keep a reference: a collected generator closes the response
-        next(self.chunks)
-
-    def release(self):
-        self.cm.__exit__(None, None, None)
-        self.client.close()
 
 
 def queued(base: str, endpoint: str, n: int) -> bool:

@@ -19,7 +19,7 @@ from endpoints.models import Endpoint, EndpointVersion, ReplicaState, ReplicaTra
 from tenants.models import CapacityReservation
 from tests.conftest import client_for
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import chat_body, post
+from tests.proxy.helpers import Held, chat_body, post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -60,24 +60,6 @@ def until_effect(probe, *, timeout_s: float = 10.0) -> float:
             return sent - t0
         time.sleep(0.02)
     raise AssertionError(f"the change did not reach the proxy within {timeout_s} s")
-
-
-class Held:
-    """A long stream kept open, holding one replica slot until released."""
-
-    def __init__(self, base, key, body):
-        self.client = httpx.Client(timeout=60)
-        self.cm = self.client.stream(
-            "POST", base + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        )
-        response = self.cm.__enter__()
-        assert response.status_code == 200
-        self.chunks = response.iter_raw()
-        next(self.chunks)
-
-    def release(self):
-        self.cm.__exit__(None, None, None)
-        self.client.close()
 
 
 def test_config_only_changes_reach_the_proxy_within_a_second_and_restart_nothing(
