@@ -84,3 +84,77 @@ def test_embedded_default_migrates_and_serves_the_schema(tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=5)
+
+
+def _processes_of(var_dir: Path) -> set[int]:
+    """Live processes started for this platform (they inherit its INFERCAP_VAR_DIR), whoever their parent is."""
+    marker = f"INFERCAP_VAR_DIR={var_dir}".encode() + b"\0"
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (
+                marker in (entry / "environ").read_bytes()
+                and b"Z" not in (entry / "stat").read_bytes().split(b")")[-1][:3]
+            ):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the platform's processes through /proc")
+def test_run_platform_serves_a_completion_and_a_plain_kill_stops_every_process(tmp_path):
+    """The README's first command, end to end: the platform comes up on the embedded default, prints a key that
+    streams a completion through the proxy, and a SIGTERM (what `kill` or a container stop sends) stops the web
+    server, the Celery worker and beat, and the simulated replicas the worker started."""
+    from endpoints.runtimes.processes import free_port
+
+    var_dir = tmp_path / "var"
+    env = _embedded_env(var_dir)
+    migrate = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    port = free_port()
+    log = tmp_path / "run_platform.log"
+    with log.open("w") as out:
+        platform = subprocess.Popen(
+            [sys.executable, "manage.py", "run_platform", "--port", str(port), "--replicas", "1"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while "stops everything" not in log.read_text() and platform.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = log.read_text()
+        assert "stops everything" in text, text[-4000:]
+        assert f"http://127.0.0.1:{port}/console/" in text and "curl -N" in text
+        key = next(word for word in text.split() if word.startswith("ick_"))
+        body = {"model": "demo-chat", "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60,
+        )  # fmt: skip
+        assert response.status_code == 200, response.text
+        assert response.text.rstrip().endswith("data: [DONE]")
+        started = _processes_of(var_dir) - {platform.pid}
+        assert len(started) >= 3, started  # web, the Celery worker (and its pool), a replica
+
+        platform.send_signal(subprocess.signal.SIGTERM)
+        assert platform.wait(timeout=90) == 0, log.read_text()[-3000:]
+        assert "[infercap] stopped" in log.read_text()
+        deadline = time.monotonic() + 15
+        while _processes_of(var_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _processes_of(var_dir), log.read_text()[-3000:]
+    finally:
+        if platform.poll() is None:
+            os.killpg(platform.pid, subprocess.signal.SIGKILL)
+        for pid in _processes_of(var_dir):
+            try:
+                os.kill(pid, subprocess.signal.SIGKILL)
+            except OSError:
+                pass

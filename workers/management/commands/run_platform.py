@@ -22,6 +22,10 @@ from django.core.management.base import BaseCommand, CommandError
 from endpoints.models import Endpoint, Replica, ReplicaState
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 class Command(BaseCommand):
     help = "Run web + proxy, Celery worker and beat, and simulated replicas; print URLs and a curl example."
 
@@ -33,6 +37,10 @@ class Command(BaseCommand):
         parser.add_argument("--exit-after", type=float, default=0.0, help="stop after this many seconds (smoke tests)")
 
     def handle(self, *args, host, port, endpoint, replicas, exit_after, **options):
+        # Ctrl-C, `kill` and a closed terminal all stop everything in order. SIGINT is set explicitly because a
+        # shell starting us in the background hands it over ignored, and Python then never raises on it.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
         self.children: list[subprocess.Popen] = []
         self.labels: list[str] = []
         self._say(f"backends: {settings.BACKENDS.describe()}")
