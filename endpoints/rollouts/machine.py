@@ -146,18 +146,22 @@ def surge(facts: RolloutFacts, config: RolloutConfig) -> int:
 
 
 def compare(canary: VersionStats, baseline: VersionStats, config: RolloutConfig) -> str | None:
-    """Why the canary is worse than the old version by more than the margins, or None (also when too few samples)."""
+    """Why the new version is worse than the old one by more than the margins, or None (also when too few samples).
+
+    A canary is judged at every step; a rolling (all at once) rollout is judged the same way for as long as both
+    versions carry traffic, so a bad version is stopped before the last old replica drains."""
     if canary.requests < config.min_samples:
         return None
+    who = "canary" if config.strategy == CANARY else "new version"
     if canary.error_rate - baseline.error_rate > config.error_rate_margin:
         return (
-            f"canary error rate {canary.error_rate:.1%} vs {baseline.error_rate:.1%} on the old version "
-            f"(margin {config.error_rate_margin:.1%}, {canary.requests} canary requests)"
+            f"{who} error rate {canary.error_rate:.1%} vs {baseline.error_rate:.1%} on the old version "
+            f"(margin {config.error_rate_margin:.1%}, {canary.requests} {who} requests)"
         )
     if canary.latency_burn - baseline.latency_burn > config.latency_burn_margin:
         return (
-            f"canary latency SLO misses {canary.latency_burn:.1%} vs {baseline.latency_burn:.1%} on the old version "
-            f"(margin {config.latency_burn_margin:.1%}, {canary.requests} canary requests)"
+            f"{who} latency SLO misses {canary.latency_burn:.1%} vs {baseline.latency_burn:.1%} on the old version "
+            f"(margin {config.latency_burn_margin:.1%}, {canary.requests} {who} requests)"
         )
     return None
 
@@ -198,10 +202,11 @@ def decide(facts: RolloutFacts, config: RolloutConfig) -> Decision:
                 f"a batch waited {waited:.0f} s (limit {config.health_timeout_s:.0f} s)",
             )
     step_index, new_step = facts.step_index, False
-    if state == SHIFTING and config.strategy == CANARY:
+    if state == SHIFTING:
         burned = compare(facts.canary, facts.baseline, config)
         if burned:
             return _rollback(facts, burned)
+    if state == SHIFTING and config.strategy == CANARY:
         started = facts.step_started_at if facts.step_started_at is not None else facts.state_since
         steps = _steps(config)
         if (

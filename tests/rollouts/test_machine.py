@@ -254,3 +254,15 @@ def test_decisions_are_repeatable_on_the_same_facts():
 def test_canary_steps_are_validated(steps, error):
     with pytest.raises(ValueError, match=error):
         m.validate_canary_steps(steps)
+
+
+def test_a_rolling_rollout_is_judged_on_the_same_margins_while_both_versions_serve():
+    # batch 1 of 3 warmed, a third of the traffic on it: the new version errs on 25 % against the old one's 1 %
+    shifting = dict(traffic_percent=33, step_started_at=1000.0, new_warmed=1, old_ready=2, now=1010.0)
+    strict = replace(ALL, min_samples=20)
+    d = decide(facts(m.SHIFTING, canary=VersionStats(40, 10), baseline=VersionStats(400, 4), **shifting), strict)
+    assert d.state == m.ROLLING_BACK
+    assert d.reason.startswith("new version error rate 25.0% vs 1.0% on the old version")
+    # as good as the old one: the rollout carries on with its next batch
+    ok = decide(facts(m.SHIFTING, canary=VersionStats(40, 0), baseline=VersionStats(400, 4), **shifting), strict)
+    assert ok.state == m.SHIFTING
