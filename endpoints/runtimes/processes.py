@@ -73,6 +73,14 @@ def uvicorn_argv(app: str, port: int, *, host: str = "127.0.0.1", fast: bool = T
     return argv
 
 
+def celery_worker_argv(
+    schedule_file: str | Path, *, loglevel: str = "WARNING", concurrency: int = 2, extra=()
+) -> list[str]:
+    """A Celery worker with an embedded beat (``-B``): the control loops in one process, as ``make run`` runs them."""
+    argv = [PY, "-m", "celery", "-A", "config", "--quiet", "worker", "-B", "--loglevel", loglevel]
+    return argv + ["--concurrency", str(concurrency), *extra, "-s", str(schedule_file)]
+
+
 def sim_replica_argv(
     port: int, *, speed: float = 1.0, served_model_name: str | None = None, extra: list[str] | tuple = ()
 ) -> list[str]:

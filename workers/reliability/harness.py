@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from django.conf import settings
 
-from endpoints.runtimes.processes import database_url, free_port
+from endpoints.runtimes.processes import celery_worker_argv, database_url, free_port
 from workers.reliability.chaos import TcpRelay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,26 +177,10 @@ class Platform:
         self.stop()
 
     def start_worker(self) -> None:
+        schedule = ROOT / "var" / f"beat-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._spawn(
             "worker",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "--quiet",
-                "worker",
-                "-B",
-                "--loglevel",
-                "ERROR",
-                "--concurrency",
-                "2",
-                "--without-gossip",
-                "--without-mingle",
-                "-s",
-                str(ROOT / "var" / f"beat-{os.getpid()}-{uuid.uuid4().hex[:6]}"),
-            ],
+            celery_worker_argv(schedule, loglevel="ERROR", extra=("--without-gossip", "--without-mingle")),
         )
 
     @staticmethod

@@ -20,6 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from endpoints.models import Endpoint, Replica, ReplicaState
+from endpoints.runtimes.processes import celery_worker_argv
 
 
 def _interrupt(signum, frame):
@@ -69,26 +70,7 @@ class Command(BaseCommand):
                 ],
                 env,
             )
-            self._spawn(
-                "control loops",
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "config",
-                    "--quiet",
-                    "worker",
-                    "-B",
-                    "--loglevel",
-                    "WARNING",
-                    "--concurrency",
-                    "2",
-                    "-s",
-                    str(var_dir / "celerybeat-schedule"),
-                ],
-                env,
-            )
+            self._spawn("control loops", celery_worker_argv(var_dir / "celerybeat-schedule"), env)
             self._wait_http(f"{base}/healthz", "web server", timeout_s=60)
             self._bring_up_replicas(endpoint, timeout_s=90)
             self._banner(base, demo)
