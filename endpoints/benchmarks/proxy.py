@@ -2,24 +2,32 @@
 at 1, 64 and 256 concurrent streams, measured in one run on the same replicas.
 
 Processes: a simulated replica (``endpoints.runtimes.sim.cli``), one proxy worker (uvicorn running
-``config.asgi``: the full data path with auth, limits, admission, routing, relay and metering), a bare
-pass-through (``endpoints.benchmarks.passthrough``: the same uvicorn + aiohttp hop with none of those
-features) and this process as the load generator (aiohttp). At one stream the three paths are used in turn,
+``config.asgi`` with the production settings: the full data path with auth, limits, admission, routing, relay and
+metering), a bare pass-through (``endpoints.benchmarks.passthrough``: the same uvicorn + aiohttp hop with none of
+those features) and this process as the load generator (aiohttp). At one stream the three paths are used in turn,
 request by request. At 64 and 256 streams (``method=paired``, the default) direct and proxied traffic run at
 once on the same replica, ``level`` streams each, every load-generator worker switching path on every request
-and the workers' starts spread over ``ramp_s`` (1 s) per 64 streams: both paths then see the same replica state, batching
-waves and background load, and the difference measures the proxy. (``method=phased``, the earlier method, runs
-them as consecutive phases; on this 2-core machine the simulator's TTFT at 64 streams, ~0.6 s, then differed
-between phases by ±100 ms, so added p50 came out anywhere from -140 to +30 ms and p99 was noise. Under
-``paired`` the replica carries twice the streams, so its own TTFT is higher than in ``phased``.) Per level:
-added TTFT p50/p99 and added end-to-end p50 (ms, proxied − direct), tokens/s through the proxy as a ratio of
-direct, errors, and the proxy's CPU ms per 1,000 tokens (including its background work, e.g. the replica
-metrics scraper); the ``bare_passthrough`` entry gives the same figures for the featureless hop (paired with
-its own direct traffic), so a loaded machine's cost of any extra hop can be told apart from the proxy's own.
+and the workers' starts spread over ``ramp_s`` (1 s) per 64 streams: both paths then see the same replica state,
+batching waves and background load, and the difference measures the proxy. (``method=phased`` runs them as
+consecutive phases instead; the simulator's TTFT then drifts between phases by more than the proxy costs.)
+
+Workload: closed-loop streams of ``max_tokens`` (64) tokens on short, unique prompts (``prompt_chars``, 64
+characters = 16 tokens). The prompts are short so that the replica is not the thing measured: with the earlier
+~70-token prompts, 2 × 64 streams made the simulated 13B engine batch ~32 prompts into 330 ms prefill steps, its
+own TTFT p50 was ~580 ms, and the p50 of *any* extra hop swung by ±10 ms with the phase of those steps (a
+do-nothing hop measured −5 to +9 ms in 280-request runs, +7.1 ms over 5,021). ``--opt prompt_chars=280``
+reproduces that saturated case.
+
+Per level: added TTFT p50 with its 95% bootstrap interval, added TTFT p99 and added end-to-end p50 (ms,
+proxied − direct), tokens/s through the proxy as a ratio of direct, errors, the replica's own TTFT p50 on the
+direct path, and the proxy's CPU ms per 1,000 tokens (including its background work, e.g. the replica metrics
+scraper); the ``bare_passthrough`` entry gives the same figures for the featureless hop (paired with its own
+direct traffic), so what this machine charges for any extra hop can be told apart from the proxy's own cost.
 Without ``--quick`` it also runs the upstream client calibration (aiohttp vs one pooled ``httpx.AsyncClient``
-at 256 streams). Options: ``--opt speed=1.0`` (simulator speed), ``max_tokens=64``, ``levels=1,64,256``,
-``rounds``, ``method=paired|phased``, ``ramp_s=1.0``, ``calibrate=0|1``, ``baseline=0|1``, ``proxy_log=FILE``
-(the proxy's stderr). Quick runs have one or two requests per worker: use them as smoke tests, not figures.
+at 256 streams). Options: ``--opt speed=1.0`` (simulator speed), ``max_tokens=64``, ``prompt_chars=64``,
+``levels=1,64,256``, ``rounds``, ``method=paired|phased``, ``ramp_s=1.0``, ``calibrate=0|1``, ``baseline=0|1``,
+``proxy_log=FILE`` (the proxy's stderr). Quick runs have one or two requests per worker: use them as smoke tests,
+not figures.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
+import secrets
 import time
 from pathlib import Path
 
@@ -34,7 +44,17 @@ from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_po
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_SLUG = "bench-proxy"
+# A short chat turn (16 tokens): see the module docstring for why the prompt is short.
+PROMPT_CHARS = 64
+_FILLER = "Say hello in one word. "
 ENDPOINT = "bench-proxy-model"
+
+
+def _prompt(nonce: str, who, i: int, chars: int) -> str:
+    """A unique prompt of ``chars`` characters (the simulator counts 4 per token): a per-phase nonce, so no phase
+    rides on an earlier one's prefix cache, then the worker and request, padded with a fixed sentence."""
+    head = f"{nonce} worker {who} request {i}: "
+    return (head + _FILLER * (1 + chars // len(_FILLER)))[: max(chars, len(head))]
 
 
 def _cpu_s(pid: int) -> float:
@@ -113,7 +133,9 @@ async def _one(session, url: str, payload: bytes, headers: dict, out: dict) -> N
     out["tokens"] += tokens
 
 
-async def _phase(base: str, key: str | None, *, streams: int, duration_s: float, max_tokens: int) -> dict:
+async def _phase(
+    base: str, key: str | None, *, streams: int, duration_s: float, max_tokens: int, prompt_chars: int = PROMPT_CHARS
+) -> dict:
     import aiohttp
 
     url = base + "/v1/completions"
@@ -132,7 +154,7 @@ async def _phase(base: str, key: str | None, *, streams: int, duration_s: float,
             while time.perf_counter() < deadline:
                 body = {
                     "model": ENDPOINT,
-                    "prompt": f"{nonce} bench worker {w} request {i} " * 8,
+                    "prompt": _prompt(nonce, w, i, prompt_chars),
                     "max_tokens": max_tokens,
                     "stream": True,
                 }
@@ -146,7 +168,13 @@ async def _phase(base: str, key: str | None, *, streams: int, duration_s: float,
 
 
 async def _mixed_phase(
-    targets: list, *, streams: int, duration_s: float, max_tokens: int, ramp_s: float = 0.0
+    targets: list,
+    *,
+    streams: int,
+    duration_s: float,
+    max_tokens: int,
+    ramp_s: float = 0.0,
+    prompt_chars: int = PROMPT_CHARS,
 ) -> list[dict]:
     """``streams`` concurrent streams per target, all at once on the same replica: ``streams × len(targets)``
     workers, each switching target on every request (worker w's request i goes to target (w + i) mod n), so every
@@ -175,7 +203,7 @@ async def _mixed_phase(
                 t = (w + i) % n
                 body = {
                     "model": ENDPOINT,
-                    "prompt": f"{nonce} bench worker {w} request {i} " * 8,
+                    "prompt": _prompt(nonce, w, i, prompt_chars),
                     "max_tokens": max_tokens,
                     "stream": True,
                 }
@@ -190,7 +218,9 @@ async def _mixed_phase(
     return outs
 
 
-async def _httpx_phase(base: str, *, streams: int, duration_s: float, max_tokens: int) -> dict:
+async def _httpx_phase(
+    base: str, *, streams: int, duration_s: float, max_tokens: int, prompt_chars: int = PROMPT_CHARS
+) -> dict:
     """The same load through one pooled ``httpx.AsyncClient``: the calibration behind choosing aiohttp."""
     import httpx
 
@@ -205,7 +235,7 @@ async def _httpx_phase(base: str, *, streams: int, duration_s: float, max_tokens
             while time.perf_counter() < deadline:
                 body = {
                     "model": ENDPOINT,
-                    "prompt": f"{nonce} w{w} r{i} " * 8,
+                    "prompt": _prompt(nonce, w, i, prompt_chars),
                     "max_tokens": max_tokens,
                     "stream": True,
                 }
@@ -238,7 +268,9 @@ async def _httpx_phase(base: str, *, streams: int, duration_s: float, max_tokens
     return out
 
 
-async def _interleaved(direct_base, proxy_base, key, bare_base, *, n, max_tokens, proxy_pid, bare_pid):
+async def _interleaved(
+    direct_base, proxy_base, key, bare_base, *, n, max_tokens, proxy_pid, bare_pid, prompt_chars=PROMPT_CHARS
+):
     """``n`` sequential requests to each path, in turn: a paired measurement for the single-stream figures."""
     import aiohttp
 
@@ -258,7 +290,7 @@ async def _interleaved(direct_base, proxy_base, key, bare_base, *, n, max_tokens
                 headers = {"content-type": "application/json", **({"authorization": f"Bearer {k}"} if k else {})}
                 body = {
                     "model": ENDPOINT,
-                    "prompt": f"{nonce} {name} {i} " * 8,
+                    "prompt": _prompt(nonce, name, i, prompt_chars),
                     "max_tokens": max_tokens,
                     "stream": True,
                 }
@@ -287,11 +319,25 @@ def _client_row(out: dict) -> dict:
     }
 
 
+def _added_p50_interval(direct: list[float], proxied: list[float], *, resamples: int = 400) -> list[float] | None:
+    """95% bootstrap interval of p50(proxied) − p50(direct) in ms: how far the run's own sampling noise could move
+    the added p50 (fixed seed, so the same samples give the same interval)."""
+    if len(direct) < 20 or len(proxied) < 20:
+        return None
+    rng = random.Random(0)
+    diffs = sorted(
+        _pct(rng.choices(proxied, k=len(proxied)), 50) - _pct(rng.choices(direct, k=len(direct)), 50)
+        for _ in range(resamples)
+    )
+    return [round(_pct(diffs, 2.5) * 1000, 2), round(_pct(diffs, 97.5) * 1000, 2)]
+
+
 def _summary(direct: dict, proxied: dict, cpu_s: float) -> dict:
     d_tps = direct["tokens"] / direct["wall_s"] if direct["wall_s"] else 0.0
     p_tps = proxied["tokens"] / proxied["wall_s"] if proxied["wall_s"] else 0.0
     return {
         "added_ttft_p50_ms": round((_pct(proxied["ttft"], 50) - _pct(direct["ttft"], 50)) * 1000, 3),
+        "added_ttft_p50_ci95_ms": _added_p50_interval(direct["ttft"], proxied["ttft"]),
         "added_ttft_p99_ms": round((_pct(proxied["ttft"], 99) - _pct(direct["ttft"], 99)) * 1000, 3),
         "added_e2e_p50_ms": round((_pct(proxied["e2e"], 50) - _pct(direct["e2e"], 50)) * 1000, 3),
         "tokens_per_s_ratio": round(p_tps / d_tps, 4) if d_tps else None,
@@ -357,8 +403,9 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
         # Short answers at one stream: TTFT is the figure there, and more requests give steadier percentiles.
         return min(max_tokens, 16) if level == 1 else max_tokens
 
-    rounds = int(opts.get("rounds", 1 if quick else 2))
-    durations = {1: 2.0, 64: 2.0, 256: 2.5} if quick else {1: 6.0, 64: 6.0, 256: 8.0}
+    rounds = int(opts.get("rounds", 1 if quick else 3))
+    durations = {1: 2.0, 64: 2.0, 256: 2.5} if quick else {1: 6.0, 64: 10.0, 256: 8.0}
+    prompt_chars = int(opts.get("prompt_chars", PROMPT_CHARS))
     levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
     calibrate = str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes")
     baseline = str(opts.get("baseline", "1")) in ("1", "true", "yes")
@@ -377,10 +424,17 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             urls.append(f"http://127.0.0.1:{port}")
         key = _setup_world(urls)
         proxy_port = free_port()
-        # The deployed command line: uvloop and httptools (uvicorn_argv adds them when installed).
+        # The deployed command line (uvloop and httptools: uvicorn_argv adds them when installed) and the deployed
+        # settings (production: DEBUG off), as the reliability harness runs it.
+        proxy_env = child_django_env(
+            "config.settings.production",
+            DJANGO_SECRET_KEY=secrets.token_urlsafe(48),
+            DJANGO_SECURE_SSL_REDIRECT="0",
+            INFERCAP_QUIET="1",
+        )
         proxy = group.spawn(
             uvicorn_argv("config.asgi:application", proxy_port),
-            env=child_django_env(),
+            env=proxy_env,
             port=proxy_port,
             stderr=opts.get("proxy_log", os.devnull),
             timeout=60,
@@ -421,6 +475,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                         max_tokens=tokens_for(1),
                         proxy_pid=proxy.pid,
                         bare_pid=bare_pid,
+                        prompt_chars=prompt_chars,
                     )
                 bare_direct = None
                 for _ in range(rounds if level != 1 else 0):
@@ -428,6 +483,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                         "streams": level,
                         "duration_s": durations.get(level, 3.0),
                         "max_tokens": tokens_for(level),
+                        "prompt_chars": prompt_chars,
                     }
                     # Starts spread over ramp_s per 64 streams (at most half the phase): at 256 streams a 1 s ramp
                     # still left bursts of arrivals whose order at the replica swung the p50 by a batching step.
@@ -461,6 +517,7 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                         k: base_row[k]
                         for k in (
                             "added_ttft_p50_ms",
+                            "added_ttft_p50_ci95_ms",
                             "added_ttft_p99_ms",
                             "tokens_per_s_ratio",
                             "errors",
@@ -472,8 +529,9 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                 # Upstream client calibration (issue 4, item 8): the same 256 streams straight to the replica
                 # through each candidate data-plane client, in this one run.
                 n, dur = 256, durations.get(256, 3.0)
-                a = await _phase(direct_base, None, streams=n, duration_s=dur, max_tokens=max_tokens)
-                h = await _httpx_phase(direct_base, streams=n, duration_s=dur, max_tokens=max_tokens)
+                load = {"streams": n, "duration_s": dur, "max_tokens": max_tokens, "prompt_chars": prompt_chars}
+                a = await _phase(direct_base, None, **load)
+                h = await _httpx_phase(direct_base, **load)
                 results["client_calibration_256"] = {"aiohttp": _client_row(a), "httpx": _client_row(h)}
                 progress(f"client calibration: {results['client_calibration_256']}")
             return results
