@@ -43,21 +43,19 @@ def _to_model(record: dict):
     return UsageRecord(**data)
 
 
-def insert_records(records: list[dict]) -> int:
-    """Insert idempotently; returns how many rows were new. Raises OperationalError when the DB is down."""
+def insert_records(records: list[dict]) -> None:
+    """Insert idempotently, one statement per batch (records already stored are skipped by the unique request id).
+    Raises OperationalError when the DB is down."""
     from billing.models import UsageRecord
 
     if not records:
-        return 0
-    ids = [r["request_id"] for r in records]
-    before = UsageRecord.objects.filter(request_id__in=ids).count()
+        return
     try:
         UsageRecord.objects.bulk_create([_to_model(r) for r in records], ignore_conflicts=True)
     except IntegrityError:
         # A replica, key or endpoint was deleted since the request ran: keep the record, drop the dangling link.
         for record in records:
             _insert_one_lenient(record)
-    return UsageRecord.objects.filter(request_id__in=ids).count() - before
 
 
 def _insert_one_lenient(record: dict) -> None:
