@@ -11,11 +11,16 @@ import time
 from dataclasses import dataclass
 
 from endpoints.admission import AdmissionQueue, DrainRateMeter, QueuedItem, retry_after_s
+from endpoints.admission.classes import CLASSES
 from endpoints.proxy import metrics as m
 from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing.base import ReplicaView, RouteRequest
 
 log = logging.getLogger(__name__)
+
+CLASS_KEY = "priority_class"  # RouteRequest.extra: the request's class index, set at admission
+_STANDARD = CLASSES.index("standard")
+_NO_FLIGHT = (0,) * len(CLASSES)
 
 
 class Shed(Exception):
@@ -67,6 +72,7 @@ class EndpointRuntime:
         # This process's share of each replica's limit when several proxy processes run (replica id → cap;
         # ``endpoints.admission.shares``); None = the whole limit.
         self.caps: dict[str, int] | None = None
+        self._class_flight: dict[str, list[int]] = {}  # replica id → running requests per priority class
         self._gauges_dirty: set[str] = set()
         self.update(info)
 
@@ -101,6 +107,7 @@ class EndpointRuntime:
                 slot.view.draining = True
                 if slot.view.in_flight == 0:
                     del self.slots[rid]
+                    self._class_flight.pop(rid, None)
         self.pump()
 
     def apply_caps(self, caps: dict[str, int] | None) -> None:
@@ -110,8 +117,33 @@ class EndpointRuntime:
             slot.view.concurrency_limit = slot.limit if caps is None else min(slot.limit, caps.get(rid, 0))
         self.pump()
 
+    def lower_caps(self, allocation: dict[str, int]) -> None:
+        """Before a heartbeat gives slots back: admit nothing beyond this process's new allocation."""
+        for rid, slot in self.slots.items():
+            if rid in allocation and self.caps is not None:
+                cap = min(slot.view.concurrency_limit, allocation[rid])
+                slot.view.concurrency_limit = cap
+                self.caps[rid] = cap
+
     def in_flight_by_replica(self) -> dict[str, int]:
         return {rid: s.view.in_flight for rid, s in self.slots.items() if s.view.in_flight}
+
+    def replica_limits(self) -> dict[str, int]:
+        """Each serving replica's concurrency limit (what the proxy processes share)."""
+        return {rid: s.limit for rid, s in self.slots.items() if not s.removed}
+
+    def demand_by_replica(self) -> dict[str, tuple[int, ...]]:
+        """Per serving replica and priority class: the requests running there plus this endpoint's queued ones,
+        the queue spread over the replicas in proportion to their limits (what the heartbeat reports)."""
+        from endpoints.admission.shares import spread_queue
+
+        depth = self.queue.depth_by_class()
+        limits = self.replica_limits()
+        queued = spread_queue(tuple(int(depth.get(c, 0)) for c in CLASSES), limits)
+        return {
+            rid: tuple(r + q for r, q in zip(self._class_flight.get(rid, _NO_FLIGHT), queued[rid], strict=True))
+            for rid in limits
+        }
 
     def flush_gauges(self) -> None:
         """Write the in-flight gauges of the replicas that changed (batched off the request path: with
@@ -209,6 +241,8 @@ class EndpointRuntime:
         return slot
 
     def _take(self, slot: Slot, route: RouteRequest, mu: float, now: float) -> None:
+        flight = self._class_flight.setdefault(slot.view.replica_id, [0] * len(CLASSES))
+        flight[route.extra.get(CLASS_KEY, _STANDARD)] += 1
         slot.view.in_flight += 1
         slot.view.in_flight_mu += mu
         self.in_flight += 1
@@ -218,6 +252,10 @@ class EndpointRuntime:
 
     def release(self, slot: Slot, route: RouteRequest, mu_reserved: float, mu_done: float) -> None:
         now = self.clock()
+        flight = self._class_flight.get(slot.view.replica_id)
+        if flight is not None:
+            klass = route.extra.get(CLASS_KEY, _STANDARD)
+            flight[klass] = max(0, flight[klass] - 1)
         slot.view.in_flight -= 1
         slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - mu_reserved)
         self.in_flight -= 1
@@ -233,6 +271,7 @@ class EndpointRuntime:
         self._gauges_dirty.add(slot.view.replica_id)
         if slot.removed and slot.view.in_flight == 0:
             self.slots.pop(slot.view.replica_id, None)
+            self._class_flight.pop(slot.view.replica_id, None)
             m.child(m.IN_FLIGHT, self.info.name, slot.name).set(0)
             m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(0)
         self.pump()
@@ -250,6 +289,7 @@ class EndpointRuntime:
 
     async def acquire(self, route: RouteRequest, *, tenant: str, priority: str, mu: float) -> tuple[Slot, float]:
         """A slot for this request, now or after queueing; returns (slot, seconds queued). Raises Shed."""
+        route.extra[CLASS_KEY] = CLASSES.index(priority)  # counted per class while it runs (shared slots)
         if not len(self.queue):
             slot = self.try_take(route, mu)
             if slot is not None:

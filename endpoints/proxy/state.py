@@ -35,22 +35,41 @@ DEMAND_PRUNE_EVERY = 30  # publish cycles
 MEMBERS_KEY = "infercap:proxy:members"
 
 # Proxy membership heartbeat (see endpoints.admission.shares). KEYS[1]: the members hash. ARGV: this process's
-# id, its in-flight streams per replica (a JSON object), the TTL in seconds. Stamps the entry with Redis' clock
-# (keeping the first join time), drops expired entries and returns the live ones, all in one atomic step, so a
-# member that heartbeats after another joined has seen it.
+# id, its in-flight streams per replica, the slots it wants to hold per replica, its demand (running + queued
+# requests) per replica and class (JSON objects), the TTL in seconds, and the replicas' limits (a JSON object). In one atomic step:
+# stamps the entry with Redis' clock (keeping the first join time), grants each wanted holding out of what the
+# other live members do not hold (so the holdings never sum above a limit), drops expired entries and returns
+# the live ones, this process's grants included.
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local ttl = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[5])
+local want = cjson.decode(ARGV[3])
+local limits = cjson.decode(ARGV[6])
 local joined = now
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old then
-  local ok, v = pcall(cjson.decode, old)
-  if ok and type(v) == 'table' and tonumber(v.j) and now - tonumber(v.t or 0) <= ttl then joined = tonumber(v.j) end
-end
-redis.call('HSET', KEYS[1], ARGV[1], string.format('{"j":%.6f,"t":%.6f,"f":%s}', joined, now, ARGV[2]))
-redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
+local held = {}
 local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok, v = pcall(cjson.decode, all[i + 1])
+  if ok and type(v) == 'table' and tonumber(v.t) and now - tonumber(v.t) <= ttl then
+    if all[i] == ARGV[1] then
+      if tonumber(v.j) then joined = tonumber(v.j) end
+    elseif type(v.h) == 'table' then
+      for rid, n in pairs(v.h) do held[rid] = (held[rid] or 0) + (tonumber(n) or 0) end
+    end
+  end
+end
+local parts = {}
+for rid, w in pairs(want) do
+  local g = math.min(tonumber(w) or 0, (tonumber(limits[rid]) or 0) - (held[rid] or 0))
+  if g < 0 then g = 0 end
+  parts[#parts + 1] = cjson.encode(rid) .. ':' .. string.format('%d', math.floor(g))
+end
+local h = '{' .. table.concat(parts, ',') .. '}'
+redis.call('HSET', KEYS[1], ARGV[1],
+  string.format('{"j":%.6f,"t":%.6f,"f":%s,"q":%s,"h":%s}', joined, now, ARGV[2], ARGV[4], h))
+redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
+all = redis.call('HGETALL', KEYS[1])
 local live = {}
 for i = 1, #all, 2 do
   local ok, v = pcall(cjson.decode, all[i + 1])
@@ -63,6 +82,28 @@ for i = 1, #all, 2 do
 end
 return live
 """
+
+
+def _parse_members(raw: list) -> dict:
+    from endpoints.admission.shares import Member
+
+    def ints(value) -> dict[str, int]:
+        return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+    members = {}
+    for i in range(0, len(raw) - 1, 2):
+        entry = json.loads(raw[i + 1])
+        demand = entry.get("q")
+        members[raw[i].decode() if isinstance(raw[i], bytes) else raw[i]] = Member(
+            joined=float(entry["j"]),
+            seen_at=float(entry["t"]),
+            in_flight=ints(entry.get("f")),
+            holdings=ints(entry.get("h")),
+            demand={str(k): tuple(int(n) for n in v) for k, v in demand.items() if isinstance(v, list)}
+            if isinstance(demand, dict)
+            else {},
+        )
+    return members
 
 
 def _load_in_thread(version: str) -> Snapshot:
@@ -90,6 +131,8 @@ class ProxyState:
         self._config_changed = asyncio.Event()  # set by a published config change: reload without waiting the poll
         self.members: dict | None = None  # the last heartbeat read (None: no Redis, this process has whole limits)
         self._heartbeat = None
+        self._beat_lock = asyncio.Lock()
+        self._allocation: dict[str, int] = {}  # what this process may run per replica (the last beat's)
 
     async def start(self) -> None:
         from billing.ingest import UsageWriter
@@ -252,35 +295,69 @@ class ProxyState:
                 log.debug("proxy membership heartbeat failed: %s", exc)
 
     async def _beat(self) -> None:
-        from endpoints.admission.shares import Member
+        """One membership heartbeat (``endpoints.admission.shares``): from the last read, with this process's own
+        current streams and queue, compute its allocation; stop admitting beyond it at once; ask to hold
+        ``max(allocation, what runs)`` and admit up to what the script grants. Beats never overlap."""
+        async with self._beat_lock:
+            await self._beat_locked()
+
+    async def _beat_locked(self) -> None:
+        from dataclasses import replace
+
+        from endpoints.admission.shares import allocate
 
         in_flight: dict[str, int] = {}
+        limits: dict[str, int] = {}
+        demand: dict[str, tuple[int, ...]] = {}
         for runtime in self.runtimes.values():
             in_flight.update(runtime.in_flight_by_replica())
+            limits.update(runtime.replica_limits())
+            demand.update(runtime.demand_by_replica())
+        view = dict(self.members or {})
+        me = view.get(self.process_id)
+        if me is not None:
+            view[self.process_id] = replace(me, in_flight=in_flight, demand=demand)
+        allocation = allocate(self.process_id, view, limits)
+        for runtime in self.runtimes.values():
+            runtime.lower_caps(allocation)
+        want = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
         raw = await self._heartbeat(
             keys=[MEMBERS_KEY],
-            args=[self.process_id, json.dumps(in_flight, separators=(",", ":")), repr(self.config.member_ttl_s)],
+            args=[
+                self.process_id,
+                json.dumps(in_flight, separators=(",", ":")),
+                json.dumps(want, separators=(",", ":")),
+                json.dumps({rid: list(d) for rid, d in demand.items()}, separators=(",", ":")),
+                repr(self.config.member_ttl_s),
+                json.dumps(limits, separators=(",", ":")),
+            ],
         )
-        members = {}
-        for i in range(0, len(raw) - 1, 2):
-            entry = json.loads(raw[i + 1])
-            flights = entry.get("f")
-            members[raw[i].decode() if isinstance(raw[i], bytes) else raw[i]] = Member(
-                joined=float(entry["j"]),
-                seen_at=float(entry["t"]),
-                in_flight={str(k): int(v) for k, v in flights.items()} if isinstance(flights, dict) else {},
-            )
-        self.members = members
+        self.members = _parse_members(raw)
+        self._allocation = allocation
         self._apply_caps()
 
     def _apply_caps(self, runtime: EndpointRuntime | None = None) -> None:
+        """Each runtime admits up to the smaller of what this process holds and its allocation per replica (a
+        replica it holds nothing of yet: 0 until the next beat, which is asked for at once). Without Redis the
+        caps stay off: whole limits."""
         if self.members is None:
             return
-        from endpoints.admission.shares import replica_caps
-
+        mine = self.members.get(self.process_id)
+        holdings = mine.holdings if mine is not None else {}
+        missing = False
         for rt in [runtime] if runtime is not None else list(self.runtimes.values()):
-            limits = {rid: slot.limit for rid, slot in rt.slots.items()}
-            rt.apply_caps(replica_caps(self.process_id, self.members, limits))
+            rt.apply_caps(
+                {rid: min(holdings.get(rid, 0), self._allocation.get(rid, holdings.get(rid, 0))) for rid in rt.slots}
+            )
+            missing = missing or any(rid not in holdings for rid in rt.replica_limits())
+        if missing and self.redis is not None and not self._beat_lock.locked():
+            self.spawn(self._beat_soon())
+
+    async def _beat_soon(self) -> None:
+        try:
+            await self._beat()
+        except Exception as exc:  # noqa: BLE001 - the housekeeping beat retries
+            log.debug("proxy membership heartbeat failed: %s", exc)
 
     def _leave_sync(self) -> None:
         """At exit (uvicorn runs without a lifespan here, so no async shutdown hook): leave the group at once,

@@ -1,4 +1,5 @@
-"""Two real proxy processes share one replica's concurrency limit (``endpoints.admission.shares``)."""
+"""Two real proxy processes share one replica's concurrency limit (``endpoints.admission.shares``): together
+they never exceed it, and a busy process borrows what an idle one does not use."""
 
 import json
 import re
@@ -26,22 +27,22 @@ def _requests_at_replica(url: str) -> int:
     return int(total)
 
 
-def _settled(raw_entries) -> bool:
-    entries = [json.loads(v) for v in raw_entries]
-    return len(entries) == 2 and all(e["t"] > max(x["j"] for x in entries) for e in entries)
+def _holdings(client) -> list[int]:
+    return [sum(json.loads(v).get("h", {}).values()) for v in client.hgetall(MEMBERS_KEY).values()]
 
 
-def test_two_proxies_never_send_a_replica_more_than_its_limit(procs, clean_redis, tenant_a):
-    endpoint = tenant_a.endpoint
+def _two_proxies(procs, clean_redis, endpoint, raw_key):
     _, _, port = spawn_replica(procs, endpoint=endpoint, name="r1", speed=1.0, concurrency_limit=LIMIT)
-    replica_url = f"http://127.0.0.1:{port}"
     bases = [spawn_proxy(procs), spawn_proxy(procs)]
     for base in bases:  # each process loads its state and joins the group on its first request
-        assert post(base, tenant_a.raw_key, chat_body(endpoint.name, max_tokens=2)).status_code == 200
-    wait_for(lambda: len(clean_redis.hgetall(MEMBERS_KEY)) == 2)
-    # Both have heartbeated since the later one joined: each counts the other.
-    wait_for(lambda: _settled(clean_redis.hgetall(MEMBERS_KEY).values()))
+        assert post(base, raw_key, chat_body(endpoint.name, max_tokens=2)).status_code == 200
+    # Both members hold slots: the idle pair split the limit between them.
+    wait_for(lambda: sorted(_holdings(clean_redis)) == sorted([LIMIT // 2, LIMIT - LIMIT // 2]))
+    return f"http://127.0.0.1:{port}", bases
 
+
+def _fire_and_watch(replica_url, raw_key, requests):
+    """Send ``requests`` ((base, body) pairs) at once; return their statuses and the replica's peak load."""
     peak, stop = [0], threading.Event()
 
     def watch():
@@ -51,19 +52,45 @@ def test_two_proxies_never_send_a_replica_more_than_its_limit(procs, clean_redis
 
     results: list[int] = []
 
-    def fire(base, i):
-        body = chat_body(endpoint.name, max_tokens=30, content=f"request {i} through {base}")
-        results.append(post(base, tenant_a.raw_key, body, timeout=60).status_code)
+    def fire(base, body):
+        results.append(post(base, raw_key, body, timeout=60).status_code)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    threads = [threading.Thread(target=fire, args=(bases[i % 2], i)) for i in range(4 * LIMIT)]
+    threads = [threading.Thread(target=fire, args=request) for request in requests]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     stop.set()
     watcher.join(5)
+    return results, peak[0]
+
+
+def test_two_proxies_never_send_a_replica_more_than_its_limit(procs, clean_redis, tenant_a):
+    endpoint = tenant_a.endpoint
+    replica_url, bases = _two_proxies(procs, clean_redis, endpoint, tenant_a.raw_key)
+    requests = [
+        (bases[i % 2], chat_body(endpoint.name, max_tokens=30, content=f"request {i} through {bases[i % 2]}"))
+        for i in range(4 * LIMIT)
+    ]
+    results, peak = _fire_and_watch(replica_url, tenant_a.raw_key, requests)
     assert results == [200] * (4 * LIMIT)  # the excess waited in the proxies' queues, none was refused
     # Each process alone would have sent up to LIMIT: together they stay within it, and use all of it.
-    assert peak[0] == LIMIT, peak[0]
+    assert peak == LIMIT, peak
+    assert sum(_holdings(clean_redis)) <= LIMIT
+
+
+def test_a_busy_proxy_borrows_the_slots_an_idle_one_does_not_use(procs, clean_redis, tenant_a):
+    endpoint = tenant_a.endpoint
+    replica_url, bases = _two_proxies(procs, clean_redis, endpoint, tenant_a.raw_key)
+    # Every request goes to one process; the other, idle, holds part of the limit until it sees the queue.
+    requests = [
+        (bases[0], chat_body(endpoint.name, max_tokens=60, content=f"request {i} to the busy one"))
+        for i in range(3 * LIMIT)
+    ]
+    results, peak = _fire_and_watch(replica_url, tenant_a.raw_key, requests)
+    assert results == [200] * (3 * LIMIT)
+    assert peak == LIMIT, peak  # the whole limit, not the busy process's even share
+    # Idle again: the two split the limit evenly again, within a few heartbeats.
+    wait_for(lambda: sorted(_holdings(clean_redis)) == sorted([LIMIT // 2, LIMIT - LIMIT // 2]))

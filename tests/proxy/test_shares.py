@@ -1,10 +1,30 @@
-"""Splitting each replica's concurrency limit between proxy processes (pure policy)."""
+"""Sharing each replica's concurrency limit between proxy processes: the pure targets
+(``endpoints.admission.shares``) and the atomic grant in the heartbeat script (real Redis)."""
 
+import asyncio
 import itertools
+import json
+import random
+import time
 
 import pytest
+import redis
+from django.conf import settings
 
-from endpoints.admission.shares import Member, fair_share, replica_caps, settled
+from endpoints.admission.shares import Member, allocate, fair_share, max_min_fill, spread_queue
+from endpoints.proxy.config import ProxyConfig
+from endpoints.proxy.runtime import EndpointRuntime
+from endpoints.proxy.snapshot import ReplicaInfo
+from endpoints.proxy.state import _HEARTBEAT, _parse_members
+from endpoints.routing.base import RouteRequest
+from tests.rollouts.test_traffic_split import info
+
+CRIT, STD, SHED = 0, 1, 2
+
+
+def member(demand=(0, 0, 0), in_flight=0, rid="r"):
+    """``demand``: running plus queued requests per class (critical, standard, sheddable)."""
+    return Member(joined=0.0, seen_at=1.0, in_flight={rid: in_flight}, demand={rid: tuple(demand)})
 
 
 def test_fair_shares_sum_to_the_limit_and_differ_by_at_most_one():
@@ -15,43 +35,144 @@ def test_fair_shares_sum_to_the_limit_and_differ_by_at_most_one():
         assert max(shares) - min(shares) <= 1
 
 
-def test_a_lone_process_has_the_whole_limit():
-    members = {"a": Member(joined=1.0, seen_at=5.0)}
-    assert replica_caps("a", members, {"r1": 7, "r2": 3}) == {"r1": 7, "r2": 3}
+def test_max_min_fill_meets_small_demands_and_splits_the_rest_evenly():
+    assert max_min_fill(10, {"a": 2, "b": 20, "c": 20}) == {"a": 2, "b": 4, "c": 4}
+    assert max_min_fill(9, {"a": 2, "b": 20, "c": 20}) == {"a": 2, "b": 4, "c": 3}
+    assert max_min_fill(50, {"a": 2, "b": 3}) == {"a": 2, "b": 3}  # nobody gets more than it asks
+    assert max_min_fill(0, {"a": 5}) == {"a": 0}
+    rng = random.Random(3)
+    for _ in range(300):
+        demands = {f"p{i}": rng.randint(0, 12) for i in range(rng.randint(1, 6))}
+        cap = rng.randint(0, 40)
+        got = max_min_fill(cap, demands)
+        assert sum(got.values()) == min(cap, sum(demands.values()))
+        assert all(0 <= got[m] <= demands[m] for m in demands)
+        # Max-min fair: anyone short of its demand has at least as much as anyone else, minus one.
+        short = [got[m] for m in demands if got[m] < demands[m]]
+        if short:
+            assert min(short) >= max(got.values()) - 1
 
 
-def test_a_joiner_takes_nothing_until_every_other_member_has_seen_it():
-    before = {"a": Member(joined=1.0, seen_at=9.9), "b": Member(joined=10.0, seen_at=10.0)}
-    assert not settled("b", before)
-    assert replica_caps("b", before, {"r": 8}) == {"r": 0}
-    after = {"a": Member(joined=1.0, seen_at=10.2), "b": Member(joined=10.0, seen_at=10.0)}
-    assert settled("b", after)
-    assert replica_caps("b", after, {"r": 8}) == {"r": 4}
-    assert replica_caps("a", after, {"r": 8}) == {"r": 4}
-    assert replica_caps("c", after, {"r": 8}) == {"r": 0}  # not a member (its heartbeat has not landed)
+def test_spread_queue_counts_every_request_once_in_proportion_to_the_limits():
+    spread = spread_queue((3, 10, 0), {"r1": 8, "r2": 8, "r3": 16})
+    assert [sum(spread[r][c] for r in spread) for c in range(3)] == [3, 10, 0]
+    assert spread["r3"][STD] == 5 and spread["r1"][STD] + spread["r2"][STD] == 5
+    assert spread_queue((4, 0, 0), {}) == {}
 
 
-def test_a_member_over_its_new_share_holds_back_the_others_until_it_drains():
-    # "a" ran 8 of 8 alone; "b" joined: "b" may only use what "a" does not hold.
-    members = {"a": Member(joined=1.0, seen_at=10.2, in_flight={"r": 7}), "b": Member(joined=10.0, seen_at=10.1)}
-    assert replica_caps("b", members, {"r": 8}) == {"r": 1}
-    assert replica_caps("a", members, {"r": 8}) == {"r": 4}
-    drained = {"a": Member(joined=1.0, seen_at=11.0, in_flight={"r": 2}), "b": Member(joined=10.0, seen_at=10.9)}
-    assert replica_caps("b", drained, {"r": 8}) == {"r": 4}
+def test_a_lone_process_gets_the_whole_limit_and_a_non_member_asks_for_everything():
+    assert allocate("a", {"a": member()}, {"r": 7}) == {"r": 7}
+    assert allocate("new", {"a": member()}, {"r": 7}) == {"r": 7}  # the grant gives what is free
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
-def test_caps_never_sum_above_the_limit_whatever_the_reported_in_flight(n):
-    ids = [f"p{i}" for i in range(n)]
-    for limit in (1, 2, 5, 16) if n < 5 else (1, 2, 5):
-        for flights in itertools.product(range(limit + 1), repeat=n):
-            members = {
-                mid: Member(joined=0.0, seen_at=1.0, in_flight={"r": f}) for mid, f in zip(ids, flights, strict=True)
-            }
-            caps = [replica_caps(mid, members, {"r": limit})["r"] for mid in ids]
-            # Each process admits up to its cap, or keeps what it already runs above it.
-            assert sum(max(c, f) for c, f in zip(caps, flights, strict=True)) <= max(limit, sum(flights))
-            if sum(flights) <= limit and all(
-                f <= fair_share(limit, ids, mid) for mid, f in zip(ids, flights, strict=True)
-            ):
-                assert sum(caps) == limit  # at rest the whole limit is handed out
+def test_an_idle_process_lends_its_share_to_a_busy_one_and_keeps_headroom_when_both_idle():
+    busy = {"a": member(demand=(0, 8, 0), in_flight=2), "b": member()}  # 2 running, 6 queued
+    assert allocate("a", busy, {"r": 8}) == {"r": 8}
+    assert allocate("b", busy, {"r": 8}) == {"r": 0}
+    idle = {"a": member(), "b": member()}
+    assert allocate("a", idle, {"r": 8}) == {"r": 4}
+    assert allocate("b", idle, {"r": 8}) == {"r": 4}
+    both = {"a": member(demand=(0, 20, 0)), "b": member(demand=(0, 3, 0))}
+    assert allocate("a", both, {"r": 8}) == {"r": 5}  # max-min: b's 3 in full, a the rest
+    assert allocate("b", both, {"r": 8}) == {"r": 3}
+
+
+def test_critical_demand_in_one_process_comes_before_sheddable_demand_in_another():
+    members = {
+        "a": member(demand=(0, 0, 14), in_flight=4),  # 4 sheddable running, 10 queued
+        "b": member(demand=(3, 4, 0), in_flight=4),  # 4 standard running, 3 critical queued
+    }
+    # b's critical, then b's standard, then a's sheddable: a may run 1 (it admits nothing new until its
+    # streams end, and gives each slot back at its next heartbeat), b may run 7.
+    assert allocate("a", members, {"r": 8}) == {"r": 1}
+    assert allocate("b", members, {"r": 8}) == {"r": 7}
+    # The other way round: sheddable work never pushes critical work out.
+    swapped = {"a": member(demand=(6, 0, 0)), "b": member(demand=(0, 0, 20))}
+    assert allocate("a", swapped, {"r": 8}) == {"r": 6}
+    assert allocate("b", swapped, {"r": 8}) == {"r": 2}
+
+
+def test_allocations_sum_to_the_limit_and_meet_all_demand_that_fits():
+    rng = random.Random(7)
+    for _ in range(400):
+        n, limit = rng.randint(1, 5), rng.randint(1, 16)
+        members = {f"p{i}": member(demand=tuple(rng.randint(0, 6) for _ in range(3))) for i in range(n)}
+        got = {mid: allocate(mid, members, {"r": limit})["r"] for mid in members}
+        assert sum(got.values()) == limit
+        total = {mid: sum(m.demand["r"]) for mid, m in members.items()}
+        if sum(total.values()) <= limit:
+            assert all(got[mid] >= total[mid] for mid in members)
+        # Critical demand is served before any other class, wherever it is.
+        critical = {mid: m.demand["r"][CRIT] for mid, m in members.items()}
+        if sum(critical.values()) <= limit:
+            assert all(got[mid] >= critical[mid] for mid in members)
+
+
+@pytest.fixture
+def members_redis():
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete("test:members")
+    yield client
+    client.delete("test:members")
+    client.close()
+
+
+def test_the_heartbeat_grants_only_what_the_other_live_members_leave_free(members_redis):
+    beat = members_redis.register_script(_HEARTBEAT)
+
+    def run(pid, want, limit=8, in_flight=None, ttl=5.0):
+        raw = beat(
+            keys=["test:members"],
+            args=[pid, json.dumps(in_flight or {}), json.dumps(want), json.dumps({}), repr(ttl), json.dumps(limit)],
+        )
+        return _parse_members(raw)
+
+    assert run("a", {"r": 8}, {"r": 8})["a"].holdings == {"r": 8}
+    got = run("b", {"r": 4}, {"r": 8})
+    assert got["b"].holdings == {"r": 0}  # a holds everything
+    assert got["a"].holdings == {"r": 8} and set(got) == {"a", "b"}
+    assert run("a", {"r": 3}, {"r": 8})["a"].holdings == {"r": 3}  # a release is immediate
+    assert run("b", {"r": 9}, {"r": 8})["b"].holdings == {"r": 5}  # b gets what a left, no more
+    assert run("a", {"r": 8}, {"r": 8})["a"].holdings == {"r": 3}  # a cannot take b's back
+    # Whatever the order and the asks, the live holdings never sum above the limit.
+    rng = random.Random(11)
+    for _ in range(200):
+        pid = rng.choice("abc")
+        members = run(pid, {"r": rng.randint(0, 10), "s": rng.randint(0, 3)}, {"r": 8, "s": 2})
+        assert sum(m.holdings.get("r", 0) for m in members.values()) <= 8
+        assert sum(m.holdings.get("s", 0) for m in members.values()) <= 2
+
+
+def test_a_dead_members_holdings_go_back_after_its_ttl(members_redis):
+    beat = members_redis.register_script(_HEARTBEAT)
+    args = [json.dumps({}), json.dumps({"r": 8}), json.dumps({}), "0.2", json.dumps({"r": 8})]
+    beat(keys=["test:members"], args=["a", *args])
+    assert _parse_members(beat(keys=["test:members"], args=["b", *args]))["b"].holdings == {"r": 0}
+    time.sleep(0.3)  # "a" stopped beating
+    members = _parse_members(beat(keys=["test:members"], args=["b", *args]))
+    assert set(members) == {"b"} and members["b"].holdings == {"r": 8}
+
+
+def test_a_runtime_reports_running_and_queued_requests_per_class_and_stops_admitting_at_its_allocation():
+    async def scenario():
+        one = [ReplicaInfo(id=10, name="r", url="http://r", concurrency_limit=4, version_id=1)]
+        rt = EndpointRuntime(info(replicas=one), config=ProxyConfig(), clock=lambda: 0.0)
+        (rid,) = rt.replica_limits()
+        rt.apply_caps({rid: 2})  # this process holds 2 of the replica's 4 slots
+        routes = [RouteRequest(request_id=f"r{i}", prompt_text="hi") for i in range(4)]
+        running = [await rt.acquire(routes[i], tenant="t", priority="critical", mu=1.0) for i in range(2)]
+        waiting = asyncio.ensure_future(rt.acquire(routes[2], tenant="t", priority="sheddable", mu=1.0))
+        await asyncio.sleep(0)
+        assert rt.demand_by_replica() == {rid: (2, 0, 1)}  # 2 critical running, 1 sheddable queued
+        rt.lower_caps({rid: 1})  # the allocation shrank: nothing new is admitted, nothing running is cut
+        rt.release(running[0][0], routes[0], 1.0, 1.0)
+        await asyncio.sleep(0)
+        assert not waiting.done() and rt.demand_by_replica() == {rid: (1, 0, 1)}
+        rt.apply_caps({rid: 2})
+        await asyncio.sleep(0)
+        slot, _ = waiting.result()
+        assert rt.demand_by_replica() == {rid: (1, 0, 1)}  # now running, no longer queued
+        rt.release(slot, routes[2], 1.0, 1.0)
+        assert rt.demand_by_replica() == {rid: (1, 0, 0)}
+
+    asyncio.run(scenario())
