@@ -10,8 +10,11 @@ import httpx
 import pytest
 
 from endpoints.proxy.state import MEMBERS_KEY
+from tenants.models import CapacityReservation
+from tenants.services import api_key_create
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import chat_body, post, wait_for
+from tests.proxy.helpers import Held, chat_body, post, wait_for
+from tests.proxy.test_admission_e2e import Fired
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -94,3 +97,35 @@ def test_a_busy_proxy_borrows_the_slots_an_idle_one_does_not_use(procs, clean_re
     assert peak == LIMIT, peak  # the whole limit, not the busy process's even share
     # Idle again: the two split the limit evenly again, within a few heartbeats.
     wait_for(lambda: sorted(_holdings(clean_redis)) == sorted([LIMIT // 2, LIMIT - LIMIT // 2]))
+
+
+def test_critical_requests_queued_in_one_proxy_take_slots_before_sheddable_ones_queued_in_another(
+    procs, clean_redis, tenant_a
+):
+    endpoint = tenant_a.endpoint
+    CapacityReservation.objects.filter(tenant=tenant_a.tenant, endpoint=endpoint).update(
+        priority="critical", mu_per_min=100_000
+    )
+    _, critical_key = api_key_create(tenant=tenant_a.tenant, name="critical", max_priority="critical")
+    _, sheddable_key = api_key_create(tenant=tenant_a.tenant, name="sheddable", max_priority="sheddable")
+    limit = 2
+    spawn_replica(procs, endpoint=endpoint, name="r1", speed=1.0, concurrency_limit=limit)
+    a, b = spawn_proxy(procs), spawn_proxy(procs)
+    for base in (a, b):
+        assert post(base, critical_key, chat_body(endpoint.name, max_tokens=2)).status_code == 200
+    wait_for(lambda: sorted(_holdings(clean_redis)) == [1, 1])
+    # Proxy a runs two long sheddable streams (it borrows b's idle slot for the second) and queues a third.
+    held = [Held(a, sheddable_key, chat_body(endpoint.name, max_tokens=1500)) for _ in range(limit)]
+    late_sheddable = Fired(a, sheddable_key, chat_body(endpoint.name, max_tokens=3, content="sheddable"))
+    # Proxy b queues two critical requests: everyone's next free slots are theirs.
+    critical = [
+        Fired(b, critical_key, chat_body(endpoint.name, max_tokens=3, content=f"critical {i}")) for i in (1, 2)
+    ]
+    time.sleep(1.0)  # a few heartbeats: both processes have seen each other's demand
+    assert late_sheddable.response is None and all(c.response is None for c in critical)
+    for h in held:  # each slot a's streams give back goes to b's critical requests, not to a's own queue
+        h.release()
+        time.sleep(0.1)
+    assert [c.join().status_code for c in critical] == [200, 200]
+    assert late_sheddable.join().status_code == 200
+    assert late_sheddable.finished > max(c.finished for c in critical)
