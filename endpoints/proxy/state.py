@@ -36,10 +36,10 @@ MEMBERS_KEY = "infercap:proxy:members"
 
 # Proxy membership heartbeat (see endpoints.admission.shares). KEYS[1]: the members hash. ARGV: this process's
 # id, its in-flight streams per replica, the slots it wants to hold per replica, its demand (running + queued
-# requests) per replica and class (JSON objects), the TTL in seconds, and the replicas' limits (a JSON object). In one atomic step:
-# stamps the entry with Redis' clock (keeping the first join time), grants each wanted holding out of what the
-# other live members do not hold (so the holdings never sum above a limit), drops expired entries and returns
-# the live ones, this process's grants included.
+# requests) per replica and class (JSON objects), the TTL in seconds, and the replicas' limits (a JSON object).
+# In one atomic step: stamps the entry with Redis' clock (keeping the first join time), grants each wanted
+# holding out of what the other live members do not hold (so the holdings never sum above a limit), drops
+# expired entries and returns the live ones, this process's grants included.
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -133,6 +133,7 @@ class ProxyState:
         self._heartbeat = None
         self._beat_lock = asyncio.Lock()
         self._allocation: dict[str, int] = {}  # what this process may run per replica (the last beat's)
+        self._beat_failing = False  # the last heartbeat could not reach Redis
 
     async def start(self) -> None:
         from billing.ingest import UsageWriter
@@ -299,7 +300,14 @@ class ProxyState:
         current streams and queue, compute its allocation; stop admitting beyond it at once; ask to hold
         ``max(allocation, what runs)`` and admit up to what the script grants. Beats never overlap."""
         async with self._beat_lock:
-            await self._beat_locked()
+            try:
+                await self._beat_locked()
+            except Exception:
+                if not self._beat_failing:
+                    self._beat_failing = True
+                    self._apply_caps()  # replicas nobody holds yet fall back to an even share
+                raise
+            self._beat_failing = False
 
     async def _beat_locked(self) -> None:
         from dataclasses import replace
@@ -337,20 +345,32 @@ class ProxyState:
         self._apply_caps()
 
     def _apply_caps(self, runtime: EndpointRuntime | None = None) -> None:
-        """Each runtime admits up to the smaller of what this process holds and its allocation per replica (a
-        replica it holds nothing of yet: 0 until the next beat, which is asked for at once). Without Redis the
-        caps stay off: whole limits."""
+        """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A
+        replica it holds nothing of yet gets 0 until the next beat, which is asked for at once; while Redis is
+        unreachable (no beat can grant anything), a replica that no member holds gets this process's even share
+        by the last membership read, as every other process computes it. Without Redis at all the caps stay off:
+        whole limits."""
         if self.members is None:
             return
+        from endpoints.admission.shares import fair_share
+
         mine = self.members.get(self.process_id)
         holdings = mine.holdings if mine is not None else {}
+        held_by_anyone = {rid for m in self.members.values() for rid, n in m.holdings.items() if n > 0}
+        ids = list(self.members) if mine is not None else [*self.members, self.process_id]
         missing = False
         for rt in [runtime] if runtime is not None else list(self.runtimes.values()):
-            rt.apply_caps(
-                {rid: min(holdings.get(rid, 0), self._allocation.get(rid, holdings.get(rid, 0))) for rid in rt.slots}
-            )
+            caps = {}
+            for rid, slot in rt.slots.items():
+                if rid in holdings:
+                    caps[rid] = min(holdings[rid], self._allocation.get(rid, holdings[rid]))
+                elif self._beat_failing and rid not in held_by_anyone:
+                    caps[rid] = fair_share(slot.limit, ids, self.process_id)
+                else:
+                    caps[rid] = 0
+            rt.apply_caps(caps)
             missing = missing or any(rid not in holdings for rid in rt.replica_limits())
-        if missing and self.redis is not None and not self._beat_lock.locked():
+        if missing and self.redis is not None and not self._beat_failing and not self._beat_lock.locked():
             self.spawn(self._beat_soon())
 
     async def _beat_soon(self) -> None:

@@ -15,7 +15,7 @@ from endpoints.admission.shares import Member, allocate, fair_share, max_min_fil
 from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.snapshot import ReplicaInfo
-from endpoints.proxy.state import _HEARTBEAT, _parse_members
+from endpoints.proxy.state import _HEARTBEAT, ProxyState, _parse_members
 from endpoints.routing.base import RouteRequest
 from tests.rollouts.test_traffic_split import info
 
@@ -176,3 +176,23 @@ def test_a_runtime_reports_running_and_queued_requests_per_class_and_stops_admit
         assert rt.demand_by_replica() == {rid: (1, 0, 0)}
 
     asyncio.run(scenario())
+
+
+def test_caps_follow_holdings_and_allocation_and_fall_back_to_an_even_share_while_redis_is_unreachable():
+    state = ProxyState(ProxyConfig())
+    replicas = [
+        ReplicaInfo(id=10, name="a", url="http://a", concurrency_limit=4, version_id=1),
+        ReplicaInfo(id=11, name="b", url="http://b", concurrency_limit=4, version_id=1),
+    ]
+    rt = state.runtimes[1] = EndpointRuntime(info(replicas=replicas), config=ProxyConfig(), clock=lambda: 0.0)
+    me = state.process_id
+    state.members = {
+        me: Member(joined=0.0, seen_at=1.0, holdings={"10": 3}),
+        "other": Member(joined=0.0, seen_at=1.0, holdings={"10": 1}),
+    }
+    state._allocation = {"10": 2}
+    state._apply_caps()
+    assert rt.caps == {"10": 2, "11": 0}  # min(holding, allocation); "11" waits for the next beat's grant
+    state._beat_failing = True  # Redis unreachable: no beat can grant "11", which nobody holds
+    state._apply_caps()
+    assert rt.caps == {"10": 2, "11": 2}  # an even share of its 4 over the 2 members every process knows
