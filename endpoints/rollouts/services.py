@@ -431,15 +431,7 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
         return rollout  # an operator (or another worker) changed the row meanwhile: the next tick decides again
     if decision.launch:
         try:
-            started = actuator.launch(version_endpoint(endpoint, rollout.to_version), decision.launch)
-            _event(
-                rollout,
-                "launched",
-                rollout.state,
-                rollout.state,
-                f"started {decision.launch} new-version replica(s)",
-                {"replicas": [r.name for r in started]},
-            )
+            _launch(rollout, actuator, rollout.to_version, decision.launch, "new-version replica(s)", {})
         except ActuatorError as exc:
             # The new version cannot even start (bad launch options, no capacity): same as replicas failing.
             failed = machine.decide(
@@ -457,18 +449,30 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
         _drain(rollout, actuator, old=False)
     if decision.launch_old:
         try:
-            started = actuator.launch(version_endpoint(endpoint, rollout.from_version), decision.launch_old)
-            _event(
+            _launch(
                 rollout,
-                "launched",
-                rollout.state,
-                rollout.state,
-                f"started {decision.launch_old} old-version replica(s) again",
-                {"replicas": [r.name for r in started], "version": "old"},
+                actuator,
+                rollout.from_version,
+                decision.launch_old,
+                "old-version replica(s) again",
+                {"version": "old"},
             )
         except ActuatorError as exc:  # the rollback still drains the new version; an operator sees why
             _event(rollout, "launch_failed", rollout.state, rollout.state, f"old version: {exc}", {"version": "old"})
     return rollout
+
+
+def _launch(rollout: Rollout, actuator, version, count: int, what: str, data: dict) -> None:
+    """Start ``count`` replicas of ``version`` and record it; ActuatorError propagates (callers differ on it)."""
+    started = actuator.launch(version_endpoint(rollout.endpoint, version), count)
+    _event(
+        rollout,
+        "launched",
+        rollout.state,
+        rollout.state,
+        f"started {count} {what}",
+        {"replicas": [r.name for r in started], **data},
+    )
 
 
 def _config(rollout: Rollout) -> machine.RolloutConfig:

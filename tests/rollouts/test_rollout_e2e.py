@@ -139,6 +139,24 @@ def finished(rollout) -> bool:
     return rollout.state in (RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED)
 
 
+def drive_under_traffic(base, endpoint, raw_key, rollout, *, timeout: float, settle_s: float):
+    """Steady traffic through the proxy while ``rollout`` runs to its end (then ``settle_s`` more); returns the
+    traffic, routable ready replicas per tick, alive replicas per tick and the traffic percent per tick."""
+    traffic_seen, alive = [], [alive_count(endpoint)]
+    with SteadyTraffic(base, endpoint.name, raw_key) as traffic:
+        wait_for(lambda: len(traffic.results) >= 10, 20)
+        capacity = drive(
+            rollout,
+            endpoint,
+            until=finished,
+            timeout=timeout,
+            alive=alive,
+            on_tick=lambda r: traffic_seen.append(r.traffic_percent),
+        )
+        time.sleep(settle_s)
+    return traffic, capacity, alive, traffic_seen
+
+
 def test_canary_rollout_under_steady_traffic_loses_no_request_and_no_capacity(
     procs, clean_store, reap_local_replicas, tenant_a
 ):
@@ -151,18 +169,10 @@ def test_canary_rollout_under_steady_traffic_loses_no_request_and_no_capacity(
         endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=3, max_surge=1
     )
     assert rollout.baseline_ready == 2
-    traffic_seen, alive = [], [alive_count(endpoint)]
-    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key) as traffic:
-        wait_for(lambda: len(traffic.results) >= 10, 20)
-        capacity = drive(
-            rollout,
-            endpoint,
-            until=finished,
-            timeout=90,
-            alive=alive,
-            on_tick=lambda r: traffic_seen.append(r.traffic_percent),
-        )
-        time.sleep(1.0)  # traffic keeps flowing on the new version alone
+    # after it ends, traffic keeps flowing on the new version alone for a second
+    traffic, capacity, alive, traffic_seen = drive_under_traffic(
+        base, endpoint, tenant_a.raw_key, rollout, timeout=90, settle_s=1.0
+    )
     rollout.refresh_from_db()
     endpoint.refresh_from_db()
     assert rollout.state == RolloutState.SUCCEEDED, rollout.reason
@@ -210,18 +220,9 @@ def test_rolling_replacement_of_three_replicas_one_at_a_time_under_steady_traffi
     base = spawn_proxy(procs)
     v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "speed": 2.0})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=1)
-    traffic_seen, alive = [], [alive_count(endpoint)]
-    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key) as traffic:
-        wait_for(lambda: len(traffic.results) >= 10, 20)
-        capacity = drive(
-            rollout,
-            endpoint,
-            until=finished,
-            timeout=120,
-            alive=alive,
-            on_tick=lambda r: traffic_seen.append(r.traffic_percent),
-        )
-        time.sleep(0.5)
+    traffic, capacity, alive, traffic_seen = drive_under_traffic(
+        base, endpoint, tenant_a.raw_key, rollout, timeout=120, settle_s=0.5
+    )
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.SUCCEEDED, rollout.reason
     assert traffic.failed == 0, f"{traffic.failed} of {len(traffic.results)} failed: {traffic.errors}"
@@ -278,19 +279,31 @@ def test_new_version_that_never_gets_healthy_is_rolled_back(procs, clean_store, 
     assert rollback.from_state == RolloutState.SURGING and rollback.data["new"]["starting"] == 1
 
 
+def faulty_canary(procs, endpoint, raw_key, faults: dict, canary_steps: list[int]):
+    """A canary of a version launched with ``faults``, driven under steady traffic through a real proxy until it
+    ends; returns the refreshed rollout, the traffic, and the new version."""
+    base = spawn_proxy(procs)
+    v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "faults": faults})
+    rollout = services.start_rollout(
+        endpoint=endpoint,
+        to_version=v2,
+        strategy="canary",
+        canary_steps=canary_steps,
+        step_duration_s=120,
+        min_samples=8,
+    )
+    with SteadyTraffic(base, endpoint.name, raw_key, clients=3) as traffic:
+        drive(rollout, endpoint, until=finished, timeout=60)
+    rollout.refresh_from_db()
+    return rollout, traffic, v2
+
+
 def test_canary_with_injected_errors_is_rolled_back_on_the_burn_comparison(
     procs, clean_store, reap_local_replicas, tenant_a
 ):
     endpoint = start_endpoint(tenant_a.endpoint, 1)
-    base = spawn_proxy(procs)
     # every request on the new version breaks off mid-stream (after its first tokens reached the client)
-    v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "faults": {"fail_after_tokens": 2}})
-    rollout = services.start_rollout(
-        endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[30, 100], step_duration_s=120, min_samples=8
-    )
-    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key, clients=3) as traffic:
-        drive(rollout, endpoint, until=finished, timeout=60)
-    rollout.refresh_from_db()
+    rollout, traffic, v2 = faulty_canary(procs, endpoint, tenant_a.raw_key, {"fail_after_tokens": 2}, [30, 100])
     endpoint.refresh_from_db()
     assert rollout.state == RolloutState.ROLLED_BACK
     assert rollout.reason.startswith("canary error rate 100.0% vs 0.0% on the old version")
@@ -308,16 +321,9 @@ def test_canary_failing_before_the_first_byte_is_rolled_back_though_retries_hide
     procs, clean_store, reap_local_replicas, tenant_a
 ):
     endpoint = start_endpoint(tenant_a.endpoint, 1)
-    base = spawn_proxy(procs)
     # half the requests on the new version get a 500 before any byte (its warm-up passes on a later tick): the
     # proxy retries each on the old version, so the usage record names the old replica and the client sees a success
-    v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "faults": {"error_rate": 0.5}})
-    rollout = services.start_rollout(
-        endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=120, min_samples=8
-    )
-    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key, clients=3) as traffic:
-        drive(rollout, endpoint, until=finished, timeout=60)
-    rollout.refresh_from_db()
+    rollout, traffic, _ = faulty_canary(procs, endpoint, tenant_a.raw_key, {"error_rate": 0.5}, [50, 100])
     assert rollout.state == RolloutState.ROLLED_BACK, rollout.reason
     assert rollout.reason.startswith("canary error rate"), rollout.reason
     assert "vs 0.0% on the old version" in rollout.reason
@@ -334,14 +340,7 @@ def test_canary_that_misses_the_latency_slo_is_rolled_back_on_the_burn_compariso
     endpoint = start_endpoint(tenant_a.endpoint, 1)
     # the tiny engine decodes a token in a few ms; 30 times slower misses a 40 ms TPOT target on every request
     Endpoint.objects.filter(pk=endpoint.pk).update(tpot_slo_ms=40)
-    base = spawn_proxy(procs)
-    v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "faults": {"slow_factor": 30}})
-    rollout = services.start_rollout(
-        endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=120, min_samples=8
-    )
-    with SteadyTraffic(base, endpoint.name, tenant_a.raw_key, clients=3) as traffic:
-        drive(rollout, endpoint, until=finished, timeout=60)
-    rollout.refresh_from_db()
+    rollout, traffic, _ = faulty_canary(procs, endpoint, tenant_a.raw_key, {"slow_factor": 30}, [50, 100])
     assert rollout.state == RolloutState.ROLLED_BACK
     assert rollout.reason.startswith("canary latency SLO misses"), rollout.reason
     rollback = rollout.events.get(kind="rollback")
