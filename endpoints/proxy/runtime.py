@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from endpoints.admission import AdmissionQueue, DrainRateMeter, QueuedItem, retry_after_s
 from endpoints.admission.classes import CLASSES
+from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
 from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing.base import ReplicaView, RouteRequest
@@ -135,8 +136,6 @@ class EndpointRuntime:
     def demand_by_replica(self) -> dict[str, tuple[int, ...]]:
         """Per serving replica and priority class: the requests running there plus this endpoint's queued ones,
         the queue spread over the replicas in proportion to their limits (what the heartbeat reports)."""
-        from endpoints.admission.shares import spread_queue
-
         depth = self.queue.depth_by_class()
         limits = self.replica_limits()
         queued = spread_queue(tuple(int(depth.get(c, 0)) for c in CLASSES), limits)

@@ -15,11 +15,13 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import aiohttp
 from django.conf import settings
 from django.db import close_old_connections
 
+from endpoints.admission.shares import Member, allocate, fair_share
 from endpoints.proxy.config import ProxyConfig, load_config
 from endpoints.proxy.limits import RateLimiter
 from endpoints.proxy.runtime import EndpointRuntime
@@ -85,8 +87,6 @@ return live
 
 
 def _parse_members(raw: list) -> dict:
-    from endpoints.admission.shares import Member
-
     def ints(value) -> dict[str, int]:
         return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
@@ -310,10 +310,6 @@ class ProxyState:
             self._beat_failing = False
 
     async def _beat_locked(self) -> None:
-        from dataclasses import replace
-
-        from endpoints.admission.shares import allocate
-
         in_flight: dict[str, int] = {}
         limits: dict[str, int] = {}
         demand: dict[str, tuple[int, ...]] = {}
@@ -352,8 +348,6 @@ class ProxyState:
         whole limits."""
         if self.members is None:
             return
-        from endpoints.admission.shares import fair_share
-
         mine = self.members.get(self.process_id)
         holdings = mine.holdings if mine is not None else {}
         held_by_anyone = {rid for m in self.members.values() for rid, n in m.holdings.items() if n > 0}
