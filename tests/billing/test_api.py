@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from billing.models import Alert, CostReport, SLOStatus, Webhook
+from tenants.models import CapacityReservation
 from tests.conftest import client_for
 from tests.factories import SLOFactory
 
@@ -13,6 +14,8 @@ NOW = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
 
 @pytest.fixture
 def world(tenant_a, tenant_b):
+    # The reservations exist from before the periods the tests ask about, whatever today's date is.
+    CapacityReservation.objects.update(created_at=NOW - timedelta(days=60))
     slo_a = SLOFactory(endpoint=tenant_a.endpoint, tenant=tenant_a.tenant, name="a-availability")
     slo_b = SLOFactory(endpoint=tenant_b.endpoint, tenant=tenant_b.tenant, name="b-availability")
     for slo, remaining in ((slo_a, 0.25), (slo_b, 0.9)):
