@@ -1,6 +1,9 @@
 """Webhook delivery of alert notifications: signed JSON POSTs, retried with exponential backoff, then marked failed.
 
 Each notification row is locked while it is sent (``SKIP LOCKED``), so two workers never send the same one.
+A tenant's hook is resolved again at every delivery, every address must be public, and the POST goes to the
+checked address itself (Host header and TLS name from the URL), so a name rebound to an internal address after
+registration is refused instead of reached. Redirects are never followed.
 """
 
 import hashlib
@@ -14,7 +17,8 @@ import httpx
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import Alert, AlertNotification
+from billing import egress
+from billing.models import Alert, AlertNotification, Webhook
 
 logger = logging.getLogger("infercap.billing")
 
@@ -68,6 +72,22 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+def _targets(webhook: Webhook) -> list[tuple[httpx.URL, dict[str, str], dict]]:
+    """Where to connect for ``webhook``: (URL with the host replaced by a checked address, extra headers, extensions)
+    per address, in resolver order. Raises ``EgressRefused`` when a tenant's hook resolves to anything internal."""
+    url = httpx.URL(webhook.url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    if webhook.tenant_id is None:
+        # Operator-wide hooks may point inside (see billing.api.webhooks); still pinned to what was resolved.
+        addresses = egress.resolve_host(url.host, port)
+    else:
+        addresses = egress.public_addresses(url.host, port)
+    # The name the receiver expects: virtual hosting reads Host, TLS verifies the certificate against the SNI name.
+    headers = {"Host": url.netloc.decode("ascii")}
+    extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
+    return [(url.copy_with(host=address), headers, extensions) for address in addresses]
+
+
 def _send(client: httpx.Client, notification: AlertNotification) -> str | None:
     """POST one notification; returns None on a 2xx answer, else the error to record."""
     body = json.dumps(alert_payload(notification.alert, notification.event), sort_keys=True).encode()
@@ -80,12 +100,25 @@ def _send(client: httpx.Client, notification: AlertNotification) -> str | None:
     if notification.webhook.secret:
         headers["X-Infercap-Signature"] = sign(notification.webhook.secret, body)
     try:
-        response = client.post(notification.webhook.url, content=body, headers=headers)
-    except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"[:500]
-    if 200 <= response.status_code < 300:
-        return None
-    return f"HTTP {response.status_code}: {response.text[:200]}"
+        targets = _targets(notification.webhook)
+    except (egress.EgressRefused, httpx.InvalidURL, OSError, UnicodeError) as exc:
+        return f"refused: {exc}"[:500]
+    error = "no address"
+    for url, pinned, extensions in targets:
+        try:
+            request = client.build_request(
+                "POST", url, content=body, headers={**headers, **pinned}, extensions=extensions
+            )
+            response = client.send(request, follow_redirects=False)
+        except httpx.ConnectError as exc:  # this address is down: the next one the name resolved to may answer
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            continue
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"[:500]
+        if 200 <= response.status_code < 300:
+            return None
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    return error
 
 
 def notifications_deliver_due(

@@ -1,11 +1,10 @@
 """/api/v1/webhooks/: where alert notifications are POSTed. Tenant admins manage their tenant's; operators any."""
 
-import ipaddress
-from urllib.parse import urlsplit
-
+import httpx
 from django.db import transaction
 from rest_framework import serializers
 
+from billing.egress import EgressRefused, public_addresses
 from billing.models import Webhook
 from billing.selectors import webhooks_visible_to
 from billing.slo import WINDOW_PAIRS
@@ -17,15 +16,13 @@ from tenants.services import audit_log
 SEVERITIES = sorted({p.severity for p in WINDOW_PAIRS})
 
 
-def _is_internal(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in ("localhost", "") or host.endswith((".localhost", ".local", ".internal")):
-        return True
+def url_check_public(url: str) -> None:
+    """Raise ``EgressRefused`` unless every address the URL's host resolves to now is public."""
     try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return address.is_private or address.is_loopback or address.is_link_local or address.is_reserved
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise EgressRefused(f"not a valid URL: {exc}") from exc
+    public_addresses(parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
 
 
 class WebhookSerializer(serializers.ModelSerializer):
@@ -47,9 +44,6 @@ class WebhookSerializer(serializers.ModelSerializer):
     def validate_url(self, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise serializers.ValidationError("use an http(s) URL")
-        if not principal_is_operator(principal_from(self)) and _is_internal(urlsplit(value).hostname or ""):
-            # The worker POSTs from inside the platform's network: tenants may not aim it at internal services.
-            raise serializers.ValidationError("webhooks must point at a public host")
         return value
 
     def validate(self, attrs):
@@ -57,6 +51,17 @@ class WebhookSerializer(serializers.ModelSerializer):
         if not principal_is_operator(principal):
             # Tenants' hooks are always their own: they never receive other tenants' alerts.
             attrs["tenant"] = Tenant.objects.get(pk=principal_tenant_id(principal))
+        tenant = attrs["tenant"] if "tenant" in attrs else getattr(self.instance, "tenant", None)
+        url = attrs.get("url", getattr(self.instance, "url", ""))
+        if tenant is not None:
+            # The worker POSTs from inside the platform's network. A tenant's hook is in its admins' hands (they
+            # can edit it), so it must resolve to public addresses only; delivery checks again and connects to
+            # the checked address (billing.notifiers). Operator-wide hooks (no tenant) may point inside: the
+            # operators' alert router usually lives there.
+            try:
+                url_check_public(url)
+            except EgressRefused as exc:
+                raise serializers.ValidationError({"url": [f"webhooks must point at a public host: {exc}"]}) from exc
         return attrs
 
 

@@ -1,4 +1,5 @@
-"""Billing test helpers: synthetic usage written straight into the minute rollups, and a real local webhook server."""
+"""Billing test helpers: synthetic usage written straight into the minute rollups, a real local webhook server and
+a resolver the tests control (``fake_dns``)."""
 
 import json
 import threading
@@ -9,6 +10,10 @@ import pytest
 
 from billing.models import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS, UsageDay, UsageHour, UsageMinute
 from billing.rollups import DAY, HOUR, recompute_coarser
+from workers.security.fake_dns import FakeDNS
+
+# An address that is globally routable (so the webhook guard accepts it); no test ever connects to it.
+PUBLIC_IP = "93.184.216.34"
 
 
 def synth_minutes(*, endpoint, tenant, start: datetime, minutes: int, per_minute: int, bad_ratio) -> None:
@@ -81,3 +86,10 @@ def webhook_server():
     server = WebhookServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def fake_dns():
+    """Names the test maps (``fake_dns.names["x.example"] = [ip]``) resolve so for the whole process, httpx too."""
+    with FakeDNS() as dns:
+        yield dns

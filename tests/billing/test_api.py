@@ -6,6 +6,7 @@ import pytest
 
 from billing.models import Alert, CostReport, SLOStatus, Webhook
 from tenants.models import CapacityReservation
+from tests.billing.conftest import PUBLIC_IP
 from tests.conftest import client_for
 from tests.factories import SLOFactory
 
@@ -75,7 +76,8 @@ def test_alerts_list_and_acknowledge(world, tenant_a):
     assert response.json()["acknowledged_by"] == "a-admin" and response.json()["state"] == "firing"
 
 
-def test_webhooks_are_tenant_scoped(world, tenant_a, tenant_b, operator):
+def test_webhooks_are_tenant_scoped(world, tenant_a, tenant_b, operator, fake_dns):
+    fake_dns.names.update({"hooks.example": [PUBLIC_IP], "h.example": [PUBLIC_IP]})
     admin = client_for(tenant_a.admin)
     created = admin.post(
         "/api/v1/webhooks/",
