@@ -53,7 +53,7 @@ class HardwareProfileFactory(factory.django.DjangoModelFactory):
 
 
 class ModelProfileFactory(factory.django.DjangoModelFactory):
-    """The 13B dense FP16 model of DESIGN.md's worked example."""
+    """The 13B dense FP16 model of the planner's worked example (docs/algorithms.md#the-worked-example)."""
 
     class Meta:
         model = ModelProfile
