@@ -7,11 +7,17 @@ so views answer 404 rather than revealing that the object exists.
 
 from django.db.models import QuerySet
 
+from tenants.keys import ApiKeyPrincipal
 from tenants.models import ApiKey, CapacityReservation, Tenant, User
 
 
 def principal_is_operator(principal) -> bool:
     return bool(getattr(principal, "is_authenticated", False) and getattr(principal, "is_operator", False))
+
+
+def principal_is_api_key(principal) -> bool:
+    """True for a key-authenticated caller: it acts for software, never as a person (no account or password)."""
+    return isinstance(principal, ApiKeyPrincipal)
 
 
 def principal_tenant_id(principal) -> int | None:

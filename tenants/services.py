@@ -2,6 +2,7 @@
 
 from datetime import datetime
 
+from django.contrib.auth.forms import PasswordResetForm
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -170,6 +171,51 @@ def user_update(*, user: User, actor=None, password: str | None = None, **change
     if diff:
         audit_log(actor=actor, action="user.update", obj=user, tenant=user.tenant, detail={"changes": diff})
     return user
+
+
+def user_password_change(*, user: User, old_password: str, new_password: str) -> User:
+    """A person changes their own password: the old one proves it is them, not someone holding their session."""
+    if not user.check_password(old_password):
+        raise ValidationError({"old_password": ["is not your current password"]})
+    try:
+        validate_password(new_password, user=user)
+    except ValidationError as exc:
+        raise ValidationError({"new_password": exc.messages}) from exc
+    with transaction.atomic():
+        user.set_password(new_password)
+        user.save(update_fields=["password"])
+        audit_log(actor=user, action="user.password_change", obj=user, tenant=user.tenant)
+    return user
+
+
+class _OneUserPasswordResetForm(PasswordResetForm):
+    """Django's reset mail for one known user (the stock form looks users up by address and skips locked ones)."""
+
+    def __init__(self, user: User):
+        super().__init__(data={"email": user.email})
+        self.user = user
+
+    def get_users(self, email):
+        return [self.user]
+
+
+def user_password_reset(*, user: User, actor=None, domain: str, use_https: bool) -> None:
+    """Lock a user's password and mail them Django's one-time link to choose a new one.
+
+    Whoever asks (a tenant admin, an operator) never learns or sets the password, so resetting an account
+    cannot be used to take it over; the old password and every session on it stop working at once.
+    """
+    if not user.email:
+        raise ValidationError({"email": ["this user has no email address to send a reset link to"]})
+    form = _OneUserPasswordResetForm(user)
+    if not form.is_valid():
+        raise ValidationError({"email": form.errors.get("email", ["is not a valid address"])})
+    with transaction.atomic():
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+        audit_log(actor=actor, action="user.password_reset", obj=user, tenant=user.tenant)
+    # The stock form logs a mail failure instead of raising; the user can still ask for a link at the login page.
+    form.save(domain_override=domain, use_https=use_https)
 
 
 @transaction.atomic

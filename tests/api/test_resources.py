@@ -78,6 +78,12 @@ class TestUsers(APIResourceCase):
     def update_payload(self, world, obj):
         return {"email": "changed@example.com", "role": "tenant_admin"}
 
+    def writers(self):
+        return ["a_admin"]  # people only: API keys never manage accounts
+
+    def tenant_readonly(self):
+        return ["a_member", "a_read_key", "a_write_key"]
+
 
 class TestApiKeys(APIResourceCase):
     basename = "api-key"
