@@ -1,4 +1,5 @@
-"""The three-barrier planner: DESIGN.md §5 worked example figure by figure, queueing, spikes, bad input."""
+"""The three-barrier planner: the worked example (docs/algorithms.md#the-worked-example) figure by figure, queueing,
+spikes, bad input."""
 
 import dataclasses
 import math
