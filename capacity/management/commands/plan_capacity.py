@@ -1,7 +1,8 @@
 """``python manage.py plan_capacity --rate 20 --input 500 --output 300 [--endpoint E | --model M --hardware H]``
 
 The three-barrier planner from the command line: the model and hardware come from an endpoint or from profiles
-(or ``--worked-example`` for DESIGN.md's numbers), the throughput table from a stored benchmark or ``--table``.
+(or ``--worked-example`` for the figures of docs/algorithms.md#the-worked-example), the throughput table from a
+stored benchmark or ``--table``.
 Prints the explanation and the figures as JSON (``--json`` for JSON only).
 """
 
@@ -26,7 +27,7 @@ class Command(BaseCommand):
     help = "Plan replicas for a workload under an SLO (memory, throughput and latency barriers)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--worked-example", action="store_true", help="DESIGN.md §5's 13B example")
+        parser.add_argument("--worked-example", action="store_true", help="docs/algorithms.md's 13B example")
         parser.add_argument("--endpoint")
         parser.add_argument("--model", help="model profile name or id")
         parser.add_argument("--hardware", help="hardware profile name or id")
@@ -48,7 +49,7 @@ class Command(BaseCommand):
     def handle(self, *args, **o):
         try:
             if o["worked_example"]:
-                result, sources = plan(**WORKED_EXAMPLE), {"throughput_table": "DESIGN.md §5"}
+                result, sources = plan(**WORKED_EXAMPLE), {"throughput_table": "docs/algorithms.md#the-worked-example"}
             else:
                 result, sources = plan_from_request(self._request(o))
         except PlannerInputError as exc:
