@@ -296,7 +296,8 @@ def benchmark_enqueue(
 
 
 def simulated_profiles_get_or_create() -> tuple[HardwareProfile, ModelProfile]:
-    """The (hardware, model) pair of the simulator's default profile: DESIGN.md's 13B dense FP16 on an 80 GB GPU.
+    """The (hardware, model) pair of the simulator's default profile: the 13B dense FP16 model on an 80 GB GPU of
+    docs/algorithms.md#the-worked-example.
 
     Shared by the demo world (``seed_demo``) and the reliability harness, so both describe the same replicas.
     """
