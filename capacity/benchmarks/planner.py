@@ -1,4 +1,4 @@
-"""``bench planner``: (a) DESIGN.md §5's worked example figure by figure; (b) planner vs simulation: for three
+"""``bench planner``: (a) docs/algorithms.md#the-worked-example figure by figure; (b) planner vs simulation: for three
 workloads the planner's N_base from a throughput table the benchmark sweep measured on the simulator, then the
 discrete-event simulator at N_base and N_base − 1 (the SLO should hold at N_base and fail below); (c) the
 model-unit fit's relative error on held-out shapes (``--live``: over HTTP against a simulated replica process).
@@ -95,7 +95,7 @@ WORKLOADS = (
 )
 TABLE_LEVELS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 PROFILE = "llama-13b-a100"
-# The profile's model and GPU (DESIGN.md's 13B on an 80 GB GPU): the memory barrier's inputs.
+# The profile's model and GPU, the worked example's 13B on 80 GB (docs/algorithms.md): the memory barrier's inputs.
 MODEL = ModelShape(n_layers=40, n_kv_heads=8, d_head=128, dtype_bytes=2, weights_gb=26.0)
 HARDWARE = Hardware(gpu_memory_gb=80.0, overhead_gb=10.0, gpus_per_replica=1, usd_per_gpu_hour=2.5)
 
