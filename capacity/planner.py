@@ -1,8 +1,9 @@
 """The three-barrier capacity planner (pure: no Django): how many replicas a workload needs under an SLO.
 
-Barriers (DESIGN.md §5): memory ``N_mem = ⌈L·ctx·kv_tok / M_KV⌉``, throughput ``N_thr = ⌈λ·ō / T_dec(B_max)⌉`` and
-latency ``N_lat = ⌈L / B_max⌉`` with ``L = λ·W`` (Little) and ``W = TTFT + ō / stream_rate``. Then headroom, an
-Erlang-C queue-wait estimate, dollars per 1M tokens, and a load-spike scenario. 1 GB = 1e9 bytes throughout.
+Barriers (docs/algorithms.md#capacity-planner): memory ``N_mem = ⌈L·ctx·kv_tok / M_KV⌉``, throughput
+``N_thr = ⌈λ·ō / T_dec(B_max)⌉`` and latency ``N_lat = ⌈L / B_max⌉`` with ``L = λ·W`` (Little) and
+``W = TTFT + ō / stream_rate``. Then headroom, an Erlang-C queue-wait estimate, dollars per 1M tokens, and a
+load-spike scenario. 1 GB = 1e9 bytes throughout.
 """
 
 from __future__ import annotations
@@ -460,4 +461,5 @@ WORKED_EXAMPLE = {
     "ttft_s": 0.3,
     "spike": SpikeInput(load_multiplier=3.0, cold_start_s=90.0, utilization_ceiling=0.8),
 }
-"""DESIGN.md §5: a 13B dense FP16 model on one 80 GB GPU at λ = 20 req/s, 500 in / 300 out, ≥ 60 tok/s per stream."""
+"""docs/algorithms.md#the-worked-example: a 13B dense FP16 model on one 80 GB GPU at λ = 20 req/s, 500 in / 300 out,
+≥ 60 tok/s per stream."""
