@@ -4,6 +4,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.utils import timezone
 
@@ -33,6 +34,25 @@ def authenticate_api_key(raw: str):
     if not candidate.is_usable(now=timezone.now()) or not candidate.tenant.is_active:
         return None
     return candidate
+
+
+def key_grant_excess(*, holder, scopes: list[str], max_priority: str, expires_at: datetime | None) -> dict[str, str]:
+    """What a key with these settings would hold beyond the ``holder`` key, by field; empty when nothing.
+
+    A key may create or change only keys within its own grant (scopes, priority ceiling, lifetime), so a
+    leaked key can neither mint a stronger one nor outlive its own expiry through a child or itself.
+    """
+    from tenants.models import PriorityClass
+
+    excess = {}
+    extra = set(scopes) - set(holder.scopes)
+    if extra:
+        excess["scopes"] = f"your key does not hold: {', '.join(sorted(extra))}"
+    if PriorityClass.rank(max_priority) < PriorityClass.rank(holder.max_priority):
+        excess["max_priority"] = f"your key is limited to {holder.max_priority}"
+    if holder.expires_at is not None and (expires_at is None or expires_at > holder.expires_at):
+        excess["expires_at"] = f"your key expires at {holder.expires_at.isoformat()}; this one must expire no later"
+    return excess
 
 
 @dataclass

@@ -4,12 +4,13 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from config.api_base import ScopedCreateReadUpdateViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
-from tenants.keys import ApiKeyPrincipal
+from tenants.keys import key_grant_excess
 from tenants.models import ApiKey, ApiKeyScope, PriorityClass, Tenant
-from tenants.selectors import api_keys_visible_to, tenants_visible_to
+from tenants.selectors import api_keys_visible_to, principal_is_api_key, tenants_visible_to
 from tenants.services import api_key_create, api_key_revoke, api_key_update
 
 
@@ -43,17 +44,28 @@ class ApiKeySerializer(serializers.ModelSerializer):
         if self.instance is not None and "tenant" in attrs and attrs["tenant"] != self.instance.tenant:
             raise serializers.ValidationError({"tenant": ["a key cannot move to another tenant"]})
         principal = principal_from(self)
-        if isinstance(principal, ApiKeyPrincipal):
-            # A key can hand out no more than it holds, so a leaked key cannot mint a stronger one.
-            parent = principal.api_key
-            requested = attrs.get("scopes", [] if self.instance is not None else [ApiKeyScope.INFERENCE])
-            extra = set(requested) - set(parent.scopes)
-            if extra:
-                raise serializers.ValidationError({"scopes": [f"your key does not hold: {', '.join(sorted(extra))}"]})
-            wanted = attrs.get("max_priority")
-            if wanted and PriorityClass.rank(wanted) < PriorityClass.rank(parent.max_priority):
-                raise serializers.ValidationError({"max_priority": [f"your key is limited to {parent.max_priority}"]})
+        if principal_is_api_key(principal):
+            attrs = self._within_holder(principal.api_key, attrs)
         return default_tenant(self, attrs)
+
+    def _within_holder(self, holder: ApiKey, attrs: dict) -> dict:
+        """A key hands out no more than it holds, so a leaked key cannot mint a stronger one or outlive itself."""
+        if self.instance is None:
+            # Unsaid limits default to the holder's own, never to the model defaults above them.
+            if PriorityClass.rank(holder.max_priority) > PriorityClass.rank(PriorityClass.STANDARD):
+                attrs.setdefault("max_priority", holder.max_priority)
+            if holder.expires_at is not None:
+                attrs.setdefault("expires_at", holder.expires_at)
+        current = self.instance
+        excess = key_grant_excess(
+            holder=holder,
+            scopes=attrs.get("scopes", current.scopes if current else [ApiKeyScope.INFERENCE]),
+            max_priority=attrs.get("max_priority", current.max_priority if current else PriorityClass.STANDARD),
+            expires_at=attrs.get("expires_at", current.expires_at if current else None),
+        )
+        if excess:
+            raise serializers.ValidationError({field: [message] for field, message in excess.items()})
+        return attrs
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):
@@ -80,6 +92,14 @@ class ApiKeyViewSet(ScopedCreateReadUpdateViewSet):
         body = ApiKeyCreatedSerializer(key, context=self.get_serializer_context()).data
         body["key"] = raw
         return Response(body, status=201, headers={"Cache-Control": "no-store"})
+
+    def may_change(self, principal, obj) -> bool:
+        if principal_is_api_key(principal) and key_grant_excess(
+            holder=principal.api_key, scopes=obj.scopes, max_priority=obj.max_priority, expires_at=obj.expires_at
+        ):
+            # Else a weak key could lift a stronger key's expiry, or revoke the keys production runs on.
+            raise PermissionDenied("your key cannot change or revoke a key that holds more than it does")
+        return True
 
     def update_object(self, instance, data):
         data.pop("tenant", None)

@@ -124,3 +124,77 @@ def test_a_key_cannot_mint_a_stronger_key(world):
     )
     ok = client.post(url, {"name": "x", "scopes": ["read"], "max_priority": "sheddable"}, format="json")
     assert ok.status_code == 201, ok.content
+
+
+def _key_with(world, **options):
+    key, raw = api_key_create(tenant=world.a.tenant, name="limited", scopes=["read", "write"], **options)
+    return key, _bearer_client(world, raw)
+
+
+def test_a_key_without_a_priority_does_not_mint_one_above_its_own(world):
+    """Leaving max_priority out must not fall back to the model default (standard) above a sheddable key."""
+    _, client = _key_with(world, max_priority="sheddable")
+    created = client.post(reverse("api-key-list"), {"name": "child", "scopes": ["read"]}, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["max_priority"] == "sheddable"
+
+
+def test_an_expiring_key_cannot_mint_a_key_that_outlives_it(world):
+    expires = timezone.now() + timedelta(hours=1)
+    _, client = _key_with(world, expires_at=expires)
+    url = reverse("api-key-list")
+    forever = client.post(url, {"name": "x", "scopes": ["read"], "expires_at": None}, format="json")
+    assert forever.status_code == 400 and "expires_at" in forever.json()
+    later = (expires + timedelta(days=30)).isoformat()
+    assert (
+        "expires_at" in client.post(url, {"name": "x", "scopes": ["read"], "expires_at": later}, format="json").json()
+    )
+    unsaid = client.post(url, {"name": "x", "scopes": ["read"]}, format="json")
+    assert unsaid.status_code == 201, unsaid.content
+    assert ApiKey.objects.get(pk=unsaid.json()["id"]).expires_at == expires
+
+
+def test_a_key_cannot_extend_its_own_expiry_or_raise_its_own_limits(world):
+    expires = timezone.now() + timedelta(hours=1)
+    key, client = _key_with(world, expires_at=expires, max_priority="sheddable")
+    url = reverse("api-key-detail", args=[key.pk])
+    for payload, field in [
+        ({"expires_at": None}, "expires_at"),
+        ({"expires_at": (expires + timedelta(days=1)).isoformat()}, "expires_at"),
+        ({"max_priority": "critical"}, "max_priority"),
+        ({"scopes": ["read", "write", "inference"]}, "scopes"),
+    ]:
+        response = client.patch(url, payload, format="json")
+        assert response.status_code == 400 and field in response.json(), (payload, response.content)
+    key.refresh_from_db()
+    assert key.expires_at == expires and key.max_priority == "sheddable" and key.scopes == ["read", "write"]
+    shorter = client.patch(url, {"expires_at": (expires - timedelta(minutes=30)).isoformat()}, format="json")
+    assert shorter.status_code == 200, shorter.content
+
+
+def test_a_key_cannot_change_or_revoke_a_stronger_key(world):
+    strong, _ = api_key_create(tenant=world.a.tenant, name="prod", scopes=["inference"], max_priority="critical")
+    expiring, _ = api_key_create(
+        tenant=world.a.tenant, name="temp", scopes=["read"], expires_at=timezone.now() + timedelta(hours=1)
+    )
+    _, client = _key_with(world, max_priority="sheddable")
+    for key in (strong, expiring):
+        before = ApiKey.objects.filter(pk=key.pk).values().get()
+        assert (
+            client.patch(reverse("api-key-detail", args=[key.pk]), {"expires_at": None}, format="json").status_code
+            == 403
+        )
+        assert client.post(reverse("api-key-revoke", args=[key.pk])).status_code == 403
+        assert ApiKey.objects.filter(pk=key.pk).values().get() == before
+    # A key within its grant stays manageable by it.
+    weak, _ = api_key_create(tenant=world.a.tenant, name="weak", scopes=["read"], max_priority="sheddable")
+    assert client.post(reverse("api-key-revoke", args=[weak.pk])).status_code == 200
+
+
+def test_a_key_cannot_move_a_key_to_another_tenant(world):
+    response = world.client("a_write_key").patch(
+        reverse("api-key-detail", args=[world.a.key.pk]), {"tenant": world.b.tenant.pk}, format="json"
+    )
+    assert response.status_code == 400 and "tenant" in response.json()
+    world.a.key.refresh_from_db()
+    assert world.a.key.tenant == world.a.tenant
