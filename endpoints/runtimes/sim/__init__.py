@@ -1,7 +1,8 @@
 """The simulated vLLM runtime: one engine model, two clocks (pure except ``server``/``process``/``cli``).
 
 - ``tokens``: the tokenizer (4 characters = 1 token), chat template, deterministic output text, block hashes.
-- ``profiles``: engine constants by name (default ``llama-13b-a100``, fitted to DESIGN.md's 13B table);
+- ``profiles``: engine constants by name (default ``llama-13b-a100``, fitted to the worked example's 13B table,
+  docs/algorithms.md#simulator-engine-profiles);
   ``calibration`` measures a profile's per-stream decode rate.
 - ``kvcache`` + ``engine``: continuous batching, KV blocks, prefix caching, priority queue, preemption.
 - ``des`` (+ ``fleet``, ``interfaces``): the virtual-time discrete-event runner driving real routers,
