@@ -2,10 +2,10 @@
 
 A profile is the engine model's constants: batch and KV limits, decode step time
 ``t0 + per_seq·batch + per_ctx_token·context_tokens`` and prefill time ``overhead + uncached / rate``.
-The default, ``llama-13b-a100``, is fitted to DESIGN.md's 13B table (per-stream 105 / 68 / 44 tok/s at
-batch 16 / 64 / 128 with 500-token prompts and 300-token outputs): a least-squares line through the three
-step times gives 7.45 ms + 0.1183 ms per sequence at ≈650 context tokens per sequence, split here into a
-per-sequence and a per-context-token part. ``bench sim`` measures the fit (``profile_fit``).
+The default, ``llama-13b-a100``, is fitted to the worked example's 13B table (per-stream 105 / 68 / 44 tok/s at
+batch 16 / 64 / 128 with 500-token prompts and 300-token outputs; docs/algorithms.md#simulator-engine-profiles): a
+least-squares line through the three step times gives 7.45 ms + 0.1183 ms per sequence at ≈650 context tokens per
+sequence, split here into a per-sequence and a per-context-token part. ``bench sim`` measures the fit (``profile_fit``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class EngineProfile:
 
 
 PROFILES: dict[str, EngineProfile] = {
-    # DESIGN.md §5 worked example: 13B dense FP16 on one 80 GB A100, M_KV = 44 GB → 268,554 KV tokens.
+    # docs/algorithms.md#the-worked-example: 13B dense FP16 on one 80 GB A100, M_KV = 44 GB → 268,554 KV tokens.
     "llama-13b-a100": EngineProfile(
         name="llama-13b-a100",
         model_name="llama-13b",
