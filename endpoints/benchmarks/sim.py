@@ -1,7 +1,8 @@
 """``bench sim``: the simulator's own figures — profile fit, prefix-cache TTFT ratio, DES speed, determinism.
 
 - ``profile_fit``: per-stream decode tok/s of the default profile at batch 16 / 64 / 128 (500-token prompts,
-  300-token outputs), next to DESIGN.md's 13B table (105 / 68 / 44) and the relative error;
+  300-token outputs), next to the worked example's 13B table (105 / 68 / 44, docs/algorithms.md#the-worked-example)
+  and the relative error;
 - ``prefix_ttft_ratio``: TTFT of a request whose 2,000-token prefix is cached / TTFT of the same-length cold
   one (engine in virtual time; with ``--live`` over HTTP against a replica process, in wall time);
 - ``des_requests_per_s``: simulated requests completed per wall-clock second, 10,000 shared-prefix requests
