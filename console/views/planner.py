@@ -14,7 +14,7 @@ WORKED_TABLE = "16 105 1680\n64 68 4352\n128 44 5632"
 
 
 class PlannerForm(forms.Form):
-    """Defaults reproduce DESIGN.md's worked example (13B FP16 on an 80 GB GPU, λ = 20 req/s)."""
+    """Defaults reproduce docs/algorithms.md#the-worked-example (13B FP16 on an 80 GB GPU, λ = 20 req/s)."""
 
     n_layers = forms.IntegerField(min_value=1, initial=40, label="Layers")
     n_kv_heads = forms.IntegerField(min_value=1, initial=8, label="KV heads")
