@@ -5,7 +5,8 @@ A profile is the engine model's constants: batch and KV limits, decode step time
 The default, ``llama-13b-a100``, is fitted to the worked example's 13B table (per-stream 105 / 68 / 44 tok/s at
 batch 16 / 64 / 128 with 500-token prompts and 300-token outputs; docs/algorithms.md#simulator-engine-profiles): a
 least-squares line through the three step times gives 7.45 ms + 0.1183 ms per sequence at ≈650 context tokens per
-sequence, split here into a per-sequence and a per-context-token part. ``bench sim`` measures the fit (``profile_fit``).
+sequence, split here into a per-sequence and a per-context-token part. ``bench sim`` measures the fit
+(``profile_fit``).
 """
 
 from __future__ import annotations
