@@ -1,12 +1,12 @@
 """The horizontal policy: how many replicas an endpoint should run (pure: no Django, clock injected).
 
-``desired = ceil(demand / (target_concurrency · target_utilization))``, after Databricks' APA, with demand and
-capacity in model units when the replica's MU capacity is known (DESIGN §5: in-flight + queued MU against
-``target_concurrency`` converted to MU, see ``mu_capacity_per_replica``), so a few long prompts weigh what they
-cost; in requests otherwise (no coefficients, or proxies that report no MU). Requests are always recorded. Scale up on the
-last 20 s with a bounded step, counting starting replicas as capacity; scale down on the maximum of the last
-5 min, one bounded step at a time and never within the scale-down delay of a scale-up; floors from min
-replicas, provisioned concurrency and the predictive floor; a ceiling at max replicas; optional scale to zero.
+``desired = ceil(demand / (target_concurrency · target_utilization))``, after Databricks' APA, with demand and capacity
+in model units when the replica's MU capacity is known (docs/algorithms.md#horizontal: in-flight + queued MU against
+``target_concurrency`` converted to MU, see ``mu_capacity_per_replica``), so a few long prompts weigh what they cost;
+in requests otherwise (no coefficients, or proxies that report no MU). Requests are always recorded. Scale up on the
+last 20 s with a bounded step, counting starting replicas as capacity; scale down on the maximum of the last 5 min, one
+bounded step at a time and never within the scale-down delay of a scale-up; floors from min replicas, provisioned
+concurrency and the predictive floor; a ceiling at max replicas; optional scale to zero.
 """
 
 import math
