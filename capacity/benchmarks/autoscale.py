@@ -1,19 +1,19 @@
 """``bench autoscale``: static peak, HPA-like, KPA-like and our two-axis autoscaler on the bursty trace.
 
-Every policy drives the shared discrete-event engine simulator (``endpoints.runtimes.sim.des``, the engine the
-routing bench and the simulator use) through ``capacity.autoscaling.sim_adapter``: ``llama-13b-a100`` replicas
-(DESIGN §5/§7's 13B example: A100 prefill at 6,000 tok/s with chunked prefill stalling decode, decode step
-7.45 ms + 0.105 ms per sequence), a cold start drawn from 60–120 s per replica, least-request routing, the proxy's
-FIFO queue with 30 s queue-age shedding (429), chat-shaped requests (prompts 200–800 tokens, outputs 100–500,
-means 500 / 300 as DESIGN §4's worked example) priced in MU with the model profile's default coefficients, and
-the Endpoint model's default SLO (TTFT ≤ 2 s, TPOT ≤ 100 ms). Static peak holds enough replicas for the trace's
-peak rate at the baselines' 64-sequence limit and 0.7 utilization (a replica then serves ~5.8 req/s, prefill
-stalls included; see ``sim_adapter.engine_seconds_per_request``). Sized with the decode-only in-flight time
-(3.9 s instead of 7.7 s at 44.8 sequences: at 6,000 tok/s a loaded replica spends ~45% of its time in prefill),
-static peak gets 8 replicas instead of 14 and meets the SLO for only 78% of requests: that, and a trace whose
-spikes reached ~270 req/s (sized for an H100-class prefill), is why every policy missed the SLO on this engine.
-Speed: ~8,000 simulated requests per wall second on a few replicas, ~4,000 with 15 or more (every dispatch
-builds one routing view per replica); ``sim_requests_per_wall_s`` reports it per run.
+Every policy drives the shared discrete-event engine simulator (``endpoints.runtimes.sim.des``, the engine the routing
+bench and the simulator use) through ``capacity.autoscaling.sim_adapter``: ``llama-13b-a100`` replicas
+(docs/algorithms.md#simulator-engine-profiles: A100 prefill at 6,000 tok/s with chunked prefill stalling decode, decode
+step 7.45 ms + 0.105 ms per sequence), a cold start drawn from 60–120 s per replica, least-request routing, the proxy's
+FIFO queue with 30 s queue-age shedding (429), chat-shaped requests (prompts 200–800 tokens, outputs 100–500, means
+500 / 300, docs/algorithms.md#the-reference-request) priced in MU with the model profile's default coefficients, and
+the Endpoint model's default SLO (TTFT ≤ 2 s, TPOT ≤ 100 ms). Static peak holds enough replicas for the trace's peak
+rate at the baselines' 64-sequence limit and 0.7 utilization (a replica then serves ~5.8 req/s, prefill stalls
+included; see ``sim_adapter.engine_seconds_per_request``). Sized with the decode-only in-flight time (3.9 s instead of
+7.7 s at 44.8 sequences: at 6,000 tok/s a loaded replica spends ~45% of its time in prefill), static peak gets 8
+replicas instead of 14 and meets the SLO for only 78% of requests: that, and a trace whose spikes reached ~270 req/s
+(sized for an H100-class prefill), is why every policy missed the SLO on this engine. Speed: ~8,000 simulated requests
+per wall second on a few replicas, ~4,000 with 15 or more (every dispatch builds one routing view per replica);
+``sim_requests_per_wall_s`` reports it per run.
 
 The trace is one compressed "day" (quick: 3 h, full: 8 h) of the bursty shape: diurnal cycle, three 10× spikes
 within 3 s, near-zero night. The spikes repeat at the same hour every day. Ours (``infercap``) gets a history day:
@@ -52,7 +52,7 @@ SLO = {"ttft_s": 2.0, "tpot_s": 0.1}  # endpoints.models.Endpoint defaults: ttft
 MAX_QUEUE_AGE_S = 30.0
 COLD_START_S = (60.0, 120.0)
 PROMPT_TOKENS, OUTPUT_TOKENS = (200, 800), (100, 500)
-REFERENCE = (500, 300)  # the request shape the concurrency limit is set for (DESIGN §4 worked example)
+REFERENCE = (500, 300)  # the request shape the concurrency limit is set for (docs/algorithms.md#the-reference-request)
 # The model profile's default MU coefficients (capacity.models.ModelProfile): 500 in / 300 out = 3.55 MU.
 COEFFS = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.05, mu_per_min=1000.0)
 
