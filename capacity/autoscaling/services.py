@@ -33,7 +33,7 @@ ACTIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
 DRAIN_GRACE_S = 2.0  # the proxies' snapshots stop routing to a draining replica within a second
 DRAIN_TIMEOUT_S = 120.0  # a stream still running after this is cut: the replica must go eventually
 DEFAULT_SECONDS_PER_REQUEST = 10.0
-# The request shape a concurrency limit is set for (DESIGN §4's worked example, a typical chat turn): the
+# The request shape a concurrency limit is set for (docs/algorithms.md#the-reference-request, a chat turn): the
 # horizontal policy converts target_concurrency into MU with it.
 REFERENCE_REQUEST = (500, 300)  # prompt tokens, output tokens
 PREDICTIVE = predictive.PredictiveConfig()
