@@ -89,6 +89,8 @@ def _endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None =
             get_actuator(endpoint)
         except ActuatorError as exc:
             errors.setdefault("launch_options", []).append(str(exc))
+    for field, messages in _quota_errors(endpoint).items():
+        errors.setdefault(field, []).extend(messages)
     benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
     if benchmark is not None:
         # A pinned calibration must describe this endpoint's own model on its own hardware, and be finished.
@@ -100,6 +102,43 @@ def _endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None =
         ):
             errors.setdefault("pinned_benchmark", []).append("the benchmark is for another model or hardware")
     if errors:
+        raise ValidationError(errors)
+
+
+def _quota_errors(endpoint: Endpoint) -> dict[str, list[str]]:
+    """What the endpoint's owner's quota refuses in this create or change (tenants.quotas), against the stored row."""
+    from tenants.quotas import Commitment, endpoint_quota_errors
+
+    if endpoint.owner_tenant_id is None:
+        return {}
+    stored = (
+        Endpoint.objects.filter(pk=endpoint.pk)
+        .values(
+            "owner_tenant_id", "min_replicas", "max_replicas", "warm_pool_size", "hardware_profile__gpus_per_replica"
+        )
+        .first()
+        if endpoint.pk is not None
+        else None
+    )
+    before = owner_before = None
+    if stored is not None:
+        owner_before = stored["owner_tenant_id"]
+        before = Commitment(
+            min_replicas=stored["min_replicas"],
+            max_replicas=stored["max_replicas"],
+            warm_pool=stored["warm_pool_size"],
+            gpus_per_replica=max(1, stored["hardware_profile__gpus_per_replica"] or 1),
+        )
+    return endpoint_quota_errors(endpoint, before=before, owner_before=owner_before)
+
+
+def _check_quota_locked(endpoint: Endpoint) -> None:
+    """The quota check again under the owner's row lock, inside the write's transaction: two concurrent creates
+    that each fit alone must not both take the last slot."""
+    from tenants.quotas import lock_tenant
+
+    lock_tenant(endpoint.owner_tenant_id)
+    if errors := _quota_errors(endpoint):
         raise ValidationError(errors)
 
 
@@ -162,6 +201,7 @@ def endpoint_create(*, actor=None, **fields) -> Endpoint:
     _endpoint_validate(endpoint)
     _desired_within_bounds(endpoint, endpoint.desired_replicas)
     with transaction.atomic():
+        _check_quota_locked(endpoint)
         endpoint.save()
         _audit(actor=actor, action="endpoint.create", endpoint=endpoint, detail={"name": endpoint.name})
         from endpoints.rollouts.services import ensure_current_version
@@ -195,6 +235,7 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
     _endpoint_validate(endpoint)
     diff = {name: [before[name], _plain(value)] for name, value in changes.items() if before[name] != _plain(value)}
     with transaction.atomic():
+        _check_quota_locked(endpoint)
         # Only the live fields changed here: a full save would write back the versioned fields and current_version
         # as loaded, undoing a rollout's promotion that happened meanwhile.
         endpoint.save(update_fields=sorted({*changes, "desired_replicas", "updated_at"}))

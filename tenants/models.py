@@ -20,11 +20,23 @@ class PriorityClass(models.TextChoices):
         return {cls.CRITICAL: 0, cls.STANDARD: 1, cls.SHEDDABLE: 2}[value]
 
 
+def _quota_field(what: str) -> models.PositiveIntegerField:
+    return models.PositiveIntegerField(
+        null=True, blank=True, help_text=f"{what}; empty = the platform default (INFERCAP['TENANT_QUOTA'])"
+    )
+
+
 class Tenant(models.Model):
     name = models.CharField(max_length=120, unique=True)
     slug = models.SlugField(max_length=63, unique=True)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Provisioning quotas for the endpoints the tenant owns (tenants.quotas reads them; only operators change them,
+    # through tenants.quotas.tenant_quota_update, which audits the change). Shared endpoints count for nobody.
+    quota_max_endpoints = _quota_field("endpoints the tenant may own")
+    quota_max_replicas = _quota_field("serving replicas across its endpoints")
+    quota_max_gpus = _quota_field("GPUs across its replicas, warm pool included (replicas × GPUs per replica)")
+    quota_max_warm_pool = _quota_field("standby (warm pool) replicas across its endpoints")
 
     class Meta:
         ordering = ["name"]

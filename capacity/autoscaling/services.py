@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
@@ -22,6 +23,7 @@ from django.utils import timezone
 from capacity.autoscaling import horizontal, predictive, replica_metrics, store, vertical
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
 from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
+from capacity.autoscaling.limits import QuotaLeft, launch_allowance, quota_ceiling
 from capacity.models import AutoscalerDecision
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
 
@@ -37,6 +39,15 @@ DEFAULT_SECONDS_PER_REQUEST = 10.0
 # horizontal policy converts target_concurrency into MU with it.
 REFERENCE_REQUEST = (500, 300)  # prompt tokens, output tokens
 PREDICTIVE = predictive.PredictiveConfig()
+# Launch caps whatever demand or a bad setting asks: per endpoint in one reconcile, and for the whole fleet in one
+# horizontal tick window (a shared Redis counter), so one tick can never start hundreds of replicas.
+DEFAULT_MAX_LAUNCHES_PER_TICK = 8
+DEFAULT_MAX_FLEET_LAUNCHES_PER_TICK = 32
+TICK_WINDOW_S = 5.0  # workers.tasks.autoscaling.HORIZONTAL_S
+
+
+def _limit(name: str, default: int) -> int:
+    return int(getattr(settings, "INFERCAP", {}).get(name, default))
 
 
 # -- horizontal ---------------------------------------------------------------------------------------------
@@ -61,8 +72,15 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
         actuator = _actuator_or_none(endpoint)
         if actuator is not None:
             _safe(actuator.sync, endpoint)
-        inputs = horizontal_inputs(endpoint, now=now)
+        inputs, capped_by = _horizontal_inputs(endpoint, now=now)
         decision = horizontal.decide(inputs)
+        if capped_by and _quota_binds(decision, endpoint):
+            decision = horizontal.HorizontalDecision(
+                current=decision.current,
+                desired=decision.desired,
+                reason=f"{decision.reason}; {capped_by} (max_replicas {endpoint.max_replicas})",
+                inputs={**decision.inputs, "quota_ceiling": inputs.max_replicas},
+            )
         row = _store(
             endpoint, HORIZONTAL, tick, decision.current, decision.desired, decision.reason, decision.inputs, at=now
         )
@@ -81,8 +99,20 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
         actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
         row.applied = actuator is not None
         row.inputs = {**row.inputs, "actions": actions}
-        row.save(update_fields=["applied", "inputs"])
+        capped = [action for action in actions if "capped" in action]
+        if capped:
+            row.reason = "; ".join([row.reason, *capped])[:255]
+        row.save(update_fields=["applied", "inputs", "reason"])
         return row
+
+
+def _quota_binds(decision: horizontal.HorizontalDecision, endpoint: Endpoint) -> bool:
+    """Whether the tenant quota's ceiling, not the endpoint's own max, decided this tick's count."""
+    ceiling = decision.inputs.get("max_replicas", endpoint.max_replicas)
+    if ceiling >= endpoint.max_replicas or decision.desired != ceiling:
+        return False
+    wanted = max(decision.inputs.get("up_need", 0), decision.inputs.get("floor", 0), endpoint.min_replicas)
+    return wanted > ceiling or decision.current > ceiling
 
 
 def sample_demand(*, endpoint_id: int, now: float | None = None) -> list[DemandSample]:
@@ -109,19 +139,29 @@ def _sample_demand(*, endpoint_id: int, now: float) -> tuple[list[DemandSample],
 
 
 def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
+    return _horizontal_inputs(endpoint, now=now)[0]
+
+
+def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.HorizontalInputs, str]:
+    """The policy's inputs, with max replicas lowered to what the owner's quota has left (and why, when it is)."""
+    ceiling, capped_by = quota_ceiling(
+        max_replicas=endpoint.max_replicas,
+        left=quota_left(endpoint, exclude_own_serving=True),
+        gpus_per_replica=_gpus_per_replica(endpoint),
+    )
     window, fresh = _sample_demand(endpoint_id=endpoint.pk, now=now)
     serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False)
     replicas = list(serving.values_list("state", flat=True))
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
     floor, _ = predicted_floor_for(endpoint, now=now)
     last_up, last_down = _last_moves(endpoint)
-    return horizontal.HorizontalInputs(
+    inputs = horizontal.HorizontalInputs(
         now=now,
         samples=window,
         ready=ready,
         starting=len(replicas) - ready,
-        min_replicas=endpoint.min_replicas,
-        max_replicas=endpoint.max_replicas,
+        min_replicas=min(endpoint.min_replicas, ceiling),
+        max_replicas=ceiling,
         target_concurrency=float(max(1, endpoint.concurrency_limit)),  # 0 slips past the model's validator in SQL
         mu_capacity_per_replica=mu_capacity_for(endpoint),
         provisioned_concurrency=endpoint.provisioned_concurrency,
@@ -133,6 +173,86 @@ def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.Horizonta
         # report and no live proxy: unknown demand (proxies down or cut off from Redis), which removes nothing.
         demand_reported=fresh > 0 or store.proxies_alive(),
     )
+    return inputs, capped_by
+
+
+def quota_left(endpoint: Endpoint, *, exclude_own_serving: bool) -> QuotaLeft:
+    """What the endpoint's owner may still start (nothing is left out for a shared endpoint: no quota)."""
+    from tenants.quotas import live_usage, quota_for
+
+    if endpoint.owner_tenant_id is None:
+        return QuotaLeft()
+    quota = quota_for(endpoint.owner_tenant)
+    usage = live_usage(endpoint.owner_tenant_id, exclude_serving_of=endpoint.pk if exclude_own_serving else None)
+    return QuotaLeft(
+        serving=quota.max_replicas - usage.serving_replicas,
+        standby=quota.max_warm_pool - usage.standby_replicas,
+        gpus=quota.max_gpus - usage.gpus,
+    )
+
+
+def _gpus_per_replica(endpoint: Endpoint) -> int:
+    from capacity.models import HardwareProfile
+
+    value = (
+        HardwareProfile.objects.filter(pk=endpoint.hardware_profile_id)
+        .values_list("gpus_per_replica", flat=True)
+        .first()
+    )
+    return max(1, int(value or 1))
+
+
+class LaunchBudget:
+    """Launches one reconcile of one endpoint may still make (serving and warm pool together)."""
+
+    def __init__(self) -> None:
+        self.left = _limit("AUTOSCALE_MAX_LAUNCHES_PER_TICK", DEFAULT_MAX_LAUNCHES_PER_TICK)
+
+
+def launch_capped(
+    *, endpoint: Endpoint, actuator, wanted: int, standby: bool = False, budget: LaunchBudget | None = None
+) -> list[str]:
+    """Launch up to ``wanted`` replicas within the owner's quota, the per-endpoint and the fleet's per-tick caps.
+
+    The owner's row is locked while its quota is read and the replicas registered, so two endpoints of one tenant
+    ticking at once cannot both take the last slot. Returns the actions, with "capped" ones saying which limit bound.
+    """
+    from tenants.quotas import lock_tenant
+
+    budget = budget or LaunchBudget()
+    label = "warm pool: " if standby else ""
+    actions: list[str] = []
+    with transaction.atomic():
+        lock_tenant(endpoint.owner_tenant_id)
+        allowed, notes = launch_allowance(
+            wanted=wanted,
+            standby=standby,
+            left=quota_left(endpoint, exclude_own_serving=False),
+            gpus_per_replica=_gpus_per_replica(endpoint),
+            per_tick_left=budget.left,
+        )
+        if allowed > 0:
+            cap = _limit("AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", DEFAULT_MAX_FLEET_LAUNCHES_PER_TICK)
+            try:
+                granted = store.claim_fleet_launches(allowed, cap=cap, window_s=TICK_WINDOW_S)
+            except store.RedisError as exc:
+                granted = 0  # the fleet budget cannot be counted: start nothing rather than start unbounded
+                notes.append(f"fleet launch budget unreadable ({exc})")
+            if granted < allowed:
+                notes.append(f"fleet launches per tick allow {granted}")
+            allowed = granted
+        if notes:
+            actions.append(f"{label}launch capped at {allowed} of {wanted}: {', '.join(notes)}")
+        if allowed <= 0:
+            return actions
+        budget.left -= allowed
+        try:
+            started = actuator.launch(endpoint, allowed, standby=standby)
+        except ActuatorError as exc:
+            log.warning("autoscaler: %s", exc)
+            return [*actions, f"{label}launch failed: {exc}"]
+    names = f": {', '.join(r.name for r in started)}" if started else ""
+    return [*actions, f"{label}{'started' if standby else 'launched'} {allowed}{names}"]
 
 
 def mu_capacity_for(endpoint: Endpoint) -> float | None:
@@ -217,6 +337,7 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     keep the warm pool. Returns what it did, for the decision's record."""
     actuator = get_actuator(endpoint)
     actions: list[str] = []
+    budget = LaunchBudget()
     _safe(actuator.sync, endpoint)
     actions += finish_drains(endpoint=endpoint, actuator=actuator)
     if _rollout_active(endpoint):
@@ -236,12 +357,7 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
             actions.append(f"promoted standby {standby.name}")
             missing -= 1
         if missing > 0:
-            try:
-                started = actuator.launch(endpoint, missing)
-                actions.append(f"launched {missing}" + (f": {', '.join(r.name for r in started)}" if started else ""))
-            except ActuatorError as exc:
-                actions.append(f"launch failed: {exc}")
-                log.warning("autoscaler: %s", exc)
+            actions += launch_capped(endpoint=endpoint, actuator=actuator, wanted=missing, budget=budget)
     elif missing < 0:
         owned = [r for r in active if actuator.owns(r)]
         # Replicas still booting go first (nothing to drain), then the ready ones with the least work.
@@ -254,7 +370,7 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
             else:
                 _safe(actuator.terminate, [replica], reason="scale in before ready")
                 actions.append(f"cancelled {replica.name}")
-    actions += keep_warm_pool(endpoint=endpoint, actuator=actuator)
+    actions += keep_warm_pool(endpoint=endpoint, actuator=actuator, budget=budget)
     return actions
 
 
@@ -265,17 +381,15 @@ def serving_replicas(endpoint: Endpoint):
     return endpoint.replicas.filter(Q(version_id=endpoint.current_version_id) | Q(version__isnull=True))
 
 
-def keep_warm_pool(*, endpoint: Endpoint, actuator) -> list[str]:
+def keep_warm_pool(*, endpoint: Endpoint, actuator, budget: LaunchBudget | None = None) -> list[str]:
     if not getattr(actuator, "supports_standby", True):
         return []
     standby = list(endpoint.replicas.filter(is_standby=True, state__in=ACTIVE, actuator=actuator.name))
     want = endpoint.warm_pool_size
     if len(standby) < want:
-        try:
-            started = actuator.launch(endpoint, want - len(standby), standby=True)
-            return [f"warm pool: started {', '.join(r.name for r in started)}"]
-        except ActuatorError as exc:
-            return [f"warm pool: launch failed: {exc}"]
+        return launch_capped(
+            endpoint=endpoint, actuator=actuator, wanted=want - len(standby), standby=True, budget=budget
+        )
     if len(standby) > want:
         extra = standby[want:]
         _safe(actuator.terminate, extra, reason="warm pool shrunk")

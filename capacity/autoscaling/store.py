@@ -15,6 +15,7 @@ SAMPLES_KEY = "infercap:autoscale:samples:{endpoint_id}"
 HIST_KEY = "infercap:autoscale:hist:{replica_id}"
 LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
+FLEET_LAUNCHES_KEY = "infercap:autoscale:launches:{slot}"  # replicas launched fleet-wide in one tick window
 PROXY_MEMBERS_KEY = "infercap:proxy:members"  # endpoints.proxy.state.MEMBERS_KEY: each proxy's heartbeat
 PROXY_ALIVE_S = 5.0  # a proxy heartbeats every 0.25 s (stamped with Redis' clock)
 # The 5-minute scale-down window: one sample per second from the sampler plus one per 5 s tick is 360 in 300 s (330
@@ -91,6 +92,17 @@ class _MemoryStore:
         with self.lock:
             items = self.data.get(key, [])
             return items[start:] if end == -1 else items[start : end + 1]
+
+    def incrby(self, key, amount):
+        with self.lock:
+            value = int(self._live(key) or 0) + amount
+            self.data[key] = str(value).encode()
+            return value
+
+    def expire(self, key, seconds):
+        with self.lock:
+            self.expiry[key] = time.monotonic() + seconds
+            return True
 
     def eval(self, script, numkeys, key, token):  # only the compare-and-delete below
         with self.lock:
@@ -203,3 +215,18 @@ def load_json(key: str):
 
 def save_json(key: str, value, ttl_s: int = 3600) -> None:
     client().set(key, json.dumps(value), ex=ttl_s)
+
+
+def claim_fleet_launches(wanted: int, *, cap: int, window_s: float) -> int:
+    """Take up to ``wanted`` of the ``cap`` launches the whole fleet may make in this ``window_s`` slot (every worker
+    shares the counter); returns how many were granted and gives the rest back."""
+    if wanted <= 0:
+        return 0
+    key = FLEET_LAUNCHES_KEY.format(slot=int(time.time() // window_s))
+    c = client()
+    total = int(c.incrby(key, wanted))
+    c.expire(key, max(1, int(window_s * 4)))
+    granted = max(0, min(wanted, cap - (total - wanted)))
+    if granted < wanted:
+        c.incrby(key, granted - wanted)
+    return granted

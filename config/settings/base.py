@@ -103,6 +103,23 @@ INFERCAP = {
     # When Redis cannot be reached the limiter admits ("open") or refuses ("closed").
     "RATE_LIMIT_FAIL_MODE": env("INFERCAP_RATE_LIMIT_FAIL_MODE", "open"),
     "SPOOL_DIR": str(VAR_DIR / "spool"),
+    # Console and admin logins: locked for the rest of the window after this many failures per username and
+    # address, or per address across usernames (config.throttling).
+    "LOGIN_THROTTLE": {
+        "failures_per_user_address": env_int("INFERCAP_LOGIN_FAILURES", 5),
+        "failures_per_address": env_int("INFERCAP_LOGIN_FAILURES_PER_ADDRESS", 50),
+        "window_s": env_int("INFERCAP_LOGIN_WINDOW_S", 900),
+    },
+    # Per-tenant provisioning quota defaults (tenants.quotas); an operator raises one tenant's in the admin or API.
+    "TENANT_QUOTA": {
+        "max_endpoints": env_int("INFERCAP_QUOTA_MAX_ENDPOINTS", 10),
+        "max_replicas": env_int("INFERCAP_QUOTA_MAX_REPLICAS", 16),
+        "max_gpus": env_int("INFERCAP_QUOTA_MAX_GPUS", 16),
+        "max_warm_pool": env_int("INFERCAP_QUOTA_MAX_WARM_POOL", 4),
+    },
+    # The autoscaler starts at most this many replicas per endpoint per reconcile, and per 5 s tick fleet-wide.
+    "AUTOSCALE_MAX_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_LAUNCHES_PER_TICK", 8),
+    "AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", 32),
     # Blackbox health checks (endpoints.health.HealthConfig): probe a replica silent for idle_after_s,
     # fail it after failures_to_fail consecutive failed probes.
     "HEALTH": {

@@ -6,6 +6,7 @@ from django.contrib.auth.models import Group
 
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 from tenants.models import ApiKey, AuditEntry, CapacityReservation, Tenant, User
+from tenants.quotas import QUOTA_NAMES, tenant_quota_update
 from tenants.services import api_key_create, api_key_revoke
 
 # Access follows User.role, not Django groups; an unused Group page would only mislead.
@@ -19,6 +20,25 @@ class TenantAdmin(OperatorAdmin):
     list_filter = ["is_active"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
+    fieldsets = [
+        (None, {"fields": ["name", "slug", "is_active", "created_at"]}),
+        (
+            "Quotas (empty = platform default)",
+            {"fields": ["quota_max_endpoints", "quota_max_replicas", "quota_max_gpus", "quota_max_warm_pool"]},
+        ),
+    ]
+
+    def save_model(self, request, obj, form, change):
+        # A quota change approves (or withdraws) tenant capacity: it goes through the audited service.
+        quota = {
+            name: form.cleaned_data[f"quota_{name}"] for name in QUOTA_NAMES if f"quota_{name}" in form.changed_data
+        }
+        if change and quota:
+            for name in quota:
+                setattr(obj, f"quota_{name}", form.initial.get(f"quota_{name}"))
+        super().save_model(request, obj, form, change)
+        if quota:
+            tenant_quota_update(tenant=obj, actor=request.user, **quota)
 
 
 @admin.register(User)
