@@ -20,6 +20,7 @@ BENCHMARKS = {
     "autoscale": "capacity.benchmarks.autoscale",
     "slo": "billing.benchmarks.slo",
     "reliability": "workers.benchmarks.reliability",
+    "security": "workers.benchmarks.security",
 }
 
 
