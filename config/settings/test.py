@@ -13,3 +13,5 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 INFERCAP["SNAPSHOT_POLL_S"] = 0.1  # noqa: F405
+# High enough that no test trips the API throttles by accident; tests/api/test_throttling.py lowers them.
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"principal": "100000/min", "anon": "100000/min"}  # noqa: F405
