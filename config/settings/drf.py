@@ -1,5 +1,7 @@
 """Django REST framework and drf-spectacular."""
 
+from .env import env
+
 REST_FRAMEWORK = {
     # The key authenticator goes first: DRF takes the first class's WWW-Authenticate header, so a bad key is a 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -13,6 +15,15 @@ REST_FRAMEWORK = {
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
+    # Per person or key, and per address for anonymous calls; counted in the cache (Redis in production).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "config.throttling.PrincipalRateThrottle",
+        "config.throttling.AnonymousRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "principal": env("INFERCAP_API_RATE", "1200/min"),
+        "anon": env("INFERCAP_API_ANON_RATE", "60/min"),
+    },
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.api.exception_handler",
 }

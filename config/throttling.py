@@ -1,0 +1,143 @@
+"""Throttles: REST API requests per principal (a person or a key) and per anonymous client; failed console and
+admin logins per username and address, so passwords cannot be guessed at line speed.
+
+Counts live in Django's cache (Redis in production, shared by every web process; in memory on the embedded
+demo). Rates and limits come from settings (REST_FRAMEWORK's DEFAULT_THROTTLE_RATES, INFERCAP["LOGIN_THROTTLE"]).
+"""
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.cache import cache
+from django.core.exceptions import ValidationError
+from rest_framework.settings import api_settings
+from rest_framework.throttling import SimpleRateThrottle
+
+from tenants.selectors import principal_is_api_key
+
+# --- REST API ----------------------------------------------------------------------------------------------------
+
+
+class _RateFromSettings(SimpleRateThrottle):
+    def get_rate(self) -> str | None:
+        # DRF binds the rates at import; read them per request so settings overrides (and tests) apply.
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+
+class PrincipalRateThrottle(_RateFromSettings):
+    """Per person (user id) or per API key (its prefix): one leaked key or session cannot flood the API."""
+
+    scope = "principal"
+
+    def get_cache_key(self, request, view) -> str | None:
+        principal = request.user
+        if not (principal and principal.is_authenticated):
+            return None
+        ident = f"key:{principal.api_key.prefix}" if principal_is_api_key(principal) else f"user:{principal.pk}"
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class AnonymousRateThrottle(_RateFromSettings):
+    """Per client address, for calls without credentials (the API index, failed authentication)."""
+
+    scope = "anon"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if request.user and request.user.is_authenticated:
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+# --- Console and admin logins ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoginLimits:
+    failures_per_user_address: int
+    failures_per_address: int  # many usernames from one address: password spraying
+    window_s: int
+
+    @classmethod
+    def from_settings(cls) -> "LoginLimits":
+        return cls(**settings.INFERCAP["LOGIN_THROTTLE"])
+
+
+def _key(kind: str, *parts: str) -> str:
+    digest = hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"infercap:login:{kind}:{digest}"
+
+
+def _counters(*, username: str, address: str, limits: LoginLimits) -> list[tuple[str, int]]:
+    return [
+        (_key("user-address", username.casefold(), address), limits.failures_per_user_address),
+        (_key("address", address), limits.failures_per_address),
+    ]
+
+
+def login_blocked_for_s(*, username: str, address: str, limits: LoginLimits | None = None) -> int:
+    """Seconds until this username may try again from this address; 0 when it may try now."""
+    limits = limits or LoginLimits.from_settings()
+    now = time.time()
+    wait = 0.0
+    for key, limit in _counters(username=username, address=address, limits=limits):
+        if (cache.get(key) or 0) >= limit:
+            started = cache.get(f"{key}:start") or now
+            wait = max(wait, started + limits.window_s - now, 1)
+    return int(wait + 0.999)
+
+
+def login_failed(*, username: str, address: str, limits: LoginLimits | None = None) -> None:
+    limits = limits or LoginLimits.from_settings()
+    for key, _ in _counters(username=username, address=address, limits=limits):
+        # The window opens with the first failure and is not extended by later ones (a fixed window).
+        if cache.add(key, 0, timeout=limits.window_s):
+            cache.set(f"{key}:start", time.time(), timeout=limits.window_s)
+        try:
+            cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.set(key, 1, timeout=limits.window_s)
+
+
+def login_succeeded(*, username: str, address: str, limits: LoginLimits | None = None) -> None:
+    """A right password clears this username's count from this address (not the address-wide one)."""
+    limits = limits or LoginLimits.from_settings()
+    key, _ = _counters(username=username, address=address, limits=limits)[0]
+    cache.delete_many([key, f"{key}:start"])
+
+
+def client_address(request) -> str:
+    # REMOTE_ADDR only: X-Forwarded-For is whatever the client wants it to be unless a trusted proxy rewrote it.
+    return request.META.get("REMOTE_ADDR", "") if request is not None else ""
+
+
+class ThrottledLoginMixin:
+    """For Django's login forms: refuse while locked out, with a message that says so and for how long."""
+
+    throttled_message = "Too many failed login attempts. Try again in %(minutes)d minute(s)."
+
+    def clean(self):
+        username = self.cleaned_data.get("username") or ""
+        address = client_address(self.request)
+        wait_s = login_blocked_for_s(username=username, address=address)
+        if wait_s:
+            raise ValidationError(self.throttled_message, code="throttled", params={"minutes": -(-wait_s // 60)})
+        try:
+            cleaned = super().clean()
+        except ValidationError as exc:
+            if getattr(exc, "code", None) == "invalid_login":
+                login_failed(username=username, address=address)
+            raise
+        login_succeeded(username=username, address=address)
+        return cleaned
+
+
+class ThrottledAuthenticationForm(ThrottledLoginMixin, AuthenticationForm):
+    pass
+
+
+class ThrottledAdminAuthenticationForm(ThrottledLoginMixin, AdminAuthenticationForm):
+    pass
