@@ -6,6 +6,10 @@ export REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 
 .PHONY: run test setup lint schema bench-quick clean
 
+# Unset, manage.py and config.asgi use the production settings (fail closed); these targets are development.
+# (make test does not: pytest takes config.settings.test from pyproject.toml.)
+run schema bench-quick: export DJANGO_SETTINGS_MODULE ?= config.settings.local
+
 ## run: set up and start the whole platform on the embedded default (no PostgreSQL/Redis needed)
 run: setup
 	$(PY) manage.py migrate --noinput -v 0

@@ -6,7 +6,9 @@ import sys
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    # Unset means production, which refuses to start without its secrets: a forgotten variable on a server must
+    # not quietly run with DEBUG on and a published secret key. Development says so (make run does).
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -3,7 +3,8 @@ and WebSockets (the console's live updates)."""
 
 import os
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+# Unset means production (fail closed); development sets config.settings.local explicitly (make run does).
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402

@@ -4,7 +4,8 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+# Unset means production (fail closed); development sets config.settings.local explicitly (make run does).
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("infercap")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -79,6 +79,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/console/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+# Password reset links (POST /api/v1/users/{id}/reset-password/, "forgot password") go out by mail.
+EMAIL_BACKEND = env("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env("DJANGO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25)
+DEFAULT_FROM_EMAIL = env("DJANGO_DEFAULT_FROM_EMAIL", "infercap@localhost")
 
 BACKENDS = resolve_backends(database_url=env("DATABASE_URL", ""), redis_url=env("REDIS_URL", ""), var_dir=VAR_DIR)
 DATABASES = {"default": BACKENDS.database}

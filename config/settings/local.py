@@ -8,6 +8,7 @@ from .base import BACKENDS
 
 DEBUG = True
 SECRET_KEY = SECRET_KEY or "local-only-insecure-key-never-use-in-production"  # noqa: F405
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"  # reset links land in the terminal
 
 if (BACKENDS.embedded_database or BACKENDS.embedded_redis) and not os.environ.get("INFERCAP_QUIET"):
     # Say once per process which backends are in use, so nobody mistakes the demo for production.

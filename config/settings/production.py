@@ -6,10 +6,19 @@ from .base import *  # noqa: F401,F403
 from .base import BACKENDS, SECRET_KEY
 from .env import env_bool, env_int
 
-if not SECRET_KEY or len(SECRET_KEY) < 50:
-    raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set to a random string of at least 50 characters")
+# These are also the settings used when DJANGO_SETTINGS_MODULE is unset, so each refusal says how to develop.
+_FOR_DEVELOPMENT = "(for development, set DJANGO_SETTINGS_MODULE=config.settings.local)"
+
+if not SECRET_KEY or len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure"):
+    raise ImproperlyConfigured(
+        f"DJANGO_SECRET_KEY must be set to a random string of at least 50 characters {_FOR_DEVELOPMENT}"
+    )
+if env_bool("DJANGO_DEBUG", False):
+    raise ImproperlyConfigured(
+        f"DJANGO_DEBUG must be off in production: it shows settings and code {_FOR_DEVELOPMENT}"
+    )
 if BACKENDS.embedded_database or BACKENDS.embedded_redis:
-    raise ImproperlyConfigured("production needs DATABASE_URL (PostgreSQL) and REDIS_URL")
+    raise ImproperlyConfigured(f"production needs DATABASE_URL (PostgreSQL) and REDIS_URL {_FOR_DEVELOPMENT}")
 
 DEBUG = False
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
