@@ -1,5 +1,8 @@
 """Writes for endpoints and replicas, including the replica lifecycle state machine."""
 
+import json
+import re
+
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -79,6 +82,9 @@ def _endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None =
         check_launch_values = endpoint._state.adding
     if not isinstance(endpoint.launch_options, dict):
         errors.setdefault("launch_options", []).append("must be a JSON object")
+    elif "\\u0000" in json.dumps(endpoint.launch_options):
+        # PostgreSQL's jsonb cannot hold a NUL character: refuse it here rather than fail the INSERT.
+        errors.setdefault("launch_options", []).append("must not contain NUL characters")
     elif check_launch_values and (bad := launch_option_errors(endpoint.launch_options, runtime=endpoint.runtime)):
         errors.setdefault("launch_options", []).extend(bad)
     elif "actuator" in endpoint.launch_options:
@@ -144,9 +150,12 @@ def _check_quota_locked(endpoint: Endpoint) -> None:
 
 # Launch options the launchers read, with the type they need (other keys pass through to runtimes and actuators).
 _LAUNCH_OPTION_KINDS = {
-    **dict.fromkeys(("actuator", "deployment", "standby_deployment", "namespace", "profile", "model", "cpuset"), str),
+    **dict.fromkeys(("actuator", "deployment", "standby_deployment", "namespace", "profile", "cpuset", "dtype"), str),
     **dict.fromkeys(("faults", "profile_opts", "resources"), dict),
 }
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
@@ -157,12 +166,38 @@ def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
 
     from endpoints.runtimes import vllm
     from endpoints.runtimes.launch_env import launch_env
+    from endpoints.runtimes.launch_options import allowlisted_value_errors, argv_value
 
     errors = [
         f"{key} must be {'a string' if kind is str else 'a JSON object'}"
         for key, kind in _LAUNCH_OPTION_KINDS.items()
         if options.get(key) is not None and not isinstance(options[key], kind)
     ]
+    for key in ("deployment", "standby_deployment", "namespace"):
+        # Kubernetes names as given, never silently rewritten: two rewritten names could address one Deployment.
+        if isinstance(options.get(key), str) and not _DNS_LABEL.match(options[key]):
+            errors.append(f"{key} must be a Kubernetes name: lower-case letters, digits and '-', at most 63")
+    if "model" in options:
+        errors.append("model is not a launch option: replicas serve the endpoint's model profile")
+    for key in ("profile", "dtype", "cpuset"):
+        if isinstance(options.get(key), str):
+            try:
+                argv_value(key, options[key])
+            except ValueError as exc:
+                errors.append(str(exc))
+    for key in ("profile_opts", "faults"):
+        if isinstance(options.get(key), dict):
+            for name, value in options[key].items():
+                try:
+                    value = str(value).lower() if isinstance(value, bool) else value
+                    argv_value(f"{key}.{name}", f"{name}={argv_value(f'{key}.{name}', value)}")
+                except ValueError as exc:
+                    errors.append(str(exc))
+    extra = options.get("extra_args")
+    if extra is not None and not (
+        isinstance(extra, list) and all(isinstance(a, str) and a and "\x00" not in a for a in extra)
+    ):
+        errors.append("extra_args must be a list of non-empty strings")
     number = lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
     whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
     if options.get("speed") is not None and not (number(options["speed"]) and options["speed"] > 0):
@@ -181,7 +216,20 @@ def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
             vllm.serve_command(model="check", port=8000, **{k: v for k, v in options.items() if k in allowed})
     except (TypeError, ValueError) as exc:
         errors.append(str(exc))
-    return errors
+    # The allowlist's ranges hold for operators' values too (after the launchers' own words, which say more).
+    return errors + [e for e in allowlisted_value_errors(options) if e not in errors]
+
+
+def _refuse_operator_launch_options(actor, options, *, current: dict) -> None:
+    """A tenant principal (user or API key) sets only the allowlisted launch options; operators and the platform
+    itself (no actor) set any. The API serializer says the same first, with the same messages."""
+    from endpoints.runtimes.launch_options import tenant_launch_option_errors
+    from tenants.selectors import principal_is_operator
+
+    if actor is None or isinstance(actor, str) or not isinstance(options, dict) or principal_is_operator(actor):
+        return
+    if errors := tenant_launch_option_errors(options, current=current):
+        raise ValidationError({"launch_options": errors})
 
 
 def _audit(*, actor, action: str, endpoint: Endpoint, detail: dict) -> None:
@@ -195,6 +243,7 @@ def endpoint_create(*, actor=None, **fields) -> Endpoint:
     unknown = set(fields) - ENDPOINT_EDITABLE_FIELDS - {"desired_replicas"}
     if unknown:
         raise ValidationError({name: ["not a settable endpoint field"] for name in sorted(unknown)})
+    _refuse_operator_launch_options(actor, fields.get("launch_options"), current={})
     endpoint = Endpoint(**fields)
     if "desired_replicas" not in fields:
         endpoint.desired_replicas = endpoint.min_replicas
@@ -219,6 +268,8 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
     unknown = set(changes) - ENDPOINT_EDITABLE_FIELDS
     if unknown:
         raise ValidationError({name: ["not changeable here"] for name in sorted(unknown)})
+    if "launch_options" in changes:
+        _refuse_operator_launch_options(actor, changes["launch_options"], current=endpoint.launch_options or {})
     from endpoints.models import VERSIONED_FIELDS
     from endpoints.rollouts.services import apply_versioned_changes
 

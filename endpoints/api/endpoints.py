@@ -11,20 +11,11 @@ from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, ReplicaState, Rollout
 from endpoints.rollouts.services import apply_versioned_changes
+from endpoints.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
 from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_update
 from tenants.models import Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
-
-# Launch options that decide where and how replicas run on the operators' machines: which actuator, Kubernetes
-# Deployment and namespace (a tenant naming another tenant's Deployment would scale it), CPU allotment and pinning,
-# the executable, host, port and raw runtime flags. Tenants keep the values they have; only operators change them.
-OPERATOR_LAUNCH_OPTIONS = frozenset(
-    {
-        "actuator", "deployment", "standby_deployment", "namespace", "resources", "cpus", "cpu_allotment",
-        "cpuset", "executable", "extra_args", "host", "port", "faults",
-    }
-)  # fmt: skip
 
 
 class EndpointSerializer(serializers.ModelSerializer):
@@ -73,14 +64,11 @@ class EndpointSerializer(serializers.ModelSerializer):
             elif "owner_tenant" in attrs and attrs["owner_tenant"] != self.instance.owner_tenant:
                 raise serializers.ValidationError({"owner_tenant": ["only operators may move an endpoint"]})
             if "launch_options" in attrs:
+                # An allowlist (endpoints.runtimes.launch_options): where and how replicas run on the operators'
+                # machines, and what they load, is the operators' call; tenants resend those values unchanged.
                 current = (self.instance.launch_options or {}) if self.instance is not None else {}
-                changed = sorted(
-                    key for key in OPERATOR_LAUNCH_OPTIONS if attrs["launch_options"].get(key) != current.get(key)
-                )
-                if changed:
-                    raise serializers.ValidationError(
-                        {"launch_options": [f"only operators may set {', '.join(changed)}"]}
-                    )
+                if errors := tenant_launch_option_errors(attrs["launch_options"], current=current):
+                    raise serializers.ValidationError({"launch_options": errors})
         return attrs
 
 

@@ -1,7 +1,8 @@
 """The local actuator: replicas as processes on this host, on free ports (simulated vLLM, or ``vllm serve``).
 
 Launch options come from ``Endpoint.launch_options``: for ``sim`` endpoints ``profile``, ``speed``,
-``profile_opts`` (dict), ``faults`` (dict); for ``vllm`` endpoints ``model`` and any ``serve_command`` option;
+``profile_opts`` (dict), ``faults`` (dict); for ``vllm`` endpoints any ``serve_command`` option (the model is the
+endpoint's model profile);
 for both ``cpus`` (the replica's CPU allotment: thread pools are sized from it, see ``launch_env``).
 A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
 signal does not take them down; the worker that started one reaps it, any other finds it by pid.
@@ -26,6 +27,7 @@ from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import launch_env
+from endpoints.runtimes.launch_options import argv_value
 from endpoints.runtimes.sim.process import free_port
 
 log = logging.getLogger(__name__)
@@ -79,21 +81,39 @@ def stop_pid(pid: int, *, grace_s: float = 5.0) -> None:
 
 
 def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> list[str]:
+    """The replica's command line: every launch option value is checked (``argv_value``: no flag, whitespace or
+    control character) and passed as its own argv element; no shell ever reads it. The served model is the
+    endpoint's model profile, whatever the launch options say."""
     options = dict(endpoint.launch_options or {})
     if endpoint.runtime == Runtime.VLLM:
-        model = options.pop("model", None) or endpoint.model_profile.name
-        allowed = set(inspect.signature(vllm.serve_command).parameters)
-        extra = {k: v for k, v in options.items() if k in allowed and k not in ("model", "port", "host")}
-        return vllm.serve_command(model=model, port=port, host=host, served_model_name=endpoint.name, **extra)
+        allowed = set(inspect.signature(vllm.serve_command).parameters) - {"model", "port", "host", "executable"}
+        allowed -= {"served_model_name", "extra_args"}
+        extra = {k: v for k, v in options.items() if k in allowed and v is not None}
+        for key, value in extra.items():
+            if not isinstance(value, bool):
+                argv_value(key, value)
+        flags = [str(a) for a in options.get("extra_args") or []]  # operator-only raw flags (endpoint API)
+        if any("\x00" in a or not a for a in flags):
+            raise ValueError("extra_args must be non-empty strings")
+        argv = vllm.serve_command(
+            model=argv_value("model", endpoint.model_profile.name),
+            port=port,
+            host=host,
+            served_model_name=argv_value("served model name", endpoint.name),
+            executable=argv_value("executable", options.get("executable") or "vllm"),
+            extra_args=flags,
+            **extra,
+        )
+        return argv
     argv = [sys.executable, "-m", "endpoints.runtimes.sim.cli", "--runtime", "sim", "--host", host]
-    argv += ["--port", str(port), "--served-model-name", endpoint.name]
+    argv += ["--port", str(port), "--served-model-name", argv_value("served model name", endpoint.name)]
     if options.get("profile"):
-        argv += ["--profile", str(options["profile"])]
-    argv += ["--speed", str(float(options.get("speed", 1.0)))]
-    for key, value in (options.get("profile_opts") or {}).items():
-        argv += ["--profile-opt", f"{key}={value}"]
-    for key, value in (options.get("faults") or {}).items():
-        argv += ["--fault", f"{key}={value}"]
+        argv += ["--profile", argv_value("profile", options["profile"])]
+    argv += ["--speed", argv_value("speed", float(options.get("speed", 1.0)))]
+    for flag, key in (("--profile-opt", "profile_opts"), ("--fault", "faults")):
+        for name, value in (options.get(key) or {}).items():
+            value = str(value).lower() if isinstance(value, bool) else value
+            argv += [flag, argv_value(f"{key}.{name}", f"{name}={argv_value(f'{key}.{name}', value)}")]
     return argv
 
 
@@ -131,7 +151,8 @@ class LocalActuator(Actuator):
                 version_id=launch_version_id(endpoint),
             )
             env = {**os.environ, **self._child_env(), **launch_vars}
-            with open(log_dir / f"{endpoint.name.replace('/', '_')}-{name}.log", "ab") as out:
+            # Named by id: the endpoint name is the tenant's choice (two names could map to one file).
+            with open(log_dir / f"endpoint-{endpoint.pk}-{name}.log", "ab") as out:
                 try:
                     proc = subprocess.Popen(
                         argv,
