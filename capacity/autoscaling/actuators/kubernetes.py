@@ -1,7 +1,7 @@
 """The Kubernetes actuator: one Deployment per endpoint, scaled through its ``scale`` subresource.
 
-``Endpoint.launch_options``: ``namespace`` (default ``default``), ``deployment`` (default the endpoint name with
-characters Kubernetes refuses replaced), ``port`` (the vLLM container port, default 8000). Pods matching the
+``Endpoint.launch_options``: ``namespace`` (default ``default``), ``deployment`` (default ``infercap-ep-<endpoint
+id>``: never the tenant-chosen endpoint name, two of which could map to one Deployment), ``port`` (the vLLM container port, default 8000). Pods matching the
 Deployment's selector are registered as replicas (name = pod name, url = pod IP). Scale-in picks the drained pod
 itself: it gets ``controller.kubernetes.io/pod-deletion-cost: -1000`` before the replica count drops, so the
 ReplicaSet removes that pod and not a busy one. A restart deletes the pod; the Deployment replaces it.
@@ -53,18 +53,24 @@ ROLE = "infercap/role"
 PROMOTED = "infercap/promoted"
 VERSION = "infercap/version"
 TEMPLATE = "infercap/template"
+ENDPOINT_ID = "infercap/endpoint-id"
+ENDPOINT_NAME = "infercap/endpoint-name"
 LIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
 
 
 def deployment_name(endpoint: Endpoint) -> str:
-    name = (endpoint.launch_options or {}).get("deployment") or endpoint.name
-    return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"endpoint-{endpoint.pk}"
+    """The operator's ``deployment`` launch option, else ``infercap-ep-<endpoint id>``: never derived from the
+    endpoint name, which tenants choose (``Llama.3.70B`` and ``llama_3_70b`` would both become ``llama-3-70b``)."""
+    name = (endpoint.launch_options or {}).get("deployment")
+    if not name:
+        return f"infercap-ep-{endpoint.pk}"
+    return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"infercap-ep-{endpoint.pk}"
 
 
 def standby_deployment_name(endpoint: Endpoint) -> str:
     name = (endpoint.launch_options or {}).get("standby_deployment")
     if name:
-        return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"endpoint-{endpoint.pk}-standby"
+        return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"infercap-ep-{endpoint.pk}-standby"
     return f"{deployment_name(endpoint)[:55].rstrip('-')}-standby"
 
 
@@ -200,7 +206,11 @@ class KubernetesActuator(Actuator):
         selector.setdefault("matchLabels", {})[VERSION] = str(number)
         pod = copy.deepcopy(spec.get("template") or {})
         pod.setdefault("metadata", {}).setdefault("labels", {})[VERSION] = str(number)
-        labels = {**((template.get("metadata") or {}).get("labels") or {}), VERSION: str(number)}
+        labels = {
+            **((template.get("metadata") or {}).get("labels") or {}),
+            VERSION: str(number),
+            ENDPOINT_ID: str(endpoint.pk),
+        }
         body = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -208,7 +218,8 @@ class KubernetesActuator(Actuator):
                 "name": name,
                 "namespace": self._ns(endpoint),
                 "labels": labels,
-                "annotations": {TEMPLATE: template_name},
+                # The endpoint's name for humans: an annotation, as names may hold characters labels refuse.
+                "annotations": {TEMPLATE: template_name, ENDPOINT_NAME: endpoint.name},
             },
             "spec": {
                 **{k: v for k, v in spec.items() if k in ("strategy", "minReadySeconds", "revisionHistoryLimit")},
