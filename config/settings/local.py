@@ -14,3 +14,6 @@ if (BACKENDS.embedded_database or BACKENDS.embedded_redis) and not os.environ.ge
     # Say once per process which backends are in use, so nobody mistakes the demo for production.
     os.environ["INFERCAP_QUIET"] = "1"
     print(f"infercap: {BACKENDS.describe()}", file=sys.stderr)
+
+# The proxy's /metrics needs a bearer token (production: INFERCAP_METRICS_TOKEN, else it answers 404).
+INFERCAP["METRICS_TOKEN"] = os.environ.get("INFERCAP_METRICS_TOKEN") or "local-metrics-token"  # noqa: F405

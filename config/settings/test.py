@@ -15,3 +15,5 @@ CELERY_TASK_EAGER_PROPAGATES = True
 INFERCAP["SNAPSHOT_POLL_S"] = 0.1  # noqa: F405
 # High enough that no test trips the API throttles by accident; tests/api/test_throttling.py lowers them.
 REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"principal": "100000/min", "anon": "100000/min"}  # noqa: F405
+# The proxy's /metrics needs a bearer token (none configured: 404); tests scrape with this one.
+INFERCAP["METRICS_TOKEN"] = "test-metrics-token"  # noqa: F405

@@ -7,6 +7,7 @@ The live proxy and the discrete-event simulator drive the same code with their o
 from endpoints.admission.classes import (
     CLASSES,
     CRITICAL,
+    ENGINE_PRIORITY,
     SHEDDABLE,
     STANDARD,
     effective_priority,
@@ -18,6 +19,7 @@ from endpoints.admission.queue import AdmissionQueue, OfferResult, QueuedItem
 __all__ = [
     "CLASSES",
     "CRITICAL",
+    "ENGINE_PRIORITY",
     "STANDARD",
     "SHEDDABLE",
     "rank",

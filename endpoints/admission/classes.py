@@ -5,6 +5,11 @@ STANDARD = "standard"
 SHEDDABLE = "sheddable"
 CLASSES: tuple[str, ...] = (CRITICAL, STANDARD, SHEDDABLE)  # served in this order
 _RANK = {name: i for i, name in enumerate(CLASSES)}
+# The ``priority`` the proxy sends the engine for each class (vLLM serves lower values first under
+# --scheduling-policy priority). The client's own ``priority`` never reaches the engine: it would let sheddable
+# traffic outrank critical traffic on the replica. All are above the health probe's (endpoints.health.PROBE_PRIORITY,
+# far below zero), so probes still jump every queue.
+ENGINE_PRIORITY: dict[str, int] = {CRITICAL: 0, STANDARD: 1, SHEDDABLE: 2}
 
 
 def rank(priority: str) -> int:

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import itertools
 import logging
 import time
 import uuid
 
-from capacity.units import estimate_prompt_tokens, estimate_request_mu, usage_mu
-from endpoints.admission import effective_priority
+from capacity.units import usage_mu
+from endpoints.admission import ENGINE_PRIORITY, effective_priority
 from endpoints.proxy import metrics as m
 from endpoints.proxy.errors import ProxyError, error_body, send_error, send_json, sse_error_event
 from endpoints.proxy.limits import LimiterUnavailable, buckets_for, retry_after_from_wait
-from endpoints.proxy.relay import Outcome, UpstreamFailed, plain_exchange, stream_exchange
-from endpoints.proxy.request import parse_request, read_body, requested_priority, upstream_payload
+from endpoints.proxy.relay import Outcome, PriorityRefused, UpstreamFailed, plain_exchange, stream_exchange
+from endpoints.proxy.request import parse_request, read_body, request_cost, requested_priority, upstream_payload
 from endpoints.proxy.runtime import Shed
 from endpoints.proxy.state import ProxyState, get_state
 from endpoints.routing.base import RouteRequest
@@ -91,12 +92,33 @@ async def application(scope, receive, send) -> None:
     elif path == "/v1/models" and method == "GET":
         await _models(scope, send)
     elif path == "/metrics" and method == "GET":
+        if not _metrics_allowed(_headers(scope)):
+            # Not 401: an unauthenticated caller learns nothing, not even that metrics are served here.
+            await _plain_error(send, 404, f"Unknown path {path}.", "not_found")
+            return
         body, content_type = m.exposition()
         headers = [(b"content-type", content_type.encode()), (b"x-request-id", new_request_id().encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
     else:
         await _plain_error(send, 404, f"Unknown path {path}.", "not_found")
+
+
+_metrics_token: bytes | None = None
+
+
+def _metrics_allowed(headers: dict[bytes, bytes]) -> bool:
+    """``Authorization: Bearer <INFERCAP_METRICS_TOKEN>``; with no token configured nobody may scrape (fail
+    closed). Read once per process; compared in constant time."""
+    global _metrics_token
+    if _metrics_token is None:
+        from endpoints.proxy.config import load_config
+
+        _metrics_token = load_config().metrics_token.encode()
+    if not _metrics_token:
+        return False
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), _metrics_token)
 
 
 async def _plain_error(send, status: int, message: str, code: str) -> None:
@@ -217,7 +239,7 @@ async def _completion(scope, receive, send, kind: str) -> None:
         raw = await read_body(
             receive, limit=cfg.max_body_bytes, content_length=content_length, timeout_s=cfg.body_timeout_s
         )
-        req = parse_request(kind, raw)
+        req = parse_request(kind, raw, max_n=cfg.max_n)
         found = state.snapshot.endpoints_by_name.get(req.model)
         if found is None or not found.visible_to(key.tenant_id):
             raise ProxyError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
@@ -238,10 +260,13 @@ async def _completion(scope, receive, send, kind: str) -> None:
             reservation=reservation.priority if reservation else None,
             requested=requested,
         )
-        prompt_tokens = estimate_prompt_tokens(req.prompt_chars)
-        mu_est = estimate_request_mu(endpoint.coeffs, prompt_tokens=prompt_tokens, max_tokens=req.max_tokens)
-        tokens_est = prompt_tokens + (req.max_tokens or 256)
-        buckets = buckets_for(reservation=reservation, mu=mu_est, tokens=tokens_est)
+        mu_est, tokens_est = request_cost(req, endpoint.coeffs)
+        buckets = buckets_for(
+            reservation=reservation,
+            mu=mu_est,
+            tokens=tokens_est,
+            best_effort_mu_per_min=cfg.best_effort_mu_per_min,
+        )
         if buckets:
             try:
                 wait_s, limit_name = await state.limiter.acquire(
@@ -270,11 +295,16 @@ async def _completion(scope, receive, send, kind: str) -> None:
         watcher = loop.create_task(_watch_disconnect(receive, ctx))
         runtime = state.runtime_for(endpoint)
         sid = headers.get(b"x-session-id")
+        session_id = session_id_of({"x-session-id": sid.decode("latin-1")} if sid else {}, req.body)
+        cache_salt = state.cache_salts.for_tenant(key.tenant_id)
         route = RouteRequest(
             request_id=request_id,
             prompt_text=prompt_text_of(req.body),
             mu=mu_est,
-            session_id=session_id_of({"x-session-id": sid.decode("latin-1")} if sid else {}, req.body),
+            # Per tenant, like the replicas' caches (the salt) and stickiness: another tenant's session id or
+            # identical prompt must not pull this request onto a replica as if it were a cache hit.
+            session_id=f"{key.tenant_id}:{session_id}" if session_id else None,
+            extra={"cache_salt": cache_salt},
         )
         try:
             slot, queue_s = await runtime.acquire(route, tenant=str(key.tenant_id), priority=priority, mu=mu_est)
@@ -288,7 +318,8 @@ async def _completion(scope, receive, send, kind: str) -> None:
                 retry_after=shed.retry_after,
                 usage_status="shed",
             ) from None
-        payload = upstream_payload(req)
+        engine_priority = ENGINE_PRIORITY[priority]
+        payloads: dict[bool, bytes] = {}  # by whether the replica takes ``priority``
         up_headers = {"content-type": "application/json", "x-request-id": request_id}
         response_headers = (_SSE_HEADERS if req.stream else []) + rid_header
         tried: set[str] = set()
@@ -302,8 +333,15 @@ async def _completion(scope, receive, send, kind: str) -> None:
         loop.call_later(
             min(cfg.ttft_timeout_s, cfg.idle_timeout_s) / 4, _watchdog, ctx, first_byte_s, cfg.idle_timeout_s, loop
         )
-        for attempt in (0, 1):
+        attempt = 0
+        while True:
             tried.add(slot.view.replica_id)
+            sends_priority = slot.takes_priority
+            payload = payloads.get(sends_priority)
+            if payload is None:
+                payload = payloads[sends_priority] = upstream_payload(
+                    req, cache_salt=cache_salt, engine_priority=engine_priority if sends_priority else None
+                )
             try:
                 if req.stream:
                     await stream_exchange(
@@ -316,6 +354,7 @@ async def _completion(scope, receive, send, kind: str) -> None:
                         forward_usage=req.client_wants_usage,
                         outcome=outcome,
                         connect_timeout_s=cfg.connect_timeout_s,
+                        priority_sent=sends_priority,
                     )
                 else:
                     await plain_exchange(
@@ -327,12 +366,21 @@ async def _completion(scope, receive, send, kind: str) -> None:
                         response_headers=response_headers,
                         outcome=outcome,
                         connect_timeout_s=cfg.connect_timeout_s,
+                        priority_sent=sends_priority,
                     )
                 break
+            except PriorityRefused:
+                # A replica on vLLM's default fcfs scheduler (launched by hand, or its options say priority but
+                # it is not): remember it and resend on the same slot without the field; nothing was sent yet.
+                log.warning("replica %s refuses 'priority' (fcfs scheduler); sending it none", slot.name)
+                slot.refused_priority = True
+                outcome.first_token_at = outcome.last_read_at = None
+                continue
             except UpstreamFailed as failed:
                 _note_failed_attempt(state, endpoint.id, slot.replica_id, request_id)
                 # Nothing reached the client yet: one retry on another replica, never mid-stream.
                 retry_slot = runtime.try_take(route, mu_est, exclude=tried) if attempt == 0 else None
+                attempt += 1
                 runtime.release(slot, route, mu_est, 0.0)
                 slot = retry_slot
                 if slot is None:

@@ -1,7 +1,7 @@
 """Proxy knobs, read once per process from ``settings.INFERCAP["PROXY"]`` overridden by environment variables."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def _f(name: str, default: float) -> float:
@@ -28,6 +28,12 @@ class ProxyConfig:
     rate_limit_fail_mode: str = "open"
     usage_flush_s: float = 0.25
     usage_batch: int = 500
+    max_n: int = 8  # completions per request (``n``, ``best_of``): each is charged, this bounds one request's work
+    # A tenant's best-effort traffic (no reservation) per endpoint, shared by every proxy process; 0 = unlimited.
+    # 1,000 MU/min is one GPU's worth: one tenant cannot take a whole fleet's spare capacity.
+    best_effort_mu_per_min: float = 1000.0
+    # Bearer token for GET /metrics (it names every tenant and private endpoint). Empty: /metrics answers 404.
+    metrics_token: str = field(default="", repr=False)
 
     @property
     def max_age_s(self) -> dict[str, float]:
@@ -45,6 +51,7 @@ def load_config() -> ProxyConfig:
     base = dict(knobs.get("PROXY", {}))
     base.setdefault("snapshot_poll_s", float(knobs.get("SNAPSHOT_POLL_S", 0.5)))
     base.setdefault("rate_limit_fail_mode", knobs.get("RATE_LIMIT_FAIL_MODE", "open"))
+    base.setdefault("metrics_token", os.environ.get("INFERCAP_METRICS_TOKEN") or knobs.get("METRICS_TOKEN") or "")
     cfg = ProxyConfig(**base)
     overrides = {}
     for name, value in cfg.__dict__.items():
@@ -53,6 +60,8 @@ def load_config() -> ProxyConfig:
             overrides[name] = os.environ[env_name] if isinstance(value, str) else type(value)(_f(env_name, value))
     if overrides:
         cfg = ProxyConfig(**{**cfg.__dict__, **overrides})
+    if cfg.max_n < 1:
+        raise ValueError("max_n must be at least 1")
     if cfg.rate_limit_fail_mode not in ("open", "closed"):
         raise ValueError("RATE_LIMIT_FAIL_MODE must be 'open' or 'closed'")
     return cfg

@@ -100,10 +100,17 @@ class Bucket:
     cost: float
 
 
-def buckets_for(*, reservation, mu: float, tokens: int) -> list[Bucket]:
-    """The buckets a request must pass. No reservation = best effort: no reserved MU to enforce."""
+BEST_EFFORT_BURST_MINUTES = 1.0
+
+
+def buckets_for(*, reservation, mu: float, tokens: int, best_effort_mu_per_min: float = 0.0) -> list[Bucket]:
+    """The buckets a request must pass. No reservation = best effort: nothing reserved to enforce, but a cap per
+    tenant (``best_effort_mu_per_min``, 0 = none) so one tenant cannot take all the capacity nobody reserved."""
     if reservation is None:
-        return []
+        if best_effort_mu_per_min <= 0:
+            return []
+        cap = best_effort_mu_per_min * BEST_EFFORT_BURST_MINUTES
+        return [Bucket("best_effort_mu", cap, best_effort_mu_per_min / 60.0, mu)]
     out = []
     if reservation.mu_per_min > 0:
         cap = max(reservation.mu_per_min * max(reservation.burst_minutes, 1 / 60), 1e-6)

@@ -24,6 +24,18 @@ class UpstreamFailed(Exception):
         self.status = status
 
 
+class PriorityRefused(UpstreamFailed):
+    """The replica refused the ``priority`` field with a 400: it runs vLLM's default fcfs scheduler. Nothing
+    reached the client; the caller resends without the field."""
+
+    def __init__(self) -> None:
+        super().__init__("replica refused 'priority' (fcfs scheduler)", status=400)
+
+
+def _refuses_priority(status: int, body: bytes, priority_sent: bool) -> bool:
+    return priority_sent and status == 400 and b"priority" in body.lower()
+
+
 @dataclass
 class Outcome:
     """What happened, for metering; filled in as the exchange progresses."""
@@ -72,6 +84,7 @@ async def stream_exchange(
     forward_usage: bool,
     outcome: Outcome,
     connect_timeout_s: float,
+    priority_sent: bool = False,
 ) -> None:
     # No read timeout here: the request's watchdog enforces TTFT and stream-idle limits (never a total one).
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
@@ -85,6 +98,8 @@ async def stream_exchange(
         if resp.status != 200:
             # A client error from the replica (prompt too long, bad parameter): pass it through unchanged.
             body = await resp.read()
+            if _refuses_priority(resp.status, body, priority_sent):
+                raise PriorityRefused()
             outcome.status = "upstream_error"
             outcome.error = f"replica answered {resp.status}"
             outcome.started_client = True
@@ -167,6 +182,7 @@ async def plain_exchange(
     response_headers: list,
     outcome: Outcome,
     connect_timeout_s: float,
+    priority_sent: bool = False,
 ) -> None:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
     try:
@@ -180,6 +196,8 @@ async def plain_exchange(
             raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
         if resp.status >= 500:
             raise UpstreamFailed(f"replica answered {resp.status}")
+        if _refuses_priority(resp.status, body, priority_sent):
+            raise PriorityRefused()
     outcome.first_token_at = outcome.finished_at = time.perf_counter()
     if resp.status == 200:
         try:

@@ -6,8 +6,10 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from capacity.units import TYPICAL_OUTPUT_TOKENS, MUCoefficients, estimate_prompt_tokens, estimate_request_mu
 from endpoints.admission import CLASSES
 from endpoints.proxy.errors import ProxyError
+from endpoints.proxy.isolation import CONTROLLED_FIELDS, STRIPPED_FIELDS, FieldRefused, engine_field_errors
 
 PRIORITY_HEADER = b"x-infercap-priority"
 
@@ -22,6 +24,8 @@ class ParsedRequest:
     client_wants_usage: bool
     max_tokens: int | None
     prompt_chars: int
+    completions: int = 1  # sequences the engine generates: max(n, best_of)
+    controlled: bool = False  # the body names a field the proxy sets or removes (see ``upstream_payload``)
 
 
 async def read_body(receive, *, limit: int, content_length: int | None, timeout_s: float = 10.0) -> bytes:
@@ -77,7 +81,7 @@ def _text_len(content) -> int:
     return 0
 
 
-def parse_request(kind: str, raw: bytes) -> ParsedRequest:
+def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -127,6 +131,11 @@ def parse_request(kind: str, raw: bytes) -> ParsedRequest:
         max_tokens = _opt_int(body, "max_tokens", minimum=1)
         if max_tokens is None:
             max_tokens = 16  # vLLM's and OpenAI's default for completions
+    completions = _completions(body, max_n=max_n)
+    try:
+        engine_field_errors(body)
+    except FieldRefused as refused:
+        raise _bad(str(refused), refused.param) from None
     # vLLM turns usage on once stream_options is present (include_usage defaults to true there).
     wants_usage = bool(stream and stream_options is not None and stream_options.get("include_usage", True))
     return ParsedRequest(
@@ -138,24 +147,63 @@ def parse_request(kind: str, raw: bytes) -> ParsedRequest:
         client_wants_usage=wants_usage,
         max_tokens=max_tokens,
         prompt_chars=prompt_chars,
+        completions=completions,
+        controlled=not CONTROLLED_FIELDS.isdisjoint(body),
     )
 
 
-def upstream_payload(req: ParsedRequest) -> bytes:
-    """The body sent to the replica: usage is always requested on streams so metering is exact."""
-    if not req.stream:
-        return req.raw
-    options = req.body.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage", True) is True:
-        return req.raw
-    if options is None:
-        # The common case: splice the option in before the object's closing brace instead of serialising the
-        # whole body again (the body was parsed as a JSON object, so its last non-blank byte is that brace).
+def _completions(body: dict, *, max_n: int) -> int:
+    """How many sequences one request makes the engine generate; bounded, since one admission slot and one
+    up-front charge would otherwise buy ``n`` times the work."""
+    n = _opt_int(body, "n", minimum=1) or 1
+    if n > max_n:
+        raise _bad(f"'n' is {n}; at most {max_n} completions per request are allowed.", "n")
+    best_of = _opt_int(body, "best_of", minimum=1)
+    if best_of is None:
+        return n
+    if best_of < n:
+        raise _bad(f"'best_of' ({best_of}) must be at least 'n' ({n}).", "best_of")
+    if best_of > max_n:
+        raise _bad(f"'best_of' is {best_of}; at most {max_n} candidates per request are allowed.", "best_of")
+    return best_of
+
+
+def request_cost(req: ParsedRequest, coeffs: MUCoefficients) -> tuple[float, int]:
+    """(MU, tokens) charged at admission and to the tenant's limits: the prompt once (its blocks are shared by
+    the request's sequences), the output once per sequence (``n`` or ``best_of``)."""
+    prompt_tokens = estimate_prompt_tokens(req.prompt_chars)
+    output_each = req.max_tokens if req.max_tokens is not None else TYPICAL_OUTPUT_TOKENS
+    mu = estimate_request_mu(coeffs, prompt_tokens=prompt_tokens, max_tokens=output_each * req.completions)
+    return mu, prompt_tokens + (req.max_tokens or 256) * req.completions
+
+
+def upstream_payload(req: ParsedRequest, *, cache_salt: str, engine_priority: int | None) -> bytes:
+    """The body sent to the replica: the tenant's cache salt and the admitted class's engine priority replace
+    whatever the client sent (``engine_priority`` None: the replica runs fcfs, which refuses the field, so it is
+    removed), fields no tenant may hand the engine are dropped, and usage is always requested on streams so
+    metering is exact."""
+    options = req.body.get("stream_options") if req.stream else None
+    need_usage = req.stream and not (isinstance(options, dict) and options.get("include_usage", True) is True)
+    if not req.controlled and (options is None or not need_usage):
+        # The common case: splice the proxy's fields in before the object's closing brace instead of serialising
+        # the whole body again (the body was parsed as a JSON object, so its last non-blank byte is that brace;
+        # it names none of these fields, so no key is duplicated).
         raw = req.raw.rstrip()
         if raw.endswith(b"}") and raw.lstrip()[:1] == b"{":
-            return raw[:-1] + b',"stream_options":{"include_usage":true}}'
-    body = dict(req.body)
-    body["stream_options"] = {**(options or {}), "include_usage": True}
+            tail = b',"cache_salt":"' + cache_salt.encode() + b'"'
+            if engine_priority is not None:
+                tail += b',"priority":' + str(int(engine_priority)).encode()
+            if need_usage:
+                tail += b',"stream_options":{"include_usage":true}'
+            return raw[:-1] + tail + b"}"
+    body = {k: v for k, v in req.body.items() if k not in STRIPPED_FIELDS}
+    body["cache_salt"] = cache_salt
+    if engine_priority is not None:
+        body["priority"] = int(engine_priority)
+    else:
+        body.pop("priority", None)
+    if need_usage:
+        body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -44,6 +44,12 @@ class Slot:
     removed: bool = False  # gone from the snapshot: finish what runs, take nothing new
     version_id: int | None = None  # the endpoint version the replica runs (traffic is split by version)
     limit: int = 0  # the replica's concurrency limit; view.concurrency_limit is this process's cap of it
+    configured_priority: bool = True  # launched with the priority scheduler (snapshot.ReplicaInfo.takes_priority)
+    refused_priority: bool = False  # answered a 400 naming ``priority``: it runs fcfs whatever its options say
+
+    @property
+    def takes_priority(self) -> bool:
+        return self.configured_priority and not self.refused_priority
 
 
 COST_RATIO_ALPHA = 0.05  # EWMA weight of one finished request (about the last 20 count)
@@ -96,10 +102,17 @@ class EndpointRuntime:
             if slot is None:
                 view = ReplicaView(replica_id=rid, concurrency_limit=cap, mu_capacity=mu_capacity)
                 self.slots[rid] = Slot(
-                    replica_id=r.id, name=r.name, url=r.url, view=view, version_id=r.version_id, limit=limit
+                    replica_id=r.id,
+                    name=r.name,
+                    url=r.url,
+                    view=view,
+                    version_id=r.version_id,
+                    limit=limit,
+                    configured_priority=r.takes_priority,
                 )
             else:
                 slot.url, slot.removed, slot.version_id, slot.limit = r.url, False, r.version_id, limit
+                slot.configured_priority = r.takes_priority
                 slot.view.concurrency_limit, slot.view.mu_capacity = cap, mu_capacity
                 slot.view.draining = False
         for rid, slot in list(self.slots.items()):

@@ -45,6 +45,9 @@ class ReplicaInfo:
     url: str
     concurrency_limit: int
     version_id: int | None = None  # the endpoint version it runs (hand-registered: the current one)
+    # Launched with --scheduling-policy priority (the platform's default), so the proxy sends the admitted class's
+    # engine priority; an fcfs replica refuses the field (400), so it gets none (``request.upstream_payload``).
+    takes_priority: bool = True
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,26 @@ class Snapshot:
         return [e for e in self.endpoints_by_name.values() if e.visible_to(tenant_id)]
 
 
+def takes_priority(launch_options) -> bool:
+    """Whether replicas launched with these options run vLLM's priority scheduler: the ``scheduling_policy``
+    option (``endpoints.runtimes.vllm.serve_command``, default priority) or a ``--scheduling-policy`` in
+    ``extra_args``, which vLLM reads last."""
+    options = launch_options if isinstance(launch_options, dict) else {}
+    policy = options.get("scheduling_policy") or "priority"
+    args = options.get("extra_args")
+    if isinstance(args, list):
+        for i, arg in enumerate(args):
+            if arg == "--scheduling-policy" and i + 1 < len(args):
+                policy = args[i + 1]
+            elif isinstance(arg, str) and arg.startswith("--scheduling-policy="):
+                policy = arg.partition("=")[2]
+    return policy == "priority"
+
+
 def load_snapshot(version: str = "") -> Snapshot:
     """Read everything the proxy needs in a fixed number of queries (sync: call from a worker thread)."""
     from capacity.unit_resolver import coefficients_by_endpoint
-    from endpoints.models import Endpoint, Replica, ReplicaState
+    from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
     from tenants.models import ApiKey, CapacityReservation
 
     keys = {}
@@ -101,15 +120,21 @@ def load_snapshot(version: str = "") -> Snapshot:
     endpoints = list(Endpoint.objects.select_related("model_profile"))
     coeffs = coefficients_by_endpoint(endpoints)
     current_version = {e.pk: e.current_version_id for e in endpoints}
+    priority_by_endpoint = {e.pk: takes_priority(e.launch_options) for e in endpoints}
+    priority_by_version = {
+        pk: takes_priority(options) for pk, options in EndpointVersion.objects.values_list("pk", "launch_options")
+    }
     replicas: dict[int, list[ReplicaInfo]] = {}
     for r in Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").order_by("id"):
+        version_id = r.version_id or current_version.get(r.endpoint_id)
         replicas.setdefault(r.endpoint_id, []).append(
             ReplicaInfo(
                 id=r.pk,
                 name=r.name,
                 url=r.url.rstrip("/"),
                 concurrency_limit=r.concurrency_limit,
-                version_id=r.version_id or current_version.get(r.endpoint_id),
+                version_id=version_id,
+                takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
             )
         )
     from endpoints.rollouts.selectors import traffic_weights_by_endpoint

@@ -23,6 +23,7 @@ from django.db import close_old_connections
 
 from endpoints.admission.shares import Member, allocate, fair_share
 from endpoints.proxy.config import ProxyConfig, load_config
+from endpoints.proxy.isolation import CacheSalts
 from endpoints.proxy.limits import RateLimiter
 from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.signals import VERSION_CHANNEL
@@ -117,6 +118,10 @@ def _load_in_thread(version: str) -> Snapshot:
 class ProxyState:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
+        # Every proxy process derives the same salts from the deployment's secret (no secret: no proxy).
+        self.cache_salts = CacheSalts(
+            getattr(settings, "INFERCAP", {}).get("CACHE_SALT_SECRET") or settings.SECRET_KEY
+        )
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.snapshot: Snapshot | None = None
         self.runtimes: dict[int, EndpointRuntime] = {}

@@ -7,6 +7,9 @@ import httpx
 
 from billing.models import UsageRecord
 
+# The proxy's /metrics takes a bearer token (config/settings/test.py); without it the path answers 404.
+METRICS_AUTH = {"Authorization": "Bearer test-metrics-token"}
+
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
     deadline = time.monotonic() + timeout

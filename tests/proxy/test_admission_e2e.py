@@ -12,7 +12,7 @@ from tenants.models import CapacityReservation
 from tenants.services import api_key_create
 from tests.factories import EndpointFactory
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import Held, assert_openai_error, chat_body, post, wait_for, wait_usage
+from tests.proxy.helpers import METRICS_AUTH, Held, assert_openai_error, chat_body, post, wait_for, wait_usage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -37,7 +37,7 @@ class Fired:
 
 
 def queued(base: str, endpoint: str, n: int) -> bool:
-    text = httpx.get(base + "/metrics").text
+    text = httpx.get(base + "/metrics", headers=METRICS_AUTH).text
     total = sum(
         float(v)
         for v in re.findall(
@@ -114,7 +114,7 @@ def test_saturation_queue_age_priority_and_eviction(procs, clean_redis, tenant_a
 
 
 def _in_flight(base: str, endpoint: str) -> float:
-    text = httpx.get(base + "/metrics").text
+    text = httpx.get(base + "/metrics", headers=METRICS_AUTH).text
     return sum(
         float(v)
         for v in re.findall(

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tenants.models import CapacityReservation
 from tests.factories import EndpointFactory
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import chat_body, post, wait_for
+from tests.proxy.helpers import METRICS_AUTH, chat_body, post, wait_for
 from tests.proxy.test_admission_e2e import Held
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -57,7 +57,7 @@ def test_demand_hash_metrics_and_scale_from_zero(procs, clean_redis, tenant_a):
     assert [r.status_code for r in results] == [200]
 
     # Prometheus exposition parses, with the series the issue names.
-    text = httpx.get(base + "/metrics").text
+    text = httpx.get(base + "/metrics", headers=METRICS_AUTH).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for wanted in (
         "infercap_proxy_requests",

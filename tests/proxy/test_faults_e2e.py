@@ -9,7 +9,7 @@ import pytest
 from billing.models import UsageRecord
 from tests.factories import EndpointFactory
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import assert_openai_error, chat_body, post, sse_events, wait_for
+from tests.proxy.helpers import METRICS_AUTH, assert_openai_error, chat_body, post, sse_events, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -30,7 +30,8 @@ def test_retry_midstream_error_and_timeouts(procs, clean_redis, tenant_a):
         r = post(base, key, chat_body("retry-model", max_tokens=3))
         assert r.status_code == 200 and sse_events(r.text)[-1] == "[DONE]"
     retries = re.search(
-        r'infercap_proxy_upstream_retries_total\{endpoint="retry-model"\} ([\d.]+)', httpx.get(base + "/metrics").text
+        r'infercap_proxy_upstream_retries_total\{endpoint="retry-model"\} ([\d.]+)',
+        httpx.get(base + "/metrics", headers=METRICS_AUTH).text,
     )
     assert retries and float(retries.group(1)) >= 1
     ok = wait_for(

@@ -75,17 +75,24 @@ def test_bad_requests_are_400_with_the_offending_param(kind, body, param):
     assert set(json.loads(exc.value.body())["error"]) == {"message", "type", "param", "code"}
 
 
+PROXY_SET = {"cache_salt": "tenant-salt", "priority": 1}
+
+
+def upstream(req) -> dict:
+    return json.loads(upstream_payload(req, cache_salt="tenant-salt", engine_priority=1))
+
+
 def test_usage_is_always_requested_upstream_but_only_forwarded_when_asked():
     plain = parse_request(
         "chat", json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
     )
     assert not plain.client_wants_usage
-    assert json.loads(upstream_payload(plain))["stream_options"] == {"include_usage": True}
+    assert upstream(plain)["stream_options"] == {"include_usage": True}
     asked = parse_request(
         "completions",
         json.dumps({"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}}).encode(),
     )
-    assert asked.client_wants_usage and upstream_payload(asked) == asked.raw
+    assert asked.client_wants_usage and upstream(asked) == {**asked.body, **PROXY_SET}
     refused = parse_request(
         "completions",
         json.dumps(
@@ -98,12 +105,12 @@ def test_usage_is_always_requested_upstream_but_only_forwarded_when_asked():
         ).encode(),
     )
     assert not refused.client_wants_usage
-    assert json.loads(upstream_payload(refused))["stream_options"] == {
+    assert upstream(refused)["stream_options"] == {
         "include_usage": True,
         "continuous_usage_stats": True,
     }
     unary = parse_request("completions", json.dumps({"model": "m", "prompt": ["a", "b"]}).encode())
-    assert unary.max_tokens == 16 and upstream_payload(unary) == unary.raw and unary.prompt_chars == 2
+    assert unary.max_tokens == 16 and upstream(unary) == {**unary.body, **PROXY_SET} and unary.prompt_chars == 2
 
 
 @pytest.mark.parametrize(
@@ -116,5 +123,4 @@ def test_usage_is_always_requested_upstream_but_only_forwarded_when_asked():
 )
 def test_usage_option_added_without_losing_or_corrupting_fields(raw):
     req = parse_request("completions", raw)
-    sent = json.loads(upstream_payload(req))
-    assert sent == {**req.body, "stream_options": {"include_usage": True}}
+    assert upstream(req) == {**req.body, "stream_options": {"include_usage": True}, **PROXY_SET}

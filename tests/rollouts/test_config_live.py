@@ -19,7 +19,7 @@ from endpoints.models import Endpoint, EndpointVersion, ReplicaState, ReplicaTra
 from tenants.models import CapacityReservation
 from tests.conftest import client_for
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import Held, chat_body, post
+from tests.proxy.helpers import METRICS_AUTH, Held, chat_body, post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -34,7 +34,7 @@ def replica_successes(port: int) -> float:
 def proxy_counters(base: str, endpoint: str) -> tuple[float, float]:
     """(ok requests, good requests) the proxy counted for this endpoint."""
     ok = good = 0.0
-    for family in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=5).text):
+    for family in text_string_to_metric_families(httpx.get(base + "/metrics", headers=METRICS_AUTH, timeout=5).text):
         for s in family.samples:
             if s.labels.get("endpoint") != endpoint or not s.name.endswith("_total"):
                 continue
@@ -46,7 +46,7 @@ def proxy_counters(base: str, endpoint: str) -> tuple[float, float]:
 
 
 def queue_depth(base: str, endpoint: str) -> float:
-    text = httpx.get(base + "/metrics", timeout=5).text
+    text = httpx.get(base + "/metrics", headers=METRICS_AUTH, timeout=5).text
     pattern = rf'infercap_proxy_queue_depth\{{endpoint="{re.escape(endpoint)}",priority="\w+"\}} ([\d.]+)'
     return sum(float(v) for v in re.findall(pattern, text))
 

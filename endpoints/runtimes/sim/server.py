@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and not), ``GET /v1/models``, ``/health``,
 ``/ping``, ``/version``, ``/load``, ``/metrics``; admin: ``GET|POST /admin/faults`` (JSON settings of
-``faults.Faults``), ``POST /admin/crash``, ``POST /reset_prefix_cache``. Responses echo ``X-Request-Id``.
+``faults.Faults``), ``POST /admin/crash``, ``POST /reset_prefix_cache``, ``GET /admin/received`` (the engine-facing
+fields of the last requests, as a router or proxy sent them). Responses echo ``X-Request-Id``.
 
 The engine runs in real time scaled by ``speed``: a modeled 20 ms step takes 2 ms of wall time at speed 10.
 Everything the replica reports (usage, ``/metrics`` latencies) is in simulated seconds. A client that
@@ -17,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 
 from aiohttp import web
 
@@ -41,6 +43,7 @@ logger = logging.getLogger(__name__)
 VERSION = "0.11.0+infercap.sim"
 CRASH_EXIT_CODE = 75
 STEP_CATCH_UP_S = 1.0  # wall seconds a late engine may catch up on (CPU starvation on a shared machine)
+RECEIVED_KEPT = 256
 
 
 class _Live:
@@ -101,6 +104,8 @@ class ReplicaServer:
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
         self.created = int(time.time())
         self.received = 0
+        # What the engine was asked for, per accepted request: lets tests check what a proxy forwards.
+        self.received_log: deque[dict] = deque(maxlen=RECEIVED_KEPT)
         self.crashed = False
         self._live: set[_Live] = set()
         self._runner: web.AppRunner | None = None
@@ -123,6 +128,7 @@ class ReplicaServer:
         app.router.add_get("/load", self.load)
         app.router.add_get("/metrics", self.metrics_view)
         app.router.add_get("/admin/faults", self.get_faults)
+        app.router.add_get("/admin/received", self.get_received)
         app.router.add_post("/admin/faults", self.set_faults)
         app.router.add_post("/admin/crash", self.crash_view)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
@@ -249,6 +255,14 @@ class ReplicaServer:
             )
         except BadRequest as exc:
             return self._error(exc, header_id)
+        self.received_log.append(
+            {
+                "request_id": parsed.request_id,
+                "priority": parsed.priority,
+                "cache_salt": parsed.cache_salt,
+                "fields": sorted(body),
+            }
+        )
         if self.faults.hang:
             await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
         now = self.now()
@@ -394,6 +408,9 @@ class ReplicaServer:
 
     async def get_faults(self, request: web.Request) -> web.Response:
         return web.json_response(self.faults.as_dict())
+
+    async def get_received(self, request: web.Request) -> web.Response:
+        return web.json_response({"received": list(self.received_log)})
 
     async def set_faults(self, request: web.Request) -> web.Response:
         try:
