@@ -143,7 +143,7 @@ class Command(BaseCommand):
             f"  OpenAPI schema {base}/api/schema/\n"
             f"  admin          {base}/admin/\n"
             f"  proxy          {base}/v1/  (OpenAI-compatible; model = {demo['endpoint']})\n"
-            f"  metrics        {base}/metrics\n"
+            f"  metrics        {base}/metrics  (-H 'Authorization: Bearer {settings.INFERCAP.get('METRICS_TOKEN', '')}')\n"
             f"  API key        {demo['api_key']}  (shown once)\n\n"
             f"try it:\n{curl}\n\n"
             "Ctrl-C stops everything.\n"
