@@ -12,7 +12,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "config.filters.ScopedFilterBackend",  # foreign keys by plain id: no probing other tenants' ids
         "rest_framework.filters.OrderingFilter",
     ],
     # Per person or key, and per address for anonymous calls; counted in the cache (Redis in production).
