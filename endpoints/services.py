@@ -4,7 +4,7 @@ import json
 import re
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from endpoints.models import REPLICA_TRANSITIONS, Endpoint, Replica, ReplicaState, ReplicaTransition
@@ -68,6 +68,12 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
 )
 
 
+# Endpoint names are one namespace (the proxy resolves the OpenAI ``model`` by name alone), so a taken name must be
+# refused; the message neither says whose it is nor that it is an endpoint (Django's "Endpoint with this Name
+# already exists"), the same for a tenant's own endpoint, another tenant's and a shared one.
+NAME_TAKEN = "is not available: choose another name"
+
+
 def _endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = None) -> None:
     """Field validators, uniqueness and the cross-field bounds of Endpoint.clean, all as one ValidationError.
 
@@ -75,9 +81,11 @@ def _endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None =
     endpoint; a new version asks for it, a live change leaves the stored options alone)."""
     errors: dict[str, list[str]] = {}
     try:
-        endpoint.full_clean()
+        endpoint.full_clean(validate_unique=False)
     except ValidationError as exc:
         errors.update(exc.message_dict)
+    if endpoint.name and Endpoint.objects.filter(name=endpoint.name).exclude(pk=endpoint.pk).exists():
+        errors.setdefault("name", []).append(NAME_TAKEN)
     if check_launch_values is None:
         check_launch_values = endpoint._state.adding
     if not isinstance(endpoint.launch_options, dict):
@@ -251,7 +259,11 @@ def endpoint_create(*, actor=None, **fields) -> Endpoint:
     _desired_within_bounds(endpoint, endpoint.desired_replicas)
     with transaction.atomic():
         _check_quota_locked(endpoint)
-        endpoint.save()
+        try:
+            with transaction.atomic():
+                endpoint.save()
+        except IntegrityError:  # the same name created meanwhile: the unique constraint is the last word
+            raise ValidationError({"name": [NAME_TAKEN]}) from None
         _audit(actor=actor, action="endpoint.create", endpoint=endpoint, detail={"name": endpoint.name})
         from endpoints.rollouts.services import ensure_current_version
 
@@ -289,7 +301,11 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
         _check_quota_locked(endpoint)
         # Only the live fields changed here: a full save would write back the versioned fields and current_version
         # as loaded, undoing a rollout's promotion that happened meanwhile.
-        endpoint.save(update_fields=sorted({*changes, "desired_replicas", "updated_at"}))
+        try:
+            with transaction.atomic():
+                endpoint.save(update_fields=sorted({*changes, "desired_replicas", "updated_at"}))
+        except IntegrityError:
+            raise ValidationError({"name": [NAME_TAKEN]}) from None
         if diff:
             _audit(actor=actor, action="endpoint.update", endpoint=endpoint, detail={"changes": diff})
     return endpoint

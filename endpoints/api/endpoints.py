@@ -9,7 +9,14 @@ from rest_framework.response import Response
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
-from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, ReplicaState, Rollout
+from endpoints.models import (
+    ROLLOUT_ACTIVE_STATES,
+    VERSIONED_FIELDS,
+    Endpoint,
+    ReplicaState,
+    Rollout,
+    model_name_validator,
+)
 from endpoints.rollouts.services import apply_versioned_changes
 from endpoints.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
@@ -55,6 +62,9 @@ class EndpointSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
         # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].
         read_only_fields = ["id", "desired_replicas", "current_version", "created_at", "updated_at"]
+        # Uniqueness is the services' (endpoints.services.NAME_TAKEN): DRF's validator would say "endpoint with
+        # this name already exists" about another tenant's endpoint.
+        extra_kwargs = {"name": {"validators": [model_name_validator]}}
 
     def validate(self, attrs):
         principal = principal_from(self)
