@@ -60,9 +60,11 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _visible_ids(self, ids: list[int]) -> list[int]:
-        from console.access import endpoints_visible_to
+        # Queue depth sums every tenant's queued requests: only operators and an endpoint's owner may watch it (a
+        # tenant reserving on a shared endpoint sees its own figures, not its neighbours' queues).
+        from endpoints.selectors import endpoints_owned_by
 
-        return sorted(endpoints_visible_to(self.scope["user"]).filter(pk__in=ids).values_list("pk", flat=True))
+        return sorted(endpoints_owned_by(self.scope["user"]).filter(pk__in=ids).values_list("pk", flat=True))
 
     async def _poll_queues(self, endpoint_ids: list[int]) -> None:
         from console.selectors import queue_depth

@@ -18,7 +18,7 @@ from django.db.models.functions import TruncHour
 from billing.models import UsageMinute
 from billing.selectors import SLOBudget, slo_budgets
 from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
-from capacity.ledger import EndpointLedger, capacity_ledger
+from capacity.ledger import EndpointLedger, TenantLedgerRow, capacity_ledger
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, Replica, ReplicaState, ReplicaTransition
 from tenants.models import Tenant
@@ -114,6 +114,18 @@ def endpoint_ledger(*, endpoint: Endpoint, now: datetime) -> EndpointLedger:
     return capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk=endpoint.pk)).endpoints[0]
 
 
+def tenant_endpoint_ledger(*, endpoint: Endpoint, tenant_id: int, now: datetime) -> TenantLedgerRow | None:
+    """The tenant's own row of the endpoint's ledger (reserved, used, throttled, shed): the API's tenant view."""
+    rows = capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk=endpoint.pk), tenant_id=tenant_id).tenants
+    return next((row for row in rows if row.tenant_id == tenant_id), None)
+
+
+def shows_whole_endpoint(*, user, endpoint: Endpoint) -> bool:
+    """Operators and the owning tenant see an endpoint's totals; a tenant that only reserves capacity on a shared
+    endpoint sees its own figures (other tenants' sales, use, sheds and queues are theirs)."""
+    return bool(user.is_operator or (endpoint.owner_tenant_id and endpoint.owner_tenant_id == user.tenant_id))
+
+
 def bucket_quantile(q: float, bounds: tuple[int, ...], cumulative: list[float], total: float) -> float | None:
     """Quantile from cumulative ``≤ bound`` counts, interpolating linearly inside the bucket (as Prometheus'
     histogram_quantile does). Beyond the last bound it answers the last bound: the rollup knows no more."""
@@ -145,18 +157,19 @@ TTFT_FIELDS = [f"ttft_le_{b}" for b in TTFT_BOUNDS_MS]
 TPOT_FIELDS = [f"tpot_le_{b}" for b in TPOT_BOUNDS_MS]
 
 
-def endpoint_series(*, endpoint: Endpoint, now: datetime, minutes: int = 60) -> EndpointSeries:
-    """Per-minute series over the last ``minutes`` from the usage rollups (summed over tenants)."""
+def endpoint_series(
+    *, endpoint: Endpoint, now: datetime, minutes: int = 60, tenant_id: int | None = None
+) -> EndpointSeries:
+    """Per-minute series over the last ``minutes`` from the usage rollups (summed over tenants, or only
+    ``tenant_id``'s rows: a tenant on a shared endpoint sees its own traffic, not its neighbours')."""
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(minutes=minutes)
     buckets = [start + timedelta(minutes=i) for i in range(minutes)]
     sums = ["requests", "ok", "upstream_errors", "timeouts", "shed", "mu", *TTFT_FIELDS, *TPOT_FIELDS]
-    rows = (
-        UsageMinute.objects.filter(endpoint=endpoint, start__gte=start, start__lt=end)
-        .values("start")
-        .annotate(**{f"s_{name}": Sum(name) for name in sums})
-        .order_by("start")
-    )
+    usage = UsageMinute.objects.filter(endpoint=endpoint, start__gte=start, start__lt=end)
+    if tenant_id is not None:
+        usage = usage.filter(tenant_id=tenant_id)
+    rows = usage.values("start").annotate(**{f"s_{name}": Sum(name) for name in sums}).order_by("start")
     by_minute = {row["start"]: row for row in rows}
     series = EndpointSeries([b.timestamp() for b in buckets], [], [], [], [], [], [])
     for bucket in buckets:

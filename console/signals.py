@@ -72,7 +72,9 @@ def decision_saved(sender, instance: AutoscalerDecision, created: bool, raw: boo
         "desired": instance.desired,
         "reason": instance.reason,
     }
-    publish(kind="decision", payload=payload, tenant_ids=tenant_ids_seeing(instance.endpoint))
+    # The reason carries the endpoint's whole demand: operators and the owner only, not tenants reserving on it.
+    owner = instance.endpoint.owner_tenant_id
+    publish(kind="decision", payload=payload, tenant_ids={owner} if owner else set())
 
 
 @receiver(post_save, sender=RolloutEvent, dispatch_uid="console.rollout_event_saved")

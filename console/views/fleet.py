@@ -22,6 +22,8 @@ from console.selectors import (
     fleet_rows,
     queue_depth,
     recent_decisions,
+    shows_whole_endpoint,
+    tenant_endpoint_ledger,
 )
 from console.views.common import confirm_then_run
 from console.views.rollouts import rollout_panel
@@ -66,25 +68,31 @@ def endpoint_detail(request, endpoint_id: int):
     endpoint = endpoint_for(request.user, endpoint_id)
     now = timezone.now()
     minutes = 60
-    series = endpoint_series(endpoint=endpoint, now=now, minutes=minutes)
-    decisions = recent_decisions(endpoint=endpoint, since=now - timedelta(minutes=minutes))
+    whole = shows_whole_endpoint(user=request.user, endpoint=endpoint)
+    # A tenant reserving on a shared endpoint: its own usage, sold and shed figures only (as the API's ledger), no
+    # queue depth or autoscaler reasons (both are every tenant's demand).
+    own = None if whole else request.user.tenant_id
+    series = endpoint_series(endpoint=endpoint, now=now, minutes=minutes, tenant_id=own)
+    decisions = recent_decisions(endpoint=endpoint, since=now - timedelta(minutes=minutes)) if whole else []
     replicas = endpoint_replicas(endpoint, include_stopped=request.GET.get("stopped") == "1")
     ledger = endpoint_ledger(endpoint=endpoint, now=now)
     context = {
         "endpoint": endpoint,
         "replicas": replicas,
         "decisions": decisions,
+        "whole_endpoint": whole,
         "ledger": ledger,
+        "own": None if whole else tenant_endpoint_ledger(endpoint=endpoint, tenant_id=own, now=now),
         "budgets": budgets_by_endpoint(request.user).get(endpoint.name, []),
-        "queue": queue_depth(endpoint.pk),
-        "charts": _endpoint_charts(endpoint, series, decisions, ledger.replica_mu_per_min),
+        "queue": queue_depth(endpoint.pk) if whole else {},
+        "charts": _endpoint_charts(endpoint, series, decisions, ledger.replica_mu_per_min, whole=whole),
         "rollouts": rollout_panel(endpoint=endpoint, user=request.user),
         "now": now,
     }
     return render(request, "console/endpoint_detail.html", context)
 
 
-def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float) -> dict:
+def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float, *, whole: bool = True) -> dict:
     xs = series.minutes
     markers = [
         charts.Marker(
@@ -107,7 +115,7 @@ def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float) -> 
             "Queue depth by priority class",
             [
                 charts.Series(cls, points)
-                for cls, points in queue_history(endpoint.pk, since=xs[0] if xs else 0).items()
+                for cls, points in (queue_history(endpoint.pk, since=xs[0] if xs else 0) if whole else {}).items()
             ],
             y_label="queued requests",
         ),
@@ -132,7 +140,7 @@ def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float) -> 
             markers=markers,
         ),
         "mu": charts.LineChart(
-            "MU used vs capacity",
+            "MU used vs capacity" if whole else "MU used by your tenant vs capacity",
             [
                 charts.Series("used MU/min", list(zip(xs, series.mu_per_min, strict=True))),
                 charts.Series("capacity MU/min", list(zip(xs, capacity, strict=True))),
