@@ -6,25 +6,16 @@ import time
 import httpx
 
 from billing.models import UsageRecord
+from tests.waiting import wait_for  # also imported from here by the end-to-end tests
 
 # The proxy's /metrics takes a bearer token (config/settings/test.py); without it the path answers 404.
 METRICS_AUTH = {"Authorization": "Bearer test-metrics-token"}
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
 def wait_usage(count: int, timeout: float = 10.0, **filters) -> list[UsageRecord]:
     """Usage records arrive in batches off the request path; wait until ``count`` of them exist."""
     wait_for(lambda: UsageRecord.objects.filter(**filters).count() >= count, timeout)
-    time.sleep(0.3)  # and make sure no extra one follows
+    time.sleep(0.3)  # on purpose: a window in which an extra (duplicate) record would show up
     return list(UsageRecord.objects.filter(**filters).order_by("started_at"))
 
 
