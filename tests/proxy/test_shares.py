@@ -18,6 +18,7 @@ from endpoints.proxy.snapshot import ReplicaInfo
 from endpoints.proxy.state import _HEARTBEAT, ProxyState, _parse_members
 from endpoints.routing.base import RouteRequest
 from tests.rollouts.test_traffic_split import info
+from tests.waiting import wait_for, wait_for_async
 
 CRIT, STD, SHED = 0, 1, 2
 
@@ -146,11 +147,18 @@ def test_the_heartbeat_grants_only_what_the_other_live_members_leave_free(member
 def test_a_dead_members_holdings_go_back_after_its_ttl(members_redis):
     beat = members_redis.register_script(_HEARTBEAT)
     args = [json.dumps({}), json.dumps({"r": 8}), json.dumps({}), "0.2", json.dumps({"r": 8})]
+    before_a_beat = time.monotonic()
     beat(keys=["test:members"], args=["a", *args])
     assert _parse_members(beat(keys=["test:members"], args=["b", *args]))["b"].holdings == {"r": 0}
-    time.sleep(0.3)  # "a" stopped beating
-    members = _parse_members(beat(keys=["test:members"], args=["b", *args]))
-    assert set(members) == {"b"} and members["b"].holdings == {"r": 8}
+
+    def b_beats_alone():
+        members = _parse_members(beat(keys=["test:members"], args=["b", *args]))
+        return members if set(members) == {"b"} else None
+
+    # "a" stops beating; "b" goes on until "a" is counted out.
+    members = wait_for(b_beats_alone, timeout=5, interval=0.02, message='"a" counted out')
+    assert time.monotonic() - before_a_beat >= 0.2, "counted out before its TTL"
+    assert members["b"].holdings == {"r": 8}
 
 
 def test_a_runtime_reports_running_and_queued_requests_per_class_and_stops_admitting_at_its_allocation():
@@ -162,15 +170,14 @@ def test_a_runtime_reports_running_and_queued_requests_per_class_and_stops_admit
         routes = [RouteRequest(request_id=f"r{i}", prompt_text="hi") for i in range(4)]
         running = [await rt.acquire(routes[i], tenant="t", priority="critical", mu=1.0) for i in range(2)]
         waiting = asyncio.ensure_future(rt.acquire(routes[2], tenant="t", priority="sheddable", mu=1.0))
-        await asyncio.sleep(0)
+        await wait_for_async(lambda: rt.demand_by_replica()[rid][SHED], timeout=5, message="the third request queued")
         assert rt.demand_by_replica() == {rid: (2, 0, 1)}  # 2 critical running, 1 sheddable queued
         rt.lower_caps({rid: 1})  # the allocation shrank: nothing new is admitted, nothing running is cut
         rt.release(running[0][0], routes[0], 1.0, 1.0)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.05)  # on purpose: loop turns in which a wrong admission would happen
         assert not waiting.done() and rt.demand_by_replica() == {rid: (1, 0, 1)}
         rt.apply_caps({rid: 2})
-        await asyncio.sleep(0)
-        slot, _ = waiting.result()
+        slot, _ = await asyncio.wait_for(waiting, timeout=5)
         assert rt.demand_by_replica() == {rid: (1, 0, 1)}  # now running, no longer queued
         rt.release(slot, routes[2], 1.0, 1.0)
         assert rt.demand_by_replica() == {rid: (1, 0, 0)}
