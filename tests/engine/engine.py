@@ -103,7 +103,8 @@ def start_engine(
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=engine_env(),
-        # Not the repository root: its packages (config, platform, tests) would shadow the engine's imports.
+        # Not the repository root, so its top-level packages (config, platform, tests) stay off the engine's
+        # import path (a precaution: the API server imports cleanly from there today).
         cwd=str(model_dir.parent),
         start_new_session=True,
         preexec_fn=_die_with_parent,
