@@ -44,3 +44,15 @@ def replicas_visible_to(principal) -> QuerySet[Replica]:
     if principal_is_operator(principal):
         return queryset
     return queryset.filter(endpoint__in=endpoints_visible_to(principal).values("pk"))
+
+
+def replicas_with_placement_visible_to(principal) -> QuerySet[Replica]:
+    """Replicas whose placement (address, actuator, pod or process) the principal may see: the operators' all, a
+    tenant's those of the endpoints it owns. On a shared endpoint it only reserves on, a tenant sees that replicas
+    exist and how healthy they are, not where they run on the platform's network."""
+    return Replica.objects.filter(endpoint__in=endpoints_owned_by(principal).values("pk"))
+
+
+def replica_placement_visible(*, replica: Replica, principal) -> bool:
+    """The per-row form of ``replicas_with_placement_visible_to``, without a query (the endpoint's owner is a column)."""
+    return endpoint_is_owned_by(endpoint=replica.endpoint, principal=principal)

@@ -1,10 +1,16 @@
-"""/api/v1/replicas/: read-only view of the replicas behind visible endpoints, with their lifecycle history."""
+"""/api/v1/replicas/: read-only view of the replicas behind visible endpoints, with their lifecycle history.
+
+Where a replica runs (its URL, actuator, pod or process name, and failure or transition texts that quote pids,
+ports and addresses) is shown to operators and the endpoint's owner only; a tenant that reserves on a shared
+endpoint sees each replica's state and health under a neutral name (``replica-<id>``), and an ``actuator`` filter
+matches only the replicas whose placement it may see.
+"""
 
 from rest_framework import serializers
 
 from config.api_base import ScopedReadOnlyViewSet
 from endpoints.models import Replica, ReplicaTransition
-from endpoints.selectors import replicas_visible_to
+from endpoints.selectors import replica_placement_visible, replicas_visible_to, replicas_with_placement_visible_to
 
 
 class ReplicaTransitionSerializer(serializers.ModelSerializer):
@@ -24,6 +30,17 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "created_at",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def to_representation(self, replica):
+        data = super().to_representation(replica)
+        request = self.context.get("request")
+        if request is not None and not replica_placement_visible(replica=replica, principal=request.user):
+            # Addresses, pids and pod names of a shared endpoint map the platform's internal network for whoever
+            # reserves on it; its health is what such a tenant needs.
+            data.update(name=f"replica-{replica.pk}", url="", actuator="", failure_reason="")
+            for transition in data.get("transitions") or ():
+                transition["reason"] = ""
+        return data
 
 
 class ReplicaDetailSerializer(ReplicaSerializer):
@@ -48,6 +65,12 @@ class ReplicaViewSet(ScopedReadOnlyViewSet):
 
     def get_serializer_class(self):
         return ReplicaDetailSerializer if self.action == "retrieve" else ReplicaSerializer
+
+    def filter_queryset(self, queryset):
+        if "actuator" in self.request.query_params:
+            # Filtering by actuator would tell which one runs a shared endpoint's replicas, which the rows hide.
+            queryset = queryset.filter(pk__in=replicas_with_placement_visible_to(self.request.user).values("pk"))
+        return super().filter_queryset(queryset)
 
 
 def register(router) -> None:

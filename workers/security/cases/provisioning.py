@@ -393,3 +393,42 @@ def shared_totals(world: SecurityWorld) -> str:
     b_page = outsider.get(url).content.decode()
     expect("4,567.0 MU/min" in b_page and "123.0 MU/min" not in b_page, "B's page shows A's reservation")
     return "A's member and admin see their 123 MU/min only: no B reservation, total, demand reason, pid or queues"
+
+
+# -- replica placement on shared endpoints --------------------------------------------------------------------------
+@security_case(
+    "isolation.replica_placement_hidden",
+    "tenant A lists a shared endpoint's replicas to learn their addresses, actuator, pod names and pids",
+)
+def replica_placement_hidden(world: SecurityWorld) -> str:
+    from endpoints.models import Replica, ReplicaState
+    from endpoints.services import replica_transition
+    from tenants.models import CapacityReservation
+
+    shared = _endpoint(world, "shared-replicas", owner=None)
+    CapacityReservation.objects.create(tenant=world.a.tenant, endpoint=shared, mu_per_min=10.0)
+    pod = f"infercap-ep-{shared.pk}-5d8f9c-x2x9q"
+    replica = Replica.objects.create(
+        endpoint=shared,
+        name=pod,
+        url="http://10.42.7.19:8000",
+        actuator="kubernetes",
+        actuator_ref=pod,
+        state=ReplicaState.STARTING,
+    )
+    replica_transition(replica=replica, to_state=ReplicaState.FAILED, reason="pid 31337 exited on 10.42.7.19")
+    secrets_ = (pod, "10.42.7.19", "31337", "kubernetes")
+    for who, label in ((world.a.member, "A's member"), (world.a.keys["read"], "A's read key")):
+        api = world.api(who)
+        listed = api.get(reverse("replica-list"), {"endpoint": shared.pk})
+        detail = api.get(reverse("replica-detail", args=[replica.pk]))
+        expect(listed.status_code == 200 and detail.status_code == 200, f"{label} cannot read them: proves nothing")
+        expect(detail.json()["state"] == ReplicaState.FAILED, f"{label} does not see the replica's state")
+        for response in (listed, detail):
+            seen = [s for s in secrets_ if s in response.content.decode()]
+            expect(not seen, f"{label} sees {seen}")
+        probe = api.get(reverse("replica-list"), {"endpoint": shared.pk, "actuator": "kubernetes"})
+        expect(probe.json()["results"] == [], f"{label}: ?actuator=kubernetes matches the replica")
+    operator = world.api(world.operator).get(reverse("replica-detail", args=[replica.pk])).json()
+    expect(operator["url"] == "http://10.42.7.19:8000", "the operator does not see the URL: proves nothing")
+    return "A's member and read key see state and health as replica-<id>; no URL, actuator, pod name or pid"
