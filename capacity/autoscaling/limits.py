@@ -55,3 +55,26 @@ def launch_allowance(
             allowed = limit
             notes.append(f"{name} allows {limit}")
     return allowed, notes
+
+
+def rollout_surge_allowance(
+    *, wanted: int, baseline: int, left: QuotaLeft, old_gpus_per_replica: int, new_gpus_per_replica: int
+) -> tuple[int, str]:
+    """The largest surge up to ``wanted`` a rollout may run within the tenant's quota (0: none fits), and why when
+    it is less than ``wanted``.
+
+    A rollout of ``baseline`` (B) ready replicas with surge S keeps at most B + S alive (``endpoints.rollouts.
+    machine``): S replicas more than now, and at most max(B·g_old + S·g_new, B·g_new + S·g_old) GPUs, the peaks of
+    its first and its last batch. ``left`` is what the tenant has left with those B replicas already counted."""
+    old, new = max(1, old_gpus_per_replica), max(1, new_gpus_per_replica)
+    base = max(0, baseline)
+    why = ""
+    for surge in range(max(0, wanted), 0, -1):
+        extra_gpus = max(base * old + surge * new, base * new + surge * old) - base * old
+        if left.serving is not None and surge > left.serving:
+            why = f"the tenant's replica quota has {max(0, left.serving)} replica(s) left"
+        elif left.gpus is not None and extra_gpus > left.gpus:
+            why = f"the tenant's GPU quota has {max(0, left.gpus)} GPU(s) left, a surge of {surge} needs {extra_gpus}"
+        else:
+            return surge, why
+    return 0, why

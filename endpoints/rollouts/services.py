@@ -39,6 +39,7 @@ from endpoints.models import (
 )
 from endpoints.rollouts import machine
 from endpoints.rollouts.selectors import active_rollout, version_stats
+from tenants.quotas import lock_tenant
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +266,14 @@ def start_rollout(
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():
+        lock_tenant(endpoint.owner_tenant_id)  # the surge's quota check, one at a time with the autoscaler's launches
         Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         if active_rollout(endpoint) is not None:
             raise ValidationError("a rollout is already in progress for this endpoint")
         baseline = _replicas_of(endpoint, from_version, current=from_version).filter(state=ReplicaState.READY).count()
+        max_surge, surge_note = _surge_within_quota(
+            endpoint=endpoint, from_version=from_version, to_version=to_version, baseline=baseline, max_surge=max_surge
+        )
         try:
             with transaction.atomic():  # the one-active-rollout constraint, should a writer bypass the lock above
                 rollout = Rollout.objects.create(
@@ -293,7 +298,8 @@ def start_rollout(
             "created",
             "",
             RolloutState.PENDING,
-            f"v{from_version.number} → v{to_version.number}, {strategy}, baseline {baseline} ready replica(s)",
+            f"v{from_version.number} → v{to_version.number}, {strategy}, baseline {baseline} ready replica(s)"
+            + surge_note,
         )
         _audit(
             user,
@@ -302,6 +308,35 @@ def start_rollout(
             {"rollout": rollout.pk, "from": from_version.number, "to": to_version.number, "strategy": strategy},
         )
     return rollout
+
+
+def _surge_within_quota(
+    *, endpoint: Endpoint, from_version: EndpointVersion, to_version: EndpointVersion, baseline: int, max_surge: int
+) -> tuple[int, str]:
+    """The rollout's surge replicas are launches like the autoscaler's: a tenant-owned endpoint's must fit what its
+    quota has left (``capacity.autoscaling.limits``), so the surge is capped, or the rollout refused if none fits.
+    Called with the tenant's row locked (``lock_tenant``), as the autoscaler launches."""
+    from capacity.autoscaling.limits import rollout_surge_allowance
+    from capacity.autoscaling.services import quota_left
+
+    if endpoint.owner_tenant_id is None:
+        return max_surge, ""
+    facts = machine.RolloutFacts(state=RolloutState.PENDING, now=0.0, state_since=0.0, baseline_ready=baseline)
+    wanted = machine.surge(facts, machine.RolloutConfig(max_surge=max_surge))
+    allowed, why = rollout_surge_allowance(
+        wanted=wanted,
+        baseline=baseline,
+        left=quota_left(endpoint, exclude_own_serving=False),
+        old_gpus_per_replica=from_version.hardware_profile.gpus_per_replica,
+        new_gpus_per_replica=to_version.hardware_profile.gpus_per_replica,
+    )
+    if allowed < 1:
+        raise ValidationError(
+            {"max_surge": [f"no surge replica fits the tenant's quota ({why}); ask an operator to raise the quota"]}
+        )
+    if allowed < wanted:
+        return allowed, f"; surge capped at {allowed} of {wanted}: {why}"
+    return max_surge, ""
 
 
 def pause_rollout(*, rollout: Rollout, user=None, reason: str = "") -> Rollout:

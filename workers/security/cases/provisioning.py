@@ -195,6 +195,7 @@ BAD_VALUES = [
 def launch_options_allowlist(world: SecurityWorld) -> str:
     from capacity.autoscaling.actuators.local import replica_argv
     from endpoints.models import Endpoint
+    from endpoints.runtimes.vllm import argv_model
 
     mine = world.a.endpoint
     stored = dict(mine.launch_options or {})
@@ -234,7 +235,7 @@ def launch_options_allowlist(world: SecurityWorld) -> str:
         launch_options={"model": "--trust-remote-code", "max_num_seqs": 32},
     )
     argv = replica_argv(row, port=8001)
-    expect(argv[:3] == ["vllm", "serve", row.model_profile.name], f"the argv serves {argv[:3]}")
+    expect(argv_model(argv) == row.model_profile.name, f"the argv serves {argv_model(argv)}")
     expect("--trust-remote-code" not in argv, f"the stored flag reached the argv: {argv}")
     expect(argv[argv.index("--served-model-name") + 1] == row.name, "the served model name is not the endpoint's")
     refused = []
@@ -432,3 +433,61 @@ def replica_placement_hidden(world: SecurityWorld) -> str:
     operator = world.api(world.operator).get(reverse("replica-detail", args=[replica.pk])).json()
     expect(operator["url"] == "http://10.42.7.19:8000", "the operator does not see the URL: proves nothing")
     return "A's member and read key see state and health as replica-<id>; no URL, actuator, pod name or pid"
+
+
+# -- rollout surges --------------------------------------------------------------------------------------------------
+@security_case(
+    "capacity.rollout_surge_quota",
+    "at a full quota, tenant A changes its endpoint's launch options so that a rollout surges replicas beyond it",
+)
+def rollout_surge_quota(world: SecurityWorld) -> str:
+    from endpoints.models import EndpointVersion, Replica, ReplicaState, Rollout
+    from endpoints.rollouts import services as rollouts
+    from tenants.quotas import live_usage
+
+    tenant = world.a.tenant
+    endpoint = _endpoint(world, "surge", owner=tenant, launch_options={"actuator": "local"}, max_replicas=2)
+    for n in range(2):  # rows only: the local actuator's replicas, running as far as the rollout can tell
+        Replica.objects.create(
+            endpoint=endpoint, name=f"local-bench-{n}", actuator="local", state=ReplicaState.READY, url=""
+        )
+    held = live_usage(tenant.pk).serving_replicas
+    tenant.quota_max_replicas = held  # full: every replica the quota allows is running
+    tenant.save(update_fields=["quota_max_replicas"])
+    versions = EndpointVersion.objects.filter(endpoint=endpoint).count()
+    url = reverse("endpoint-detail", args=[endpoint.pk])
+    change = {"launch_options": {"actuator": "local", "speed": 3.0}}
+    for who, label in ((world.a.admin, "admin"), (world.a.keys["write"], "write key")):
+        response = world.api(who).patch(url, change, format="json")
+        expect(response.status_code == 400, f"{label}: the change answered {response.status_code}")
+        message = str(response.json().get("max_surge"))
+        expect("quota" in message, f"{label}: refused without naming the quota: {response.content[:160]}")
+    expect(not Rollout.objects.filter(endpoint=endpoint).exists(), "a rollout was started")
+    expect(EndpointVersion.objects.filter(endpoint=endpoint).count() == versions, "a version was left behind")
+    # One replica of room: the same change starts a rollout whose surge is capped to it.
+    tenant.quota_max_replicas = held + 1
+    tenant.save(update_fields=["quota_max_replicas"])
+    response = world.api(world.a.admin).patch(url, change, format="json")
+    expect(
+        response.status_code == 200, f"with room for one the change failed ({response.status_code}): proves nothing"
+    )
+    rollout = Rollout.objects.get(endpoint=endpoint)
+    expect(rollout.max_surge == 1, f"the rollout surges {rollout.max_surge} with room for 1")
+    # An operator starting one on the tenant's endpoint is held to the same quota.
+    rollouts.rollback_rollout(rollout=rollout, user=world.operator, reason="bench")
+    Rollout.objects.filter(pk=rollout.pk).update(state="rolled_back")
+    tenant.quota_max_replicas = held
+    tenant.save(update_fields=["quota_max_replicas"])
+    v3 = rollouts.create_version(
+        endpoint=endpoint, user=world.operator, launch_options={"actuator": "local", "speed": 4.0}
+    )
+    started = world.api(world.operator).post(
+        reverse("rollout-list"), {"endpoint": endpoint.pk, "to_version": v3.pk, "max_surge": 4}, format="json"
+    )
+    expect(
+        started.status_code == 400 and "max_surge" in started.json(), f"the operator's start: {started.status_code}"
+    )
+    return (
+        f"at a full quota ({held} replicas) the tenant's change is 400 on max_surge, nothing left behind; with room "
+        "for one the rollout surges 1; an operator's start at a full quota is 400 too"
+    )
