@@ -1,5 +1,6 @@
 """Throttles: REST API requests per principal (a person or a key) and per anonymous client; failed console and
-admin logins per username and address, so passwords cannot be guessed at line speed.
+admin logins per username and address, so passwords cannot be guessed at line speed (wrong current passwords on
+/api/v1/me/ and /api/v1/me/password/ count as failed logins: ``password_attempt``).
 
 Counts live in Django's cache (Redis in production, shared by every web process; in memory on the embedded
 demo). Rates and limits come from settings (REST_FRAMEWORK's DEFAULT_THROTTLE_RATES, INFERCAP["LOGIN_THROTTLE"]).
@@ -7,17 +8,22 @@ demo). Rates and limits come from settings (REST_FRAMEWORK's DEFAULT_THROTTLE_RA
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
+from rest_framework.exceptions import Throttled
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
 from tenants.selectors import principal_is_api_key
+
+T = TypeVar("T")
 
 # --- REST API ----------------------------------------------------------------------------------------------------
 
@@ -112,6 +118,25 @@ def login_succeeded(*, username: str, address: str, limits: LoginLimits | None =
 def client_address(request) -> str:
     # REMOTE_ADDR only: X-Forwarded-For is whatever the client wants it to be unless a trusted proxy rewrote it.
     return request.META.get("REMOTE_ADDR", "") if request is not None else ""
+
+
+def password_attempt(*, request, username: str, field: str, attempt: Callable[[], T]) -> T:
+    """Run ``attempt``, a service that checks the caller's current password (a ValidationError on ``field`` when it
+    is wrong), under the login lock-out: refused with 429 while this username is locked out from this address, and
+    a wrong password counts as a failed login. Otherwise a stolen session could guess the password at API speed
+    through /api/v1/me/ while the login form stays locked."""
+    address = client_address(request)
+    wait_s = login_blocked_for_s(username=username, address=address)
+    if wait_s:
+        raise Throttled(wait=wait_s, detail="Too many failed password attempts.")
+    try:
+        result = attempt()
+    except ValidationError as exc:
+        if field in getattr(exc, "error_dict", {}):
+            login_failed(username=username, address=address)
+        raise
+    login_succeeded(username=username, address=address)
+    return result
 
 
 class ThrottledLoginMixin:

@@ -157,8 +157,22 @@ def user_create(
     return user
 
 
+# Whoever sets a user's email address receives that user's password reset links: an admin who could change it
+# would reset the password to the new address and log in as that person.
+EMAIL_SELF_OR_OPERATOR = (
+    "only the user changes their own email address (PATCH /api/v1/me/ with their current password), or an operator"
+)
+
+
 @transaction.atomic
 def user_update(*, user: User, actor=None, password: str | None = None, **changes) -> User:
+    if (
+        "email" in changes
+        and changes["email"] != user.email
+        and actor is not None
+        and not getattr(actor, "is_operator", False)
+    ):
+        raise ValidationError({"email": [EMAIL_SELF_OR_OPERATOR]})
     diff = _changes(user, changes)
     if "role" in changes:
         user.is_staff = user.role == Role.OPERATOR
@@ -185,6 +199,22 @@ def user_password_change(*, user: User, old_password: str, new_password: str) ->
         user.set_password(new_password)
         user.save(update_fields=["password"])
         audit_log(actor=user, action="user.password_change", obj=user, tenant=user.tenant)
+    return user
+
+
+def user_email_change(*, user: User, current_password: str, email: str) -> User:
+    """A person changes their own email address; the current password proves it is them, not someone holding their
+    session who wants the reset links sent elsewhere."""
+    if not user.check_password(current_password):
+        raise ValidationError({"current_password": ["is not your current password"]})
+    before = user.email
+    user.email = email
+    with transaction.atomic():
+        _validated_save(user)
+        if before != email:
+            audit_log(
+                actor=user, action="user.email_change", obj=user, tenant=user.tenant, detail={"email": [before, email]}
+            )
     return user
 
 

@@ -1,5 +1,6 @@
-"""/api/v1/me/: who the caller is, for clients and the console to adapt to the caller's role;
-/api/v1/me/password/: a person changes their own password."""
+"""/api/v1/me/: who the caller is, for clients and the console to adapt to the caller's role; a person changes their
+own email address there (PATCH, with the current password); /api/v1/me/password/: a person changes their own
+password. Wrong current passwords count as failed logins and share their lock-out (``config.throttling``)."""
 
 from django.contrib.auth import update_session_auth_hash
 from django.urls import path
@@ -9,9 +10,10 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.throttling import password_attempt
 from tenants.keys import ApiKeyPrincipal
 from tenants.selectors import principal_can_write, principal_is_api_key, principal_is_operator
-from tenants.services import user_password_change
+from tenants.services import user_email_change, user_password_change
 
 
 class TenantBriefSerializer(serializers.Serializer):
@@ -22,6 +24,7 @@ class TenantBriefSerializer(serializers.Serializer):
 
 class MeSerializer(serializers.Serializer):
     username = serializers.CharField()
+    email = serializers.CharField(help_text="where password reset links go (empty for an API key)")
     role = serializers.CharField(help_text="operator, tenant_admin, tenant_member, or api_key")
     tenant = TenantBriefSerializer(allow_null=True)
     is_operator = serializers.BooleanField()
@@ -30,22 +33,45 @@ class MeSerializer(serializers.Serializer):
     scopes = serializers.ListField(child=serializers.CharField())
 
 
+class EmailChangeSerializer(serializers.Serializer):
+    email = serializers.EmailField(allow_blank=True)
+    current_password = serializers.CharField(write_only=True, trim_whitespace=False, style={"input_type": "password"})
+
+
 class MeView(APIView):
     @extend_schema(responses={200: MeSerializer})
     def get(self, request):
-        principal = request.user
-        is_key = isinstance(principal, ApiKeyPrincipal)
-        tenant = principal.tenant
-        body = {
-            "username": principal.username,
-            "role": "api_key" if is_key else principal.role,
-            "tenant": {"id": tenant.pk, "name": tenant.name, "slug": tenant.slug} if tenant else None,
-            "is_operator": principal_is_operator(principal),
-            "can_write": principal_can_write(principal),
-            "api_key_prefix": principal.api_key.prefix if is_key else None,
-            "scopes": sorted(principal.api_key.scopes) if is_key else [],
-        }
-        return Response(MeSerializer(body).data)
+        return Response(MeSerializer(_me(request.user)).data)
+
+    @extend_schema(request=EmailChangeSerializer, responses={200: MeSerializer})
+    def patch(self, request):
+        """Change your own email address (where reset links go); your current password is required."""
+        if principal_is_api_key(request.user):
+            raise PermissionDenied("an API key has no email address; sign in as a person")
+        serializer = EmailChangeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        password_attempt(
+            request=request,
+            username=request.user.username,
+            field="current_password",
+            attempt=lambda: user_email_change(user=request.user, **serializer.validated_data),
+        )
+        return Response(MeSerializer(_me(request.user)).data)
+
+
+def _me(principal) -> dict:
+    is_key = isinstance(principal, ApiKeyPrincipal)
+    tenant = principal.tenant
+    return {
+        "username": principal.username,
+        "email": "" if is_key else principal.email,
+        "role": "api_key" if is_key else principal.role,
+        "tenant": {"id": tenant.pk, "name": tenant.name, "slug": tenant.slug} if tenant else None,
+        "is_operator": principal_is_operator(principal),
+        "can_write": principal_can_write(principal),
+        "api_key_prefix": principal.api_key.prefix if is_key else None,
+        "scopes": sorted(principal.api_key.scopes) if is_key else [],
+    }
 
 
 class PasswordChangeSerializer(serializers.Serializer):
@@ -65,7 +91,12 @@ class PasswordChangeView(APIView):
             raise PermissionDenied("an API key has no password; sign in as a person")
         serializer = PasswordChangeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = user_password_change(user=request.user, **serializer.validated_data)
+        user = password_attempt(
+            request=request,
+            username=request.user.username,
+            field="old_password",
+            attempt=lambda: user_password_change(user=request.user, **serializer.validated_data),
+        )
         # Keep the session that made the change; every other one (perhaps a thief's) ends with the old hash.
         if hasattr(request, "session"):
             update_session_auth_hash(request, user)

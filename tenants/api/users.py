@@ -1,7 +1,8 @@
 """/api/v1/users/: tenant admins manage their tenant's users; operators manage everyone.
 
 People only: an API key may list users but never create, change or delete one, and nobody sets another
-person's password here (a new account's first password aside). Each person changes their own at
+person's password here (a new account's first password aside), nor, unless an operator, an email address (it is
+where reset links go: each person changes their own at PATCH /api/v1/me/). Each person changes their own at
 /api/v1/me/password/; an admin who must get someone back in resets it (a mailed one-time link).
 """
 

@@ -1,7 +1,8 @@
 """Accounts, keys, throttling, settings and filter probing: a leaked key cannot become a person or outlive
-itself, nobody sets another person's password, a stolen session cannot change the password without the old one,
-floods and password guessing are refused, a server started without its settings module refuses to run in
-development mode, and a foreign id in a filter answers like a missing one.
+itself, nobody sets another person's password or (unless an operator) email address, a stolen session cannot change
+the password without the old one nor guess it faster than at the login form, floods and password guessing are
+refused, a server started without its settings module refuses to run in development mode, and a foreign id in a
+filter answers like a missing one.
 
 Every case attacks the real views (Django's test client, real session and Bearer authentication) or, for the
 settings, real child processes. The throttle cases count under cache keys of their own and delete them after,
@@ -238,6 +239,103 @@ def reset_only_by_mailed_link(world: SecurityWorld) -> str:
     return (
         f"{len(refused)} resets refused ({', '.join(str(r.status_code) for r in refused.values())}); a legitimate "
         "one locks the password, mails only the user a one-time link, and the admin's reply holds no token"
+    )
+
+
+@security_case(
+    "accounts.admin_cannot_redirect_email",
+    "a tenant admin sets a colleague's email to their own address, then resets the password to take the account",
+)
+def admin_cannot_redirect_email(world: SecurityWorld) -> str:
+    from tenants.models import Role
+
+    outbox = getattr(mail, "outbox", None)
+    expect(outbox is not None, "mail is not captured (no test environment): cannot check where the reset goes")
+    victim, password = _person(world, world.a, "victim", role=Role.TENANT_MEMBER, email=f"{world.tag}@victim.example")
+    admin = world.api(world.a.admin)
+    attacker = f"{world.tag}@attacker.example"
+    attempts = {
+        "a colleague's": admin.patch(reverse("user-detail", args=[victim.pk]), {"email": attacker}, format="json"),
+        "its own, via the users API": admin.patch(
+            reverse("user-detail", args=[world.a.admin.pk]), {"email": attacker}, format="json"
+        ),
+    }
+    wrong = [f"{label} {r.status_code}" for label, r in attempts.items() if r.status_code != 400]
+    expect(not wrong, "email changed by an admin: " + ", ".join(wrong))
+    expect(all("me/" in str(r.json().get("email")) for r in attempts.values()), "refused without saying where")
+    victim.refresh_from_db()
+    expect(victim.email == f"{world.tag}@victim.example", f"the victim's email is now {victim.email}")
+    # The person themself, with their password, and an operator still can.
+    own = Client()
+    expect(own.login(username=victim.username, password=password), "the victim cannot log in: proves nothing")
+    mine = own.patch(
+        reverse("me"),
+        {"email": f"{world.tag}@new.example", "current_password": password},
+        content_type="application/json",
+    )
+    expect(mine.status_code == 200, f"the person's own change failed ({mine.status_code})")
+    fixed = world.api(world.operator).patch(
+        reverse("user-detail", args=[victim.pk]), {"email": f"{world.tag}@ops.example"}, format="json"
+    )
+    expect(fixed.status_code == 200, f"the operator's change failed ({fixed.status_code})")
+    # The admin's reset reaches the person at the address they (or an operator) chose, never the attacker's.
+    del outbox[:]
+    reset = admin.post(reverse("user-reset-password", args=[victim.pk]))
+    expect(reset.status_code == 200, f"the reset failed ({reset.status_code}): proves nothing")
+    expect([m.to for m in outbox] == [[f"{world.tag}@ops.example"]], f"the reset went to {[m.to for m in outbox]}")
+    return (
+        "an admin's change of a colleague's or its own email is 400; self (with password) and operator may; "
+        "the reset goes to the user"
+    )
+
+
+@security_case(
+    "throttle.password_change_lockout",
+    "a stolen session guesses the current password at /api/v1/me/password/ and /api/v1/me/ at API speed",
+)
+def password_change_lockout(world: SecurityWorld) -> str:
+    from config.throttling import LoginLimits
+    from tenants.models import Role
+
+    limits = LoginLimits.from_settings()
+    net = secrets.randbelow(100)
+    address, elsewhere = f"203.0.113.{net + 1}", f"203.0.113.{net + 101}"
+    victim, password = _person(world, world.a, "guessed-pw", role=Role.TENANT_MEMBER)
+    used = [(victim.username, a) for a in (address, elsewhere)]
+    _login_counters_forget(used)
+    new = _password()
+    try:
+        thief = world.api(victim)
+        for n in range(limits.failures_per_user_address):
+            guess = thief.post(
+                reverse("me-password"), {"old_password": f"guess-{n}", "new_password": new}, REMOTE_ADDR=address
+            )
+            expect(guess.status_code == 400, f"guess {n + 1} answered {guess.status_code}")
+        right = {"old_password": password, "new_password": new}
+        locked = thief.post(reverse("me-password"), right, REMOTE_ADDR=address)
+        retry_after = locked.get("Retry-After", "")
+        expect(
+            locked.status_code == 429 and retry_after.isdigit() and 1 <= int(retry_after) <= limits.window_s,
+            f"the right password after the limit answered {locked.status_code} (Retry-After {retry_after!r})",
+        )
+        email = thief.patch(
+            reverse("me"),
+            {"email": "x@attacker.example", "current_password": password},
+            format="json",
+            REMOTE_ADDR=address,
+        )
+        expect(email.status_code == 429, f"the email change in the lock-out answered {email.status_code}")
+        _, logged_in = _login("/accounts/login/", victim.username, password, address)
+        expect(not logged_in, "the console login is not locked by the API's failures")
+        victim.refresh_from_db()
+        expect(victim.check_password(password) and victim.email == "", "the account changed during the lock-out")
+        elsewhere_ok = world.api(victim).post(reverse("me-password"), right, REMOTE_ADDR=elsewhere)
+        expect(elsewhere_ok.status_code == 200, f"another address was locked too ({elsewhere_ok.status_code})")
+    finally:
+        _login_counters_forget(used)
+    return (
+        f"after {limits.failures_per_user_address} wrong old passwords the right one is 429 with Retry-After, the "
+        "email change too, and the console login is locked; another address unaffected (counters deleted)"
     )
 
 
