@@ -108,6 +108,11 @@ INFERCAP = {
     # When Redis cannot be reached the limiter admits ("open") or refuses ("closed").
     "RATE_LIMIT_FAIL_MODE": env("INFERCAP_RATE_LIMIT_FAIL_MODE", "open"),
     "SPOOL_DIR": str(VAR_DIR / "spool"),
+    # Real vLLM replicas (endpoints.runtimes.vllm): the engine interpreter, run in module form (empty: .venv-engine's
+    # from `make engine` when it exists, else the `vllm` console script), and where a model profile's name may
+    # name a directory of weights (var/engine/tiny-llama is the tests' tiny model).
+    "VLLM_PYTHON": env("INFERCAP_VLLM_PYTHON", ""),
+    "VLLM_MODELS_DIR": env("INFERCAP_VLLM_MODELS_DIR", str(VAR_DIR / "engine")),
     # Console and admin logins: locked for the rest of the window after this many failures per username and
     # address, or per address across usernames (config.throttling).
     "LOGIN_THROTTLE": {

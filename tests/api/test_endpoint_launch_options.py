@@ -8,6 +8,7 @@ from django.urls import reverse
 from capacity.autoscaling.actuators.local import replica_argv
 from endpoints.models import Endpoint
 from endpoints.runtimes.launch_options import argv_value, tenant_launch_option_errors
+from endpoints.runtimes.vllm import argv_model
 from endpoints.services import endpoint_update
 from tests.factories import EndpointFactory, HardwareProfileFactory, ModelProfileFactory
 
@@ -121,7 +122,7 @@ def test_a_hostile_stored_model_value_cannot_inject_a_flag():
         launch_options={"model": "--trust-remote-code", "max_num_seqs": 32},
     )
     argv = replica_argv(endpoint, port=8001)
-    assert argv[:3] == ["vllm", "serve", "llama-13b"]
+    assert argv_model(argv) == "llama-13b"  # `vllm serve llama-13b` or `python -m ... --model llama-13b`
     assert "--trust-remote-code" not in argv
     assert argv[argv.index("--served-model-name") + 1] == endpoint.name
     assert argv[argv.index("--max-num-seqs") + 1] == "32"

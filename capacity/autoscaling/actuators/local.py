@@ -1,9 +1,16 @@
-"""The local actuator: replicas as processes on this host, on free ports (simulated vLLM, or ``vllm serve``).
+"""The local actuator: replicas as processes on this host, on free ports (simulated vLLM, or real vLLM).
 
 Launch options come from ``Endpoint.launch_options``: for ``sim`` endpoints ``profile``, ``speed``,
-``profile_opts`` (dict), ``faults`` (dict); for ``vllm`` endpoints any ``serve_command`` option (the model is the
-endpoint's model profile);
-for both ``cpus`` (the replica's CPU allotment: thread pools are sized from it, see ``launch_env``).
+``profile_opts`` (dict), ``faults`` (dict); for ``vllm`` endpoints any ``serve_command`` option, and the
+operator-only ``cpu_kvcache_gib`` and ``offline`` (``launch_env.vllm_engine_env``); for both ``cpus`` (the
+replica's CPU allotment: thread pools are sized from it, see ``launch_env``).
+
+A ``vllm`` replica serves the endpoint's model profile (a directory of that name under
+``INFERCAP["VLLM_MODELS_DIR"]`` when there is one) under the endpoint's name, from the engine interpreter
+(``INFERCAP["VLLM_PYTHON"]``, else .venv-engine's) in module form, else the ``vllm`` console script; it runs
+outside the repository root and without the platform's environment, and is ready when ``GET /health`` answers 200
+(it binds its port long before the model is loaded). The ready transition records the cold start.
+
 A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
 signal does not take them down; the worker that started one reaps it, any other finds it by pid.
 """
@@ -11,6 +18,7 @@ signal does not take them down; the worker that started one reaps it, any other 
 import inspect
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +41,8 @@ from endpoints.runtimes.sim.process import free_port
 log = logging.getLogger(__name__)
 
 BASE_DIR = Path(__file__).resolve().parents[3]
+# What `make engine` installs: vLLM for CPUs (scripts/install_engine.sh); the default engine interpreter.
+ENGINE_PYTHON = BASE_DIR / ".venv-engine" / "bin" / "python"
 # Popen objects of the processes this Python process started, so exits are reaped (no zombies counted alive).
 _CHILDREN: dict[int, subprocess.Popen] = {}
 
@@ -53,25 +63,38 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _signal(pid: int, sig: int, *, group: bool) -> None:
+    # A replica leads its own session (start_new_session): its group holds what it started, such as vLLM's
+    # engine-core process, which would outlive a signal to the API server alone.
+    try:
+        os.killpg(pid, sig) if group else os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def stop_pid(pid: int, *, grace_s: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after the grace period; returns once the process is gone."""
+    """SIGTERM to the replica's process group, then SIGKILL after the grace period; returns once it is gone."""
     if not pid_alive(pid):
         _CHILDREN.pop(pid, None)
         return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    group = _leads_group(pid)
+    _signal(pid, signal.SIGTERM, group=group)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if not pid_alive(pid):
             break
         time.sleep(0.05)
     else:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal(pid, signal.SIGKILL, group=group)
+    if group:
+        _signal(pid, signal.SIGKILL, group=True)  # whatever of the group outlived its leader
     child = _CHILDREN.pop(pid, None)
     if child is not None:
         try:
@@ -87,7 +110,7 @@ def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> l
     options = dict(endpoint.launch_options or {})
     if endpoint.runtime == Runtime.VLLM:
         allowed = set(inspect.signature(vllm.serve_command).parameters) - {"model", "port", "host", "executable"}
-        allowed -= {"served_model_name", "extra_args"}
+        allowed -= {"served_model_name", "extra_args", "python"}
         extra = {k: v for k, v in options.items() if k in allowed and v is not None}
         for key, value in extra.items():
             if not isinstance(value, bool):
@@ -95,13 +118,23 @@ def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> l
         flags = [str(a) for a in options.get("extra_args") or []]  # operator-only raw flags (endpoint API)
         if any("\x00" in a or not a for a in flags):
             raise ValueError("extra_args must be non-empty strings")
+        # Operator-only, like every option outside the tenant allowlist: an interpreter or console script.
+        chosen = {k: argv_value(k, options[k]) for k in ("executable", "python") if options.get(k)}
+        launch = vllm.launcher(
+            python=chosen.get("python") or vllm.engine_python(_setting("VLLM_PYTHON"), default=ENGINE_PYTHON),
+            executable=chosen.get("executable"),
+        )
+        models_dir = _setting("VLLM_MODELS_DIR")
         argv = vllm.serve_command(
-            model=argv_value("model", endpoint.model_profile.name),
+            model=argv_value(
+                "model",
+                vllm.model_argument(endpoint.model_profile.name, models_dir=Path(models_dir) if models_dir else None),
+            ),
             port=port,
             host=host,
             served_model_name=argv_value("served model name", endpoint.name),
-            executable=argv_value("executable", options.get("executable") or "vllm"),
             extra_args=flags,
+            **launch,
             **extra,
         )
         return argv
@@ -118,11 +151,21 @@ def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> l
 
 
 def replica_env(endpoint: Endpoint) -> dict[str, str]:
-    """Thread-pool sizes from the replica's CPU allotment (``cpus`` launch option), not this host's core count."""
+    """Thread-pool sizes from the replica's CPU allotment (``cpus`` launch option), not this host's core count;
+    for vLLM also its own variables (``vllm.serve_env``)."""
     options = endpoint.launch_options or {}
     if endpoint.runtime == Runtime.VLLM:
         return vllm.serve_env(options)
     return launch_env(options, runtime=endpoint.runtime)
+
+
+def _setting(name: str):
+    return settings.INFERCAP.get(name) or None
+
+
+def cold_start_s(replica: Replica, *, now=None) -> float:
+    """Seconds from the replica's launch (its row) to now: its cold start when it has just turned ready."""
+    return ((now or timezone.now()) - replica.created_at).total_seconds()
 
 
 class LocalActuator(Actuator):
@@ -141,6 +184,8 @@ class LocalActuator(Actuator):
                 launch_vars = replica_env(endpoint)
             except (TypeError, ValueError) as exc:
                 raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
+            if endpoint.runtime == Runtime.VLLM and shutil.which(argv[0]) is None:
+                raise ActuatorError(f"cannot start {argv[0]!r}: {vllm.ENGINE_MISSING}")
             replica = Replica.objects.create(
                 endpoint=endpoint,
                 name=name,
@@ -150,7 +195,13 @@ class LocalActuator(Actuator):
                 concurrency_limit=endpoint.concurrency_limit,
                 version_id=launch_version_id(endpoint),
             )
-            env = {**os.environ, **self._child_env(), **launch_vars}
+            if endpoint.runtime == Runtime.VLLM:
+                # Third-party code: none of the platform's settings or credentials, and not the repository root as
+                # its working directory (``python -m`` puts that first on the import path, where this repository's
+                # top-level packages, ``platform`` among them, would shadow the standard library's).
+                env, cwd = {**vllm.engine_base_env(), **launch_vars}, log_dir
+            else:
+                env, cwd = {**os.environ, **self._child_env(), **launch_vars}, BASE_DIR
             # Named by id: the endpoint name is the tenant's choice (two names could map to one file).
             with open(log_dir / f"endpoint-{endpoint.pk}-{name}.log", "ab") as out:
                 try:
@@ -159,7 +210,7 @@ class LocalActuator(Actuator):
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
-                        cwd=str(BASE_DIR),
+                        cwd=str(cwd),
                         env=env,
                         start_new_session=True,
                     )
@@ -231,7 +282,9 @@ class LocalActuator(Actuator):
                 if self.healthy(replica.url):
                     if replica.state == ReplicaState.PENDING:
                         self.move(replica, ReplicaState.STARTING, "process up")
-                    self.move(replica, ReplicaState.READY, "health check passed")
+                    # Ready once GET /health answers 200 (vLLM binds its port long before its model is loaded).
+                    seconds = cold_start_s(replica)
+                    self.move(replica, ReplicaState.READY, f"health check passed: cold start {seconds:.1f} s")
                 elif (now - replica.created_at).total_seconds() > self.start_timeout_s:
                     self.move(replica, ReplicaState.FAILED, f"not healthy after {self.start_timeout_s:.0f} s")
                     self.terminate([replica], reason="start timed out")
