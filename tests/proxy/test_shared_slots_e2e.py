@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from billing.models import UsageRecord
 from endpoints.proxy.state import MEMBERS_KEY
 from tenants.models import CapacityReservation
 from tenants.services import api_key_create
@@ -32,6 +33,37 @@ def _requests_at_replica(url: str) -> int:
 
 def _holdings(client) -> list[int]:
     return [sum(json.loads(v).get("h", {}).values()) for v in client.hgetall(MEMBERS_KEY).values()]
+
+
+def _members(client) -> list[dict]:
+    return [json.loads(v) for v in client.hgetall(MEMBERS_KEY).values()]
+
+
+def _all_beaten_after(client, moment: float) -> float | None:
+    """The last beat time once every member has beaten after ``moment`` (Redis' clock); None before."""
+    times = [m["t"] for m in _members(client)]
+    return max(times) if times and min(times) > moment else None
+
+
+def _admitted_at(request_ids: list[str]) -> list[float]:
+    """When each request left its proxy's queue (arrival plus queue time, from its usage record), in order."""
+
+    def records():
+        found = {r.request_id: r for r in UsageRecord.objects.filter(request_id__in=request_ids)}
+        return found if len(found) == len(request_ids) else None
+
+    found = wait_for(records, message="the usage records")
+    return [found[i].started_at.timestamp() + (found[i].queue_ms or 0.0) / 1000 for i in request_ids]
+
+
+def _beaten_with_demand(client, demands: set[tuple[int, ...]]) -> float | None:
+    """When the last of ``demands`` (running + queued per class, summed over replicas) was published, once every
+    one of them is in some member's last heartbeat; None before."""
+    seen = {}
+    for member in _members(client):
+        per_replica = list(member.get("q", {}).values())
+        seen[tuple(sum(column) for column in zip(*per_replica, strict=True))] = member["t"]
+    return max(seen[d] for d in demands) if demands <= set(seen) else None
 
 
 def _two_proxies(procs, clean_redis, endpoint, raw_key):
@@ -110,7 +142,8 @@ def test_critical_requests_queued_in_one_proxy_take_slots_before_sheddable_ones_
     _, sheddable_key = api_key_create(tenant=tenant_a.tenant, name="sheddable", max_priority="sheddable")
     limit = 2
     spawn_replica(procs, endpoint=endpoint, name="r1", speed=1.0, concurrency_limit=limit)
-    a, b = spawn_proxy(procs), spawn_proxy(procs)
+    # The queue-age limit is not under test: under load the late sheddable request may wait past the 2 s default.
+    a, b = spawn_proxy(procs, max_age_sheddable_s=30), spawn_proxy(procs, max_age_sheddable_s=30)
     for base in (a, b):
         assert post(base, critical_key, chat_body(endpoint.name, max_tokens=2)).status_code == 200
     wait_for(lambda: sorted(_holdings(clean_redis)) == [1, 1])
@@ -121,11 +154,23 @@ def test_critical_requests_queued_in_one_proxy_take_slots_before_sheddable_ones_
     critical = [
         Fired(b, critical_key, chat_body(endpoint.name, max_tokens=3, content=f"critical {i}")) for i in (1, 2)
     ]
-    time.sleep(1.0)  # a few heartbeats: both processes have seen each other's demand
+    # Both demands are published (a: 2 sheddable running + 1 queued; b: 2 critical queued). A beat computes the
+    # allocation from the previous beat's read, so two more beats each and both processes admit by both demands.
+    published_at = wait_for(
+        lambda: _beaten_with_demand(clean_redis, {(0, 0, 3), (2, 0, 0)}), message="both demands published"
+    )
+    read_at = wait_for(lambda: _all_beaten_after(clean_redis, published_at), message="both processes read both")
+    wait_for(lambda: _all_beaten_after(clean_redis, read_at), message="both processes admit by both demands")
     assert late_sheddable.response is None and all(c.response is None for c in critical)
-    for h in held:  # each slot a's streams give back goes to b's critical requests, not to a's own queue
-        h.release()
-        time.sleep(0.1)
+    # The first slot a's streams give back goes to b's critical requests, not to a's own queued request.
+    held[0].release()
+    wait_for(lambda: any(c.response is not None for c in critical), timeout=30, message="a critical request served")
+    assert late_sheddable.response is None
+    held[1].release()
     assert [c.join().status_code for c in critical] == [200, 200]
     assert late_sheddable.join().status_code == 200
-    assert late_sheddable.finished > max(c.finished for c in critical)
+    # Admitted after both critical requests (it may finish first: once one critical request is left it needs one
+    # slot, and the sheddable one may take the other).
+    critical_ids = [c.response.headers["x-request-id"] for c in critical]
+    admitted = _admitted_at([*critical_ids, late_sheddable.response.headers["x-request-id"]])
+    assert admitted[-1] > max(admitted[:-1]), admitted
