@@ -38,6 +38,11 @@ class HttpReplicaDriver:
         self.time_scale = time_scale
         self.request_timeout_s = request_timeout_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        if not api_key:  # a replica itself (not a proxy in front of it): it must show to be a vLLM server first
+            from endpoints.runtimes.vllm import server_problems
+
+            if problems := server_problems(self.url, served_model_name=model):
+                raise BenchmarkError(f"{self.url} is not a vLLM server to benchmark: {'; '.join(problems)}")
         self.model = model or self._served_model()
 
     def _served_model(self) -> str:

@@ -62,6 +62,12 @@ def replica_drain(*, replica: Replica, actor, reason: str = "") -> Replica:
     return replica
 
 
+def replica_attach(*, endpoint: Endpoint, form_data: dict, actor) -> Replica:
+    """A running vLLM server as a replica of ``endpoint``; a server that is not one is a field error on ``url``."""
+    data = {k: v for k, v in form_data.items() if v not in (None, "")}
+    return endpoint_services.replica_attach(endpoint=endpoint, actor=actor, **data)
+
+
 def reservation_sell(*, form_data: dict, actor) -> CapacityReservation:
     """capacity.services refuses a sale beyond the overcommit limit with a ValidationError on mu_per_min."""
     data = dict(form_data)

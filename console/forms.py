@@ -65,6 +65,17 @@ class DrainForm(forms.Form):
     reason = forms.CharField(max_length=200, required=False, initial="drained from the console")
 
 
+class ReplicaAttachForm(forms.Form):
+    """A vLLM server that runs elsewhere, attached as a replica once it has shown to be one (the checks are the
+    service's: endpoints.services.replica_attach)."""
+
+    url = forms.CharField(label="URL", max_length=255, help_text="the server's base URL, such as http://10.0.0.7:8000")
+    name = forms.CharField(max_length=120, required=False, help_text="empty: attached-<host>-<port>")
+    concurrency_limit = forms.IntegerField(
+        min_value=1, max_value=100_000, required=False, help_text="empty: the endpoint's concurrency limit"
+    )
+
+
 class ReservationSellForm(forms.ModelForm):
     class Meta:
         model = CapacityReservation

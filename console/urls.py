@@ -15,6 +15,7 @@ urlpatterns = [
     path(
         "endpoints/<int:endpoint_id>/replicas/<int:replica_id>/drain/", fleet.replica_drain_view, name="replica-drain"
     ),
+    path("endpoints/<int:endpoint_id>/replicas/attach/", fleet.replica_attach_view, name="replica-attach"),
     path("endpoints/<int:endpoint_id>/rollouts/new/", rollouts.rollout_start_view, name="rollout-start"),
     path(
         "endpoints/<int:endpoint_id>/rollouts/<int:rollout_id>/<slug:action>/",

@@ -133,6 +133,12 @@ async def probe_replica(
                     return ProbeResult(
                         False, status=response.status_code, error=f"HTTP {response.status_code}: {text}"
                     )
+                kind = response.headers.get("content-type", "")
+                if "text/event-stream" not in kind:
+                    # A web server's page (or anything but vLLM's stream) at the replica's URL is no token.
+                    return ProbeResult(
+                        False, status=200, error=f"answered {kind or 'no content type'}, not an SSE stream: not vLLM"
+                    )
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -150,7 +156,10 @@ async def probe_replica(
                             True, ttft_s=time.perf_counter() - started, status=200, used_priority=with_priority
                         )
                 return ProbeResult(False, status=200, error="stream ended without a token")
-    except TimeoutError:
+    except httpx.ConnectTimeout:
+        return ProbeResult(False, error=f"no connection within {config.connect_timeout_s:g} s")
+    except (TimeoutError, httpx.TimeoutException):
+        # httpx's read timeout (same budget) often fires first; either way the replica sent no token in time.
         return ProbeResult(False, error=f"no first token within {config.ttft_timeout_s:g} s")
     except httpx.HTTPError as exc:
         return ProbeResult(False, error=f"{type(exc).__name__}: {exc}"[:300])

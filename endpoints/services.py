@@ -364,3 +364,82 @@ def _desired_within_bounds(endpoint: Endpoint, desired_replicas: int) -> None:
 def _plain(value):
     """A JSON-safe form of a field value for audit details (model instances become their pk)."""
     return getattr(value, "pk", value)
+
+
+# --- Replicas attached by hand -------------------------------------------------------------------------------------
+
+ATTACHED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$")
+
+
+def replica_attach(
+    *,
+    endpoint: Endpoint,
+    url: str,
+    name: str = "",
+    concurrency_limit: int | None = None,
+    actor=None,
+    check_server=None,
+) -> Replica:
+    """Register a vLLM server that runs elsewhere as a replica of ``endpoint`` (operators only, by the API and the
+    console); it turns ready only once it has shown to be one: ``GET /health`` 200 with an empty or JSON body,
+    ``GET /v1/models`` listing the endpoint's name (what the proxy sends as ``model``) and ``vllm:`` series at
+    ``GET /metrics`` (``endpoints.runtimes.vllm.server_problems``). Anything else is a field error on ``url`` and
+    no row. It is a ``static`` replica: counted as capacity, never started or stopped by an actuator.
+    ``check_server``: the check, replaceable in tests."""
+    from endpoints.runtimes import vllm
+    from tenants.services import audit_log
+
+    url = (url or "").strip().rstrip("/")
+    if problem := vllm.base_url_problem(url) or (len(url) > 255 and "must be at most 255 characters"):
+        raise ValidationError({"url": [problem]})
+    name = (name or "").strip() or _attached_name(url)
+    if not ATTACHED_NAME.match(name):
+        raise ValidationError({"name": ["letters, digits, '.', '_' or '-', starting with a letter or digit"]})
+    if concurrency_limit is not None and (
+        isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1
+    ):
+        raise ValidationError({"concurrency_limit": ["must be a positive whole number"]})
+    live = endpoint.replicas.exclude(state=ReplicaState.STOPPED)
+    if live.filter(url=url).exists():
+        raise ValidationError({"url": ["is already a replica of this endpoint"]})
+    if endpoint.replicas.filter(name=name).exists():
+        raise ValidationError({"name": ["is already a replica name of this endpoint"]})
+    # The network check runs before any row exists and outside any transaction: no lock waits on a slow server.
+    problems = (check_server or vllm.server_problems)(url, served_model_name=endpoint.name)
+    if problems:
+        raise ValidationError({"url": [f"is not a vLLM server serving {endpoint.name!r}: {p}" for p in problems]})
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                replica = Replica.objects.create(
+                    endpoint=endpoint,
+                    name=name,
+                    url=url,
+                    actuator="static",
+                    concurrency_limit=concurrency_limit or endpoint.concurrency_limit,
+                )
+        except IntegrityError:
+            raise ValidationError({"name": ["is already a replica name of this endpoint"]}) from None
+        who = getattr(actor, "username", "") or "the platform"
+        replica_transition(replica=replica, to_state=ReplicaState.STARTING, reason=f"attached by {who}")
+        replica_transition(
+            replica=replica,
+            to_state=ReplicaState.READY,
+            reason="vLLM checks passed: /health 200, /v1/models lists the endpoint, /metrics has vllm: series",
+        )
+        audit_log(
+            actor=actor,
+            action="replica.attach",
+            obj=replica,
+            tenant=endpoint.owner_tenant,
+            detail={"endpoint": endpoint.name, "replica": name, "url": url},
+        )
+    return replica
+
+
+def _attached_name(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = re.sub(r"[^A-Za-z0-9.-]+", "-", parts.hostname or "host").strip("-.") or "host"
+    return f"attached-{host}-{parts.port or (443 if parts.scheme == 'https' else 80)}"[:120]

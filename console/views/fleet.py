@@ -1,5 +1,5 @@
 """Fleet overview and endpoint pages (operators see every endpoint, tenants the ones they may see), and
-the operator actions on them: create, scale, drain a replica."""
+the operator actions on them: create, scale, drain a replica, attach a running vLLM server."""
 
 from datetime import timedelta
 
@@ -11,8 +11,8 @@ from django.utils.safestring import mark_safe
 
 from console import charts
 from console.access import endpoint_for, endpoints_visible_to, operator_required
-from console.actions import endpoint_create, endpoint_scale, replica_drain
-from console.forms import DrainForm, EndpointCreateForm, ScaleForm
+from console.actions import endpoint_create, endpoint_scale, replica_attach, replica_drain
+from console.forms import DrainForm, EndpointCreateForm, ReplicaAttachForm, ScaleForm
 from console.queue_history import queue_history
 from console.selectors import (
     budgets_by_endpoint,
@@ -215,5 +215,28 @@ def replica_drain_view(request, endpoint_id: int, replica_id: int):
         summary=f"Drain replica {replica.name} of {endpoint.name}? It stops taking new requests and stops when idle.",
         run=lambda: replica_drain(replica=replica, actor=request.user, reason=form.cleaned_data["reason"]),
         success_message=f"Replica {replica.name} is draining.",
+        success_url=reverse("console:endpoint", args=[endpoint.pk]),
+    )
+
+
+@operator_required
+def replica_attach_view(request, endpoint_id: int):
+    endpoint = endpoint_for(request.user, endpoint_id)
+    context = {"endpoint": endpoint}
+    if request.method != "POST":
+        return render(request, "console/replica_attach_form.html", {**context, "form": ReplicaAttachForm()})
+    form = ReplicaAttachForm(request.POST)
+    return confirm_then_run(
+        request,
+        form=form,
+        template="console/replica_attach_form.html",
+        context=context,
+        title=f"Attach a vLLM server to {endpoint.name}",
+        summary=(
+            f"Attach the vLLM server at {form.data.get('url', '')} to {endpoint.name}? It must answer /health, list "
+            f"{endpoint.name} at /v1/models and expose vllm: metrics; then it takes traffic at once."
+        ),
+        run=lambda: replica_attach(endpoint=endpoint, form_data=form.cleaned_data, actor=request.user),
+        success_message=lambda r: f"Replica {r.name} attached and ready.",
         success_url=reverse("console:endpoint", args=[endpoint.pk]),
     )

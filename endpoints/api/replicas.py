@@ -1,4 +1,6 @@
-"""/api/v1/replicas/: read-only view of the replicas behind visible endpoints, with their lifecycle history.
+"""/api/v1/replicas/: the replicas behind visible endpoints, with their lifecycle history; operators attach an
+existing vLLM server by URL (POST: ``endpoint``, ``url``, optional ``name`` and ``concurrency_limit``), which is
+ready only once it has shown to be a vLLM server serving the endpoint (``endpoints.services.replica_attach``).
 
 Where a replica runs (its URL, actuator, pod or process name, and failure or transition texts that quote pids,
 ports and addresses) is shown to operators and the endpoint's owner only; a tenant that reserves on a shared
@@ -6,11 +8,12 @@ endpoint sees each replica's state and health under a neutral name (``replica-<i
 matches only the replicas whose placement it may see.
 """
 
-from rest_framework import serializers
+from rest_framework import mixins, serializers, viewsets
 
-from config.api_base import ScopedReadOnlyViewSet
-from endpoints.models import Replica, ReplicaTransition
+from config.api_base import WRITE, ScopedViewSetMixin
+from endpoints.models import Endpoint, Replica, ReplicaTransition
 from endpoints.selectors import replica_placement_visible, replicas_visible_to, replicas_with_placement_visible_to
+from endpoints.services import replica_attach
 
 
 class ReplicaTransitionSerializer(serializers.ModelSerializer):
@@ -51,9 +54,28 @@ class ReplicaDetailSerializer(ReplicaSerializer):
         read_only_fields = fields
 
 
-class ReplicaViewSet(ScopedReadOnlyViewSet):
+class ReplicaAttachSerializer(serializers.Serializer):
+    """What an operator gives to attach a running vLLM server; the answer is the replica as the list shows it."""
+
+    endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.all())
+    url = serializers.CharField(max_length=255, help_text="the server's base URL, e.g. http://10.0.0.7:8000")
+    name = serializers.CharField(max_length=120, required=False, allow_blank=True)
+    concurrency_limit = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+
+    def to_representation(self, replica):
+        return ReplicaSerializer(replica, context=self.context).data
+
+
+class ReplicaViewSet(
+    ScopedViewSetMixin,
+    mixins.CreateModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.ListModelMixin,
+    viewsets.GenericViewSet,
+):
     model = Replica
     serializer_class = ReplicaSerializer
+    write_access = WRITE.OPERATORS  # tenants read their replicas; only operators attach one
     filterset_fields = ["endpoint", "state", "is_standby", "actuator"]
     ordering_fields = ["name", "state_changed_at", "created_at"]
 
@@ -64,7 +86,12 @@ class ReplicaViewSet(ScopedReadOnlyViewSet):
         return queryset
 
     def get_serializer_class(self):
+        if self.action == "create":
+            return ReplicaAttachSerializer
         return ReplicaDetailSerializer if self.action == "retrieve" else ReplicaSerializer
+
+    def create_object(self, data):
+        return replica_attach(actor=self.request.user, **data)
 
     def filter_queryset(self, queryset):
         if "actuator" in self.request.query_params:

@@ -19,6 +19,7 @@ from tests.factories import (
     UsageRecordFactory,
     UserFactory,
 )
+from tests.fake_vllm import fake_server
 
 
 def side_of(world, side):
@@ -223,9 +224,33 @@ class TestEndpoints(APIResourceCase):
 
 
 class TestReplicas(APIResourceCase):
+    """Operators attach a running vLLM server; nobody edits or deletes a replica over the API (the actuators and
+    the lifecycle do). The attach checks themselves: tests/api/test_replica_attach.py."""
+
     basename = "replica"
     model = Replica
-    write_access = None
+    write_access = "operators"
+    supports_delete = False
+    test_writer_updates = test_reader_cannot_update = test_other_tenants_object_cannot_be_changed = None
+
+    @pytest.fixture(autouse=True)
+    def _vllm_server(self):
+        with fake_server("vllm", model="a-model") as url:
+            self.vllm_url = url
+            yield
+
+    def create_payload(self, world):
+        return {"endpoint": world.a.endpoint.pk, "url": self.vllm_url}
+
+    def invalid_payloads(self, world):
+        endpoint = world.a.endpoint.pk
+        return [
+            ({"endpoint": endpoint}, "url"),
+            ({"url": self.vllm_url}, "endpoint"),
+            ({"endpoint": endpoint, "url": "ftp://127.0.0.1/"}, "url"),
+            ({"endpoint": world.b.endpoint.pk, "url": self.vllm_url}, "url"),  # serves a-model, not b-model
+            ({"endpoint": endpoint, "url": self.vllm_url, "concurrency_limit": 0}, "concurrency_limit"),
+        ]
 
     def make(self, world, side):
         return ReplicaFactory(endpoint=side_of(world, side).endpoint)
