@@ -73,6 +73,15 @@ def _split_usage(out: bytes, forward_usage: bool, outcome: Outcome) -> bytes:
     return b"\n\n".join(kept) + b"\n\n" if kept else b""
 
 
+async def _post(session: aiohttp.ClientSession, url: str, payload: bytes, headers: dict, connect_timeout_s: float):
+    # No read timeout here: the request's watchdog enforces TTFT and stream-idle limits (never a total one).
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+    try:
+        return await session.post(url, data=payload, headers=headers, timeout=timeout)
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamFailed(f"replica unreachable: {type(exc).__name__}") from exc
+
+
 async def stream_exchange(
     session: aiohttp.ClientSession,
     url: str,
@@ -86,83 +95,117 @@ async def stream_exchange(
     connect_timeout_s: float,
     priority_sent: bool = False,
 ) -> None:
-    # No read timeout here: the request's watchdog enforces TTFT and stream-idle limits (never a total one).
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
-    try:
-        resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamFailed(f"replica unreachable: {type(exc).__name__}") from exc
+    resp = await _post(session, url, payload, headers, connect_timeout_s)
     async with resp:
         if resp.status >= 500:
             raise UpstreamFailed(f"replica answered {resp.status}")
         if resp.status != 200:
-            # A client error from the replica (prompt too long, bad parameter): pass it through unchanged.
-            body = await resp.read()
-            if _refuses_priority(resp.status, body, priority_sent):
-                raise PriorityRefused()
-            outcome.status = "upstream_error"
-            outcome.error = f"replica answered {resp.status}"
-            outcome.started_client = True
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": resp.status,
-                    "headers": [(b"content-type", b"application/json"), *response_headers],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await _pass_client_error(resp, send, response_headers, outcome, priority_sent)
             return
-        content = resp.content
-        buf = b""
-        done = closed = False
+        stream = _SseRelay(send, response_headers, forward_usage, outcome)
         try:
-            while True:
-                data = await content.readany()
-                if not data:
-                    break
-                outcome.last_read_at = time.perf_counter()
-                if outcome.first_token_at is None:
-                    outcome.first_token_at = time.perf_counter()
-                buf = buf + data if buf else data
-                cut = buf.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                out, buf = buf[: cut + 2], buf[cut + 2 :]
-                if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
-                    out = _split_usage(out, forward_usage, outcome)
-                # Token chunks, for metering a stream that breaks before its usage chunk (role chunks carry none).
-                outcome.content_events += out.count(b'data: {"id"') - out.count(b'"role":"assistant"')
-                if b"data: [DONE]" in out:
-                    done = True
-                    outcome.finished_at = time.perf_counter()
-                if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
-                    outcome.status = "upstream_error"
-                    outcome.error = "replica reported an error mid-stream"
-                if closed:
-                    continue  # after [DONE]: only drain the upstream to EOF so its connection is reused
-                if not outcome.started_client:
-                    outcome.started_client = True
-                    await send({"type": "http.response.start", "status": 200, "headers": response_headers})
-                if done and not buf:
-                    # [DONE] ends the client's response in the same write: one syscall fewer per request.
-                    await send({"type": "http.response.body", "body": out, "more_body": False})
-                    closed = outcome.done = True
-                elif out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    outcome.done = done
+            await stream.relay(resp.content)
         except (aiohttp.ClientError, OSError) as exc:
             if not outcome.started_client:
                 raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
-        if closed:
-            return
+        if not stream.closed:
+            await stream.finish()
+
+
+async def _pass_client_error(resp, send, response_headers: list, outcome: Outcome, priority_sent: bool) -> None:
+    """A client error from the replica (prompt too long, bad parameter) goes to the client unchanged, except an
+    fcfs replica's refusal of ``priority``, which the caller resends without it."""
+    body = await resp.read()
+    if _refuses_priority(resp.status, body, priority_sent):
+        raise PriorityRefused()
+    outcome.status = "upstream_error"
+    outcome.error = f"replica answered {resp.status}"
+    outcome.started_client = True
+    await send(
+        {
+            "type": "http.response.start",
+            "status": resp.status,
+            "headers": [(b"content-type", b"application/json"), *response_headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class _SseRelay:
+    """One replica stream to the client: whole SSE events, forwarded as they arrive. The response head goes out
+    with the first events, so until then a failure can still be retried elsewhere."""
+
+    __slots__ = ("send", "response_headers", "forward_usage", "outcome", "buf", "done", "closed")
+
+    def __init__(self, send, response_headers: list, forward_usage: bool, outcome: Outcome) -> None:
+        self.send = send
+        self.response_headers = response_headers
+        self.forward_usage = forward_usage
+        self.outcome = outcome
+        self.buf = b""  # an incomplete event, held until its end arrives
+        self.done = False  # [DONE] seen
+        self.closed = False  # the client's response has ended
+
+    async def relay(self, content) -> None:
+        outcome = self.outcome
+        while True:
+            data = await content.readany()
+            if not data:
+                return
+            outcome.last_read_at = now = time.perf_counter()
+            if outcome.first_token_at is None:
+                outcome.first_token_at = now
+            buf = self.buf + data if self.buf else data
+            cut = buf.rfind(b"\n\n")
+            if cut < 0:
+                self.buf = buf
+                continue
+            out, self.buf = buf[: cut + 2], buf[cut + 2 :]
+            out = self._inspect(out)
+            if not self.closed:  # after [DONE]: only drain the upstream to EOF so its connection is reused
+                await self._forward(out)
+
+    def _inspect(self, out: bytes) -> bytes:
+        """Note what complete events say (usage, tokens, [DONE], an error); drop the usage-only event the client
+        did not ask for."""
+        outcome = self.outcome
+        if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
+            out = _split_usage(out, self.forward_usage, outcome)
+        # Token chunks, for metering a stream that breaks before its usage chunk (role chunks carry none).
+        outcome.content_events += out.count(b'data: {"id"') - out.count(b'"role":"assistant"')
+        if b"data: [DONE]" in out:
+            self.done = True
+            outcome.finished_at = time.perf_counter()
+        if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
+            outcome.status = "upstream_error"
+            outcome.error = "replica reported an error mid-stream"
+        return out
+
+    async def _forward(self, out: bytes) -> None:
+        outcome = self.outcome
         if not outcome.started_client:
-            if not done:
+            outcome.started_client = True
+            await self.send({"type": "http.response.start", "status": 200, "headers": self.response_headers})
+        if self.done and not self.buf:
+            # [DONE] ends the client's response in the same write: one syscall fewer per request.
+            await self.send({"type": "http.response.body", "body": out, "more_body": False})
+            self.closed = outcome.done = True
+        elif out:
+            await self.send({"type": "http.response.body", "body": out, "more_body": True})
+            outcome.done = self.done
+
+    async def finish(self) -> None:
+        """The upstream ended (or broke after the head went out) without [DONE] closing the response: send what
+        is left, and an error event if [DONE] never came."""
+        outcome, send = self.outcome, self.send
+        if not outcome.started_client:
+            if not self.done:
                 raise UpstreamFailed("replica closed the stream without output")
             outcome.started_client = True
-            await send({"type": "http.response.start", "status": 200, "headers": response_headers})
-        if buf:
-            await send({"type": "http.response.body", "body": buf, "more_body": True})
-        if not done:
+            await send({"type": "http.response.start", "status": 200, "headers": self.response_headers})
+        if self.buf:
+            await send({"type": "http.response.body", "body": self.buf, "more_body": True})
+        if not self.done:
             outcome.status = "upstream_error"
             outcome.error = "replica stream ended early"
             await send({"type": "http.response.body", "body": sse_error_event(outcome.error), "more_body": True})
@@ -184,11 +227,7 @@ async def plain_exchange(
     connect_timeout_s: float,
     priority_sent: bool = False,
 ) -> None:
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
-    try:
-        resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamFailed(f"replica unreachable: {type(exc).__name__}") from exc
+    resp = await _post(session, url, payload, headers, connect_timeout_s)
     async with resp:
         try:
             body = await resp.read()

@@ -1,0 +1,153 @@
+"""The upstream exchange against a scripted replica response (no sockets): SSE events are forwarded whole, the
+usage chunk is read and dropped unless asked for, [DONE] closes the client's response in the same write, and what
+can still be retried elsewhere is told apart from what has reached the client."""
+
+import json
+
+import pytest
+
+from endpoints.proxy.relay import Outcome, PriorityRefused, UpstreamFailed, plain_exchange, stream_exchange
+
+
+def event(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+ROLE = event({"id": "c1", "choices": [{"delta": {"role": "assistant"}}]})
+TOKEN = event({"id": "c1", "choices": [{"delta": {"content": "hi"}}]})
+USAGE = event({"id": "c1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+DONE = b"data: [DONE]\n\n"
+
+
+class Content:
+    def __init__(self, chunks, error=None):
+        self.chunks, self.error = list(chunks), error
+
+    async def readany(self):
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.error is not None:
+            raise self.error
+        return b""
+
+
+class Response:
+    def __init__(self, status=200, chunks=(), body=b"", error=None):
+        self.status, self.content, self.body = status, Content(chunks, error), body
+
+    async def read(self):
+        return self.body
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+
+class Session:
+    def __init__(self, response):
+        self.response, self.posted = response, []
+
+    async def post(self, url, *, data, headers, timeout):
+        self.posted.append((url, data))
+        if isinstance(self.response, Exception):
+            raise self.response
+        return self.response
+
+
+async def stream(response, *, forward_usage=False, priority_sent=False):
+    sent, outcome = [], Outcome()
+
+    async def send(message):
+        sent.append(message)
+
+    await stream_exchange(
+        Session(response),
+        "http://replica/v1/chat/completions",
+        b"{}",
+        {},
+        send,
+        response_headers=[(b"x-request-id", b"req-1")],
+        forward_usage=forward_usage,
+        outcome=outcome,
+        connect_timeout_s=1.0,
+        priority_sent=priority_sent,
+    )
+    return sent, outcome
+
+
+def bodies(sent) -> list[tuple[bytes, bool]]:
+    return [(m["body"], m.get("more_body", False)) for m in sent if m["type"] == "http.response.body"]
+
+
+async def test_events_go_out_whole_and_done_ends_the_response_in_the_same_write():
+    split = len(TOKEN) // 2
+    chunks = [ROLE + TOKEN[:split], TOKEN[split:], USAGE + DONE]
+    sent, outcome = await stream(Response(chunks=chunks))
+    assert sent[0] == {"type": "http.response.start", "status": 200, "headers": [(b"x-request-id", b"req-1")]}
+    assert bodies(sent) == [(ROLE, True), (TOKEN, True), (DONE, False)]  # the usage event was not asked for
+    assert outcome.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert outcome.done and outcome.status == "ok" and outcome.content_events == 1
+    assert outcome.first_token_at <= outcome.last_read_at <= outcome.finished_at
+    sent, _ = await stream(Response(chunks=[TOKEN, USAGE + DONE]), forward_usage=True)
+    assert bodies(sent) == [(TOKEN, True), (USAGE + DONE, False)]
+
+
+async def test_a_stream_that_ends_without_done_ends_with_an_error_event():
+    sent, outcome = await stream(Response(chunks=[TOKEN, b'data: {"id":"c1","cho']))
+    assert outcome.status == "upstream_error" and outcome.error == "replica stream ended early"
+    tail = [body for body, _ in bodies(sent)]
+    assert tail[0] == TOKEN and tail[1] == b'data: {"id":"c1","cho'
+    assert b'"type": "upstream_error"' in tail[2] and tail[2].endswith(DONE) and tail[-1] == b""
+    # Broken after the head went out: the same, not a retry.
+    sent, outcome = await stream(Response(chunks=[TOKEN], error=ConnectionResetError()))
+    assert outcome.started_client and outcome.status == "upstream_error"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        ConnectionRefusedError(),
+        Response(status=503),
+        Response(chunks=[]),
+        Response(chunks=[b'data: {"id"'], error=ConnectionResetError()),
+    ],
+    ids=["unreachable", "5xx", "empty", "reset-before-an-event"],
+)
+async def test_failures_before_the_client_saw_a_byte_are_retryable(response):
+    with pytest.raises(UpstreamFailed):
+        await stream(response)
+    if isinstance(response, Response):
+        assert response.content.chunks == []
+
+
+async def test_a_replica_refusing_priority_is_told_apart_from_a_client_error():
+    refusal = b'{"error": {"message": "priority is not supported by fcfs"}}'
+    with pytest.raises(PriorityRefused):
+        await stream(Response(status=400, body=refusal), priority_sent=True)
+    sent, outcome = await stream(Response(status=400, body=refusal), priority_sent=False)
+    assert sent[0]["status"] == 400 and bodies(sent) == [(refusal, False)]
+    assert outcome.status == "upstream_error" and outcome.started_client
+
+
+async def test_plain_answers_are_passed_with_their_length_and_usage():
+    body = json.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}).encode()
+    sent, outcome = [], Outcome()
+
+    async def send(message):
+        sent.append(message)
+
+    await plain_exchange(
+        Session(Response(body=body)),
+        "http://replica/v1/completions",
+        b"{}",
+        {},
+        send,
+        response_headers=[],
+        outcome=outcome,
+        connect_timeout_s=1.0,
+    )
+    assert (b"content-length", str(len(body)).encode()) in sent[0]["headers"]
+    assert sent[1]["body"] == body and outcome.usage == {"prompt_tokens": 1, "completion_tokens": 2}
+    assert outcome.first_token_at == outcome.finished_at
