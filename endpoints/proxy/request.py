@@ -82,55 +82,13 @@ def _text_len(content) -> int:
 
 
 def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(f"The request body is not valid JSON: {exc}.") from None
-    except RecursionError:
-        raise _bad("The request body nests too deeply.") from None
-    if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object.")
+    """Check a body's JSON shape and field types (each error a 400 naming the field) and count its prompt."""
+    body = _json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string.", "model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean.", "stream")
-    stream_options = body.get("stream_options")
-    if stream_options is not None:
-        if not isinstance(stream_options, dict):
-            raise _bad("'stream_options' must be an object.", "stream_options")
-        if not stream:
-            raise _bad("'stream_options' is only allowed when 'stream' is true.", "stream_options")
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("'messages' is required and must be a non-empty array.", "messages")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise _bad(f"'messages[{i}]' must be an object with a string 'role'.", f"messages[{i}]")
-            content = message.get("content")
-            if content is not None and not isinstance(content, (str, list)):
-                raise _bad(f"'messages[{i}].content' must be a string or an array of parts.", f"messages[{i}].content")
-        prompt_chars = sum(_text_len(m.get("content")) for m in messages)
-        max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
-        if max_tokens is None:
-            max_tokens = _opt_int(body, "max_tokens", minimum=1)
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            prompt_chars = len(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            prompt_chars = sum(len(p) for p in prompt)
-        elif (
-            isinstance(prompt, list) and prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
-        ):
-            prompt_chars = 4 * len(prompt)  # token ids
-        else:
-            raise _bad("'prompt' is required: a string, an array of strings or an array of token ids.", "prompt")
-        max_tokens = _opt_int(body, "max_tokens", minimum=1)
-        if max_tokens is None:
-            max_tokens = 16  # vLLM's and OpenAI's default for completions
+    stream, stream_options = _stream_fields(body)
+    prompt_chars, max_tokens = _chat_fields(body) if kind == "chat" else _completion_fields(body)
     completions = _completions(body, max_n=max_n)
     try:
         engine_field_errors(body)
@@ -150,6 +108,66 @@ def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
         completions=completions,
         controlled=not CONTROLLED_FIELDS.isdisjoint(body),
     )
+
+
+def _json_object(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"The request body is not valid JSON: {exc}.") from None
+    except RecursionError:
+        raise _bad("The request body nests too deeply.") from None
+    if not isinstance(body, dict):
+        raise _bad("The request body must be a JSON object.")
+    return body
+
+
+def _stream_fields(body: dict) -> tuple[bool, dict | None]:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean.", "stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None:
+        if not isinstance(stream_options, dict):
+            raise _bad("'stream_options' must be an object.", "stream_options")
+        if not stream:
+            raise _bad("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+    return stream, stream_options
+
+
+def _chat_fields(body: dict) -> tuple[int, int | None]:
+    """(prompt characters, max_tokens) of a chat request; ``max_completion_tokens`` wins over ``max_tokens``."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' is required and must be a non-empty array.", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _bad(f"'messages[{i}]' must be an object with a string 'role'.", f"messages[{i}]")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise _bad(f"'messages[{i}].content' must be a string or an array of parts.", f"messages[{i}].content")
+    prompt_chars = sum(_text_len(m.get("content")) for m in messages)
+    max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens", minimum=1)
+    return prompt_chars, max_tokens
+
+
+def _completion_fields(body: dict) -> tuple[int, int]:
+    """(prompt characters, max_tokens) of a completions request: a string, strings or token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompt_chars = len(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompt_chars = sum(len(p) for p in prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        prompt_chars = 4 * len(prompt)  # token ids
+    else:
+        raise _bad("'prompt' is required: a string, an array of strings or an array of token ids.", "prompt")
+    max_tokens = _opt_int(body, "max_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = 16  # vLLM's and OpenAI's default for completions
+    return prompt_chars, max_tokens
 
 
 def _completions(body: dict, *, max_n: int) -> int:
