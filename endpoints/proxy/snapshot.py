@@ -1,13 +1,12 @@
 """In-process config snapshot: keys, endpoints, replicas, reservations and MU coefficients.
 
-The hot path reads only this object, never the database. It is rebuilt (in a worker thread) when the
-version stamp in Redis changes; ``endpoints.proxy.signals`` bumps the stamp when an admin edits any
-of these models.
+The hot path reads only this object, never the database. It is rebuilt (in a worker thread, by
+``snapshot_loader``) when the version stamp in Redis changes; ``endpoints.proxy.signals`` bumps the stamp when an
+admin edits any of these models.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from capacity.units import MUCoefficients
@@ -102,75 +101,8 @@ def takes_priority(launch_options) -> bool:
 
 def load_snapshot(version: str = "") -> Snapshot:
     """Read everything the proxy needs in a fixed number of queries (sync: call from a worker thread)."""
-    from capacity.unit_resolver import coefficients_by_endpoint
-    from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
-    from tenants.models import ApiKey, CapacityReservation
+    # Deferred: the loader imports this module's types (a cycle at the top) and Django's models, which would tie
+    # these value types, and the admission runtime built on them, to a configured Django.
+    from endpoints.proxy.snapshot_loader import read_snapshot
 
-    keys = {}
-    for k in ApiKey.objects.filter(revoked_at__isnull=True, tenant__is_active=True).select_related("tenant"):
-        keys[k.key_hash] = KeyInfo(
-            id=k.pk,
-            prefix=k.prefix,
-            tenant_id=k.tenant_id,
-            tenant_slug=k.tenant.slug,
-            scopes=frozenset(k.scopes or ()),
-            max_priority=k.max_priority,
-            expires_at=k.expires_at.timestamp() if k.expires_at else None,
-        )
-    endpoints = list(Endpoint.objects.select_related("model_profile"))
-    coeffs = coefficients_by_endpoint(endpoints)
-    current_version = {e.pk: e.current_version_id for e in endpoints}
-    priority_by_endpoint = {e.pk: takes_priority(e.launch_options) for e in endpoints}
-    priority_by_version = {
-        pk: takes_priority(options) for pk, options in EndpointVersion.objects.values_list("pk", "launch_options")
-    }
-    replicas: dict[int, list[ReplicaInfo]] = {}
-    for r in Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").order_by("id"):
-        version_id = r.version_id or current_version.get(r.endpoint_id)
-        replicas.setdefault(r.endpoint_id, []).append(
-            ReplicaInfo(
-                id=r.pk,
-                name=r.name,
-                url=r.url.rstrip("/"),
-                concurrency_limit=r.concurrency_limit,
-                version_id=version_id,
-                takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
-            )
-        )
-    from endpoints.rollouts.selectors import traffic_weights_by_endpoint
-
-    weights = traffic_weights_by_endpoint()
-    by_name = {}
-    for e in endpoints:
-        by_name[e.name] = EndpointInfo(
-            id=e.pk,
-            name=e.name,
-            owner_tenant_id=e.owner_tenant_id,
-            coeffs=coeffs[e.pk],
-            routing_policy=e.routing_policy,
-            scale_to_zero=e.scale_to_zero,
-            concurrency_limit=e.concurrency_limit,
-            ttft_slo_ms=e.ttft_slo_ms,
-            tpot_slo_ms=e.tpot_slo_ms,
-            max_model_len=e.model_profile.max_model_len,
-            created=int(e.created_at.timestamp()),
-            replicas=tuple(replicas.get(e.pk, ())),
-            version_weights=weights.get(e.pk, ()),
-        )
-    reservations = {
-        (r.tenant_id, r.endpoint_id): ReservationInfo(
-            mu_per_min=r.mu_per_min,
-            burst_minutes=r.burst_minutes,
-            priority=r.priority,
-            rpm_limit=r.rpm_limit,
-            tpm_limit=r.tpm_limit,
-        )
-        for r in CapacityReservation.objects.all()
-    }
-    return Snapshot(
-        version=version,
-        loaded_at=time.time(),
-        keys_by_hash=keys,
-        endpoints_by_name=by_name,
-        reservations=reservations,
-    )
+    return read_snapshot(version)

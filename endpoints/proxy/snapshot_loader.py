@@ -1,0 +1,98 @@
+"""Reads the proxy's config snapshot (``snapshot.Snapshot``) from the database in a fixed number of queries,
+whatever the number of keys, endpoints and replicas. Synchronous: the proxy calls it from a worker thread."""
+
+from __future__ import annotations
+
+import time
+
+from capacity.unit_resolver import coefficients_by_endpoint
+from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
+from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, ReplicaInfo, ReservationInfo, Snapshot, takes_priority
+from endpoints.rollouts.selectors import traffic_weights_by_endpoint
+from tenants.models import ApiKey, CapacityReservation
+
+
+def read_snapshot(version: str = "") -> Snapshot:
+    keys = _keys()
+    by_name = _endpoints(list(Endpoint.objects.select_related("model_profile")))
+    reservations = _reservations()
+    return Snapshot(
+        version=version, loaded_at=time.time(), keys_by_hash=keys, endpoints_by_name=by_name, reservations=reservations
+    )
+
+
+def _keys() -> dict[str, KeyInfo]:
+    """Usable keys of active tenants, by the SHA-256 the proxy computes from the bearer token."""
+    keys = {}
+    for k in ApiKey.objects.filter(revoked_at__isnull=True, tenant__is_active=True).select_related("tenant"):
+        keys[k.key_hash] = KeyInfo(
+            id=k.pk,
+            prefix=k.prefix,
+            tenant_id=k.tenant_id,
+            tenant_slug=k.tenant.slug,
+            scopes=frozenset(k.scopes or ()),
+            max_priority=k.max_priority,
+            expires_at=k.expires_at.timestamp() if k.expires_at else None,
+        )
+    return keys
+
+
+def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
+    coeffs = coefficients_by_endpoint(endpoints)
+    replicas = _ready_replicas(endpoints)
+    weights = traffic_weights_by_endpoint()
+    return {
+        e.name: EndpointInfo(
+            id=e.pk,
+            name=e.name,
+            owner_tenant_id=e.owner_tenant_id,
+            coeffs=coeffs[e.pk],
+            routing_policy=e.routing_policy,
+            scale_to_zero=e.scale_to_zero,
+            concurrency_limit=e.concurrency_limit,
+            ttft_slo_ms=e.ttft_slo_ms,
+            tpot_slo_ms=e.tpot_slo_ms,
+            max_model_len=e.model_profile.max_model_len,
+            created=int(e.created_at.timestamp()),
+            replicas=tuple(replicas.get(e.pk, ())),
+            version_weights=weights.get(e.pk, ()),
+        )
+        for e in endpoints
+    }
+
+
+def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
+    """Ready, serving replicas with a URL, per endpoint id; whether each takes ``priority`` follows the launch
+    options of the version it runs (a hand-registered replica: the endpoint's current version)."""
+    current_version = {e.pk: e.current_version_id for e in endpoints}
+    priority_by_endpoint = {e.pk: takes_priority(e.launch_options) for e in endpoints}
+    priority_by_version = {
+        pk: takes_priority(options) for pk, options in EndpointVersion.objects.values_list("pk", "launch_options")
+    }
+    replicas: dict[int, list[ReplicaInfo]] = {}
+    for r in Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").order_by("id"):
+        version_id = r.version_id or current_version.get(r.endpoint_id)
+        replicas.setdefault(r.endpoint_id, []).append(
+            ReplicaInfo(
+                id=r.pk,
+                name=r.name,
+                url=r.url.rstrip("/"),
+                concurrency_limit=r.concurrency_limit,
+                version_id=version_id,
+                takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
+            )
+        )
+    return replicas
+
+
+def _reservations() -> dict[tuple[int, int], ReservationInfo]:
+    return {
+        (r.tenant_id, r.endpoint_id): ReservationInfo(
+            mu_per_min=r.mu_per_min,
+            burst_minutes=r.burst_minutes,
+            priority=r.priority,
+            rpm_limit=r.rpm_limit,
+            tpm_limit=r.tpm_limit,
+        )
+        for r in CapacityReservation.objects.all()
+    }
