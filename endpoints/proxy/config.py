@@ -3,6 +3,8 @@
 import os
 from dataclasses import dataclass, field
 
+from django.conf import settings
+
 
 def _f(name: str, default: float) -> float:
     raw = os.environ.get(name)
@@ -45,8 +47,6 @@ class ProxyConfig:
 
 
 def load_config() -> ProxyConfig:
-    from django.conf import settings
-
     knobs = getattr(settings, "INFERCAP", {})
     base = dict(knobs.get("PROXY", {}))
     base.setdefault("snapshot_poll_s", float(knobs.get("SNAPSHOT_POLL_S", 0.5)))

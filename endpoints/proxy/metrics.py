@@ -11,6 +11,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 
 _MULTIPROC = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -60,8 +61,6 @@ UPSTREAM_RETRIES = Counter(
 
 def exposition() -> tuple[bytes, str]:
     if _MULTIPROC:
-        from prometheus_client import multiprocess
-
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -10,11 +10,13 @@ import random
 import time
 from dataclasses import dataclass
 
+from capacity.autoscaling.activator import request_scale_from_zero
 from endpoints.admission import AdmissionQueue, DrainRateMeter, QueuedItem, retry_after_s
 from endpoints.admission.classes import CLASSES
 from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
 from endpoints.proxy.snapshot import EndpointInfo
+from endpoints.routing import make_router
 from endpoints.routing.base import ReplicaView, RouteRequest
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,6 @@ MAX_COST_RATIO = 4.0  # a request without max_tokens may run past the typical ou
 
 class EndpointRuntime:
     def __init__(self, info: EndpointInfo, *, config, scraper=None, clock=time.monotonic, rng=None) -> None:
-        from endpoints.routing import make_router
-
         self.info = info
         self.config = config
         self.clock = clock
@@ -87,8 +87,6 @@ class EndpointRuntime:
     def update(self, info: EndpointInfo) -> None:
         """Apply a new snapshot: add replicas, retire removed ones, follow concurrency-limit changes."""
         if info.routing_policy != self.info.routing_policy:
-            from endpoints.routing import make_router
-
             self.router = make_router(info.routing_policy)
         self.info = info
         mu_capacity = max(info.coeffs.mu_per_min / 60.0, 1e-6)
@@ -391,10 +389,6 @@ class EndpointRuntime:
 
 
 def _request_scale_from_zero(endpoint_id: int) -> None:
-    try:
-        from capacity.autoscaling.activator import request_scale_from_zero
-    except ImportError:
-        return
     try:
         request_scale_from_zero(endpoint_id)
     except Exception:  # noqa: BLE001 - the activator is best effort; the queue age bounds the wait

@@ -7,6 +7,11 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
+from capacity.models import CapacityBenchmark, ModelProfile
+from endpoints.models import Endpoint, Replica
+from endpoints.proxy.snapshot import VERSION_KEY
+from tenants.models import ApiKey, CapacityReservation, Tenant
+
 log = logging.getLogger(__name__)
 
 # Health probes save these fields every few seconds; they do not change what the proxy routes to.
@@ -19,6 +24,8 @@ _redis_client = None
 def _redis():
     global _redis_client
     if _redis_client is None and settings.REDIS_URL:
+        # Deferred: every Django process loads this module (EndpointsConfig.ready), and redis (~0.1 s to import)
+        # is needed only by one that saves a model the proxy reads.
         import redis
 
         _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
@@ -27,8 +34,6 @@ def _redis():
 
 def bump_config_version() -> None:
     """Best effort: when Redis is down the proxies fall back to periodic reloads."""
-    from endpoints.proxy.snapshot import VERSION_KEY
-
     client = _redis()
     if client is None:
         return
@@ -45,10 +50,6 @@ def _changed(sender, instance=None, update_fields=None, **kwargs) -> None:
 
 
 def connect() -> None:
-    from capacity.models import CapacityBenchmark, ModelProfile
-    from endpoints.models import Endpoint, Replica
-    from tenants.models import ApiKey, CapacityReservation, Tenant
-
     for model in (ApiKey, Tenant, CapacityReservation, Endpoint, Replica, ModelProfile, CapacityBenchmark):
         uid = f"infercap-proxy-config-{model._meta.label_lower}"
         post_save.connect(_changed, sender=model, dispatch_uid=uid + "-save")

@@ -18,16 +18,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import aiohttp
+import redis
+import redis.asyncio as aioredis
 from django.conf import settings
 from django.db import close_old_connections
 
+from billing.ingest import UsageWriter
 from endpoints.admission.shares import Member, allocate, fair_share
+from endpoints.metrics_scraper import MetricsScraper
 from endpoints.proxy.config import ProxyConfig, load_config
 from endpoints.proxy.isolation import CacheSalts
 from endpoints.proxy.limits import RateLimiter
 from endpoints.proxy.runtime import EndpointRuntime
+from endpoints.proxy.scrape_client import AiohttpScrapeClient
 from endpoints.proxy.signals import VERSION_CHANNEL
-from endpoints.proxy.snapshot import VERSION_KEY, Snapshot, load_snapshot
+from endpoints.proxy.snapshot import VERSION_KEY, Snapshot
+from endpoints.proxy.snapshot_loader import read_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +116,7 @@ def _parse_members(raw: list) -> dict:
 def _load_in_thread(version: str) -> Snapshot:
     close_old_connections()
     try:
-        return load_snapshot(version)
+        return read_snapshot(version)
     finally:
         close_old_connections()
 
@@ -141,16 +147,12 @@ class ProxyState:
         self._beat_failing = False  # the last heartbeat could not reach Redis
 
     async def start(self) -> None:
-        from billing.ingest import UsageWriter
-
         # The usage writer and snapshot loader are threads: with CPython's default 5 ms GIL switch interval the
         # event loop could wait that long behind an ORM batch before relaying a token.
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
 
         loop = asyncio.get_running_loop()
         if settings.REDIS_URL:
-            import redis.asyncio as aioredis
-
             # A bounded pool: a burst of requests shares a few connections instead of opening one each
             # (which, on a busy host, turns into connect timeouts and a tripped breaker).
             pool = aioredis.BlockingConnectionPool.from_url(
@@ -188,10 +190,6 @@ class ProxyState:
         self._tasks.append(loop.create_task(self._housekeeping(), name="proxy-housekeeping"))
 
     def _scraper_start(self) -> None:
-        try:
-            from endpoints.metrics_scraper import MetricsScraper
-        except ImportError:
-            return
         raw = os.environ.get("INFERCAP_PROXY_SCRAPE_INTERVAL_S", "0.1")
         try:
             interval = min(10.0, max(0.01, float(raw)))
@@ -199,8 +197,6 @@ class ProxyState:
             interval = 0.1
         if str(interval) != raw and raw != "0.1":
             log.warning("INFERCAP_PROXY_SCRAPE_INTERVAL_S=%r: using %s s (allowed 0.01–10)", raw, interval)
-        from endpoints.proxy.scrape_client import AiohttpScrapeClient
-
         self._scrape_client = AiohttpScrapeClient()
         self.scraper = MetricsScraper(interval_s=interval, client=self._scrape_client)
         self.scraper.start()
@@ -382,8 +378,6 @@ class ProxyState:
         """At exit (uvicorn runs without a lifespan here, so no async shutdown hook): leave the group at once,
         so the others take over this share now rather than after the TTL."""
         try:
-            import redis
-
             client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
             client.hdel(MEMBERS_KEY, self.process_id)
             client.close()
