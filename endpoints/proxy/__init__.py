@@ -6,11 +6,12 @@ With several worker processes set ``PROMETHEUS_MULTIPROC_DIR`` to an empty direc
 ``/metrics`` aggregates all of them. Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models`` (Bearer tenant key) and ``GET /metrics``.
 
-Request path (``app.py``): key → in-process snapshot (``snapshot.py``, no database query per request) →
-validation (``request.py``) → tenant limits (``limits.py``) → MU estimate (``capacity.units``) → admission
-(``runtime.py`` over the pure ``endpoints.admission``) → routing (``endpoints.routing``) → upstream relay over
-one pooled aiohttp session per process (``relay.py``) → metering (``billing.ingest``) and metrics
-(``metrics.py``). Every response carries ``x-request-id`` (also the usage record's ``request_id``).
+Request path (``app.py`` dispatches, ``pipeline.py`` runs the named stages of ``stages.py`` on one ``flight.Flight``):
+authenticate the key against the in-process snapshot (``snapshot.py``, no database query per request) → parse
+(``request.py``) → price (MU estimate, ``capacity.units``) → limit (``limits.py``) → admit, routing the request
+(``runtime.py`` over the pure ``endpoints.admission`` and ``endpoints.routing``) → relay over one pooled aiohttp
+session per process (``relay.py``) → meter (``metering.py``: ``billing.ingest`` and ``metrics.py``). Every response
+carries ``x-request-id`` (also the usage record's ``request_id``).
 
 Priority: the reservation's class capped by the key's ``max_priority``; a request may lower it with the header
 ``x-infercap-priority: critical|standard|sheddable``. Without a reservation a tenant runs as sheddable.

@@ -1,0 +1,143 @@
+"""A proxied completion as a pipeline of named stages (``stages.py``): authenticate → parse → price → limit → admit
+(routing) → relay → meter (``metering.py``). This module runs them in order on one ``Flight``, answers a refusal
+with its OpenAI-shaped error, ends a request whose client left or whose replica stalled, and meters every request
+whatever happened."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from endpoints.proxy.errors import ProxyError, send_error, sse_error_event
+from endpoints.proxy.flight import Flight
+from endpoints.proxy.metering import meter
+from endpoints.proxy.relay import Outcome
+from endpoints.proxy.request import ParsedRequest, requested_priority
+from endpoints.proxy.stages import (
+    Upstream,
+    admit,
+    authenticate,
+    charge_limits,
+    price_request,
+    read_request,
+    relay,
+    resolve_endpoint,
+    routing_request,
+)
+from endpoints.proxy.state import ProxyState, get_state
+
+NON_STREAM_MIN_TOKENS_PER_S = 5.0
+
+
+async def completion(scope, receive, send, kind: str) -> None:
+    """``POST /v1/chat/completions`` (``kind`` "chat") or ``/v1/completions`` ("completions")."""
+    flight = Flight(t0=time.perf_counter(), task=asyncio.current_task())
+    state = await get_state()
+    try:
+        await run_stages(state, flight, dict(scope["headers"]), receive, send, kind)
+    except ProxyError as err:
+        outcome = flight.outcome
+        flight.usage_status = err.usage_status or (outcome.status if outcome and outcome.status != "ok" else None)
+        await send_error(send, err, flight.rid_header)
+    except asyncio.CancelledError:
+        if flight.cancel_reason is None:
+            raise  # not ours: the server is shutting the task down
+        flight.task.uncancel()
+        await end_cancelled(flight, send)
+    finally:
+        if flight.watcher is not None:
+            flight.watcher.cancel()
+        meter(state, flight)
+
+
+async def run_stages(state: ProxyState, flight: Flight, headers: dict[bytes, bytes], receive, send, kind: str) -> None:
+    config = state.config
+    key = flight.key = authenticate(state.snapshot, headers, now=time.time(), scope="inference")
+    req = await read_request(receive, headers, kind=kind, config=config)
+    endpoint = resolve_endpoint(state.snapshot, key, req)
+    requested = requested_priority(headers)
+    flight.endpoint = endpoint  # from here on an error is metered (a request refused as invalid above is not)
+    price = flight.price = price_request(
+        state.snapshot,
+        key=key,
+        endpoint=endpoint,
+        req=req,
+        requested=requested,
+        best_effort_mu_per_min=config.best_effort_mu_per_min,
+    )
+    flight.charged = await charge_limits(state.limiter, key=key, endpoint=endpoint, price=price)
+    # From here on the body is read: a disconnect cancels whatever we are waiting for.
+    loop = asyncio.get_running_loop()
+    flight.watcher = loop.create_task(watch_disconnect(receive, flight))
+    cache_salt = state.cache_salts.for_tenant(key.tenant_id)
+    route = routing_request(flight.request_id, key=key, req=req, headers=headers, mu=price.mu, cache_salt=cache_salt)
+    flight.admission = await admit(state.runtime_for(endpoint), route, key=key, endpoint=endpoint, price=price)
+    upstream = Upstream(
+        req, request_id=flight.request_id, priority=price.priority, cache_salt=cache_salt, rid_header=flight.rid_header
+    )
+    flight.outcome = Outcome()
+    flight.dispatched_at = time.perf_counter()
+    arm_watchdog(flight, req, config.ttft_timeout_s, config.idle_timeout_s, loop)
+    await relay(state, flight, upstream, send)
+
+
+async def watch_disconnect(receive, flight: Flight) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if flight.outcome is not None and flight.outcome.done:
+                return  # our own end of the response, not the client leaving; let the upstream drain
+            flight.cancel("client")
+            return
+
+
+def arm_watchdog(
+    flight: Flight, req: ParsedRequest, ttft_s: float, idle_s: float, loop: asyncio.AbstractEventLoop
+) -> None:
+    # A non-streaming answer shows no byte before it is complete, so its first-byte limit also allows generation
+    # at a floor of NON_STREAM_MIN_TOKENS_PER_S.
+    first_byte_s = ttft_s
+    if not req.stream:
+        first_byte_s += (req.max_tokens or 4096) / NON_STREAM_MIN_TOKENS_PER_S
+    loop.call_later(min(ttft_s, idle_s) / 4, watchdog, flight, first_byte_s, idle_s, loop)
+
+
+def watchdog(flight: Flight, ttft_s: float, idle_s: float, loop: asyncio.AbstractEventLoop) -> None:
+    """Re-arming timer: ends a request with no first byte after ``ttft_s`` or no data for ``idle_s``."""
+    outcome = flight.outcome
+    if flight.cancel_reason is not None or outcome is None or outcome.finished_at is not None:
+        return
+    now = time.perf_counter()
+    if outcome.first_token_at is None:
+        if flight.dispatched_at is not None and now - flight.dispatched_at > ttft_s:
+            flight.cancel("ttft")
+            return
+    elif now - (outcome.last_read_at or outcome.first_token_at) > idle_s:
+        flight.cancel("idle")
+        return
+    loop.call_later(min(ttft_s, idle_s) / 4, watchdog, flight, ttft_s, idle_s, loop)
+
+
+async def end_cancelled(flight: Flight, send) -> None:
+    """The watcher or the watchdog ended the request: meter it as the client's cancel or as a timeout, and tell
+    the client about a timeout (an SSE error event if its stream had started, else a 504)."""
+    outcome = flight.outcome
+    if outcome is not None and outcome.done:
+        return  # the whole answer was delivered; the client just closed first
+    reason = flight.cancel_reason
+    if reason == "client":
+        flight.usage_status = "client_cancelled"
+        return
+    flight.usage_status = "timeout"
+    message = "no first token from the replica in time" if reason == "ttft" else "the replica stopped streaming"
+    try:
+        if outcome is not None and outcome.started_client:
+            await send(
+                {"type": "http.response.body", "body": sse_error_event(message, type="timeout"), "more_body": False}
+            )
+        else:
+            await send_error(
+                send, ProxyError(504, message.capitalize() + ".", type="timeout", code=reason), flight.rid_header
+            )
+    except Exception:  # noqa: BLE001 - the client may be gone as well
+        pass

@@ -1,0 +1,324 @@
+"""The stages of a proxied completion, in the order ``pipeline.py`` runs them: authenticate → parse
+(``read_request``, ``resolve_endpoint``) → price → limit (``charge_limits``) → admit (``routing_request``, then
+``admit``, which routes) → relay → meter (``metering.py``). Each takes what it needs and returns what the next one
+needs; a refusal is a ``ProxyError``. ``authenticate``, ``resolve_endpoint``, ``price_request`` and
+``routing_request`` are pure: they run against a snapshot, without sockets."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+from endpoints.admission import ENGINE_PRIORITY, effective_priority
+from endpoints.proxy import metrics as m
+from endpoints.proxy.config import ProxyConfig
+from endpoints.proxy.errors import ProxyError
+from endpoints.proxy.flight import Admission, Flight, Price
+from endpoints.proxy.limits import Bucket, LimiterUnavailable, RateLimiter, buckets_for, retry_after_from_wait
+from endpoints.proxy.relay import Outcome, PriorityRefused, UpstreamFailed, plain_exchange, stream_exchange
+from endpoints.proxy.request import ParsedRequest, parse_request, read_body, request_cost, upstream_payload
+from endpoints.proxy.runtime import EndpointRuntime, Shed, Slot
+from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, Snapshot
+from endpoints.proxy.state import ProxyState
+from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY, FAILED_ATTEMPTS_RETENTION_S
+from endpoints.routing.base import RouteRequest
+from endpoints.routing.session import prompt_text_of, session_id_of
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+SHED_MESSAGES = {
+    "queue_full": "`{model}` is saturated and its queue is full; retry after the Retry-After delay.",
+    "queue_age": "The request waited longer than its priority class allows for `{model}`; retry after the Retry-After delay.",
+    "evicted": "The request was evicted from `{model}`'s queue to make room for higher-priority work.",
+    "no_replica": "`{model}` has no ready replica.",
+}
+
+
+# -- authenticate ---------------------------------------------------------------------------------------------
+def authenticate(snapshot: Snapshot, headers: dict[bytes, bytes], *, now: float, scope: str | None = None) -> KeyInfo:
+    """The key of ``Authorization: Bearer <key>``, by its SHA-256 in the snapshot; with ``scope``, it must carry
+    that scope (403)."""
+    auth = headers.get(b"authorization")
+    if not auth:
+        raise ProxyError(
+            401,
+            "Missing API key: send 'Authorization: Bearer <key>'.",
+            type="authentication_error",
+            code="missing_api_key",
+        )
+    scheme, _, raw = auth.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise ProxyError(
+            401,
+            "Malformed Authorization header; expected 'Bearer <key>'.",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+    digest = hashlib.sha256(raw.strip().encode("utf-8", "surrogatepass")).hexdigest()
+    key = snapshot.keys_by_hash.get(digest)
+    if key is None or not key.usable(now):
+        # One message for unknown, revoked and expired keys: a caller learns nothing about which keys exist.
+        raise ProxyError(
+            401, "Invalid, revoked or expired API key.", type="authentication_error", code="invalid_api_key"
+        )
+    if scope is not None and scope not in key.scopes:
+        raise ProxyError(
+            403, f"This API key lacks the '{scope}' scope.", type="permission_error", code="insufficient_scope"
+        )
+    return key
+
+
+# -- parse ------------------------------------------------------------------------------------------------------
+async def read_request(receive, headers: dict[bytes, bytes], *, kind: str, config: ProxyConfig) -> ParsedRequest:
+    """The body, bounded in size and time, parsed and checked (``request.parse_request``)."""
+    cl = headers.get(b"content-length")
+    try:
+        content_length = int(cl) if cl is not None else None
+    except ValueError:
+        raise ProxyError(400, "Invalid Content-Length header.", code="invalid_request") from None
+    raw = await read_body(
+        receive, limit=config.max_body_bytes, content_length=content_length, timeout_s=config.body_timeout_s
+    )
+    return parse_request(kind, raw, max_n=config.max_n)
+
+
+def resolve_endpoint(snapshot: Snapshot, key: KeyInfo, req: ParsedRequest) -> EndpointInfo:
+    """The endpoint ``req.model`` names, if this key's tenant may see it (another tenant's private endpoint is
+    a 404 like a missing one)."""
+    found = snapshot.endpoints_by_name.get(req.model)
+    if found is None or not found.visible_to(key.tenant_id):
+        raise ProxyError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
+    if req.max_tokens is not None and req.max_tokens > found.max_model_len:
+        # Refused here rather than by the replica: it is neither charged to the tenant's limits nor dispatched.
+        raise ProxyError(
+            400,
+            f"'max_tokens' is {req.max_tokens}, but `{found.name}` has a context of {found.max_model_len} tokens.",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    return found
+
+
+# -- price ------------------------------------------------------------------------------------------------------
+def price_request(
+    snapshot: Snapshot,
+    *,
+    key: KeyInfo,
+    endpoint: EndpointInfo,
+    req: ParsedRequest,
+    requested: str | None,
+    best_effort_mu_per_min: float,
+) -> Price:
+    """The class (the reservation's, capped by the key, lowered by the header), the MU and token estimate, and
+    the tenant's buckets on this endpoint that estimate is charged to."""
+    reservation = snapshot.reservations.get((key.tenant_id, endpoint.id))
+    priority = effective_priority(
+        key_max=key.max_priority,
+        reservation=reservation.priority if reservation else None,
+        requested=requested,
+    )
+    mu, tokens = request_cost(req, endpoint.coeffs)
+    buckets = buckets_for(reservation=reservation, mu=mu, tokens=tokens, best_effort_mu_per_min=best_effort_mu_per_min)
+    return Price(priority=priority, mu=mu, tokens=tokens, buckets=buckets)
+
+
+# -- limit ------------------------------------------------------------------------------------------------------
+async def charge_limits(limiter: RateLimiter, *, key: KeyInfo, endpoint: EndpointInfo, price: Price) -> list[Bucket]:
+    """Take the estimate from the tenant's buckets, all or none; returns the buckets charged (metering settles
+    them to the real cost). Over a limit: 429 with the bucket's wait as Retry-After."""
+    if not price.buckets:
+        return []
+    try:
+        wait_s, limit_name = await limiter.acquire(
+            tenant_id=key.tenant_id, endpoint_id=endpoint.id, buckets=price.buckets
+        )
+    except LimiterUnavailable:
+        raise ProxyError(
+            503,
+            "Rate limiter unavailable; retry shortly.",
+            type="server_error",
+            code="limiter_unavailable",
+            retry_after=1,
+        ) from None
+    if wait_s > 0:
+        m.child(m.RATE_LIMITED, endpoint.name, key.tenant_slug, limit_name).inc()
+        raise ProxyError(
+            429,
+            f"Rate limit exceeded for this tenant on `{endpoint.name}` ({limit_name}); retry after the Retry-After delay.",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            retry_after=retry_after_from_wait(wait_s),
+            usage_status="rate_limited",
+        )
+    return price.buckets
+
+
+# -- admit (and route) ------------------------------------------------------------------------------------------
+def routing_request(
+    request_id: str,
+    *,
+    key: KeyInfo,
+    req: ParsedRequest,
+    headers: dict[bytes, bytes],
+    mu: float,
+    cache_salt: str,
+) -> RouteRequest:
+    """What the router sees of the request: its prompt (prefix affinity), its session (stickiness) and cost."""
+    sid = headers.get(b"x-session-id")
+    session_id = session_id_of({"x-session-id": sid.decode("latin-1")} if sid else {}, req.body)
+    return RouteRequest(
+        request_id=request_id,
+        prompt_text=prompt_text_of(req.body),
+        mu=mu,
+        # Per tenant, like the replicas' caches (the salt) and stickiness: another tenant's session id or
+        # identical prompt must not pull this request onto a replica as if it were a cache hit.
+        session_id=f"{key.tenant_id}:{session_id}" if session_id else None,
+        extra={"cache_salt": cache_salt},
+    )
+
+
+async def admit(
+    runtime: EndpointRuntime, route: RouteRequest, *, key: KeyInfo, endpoint: EndpointInfo, price: Price
+) -> Admission:
+    """A slot on a replica the router picked, now or after waiting in the endpoint's priority queue. Refused:
+    429 (queue full, too old, evicted) or 503 (no replica), with Retry-After."""
+    try:
+        slot, queue_s = await runtime.acquire(route, tenant=str(key.tenant_id), priority=price.priority, mu=price.mu)
+    except Shed as shed:
+        status = 503 if shed.reason == "no_replica" else 429
+        raise ProxyError(
+            status,
+            SHED_MESSAGES.get(shed.reason, shed.reason).format(model=endpoint.name),
+            type="server_overloaded" if status == 429 else "server_error",
+            code=shed.reason,
+            retry_after=shed.retry_after,
+            usage_status="shed",
+        ) from None
+    return Admission(runtime=runtime, route=route, slot=slot, queue_s=queue_s, mu=price.mu)
+
+
+# -- relay ------------------------------------------------------------------------------------------------------
+class Upstream:
+    """What goes to a replica for one request: the body (built once for replicas that take ``priority`` and once
+    for those that refuse it), the headers and the path."""
+
+    __slots__ = ("req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "_payloads")
+
+    def __init__(self, req: ParsedRequest, *, request_id: str, priority: str, cache_salt: str, rid_header) -> None:
+        self.req = req
+        self.path = UPSTREAM_PATH[req.kind]
+        self.cache_salt = cache_salt
+        self.engine_priority = ENGINE_PRIORITY[priority]
+        self.headers = {"content-type": "application/json", "x-request-id": request_id}
+        self.response_headers = (SSE_HEADERS if req.stream else []) + rid_header
+        self._payloads: dict[bool, bytes] = {}
+
+    def payload(self, takes_priority: bool) -> bytes:
+        payload = self._payloads.get(takes_priority)
+        if payload is None:
+            payload = self._payloads[takes_priority] = upstream_payload(
+                self.req,
+                cache_salt=self.cache_salt,
+                engine_priority=self.engine_priority if takes_priority else None,
+            )
+        return payload
+
+    async def exchange(self, session, slot: Slot, send, *, outcome: Outcome, connect_timeout_s: float) -> None:
+        sends_priority = slot.takes_priority
+        url, payload = slot.url + self.path, self.payload(sends_priority)
+        if self.req.stream:
+            await stream_exchange(
+                session,
+                url,
+                payload,
+                self.headers,
+                send,
+                response_headers=self.response_headers,
+                forward_usage=self.req.client_wants_usage,
+                outcome=outcome,
+                connect_timeout_s=connect_timeout_s,
+                priority_sent=sends_priority,
+            )
+        else:
+            await plain_exchange(
+                session,
+                url,
+                payload,
+                self.headers,
+                send,
+                response_headers=self.response_headers,
+                outcome=outcome,
+                connect_timeout_s=connect_timeout_s,
+                priority_sent=sends_priority,
+            )
+
+
+async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> None:
+    """Send the request to its admitted replica and relay the answer to the client. A failure before anything
+    reached the client is retried once on another replica (never mid-stream); a replica that refuses
+    ``priority`` gets the request again without it."""
+    admission, outcome = flight.admission, flight.outcome
+    tried: set[str] = set()
+    retried = False
+    while True:
+        slot = admission.slot
+        tried.add(slot.view.replica_id)
+        try:
+            await upstream.exchange(
+                state.session, slot, send, outcome=outcome, connect_timeout_s=state.config.connect_timeout_s
+            )
+            return
+        except PriorityRefused:
+            # A replica on vLLM's default fcfs scheduler (launched by hand, or its options say priority but it is
+            # not): remember it and resend on the same slot without the field; nothing was sent to the client yet.
+            log.warning("replica %s refuses 'priority' (fcfs scheduler); sending it none", slot.name)
+            slot.refused_priority = True
+        except UpstreamFailed as failed:
+            note_failed_attempt(state, flight.endpoint.id, slot.replica_id, flight.request_id)
+            if not move_to_another_replica(admission, tried, allowed=not retried):
+                outcome.status = "upstream_error"
+                raise ProxyError(
+                    failed.status, f"Upstream replica failed: {failed}", type="server_error", code="upstream_error"
+                ) from None
+            retried = True
+            m.child(m.UPSTREAM_RETRIES, flight.endpoint.name).inc()
+            flight.dispatched_at = time.perf_counter()
+        outcome.first_token_at = outcome.last_read_at = None
+
+
+def move_to_another_replica(admission: Admission, tried: set[str], *, allowed: bool) -> bool:
+    """Give the failed slot back and hold one on a replica not tried yet, if ``allowed`` and one is free; the
+    new slot is taken first, so the freed one goes to the queue rather than back to this request."""
+    runtime, route, mu = admission.runtime, admission.route, admission.mu
+    retry_slot = runtime.try_take(route, mu, exclude=tried) if allowed else None
+    runtime.release(admission.slot, route, mu, 0.0)
+    admission.slot = retry_slot
+    return retry_slot is not None
+
+
+def note_failed_attempt(state: ProxyState, endpoint_id: int, replica_id, request_id: str) -> None:
+    """Count an attempt that failed before the first byte against its replica, for the rollouts' canary comparison
+    (the usage record names the replica that answered in the end, if any). Only on failures; fire and forget."""
+    if state.redis is None:
+        return
+
+    async def write() -> None:
+        now = time.time()
+        key = FAILED_ATTEMPTS_KEY.format(endpoint_id=endpoint_id)
+        try:
+            pipe = state.redis.pipeline(transaction=False)
+            pipe.zadd(key, {f"{replica_id}:{request_id}": now})
+            pipe.zremrangebyscore(key, 0, now - FAILED_ATTEMPTS_RETENTION_S)
+            pipe.expire(key, FAILED_ATTEMPTS_RETENTION_S)
+            await pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - advisory, like the demand reports
+            log.debug("failed-attempt report failed: %s", exc)
+
+    state.spawn(write())
