@@ -20,6 +20,7 @@ from endpoints.health import (
 )
 from endpoints.models import ReplicaState, Runtime
 from tests.factories import EndpointFactory
+from tests.waiting import wait_for
 
 # The test configuration: quiet for 1 s → probe; 2 failed probes → failed; 1.5 s first-token budget.
 FAST = HealthConfig(idle_after_s=1.0, failures_to_fail=2, ttft_timeout_s=1.5, connect_timeout_s=1.0)
@@ -66,13 +67,13 @@ def sim_endpoint(db, clean_health_keys):
 
 def _launch_ready(endpoint, actuator, count: int, timeout_s: float = 30.0):
     replicas = actuator.launch(endpoint, count)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def ready():
         actuator.sync(endpoint)
-        if all(r.state == ReplicaState.READY for r in _fresh(replicas)):
-            return _fresh(replicas)
-        time.sleep(0.1)
-    raise AssertionError("replicas did not become ready")
+        return all(r.state == ReplicaState.READY for r in _fresh(replicas))
+
+    wait_for(ready, timeout_s, 0.1, message=f"{count} replicas ready")
+    return replicas
 
 
 def _fresh(replicas):
@@ -95,13 +96,14 @@ def test_hung_replica_is_detected_failed_and_replaced(sim_endpoint):
     httpx.post(f"{hung.url}/admin/faults", json={"hang": True}, timeout=2).raise_for_status()
     hung_at = time.time()
     assert httpx.get(f"{hung.url}/health", timeout=2).status_code == 200  # a wedged engine still says healthy
-    while time.time() - hung_at < 20:
+
+    def cycle_that_fails_it():
         report = health_check_cycle(config=FAST)
-        if hung.pk in report.failed_ids:
-            break
-        time.sleep(0.5)  # the beat interval of this test
+        return report if hung.pk in report.failed_ids else None
+
+    # One cycle every 0.5 s: the beat interval of this test.
+    report = wait_for(cycle_that_fails_it, 20, 0.5, message="the hung replica detected")
     detected_after_s = time.time() - hung_at
-    assert hung.pk in report.failed_ids, "hung replica not detected within 20 s"
     assert detected_after_s <= 15.0
     hung.refresh_from_db()
     healthy.refresh_from_db()
@@ -121,12 +123,13 @@ def test_hung_replica_is_detected_failed_and_replaced(sim_endpoint):
 
     # The restart launched a replacement; once it is ready, health_timings reports detection and recovery.
     replacement = endpoint.replicas.exclude(pk__in=[hung.pk, healthy.pk]).get()
-    deadline = time.monotonic() + 30
-    while replacement.state != ReplicaState.READY and time.monotonic() < deadline:
+
+    def replacement_ready():
         actuator.sync(endpoint)
         replacement.refresh_from_db()
-        time.sleep(0.1)
-    assert replacement.state == ReplicaState.READY
+        return replacement.state == ReplicaState.READY
+
+    wait_for(replacement_ready, 30, 0.1, message="the replacement ready")
     (timing,) = health_timings(endpoint=endpoint)
     assert timing["replica_id"] == hung.pk
     assert 0 < timing["detected_after_s"] <= 15.0
@@ -184,7 +187,8 @@ def test_saturated_replica_is_never_marked_failed(sim_endpoint):
     always_probe = HealthConfig(idle_after_s=0.0, failures_to_fail=2, ttft_timeout_s=1.5, connect_timeout_s=1.0)
     ttfts = []
     with _Overload(busy.url, clients=24) as load:
-        time.sleep(1.0)  # let the batch fill: 24 streams on 8 slots
+        # The batch is full (24 streams on 8 slots) before the first probe.
+        wait_for(lambda: _gauge(busy.url, "vllm:num_requests_waiting") >= 8, 30, message="8 requests waiting")
         waiting = []
         for _ in range(8):
             report = health_check_cycle(config=always_probe)
@@ -192,7 +196,7 @@ def test_saturated_replica_is_never_marked_failed(sim_endpoint):
             assert check.probed and check.result.ok, check.result
             ttfts.append(check.result.ttft_s)
             waiting.append(_gauge(busy.url, "vllm:num_requests_waiting"))
-            time.sleep(0.3)
+            time.sleep(0.3)  # on purpose: probe cycles spread over the overload, as the beat spreads them
     assert load.completed > 8 and load.errors == 0
     assert max(waiting) >= 8, f"the replica was not saturated: waiting {waiting}"
     busy.refresh_from_db()
@@ -209,6 +213,8 @@ def test_busy_replica_is_not_probed_when_it_shows_progress(sim_endpoint):
     with _Overload(busy.url, clients=12):
         first = health_check_cycle(config=FAST)
         assert first.probed_ids == [busy.pk]  # its token counter was never seen before: no evidence yet
+        # On purpose: past idle_after_s (1 s), so the first cycle's probe no longer counts as a sign of life and
+        # only the token counter's growth can spare the replica a probe.
         time.sleep(1.2)
         later = health_check_cycle(config=FAST)
         assert later.probed_ids == []  # the counter grew: alive without a probe
