@@ -7,13 +7,13 @@ import sys
 import time
 
 import pytest
-import redis
 from django.conf import settings
 
 from capacity.autoscaling import store
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint
 from tests.proxy.conftest import ROOT, subprocess_database_url
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -24,11 +24,19 @@ import redis
 from django.conf import settings
 from capacity.autoscaling.services import horizontal_tick
 client = redis.Redis.from_url(settings.REDIS_URL)
+client.incr("infercap:test:ready")
 while not client.exists("infercap:test:go"):
     time.sleep(0.005)
 decision = horizontal_tick(endpoint_id=int(os.environ["ENDPOINT_ID"]), tick=os.environ["TICK"])
 print(json.dumps({"decision": decision.pk if decision else None}))
 """
+
+
+def _ready_count(client, workers) -> int:
+    for worker in workers:
+        if worker.poll() is not None:  # died before the race: fail now, with its error
+            raise AssertionError(worker.stderr.read().decode()[-2000:])
+    return int(client.get("infercap:test:ready") or 0)
 
 
 def test_two_worker_processes_one_decision(clean_store, tenant_a):
@@ -52,8 +60,9 @@ def test_two_worker_processes_one_decision(clean_store, tenant_a):
         for _ in range(2)
     ]
     try:
-        time.sleep(3.0)  # both are up and waiting (Django start-up takes about a second each)
-        redis.Redis.from_url(settings.REDIS_URL).set("infercap:test:go", "1")
+        # Both are up (Django set up, the tick imported) and waiting, so the go signal starts a real race.
+        wait_for(lambda: _ready_count(clean_store, workers) == 2, 60, message="both workers ready")
+        clean_store.set("infercap:test:go", "1")
         outputs = [w.communicate(timeout=60) for w in workers]
     finally:
         for w in workers:
