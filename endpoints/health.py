@@ -253,6 +253,9 @@ def record_completion(*, replica_id: int | str, at: float | None = None) -> None
 
 def request_restart(*, replica) -> str:
     """Ask the endpoint's actuator for a replacement; degrades to a logged no-op when none is installed."""
+    if replica.actuator == "static":
+        # Attached by an operator (a server the platform did not start): whoever runs it restarts it.
+        return "unavailable: an attached replica is restarted by whoever runs it"
     try:
         from capacity.autoscaling.actuators import get_actuator
     except ImportError as exc:

@@ -127,7 +127,7 @@ def test_the_health_check_fails_a_ready_replica_whose_url_serves_html_and_does_n
     assert "not an SSE stream: not vLLM" in check.result.error and "text/html" in check.result.error
     replica.refresh_from_db()
     assert replica.state == ReplicaState.FAILED and "not an SSE stream" in replica.failure_reason
-    assert check.restart.startswith("error: ")  # a static replica cannot be restarted; said, not raised
+    assert check.restart.startswith("unavailable: an attached replica")  # said, not raised or logged as an error
 
 
 @pytest.mark.parametrize(("kind", "says"), [("html_health", "HTML page"), ("no_metrics", "/metrics answered 404")])
