@@ -182,6 +182,21 @@ QUICK_SWEEP = {
 }
 
 
+# The shortest sweep that still fits the four coefficients and measures two held-out shapes (`--smoke`): a CPU
+# engine in CI, or a first look at a replica just attached. Two levels, short outputs, one shape with a shared
+# prefix (so α_c is measured, not guessed), ~50 requests in all; its figures are rough, its shape is the full one's.
+SMOKE_SWEEP = {
+    "levels": (1, 2),
+    "reference_shape": Shape(128, 8),
+    "fit_shapes": (Shape(32, 4), Shape(384, 4), Shape(32, 16), Shape(384, 16, shared_prefix_tokens=256)),
+    "held_out_shapes": (Shape(128, 8), Shape(256, 12, shared_prefix_tokens=128)),
+    "requests_per_stream": 3,
+    "min_requests": 6,
+    "bisect_steps": 0,
+    "grid_multipliers": (),
+}
+
+
 def endpoint_sweep_config(endpoint: Endpoint, *, quick: bool = False, **overrides) -> SweepConfig:
     """The sweep for an endpoint: its SLOs, its hardware's GPUs, at most its concurrency ceiling."""
     options = {

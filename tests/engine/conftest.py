@@ -23,6 +23,7 @@ class Engine:
     url: str
     model: str
     startup_s: float | None = None
+    pid: int | None = None  # the API server, leader of the engine's process group; None for INFERCAP_ENGINE_URL
 
     def client(self, timeout: float = 120.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout)
@@ -39,7 +40,20 @@ def engine():
         pytest.fail(f"the real vLLM engine is not installed: {INSTALL_HINT}", pytrace=False)
     process = start_engine(served_model_name=SERVED_MODEL_NAME)
     try:
-        yield Engine(url=process.url, model=SERVED_MODEL_NAME, startup_s=process.startup_s)
+        yield Engine(url=process.url, model=SERVED_MODEL_NAME, startup_s=process.startup_s, pid=process.pid)
     finally:
         stop_engine(process)
         os.unlink(process.log_path)
+
+
+@pytest.fixture
+def engine_endpoint(engine, db):
+    """An endpoint named as the engine serves, with the session engine attached as its (static) replica."""
+    from endpoints.services import replica_attach
+    from tests.factories import EndpointFactory
+
+    endpoint = EndpointFactory(
+        name=engine.model, ttft_slo_ms=60_000, tpot_slo_ms=2_000, concurrency_max=8, concurrency_limit=8
+    )
+    replica = replica_attach(endpoint=endpoint, url=engine.url, name="session-engine")
+    return endpoint, replica

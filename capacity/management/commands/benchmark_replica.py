@@ -1,4 +1,4 @@
-"""``python manage.py benchmark_replica --endpoint NAME [--replica NAME | --url URL] [--quick] [--pin]``
+"""``python manage.py benchmark_replica --endpoint NAME [--replica NAME | --url URL] [--quick | --smoke] [--pin]``
 
 Runs the automatic benchmark (load sweep + model-unit fit) against one live replica of the endpoint, stores it as
 the next version for the endpoint's (model, hardware) pair, prints progress to stderr and the result as JSON.
@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from capacity.benchmarking import BenchmarkError
-from capacity.services import benchmark_run
+from capacity.services import SMOKE_SWEEP, benchmark_run
 from endpoints.models import Endpoint, Replica
 
 
@@ -25,11 +25,15 @@ class Command(BaseCommand):
         target.add_argument("--replica", help="replica name (default: the endpoint's first ready replica)")
         target.add_argument("--url", help="measure this replica URL instead (e.g. a vLLM started by hand)")
         parser.add_argument("--time-scale", type=float, help="simulator speed factor (default: launch_options.speed)")
-        parser.add_argument("--quick", action="store_true", help="fewer levels and shapes (about a minute)")
+        size = parser.add_mutually_exclusive_group()
+        size.add_argument("--quick", action="store_true", help="fewer levels and shapes (about a minute)")
+        size.add_argument(
+            "--smoke", action="store_true", help="the shortest sweep that fits the coefficients (~50 short requests)"
+        )
         parser.add_argument("--pin", action="store_true", help="pin the endpoint to this benchmark")
         parser.add_argument("--max-concurrency", type=int, help="highest concurrency to try")
 
-    def handle(self, *args, endpoint, replica, url, time_scale, quick, pin, max_concurrency, **options):
+    def handle(self, *args, endpoint, replica, url, time_scale, quick, smoke, pin, max_concurrency, **options):
         lookup = {"pk": int(endpoint)} if endpoint.isdigit() else {"name": endpoint}
         try:
             target = Endpoint.objects.select_related("model_profile", "hardware_profile").get(**lookup)
@@ -42,7 +46,10 @@ class Command(BaseCommand):
                 raise CommandError(f"endpoint {target.name} has no replica {replica!r}")
         if time_scale is not None and time_scale <= 0:
             raise CommandError("--time-scale must be positive")
-        overrides = {"max_concurrency": max_concurrency} if max_concurrency else {}
+        overrides = {
+            **(SMOKE_SWEEP if smoke else {}),
+            **({"max_concurrency": max_concurrency} if max_concurrency else {}),
+        }
         started = time.monotonic()
 
         def progress(message: str) -> None:
@@ -50,7 +57,7 @@ class Command(BaseCommand):
 
         try:
             benchmark = benchmark_run(
-                endpoint=target, replica=chosen, url=url, time_scale=time_scale, quick=quick, pin=pin,
+                endpoint=target, replica=chosen, url=url, time_scale=time_scale, quick=quick or smoke, pin=pin,
                 overrides=overrides, progress=progress,
             )  # fmt: skip
         except ValidationError as exc:
