@@ -182,8 +182,9 @@ def test_generated_blocks_are_cached_so_a_chat_follow_up_hits_the_answer_too():
     follow_up = first_prompt + output_text(0, 60) + filler_text(20, seed="turn-2")
     second = engine.add(seq_for(follow_up, 5, "t2"))
     run_to_end(engine, end)
-    # 100 + 60 = 160 tokens were computed: 10 full blocks, all reusable (the answer's 4 included).
-    assert second.cached_tokens == 160
+    # 100 + 60 tokens, of which 159 were computed (never the last sampled token's KV, as in vLLM): 9 full
+    # blocks, all reusable (the answer's 3 included).
+    assert second.cached_tokens == 144
     without_output_cache = Engine(get_profile())
     without_output_cache.add(seq_for(first_prompt, 60, "t1"))
     end = run_to_end(without_output_cache)
@@ -214,3 +215,61 @@ def test_long_prompts_are_prefilled_in_chunks_while_others_keep_decoding():
     assert steps == 3  # 2047 + 2047 + 906 prompt tokens
     assert max(gaps) < profile.decode_step_s(1, 200) + profile.prefill_s(2048) + 1e-9
     assert long.cached_tokens == 0 and long.generated == 1
+
+
+def test_a_long_prompt_holds_the_blocks_of_its_chunks_not_of_the_whole_prompt():
+    engine = Engine(get_profile())  # 2,048-token prefill budget, 16-token blocks
+    long = engine.add(seq_for(filler_text(5000, seed="chunks"), 4, "long"))
+    now, held = 0.0, []
+    while long.first_token_s is None:
+        plan = engine.plan(now, 1)
+        now += plan.duration()
+        engine.commit(plan, 1, now)
+        held.append(long.held_blocks)
+    # vLLM's allocate_slots: each scheduled chunk takes the blocks it fills (2,048 then 4,096 tokens computed).
+    assert held == [128, 256, 313]
+
+
+def test_one_lru_free_queue_reuses_the_oldest_freed_block_even_when_it_holds_a_prefix():
+    kv = KVCache(num_blocks=4, block_size=16)
+    prefix = [1, 2]
+    kv.acquire(prefix, 0)  # a request's two prompt blocks …
+    kv.grow(2)  # … and another request's two decode blocks
+    kv.release(prefix, 0)  # the prompt blocks are freed first (tail first: 2, then 1) …
+    kv.release([], 2)  # … then the plain ones
+    assert kv.free_blocks == 4 and kv.match(prefix) == 2
+    kv.grow(1)  # one new block: the least recently freed, the prefix's tail, although plain blocks are free
+    assert kv.match(prefix) == 1 and kv.evictions == 1
+    kv.grow(1)
+    assert kv.match(prefix) == 0
+
+
+def test_prefix_counters_count_a_request_once_at_its_first_admission_as_vllm():
+    engine = Engine(get_profile("tiny", num_gpu_blocks=40, max_num_seqs=4))
+    seqs = [engine.add(seq_for(filler_text(150, seed=i), 200, f"s{i}")) for i in range(4)]
+    run_to_end(engine, max_steps=5)
+    assert engine.stats.preemptions > 0  # re-admitted requests looked the cache up again, uncounted
+    assert engine.stats.prefix_queries == sum(s.prompt_tokens for s in seqs)
+    assert engine.stats.prefix_hits == sum(s.cached_tokens for s in seqs)
+
+
+def test_128_token_blocks_cache_whole_blocks_and_siblings_hit_the_first_ones():
+    profile = get_profile("tiny-cpu")
+    assert profile.block_size == 128
+    engine = Engine(profile)
+    text = filler_text(300, seed="cpu")
+    siblings = [engine.add(seq_for(text, 2, f"n{i}")) for i in range(3)]  # an n=3 request
+    end = run_to_end(engine)
+    repeat = engine.add(seq_for(text, 2, "again"))
+    run_to_end(engine, end)
+    full_repeat = (300 - 1) // 128 * 128
+    assert [s.cached_tokens for s in siblings] == [0, full_repeat, full_repeat]
+    assert repeat.cached_tokens == full_repeat == 256
+    # created_cache_tokens: full prompt blocks the first prefill wrote to the cache, minus what it found there.
+    assert [s.created_cache_tokens for s in siblings] == [256, 0, 0] and repeat.created_cache_tokens == 0
+    assert engine.stats.prefix_queries == 4 * 300 and engine.stats.prefix_hits == 3 * full_repeat
+
+
+def test_block_size_must_be_a_multiple_of_the_hash_grain():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        Engine(get_profile("tiny", block_size=24))

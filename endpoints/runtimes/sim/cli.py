@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "crash_after_requests=10, fail_after_tokens=5, startup_delay_s=2",
     )
     parser.add_argument("--startup-delay", type=float, default=None, help="sim: seconds before binding")
-    parser.add_argument("--model", default=None, help="vllm: model path or HF id")
+    parser.add_argument("--model", default=None, help="vllm: model path or HF id (sim: the root /v1/models shows)")
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
 
@@ -64,9 +64,11 @@ def build_server(opts: dict) -> ReplicaServer:
         if not sep:
             raise ValueError(f"--profile-opt expects FIELD=VALUE, got {pair!r}")
         key = key.replace("-", "_")
-        overrides[key] = value if key in ("model_name", "name") else _number(value)
+        overrides[key] = value if key in ("model_name", "name", "model_path") else _number(value)
     if opts.get("max_num_seqs"):
         overrides["max_num_seqs"] = opts["max_num_seqs"]
+    if opts.get("model"):
+        overrides["model_path"] = opts["model"]  # /v1/models names it as ``root``, as vLLM names its --model
     profile = get_profile(opts["profile"], **overrides)
     faults = parse_fault_flags(opts["fault"])
     if opts.get("startup_delay") is not None:

@@ -15,13 +15,21 @@ Model (vLLM V1 in outline):
   prompt split over several steps); such a step costs ``decode(batch) + overhead + prompt_tokens / prefill_rate``
   and yields the first token of every prompt it completes. Prefix-cache hits (``kvcache.KVCache``) cost no
   prefill time;
+- KV blocks of ``profile.block_size`` tokens are allocated per scheduled chunk, as vLLM's ``allocate_slots``:
+  admission needs the prefix hits plus the first chunk's blocks, each later chunk takes its own; a full prompt
+  block is registered in the prefix cache as soon as it is allocated, so a request scheduled after it (an
+  ``n > 1`` sibling included) hits it. Callers give prompt hashes on the 16-token grain of ``tokens.block_hashes``;
+  the engine keeps every (block_size / 16)-th, the chained hash of its whole block;
+- prefix-cache queries and hits are counted as vLLM counts them: at a request's first admission, queries +=
+  its tokens, hits += its cached tokens (re-admissions after a preemption are not counted);
 - a pure decode step costs ``t0 + per_seq·batch + per_ctx_token·context_tokens`` and produces one token per
   running sequence. The discrete-event runner asks for many decode steps at once (a batch of steps with a
   fixed running set, up to the next finish), so it never handles individual tokens;
 - full blocks of generated text are cached too when a sequence leaves (give it ``prompt_tail``), so a chat's
-  next turn hits the previous answer as well as the previous prompt;
-- a sequence grows a block every 16 tokens; when blocks run out, the running sequence with the largest
-  (priority, arrival) is preempted (recompute: its blocks are freed, it goes back to the waiting queue
+  next turn hits the previous answer as well as the previous prompt (all but the last sampled token, whose KV
+  is never computed);
+- a sequence grows a block every ``block_size`` tokens; when blocks run out, the running sequence with the
+  largest (priority, arrival) is preempted (recompute: its blocks are freed, it goes back to the waiting queue
   and later prefills prompt + generated tokens again, usually hitting its own cached prefix).
 """
 
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 
 from .kvcache import KVCache
 from .profiles import EngineProfile
-from .tokens import block_hashes, output_text
+from .tokens import BLOCK_SIZE_TOKENS, block_hashes, output_text
 
 WAITING, PREFILLING, RUNNING, FINISHED = "waiting", "prefilling", "running", "finished"
 
@@ -44,8 +52,8 @@ class Sequence:
 
     request_id: str
     prompt_tokens: int
-    max_tokens: int  # tokens to generate (the simulator always generates exactly this many)
-    block_hashes: list[int]
+    max_tokens: int  # tokens it generates (the caller drew its length: EOS, a stop string or max_tokens)
+    block_hashes: list[int]  # the prompt's full 16-token blocks (``tokens.block_hashes``)
     priority: int = 0
     arrival_s: float = 0.0
     stop_reason: str = "length"  # finish_reason when max_tokens is reached ("stop" for a natural end)
@@ -57,6 +65,7 @@ class Sequence:
     # progress
     state: str = WAITING
     cached_tokens: int = 0  # prefix-cache hit at first scheduling (usage.prompt_tokens_details.cached_tokens)
+    created_cache_tokens: int = 0  # prompt tokens its first prefill wrote to the cache (created_cache_tokens)
     held_hashed: list[int] = field(default_factory=list)
     held_anon: int = 0
     held_blocks: int = 0  # len(held_hashed) + held_anon, kept in step for speed
@@ -73,6 +82,8 @@ class Sequence:
     _cell: list = field(default=None, repr=False)
     _run: int = field(default=0, repr=False)  # bumped at every (re)admission: invalidates old heap entries
     prefill_left: int = field(default=0, repr=False)  # uncached prompt tokens still to prefill (chunked prefill)
+    kv_hashes: list[int] = field(default_factory=list, repr=False)  # block_hashes on the engine's block size
+    hashed_upto: int = field(default=0, repr=False)  # blocks whose cache registration is settled
 
     @property
     def generated(self) -> int:
@@ -127,8 +138,8 @@ class EngineStats:
     def __init__(self) -> None:
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
+        self.prefix_queries = 0  # tokens looked up at first admissions (vllm:prefix_cache_queries)
+        self.prefix_hits = 0  # of which cached (vllm:prefix_cache_hits, vllm:prompt_tokens_cached)
         self.preemptions = 0
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
         self.busy_s = 0.0
@@ -140,8 +151,11 @@ class Engine:
     def __init__(self, profile: EngineProfile, *, scheduling_policy: str = "priority", record_iterations=False):
         if scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+        if profile.block_size % BLOCK_SIZE_TOKENS:
+            raise ValueError(f"block_size must be a multiple of {BLOCK_SIZE_TOKENS} tokens (the prompt hash grain)")
         self.profile = profile
         self.scheduling_policy = scheduling_policy
+        self._hash_stride = profile.block_size // BLOCK_SIZE_TOKENS
         self.kv = KVCache(profile.num_gpu_blocks, profile.block_size)
         self.running: list[Sequence] = []  # decoding (tokens counted lazily)
         self.prefilling: list[Sequence] = []  # admitted, prompt partly computed (chunked prefill)
@@ -188,6 +202,8 @@ class Engine:
             raise ValueError("max_tokens must be at least 1")
         seq.order = next(self._order)
         seq.state = WAITING
+        stride = self._hash_stride
+        seq.kv_hashes = seq.block_hashes if stride == 1 else seq.block_hashes[stride - 1 :: stride]
         self._push_waiting(seq)
         return seq
 
@@ -220,14 +236,19 @@ class Engine:
     def _schedule(self, now: float) -> tuple[list[Sequence], int]:
         """One step's prefill work under vLLM's token budget: each decoding sequence takes one token, partial
         prefills continue, then waiting sequences are admitted (chunked when their prompt exceeds what is left).
-        Returns the sequences whose prefill completes in this step and the prompt tokens it computes."""
+        Each chunk holds the blocks it fills. Returns the sequences whose prefill completes in this step and the
+        prompt tokens it computes."""
         budget = self.profile.max_num_batched_tokens - len(self.running)
         completed: list[Sequence] = []
         prefill_tokens = 0
         for seq in list(self.prefilling):
             if budget <= 0:
                 break
+            if seq.state != PREFILLING:
+                continue  # preempted for an earlier chunk's blocks
             take = min(seq.prefill_left, budget)
+            if not self._hold_through(seq, seq.prompt_tokens + seq._gen - seq.prefill_left + take):
+                continue
             budget -= take
             prefill_tokens += take
             seq.prefill_left -= take
@@ -237,39 +258,65 @@ class Engine:
         # Like vLLM, the running sequences' next blocks come first: waiting ones get what is left.
         reserve = self._blocks_due(1) if self._waiting else 0
         limit = self.profile.max_num_seqs
+        kv = self.kv
         while self._waiting and budget > 0 and len(self.running) + len(self.prefilling) < limit:
             seq = self._waiting[0][2]
             tokens = seq.prompt_tokens + seq._gen
-            total_blocks = -(-tokens // block)
-            matched, shared = self.kv.probe(seq.block_hashes)
-            if total_blocks - shared > self.kv.free_blocks - reserve:
-                break  # head-of-line: wait for blocks to free up
+            hashes = seq.kv_hashes
             # vLLM recomputes at least the last token, so a fully cached prompt still prefills one block.
-            hit_blocks = min(matched, (tokens - 1) // block)
-            uncached = tokens - hit_blocks * block
+            hit_blocks = min(kv.match(hashes), (tokens - 1) // block)
+            hit_tokens = hit_blocks * block
+            take = min(tokens - hit_tokens, budget)
+            new_blocks = -(-(hit_tokens + take) // block) - hit_blocks
+            if new_blocks + kv.free_among(hashes[:hit_blocks]) > kv.free_blocks - reserve:
+                break  # head-of-line: wait for blocks to free up
             heapq.heappop(self._waiting)
-            self.kv.acquire(seq.block_hashes, total_blocks - len(seq.block_hashes))
-            seq.held_hashed = list(seq.block_hashes)
-            seq.held_anon = total_blocks - len(seq.block_hashes)
-            seq.held_blocks = total_blocks
+            kv.touch(hashes[:hit_blocks])
+            seq.held_hashed = list(hashes[:hit_blocks])
+            seq.held_blocks = seq.hashed_upto = hit_blocks
+            seq.held_anon = 0
+            self._hold_through(seq, hit_tokens + take)
             if seq.scheduled_s is None:
+                # vLLM counts a request's lookup once, at its first admission, never after a preemption.
                 seq.scheduled_s = now
-                seq.cached_tokens = hit_blocks * block
+                seq.cached_tokens = hit_tokens
+                seq.created_cache_tokens = max(0, len(hashes) * block - hit_tokens)
                 self.stats.prompt_tokens += seq.prompt_tokens
-            self.stats.prefix_queries += tokens
-            self.stats.prefix_hits += hit_blocks * block
-            take = min(uncached, budget)
+                self.stats.prefix_queries += tokens
+                self.stats.prefix_hits += hit_tokens
             budget -= take
             prefill_tokens += take
-            seq.prefill_left = uncached - take
+            seq.prefill_left = tokens - hit_tokens - take
             seq.state = PREFILLING
             self.prefilling.append(seq)
             if not seq.prefill_left:
                 completed.append(seq)
         for seq in completed:
-            self.prefilling.remove(seq)
-            self._start_running(seq)
-        return completed, prefill_tokens
+            if seq.state == PREFILLING:
+                self.prefilling.remove(seq)
+                self._start_running(seq)
+        return [seq for seq in completed if seq.state == RUNNING], prefill_tokens
+
+    def _hold_through(self, seq: Sequence, tokens: int) -> bool:
+        """Hold the blocks of ``seq``'s first ``tokens`` tokens and register the full prompt blocks among them.
+
+        Short of blocks, running sequences are preempted (vLLM's running queue); False when ``seq`` itself was."""
+        kv, block = self.kv, self._block
+        need = -(-tokens // block) - seq.held_blocks
+        while need > kv.free_blocks:
+            if self._preempt_one() is seq:
+                return False
+        if need > 0:
+            kv.grow(need)
+            seq.held_anon += need
+            seq.held_blocks += need
+        full = min(len(seq.kv_hashes), tokens // block)
+        for h in seq.kv_hashes[seq.hashed_upto : full]:
+            if kv.register(h):
+                seq.held_hashed.append(h)
+                seq.held_anon -= 1
+        seq.hashed_upto = max(seq.hashed_upto, full)
+        return True
 
     def _start_running(self, seq: Sequence) -> None:
         tick = self._tick[0]
@@ -299,7 +346,7 @@ class Engine:
         seq.state = WAITING  # callers set the final state
         self._free(seq)
 
-    def _preempt_one(self) -> None:
+    def _preempt_one(self) -> Sequence:
         victim = max(self.running + self.prefilling, key=lambda s: (s.priority, s.order))
         if victim.state == PREFILLING:
             self.prefilling.remove(victim)
@@ -310,17 +357,22 @@ class Engine:
         victim.preemptions += 1
         self.stats.preemptions += 1
         self._push_waiting(victim)
+        return victim
 
     def _free(self, seq: Sequence) -> None:
         output_hashes = ()
-        if seq.prompt_tail is not None and seq._gen > 0 and seq.held_anon:
+        if seq.prompt_tail is not None and seq._gen > 1 and seq.held_anon:
+            # The full blocks of prompt + output whose KV was computed: all but the last sampled token.
             parent = seq.block_hashes[-1] if seq.block_hashes else None
-            text = seq.prompt_tail + output_text(0, seq._gen)
-            output_hashes = block_hashes(text, salt=seq.cache_salt, parent=parent)[: seq.held_anon]
+            text = seq.prompt_tail + output_text(0, seq._gen - 1)
+            grain = seq.block_hashes + block_hashes(text, salt=seq.cache_salt, parent=parent)
+            stride = self._hash_stride
+            output_hashes = grain[stride - 1 :: stride][len(seq.kv_hashes) :]
         self.kv.release(seq.held_hashed, seq.held_anon, output_hashes)
         seq.held_hashed = []
         seq.held_anon = 0
         seq.held_blocks = 0
+        seq.hashed_upto = 0
 
     def _growth(self, steps: int) -> int:
         """Blocks the running set needs for ``steps`` more decode steps (exact; O(batch))."""
@@ -335,8 +387,8 @@ class Engine:
     def _max_steps_within(self, free: int, steps: int) -> int:
         """The most steps (≤ ``steps``) whose block growth fits in ``free`` blocks; 0 if not even one."""
         batch = len(self.running)
-        per_16 = -(-steps // self._block)
-        if batch * per_16 <= free:  # each sequence grows at most one block per 16 steps
+        per_block = -(-steps // self._block)
+        if batch * per_block <= free:  # each sequence grows at most one block per block_size steps
             return steps
         if free >= batch:
             return min(steps, self._block * (free // batch))

@@ -1,16 +1,19 @@
-"""The simulated KV cache: a fixed pool of blocks with automatic prefix caching (pure).
+"""The simulated KV cache: a fixed pool of blocks with automatic prefix caching, as vLLM's block pool (pure).
 
-Blocks holding a prompt's full 16-token blocks are keyed by their chained hash (``tokens.block_hashes``)
-and reference-counted; when the last holder finishes, a block stays cached but becomes *free*, at the tail
-of an LRU queue (a request's blocks in reverse order, so its tail blocks are evicted first, as vLLM does).
-A hit takes the block back out of the queue. A block's hash is forgotten only when the block is reused
-(evicted from the LRU head). Decode blocks and partial prompt blocks are anonymous (never shared).
+Every free block waits in **one LRU free queue**, as in vLLM's ``FreeKVCacheBlockQueue``: allocation takes the
+block at its head whether or not that block still holds a cached prefix (a cached block is evicted then), and a
+request's blocks go back to its tail in reverse order, so its last blocks are reused first. At start-up the
+queue holds every block, empty. Full prompt blocks are keyed by their chained hash (``tokens.block_hashes``) and
+reference-counted while held; a hit takes a free cached block back out of the queue. Other blocks (a prompt's
+partial last block, decode blocks) are anonymous: the queue keeps runs of them as counts, so a request of
+thousands of blocks costs a few dictionary operations.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 class KVCache:
@@ -20,100 +23,134 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._ref: dict[int, int] = {}  # hashed blocks in use → holders
-        self._lru: OrderedDict[int, None] = OrderedDict()  # cached, free (evictable) hashed blocks
-        self._anon = 0  # anonymous blocks in use
-        self.evictions = 0
+        # The free queue, least recently freed first: a hash (one cached block) or ("run", n) → that many
+        # anonymous blocks freed together.
+        self._free: OrderedDict[object, int] = OrderedDict()
+        self._runs = itertools.count()
+        self._free_count = num_blocks
+        self._cached_free = 0
+        self._free[("run", next(self._runs))] = num_blocks
+        self.evictions = 0  # cached blocks reused for something else
 
     @property
     def used_blocks(self) -> int:
-        return len(self._ref) + self._anon
+        return self.num_blocks - self._free_count
 
     @property
     def free_blocks(self) -> int:
         """Blocks that can be allocated now (empty ones plus cached free ones, which get evicted)."""
-        return self.num_blocks - self.used_blocks
+        return self._free_count
 
     @property
     def cached_free_blocks(self) -> int:
-        return len(self._lru)
+        return self._cached_free
 
     @property
     def usage(self) -> float:
         """vllm:kv_cache_usage_perc: blocks in use / total."""
         return self.used_blocks / self.num_blocks
 
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._ref or block_hash in self._free
+
     def match(self, hashes: Sequence[int]) -> int:
         """How many leading blocks of this chain are cached (in use or free)."""
         n = 0
         for h in hashes:
-            if h in self._ref or h in self._lru:
+            if h in self._ref or h in self._free:
                 n += 1
             else:
                 break
         return n
 
-    def probe(self, hashes: Sequence[int]) -> tuple[int, int]:
-        """(leading blocks cached, blocks already in use by others): a new holder of ``hashes`` takes
-        ``total_blocks - in_use`` free blocks and gets ``leading`` blocks without prefill."""
-        ref, lru = self._ref, self._lru
-        leading, in_use, chain = 0, 0, True
-        for h in hashes:
-            if h in ref:
-                in_use += 1
-            elif chain and h not in lru:
-                chain = False
-            if chain:
-                leading += 1
-        return leading, in_use
+    def free_among(self, hashes: Iterable[int]) -> int:
+        """How many of these cached blocks sit in the free queue (a hit on them takes a free block)."""
+        return sum(1 for h in hashes if h in self._free)
 
-    def acquire(self, hashes: Sequence[int], anon_blocks: int) -> None:
-        """Take the hashed blocks (hits reuse cached ones, misses get new blocks) and ``anon_blocks`` more."""
-        ref, lru = self._ref, self._lru
-        missing = [h for h in hashes if h not in ref and h not in lru]
-        self._make_room(len(missing) + anon_blocks)
+    def touch(self, hashes: Sequence[int]) -> None:
+        """Hold cached blocks (prefix hits): in-use ones gain a holder, free ones leave the queue."""
+        ref, free = self._ref, self._free
         for h in hashes:
             holders = ref.get(h)
             if holders is not None:
                 ref[h] = holders + 1
             else:
-                lru.pop(h, None)
+                del free[h]
+                self._free_count -= 1
+                self._cached_free -= 1
                 ref[h] = 1
-        self._anon += anon_blocks
+
+    def register(self, block_hash: int) -> bool:
+        """Name one of the caller's held anonymous blocks (now full of prompt) by its hash, so later requests hit
+        it; False when that hash is cached already (the caller's block stays a plain duplicate)."""
+        if block_hash in self._ref or block_hash in self._free:
+            return False
+        self._ref[block_hash] = 1
+        return True
+
+    def acquire(self, hashes: Sequence[int], anon_blocks: int) -> None:
+        """Hold a chain of hashed blocks (hits reuse cached ones, misses get new blocks) and ``anon_blocks`` more."""
+        cached = [h for h in hashes if h in self._ref or h in self._free]
+        missing = [h for h in hashes if h not in self._ref and h not in self._free]
+        self.touch(cached)
+        self.grow(len(missing) + anon_blocks)
+        for h in missing:
+            self.register(h)
 
     def grow(self, anon_blocks: int) -> None:
-        if anon_blocks <= 0:
-            return
-        self._make_room(anon_blocks)
-        self._anon += anon_blocks
+        if anon_blocks > 0:
+            self._take(anon_blocks)
 
     def release(self, hashes: Sequence[int], anon_blocks: int, output_hashes: Sequence[int] = ()) -> None:
-        """Free a request's blocks. ``output_hashes`` name full blocks of generated tokens among its anonymous
-        ones: they stay cached too (vLLM hashes every full block), tail first in the LRU, unless an equal block
-        is cached already (then this copy is simply freed)."""
-        for h in reversed(output_hashes):
-            if h not in self._ref and h not in self._lru:
-                self._lru[h] = None
-        for h in reversed(hashes):
-            holders = self._ref[h] - 1
-            if holders:
-                self._ref[h] = holders
-            else:
-                del self._ref[h]
-                self._lru[h] = None
-        self._anon -= anon_blocks
+        """Free a request's blocks to the queue's tail, last block first (vLLM frees in reverse order).
 
-    def _make_room(self, n: int) -> None:
-        """Evict enough free cached blocks (oldest first) for ``n`` new blocks."""
-        lru = self._lru
-        short = n - (self.num_blocks - len(self._ref) - self._anon - len(lru))
-        if short <= 0:
-            return
-        if short > len(lru):
+        ``output_hashes`` name full blocks of generated tokens among its anonymous ones: they stay cached too
+        (vLLM hashes every full block), unless an equal block is cached already (then this copy is plain)."""
+        free = self._free
+        kept = [h for h in output_hashes if h not in self._ref and h not in free][:anon_blocks]
+        plain = anon_blocks - len(kept)
+        if plain > 0:
+            free[("run", next(self._runs))] = plain
+        for h in reversed(kept):
+            free[h] = 1
+        self._cached_free += len(kept)
+        ref = self._ref
+        for h in reversed(hashes):
+            holders = ref[h] - 1
+            if holders:
+                ref[h] = holders
+            else:
+                del ref[h]
+                free[h] = 1
+                self._cached_free += 1
+        self._free_count += anon_blocks + sum(1 for h in hashes if h not in ref)
+
+    def _take(self, n: int) -> None:
+        """Pop ``n`` blocks off the queue's head, evicting the cached ones among them."""
+        if n > self._free_count:
             raise RuntimeError("KV cache over-allocated")  # the scheduler checks free_blocks first
-        for _ in range(short):
-            lru.popitem(last=False)
-        self.evictions += short
+        free = self._free
+        left = n
+        while left:
+            key, count = next(iter(free.items()))
+            if isinstance(key, tuple):
+                used = min(count, left)
+                if used == count:
+                    del free[key]
+                else:
+                    free[key] = count - used
+                left -= used
+            else:
+                del free[key]
+                self._cached_free -= 1
+                self.evictions += 1
+                left -= 1
+        self._free_count -= n
 
     def reset(self) -> None:
-        """Drop every free cached block (vLLM's /reset_prefix_cache)."""
-        self._lru.clear()
+        """Forget every free cached block (vLLM's /reset_prefix_cache); the blocks stay in the queue, empty."""
+        queue = OrderedDict()
+        for key, count in self._free.items():
+            queue[key if isinstance(key, tuple) else ("run", next(self._runs))] = count
+        self._free = queue
+        self._cached_free = 0

