@@ -75,7 +75,7 @@ def test_openai_client_streams_the_exact_token_count_and_a_usage_chunk_with_cach
             "<|system|>\n" + messages[0]["content"] + "\n<|user|>\nhello\n<|assistant|>\n"
         )
         usages.append(usage)
-    assert usages[0].prompt_tokens_details is None
+    assert usages[0].prompt_tokens_details.cached_tokens == 0  # vLLM 0.32 sends the details even when nothing hit
     assert usages[1].prompt_tokens_details.cached_tokens >= 512  # the system prompt's blocks, then some
     assert usages[1].prompt_tokens_details.cached_tokens % 16 == 0
 
@@ -84,65 +84,106 @@ def test_non_streaming_chat_and_completions_shapes(tiny):
     response = httpx.post(
         f"{tiny.url}/v1/chat/completions",
         headers={"X-Request-Id": "abc123"},
-        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True},
     )
     body = response.json()
     assert response.status_code == 200 and response.headers["x-request-id"] == "abc123"
+    assert response.headers["content-type"] == "application/json"
     assert body["id"] == "chatcmpl-abc123" and body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert count_tokens(body["choices"][0]["message"]["content"]) == 5
+    assert body["system_fingerprint"].startswith("vllm-0.32.0-")
     assert body["usage"] == {
         "prompt_tokens": body["usage"]["prompt_tokens"],
         "total_tokens": body["usage"]["prompt_tokens"] + 5,
         "completion_tokens": 5,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0, "multimodal_tokens": None},
+        "completion_tokens_details": None,
     }
-    completion = httpx.post(f"{tiny.url}/v1/completions", json={"model": "tiny", "prompt": "abcd" * 10}).json()
+    completion = httpx.post(
+        f"{tiny.url}/v1/completions", json={"model": "tiny", "prompt": "abcd" * 10, "ignore_eos": True}
+    ).json()
     assert completion["object"] == "text_completion" and completion["usage"]["completion_tokens"] == 16
     assert completion["usage"]["prompt_tokens"] == 10
-    lines = httpx.post(
-        f"{tiny.url}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3, "stream": True}
-    ).text.split("\n\n")
-    assert lines[0].startswith('data: {"id":"cmpl-') and '"usage":null' in lines[0]
+    assert completion["usage"]["prompt_tokens_details"]["created_cache_tokens"] is None  # chat only, as vLLM
+    response = httpx.post(
+        f"{tiny.url}/v1/completions",
+        json={"model": "tiny", "prompt": "x", "max_tokens": 3, "stream": True, "ignore_eos": True},
+    )
+    assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+    lines = response.text.split("\n\n")
+    assert lines[0].startswith('data: {"id":"cmpl-') and '"usage"' not in lines[0]
+    assert '"system_fingerprint":"vllm-0.32.0-' in lines[2]  # the terminal chunk, without a usage chunk
     assert lines[-2] == "data: [DONE]" and len(lines) == 5  # three chunks, [DONE], trailing ""
     models = httpx.get(f"{tiny.url}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
     assert models["data"][0]["max_model_len"] == 1024
     assert httpx.get(f"{tiny.url}/health").status_code == 200
-    assert httpx.get(f"{tiny.url}/version").json()["version"]
+    assert httpx.get(f"{tiny.url}/version").json() == {"version": "0.32.0"}
+
+
+FORMAT = "Bad Request"  # a field of the wrong type: FastAPI's validation error, as vLLM answers it
 
 
 @pytest.mark.parametrize(
-    ("path", "payload", "status", "param"),
+    ("path", "payload", "status", "kind", "param"),
     [
-        ("/v1/chat/completions", {"model": "tiny"}, 400, "messages"),
-        ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
-        ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
-        ("/v1/completions", {"model": "tiny", "prompt": "abcd" * 1100}, 400, "input_tokens"),
+        ("/v1/chat/completions", {"model": "tiny"}, 400, FORMAT, "body.messages"),
+        (
+            "/v1/chat/completions",
+            {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+            404,
+            "NotFoundError",
+            "model",
+        ),
+        (
+            "/v1/completions",
+            {"model": "tiny", "prompt": "x", "max_tokens": 5000},
+            400,
+            "BadRequestError",
+            "max_tokens",
+        ),
+        ("/v1/completions", {"model": "tiny", "prompt": "abcd" * 1100}, 400, "BadRequestError", "input_tokens"),
         (
             "/v1/completions",
             {"model": "tiny", "prompt": "x", "stream_options": {"include_usage": True}},
             400,
+            "BadRequestError",
             "stream_options",
         ),
-        ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-        ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 2}, 400, "n"),
-        ("/v1/completions", {"model": "tiny", "prompt": "x", "cache_salt": ""}, 400, "cache_salt"),
-        ("/v1/completions", {"model": "tiny", "prompt": "x", "priority": "high"}, 400, "priority"),
-        ("/v1/completions", {"model": "tiny", "prompt": 5}, 400, "prompt"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "BadRequestError", "max_tokens"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 0}, 400, "BadRequestError", None),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "cache_salt": ""}, 400, "BadRequestError", "cache_salt"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "priority": "high"}, 400, FORMAT, "body.priority"),
+        ("/v1/completions", {"model": "tiny", "prompt": 5}, 400, FORMAT, "body.prompt"),
+        (
+            "/v1/completions",
+            {"model": "tiny", "prompt": "x", "temperature": -1},
+            400,
+            "BadRequestError",
+            "temperature",
+        ),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "top_p": 0}, 400, "BadRequestError", "top_p"),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "BadRequestError", "logprobs"),
     ],
 )
-def test_bad_requests_get_vllms_error_shape(tiny, path, payload, status, param):
-    response = httpx.post(f"{tiny.url}{path}", json=payload)
-    assert response.status_code == status
+def test_bad_requests_get_vllms_error_shape(tiny, path, payload, status, kind, param):
+    response = httpx.post(f"{tiny.url}{path}", json=payload, headers={"X-Request-Id": "bad-1"})
+    assert response.status_code == status and response.headers["x-request-id"] == "bad-1"
     error = response.json()["error"]
     assert error["code"] == status and error["param"] == param and error["message"]
-    assert error["type"] == ("NotFoundError" if status == 404 else "BadRequestError")
+    assert error["type"] == kind
 
 
-def test_invalid_json_is_a_400(tiny):
+def test_invalid_json_unknown_routes_and_methods_answer_as_fastapi(tiny):
     response = httpx.post(f"{tiny.url}/v1/completions", content=b"{nope", headers={"Content-Type": "application/json"})
-    assert response.status_code == 400 and response.json()["error"]["type"] == "BadRequestError"
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == FORMAT and response.json()["error"]["param"] == "body.1"
+    missing = httpx.get(f"{tiny.url}/no-such-route")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    wrong = httpx.get(f"{tiny.url}/v1/chat/completions")
+    assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+    assert len(wrong.headers["x-request-id"]) == 32  # every response carries one, as vLLM's
 
 
 def test_metrics_carry_every_design_name_with_vllm_buckets_and_move_under_load():
@@ -166,7 +207,7 @@ def test_metrics_carry_every_design_name_with_vllm_buckets_and_move_under_load()
             httpx.post(
                 f"{replica.url}/v1/completions",
                 timeout=30,
-                json={"model": "tiny", "prompt": filler_text(100, seed=i), "max_tokens": 150},
+                json={"model": "tiny", "prompt": filler_text(100, seed=i), "max_tokens": 150, "ignore_eos": True},
             )
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
@@ -224,7 +265,7 @@ def test_a_repeated_2000_token_prefix_cuts_time_to_first_token():
         # The best of three warm requests: one stall of a busy shared machine must not decide the test.
         warm_runs = [ttft(filler_text(30, seed=f"q{i}")) for i in range(2, 5)]
         warm = min(elapsed for elapsed, _ in warm_runs)
-        assert "prompt_tokens_details" not in cold_usage
+        assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0
         assert all(usage["prompt_tokens_details"]["cached_tokens"] == 2000 for _, usage in warm_runs)
         assert cold > 0.3  # ≈ 10 ms + 2,030 tokens at 6,000 tok/s
         assert warm < 0.35 * cold
@@ -244,6 +285,7 @@ def test_client_disconnect_aborts_and_frees_blocks():
                 "model": "tiny",
                 "prompt": filler_text(200, seed="d"),
                 "max_tokens": 800,
+                "ignore_eos": True,
                 "stream": True,
             },
         ) as response:
@@ -253,7 +295,7 @@ def test_client_disconnect_aborts_and_frees_blocks():
             httpx.post(
                 f"{replica.url}/v1/completions",
                 timeout=0.3,
-                json={"model": "tiny", "prompt": filler_text(200, seed="e"), "max_tokens": 800},
+                json={"model": "tiny", "prompt": filler_text(200, seed="e"), "max_tokens": 800, "ignore_eos": True},
             )
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -274,7 +316,7 @@ def test_priority_is_served_first_when_the_batch_is_full():
             httpx.post(
                 f"{replica.url}/v1/completions",
                 timeout=30,
-                json={"model": "tiny", "prompt": name, "max_tokens": tokens, "priority": priority},
+                json={"model": "tiny", "prompt": name, "max_tokens": tokens, "priority": priority, "ignore_eos": True},
             )
             finished[name] = time.monotonic()
 
@@ -302,6 +344,7 @@ def test_fail_after_tokens_ends_a_stream_with_vllms_error_event():
                 "model": "tiny",
                 "messages": [{"role": "user", "content": "x"}],
                 "max_tokens": 10,
+                "ignore_eos": True,
                 "stream": True,
             },
         ).text
@@ -335,8 +378,9 @@ def test_priority_needs_the_priority_scheduler():
 def test_templated_content_frames_equal_the_json_encoder():
     import json
 
-    from endpoints.runtimes.sim.protocol import chat_chunk, completion_chunk, parse_request
-    from endpoints.runtimes.sim.server import _content_template, _sse
+    from endpoints.runtimes.sim.protocol import parse_request
+    from endpoints.runtimes.sim.responses import chat_chunk, completion_chunk
+    from endpoints.runtimes.sim.serving import _content_template, _sse
 
     for chat in (True, False):
         body = {"messages": [{"role": "user", "content": "x"}]} if chat else {"prompt": "x"}
@@ -348,24 +392,30 @@ def test_templated_content_frames_equal_the_json_encoder():
             scheduling_policy="priority",
             header_request_id="r1",
         )
-        head, tail = _content_template(parsed, 123)
-        for word in (" the", " GPU"):
-            expected = chat_chunk(parsed, 123, {"content": word}) if chat else completion_chunk(parsed, 123, word)
-            assert head + word.encode() + tail == _sse(expected)
-            assert json.loads((head + word.encode() + tail)[6:])["id"].endswith("-r1")
+        for index in (0, 1):
+            head, tail = _content_template(parsed, 123, index)
+            for word in (" the", " GPU", "e si"):
+                if chat:
+                    expected = chat_chunk(parsed, 123, {"content": word}, index=index)
+                else:
+                    expected = completion_chunk(parsed, 123, word, index=index)
+                assert head + word.encode() + tail == _sse(expected)
+                assert json.loads((head + word.encode() + tail)[6:])["id"].endswith("-r1")
 
 
 def test_a_chat_follow_up_reuses_the_previous_answer_from_the_cache(tiny):
     messages = [{"role": "system", "content": filler_text(200, seed="mt")}, {"role": "user", "content": "first"}]
     with httpx.Client(timeout=10) as client:
         first = client.post(
-            f"{tiny.url}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 64}
+            f"{tiny.url}/v1/chat/completions",
+            json={"model": "tiny", "messages": messages, "max_tokens": 64, "ignore_eos": True},
         ).json()
         answer = first["choices"][0]["message"]["content"]
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "second"}]
         second = client.post(
             f"{tiny.url}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 4}
         ).json()
-    computed = first["usage"]["prompt_tokens"] + 64
+    # The answer's KV was computed for all but its last token (vLLM never computes the last sampled one).
+    computed = first["usage"]["prompt_tokens"] + 64 - 1
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == computed // 16 * 16 and cached > first["usage"]["prompt_tokens"]

@@ -1,29 +1,37 @@
-"""vLLM's OpenAI-compatible request validation and response shapes (VLLM_CONTRACT.md §2–§5), pure.
+"""vLLM 0.32's OpenAI-compatible request parsing and validation, pure (checked against a real engine by
+``tests/engine/test_contract.py``).
 
-Output length: with ``max_tokens`` / ``max_completion_tokens`` the simulator generates exactly that many tokens
-(``finish_reason: "length"``, as ``ignore_eos`` gives); without it a chat reply has a deterministic natural
-length of 16–255 tokens (``"stop"``), capped by the context; completions default to 16 tokens like vLLM.
+Checks run in vLLM's order: the body's field types (pydantic, ``validation.Body``), the request model's own
+validators (stream options, logprobs, cache salt), the model name, the prompt (rendered and counted), the
+context limits, then the sampling parameters. Messages are vLLM's, word for word (``tests/engine/test_contract.py``
+compares them with a real engine).
+
+How long an answer runs is decided per choice by ``outputs.plan_output``: EOS after a length drawn from the
+profile, a stop string, or ``max_tokens`` (by default the rest of the context for chat, 16 for completions).
 """
 
 from __future__ import annotations
 
+import math
 import uuid
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .tokens import count_tokens, render_chat
+from .validation import BadRequest, Body, FormatErrors, body_not_an_object, error_body, vllm_error
+
+__all__ = ["BadRequest", "ParsedRequest", "Prompt", "error_body", "parse_request"]
+
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+VLLM_VERSION = "0.32.0"
+# The branch of vLLM's message union that pydantic reports first for a malformed chat message.
+_FIRST_MESSAGE_BRANCH = "ChatCompletionDeveloperMessageParam"
 
 
-class BadRequest(ValueError):
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, kind: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        self.kind = kind or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
-
-
-def error_body(message: str, *, status: int, kind: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+@dataclass
+class Prompt:
+    text: str
+    tokens: int
+    token_ids: list[int] | None = None  # when the client sent token ids
 
 
 @dataclass
@@ -31,219 +39,304 @@ class ParsedRequest:
     chat: bool
     request_id: str
     model: str
-    prompt_text: str
-    prompt_tokens: int
-    max_tokens: int
-    max_tokens_param: int | None
-    finish_reason: str
+    prompts: list[Prompt]
+    max_tokens_param: int | None  # what the client asked for (vllm:request_params_max_tokens)
     stream: bool
     include_usage: bool
     continuous_usage: bool
     priority: int
     cache_salt: str | None
+    n: int = 1
+    max_tokens: list[int] = field(default_factory=list)  # per prompt: the cap after vLLM's clamp to the context
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    seed: int | None = None
+    logprobs: int | None = None  # alternatives per token; None: no logprobs
+    echo: bool = False
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompts[0].text
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(prompt.tokens for prompt in self.prompts)
+
+    @property
+    def choices(self) -> int:
+        return self.n * len(self.prompts)
 
 
-def _int_field(body: dict, name: str, *, minimum: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
+def _render_messages(messages, format_errors: FormatErrors) -> str | None:
+    if not isinstance(messages, list):
+        format_errors.add("list_type", "body.messages", "Input should be a valid list", messages)
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{name} must be an integer (parameter={name}, value={value!r})", param=name)
-    if minimum is not None and value < minimum:
-        raise BadRequest(
-            f"{name} must be at least {minimum}, got {value}. (parameter={name}, value={value})", param=name
-        )
-    return value
+    for i, message in enumerate(messages):
+        loc = f"body.messages.{i}.{_FIRST_MESSAGE_BRANCH}"
+        if not isinstance(message, dict):
+            format_errors.add(
+                "dict_type",
+                f"body.messages.{i}.{_FIRST_MESSAGE_BRANCH}",
+                "Input should be a valid dictionary",
+                message,
+            )
+        elif not isinstance(message.get("role"), str):
+            format_errors.add("missing", f"{loc}.role", "Field required", message)
+        elif not isinstance(message.get("content"), (str, list, type(None))):
+            format_errors.add("string_type", f"{loc}.content", "Input should be a valid string", message["content"])
+    return render_chat(messages) if not format_errors.errors else None
+
+
+def _completion_prompts(body: dict, format_errors: FormatErrors) -> list[Prompt] | None:
+    prompt = body.get("prompt")
+    if prompt is None or prompt == "":
+        return None
+    if isinstance(prompt, str):
+        return [Prompt(prompt, count_tokens(prompt))]
+    if isinstance(prompt, list):
+        if all(isinstance(p, str) for p in prompt):
+            return [Prompt(p, count_tokens(p)) for p in prompt]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [_token_prompt(prompt)] if prompt else []
+        if all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
+            return [_token_prompt(p) for p in prompt]
+    # pydantic tries each branch of the prompt union: list[int], list[list[int]], str, list[str].
+    for kind, msg in (
+        ("list_type", "Input should be a valid list"),
+        ("list_type", "Input should be a valid list"),
+        ("string_type", "Input should be a valid string"),
+        ("list_type", "Input should be a valid list"),
+    ):
+        format_errors.add(kind, "body.prompt", msg, prompt)
+    return []
+
+
+def _token_prompt(token_ids: list[int]) -> Prompt:
+    return Prompt(" ".join(map(str, token_ids)), len(token_ids), list(token_ids))
+
+
+def _check_request_validators(fields: Body, *, chat: bool, stream: bool, options) -> None:
+    """The request model's validators (raised at parse time, before the model name is checked)."""
+    body = fields.body
+    if options is not None and not stream:
+        raise vllm_error("Stream options can only be defined when `stream=True`.", param="stream_options")
+    if chat:
+        top = fields.int("top_logprobs")
+        if top is not None:
+            if top < 0 and top != -1:
+                raise vllm_error("`top_logprobs` must be a positive value or -1.", param="top_logprobs", value=top)
+            if not fields.bool("logprobs", False):
+                raise vllm_error("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+    else:
+        logprobs = fields.int("logprobs")
+        if logprobs is not None and logprobs < 0 and logprobs != -1:
+            raise vllm_error("`logprobs` must be a positive value or -1.", param="logprobs", value=logprobs)
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise vllm_error("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
 
 
 def parse_request(
-    body, *, chat: bool, served_model: str, max_model_len: int, scheduling_policy: str, header_request_id: str | None
+    body,
+    *,
+    chat: bool,
+    served_model: str,
+    max_model_len: int,
+    scheduling_policy: str,
+    header_request_id: str | None,
+    vocab_size: int = 32000,
 ) -> ParsedRequest:
     if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    model = body.get("model") or served_model
-    if model != served_model:
-        raise BadRequest(f"The model `{model}` does not exist.", status=404, param="model")
+        raise body_not_an_object(body)
+    fields = Body(body)
+    # -- the body's types (pydantic): every wrong field is reported at once -----------------------------
+    model = fields.str("model")
+    prompt_text = None
+    prompts = None
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list of {role, content} objects", param="messages")
-        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise BadRequest("every message must be an object with a string 'role'", param="messages")
-        prompt_text = render_chat(messages)
-        prompt_tokens = count_tokens(prompt_text)
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            prompt_text, prompt_tokens = prompt, count_tokens(prompt)
-        elif (
-            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            prompt_text, prompt_tokens = " ".join(map(str, prompt)), len(prompt)
+        if "messages" not in body:
+            fields.format.add("missing", "body.messages", "Field required", body)
         else:
-            raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)", param="prompt")
-    if prompt_tokens < 1:
-        raise BadRequest("the prompt is empty", param="prompt")
-    n = _int_field(body, "n", minimum=1)
-    if n not in (None, 1):
-        raise BadRequest(f"the simulator serves n=1 only (parameter=n, value={n})", param="n")
-    requested = _int_field(body, "max_completion_tokens", minimum=1) if chat else None
-    if requested is None:
-        requested = _int_field(body, "max_tokens", minimum=1)
-    if prompt_tokens >= max_model_len:
-        raise BadRequest(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{prompt_tokens} input tokens. Please reduce the length of the input messages. "
-            f"(parameter=input_tokens, value={prompt_tokens})",
-            param="input_tokens",
-        )
-    room = max_model_len - prompt_tokens
-    if requested is not None:
-        if requested > room:
-            raise BadRequest(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's maximum context "
-                f"length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
-                f"({requested} > {max_model_len} - {prompt_tokens}). (parameter=max_tokens, value={requested})",
-                param="max_tokens",
-            )
-        max_tokens, finish_reason = requested, "length"
-    elif chat:
-        max_tokens, finish_reason = min(room, 16 + zlib.crc32(prompt_text.encode()) % 240), "stop"
+            prompt_text = _render_messages(body["messages"], fields.format)
     else:
-        max_tokens, finish_reason = min(room, 16), "length"
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("stream must be a boolean", param="stream")
-    options = body.get("stream_options")
-    if options is not None:
-        if not stream:
-            raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
-        if not isinstance(options, dict):
-            raise BadRequest("stream_options must be an object", param="stream_options")
-    priority = _int_field(body, "priority") or 0
+        prompts = _completion_prompts(body, fields.format)
+    requested = fields.int("max_completion_tokens") if chat else None
+    if requested is None:
+        requested = fields.int("max_tokens")
+    n = fields.int("n", 1)
+    temperature = fields.float("temperature")
+    top_p = fields.float("top_p")
+    top_k = fields.int("top_k")
+    min_p = fields.float("min_p")
+    presence = fields.float("presence_penalty", 0.0)
+    frequency = fields.float("frequency_penalty", 0.0)
+    repetition = fields.float("repetition_penalty", 1.0)
+    seed = fields.int("seed")
+    stream = fields.bool("stream", False)
+    options = fields.object("stream_options")
+    stop = fields.str_or_list("stop")
+    include_stop = fields.bool("include_stop_str_in_output", False)
+    ignore_eos = fields.bool("ignore_eos", False)
+    min_tokens = fields.int("min_tokens", 0)
+    priority = fields.int("priority", 0)
+    echo = fields.bool("echo", False) if not chat else False
+    request_id = fields.str("request_id")
+    include_usage = continuous = False
+    if options is not None:  # vLLM's defaults: no usage chunk unless asked for
+        include_usage = _option(fields, options, "include_usage")
+        continuous = include_usage and _option(fields, options, "continuous_usage_stats")
+    fields.check()
+    _check_request_validators(fields, chat=chat, stream=stream, options=options)
+
+    # -- the model, then the prompt -------------------------------------------------------------------
+    model = model or served_model
+    if model != served_model:
+        raise BadRequest(
+            f"The model `{model}` does not exist. Valid aliases: {served_model}.", status=404, param="model"
+        )
+    if chat:
+        if not body["messages"]:
+            raise BadRequest("Cannot apply chat template to an empty conversation. Provide at least one message.")
+        prompts = [Prompt(prompt_text, count_tokens(prompt_text))]
+    else:
+        if body.get("suffix") is not None:
+            raise BadRequest("suffix is only supported for models with FIM completion rendering", param="suffix")
+        if prompts is None:
+            raise vllm_error("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+        if not prompts:
+            raise BadRequest("You must pass at least one prompt")
+    if requested is not None and requested > max_model_len:
+        raise vllm_error(
+            f"max_tokens={requested} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            param="max_tokens",
+            value=requested,
+        )
+    for prompt in prompts:
+        # The tokenizer stops one token past the limit, so a long text is "at least" that long.
+        counted = prompt.tokens if prompt.token_ids is not None else min(prompt.tokens, max_model_len + 1)
+        if counted > max_model_len:
+            qualifier = "at least " if counted == max_model_len + 1 and prompt.token_ids is None else ""
+            raise vllm_error(
+                f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+                f"{qualifier}{counted} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.",
+                param="input_tokens",
+                value=counted,
+            )
+
+    # -- the sampling parameters (vLLM's SamplingParams._verify_args, in its order) -------------------
+    default = None if chat else 16
+    wanted = requested if requested is not None else default
+    # vLLM clamps to what the context leaves (an exact fit leaves 0: "max_tokens must be at least 1").
+    caps = [max_model_len - p.tokens if wanted is None else min(max_model_len - p.tokens, wanted) for p in prompts]
+    _verify_sampling(
+        n=n,
+        presence=presence,
+        frequency=frequency,
+        repetition=repetition,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        max_tokens=min(caps),
+        min_tokens=min_tokens,
+        stop=stop,
+    )
+    logprobs = _logprobs(fields, chat=chat, vocab_size=vocab_size)
     if priority and scheduling_policy != "priority":
-        raise BadRequest(f"Got priority {priority} but Priority scheduling is not enabled.", param="priority")
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
-    request_id = header_request_id or body.get("request_id") or uuid.uuid4().hex
+        raise vllm_error(f"Got priority {priority} but Priority scheduling is not enabled.", param="priority")
     return ParsedRequest(
         chat=chat,
-        request_id=str(request_id),
+        request_id=str(header_request_id or request_id or f"{uuid.uuid4().int & (2**64 - 1):016x}"),
         model=model,
-        prompt_text=prompt_text,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
+        prompts=prompts,
         max_tokens_param=requested,
-        finish_reason=finish_reason,
         stream=stream,
-        include_usage=options is not None and options.get("include_usage", True) is not False,
-        continuous_usage=bool(options and options.get("continuous_usage_stats")),
+        include_usage=bool(include_usage),
+        continuous_usage=bool(continuous),
         priority=priority,
-        cache_salt=salt,
+        cache_salt=body.get("cache_salt"),
+        n=n,
+        max_tokens=caps,
+        min_tokens=min_tokens,
+        ignore_eos=ignore_eos,
+        stop=stop,
+        include_stop_str_in_output=include_stop,
+        seed=seed,
+        logprobs=logprobs,
+        echo=echo,
     )
 
 
-def usage_block(prompt_tokens: int, completion_tokens: int, cached_tokens: int, *, streaming: bool) -> dict:
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-    }
-    if cached_tokens > 0:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    elif not streaming:
-        usage["prompt_tokens_details"] = None
-    return usage
+def _option(fields: Body, options: dict, name: str) -> bool:
+    nested = Body(options)
+    value = nested.bool(name, False)
+    for error in nested.format.errors:
+        error["loc"] = error["loc"].replace("body.", "body.stream_options.", 1)
+        fields.format.errors.append(error)
+    return value
 
 
-def chat_chunk(
-    req: ParsedRequest, created: int, delta: dict, finish_reason: str | None = None, final: bool = False
-) -> dict:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    if final:
-        choice["stop_reason"] = None
-    return {
-        "id": f"chatcmpl-{req.request_id}",
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": req.model,
-        "choices": [choice],
-    }
+def _verify_sampling(
+    *, n, presence, frequency, repetition, temperature, top_p, top_k, min_p, max_tokens, min_tokens, stop
+) -> None:
+    if n < 1:
+        raise BadRequest(f"n must be at least 1, got {n}.")
+    if not -2.0 <= presence <= 2.0:
+        raise BadRequest(f"presence_penalty must be in [-2, 2], got {presence}.")
+    if not -2.0 <= frequency <= 2.0:
+        raise BadRequest(f"frequency_penalty must be in [-2, 2], got {frequency}.")
+    if not math.isfinite(repetition):
+        raise BadRequest(f"repetition_penalty must be a finite number, got {repetition}.")
+    if repetition <= 0.0:
+        raise BadRequest(f"repetition_penalty must be greater than zero, got {repetition}.")
+    if temperature is not None:
+        if not math.isfinite(temperature):
+            raise vllm_error(
+                f"temperature must be a finite number, got {temperature}.", param="temperature", value=temperature
+            )
+        if temperature < 0.0:
+            raise vllm_error(
+                f"temperature must be non-negative, got {temperature}.", param="temperature", value=temperature
+            )
+        if temperature > 2.0:
+            raise vllm_error(
+                f"temperature must be in [0, 2], got {temperature}.", param="temperature", value=temperature
+            )
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise vllm_error(f"top_p must be in (0, 1], got {top_p}.", param="top_p", value=top_p)
+    if top_k is not None and top_k < -1:
+        raise BadRequest(f"top_k must be 0 (disable), or at least 1, got {top_k}.")
+    if min_p is not None and not 0.0 <= min_p <= 1.0:
+        raise BadRequest(f"min_p must be in [0, 1], got {min_p}.")
+    if max_tokens < 1:
+        raise vllm_error(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens", value=max_tokens)
+    if min_tokens < 0:
+        raise BadRequest(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if min_tokens > max_tokens:
+        raise BadRequest(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
+    if any(not s for s in stop):
+        raise BadRequest("stop cannot contain an empty string.")
 
 
-def completion_chunk(req: ParsedRequest, created: int, text: str, finish_reason: str | None = None) -> dict:
-    return {
-        "id": f"cmpl-{req.request_id}",
-        "object": "text_completion",
-        "created": created,
-        "model": req.model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-                "prompt_token_ids": None,
-                "token_ids": None,
-            }
-        ],
-        "usage": None,
-    }
-
-
-def usage_chunk(req: ParsedRequest, created: int, usage: dict) -> dict:
-    kind = "chat.completion.chunk" if req.chat else "text_completion"
-    prefix = "chatcmpl" if req.chat else "cmpl"
-    return {
-        "id": f"{prefix}-{req.request_id}",
-        "object": kind,
-        "created": created,
-        "model": req.model,
-        "choices": [],
-        "usage": usage,
-    }
-
-
-def full_response(req: ParsedRequest, created: int, text: str, finish_reason: str, usage: dict) -> dict:
-    if req.chat:
-        return {
-            "id": f"chatcmpl-{req.request_id}",
-            "object": "chat.completion",
-            "created": created,
-            "model": req.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                    "stop_reason": None,
-                }
-            ],
-            "usage": usage,
-            "service_tier": None,
-            "system_fingerprint": None,
-            "prompt_logprobs": None,
-            "kv_transfer_params": None,
-        }
-    return {
-        "id": f"cmpl-{req.request_id}",
-        "object": "text_completion",
-        "created": created,
-        "model": req.model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-                "prompt_logprobs": None,
-            }
-        ],
-        "usage": usage,
-    }
+def _logprobs(fields: Body, *, chat: bool, vocab_size: int) -> int | None:
+    """Alternatives per token (None: no logprobs); -1 asks for the whole vocabulary, which vLLM refuses."""
+    if chat:
+        if not fields.bool("logprobs", False):
+            return None
+        wanted = fields.int("top_logprobs", 0)
+    else:
+        wanted = fields.int("logprobs")
+        if wanted is None:
+            return None
+    count = vocab_size if wanted == -1 else wanted
+    if count > MAX_LOGPROBS:
+        raise vllm_error(
+            f"Requested sample logprobs of {count}, which is greater than max allowed: {MAX_LOGPROBS}",
+            param="logprobs",
+            value=count,
+        )
+    return count

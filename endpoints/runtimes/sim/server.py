@@ -1,9 +1,11 @@
-"""The simulated replica: an aiohttp server speaking vLLM's OpenAI-compatible HTTP API, backed by ``engine``.
+"""The simulated replica: an aiohttp server speaking vLLM 0.32's OpenAI-compatible HTTP API, backed by ``engine``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and not), ``GET /v1/models``, ``/health``,
-``/ping``, ``/version``, ``/load``, ``/metrics``; admin: ``GET|POST /admin/faults`` (JSON settings of
-``faults.Faults``), ``POST /admin/crash``, ``POST /reset_prefix_cache``, ``GET /admin/received`` (the engine-facing
-fields of the last requests, as a router or proxy sent them). Responses echo ``X-Request-Id``.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and not, ``n`` choices, stop strings,
+logprobs; ``serving``), ``GET /v1/models``, ``/health``, ``/ping``, ``/version``, ``/load``, ``/metrics``; admin:
+``GET|POST /admin/faults`` (JSON settings of ``faults.Faults``), ``POST /admin/crash``, ``POST /reset_prefix_cache``,
+``GET /admin/received`` (the engine-facing fields of the last requests, as a router or proxy sent them). Every
+response carries ``X-Request-Id`` (the client's, else a fresh one), an unknown route is ``{"detail": "Not Found"}``
+and a wrong method ``{"detail": "Method Not Allowed"}``, as vLLM's FastAPI answers.
 
 The engine runs in real time scaled by ``speed``: a modeled 20 ms step takes 2 ms of wall time at speed 10.
 Everything the replica reports (usage, ``/metrics`` latencies) is in simulated seconds. A client that
@@ -18,67 +20,42 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import deque
 
 from aiohttp import web
 
-from .engine import FINISHED, Engine, Sequence
+from .engine import FINISHED, Engine
 from .faults import Faults
 from .metrics import ReplicaMetrics
 from .profiles import EngineProfile
-from .protocol import (
-    BadRequest,
-    ParsedRequest,
-    chat_chunk,
-    completion_chunk,
-    error_body,
-    full_response,
-    parse_request,
-    usage_block,
-    usage_chunk,
-)
-from .tokens import block_hashes, output_text, partial_block
+from .protocol import VLLM_VERSION, parse_request
+from .responses import system_fingerprint
+from .serving import Choice, Exchange, build_exchange, error_response, full_body, json_response, stream
+from .validation import BadRequest, body_not_an_object, invalid_json
 
 logger = logging.getLogger(__name__)
-VERSION = "0.11.0+infercap.sim"
+VERSION = VLLM_VERSION
 CRASH_EXIT_CODE = 75
 STEP_CATCH_UP_S = 1.0  # wall seconds a late engine may catch up on (CPU starvation on a shared machine)
 RECEIVED_KEPT = 256
 
 
-class _Live:
-    """A request being served: the engine sequence plus what the HTTP side needs to stream it."""
-
-    __slots__ = ("seq", "event", "arrival_s", "first_token_s", "last_token_s", "parsed")
-
-    def __init__(self, seq: Sequence, parsed: ParsedRequest, arrival_s: float):
-        self.seq = seq
-        self.parsed = parsed
-        self.event = asyncio.Event()
-        self.arrival_s = arrival_s
-        self.first_token_s: float | None = None  # on this server's clock (engine times ignore the slow factor)
-        self.last_token_s = arrival_s
+@web.middleware
+async def _fastapi_errors(request: web.Request, handler):
+    """Unknown routes and methods answer as FastAPI does: JSON ``{"detail": …}``."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return json_response({"detail": "Not Found"}, status=404)
+    except web.HTTPMethodNotAllowed:
+        return json_response({"detail": "Method Not Allowed"}, status=405)
 
 
-_TEXT_MARK = "\u0000text\u0000"
-
-
-def _content_template(parsed: ParsedRequest, created: int) -> tuple[bytes, bytes]:
-    """The SSE frame of a content chunk split around its text: the same bytes ``_sse`` writes, built once.
-
-    Output words (``tokens.OUTPUT_WORDS``) need no JSON escaping, so a frame is prefix + word + suffix.
-    """
-    if parsed.chat:
-        chunk = chat_chunk(parsed, created, {"content": _TEXT_MARK})
-    else:
-        chunk = completion_chunk(parsed, created, _TEXT_MARK)
-    head, tail = _sse(chunk).split(json.dumps(_TEXT_MARK)[1:-1].encode())
-    return head, tail
-
-
-def _sse(payload: dict | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+async def _request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    # vLLM's --enable-request-id-headers: the client's id back, else a fresh one, on every response.
+    if "X-Request-Id" not in response.headers:
+        response.headers["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
 
 
 class ReplicaServer:
@@ -107,7 +84,9 @@ class ReplicaServer:
         # What the engine was asked for, per accepted request: lets tests check what a proxy forwards.
         self.received_log: deque[dict] = deque(maxlen=RECEIVED_KEPT)
         self.crashed = False
-        self._live: set[_Live] = set()
+        # vLLM hashes its whole configuration into the fingerprint; the profile and served name define this one.
+        self.fingerprint = system_fingerprint(sorted(profile.as_dict().items()), self.model, scheduling_policy)
+        self._live: set[Exchange] = set()
         self._runner: web.AppRunner | None = None
         self._engine_task: asyncio.Task | None = None
         self._t0 = 0.0
@@ -118,7 +97,8 @@ class ReplicaServer:
         return (asyncio.get_running_loop().time() - self._t0) * self.speed
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_fastapi_errors])
+        app.on_response_prepare.append(_request_id_header)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -188,34 +168,42 @@ class ReplicaServer:
             finished = self.engine.commit(plan, 1, now)
             self.metrics.iteration_tokens.observe(plan.prefill_tokens + len(plan.seqs) - len(plan.admitted))
             for seq in plan.seqs:
-                live = seq.tag
-                if live is None or seq.generated == 0:
+                choice: Choice | None = seq.tag
+                if choice is None or seq.generated == 0:
                     continue
                 if seq.generated == 1:
-                    live.first_token_s = now
-                    self.metrics.ttft.observe(now - live.arrival_s)
-                    self.metrics.queue.observe(max(0.0, (seq.scheduled_s or now) - live.arrival_s))
+                    choice.first_token_s = now
+                    arrival = choice.request.arrival_s
+                    self.metrics.ttft.observe(now - arrival)
+                    self.metrics.queue.observe(max(0.0, (seq.scheduled_s or now) - arrival))
                     self.metrics.prefill.observe(max(0.0, now - (seq.scheduled_s or now)))
                 else:
-                    self.metrics.itl.observe(now - live.last_token_s)
-                live.last_token_s = now
-                live.event.set()
+                    self.metrics.itl.observe(now - choice.last_token_s)
+                choice.last_token_s = now
+                choice.request.event.set()
             for seq in finished:
                 self._observe_finished(seq.tag, now)
 
-    def _observe_finished(self, live: _Live, now: float) -> None:
-        seq, m = live.seq, self.metrics
-        first = live.first_token_s if live.first_token_s is not None else now
+    def _observe_finished(self, choice: Choice, now: float) -> None:
+        """A choice's request-level series (vLLM observes each child of an ``n > 1`` request)."""
+        seq, m, exchange = choice.seq, self.metrics, choice.request
+        first = choice.first_token_s if choice.first_token_s is not None else now
         decode = max(0.0, now - first)
-        m.e2e.observe(now - live.arrival_s)
+        m.e2e.observe(now - exchange.arrival_s)
         m.decode.observe(decode)
         m.inference.observe(max(0.0, now - (seq.scheduled_s or now)))
         m.prompt_tokens.observe(seq.prompt_tokens)
         m.generation_tokens.observe(seq.generated)
-        if live.parsed.max_tokens_param is not None:
-            m.max_tokens.observe(live.parsed.max_tokens_param)
+        m.prefill_kv_computed.observe(seq.prompt_tokens - seq.cached_tokens)
+        m.num_preemptions.observe(seq.preemptions)
+        if exchange.parsed.max_tokens_param is not None:
+            m.max_tokens.observe(exchange.parsed.max_tokens_param)
         if seq.generated > 1:
             m.tpot.observe(decode / (seq.generated - 1))
+        exchange.done += 1
+        if exchange.done == len(exchange.choices):  # once per request, as vLLM's parent request
+            m.params_n.observe(exchange.parsed.n)
+            m.max_generation_tokens.observe(max(c.seq.generated for c in exchange.choices))
 
     # -- OpenAI endpoints --------------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -224,37 +212,38 @@ class ReplicaServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
 
-    def _error(self, exc: BadRequest, request_id: str | None = None) -> web.Response:
-        headers = {"X-Request-Id": request_id} if request_id else None
-        body = error_body(str(exc), status=exc.status, kind=exc.kind, param=exc.param)
-        return web.json_response(body, status=exc.status, headers=headers)
+    async def _read_body(self, request: web.Request):
+        raw = await request.read()
+        if not raw.strip():
+            raise body_not_an_object(None)
+        try:
+            return json.loads(raw)
+        except UnicodeDecodeError:
+            raise invalid_json("Invalid UTF-8", 0) from None
+        except json.JSONDecodeError as exc:
+            raise invalid_json(exc.msg, exc.pos) from None
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        header_id = request.headers.get("X-Request-Id")
         self.received += 1
         if self.faults.crash_after_requests is not None and self.received >= self.faults.crash_after_requests:
             self.crash()
         if self.faults.should_error():
             status = int(self.faults.error_status)
             kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
-            return self._error(
-                BadRequest("simulated engine error (fault injection)", status=status, kind=kind), header_id
-            )
+            return error_response(BadRequest("simulated engine error (fault injection)", status=status, kind=kind))
         try:
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise BadRequest("the request body is not valid JSON") from None
+            body = await self._read_body(request)
             parsed = parse_request(
                 body,
                 chat=chat,
                 served_model=self.model,
                 max_model_len=self.profile.max_model_len,
                 scheduling_policy=self.scheduling_policy,
-                header_request_id=header_id,
+                header_request_id=request.headers.get("X-Request-Id"),
+                vocab_size=self.profile.vocab_size,
             )
         except BadRequest as exc:
-            return self._error(exc, header_id)
+            return error_response(exc)
         self.received_log.append(
             {
                 "request_id": parsed.request_id,
@@ -265,118 +254,52 @@ class ReplicaServer:
         )
         if self.faults.hang:
             await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
-        now = self.now()
-        seq = Sequence(
-            request_id=parsed.request_id,
-            prompt_tokens=parsed.prompt_tokens,
-            max_tokens=parsed.max_tokens,
-            block_hashes=block_hashes(parsed.prompt_text, salt=parsed.cache_salt),
-            priority=parsed.priority,
-            arrival_s=now,
-            stop_reason=parsed.finish_reason,
-            prompt_tail=partial_block(parsed.prompt_text),
-            cache_salt=parsed.cache_salt,
-        )
-        live = _Live(seq, parsed, now)
-        seq.tag = live
+        exchange = build_exchange(parsed, self.profile, self.now())
+        added = []
         try:
-            self.engine.add(seq)
+            for choice in exchange.choices:
+                added.append(self.engine.add(choice.seq))
         except ValueError as exc:
-            return self._error(BadRequest(str(exc)), parsed.request_id)
-        self._live.add(live)
+            for seq in added:
+                self.engine.abort(seq, self.now())
+            return error_response(BadRequest(str(exc)))
+        self._live.add(exchange)
         self._wake.set()
         try:
             if parsed.stream:
-                return await self._stream(request, live)
+                return await stream(
+                    request, exchange, fingerprint=self.fingerprint, fail_after_tokens=self.faults.fail_after_tokens
+                )
             fail_at = self.faults.fail_after_tokens
-            while seq.state != FINISHED:
-                await live.event.wait()
-                live.event.clear()
-                if fail_at is not None and seq.generated >= fail_at and seq.state != FINISHED:
-                    failure = BadRequest("simulated engine failure (fault injection)", status=500)
-                    return self._error(failure, parsed.request_id)
-            usage = usage_block(seq.prompt_tokens, seq.generated, seq.cached_tokens, streaming=False)
-            payload = full_response(parsed, int(time.time()), output_text(0, seq.generated), seq.finish_reason, usage)
-            return web.json_response(payload, headers={"X-Request-Id": parsed.request_id})
+            while not exchange.finished:
+                await exchange.event.wait()
+                exchange.event.clear()
+                if fail_at is not None and any(c.seq.generated >= fail_at for c in exchange.choices):
+                    return error_response(BadRequest("simulated engine failure (fault injection)", status=500))
+            return json_response(full_body(exchange, int(time.time()), self.fingerprint))
         finally:
-            self._live.discard(live)
-            if seq.state != FINISHED:  # the client went away (or the handler failed): free the slot now
+            self._live.discard(exchange)
+            aborted = [c.seq for c in exchange.choices if c.seq.state != FINISHED]
+            for seq in aborted:  # the client went away (or the handler failed): free the slots now
                 self.engine.abort(seq, self.now())
+            if aborted:
                 self._wake.set()
 
-    async def _stream(self, request: web.Request, live: _Live) -> web.StreamResponse:
-        parsed, seq = live.parsed, live.seq
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Request-Id": parsed.request_id,
-            }
-        )
-        await response.prepare(request)
-        created, emitted = int(time.time()), 0  # one value for every chunk of a response, as vLLM
-        template = None
-        while True:
-            await live.event.wait()
-            live.event.clear()
-            frames = []
-            if parsed.chat and emitted == 0 and seq.generated > 0:
-                first = chat_chunk(parsed, created, {"role": "assistant", "content": ""})
-                if parsed.continuous_usage:
-                    first["usage"] = usage_block(seq.prompt_tokens, 0, seq.cached_tokens, streaming=True)
-                frames.append(_sse(first))
-            fail_at = self.faults.fail_after_tokens
-            if template is None:
-                template = _content_template(parsed, created)
-            while emitted < seq.generated:
-                if fail_at is not None and emitted >= fail_at:
-                    # vLLM's mid-stream failure: an error event, then [DONE]; the request is aborted.
-                    error = error_body(
-                        "simulated engine failure mid-stream (fault injection)", status=500, kind="InternalServerError"
-                    )
-                    await response.write(b"".join(frames) + _sse(error) + _sse("[DONE]"))
-                    await response.write_eof()
-                    return response
-                last = emitted + 1 == seq.max_tokens
-                reason = seq.finish_reason if last else None
-                text = output_text(emitted, 1)
-                if not last and not parsed.continuous_usage:
-                    frames.append(template[0] + text.encode() + template[1])  # the hot path: no JSON encoding
-                    emitted += 1
-                    continue
-                if parsed.chat:
-                    chunk = chat_chunk(parsed, created, {"content": text}, reason, final=last)
-                else:
-                    chunk = completion_chunk(parsed, created, text, reason)
-                emitted += 1
-                if parsed.continuous_usage:
-                    chunk["usage"] = usage_block(seq.prompt_tokens, emitted, seq.cached_tokens, streaming=True)
-                frames.append(_sse(chunk))
-            if frames:
-                await response.write(b"".join(frames))
-            if seq.state == FINISHED:
-                break
-        if parsed.include_usage:
-            usage = usage_block(seq.prompt_tokens, seq.generated, seq.cached_tokens, streaming=True)
-            await response.write(_sse(usage_chunk(parsed, created, usage)))
-        await response.write(_sse("[DONE]"))
-        await response.write_eof()
-        return response
-
     async def models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
         card = {
             "id": self.model,
             "object": "model",
-            "created": self.created,
+            "created": created,
             "owned_by": "vllm",
-            "root": self.profile.name,
+            "root": self.profile.model_path or self.model,
             "parent": None,
             "max_model_len": self.profile.max_model_len,
             "permission": [
                 {
-                    "id": f"modelperm-{self.model}",
+                    "id": f"modelperm-{uuid.uuid4().int & (2**64 - 1):016x}",
                     "object": "model_permission",
-                    "created": self.created,
+                    "created": created,
                     "allow_create_engine": False,
                     "allow_sampling": True,
                     "allow_logprobs": True,
@@ -389,7 +312,7 @@ class ReplicaServer:
                 }
             ],
         }
-        return web.json_response({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [card]})
 
     # -- operations --------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -398,13 +321,14 @@ class ReplicaServer:
         return web.Response(status=503 if self.crashed else 200)
 
     async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": VERSION})
+        return json_response({"version": VERSION})
 
     async def load(self, request: web.Request) -> web.Response:
-        return web.json_response({"server_load": len(self._live)})
+        return json_response({"server_load": len(self._live)})
 
     async def metrics_view(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4"})
+        headers = {"Content-Type": "text/plain; version=1.0.0; charset=utf-8"}
+        return web.Response(body=self.metrics.exposition(), headers=headers)
 
     async def get_faults(self, request: web.Request) -> web.Response:
         return web.json_response(self.faults.as_dict())
@@ -419,7 +343,7 @@ class ReplicaServer:
                 raise ValueError("expected a JSON object of fault settings")
             self.faults.update(changes)
         except (ValueError, json.JSONDecodeError) as exc:
-            return self._error(BadRequest(str(exc)))
+            return error_response(BadRequest(str(exc)))
         if changes.get("crash_after_s") is not None:
             asyncio.get_running_loop().call_later(float(self.faults.crash_after_s), self.crash)
         return web.json_response(self.faults.as_dict())
