@@ -20,10 +20,13 @@ def wait_usage(count: int, timeout: float = 10.0, **filters) -> list[UsageRecord
 
 
 def chat_body(model: str, *, max_tokens: int = 8, stream: bool = True, content: str = "hello there", **extra) -> dict:
+    """A chat request that runs to ``max_tokens`` (vLLM's ``ignore_eos``; a replica otherwise stops at EOS), so
+    usage is exact and a long stream holds its slot as long as the test means it to."""
     return {
         "model": model,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
+        "ignore_eos": True,
         "stream": stream,
         **extra,
     }

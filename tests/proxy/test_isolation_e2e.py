@@ -49,7 +49,9 @@ def test_prefix_cache_is_salted_per_tenant(procs, clean_redis, tenant_a, tenant_
     assert cached_tokens(ask(base, b, shared.name, "probe")) == 0
     # Streamed, from a third tenant: the same.
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "probe"}]
-    streamed = post(base, c, chat_body(shared.name, max_tokens=2, messages=messages, stream_options={}))
+    # vLLM 0.32 streams usage only when asked (stream_options.include_usage defaults to false).
+    options = {"include_usage": True}
+    streamed = post(base, c, chat_body(shared.name, max_tokens=2, messages=messages, stream_options=options))
     assert streamed.status_code == 200, streamed.text
     usage = [e for e in sse_events(streamed.text) if isinstance(e, dict) and e.get("usage")][-1]["usage"]
     assert usage["prompt_tokens"] >= 512 and not (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
