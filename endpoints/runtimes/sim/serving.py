@@ -237,18 +237,29 @@ def _token_frame(choice: Choice, parsed: ParsedRequest, created: int, fingerprin
     """The chunk of ``choice``'s next token (held-back text of a possible stop string stays unsent)."""
     position = choice.sent_tokens
     choice.sent_tokens += 1
-    last = choice.sent_tokens == choice.plan.tokens
-    shown = choice.plan.visible_chars(choice.sent_tokens, last)
+    plan = choice.plan
+    last = choice.sent_tokens == plan.tokens
+    plain = (
+        not last and parsed.logprobs is None and not parsed.continuous_usage and not (parsed.echo and position == 0)
+    )
+    if plain and not plan.holdback_chars:
+        # The hot path: a whole token's text (only the last token of an answer can be cut), no JSON encoding.
+        template = templates.get(choice.index)
+        if template is None:
+            template = templates[choice.index] = _content_template(parsed, created, choice.index)
+        choice.sent_chars = choice.sent_tokens * CHARS_PER_TOKEN
+        return template[0] + output_text(position, 1).encode() + template[1]
+    shown = plan.visible_chars(choice.sent_tokens, last)
     start_chars = choice.sent_chars
     text = _text_between(start_chars, shown)
     choice.sent_chars = max(shown, start_chars)
     echo = parsed.echo and position == 0
     logprobs = _logprobs(choice, position, 1, start_chars + (len(choice.prompt.text) if parsed.echo else 0))
-    if not last and not echo and logprobs is None and not parsed.continuous_usage:
+    if plain:
         template = templates.get(choice.index)
         if template is None:
             template = templates[choice.index] = _content_template(parsed, created, choice.index)
-        return template[0] + text.encode() + template[1]  # the hot path: no JSON encoding
+        return template[0] + text.encode() + template[1]
     reason = choice.plan.finish_reason if last else None
     stop_reason = choice.plan.stop_reason if last else None
     if parsed.chat:
