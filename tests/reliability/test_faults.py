@@ -86,31 +86,68 @@ def test_usage_books_balance_across_every_fault(platform, db_access):
     assert books["duplicated"] == 0
 
 
-def test_a_key_cannot_reach_another_tenants_endpoint_through_the_proxy(platform, db_access):
-    import time
-
+def test_a_key_cannot_reach_another_tenants_endpoint_through_the_proxy(platform, db_access, procs):
+    """Another tenant's private endpoint answers 404 like a missing model. The endpoint is first shown served to
+    its owner through the same proxy, so the 404 can only come from isolation, not from a snapshot that has not
+    loaded the endpoint yet."""
     import httpx
+    from django.db import IntegrityError
 
+    from billing.models import UsageRecord
+    from endpoints.models import Endpoint
+    from tenants.models import CapacityReservation, Tenant
+    from tenants.services import api_key_create
     from tests.factories import EndpointFactory, TenantFactory
+    from tests.proxy.conftest import spawn_replica
+    from tests.waiting import wait_for
 
-    # Static actuator: the running autoscaler must not start replicas for it (they would outlive the test).
-    other = EndpointFactory(
-        name=f"{platform.seeded.endpoint_name}-other",
-        owner_tenant=TenantFactory(),
-        launch_options={"actuator": "static"},
-    )
-    try:
-        time.sleep(1.5)  # the proxy's snapshot picks up the new endpoint
-        response = httpx.post(
+    def ask(model: str, key: str) -> httpx.Response:
+        return httpx.post(
             f"{platform.base}/v1/chat/completions",
-            json={**platform.body(stream=False), "model": other.name},
-            headers={"Authorization": f"Bearer {platform.seeded.keys['critical']}"},
+            json={**platform.body(stream=False), "model": model},
+            headers={"Authorization": f"Bearer {key}"},
             timeout=10,
         )
-        assert response.status_code in (403, 404)
-        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+    owner = TenantFactory()
+    # Static actuator: the running autoscaler must not start replicas for it (they would outlive the test); its
+    # one replica is this test's process.
+    other = EndpointFactory(
+        name=f"{platform.seeded.endpoint_name}-other", owner_tenant=owner, launch_options={"actuator": "static"}
+    )
+    try:
+        CapacityReservation.objects.create(tenant=owner, endpoint=other, mu_per_min=1e6)
+        _, owner_key = api_key_create(tenant=owner, name="owner")
+        spawn_replica(procs, endpoint=other, name=f"{other.name}-r1")
+
+        def served_to_owner() -> httpx.Response | None:
+            response = ask(other.name, owner_key)
+            return response if response.status_code == 200 else None
+
+        served = wait_for(served_to_owner, 30, 0.2, message="the endpoint served to its owner")
+        assert served.json()["choices"][0]["message"]["content"]
+
+        foreign = ask(other.name, platform.seeded.keys["critical"])
+        missing = ask(f"{other.name}-missing", platform.seeded.keys["critical"])
+        assert foreign.status_code == missing.status_code == 404, foreign.text
+        error, missing_error = foreign.json()["error"], missing.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        # Indistinguishable from a model that does not exist, but for the name the caller sent.
+        assert error == {**missing_error, "message": missing_error["message"].replace("-other-missing", "-other")}
+        # The owner's request is metered before its tenant goes (the proxy writes usage after the response).
+        wait_for(lambda: UsageRecord.objects.filter(tenant=owner).exists(), 30, message="the owner's usage record")
     finally:
-        other.delete()
+
+        def removed() -> bool:
+            try:
+                # Usage records keep their rows with the replica set to NULL; one written meanwhile fails a try.
+                Endpoint.objects.filter(pk=other.pk).delete()
+                Tenant.objects.filter(pk=owner.pk).delete()
+            except IntegrityError:
+                return False
+            return True
+
+        wait_for(removed, 15, 0.5, message="the test's endpoint and tenant removed")
 
 
 def test_raw_keys_never_reach_the_logs_or_the_database(platform, db_access):
