@@ -26,13 +26,17 @@ def tenant_group(tenant_id: int) -> str:
     return f"console.tenant.{tenant_id}"
 
 
-def groups_for(tenant_ids) -> list[str]:
-    return [OPERATORS_GROUP] + [tenant_group(t) for t in sorted(set(tenant_ids))]
+def groups_for(tenant_ids, *, operators: bool = True) -> list[str]:
+    return ([OPERATORS_GROUP] if operators else []) + [tenant_group(t) for t in sorted(set(tenant_ids))]
 
 
-def publish(*, kind: str, payload: dict, tenant_ids) -> None:
-    """Send after the surrounding transaction commits, so no socket hears of a row that was rolled back."""
-    groups = groups_for(tenant_ids)
+def publish(*, kind: str, payload: dict, tenant_ids, operators: bool = True) -> None:
+    """Send after the surrounding transaction commits, so no socket hears of a row that was rolled back.
+
+    ``operators=False`` is for the second, redacted form of an event whose full form the operators already get."""
+    groups = groups_for(tenant_ids, operators=operators)
+    if not groups:
+        return
     message = {"type": "console.event", "kind": kind, "payload": payload}
     transaction.on_commit(lambda: _send(groups, message))
 

@@ -21,6 +21,7 @@ from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
 from capacity.ledger import EndpointLedger, TenantLedgerRow, capacity_ledger
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, Replica, ReplicaState, ReplicaTransition
+from endpoints.selectors import replica_placement_redacted, replica_placement_visible
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -220,11 +221,20 @@ def recent_decisions(*, endpoint: Endpoint, since: datetime, limit: int = 50) ->
     return list(changes.order_by("-at")[:limit])
 
 
-def endpoint_replicas(endpoint: Endpoint, *, include_stopped: bool = False) -> list[Replica]:
+def endpoint_replicas(endpoint: Endpoint, *, viewer, include_stopped: bool = False) -> list[Replica]:
+    """The endpoint's replicas as ``viewer`` may see them: where it may not see placement (the API's rule,
+    ``replica_placement_visible``), each row carries the API's neutral name and no actuator, pod, pid or failure
+    text, in id order (an order by the hidden names would still rank them). The rows are for display, never to save.
+    """
     replicas = endpoint.replicas.all().order_by("name")
     if not include_stopped:
         replicas = replicas.exclude(state=ReplicaState.STOPPED)
-    return list(replicas)
+    rows = list(replicas)  # the related manager hands each row this endpoint: no query per row
+    hidden = [replica for replica in rows if not replica_placement_visible(replica=replica, principal=viewer)]
+    for replica in hidden:
+        for name, value in replica_placement_redacted(replica).items():
+            setattr(replica, name, value)
+    return sorted(rows, key=lambda replica: replica.pk) if hidden else rows
 
 
 def tenant_usage_by_hour(*, tenant: Tenant, start: datetime, end: datetime) -> list[tuple[datetime, float, int]]:

@@ -12,6 +12,7 @@ from capacity.models import AutoscalerDecision
 from console.access import tenant_ids_seeing
 from console.live import publish
 from endpoints.models import Endpoint, Replica, RolloutEvent
+from endpoints.selectors import replica_placement_redacted
 
 
 @receiver(post_save, sender=Replica, dispatch_uid="console.replica_saved")
@@ -27,7 +28,14 @@ def replica_saved(sender, instance: Replica, created: bool, raw: bool = False, *
         "state": instance.state,
         "created": created,
     }
-    publish(kind="replica", payload=payload, tenant_ids=tenant_ids_seeing(endpoint))
+    # Operators and the owner hear the replica's name; a tenant reserving on a shared endpoint hears of its state
+    # under the API's neutral name (endpoints.selectors.replica_placement_visible), since pod and process names
+    # tell where the platform runs it.
+    owner = endpoint.owner_tenant_id
+    publish(kind="replica", payload=payload, tenant_ids={owner} if owner else set())
+    if reserving := tenant_ids_seeing(endpoint) - {owner}:
+        redacted = {**payload, "replica": replica_placement_redacted(instance)["name"]}
+        publish(kind="replica", payload=redacted, tenant_ids=reserving, operators=False)
 
 
 @receiver(post_save, sender=Endpoint, dispatch_uid="console.endpoint_saved")

@@ -56,3 +56,10 @@ def replicas_with_placement_visible_to(principal) -> QuerySet[Replica]:
 def replica_placement_visible(*, replica: Replica, principal) -> bool:
     """The per-row form of ``replicas_with_placement_visible_to``, without a query (the endpoint's owner is a column)."""
     return endpoint_is_owned_by(endpoint=replica.endpoint, principal=principal)
+
+
+def replica_placement_redacted(replica: Replica) -> dict[str, str]:
+    """What stands in for a replica's placement fields where ``replica_placement_visible`` is false (the REST API,
+    the console page and its live events show the same): a neutral name, and no URL, actuator, pod or pid, nor a
+    failure text that would quote them."""
+    return {"name": f"replica-{replica.pk}", "url": "", "actuator": "", "actuator_ref": "", "failure_reason": ""}

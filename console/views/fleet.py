@@ -74,7 +74,7 @@ def endpoint_detail(request, endpoint_id: int):
     own = None if whole else request.user.tenant_id
     series = endpoint_series(endpoint=endpoint, now=now, minutes=minutes, tenant_id=own)
     decisions = recent_decisions(endpoint=endpoint, since=now - timedelta(minutes=minutes)) if whole else []
-    replicas = endpoint_replicas(endpoint, include_stopped=request.GET.get("stopped") == "1")
+    replicas = endpoint_replicas(endpoint, viewer=request.user, include_stopped=request.GET.get("stopped") == "1")
     ledger = endpoint_ledger(endpoint=endpoint, now=now)
     context = {
         "endpoint": endpoint,

@@ -12,7 +12,12 @@ from rest_framework import mixins, serializers, viewsets
 
 from config.api_base import WRITE, ScopedViewSetMixin
 from endpoints.models import Endpoint, Replica, ReplicaTransition
-from endpoints.selectors import replica_placement_visible, replicas_visible_to, replicas_with_placement_visible_to
+from endpoints.selectors import (
+    replica_placement_redacted,
+    replica_placement_visible,
+    replicas_visible_to,
+    replicas_with_placement_visible_to,
+)
 from endpoints.services import replica_attach
 
 
@@ -40,7 +45,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         if request is not None and not replica_placement_visible(replica=replica, principal=request.user):
             # Addresses, pids and pod names of a shared endpoint map the platform's internal network for whoever
             # reserves on it; its health is what such a tenant needs.
-            data.update(name=f"replica-{replica.pk}", url="", actuator="", failure_reason="")
+            data.update({k: v for k, v in replica_placement_redacted(replica).items() if k in data})
             for transition in data.get("transitions") or ():
                 transition["reason"] = ""
         return data
