@@ -18,7 +18,7 @@ from endpoints.models import (
     model_name_validator,
 )
 from endpoints.rollouts.services import apply_versioned_changes
-from endpoints.runtimes.launch_options import tenant_launch_option_errors
+from endpoints.runtimes.launch_options import launch_options_shown_to_non_owners, tenant_launch_option_errors
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
 from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_update
 from tenants.models import Tenant
@@ -65,6 +65,14 @@ class EndpointSerializer(serializers.ModelSerializer):
         # Uniqueness is the services' (endpoints.services.NAME_TAKEN): DRF's validator would say "endpoint with
         # this name already exists" about another tenant's endpoint.
         extra_kwargs = {"name": {"validators": [model_name_validator]}}
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        if "launch_options" in data and not endpoint_is_owned_by(endpoint=instance, principal=principal_from(self)):
+            # Where and how the operators run a shared endpoint (actuator, Deployment, namespace, CPU placement) is
+            # none of a reserving tenant's business; the allowlisted tuning, such as max_model_len, is.
+            data["launch_options"] = launch_options_shown_to_non_owners(data["launch_options"])
+        return data
 
     def validate(self, attrs):
         principal = principal_from(self)

@@ -82,6 +82,13 @@ TENANT_LAUNCH_OPTIONS: dict[str, Callable[[object], str | None]] = {
 }
 
 
+def launch_options_shown_to_non_owners(options) -> dict:
+    """The launch options a tenant that reserves on an endpoint it does not own may read: the allowlisted tuning
+    (context length, batch limits, …), never the operators' placement (actuator, Deployment, namespace, cpuset, host,
+    port, executable, raw flags)."""
+    return {key: value for key, value in (options or {}).items() if key in TENANT_LAUNCH_OPTIONS}
+
+
 def tenant_launch_option_errors(options: dict, *, current: dict | None = None) -> list[str]:
     """What a tenant may not do in ``options`` compared with the ``current`` ones: set, change or drop a key outside
     the allowlist (existing operator-set values may be resent unchanged), or give an allowlisted key a bad value."""
