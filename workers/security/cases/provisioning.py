@@ -1,6 +1,7 @@
 """Provisioning: a tenant cannot make the platform start more than its quota, put flags or foreign weights into a
 replica's command line, steer another tenant's Kubernetes Deployment through the name it chooses, learn other
-tenants' endpoint names from the uniqueness error, or read a shared endpoint's totals in the console.
+tenants' endpoint names from the uniqueness error, or read a shared endpoint's totals, replica placement or
+placement launch options in the API or the console.
 
 Each case attacks the real code: the REST API as the tenant (Django's test client, session and Bearer), the
 autoscaler's own decision functions (``horizontal_inputs`` → ``horizontal.decide``, ``launch_allowance``) on rows
@@ -433,6 +434,103 @@ def replica_placement_hidden(world: SecurityWorld) -> str:
     operator = world.api(world.operator).get(reverse("replica-detail", args=[replica.pk])).json()
     expect(operator["url"] == "http://10.42.7.19:8000", "the operator does not see the URL: proves nothing")
     return "A's member and read key see state and health as replica-<id>; no URL, actuator, pod name or pid"
+
+
+@security_case(
+    "console.replica_placement_hidden",
+    "tenant A opens the console page of a shared endpoint, or listens on its console socket, to learn where the "
+    "replicas run: pod names, addresses, actuator, pids",
+)
+def console_replica_placement_hidden(world: SecurityWorld) -> str:
+    from unittest import mock
+
+    from django.test import TestCase
+
+    from console import live
+    from endpoints.models import Replica, ReplicaState
+    from endpoints.services import replica_transition
+    from tenants.models import CapacityReservation
+
+    shared = _endpoint(world, "shared-console-replicas", owner=None)
+    CapacityReservation.objects.create(tenant=world.a.tenant, endpoint=shared, mu_per_min=10.0)
+    pod = f"infercap-ep-{shared.pk}-7c4b1d-q8w2z"
+    sent: list[tuple[list[str], dict]] = []
+    # The receivers' real events, captured where they would go to the channel layer (the case's transaction is
+    # rolled back, so on-commit callbacks are run here).
+    with mock.patch.object(live, "_send", lambda groups, message: sent.append((groups, message))):
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            replica = Replica.objects.create(
+                endpoint=shared,
+                name=pod,
+                url="http://10.42.9.23:8000",
+                actuator="kubernetes",
+                actuator_ref=pod,
+                state=ReplicaState.STARTING,
+            )
+            replica_transition(replica=replica, to_state=ReplicaState.FAILED, reason="pid 27183 exited on 10.42.9.23")
+    secrets_ = (pod, "10.42.9.23", "pid 27183", "kubernetes")
+    url = reverse("console:endpoint", args=[shared.pk])
+    for who, label in ((world.a.member, "A's member"), (world.a.admin, "A's admin")):
+        client = Client()
+        client.force_login(who)
+        response = client.get(url)
+        expect(response.status_code == 200, f"{label} cannot open the page ({response.status_code}): proves nothing")
+        page = response.content.decode()
+        expect(f"replica-{replica.pk}<" in page, f"{label} does not see the replica under its neutral name")
+        seen = [text for text in secrets_ if text in page]
+        expect(not seen, f"{label}'s page shows {seen}")
+    a_events = [m["payload"] for groups, m in sent if live.tenant_group(world.a.tenant.pk) in groups]
+    expect(
+        [e["state"] for e in a_events if e.get("replica_id") == replica.pk] == ["starting", "failed"],
+        f"A's socket does not hear the replica's states ({a_events}): proves nothing",
+    )
+    seen = [text for text in secrets_ if text in repr(a_events)]
+    expect(not seen, f"A's socket hears {seen}")
+    operators = [m["payload"] for groups, m in sent if live.OPERATORS_GROUP in groups]
+    expect({e["replica"] for e in operators} == {pod}, "the operators do not hear the pod name: proves nothing")
+    operator = Client()
+    operator.force_login(world.operator)
+    expect(pod in operator.get(url).content.decode(), "the operator's page lacks the pod name: proves nothing")
+    return "A's member and admin see replica-<id> and its state; page and socket name no pod, IP, actuator or pid"
+
+
+@security_case(
+    "isolation.shared_launch_options_hidden",
+    "tenant A reads a shared endpoint's launch options to learn its actuator, Deployment, namespace and CPU placement",
+)
+def shared_launch_options_hidden(world: SecurityWorld) -> str:
+    from tenants.models import CapacityReservation
+
+    placement = {
+        "actuator": "kubernetes",
+        "deployment": f"{world.tag}-prod-70b-east",
+        "namespace": f"{world.tag}-gpu-pool",
+        "cpuset": "cpus 41,43,47",
+    }
+    tuning = {"max_model_len": 8192}
+    shared = _endpoint(world, "shared-options", owner=None, launch_options={**placement, **tuning})
+    CapacityReservation.objects.create(tenant=world.a.tenant, endpoint=shared, mu_per_min=10.0)
+    for who, label in (
+        (world.a.member, "A's member"),
+        (world.a.admin, "A's admin"),
+        (world.a.keys["read"], "A's read key"),
+    ):
+        api = world.api(who)
+        listed = api.get(reverse("endpoint-list"), {"page_size": 500})
+        detail = api.get(reverse("endpoint-detail", args=[shared.pk]))
+        expect(listed.status_code == 200 and detail.status_code == 200, f"{label} cannot read it: proves nothing")
+        expect(detail.json()["launch_options"] == tuning, f"{label} reads {detail.json()['launch_options']}")
+        for response in (listed, detail):
+            seen = [key for key, value in placement.items() if str(value) in response.content.decode()]
+            expect(not seen, f"{label} reads the {', '.join(seen)}")
+    client = Client()
+    client.force_login(world.a.member)
+    page = client.get(reverse("console:endpoint", args=[shared.pk])).content.decode()
+    seen = [key for key, value in placement.items() if str(value) in page]
+    expect(not seen, f"A's console page shows the {', '.join(seen)}")
+    operator = world.api(world.operator).get(reverse("endpoint-detail", args=[shared.pk])).json()
+    expect(operator["launch_options"] == {**placement, **tuning}, "the operator does not read them: proves nothing")
+    return "A's member, admin and read key read max_model_len only; no actuator, Deployment, namespace or cpuset"
 
 
 # -- rollout surges --------------------------------------------------------------------------------------------------
