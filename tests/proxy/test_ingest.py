@@ -11,6 +11,7 @@ from django.conf import settings
 from billing.ingest import STREAM_KEY, Spool, UsageWriter, insert_records
 from billing.models import UsageRecord
 from tests.factories import ReplicaFactory
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,13 +102,16 @@ def test_writer_spools_while_database_is_unreachable_and_drains_after(tenant_a, 
         writer.start()
         for _ in range(25):
             writer.submit(record(tenant_a))
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.2)
-        assert writer.spooled_total == 25 and spool_redis.xlen(STREAM_KEY) == 25
+            await asyncio.sleep(0.005)  # on purpose: the records arrive over several flushes, as traffic does
+        await wait_for_async(lambda: writer.spooled_total == 25, timeout=10, message="25 records spooled")
+        assert spool_redis.xlen(STREAM_KEY) == 25
         down["value"] = False
         for _ in range(5):
             writer.submit(record(tenant_a))
-        await asyncio.sleep(0.3)
+        # The writer's own loop (not close) drains the spool once PostgreSQL is back.
+        await wait_for_async(
+            lambda: writer.written == 5 and spool_redis.xlen(STREAM_KEY) == 0, timeout=10, message="spool drained"
+        )
         await writer.close()
 
     asyncio.run(scenario())
@@ -137,13 +141,13 @@ def test_no_usage_lost_while_postgres_is_stopped_and_restarted_during_traffic(pr
             if i == 10:
                 relay.cut()  # PostgreSQL is gone for the proxy: connections reset, new ones refused
             if i == 30:
-                time.sleep(0.5)
+                time.sleep(0.5)  # on purpose: the outage lasts a while after the last request in it
                 relay.restore()
             r = post(base, tenant_a.raw_key, body)
             assert r.status_code == 200, r.text  # the data plane does not depend on the database
             ids.append(r.headers["x-request-id"])
             if 10 <= i < 30:
-                time.sleep(0.05)
+                time.sleep(0.05)  # on purpose: requests spread over the outage, not one burst
         wait_for(lambda: UsageRecord.objects.filter(request_id__in=ids).count() == 45, timeout=20)
         assert clean_redis.xlen(STREAM_KEY) == 0, "the spool is drained once PostgreSQL is back"
         assert UsageRecord.objects.count() == 45
