@@ -13,7 +13,7 @@ from tenants.models import CapacityReservation
 from tests.factories import EndpointFactory
 from tests.proxy.conftest import spawn_proxy, spawn_replica
 from tests.proxy.helpers import METRICS_AUTH, chat_body, post, wait_for
-from tests.proxy.test_admission_e2e import Held
+from tests.proxy.test_admission_e2e import Held, queued
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -96,7 +96,7 @@ def test_demand_hash_metrics_and_scale_from_zero(procs, clean_redis, tenant_a):
     )
     waiter.start()
     wait_for(lambda: clean_redis.exists(f"infercap:activator:{cold.pk}"), timeout=5)
-    time.sleep(0.5)
+    wait_for(lambda: queued(base, "cold-model", 1), timeout=10, message="the request in the proxy's queue")
     assert not cold_result, "held in the queue while no replica exists"
     spawn_replica(procs, endpoint=cold, name="c1", speed=20.0)
     waiter.join(30)
