@@ -125,7 +125,7 @@ def test_lapsed_leases_go_back_to_the_bucket_so_an_idle_share_never_drains_it():
         results = []
         for _ in range(40):
             results.append((await limiter.acquire(tenant_id=7, endpoint_id=7, buckets=bucket))[0])
-            await asyncio.sleep(0.06)  # the lease lapses between requests
+            await asyncio.sleep(0.06)  # on purpose: the 0.05 s lease lapses between requests
         assert results == [0.0] * 40
         await limiter.sweep()
         assert limiter.leased(key) == 0.0
@@ -151,11 +151,11 @@ def test_busy_tenant_is_served_from_leases_topped_up_in_the_background():
             admitted += (await limiter.acquire(tenant_id=5, endpoint_id=5, buckets=bucket))[0] == 0
             # Corrections of earlier requests stay in the lease (no Redis call per request).
             await limiter.settle(tenant_id=5, endpoint_id=5, buckets=bucket, actual={"mu": 0.5})
-            await asyncio.sleep(0.01)  # several lease lifetimes in all
+            await asyncio.sleep(0.01)  # on purpose: the 150 requests span several lease lifetimes
         assert admitted == 150
         # Requests waited for Redis only when a process had no lease yet (or it lapsed between two turns).
         assert la.blocking_calls + lb.blocking_calls <= 6, (la.blocking_calls, lb.blocking_calls)
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.35)  # on purpose: past the 0.3 s lease lifetime, so the sweep returns every lease
         await la.sweep()
         await lb.sweep()
         # Conservation across both processes: 150 requests × 0.5 MU each were really spent.
