@@ -102,14 +102,9 @@ async def stream_exchange(
         if resp.status != 200:
             await _pass_client_error(resp, send, response_headers, outcome, priority_sent)
             return
-        stream = _SseRelay(send, response_headers, forward_usage, outcome)
-        try:
-            await stream.relay(resp.content)
-        except (aiohttp.ClientError, OSError) as exc:
-            if not outcome.started_client:
-                raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
-        if not stream.closed:
-            await stream.finish()
+        buf, done, closed = await _relay_events(resp.content, send, response_headers, forward_usage, outcome)
+        if not closed:
+            await _end_stream(send, response_headers, outcome, buf=buf, done=done)
 
 
 async def _pass_client_error(resp, send, response_headers: list, outcome: Outcome, priority_sent: bool) -> None:
@@ -131,88 +126,73 @@ async def _pass_client_error(resp, send, response_headers: list, outcome: Outcom
     await send({"type": "http.response.body", "body": body})
 
 
-class _SseRelay:
-    """One replica stream to the client: whole SSE events, forwarded as they arrive. The response head goes out
-    with the first events, so until then a failure can still be retried elsewhere."""
-
-    __slots__ = ("send", "response_headers", "forward_usage", "outcome", "buf", "done", "closed")
-
-    def __init__(self, send, response_headers: list, forward_usage: bool, outcome: Outcome) -> None:
-        self.send = send
-        self.response_headers = response_headers
-        self.forward_usage = forward_usage
-        self.outcome = outcome
-        self.buf = b""  # an incomplete event, held until its end arrives
-        self.done = False  # [DONE] seen
-        self.closed = False  # the client's response has ended
-
-    async def relay(self, content) -> None:
-        outcome = self.outcome
+async def _relay_events(
+    content, send, response_headers: list, forward_usage: bool, outcome: Outcome
+) -> tuple[bytes, bool, bool]:
+    """Forward whole SSE events as they arrive; the response head goes out with the first ones, so until then a
+    failure is retryable (UpstreamFailed). Returns what is left: (incomplete event, [DONE] seen, response ended).
+    One loop with locals, no call per chunk: this runs for every token of every stream."""
+    buf = b""
+    done = closed = False
+    try:
         while True:
             data = await content.readany()
             if not data:
-                return
+                break
             outcome.last_read_at = now = time.perf_counter()
             if outcome.first_token_at is None:
                 outcome.first_token_at = now
-            buf = self.buf + data if self.buf else data
+            buf = buf + data if buf else data
             cut = buf.rfind(b"\n\n")
             if cut < 0:
-                self.buf = buf
                 continue
-            out, self.buf = buf[: cut + 2], buf[cut + 2 :]
-            out = self._inspect(out)
-            if not self.closed:  # after [DONE]: only drain the upstream to EOF so its connection is reused
-                await self._forward(out)
-
-    def _inspect(self, out: bytes) -> bytes:
-        """Note what complete events say (usage, tokens, [DONE], an error); drop the usage-only event the client
-        did not ask for."""
-        outcome = self.outcome
-        if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
-            out = _split_usage(out, self.forward_usage, outcome)
-        # Token chunks, for metering a stream that breaks before its usage chunk (role chunks carry none).
-        outcome.content_events += out.count(b'data: {"id"') - out.count(b'"role":"assistant"')
-        if b"data: [DONE]" in out:
-            self.done = True
-            outcome.finished_at = time.perf_counter()
-        if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
-            outcome.status = "upstream_error"
-            outcome.error = "replica reported an error mid-stream"
-        return out
-
-    async def _forward(self, out: bytes) -> None:
-        outcome = self.outcome
+            out, buf = buf[: cut + 2], buf[cut + 2 :]
+            if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
+                out = _split_usage(out, forward_usage, outcome)
+            # Token chunks, for metering a stream that breaks before its usage chunk (role chunks carry none).
+            outcome.content_events += out.count(b'data: {"id"') - out.count(b'"role":"assistant"')
+            if b"data: [DONE]" in out:
+                done = True
+                outcome.finished_at = time.perf_counter()
+            if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
+                outcome.status = "upstream_error"
+                outcome.error = "replica reported an error mid-stream"
+            if closed:
+                continue  # after [DONE]: only drain the upstream to EOF so its connection is reused
+            if not outcome.started_client:
+                outcome.started_client = True
+                await send({"type": "http.response.start", "status": 200, "headers": response_headers})
+            if done and not buf:
+                # [DONE] ends the client's response in the same write: one syscall fewer per request.
+                await send({"type": "http.response.body", "body": out, "more_body": False})
+                closed = outcome.done = True
+            elif out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                outcome.done = done
+    except (aiohttp.ClientError, OSError) as exc:
         if not outcome.started_client:
-            outcome.started_client = True
-            await self.send({"type": "http.response.start", "status": 200, "headers": self.response_headers})
-        if self.done and not self.buf:
-            # [DONE] ends the client's response in the same write: one syscall fewer per request.
-            await self.send({"type": "http.response.body", "body": out, "more_body": False})
-            self.closed = outcome.done = True
-        elif out:
-            await self.send({"type": "http.response.body", "body": out, "more_body": True})
-            outcome.done = self.done
+            raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
+    return buf, done, closed
 
-    async def finish(self) -> None:
-        """The upstream ended (or broke after the head went out) without [DONE] closing the response: send what
-        is left, and an error event if [DONE] never came."""
-        outcome, send = self.outcome, self.send
-        if not outcome.started_client:
-            if not self.done:
-                raise UpstreamFailed("replica closed the stream without output")
-            outcome.started_client = True
-            await send({"type": "http.response.start", "status": 200, "headers": self.response_headers})
-        if self.buf:
-            await send({"type": "http.response.body", "body": self.buf, "more_body": True})
-        if not self.done:
-            outcome.status = "upstream_error"
-            outcome.error = "replica stream ended early"
-            await send({"type": "http.response.body", "body": sse_error_event(outcome.error), "more_body": True})
-        outcome.done = True
-        if outcome.finished_at is None:
-            outcome.finished_at = time.perf_counter()
-        await send({"type": "http.response.body", "body": b""})
+
+async def _end_stream(send, response_headers: list, outcome: Outcome, *, buf: bytes, done: bool) -> None:
+    """The upstream ended (or broke after the head went out) without [DONE] closing the response: send what is
+    left, and an error event if [DONE] never came."""
+    if not outcome.started_client:
+        if not done:
+            raise UpstreamFailed("replica closed the stream without output")
+        outcome.started_client = True
+        await send({"type": "http.response.start", "status": 200, "headers": response_headers})
+    if buf:
+        await send({"type": "http.response.body", "body": buf, "more_body": True})
+    if not done:
+        outcome.status = "upstream_error"
+        outcome.error = "replica stream ended early"
+        await send({"type": "http.response.body", "body": sse_error_event(outcome.error), "more_body": True})
+    outcome.done = True
+    if outcome.finished_at is None:
+        outcome.finished_at = time.perf_counter()
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def plain_exchange(
