@@ -1,7 +1,7 @@
 """Endpoint admission (pure, no Django): priority classes, per-tenant fairness by model units,
 queue-age shedding, a bounded queue that evicts sheddable work first, and Retry-After estimates.
 
-The live proxy and the discrete-event simulator drive the same code with their own clocks.
+The live proxy and the simulators drive the same code (``AdmissionController``) with their own clocks.
 """
 
 from endpoints.admission.classes import (
@@ -12,6 +12,14 @@ from endpoints.admission.classes import (
     STANDARD,
     effective_priority,
     rank,
+)
+from endpoints.admission.controller import (
+    DEFAULT_MAX_AGE_S,
+    DEFAULT_MAX_QUEUE,
+    SHED_REASONS,
+    AdmissionController,
+    Enqueued,
+    Refusal,
 )
 from endpoints.admission.drain import DrainRateMeter, retry_after_s
 from endpoints.admission.queue import AdmissionQueue, OfferResult, QueuedItem
@@ -29,4 +37,10 @@ __all__ = [
     "OfferResult",
     "DrainRateMeter",
     "retry_after_s",
+    "AdmissionController",
+    "Enqueued",
+    "Refusal",
+    "DEFAULT_MAX_QUEUE",
+    "DEFAULT_MAX_AGE_S",
+    "SHED_REASONS",
 ]
