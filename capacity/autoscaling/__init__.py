@@ -3,9 +3,10 @@
 Pure (no Django; shared with the simulator): ``demand`` (samples, windows), ``horizontal``, ``vertical``,
 ``predictive`` (floor from yesterday and the trend), ``baselines`` (static, HPA-like, KPA-like), ``infercap`` (our
 policies as one stateful object for simulations), ``sim_adapter`` (any of these policies on the shared engine
-simulator's autoscaler hook, the proxy's queue-age admission and the in-flight time model that ``bench autoscale``
-runs on), ``fleetsim`` (the autoscaler's own lighter fleet model, kept as the bench's cross-check), ``traces``
-(the bursty trace), ``replica_metrics`` (vLLM /metrics → p95s, gauges).
+simulator's autoscaler hook and the in-flight time model that ``bench autoscale`` runs on), ``fleetsim`` (the
+autoscaler's own lighter fleet model, kept as the bench's cross-check), ``traces`` (the bursty trace),
+``replica_metrics`` (vLLM /metrics → p95s, gauges). Both simulations admit through the proxy's
+``endpoints.admission``.
 Django side: ``actuators`` (``get_actuator(endpoint)``: local, kubernetes, static), ``services`` (decision ticks,
 reconcile, drains, warm pool), ``store`` (Redis: demand, windows, tick locks), ``activator`` (scale from zero).
 """

@@ -6,10 +6,12 @@ full run's ``crosscheck_fleetsim``.
 
 Replicas follow the simulator's 13B profile: continuous batching with decode step ``t0 + k·batch``, prefill
 ``overhead + tokens / rate`` serialized per replica, a KV budget in tokens, and a cold start drawn from
-[cold_min, cold_max]. The proxy keeps one FIFO queue, dispatches to the least-loaded ready replica with a free
-slot and sheds requests that waited longer than the class's max queue age (a 429). Scale-in drains: a draining
-replica takes no new request and stops once its last one finishes. Billed GPU time counts every replica holding
-a GPU: booting, standby, ready and draining.
+[cold_min, cold_max]. Admission is the proxy's (``endpoints.admission.AdmissionController`` with its production
+defaults: a 512-request queue, 429 after the class's max queue age, checked every sample); every request has the
+class ``SimConfig.priority_class`` and counts one unit (this model has no MU). A request admission hands out goes to
+the least-loaded ready replica with a free slot and KV room, or waits at the head for KV room, as vLLM's waiting
+queue would hold it. Scale-in drains: a draining replica takes no new request and stops once its last one
+finishes. Billed GPU time counts every replica holding a GPU: booting, standby, ready and draining.
 """
 
 import heapq
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from capacity.autoscaling.demand import DemandSample
+from endpoints.admission import DEFAULT_MAX_AGE_S, DEFAULT_MAX_QUEUE, STANDARD, AdmissionController, QueuedItem
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,12 @@ class Request:
     out_tok: int
     first_token_at: float | None = None
     finished_at: float | None = None
-    shed: bool = False
+    shed_reason: str = ""  # why admission refused it (queue_age, queue_full, evicted, no_replica); "" if it did not
     dispatched_at: float | None = None
+
+    @property
+    def shed(self) -> bool:
+        return bool(self.shed_reason)
 
     def ttft_s(self) -> float | None:
         """Arrival at the proxy → first token: what the client sees and the SLO counts."""
@@ -100,7 +107,9 @@ class SimReplica:
 class SimConfig:
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
-    max_queue_age_s: float = 30.0
+    max_queue: int = DEFAULT_MAX_QUEUE
+    max_age_s: dict = field(default_factory=lambda: dict(DEFAULT_MAX_AGE_S))
+    priority_class: str = STANDARD  # every request's
     sample_s: float = 1.0
     seed: int = 7
     score_from: float = 0.0  # requests arriving earlier (a history day) are simulated but not scored
@@ -163,7 +172,8 @@ class FleetSim:
         self.seq = 0
         self.replicas: list[SimReplica] = []
         self.live: list[SimReplica] = []  # not stopped; rebuilt every sample so scans skip the dead
-        self.queue: deque[Request] = deque()
+        self.admission = AdmissionController(max_queue=cfg.max_queue, max_age_s=cfg.max_age_s)
+        self.held: Request | None = None  # handed out by admission, waiting for KV room on a replica
         self.finished: deque[Request] = deque()  # for the vertical policy's 30 s percentiles
         self.billed_s = 0.0
         self.arrivals = 0
@@ -193,9 +203,8 @@ class FleetSim:
                 next_arrival = next(arrivals, None)
                 if now >= self.end:
                     break
-                self.queue.append(req)
                 self.arrivals += 1
-                self._dispatch(now)
+                self._arrive(now, req)
                 continue
             if t_event >= self.end:
                 break
@@ -205,16 +214,16 @@ class FleetSim:
 
     def _on_sample(self, now: float) -> None:
         self.live = [r for r in self.live if r.state != "stopped"]
-        while self.queue and now - self.queue[0].arrival > self.cfg.max_queue_age_s:
-            self.queue.popleft().shed = True
+        self._refuse(self.admission.shed_expired(now=now, **self._load()))
         in_flight = sum(r.in_flight for r in self.live if r.state in ("ready", "draining"))
-        self.policy.observe(DemandSample(t=now, in_flight=in_flight, queued=len(self.queue), arrivals=self.arrivals))
+        queued = len(self.admission.queue) + (self.held is not None)
+        self.policy.observe(DemandSample(t=now, in_flight=in_flight, queued=queued, arrivals=self.arrivals))
         self.arrivals = 0
         billed = sum(1 for r in self.live if r.state != "stopped")
         if now >= self.cfg.score_from:
             self.billed_s += billed * self.cfg.sample_s * self.profile.gpus
         ready = sum(1 for r in self.live if r.state == "ready" and r.promoted)
-        self.series.append((now, billed, ready, len(self.queue)))
+        self.series.append((now, billed, ready, queued))
         self._push(now + self.cfg.sample_s, "sample")
 
     def _on_policy(self, now: float) -> None:
@@ -327,33 +336,69 @@ class FleetSim:
         replica.in_flight -= 1
         replica.kv_used -= req.in_tok + req.out_tok
         self.finished.append(req)
+        self.admission.finished(mu_done=1.0, now=now)
         if replica.state == "draining" and replica.in_flight == 0:
             replica.state = "stopped"
         self._dispatch(now)
 
+    def _arrive(self, now: float, req: Request) -> None:
+        if self.admission.may_skip_queue() and self.held is None and self._send(now, req):
+            return
+        item = QueuedItem(
+            request_id=str(id(req)), tenant="", priority=self.cfg.priority_class, mu=1.0, enqueued_at=now, payload=req
+        )
+        has_replicas = any(r.state == "ready" and r.promoted for r in self.live)
+        outcome = self.admission.enqueue(item, now=now, has_replicas=has_replicas, scale_to_zero=False, **self._load())
+        self._refuse(outcome.evicted + ([outcome.refused] if outcome.refused is not None else []))
+
+    def _refuse(self, refusals) -> None:
+        for refusal in refusals:
+            refusal.item.payload.shed_reason = refusal.reason
+
+    def _load(self) -> dict[str, float]:
+        """In flight and the ready replicas' nominal rate, in requests (this model's unit), for Retry-After."""
+        ready = [r for r in self.live if r.state == "ready" and r.promoted]
+        in_flight = sum(r.in_flight for r in self.live)
+        nominal = len(ready) * self.limit / self.profile.seconds_per_request(self.limit) if ready else 0.0
+        return {"in_flight_mu": float(in_flight), "nominal_mu_per_s": nominal}
+
     def _dispatch(self, now: float) -> None:
-        while self.queue:
-            req = self.queue[0]
-            need = req.in_tok + req.out_tok
-            best = None
-            for r in self.live:
-                if (
-                    r.state == "ready"
-                    and r.promoted
-                    and r.in_flight < r.limit
-                    and r.kv_used + need <= self.profile.kv_tokens
-                ):
-                    if best is None or r.in_flight < best.in_flight:
-                        best = r
-            if best is None:
+        """Hand free slots to queued requests in admission order."""
+        while True:
+            if self.held is None:
+                # Only a free slot takes a request out of the queue: one still queued can be shed for age.
+                if not any(r.state == "ready" and r.promoted and r.in_flight < r.limit for r in self.live):
+                    return
+                item = self.admission.next_to_serve(now)
+                if item is None:
+                    return
+                self.held = item.payload
+            if not self._send(now, self.held):
                 return
-            self.queue.popleft()
-            req.dispatched_at = now
-            best.in_flight += 1
-            best.kv_used += need
-            start = max(now, best.prefill_free_at)
-            best.prefill_free_at = start + self.profile.prefill_s(req.in_tok)
-            self._push(best.prefill_free_at, "prefilled", best, req)
+            self.held = None
+
+    def _send(self, now: float, req: Request) -> bool:
+        """To the least-loaded ready replica with a free slot and KV room; False when none has both."""
+        need = req.in_tok + req.out_tok
+        best = None
+        for r in self.live:
+            if (
+                r.state == "ready"
+                and r.promoted
+                and r.in_flight < r.limit
+                and r.kv_used + need <= self.profile.kv_tokens
+            ):
+                if best is None or r.in_flight < best.in_flight:
+                    best = r
+        if best is None:
+            return False
+        req.dispatched_at = now
+        best.in_flight += 1
+        best.kv_used += need
+        start = max(now, best.prefill_free_at)
+        best.prefill_free_at = start + self.profile.prefill_s(req.in_tok)
+        self._push(best.prefill_free_at, "prefilled", best, req)
+        return True
 
     def _result(self) -> SimResult:
         scored = [r for r in self.requests if self.cfg.score_from <= r.arrival < self.end]

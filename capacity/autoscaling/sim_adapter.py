@@ -6,14 +6,13 @@ every ``policy.interval_s`` and a concurrency limit every ``policy.vertical_inte
 vertical axis), and acts through ``FleetActions``: add replicas (cold start), cancel starting ones, drain ready ones
 (the simulator removes a draining replica once its last request finished).
 
-Also here, for ``bench autoscale`` on the engine simulator: ``QueueAgeAdmission`` (the proxy's FIFO queue with
-queue-age shedding: a request that waited longer than the class's max queue age is answered 429) and
-``engine_seconds_per_request`` (how long a request stays in flight on an engine profile, prefill stalls included).
+Also here, for ``bench autoscale`` on the engine simulator: ``engine_seconds_per_request`` (how long a request
+stays in flight on an engine profile, prefill stalls included). Admission there is the proxy's own
+(``endpoints.runtimes.sim.admission.ProxyAdmission``).
 """
 
 import math
 import random
-from collections import deque
 
 from capacity.autoscaling.demand import DemandSample
 
@@ -99,43 +98,6 @@ class EngineSimAutoscaler:
         )
         self.limits.append((fleet.now, limit))
         actions.set_concurrency(limit)
-
-
-class QueueAgeAdmission:
-    """The proxy's endpoint queue in the engine simulator: dispatch while a ready replica has a free slot, else
-    queue (FIFO); a queued request older than ``max_queue_age_s`` is shed with a 429 and a Retry-After (checked on
-    every poll: after each finish and each 1 s tick)."""
-
-    def __init__(self, *, max_queue_age_s: float = 30.0, retry_after_s: float = 1.0) -> None:
-        if max_queue_age_s <= 0:
-            raise ValueError("max_queue_age_s must be positive")
-        self.max_queue_age_s = max_queue_age_s
-        self.retry_after_s = retry_after_s
-        self._queue: deque = deque()  # (arrived at, RouteRequest)
-
-    @staticmethod
-    def _free_slots(replicas) -> int:
-        return sum(max(0, r.concurrency_limit - r.in_flight) for r in replicas if r.healthy and not r.draining)
-
-    def offer(self, request, replicas, now: float):
-        from endpoints.runtimes.sim.interfaces import Verdict
-
-        if not self._queue and self._free_slots(replicas) > 0:
-            return Verdict(dispatch=[request])
-        self._queue.append((now, request))
-        return Verdict()
-
-    def poll(self, replicas, now: float):
-        from endpoints.runtimes.sim.interfaces import Rejection, Verdict
-
-        verdict = Verdict()
-        while self._queue and now - self._queue[0][0] > self.max_queue_age_s:
-            verdict.reject.append(Rejection(self._queue.popleft()[1], self.retry_after_s, "queue_age"))
-        free = self._free_slots(replicas) if self._queue else 0
-        while self._queue and free > 0:
-            verdict.dispatch.append(self._queue.popleft()[1])
-            free -= 1
-        return verdict
 
 
 def engine_seconds_per_request(profile, concurrency: float, *, in_tok: float = 500, out_tok: float = 300) -> float:

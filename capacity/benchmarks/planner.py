@@ -101,10 +101,13 @@ HARDWARE = Hardware(gpu_memory_gb=80.0, overhead_gb=10.0, gpus_per_replica=1, us
 
 
 def simulate(workload: SimWorkload, replicas: int, b_max: int, duration_s: float, seed: int) -> dict:
-    """The DES at ``replicas`` replicas, each limited to B_max concurrent requests (admission queues the rest)."""
+    """The DES at ``replicas`` replicas, each limited to B_max concurrent requests. The proxy's admission queues the
+    rest, here with no age limit and room for every request: the planner sizes for a queue that drains, not sheds."""
+    from endpoints.admission import CLASSES
     from endpoints.routing.registry import make_router
     from endpoints.runtimes.sim import workloads as sim_workloads
-    from endpoints.runtimes.sim.des import Simulation, SlotAdmission
+    from endpoints.runtimes.sim.admission import ProxyAdmission
+    from endpoints.runtimes.sim.des import Simulation
 
     if replicas < 1:
         return {"replicas": replicas, "slo_met": False, "reason": "no replica"}
@@ -112,7 +115,7 @@ def simulate(workload: SimWorkload, replicas: int, b_max: int, duration_s: float
         router=make_router("least_request"),
         replicas=replicas,
         profile=PROFILE,
-        admission=SlotAdmission(max_queue=100_000),
+        admission=ProxyAdmission(max_queue=100_000, max_age_s=dict.fromkeys(CLASSES, math.inf)),
         concurrency_limit=b_max,
         seed=seed,
     )

@@ -1,14 +1,16 @@
 """Our policies drive the shared engine simulator (``endpoints.runtimes.sim``) through its autoscaler hook."""
 
 import itertools
+import math
 
 import pytest
 
 from capacity.autoscaling.infercap import InfercapPolicy
-from capacity.autoscaling.sim_adapter import EngineSimAutoscaler, QueueAgeAdmission, engine_seconds_per_request
+from capacity.autoscaling.sim_adapter import EngineSimAutoscaler, engine_seconds_per_request
+from endpoints.admission import CLASSES
 from endpoints.routing.baselines import LeastRequestRouter
 from endpoints.runtimes.sim import workloads
-from endpoints.runtimes.sim.des import Simulation, SlotAdmission
+from endpoints.runtimes.sim.des import ProxyAdmission, Simulation
 from endpoints.runtimes.sim.profiles import get_profile
 
 
@@ -28,7 +30,8 @@ def test_spike_scales_up_then_down_without_flapping_or_losing_requests():
     scaler = EngineSimAutoscaler(policy, cold_start_s=20.0)
     sim = Simulation(
         router=LeastRequestRouter(), replicas=1, profile="tiny", autoscaler=scaler, concurrency_limit=8,
-        admission=SlotAdmission(max_queue=100_000), cold_start_s=20.0,
+        # No age limit here: this test is about scaling, and every request must wait for it rather than be shed
+        admission=ProxyAdmission(max_queue=100_000, max_age_s=dict.fromkeys(CLASSES, math.inf)), cold_start_s=20.0,
     )  # fmt: skip
     result = sim.run(workloads.uniform(times=step_times(), prompt_tokens=64, output_tokens=100))
 
@@ -89,27 +92,6 @@ def test_demand_samples_carry_requests_and_mu():
     busy = [s for s in seen if s.requests]
     assert busy and all(s.mu == pytest.approx(2.5 * s.requests) for s in busy)
     assert sum(s.arrivals for s in seen) == 200
-
-
-class View:
-    def __init__(self, in_flight, limit=2, healthy=True, draining=False):
-        self.in_flight, self.concurrency_limit, self.healthy, self.draining = in_flight, limit, healthy, draining
-
-
-def test_queue_age_admission_dispatches_on_free_slots_and_sheds_old_requests():
-    admission = QueueAgeAdmission(max_queue_age_s=30.0, retry_after_s=2.0)
-    assert admission.offer("a", [View(1)], now=0.0).dispatch == ["a"]
-    assert admission.offer("b", [View(2)], now=1.0).dispatch == []  # full: queued
-    assert admission.offer("c", [View(2)], now=20.0).dispatch == []  # FIFO: behind b
-    # 31 s after b arrived, with no slot freed, b is shed with a 429 and Retry-After; c still waits
-    verdict = admission.poll([View(2)], now=31.5)
-    assert [(r.request, r.retry_after_s, r.reason) for r in verdict.reject] == [("b", 2.0, "queue_age")]
-    assert verdict.dispatch == []
-    # A freed slot goes to the oldest waiting request; a draining or unhealthy replica has none
-    assert admission.poll([View(2, draining=True), View(0, healthy=False)], now=32.0).dispatch == []
-    assert admission.poll([View(1)], now=33.0).dispatch == ["c"]
-    with pytest.raises(ValueError):
-        QueueAgeAdmission(max_queue_age_s=0)
 
 
 def test_in_flight_time_accounts_for_prefill_stalls():

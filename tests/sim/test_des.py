@@ -7,7 +7,7 @@ import pytest
 
 from endpoints.routing.base import RouteRequest
 from endpoints.runtimes.sim import workloads
-from endpoints.runtimes.sim.des import FleetActions, FleetView, Simulation, SlotAdmission, VirtualClock
+from endpoints.runtimes.sim.des import FleetActions, FleetView, ProxyAdmission, Simulation, VirtualClock
 
 
 class RecordingRouter:
@@ -91,19 +91,21 @@ def test_per_request_records_are_consistent_and_router_hooks_pair_up():
     assert router.max_metrics_age <= sim.scrape_interval_s + 1e-9
 
 
-def test_slot_admission_queues_then_rejects_with_retry_after_and_respects_the_limit():
+def test_admission_queues_then_rejects_with_retry_after_and_respects_the_limit():
     router = RecordingRouter()
     sim = Simulation(
         router=router,
         replicas=1,
         profile="tiny",
         concurrency_limit=4,
-        admission=SlotAdmission(max_queue=10, retry_after_s=3.0),
+        admission=ProxyAdmission(max_queue=10),
     )
     burst = workloads.uniform(times=[0.0] * 100, prompt_tokens=50, output_tokens=20)
     result = sim.run(burst)
     rejected = [r for r in result.requests if r.status == "rejected"]
-    assert len(rejected) == 86 and all(r.retry_after_s == 3.0 for r in rejected)
+    # 4 run, 10 wait, the rest find the queue full; each request costs 0.25 MU (50/1000 + 20/100), and with nothing
+    # finished yet Retry-After is (10 queued + 4 in flight) x 0.25 MU at the replica's nominal 1 MU/s: 3.5 → 4 s
+    assert len(rejected) == 86 and {(r.reason, r.retry_after_s) for r in rejected} == {("queue_full", 4)}
     assert len(result.completed()) == 14
     assert router.max_in_flight_seen <= 4
 

@@ -6,7 +6,8 @@
   ``calibration`` measures a profile's per-stream decode rate.
 - ``kvcache`` + ``engine``: continuous batching, KV blocks, prefix caching, priority queue, preemption.
 - ``des`` (+ ``fleet``, ``interfaces``): the virtual-time discrete-event runner driving real routers,
-  admission controllers and autoscalers; ``results``: per-request and per-replica records.
+  admission and autoscalers; ``admission``: the proxy's admission (``endpoints.admission``) behind its hook;
+  ``results``: per-request and per-replica records.
 - ``workloads``: arrival processes and request shapes shared by benchmarks and tests.
 - ``server`` (+ ``protocol``, ``metrics``): the real-time aiohttp replica speaking vLLM's HTTP API;
   ``faults``: hang, crash, slow, error rate, mid-stream failure, startup delay;

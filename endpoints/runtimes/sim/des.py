@@ -27,12 +27,14 @@ Interfaces the simulation drives (all optional except the router):
   in a FIFO backlog that is retried whenever a request finishes and every tick. (Queued work that no replica
   is serving or starting for ``stall_limit_s`` ends the run; those requests stay ``unserved``.)
 * **Admission** (``Admission`` protocol below): ``offer(request, views, now)`` on arrival and
-  ``poll(views, now)`` after every finish and every tick; both return a ``Verdict`` listing requests to
-  dispatch now (routed as above) and requests to reject (recorded as status ``rejected`` with
-  ``retry_after_s``). A request neither dispatched nor rejected is queued by the controller; the simulation
-  counts it in the fleet's ``queued`` demand. ``on_finished`` (optional) is called like the router's.
-  Without an admission controller every arrival is dispatched at once. ``SlotAdmission`` is a minimal
-  reference (dispatch when a replica is below its concurrency limit, else FIFO queue, 429 when full).
+  ``poll(views, now)`` after every finish, every tick and at the time ``next_expiry()`` (optional) names;
+  both return a ``Verdict`` listing requests to dispatch now (routed as above) and requests to reject
+  (recorded as status ``rejected`` with ``retry_after_s`` and the reason). A request neither dispatched nor
+  rejected is queued by the controller; the simulation counts it in the fleet's ``queued`` demand.
+  ``on_finished`` (optional) is called like the router's. Without an admission controller every arrival is
+  dispatched at once. ``ProxyAdmission`` (``admission.py``) is the proxy's own admission
+  (``endpoints.admission.AdmissionController``): priority classes, tenant fairness, eviction, queue-age
+  shedding and Retry-After as production answers them.
 * **Autoscaler** (``Autoscaler`` protocol below): ``tick(fleet, actions, now)`` every simulated ``tick_s``
   (1 s) with a ``FleetView`` (replicas with state starting/ready/draining and their load, in-flight and
   queued demand in requests and MU, arrivals and completions during the last tick). ``FleetActions`` can
@@ -57,15 +59,15 @@ from collections.abc import Callable, Iterable
 
 from endpoints.routing.base import Router, RouteRequest
 
+from .admission import ProxyAdmission  # noqa: F401 (re-exported, with the interfaces below)
 from .engine import Sequence as EngineSeq
-from .fleet import _ARRIVAL, _FAULT, _FOLLOWUP, _READY, _STEP_END, _TICK, FleetActions, FleetOps, SimReplica
+from .fleet import _ARRIVAL, _FAULT, _FOLLOWUP, _READY, _STEP_END, _TICK, _WAKE, FleetActions, FleetOps, SimReplica
 from .interfaces import (  # noqa: F401 (re-exported: policies import them from here)
     Admission,
     Autoscaler,
     FleetView,
     Rejection,
     ReplicaStatus,
-    SlotAdmission,
     Verdict,
     VirtualClock,
 )
@@ -128,6 +130,7 @@ class Simulation(FleetOps):
         self._backlog: deque[RouteRequest] = deque()
         self._arrivals_tick = 0
         self._finished_tick: list[RequestResult] = []
+        self._wake_at: float | None = None  # the admission's next queue-age expiry, when one is scheduled
         self._actions = FleetActions(self)
         self.timeline: list[dict] = []
         for _ in range(replicas):
@@ -163,6 +166,10 @@ class Simulation(FleetOps):
             elif kind == _READY:
                 if payload.state == "starting" and payload.replica_id in self.replicas:
                     self._make_ready(payload.replica_id)
+                    self._pump()
+            elif kind == _WAKE:
+                if payload == self._wake_at:
+                    self._wake_at = None
                     self._pump()
             elif kind == _TICK:
                 self._tick()
@@ -263,6 +270,7 @@ class Simulation(FleetOps):
 
     def _apply(self, verdict: Verdict) -> None:
         now = self.clock.now()
+        self._arm_wake()
         for rejection in verdict.reject:
             entry = self._pending.pop(rejection.request.request_id, None)
             if entry is None:
@@ -298,7 +306,7 @@ class Simulation(FleetOps):
             prompt_tokens=result.prompt_tokens,
             max_tokens=request.output_tokens,
             block_hashes=request.block_hashes(),
-            priority=request.priority,
+            priority=route.extra.get("priority", request.priority),  # admission may set the engine priority
             arrival_s=now,
             tag=request,
             prompt_tail=partial_block(route.prompt_text),
@@ -420,6 +428,15 @@ class Simulation(FleetOps):
                 # _dispatch re-appended it at the back; keep FIFO order and stop at the first unroutable one.
                 self._backlog.appendleft(self._backlog.pop())
                 break
+
+    def _arm_wake(self) -> None:
+        """Poll the admission when its next queued request goes over age, as the proxy's expiry timer does."""
+        next_expiry = getattr(self.admission, "next_expiry", None)
+        at = next_expiry() if next_expiry is not None else None
+        if at is not None and (self._wake_at is None or at < self._wake_at) and at < float("inf"):
+            self._wake_at = at
+            # Just past the deadline (the proxy's timer adds 1 ms): at it exactly, rounding may keep the request.
+            self._push(max(at, self.clock.now()) + 1e-6, _WAKE, at)
 
     def _sync_record(self, rep: SimReplica) -> None:
         stats, record = rep.engine.stats, rep.record

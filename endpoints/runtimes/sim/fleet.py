@@ -19,8 +19,8 @@ from .results import ReplicaRecord, RequestResult
 if TYPE_CHECKING:
     from .des import Simulation
 
-# Event kinds of the simulation's queue (des imports them).
-_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT = range(6)
+# Event kinds of the simulation's queue (des imports them). _WAKE: a queued request goes over age (admission's timer).
+_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT, _WAKE = range(7)
 
 
 class FleetActions:

@@ -1,11 +1,11 @@
-"""The small interfaces the discrete-event runner (``des``) drives, and a reference admission controller (pure).
+"""The small interfaces the discrete-event runner (``des``) drives (pure).
 
-Read ``des``'s module docstring for how each is called. Everything here is re-exported by ``des``.
+Read ``des``'s module docstring for how each is called. Everything here is re-exported by ``des``; the admission
+that implements ``Admission`` is the proxy's own, in ``admission.py``.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -85,33 +85,3 @@ class FleetView:
 
 class Autoscaler(Protocol):
     def tick(self, fleet: FleetView, actions: FleetActions, now: float) -> None: ...
-
-
-class SlotAdmission:
-    """Reference admission: dispatch while some ready replica is below its concurrency limit, else queue (FIFO,
-    at most ``max_queue``), else reject with a Retry-After of ``retry_after_s``."""
-
-    def __init__(self, *, max_queue: int = 1000, retry_after_s: float = 1.0):
-        self.max_queue = max_queue
-        self.retry_after_s = retry_after_s
-        self._queue: deque[RouteRequest] = deque()
-        self._sent: dict[str, int] = {}  # dispatched by this controller and not finished, per replica
-
-    def _free_slots(self, replicas: Sequence[ReplicaView]) -> int:
-        return sum(max(0, r.concurrency_limit - r.in_flight) for r in replicas if r.healthy and not r.draining)
-
-    def offer(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> Verdict:
-        if not self._queue and self._free_slots(replicas) > 0:
-            return Verdict(dispatch=[request])
-        if len(self._queue) >= self.max_queue:
-            return Verdict(reject=[Rejection(request, self.retry_after_s, "queue_full")])
-        self._queue.append(request)
-        return Verdict()
-
-    def poll(self, replicas: Sequence[ReplicaView], now: float) -> Verdict:
-        free = self._free_slots(replicas)
-        out = []
-        while self._queue and free > 0:
-            out.append(self._queue.popleft())
-            free -= 1
-        return Verdict(dispatch=out)
