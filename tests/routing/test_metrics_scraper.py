@@ -10,6 +10,7 @@ from endpoints.metrics_scraper import MetricsParseError, MetricsScraper, parse_v
 from endpoints.routing import ReplicaView, make_router
 from endpoints.routing.base import RouteRequest
 from tests.routing.vllm_metrics import FakeReplica, vllm_metrics_body
+from tests.waiting import wait_for_async
 
 
 def reference_parse(text: str) -> dict:
@@ -91,8 +92,13 @@ async def test_background_scraper_reads_real_replicas_and_isolates_a_hung_one():
     try:
         scraper.set_targets({"fast": fast.url, "hung": hung.url})
         scraper.start()
-        await asyncio.sleep(0.4)
-        assert scraper.latest("fast").num_running == 5 and scraper.latest("hung") is not None
+        started = time.perf_counter()
+        await wait_for_async(
+            lambda: scraper.latest("fast") is not None and scraper.latest("hung") is not None,
+            timeout=10,
+            message="both replicas scraped",
+        )
+        assert scraper.latest("fast").num_running == 5
         hung.hang = True
         fast.body = vllm_metrics_body(running=(7,), waiting=(0,), kv=(0.1,))
         # While one replica hangs, the event loop stays responsive: a 10 ms sleep is never late by much.
@@ -109,9 +115,13 @@ async def test_background_scraper_reads_real_replicas_and_isolates_a_hung_one():
         assert view_fast.num_gpu_blocks == 27305
         assert scraper.stats.failures >= 1 and "hung" in scraper.stats.errors
         # Scrapes kept coming every interval for the healthy replica (≥ 60% of the ideal count).
-        assert fast.requests >= 0.6 * (1.0 / 0.05)
+        assert fast.requests >= 0.6 * (time.perf_counter() - started) / 0.05
         # After the 2 s staleness window the router treats the hung replica as saturated.
-        await asyncio.sleep(2.0)
+        await wait_for_async(
+            lambda: scraper.apply(ReplicaView(replica_id="hung")).metrics_age_s > 2.0,
+            timeout=10,
+            message="the hung replica's metrics older than 2 s",
+        )
         views = [scraper.apply(ReplicaView(replica_id=r)) for r in ("fast", "hung")]
         assert views[1].metrics_age_s > 2.0
         router = make_router("least_request", seed=0)
