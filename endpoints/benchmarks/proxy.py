@@ -156,6 +156,7 @@ async def _phase(
                     "model": ENDPOINT,
                     "prompt": _prompt(nonce, w, i, prompt_chars),
                     "max_tokens": max_tokens,
+                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
                     "stream": True,
                 }
                 await _one(session, url, json.dumps(body).encode(), headers, out)
@@ -205,6 +206,7 @@ async def _mixed_phase(
                     "model": ENDPOINT,
                     "prompt": _prompt(nonce, w, i, prompt_chars),
                     "max_tokens": max_tokens,
+                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
                     "stream": True,
                 }
                 await _one(session, heads[t][0], json.dumps(body).encode(), heads[t][1], outs[t])
@@ -237,6 +239,7 @@ async def _httpx_phase(
                     "model": ENDPOINT,
                     "prompt": _prompt(nonce, w, i, prompt_chars),
                     "max_tokens": max_tokens,
+                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
                     "stream": True,
                 }
                 i += 1
@@ -292,6 +295,7 @@ async def _interleaved(
                     "model": ENDPOINT,
                     "prompt": _prompt(nonce, name, i, prompt_chars),
                     "max_tokens": max_tokens,
+                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
                     "stream": True,
                 }
                 scratch = {"ttft": [], "e2e": [], "tokens": 0, "errors": 0}
