@@ -29,6 +29,9 @@ class ReplicaTransitionSerializer(serializers.ModelSerializer):
 
 class ReplicaSerializer(serializers.ModelSerializer):
     endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
+    # Empty until a replica has an address (a launch that failed) and for whoever may not see placement, so the
+    # schema says a string, not a URI.
+    url = serializers.CharField(read_only=True, help_text="the replica's base URL; empty when unknown or hidden")
 
     class Meta:
         model = Replica
