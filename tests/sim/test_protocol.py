@@ -112,3 +112,10 @@ def test_stream_options_default_to_no_usage_and_continuous_stats_need_usage():
     assert (parsed.include_usage, parsed.continuous_usage) == (False, False)
     parsed = parse(CHAT | {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": 1}})
     assert (parsed.include_usage, parsed.continuous_usage) == (True, True)
+
+
+def test_malformed_content_parts_and_an_n_past_vllms_limit_are_400s_not_crashes():
+    parts = refused(CHAT | {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})
+    assert parts.kind == "Bad Request" and parts.param.startswith("body.messages.0.")
+    assert refused(CHAT | {"messages": [{"role": "user", "content": [5]}]}).kind == "Bad Request"
+    assert str(refused(CHAT | {"n": 16385})).startswith("n must be at most 16384, got 16385.")

@@ -22,6 +22,7 @@ from .validation import BadRequest, Body, FormatErrors, body_not_an_object, erro
 __all__ = ["BadRequest", "ParsedRequest", "Prompt", "error_body", "parse_request"]
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
 VLLM_VERSION = "0.32.0"
 # The branch of vLLM's message union that pydantic reports first for a malformed chat message.
 _FIRST_MESSAGE_BRANCH = "ChatCompletionDeveloperMessageParam"
@@ -86,6 +87,12 @@ def _render_messages(messages, format_errors: FormatErrors) -> str | None:
             format_errors.add("missing", f"{loc}.role", "Field required", message)
         elif not isinstance(message.get("content"), (str, list, type(None))):
             format_errors.add("string_type", f"{loc}.content", "Input should be a valid string", message["content"])
+        elif isinstance(message.get("content"), list):
+            for j, part in enumerate(message["content"]):
+                if not isinstance(part, dict):
+                    format_errors.add("dict_type", f"{loc}.content.{j}", "Input should be a valid dictionary", part)
+                elif not isinstance(part.get("text", ""), str):
+                    format_errors.add("string_type", f"{loc}.content.{j}.text", "Input should be a valid string", part)
     return render_chat(messages) if not format_errors.errors else None
 
 
@@ -285,6 +292,11 @@ def _verify_sampling(
 ) -> None:
     if n < 1:
         raise BadRequest(f"n must be at least 1, got {n}.")
+    if n > MAX_N:
+        raise BadRequest(
+            f"n must be at most {MAX_N}, got {n}. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
+            "environment variable."
+        )
     if not -2.0 <= presence <= 2.0:
         raise BadRequest(f"presence_penalty must be in [-2, 2], got {presence}.")
     if not -2.0 <= frequency <= 2.0:
