@@ -112,7 +112,7 @@ def simulate(workload: SimWorkload, replicas: int, b_max: int, duration_s: float
     if replicas < 1:
         return {"replicas": replicas, "slo_met": False, "reason": "no replica"}
     sim = Simulation(
-        router=make_router("least_request"),
+        router=make_router("least_request", seed=seed),  # ties are broken at random: seeded, so runs repeat
         replicas=replicas,
         profile=PROFILE,
         admission=ProxyAdmission(max_queue=100_000, max_age_s=dict.fromkeys(CLASSES, math.inf)),
