@@ -111,6 +111,11 @@ class Replica(models.Model):
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="replicas")
     name = models.CharField(max_length=120)
     url = models.URLField(max_length=255, blank=True)
+    # What the proxy sends as ``model``: an attached vLLM server may serve its model under another name than the
+    # endpoint's, and vLLM answers 404 to any other name.
+    served_model_name = models.CharField(
+        max_length=255, blank=True, help_text="the model name its engine serves (empty: the endpoint's name)"
+    )
     state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.PENDING, db_index=True)
     state_changed_at = models.DateTimeField(default=timezone.now)
     is_standby = models.BooleanField(default=False, help_text="warm pool: started but not counted as capacity")

@@ -377,15 +377,18 @@ def replica_attach(
     url: str,
     name: str = "",
     concurrency_limit: int | None = None,
+    served_model_name: str = "",
     actor=None,
     check_server=None,
 ) -> Replica:
     """Register a vLLM server that runs elsewhere as a replica of ``endpoint`` (operators only, by the API and the
     console); it turns ready only once it has shown to be one: ``GET /health`` 200 with an empty or JSON body,
-    ``GET /v1/models`` listing the endpoint's name (what the proxy sends as ``model``) and ``vllm:`` series at
-    ``GET /metrics`` (``endpoints.runtimes.vllm.server_problems``). Anything else is a field error on ``url`` and
-    no row. It is a ``static`` replica: counted as capacity, never started or stopped by an actuator.
-    ``check_server``: the check, replaceable in tests."""
+    ``GET /v1/models`` listing the model name it serves and ``vllm:`` series at ``GET /metrics``
+    (``endpoints.runtimes.vllm.server_problems``). Anything else is a field error on ``url`` and no row. The served
+    name is ``served_model_name`` when the operator gives one (a server started with its own
+    ``--served-model-name``), else the endpoint's; it is recorded on the row, and the proxy sends it as ``model``
+    and writes the endpoint's name back into the answers. It is a ``static`` replica: counted as capacity, never
+    started or stopped by an actuator. ``check_server``: the check, replaceable in tests."""
     from endpoints.runtimes import vllm
     from tenants.services import audit_log
 
@@ -395,6 +398,10 @@ def replica_attach(
     name = (name or "").strip() or _attached_name(url)
     if not ATTACHED_NAME.match(name):
         raise ValidationError({"name": ["letters, digits, '.', '_' or '-', starting with a letter or digit"]})
+    named = (served_model_name or "").strip()
+    served_model_name = named or endpoint.name
+    if len(served_model_name) > 255 or any(ord(c) < 32 for c in served_model_name):
+        raise ValidationError({"served_model_name": ["at most 255 characters, no control characters"]})
     if concurrency_limit is not None and (
         isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1
     ):
@@ -405,9 +412,14 @@ def replica_attach(
     if endpoint.replicas.filter(name=name).exists():
         raise ValidationError({"name": ["is already a replica name of this endpoint"]})
     # The network check runs before any row exists and outside any transaction: no lock waits on a slow server.
-    problems = (check_server or vllm.server_problems)(url, served_model_name=endpoint.name)
+    problems = (check_server or vllm.server_problems)(url, served_model_name=served_model_name)
     if problems:
-        raise ValidationError({"url": [f"is not a vLLM server serving {endpoint.name!r}: {p}" for p in problems]})
+        errors = [f"is not a vLLM server serving {served_model_name!r}: {p}" for p in problems]
+        if not named:
+            # Most often a server started with its own --served-model-name: say how to attach it anyway.
+            hint = "; if it serves this endpoint's model under another name, give served_model_name"
+            errors = [e + hint if "GET /v1/models lists" in e else e for e in errors]
+        raise ValidationError({"url": errors})
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -415,6 +427,7 @@ def replica_attach(
                     endpoint=endpoint,
                     name=name,
                     url=url,
+                    served_model_name=served_model_name,
                     actuator="static",
                     concurrency_limit=concurrency_limit or endpoint.concurrency_limit,
                 )
@@ -425,14 +438,14 @@ def replica_attach(
         replica_transition(
             replica=replica,
             to_state=ReplicaState.READY,
-            reason="vLLM checks passed: /health 200, /v1/models lists the endpoint, /metrics has vllm: series",
+            reason=f"vLLM checks passed: /health 200, /v1/models lists {served_model_name!r}, /metrics has vllm: series",
         )
         audit_log(
             actor=actor,
             action="replica.attach",
             obj=replica,
             tenant=endpoint.owner_tenant,
-            detail={"endpoint": endpoint.name, "replica": name, "url": url},
+            detail={"endpoint": endpoint.name, "replica": name, "url": url, "served_model_name": served_model_name},
         )
     return replica
 

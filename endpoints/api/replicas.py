@@ -1,6 +1,7 @@
 """/api/v1/replicas/: the replicas behind visible endpoints, with their lifecycle history; operators attach an
-existing vLLM server by URL (POST: ``endpoint``, ``url``, optional ``name`` and ``concurrency_limit``), which is
-ready only once it has shown to be a vLLM server serving the endpoint (``endpoints.services.replica_attach``).
+existing vLLM server by URL (POST: ``endpoint``, ``url``, optional ``name``, ``concurrency_limit`` and
+``served_model_name``, the name it serves the model under when that is not the endpoint's), which is ready only
+once it has shown to be a vLLM server serving that name (``endpoints.services.replica_attach``).
 
 Where a replica runs (its URL, actuator, pod or process name, and failure or transition texts that quote pids,
 ports and addresses) is shown to operators and the endpoint's owner only; a tenant that reserves on a shared
@@ -36,9 +37,9 @@ class ReplicaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Replica
         fields = [
-            "id", "endpoint", "endpoint_name", "name", "url", "state", "state_changed_at", "is_standby", "actuator",
-            "concurrency_limit", "last_probe_at", "last_probe_ok", "consecutive_probe_failures", "failure_reason",
-            "created_at",
+            "id", "endpoint", "endpoint_name", "name", "url", "served_model_name", "state", "state_changed_at",
+            "is_standby", "actuator", "concurrency_limit", "last_probe_at", "last_probe_ok",
+            "consecutive_probe_failures", "failure_reason", "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -49,6 +50,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             # Addresses, pids and pod names of a shared endpoint map the platform's internal network for whoever
             # reserves on it; its health is what such a tenant needs.
             data.update({k: v for k, v in replica_placement_redacted(replica).items() if k in data})
+            data["served_model_name"] = ""  # what the operators run the endpoint on, like the launch options
             for transition in data.get("transitions") or ():
                 transition["reason"] = ""
         return data
@@ -69,6 +71,12 @@ class ReplicaAttachSerializer(serializers.Serializer):
     url = serializers.CharField(max_length=255, help_text="the server's base URL, e.g. http://10.0.0.7:8000")
     name = serializers.CharField(max_length=120, required=False, allow_blank=True)
     concurrency_limit = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+    served_model_name = serializers.CharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        help_text="the model name the server serves (its --served-model-name) when it is not the endpoint's name",
+    )
 
     def to_representation(self, replica):
         return ReplicaSerializer(replica, context=self.context).data

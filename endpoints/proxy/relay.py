@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from endpoints.proxy.errors import sse_error_event
+from endpoints.proxy.model_names import ModelRename
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 _ERROR_MARKERS = (b'data: {"error"', b'data: {"object":"error"')
@@ -94,6 +95,7 @@ async def stream_exchange(
     outcome: Outcome,
     connect_timeout_s: float,
     priority_sent: bool = False,
+    rename: ModelRename | None = None,
 ) -> None:
     resp = await _post(session, url, payload, headers, connect_timeout_s)
     async with resp:
@@ -102,8 +104,10 @@ async def stream_exchange(
         if resp.status != 200:
             await _pass_client_error(resp, send, response_headers, outcome, priority_sent)
             return
-        buf, done, closed = await _relay_events(resp.content, send, response_headers, forward_usage, outcome)
+        buf, done, closed = await _relay_events(resp.content, send, response_headers, forward_usage, outcome, rename)
         if not closed:
+            if rename is not None:
+                buf = rename.to_client(buf)
             await _end_stream(send, response_headers, outcome, buf=buf, done=done)
 
 
@@ -127,11 +131,12 @@ async def _pass_client_error(resp, send, response_headers: list, outcome: Outcom
 
 
 async def _relay_events(
-    content, send, response_headers: list, forward_usage: bool, outcome: Outcome
+    content, send, response_headers: list, forward_usage: bool, outcome: Outcome, rename: ModelRename | None = None
 ) -> tuple[bytes, bool, bool]:
     """Forward whole SSE events as they arrive; the response head goes out with the first ones, so until then a
     failure is retryable (UpstreamFailed). Returns what is left: (incomplete event, [DONE] seen, response ended).
-    One loop with locals, no call per chunk: this runs for every token of every stream."""
+    One loop with locals, no call per chunk (but the model name's rewrite, for a replica that needs one): this
+    runs for every token of every stream."""
     buf = b""
     done = closed = False
     try:
@@ -149,6 +154,8 @@ async def _relay_events(
             out, buf = buf[: cut + 2], buf[cut + 2 :]
             if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
                 out = _split_usage(out, forward_usage, outcome)
+            if rename is not None:
+                out = rename.to_client(out)
             # Token chunks, for metering a stream that breaks before its usage chunk (role chunks carry none).
             outcome.content_events += out.count(b'data: {"id"') - out.count(b'"role":"assistant"')
             if b"data: [DONE]" in out:
@@ -206,6 +213,7 @@ async def plain_exchange(
     outcome: Outcome,
     connect_timeout_s: float,
     priority_sent: bool = False,
+    rename: ModelRename | None = None,
 ) -> None:
     resp = await _post(session, url, payload, headers, connect_timeout_s)
     async with resp:
@@ -218,6 +226,8 @@ async def plain_exchange(
         if _refuses_priority(resp.status, body, priority_sent):
             raise PriorityRefused()
     outcome.first_token_at = outcome.finished_at = time.perf_counter()
+    if rename is not None:
+        body = rename.to_client(body)
     if resp.status == 200:
         try:
             usage = json.loads(body).get("usage")

@@ -195,14 +195,16 @@ def request_cost(req: ParsedRequest, coeffs: MUCoefficients) -> tuple[float, int
     return mu, prompt_tokens + (req.max_tokens or 256) * req.completions
 
 
-def upstream_payload(req: ParsedRequest, *, cache_salt: str, engine_priority: int | None) -> bytes:
+def upstream_payload(
+    req: ParsedRequest, *, cache_salt: str, engine_priority: int | None, engine_model: str | None = None
+) -> bytes:
     """The body sent to the replica: the tenant's cache salt and the admitted class's engine priority replace
     whatever the client sent (``engine_priority`` None: the replica runs fcfs, which refuses the field, so it is
     removed), fields no tenant may hand the engine are dropped, and usage is always requested on streams so
-    metering is exact."""
+    metering is exact. ``engine_model``: the model name the replica serves, when it is not the endpoint's."""
     options = req.body.get("stream_options") if req.stream else None
     need_usage = req.stream and not (isinstance(options, dict) and options.get("include_usage", True) is True)
-    if not req.controlled and (options is None or not need_usage):
+    if not req.controlled and engine_model is None and (options is None or not need_usage):
         # The common case: splice the proxy's fields in before the object's closing brace instead of serialising
         # the whole body again (the body was parsed as a JSON object, so its last non-blank byte is that brace;
         # it names none of these fields, so no key is duplicated).
@@ -215,6 +217,10 @@ def upstream_payload(req: ParsedRequest, *, cache_salt: str, engine_priority: in
                 tail += b',"stream_options":{"include_usage":true}'
             return raw[:-1] + tail + b"}"
     body = {k: v for k, v in req.body.items() if k not in STRIPPED_FIELDS}
+    if engine_model is not None:
+        # Serialised again rather than spliced: "model" is already in the raw bytes, and the first such key there
+        # need not be the top-level one (a tool's JSON schema may name a "model" property).
+        body["model"] = engine_model
     body["cache_salt"] = cache_salt
     if engine_priority is not None:
         body["priority"] = int(engine_priority)

@@ -15,6 +15,7 @@ from endpoints.admission import AdmissionQueue, DrainRateMeter, QueuedItem, retr
 from endpoints.admission.classes import CLASSES
 from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
+from endpoints.proxy.model_names import ModelRename, model_rename
 from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing import make_router
 from endpoints.routing.base import ReplicaView, RouteRequest
@@ -48,6 +49,7 @@ class Slot:
     limit: int = 0  # the replica's concurrency limit; view.concurrency_limit is this process's cap of it
     configured_priority: bool = True  # launched with the priority scheduler (snapshot.ReplicaInfo.takes_priority)
     refused_priority: bool = False  # answered a 400 naming ``priority``: it runs fcfs whatever its options say
+    rename: ModelRename | None = None  # its engine serves another model name than the endpoint's
 
     @property
     def takes_priority(self) -> bool:
@@ -97,6 +99,7 @@ class EndpointRuntime:
             limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
             slot = self.slots.get(rid)
             cap = limit if self.caps is None else min(limit, self.caps.get(rid, 0))
+            rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
             if slot is None:
                 view = ReplicaView(replica_id=rid, concurrency_limit=cap, mu_capacity=mu_capacity)
                 self.slots[rid] = Slot(
@@ -107,10 +110,11 @@ class EndpointRuntime:
                     version_id=r.version_id,
                     limit=limit,
                     configured_priority=r.takes_priority,
+                    rename=rename,
                 )
             else:
                 slot.url, slot.removed, slot.version_id, slot.limit = r.url, False, r.version_id, limit
-                slot.configured_priority = r.takes_priority
+                slot.configured_priority, slot.rename = r.takes_priority, rename
                 slot.view.concurrency_limit, slot.view.mu_capacity = cap, mu_capacity
                 slot.view.draining = False
         for rid, slot in list(self.slots.items()):

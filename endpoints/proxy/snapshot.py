@@ -47,6 +47,9 @@ class ReplicaInfo:
     # Launched with --scheduling-policy priority (the platform's default), so the proxy sends the admitted class's
     # engine priority; an fcfs replica refuses the field (400), so it gets none (``request.upstream_payload``).
     takes_priority: bool = True
+    # The model name its engine serves (``Replica.served_model_name``); empty: the endpoint's name. The proxy sends
+    # this name as ``model`` and writes the endpoint's back into what the client sees (``runtime.Slot``).
+    served_model_name: str = ""
 
 
 @dataclass(frozen=True)

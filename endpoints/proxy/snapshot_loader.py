@@ -63,8 +63,10 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
 
 def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     """Ready, serving replicas with a URL, per endpoint id; whether each takes ``priority`` follows the launch
-    options of the version it runs (a hand-registered replica: the endpoint's current version)."""
+    options of the version it runs (a hand-registered replica: the endpoint's current version); the model name
+    each serves is its own, else the endpoint's (what the actuators launch it with)."""
     current_version = {e.pk: e.current_version_id for e in endpoints}
+    endpoint_name = {e.pk: e.name for e in endpoints}
     priority_by_endpoint = {e.pk: takes_priority(e.launch_options) for e in endpoints}
     priority_by_version = {
         pk: takes_priority(options) for pk, options in EndpointVersion.objects.values_list("pk", "launch_options")
@@ -80,6 +82,7 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 concurrency_limit=r.concurrency_limit,
                 version_id=version_id,
                 takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
+                served_model_name=r.served_model_name or endpoint_name.get(r.endpoint_id, ""),
             )
         )
     return replicas

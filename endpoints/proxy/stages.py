@@ -206,8 +206,8 @@ async def admit(
 
 # -- relay ------------------------------------------------------------------------------------------------------
 class Upstream:
-    """What goes to a replica for one request: the body (built once for replicas that take ``priority`` and once
-    for those that refuse it), the headers and the path."""
+    """What goes to a replica for one request: the body (built once per kind of replica it meets: taking
+    ``priority`` or not, serving the endpoint's model name or another), the headers and the path."""
 
     __slots__ = ("req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "_payloads")
 
@@ -218,21 +218,23 @@ class Upstream:
         self.engine_priority = ENGINE_PRIORITY[priority]
         self.headers = {"content-type": "application/json", "x-request-id": request_id}
         self.response_headers = (SSE_HEADERS if req.stream else []) + rid_header
-        self._payloads: dict[bool, bytes] = {}
+        self._payloads: dict[tuple[bool, str | None], bytes] = {}
 
-    def payload(self, takes_priority: bool) -> bytes:
-        payload = self._payloads.get(takes_priority)
+    def payload(self, takes_priority: bool, engine_model: str | None = None) -> bytes:
+        payload = self._payloads.get((takes_priority, engine_model))
         if payload is None:
-            payload = self._payloads[takes_priority] = upstream_payload(
+            payload = self._payloads[(takes_priority, engine_model)] = upstream_payload(
                 self.req,
                 cache_salt=self.cache_salt,
                 engine_priority=self.engine_priority if takes_priority else None,
+                engine_model=engine_model,
             )
         return payload
 
     async def exchange(self, session, slot: Slot, send, *, outcome: Outcome, connect_timeout_s: float) -> None:
-        sends_priority = slot.takes_priority
-        url, payload = slot.url + self.path, self.payload(sends_priority)
+        sends_priority, rename = slot.takes_priority, slot.rename
+        url = slot.url + self.path
+        payload = self.payload(sends_priority, rename.engine if rename is not None else None)
         if self.req.stream:
             await stream_exchange(
                 session,
@@ -245,6 +247,7 @@ class Upstream:
                 outcome=outcome,
                 connect_timeout_s=connect_timeout_s,
                 priority_sent=sends_priority,
+                rename=rename,
             )
         else:
             await plain_exchange(
@@ -257,6 +260,7 @@ class Upstream:
                 outcome=outcome,
                 connect_timeout_s=connect_timeout_s,
                 priority_sent=sends_priority,
+                rename=rename,
             )
 
 

@@ -190,6 +190,7 @@ class LocalActuator(Actuator):
                 endpoint=endpoint,
                 name=name,
                 url=f"http://127.0.0.1:{port}",
+                served_model_name=endpoint.name,  # its --served-model-name (replica_argv): a later rename keeps it
                 actuator=self.name,
                 is_standby=standby,
                 concurrency_limit=endpoint.concurrency_limit,
