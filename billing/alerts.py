@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from celery import signature
 from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import post_save
 from django.utils import timezone
@@ -324,10 +325,9 @@ def notifications_enqueue(*, alert: Alert, event: str, now: datetime | None = No
 
 
 def _deliver_soon() -> None:
-    from workers.tasks.billing import notifications_deliver  # the task module imports this one
-
     try:
-        notifications_deliver.delay()
+        # By name (workers.tasks.billing.notifications_deliver): the task module imports this one.
+        signature("billing.notifications_deliver").delay()
     except Exception:  # the broker being down must not break evaluation; the beat delivery picks them up
         logger.warning("could not enqueue notification delivery; the periodic task will send them", exc_info=True)
 

@@ -1,11 +1,12 @@
 """Writes of the capacity app: selling reservations within the overcommit limit, and benchmark records.
 
-``tenants.services.reservation_create/update`` delegate here (``reservation_sell``, ``reservation_resize``), so the
-API, the console and the admin all go through the same overcommit check.
+Every sale and resize (the REST API's ``reservation_create/update``, the console, the admin) goes through
+``reservation_sell`` and ``reservation_resize``, so all of them meet the same overcommit check.
 """
 
 from __future__ import annotations
 
+from celery import signature
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -17,7 +18,7 @@ from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_m
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation, Tenant
-from tenants.services import audit_log
+from tenants.services import audit_log, field_changes, validated_save
 
 
 class OvercommitRefused(ValidationError):
@@ -95,6 +96,48 @@ def reservation_resize(*, reservation: CapacityReservation, mu_per_min: float, a
         if before != mu_per_min:
             audit_log(actor=actor, action="reservation.resize", obj=reservation, detail=detail)
     return reservation
+
+
+def _check_reservation_unique(reservation: CapacityReservation) -> None:
+    clash = CapacityReservation.objects.filter(tenant_id=reservation.tenant_id, endpoint_id=reservation.endpoint_id)
+    if reservation.pk:
+        clash = clash.exclude(pk=reservation.pk)
+    if clash.exists():
+        raise ValidationError(
+            {"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]}
+        )
+
+
+def reservation_create(*, tenant: Tenant, endpoint, mu_per_min: float, actor=None, **options) -> CapacityReservation:
+    """Sell capacity (the REST API): field errors first, then ``reservation_sell`` and its overcommit check."""
+    reservation = CapacityReservation(tenant=tenant, endpoint=endpoint, mu_per_min=mu_per_min, **options)
+    _check_reservation_unique(reservation)
+    reservation.full_clean(validate_unique=False)
+    return reservation_sell(tenant=tenant, endpoint=endpoint, mu_per_min=mu_per_min, actor=actor, **options)
+
+
+def reservation_update(*, reservation: CapacityReservation, actor=None, **changes) -> CapacityReservation:
+    """Change a reservation; a new MU/min goes through ``reservation_resize`` (a larger one, the overcommit check)."""
+    if "mu_per_min" in changes:
+        reservation = reservation_resize(reservation=reservation, mu_per_min=changes.pop("mu_per_min"), actor=actor)
+    with transaction.atomic():
+        diff = field_changes(reservation, changes)
+        _check_reservation_unique(reservation)
+        validated_save(reservation)
+        if diff:
+            audit_log(actor=actor, action="reservation.update", obj=reservation, detail={"changes": diff})
+    return reservation
+
+
+@transaction.atomic
+def reservation_delete(*, reservation: CapacityReservation, actor=None) -> None:
+    audit_log(
+        actor=actor,
+        action="reservation.delete",
+        obj=reservation,
+        detail={"endpoint": reservation.endpoint_id, "mu_per_min": reservation.mu_per_min},
+    )
+    reservation.delete()
 
 
 # --- Benchmarks ---------------------------------------------------------------------------------------------------
@@ -295,8 +338,6 @@ def benchmark_enqueue(
     *, endpoint: Endpoint, replica: Replica | None = None, quick: bool = False, pin: bool = False, actor=None
 ) -> None:
     """Run the benchmark in a worker, once the caller's transaction commits; the sweep takes minutes."""
-    from workers.tasks.capacity import benchmark_endpoint
-
     benchmark_target(endpoint, replica=replica)  # refuse now, not in the worker, when there is nothing to measure
     audit_log(
         actor=actor,
@@ -305,9 +346,13 @@ def benchmark_enqueue(
         tenant=endpoint.owner_tenant,
         detail={"replica": replica.pk if replica else None, "quick": quick, "pin": pin},
     )
-    transaction.on_commit(
-        lambda: benchmark_endpoint.delay(endpoint.pk, replica.pk if replica else None, quick=quick, pin=pin)
+    # By name (workers.tasks.capacity.benchmark_endpoint): the task module imports this one.
+    task = signature(
+        "capacity.benchmark_endpoint",
+        args=[endpoint.pk, replica.pk if replica else None],
+        kwargs={"quick": quick, "pin": pin},
     )
+    transaction.on_commit(task.delay)
 
 
 def simulated_profiles_get_or_create() -> tuple[HardwareProfile, ModelProfile]:

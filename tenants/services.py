@@ -1,4 +1,5 @@
-"""Writes for tenants, users, API keys and reservations. Views, serializers and the console call these."""
+"""Writes for tenants, users and API keys, and the audit trail every app writes to. Views, serializers and the
+console call these; reservations are sold by ``capacity.services``."""
 
 from datetime import datetime
 
@@ -9,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tenants.keys import generate_key
-from tenants.models import ApiKey, AuditEntry, CapacityReservation, PriorityClass, Role, Tenant, User
+from tenants.models import ApiKey, AuditEntry, PriorityClass, Role, Tenant, User
 
 
 def audit_log(*, actor=None, action: str, obj, tenant=None, detail: dict | None = None) -> AuditEntry:
@@ -69,12 +70,14 @@ def api_key_revoke(*, api_key: ApiKey, actor=None) -> ApiKey:
 # --- Tenants, users, key settings and reservations (REST API and console) ----------------------------------------
 
 
-def _validated_save(obj, *, exclude: list[str] | None = None) -> None:
+def validated_save(obj, *, exclude: list[str] | None = None) -> None:
+    """Save after the model's own validation, so a bad value is a field error and not a database error."""
     obj.full_clean(exclude=exclude)
     obj.save()
 
 
-def _changes(obj, changes: dict) -> dict:
+def field_changes(obj, changes: dict) -> dict:
+    """Apply ``changes`` to ``obj`` and return what differs, as ``{field: [before, after]}`` for an audit entry."""
     diff = {}
     for name, value in changes.items():
         before, after = getattr(obj, name), value
@@ -87,8 +90,8 @@ def _changes(obj, changes: dict) -> dict:
 
 @transaction.atomic
 def tenant_update(*, tenant: Tenant, actor=None, **changes) -> Tenant:
-    diff = _changes(tenant, changes)
-    _validated_save(tenant)
+    diff = field_changes(tenant, changes)
+    validated_save(tenant)
     if diff:
         audit_log(actor=actor, action="tenant.update", obj=tenant, tenant=tenant, detail={"changes": diff})
     return tenant
@@ -152,7 +155,7 @@ def user_create(
         user.set_password(password)
     else:
         user.set_unusable_password()
-    _validated_save(user)
+    validated_save(user)
     audit_log(actor=actor, action="user.create", obj=user, tenant=tenant, detail={"username": username, "role": role})
     return user
 
@@ -173,7 +176,7 @@ def user_update(*, user: User, actor=None, password: str | None = None, **change
         and not getattr(actor, "is_operator", False)
     ):
         raise ValidationError({"email": [EMAIL_SELF_OR_OPERATOR]})
-    diff = _changes(user, changes)
+    diff = field_changes(user, changes)
     if "role" in changes:
         user.is_staff = user.role == Role.OPERATOR
     _check_role_and_tenant(user)
@@ -181,7 +184,7 @@ def user_update(*, user: User, actor=None, password: str | None = None, **change
         _check_password(password, user)
         user.set_password(password)
         diff["password"] = ["…", "…"]
-    _validated_save(user)
+    validated_save(user)
     if diff:
         audit_log(actor=actor, action="user.update", obj=user, tenant=user.tenant, detail={"changes": diff})
     return user
@@ -210,7 +213,7 @@ def user_email_change(*, user: User, current_password: str, email: str) -> User:
     before = user.email
     user.email = email
     with transaction.atomic():
-        _validated_save(user)
+        validated_save(user)
         if before != email:
             audit_log(
                 actor=user, action="user.email_change", obj=user, tenant=user.tenant, detail={"email": [before, email]}
@@ -257,75 +260,10 @@ def user_delete(*, user: User, actor=None) -> None:
 @transaction.atomic
 def api_key_update(*, api_key: ApiKey, actor=None, **changes) -> ApiKey:
     """Rename a key or change its scopes, priority ceiling or expiry; the secret itself never changes."""
-    diff = _changes(api_key, changes)
-    _validated_save(api_key)
+    diff = field_changes(api_key, changes)
+    validated_save(api_key)
     if diff:
         audit_log(
             actor=actor, action="api_key.update", obj=api_key, detail={"prefix": api_key.prefix, "changes": diff}
         )
     return api_key
-
-
-def _check_reservation_unique(reservation: CapacityReservation) -> None:
-    clash = CapacityReservation.objects.filter(tenant_id=reservation.tenant_id, endpoint_id=reservation.endpoint_id)
-    if reservation.pk:
-        clash = clash.exclude(pk=reservation.pk)
-    if clash.exists():
-        raise ValidationError(
-            {"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]}
-        )
-
-
-def reservation_create(*, tenant: Tenant, endpoint, mu_per_min: float, actor=None, **options) -> CapacityReservation:
-    """Sell capacity. When the capacity app provides ``reservation_sell`` it decides (overcommit limit included)."""
-    reservation = CapacityReservation(tenant=tenant, endpoint=endpoint, mu_per_min=mu_per_min, **options)
-    _check_reservation_unique(reservation)
-    reservation.full_clean(validate_unique=False)
-    sell = _capacity_service("reservation_sell")
-    if sell is not None:
-        return sell(tenant=tenant, endpoint=endpoint, mu_per_min=mu_per_min, actor=actor, **options)
-    with transaction.atomic():
-        reservation.save()
-        audit_log(
-            actor=actor,
-            action="reservation.create",
-            obj=reservation,
-            detail={"endpoint": endpoint.pk, "mu_per_min": mu_per_min},
-        )
-    return reservation
-
-
-def reservation_update(*, reservation: CapacityReservation, actor=None, **changes) -> CapacityReservation:
-    """Change a reservation; a larger MU/min goes through the capacity app's overcommit check when it exists."""
-    resize = _capacity_service("reservation_resize")
-    if resize is not None and "mu_per_min" in changes:
-        reservation = resize(reservation=reservation, mu_per_min=changes.pop("mu_per_min"), actor=actor)
-    with transaction.atomic():
-        diff = _changes(reservation, changes)
-        _check_reservation_unique(reservation)
-        _validated_save(reservation)
-        if diff:
-            audit_log(actor=actor, action="reservation.update", obj=reservation, detail={"changes": diff})
-    return reservation
-
-
-@transaction.atomic
-def reservation_delete(*, reservation: CapacityReservation, actor=None) -> None:
-    audit_log(
-        actor=actor,
-        action="reservation.delete",
-        obj=reservation,
-        detail={"endpoint": reservation.endpoint_id, "mu_per_min": reservation.mu_per_min},
-    )
-    reservation.delete()
-
-
-def _capacity_service(name: str):
-    """The capacity app's reservation services, when that app provides them (built in parallel with this one)."""
-    try:
-        from capacity import services
-    except ModuleNotFoundError as exc:
-        if exc.name != "capacity.services":
-            raise
-        return None
-    return getattr(services, name, None)

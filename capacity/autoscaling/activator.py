@@ -9,6 +9,11 @@ import logging
 import threading
 import time
 
+from celery import signature
+from django.db import connections
+
+from capacity.autoscaling import store
+
 log = logging.getLogger(__name__)
 
 DEBOUNCE_S = 2.0
@@ -29,18 +34,13 @@ def request_scale_from_zero(endpoint_id: int) -> bool:
 
 
 def _wake(endpoint_id: int) -> None:
-    from capacity.autoscaling import store
-
     try:
         # One wake-up per endpoint across every proxy process: the first SET NX wins, the others stop here.
         if not store.client().set(store.WAKE_KEY.format(endpoint_id=endpoint_id), "1", nx=True, ex=WAKE_TTL_S):
             return
-        from workers.tasks.autoscaling import horizontal_one
-
-        horizontal_one.apply_async(args=[endpoint_id, f"wake-{int(time.time())}"], expires=30)
+        # By name (workers.tasks.autoscaling.horizontal_one): the task module imports the services this sits beside.
+        signature("autoscale.horizontal_one", args=[endpoint_id, f"wake-{int(time.time())}"]).apply_async(expires=30)
     except Exception:  # noqa: BLE001 - best effort: the regular tick picks the queued demand up within 5 s
         log.exception("activator: could not wake the autoscaler for endpoint %s", endpoint_id)
     finally:
-        from django.db import connections
-
         connections.close_all()  # this thread's own connections; a short-lived thread must not leak them

@@ -2,12 +2,12 @@
 
 from rest_framework import serializers
 
+from capacity.services import reservation_create, reservation_delete, reservation_update
 from config.api_base import WRITE, ScopedModelViewSet, ScopedPrimaryKeyRelatedField
 from endpoints.models import Endpoint
 from endpoints.selectors import endpoints_visible_to
 from tenants.models import CapacityReservation, Tenant
 from tenants.selectors import reservations_visible_to, tenants_visible_to
-from tenants.services import reservation_create, reservation_delete, reservation_update
 
 
 class ReservationSerializer(serializers.ModelSerializer):

@@ -114,7 +114,10 @@ def test_benchmark_run_is_for_operators_and_needs_a_ready_replica(
     from workers.tasks import capacity as tasks
 
     sent = []
-    monkeypatch.setattr(tasks.benchmark_endpoint, "delay", lambda *args, **kwargs: sent.append((args, kwargs)))
+    # The service enqueues by name; Celery resolves the registered task and calls its apply_async.
+    monkeypatch.setattr(
+        tasks.benchmark_endpoint, "apply_async", lambda args, kwargs, **options: sent.append((tuple(args), kwargs))
+    )
     url = BENCH_URL + "run/"
     endpoint = tenant_a.endpoint
     assert client_for(tenant_a.admin).post(url, {"endpoint": endpoint.pk}, format="json").status_code == 403

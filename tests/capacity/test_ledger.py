@@ -150,7 +150,7 @@ def test_no_capacity_means_nothing_to_sell(tenant_a, tenant_b):
 
 
 def test_tenants_service_delegates_to_the_overcommit_check(two_replicas, tenant_b):
-    from tenants.services import reservation_create
+    from capacity.services import reservation_create
 
     with pytest.raises(OvercommitRefused):
         reservation_create(tenant=tenant_b.tenant, endpoint=two_replicas, mu_per_min=10_000)
