@@ -4,29 +4,17 @@ Operators manage every SLO, including endpoint-wide ones. A tenant's admins mana
 endpoints they can see; endpoint-wide SLOs of those endpoints are visible to them read-only.
 """
 
-from django.db import transaction
-from django.db.models import Q, QuerySet
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from billing.models import SLO
+from billing.selectors import slos_visible_to
+from billing.services import slo_create, slo_delete, slo_update
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
 from endpoints.models import Endpoint
 from endpoints.selectors import endpoints_visible_to
 from tenants.models import CapacityReservation, Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
-from tenants.services import audit_log
-
-
-def slos_visible_to(principal) -> QuerySet[SLO]:
-    queryset = SLO.objects.select_related("endpoint", "tenant")
-    if principal_is_operator(principal):
-        return queryset
-    tenant_id = principal_tenant_id(principal)
-    if tenant_id is None:
-        return queryset.none()
-    endpoint_wide = Q(tenant__isnull=True, endpoint__in=endpoints_visible_to(principal).values("pk"))
-    return queryset.filter(Q(tenant_id=tenant_id) | endpoint_wide)
 
 
 @extend_schema_serializer(component_name="ServiceLevelObjective")
@@ -81,27 +69,14 @@ class SLOViewSet(ScopedModelViewSet):
     def may_change(self, principal, obj) -> bool:
         return principal_is_operator(principal) or obj.tenant_id == principal_tenant_id(principal)
 
-    @transaction.atomic
     def create_object(self, data):
-        slo = SLO(**data)
-        slo.full_clean()
-        slo.save()
-        audit_log(actor=self.request.user, action="slo.create", obj=slo, detail={"endpoint": slo.endpoint_id})
-        return slo
+        return slo_create(actor=self.request.user, **data)
 
-    @transaction.atomic
     def update_object(self, instance, data):
-        for name, value in data.items():
-            setattr(instance, name, value)
-        instance.full_clean()
-        instance.save()
-        audit_log(actor=self.request.user, action="slo.update", obj=instance, detail={"fields": sorted(data)})
-        return instance
+        return slo_update(slo=instance, actor=self.request.user, **data)
 
-    @transaction.atomic
     def delete_object(self, instance):
-        audit_log(actor=self.request.user, action="slo.delete", obj=instance, detail={"name": instance.name})
-        instance.delete()
+        slo_delete(slo=instance, actor=self.request.user)
 
 
 def register(router) -> None:

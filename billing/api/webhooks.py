@@ -1,17 +1,16 @@
 """/api/v1/webhooks/: where alert notifications are POSTed. Tenant admins manage their tenant's; operators any."""
 
 import httpx
-from django.db import transaction
 from rest_framework import serializers
 
 from billing.egress import EgressRefused, public_addresses
 from billing.models import Webhook
 from billing.selectors import webhooks_visible_to
+from billing.services import webhook_create, webhook_delete, webhook_update
 from billing.slo import WINDOW_PAIRS
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from tenants.models import Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
-from tenants.services import audit_log
 
 SEVERITIES = sorted({p.severity for p in WINDOW_PAIRS})
 
@@ -74,27 +73,14 @@ class WebhookViewSet(ScopedModelViewSet):
     def visible_queryset(self, principal):
         return webhooks_visible_to(principal)
 
-    @transaction.atomic
     def create_object(self, data):
-        hook = Webhook(**data)
-        hook.full_clean()
-        hook.save()
-        audit_log(actor=self.request.user, action="webhook.create", obj=hook, detail={"url": hook.url})
-        return hook
+        return webhook_create(actor=self.request.user, **data)
 
-    @transaction.atomic
     def update_object(self, instance, data):
-        for name, value in data.items():
-            setattr(instance, name, value)
-        instance.full_clean()
-        instance.save()
-        audit_log(actor=self.request.user, action="webhook.update", obj=instance, detail={"fields": sorted(data)})
-        return instance
+        return webhook_update(webhook=instance, actor=self.request.user, **data)
 
-    @transaction.atomic
     def delete_object(self, instance):
-        audit_log(actor=self.request.user, action="webhook.delete", obj=instance, detail={"name": instance.name})
-        instance.delete()
+        webhook_delete(webhook=instance, actor=self.request.user)
 
 
 def register(router) -> None:
