@@ -378,3 +378,41 @@ def simulated_profiles_get_or_create() -> tuple[HardwareProfile, ModelProfile]:
         ),
     )
     return hardware, model
+
+
+# -- profiles: the platform's catalogue of hardware and models, the same for every tenant ----------------------------
+Profile = HardwareProfile | ModelProfile
+
+
+def _profile_action(profile: Profile, verb: str) -> str:
+    return f"{profile._meta.model_name}.{verb}"
+
+
+@transaction.atomic
+def profile_create(*, model: type[HardwareProfile] | type[ModelProfile], actor=None, **fields) -> Profile:
+    """Create a hardware or model profile after the model's own validation (a bad value is a field error)."""
+    profile = model(**fields)
+    validated_save(profile)
+    audit_log(actor=actor, action=_profile_action(profile, "create"), obj=profile, tenant=None)
+    return profile
+
+
+@transaction.atomic
+def profile_update(*, profile: Profile, actor=None, **changes) -> Profile:
+    field_changes(profile, changes)
+    validated_save(profile)
+    audit_log(
+        actor=actor,
+        action=_profile_action(profile, "update"),
+        obj=profile,
+        tenant=None,
+        detail={"fields": sorted(changes)},
+    )
+    return profile
+
+
+@transaction.atomic
+def profile_delete(*, profile: Profile, actor=None) -> None:
+    # Endpoints PROTECT their profiles: the ProtectedError rolls back the audit entry (the API answers 409).
+    audit_log(actor=actor, action=_profile_action(profile, "delete"), obj=profile, tenant=None)
+    profile.delete()

@@ -1,11 +1,10 @@
 """/api/v1/hardware-profiles/ and /api/v1/model-profiles/: every authenticated principal reads; operators write."""
 
-from django.db import transaction
 from rest_framework import serializers
 
 from capacity.models import HardwareProfile, ModelProfile
+from capacity.services import profile_create, profile_delete, profile_update
 from config.api_base import WRITE, ScopedModelViewSet
-from tenants.services import audit_log
 
 
 class HardwareProfileSerializer(serializers.ModelSerializer):
@@ -37,30 +36,13 @@ class ProfileViewSet(ScopedModelViewSet):
         return self.model.objects.all()
 
     def create_object(self, data):
-        profile = self.model.objects.create(**data)
-        audit_log(actor=self.request.user, action=f"{self.model._meta.model_name}.create", obj=profile, tenant=None)
-        return profile
+        return profile_create(model=self.model, actor=self.request.user, **data)
 
     def update_object(self, instance, data):
-        for name, value in data.items():
-            setattr(instance, name, value)
-        instance.save()
-        audit_log(
-            actor=self.request.user,
-            action=f"{self.model._meta.model_name}.update",
-            obj=instance,
-            tenant=None,
-            detail={"fields": sorted(data)},
-        )
-        return instance
+        return profile_update(profile=instance, actor=self.request.user, **data)
 
     def delete_object(self, instance):
-        # Endpoints PROTECT their profiles: the ProtectedError rolls back the audit entry and becomes a 409.
-        with transaction.atomic():
-            audit_log(
-                actor=self.request.user, action=f"{self.model._meta.model_name}.delete", obj=instance, tenant=None
-            )
-            instance.delete()
+        profile_delete(profile=instance, actor=self.request.user)
 
 
 class HardwareProfileViewSet(ProfileViewSet):
