@@ -26,6 +26,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from capacity.autoscaling import actuators
+from endpoints.lifecycle import IllegalTransition, replica_transition
+from endpoints.models import Replica, ReplicaState, ReplicaTransition
+from tenants.models import AuditEntry
+from tenants.services import audit_log
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +60,6 @@ class HealthConfig:
 
     @classmethod
     def from_settings(cls, **overrides) -> HealthConfig:
-        from django.conf import settings
-
         values = dict(getattr(settings, "INFERCAP", {}).get("HEALTH", {}))
         values.update(overrides)
         return cls(**values)
@@ -216,12 +223,8 @@ _redis_client = None
 
 def _redis():
     global _redis_client
-    from django.conf import settings
-
     url = getattr(settings, "REDIS_URL", "")
     if _redis_client is None and url:
-        import redis
-
         _redis_client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
     return _redis_client
 
@@ -252,19 +255,12 @@ def record_completion(*, replica_id: int | str, at: float | None = None) -> None
 
 
 def request_restart(*, replica) -> str:
-    """Ask the endpoint's actuator for a replacement; degrades to a logged no-op when none is installed."""
+    """Ask the endpoint's actuator for a replacement; a failed request is logged and leaves the replica failed."""
     if replica.actuator == "static":
         # Attached by an operator (a server the platform did not start): whoever runs it restarts it.
         return "unavailable: an attached replica is restarted by whoever runs it"
     try:
-        from capacity.autoscaling.actuators import get_actuator
-    except ImportError as exc:
-        log.warning(
-            "health: no actuators available (%s); replica %s stays failed until an operator acts", exc, replica.pk
-        )
-        return "unavailable: no actuator module"
-    try:
-        actuator = get_actuator(replica.endpoint)
+        actuator = actuators.get_actuator(replica.endpoint)
         for method in ("restart", "replace"):
             if hasattr(actuator, method):
                 getattr(actuator, method)(replica)
@@ -276,10 +272,6 @@ def request_restart(*, replica) -> str:
 
 
 def _mark_failed(*, replica, check: ReplicaCheck, errors: list[str], now: float) -> None:
-    from endpoints.models import ReplicaState
-    from endpoints.services import IllegalTransition, replica_transition
-    from tenants.services import audit_log
-
     detected_after_s = None if check.last_alive_at is None else round(now - check.last_alive_at, 3)
     reason = f"health: {check.failures} consecutive failed probes ({errors[-1] if errors else 'no detail'})"
     try:
@@ -324,8 +316,6 @@ def health_check_cycle(
     *, config: HealthConfig | None = None, endpoint_ids: Iterable[int] | None = None, now: float | None = None
 ) -> HealthCycleReport:
     """One pass over ready replicas: gather signs of life, probe the quiet ones, fail the dead ones."""
-    from endpoints.models import Replica, ReplicaState
-
     config = config or HealthConfig.from_settings()
     client = _redis()
     lock_ttl = int(config.ttft_timeout_s + config.connect_timeout_s + 5)
@@ -397,8 +387,6 @@ def _cycle(*, config, endpoint_ids, now, replica_model, ready) -> HealthCycleRep
 
     token_by_id, results = asyncio.run(_gather_evidence_and_probe(replicas, to_probe, config, need_progress))
     _store_progress(token_by_id, progress, now)
-    from django.utils import timezone
-
     probe_time = timezone.now()
     for replica in replicas:
         check = checks[replica.pk]
@@ -466,9 +454,6 @@ def health_timings(*, endpoint) -> list[dict]:
     Recovery = the failure → the next moment another replica of the endpoint became ready (None while
     no replacement is ready yet).
     """
-    from endpoints.models import ReplicaState, ReplicaTransition
-    from tenants.models import AuditEntry
-
     replica_ids = list(endpoint.replicas.values_list("pk", flat=True))
     failures = ReplicaTransition.objects.filter(
         replica_id__in=replica_ids, to_state=ReplicaState.FAILED, reason__startswith="health:"

@@ -1,43 +1,21 @@
-"""Writes for endpoints and replicas, including the replica lifecycle state machine."""
+"""Writes for endpoints and replicas: create, update, scale, delete, attach. Replica state moves are
+``endpoints.lifecycle.replica_transition``; field checks are ``endpoints.validation``."""
 
-import json
 import re
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
-from endpoints.models import REPLICA_TRANSITIONS, Endpoint, Replica, ReplicaState, ReplicaTransition
-
-
-class IllegalTransition(Exception):
-    """A replica was asked to move to a state its lifecycle does not allow from where it is."""
-
-
-def replica_transition(*, replica: Replica, to_state: str, reason: str = "") -> Replica:
-    """Move a replica along its lifecycle, recording the transition. Illegal moves raise.
-
-    The row is locked so that a health check and an actuator racing on one replica cannot both win.
-    """
-    with transaction.atomic():
-        locked = Replica.objects.select_for_update().get(pk=replica.pk)
-        if to_state not in REPLICA_TRANSITIONS[locked.state]:
-            raise IllegalTransition(f"replica {locked.pk}: {locked.state} → {to_state} is not allowed")
-        now = timezone.now()
-        ReplicaTransition.objects.create(
-            replica=locked, from_state=locked.state, to_state=to_state, at=now, reason=reason
-        )
-        locked.state = to_state
-        locked.state_changed_at = now
-        update_fields = ["state", "state_changed_at"]
-        if to_state == ReplicaState.FAILED:
-            locked.failure_reason = reason[:255]
-            update_fields.append("failure_reason")
-        locked.save(update_fields=update_fields)
-    replica.state, replica.state_changed_at = locked.state, locked.state_changed_at
-    replica.failure_reason = locked.failure_reason
-    return replica
-
+from endpoints.lifecycle import replica_transition
+from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, Replica, ReplicaState
+from endpoints.rollouts.services import apply_versioned_changes, ensure_current_version
+from endpoints.runtimes import vllm
+from endpoints.runtimes.launch_options import tenant_launch_option_errors
+from endpoints.validation import NAME_TAKEN, endpoint_validate, quota_errors
+from tenants.quotas import lock_tenant
+from tenants.selectors import principal_is_operator
+from tenants.services import audit_log
 
 # --- Endpoint lifecycle (create / update / scale / delete) -------------------------------------------------------
 
@@ -68,172 +46,17 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
 )
 
 
-# Endpoint names are one namespace (the proxy resolves the OpenAI ``model`` by name alone), so a taken name must be
-# refused; the message neither says whose it is nor that it is an endpoint (Django's "Endpoint with this Name
-# already exists"), the same for a tenant's own endpoint, another tenant's and a shared one.
-NAME_TAKEN = "is not available: choose another name"
-
-
-def _endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = None) -> None:
-    """Field validators, uniqueness and the cross-field bounds of Endpoint.clean, all as one ValidationError.
-
-    ``check_launch_values``: also refuse launch option values the launchers cannot use (default: for a new
-    endpoint; a new version asks for it, a live change leaves the stored options alone)."""
-    errors: dict[str, list[str]] = {}
-    try:
-        endpoint.full_clean(validate_unique=False)
-    except ValidationError as exc:
-        errors.update(exc.message_dict)
-    if endpoint.name and Endpoint.objects.filter(name=endpoint.name).exclude(pk=endpoint.pk).exists():
-        errors.setdefault("name", []).append(NAME_TAKEN)
-    if check_launch_values is None:
-        check_launch_values = endpoint._state.adding
-    if not isinstance(endpoint.launch_options, dict):
-        errors.setdefault("launch_options", []).append("must be a JSON object")
-    elif "\\u0000" in json.dumps(endpoint.launch_options):
-        # PostgreSQL's jsonb cannot hold a NUL character: refuse it here rather than fail the INSERT.
-        errors.setdefault("launch_options", []).append("must not contain NUL characters")
-    elif check_launch_values and (bad := launch_option_errors(endpoint.launch_options, runtime=endpoint.runtime)):
-        errors.setdefault("launch_options", []).extend(bad)
-    elif "actuator" in endpoint.launch_options:
-        # Refuse an unknown actuator now rather than at the autoscaler's next tick.
-        from capacity.autoscaling.actuators import ActuatorError, get_actuator
-
-        try:
-            get_actuator(endpoint)
-        except ActuatorError as exc:
-            errors.setdefault("launch_options", []).append(str(exc))
-    for field, messages in _quota_errors(endpoint).items():
-        errors.setdefault(field, []).extend(messages)
-    benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
-    if benchmark is not None:
-        # A pinned calibration must describe this endpoint's own model on its own hardware, and be finished.
-        if benchmark.status != "succeeded":
-            errors.setdefault("pinned_benchmark", []).append("only a succeeded benchmark can be pinned")
-        if (benchmark.model_profile_id, benchmark.hardware_profile_id) != (
-            endpoint.model_profile_id,
-            endpoint.hardware_profile_id,
-        ):
-            errors.setdefault("pinned_benchmark", []).append("the benchmark is for another model or hardware")
-    if errors:
-        raise ValidationError(errors)
-
-
-def _quota_errors(endpoint: Endpoint) -> dict[str, list[str]]:
-    """What the endpoint's owner's quota refuses in this create or change (tenants.quotas), against the stored row."""
-    from tenants.quotas import Commitment, endpoint_quota_errors
-
-    if endpoint.owner_tenant_id is None:
-        return {}
-    stored = (
-        Endpoint.objects.filter(pk=endpoint.pk)
-        .values(
-            "owner_tenant_id", "min_replicas", "max_replicas", "warm_pool_size", "hardware_profile__gpus_per_replica"
-        )
-        .first()
-        if endpoint.pk is not None
-        else None
-    )
-    before = owner_before = None
-    if stored is not None:
-        owner_before = stored["owner_tenant_id"]
-        before = Commitment(
-            min_replicas=stored["min_replicas"],
-            max_replicas=stored["max_replicas"],
-            warm_pool=stored["warm_pool_size"],
-            gpus_per_replica=max(1, stored["hardware_profile__gpus_per_replica"] or 1),
-        )
-    return endpoint_quota_errors(endpoint, before=before, owner_before=owner_before)
-
-
 def _check_quota_locked(endpoint: Endpoint) -> None:
     """The quota check again under the owner's row lock, inside the write's transaction: two concurrent creates
     that each fit alone must not both take the last slot."""
-    from tenants.quotas import lock_tenant
-
     lock_tenant(endpoint.owner_tenant_id)
-    if errors := _quota_errors(endpoint):
+    if errors := quota_errors(endpoint):
         raise ValidationError(errors)
-
-
-# Launch options the launchers read, with the type they need (other keys pass through to runtimes and actuators).
-_LAUNCH_OPTION_KINDS = {
-    **dict.fromkeys(("actuator", "deployment", "standby_deployment", "namespace", "profile", "cpuset", "dtype"), str),
-    **dict.fromkeys(("faults", "profile_opts", "resources"), dict),
-}
-
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
-    """What is wrong with known launch option values (``cpus: "abc"``, ``speed: -1``, a bad cpuset), so that a
-    new version is refused up front instead of its replicas failing to start in the middle of a rollout."""
-    import inspect
-    import math
-
-    from endpoints.runtimes import vllm
-    from endpoints.runtimes.launch_env import launch_env
-    from endpoints.runtimes.launch_options import allowlisted_value_errors, argv_value
-
-    errors = [
-        f"{key} must be {'a string' if kind is str else 'a JSON object'}"
-        for key, kind in _LAUNCH_OPTION_KINDS.items()
-        if options.get(key) is not None and not isinstance(options[key], kind)
-    ]
-    for key in ("deployment", "standby_deployment", "namespace"):
-        # Kubernetes names as given, never silently rewritten: two rewritten names could address one Deployment.
-        if isinstance(options.get(key), str) and not _DNS_LABEL.match(options[key]):
-            errors.append(f"{key} must be a Kubernetes name: lower-case letters, digits and '-', at most 63")
-    if "model" in options:
-        errors.append("model is not a launch option: replicas serve the endpoint's model profile")
-    for key in ("profile", "dtype", "cpuset"):
-        if isinstance(options.get(key), str):
-            try:
-                argv_value(key, options[key])
-            except ValueError as exc:
-                errors.append(str(exc))
-    for key in ("profile_opts", "faults"):
-        if isinstance(options.get(key), dict):
-            for name, value in options[key].items():
-                try:
-                    value = str(value).lower() if isinstance(value, bool) else value
-                    argv_value(f"{key}.{name}", f"{name}={argv_value(f'{key}.{name}', value)}")
-                except ValueError as exc:
-                    errors.append(str(exc))
-    extra = options.get("extra_args")
-    if extra is not None and not (
-        isinstance(extra, list) and all(isinstance(a, str) and a and "\x00" not in a for a in extra)
-    ):
-        errors.append("extra_args must be a list of non-empty strings")
-    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
-    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    if options.get("speed") is not None and not (number(options["speed"]) and options["speed"] > 0):
-        errors.append("speed must be a positive number")
-    if options.get("port") is not None and not (whole(options["port"]) and 0 < options["port"] < 65536):
-        errors.append("port must be a whole number between 1 and 65535")
-    tp = options.get("tensor_parallel_size")
-    if tp is not None and not (whole(tp) and tp >= 1):
-        errors.append("tensor_parallel_size must be a positive whole number")
-    if errors:
-        return errors
-    try:
-        launch_env(options, runtime=runtime, affinity={0}, quota=1.0)  # cpus, cpu_allotment, resources, cpuset
-        if runtime == "vllm":
-            allowed = set(inspect.signature(vllm.serve_command).parameters) - {"model", "port", "host", "executable"}
-            vllm.serve_command(model="check", port=8000, **{k: v for k, v in options.items() if k in allowed})
-    except (TypeError, ValueError) as exc:
-        errors.append(str(exc))
-    # The allowlist's ranges hold for operators' values too (after the launchers' own words, which say more).
-    return errors + [e for e in allowlisted_value_errors(options) if e not in errors]
 
 
 def _refuse_operator_launch_options(actor, options, *, current: dict) -> None:
     """A tenant principal (user or API key) sets only the allowlisted launch options; operators and the platform
     itself (no actor) set any. The API serializer says the same first, with the same messages."""
-    from endpoints.runtimes.launch_options import tenant_launch_option_errors
-    from tenants.selectors import principal_is_operator
-
     if actor is None or isinstance(actor, str) or not isinstance(options, dict) or principal_is_operator(actor):
         return
     if errors := tenant_launch_option_errors(options, current=current):
@@ -241,8 +64,6 @@ def _refuse_operator_launch_options(actor, options, *, current: dict) -> None:
 
 
 def _audit(*, actor, action: str, endpoint: Endpoint, detail: dict) -> None:
-    from tenants.services import audit_log
-
     audit_log(actor=actor, action=action, obj=endpoint, tenant=endpoint.owner_tenant, detail=detail)
 
 
@@ -255,7 +76,7 @@ def endpoint_create(*, actor=None, **fields) -> Endpoint:
     endpoint = Endpoint(**fields)
     if "desired_replicas" not in fields:
         endpoint.desired_replicas = endpoint.min_replicas
-    _endpoint_validate(endpoint)
+    endpoint_validate(endpoint)
     _desired_within_bounds(endpoint, endpoint.desired_replicas)
     with transaction.atomic():
         _check_quota_locked(endpoint)
@@ -265,8 +86,6 @@ def endpoint_create(*, actor=None, **fields) -> Endpoint:
         except IntegrityError:  # the same name created meanwhile: the unique constraint is the last word
             raise ValidationError({"name": [NAME_TAKEN]}) from None
         _audit(actor=actor, action="endpoint.create", endpoint=endpoint, detail={"name": endpoint.name})
-        from endpoints.rollouts.services import ensure_current_version
-
         ensure_current_version(endpoint)  # version 1
     return endpoint
 
@@ -282,9 +101,6 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
         raise ValidationError({name: ["not changeable here"] for name in sorted(unknown)})
     if "launch_options" in changes:
         _refuse_operator_launch_options(actor, changes["launch_options"], current=endpoint.launch_options or {})
-    from endpoints.models import VERSIONED_FIELDS
-    from endpoints.rollouts.services import apply_versioned_changes
-
     versioned = {name: changes.pop(name) for name in VERSIONED_FIELDS if name in changes}
     if versioned:
         with transaction.atomic():
@@ -295,7 +111,7 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
     for name, value in changes.items():
         setattr(endpoint, name, value)
     endpoint.desired_replicas = min(max(endpoint.desired_replicas, endpoint.min_replicas), endpoint.max_replicas)
-    _endpoint_validate(endpoint)
+    endpoint_validate(endpoint)
     diff = {name: [before[name], _plain(value)] for name, value in changes.items() if before[name] != _plain(value)}
     with transaction.atomic():
         _check_quota_locked(endpoint)
@@ -337,8 +153,6 @@ def endpoint_delete(*, endpoint: Endpoint, actor=None) -> None:
         raise ValidationError(
             {"replicas": [f"{active} replica(s) still active; scale to 0 (min_replicas 0) and let them stop first"]}
         )
-    from endpoints.models import ROLLOUT_ACTIVE_STATES
-
     if endpoint.rollouts.filter(state__in=ROLLOUT_ACTIVE_STATES).exists():
         raise ValidationError("a rollout is in progress; roll it back or let it finish first")
     with transaction.atomic():
@@ -389,9 +203,6 @@ def replica_attach(
     ``--served-model-name``), else the endpoint's; it is recorded on the row, and the proxy sends it as ``model``
     and writes the endpoint's name back into the answers. It is a ``static`` replica: counted as capacity, never
     started or stopped by an actuator. ``check_server``: the check, replaceable in tests."""
-    from endpoints.runtimes import vllm
-    from tenants.services import audit_log
-
     url = (url or "").strip().rstrip("/")
     if problem := vllm.base_url_problem(url) or (len(url) > 255 and "must be at most 255 characters"):
         raise ValidationError({"url": [problem]})
@@ -451,8 +262,6 @@ def replica_attach(
 
 
 def _attached_name(url: str) -> str:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     host = re.sub(r"[^A-Za-z0-9.-]+", "-", parts.hostname or "host").strip("-.") or "host"
     return f"attached-{host}-{parts.port or (443 if parts.scheme == 'https' else 80)}"[:120]

@@ -25,6 +25,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from capacity.autoscaling import actuators, store
+from capacity.autoscaling.actuators.base import version_endpoint
+from capacity.autoscaling.limits import rollout_surge_allowance
+from capacity.autoscaling.services import finish_drains, quota_left
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
     VERSIONED_FIELDS,
@@ -37,9 +41,12 @@ from endpoints.models import (
     RolloutState,
     RolloutStrategy,
 )
+from endpoints.proxy.signals import bump_config_version
 from endpoints.rollouts import machine
 from endpoints.rollouts.selectors import active_rollout, version_stats
+from endpoints.validation import endpoint_validate
 from tenants.quotas import lock_tenant
+from tenants.services import audit_log
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +83,6 @@ def ensure_current_version(endpoint: Endpoint) -> EndpointVersion:
     return endpoint.current_version
 
 
-def version_endpoint(endpoint: Endpoint, version: EndpointVersion) -> Endpoint:
-    """An unsaved copy of the endpoint carrying the version's fields, for the actuators to launch that version."""
-    view = copy.copy(endpoint)
-    view.model_profile_id = version.model_profile_id
-    view.hardware_profile_id = version.hardware_profile_id
-    view.runtime = version.runtime
-    view.launch_options = dict(version.launch_options or {})
-    view.launch_version_id = version.pk  # read by the actuators when they create the Replica row
-    for cached in ("model_profile", "hardware_profile"):
-        view._state.fields_cache.pop(cached, None)  # Django's copy gives the copy its own cache
-    return view
-
-
 def _clean_changes(endpoint: Endpoint, changes: dict) -> dict:
     unknown = set(changes) - set(VERSIONED_FIELDS)
     if unknown:
@@ -103,14 +97,12 @@ def _clean_changes(endpoint: Endpoint, changes: dict) -> dict:
                 raise ValidationError({name: ["must be a profile id"]})
         clean[name] = value
     # The endpoint's own validation (field choices, launch options, actuator, pinned benchmark) on the new spec.
-    from endpoints.services import _endpoint_validate
-
     candidate = copy.copy(endpoint)
     for name, value in clean.items():
         setattr(candidate, f"{name}_id" if name.endswith("_profile") else name, value)
     for cached in ("model_profile", "hardware_profile"):
         candidate._state.fields_cache.pop(cached, None)
-    _endpoint_validate(candidate, check_launch_values=bool({"launch_options", "runtime"} & set(clean)))
+    endpoint_validate(candidate, check_launch_values=bool({"launch_options", "runtime"} & set(clean)))
     return clean
 
 
@@ -184,11 +176,9 @@ def _mirror(endpoint: Endpoint, version: EndpointVersion) -> None:
 def needs_rollout(endpoint: Endpoint) -> bool:
     """True when the endpoint's actuator runs replicas for it (they must be replaced by a rollout); hand-registered
     replicas cannot be replaced, so a new version applies to the endpoint at once."""
-    from capacity.autoscaling.actuators import ActuatorError, get_actuator
-
     try:
-        actuator = get_actuator(endpoint)
-    except ActuatorError:
+        actuator = actuators.get_actuator(endpoint)
+    except actuators.ActuatorError:
         return False
     if actuator.name == "static":
         return False
@@ -253,11 +243,9 @@ def start_rollout(
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             errors[name] = ["must be a fraction between 0 and 1"]
     if not errors:
-        from capacity.autoscaling.actuators import ActuatorError, get_actuator
-
         try:
-            actuator = get_actuator(endpoint)
-        except ActuatorError as exc:
+            actuator = actuators.get_actuator(endpoint)
+        except actuators.ActuatorError as exc:
             errors["launch_options"] = [str(exc)]
         else:
             refusal = actuator.rollout_refusal(endpoint, from_version, to_version)
@@ -316,9 +304,6 @@ def _surge_within_quota(
     """The rollout's surge replicas are launches like the autoscaler's: a tenant-owned endpoint's must fit what its
     quota has left (``capacity.autoscaling.limits``), so the surge is capped, or the rollout refused if none fits.
     Called with the tenant's row locked (``lock_tenant``), as the autoscaler launches."""
-    from capacity.autoscaling.limits import rollout_surge_allowance
-    from capacity.autoscaling.services import quota_left
-
     if endpoint.owner_tenant_id is None:
         return max_surge, ""
     facts = machine.RolloutFacts(state=RolloutState.PENDING, now=0.0, state_since=0.0, baseline_ready=baseline)
@@ -423,8 +408,6 @@ def tick_active_rollouts(*, now: datetime | None = None) -> list[int]:
 
 def rollout_tick(*, rollout_id: int, now: datetime | None = None) -> Rollout | None:
     """Observe, decide, record, act, for one rollout. None when another worker holds its lock."""
-    from capacity.autoscaling import store
-
     rollout = Rollout.objects.select_related("endpoint", "from_version", "to_version").get(pk=rollout_id)
     with store.TickLock(axis="rollout", endpoint_id=rollout.endpoint_id, ttl_s=LOCK_TTL_S) as lock:
         if not lock.held:
@@ -436,9 +419,6 @@ def rollout_tick(*, rollout_id: int, now: datetime | None = None) -> Rollout | N
 
 
 def _tick(rollout: Rollout, now: datetime) -> Rollout:
-    from capacity.autoscaling.actuators import ActuatorError, get_actuator
-    from capacity.autoscaling.services import finish_drains
-
     endpoint = rollout.endpoint
     endpoint.refresh_from_db(fields=["current_version"])
     if rollout.state in machine.ROLLBACK_FROM and endpoint.current_version_id != rollout.from_version_id:
@@ -453,7 +433,7 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
         )
         _record(rollout, _facts(rollout, now), failed, now)
         return rollout
-    actuator = get_actuator(endpoint)
+    actuator = actuators.get_actuator(endpoint)
     try:
         actuator.sync(endpoint)
     except Exception:  # noqa: BLE001 - the observation below still holds what the rows say
@@ -467,7 +447,7 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
     if decision.launch:
         try:
             _launch(rollout, actuator, rollout.to_version, decision.launch, "new-version replica(s)", {})
-        except ActuatorError as exc:
+        except actuators.ActuatorError as exc:
             # The new version cannot even start (bad launch options, no capacity): same as replicas failing.
             failed = machine.decide(
                 replace(facts, state=rollout.state, new_failures=(f"could not start: {exc}",)), _config(rollout)
@@ -492,7 +472,7 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
                 "old-version replica(s) again",
                 {"version": "old"},
             )
-        except ActuatorError as exc:  # the rollback still drains the new version; an operator sees why
+        except actuators.ActuatorError as exc:  # the rollback still drains the new version; an operator sees why
             _event(rollout, "launch_failed", rollout.state, rollout.state, f"old version: {exc}", {"version": "old"})
     return rollout
 
@@ -726,12 +706,8 @@ def _user(user):
 
 
 def _audit(user, action: str, endpoint: Endpoint, detail: dict) -> None:
-    from tenants.services import audit_log
-
     audit_log(actor=user, action=action, obj=endpoint, tenant=endpoint.owner_tenant, detail=detail)
 
 
 def _bump() -> None:
-    from endpoints.proxy.signals import bump_config_version
-
     bump_config_version()

@@ -2,8 +2,8 @@
 
 import pytest
 
+from endpoints.lifecycle import IllegalTransition, replica_transition
 from endpoints.models import REPLICA_TRANSITIONS, ReplicaState, ReplicaTransition
-from endpoints.services import IllegalTransition, replica_transition
 from tests.factories import ReplicaFactory
 
 STATES = [state.value for state in ReplicaState]

@@ -18,7 +18,7 @@ from endpoints.models import Endpoint, Replica, ReplicaState
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import vllm_engine_env
 from endpoints.runtimes.launch_options import tenant_launch_option_errors
-from endpoints.services import launch_option_errors
+from endpoints.validation import launch_option_errors
 from tests.factories import ModelProfileFactory
 from tests.waiting import wait_for
 

@@ -7,6 +7,8 @@ The health checker restarts a failed replica with ``get_actuator(replica.endpoin
 from django.conf import settings
 
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError, StaticActuator
+from capacity.autoscaling.actuators.kubernetes import KubernetesActuator
+from capacity.autoscaling.actuators.local import LocalActuator
 
 
 def actuator_name(endpoint) -> str:
@@ -17,12 +19,8 @@ def actuator_name(endpoint) -> str:
 def get_actuator(endpoint) -> Actuator:
     name = actuator_name(endpoint)
     if name == "local":
-        from capacity.autoscaling.actuators.local import LocalActuator
-
         return LocalActuator()
     if name == "kubernetes":
-        from capacity.autoscaling.actuators.kubernetes import KubernetesActuator
-
         return KubernetesActuator()
     if name == "static":
         return StaticActuator()

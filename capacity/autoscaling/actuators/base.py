@@ -2,23 +2,37 @@
 
 An actuator owns the replicas it started (``Replica.actuator`` = its name) and only ever stops those; replicas
 registered by hand (``static``) count as capacity but are left alone. Lifecycle moves go through
-``endpoints.services.replica_transition`` so every change is recorded and the proxy's snapshot follows.
+``endpoints.lifecycle.replica_transition`` so every change is recorded and the proxy's snapshot follows.
 """
 
+import copy
 import logging
 from abc import ABC, abstractmethod
 
 import httpx
 
-from endpoints.models import Endpoint, Replica, ReplicaState
-from endpoints.services import IllegalTransition, replica_transition
+from endpoints.lifecycle import IllegalTransition, replica_transition
+from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
 
 log = logging.getLogger(__name__)
 
 
+def version_endpoint(endpoint: Endpoint, version: EndpointVersion) -> Endpoint:
+    """An unsaved copy of the endpoint carrying the version's fields, for the actuators to launch that version."""
+    view = copy.copy(endpoint)
+    view.model_profile_id = version.model_profile_id
+    view.hardware_profile_id = version.hardware_profile_id
+    view.runtime = version.runtime
+    view.launch_options = dict(version.launch_options or {})
+    view.launch_version_id = version.pk  # read by the actuators when they create the Replica row
+    for cached in ("model_profile", "hardware_profile"):
+        view._state.fields_cache.pop(cached, None)  # Django's copy gives the copy its own cache
+    return view
+
+
 def launch_version_id(endpoint: Endpoint) -> int | None:
-    """The version a launch starts: the one a rollout asked for (``rollouts.services.version_endpoint``), else the
-    endpoint's serving version (the autoscaler only ever scales that one)."""
+    """The version a launch starts: the one a rollout asked for (``version_endpoint``), else the endpoint's
+    serving version (the autoscaler only ever scales that one)."""
     return getattr(endpoint, "launch_version_id", None) or endpoint.current_version_id
 
 
@@ -51,8 +65,6 @@ class Actuator(ABC):
         self.terminate([replica], reason="restart")  # also when the row is already stopped: the process may not be
         endpoint = replica.endpoint
         if replica.version_id and replica.version_id != endpoint.current_version_id:
-            from endpoints.rollouts.services import version_endpoint
-
             endpoint = version_endpoint(endpoint, replica.version)  # a replica of a rollout's new version
         return self.launch(endpoint, 1, standby=standby)
 

@@ -39,8 +39,9 @@ import httpx
 from django.conf import settings
 from django.db.models import Q
 
-from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id
+from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id, version_endpoint
 from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState
+from endpoints.rollouts.selectors import active_rollout
 from endpoints.runtimes.launch_env import kubernetes_container_patch
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,6 @@ class KubernetesActuator(Actuator):
         )
         if version is None:
             return endpoint, None
-        from endpoints.rollouts.services import version_endpoint
-
         return version_endpoint(endpoint, version), version.number
 
     def deployment_for(self, endpoint: Endpoint, version_id: int | None) -> str:
@@ -238,8 +237,6 @@ class KubernetesActuator(Actuator):
     def _deployments(self, endpoint: Endpoint) -> dict[str, int | None]:
         """Deployment name → the version its pods run, for every version that may have pods: the serving one, those
         with live replicas, and both sides of an active rollout."""
-        from endpoints.rollouts.selectors import active_rollout
-
         ids = {endpoint.current_version_id}
         ids |= set(
             endpoint.replicas.filter(actuator=self.name, is_standby=False)
@@ -256,8 +253,6 @@ class KubernetesActuator(Actuator):
 
     def _retire(self, endpoint: Endpoint, version_ids: set) -> None:
         """Delete the ``-v<N>`` Deployments of versions that no longer serve, once none of their replicas is left."""
-        from endpoints.rollouts.selectors import active_rollout
-
         keep = {endpoint.current_version_id}
         rollout = active_rollout(endpoint)
         if rollout is not None and rollout.state not in (RolloutState.PROMOTING, RolloutState.ROLLING_BACK):
@@ -281,8 +276,6 @@ class KubernetesActuator(Actuator):
     def rollout_refusal(self, endpoint: Endpoint, from_version, to_version) -> str | None:
         if self._uses_warm_pool(endpoint):
             return "the Kubernetes warm pool runs the serving template's pods: set warm_pool_size to 0 for a rollout"
-        from endpoints.rollouts.services import version_endpoint
-
         old, new = version_endpoint(endpoint, from_version), version_endpoint(endpoint, to_version)
         pod_changes = [
             f
