@@ -6,7 +6,6 @@ cannot act on them. Every action goes through ``endpoints.rollouts.services``, w
 audit entry.
 """
 
-from django.db.models import BooleanField, ExpressionWrapper, F, Q, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -15,21 +14,8 @@ from rest_framework.response import Response
 from config.api_base import WRITE, ScopedPrimaryKeyRelatedField, ScopedViewSetMixin
 from endpoints.models import Endpoint, EndpointVersion, Rollout, RolloutEvent, RolloutStrategy
 from endpoints.rollouts import services as rollout_services
+from endpoints.rollouts.selectors import rollouts_visible_to, versions_visible_to
 from endpoints.selectors import endpoints_owned_by
-
-
-def versions_visible_to(principal) -> QuerySet[EndpointVersion]:
-    return (
-        EndpointVersion.objects.filter(endpoint__in=endpoints_owned_by(principal).values("pk"))
-        .select_related("endpoint", "model_profile", "hardware_profile", "created_by")
-        .annotate(is_current=ExpressionWrapper(Q(endpoint__current_version_id=F("id")), output_field=BooleanField()))
-    )
-
-
-def rollouts_visible_to(principal) -> QuerySet[Rollout]:
-    return Rollout.objects.filter(endpoint__in=endpoints_owned_by(principal).values("pk")).select_related(
-        "endpoint", "from_version", "to_version", "created_by"
-    )
 
 
 # -- versions -----------------------------------------------------------------------------------------------------

@@ -1,17 +1,35 @@
-"""Reads for rollouts: the proxy's per-version traffic weights and the per-version request outcomes."""
+"""Reads for rollouts: what versions and rollouts a principal sees, the proxy's per-version traffic weights and the
+per-version request outcomes."""
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime
 
-from django.db.models import Count, Q
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet
 
-from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, Rollout
+from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, EndpointVersion, Replica, Rollout
 from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY
 from endpoints.rollouts.machine import VersionStats
+from endpoints.selectors import endpoints_owned_by
 
 log = logging.getLogger(__name__)
+
+
+def versions_visible_to(principal) -> QuerySet[EndpointVersion]:
+    """Versions of the endpoints the principal owns (operators: all), each annotated ``is_current``."""
+    return (
+        EndpointVersion.objects.filter(endpoint__in=endpoints_owned_by(principal).values("pk"))
+        .select_related("endpoint", "model_profile", "hardware_profile", "created_by")
+        .annotate(is_current=ExpressionWrapper(Q(endpoint__current_version_id=F("id")), output_field=BooleanField()))
+    )
+
+
+def rollouts_visible_to(principal) -> QuerySet[Rollout]:
+    """Rollouts of the endpoints the principal owns (operators: all); a tenant never sees a shared endpoint's."""
+    return Rollout.objects.filter(endpoint__in=endpoints_owned_by(principal).values("pk")).select_related(
+        "endpoint", "from_version", "to_version", "created_by"
+    )
 
 
 def active_rollout(endpoint: Endpoint | int) -> Rollout | None:
