@@ -94,8 +94,9 @@ def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
         engine_field_errors(body)
     except FieldRefused as refused:
         raise _bad(str(refused), refused.param) from None
-    # vLLM turns usage on once stream_options is present (include_usage defaults to true there).
-    wants_usage = bool(stream and stream_options is not None and stream_options.get("include_usage", True))
+    # vLLM 0.32 streams usage only when the client sets include_usage to true: a present but empty stream_options
+    # asks for none (measured on the engine; the simulator's contract test holds it to that).
+    wants_usage = bool(stream and stream_options is not None and stream_options.get("include_usage") is True)
     return ParsedRequest(
         kind=kind,
         body=body,
@@ -203,7 +204,7 @@ def upstream_payload(
     removed), fields no tenant may hand the engine are dropped, and usage is always requested on streams so
     metering is exact. ``engine_model``: the model name the replica serves, when it is not the endpoint's."""
     options = req.body.get("stream_options") if req.stream else None
-    need_usage = req.stream and not (isinstance(options, dict) and options.get("include_usage", True) is True)
+    need_usage = req.stream and not (isinstance(options, dict) and options.get("include_usage") is True)
     if not req.controlled and engine_model is None and (options is None or not need_usage):
         # The common case: splice the proxy's fields in before the object's closing brace instead of serialising
         # the whole body again (the body was parsed as a JSON object, so its last non-blank byte is that brace;

@@ -109,6 +109,12 @@ def test_usage_is_always_requested_upstream_but_only_forwarded_when_asked():
         "include_usage": True,
         "continuous_usage_stats": True,
     }
+    # An empty stream_options asks vLLM 0.32 for no usage: the client gets none, the engine is still asked for it.
+    empty = parse_request(
+        "completions", json.dumps({"model": "m", "prompt": "hi", "stream": True, "stream_options": {}}).encode()
+    )
+    assert not empty.client_wants_usage
+    assert upstream(empty)["stream_options"] == {"include_usage": True}
     unary = parse_request("completions", json.dumps({"model": "m", "prompt": ["a", "b"]}).encode())
     assert unary.max_tokens == 16 and upstream(unary) == {**unary.body, **PROXY_SET} and unary.prompt_chars == 2
 
