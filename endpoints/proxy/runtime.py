@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from capacity.autoscaling.activator import request_scale_from_zero
-from endpoints.admission import AdmissionQueue, DrainRateMeter, QueuedItem, retry_after_s
+from endpoints.admission import AdmissionController, QueuedItem, Refusal
 from endpoints.admission.classes import CLASSES
 from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
@@ -67,8 +67,9 @@ class EndpointRuntime:
         self.clock = clock
         self.rng = rng or random.Random().random  # picks the version of each request during a rollout
         self.scraper = scraper
-        self.queue = AdmissionQueue(max_size=config.max_queue, max_age_s=config.max_age_s)
-        self.drain = DrainRateMeter(tau_s=10.0, now=clock())
+        # The decisions the simulators share (endpoints.admission.controller); this class keeps the slots and futures.
+        self.admission = AdmissionController(max_queue=config.max_queue, max_age_s=config.max_age_s, now=clock())
+        self.queue = self.admission.queue
         self.router = make_router(info.routing_policy)
         self.slots: dict[str, Slot] = {}
         self.in_flight = 0
@@ -274,7 +275,7 @@ class EndpointRuntime:
         slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - mu_reserved)
         self.in_flight -= 1
         self.in_flight_mu = max(0.0, self.in_flight_mu - mu_reserved)
-        self.drain.record(mu_done, now)
+        self.admission.finished(mu_done=mu_done, now=now)
         if mu_reserved > 0 and mu_done > 0:  # a completed request (failures and refusals carry no cost)
             ratio = min(mu_done / mu_reserved, MAX_COST_RATIO)
             self.cost_ratio += COST_RATIO_ALPHA * (ratio - self.cost_ratio)
@@ -291,36 +292,36 @@ class EndpointRuntime:
         self.pump()
 
     # -- queue --------------------------------------------------------------------------------------------
+    def _load(self) -> dict[str, float]:
+        """What a Retry-After needs besides the queue: MU in flight, and the replicas' nominal capacity (used until
+        something has finished here)."""
+        live = sum(1 for s in self.slots.values() if not s.removed)
+        return {"in_flight_mu": self.in_flight_mu, "nominal_mu_per_s": live * self.info.coeffs.mu_per_min / 60.0}
+
     def retry_after(self, priority: str) -> int:
-        now = self.clock()
-        ahead = self.queue.mu_ahead_of(priority) + self.in_flight_mu
-        rate = self.drain.rate_mu_per_s(now)
-        if rate <= 0:
-            # Nothing has finished here yet: fall back to the replicas' nominal capacity.
-            live = sum(1 for s in self.slots.values() if not s.removed)
-            rate = live * self.info.coeffs.mu_per_min / 60.0
-        return retry_after_s(queued_mu=ahead, drain_mu_per_s=rate)
+        return self.admission.retry_after(priority, now=self.clock(), **self._load())
 
     async def acquire(self, route: RouteRequest, *, tenant: str, priority: str, mu: float) -> tuple[Slot, float]:
         """A slot for this request, now or after queueing; returns (slot, seconds queued). Raises Shed."""
         route.extra[CLASS_KEY] = CLASSES.index(priority)  # counted per class while it runs (shared slots)
-        if not len(self.queue):
+        if self.admission.may_skip_queue():
             slot = self.try_take(route, mu)
             if slot is not None:
                 return slot, 0.0
-        if not self.has_replicas and not self.info.scale_to_zero:
-            raise Shed("no_replica", self.retry_after(priority))
         now = self.clock()
         fut = asyncio.get_running_loop().create_future()
         item = QueuedItem(
             request_id=route.request_id, tenant=tenant, priority=priority, mu=mu, enqueued_at=now, payload=(fut, route)
         )
-        result = self.queue.offer(item, now)
-        for victim in result.evicted:
-            self._fail(victim, "evicted")
-        if not result.admitted:
-            m.child(m.SHED, self.info.name, priority, result.reason).inc()
-            raise Shed(result.reason, self.retry_after(priority))
+        outcome = self.admission.enqueue(
+            item, now=now, has_replicas=self.has_replicas, scale_to_zero=self.info.scale_to_zero, **self._load()
+        )
+        for refusal in outcome.evicted:
+            self._fail(refusal)
+        if outcome.refused is not None:
+            if outcome.refused.reason != "no_replica":
+                m.child(m.SHED, self.info.name, priority, outcome.refused.reason).inc()
+            raise Shed(outcome.refused.reason, outcome.refused.retry_after_s)
         self._gauge_depth()
         self._arm_expiry()
         if not self.has_replicas:
@@ -329,7 +330,7 @@ class EndpointRuntime:
             slot = await fut
         except asyncio.CancelledError:
             # The client went away while queued: leave the queue, or give back a slot granted meanwhile.
-            if self.queue.remove(item):
+            if self.admission.remove(item):
                 self._gauge_depth()
             elif fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release(fut.result(), route, mu, 0.0)
@@ -341,11 +342,11 @@ class EndpointRuntime:
         if not len(self.queue):
             return
         now = self.clock()
-        for item in self.queue.expire(now):
-            self._fail(item, "queue_age")
+        for refusal in self.admission.shed_expired(now=now, **self._load()):
+            self._fail(refusal)
         changed = True
         while len(self.queue) and self._has_free_slot():
-            item = self.queue.pop(now)
+            item = self.admission.next_to_serve(now)
             fut, route = item.payload
             if fut.done():  # cancelled while queued
                 continue
@@ -358,17 +359,18 @@ class EndpointRuntime:
             self._gauge_depth()
             self._arm_expiry()
 
-    def _fail(self, item: QueuedItem, reason: str) -> None:
+    def _fail(self, refusal: Refusal) -> None:
+        item = refusal.item
         fut, _ = item.payload
-        m.child(m.SHED, self.info.name, item.priority, reason).inc()
+        m.child(m.SHED, self.info.name, item.priority, refusal.reason).inc()
         if not fut.done():
-            fut.set_exception(Shed(reason, self.retry_after(item.priority)))
+            fut.set_exception(Shed(refusal.reason, refusal.retry_after_s))
 
     def _arm_expiry(self) -> None:
         if self._expiry_handle is not None:
             self._expiry_handle.cancel()
             self._expiry_handle = None
-        at = self.queue.next_expiry()
+        at = self.admission.next_expiry()
         if at is not None:
             loop = asyncio.get_running_loop()
             self._expiry_handle = loop.call_later(max(0.0, at - self.clock()) + 0.001, self.pump)
