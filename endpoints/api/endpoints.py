@@ -1,6 +1,5 @@
 """/api/v1/endpoints/: create, update, scale and delete endpoints (the OpenAI ``model`` names tenants call)."""
 
-from django.db import transaction
 from django.db.models import Count, OuterRef, Q, Subquery
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -11,13 +10,11 @@ from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
-    VERSIONED_FIELDS,
     Endpoint,
     ReplicaState,
     Rollout,
     model_name_validator,
 )
-from endpoints.rollouts.services import apply_versioned_changes
 from endpoints.runtimes.launch_options import launch_options_shown_to_non_owners, tenant_launch_option_errors
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
 from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_update
@@ -117,19 +114,9 @@ class EndpointViewSet(ScopedModelViewSet):
 
     def update_object(self, instance, data):
         """Live settings apply at once (the proxy follows within a second, nothing restarts); a change of model,
-        profiles, runtime or launch options makes a new version, rolled out when running replicas must be replaced."""
-        versioned = {
-            name: data.pop(name)
-            for name in VERSIONED_FIELDS
-            if name in data and _plain(data[name]) != _plain(getattr(instance, name))
-        }
-        for name in VERSIONED_FIELDS:
-            data.pop(name, None)  # unchanged: nothing to do
-        with transaction.atomic():
-            if data:
-                instance = endpoint_update(endpoint=instance, actor=self.request.user, **data)
-            if versioned:
-                apply_versioned_changes(endpoint=instance, user=self.request.user, **versioned)
+        profiles, runtime or launch options makes a new version, rolled out when running replicas must be replaced:
+        both in one transaction, in ``endpoint_update``."""
+        instance = endpoint_update(endpoint=instance, actor=self.request.user, **data)
         return self.visible_queryset(self.request.user).get(pk=instance.pk)  # with the new version and rollout
 
     def delete_object(self, instance):
@@ -149,10 +136,6 @@ class EndpointViewSet(ScopedModelViewSet):
             actor=request.user,
         )
         return Response(self.get_serializer(self.get_object()).data)
-
-
-def _plain(value):
-    return getattr(value, "pk", value)
 
 
 def register(router) -> None:
