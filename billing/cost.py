@@ -19,6 +19,7 @@ from billing.models import CostReport
 from billing.rollups import range_sums
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import BILLED_STATES, Endpoint, Replica, ReplicaState, ReplicaTransition
+from tenants.models import Tenant
 
 COST_FIELDS = ("requests", "input_tokens", "cached_tokens", "output_tokens", "good_output_tokens", "mu")
 
@@ -178,8 +179,6 @@ def _add_usage(line: CostLine, sums: dict[str, float]) -> None:
 
 
 def _tenant_names(ids: set[int]) -> dict[int, str]:
-    from tenants.models import Tenant
-
     return dict(Tenant.objects.filter(pk__in=ids).values_list("pk", "slug"))
 
 

@@ -20,8 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
+import redis
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, connection
+from django.utils import timezone
+
+from billing.models import UsageRecord
+from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +38,6 @@ _TIME_FIELDS = ("started_at", "finished_at")
 
 
 def _to_model(record: dict):
-    from billing.models import UsageRecord
-
     data = dict(record)
     for name in _TIME_FIELDS:
         value = data.get(name)
@@ -46,8 +49,6 @@ def _to_model(record: dict):
 def insert_records(records: list[dict]) -> None:
     """Insert idempotently, one statement per batch (records already stored are skipped by the unique request id).
     Raises OperationalError when the DB is down."""
-    from billing.models import UsageRecord
-
     if not records:
         return
     try:
@@ -59,8 +60,6 @@ def insert_records(records: list[dict]) -> None:
 
 
 def _insert_one_lenient(record: dict) -> None:
-    from billing.models import UsageRecord
-
     data = dict(record)
     for fk in (None, *_FK_FIELDS):
         if fk:
@@ -84,8 +83,6 @@ class Spool:
 
     def _client(self):
         if self._redis is None and self.redis_url:
-            import redis
-
             self._redis = redis.Redis.from_url(self.redis_url, socket_connect_timeout=0.5, socket_timeout=2)
         return self._redis
 
@@ -245,10 +242,6 @@ class UsageWriter:
 def _touch_keys(records: list[dict]) -> None:
     """Keys' ``last_used_at`` for the console, one UPDATE per batch (``update`` sends no signal, so the proxies'
     config snapshot is not invalidated by traffic)."""
-    from django.utils import timezone
-
-    from tenants.models import ApiKey
-
     ids = {r["api_key_id"] for r in records if r.get("api_key_id")}
     if ids:
         ApiKey.objects.filter(pk__in=ids).update(last_used_at=timezone.now())

@@ -130,8 +130,6 @@ def cost_lines_for(principal, *, start: datetime, end: datetime) -> list[CostLin
     tenant_id = principal_tenant_id(principal)
     if tenant_id is None:
         return []
-    from endpoints.selectors import endpoints_visible_to
-
     owned = set(Endpoint.objects.filter(owner_tenant_id=tenant_id).values_list("pk", flat=True))
     lines = cost_lines(start=start, end=end, endpoints=endpoints_visible_to(principal))
     return [

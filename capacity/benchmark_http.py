@@ -16,6 +16,7 @@ import time
 import httpx
 
 from capacity.benchmarking import BenchmarkError, Sample, Shape, output_lengths, prompt_text
+from endpoints.runtimes.vllm import server_problems
 
 STREAMED_PER_LEVEL = 12  # about this many streamed probes per run, whatever the concurrency
 
@@ -39,8 +40,6 @@ class HttpReplicaDriver:
         self.request_timeout_s = request_timeout_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         if not api_key:  # a replica itself (not a proxy in front of it): it must show to be a vLLM server first
-            from endpoints.runtimes.vllm import server_problems
-
             if problems := server_problems(self.url, served_model_name=model):
                 raise BenchmarkError(f"{self.url} is not a vLLM server to benchmark: {'; '.join(problems)}")
         self.model = model or self._served_model()

@@ -7,6 +7,8 @@ in virtual time there is no clock noise, so a sweep here is what a perfect measu
 from __future__ import annotations
 
 from capacity.benchmarking import BenchmarkError, CostFit, Sample, Shape, output_lengths, prompt_text
+from endpoints.runtimes.sim.engine import Engine, Sequence
+from endpoints.runtimes.sim.tokens import block_hashes, count_tokens
 
 
 class EngineDriver:
@@ -21,9 +23,6 @@ class EngineDriver:
         self.profile = profile
 
     def run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
-        from endpoints.runtimes.sim.engine import Engine, Sequence
-        from endpoints.runtimes.sim.tokens import block_hashes, count_tokens
-
         engine = Engine(self.profile)
         outputs = output_lengths(shape, requests, run_id)
         samples: list[Sample] = []

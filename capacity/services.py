@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from capacity.benchmark_http import HttpReplicaDriver
 from capacity.benchmarking import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
 from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_min
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
@@ -312,8 +313,6 @@ def benchmark_run(
 
     try:
         if driver is None:
-            from capacity.benchmark_http import HttpReplicaDriver
-
             driver = HttpReplicaDriver(target, time_scale=scale)
         result = run_sweep(driver, cfg, report)
     except Exception as exc:

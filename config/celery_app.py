@@ -14,6 +14,7 @@ app.autodiscover_tasks(["workers"])
 
 @app.on_after_finalize.connect
 def _install_beat_schedule(sender, **kwargs):
+    # Imported once the app is finalized: this module loads with the settings, before the task modules' models.
     from workers.schedule import beat_schedule
 
     sender.conf.beat_schedule = beat_schedule()

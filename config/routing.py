@@ -4,6 +4,7 @@ from channels.routing import URLRouter
 from django.urls import re_path
 
 from console.routing import websocket_urlpatterns as console_websocket_urlpatterns
+from endpoints.proxy.app import application as proxy_app
 
 websocket_urlpatterns: list = [*console_websocket_urlpatterns]
 
@@ -11,8 +12,6 @@ websocket_urlpatterns: list = [*console_websocket_urlpatterns]
 def http_application(django_asgi_app):
     """HTTP: /v1/ and /metrics go to the proxy (a plain ASGI app, no Django request cycle on the hot path);
     everything else to Django."""
-    from endpoints.proxy.app import application as proxy_app
-
     django_router = URLRouter([re_path(r"", django_asgi_app)])
 
     async def dispatch(scope, receive, send):

@@ -8,9 +8,12 @@ from django.db import transaction
 
 from billing.alerts import alert_acknowledge as billing_alert_acknowledge
 from billing.models import Alert
+from capacity.autoscaling.actuators import ActuatorError
+from capacity.autoscaling.services import replica_drain as autoscaling_replica_drain
 from capacity.services import reservation_sell as capacity_reservation_sell
 from endpoints import services as endpoint_services
 from endpoints.models import Endpoint, Replica, ReplicaState
+from endpoints.rollouts import services as rollout_services
 from tenants.models import CapacityReservation
 from tenants.services import audit_log
 
@@ -39,9 +42,6 @@ def endpoint_scale(
 
 def replica_drain(*, replica: Replica, actor, reason: str = "") -> Replica:
     """Stop routing new requests to a ready replica; the autoscaler stops it once its in-flight requests finish."""
-    from capacity.autoscaling.actuators import ActuatorError
-    from capacity.autoscaling.services import replica_drain as autoscaling_replica_drain
-
     if replica.state != ReplicaState.READY:
         raise ActionRefused(f"{replica.name} is {replica.get_state_display().lower()}; only a ready replica drains")
     with transaction.atomic():
@@ -101,8 +101,6 @@ def alert_acknowledge(*, alert: Alert, actor, note: str = "") -> Alert:
 @transaction.atomic
 def rollout_start(*, endpoint: Endpoint, form_data: dict, actor):
     """Start a rollout to the chosen version, or to a new one made from the changed model / launch options."""
-    from endpoints.rollouts import services as rollout_services
-
     data = dict(form_data)
     version = data.pop("to_version", None)
     changes = {k: v for k in ("model_profile", "launch_options") if (v := data.pop(k, None)) is not None}
@@ -115,8 +113,6 @@ def rollout_start(*, endpoint: Endpoint, form_data: dict, actor):
 
 def rollout_act(*, rollout, action: str, actor, reason: str = ""):
     """pause / resume / promote / rollback through the rollout services (event and audit entry there)."""
-    from endpoints.rollouts import services as rollout_services
-
     run = {
         "pause": rollout_services.pause_rollout,
         "resume": rollout_services.resume_rollout,

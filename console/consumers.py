@@ -12,6 +12,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.live import OPERATORS_GROUP, tenant_group
+from console.selectors import queue_depth
+from endpoints.selectors import endpoints_owned_by
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +64,9 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
     def _visible_ids(self, ids: list[int]) -> list[int]:
         # Queue depth sums every tenant's queued requests: only operators and an endpoint's owner may watch it (a
         # tenant reserving on a shared endpoint sees its own figures, not its neighbours' queues).
-        from endpoints.selectors import endpoints_owned_by
-
         return sorted(endpoints_owned_by(self.scope["user"]).filter(pk__in=ids).values_list("pk", flat=True))
 
     async def _poll_queues(self, endpoint_ids: list[int]) -> None:
-        from console.selectors import queue_depth
-
         last: dict[int, dict] = {}
         while True:
             for endpoint_id in endpoint_ids:

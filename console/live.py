@@ -12,6 +12,7 @@ import logging
 import threading
 from functools import lru_cache
 
+import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -70,6 +71,4 @@ def redis_client():
     """Synchronous Redis client for reads (queue depth); None on the embedded default without Redis."""
     if not settings.REDIS_URL:
         return None
-    import redis
-
     return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=0.5)

@@ -10,6 +10,7 @@ import json
 import logging
 import time
 
+from console.live import redis_client
 from console.selectors import PRIORITY_CLASSES, queue_depth
 
 logger = logging.getLogger(__name__)
@@ -20,8 +21,6 @@ KEPT = 720  # one hour at one sample every 5 s
 
 
 def _client():
-    from console.live import redis_client
-
     return redis_client()
 
 

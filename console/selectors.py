@@ -20,6 +20,7 @@ from billing.selectors import SLOBudget, slo_budgets
 from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
 from capacity.ledger import EndpointLedger, TenantLedgerRow, capacity_ledger
 from capacity.models import AutoscalerDecision
+from console.live import redis_client
 from endpoints.models import Endpoint, Replica, ReplicaState, ReplicaTransition
 from endpoints.selectors import replica_placement_redacted, replica_placement_visible
 from tenants.models import Tenant
@@ -45,8 +46,6 @@ def replica_state_counts(endpoint_ids: list[int]) -> dict[int, Counter]:
 
 def queue_depth(endpoint_id: int) -> dict[str, int]:
     """Queued requests per priority class, summed over proxy processes (from the proxy's Redis demand hash)."""
-    from console.live import redis_client
-
     depth = dict.fromkeys(PRIORITY_CLASSES, 0)
     client = redis_client()
     if client is None:

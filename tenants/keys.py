@@ -8,6 +8,8 @@ from datetime import datetime
 
 from django.utils import timezone
 
+from tenants.models import ApiKey, PriorityClass
+
 KEY_PREFIX = "ick_"
 PREFIX_LEN = 12  # "ick_" + 8 random characters, unique and shown in lists
 
@@ -24,8 +26,6 @@ def hash_key(raw: str) -> str:
 
 def authenticate_api_key(raw: str):
     """Return the usable ApiKey for a presented key, or None. Constant-time digest comparison."""
-    from tenants.models import ApiKey
-
     if not raw.startswith(KEY_PREFIX) or len(raw) < PREFIX_LEN + 8:
         return None
     candidate = ApiKey.objects.select_related("tenant").filter(prefix=raw[:PREFIX_LEN]).first()
@@ -42,8 +42,6 @@ def key_grant_excess(*, holder, scopes: list[str], max_priority: str, expires_at
     A key may create or change only keys within its own grant (scopes, priority ceiling, lifetime), so a
     leaked key can neither mint a stronger one nor outlive its own expiry through a child or itself.
     """
-    from tenants.models import PriorityClass
-
     excess = {}
     extra = set(scopes) - set(holder.scopes)
     if extra:

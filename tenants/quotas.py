@@ -14,6 +14,12 @@ from dataclasses import asdict, dataclass
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
+
+from capacity.models import HardwareProfile
+from endpoints.models import Endpoint, Replica
+from tenants.models import Tenant
+from tenants.services import audit_log
 
 DEFAULT_QUOTA = {"max_endpoints": 10, "max_replicas": 16, "max_gpus": 16, "max_warm_pool": 4}
 QUOTA_NAMES = tuple(DEFAULT_QUOTA)
@@ -68,8 +74,6 @@ class Commitment:
 
 
 def _gpus_per_replica(hardware_profile_id) -> int:
-    from capacity.models import HardwareProfile
-
     value = HardwareProfile.objects.filter(pk=hardware_profile_id).values_list("gpus_per_replica", flat=True).first()
     return max(1, int(value or 1))
 
@@ -89,9 +93,6 @@ def endpoint_quota_errors(endpoint, *, before: Commitment | None, owner_before: 
     ``before``: the endpoint's commitment as stored (None for a new one). Only a dimension the change *raises* is
     checked, so an unrelated edit of an endpoint whose tenant's quota was lowered meanwhile still goes through.
     """
-    from endpoints.models import Endpoint
-    from tenants.models import Tenant
-
     tenant_id = endpoint.owner_tenant_id
     if tenant_id is None:
         return {}
@@ -154,8 +155,6 @@ def endpoint_quota_errors(endpoint, *, before: Commitment | None, owner_before: 
 def lock_tenant(tenant_id: int | None) -> None:
     """Serialise quota checks of one tenant (two concurrent creates must not both fit in the last slot)."""
     if tenant_id is not None:
-        from tenants.models import Tenant
-
         Tenant.objects.select_for_update().filter(pk=tenant_id).first()
 
 
@@ -170,10 +169,6 @@ class LiveUsage:
 def live_usage(tenant_id: int, *, exclude_serving_of: int | None = None) -> LiveUsage:
     """Replicas and GPUs the tenant's endpoints hold now (pending to draining). ``exclude_serving_of``: leave out
     that endpoint's non-draining serving replicas (the ones its autoscaler decision counts itself)."""
-    from django.db.models import Q
-
-    from endpoints.models import Replica
-
     rows = Replica.objects.filter(endpoint__owner_tenant_id=tenant_id, state__in=LIVE_STATES)
     if exclude_serving_of is not None:
         rows = rows.exclude(
@@ -191,8 +186,6 @@ def live_usage(tenant_id: int, *, exclude_serving_of: int | None = None) -> Live
 
 def committed_usage(tenant) -> dict:
     """The floors the tenant's endpoints commit (what create / update check against the quota)."""
-    from endpoints.models import Endpoint
-
     rows = list(
         Endpoint.objects.filter(owner_tenant=tenant).values_list(
             "min_replicas", "warm_pool_size", "hardware_profile__gpus_per_replica"
@@ -210,8 +203,6 @@ def committed_usage(tenant) -> dict:
 def tenant_quota_update(*, tenant, actor=None, **values):
     """Set (an int) or reset (None: back to the platform default) quota fields of one tenant, audited. This is how
     an operator approves tenant-owned capacity beyond the default."""
-    from tenants.services import audit_log
-
     unknown = set(values) - set(QUOTA_NAMES)
     if unknown:
         raise ValidationError({name: ["not a quota field"] for name in sorted(unknown)})
@@ -223,8 +214,6 @@ def tenant_quota_update(*, tenant, actor=None, **values):
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():
-        from tenants.models import Tenant
-
         locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
         diff = {}
         for name, value in values.items():

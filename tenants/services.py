@@ -9,6 +9,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from billing.models import UsageRecord
+from endpoints.models import Replica, ReplicaState
 from tenants.keys import generate_key
 from tenants.models import ApiKey, AuditEntry, PriorityClass, Role, Tenant, User
 
@@ -103,9 +105,6 @@ def tenant_delete(*, tenant: Tenant, actor=None) -> None:
     Refused while it has usage on record (that is billing history: deactivate the tenant instead) or owns
     endpoints whose replicas still run.
     """
-    from billing.models import UsageRecord
-    from endpoints.models import Replica, ReplicaState
-
     if UsageRecord.objects.filter(tenant=tenant).exists():
         raise ValidationError({"non_field_errors": ["this tenant has usage on record; set is_active=false instead"]})
     running = Replica.objects.filter(endpoint__owner_tenant=tenant).exclude(

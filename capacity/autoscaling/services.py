@@ -17,15 +17,19 @@ from datetime import UTC, datetime, timedelta
 import httpx
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q, Sum
+from django.db.models import F, Max, Q, Sum
 from django.utils import timezone
 
+from billing.models import UsageMinute
 from capacity.autoscaling import horizontal, predictive, replica_metrics, store, vertical
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
 from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance, quota_ceiling
-from capacity.models import AutoscalerDecision
+from capacity.models import AutoscalerDecision, HardwareProfile
+from capacity.unit_resolver import endpoint_coefficients
+from capacity.units import estimate_request_mu
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
+from tenants.quotas import live_usage, lock_tenant, quota_for
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +182,6 @@ def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.Ho
 
 def quota_left(endpoint: Endpoint, *, exclude_own_serving: bool) -> QuotaLeft:
     """What the endpoint's owner may still start (nothing is left out for a shared endpoint: no quota)."""
-    from tenants.quotas import live_usage, quota_for
-
     if endpoint.owner_tenant_id is None:
         return QuotaLeft()
     quota = quota_for(endpoint.owner_tenant)
@@ -192,8 +194,6 @@ def quota_left(endpoint: Endpoint, *, exclude_own_serving: bool) -> QuotaLeft:
 
 
 def _gpus_per_replica(endpoint: Endpoint) -> int:
-    from capacity.models import HardwareProfile
-
     value = (
         HardwareProfile.objects.filter(pk=endpoint.hardware_profile_id)
         .values_list("gpus_per_replica", flat=True)
@@ -217,8 +217,6 @@ def launch_capped(
     The owner's row is locked while its quota is read and the replicas registered, so two endpoints of one tenant
     ticking at once cannot both take the last slot. Returns the actions, with "capped" ones saying which limit bound.
     """
-    from tenants.quotas import lock_tenant
-
     budget = budget or LaunchBudget()
     label = "warm pool: " if standby else ""
     actions: list[str] = []
@@ -259,9 +257,6 @@ def mu_capacity_for(endpoint: Endpoint) -> float | None:
     """In-flight MU one replica holds at the endpoint's concurrency limit: that many reference requests priced with
     the endpoint's MU coefficients (the ones its proxies price demand with). None when they cannot be resolved:
     the horizontal policy then scales on requests."""
-    from capacity.unit_resolver import endpoint_coefficients
-    from capacity.units import estimate_request_mu
-
     try:
         coeffs = endpoint_coefficients(endpoint)
         reference = estimate_request_mu(coeffs, prompt_tokens=REFERENCE_REQUEST[0], max_tokens=REFERENCE_REQUEST[1])
@@ -273,10 +268,6 @@ def mu_capacity_for(endpoint: Endpoint) -> float | None:
 
 def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
     """The predictive floor from per-minute request counts of the usage rollups (yesterday and the last minutes)."""
-    try:
-        from billing.models import UsageMinute
-    except ImportError:  # the billing app is optional for this feature
-        return 0, {"reason": "no usage rollups"}
     cfg = PREDICTIVE
     at = datetime.fromtimestamp(now, tz=UTC)
     yesterday_end = cfg.period_s - cfg.lead_s - cfg.lookahead_margin_s - cfg.bucket_s
@@ -319,8 +310,6 @@ def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
 
 
 def _last_moves(endpoint: Endpoint) -> tuple[float | None, float | None]:
-    from django.db.models import F
-
     applied = AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL, applied=True)
     up = applied.filter(desired__gt=F("current")).order_by("-at").values_list("at", flat=True).first()
     down = applied.filter(desired__lt=F("current")).order_by("-at").values_list("at", flat=True).first()
@@ -534,8 +523,6 @@ def decisions_prune(*, keep_days: int = 14, batch: int = 5000) -> int:
 
     The newest applied decision of each axis per endpoint is kept whatever its age: the scale-down delay and the
     vertical streaks are read from it."""
-    from django.db.models import Max
-
     cutoff = timezone.now() - timedelta(days=keep_days)
     keep = set(
         AutoscalerDecision.objects.filter(applied=True)

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 
+import redis
 from django.conf import settings
 
 DEMAND_KEY = "infercap:demand:{endpoint_id}"  # written by every proxy process, one field per process
@@ -117,8 +118,6 @@ def client():
     with _client_lock:
         if _client is None:
             if settings.REDIS_URL:
-                import redis
-
                 _client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=2)
             else:
                 _client = _MemoryStore()

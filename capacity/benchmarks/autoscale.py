@@ -31,15 +31,17 @@ H100-class prefill), kept only as a cross-check of the engine-simulator figures.
 """
 
 import math
+import multiprocessing
 import os
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 from django.core.management.base import CommandError
 
 from capacity.autoscaling import predictive
 from capacity.autoscaling.baselines import HpaLikePolicy, KpaLikePolicy, StaticPolicy
-from capacity.autoscaling.fleetsim import count_flaps
+from capacity.autoscaling.fleetsim import FleetSim, SimConfig, count_flaps, generate_requests
 from capacity.autoscaling.infercap import InfercapPolicy
 from capacity.autoscaling.sim_adapter import EngineSimAutoscaler, engine_seconds_per_request
 from capacity.autoscaling.traces import BurstyTrace
@@ -356,9 +358,6 @@ def _map(tasks: list, *, jobs: int):
     if jobs <= 1:
         yield from map(_task, tasks)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     # Longest first: the static fleet is the slowest run (every replica is in every routing view all day).
     order = sorted(tasks, key=lambda t: (t[0] != "day", t[1] != "static_peak"))
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -382,8 +381,6 @@ def _steady_flaps(name: str, o: dict, profile) -> int:
 
 def _fleetsim_crosscheck(o: dict) -> dict:
     """The comparison on ``fleetsim`` (the autoscaler's own fleet model, H100-class prefill): a cross-check only."""
-    from capacity.autoscaling.fleetsim import FleetSim, SimConfig, generate_requests
-
     period = o["period_s"]
     trace = BurstyTrace(period_s=period, peak_rps=o["peak_rps"], night_rps=o["night_rps"])
     fprofile = SimConfig().profile

@@ -40,7 +40,14 @@ import secrets
 import time
 from pathlib import Path
 
+import aiohttp
+import httpx
+
+from capacity.services import simulated_profiles_get_or_create
+from endpoints.models import Endpoint, Replica, ReplicaState
 from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
+from tenants.models import CapacityReservation, Tenant
+from tenants.services import api_key_create
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_SLUG = "bench-proxy"
@@ -72,11 +79,6 @@ def _pct(values: list[float], q: float) -> float:
 
 def _setup_world(replica_urls: list[str]) -> str:
     """Bench tenant, endpoint, key and replicas (idempotent); returns a fresh raw key."""
-    from capacity.services import simulated_profiles_get_or_create
-    from endpoints.models import Endpoint, Replica, ReplicaState
-    from tenants.models import CapacityReservation, Tenant
-    from tenants.services import api_key_create
-
     tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Bench (proxy)"})
     hw, mp = simulated_profiles_get_or_create()
     endpoint, _ = Endpoint.objects.update_or_create(
@@ -136,8 +138,6 @@ async def _one(session, url: str, payload: bytes, headers: dict, out: dict) -> N
 async def _phase(
     base: str, key: str | None, *, streams: int, duration_s: float, max_tokens: int, prompt_chars: int = PROMPT_CHARS
 ) -> dict:
-    import aiohttp
-
     url = base + "/v1/completions"
     headers = {"content-type": "application/json"}
     if key:
@@ -180,8 +180,6 @@ async def _mixed_phase(
     """``streams`` concurrent streams per target, all at once on the same replica: ``streams × len(targets)``
     workers, each switching target on every request (worker w's request i goes to target (w + i) mod n), so every
     path sees the same replica state, the same batching waves and the same background load."""
-    import aiohttp
-
     outs = [{"ttft": [], "e2e": [], "tokens": 0, "errors": 0} for _ in targets]
     heads = []
     for base, key in targets:
@@ -224,8 +222,6 @@ async def _httpx_phase(
     base: str, *, streams: int, duration_s: float, max_tokens: int, prompt_chars: int = PROMPT_CHARS
 ) -> dict:
     """The same load through one pooled ``httpx.AsyncClient``: the calibration behind choosing aiohttp."""
-    import httpx
-
     out = {"ttft": [], "e2e": [], "tokens": 0, "errors": 0}
     nonce = os.urandom(4).hex()
     limits = httpx.Limits(max_connections=streams * 2, max_keepalive_connections=streams * 2)
@@ -275,8 +271,6 @@ async def _interleaved(
     direct_base, proxy_base, key, bare_base, *, n, max_tokens, proxy_pid, bare_pid, prompt_chars=PROMPT_CHARS
 ):
     """``n`` sequential requests to each path, in turn: a paired measurement for the single-stream figures."""
-    import aiohttp
-
     targets = [("direct", direct_base, None, 0), ("proxy", proxy_base, key, proxy_pid)]
     if bare_base:
         targets.append(("bare", bare_base, None, bare_pid))
@@ -547,8 +541,6 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
         results = asyncio.run(measure())
     finally:
         group.kill_all()  # first: a failing clean-up below must not leave the processes running
-        from endpoints.models import Replica
-
         Replica.objects.filter(endpoint__name=ENDPOINT).delete()  # their processes are gone
     if plot:
         _svg(results, plot)

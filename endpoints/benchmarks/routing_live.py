@@ -23,10 +23,14 @@ from pathlib import Path
 
 import httpx
 
-from endpoints.benchmarks.routing import random_text
+from capacity.services import simulated_profiles_get_or_create
+from endpoints.benchmarks.words import random_text
+from endpoints.models import Endpoint, Replica, ReplicaState
 from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_port, uvicorn_argv
 from endpoints.runtimes.sim.process import start_replica
 from endpoints.runtimes.sim.results import percentile
+from tenants.models import CapacityReservation, Tenant
+from tenants.services import api_key_create
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_SLUG = "bench-routing"
@@ -37,11 +41,6 @@ PROFILE_OPTS = {"num_gpu_blocks": 224, "max_num_seqs": 24, "max_model_len": 2048
 
 
 def _setup_world(replica_urls: list[str]) -> str:
-    from capacity.services import simulated_profiles_get_or_create
-    from endpoints.models import Endpoint, Replica, ReplicaState
-    from tenants.models import CapacityReservation, Tenant
-    from tenants.services import api_key_create
-
     tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Bench (routing)"})
     hw, mp = simulated_profiles_get_or_create()
     endpoint, _ = Endpoint.objects.update_or_create(
@@ -66,8 +65,6 @@ def _setup_world(replica_urls: list[str]) -> str:
 
 
 def _set_policy(policy: str) -> None:
-    from endpoints.models import Endpoint
-
     endpoint = Endpoint.objects.get(name=ENDPOINT)
     endpoint.routing_policy = policy
     endpoint.save(update_fields=["routing_policy", "updated_at"])

@@ -8,6 +8,8 @@ from datetime import datetime
 
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet
 
+from billing.models import UsageRecord, UsageStatus
+from capacity.autoscaling import store
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, EndpointVersion, Replica, Rollout
 from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY
 from endpoints.rollouts.machine import VersionStats
@@ -57,8 +59,6 @@ def version_stats(*, endpoint: Endpoint, since: datetime) -> dict[int, VersionSt
     Errors are upstream errors and timeouts (what the replica caused; sheds and client cancels are not its fault);
     an SLO miss is an answered request past the endpoint's TTFT or TPOT target (the proxy's ``slo_met``).
     """
-    from billing.models import UsageRecord, UsageStatus
-
     errors = Q(status__in=[UsageStatus.UPSTREAM_ERROR, UsageStatus.TIMEOUT])
     rows = (
         UsageRecord.objects.filter(endpoint=endpoint, finished_at__gte=since, replica__isnull=False)
@@ -96,11 +96,9 @@ def version_stats(*, endpoint: Endpoint, since: datetime) -> dict[int, VersionSt
 def failed_attempts(*, endpoint_id: int, since: datetime) -> dict[int, int]:
     """Upstream attempts that failed before the first byte since ``since``, per replica id (reported by the
     proxies in Redis, ``endpoints.rollouts.keys``); empty when Redis cannot be read."""
-    from capacity.autoscaling.store import client
-
     key = FAILED_ATTEMPTS_KEY.format(endpoint_id=endpoint_id)
     try:
-        members = client().zrangebyscore(key, since.timestamp(), "+inf")
+        members = store.client().zrangebyscore(key, since.timestamp(), "+inf")
     except Exception as exc:  # noqa: BLE001 - the comparison then rests on the usage records alone
         log.warning("failed attempts of endpoint %s unreadable: %s", endpoint_id, exc)
         return {}

@@ -19,6 +19,7 @@ one simulated replica: faults, crash, log.)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -26,8 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+from django.conf import settings
+from django.db import connection
+
+from endpoints.runtimes import vllm
 from endpoints.runtimes.sim.process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,8 +82,6 @@ def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 
 
 
 def _has(module: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(module) is not None
 
 
@@ -123,8 +128,6 @@ def vllm_replica_argv(
     extra: list[str] | tuple = (),
 ) -> list[str]:
     """Real vLLM from .venv-engine in module form, with the platform's own flags (``endpoints.runtimes.vllm``)."""
-    from endpoints.runtimes import vllm
-
     return vllm.serve_command(
         model=str(model_dir),
         port=port,
@@ -139,16 +142,11 @@ def vllm_replica_env(launch_options: dict | None = None) -> dict[str, str]:
     """The whole environment of a real vLLM replica (spawn it with ``inherit_env=False``): this one without the
     platform's settings, offline, 1 GiB of CPU KV cache unless told (thousands of 128-token blocks for the tiny
     model; vLLM's default takes 4 GiB), thread pools from the allotment (or what this process may use)."""
-    from endpoints.runtimes import vllm
-
     return vllm.engine_base_env() | vllm.serve_env({"cpu_kvcache_gib": 1, **(launch_options or {})})
 
 
 def wait_http_ok(url: str, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> None:
     """Until ``GET url`` answers 200; raises if ``proc`` exits first or after ``timeout``."""
-    import urllib.error
-    import urllib.request
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -165,8 +163,6 @@ def wait_http_ok(url: str, proc: subprocess.Popen | None = None, timeout: float 
 
 def database_url() -> str:
     """The database this (Django) process uses, as a URL for a child process."""
-    from django.db import connection
-
     s = connection.settings_dict
     auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
@@ -174,13 +170,9 @@ def database_url() -> str:
 
 def child_django_env(settings_module: str | None = None, **extra: str) -> dict[str, str]:
     """Environment for a child Django process that must see this process's database and Redis."""
-    from django.conf import settings
-
     env = {
         "DJANGO_SETTINGS_MODULE": settings_module or os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings.local")
     }
-    from django.db import connection
-
     if connection.settings_dict["ENGINE"].endswith("postgresql"):
         env["DATABASE_URL"] = database_url()
     if getattr(settings, "REDIS_URL", ""):

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from endpoints.metrics_scraper import MetricsParseError, parse_vllm_metrics
 from endpoints.runtimes.launch_env import launch_env, vllm_engine_env
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -187,8 +188,6 @@ def server_problems(
     vLLM answers ``GET /health`` 200 with an empty body (an HTML page there is a web server, not an engine),
     lists its served names at ``GET /v1/models``, and exposes ``vllm:`` series at ``GET /metrics``, which the
     router, the health check and the autoscaler read. Each check says what it found, in a sentence."""
-    from endpoints.metrics_scraper import MetricsParseError, parse_vllm_metrics
-
     if problem := base_url_problem(url):
         return [f"{url!r} {problem}"]
     base = url.rstrip("/")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -21,11 +22,21 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import aiohttp
+import httpx
+import redis
+from django.conf import settings
 
+from billing.models import UsageRecord
+from config.celery_app import app
+from endpoints.models import Replica, ReplicaState
+from tenants.models import AuditEntry, Tenant
+from tenants.services import api_key_create
 from workers.reliability.harness import Outcome, Platform, peak_rss_mb
+from workers.tasks.canary import ATTEMPTS_KEY
 
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
@@ -65,8 +76,6 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
 
 # -- 1. replica crash mid-stream -------------------------------------------------------------------
 def crash_mid_stream(p: Platform, progress) -> dict:
-    from endpoints.models import Replica
-
     victim = p.ready_replica_rows()[0]
     pid = int(victim.actuator_ref)
     progress(f"crash: {p.replicas * 2} long streams, then SIGKILL replica {victim.name} (pid {pid}) mid-stream")
@@ -111,18 +120,12 @@ def crash_mid_stream(p: Platform, progress) -> dict:
 
 
 def _records(request_ids: set[str]) -> dict[str, tuple[int, str]]:
-    from billing.models import UsageRecord
-
     rows = UsageRecord.objects.filter(request_id__in=[r for r in request_ids if r])
     return {r.request_id: (r.output_tokens, r.status) for r in rows}
 
 
 # -- 2. replica hang -------------------------------------------------------------------------------
 def replica_hang(p: Platform, progress) -> dict:
-    import httpx
-
-    from endpoints.models import Replica, ReplicaState
-
     victim = p.ready_replica_rows()[0]
     progress(f"hang: replica {victim.name} stops answering (accepts, never sends); light traffic continues")
     httpx.post(f"{victim.url}/admin/faults", json={"hang": True}, timeout=5).raise_for_status()
@@ -170,8 +173,6 @@ def replica_hang(p: Platform, progress) -> dict:
 
 
 def _routed_to(replica_id: int, request_ids: set[str]) -> int:
-    from billing.models import UsageRecord
-
     return UsageRecord.objects.filter(request_id__in=[r for r in request_ids if r], replica_id=replica_id).count()
 
 
@@ -214,18 +215,12 @@ def dependency_down(p: Platform, progress, relay, name: str, fault_s: float) -> 
 
 def _send_canary(token: str, hold_s: float) -> None:
     """Send through the broker even where tasks run eagerly (tests): the point is a real worker picks it up."""
-    import warnings
-
-    from config.celery_app import app
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # AlwaysEagerIgnored: send_task always sends, which is what we want
         app.send_task("canary.hold", args=[token, hold_s])
 
 
 def _celery_resumes(p: Platform, timeout_s: float) -> float | None:
-    from tenants.models import AuditEntry
-
     token = f"resume-{uuid.uuid4().hex[:10]}"
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
@@ -243,12 +238,6 @@ def _celery_resumes(p: Platform, timeout_s: float) -> float | None:
 
 # -- 5. worker killed mid-task ---------------------------------------------------------------------
 def worker_killed(p: Platform, progress) -> dict:
-    import redis
-    from django.conf import settings
-
-    from tenants.models import AuditEntry
-    from workers.tasks.canary import ATTEMPTS_KEY
-
     token = f"kill-{uuid.uuid4().hex[:10]}"
     client = redis.Redis.from_url(settings.REDIS_URL)
     attempts = lambda: int(client.get(ATTEMPTS_KEY.format(token=token)) or 0)  # noqa: E731
@@ -320,10 +309,6 @@ def _share(items: list[Outcome], predicate) -> float | None:
 
 # -- 7. bad input ----------------------------------------------------------------------------------
 def bad_input(p: Platform, progress) -> dict:
-    import random
-
-    import httpx
-
     key = p.seeded.keys["standard"]
     url = f"{p.base}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
@@ -411,9 +396,6 @@ def api_fuzz(p: Platform, progress, max_time_s: float) -> dict:
     st = shutil.which("st") or str(Path(sys.executable).with_name("st"))
     if not Path(st).exists():
         return {"ran": False, "reason": "schemathesis is not installed", "server_errors": 0}
-    from tenants.models import Tenant
-    from tenants.services import api_key_create
-
     _, raw = api_key_create(
         tenant=Tenant.objects.get(pk=p.seeded.tenant_id), name="schemathesis", scopes=["read", "write"]
     )

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +29,16 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from django.conf import settings
+from django.db.models import Count
 
+from billing.models import UsageRecord
+from capacity.autoscaling.actuators import get_actuator
+from capacity.autoscaling.services import reconcile
+from capacity.services import simulated_profiles_get_or_create
+from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from endpoints.runtimes.processes import celery_worker_argv, database_url, free_port
+from tenants.models import CapacityReservation, PriorityClass, Tenant
+from tenants.services import api_key_create
 from workers.reliability.chaos import TcpRelay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,9 +161,6 @@ class Platform:
         self._supervising = False
         for name in list(self.procs):
             self.kill(name, sig=signal.SIGTERM)
-        from capacity.autoscaling.actuators import get_actuator
-        from endpoints.models import Endpoint, ReplicaState
-
         seeded = getattr(self, "seeded", None)
         endpoint = Endpoint.objects.filter(pk=seeded.endpoint_id).first() if seeded else None
         if endpoint is not None:
@@ -239,11 +246,6 @@ class Platform:
         return proc
 
     def _seed(self) -> Seeded:
-        from capacity.services import simulated_profiles_get_or_create
-        from endpoints.models import Endpoint, Runtime
-        from tenants.models import CapacityReservation, PriorityClass, Tenant
-        from tenants.services import api_key_create
-
         tag = f"rel-{uuid.uuid4().hex[:6]}"
         hardware, model = simulated_profiles_get_or_create()
         tenant = Tenant.objects.create(name=f"Reliability {tag}", slug=tag)
@@ -274,9 +276,6 @@ class Platform:
         return Seeded(tenant_id=tenant.pk, endpoint_id=endpoint.pk, endpoint_name=endpoint.name, keys=keys)
 
     def _launch_replicas(self) -> None:
-        from capacity.autoscaling.services import reconcile
-        from endpoints.models import Endpoint
-
         reconcile(endpoint=Endpoint.objects.get(pk=self.seeded.endpoint_id))
 
     def _reconciled(self) -> int:
@@ -285,10 +284,6 @@ class Platform:
 
     # -- observations ------------------------------------------------------------------------------
     def replicas_by_state(self) -> dict[str, int]:
-        from django.db.models import Count
-
-        from endpoints.models import Replica
-
         rows = Replica.objects.filter(endpoint_id=self.seeded.endpoint_id).values("state").annotate(n=Count("id"))
         return {row["state"]: row["n"] for row in rows}
 
@@ -296,16 +291,10 @@ class Platform:
         return self.replicas_by_state().get("ready", 0)
 
     def ready_replica_rows(self) -> list:
-        from endpoints.models import Replica, ReplicaState
-
         return list(Replica.objects.filter(endpoint_id=self.seeded.endpoint_id, state=ReplicaState.READY))
 
     def usage_books(self) -> dict:
         """Compare what clients saw with what PostgreSQL holds, for this harness's tenant."""
-        from django.db.models import Count
-
-        from billing.models import UsageRecord
-
         # Metered: everything the proxy admitted or rejected for capacity (200, 429, 5xx); a request it
         # refused as invalid (other 4xx) never reached metering and has no usage record by design.
         seen = {o.request_id for o in self.outcomes if o.request_id and (o.status in (200, 429) or o.status >= 500)}
@@ -378,8 +367,6 @@ class Platform:
 
     async def open_loop(self, *, rate_per_s: dict[str, float], duration_s: float, seed: int = 7) -> list[Outcome]:
         """Poisson arrivals per priority class for ``duration_s``; waits for every request to end."""
-        import random
-
         rng = random.Random(seed)
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -413,8 +400,6 @@ class Platform:
     # -- helpers -----------------------------------------------------------------------------------
     @staticmethod
     def _http_ok(url: str) -> bool:
-        import urllib.request
-
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
                 return response.status == 200

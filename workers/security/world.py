@@ -21,8 +21,13 @@ import httpx
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from billing.models import UsageRecord, Webhook
+from capacity.services import simulated_profiles_get_or_create
+from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from endpoints.proxy.config import ProxyConfig
 from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
+from tenants.models import CapacityReservation, Role, Tenant, User
+from tenants.services import api_key_create
 
 # Raw keys by what they may do: the proxy ("inference"), read the API, write it, or everything.
 KEY_SCOPES = {
@@ -106,8 +111,6 @@ class SecurityWorld:
         return response.json()["received"]
 
     def _start_proxy(self) -> str:
-        from endpoints.models import Replica, ReplicaState
-
         endpoints = [self.a.endpoint, self.b.endpoint] + ([self.shared] if self.shared is not None else [])
         for endpoint in endpoints:
             port = free_port()
@@ -169,8 +172,6 @@ class SecurityWorld:
 
 def world_create() -> SecurityWorld:
     """Seed (and commit) the world; the caller runs on a database it may write to."""
-    from tenants.models import Role, User
-
     tag = f"sec-{uuid.uuid4().hex[:6]}"
     operator = User.objects.create_user(username=f"{tag}-operator", password=secrets.token_urlsafe(16))
     operator.role = Role.OPERATOR
@@ -186,9 +187,6 @@ def world_create() -> SecurityWorld:
 
 
 def _shared_endpoint(tag: str):
-    from capacity.services import simulated_profiles_get_or_create
-    from endpoints.models import Endpoint, Runtime
-
     hardware, model = simulated_profiles_get_or_create()
     return Endpoint.objects.create(
         name=f"{tag}-shared-model",
@@ -202,9 +200,6 @@ def _shared_endpoint(tag: str):
 
 
 def _key_only_tenant(tag: str, letter: str) -> KeyOnlyTenant:
-    from tenants.models import Tenant
-    from tenants.services import api_key_create
-
     name = f"{tag}-{letter}"
     tenant = Tenant.objects.create(name=f"Security {name}", slug=name)
     _, key = api_key_create(tenant=tenant, name=f"{name} inference", scopes=KEY_SCOPES["inference"])
@@ -212,12 +207,6 @@ def _key_only_tenant(tag: str, letter: str) -> KeyOnlyTenant:
 
 
 def _tenant_side(tag: str, letter: str) -> TenantSide:
-    from billing.models import UsageRecord, Webhook
-    from capacity.services import simulated_profiles_get_or_create
-    from endpoints.models import Endpoint, Runtime
-    from tenants.models import CapacityReservation, Role, Tenant, User
-    from tenants.services import api_key_create
-
     name = f"{tag}-{letter}"
     tenant = Tenant.objects.create(name=f"Security {name}", slug=name)
     admin = User.objects.create_user(

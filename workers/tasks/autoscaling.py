@@ -10,6 +10,12 @@ import time
 
 from celery import shared_task
 
+from capacity.autoscaling.actuators import actuator_name
+from capacity.autoscaling.services import decisions_prune, horizontal_tick, vertical_tick
+from capacity.autoscaling.services import sample_demand as sample
+from capacity.autoscaling.store import RedisError
+from endpoints.models import Endpoint
+
 log = logging.getLogger(__name__)
 
 HORIZONTAL_S = 5.0
@@ -26,9 +32,6 @@ BEAT_SCHEDULE = {
 
 
 def autoscaled_endpoint_ids() -> list[int]:
-    from capacity.autoscaling.actuators import actuator_name
-    from endpoints.models import Endpoint
-
     return [
         e.pk
         for e in Endpoint.objects.only("id", "launch_options")
@@ -39,9 +42,6 @@ def autoscaled_endpoint_ids() -> list[int]:
 @shared_task(name="autoscale.sample_demand", ignore_result=True, soft_time_limit=2, time_limit=3)
 def sample_demand() -> int:
     """One demand sample per autoscaled endpoint per second (the proxies report every second; ticks every 5 s)."""
-    from capacity.autoscaling.services import sample_demand as sample
-    from capacity.autoscaling.store import RedisError
-
     ids = autoscaled_endpoint_ids()
     for endpoint_id in ids:
         try:
@@ -63,8 +63,6 @@ def horizontal_all() -> int:
 
 @shared_task(name="autoscale.horizontal_one", ignore_result=True, soft_time_limit=20, time_limit=30)
 def horizontal_one(endpoint_id: int, tick: str) -> int | None:
-    from capacity.autoscaling.services import horizontal_tick
-
     decision = horizontal_tick(endpoint_id=endpoint_id, tick=tick)
     return decision.pk if decision else None
 
@@ -80,14 +78,10 @@ def vertical_all() -> int:
 
 @shared_task(name="autoscale.vertical_one", ignore_result=True, soft_time_limit=20, time_limit=30)
 def vertical_one(endpoint_id: int, tick: str) -> int | None:
-    from capacity.autoscaling.services import vertical_tick
-
     decision = vertical_tick(endpoint_id=endpoint_id, tick=tick)
     return decision.pk if decision else None
 
 
 @shared_task(name="autoscale.decisions_retention", ignore_result=True, soft_time_limit=240, time_limit=300)
 def decisions_retention() -> int:
-    from capacity.autoscaling.services import decisions_prune
-
     return decisions_prune()

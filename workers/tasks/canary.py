@@ -7,19 +7,18 @@ it), then records its token once as an audit entry; a second attempt finds the e
 
 import time
 
+import redis
 from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+
+from tenants.models import AuditEntry
 
 ATTEMPTS_KEY = "infercap:canary:{token}:attempts"
 
 
 @shared_task(name="canary.hold", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def hold(token: str, hold_s: float = 0.0) -> bool:
-    import redis
-    from django.conf import settings
-    from django.db import transaction
-
-    from tenants.models import AuditEntry
-
     if settings.REDIS_URL:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
         client.incr(ATTEMPTS_KEY.format(token=token))

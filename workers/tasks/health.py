@@ -8,6 +8,8 @@ slow cycle and the next beat never probe the same replica twice.
 
 from celery import shared_task
 
+from endpoints.health import health_check_cycle
+
 HEALTH_INTERVAL_S = 3.0
 
 BEAT_SCHEDULE = {
@@ -22,7 +24,5 @@ BEAT_SCHEDULE = {
 
 @shared_task(name="health.probe_cycle", ignore_result=True, soft_time_limit=30, time_limit=45)
 def probe_cycle() -> dict:
-    from endpoints.health import health_check_cycle
-
     report = health_check_cycle()
     return {"probed": len(report.probed_ids), "failed": report.failed_ids, "skipped": report.skipped}

@@ -6,6 +6,9 @@ keeps nothing in memory: a worker killed mid-rollout leaves the next tick (on an
 
 from celery import shared_task
 
+from endpoints.models import ROLLOUT_ACTIVE_STATES, Rollout
+from endpoints.rollouts.services import rollout_tick
+
 TICK_S = 3.0
 
 BEAT_SCHEDULE = {
@@ -15,8 +18,6 @@ BEAT_SCHEDULE = {
 
 @shared_task(name="rollouts.tick_all", ignore_result=True)
 def tick_all() -> int:
-    from endpoints.models import ROLLOUT_ACTIVE_STATES, Rollout
-
     ids = list(Rollout.objects.filter(state__in=ROLLOUT_ACTIVE_STATES).values_list("id", flat=True))
     for rollout_id in ids:
         tick_one.apply_async(args=[rollout_id], expires=TICK_S * 2)
@@ -25,7 +26,5 @@ def tick_all() -> int:
 
 @shared_task(name="rollouts.tick_one", ignore_result=True, soft_time_limit=90, time_limit=120)
 def tick_one(rollout_id: int) -> str | None:
-    from endpoints.rollouts.services import rollout_tick
-
     rollout = rollout_tick(rollout_id=rollout_id)
     return rollout.state if rollout is not None else None

@@ -19,6 +19,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from capacity.autoscaling.actuators import get_actuator
+from capacity.autoscaling.services import reconcile
 from endpoints.models import Endpoint, Replica, ReplicaState
 from endpoints.runtimes.processes import celery_worker_argv
 
@@ -112,8 +114,6 @@ class Command(BaseCommand):
         raise CommandError(f"{what} did not answer {url} within {timeout_s:.0f} s")
 
     def _bring_up_replicas(self, endpoint_name: str, *, timeout_s: float) -> None:
-        from capacity.autoscaling.services import reconcile
-
         endpoint = Endpoint.objects.get(name=endpoint_name)
         self._say(f"starting {endpoint.min_replicas} simulated replica(s) for {endpoint.name} (local actuator)")
         reconcile(endpoint=endpoint)
@@ -151,8 +151,6 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def _shutdown(self) -> None:
-        from capacity.autoscaling.actuators import get_actuator
-
         for endpoint in Endpoint.objects.all():
             live = list(endpoint.replicas.exclude(state__in=[ReplicaState.STOPPED]))
             if live:

@@ -25,7 +25,11 @@ from django.core.cache import cache
 from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone
+from rest_framework.settings import api_settings
 
+from config.throttling import AnonymousRateThrottle, LoginLimits, PrincipalRateThrottle, _counters
+from tenants.models import ApiKey, Role, User
+from tenants.services import api_key_create
 from workers.security.registry import expect, security_case
 from workers.security.world import SecurityWorld
 
@@ -36,8 +40,6 @@ def _password() -> str:
 
 def _person(world: SecurityWorld, side, label: str, *, role: str, email: str = "", **extra):
     """A fresh person with a known password (the world's are random and forgotten); rolled back with the case."""
-    from tenants.models import User
-
     password = _password()
     user = User.objects.create_user(
         username=f"{world.tag}-{label}-{uuid.uuid4().hex[:4]}",
@@ -65,8 +67,6 @@ def _refused(response) -> bool:
     "a leaked write (or full) key creates a tenant admin with a password, to log in as a person and mint keys",
 )
 def key_cannot_create_user(world: SecurityWorld) -> str:
-    from tenants.models import User
-
     before = User.objects.count()
     statuses = {}
     for label in ("write", "full"):
@@ -94,8 +94,6 @@ def key_cannot_create_user(world: SecurityWorld) -> str:
     "a leaked write key sets, resets or redirects (email) the tenant admin's password, demotes or deletes the admin",
 )
 def key_cannot_reset_admin_password(world: SecurityWorld) -> str:
-    from tenants.models import Role
-
     admin = world.a.admin
     hash_before = _hash(admin)
     email_before = admin.email
@@ -149,8 +147,6 @@ def no_password_set_through_users_api(world: SecurityWorld) -> str:
     "a stolen session (or a key) sets a new password without the current one, to keep the account for good",
 )
 def password_change_needs_old(world: SecurityWorld) -> str:
-    from tenants.models import Role
-
     victim, old = _person(world, world.a, "victim", role=Role.TENANT_MEMBER)
     thief, owner = Client(), Client()
     expect(thief.login(username=victim.username, password=old), "the thief's session did not log in")
@@ -193,8 +189,6 @@ def password_change_needs_old(world: SecurityWorld) -> str:
     "an admin resets someone's password to learn it, resets another tenant's user or an operator; a member resets",
 )
 def reset_only_by_mailed_link(world: SecurityWorld) -> str:
-    from tenants.models import Role
-
     outbox = getattr(mail, "outbox", None)
     expect(outbox is not None, "mail is not captured (no test environment): cannot check the reset mail")
     target, old = _person(world, world.a, "reset", role=Role.TENANT_MEMBER, email=f"{world.tag}@mail.example")
@@ -247,8 +241,6 @@ def reset_only_by_mailed_link(world: SecurityWorld) -> str:
     "a tenant admin sets a colleague's email to their own address, then resets the password to take the account",
 )
 def admin_cannot_redirect_email(world: SecurityWorld) -> str:
-    from tenants.models import Role
-
     outbox = getattr(mail, "outbox", None)
     expect(outbox is not None, "mail is not captured (no test environment): cannot check where the reset goes")
     victim, password = _person(world, world.a, "victim", role=Role.TENANT_MEMBER, email=f"{world.tag}@victim.example")
@@ -294,9 +286,6 @@ def admin_cannot_redirect_email(world: SecurityWorld) -> str:
     "a stolen session guesses the current password at /api/v1/me/password/ and /api/v1/me/ at API speed",
 )
 def password_change_lockout(world: SecurityWorld) -> str:
-    from config.throttling import LoginLimits
-    from tenants.models import Role
-
     limits = LoginLimits.from_settings()
     net = secrets.randbelow(100)
     address, elsewhere = f"203.0.113.{net + 1}", f"203.0.113.{net + 101}"
@@ -342,8 +331,6 @@ def password_change_lockout(world: SecurityWorld) -> str:
 # -- keys within their own grant -------------------------------------------------------------------------------------
 def _holder(world: SecurityWorld, **options):
     """A fresh read+write key of tenant A with these limits, and a client that uses it."""
-    from tenants.services import api_key_create
-
     row, raw = api_key_create(tenant=world.a.tenant, name=f"{world.tag} holder", scopes=["read", "write"], **options)
     return row, world.api(raw)
 
@@ -353,8 +340,6 @@ def _holder(world: SecurityWorld, **options):
     "an expiring (or sheddable) key mints a key that never expires, expires later, or gets the default priority",
 )
 def cannot_mint_outliving_key(world: SecurityWorld) -> str:
-    from tenants.models import ApiKey
-
     expires = timezone.now() + timedelta(hours=1)
     _, api = _holder(world, expires_at=expires, max_priority="sheddable")
     url = reverse("api-key-list")
@@ -415,9 +400,6 @@ def cannot_extend_own_expiry(world: SecurityWorld) -> str:
     "a weak write key lifts a stronger key's expiry or revokes the critical key production runs on",
 )
 def cannot_change_stronger_key(world: SecurityWorld) -> str:
-    from tenants.models import ApiKey
-    from tenants.services import api_key_create
-
     strong, _ = api_key_create(tenant=world.a.tenant, name="prod", scopes=["inference"], max_priority="critical")
     expiring, _ = api_key_create(
         tenant=world.a.tenant, name="temp", scopes=["read"], expires_at=timezone.now() + timedelta(hours=1)
@@ -443,8 +425,6 @@ class _OwnThrottleCounters:
     """Within the block, the API throttles count under keys no other case or run shares; deleted on exit."""
 
     def __init__(self, world: SecurityWorld, rates: dict[str, str]):
-        from config.throttling import AnonymousRateThrottle, PrincipalRateThrottle
-
         self.classes = (PrincipalRateThrottle, AnonymousRateThrottle)
         self.format = f"security-{world.tag}-{uuid.uuid4().hex[:8]}-%(scope)s-%(ident)s"
         self.rates = rates
@@ -488,11 +468,6 @@ def _throttled(response) -> str | None:
     "a leaked key, a person's session and an anonymous address flood /api/v1/ past their rate",
 )
 def api_429_retry_after(world: SecurityWorld) -> str:
-    from rest_framework.settings import api_settings
-
-    from config.throttling import AnonymousRateThrottle, PrincipalRateThrottle
-    from tenants.services import api_key_create
-
     configured = dict(api_settings.DEFAULT_THROTTLE_RATES)
     classes = set(api_settings.DEFAULT_THROTTLE_CLASSES)
     expect({PrincipalRateThrottle, AnonymousRateThrottle} <= classes, f"API throttles not installed: {classes}")
@@ -538,8 +513,6 @@ def api_429_retry_after(world: SecurityWorld) -> str:
 
 
 def _login_counters_forget(pairs) -> None:
-    from config.throttling import LoginLimits, _counters
-
     limits = LoginLimits.from_settings()
     for username, address in pairs:
         for key, _ in _counters(username=username, address=address, limits=limits):
@@ -557,9 +530,6 @@ def _login(url: str, username: str, password: str, address: str):
     "password guessing at the console and admin logins, per username and by spraying usernames from one address",
 )
 def login_lockout(world: SecurityWorld) -> str:
-    from config.throttling import LoginLimits
-    from tenants.models import Role
-
     limits = LoginLimits.from_settings()
     net = secrets.randbelow(100)
     address, elsewhere = f"203.0.113.{net + 1}", f"203.0.113.{net + 101}"

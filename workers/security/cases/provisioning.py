@@ -13,27 +13,40 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import timedelta
+from unittest import mock
 
-from django.test import Client
+from django.test import Client, TestCase
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.models import UsageRecord
+from billing.rollups import usage_rollup_run
+from capacity.autoscaling import horizontal, store
+from capacity.autoscaling import services as autoscaling
+from capacity.autoscaling.actuators import kubernetes
+from capacity.autoscaling.actuators.local import replica_argv
+from capacity.autoscaling.limits import launch_allowance
+from capacity.models import AutoscalerDecision, HardwareProfile
+from capacity.services import simulated_profiles_get_or_create
+from console import live
+from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, Rollout, Runtime
+from endpoints.rollouts import services as rollouts
+from endpoints.runtimes.vllm import argv_model
+from endpoints.services import replica_transition
+from tenants.models import CapacityReservation
+from tenants.quotas import live_usage, quota_for
 from workers.security.registry import expect, security_case
 from workers.security.world import SecurityWorld
 
 
 def _endpoint_payload(name: str, **extra) -> dict:
-    from capacity.services import simulated_profiles_get_or_create
-
     hardware, model = simulated_profiles_get_or_create()
     return {"name": name, "model_profile": model.pk, "hardware_profile": hardware.pk, "runtime": "sim", **extra}
 
 
 def _endpoint(world: SecurityWorld, label: str, *, owner, **fields):
     """A fresh endpoint (rolled back with the case), written directly: what a row created before a check looks like."""
-    from capacity.services import simulated_profiles_get_or_create
-    from endpoints.models import Endpoint, Runtime
-
     hardware, model = simulated_profiles_get_or_create()
     defaults = {"model_profile": model, "hardware_profile": hardware, "runtime": Runtime.SIM}
     return Endpoint.objects.create(
@@ -55,13 +68,6 @@ def _flat(endpoint, **fields):
     "in the database for the autoscaler to launch",
 )
 def quotas(world: SecurityWorld) -> str:
-    from capacity.autoscaling import horizontal, store
-    from capacity.autoscaling import services as autoscaling
-    from capacity.autoscaling.limits import launch_allowance
-    from capacity.models import HardwareProfile
-    from endpoints.models import Endpoint
-    from tenants.quotas import quota_for
-
     tenant = world.a.tenant
     quota = quota_for(tenant)
     mine = world.a.endpoint
@@ -194,10 +200,6 @@ BAD_VALUES = [
     "row stored for the actuator to launch",
 )
 def launch_options_allowlist(world: SecurityWorld) -> str:
-    from capacity.autoscaling.actuators.local import replica_argv
-    from endpoints.models import Endpoint
-    from endpoints.runtimes.vllm import argv_model
-
     mine = world.a.endpoint
     stored = dict(mine.launch_options or {})
     wrong = []
@@ -258,9 +260,6 @@ def launch_options_allowlist(world: SecurityWorld) -> str:
     "tenant B names its endpoint so that it normalises to tenant A's Deployment, or sets A's Deployment by name",
 )
 def deployment_names_from_ids(world: SecurityWorld) -> str:
-    from capacity.autoscaling.actuators import kubernetes
-    from endpoints.models import Endpoint
-
     names = {}
     for side, name in ((world.a, f"{world.tag}-Llama.3.70B"), (world.b, f"{world.tag}-llama_3_70b")):
         created = world.api(side.admin).post(reverse("endpoint-list"), _endpoint_payload(name), format="json")
@@ -307,8 +306,6 @@ def deployment_names_from_ids(world: SecurityWorld) -> str:
     "tenant A probes whether B (or the operators) hold an endpoint name by creating or renaming onto it",
 )
 def endpoint_name_leak(world: SecurityWorld) -> str:
-    from endpoints.models import Endpoint
-
     shared = _endpoint(world, "shared-probe", owner=None)
     mine = world.a.endpoint
     api = world.api(world.a.admin)
@@ -340,14 +337,6 @@ def endpoint_name_leak(world: SecurityWorld) -> str:
     "tenant A opens the console page of a shared endpoint to read B's reservation, demand and the replicas' pids",
 )
 def shared_totals(world: SecurityWorld) -> str:
-    from datetime import timedelta
-
-    from billing.models import UsageRecord
-    from billing.rollups import usage_rollup_run
-    from capacity.models import AutoscalerDecision
-    from endpoints.models import Replica, ReplicaState
-    from tenants.models import CapacityReservation
-
     now = timezone.now()
     shared = _endpoint(world, "shared-console", owner=None)
     Replica.objects.create(
@@ -403,10 +392,6 @@ def shared_totals(world: SecurityWorld) -> str:
     "tenant A lists a shared endpoint's replicas to learn their addresses, actuator, pod names and pids",
 )
 def replica_placement_hidden(world: SecurityWorld) -> str:
-    from endpoints.models import Replica, ReplicaState
-    from endpoints.services import replica_transition
-    from tenants.models import CapacityReservation
-
     shared = _endpoint(world, "shared-replicas", owner=None)
     CapacityReservation.objects.create(tenant=world.a.tenant, endpoint=shared, mu_per_min=10.0)
     pod = f"infercap-ep-{shared.pk}-5d8f9c-x2x9q"
@@ -442,15 +427,6 @@ def replica_placement_hidden(world: SecurityWorld) -> str:
     "replicas run: pod names, addresses, actuator, pids",
 )
 def console_replica_placement_hidden(world: SecurityWorld) -> str:
-    from unittest import mock
-
-    from django.test import TestCase
-
-    from console import live
-    from endpoints.models import Replica, ReplicaState
-    from endpoints.services import replica_transition
-    from tenants.models import CapacityReservation
-
     shared = _endpoint(world, "shared-console-replicas", owner=None)
     CapacityReservation.objects.create(tenant=world.a.tenant, endpoint=shared, mu_per_min=10.0)
     pod = f"infercap-ep-{shared.pk}-7c4b1d-q8w2z"
@@ -499,8 +475,6 @@ def console_replica_placement_hidden(world: SecurityWorld) -> str:
     "tenant A reads a shared endpoint's launch options to learn its actuator, Deployment, namespace and CPU placement",
 )
 def shared_launch_options_hidden(world: SecurityWorld) -> str:
-    from tenants.models import CapacityReservation
-
     placement = {
         "actuator": "kubernetes",
         "deployment": f"{world.tag}-prod-70b-east",
@@ -539,10 +513,6 @@ def shared_launch_options_hidden(world: SecurityWorld) -> str:
     "at a full quota, tenant A changes its endpoint's launch options so that a rollout surges replicas beyond it",
 )
 def rollout_surge_quota(world: SecurityWorld) -> str:
-    from endpoints.models import EndpointVersion, Replica, ReplicaState, Rollout
-    from endpoints.rollouts import services as rollouts
-    from tenants.quotas import live_usage
-
     tenant = world.a.tenant
     endpoint = _endpoint(world, "surge", owner=tenant, launch_options={"actuator": "local"}, max_replicas=2)
     for n in range(2):  # rows only: the local actuator's replicas, running as far as the rollout can tell

@@ -12,7 +12,14 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import redis
+from django.conf import settings
+from prometheus_client.parser import text_string_to_metric_families
 
+from capacity.unit_resolver import coefficients_by_endpoint
+from endpoints.admission import ENGINE_PRIORITY
+from endpoints.proxy.limits import Bucket, RateLimiter
+from endpoints.runtimes.sim.tokens import filler_text
 from workers.security.registry import expect, security_case
 from workers.security.world import BEST_EFFORT_MU_PER_MIN, SecurityWorld
 
@@ -42,8 +49,6 @@ def _seen(world: SecurityWorld, endpoint, response: httpx.Response) -> dict:
 def _dispatched(world: SecurityWorld, endpoint) -> float:
     """Requests the proxy metered for ``endpoint`` (its ``infercap_proxy_requests_total``, every outcome): one it
     refuses while parsing is never dispatched nor metered, one the replica refuses is (``upstream_error``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     response = httpx.get(
         world.proxy() + "/metrics", headers={"Authorization": f"Bearer {world.metrics_token}"}, timeout=10
     )
@@ -70,8 +75,6 @@ def _cached_tokens(response: httpx.Response, label: str) -> int:
     needs_proxy=True,
 )
 def cache_salt_isolation(world: SecurityWorld) -> str:
-    from endpoints.runtimes.sim.tokens import filler_text
-
     shared = world.shared
     system = filler_text(512, seed=f"{world.tag}-tenant-a-system-prompt")  # 32 full KV blocks
 
@@ -116,8 +119,6 @@ def cache_salt_isolation(world: SecurityWorld) -> str:
     needs_proxy=True,
 )
 def priority_spoofing(world: SecurityWorld) -> str:
-    from endpoints.admission import ENGINE_PRIORITY
-
     a_key, a_model = world.a.keys["inference"], world.a.endpoint.name
     # A's key and reservation say standard, and a header may only lower it; B and C have no reservation on the
     # shared endpoint, so they are best effort: sheddable. (endpoint, key, body, headers, admitted class, label)
@@ -267,11 +268,6 @@ def n_best_of_bounds(world: SecurityWorld) -> str:
 def _best_effort_bucket_reset(world: SecurityWorld) -> None:
     """Tenant C's best-effort bucket on the shared endpoint starts (and is left) full: a bench run a minute ago on
     the same Redis, whose throwaway database gave its tenant C the same id, must not have drained it."""
-    import redis
-    from django.conf import settings
-
-    from endpoints.proxy.limits import Bucket, RateLimiter
-
     keys = RateLimiter.keys(world.c.tenant.pk, world.shared.pk, [Bucket("best_effort_mu", 0.0, 0.0, 0.0)])
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
@@ -291,8 +287,6 @@ MAX_TOKENS = 4000  # within the model profile's 4,096-token context
     needs_proxy=True,
 )
 def best_effort_tenant_limit(world: SecurityWorld) -> str:
-    from capacity.unit_resolver import coefficients_by_endpoint
-
     shared = world.shared
     beta = coefficients_by_endpoint([shared])[shared.pk].beta
     # Charged per candidate, each request costs more than 8 x beta x max_tokens MU, so the burst budget

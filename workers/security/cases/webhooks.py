@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from django.utils import timezone
 
+from billing.models import SLO, Alert, AlertNotification, Webhook
+from billing.notifiers import notifications_deliver_due
 from workers.security.fake_dns import FakeDNS
 from workers.security.registry import expect, security_case
 from workers.security.world import SecurityWorld
@@ -84,8 +86,6 @@ class _Receiver:
 
 
 def _notification(world: SecurityWorld, hook_id: int):
-    from billing.models import SLO, Alert, AlertNotification, Webhook
-
     slo = SLO.objects.create(
         name=f"{world.tag}-probe",
         endpoint=world.a.endpoint,
@@ -104,8 +104,6 @@ def _notification(world: SecurityWorld, hook_id: int):
     "a name public at registration resolves to loopback at delivery (DNS rebinding) to reach an internal service",
 )
 def rebinding_at_delivery(world: SecurityWorld) -> str:
-    from billing.notifiers import notifications_deliver_due
-
     receiver = _Receiver()
     try:
         with FakeDNS({"rebind.attacker.example": [PUBLIC_IP]}) as dns:

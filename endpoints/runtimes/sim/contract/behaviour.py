@@ -7,6 +7,7 @@ import random
 import uuid
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from .compare import ask
 from .corpus import CHAT
@@ -20,8 +21,6 @@ def unique_prompt(words: int = 160) -> str:
 
 
 def _metrics(client: httpx.Client) -> dict[str, dict]:
-    from prometheus_client.parser import text_string_to_metric_families
-
     families = {}
     for family in text_string_to_metric_families(client.get("/metrics").text):
         if family.name.startswith("vllm:"):
