@@ -94,6 +94,7 @@ def corpus(seed: int, lines: int = CORPUS_LINES) -> list[str]:
 
 
 def build_tokenizer(seed: int):
+    # Deferred: tokenizers and transformers exist only in the engine's interpreter (.venv-engine), and are heavy.
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -126,6 +127,7 @@ def _portable_tokenizer_config(path: Path) -> None:
 
 
 def build(out: Path, seed: int) -> None:
+    # Deferred: torch and transformers exist only in the engine's interpreter (.venv-engine), and are heavy.
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 

@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from endpoints.benchmarks.routing_live import run_live
+from endpoints.benchmarks.words import random_text
 from endpoints.routing import make_router
 from endpoints.routing.baselines import RouterBase
 from endpoints.routing.prefix import PREFIX_BLOCK_CHARS
@@ -50,27 +52,6 @@ from endpoints.runtimes.sim.tokens import output_text
 from endpoints.runtimes.sim.workloads import SimRequest, poisson_times
 
 POLICIES = ("round_robin", "least_request", "power_of_two", "llmd", "infercap")
-_WORDS = (
-    "data",
-    "node",
-    "gpus",
-    "kv_c",
-    "fast",
-    "slow",
-    "tick",
-    "rack",
-    "warm",
-    "cold",
-    "load",
-    "unit",
-    "heap",
-    "page",
-)
-
-
-def random_text(tokens: int, rng: random.Random) -> str:
-    """``tokens`` simulator tokens (4 characters each) of random words."""
-    return "".join(rng.choices(_WORDS, k=tokens))
 
 
 @dataclass(frozen=True)
@@ -323,8 +304,6 @@ def run(
     if options:
         raise ValueError(f"unknown options for bench routing: {', '.join(sorted(options))}")
     if live:
-        from endpoints.benchmarks.routing_live import run_live
-
         return run_live(setup=setup, quick=quick, progress=progress)
 
     started = time.perf_counter()

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from billing.alerts import slo_spec
 from billing.models import SLO
 from billing.prometheus_rules import SloRuleSpec, rule_groups
+from endpoints.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 
 
 class Command(BaseCommand):
@@ -16,8 +17,6 @@ class Command(BaseCommand):
         parser.add_argument("--slo", type=int, action="append", help="only these SLO ids")
 
     def handle(self, *args, output=None, slo=None, **options):
-        from endpoints.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS  # the buckets the proxy exports
-
         slos = SLO.objects.filter(enabled=True).select_related("endpoint", "tenant").order_by("pk")
         if slo:
             slos = slos.filter(pk__in=slo)
