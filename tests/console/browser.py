@@ -59,7 +59,7 @@ def console_server(django_db_setup, tmp_path_factory):
             sys.executable,
             "-m",
             "uvicorn",
-            "console.asgi:application",
+            "config.asgi:application",
             "--fd",
             str(sock.fileno()),
             "--log-level",
