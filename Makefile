@@ -32,8 +32,9 @@ engine:
 	@scripts/install_engine.sh
 	@if [ "$${INFERCAP_SKIP_ENGINE:-0}" != 1 ]; then $(ENGINE_PY) scripts/build_tiny_model.py; fi
 
+## lint: ruff, then the import contracts of pyproject.toml's [tool.importlinter] (layers, pure policies, independence)
 lint: setup
-	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/lint-imports --no-cache
 
 schema: setup
 	DATABASE_URL=$(DATABASE_URL_TEST) $(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
