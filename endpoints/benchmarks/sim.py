@@ -1,8 +1,9 @@
 """``bench sim``: the simulator's own figures — profile fit, prefix-cache TTFT ratio, DES speed, determinism.
 
 - ``profile_fit``: per-stream decode tok/s of the default profile at batch 16 / 64 / 128 (500-token prompts,
-  300-token outputs), next to the worked example's 13B table (105 / 68 / 44, docs/algorithms.md#the-worked-example)
-  and the relative error;
+  300-token outputs), under ``profile_roofline_tok_s``, the most its GPU's memory bandwidth allows at those batches
+  (``profile_within_roofline``); next to it the worked example's illustrative 13B table (105 / 68 / 44,
+  docs/algorithms.md#the-worked-example), which no A100 reaches, and the relative error;
 - ``prefix_ttft_ratio``: TTFT of a request whose 2,000-token prefix is cached / TTFT of the same-length cold
   one (engine in virtual time; with ``--live`` over HTTP against a replica process, in wall time);
 - ``des_requests_per_s``: simulated requests completed per wall-clock second, 10,000 shared-prefix requests
@@ -10,7 +11,8 @@
   ``des_requests_per_cpu_s``, the same per CPU-second of this process (steadier on a shared machine);
 - ``deterministic``: two runs with one seed give identical per-request outcomes (and another seed does not).
 
-``--plot F.svg`` draws per-stream tok/s against batch size for the profile with the table's points.
+``--plot F.svg`` draws per-stream tok/s against batch size for the profile and its roofline, with the table's
+points.
 """
 
 from __future__ import annotations
@@ -21,10 +23,23 @@ from endpoints.runtimes.sim import workloads
 from endpoints.runtimes.sim.calibration import decode_tok_s_per_stream, profile_fit
 from endpoints.runtimes.sim.des import Simulation
 from endpoints.runtimes.sim.engine import Engine, Sequence
-from endpoints.runtimes.sim.profiles import get_profile
+from endpoints.runtimes.sim.profiles import ROOFLINES, get_profile
+from endpoints.runtimes.sim.roofline import decode_floor_s
 from endpoints.runtimes.sim.tokens import block_hashes, count_tokens, filler_text
 
 TABLE_13B = {16: 105.0, 64: 68.0, 128: 44.0}
+CONTEXT_PER_SEQ = 650  # mean context of a sequence in profile_fit's window: 500-token prompts, 300-token outputs
+
+
+def roofline_tok_s(profile_name: str, batch: int) -> float | None:
+    """Per-stream decode tok/s at the roofline: one token per step at the floor's step time; None without one."""
+    line = ROOFLINES.get(profile_name)
+    if line is None:
+        return None
+    floor = decode_floor_s(
+        line.model, line.accelerator, batch=batch, context_tokens=batch * CONTEXT_PER_SEQ, gpus=line.gpus
+    )
+    return 1 / floor
 
 
 def _router(name: str, seed: int):
@@ -96,6 +111,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     progress(f"profile fit of {profile.name}")
     fit = profile_fit(profile)
     errors = {b: round(fit[b] / TABLE_13B[b] - 1, 4) for b in TABLE_13B}
+    ceiling = {b: _round(roofline_tok_s(profile.name, b)) for b in fit}
     progress("prefix TTFT, virtual time" + (" and live" if live else ""))
     cold, warm = prefix_ttft_virtual(profile.name)
     figures: dict = {
@@ -103,7 +119,8 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         "profile_fit": fit,
         "profile_fit_table": TABLE_13B,
         "profile_fit_rel_error": errors,
-        "profile_fit_within_5pct": all(abs(e) <= 0.05 for e in errors.values()),
+        "profile_roofline_tok_s": ceiling,
+        "profile_within_roofline": None if None in ceiling.values() else all(fit[b] < ceiling[b] for b in fit),
         "prefix_ttft_ratio": round(warm / cold, 4),
         "prefix_ttft_cold_s": round(cold, 4),
         "prefix_ttft_warm_s": round(warm, 4),
@@ -123,15 +140,22 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     if plot:
         batches = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256]
         curve = [(b, decode_tok_s_per_stream(profile, b)) for b in batches]
-        _write_svg(plot, curve, TABLE_13B, profile.name)
+        ceiling_curve = [(b, v) for b in batches if (v := roofline_tok_s(profile.name, b)) is not None]
+        _write_svg(plot, curve, TABLE_13B, profile.name, ceiling_curve)
         progress(f"wrote {plot}")
     return figures
 
 
-def _write_svg(path: str, curve: list[tuple[int, float]], table: dict[int, float], name: str) -> None:
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _write_svg(
+    path: str, curve: list[tuple[int, float]], table: dict[int, float], name: str, ceiling: list[tuple[int, float]]
+) -> None:
     width, height, pad = 640, 400, 50
     xmax = max(b for b, _ in curve)
-    ymax = max(v for _, v in curve) * 1.1
+    ymax = max(v for _, v in curve + ceiling + list(table.items())) * 1.1
 
     def xy(b: float, v: float) -> tuple[float, float]:
         return pad + (width - 2 * pad) * b / xmax, height - pad - (height - 2 * pad) * v / ymax
@@ -140,12 +164,15 @@ def _write_svg(path: str, curve: list[tuple[int, float]], table: dict[int, float
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
         'font-size="12">',
-        f'<text x="{pad}" y="20">{name}: per-stream decode tok/s vs batch size (line: simulator; dots: 13B '
-        "table)</text>",
+        f'<text x="{pad}" y="20">{name}: per-stream decode tok/s vs batch size (line: simulator; dashed: '
+        "roofline; dots: the worked example's 13B table)</text>",
         f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>',
         f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>',
         f'<polyline fill="none" stroke="steelblue" stroke-width="2" points="{points}"/>',
     ]
+    if ceiling:
+        roof = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(b, v) for b, v in ceiling))
+        parts.append(f'<polyline fill="none" stroke="gray" stroke-dasharray="6 4" points="{roof}"/>')
     for b, v in table.items():
         x, y = xy(b, v)
         parts.append(

@@ -1,9 +1,9 @@
 """The simulated vLLM runtime: one engine model, two clocks (pure except ``server``/``process``/``cli``).
 
 - ``tokens``: the tokenizer (4 characters = 1 token), chat template, deterministic output text, block hashes.
-- ``profiles``: engine constants by name (default ``llama-13b-a100``, fitted to the worked example's 13B table,
-  docs/algorithms.md#simulator-engine-profiles);
-  ``calibration`` measures a profile's per-stream decode rate.
+- ``profiles``: engine constants by name (default ``llama-13b-a100``; the GPU profiles' step times come from
+  ``roofline``: datasheet bandwidth and FLOPs, docs/algorithms.md#the-roofline);
+  ``calibration`` measures a profile's per-stream decode rate and fits one to a real replica's benchmark runs.
 - ``kvcache`` + ``engine``: continuous batching, KV blocks, prefix caching, priority queue, preemption.
 - ``des`` (+ ``fleet``, ``interfaces``): the virtual-time discrete-event runner driving real routers,
   admission and autoscalers; ``admission``: the proxy's admission (``endpoints.admission``) behind its hook;

