@@ -38,10 +38,11 @@ class EngineMissing(RuntimeError):
     pass
 
 
-def build_model(model_dir: Path = MODEL_DIR) -> None:
-    """Build the tiny model unless it is already there (the builder is idempotent and quick when built)."""
+def build_model(model_dir: Path = MODEL_DIR, *, seed: int = 0) -> None:
+    """Build the tiny model unless it is already there (the builder is idempotent and quick when built); another
+    ``seed`` is another build of the same recipe (other weights and tokenizer), e.g. the new version of a rollout."""
     result = subprocess.run(
-        [str(ENGINE_PY), str(ROOT / "scripts" / "build_tiny_model.py"), "--out", str(model_dir)],
+        [str(ENGINE_PY), str(ROOT / "scripts" / "build_tiny_model.py"), "--out", str(model_dir), "--seed", str(seed)],
         capture_output=True,
         text=True,
         cwd=model_dir.parent if model_dir.parent.is_dir() else ROOT,
