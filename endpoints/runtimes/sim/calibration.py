@@ -1,6 +1,12 @@
-"""Measure a profile the way the 13B table was measured: per-stream decode tok/s at a fixed batch (pure)."""
+"""Measure a profile (per-stream decode tok/s at a fixed batch) and fit one to a replica's benchmark runs (pure)."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from capacity.benchmarking import BenchmarkError, nnls
 
 from .engine import Engine, Sequence
 from .profiles import EngineProfile
@@ -36,3 +42,201 @@ def decode_tok_s_per_stream(profile: EngineProfile, batch: int, *, prompt: int =
 
 def profile_fit(profile: EngineProfile, batches=(16, 64, 128)) -> dict[int, float]:
     return {b: round(decode_tok_s_per_stream(profile, b), 2) for b in batches}
+
+
+# --- A profile from a replica's benchmark -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeasuredLevel:
+    """One closed-loop run of a replica, ``concurrency`` requests in flight: what a request cost the replica on
+    average (``gpu_s_per_request``: busy time × GPUs / requests finished), its mean token
+    counts, and ``decode_batch``, the mean number of sequences decoding together (at most the concurrency: a
+    request is prefilling, or on its way to or from the client, part of the time)."""
+
+    concurrency: int
+    gpu_s_per_request: float
+    uncached_in: float
+    cached_in: float
+    out: float
+    decode_batch: float | None = None
+
+    @classmethod
+    def of(cls, stats) -> MeasuredLevel:
+        """From a ``capacity.benchmarking.LevelStats`` (the decode batch taken to be the concurrency)."""
+        return cls(
+            stats.concurrency, stats.gpu_s_per_request, stats.mean_uncached_in, stats.mean_cached_in, stats.mean_out
+        )
+
+    @classmethod
+    def from_samples(cls, concurrency: int, samples, *, gpus: int = 1) -> MeasuredLevel:
+        """From a run's requests (``capacity.benchmarking.Sample``: start, first token, end, token counts), over the
+        whole run: ramp-up and drain included, since the measured decode batch accounts for them, and three times
+        the requests of ``summarize``'s steady window. Time when no request was in flight (the replica idle between
+        one request and the next) is not cost; the decode batch is the time-weighted number of requests between
+        their first token and their end while any request was in flight."""
+        ok = [s for s in samples if s.ok]
+        if not ok:
+            raise BenchmarkError("no request of the run succeeded")
+        busy = _covered([(s.start_s, s.end_s) for s in ok])
+        decoding = sum(max(0.0, s.end_s - s.first_token_s) for s in ok if s.first_token_s is not None)
+        n = len(ok)
+        return cls(
+            concurrency=concurrency,
+            gpu_s_per_request=max(busy, 1e-9) * gpus / n,
+            uncached_in=sum(s.prompt_tokens - s.cached_tokens for s in ok) / n,
+            cached_in=sum(s.cached_tokens for s in ok) / n,
+            out=sum(s.output_tokens for s in ok) / n,
+            decode_batch=max(1.0, decoding / busy) if busy > 0 and decoding > 0 else None,
+        )
+
+
+def _covered(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(i for i in intervals if i[1] > i[0]):
+        if a > end:
+            total, end = total + b - a, b
+        elif b > end:
+            total, end = total + b - end, b
+    return total
+
+
+STEP_FEATURES = ("prefill_s_per_token", "cached_s_per_token", "overhead_s", "t0_s", "per_seq_s", "per_ctx_token_s")
+
+
+def step_cost_fit(levels: list[MeasuredLevel], *, gpus: int = 1) -> dict[str, float]:
+    """The engine's step constants from a replica's benchmark runs: non-negative least squares (relative error,
+    ``capacity.benchmarking.nnls``, the MU fit's solver) of each run's cost per request on what the simulator
+    charges for it,
+
+        gpu_s / gpus = overhead + uncached / prefill_rate + cached · cached_s
+                       + (out − 1) · (t0 / B + per_seq + per_ctx · ctx)
+
+    with B the run's decode batch (its concurrency unless measured) and ctx = in + out / 2 a sequence's mean
+    context while it decodes. It is the MU fit
+    (α, α_c, β, γ) with β split by batch size and context, so the runs must vary both (several concurrencies, short
+    and long prompts). ``cached_s`` is fitted so that it does not bias the rest; the simulator charges nothing for
+    a prefix-cache hit."""
+    usable = [lv for lv in levels if lv.gpu_s_per_request > 0 and lv.out > 1 and lv.concurrency >= 1]
+    if len(usable) < len(STEP_FEATURES):
+        raise BenchmarkError(f"a profile fit needs at least {len(STEP_FEATURES)} runs, got {len(usable)}")
+    rows, targets = [], []
+    for lv in usable:
+        context = lv.uncached_in + lv.cached_in + lv.out / 2
+        decoded = lv.out - 1  # the first token comes out of the prefill step
+        batch = lv.decode_batch or lv.concurrency
+        rows.append([lv.uncached_in, lv.cached_in, 1.0, decoded / batch, decoded, decoded * context])
+        targets.append(lv.gpu_s_per_request / gpus)
+    weights = [1.0 / t**2 for t in targets]  # relative error: a 20 ms request weighs as a 2 s one
+    return dict(zip(STEP_FEATURES, nnls(rows, targets, weights), strict=True))
+
+
+def profile_from_levels(base: EngineProfile, levels: list[MeasuredLevel], **changes) -> EngineProfile:
+    """``base`` (its batch and KV limits, block size, output lengths) with the step times ``step_cost_fit`` finds
+    in a replica's benchmark runs: what ``bench fidelity`` simulates a real engine with."""
+    fit = step_cost_fit(levels, gpus=base.gpus)
+    prefill_s_per_token = fit["prefill_s_per_token"] or 1e-9  # a fit that finds prefill free: as good as free
+    return base.with_options(
+        decode_t0_s=fit["t0_s"],
+        decode_per_seq_s=fit["per_seq_s"],
+        decode_per_ctx_token_s=fit["per_ctx_token_s"],
+        prefill_tokens_per_s=1.0 / prefill_s_per_token,
+        prefill_overhead_s=fit["overhead_s"],
+        **changes,
+    )
+
+
+REFINED_FIELDS = (
+    "decode_t0_s",
+    "decode_per_seq_s",
+    "decode_per_ctx_token_s",
+    "prefill_tokens_per_s",
+    "prefill_overhead_s",
+)
+
+
+def refine_profile(
+    profile: EngineProfile,
+    targets: list[dict[str, float | None]],
+    simulate: Callable[[EngineProfile, int], dict[str, float | None]],
+    *,
+    max_evaluations: int = 120,
+) -> tuple[EngineProfile, float]:
+    """``profile``'s step times adjusted until the simulator reproduces measured runs: the closed form of
+    ``step_cost_fit`` leaves a few per cent of bias (prefill steps stretch the decode batch, chunks share their
+    overhead), so the fit's profile is the start of a Nelder-Mead search, in log space, for the step times that
+    minimise the mean squared log-ratio between ``simulate(profile, i)`` and ``targets[i]`` over every figure both
+    have (throughput, TTFT, TPOT). Deterministic; returns the profile and its root-mean-square log error."""
+    start = [getattr(profile, f) for f in REFINED_FIELDS]
+    # A scale per field, so that a constant the fit found to be 0 can still grow: 1 % of a step's fixed cost.
+    floor = {
+        "decode_t0_s": 1e-4,
+        "decode_per_seq_s": 0.01 * start[0],
+        "decode_per_ctx_token_s": 1e-5 * start[0],
+        "prefill_tokens_per_s": 1.0,
+        "prefill_overhead_s": 0.01 * start[0],
+    }
+    scales = [max(value, floor[f]) for f, value in zip(REFINED_FIELDS, start, strict=True)]
+
+    def candidate(z: list[float]) -> EngineProfile:
+        values = {f: s * math.exp(min(max(v, -6.0), 6.0)) for f, s, v in zip(REFINED_FIELDS, scales, z, strict=True)}
+        return profile.with_options(**values)
+
+    def loss(z: list[float]) -> float:
+        trial = candidate(z)
+        total, count = 0.0, 0
+        for i, target in enumerate(targets):
+            predicted = simulate(trial, i)
+            for key, measured in target.items():
+                value = predicted.get(key)
+                if measured and value and measured > 0 and value > 0:
+                    total += math.log(value / measured) ** 2
+                    count += 1
+        return total / count if count else math.inf
+
+    z0 = [math.log(v / s) if v > 0 else 0.0 for v, s in zip(start, scales, strict=True)]
+    best, best_loss = _nelder_mead(loss, z0, step=0.25, max_evaluations=max_evaluations)
+    return candidate(best), math.sqrt(best_loss)
+
+
+def _nelder_mead(f, x0: list[float], *, step: float, max_evaluations: int) -> tuple[list[float], float]:
+    """Minimise ``f`` from ``x0`` (the textbook reflect / expand / contract / shrink simplex)."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    values = [f(x) for x in simplex]
+    evaluations = n + 1
+    while evaluations < max_evaluations:
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < 1e-6:
+            break
+        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+
+        def towards(t: float, worst=worst, centroid=centroid) -> list[float]:
+            return [c + t * (w - c) for c, w in zip(centroid, worst, strict=True)]
+
+        reflected = towards(-1.0)
+        fr = f(reflected)
+        evaluations += 1
+        if fr < values[0]:
+            expanded = towards(-2.0)
+            fe = f(expanded)
+            evaluations += 1
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = towards(0.5)
+            fc = f(contracted)
+            evaluations += 1
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink towards the best
+                for i in range(1, n + 1):
+                    simplex[i] = [b + 0.5 * (x - b) for b, x in zip(simplex[0], simplex[i], strict=True)]
+                    values[i] = f(simplex[i])
+                evaluations += n
+    best = min(range(n + 1), key=values.__getitem__)
+    return simplex[best], values[best]

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "sim": "endpoints.benchmarks.sim",
     "proxy": "endpoints.benchmarks.proxy",
     "routing": "endpoints.benchmarks.routing",
+    "fidelity": "endpoints.benchmarks.fidelity",
     "planner": "capacity.benchmarks.planner",
     "autoscale": "capacity.benchmarks.autoscale",
     "slo": "billing.benchmarks.slo",
