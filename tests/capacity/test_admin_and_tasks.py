@@ -31,6 +31,8 @@ def test_task_records_an_unreachable_replica_as_a_failed_benchmark(tenant_a):
     endpoint = tenant_a.endpoint
     replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=f"http://127.0.0.1:{free_port()}")
     outcome = benchmark_endpoint(endpoint.pk, replica.pk, quick=True)
-    assert outcome["status"] == "failed" and "cannot list the models" in outcome["error"]
+    # Checked to be a vLLM server before the sweep: the error says which probe failed.
+    assert outcome["status"] == "failed" and "is not a vLLM server" in outcome["error"]
+    assert "/health" in outcome["error"]
     failed = CapacityBenchmark.objects.get()
     assert failed.status == CapacityBenchmark.Status.FAILED and failed.finished_at is not None
