@@ -10,9 +10,19 @@ import math
 import time
 from dataclasses import dataclass
 
+from capacity.benchmark_http import HttpReplicaDriver
 from capacity.benchmark_sim import EngineDriver
 from capacity.benchmarking import Shape, SweepConfig, measure_table, run_sweep
+from capacity.benchmarks.plot import agreement_svg
 from capacity.planner import SLO, WORKED_EXAMPLE, Hardware, ModelShape, ThroughputRow, Workload, plan, spike_scenario
+from capacity.services import QUICK_SWEEP
+from endpoints.admission import CLASSES
+from endpoints.routing.registry import make_router
+from endpoints.runtimes.sim import workloads as sim_workloads
+from endpoints.runtimes.sim.admission import ProxyAdmission
+from endpoints.runtimes.sim.des import Simulation
+from endpoints.runtimes.sim.process import start_replica
+from endpoints.runtimes.sim.profiles import get_profile
 
 # (name, reference figure, tolerance: the source rounds; None = exact)
 REFERENCE = [
@@ -103,12 +113,6 @@ HARDWARE = Hardware(gpu_memory_gb=80.0, overhead_gb=10.0, gpus_per_replica=1, us
 def simulate(workload: SimWorkload, replicas: int, b_max: int, duration_s: float, seed: int) -> dict:
     """The DES at ``replicas`` replicas, each limited to B_max concurrent requests. The proxy's admission queues the
     rest, here with no age limit and room for every request: the planner sizes for a queue that drains, not sheds."""
-    from endpoints.admission import CLASSES
-    from endpoints.routing.registry import make_router
-    from endpoints.runtimes.sim import workloads as sim_workloads
-    from endpoints.runtimes.sim.admission import ProxyAdmission
-    from endpoints.runtimes.sim.des import Simulation
-
     if replicas < 1:
         return {"replicas": replicas, "slo_met": False, "reason": "no replica"}
     sim = Simulation(
@@ -148,8 +152,6 @@ def simulate(workload: SimWorkload, replicas: int, b_max: int, duration_s: float
 
 
 def sim_agreement(workload: SimWorkload, *, quick: bool, progress) -> dict:
-    from endpoints.runtimes.sim.profiles import get_profile
-
     driver = EngineDriver(get_profile(PROFILE))
     shape = Shape(workload.input_tokens, workload.output_tokens)
     table = measure_table(driver, shape, TABLE_LEVELS, requests_per_stream=4 if quick else 8)
@@ -218,17 +220,11 @@ def _replicas_spare(workload, n_base, b_max, duration) -> int:
 
 
 def fit_error(*, quick: bool, live: bool, progress) -> dict:
-    from endpoints.runtimes.sim.profiles import get_profile
-
     profile = get_profile(PROFILE)
     # 30 tok/s per stream: the 13B profile's roofline caps a stream at 78 tok/s (60 at batch 1 with its efficiency),
     # so 60 tok/s would leave no batch to fit at.
     cfg = SweepConfig(tpot_slo_ms=1000 / 30, ttft_slo_ms=2000, requests_per_stream=6 if live else 20)
     if live:
-        from capacity.benchmark_http import HttpReplicaDriver
-        from capacity.services import QUICK_SWEEP
-        from endpoints.runtimes.sim.process import start_replica
-
         cfg = SweepConfig(tpot_slo_ms=1000 / 30, ttft_slo_ms=2000, **QUICK_SWEEP)
         with start_replica(profile=PROFILE, speed=1.0) as replica:
             result = run_sweep(HttpReplicaDriver(replica.url), cfg, progress)
@@ -258,8 +254,6 @@ def run(*, quick: bool = False, plot: str | None = None, live: bool = False, pro
     agreement = [sim_agreement(w, quick=quick, progress=progress) for w in WORKLOADS]
     fit = fit_error(quick=quick, live=live, progress=progress)
     if plot:
-        from capacity.benchmarks.plot import agreement_svg
-
         with open(plot, "w") as handle:
             handle.write(agreement_svg(agreement))
         progress(f"wrote {plot}")

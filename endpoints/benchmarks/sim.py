@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import time
 
+import httpx
+
+from endpoints.routing import make_router
 from endpoints.runtimes.sim import workloads
 from endpoints.runtimes.sim.calibration import decode_tok_s_per_stream, profile_fit
 from endpoints.runtimes.sim.des import Simulation
 from endpoints.runtimes.sim.engine import Engine, Sequence
+from endpoints.runtimes.sim.process import start_replica
 from endpoints.runtimes.sim.profiles import ROOFLINES, get_profile
 from endpoints.runtimes.sim.roofline import decode_floor_s
 from endpoints.runtimes.sim.tokens import block_hashes, count_tokens, filler_text
@@ -43,8 +47,6 @@ def roofline_tok_s(profile_name: str, batch: int) -> float | None:
 
 
 def _router(name: str, seed: int):
-    from endpoints.routing import make_router
-
     return make_router(name, seed=seed)
 
 
@@ -67,10 +69,6 @@ def prefix_ttft_virtual(profile_name: str | None = None, prefix_tokens: int = 20
 
 def prefix_ttft_live(prefix_tokens: int = 2000) -> tuple[float, float]:
     """The same over HTTP: a replica process at speed 1, time to the first SSE data frame, in wall seconds."""
-    import httpx
-
-    from endpoints.runtimes.sim.process import start_replica
-
     prefix = filler_text(prefix_tokens, seed="bench-prefix")
     out = []
     with start_replica(profile=None, speed=1.0) as replica, httpx.Client(timeout=60) as client:
