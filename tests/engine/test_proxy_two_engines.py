@@ -2,7 +2,8 @@
 ``--max-num-seqs 1`` (so requests queue inside it) under a third model name. Priority classes reach vLLM as its
 ``priority``: two requests queued behind a running one are served by class, not by arrival. Prefix affinity
 across the two engines yields more prefix-cache hits than round robin, counted by the engines' own
-``vllm:prefix_cache_hits_total``. One engine start (~70 s on 2 busy cores) serves both tests.
+``vllm:prefix_cache_hits_total``. One engine start (~50 s eager on 2 busy cores, minutes when they are
+saturated) serves both tests.
 
 One engine: test_proxy_real_engine.py."""
 
@@ -37,7 +38,8 @@ def second_engine(engine):
     if url := os.environ.get("INFERCAP_SECOND_ENGINE_URL"):
         yield Engine(url=url.rstrip("/"), model=os.environ.get("INFERCAP_SECOND_ENGINE_MODEL", SECOND_MODEL))
         return
-    process = start_engine(served_model_name=SECOND_MODEL, extra=["--max-num-seqs", "1"])
+    # Eager: no torch.compile warm-up (about 20 of its 50-70 s start here); neither test measures its speed.
+    process = start_engine(served_model_name=SECOND_MODEL, extra=["--max-num-seqs", "1", "--enforce-eager"])
     try:
         yield Engine(url=process.url, model=SECOND_MODEL, startup_s=process.startup_s, pid=process.pid)
     finally:
