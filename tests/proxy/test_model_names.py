@@ -11,13 +11,13 @@ import pytest
 
 from endpoints.models import ReplicaState
 from endpoints.proxy.model_names import model_rename
-from endpoints.proxy.relay import Outcome, plain_exchange, stream_exchange
+from endpoints.proxy.relay import Outcome
 from endpoints.proxy.request import parse_request, upstream_payload
 from endpoints.proxy.snapshot_loader import read_snapshot
 from endpoints.proxy.stages import Upstream
 from tests.factories import EndpointFactory, ReplicaFactory
 from tests.proxy.snapshots import endpoint
-from tests.proxy.test_relay import DONE, Response, Session, event
+from tests.proxy.test_relay import DONE, Response, Session, bodies, event, plain, stream
 from tests.proxy.test_stages import runtime_for
 
 ENGINE, ENDPOINT = "meta/tiny-llama", "team-chat"
@@ -78,25 +78,8 @@ def test_the_body_names_the_engines_model_only_when_it_differs():
 
 
 async def relay_stream(chunks, *, rename, forward_usage=False):
-    sent = []
-
-    async def send(message):
-        sent.append(message)
-
-    outcome = Outcome()
-    await stream_exchange(
-        Session(Response(chunks=chunks)),
-        "http://replica/v1/chat/completions",
-        b"{}",
-        {},
-        send,
-        response_headers=[],
-        forward_usage=forward_usage,
-        outcome=outcome,
-        connect_timeout_s=1.0,
-        rename=rename,
-    )
-    return b"".join(m["body"] for m in sent if m["type"] == "http.response.body"), outcome
+    sent, outcome = await stream(Response(chunks=chunks), rename=rename, forward_usage=forward_usage)
+    return b"".join(body for body, _ in bodies(sent)), outcome
 
 
 async def test_every_streamed_chunk_names_the_endpoint():
@@ -124,23 +107,7 @@ async def test_every_streamed_chunk_names_the_endpoint():
 async def test_a_plain_answer_names_the_endpoint_and_its_length_follows():
     rename = model_rename(served_model_name=ENGINE, endpoint_name=ENDPOINT)
     body = json.dumps({"id": "c1", "model": ENGINE, "choices": [], "usage": {"prompt_tokens": 1}}).encode()
-    sent = []
-
-    async def send(message):
-        sent.append(message)
-
-    outcome = Outcome()
-    await plain_exchange(
-        Session(Response(body=body)),
-        "http://replica/v1/completions",
-        b"{}",
-        {},
-        send,
-        response_headers=[],
-        outcome=outcome,
-        connect_timeout_s=1.0,
-        rename=rename,
-    )
+    sent, outcome = await plain(Response(body=body), rename=rename)
     answer = sent[1]["body"]
     assert (
         json.loads(answer)["model"] == ENDPOINT

@@ -56,23 +56,37 @@ class Session:
         return self.response
 
 
-async def stream(response, *, forward_usage=False, priority_sent=False):
+async def stream(response, *, forward_usage=False, priority_sent=False, rename=None):
+    return await _exchange(
+        stream_exchange,
+        response,
+        "http://replica/v1/chat/completions",
+        forward_usage=forward_usage,
+        priority_sent=priority_sent,
+        rename=rename,
+    )
+
+
+async def plain(response, *, rename=None):
+    return await _exchange(plain_exchange, response, "http://replica/v1/completions", rename=rename)
+
+
+async def _exchange(exchange, response, url: str, **options):
     sent, outcome = [], Outcome()
 
     async def send(message):
         sent.append(message)
 
-    await stream_exchange(
+    await exchange(
         Session(response),
-        "http://replica/v1/chat/completions",
+        url,
         b"{}",
         {},
         send,
         response_headers=[(b"x-request-id", b"req-1")],
-        forward_usage=forward_usage,
         outcome=outcome,
         connect_timeout_s=1.0,
-        priority_sent=priority_sent,
+        **options,
     )
     return sent, outcome
 
@@ -133,21 +147,7 @@ async def test_a_replica_refusing_priority_is_told_apart_from_a_client_error():
 
 async def test_plain_answers_are_passed_with_their_length_and_usage():
     body = json.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}).encode()
-    sent, outcome = [], Outcome()
-
-    async def send(message):
-        sent.append(message)
-
-    await plain_exchange(
-        Session(Response(body=body)),
-        "http://replica/v1/completions",
-        b"{}",
-        {},
-        send,
-        response_headers=[],
-        outcome=outcome,
-        connect_timeout_s=1.0,
-    )
+    sent, outcome = await plain(Response(body=body))
     assert (b"content-length", str(len(body)).encode()) in sent[0]["headers"]
     assert sent[1]["body"] == body and outcome.usage == {"prompt_tokens": 1, "completion_tokens": 2}
     assert outcome.first_token_at == outcome.finished_at
