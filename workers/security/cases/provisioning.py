@@ -387,6 +387,20 @@ def shared_totals(world: SecurityWorld) -> str:
 
 
 # -- replica placement on shared endpoints --------------------------------------------------------------------------
+def _failed_kubernetes_replica(endpoint, *, pod: str, host: str, pid: int) -> Replica:
+    """A replica whose placement (pod, address, actuator, pid) is what a reserving tenant must not learn."""
+    replica = Replica.objects.create(
+        endpoint=endpoint,
+        name=pod,
+        url=f"http://{host}:8000",
+        actuator="kubernetes",
+        actuator_ref=pod,
+        state=ReplicaState.STARTING,
+    )
+    replica_transition(replica=replica, to_state=ReplicaState.FAILED, reason=f"pid {pid} exited on {host}")
+    return replica
+
+
 @security_case(
     "isolation.replica_placement_hidden",
     "tenant A lists a shared endpoint's replicas to learn their addresses, actuator, pod names and pids",
@@ -395,15 +409,7 @@ def replica_placement_hidden(world: SecurityWorld) -> str:
     shared = _endpoint(world, "shared-replicas", owner=None)
     CapacityReservation.objects.create(tenant=world.a.tenant, endpoint=shared, mu_per_min=10.0)
     pod = f"infercap-ep-{shared.pk}-5d8f9c-x2x9q"
-    replica = Replica.objects.create(
-        endpoint=shared,
-        name=pod,
-        url="http://10.42.7.19:8000",
-        actuator="kubernetes",
-        actuator_ref=pod,
-        state=ReplicaState.STARTING,
-    )
-    replica_transition(replica=replica, to_state=ReplicaState.FAILED, reason="pid 31337 exited on 10.42.7.19")
+    replica = _failed_kubernetes_replica(shared, pod=pod, host="10.42.7.19", pid=31337)
     secrets_ = (pod, "10.42.7.19", "31337", "kubernetes")
     for who, label in ((world.a.member, "A's member"), (world.a.keys["read"], "A's read key")):
         api = world.api(who)
@@ -435,15 +441,7 @@ def console_replica_placement_hidden(world: SecurityWorld) -> str:
     # rolled back, so on-commit callbacks are run here).
     with mock.patch.object(live, "_send", lambda groups, message: sent.append((groups, message))):
         with TestCase.captureOnCommitCallbacks(execute=True):
-            replica = Replica.objects.create(
-                endpoint=shared,
-                name=pod,
-                url="http://10.42.9.23:8000",
-                actuator="kubernetes",
-                actuator_ref=pod,
-                state=ReplicaState.STARTING,
-            )
-            replica_transition(replica=replica, to_state=ReplicaState.FAILED, reason="pid 27183 exited on 10.42.9.23")
+            replica = _failed_kubernetes_replica(shared, pod=pod, host="10.42.9.23", pid=27183)
     secrets_ = (pod, "10.42.9.23", "pid 27183", "kubernetes")
     url = reverse("console:endpoint", args=[shared.pk])
     for who, label in ((world.a.member, "A's member"), (world.a.admin, "A's admin")):
