@@ -19,6 +19,7 @@ from endpoints.runtimes.sim.profiles import get_profile
 
 TRUTH = get_profile("tiny-cpu")
 GAP_S = 0.002
+FRONTEND_S = 0.010  # the "engine"'s API server: 10 ms from the send to the scheduler
 
 
 class SimulatedEngine:
@@ -28,7 +29,7 @@ class SimulatedEngine:
 
     def run(self, shape, concurrency, requests, run_id, prefix_groups=1):
         point = LoadPoint(shape, concurrency, requests, prefix_groups)
-        return simulate_point(TRUTH, point, run_id=run_id, client_gap_s=GAP_S)
+        return simulate_point(TRUTH, point, run_id=run_id, client_gap_s=GAP_S, frontend_s=FRONTEND_S)
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +53,19 @@ def test_refined_in_the_simulator_it_predicts_held_out_points_within_10_percent(
     fitted = profile_from_levels(TRUTH, levels)
     targets = [point_stats(point, samples) for point, _, samples in sweep_runs]
 
-    def simulate(profile, i):
+    def simulate(profile, extras, i):
         point, run_id, _ = sweep_runs[i]
-        return point_stats(point, simulate_point(profile, point, run_id=run_id, client_gap_s=GAP_S))
+        return point_stats(point, simulate_point(profile, point, run_id=run_id, client_gap_s=GAP_S, **extras))
 
-    refined, rms = refine_profile(fitted, targets, simulate, max_evaluations=60)
+    extras = {"frontend_s": (fitted.decode_t0_s, fitted.decode_t0_s)}
+    refined, found, rms = refine_profile(fitted, targets, simulate, extras=extras, max_evaluations=150)
     assert rms < 0.05  # the sweep's own runs replay almost exactly
+    assert found["frontend_s"] == pytest.approx(FRONTEND_S, rel=0.3)
     for point in POINTS["quick"]:
-        truth = point_stats(point, simulate_point(TRUTH, point, run_id="held-out", client_gap_s=GAP_S))
-        predicted = point_stats(point, simulate_point(refined, point, run_id="held-out", client_gap_s=GAP_S))
+        truth = point_stats(
+            point, simulate_point(TRUTH, point, run_id="held-out", client_gap_s=GAP_S, frontend_s=FRONTEND_S)
+        )
+        predicted = point_stats(point, simulate_point(refined, point, run_id="held-out", client_gap_s=GAP_S, **found))
         for metric, value in truth.items():
             if value:
                 assert predicted[metric] == pytest.approx(value, rel=0.10), (point.label, metric)

@@ -109,7 +109,7 @@ POINTS = {
         LoadPoint(Shape(2048, 48, shared_prefix_tokens=1536), 4, 20, prefix_groups=4),
     ),
 }
-REFINE_EVALUATIONS = {"smoke": 40, "quick": 80, "full": 150}  # simulator runs of the whole sweep while refining
+REFINE_EVALUATIONS = {"smoke": 80, "quick": 150, "full": 250}  # simulator runs of the whole sweep while refining
 # Two-sided 95 % Student t quantiles by degrees of freedom (repeats − 1).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -151,12 +151,16 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         recorder = Recorder(driver)
         with CpuMeter(pgid) as calibration_cpu:
             sweep = run_sweep(recorder, SweepConfig(**_LOOSE_SLO, **CALIBRATION[size]), progress)
-        fitted, refined, rms = calibrate(
+        fitted, refined, frontend_s, rms = calibrate(
             base, recorder.runs, client_gap_s=client_gap_s, evaluations=REFINE_EVALUATIONS[size], progress=progress
         )
-        profile = refined if opts.get("refine", "1") != "0" else fitted
+        if opts.get("refine", "1") == "0":
+            profile, frontend_s = fitted, 0.0
+        else:
+            profile = refined
+        predict = {"client_gap_s": client_gap_s, "frontend_s": frontend_s}
         points = _measure_points(
-            driver, profile, POINTS[size], repeats=repeats, client_gap_s=client_gap_s, pgid=pgid, progress=progress
+            driver, profile, POINTS[size], repeats=repeats, predict=predict, pgid=pgid, progress=progress
         )
         divergences = _contract(url, info, progress) if opts.get("contract", "1") != "0" else None
     figures = _figures(points, repeats)
@@ -171,6 +175,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
                 "mu_fit": {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma")},
                 "mu_fit_held_out_relative_error": sweep["fit"]["held_out_relative_error"],
                 "client_gap_s": client_gap_s,
+                "frontend_ms": round(frontend_s * 1e3, 3),
                 "cpu": calibration_cpu.figures,
             },
             "real_vllm_version": version,
@@ -228,8 +233,8 @@ class _engine:
 
 
 def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress) -> tuple:
-    """(the closed-form profile fit, that profile refined in the simulator, the refined one's RMS log error) from
-    the calibration sweep's runs."""
+    """(the closed-form profile fit, that profile refined in the simulator, the refined frontend latency, the
+    refined fit's RMS log error over the runs) from the calibration sweep's runs."""
     levels = [MeasuredLevel.from_samples(point.concurrency, samples) for point, _, samples in runs]
     fitted = profile_from_levels(base, levels, name=f"{BASE_PROFILE}-fitted")
     progress(f"profile fit ({len(levels)} runs): {_constants(fitted)}")
@@ -237,13 +242,19 @@ def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress) ->
         {m: v for m, v in point_stats(point, samples).items() if m in TRAINING_METRICS} for point, _, samples in runs
     ]
 
-    def simulate(profile, i: int) -> dict:
+    def simulate(profile, extras: dict, i: int) -> dict:
         point, run_id, _ = runs[i]
-        return point_stats(point, simulate_point(profile, point, run_id=run_id, client_gap_s=client_gap_s))
+        samples = simulate_point(profile, point, run_id=run_id, client_gap_s=client_gap_s, **extras)
+        return point_stats(point, samples)
 
-    refined, rms = refine_profile(fitted, targets, simulate, max_evaluations=evaluations)
-    progress(f"refined in the simulator (RMS log error {rms:.3f} over the runs): {_constants(refined)}")
-    return fitted, refined, rms
+    # The API server's latency starts at a step's fixed cost; the search moves it with the step times.
+    extras = {"frontend_s": (fitted.decode_t0_s, fitted.decode_t0_s)}
+    refined, found, rms = refine_profile(fitted, targets, simulate, extras=extras, max_evaluations=evaluations)
+    progress(
+        f"refined in the simulator (RMS log error {rms:.3f} over the runs): {_constants(refined)}, "
+        f"frontend {found['frontend_s'] * 1e3:.1f} ms"
+    )
+    return fitted, refined, found["frontend_s"], rms
 
 
 def _constants(profile) -> dict:
@@ -256,9 +267,7 @@ def _constants(profile) -> dict:
     }
 
 
-def _measure_points(
-    driver, profile, points, *, repeats: int, client_gap_s: float, pgid: int | None, progress
-) -> list[dict]:
+def _measure_points(driver, profile, points, *, repeats: int, predict: dict, pgid: int | None, progress) -> list[dict]:
     """Each point measured on the engine and predicted by the simulator, ``repeats`` times. The repeats go round
     the points (1, 2, 3, 1, 2, 3, …), so a neighbour's burst of load spreads over several points, not one."""
     runs: dict[LoadPoint, list] = {point: [] for point in points}
@@ -268,7 +277,7 @@ def _measure_points(
             with CpuMeter(pgid) as meter:
                 samples = driver.run(point.shape, point.concurrency, point.requests, run_id, **_g(point))
             measured = point_stats(point, samples)
-            predicted = point_stats(point, simulate_point(profile, point, run_id=run_id, client_gap_s=client_gap_s))
+            predicted = point_stats(point, simulate_point(profile, point, run_id=run_id, **predict))
             runs[point].append((measured, predicted, meter.figures))
             progress(
                 f"{point.label} #{r + 1}: "

@@ -120,25 +120,26 @@ class Recorder:
 
 
 def simulate_point(
-    profile: EngineProfile, point: LoadPoint, *, run_id: str, client_gap_s: float = 0.0
+    profile: EngineProfile, point: LoadPoint, *, run_id: str, client_gap_s: float = 0.0, frontend_s: float = 0.0
 ) -> list[Sample]:
     """The point's closed loop on the simulator's engine in virtual time, with the prompts and output lengths the
-    engine gets. A finished request's successor arrives ``client_gap_s`` later (the client's and API server's
-    turnaround); the engine takes it in at its next step, as vLLM's scheduler does."""
+    engine gets. A finished request's successor is sent ``client_gap_s`` later (the client's turnaround) and
+    reaches the scheduler ``frontend_s`` after that (vLLM's API server: HTTP, request processing, the hop to the
+    engine core), at whose next step it is taken in; its TTFT counts from the send, as the client's does."""
     engine = Engine(profile)
     shape, n = point.shape, point.requests
     outputs = output_lengths(shape, n, run_id)
-    arrivals: list[tuple[float, int]] = [(0.0, i) for i in range(min(point.concurrency, n))]
+    arrivals: list[tuple[float, int, float]] = [(frontend_s, i, 0.0) for i in range(min(point.concurrency, n))]
     issued = len(arrivals)
     samples: list[Sample] = []
     now = 0.0
     while len(samples) < n:
         while arrivals and arrivals[0][0] <= now:
-            arrived, index = heapq.heappop(arrivals)
+            _, index, sent = heapq.heappop(arrivals)
             ids = prompt_ids(
                 shape, run_id=run_id, index=index, vocab_size=profile.vocab_size, prefix_groups=point.prefix_groups
             )
-            engine.add(Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=arrived))
+            engine.add(Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent))
         plan = engine.plan(now, 1)
         if plan is None:
             if not arrivals:
@@ -151,7 +152,7 @@ def simulate_point(
                 Sample(seq.arrival_s, now, seq.first_token_s, seq.prompt_tokens, seq.cached_tokens, seq.generated)
             )
             if issued < n:
-                heapq.heappush(arrivals, (now + client_gap_s, issued))
+                heapq.heappush(arrivals, (now + client_gap_s + frontend_s, issued, now + client_gap_s))
                 issued += 1
     return samples
 

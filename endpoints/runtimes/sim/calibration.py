@@ -159,35 +159,36 @@ REFINED_FIELDS = (
 def refine_profile(
     profile: EngineProfile,
     targets: list[dict[str, float | None]],
-    simulate: Callable[[EngineProfile, int], dict[str, float | None]],
+    simulate: Callable[[EngineProfile, dict[str, float], int], dict[str, float | None]],
     *,
+    extras: dict[str, tuple[float, float]] | None = None,
     max_evaluations: int = 120,
-) -> tuple[EngineProfile, float]:
+) -> tuple[EngineProfile, dict[str, float], float]:
     """``profile``'s step times adjusted until the simulator reproduces measured runs: the closed form of
     ``step_cost_fit`` leaves a few per cent of bias (prefill steps stretch the decode batch, chunks share their
     overhead), so the fit's profile is the start of a Nelder-Mead search, in log space, for the step times that
-    minimise the mean squared log-ratio between ``simulate(profile, i)`` and ``targets[i]`` over every figure both
-    have (throughput, TTFT, TPOT). Deterministic; returns the profile and its root-mean-square log error."""
-    start = [getattr(profile, f) for f in REFINED_FIELDS]
-    # A scale per field, so that a constant the fit found to be 0 can still grow: 1 % of a step's fixed cost.
-    floor = {
-        "decode_t0_s": 1e-4,
-        "decode_per_seq_s": 0.01 * start[0],
-        "decode_per_ctx_token_s": 1e-5 * start[0],
-        "prefill_tokens_per_s": 1.0,
-        "prefill_overhead_s": 0.01 * start[0],
-    }
-    scales = [max(value, floor[f]) for f, value in zip(REFINED_FIELDS, start, strict=True)]
+    minimise the mean squared log-ratio between ``simulate(profile, extras, i)`` and ``targets[i]`` over every
+    figure both have (throughput, TTFT, TPOT). ``extras`` are further positive parameters of ``simulate`` that
+    are not the engine's (name → (start, scale)), searched alike. Deterministic; returns the profile, the
+    extras and the root-mean-square log error."""
+    extras = extras or {}
+    start = [getattr(profile, f) for f in REFINED_FIELDS] + [value for value, _ in extras.values()]
+    # A scale per parameter, so that one the fit found to be 0 can still grow: for the step's parts, 1 % of its
+    # fixed cost.
+    floors = [1e-4, 0.01 * start[0], 1e-5 * start[0], 1.0, 0.01 * start[0]] + [scale for _, scale in extras.values()]
+    scales = [max(value, floor) for value, floor in zip(start, floors, strict=True)]
+    names = list(REFINED_FIELDS) + list(extras)
 
-    def candidate(z: list[float]) -> EngineProfile:
-        values = {f: s * math.exp(min(max(v, -6.0), 6.0)) for f, s, v in zip(REFINED_FIELDS, scales, z, strict=True)}
-        return profile.with_options(**values)
+    def decode(z: list[float]) -> tuple[EngineProfile, dict[str, float]]:
+        values = {n: s * math.exp(min(max(v, -6.0), 6.0)) for n, s, v in zip(names, scales, z, strict=True)}
+        fields = {n: values[n] for n in REFINED_FIELDS}
+        return profile.with_options(**fields), {n: values[n] for n in extras}
 
     def loss(z: list[float]) -> float:
-        trial = candidate(z)
+        trial, trial_extras = decode(z)
         total, count = 0.0, 0
         for i, target in enumerate(targets):
-            predicted = simulate(trial, i)
+            predicted = simulate(trial, trial_extras, i)
             for key, measured in target.items():
                 value = predicted.get(key)
                 if measured and value and measured > 0 and value > 0:
@@ -197,7 +198,8 @@ def refine_profile(
 
     z0 = [math.log(v / s) if v > 0 else 0.0 for v, s in zip(start, scales, strict=True)]
     best, best_loss = _nelder_mead(loss, z0, step=0.25, max_evaluations=max_evaluations)
-    return candidate(best), math.sqrt(best_loss)
+    refined, refined_extras = decode(best)
+    return refined, refined_extras, math.sqrt(best_loss)
 
 
 def _nelder_mead(f, x0: list[float], *, step: float, max_evaluations: int) -> tuple[list[float], float]:
