@@ -9,9 +9,9 @@ not calibrated.
    batch and context) and then refined by replaying the runs in the simulator (``refine_profile``), on top of the
    ``tiny-cpu`` profile's limits.
 3. Predicts held-out load points (other concurrencies, prompt and output lengths, a mix of shared prefixes) with
-   the simulator's engine in virtual time, measures them on the engine (``repeats`` times: the machine is
-   shared and noisy), and reports per point and overall the relative error of throughput, TTFT p50 and p90,
-   TPOT p50 and prefix-cache hit rate, with 95 % intervals over the repeats.
+   the simulator's engine in virtual time and measures them on the engine; reports per point and overall the
+   relative error of throughput, TTFT p50 and p90, TPOT p50 and prefix-cache hit rate. Steps 2 and 3 are one
+   repeat; ``repeats`` of them (the machine is shared and noisy) give 95 % intervals.
 4. Runs the contract comparison (``endpoints.runtimes.sim.contract``) between the engine and a ``tiny-cpu``
    simulated replica and counts the divergences.
 
@@ -147,37 +147,19 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         version = httpx.get(f"{url}/version", timeout=10).json().get("version")
         base = get_profile(BASE_PROFILE, model_name=info["id"], model_path=info.get("root") or "")
         driver = TokenPromptDriver(url, model=info["id"], vocab_size=base.vocab_size)
-        progress(f"vLLM {version} at {url}: calibrating ({size} sweep)")
-        recorder = Recorder(driver)
-        with CpuMeter(pgid) as calibration_cpu:
-            sweep = run_sweep(recorder, SweepConfig(**_LOOSE_SLO, **CALIBRATION[size]), progress)
-        fitted, refined, frontend_s, rms = calibrate(
-            base, recorder.runs, client_gap_s=client_gap_s, evaluations=REFINE_EVALUATIONS[size], progress=progress
-        )
-        if opts.get("refine", "1") == "0":
-            profile, frontend_s = fitted, 0.0
-        else:
-            profile = refined
-        predict = {"client_gap_s": client_gap_s, "frontend_s": frontend_s}
-        points = _measure_points(
-            driver, profile, POINTS[size], repeats=repeats, predict=predict, pgid=pgid, progress=progress
-        )
+        runs: dict[LoadPoint, list] = {point: [] for point in POINTS[size]}
+        cycles = []
+        for r in range(repeats):
+            progress(f"vLLM {version} at {url}: repeat {r + 1} of {repeats}, calibrating ({size} sweep)")
+            cycles.append(
+                _cycle(driver, base, runs, repeat=r, size=size, client_gap_s=client_gap_s, opts=opts, pgid=pgid,
+                       progress=progress)
+            )  # fmt: skip
         divergences = _contract(url, info, progress) if opts.get("contract", "1") != "0" else None
-    figures = _figures(points, repeats)
+    figures = _figures([_point_row(point, point_runs) for point, point_runs in runs.items()], repeats)
     figures.update(
         {
-            "calibration": {
-                "runs": len(recorder.runs),
-                "profile_fit": _constants(fitted),
-                "profile": _constants(profile),
-                "refined": profile is refined,
-                "train_rms_log_error": round(rms, 4),
-                "mu_fit": {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma")},
-                "mu_fit_held_out_relative_error": sweep["fit"]["held_out_relative_error"],
-                "client_gap_s": client_gap_s,
-                "frontend_ms": round(frontend_s * 1e3, 3),
-                "cpu": calibration_cpu.figures,
-            },
+            "calibration": cycles[0] if len(cycles) == 1 else cycles,
             "real_vllm_version": version,
             "contract_divergences": None if divergences is None else len(divergences),
             "contract_divergence_list": divergences,
@@ -267,24 +249,45 @@ def _constants(profile) -> dict:
     }
 
 
-def _measure_points(driver, profile, points, *, repeats: int, predict: dict, pgid: int | None, progress) -> list[dict]:
-    """Each point measured on the engine and predicted by the simulator, ``repeats`` times. The repeats go round
-    the points (1, 2, 3, 1, 2, 3, …), so a neighbour's burst of load spreads over several points, not one."""
-    runs: dict[LoadPoint, list] = {point: [] for point in points}
-    for r in range(repeats):
-        for point in points:
-            run_id = f"fidelity-{point.label}-{r}-{time.time_ns()}"  # fresh prefixes: no run warms the next
-            with CpuMeter(pgid) as meter:
-                samples = driver.run(point.shape, point.concurrency, point.requests, run_id, **_g(point))
-            measured = point_stats(point, samples)
-            predicted = point_stats(point, simulate_point(profile, point, run_id=run_id, **predict))
-            runs[point].append((measured, predicted, meter.figures))
-            progress(
-                f"{point.label} #{r + 1}: "
-                + ", ".join(f"{m} {_fmt(measured[m])} vs sim {_fmt(predicted[m])}" for m in METRICS if measured[m])
-                + _cpu_note(meter.figures)
-            )
-    return [_point_row(point, runs[point]) for point in points]
+def _cycle(driver, base, runs: dict, *, repeat: int, size: str, client_gap_s: float, opts: dict, pgid, progress):
+    """One repeat: calibrate (sweep, fit, refine), then measure and predict every held-out point once. Each repeat
+    calibrates anew, minutes before it measures: on a shared machine the neighbours' load drifts, and a profile
+    fitted in a quiet quarter of an hour mispredicts a busy one (the repeats' spread says how much)."""
+    recorder = Recorder(driver)
+    with CpuMeter(pgid) as calibration_cpu:
+        sweep = run_sweep(recorder, SweepConfig(**_LOOSE_SLO, **CALIBRATION[size]), progress)
+    fitted, refined, frontend_s, rms = calibrate(
+        base, recorder.runs, client_gap_s=client_gap_s, evaluations=REFINE_EVALUATIONS[size], progress=progress
+    )
+    if opts.get("refine", "1") == "0":
+        profile, frontend_s = fitted, 0.0
+    else:
+        profile = refined
+    predict = {"client_gap_s": client_gap_s, "frontend_s": frontend_s}
+    for point in runs:
+        run_id = f"fidelity-{point.label}-{repeat}-{time.time_ns()}"  # fresh prefixes: no run warms the next
+        with CpuMeter(pgid) as meter:
+            samples = driver.run(point.shape, point.concurrency, point.requests, run_id, **_g(point))
+        measured = point_stats(point, samples)
+        predicted = point_stats(point, simulate_point(profile, point, run_id=run_id, **predict))
+        runs[point].append((measured, predicted, meter.figures))
+        progress(
+            f"{point.label} #{repeat + 1}: "
+            + ", ".join(f"{m} {_fmt(measured[m])} vs sim {_fmt(predicted[m])}" for m in METRICS if measured[m])
+            + _cpu_note(meter.figures)
+        )
+    return {
+        "runs": len(recorder.runs),
+        "profile_fit": _constants(fitted),
+        "profile": _constants(profile),
+        "refined": profile is refined,
+        "train_rms_log_error": round(rms, 4),
+        "mu_fit": {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma")},
+        "mu_fit_held_out_relative_error": sweep["fit"]["held_out_relative_error"],
+        "client_gap_s": client_gap_s,
+        "frontend_ms": round(frontend_s * 1e3, 3),
+        "cpu": calibration_cpu.figures,
+    }
 
 
 def _point_row(point: LoadPoint, runs: list) -> dict:
