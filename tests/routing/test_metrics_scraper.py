@@ -114,8 +114,9 @@ async def test_background_scraper_reads_real_replicas_and_isolates_a_hung_one():
         assert view_fast.metrics_age_s < 0.5
         assert view_fast.num_gpu_blocks == 27305
         assert scraper.stats.failures >= 1 and "hung" in scraper.stats.errors
-        # Scrapes kept coming every interval for the healthy replica (≥ 60% of the ideal count).
-        assert fast.requests >= 0.6 * (time.perf_counter() - started) / 0.05
+        # Scrapes kept coming for the healthy replica: at least 30% of one per 50 ms interval (a scraper that waited
+        # on the hung replica's 0.3 s timeouts would manage about 15%; a loaded 2-core machine gave 36%).
+        assert fast.requests >= 0.3 * (time.perf_counter() - started) / 0.05
         # After the 2 s staleness window the router treats the hung replica as saturated.
         await wait_for_async(
             lambda: scraper.apply(ReplicaView(replica_id="hung")).metrics_age_s > 2.0,
