@@ -56,11 +56,17 @@ def delta(after: dict[str, float], before: dict[str, float], name: str) -> float
 def metrics_once(url: str, condition, timeout: float = 20.0) -> dict[str, float]:
     """The engine's metrics as soon as ``condition`` holds for them (they follow each engine step)."""
 
-    def met() -> dict[str, float] | None:
-        metrics = engine_metrics(url)
-        return metrics if condition(metrics) else None
+    last: dict[str, float] = {}
 
-    return wait_for(met, timeout, interval=0.1)
+    def met() -> dict[str, float] | None:
+        last.update(engine_metrics(url))
+        return dict(last) if condition(last) else None
+
+    try:
+        return wait_for(met, timeout, interval=0.1)
+    except AssertionError:
+        counts = {k: v for k, v in last.items() if k.startswith(("vllm:num_requests", "vllm:request_success"))}
+        raise AssertionError(f"the engine's metrics did not get there within {timeout} s: {counts}") from None
 
 
 @pytest.fixture
@@ -197,7 +203,7 @@ def test_a_client_leaving_mid_stream_aborts_the_request_inside_the_engine(engine
             request_id = response.headers["x-request-id"]
             chunks = response.iter_raw()
             next(chunks)  # the engine is generating
-            wait_for(lambda: engine_metrics(engine.url)["vllm:num_requests_running"] == 1, 30)
+            metrics_once(engine.url, lambda m: m["vllm:num_requests_running"] >= 1, timeout=30)
         # Leaving the block closes the connection mid-stream: 3,000 tokens would take minutes here.
     after = metrics_once(engine.url, lambda m: m["vllm:num_requests_running"] == 0, timeout=30)
     # Not running, and not finished either (vLLM counts no client abort among its finished requests): aborted.
