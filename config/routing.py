@@ -9,15 +9,18 @@ from endpoints.proxy.app import application as proxy_app
 websocket_urlpatterns: list = [*console_websocket_urlpatterns]
 
 
+_PROXY_PATHS = frozenset({"/metrics", "/health", "/ping", "/version"})
+
+
 def http_application(django_asgi_app):
-    """HTTP: /v1/ and /metrics go to the proxy (a plain ASGI app, no Django request cycle on the hot path);
-    everything else to Django."""
+    """HTTP: /v1/, /metrics and vLLM's probes (/health, /ping, /version) go to the proxy (a plain ASGI app, no
+    Django request cycle on the hot path); everything else to Django."""
     django_router = URLRouter([re_path(r"", django_asgi_app)])
 
     async def dispatch(scope, receive, send):
         path = scope.get("path", "")
         # A prefix test instead of URL resolution: the proxy's added latency budget is about a millisecond.
-        if path.startswith("/v1/") or path == "/metrics":
+        if path.startswith("/v1/") or path in _PROXY_PATHS:
             return await proxy_app(scope, receive, send)
         return await django_router(scope, receive, send)
 

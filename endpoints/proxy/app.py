@@ -1,5 +1,5 @@
-"""The proxy's ASGI application: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
-and ``GET /metrics``.
+"""The proxy's ASGI application: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /metrics`` and vLLM's probes (``GET /health``, ``GET|POST /ping``, ``GET /version``).
 
 This module only dispatches. A completion is ``pipeline.completion``: the stages of ``stages.py`` in order,
 authenticate (the key against the in-process snapshot) → parse (body, endpoint) → price (class, MU estimate) →
@@ -11,6 +11,7 @@ off the path).
 from __future__ import annotations
 
 import hmac
+import importlib.metadata
 import json
 import logging
 import time
@@ -33,19 +34,12 @@ async def application(scope, receive, send) -> None:
         return
     path = scope["path"]
     method = scope["method"]
-    if path != "/metrics":
-        try:
-            await get_state()
-        except Exception:  # noqa: BLE001 - e.g. the database is down when this process starts
-            log.exception("proxy could not load its configuration")
-            rid = [(b"x-request-id", new_request_id().encode()), (b"retry-after", b"1")]
-            body = error_body(
-                "The proxy is starting and cannot read its configuration yet.",
-                type="server_error",
-                code="proxy_unavailable",
-            )
-            await send_json(send, 503, body, rid)
-            return
+    probe = _PROBES.get(path)
+    if probe is not None and method in probe[0]:
+        await probe[1](send)
+        return
+    if path != "/metrics" and not await _state_loaded(send):
+        return
     kind = _ROUTES.get(path)
     if kind is not None:
         if method != "POST":
@@ -55,16 +49,72 @@ async def application(scope, receive, send) -> None:
     elif path == "/v1/models" and method == "GET":
         await _models(scope, send)
     elif path == "/metrics" and method == "GET":
-        if not _metrics_allowed(_headers(scope)):
-            # Not 401: an unauthenticated caller learns nothing, not even that metrics are served here.
-            await _plain_error(send, 404, f"Unknown path {path}.", "not_found")
-            return
-        body, content_type = m.exposition()
-        headers = [(b"content-type", content_type.encode()), (b"x-request-id", new_request_id().encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _metrics(scope, send)
     else:
         await _plain_error(send, 404, f"Unknown path {path}.", "not_found")
+
+
+async def _state_loaded(send) -> bool:
+    """Whether this process has its configuration; if not, answer 503 with Retry-After (and say False)."""
+    try:
+        await get_state()
+    except Exception:  # noqa: BLE001 - e.g. the database is down when this process starts
+        log.exception("proxy could not load its configuration")
+        rid = [(b"x-request-id", new_request_id().encode()), (b"retry-after", b"1")]
+        body = error_body(
+            "The proxy is starting and cannot read its configuration yet.",
+            type="server_error",
+            code="proxy_unavailable",
+        )
+        await send_json(send, 503, body, rid)
+        return False
+    return True
+
+
+async def _health(send) -> None:
+    """vLLM's ``GET /health`` (and SageMaker's ``/ping``): 200 with an empty body once this process holds its
+    configuration, 503 (empty) while it cannot: what clients of vLLM's ecosystem probe before they send load."""
+    try:
+        await get_state()
+        status = 200
+    except Exception:  # noqa: BLE001 - not ready: the probe says so, the log says why
+        log.exception("proxy could not load its configuration")
+        status = 503
+    headers = [(b"content-length", b"0"), (b"x-request-id", new_request_id().encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _version(send) -> None:
+    """vLLM's ``GET /version``: ``{"version": ...}``, here infercap's."""
+    await send_json(send, 200, _VERSION_BODY, [(b"x-request-id", new_request_id().encode())])
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("infercap")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+_VERSION_BODY = json.dumps({"version": _package_version()}).encode()
+# Unauthenticated, like vLLM's: (methods, handler) by path. The platform's own liveness is /healthz (Django).
+_PROBES = {
+    "/health": (("GET",), _health),
+    "/ping": (("GET", "POST"), _health),
+    "/version": (("GET",), _version),
+}
+
+
+async def _metrics(scope, send) -> None:
+    if not _metrics_allowed(_headers(scope)):
+        # Not 401: an unauthenticated caller learns nothing, not even that metrics are served here.
+        await _plain_error(send, 404, f"Unknown path {scope['path']}.", "not_found")
+        return
+    body, content_type = m.exposition()
+    headers = [(b"content-type", content_type.encode()), (b"x-request-id", new_request_id().encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 _metrics_token: bytes | None = None
@@ -105,6 +155,8 @@ async def _models(scope, send) -> None:
             "object": "model",
             "created": e.created,
             "owned_by": "infercap",
+            "root": e.model or e.name,
+            "parent": None,
             "max_model_len": e.max_model_len,
         }
         for e in sorted(state.snapshot.endpoints_for(key.tenant_id), key=lambda e: e.name)

@@ -65,6 +65,9 @@ class EndpointInfo:
     tpot_slo_ms: int
     max_model_len: int
     created: int
+    # The model the replicas load (the model profile's name: a model id or a path); /v1/models shows it as ``root``
+    # as vLLM does, and vLLM's own benchmark client loads its tokenizer from it.
+    model: str = ""
     replicas: tuple[ReplicaInfo, ...] = ()
     # During a rollout: (version id, percent of requests) for each version that takes traffic; empty otherwise
     # (every ready replica is routed). Replicas of a version not listed here get no traffic.

@@ -54,6 +54,7 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
             tpot_slo_ms=e.tpot_slo_ms,
             max_model_len=e.model_profile.max_model_len,
             created=int(e.created_at.timestamp()),
+            model=e.model_profile.name,
             replicas=tuple(replicas.get(e.pk, ())),
             version_weights=weights.get(e.pk, ()),
         )
