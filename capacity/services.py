@@ -13,10 +13,10 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from capacity.benchmark_http import HttpReplicaDriver
-from capacity.benchmarking import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
 from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_min
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
+from capacity.replica_benchmark.http_driver import HttpReplicaDriver
+from capacity.replica_benchmark.sweep import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import audit_log, field_changes, validated_save
@@ -161,7 +161,7 @@ def benchmark_start(
 
 
 def benchmark_complete(*, benchmark: CapacityBenchmark, result: dict, actor=None) -> CapacityBenchmark:
-    """Store a finished sweep's table and fit (``result`` from ``capacity.benchmarking.run_sweep``)."""
+    """Store a finished sweep's table and fit (``result`` from ``capacity.replica_benchmark.sweep.run_sweep``)."""
     fit = result["fit"]
     benchmark.status = CapacityBenchmark.Status.SUCCEEDED
     benchmark.finished_at = timezone.now()

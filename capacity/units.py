@@ -1,7 +1,7 @@
 """The model-unit (MU) cost function: the capacity currency of sold, used and have (pure: no Django).
 
 ``MU = alpha·uncached_in + alpha_cached·cached_in + beta·out + gamma``, with coefficients per (model, hardware)
-fitted by ``capacity.benchmarking``. The scale is GPU time: **1 MU = 60 ms of one GPU's time at its SLO-compliant
+fitted by ``replica_benchmark.sweep``. The scale is GPU time: **1 MU = 60 ms of one GPU's time at its SLO-compliant
 maximum load**, so one fully used GPU delivers 1,000 MU/min and a dollar figure follows from the GPU-hour rate.
 The Django-side resolver (endpoint → coefficients) lives in ``capacity.unit_resolver``.
 """

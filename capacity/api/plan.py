@@ -12,8 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
-from capacity.planner import PlannerInputError
-from capacity.planning import PlanRequest, plan_from_request
+from capacity.planning.barriers import PlannerInputError
+from capacity.planning.inputs import PlanRequest, plan_from_request
 from endpoints.selectors import endpoints_visible_to
 
 finite = {"allow_nan": False, "allow_infinity": False} if hasattr(serializers.FloatField, "allow_nan") else {}

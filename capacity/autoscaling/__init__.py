@@ -1,7 +1,7 @@
 """Two-axis autoscaling: replica count (horizontal) and per-replica concurrency (vertical).
 
 Pure (no Django; shared with the simulator): ``demand`` (samples, windows), ``horizontal``, ``vertical``,
-``predictive`` (floor from yesterday and the trend), ``baselines`` (static, HPA-like, KPA-like), ``infercap`` (our
+``predictive`` (floor from yesterday and the trend), ``baselines`` (static, HPA-like, KPA-like), ``two_axis`` (our
 policies as one stateful object for simulations), ``sim_adapter`` (any of these policies on the shared engine
 simulator's autoscaler hook and the in-flight time model that ``bench autoscale`` runs on), ``fleetsim`` (the
 autoscaler's own lighter fleet model, kept as the bench's cross-check), ``traces`` (the bursty trace),

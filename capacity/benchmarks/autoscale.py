@@ -42,9 +42,9 @@ from django.core.management.base import CommandError
 from capacity.autoscaling import predictive
 from capacity.autoscaling.baselines import HpaLikePolicy, KpaLikePolicy, StaticPolicy
 from capacity.autoscaling.fleetsim import FleetSim, SimConfig, count_flaps, generate_requests
-from capacity.autoscaling.infercap import InfercapPolicy
 from capacity.autoscaling.sim_adapter import EngineSimAutoscaler, engine_seconds_per_request
 from capacity.autoscaling.traces import BurstyTrace
+from capacity.autoscaling.two_axis import InfercapPolicy
 from capacity.units import MUCoefficients, estimate_request_mu
 from endpoints.admission import CLASSES, CRITICAL, DEFAULT_MAX_AGE_S, DEFAULT_MAX_QUEUE
 from endpoints.routing.baselines import LeastRequestRouter

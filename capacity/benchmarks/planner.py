@@ -10,11 +10,20 @@ import math
 import time
 from dataclasses import dataclass
 
-from capacity.benchmark_http import HttpReplicaDriver
-from capacity.benchmark_sim import EngineDriver
-from capacity.benchmarking import Shape, SweepConfig, measure_table, run_sweep
 from capacity.benchmarks.plot import agreement_svg
-from capacity.planner import SLO, WORKED_EXAMPLE, Hardware, ModelShape, ThroughputRow, Workload, plan, spike_scenario
+from capacity.planning.barriers import (
+    SLO,
+    WORKED_EXAMPLE,
+    Hardware,
+    ModelShape,
+    ThroughputRow,
+    Workload,
+    plan,
+    spike_scenario,
+)
+from capacity.replica_benchmark.http_driver import HttpReplicaDriver
+from capacity.replica_benchmark.sim_driver import EngineDriver
+from capacity.replica_benchmark.sweep import Shape, SweepConfig, measure_table, run_sweep
 from capacity.services import QUICK_SWEEP
 from endpoints.admission import CLASSES
 from endpoints.routing.registry import make_router

@@ -1,4 +1,4 @@
-"""Capacity planner page: a form over capacity.planner (the three barriers), its result table, and why."""
+"""Capacity planner page: a form over capacity.planning.barriers (the three barriers), its result table, and why."""
 
 import math
 
@@ -6,8 +6,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.shortcuts import render
 
-from capacity import planner
 from capacity.models import HardwareProfile, ModelProfile
+from capacity.planning import barriers
 from console.access import operator_required
 
 WORKED_TABLE = "16 105 1680\n64 68 4352\n128 44 5632"
@@ -55,7 +55,7 @@ class PlannerForm(forms.Form):
                 raise ValidationError(f"line {n}: “{line.strip()}” is not numbers") from None
             if not all(math.isfinite(v) for v in (stream, aggregate or 0.0)):
                 raise ValidationError(f"line {n}: numbers must be finite")
-            rows.append(planner.ThroughputRow(batch=batch, per_stream_tok_s=stream, aggregate_tok_s=aggregate))
+            rows.append(barriers.ThroughputRow(batch=batch, per_stream_tok_s=stream, aggregate_tok_s=aggregate))
         if not rows:
             raise ValidationError("needs at least one row")
         return rows
@@ -103,37 +103,37 @@ def planner_view(request):
     data = form.cleaned_data
     spike = None
     if data.get("spike_multiplier"):
-        spike = planner.SpikeInput(
+        spike = barriers.SpikeInput(
             load_multiplier=data["spike_multiplier"], cold_start_s=data.get("cold_start_s") or 0.0
         )
     try:
-        result = planner.plan(
-            model=planner.ModelShape(
+        result = barriers.plan(
+            model=barriers.ModelShape(
                 n_layers=data["n_layers"],
                 n_kv_heads=data["n_kv_heads"],
                 d_head=data["d_head"],
                 dtype_bytes=data["dtype_bytes"],
                 weights_gb=data["weights_gb"],
             ),
-            hardware=planner.Hardware(
+            hardware=barriers.Hardware(
                 gpu_memory_gb=data["gpu_memory_gb"],
                 overhead_gb=data["overhead_gb"],
                 gpus_per_replica=data["gpus_per_replica"],
                 usd_per_gpu_hour=data["usd_per_gpu_hour"],
             ),
-            workload=planner.Workload(
+            workload=barriers.Workload(
                 arrival_rate_per_s=data["arrival_rate_per_s"],
                 input_tokens=data["input_tokens"],
                 output_tokens=data["output_tokens"],
                 context_tokens=data.get("context_tokens"),
             ),
-            slo=planner.SLO(min_stream_tok_s=data["min_stream_tok_s"]),
+            slo=barriers.SLO(min_stream_tok_s=data["min_stream_tok_s"]),
             throughput_table=data["throughput_table"],
             headroom=data["headroom"],
             ttft_s=data.get("ttft_s"),
             spike=spike,
         )
-    except planner.PlannerInputError as exc:
+    except barriers.PlannerInputError as exc:
         for key, message in exc.errors.items():
             form.add_error(_field_for(key, form), f"{key}: {message}" if _field_for(key, form) is None else message)
         return render(request, "console/planner.html", context, status=400)

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 from endpoints.routing.base import Router
 from endpoints.routing.baselines import LeastRequestRouter, PowerOfTwoRouter, RoundRobinRouter
-from endpoints.routing.infercap import InfercapRouter
+from endpoints.routing.bounded_affinity import InfercapRouter
 from endpoints.routing.llmd import LlmdRouter
 
 POLICIES: dict[str, Callable[..., Router]] = {

@@ -11,8 +11,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from capacity.benchmarking import BenchmarkError
 from capacity.models import CapacityBenchmark
+from capacity.replica_benchmark.sweep import BenchmarkError
 from capacity.services import benchmark_run
 from endpoints.health import HealthConfig, health_check_cycle
 from endpoints.models import Replica, ReplicaState

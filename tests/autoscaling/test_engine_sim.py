@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from capacity.autoscaling.infercap import InfercapPolicy
 from capacity.autoscaling.sim_adapter import EngineSimAutoscaler, engine_seconds_per_request
+from capacity.autoscaling.two_axis import InfercapPolicy
 from endpoints.admission import CLASSES
 from endpoints.routing.baselines import LeastRequestRouter
 from endpoints.runtimes.sim import workloads

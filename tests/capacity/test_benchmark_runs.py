@@ -8,9 +8,9 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from capacity.benchmark_sim import EngineDriver, engine_true_costs
-from capacity.benchmarking import BenchmarkError, summarize
 from capacity.models import CapacityBenchmark
+from capacity.replica_benchmark.sim_driver import EngineDriver, engine_true_costs
+from capacity.replica_benchmark.sweep import BenchmarkError, summarize
 from capacity.services import QUICK_SWEEP, benchmark_run
 from capacity.unit_resolver import endpoint_coefficients
 from endpoints.models import ReplicaState, Runtime
@@ -45,7 +45,7 @@ def test_runs_are_versioned_per_pair_and_the_latest_is_used(sim_endpoint):
 
 
 def test_a_full_sweep_stores_a_table_per_shape_and_plans_use_the_nearest(sim_endpoint):
-    from capacity.planning import PlanRequest, plan_from_request
+    from capacity.planning.inputs import PlanRequest, plan_from_request
 
     benchmark = benchmark_run(endpoint=sim_endpoint, driver=EngineDriver(PROFILE))
     tables = benchmark.detail["tables"]

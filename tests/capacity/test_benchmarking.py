@@ -6,8 +6,8 @@ fit must recover the costs derived from the profile (``engine_true_costs``) with
 
 import pytest
 
-from capacity.benchmark_sim import EngineDriver, engine_true_costs
-from capacity.benchmarking import BenchmarkError, Sample, Shape, SweepConfig, nnls, run_sweep, summarize
+from capacity.replica_benchmark.sim_driver import EngineDriver, engine_true_costs
+from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, SweepConfig, nnls, run_sweep, summarize
 from capacity.units import GPU_SECONDS_PER_MU, MU_PER_GPU_MINUTE
 from endpoints.runtimes.sim.profiles import get_profile
 

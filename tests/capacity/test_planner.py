@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from capacity.planner import (
+from capacity.planning.barriers import (
     SLO,
     WORKED_EXAMPLE,
     PlannerInputError,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from endpoints.routing import ReplicaView, RouteRequest, make_router
-from endpoints.routing.infercap import home_key, home_rank
+from endpoints.routing.bounded_affinity import home_key, home_rank
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1,160 characters: 18 prefix blocks
 

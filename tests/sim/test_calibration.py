@@ -4,7 +4,7 @@ points of that engine."""
 
 import pytest
 
-from capacity.benchmarking import BenchmarkError, Sample, Shape, SweepConfig, run_sweep
+from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, SweepConfig, run_sweep
 from endpoints.benchmarks.fidelity import CALIBRATION, POINTS
 from endpoints.benchmarks.fidelity.load import (
     LoadPoint,

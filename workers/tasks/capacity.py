@@ -6,7 +6,7 @@ benchmark with its reason, and re-running it is an operator's decision (it loads
 
 from celery import shared_task
 
-from capacity.benchmarking import BenchmarkError
+from capacity.replica_benchmark.sweep import BenchmarkError
 from capacity.services import benchmark_run
 from endpoints.models import Endpoint, Replica
 

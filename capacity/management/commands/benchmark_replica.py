@@ -11,7 +11,7 @@ import time
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from capacity.benchmarking import BenchmarkError
+from capacity.replica_benchmark.sweep import BenchmarkError
 from capacity.services import SMOKE_SWEEP, benchmark_run
 from endpoints.models import Endpoint, Replica
 

@@ -11,8 +11,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
-from capacity.planner import WORKED_EXAMPLE, PlannerInputError, plan
-from capacity.planning import PlanRequest, plan_from_request
+from capacity.planning.barriers import WORKED_EXAMPLE, PlannerInputError, plan
+from capacity.planning.inputs import PlanRequest, plan_from_request
 from endpoints.models import Endpoint
 
 

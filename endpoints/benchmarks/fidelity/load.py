@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from capacity.benchmark_http import HttpReplicaDriver
-from capacity.benchmarking import BenchmarkError, Sample, Shape, output_lengths, percentile, summarize
+from capacity.replica_benchmark.http_driver import HttpReplicaDriver
+from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, output_lengths, percentile, summarize
 from endpoints.runtimes.sim.engine import Engine, Sequence
 from endpoints.runtimes.sim.profiles import EngineProfile
 from endpoints.runtimes.sim.tokens import BLOCK_SIZE_TOKENS
@@ -63,8 +63,8 @@ def grain_hashes(ids: list[int]) -> list[int]:
 
 
 class TokenPromptDriver(HttpReplicaDriver):
-    """``benchmark_replica``'s HTTP driver (``capacity.benchmark_http``) with exact token-id prompts and every
-    request streamed; a ``capacity.benchmarking.LoadDriver``, so ``run_sweep`` calibrates with it."""
+    """``benchmark_replica``'s HTTP driver (``replica_benchmark.http_driver``) with exact token-id prompts and every
+    request streamed; a ``replica_benchmark.sweep.LoadDriver``, so ``run_sweep`` calibrates with it."""
 
     name = "http-token-ids"
 

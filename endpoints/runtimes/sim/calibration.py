@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capacity.benchmarking import BenchmarkError, nnls
+from capacity.replica_benchmark.sweep import BenchmarkError, nnls
 
 from .engine import Engine, Sequence
 from .profiles import EngineProfile
@@ -63,14 +63,14 @@ class MeasuredLevel:
 
     @classmethod
     def of(cls, stats) -> MeasuredLevel:
-        """From a ``capacity.benchmarking.LevelStats`` (the decode batch taken to be the concurrency)."""
+        """From a ``replica_benchmark.sweep.LevelStats`` (the decode batch taken to be the concurrency)."""
         return cls(
             stats.concurrency, stats.gpu_s_per_request, stats.mean_uncached_in, stats.mean_cached_in, stats.mean_out
         )
 
     @classmethod
     def from_samples(cls, concurrency: int, samples, *, gpus: int = 1) -> MeasuredLevel:
-        """From a run's requests (``capacity.benchmarking.Sample``: start, first token, end, token counts), over the
+        """From a run's requests (``replica_benchmark.sweep.Sample``: start, first token, end, token counts), over the
         whole run: ramp-up and drain included, since the measured decode batch accounts for them, and three times
         the requests of ``summarize``'s steady window. Time when no request was in flight (the replica idle between
         one request and the next) is not cost; the decode batch is the time-weighted number of requests between
@@ -107,7 +107,7 @@ STEP_FEATURES = ("prefill_s_per_token", "cached_s_per_token", "overhead_s", "t0_
 
 def step_cost_fit(levels: list[MeasuredLevel], *, gpus: int = 1) -> dict[str, float]:
     """The engine's step constants from a replica's benchmark runs: non-negative least squares (relative error,
-    ``capacity.benchmarking.nnls``, the MU fit's solver) of each run's cost per request on what the simulator
+    ``replica_benchmark.sweep.nnls``, the MU fit's solver) of each run's cost per request on what the simulator
     charges for it,
 
         gpu_s / gpus = overhead + uncached / prefill_rate + cached · cached_s

@@ -10,8 +10,8 @@
    out, 1) gives α, α_c, β, γ; divided by ``GPU_SECONDS_PER_MU`` they are model units. The error on held-out shapes
    (never fitted) says how far to trust them; the capacity is the MU/min the replica served at B_max.
 
-A ``LoadDriver`` runs one closed loop: ``capacity.benchmark_http.HttpReplicaDriver`` over HTTP against a live
-replica (simulated or real vLLM), ``capacity.benchmark_sim.EngineDriver`` against the simulator's engine in
+A ``LoadDriver`` runs one closed loop: ``http_driver.HttpReplicaDriver`` over HTTP against a live
+replica (simulated or real vLLM), ``sim_driver.EngineDriver`` against the simulator's engine in
 virtual time.
 """
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
-from capacity.planner import (
+from capacity.planning.barriers import (
     SLO,
     Hardware,
     ModelShape,

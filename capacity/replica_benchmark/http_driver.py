@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from capacity.benchmarking import BenchmarkError, Sample, Shape, output_lengths, prompt_text
+from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, output_lengths, prompt_text
 from endpoints.runtimes.vllm import server_problems
 
 STREAMED_PER_LEVEL = 12  # about this many streamed probes per run, whatever the concurrency

@@ -6,7 +6,7 @@ in virtual time there is no clock noise, so a sweep here is what a perfect measu
 
 from __future__ import annotations
 
-from capacity.benchmarking import BenchmarkError, CostFit, Sample, Shape, output_lengths, prompt_text
+from capacity.replica_benchmark.sweep import BenchmarkError, CostFit, Sample, Shape, output_lengths, prompt_text
 from endpoints.runtimes.sim.engine import Engine, Sequence
 from endpoints.runtimes.sim.tokens import block_hashes, count_tokens
 
