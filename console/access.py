@@ -7,17 +7,11 @@ Every view resolves objects through these helpers, so a tenant asking for anothe
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import QuerySet
 from django.http import Http404
 
-from endpoints import selectors as endpoint_selectors
 from endpoints.models import Endpoint
+from endpoints.selectors import endpoints_visible_to
 from tenants.models import Tenant
-
-
-def endpoints_visible_to(user) -> QuerySet[Endpoint]:
-    """Operators: all endpoints. Tenant users: endpoints their tenant owns or holds a reservation on (the API's rule)."""
-    return endpoint_selectors.endpoints_visible_to(user)
 
 
 def endpoint_for(user, endpoint_id: int) -> Endpoint:

@@ -10,8 +10,8 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from console import charts
-from console.access import endpoint_for, endpoints_visible_to, operator_required
-from console.actions import endpoint_create, endpoint_scale, replica_attach, replica_drain
+from console.access import endpoint_for, operator_required
+from console.actions import endpoint_create_action, endpoint_scale_action, replica_attach_action, replica_drain_action
 from console.forms import DrainForm, EndpointCreateForm, ReplicaAttachForm, ScaleForm
 from console.queue_history import queue_history
 from console.selectors import (
@@ -28,6 +28,7 @@ from console.selectors import (
 from console.views.common import confirm_then_run
 from console.views.rollouts import rollout_panel
 from endpoints.models import Replica, ReplicaState
+from endpoints.selectors import endpoints_visible_to
 
 
 @login_required
@@ -168,7 +169,7 @@ def endpoint_create_view(request):
             f"Create endpoint “{form.data.get('name', '')}” with {form.data.get('desired_replicas', '?')} desired "
             "replica(s)? The autoscaler's actuator starts the replicas."
         ),
-        run=lambda: endpoint_create(form_data=form.cleaned_data, actor=request.user),
+        run=lambda: endpoint_create_action(form_data=form.cleaned_data, actor=request.user),
         success_message=lambda e: f"Endpoint {e.name} created.",
         success_url=lambda e: reverse("console:endpoint", args=[e.pk]),
     )
@@ -192,7 +193,7 @@ def endpoint_scale_view(request, endpoint_id: int):
             f"Scale {endpoint.name} from {endpoint.desired_replicas} to {form.data.get('desired_replicas')} desired "
             f"replicas (bounds {form.data.get('min_replicas')}–{form.data.get('max_replicas')})?"
         ),
-        run=lambda: endpoint_scale(endpoint=endpoint, actor=request.user, **form.cleaned_data),
+        run=lambda: endpoint_scale_action(endpoint=endpoint, actor=request.user, **form.cleaned_data),
         success_message=lambda e: f"{e.name} now wants {e.desired_replicas} replica(s).",
         success_url=reverse("console:endpoint", args=[endpoint.pk]),
     )
@@ -213,7 +214,7 @@ def replica_drain_view(request, endpoint_id: int, replica_id: int):
         context=context,
         title=f"Drain {replica.name}",
         summary=f"Drain replica {replica.name} of {endpoint.name}? It stops taking new requests and stops when idle.",
-        run=lambda: replica_drain(replica=replica, actor=request.user, reason=form.cleaned_data["reason"]),
+        run=lambda: replica_drain_action(replica=replica, actor=request.user, reason=form.cleaned_data["reason"]),
         success_message=f"Replica {replica.name} is draining.",
         success_url=reverse("console:endpoint", args=[endpoint.pk]),
     )
@@ -236,7 +237,7 @@ def replica_attach_view(request, endpoint_id: int):
             f"Attach the vLLM server at {form.data.get('url', '')} to {endpoint.name}? It must answer /health, list "
             f"{endpoint.name} at /v1/models and expose vllm: metrics; then it takes traffic at once."
         ),
-        run=lambda: replica_attach(endpoint=endpoint, form_data=form.cleaned_data, actor=request.user),
+        run=lambda: replica_attach_action(endpoint=endpoint, form_data=form.cleaned_data, actor=request.user),
         success_message=lambda r: f"Replica {r.name} attached and ready.",
         success_url=reverse("console:endpoint", args=[endpoint.pk]),
     )

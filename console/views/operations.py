@@ -16,7 +16,7 @@ from billing.selectors import alerts_visible_to, cost_lines_for, slo_budgets
 from billing.slo import WINDOW_PAIRS, WINDOWS_S
 from console import charts
 from console.access import operator_required
-from console.actions import alert_acknowledge, reservation_sell
+from console.actions import alert_acknowledge_action, reservation_sell_action
 from console.forms import AlertAckForm, PeriodForm, ReservationSellForm
 from console.views.common import confirm_then_run
 from tenants.models import Tenant
@@ -62,7 +62,7 @@ def reservation_sell_view(request):
             if valid
             else ""
         ),
-        run=lambda: reservation_sell(form_data=form.cleaned_data, actor=request.user),
+        run=lambda: reservation_sell_action(form_data=form.cleaned_data, actor=request.user),
         success_message=lambda r: f"Sold {r.mu_per_min:g} MU/min on {r.endpoint} to {r.tenant}.",
         success_url=reverse("console:tenants"),
     )
@@ -105,7 +105,7 @@ def alert_ack_view(request, alert_id: int):
         context=context,
         title="Acknowledge alert",
         summary=f"Acknowledge the {alert.get_severity_display().lower()} alert on {alert.slo}?",
-        run=lambda: alert_acknowledge(alert=alert, actor=request.user, note=form.cleaned_data["note"]),
+        run=lambda: alert_acknowledge_action(alert=alert, actor=request.user, note=form.cleaned_data["note"]),
         success_message="Alert acknowledged.",
         success_url=reverse("console:slos"),
     )

@@ -6,7 +6,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from console.access import endpoint_for, operator_required
-from console.actions import rollout_act, rollout_start
+from console.actions import rollout_control_action, rollout_start_action
 from console.forms import RolloutActionForm, RolloutStartForm
 from console.views.common import confirm_then_run
 from endpoints.models import Endpoint, Rollout, RolloutState
@@ -77,7 +77,7 @@ def rollout_start_view(request, endpoint_id: int):
             "New replicas start next to the old ones and take traffic once healthy and warmed up; the old ones "
             "drain after. Failing health or a worse canary rolls it back automatically."
         ),
-        run=lambda: rollout_start(endpoint=endpoint, form_data=form.cleaned_data, actor=request.user),
+        run=lambda: rollout_start_action(endpoint=endpoint, form_data=form.cleaned_data, actor=request.user),
         success_message=lambda r: f"Rollout to v{r.to_version.number} started.",
         success_url=reverse("console:endpoint", args=[endpoint.pk]),
     )
@@ -107,7 +107,7 @@ def rollout_action_view(request, endpoint_id: int, rollout_id: int, action: str)
             f"(now {rollout.get_state_display().lower()}, {rollout.traffic_percent}% on the new version)? "
             f"{ACTION_HELP[action]}"
         ),
-        run=lambda: rollout_act(
+        run=lambda: rollout_control_action(
             rollout=rollout, action=action, actor=request.user, reason=form.cleaned_data["reason"]
         ),
         success_message=lambda r: f"Rollout {r.get_state_display().lower()}.",

@@ -11,10 +11,11 @@ from django.utils.safestring import mark_safe
 
 from billing.statements import statement_for
 from console import charts
-from console.access import endpoints_visible_to, tenant_admin_required, user_tenant
+from console.access import tenant_admin_required, user_tenant
 from console.forms import ApiKeyCreateForm
 from console.selectors import budgets_by_endpoint, replica_state_counts, tenant_usage_by_hour
 from console.views.common import confirm_then_run
+from endpoints.selectors import endpoints_visible_to
 from tenants.models import ApiKey
 from tenants.services import api_key_create, api_key_revoke
 
