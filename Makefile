@@ -20,6 +20,7 @@ run: setup
 ## real-vLLM tests (CPU build, installed once by the engine target) included
 test: setup engine
 	scripts/ensure_services.sh
+	scripts/ensure_prometheus.sh
 	@if [ -x scripts/install_browser.sh ]; then scripts/install_browser.sh; fi
 	DATABASE_URL=$(DATABASE_URL_TEST) REDIS_URL=$(REDIS_URL_TEST) $(PY) -m pytest -q -p no:cacheprovider
 
