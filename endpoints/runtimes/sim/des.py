@@ -129,6 +129,7 @@ class Simulation(FleetOps):
         self._pending: dict[str, tuple[RouteRequest, RequestResult, SimRequest]] = {}  # offered, not dispatched
         self._backlog: deque[RouteRequest] = deque()
         self._arrivals_tick = 0
+        self._arrivals_mu_tick = 0.0
         self._finished_tick: list[RequestResult] = []
         self._wake_at: float | None = None  # the admission's next queue-age expiry, when one is scheduled
         self._actions = FleetActions(self)
@@ -216,6 +217,7 @@ class Simulation(FleetOps):
         if self.autoscaler is not None:
             self.autoscaler.tick(self.fleet_view(), self._actions, now)
         self._arrivals_tick = 0
+        self._arrivals_mu_tick = 0.0
         self._finished_tick = []
         self._pump()
         states = [rep.state for rep in self.replicas.values()]
@@ -249,6 +251,7 @@ class Simulation(FleetOps):
         )
         self._results.append(result)
         self._arrivals_tick += 1
+        self._arrivals_mu_tick += mu
         route = RouteRequest(
             request_id=request.request_id,
             prompt_text=prompt,

@@ -230,4 +230,5 @@ class FleetOps:
             arrivals_last_tick=self._arrivals_tick,
             finished_last_tick=list(self._finished_tick),
             mu_capacity_per_replica=self.mu_capacity,
+            arrivals_mu_last_tick=self._arrivals_mu_tick,
         )

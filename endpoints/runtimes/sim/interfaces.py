@@ -74,6 +74,7 @@ class FleetView:
     arrivals_last_tick: int
     finished_last_tick: list[RequestResult]
     mu_capacity_per_replica: float
+    arrivals_mu_last_tick: float = 0.0  # MU (the cost function's) of those arrivals: a predictor's history in MU
 
     @property
     def demand_mu(self) -> float:
