@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from endpoints.admission.brownout import (
+    SHED_AT,
+    FairPain,
+    degradation_level,
+    degraded_at,
+    queue_wait_s,
+)
 from endpoints.admission.classes import CRITICAL, SHEDDABLE, STANDARD
 from endpoints.admission.drain import DrainRateMeter, retry_after_s
 from endpoints.admission.queue import AdmissionQueue, QueuedItem
@@ -16,9 +23,16 @@ from endpoints.admission.queue import AdmissionQueue, QueuedItem
 # The proxy's defaults (``endpoints.proxy.config.ProxyConfig``): per endpoint and proxy process.
 DEFAULT_MAX_QUEUE = 512
 DEFAULT_MAX_AGE_S: dict[str, float] = {CRITICAL: 30.0, STANDARD: 10.0, SHEDDABLE: 2.0}
-# Why a request was refused: 429 for the first three, 503 for the last.
-QUEUE_FULL, QUEUE_AGE, EVICTED, NO_REPLICA = "queue_full", "queue_age", "evicted", "no_replica"
-SHED_REASONS: tuple[str, ...] = (QUEUE_FULL, QUEUE_AGE, EVICTED, NO_REPLICA)
+# Why a request was refused: 429 for all but the last, 503 for it. ``overloaded``: it would have waited past
+# ``brownout.SHED_AT`` of its class's max age, and fair pain picked its tenant (``brownout.FairPain``).
+QUEUE_FULL, QUEUE_AGE, EVICTED, OVERLOADED, NO_REPLICA = (
+    "queue_full",
+    "queue_age",
+    "evicted",
+    "overloaded",
+    "no_replica",
+)
+SHED_REASONS: tuple[str, ...] = (QUEUE_FULL, QUEUE_AGE, EVICTED, OVERLOADED, NO_REPLICA)
 
 
 @dataclass(frozen=True)
@@ -54,11 +68,58 @@ class AdmissionController:
         quantum_mu: float = 0.0,
         drain_tau_s: float = 10.0,
         now: float = 0.0,
+        fair_pain: bool = True,
     ) -> None:
         self.queue = AdmissionQueue(
             max_size=max_queue, max_age_s=DEFAULT_MAX_AGE_S if max_age_s is None else max_age_s, quantum_mu=quantum_mu
         )
         self.drain = DrainRateMeter(tau_s=drain_tau_s, now=now)
+        # Without it (``fair_pain=False``) an overload sheds by queue age and size alone, on whoever waited.
+        self.pain: FairPain | None = FairPain(now=now) if fair_pain else None
+
+    # -- brownout (``endpoints.admission.brownout``) ------------------------------------------------------
+    def arrived(self, *, tenant: str, mu: float, reserved_mu_per_s: float, now: float) -> None:
+        """Every request that reaches admission, queued or not: what fair pain measures excess on."""
+        if self.pain is not None:
+            self.pain.arrived(tenant, mu, reserved_mu_per_s=reserved_mu_per_s, now=now)
+
+    def _drain_rate(self, now: float, nominal_mu_per_s: float) -> float:
+        rate = self.drain.rate_mu_per_s(now)
+        return rate if rate > 0 else nominal_mu_per_s
+
+    def level(self, *, now: float, nominal_mu_per_s: float) -> int:
+        """The endpoint's degradation level now (0 normal … 3 shedding)."""
+        if not len(self.queue):
+            return 0
+        rate = self._drain_rate(now, nominal_mu_per_s)
+        return degradation_level(
+            mu_ahead_of=self.queue.mu_ahead_of, drain_mu_per_s=rate, max_age_s=self.queue.max_age_s
+        )
+
+    def degrade(self, *, tenant: str, priority: str, now: float, nominal_mu_per_s: float) -> bool:
+        """Whether to serve this request shorter: its class degrades at the current level, and (fair pain) it is
+        its tenant's turn by the tenant's excess over its reservation."""
+        if not degraded_at(priority, self.level(now=now, nominal_mu_per_s=nominal_mu_per_s)):
+            return False
+        return self.pain is None or self.pain.take_degrade_credit(tenant, now)
+
+    def _overload_victim(self, item: QueuedItem, now: float, rate: float) -> QueuedItem | None:
+        """When ``item`` would wait past SHED_AT of its max age: the request of its class to refuse instead, the
+        newest queued one of the tenant fair pain picks (``item`` itself when that is its own tenant)."""
+        if self.pain is None or rate <= 0:
+            return None  # nothing serves yet (scaling from zero): the request waits for the first replica
+        wait_s = queue_wait_s(self.queue.mu_ahead_of(item.priority) + item.mu, rate)
+        if wait_s < SHED_AT[item.priority] * self.queue.max_age_s[item.priority]:
+            return None
+        newest = self.queue.newest_by_tenant(item.priority)
+        victim = self.pain.victim([item.tenant, *(t for t in newest if t != item.tenant)], now)
+        return item if victim == item.tenant else newest[victim]
+
+    def _pained(self, refusals: list[Refusal], now: float) -> None:
+        if self.pain is not None:
+            for refusal in refusals:
+                if refusal.reason != NO_REPLICA:
+                    self.pain.pained(refusal.item.tenant, now)
 
     def may_skip_queue(self) -> bool:
         """A request may go straight to a free slot only when nobody waits: it must not overtake queued work."""
@@ -87,20 +148,33 @@ class AdmissionController:
         load = {"now": now, "in_flight_mu": in_flight_mu, "nominal_mu_per_s": nominal_mu_per_s}
         if not has_replicas and not scale_to_zero:
             return Enqueued(refused=Refusal(item, NO_REPLICA, self.retry_after(item.priority, **load)))
+        # The optimistic rate: a request is refused ahead of its age limit only when even the replicas' nominal
+        # capacity (or the measured rate, if higher) would not serve it in time; early on nothing has finished.
+        victim = self._overload_victim(item, now, max(self.drain.rate_mu_per_s(now), nominal_mu_per_s))
+        if victim is item:
+            refused = Refusal(item, OVERLOADED, self.retry_after(item.priority, **load))
+            self._pained([refused], now)
+            return Enqueued(refused=refused)
+        if victim is not None:
+            self.queue.remove(victim)
         result = self.queue.offer(item, now)
         # Retry-Afters are computed once the queue has changed: a victim waits behind the request that took its place.
-        evicted = [Refusal(victim, EVICTED, self.retry_after(victim.priority, **load)) for victim in result.evicted]
+        victims = ([victim] if victim is not None else []) + result.evicted
+        evicted = [Refusal(v, EVICTED, self.retry_after(v.priority, **load)) for v in victims]
+        self._pained(evicted, now)
         if not result.admitted:
-            return Enqueued(
-                refused=Refusal(item, result.reason, self.retry_after(item.priority, **load)), evicted=evicted
-            )
+            refused = Refusal(item, result.reason, self.retry_after(item.priority, **load))
+            self._pained([refused], now)
+            return Enqueued(refused=refused, evicted=evicted)
         return Enqueued(evicted=evicted)
 
     def shed_expired(self, *, now: float, in_flight_mu: float, nominal_mu_per_s: float) -> list[Refusal]:
         """Remove every request older than its class's max queue age; call before ``next_to_serve``."""
         expired = self.queue.expire(now)
         load = {"now": now, "in_flight_mu": in_flight_mu, "nominal_mu_per_s": nominal_mu_per_s}
-        return [Refusal(item, QUEUE_AGE, self.retry_after(item.priority, **load)) for item in expired]
+        refusals = [Refusal(item, QUEUE_AGE, self.retry_after(item.priority, **load)) for item in expired]
+        self._pained(refusals, now)
+        return refusals
 
     def next_to_serve(self, now: float) -> QueuedItem | None:
         """The queued request a freed slot goes to: strict priority, then deficit round robin across tenants."""

@@ -113,6 +113,9 @@ class _ClassQueue:
                 best = lane.items[-1]
         return best
 
+    def newest_by_tenant(self) -> dict[str, QueuedItem]:
+        return {tenant: lane.items[-1] for tenant, lane in self.lanes.items() if lane.items}
+
     def expired(self, cutoff: float) -> list[QueuedItem]:
         # FCFS per tenant, so only lane heads can be the oldest; stop at the first young item.
         out: list[QueuedItem] = []
@@ -154,6 +157,10 @@ class AdmissionQueue:
         """MU that would be served before a new request of this class (its own class and above)."""
         r = rank(priority)
         return sum(q.mu for c, q in self._classes.items() if rank(c) <= r)
+
+    def newest_by_tenant(self, priority: str) -> dict[str, QueuedItem]:
+        """Each tenant's newest queued request of this class."""
+        return self._classes[priority].newest_by_tenant()
 
     def offer(self, item: QueuedItem, now: float) -> OfferResult:
         rank(item.priority)  # validates

@@ -34,7 +34,8 @@ def test_no_replica_is_refused_unless_the_endpoint_scales_from_zero():
 
 
 def test_retry_after_counts_the_work_ahead_at_the_nominal_rate_then_the_measured_one():
-    admission = AdmissionController(now=0.0)
+    # Queue mechanics alone: with fair pain a 100 MU sheddable request behind 40 MU at 10 MU/s is refused at once
+    admission = AdmissionController(now=0.0, fair_pain=False)
     for i in range(4):
         admission.enqueue(item(f"s{i}", mu=10.0), now=0.0, has_replicas=True, scale_to_zero=False, **LOAD)
     admission.enqueue(item("low", "sheddable", mu=100.0), now=0.0, has_replicas=True, scale_to_zero=False, **LOAD)
@@ -49,7 +50,9 @@ def test_retry_after_counts_the_work_ahead_at_the_nominal_rate_then_the_measured
 
 
 def test_an_evicted_request_is_told_to_wait_behind_the_one_that_took_its_place():
-    admission = AdmissionController(max_queue=1)
+    admission = AdmissionController(
+        max_queue=1, fair_pain=False
+    )  # the full queue alone (see tests/admission/test_brownout.py)
     admission.enqueue(item("low", "sheddable", mu=5.0), now=0.0, has_replicas=True, scale_to_zero=False, **LOAD)
     outcome = admission.enqueue(
         item("high", "critical", mu=30.0), now=0.1, has_replicas=True, scale_to_zero=False, **LOAD

@@ -34,8 +34,11 @@ class ProxyAdmission:
         replica_mu_per_s: float | None = None,
         scale_to_zero: bool = False,
         start_s: float = 0.0,
+        fair_pain: bool = True,
     ) -> None:
-        self.controller = AdmissionController(max_queue=max_queue, max_age_s=max_age_s, now=start_s)
+        self.controller = AdmissionController(
+            max_queue=max_queue, max_age_s=max_age_s, now=start_s, fair_pain=fair_pain
+        )
         self.replica_mu_per_s = replica_mu_per_s
         self.scale_to_zero = scale_to_zero
 
@@ -43,11 +46,14 @@ class ProxyAdmission:
         priority = request.extra.get("priority_class") or STANDARD
         request.extra["priority"] = ENGINE_PRIORITY[priority]
         serving = _serving(replicas)
+        tenant = str(request.extra.get("tenant", ""))
+        reserved = float(request.extra.get("reserved_mu_per_s", 0.0))
+        self.controller.arrived(tenant=tenant, mu=request.mu, reserved_mu_per_s=reserved, now=now)
         if self.controller.may_skip_queue() and _free_slots(serving) > 0:
             return Verdict(dispatch=[request])
         item = QueuedItem(
             request_id=request.request_id,
-            tenant=str(request.extra.get("tenant", "")),
+            tenant=tenant,
             priority=priority,
             mu=request.mu,
             enqueued_at=now,
