@@ -16,6 +16,12 @@ class UsageStatus(models.TextChoices):
     TIMEOUT = "timeout", "Timeout"
 
 
+class Degradation(models.TextChoices):
+    NONE = "", "None"
+    DEGRADED = "degraded", "Degraded (shorter answer)"
+    FALLBACK = "fallback", "Served by the fallback endpoint"
+
+
 class UsageRecord(models.Model):
     """Exactly one per request id; writers insert with ON CONFLICT DO NOTHING so re-delivery is harmless."""
 
@@ -39,6 +45,14 @@ class UsageRecord(models.Model):
     e2e_ms = models.FloatField(null=True, blank=True)
     status = models.CharField(max_length=20, choices=UsageStatus.choices, db_index=True)
     slo_met = models.BooleanField(default=False)
+    # Served under overload: shorter (max_tokens capped) or by the endpoint's fallback (``endpoint`` is then the
+    # fallback, whose MU it is metered at; ``requested_endpoint`` the one the client named).
+    degradation = models.CharField(max_length=10, choices=Degradation.choices, blank=True, default="")
+    # No database constraint and nothing done on delete, like the rollups: an endpoint's deletion must not rewrite
+    # its usage history, and the usage writer never fails a batch on it.
+    requested_endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+    )
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_index=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

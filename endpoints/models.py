@@ -23,6 +23,10 @@ class RoutingPolicy(models.TextChoices):
 model_name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$", "Use letters, digits and . _ : / -")
 
 
+def default_fallback_classes() -> list[str]:
+    return ["standard", "sheddable"]
+
+
 class Endpoint(models.Model):
     name = models.CharField(max_length=100, unique=True, validators=[model_name_validator])
     owner_tenant = models.ForeignKey(
@@ -56,6 +60,28 @@ class Endpoint(models.Model):
     routing_policy = models.CharField(max_length=16, choices=RoutingPolicy.choices, default=RoutingPolicy.INFERCAP)
     ttft_slo_ms = models.PositiveIntegerField(default=2000, validators=[MinValueValidator(1)])
     tpot_slo_ms = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)])
+    # Graceful degradation (docs/request-path.md, "Brownout"): where a request goes when this endpoint would shed
+    # it, is failing or has no ready replica, for the classes listed, for tenants that accept fallbacks; and the
+    # max_tokens that degraded requests are capped at under overload (empty: none are served shorter).
+    fallback = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="fallback_for",
+        help_text="endpoint that serves this one's overflow and failures (a smaller model, cheaper capacity)",
+    )
+    fallback_classes = models.JSONField(
+        default=default_fallback_classes,
+        blank=True,
+        help_text="priority classes that may be served by the fallback",
+    )
+    degrade_max_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="under overload, sheddable (then standard) requests are served with at most this max_tokens",
+    )
     current_version = models.ForeignKey(
         "EndpointVersion",
         null=True,

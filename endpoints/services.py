@@ -42,6 +42,9 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
         "routing_policy",
         "ttft_slo_ms",
         "tpot_slo_ms",
+        "fallback",
+        "fallback_classes",
+        "degrade_max_tokens",
     }
 )
 

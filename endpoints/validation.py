@@ -11,6 +11,8 @@ import re
 from django.core.exceptions import ValidationError
 
 from capacity.autoscaling import actuators
+from endpoints.admission.brownout import MAX_FALLBACK_DEPTH, fallback_chain_error
+from endpoints.admission.classes import CLASSES
 from endpoints.models import Endpoint
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import launch_env
@@ -51,6 +53,8 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
         except actuators.ActuatorError as exc:
             errors.setdefault("launch_options", []).append(str(exc))
     for field, messages in quota_errors(endpoint).items():
+        errors.setdefault(field, []).extend(messages)
+    for field, messages in fallback_errors(endpoint).items():
         errors.setdefault(field, []).extend(messages)
     benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
     if benchmark is not None:
@@ -154,3 +158,34 @@ def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
         errors.append(str(exc))
     # The allowlist's ranges hold for operators' values too (after the launchers' own words, which say more).
     return errors + [e for e in allowlisted_value_errors(options) if e not in errors]
+
+
+def fallback_errors(endpoint: Endpoint) -> dict[str, list[str]]:
+    """The fallback rules, checked when an endpoint is written: the classes are known ones; the fallback is
+    another endpoint that every tenant who can call this one may also call (a shared one, or one of the same
+    owner's); and the chain it starts has no loop and at most ``MAX_FALLBACK_DEPTH`` steps. The proxy guards
+    the same at request time (``endpoints.proxy.fallback``)."""
+    errors: dict[str, list[str]] = {}
+    classes = endpoint.fallback_classes
+    if not isinstance(classes, list) or any(c not in CLASSES for c in classes) or len(set(classes)) != len(classes):
+        errors["fallback_classes"] = [f"must be a list of distinct priority classes among {', '.join(CLASSES)}"]
+    if endpoint.fallback_id is None:
+        return errors
+    if endpoint.pk is not None and endpoint.fallback_id == endpoint.pk:
+        errors["fallback"] = ["an endpoint cannot be its own fallback"]
+        return errors
+    fallback = endpoint.fallback
+    if fallback.owner_tenant_id is not None and fallback.owner_tenant_id != endpoint.owner_tenant_id:
+        errors["fallback"] = ["the fallback must be a shared endpoint or one of the same owner's"]
+        return errors
+    next_of = dict(Endpoint.objects.exclude(fallback=None).values_list("pk", "fallback_id"))
+    start = endpoint.pk if endpoint.pk is not None else -1
+    next_of[start] = endpoint.fallback_id
+    # From every endpoint, not just this one: one whose chain runs through this endpoint grows longer too.
+    problems = {fallback_chain_error(s, next_of, max_depth=MAX_FALLBACK_DEPTH) for s in next_of} - {None}
+    problem = "loop" if "loop" in problems else next(iter(problems), None)
+    if problem == "loop":
+        errors["fallback"] = ["this fallback leads back to the endpoint (a loop)"]
+    elif problem == "depth":
+        errors["fallback"] = [f"the chain of fallbacks would be longer than {MAX_FALLBACK_DEPTH}"]
+    return errors

@@ -31,6 +31,9 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Opt-in: the tenant accepts answers from an endpoint's fallback (another, often smaller model; the response's
+    # ``model`` names it) rather than a refusal when the endpoint it called is overloaded or failing.
+    accepts_fallback = models.BooleanField(default=False)
     # Provisioning quotas for the endpoints the tenant owns (tenants.quotas reads them; only operators change them,
     # through tenants.quotas.tenant_quota_update, which audits the change). Shared endpoints count for nobody.
     quota_max_endpoints = _quota_field("endpoints the tenant may own")

@@ -1,9 +1,11 @@
 """Admin for endpoints, replicas and the replica lifecycle history."""
 
+from django import forms
 from django.contrib import admin
 from django.db import models
 
 from endpoints.models import VERSIONED_FIELDS, Endpoint, Replica, ReplicaTransition
+from endpoints.validation import fallback_errors
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 
 # Replicas sit on the cluster network and speak plain http to the proxy.
@@ -24,8 +26,19 @@ class ReplicaInline(admin.TabularInline):
         return False
 
 
+class EndpointAdminForm(forms.ModelForm):
+    # No Meta: the admin's modelform_factory supplies the model and the fields it shows.
+
+    def _post_clean(self) -> None:
+        super()._post_clean()  # the instance now holds the form's values
+        # The service's fallback rules (no loop, bounded depth, a fallback every caller may reach) as field errors.
+        for field, messages in fallback_errors(self.instance).items():
+            self.add_error(field if field in self.fields else None, messages)
+
+
 @admin.register(Endpoint)
 class EndpointAdmin(OperatorAdmin):
+    form = EndpointAdminForm
     list_display = [
         "name",
         "owner_tenant",
@@ -39,10 +52,13 @@ class EndpointAdmin(OperatorAdmin):
         "routing_policy",
         "ttft_slo_ms",
         "tpot_slo_ms",
+        "fallback",
+        "degrade_max_tokens",
     ]
     list_filter = ["runtime", "routing_policy", "hardware_profile", "model_profile", "owner_tenant"]
     search_fields = ["name", "owner_tenant__name", "model_profile__name", "hardware_profile__name"]
-    list_select_related = ["owner_tenant", "model_profile", "hardware_profile"]
+    list_select_related = ["owner_tenant", "model_profile", "hardware_profile", "fallback"]
+    raw_id_fields = ["fallback"]
     inlines = [ReplicaInline]
 
     def get_readonly_fields(self, request, obj=None):

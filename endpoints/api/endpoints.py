@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
+from endpoints.admission.classes import CLASSES
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
     Endpoint,
@@ -36,6 +37,20 @@ class EndpointSerializer(serializers.ModelSerializer):
         queryset=CapacityBenchmark.objects.all(), required=False, allow_null=True
     )
     launch_options = serializers.DictField(required=False, help_text="runtime launch options (JSON object)")
+    fallback = ScopedPrimaryKeyRelatedField(
+        scope=endpoints_visible_to,
+        queryset=Endpoint.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="endpoint that serves this one's requests when it would shed them, is failing or has no ready "
+        "replica (for the fallback classes, for tenants that accept fallbacks); a shared endpoint or one of the same "
+        "owner's; chains have no loop and at most 2 steps",
+    )
+    fallback_classes = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(CLASSES)),
+        required=False,
+        help_text="priority classes that may be served by the fallback",
+    )
     ready_replicas = serializers.IntegerField(read_only=True, default=0)
     current_version = serializers.PrimaryKeyRelatedField(
         read_only=True, allow_null=True, help_text="the version serving traffic (see /endpoint-versions/)"
@@ -54,7 +69,8 @@ class EndpointSerializer(serializers.ModelSerializer):
             "id", "name", "owner_tenant", "model_profile", "hardware_profile", "pinned_benchmark", "runtime",
             "launch_options", "min_replicas", "max_replicas", "desired_replicas", "ready_replicas", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
-            "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "current_version", "active_rollout", "created_at",
+            "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes", "degrade_max_tokens",
+            "current_version", "active_rollout", "created_at",
             "updated_at",
         ]  # fmt: skip
         # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].

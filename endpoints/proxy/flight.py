@@ -35,6 +35,7 @@ class Price:
     mu: float
     tokens: int
     buckets: list[Bucket]
+    reserved_mu_per_s: float = 0.0  # the tenant's reservation on this endpoint (fair pain measures excess on it)
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +69,12 @@ class Flight:
         "cancel_reason",
         "usage_status",
         "watcher",
+        "requested",
+        "requested_price",
+        "fallback_from",
+        "degraded_to",
+        "level",
+        "first_error",
     )
 
     def __init__(self, *, t0: float, task: asyncio.Task) -> None:
@@ -87,6 +94,33 @@ class Flight:
         self.cancel_reason: str | None = None  # "client", "ttft" or "idle"
         self.usage_status: str | None = None  # overrides the outcome's status in the usage record
         self.watcher: asyncio.Task | None = None
+        # Brownout (``brownout.py``): the endpoint the client named and its price (``endpoint`` and ``price`` move
+        # to a fallback), the name of the endpoint fallen back from, the max_tokens a degraded request was capped
+        # at, the degradation level of the endpoint that served it, and the first refusal (answered when no
+        # fallback serves).
+        self.requested: EndpointInfo | None = None
+        self.requested_price: Price | None = None
+        self.fallback_from: str | None = None
+        self.degraded_to: int | None = None
+        self.level: int | None = None
+        self.first_error = None
+
+    @property
+    def degradation(self) -> str:
+        """The usage record's ``degradation``: "fallback", "degraded" or ""."""
+        return "fallback" if self.fallback_from is not None else "degraded" if self.degraded_to is not None else ""
+
+    def response_headers(self) -> list[tuple[bytes, bytes]]:
+        """What every response to this request carries: its id and, once an endpoint is known, the brownout
+        signals (the degradation level; what was degraded; the endpoint fallen back from)."""
+        headers = list(self.rid_header)
+        if self.level is not None:
+            headers.append((b"x-infercap-degradation-level", str(self.level).encode()))
+        if self.degraded_to is not None:
+            headers.append((b"x-infercap-degraded", f"max_tokens={self.degraded_to}".encode()))
+        if self.fallback_from is not None:
+            headers.append((b"x-infercap-fallback-from", self.fallback_from.encode()))
+        return headers
 
     @property
     def priority(self) -> str:

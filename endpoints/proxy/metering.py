@@ -123,6 +123,8 @@ def usage_record(flight: Flight, *, status: str, measured: Measured, mu: float, 
         "e2e_ms": round(measured.e2e_s * 1000, 3),
         "status": status,
         "slo_met": slo_met,
+        "degradation": flight.degradation,
+        "requested_endpoint_id": flight.requested.id if flight.requested is not None else flight.endpoint.id,
         "started_at": flight.started_at,
         "finished_at": flight.started_at + measured.e2e_s,
     }

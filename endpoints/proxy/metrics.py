@@ -47,6 +47,11 @@ QUEUE_TIME = Histogram(
 )
 QUEUE_DEPTH = Gauge("infercap_proxy_queue_depth", "Queued requests", ["endpoint", "priority"], **_GAUGE_KW)
 SHED = Counter("infercap_proxy_shed", "Requests refused by admission", ["endpoint", "priority", "reason"])
+BROWNOUT = Counter(
+    "infercap_proxy_brownout",
+    "Requests served shorter (degraded) or sent to the fallback, by the endpoint the client named",
+    ["endpoint", "tenant", "kind"],
+)
 RATE_LIMITED = Counter(
     "infercap_proxy_rate_limited", "Requests refused by tenant limits", ["endpoint", "tenant", "limit"]
 )

@@ -1,5 +1,6 @@
-"""A proxied completion as a pipeline of named stages (``stages.py``): authenticate → parse → price → limit → admit
-(routing) → relay → meter (``metering.py``). This module runs them in order on one ``Flight``, answers a refusal
+"""A proxied completion as a pipeline of named stages (``stages.py``): authenticate → parse → price → degrade →
+limit → admit (routing) → relay → meter (``metering.py``), the attempt moving to the endpoint's fallback when it
+would be shed or fails before the first byte (``brownout.py``). This module runs them in order on one ``Flight``, answers a refusal
 with its OpenAI-shaped error, ends a request whose client left or whose replica stalled, and meters every request
 whatever happened."""
 
@@ -8,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+from endpoints.proxy.brownout import degrade, fall_back
 from endpoints.proxy.errors import ProxyError, send_error, sse_error_event
-from endpoints.proxy.flight import Flight
+from endpoints.proxy.flight import Flight, Price
 from endpoints.proxy.metering import meter
 from endpoints.proxy.relay import Outcome
 from endpoints.proxy.request import ParsedRequest, requested_priority
+from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.proxy.stages import (
     Upstream,
     admit,
@@ -38,7 +41,7 @@ async def completion(scope, receive, send, kind: str) -> None:
     except ProxyError as err:
         outcome = flight.outcome
         flight.usage_status = err.usage_status or (outcome.status if outcome and outcome.status != "ok" else None)
-        await send_error(send, err, flight.rid_header)
+        await send_error(send, err, flight.response_headers())
     except asyncio.CancelledError:
         if flight.cancel_reason is None:
             raise  # not ours: the server is shutting the task down
@@ -51,29 +54,56 @@ async def completion(scope, receive, send, kind: str) -> None:
 
 
 async def run_stages(state: ProxyState, flight: Flight, headers: dict[bytes, bytes], receive, send, kind: str) -> None:
-    config = state.config
     key = flight.key = authenticate(state.snapshot, headers, now=time.time(), scope="inference")
-    req = await read_request(receive, headers, kind=kind, config=config)
+    req = await read_request(receive, headers, kind=kind, config=state.config)
     endpoint = resolve_endpoint(state.snapshot, key, req)
     requested = requested_priority(headers)
-    flight.endpoint = endpoint  # from here on an error is metered (a request refused as invalid above is not)
-    price = flight.price = price_request(
-        state.snapshot,
-        key=key,
-        endpoint=endpoint,
-        req=req,
-        requested=requested,
-        best_effort_mu_per_min=config.best_effort_mu_per_min,
-    )
+    flight.endpoint = flight.requested = endpoint  # from here on an error is metered (one refused above is not)
+    visited = {endpoint.id}
+    while True:
+        try:
+            await serve(state, flight, endpoint, req, headers, requested, receive, send)
+            return
+        except ProxyError as err:
+            # Shed, failing or no ready replica: the endpoint's fallback, if one may serve it (brownout.py).
+            endpoint = fall_back(state, flight, err, visited)
+
+
+async def serve(
+    state: ProxyState, flight: Flight, endpoint: EndpointInfo, req: ParsedRequest, headers, requested, receive, send
+) -> None:
+    """One attempt on one endpoint (the one named, or a fallback): price, degrade, limit, admit, relay."""
+    config, key = state.config, flight.key
+    flight.endpoint, runtime = endpoint, state.runtime_for(endpoint)
+
+    def reprice(r: ParsedRequest) -> Price:
+        return price_request(
+            state.snapshot,
+            key=key,
+            endpoint=endpoint,
+            req=r,
+            requested=requested,
+            best_effort_mu_per_min=config.best_effort_mu_per_min,
+        )
+
+    price = flight.price = reprice(req)
+    flight.requested_price = flight.requested_price or price
+    req, price = degrade(runtime, flight, req, price, reprice=reprice)
+    flight.price = price
     flight.charged = await charge_limits(state.limiter, key=key, endpoint=endpoint, price=price)
-    # From here on the body is read: a disconnect cancels whatever we are waiting for.
     loop = asyncio.get_running_loop()
-    flight.watcher = loop.create_task(watch_disconnect(receive, flight))
+    if flight.watcher is None:  # from here on the body is read: a disconnect cancels whatever we are waiting for
+        flight.watcher = loop.create_task(watch_disconnect(receive, flight))
     cache_salt = state.cache_salts.for_tenant(key.tenant_id)
     route = routing_request(flight.request_id, key=key, req=req, headers=headers, mu=price.mu, cache_salt=cache_salt)
-    flight.admission = await admit(state.runtime_for(endpoint), route, key=key, endpoint=endpoint, price=price)
+    flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     upstream = Upstream(
-        req, request_id=flight.request_id, priority=price.priority, cache_salt=cache_salt, rid_header=flight.rid_header
+        req,
+        request_id=flight.request_id,
+        priority=price.priority,
+        cache_salt=cache_salt,
+        rid_header=flight.response_headers(),
+        model=endpoint.name if endpoint is not flight.requested else None,
     )
     flight.outcome = Outcome()
     flight.dispatched_at = time.perf_counter()
@@ -137,7 +167,9 @@ async def end_cancelled(flight: Flight, send) -> None:
             )
         else:
             await send_error(
-                send, ProxyError(504, message.capitalize() + ".", type="timeout", code=reason), flight.rid_header
+                send,
+                ProxyError(504, message.capitalize() + ".", type="timeout", code=reason),
+                flight.response_headers(),
             )
     except Exception:  # noqa: BLE001 - the client may be gone as well
         pass

@@ -28,7 +28,7 @@ _NO_FLIGHT = (0,) * len(CLASSES)
 
 
 class Shed(Exception):
-    """Admission refused the request: ``reason`` is queue_full, queue_age, evicted or no_replica."""
+    """Admission refused the request: ``reason`` is queue_full, queue_age, evicted, overloaded or no_replica."""
 
     def __init__(self, reason: str, retry_after: int) -> None:
         super().__init__(reason)
@@ -300,6 +300,19 @@ class EndpointRuntime:
 
     def retry_after(self, priority: str) -> int:
         return self.admission.retry_after(priority, now=self.clock(), **self._load())
+
+    def level(self) -> int:
+        """The endpoint's degradation level (``endpoints.admission.brownout``), 0 normal … 3 shedding."""
+        return self.admission.level(now=self.clock(), nominal_mu_per_s=self._load()["nominal_mu_per_s"])
+
+    def arrived(self, *, tenant: str, mu: float, reserved_mu_per_s: float) -> None:
+        """A request reached this endpoint (before its limits, a cap or admission): fair pain's measure of excess."""
+        self.admission.arrived(tenant=tenant, mu=mu, reserved_mu_per_s=reserved_mu_per_s, now=self.clock())
+
+    def should_degrade(self, *, tenant: str, priority: str) -> bool:
+        """Whether to serve this request shorter: its class degrades at the level now, and it is its tenant's turn."""
+        nominal = self._load()["nominal_mu_per_s"]
+        return self.admission.degrade(tenant=tenant, priority=priority, now=self.clock(), nominal_mu_per_s=nominal)
 
     async def acquire(self, route: RouteRequest, *, tenant: str, priority: str, mu: float) -> tuple[Slot, float]:
         """A slot for this request, now or after queueing; returns (slot, seconds queued). Raises Shed."""

@@ -23,6 +23,7 @@ class KeyInfo:
     scopes: frozenset
     max_priority: str
     expires_at: float | None  # unix seconds
+    accepts_fallback: bool = False  # its tenant's opt-in (``Tenant.accepts_fallback``)
 
     def usable(self, now: float) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -72,6 +73,11 @@ class EndpointInfo:
     # During a rollout: (version id, percent of requests) for each version that takes traffic; empty otherwise
     # (every ready replica is routed). Replicas of a version not listed here get no traffic.
     version_weights: tuple[tuple[int, int], ...] = ()
+    # Graceful degradation (``endpoints.proxy.brownout``): the fallback endpoint's name and the classes it serves,
+    # and the max_tokens that degraded requests are capped at (None: none are served shorter).
+    fallback_name: str | None = None
+    fallback_classes: frozenset = frozenset()
+    degrade_max_tokens: int | None = None
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id

@@ -33,6 +33,7 @@ def _keys() -> dict[str, KeyInfo]:
             scopes=frozenset(k.scopes or ()),
             max_priority=k.max_priority,
             expires_at=k.expires_at.timestamp() if k.expires_at else None,
+            accepts_fallback=k.tenant.accepts_fallback,
         )
     return keys
 
@@ -41,6 +42,7 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
     coeffs = coefficients_by_endpoint(endpoints)
     replicas = _ready_replicas(endpoints)
     weights = traffic_weights_by_endpoint()
+    names = {e.pk: e.name for e in endpoints}
     return {
         e.name: EndpointInfo(
             id=e.pk,
@@ -57,6 +59,9 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
             model=e.model_profile.name,
             replicas=tuple(replicas.get(e.pk, ())),
             version_weights=weights.get(e.pk, ()),
+            fallback_name=names.get(e.fallback_id),
+            fallback_classes=frozenset(e.fallback_classes or ()),
+            degrade_max_tokens=e.degrade_max_tokens,
         )
         for e in endpoints
     }

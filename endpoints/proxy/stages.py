@@ -37,6 +37,7 @@ SHED_MESSAGES = {
     "queue_full": "`{model}` is saturated and its queue is full; retry after the Retry-After delay.",
     "queue_age": "The request waited longer than its priority class allows for `{model}`; retry after the Retry-After delay.",
     "evicted": "The request was evicted from `{model}`'s queue to make room for higher-priority work.",
+    "overloaded": "`{model}` is overloaded; retry after the Retry-After delay.",
     "no_replica": "`{model}` has no ready replica.",
 }
 
@@ -126,7 +127,8 @@ def price_request(
     )
     mu, tokens = request_cost(req, endpoint.coeffs)
     buckets = buckets_for(reservation=reservation, mu=mu, tokens=tokens, best_effort_mu_per_min=best_effort_mu_per_min)
-    return Price(priority=priority, mu=mu, tokens=tokens, buckets=buckets)
+    reserved_mu_per_s = reservation.mu_per_min / 60.0 if reservation else 0.0
+    return Price(priority=priority, mu=mu, tokens=tokens, buckets=buckets, reserved_mu_per_s=reserved_mu_per_s)
 
 
 # -- limit ------------------------------------------------------------------------------------------------------
@@ -207,12 +209,23 @@ async def admit(
 # -- relay ------------------------------------------------------------------------------------------------------
 class Upstream:
     """What goes to a replica for one request: the body (built once per kind of replica it meets: taking
-    ``priority`` or not, serving the endpoint's model name or another), the headers and the path."""
+    ``priority`` or not, serving the endpoint's model name or another), the headers and the path. ``model``: the
+    endpoint's name when it is not the one the client named (a fallback), sent as the body's ``model``."""
 
-    __slots__ = ("req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "_payloads")
+    __slots__ = ("req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "model", "_payloads")
 
-    def __init__(self, req: ParsedRequest, *, request_id: str, priority: str, cache_salt: str, rid_header) -> None:
+    def __init__(
+        self,
+        req: ParsedRequest,
+        *,
+        request_id: str,
+        priority: str,
+        cache_salt: str,
+        rid_header,
+        model: str | None = None,
+    ) -> None:
         self.req = req
+        self.model = model
         self.path = UPSTREAM_PATH[req.kind]
         self.cache_salt = cache_salt
         self.engine_priority = ENGINE_PRIORITY[priority]
@@ -234,7 +247,7 @@ class Upstream:
     async def exchange(self, session, slot: Slot, send, *, outcome: Outcome, connect_timeout_s: float) -> None:
         sends_priority, rename = slot.takes_priority, slot.rename
         url = slot.url + self.path
-        payload = self.payload(sends_priority, rename.engine if rename is not None else None)
+        payload = self.payload(sends_priority, rename.engine if rename is not None else self.model)
         if self.req.stream:
             await stream_exchange(
                 session,

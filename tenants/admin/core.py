@@ -16,12 +16,12 @@ if admin.site.is_registered(Group):
 
 @admin.register(Tenant)
 class TenantAdmin(OperatorAdmin):
-    list_display = ["name", "slug", "is_active", "created_at"]
+    list_display = ["name", "slug", "is_active", "accepts_fallback", "created_at"]
     list_filter = ["is_active"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     fieldsets = [
-        (None, {"fields": ["name", "slug", "is_active", "created_at"]}),
+        (None, {"fields": ["name", "slug", "is_active", "accepts_fallback", "created_at"]}),
         (
             "Quotas (empty = platform default)",
             {"fields": ["quota_max_endpoints", "quota_max_replicas", "quota_max_gpus", "quota_max_warm_pool"]},

@@ -11,7 +11,7 @@ from tenants.services import tenant_create, tenant_delete, tenant_update
 class TenantSerializer(serializers.ModelSerializer):
     class Meta:
         model = Tenant
-        fields = ["id", "name", "slug", "is_active", "created_at"]
+        fields = ["id", "name", "slug", "is_active", "accepts_fallback", "created_at"]
         read_only_fields = ["id", "created_at"]
 
 

@@ -1,0 +1,55 @@
+"""/api/v1/endpoints/ fallback and degradation fields: a fallback chain with a loop, past the depth bound, or
+reaching an endpoint some caller may not call is a field error, as are unknown classes and a zero max_tokens cap;
+a valid one is stored and reaches the proxy's snapshot."""
+
+import pytest
+from django.urls import reverse
+
+from endpoints.proxy.snapshot_loader import read_snapshot
+from tests.factories import EndpointFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def patch(client, endpoint, **fields):
+    return client.patch(reverse("endpoint-detail", args=[endpoint.pk]), fields, format="json")
+
+
+def test_a_valid_fallback_is_stored_and_reaches_the_snapshot(world):
+    small = EndpointFactory(name="small-1b")
+    big = EndpointFactory(name="big-70b")
+    response = patch(
+        world.client("operator"), big, fallback=small.pk, fallback_classes=["sheddable"], degrade_max_tokens=64
+    )
+    assert response.status_code == 200, response.content
+    assert (response.json()["fallback"], response.json()["degrade_max_tokens"]) == (small.pk, 64)
+    info = read_snapshot().endpoints_by_name["big-70b"]
+    assert (info.fallback_name, info.fallback_classes, info.degrade_max_tokens) == ("small-1b", {"sheddable"}, 64)
+
+
+def test_loops_depth_and_bad_values_are_field_errors(world):
+    client = world.client("operator")
+    a, b, c, d = (EndpointFactory(name=f"chain-{n}") for n in "abcd")
+    assert patch(client, a, fallback=a.pk).json() == {"fallback": ["an endpoint cannot be its own fallback"]}
+    assert patch(client, a, fallback=b.pk).status_code == 200
+    loop = patch(client, b, fallback=a.pk)
+    assert loop.status_code == 400 and "loop" in loop.json()["fallback"][0]
+    assert patch(client, b, fallback=c.pk).status_code == 200  # a → b → c: two steps
+    deep = patch(client, c, fallback=d.pk)  # a → b → c → d: three
+    assert deep.status_code == 400 and "longer than 2" in deep.json()["fallback"][0]
+    classes = patch(client, a, fallback_classes=["urgent"])
+    assert classes.status_code == 400 and "fallback_classes" in classes.json()
+    assert patch(client, a, degrade_max_tokens=0).status_code == 400
+
+
+def test_a_tenant_cannot_name_another_tenants_endpoint_as_its_fallback(world):
+    theirs = world.b.endpoint
+    response = patch(world.client("a_admin"), world.a.endpoint, fallback=theirs.pk)
+    assert response.status_code == 400 and "fallback" in response.json()
+    assert str(theirs.name) not in response.content.decode()
+    # nor may an operator point a shared endpoint at a tenant's own one: other tenants call the shared one
+    shared = EndpointFactory(name="shared-8b")
+    refused = patch(world.client("operator"), shared, fallback=theirs.pk)
+    assert refused.status_code == 400 and refused.json()["fallback"] == [
+        "the fallback must be a shared endpoint or one of the same owner's"
+    ]
