@@ -45,6 +45,13 @@ Interfaces the simulation drives (all optional except the router):
 * **Faults**: ``sim.inject_fault(replica_id, "crash" | "hang" | "slow" | "recover", at_s=…, factor=…)``; a
   crashed replica shows state ``failed`` and stale metrics, a hung one stops advancing ``last_progress_s``.
 * **Clock**: ``VirtualClock.now()`` is the simulated time; give the same object to policies that read a clock.
+* **Mixed fleets**: ``replica_profiles`` (one profile per initial replica, e.g. 4 H100 and 4 A100) and
+  ``replica_mu_capacity`` (each one's ``ReplicaView.mu_capacity``); replicas added later take ``profile``.
+* **KV-cache events**: with ``kv_event_sink(replica_id, seq, batch)`` every engine publishes vLLM's KV events
+  (``endpoints.routing.kv_events``) after each scheduler step that changed its prefix cache, and the router's
+  ``RouteRequest.extra["kv_block_hashes"]`` holds the prompt's block hashes as the engine computes them (what a
+  router that tokenizes and hashes like vLLM, llm-d's precise prefix-cache scorer, would compute).
+  ``set_kv_events(replica_id, False)`` stops delivery (the sequence numbers go on: the consumer sees a gap).
 * **Cost**: ``cost_fn(request, prompt_tokens) -> MU`` (e.g. the capacity engineer's estimate); default counts
   1 MU per 1,000 prompt tokens plus 1 MU per 100 output tokens.
 """
@@ -103,6 +110,9 @@ class Simulation(FleetOps):
         retry_connect_errors: bool = True,
         scheduling_policy: str = "priority",
         seed: int = 0,  # recorded only: the simulation draws no random numbers; workloads and routers seed theirs
+        replica_profiles: list[str | EngineProfile] | None = None,
+        replica_mu_capacity: list[float] | None = None,
+        kv_event_sink: Callable | None = None,
     ):
         self.profile = get_profile(profile) if isinstance(profile, str) or profile is None else profile
         self.clock = clock or VirtualClock()
@@ -134,8 +144,19 @@ class Simulation(FleetOps):
         self._wake_at: float | None = None  # the admission's next queue-age expiry, when one is scheduled
         self._actions = FleetActions(self)
         self.timeline: list[dict] = []
-        for _ in range(replicas):
-            self._make_ready(self.add_replica(cold_start_s=0.0, schedule=False))
+        self.kv_event_sink = kv_event_sink
+        if replica_profiles is not None:
+            replicas = len(replica_profiles)
+        for i in range(replicas):
+            profile = replica_profiles[i] if replica_profiles is not None else None
+            self._make_ready(
+                self.add_replica(
+                    cold_start_s=0.0,
+                    schedule=False,
+                    profile=get_profile(profile) if isinstance(profile, str) else profile,
+                    mu_capacity=replica_mu_capacity[i] if replica_mu_capacity is not None else None,
+                )
+            )
 
     # -- event loop --------------------------------------------------------------------------------
     def _push(self, at: float, kind: int, payload) -> None:
@@ -263,8 +284,11 @@ class Simulation(FleetOps):
                 "priority_class": request.priority_class,
                 "prompt_tokens": prompt_tokens,
                 "max_tokens": request.output_tokens,
+                "workload": request.extra,  # what the workload knows (oracles read it; policies must not)
             },
         )
+        if self.kv_event_sink is not None:
+            route.extra["kv_block_hashes"] = request.block_hashes()
         self._pending[request.request_id] = (route, result, request)
         if self.admission is None:
             self._dispatch(route)
@@ -308,7 +332,7 @@ class Simulation(FleetOps):
             request_id=request.request_id,
             prompt_tokens=result.prompt_tokens,
             max_tokens=request.output_tokens,
-            block_hashes=request.block_hashes(),
+            block_hashes=route.extra.get("kv_block_hashes") or request.block_hashes(),
             priority=route.extra.get("priority", request.priority),  # admission may set the engine priority
             arrival_s=now,
             tag=request,
@@ -374,6 +398,7 @@ class Simulation(FleetOps):
         now = self.clock.now()
         plan = rep.engine.plan(now, _MANY_STEPS)
         rep.plan = plan
+        self._publish_kv_events(rep)
         if plan is not None:
             rep.version += 1
             self._push(rep.end_of(plan), _STEP_END, (rep, rep.version))

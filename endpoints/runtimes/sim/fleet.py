@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from endpoints.routing.base import ReplicaView, RouteRequest
+from endpoints.routing.kv_events import KVEventBatch
 
 from .engine import Engine
 from .engine import Sequence as EngineSeq
@@ -69,6 +70,9 @@ class SimReplica:
         self.last_progress_s = now  # last step end (tokens produced)
         self.busy_s = 0.0
         self.healthy = True  # set by a health controller through FleetActions.set_healthy
+        self.mu_capacity = 1.0  # in-flight MU it sustains (ReplicaView.mu_capacity): per replica in a mixed fleet
+        self.kv_events_on = True  # its KV-event publisher is delivering (Simulation.set_kv_events)
+        self.kv_event_seq = 0  # the publisher's sequence number, counting batches dropped too
 
     def end_of(self, plan, steps: int | None = None) -> float:
         return plan.start_s + plan.duration(steps) * self.slow
@@ -77,9 +81,19 @@ class SimReplica:
 class FleetOps:
     """Replica management for ``des.Simulation`` (which provides clock, router, _push, _start_plan, …)."""
 
-    def add_replica(self, *, cold_start_s: float | None = None, schedule: bool = True) -> str:
+    def add_replica(
+        self,
+        *,
+        cold_start_s: float | None = None,
+        schedule: bool = True,
+        profile: EngineProfile | None = None,
+        mu_capacity: float | None = None,
+    ) -> str:
         now = self.clock.now()
-        rep = SimReplica(f"r{next(self._ids)}", self.profile, now, self.concurrency_limit, self.policy)
+        rep = SimReplica(f"r{next(self._ids)}", profile or self.profile, now, self.concurrency_limit, self.policy)
+        rep.mu_capacity = self.mu_capacity if mu_capacity is None else mu_capacity
+        if self.kv_event_sink is not None:
+            rep.engine.kv.events = []
         self.replicas[rep.replica_id] = rep
         self._all_replicas.append(rep)
         if schedule:
@@ -110,6 +124,7 @@ class FleetOps:
         rep.version += 1
         rep.record.removed_s = now
         rep.engine.abort_all(now)
+        self._publish_kv_events(rep)
         for route, result, _seq in list(rep.in_flight.values()):
             result.status, result.reason, result.finish_s = "aborted", "replica_removed", now
             self._finished_tick.append(result)
@@ -142,6 +157,7 @@ class FleetOps:
             rep.plan = None
             rep.record.failed_s = now
             rep.engine.abort_all(now)
+            rep.engine.kv.drain_events()  # a dead engine publishes nothing
             for route, result, _seq in list(rep.in_flight.values()):
                 result.status, result.reason, result.finish_s = "error", "replica_crashed", now
                 self._finished_tick.append(result)
@@ -171,6 +187,25 @@ class FleetOps:
             else:
                 self._start_plan(rep)
 
+    def set_kv_events(self, replica_id: str, enabled: bool) -> None:
+        """Stop (or resume) delivering a replica's KV events, as a dead subscriber link would: the publisher's
+        sequence numbers go on counting, so a consumer sees the gap when delivery resumes."""
+        rep = self.replicas.get(replica_id)
+        if rep is not None:
+            rep.kv_events_on = enabled
+
+    def _publish_kv_events(self, rep: SimReplica) -> None:
+        """Hand the engine's KV events since the last step to ``kv_event_sink(replica_id, seq, batch)``."""
+        if self.kv_event_sink is None:
+            return
+        events = rep.engine.kv.drain_events()
+        if not events:
+            return
+        seq = rep.kv_event_seq
+        rep.kv_event_seq += 1
+        if rep.kv_events_on:
+            self.kv_event_sink(rep.replica_id, seq, KVEventBatch(ts=self.clock.now(), events=events))
+
     def live_replicas(self) -> list[SimReplica]:
         return list(self.replicas.values())
 
@@ -195,10 +230,10 @@ class FleetOps:
                     kv_usage=kv,
                     in_flight=len(rep.in_flight),
                     in_flight_mu=rep.in_flight_mu,
-                    mu_capacity=self.mu_capacity,
+                    mu_capacity=rep.mu_capacity,
                     concurrency_limit=rep.concurrency_limit,
-                    block_size=self.profile.block_size,
-                    num_gpu_blocks=self.profile.num_gpu_blocks,
+                    block_size=rep.profile.block_size,
+                    num_gpu_blocks=rep.profile.num_gpu_blocks,
                 )
             )
         return views

@@ -7,6 +7,11 @@ queue holds every block, empty. Full prompt blocks are keyed by their chained ha
 reference-counted while held; a hit takes a free cached block back out of the queue. Other blocks (a prompt's
 partial last block, decode blocks) are anonymous: the queue keeps runs of them as counts, so a request of
 thousands of blocks costs a few dictionary operations.
+
+With ``events`` set to a list, the pool records vLLM's KV-cache events as its ``--kv-events-config`` publisher
+emits them (``endpoints.routing.kv_events``): ``BlockStored`` when a block is named by its hash, ``BlockRemoved``
+when a cached block is evicted for reuse, ``AllBlocksCleared`` on reset. The simulated engine has no token ids,
+so its ``BlockStored.token_ids`` is empty; consumers key on the block hashes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+from endpoints.routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 class KVCache:
@@ -31,6 +38,7 @@ class KVCache:
         self._cached_free = 0
         self._free[("run", next(self._runs))] = num_blocks
         self.evictions = 0  # cached blocks reused for something else
+        self.events: list | None = None  # KV-cache events since the last drain, when publishing is on
 
     @property
     def used_blocks(self) -> int:
@@ -86,7 +94,18 @@ class KVCache:
         if block_hash in self._ref or block_hash in self._free:
             return False
         self._ref[block_hash] = 1
+        if self.events is not None:
+            self._stored([block_hash])
         return True
+
+    def _stored(self, hashes: list[int], parent: int | None = None) -> None:
+        events = self.events
+        last = events[-1] if events else None
+        # Consecutive registrations of one request's chunk become one event, as vLLM stores a chunk's blocks.
+        if type(last) is BlockStored and last.block_hashes and parent is None:
+            last.block_hashes.extend(hashes)
+        else:
+            events.append(BlockStored(block_hashes=list(hashes), parent_block_hash=parent, block_size=self.block_size))
 
     def acquire(self, hashes: Sequence[int], anon_blocks: int) -> None:
         """Hold a chain of hashed blocks (hits reuse cached ones, misses get new blocks) and ``anon_blocks`` more."""
@@ -114,6 +133,10 @@ class KVCache:
         for h in reversed(kept):
             free[h] = 1
         self._cached_free += len(kept)
+        if kept and self.events is not None:
+            self.events.append(
+                BlockStored(block_hashes=list(kept), parent_block_hash=None, block_size=self.block_size)
+            )
         ref = self._ref
         for h in reversed(hashes):
             holders = ref[h] - 1
@@ -145,6 +168,8 @@ class KVCache:
                 self._cached_free -= 1
                 self.evictions += 1
                 left -= 1
+                if self.events is not None:
+                    self.events.append(BlockRemoved(block_hashes=[key]))
         self._free_count -= n
 
     def reset(self) -> None:
@@ -154,3 +179,13 @@ class KVCache:
             queue[key if isinstance(key, tuple) else ("run", next(self._runs))] = count
         self._free = queue
         self._cached_free = 0
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+
+    def drain_events(self) -> list:
+        """The events recorded since the last drain (empty when publishing is off)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events

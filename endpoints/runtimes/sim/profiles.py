@@ -82,6 +82,10 @@ ROOFLINES: dict[str, Roofline] = {
         MODELS["qwen3-32b"], ACCELERATORS["h100-sxm"], gpus=2, efficiency=Efficiency(step_overhead_s=0.0015)
     ),
     "qwen3-32b-h200": Roofline(MODELS["qwen3-32b"], ACCELERATORS["h200-sxm"]),
+    # The previous generation beside it in a mixed pool (bench routing's heterogeneous fleet), same overhead.
+    "qwen3-32b-a100x2": Roofline(
+        MODELS["qwen3-32b"], ACCELERATORS["a100-80gb-sxm"], gpus=2, efficiency=Efficiency(step_overhead_s=0.0015)
+    ),
     "llama-8b-l40s": Roofline(MODELS["llama-3.1-8b"], ACCELERATORS["l40s"]),
 }
 
@@ -132,6 +136,19 @@ PROFILES: dict[str, EngineProfile] = {
     # llm-d's routing benchmark model: Qwen3-32B on 2 H100 (TP2) per pod.
     "qwen3-32b-h100x2": _gpu_profile(
         "qwen3-32b-h100x2",
+        model_name="qwen3-32b",
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        num_gpu_blocks=17_000,
+        max_model_len=16384,
+        gpu_memory_utilization=0.92,
+        model_path="Qwen/Qwen3-32B",
+        vocab_size=151936,
+    ),
+    # The same model on 2 A100 80 GB (TP2): 61 % of an H100's memory bandwidth, 32 % of its dense FP16 compute;
+    # the same 17,000 blocks (the A100 pair has the same 160 GB), so only speed differs in a mixed pool.
+    "qwen3-32b-a100x2": _gpu_profile(
+        "qwen3-32b-a100x2",
         model_name="qwen3-32b",
         max_num_seqs=1024,
         max_num_batched_tokens=8192,
