@@ -28,7 +28,15 @@
    taking its prefix's traffic until it preempted under overload). ``queue_weight``/``kv_weight`` can add
    llm-d's queue and kv-cache scorers; off by default: in the benchmark they cost throughput.
    Stickiness and affinity are preferences: a sticky replica that is over the bound or at its limit is simply
-   not allowed, and the session moves.
+   not allowed, and the session moves. The head terms are scaled by how often heads recur (an exponentially
+   weighted share of requests whose head was seen before, starting at 1): a stream of unique prompts has no
+   groups, and counting each prompt as one steered it by head counts instead of load.
+
+With a ``kv_index`` (``KVBlockIndex`` fed by the engines' KV-cache events) the prefix match of a replica whose
+events are usable is what its cache really holds (the request's engine block hashes, ``extra["kv_block_hashes"]``);
+for a replica whose events stopped, lag or lost batches, and for requests without engine hashes, the approximate
+index answers, so the router degrades to its event-less behaviour instead of trusting a stale picture. Hardware
+speed enters through each replica's MU capacity: load is in-flight MU over it, in the bound and in the load term.
 """
 
 import zlib
@@ -37,7 +45,8 @@ from collections.abc import Sequence
 
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
-from endpoints.routing.llmd import kv_score, queue_scores, request_hashes
+from endpoints.routing.kv_index import KVBlockIndex
+from endpoints.routing.llmd import kv_match_fraction, kv_score, queue_scores, request_hashes
 from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixHeads, PrefixIndex
 
 
@@ -127,9 +136,11 @@ class InfercapRouter(RouterBase):
         max_blocks: int = MAX_PREFIX_BLOCKS,
         session_ttl_s: float = 900.0,
         max_sessions: int = 100_000,
+        kv_index: KVBlockIndex | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.kv_index = kv_index
         if load_bound < 1.0:
             raise ValueError("load_bound must be ≥ 1.0 (1.0 means perfectly even load)")
         if load_slack < 0:
@@ -141,6 +152,10 @@ class InfercapRouter(RouterBase):
         self.spread_weight, self.primary_weight = spread_weight, primary_weight
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
         self.heads = PrefixHeads()
+        self._seen_heads: OrderedDict[int, None] = OrderedDict()  # bounded LRU of heads routed at least once
+        self.max_seen_heads = 65_536
+        self.recurrence = 1.0  # EWMA of "this request's head was seen before"
+        self.recurrence_alpha = 0.01
         self.sessions = SessionTable(max_sessions, session_ttl_s)
         self._cache_config: dict[str, tuple[int, int]] = {}
 
@@ -179,18 +194,26 @@ class InfercapRouter(RouterBase):
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
             score = (
-                self.prefix_weight * self.prefix_index.match_fraction(r.replica_id, hashes)
+                self.prefix_weight * self.prefix_match(r.replica_id, request, hashes, now)
                 + (self.session_weight if r.replica_id == sticky else 0.0)
                 + self.home_weight * home_rank(head, r.replica_id)
                 - self.fill_weight * self.prefix_index.fill(r.replica_id)
                 + (self.queue_weight * queue[r.replica_id] if queue else 0.0)
                 + (self.kv_weight * kv_score(r) if self.kv_weight else 0.0)
-                - self.spread_weight * extra_heads.get(r.replica_id, 0)
-                + (self.primary_weight if r.replica_id == primary else 0.0)
+                - self.spread_weight * self.recurrence * extra_heads.get(r.replica_id, 0)
+                + (self.primary_weight * self.recurrence if r.replica_id == primary else 0.0)
                 - self.load_weight * loads[r.replica_id] / top_load
             )
             scored.append((score, r))
         return self._random_best(scored)
+
+    def prefix_match(self, replica_id: str, request: RouteRequest, hashes: Sequence[int], now: float) -> float:
+        """Matched share of the prompt on the replica: from KV events where they are usable, else approximate."""
+        if self.kv_index is not None and self.kv_index.usable(replica_id, now):
+            fraction = kv_match_fraction(self.kv_index, replica_id, request)
+            if fraction is not None:
+                return fraction
+        return self.prefix_index.match_fraction(replica_id, hashes)
 
     def _extra_heads(self, allowed: Sequence[ReplicaView], head: int, hashes: Sequence[int]) -> dict[str, int]:
         """Per allowed replica not holding this prompt's head: its distinct heads above the emptiest one's."""
@@ -215,8 +238,22 @@ class InfercapRouter(RouterBase):
         self.prefix_index.record(replica_id, hashes, num_gpu_blocks, block_size)
         if len(hashes) >= self.home_blocks:
             head = home_key(request, self.home_blocks * self.prefix_index.block_chars)
+            self._note_recurrence(head)
             self.heads.record(replica_id, head, hashes[self.home_blocks - 1], self.prefix_index)
         self.sessions.set(request.session_id, replica_id, now)
+        if self.kv_index is not None:
+            self.kv_index.on_routed(replica_id, now)
+
+    def _note_recurrence(self, head: int) -> None:
+        seen = self._seen_heads
+        recurred = head in seen
+        if recurred:
+            seen.move_to_end(head)
+        else:
+            seen[head] = None
+            if len(seen) > self.max_seen_heads:
+                seen.popitem(last=False)
+        self.recurrence += self.recurrence_alpha * (float(recurred) - self.recurrence)
 
     def forget_replica(self, replica_id: str) -> None:
         """A replica restarted or left: its prefix cache is gone, so is our memory of it."""

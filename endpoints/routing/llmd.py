@@ -5,13 +5,25 @@ Scorer formulas as in llm-d's inference scheduler: queue = (maxQ − q) / (maxQ 
 (1 for all when equal), kv = 1 − kv_cache_usage, prefix = matched blocks / prompt blocks from the
 router-side prefix index. Both queue and kv come from scraped metrics only, so between scrapes every
 request sees the same picture; that is llm-d's behaviour and part of what the comparison measures.
+
+The approximate prefix index's LRU per server is sized from the pod's ``vllm:cache_config_info`` (num_gpu_blocks ×
+block_size tokens), as llm-d's prefix-cache scorer does with auto-tuning on, else ``lruCapacityPerServer``.
+``LlmdPreciseRouter`` is llm-d's precise prefix-cache scorer in the same profile: the prefix score comes from a
+``KVBlockIndex`` fed by the engines' KV-cache events instead of from what the router has sent.
 """
 
 from collections.abc import Sequence
 
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
-from endpoints.routing.prefix import DEFAULT_INDEX_BLOCKS, MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixIndex
+from endpoints.routing.kv_index import KVBlockIndex
+from endpoints.routing.prefix import (
+    DEFAULT_INDEX_BLOCKS,
+    MAX_PREFIX_BLOCKS,
+    PREFIX_BLOCK_CHARS,
+    PrefixIndex,
+    index_blocks_for,
+)
 
 HASHES_KEY = "_prefix_hashes"
 
@@ -22,6 +34,17 @@ def request_hashes(index: PrefixIndex, request: RouteRequest) -> list[int]:
     if hashes is None:
         hashes = request.extra[HASHES_KEY] = index.hashes_for(request.prompt_text, request.extra.get("cache_salt", ""))
     return hashes
+
+
+KV_HASHES_KEY = "kv_block_hashes"
+
+
+def kv_match_fraction(index: KVBlockIndex, replica_id: str, request: RouteRequest) -> float | None:
+    """Matched / total engine blocks of the prompt on the replica, from KV events; None without engine hashes."""
+    hashes = request.extra.get(KV_HASHES_KEY)
+    if not hashes:
+        return None
+    return index.match(replica_id, hashes) / len(hashes)
 
 
 def queue_scores(replicas: Sequence[ReplicaView]) -> dict[str, float]:
@@ -48,14 +71,17 @@ class LlmdRouter(RouterBase):
         block_chars: int = PREFIX_BLOCK_CHARS,
         max_blocks: int = MAX_PREFIX_BLOCKS,
         lru_capacity_per_server: int = DEFAULT_INDEX_BLOCKS,
+        auto_tune: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.queue_weight, self.kv_weight, self.prefix_weight = queue_weight, kv_weight, prefix_weight
         self.prefix_index = PrefixIndex(block_chars, max_blocks)
-        # llm-d's approximate prefix scorer keeps a fixed LRU per server (lruCapacityPerServer, 31,250 blocks),
-        # whatever the replica's real KV cache holds; sizing it from cache_config_info is infercap's addition.
+        # Without auto-tuning llm-d keeps a fixed LRU per server (lruCapacityPerServer, 31,250 blocks), whatever
+        # the replica's KV cache holds; with it (the default), the LRU holds what the pod's GPU blocks hold.
         self.lru_capacity_per_server = lru_capacity_per_server
+        self.auto_tune = auto_tune
+        self._capacity: dict[str, int] = {}
 
     def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
         candidates = self.candidates(replicas)
@@ -65,15 +91,40 @@ class LlmdRouter(RouterBase):
         queue = queue_scores(candidates)
         scored = []
         for r in candidates:
+            if self.auto_tune and r.num_gpu_blocks > 0:
+                self._capacity[r.replica_id] = index_blocks_for(
+                    r.num_gpu_blocks, r.block_size, self.prefix_index.block_chars
+                )
             score = (
                 self.queue_weight * queue[r.replica_id]
                 + self.kv_weight * kv_score(r)
-                + self.prefix_weight * self.prefix_index.match_fraction(r.replica_id, hashes)
+                + self.prefix_weight * self.prefix_score(r.replica_id, request, hashes)
             )
             scored.append((score, r))
         return self._random_best(scored)
 
+    def prefix_score(self, replica_id: str, request: RouteRequest, hashes: list[int]) -> float:
+        return self.prefix_index.match_fraction(replica_id, hashes)
+
     def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
-        self.prefix_index.record_fixed(
-            replica_id, request_hashes(self.prefix_index, request), self.lru_capacity_per_server
-        )
+        capacity = self._capacity.get(replica_id, self.lru_capacity_per_server)
+        self.prefix_index.record_fixed(replica_id, request_hashes(self.prefix_index, request), capacity)
+
+
+class LlmdPreciseRouter(LlmdRouter):
+    """llm-d's profile with the precise prefix-cache scorer: matched blocks from the engines' KV events.
+
+    No fallback: a replica whose events stopped scores what the index last knew (llm-d's behaviour)."""
+
+    name = "llmd_precise"
+
+    def __init__(self, *, kv_index: KVBlockIndex | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.kv_index = kv_index if kv_index is not None else KVBlockIndex()
+
+    def prefix_score(self, replica_id: str, request: RouteRequest, hashes: list[int]) -> float:
+        fraction = kv_match_fraction(self.kv_index, replica_id, request)
+        return 0.0 if fraction is None else fraction
+
+    def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
+        return None

@@ -115,6 +115,8 @@ class PrefixIndex:
         index = self._replicas.get(replica_id)
         if index is None:
             index = self._replicas[replica_id] = ReplicaPrefixIndex(capacity_blocks)
+        elif index.capacity_blocks != max(1, capacity_blocks):
+            index.resize(capacity_blocks)
         index.add(hashes)
 
     def forget(self, replica_id: str) -> None:
@@ -143,28 +145,41 @@ class PrefixHeads:
     the block that opens it is still in that replica's LRU index, so a head the cache has dropped stops counting.
     Kept per replica in least-recently-routed order and pruned from the old end, O(1) amortized per request.
     Each copy remembers when it was made (a sequence number, not a clock): the oldest copy of a head is its
-    *primary*, the replica the group lives on; later copies are spill-overs.
+    *primary*, the replica the group lives on; later copies are spill-overs. ``count`` counts only copies routed
+    ``min_requests`` times or more (a group, not a one-off prompt).
     """
 
-    def __init__(self, max_heads: int = 4096):
+    def __init__(self, max_heads: int = 4096, min_requests: int = 1):
         self.max_heads = max(1, max_heads)
-        self._heads: dict[str, OrderedDict[int, tuple[int, int]]] = {}  # head → (first block, copy number)
+        self.min_requests = max(1, min_requests)
+        self._heads: dict[str, OrderedDict[int, list]] = {}  # head → [first block, copy number, requests]
+        self._counted: dict[str, int] = {}  # per replica: copies with at least min_requests requests
         self._copies = 0
 
     def record(self, replica_id: str, head: int, first_block: int, index: PrefixIndex) -> None:
         heads = self._heads.setdefault(replica_id, OrderedDict())
         entry = heads.get(head)
         if entry is None or entry[0] != first_block or not index.holds(replica_id, entry[0]):
+            if entry is not None:
+                self._uncount(replica_id, entry)
             self._copies += 1
-            entry = (first_block, self._copies)
+            entry = [first_block, self._copies, 0]
+        entry[2] += 1
+        if entry[2] == self.min_requests:
+            self._counted[replica_id] = self._counted.get(replica_id, 0) + 1
         heads[head] = entry
         heads.move_to_end(head)
         self._prune(replica_id, index)
 
+    def _uncount(self, replica_id: str, entry: list) -> None:
+        if entry[2] >= self.min_requests:
+            self._counted[replica_id] -= 1
+
     def _prune(self, replica_id: str, index: PrefixIndex) -> None:
         heads = self._heads.get(replica_id)
         while heads and (len(heads) > self.max_heads or not index.holds(replica_id, next(iter(heads.values()))[0])):
-            heads.popitem(last=False)
+            _, entry = heads.popitem(last=False)
+            self._uncount(replica_id, entry)
 
     def copy_number(self, replica_id: str, head: int, index: PrefixIndex) -> int | None:
         """When the replica's copy of ``head`` was made (lower = older), or None when it holds none."""
@@ -177,8 +192,8 @@ class PrefixHeads:
 
     def count(self, replica_id: str, index: PrefixIndex) -> int:
         self._prune(replica_id, index)
-        heads = self._heads.get(replica_id)
-        return len(heads) if heads else 0
+        return self._counted.get(replica_id, 0)
 
     def forget(self, replica_id: str) -> None:
         self._heads.pop(replica_id, None)
+        self._counted.pop(replica_id, None)
