@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from endpoints.benchmarks import routing_suite
 from endpoints.benchmarks.routing_live import run_live
 from endpoints.benchmarks.words import random_text
 from endpoints.routing import make_router
@@ -295,33 +296,39 @@ def run(
     *, quick: bool = False, plot: str | None = None, live: bool = False, progress: Callable = print, **options
 ) -> dict:
     setup = QUICK if quick else Setup()
+    suite_stage_s = float(options["stage_s"]) if "stage_s" in options else None
     if "stages" in options:
         setup = Setup(**{**setup.__dict__, "stages": tuple(float(q) for q in str(options.pop("stages")).split(","))})
-    for key in ("stage_s", "hot_share", "replicas", "seed"):
+    for key in ("stage_s", "hot_share", "replicas"):
         if key in options:
             kind = type(getattr(setup, key))
             setup = Setup(**{**setup.__dict__, key: kind(options.pop(key))})
+    seed = int(options.pop("seed", routing_suite.EVAL_SEED))
+    only = [w for w in str(options.pop("workloads", "")).split(",") if w]
+    known = {w.name for w in routing_suite.suite(quick=quick)}
+    if set(only) - known:
+        raise ValueError(
+            f"unknown workloads {', '.join(sorted(set(only) - known))}; choose from {', '.join(sorted(known))}"
+        )
     if options:
         raise ValueError(f"unknown options for bench routing: {', '.join(sorted(options))}")
     if live:
         return run_live(setup=setup, quick=quick, progress=progress)
 
     started = time.perf_counter()
-    runs, figures = compare_policies(setup, POLICIES, progress)
-    if not quick:
-        progress("reference: an oracle that partitions the prefix groups over the replicas")
-        figures["partition_oracle"] = partition_oracle(setup, figures)
-        progress("compute-bound regime: the profile's own KV cache (17,000 blocks)")
-        roomy = Setup(**{**setup.__dict__, "num_gpu_blocks": None})
-        _, figures["compute_bound"] = compare_policies(roomy, ("round_robin", "llmd", "infercap"), progress)
-    progress("hot-prefix variant")
-    figures["hot_prefix"] = hot_prefix(setup, best_qps=figures["policies"]["infercap"]["slo_rps"])
-    progress("multi-turn sessions")
-    figures["multi_turn"] = multi_turn(setup, quick=quick)
-    figures["goals"] = goals(figures)
+    suite = routing_suite.run_suite(quick=quick, stage_s=suite_stage_s, seed=seed, only=only, progress=progress)
+    figures: dict = {"workloads": suite["workloads"], "stage_s": suite["stage_s"], "seed": suite["seed"]}
+    if not only or "shared_prefix" in only:
+        progress("hot-prefix variant")
+        shared = suite["workloads"]["shared_prefix"]
+        scale = setup.replicas / len(shared["replicas"])
+        figures["hot_prefix"] = hot_prefix(
+            setup, best_qps=shared["infercap"]["slo_throughput"] * scale, duration_s=30.0 if quick else None
+        )
+    figures["goals"] = routing_suite.goals(figures["workloads"], figures.get("hot_prefix"))
     figures["wall_s"] = round(time.perf_counter() - started, 1)
     if plot:
-        write_svg(plot, runs, setup)
+        routing_suite.write_panels_svg(plot, suite["curves"])
         progress(f"wrote {plot}")
     return figures
 
@@ -399,10 +406,10 @@ def partition_oracle(setup: Setup, figures: dict) -> dict:
     }
 
 
-def hot_prefix(setup: Setup, *, best_qps: float) -> dict:
+def hot_prefix(setup: Setup, *, best_qps: float, duration_s: float | None = None) -> dict:
     """Half the traffic in one group, at half our best throughput: bounded load vs pure affinity."""
     qps = max(10.0, 0.5 * best_qps)
-    duration = setup.stage_s * 2
+    duration = duration_s or setup.stage_s * 2
     out = {"qps": round(qps, 1), "hot_share": setup.hot_share}
     variants = {"infercap": {}, "affinity": {"load_bound": 1e9, "load_slack": 1e9}}
     for name, router_options in variants.items():
@@ -411,7 +418,7 @@ def hot_prefix(setup: Setup, *, best_qps: float) -> dict:
         times = poisson_times(qps, duration_s=duration, seed=setup.seed + 7)
         result = sim.run(shared_prefix_requests(setup, times, hot_share=setup.hot_share))
         out[name] = {
-            "max_over_mean_load": round(load_over_mean(result, since_s=setup.stage_s), 3),
+            "max_over_mean_load": round(load_over_mean(result, since_s=duration / 2), 3),
             "prefix_hit_rate": round(result.prefix_hit_rate(), 4),
             "slo_attainment": round(result.slo_attainment(ttft_s=setup.ttft_slo_s, tpot_s=setup.tpot_slo_s), 4),
             "ttft_p50_ms": _ms(result.percentile("ttft_s", 50)),

@@ -7,54 +7,86 @@ import pytest
 from django.core.management import call_command
 
 from endpoints.benchmarks import routing as bench
+from endpoints.benchmarks import routing_suite
+from endpoints.benchmarks.routing_oracles import AssignmentOracle
 from endpoints.routing import ReplicaView, RouteRequest
+
+SUITE = ("shared_prefix", "cache_pressure", "multi_turn", "zipf", "heterogeneous", "mixed_lengths")
+
+
+def check_workload(name: str, w: dict) -> None:
+    """The keys the issue lists, and the orderings that hold whatever the load."""
+    policies = set(routing_suite.SUITE_POLICIES)
+    assert policies <= set(w), name
+    for policy in policies:
+        p = w[policy]
+        assert p["slo_throughput"] > 0 and "ttft_p90_ms" in p, (name, policy)
+        # Driven past its own saturation: the best stage is a knee, and the last stage missed the SLO.
+        assert max(s[2] for s in p["stages"]) == p["slo_throughput"], (name, policy)
+        if p["saturated_at_qps"] is not None:
+            assert p["stages"][-1][3] < 0.9, (name, policy)
+    assert w["oracle"]["slo_throughput"] > 0 and w["oracle_kind"] in ("assignment", "outstanding_work")
+    assert w["upper_bound"] >= w["oracle"]["slo_throughput"]
+    ours = w["infercap"]["slo_throughput"]
+    assert w["ratio_vs_llmd"] == round(ours / w["llmd"]["slo_throughput"], 4)
+    best = max(w[p]["slo_throughput"] for p in routing_suite.BASELINES)
+    assert w["ratio_vs_best_baseline"] == round(ours / best, 4)
+    assert w["ratio_vs_upper_bound"] == round(ours / w["upper_bound"], 4)
 
 
 @pytest.mark.slow
-def test_quick_benchmark_meets_its_goals(tmp_path):
+def test_quick_benchmark_has_every_workload_policy_and_goal(tmp_path):
     out = StringIO()
     svg = tmp_path / "routing.svg"
     call_command("bench", "routing", "--quick", "--plot", str(svg), stdout=out, stderr=StringIO())
     figures = json.loads(out.getvalue().strip().splitlines()[-1])
 
-    policies = figures["policies"]
-    assert set(policies) == set(bench.POLICIES)
-    for name, p in policies.items():
-        assert {
-            "slo_rps",
-            "ttft_p50_ms",
-            "ttft_p95_ms",
-            "output_tok_s",
-            "prefix_hit_rate",
-            "max_over_mean_load",
-        } <= set(p)
-        assert p["slo_rps"] > 0, name
-    # Prefix-aware policies keep far more of the cache than the load-only ones.
-    assert policies["infercap"]["prefix_hit_rate"] > policies["round_robin"]["prefix_hit_rate"] + 0.1
-    # Every policy is driven to its own saturation (the stages go on rising until it), so its best stage is
-    # a knee, not the end of the schedule; and the stage figures behind the best one are in the JSON.
-    for name, p in policies.items():
-        assert p["saturated_at_qps"] is not None, name
-        assert max(s[1] for s in p["stages"]) == p["slo_rps"], name
-        assert p["stages"][-1][2] < 0.9, name  # the saturated stage really is past the SLO
-
-    # Prefix affinity roughly doubles SLO-meeting throughput over round robin: the issue's 2.0× is at the edge
-    # (~1.95 measured), since the simulated replicas' TPOT ceiling (~14.5 req/s each) is about twice round robin's
-    # knee. llm-d's scheduler reaches that ceiling too (as does an oracle partition of the groups, full mode):
-    # parity on the best stage, not 1.1×. See the module docstring of endpoints/benchmarks/routing.py.
-    assert figures["ratio_vs_round_robin"] >= 1.8
-    assert figures["ttft_p50_ratio_vs_round_robin"] <= 0.1
-    assert figures["ratio_vs_llmd"] >= 0.95
-    goals = figures["goals"]
-    assert goals["slo_rps_ge_2x_round_robin"] is (figures["ratio_vs_round_robin"] >= 2.0)
-    assert goals["slo_rps_ge_1.1x_llmd"] is (figures["ratio_vs_llmd"] >= 1.1)
+    assert set(figures["workloads"]) == set(SUITE)
+    for name, w in figures["workloads"].items():
+        check_workload(name, w)
+    ws = figures["workloads"]
+    # Prefix-aware routing keeps more of the cache than load-only routing where prefixes repeat.
+    for name in ("shared_prefix", "cache_pressure", "zipf", "heterogeneous"):
+        assert ws[name]["infercap"]["prefix_hit_rate"] > ws[name]["round_robin"]["prefix_hit_rate"], name
+    assert ws["mixed_lengths"]["infercap"]["prefix_hit_rate"] < 0.05  # nothing to share there
+    # The regression row stays where it was: infercap at least at llm-d's level on llm-d's own workload.
+    assert ws["shared_prefix"]["ratio_vs_llmd"] >= 0.95
     hot = figures["hot_prefix"]
-    assert hot["max_over_mean_load"] <= 1.3
-    assert hot["hit_rate_vs_affinity"] >= 0.8
+    assert hot["max_over_mean_load"] <= 1.3 and hot["hit_rate_vs_affinity"] >= 0.8
     assert hot["affinity"]["max_over_mean_load"] > 2.0  # without the bound, the hot group melts one replica
-    assert goals["ttft_p50_le_0.1x_round_robin"]
+    goals = figures["goals"]
     assert goals["hot_prefix_max_over_mean_le_1.3"] and goals["hot_prefix_hit_rate_ge_0.8x_affinity"]
-    assert svg.read_text().startswith("<svg") and "infercap" in svg.read_text()
+    assert goals["all"] is all(v for k, v in goals.items() if k != "all")
+    text = svg.read_text()
+    assert text.startswith("<svg") and all(name in text for name in SUITE) and "upper_bound" in text
+
+
+def test_one_workload_runs_alone_with_the_issues_keys():
+    figures = bench.run(quick=True, progress=lambda m: None, workloads="cache_pressure")
+    assert set(figures["workloads"]) == {"cache_pressure"} and "hot_prefix" not in figures
+    w = figures["workloads"]["cache_pressure"]
+    check_workload("cache_pressure", w)
+    # 64 groups of 4,096 tokens, a cache holding about a quarter: routing by prefix still hits far more often.
+    assert w["llmd"]["prefix_hit_rate"] > 2 * w["round_robin"]["prefix_hit_rate"]
+    assert w["infercap"]["prefix_hit_rate"] > 2 * w["round_robin"]["prefix_hit_rate"]
+    assert "cache_pressure_ttft_p90_le_0.8x_llmd" in figures["goals"]
+    with pytest.raises(ValueError, match="unknown workloads"):
+        bench.run(quick=True, progress=lambda m: None, workloads="nope")
+
+
+def test_assignment_oracle_deals_popular_groups_over_several_replicas_by_speed():
+    weights = [0.4, 0.3] + [0.3 / 8] * 8
+    oracle = AssignmentOracle(weights=weights, seed=0)
+    views = [ReplicaView(replica_id=f"r{i}", mu_capacity=1.0 if i < 2 else 0.5) for i in range(4)]
+    picks = {}
+    for g in range(len(weights)):
+        for k in range(8):
+            request = RouteRequest(request_id=f"{g}-{k}", prompt_text="", extra={"workload": {"group": g}})
+            chosen = oracle.pick(request, views, 0.0)
+            picks.setdefault(g, set()).add(chosen)
+            next(v for v in views if v.replica_id == chosen).in_flight_mu += 1.0
+    assert len(picks[0]) >= 2  # 40% of the traffic is more than one replica's share of 3 replicas' worth
+    assert all(len(picks[g]) == 1 for g in range(2, len(weights)))  # cold groups live on one replica each
 
 
 def test_unknown_options_are_rejected():

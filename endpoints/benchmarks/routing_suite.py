@@ -1,0 +1,382 @@
+"""``bench routing``'s workload suite: where routing decides throughput, every policy past its own saturation.
+
+Workloads (``endpoints.runtimes.sim.routing_workloads``; parameters and sources in docs/algorithms.md):
+``shared_prefix`` (llm-d's benchmark, the regression row), ``cache_pressure`` (256 × 4,096-token prefixes, the
+fleet's KV holds about a quarter), ``multi_turn`` (3–12-turn chats), ``zipf`` (Zipf s = 1.1 prefixes),
+``heterogeneous`` (4 H100 + 4 A100 pairs) and ``mixed_lengths`` (log-normal prompts, long-tailed outputs). Quick
+mode runs a quarter of the fleet and of the groups (same cache-to-working-set ratio) in shorter stages: a smoke
+run of the same code, whose figures are noisier than full mode's.
+
+Each policy runs the workload in rising Poisson stages (one continuous run, caches warm) until the first
+saturated stage (``routing.SATURATION``: a Little's-law backlog or fewer than half the stage's requests within
+the SLO), then one more unmeasured stage at that rate. SLO-meeting throughput is the best stage's requests/s that
+met TTFT and TPOT; TTFT p90 is at the highest stage every policy ran. The upper bound is the SLO-meeting
+throughput of an oracle router with full knowledge of the workload (``oracles``), run the same way.
+
+Policies are judged on seed 2; infercap's weights were chosen on seed 1 (``--seed`` changes it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from endpoints.benchmarks.routing_oracles import AssignmentOracle, OutstandingWorkOracle
+from endpoints.routing import make_router
+from endpoints.routing.kv_index import KVBlockIndex
+from endpoints.routing.llmd import LlmdPreciseRouter
+from endpoints.runtimes.sim import routing_workloads as rw
+from endpoints.runtimes.sim.des import Simulation
+from endpoints.runtimes.sim.profiles import get_profile
+from endpoints.runtimes.sim.results import SimResult, percentile
+from endpoints.runtimes.sim.workloads import SimRequest, poisson_times
+
+SUITE_POLICIES = ("round_robin", "least_request", "llmd", "llmd_precise", "infercap")
+BASELINES = ("round_robin", "least_request", "llmd", "llmd_precise")
+EVENT_POLICIES = ("llmd_precise", "infercap")
+EVAL_SEED = 2
+H100, A100 = "qwen3-32b-h100x2", "qwen3-32b-a100x2"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    replicas: tuple[str, ...]  # one profile per replica
+    num_gpu_blocks: int | None  # per replica; None = the profile's own
+    start_qps: float  # the first stage; each next one is ``step`` times higher
+    step: float = 1.12
+    stages: int = 14
+    shape: dict = field(default_factory=dict)  # the generator's parameters (into the JSON)
+    sessions: bool = False  # arrivals are chat-session starts (``shape['turns']`` requests each, on average)
+    oracle: str = "assignment"  # or "outstanding_work"
+    estimate_output_tokens: int | None = None  # what routers' MU assumes (None: the real output length)
+
+    def stage_qps(self) -> list[float]:
+        return [round(self.start_qps * self.step**k, 2) for k in range(self.stages)]
+
+
+def suite(*, quick: bool) -> list[Workload]:
+    """The workloads at full scale (8 replicas) or quick scale (2, a quarter of the groups, same cache ratio)."""
+    n = 2 if quick else 8
+    k = n / 8
+    h100 = (H100,) * n
+    return [
+        Workload(
+            "shared_prefix",
+            h100,
+            6000,
+            start_qps=80 * k,
+            step=1.08,
+            shape={"groups": int(32 * k), "prefix_tokens": 2048, "question_tokens": 256, "output_tokens": 256},
+        ),
+        # 256 × 4,096 tokens = 1.05M prefix tokens; 8 × 2,048 blocks × 16 = 262k tokens of KV: a quarter.
+        Workload(
+            "cache_pressure",
+            h100,
+            2048,
+            start_qps=12 * k,
+            shape={"groups": int(256 * k), "prefix_tokens": 4096, "question_tokens": 128, "output_tokens": 128},
+        ),
+        Workload(
+            "multi_turn",
+            h100,
+            None,
+            start_qps=100 * k,
+            sessions=True,
+            shape={
+                "turns": (3, 12),
+                "system_tokens": 1024,
+                "user_tokens_median": 128,
+                "answer_tokens_median": 200,
+                "think_time_s": 5.0,
+            },
+        ),
+        Workload(
+            "zipf",
+            h100,
+            6000,
+            start_qps=60 * k,
+            step=1.08,
+            shape={
+                "groups": int(128 * k),
+                "prefix_tokens": 2048,
+                "question_tokens": 256,
+                "output_tokens": 256,
+                "zipf_s": 1.1,
+            },
+        ),
+        Workload(
+            "heterogeneous",
+            (H100,) * (n // 2) + (A100,) * (n // 2),
+            6000,
+            start_qps=40 * k,
+            step=1.08,
+            shape={"groups": int(64 * k), "prefix_tokens": 2048, "question_tokens": 256, "output_tokens": 256},
+        ),
+        Workload(
+            "mixed_lengths",
+            h100,
+            None,
+            start_qps=30 * k,
+            oracle="outstanding_work",
+            estimate_output_tokens=256,
+            shape={"prompt_median": 1024, "prompt_sigma": 1.0, "output_median": 128, "output_sigma": 1.2},
+        ),
+    ]
+
+
+@dataclass(frozen=True)
+class Run:
+    stage_s: float
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.1
+    seed: int = EVAL_SEED
+
+
+def replica_speed(profile_name: str) -> float:
+    """Relative decode speed (H100 pair = 1): a mid-size batch's step time, as a replica's MU capacity."""
+    ref = get_profile(H100).decode_step_s(128, 128 * 2500)
+    return round(ref / get_profile(profile_name).decode_step_s(128, 128 * 2500), 3)
+
+
+def requests_for(workload: Workload, times: Iterator[float], seed: int, ends_at: list[float]) -> Iterator[SimRequest]:
+    shape = dict(workload.shape)
+    if workload.name == "multi_turn":
+        turns = shape.pop("turns")
+        return rw.chat_sessions(times=times, turns=turns, seed=seed, ends_at=ends_at, **shape)
+    if workload.name == "mixed_lengths":
+        return rw.mixed_lengths(times=times, seed=seed, **shape)
+    return rw.prefix_groups(times=times, seed=seed, name=workload.name, **shape)
+
+
+def mean_turns(workload: Workload) -> float:
+    lo, hi = workload.shape["turns"]
+    return (lo + hi) / 2
+
+
+def make_cost_fn(workload: Workload) -> Callable[[SimRequest, int], float]:
+    """Model units as the proxy estimates them: prompt tokens plus the output it expects (not the true one)."""
+    estimate = workload.estimate_output_tokens
+
+    def cost(request: SimRequest, prompt_tokens: int) -> float:
+        out = request.output_tokens if estimate is None else estimate
+        return prompt_tokens / 1000 + out / 100
+
+    return cost
+
+
+class _Monitor:
+    def __init__(self):
+        self.finished: list = []
+
+    def tick(self, fleet, actions, now: float) -> None:
+        self.finished.extend(fleet.finished_last_tick)
+
+
+def _staged_times(
+    workload: Workload, run: Run, sim_ref: list, monitor: _Monitor, stopped: list, ends_at: list[float]
+) -> Iterator[float]:
+    start, qps = 0.0, 0.0
+    per_arrival = mean_turns(workload) if workload.sessions else 1.0
+    for index, qps in enumerate(workload.stage_qps()):
+        rate = qps / per_arrival
+        yield from poisson_times(rate, duration_s=run.stage_s, start_s=start, seed=run.seed * 1000 + index)
+        fleet = sim_ref[0].fleet_view()
+        waiting = fleet.queued + sum(r.num_waiting for r in fleet.replicas)
+        recent = [r for r in monitor.finished if r.finish_s is not None and r.finish_s >= start]
+        good = sum(r.meets(ttft_s=run.ttft_slo_s, tpot_s=run.tpot_slo_s) for r in recent)
+        start += run.stage_s
+        if waiting > qps * run.ttft_slo_s or (len(recent) >= 20 and good < 0.5 * len(recent)):
+            stopped.append(index)
+            break
+    ends_at[0] = start + run.stage_s  # chat turns stop with the unmeasured stage, as arrivals do
+    yield from poisson_times(qps / per_arrival, duration_s=run.stage_s, start_s=start, seed=run.seed * 1000 + 999)
+
+
+def make_policy(workload: Workload, policy: str, seed: int, kv_index: KVBlockIndex | None, profiles) -> object:
+    if policy == "upper_bound":
+        if workload.oracle == "outstanding_work":
+            return OutstandingWorkOracle(seed=seed)
+        groups, zipf_s = workload.shape.get("groups"), workload.shape.get("zipf_s")
+        weights = None if groups is None else rw.zipf_weights(groups, zipf_s) if zipf_s else [1 / groups] * groups
+        return AssignmentOracle(weights=weights, seed=seed)
+    if policy == "llmd_precise":  # a reference in the benchmark, not an endpoint policy (it has no fallback)
+        return LlmdPreciseRouter(seed=seed, kv_index=kv_index)
+    options = {"kv_index": kv_index} if policy in EVENT_POLICIES else {}
+    return make_router(policy, seed=seed, **options)
+
+
+def run_policy(workload: Workload, policy: str, run: Run, *, events: bool = True) -> dict:
+    """One staged run of one policy on one workload: its stages, and the simulation's result."""
+    profiles = [
+        get_profile(name, **({"num_gpu_blocks": workload.num_gpu_blocks} if workload.num_gpu_blocks else {}))
+        for name in workload.replicas
+    ]
+    kv_index = KVBlockIndex() if policy in EVENT_POLICIES and events else None
+    router = make_policy(workload, policy, run.seed, kv_index, profiles)
+    monitor = _Monitor()
+    sim = Simulation(
+        router=router,
+        replica_profiles=profiles,
+        replica_mu_capacity=[replica_speed(name) for name in workload.replicas],
+        profile=profiles[0],
+        autoscaler=monitor,
+        cost_fn=make_cost_fn(workload),
+        kv_event_sink=kv_index.apply if kv_index is not None else None,
+        seed=run.seed,
+    )
+    stopped: list[int] = []
+    ends_at = [math.inf]
+    times = _staged_times(workload, run, [sim], monitor, stopped, ends_at)
+    result = sim.run(requests_for(workload, times, run.seed, ends_at))
+    plan = workload.stage_qps()
+    last = stopped[0] if stopped else len(plan) - 1
+    return {
+        "result": result,
+        "stages": [stage_figures(result, run, plan[k], k) for k in range(last + 1)],
+        "saturated_at_qps": plan[last] if stopped else None,
+    }
+
+
+def stage_figures(result: SimResult, run: Run, qps: float, k: int) -> dict:
+    lo, hi = k * run.stage_s, (k + 1) * run.stage_s
+    arrived = [r for r in result.requests if lo <= r.arrival_s < hi]
+    good = sum(r.meets(ttft_s=run.ttft_slo_s, tpot_s=run.tpot_slo_s) for r in arrived)
+    ttfts = [r.ttft_s if r.ttft_s is not None else math.inf for r in arrived]
+    return {
+        "qps": qps,
+        "offered_rps": len(arrived) / run.stage_s,  # what arrived (chat turns lag their sessions' start rate)
+        "requests": len(arrived),
+        "slo_rps": good / run.stage_s,
+        "slo_attainment": good / len(arrived) if arrived else 0.0,
+        "ttft_p90_s": percentile(ttfts, 90),
+    }
+
+
+def run_workload(workload: Workload, run: Run, progress: Callable, policies=SUITE_POLICIES) -> tuple[dict, dict]:
+    runs = {}
+    for policy in (*policies, "upper_bound"):
+        t0 = time.perf_counter()
+        runs[policy] = run_policy(workload, policy, run)
+        best = max(s["slo_rps"] for s in runs[policy]["stages"])
+        progress(f"  {workload.name} / {policy}: best SLO-meeting {best:.1f} req/s ({time.perf_counter() - t0:.1f} s)")
+    common = min(len(r["stages"]) for r in runs.values()) - 1
+    out: dict = {
+        "replicas": list(workload.replicas),
+        "num_gpu_blocks": workload.num_gpu_blocks,
+        "shape": {k: list(v) if isinstance(v, tuple) else v for k, v in workload.shape.items()},
+        "stages_qps": workload.stage_qps(),
+        "ttft_at_qps": workload.stage_qps()[common],
+    }
+    for policy, data in runs.items():
+        stages = data["stages"]
+        ttft = stages[common]["ttft_p90_s"]
+        out[policy] = {
+            "slo_throughput": round(max(s["slo_rps"] for s in stages), 2),
+            "ttft_p90_ms": round(ttft * 1000, 1) if math.isfinite(ttft) else None,
+            "prefix_hit_rate": round(data["result"].prefix_hit_rate(), 4),
+            "saturated_at_qps": data["saturated_at_qps"],
+            # Per stage: nominal QPS, arrived req/s, SLO-meeting req/s, share of the stage's requests within the SLO.
+            "stages": [
+                [s["qps"], round(s["offered_rps"], 2), round(s["slo_rps"], 2), round(s["slo_attainment"], 3)]
+                for s in stages
+            ],
+        }
+    ours = out["infercap"]["slo_throughput"]
+    best_baseline = max(out[p]["slo_throughput"] for p in BASELINES if p in out)
+    out["oracle"] = out.pop("upper_bound")
+    out["oracle_kind"] = workload.oracle
+    # The best SLO-meeting throughput known to be reachable on this workload: the oracle's, or a policy's where a
+    # dynamic policy beat the static oracle (bursts queue on a fixed partition). Not a proof of optimality.
+    out["upper_bound"] = max(out["oracle"]["slo_throughput"], *(out[p]["slo_throughput"] for p in policies))
+    out["best_baseline"] = max((p for p in BASELINES if p in out), key=lambda p: out[p]["slo_throughput"])
+    out["ratio_vs_llmd"] = _ratio(ours, out["llmd"]["slo_throughput"])
+    out["ratio_vs_best_baseline"] = _ratio(ours, best_baseline)
+    out["ratio_vs_upper_bound"] = _ratio(ours, out["upper_bound"])
+    ttft_ours, ttft_llmd = out["infercap"]["ttft_p90_ms"], out["llmd"]["ttft_p90_ms"]
+    out["ttft_p90_ratio_vs_llmd"] = _ratio(ttft_ours, ttft_llmd)
+    return out, runs
+
+
+def run_suite(*, quick: bool, stage_s: float | None, seed: int, only: list[str] | None, progress: Callable) -> dict:
+    run = Run(stage_s=stage_s or (8.0 if quick else 30.0), seed=seed)
+    figures, curves = {}, {}
+    for workload in suite(quick=quick):
+        if only and workload.name not in only:
+            continue
+        progress(f"workload {workload.name}")
+        figures[workload.name], runs = run_workload(workload, run, progress)
+        curves[workload.name] = {p: [(s["offered_rps"], s["slo_rps"]) for s in d["stages"]] for p, d in runs.items()}
+    return {"workloads": figures, "curves": curves, "stage_s": run.stage_s, "seed": run.seed}
+
+
+def goals(workloads: dict, hot: dict | None) -> dict:
+    checks = {}
+    for name, w in workloads.items():
+        checks[f"{name}_ge_1.0x_best_baseline"] = (w["ratio_vs_best_baseline"] or 0) >= 1.0
+        checks[f"{name}_ge_0.95x_upper_bound"] = (w["ratio_vs_upper_bound"] or 0) >= 0.95
+        if name in ("cache_pressure", "multi_turn", "heterogeneous"):
+            checks[f"{name}_ge_1.15x_llmd"] = (w["ratio_vs_llmd"] or 0) >= 1.15
+    if "cache_pressure" in workloads:
+        ratio = workloads["cache_pressure"]["ttft_p90_ratio_vs_llmd"]
+        checks["cache_pressure_ttft_p90_le_0.8x_llmd"] = ratio is not None and ratio <= 0.8
+    if hot is not None:
+        checks["hot_prefix_max_over_mean_le_1.3"] = hot["max_over_mean_load"] <= 1.3
+        checks["hot_prefix_hit_rate_ge_0.8x_affinity"] = (hot["hit_rate_vs_affinity"] or 0) >= 0.8
+    return {**checks, "all": all(checks.values())}
+
+
+def write_panels_svg(path: str, curves: dict) -> None:
+    """Throughput (SLO-meeting req/s) against offered load, one line per policy, one panel per workload."""
+    colors = {
+        "round_robin": "#888",
+        "least_request": "#4a90d9",
+        "llmd": "#f5a623",
+        "llmd_precise": "#7cb342",
+        "infercap": "#d0021b",
+        "upper_bound": "#000",
+    }
+    panel_w, panel_h, pad, cols = 360, 260, 40, 3
+    rows = max(1, -(-len(curves) // cols))
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{cols * panel_w}" height="{rows * panel_h + 30}" '
+        'font-family="sans-serif" font-size="11">'
+    ]
+    for i, (name, policies) in enumerate(curves.items()):
+        ox, oy = (i % cols) * panel_w, (i // cols) * panel_h
+        top = max((q for pts in policies.values() for q, _ in pts), default=1.0) * 1.05
+
+        def xy(q, r, ox=ox, oy=oy, top=top):
+            return (ox + pad + (panel_w - 1.5 * pad) * q / top, oy + panel_h - pad - (panel_h - 1.8 * pad) * r / top)
+
+        x0, y0 = xy(0, 0)
+        x1, y1 = xy(top, top)
+        parts.append(
+            f'<text x="{ox + panel_w / 2}" y="{oy + 16}" text-anchor="middle" font-weight="bold">{name}</text>'
+        )
+        parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>')
+        parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
+        parts.append(
+            f'<text x="{(x0 + x1) / 2}" y="{y0 + 28}" text-anchor="middle">offered req/s (max {top:.0f})</text>'
+        )
+        for j, (policy, points) in enumerate(policies.items()):
+            color = colors.get(policy, "#555")
+            line = " ".join("{:.1f},{:.1f}".format(*xy(q, r)) for q, r in points)
+            dash = ' stroke-dasharray="4 3"' if policy == "upper_bound" else ""
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.8"{dash}/>')
+            parts.append(f'<text x="{x0 + 6}" y="{oy + 30 + 12 * j}" fill="{color}">{policy}</text>')
+    parts.append(
+        f'<text x="10" y="{rows * panel_h + 20}">y: SLO-meeting req/s (TTFT and TPOT met), same scale as x</text>'
+    )
+    parts.append("</svg>")
+    with open(path, "w") as fh:
+        fh.write("\n".join(parts))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a is not None and b else None
+
+
+__all__ = ["SUITE_POLICIES", "Run", "Workload", "goals", "replace", "run_policy", "run_suite", "suite"]
