@@ -65,6 +65,7 @@ def start_engine(
     port: int | None = None,
     extra: list[str] | tuple = (),
     timeout_s: float = STARTUP_TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> ReplicaProcess:
     """Start one engine and wait until ``/health`` answers 200; the handle's ``startup_s`` says how long it took."""
     if not engine_installed():
@@ -78,7 +79,7 @@ def start_engine(
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=engine_env(),
+        env=engine_env(**(env or {})),
         # Not the repository root, so its top-level packages (config, platform, tests) stay off the engine's
         # import path (a precaution: the API server imports cleanly from there today).
         cwd=str(model_dir.parent),

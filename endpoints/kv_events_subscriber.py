@@ -1,0 +1,88 @@
+"""Subscribes to a vLLM replica's KV-cache events (ZMQ SUB) and feeds the router's precise prefix index.
+
+vLLM started with ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+"tcp://*:5557", "topic": "kv"}'`` publishes ``(topic, seq, msgpack payload)`` per scheduler step that changed
+its prefix cache (``endpoints.routing.kv_events``). ``KVEventSubscriber`` connects a SUB socket to it, decodes
+each message and applies it to a ``KVBlockIndex`` under ``lock`` (the router reads the index under the same lock
+when it runs in another thread). The index itself decides what a gap, a replay or a restarted publisher means
+(docs/algorithms.md, the precise prefix index). A malformed message is counted and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import msgpack
+import zmq
+
+from endpoints.routing.kv_events import BadEventBatch, batch_from, seq_from
+from endpoints.routing.kv_index import KVBlockIndex
+
+log = logging.getLogger(__name__)
+
+
+class KVEventSubscriber:
+    def __init__(
+        self,
+        *,
+        index: KVBlockIndex,
+        replica_id: str,
+        endpoint: str,
+        topic: str = "",
+        lock: threading.Lock | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        poll_ms: int = 100,
+    ):
+        self.index, self.replica_id, self.endpoint, self.topic = index, replica_id, endpoint, topic
+        self.lock = lock or threading.Lock()
+        self.clock = clock
+        self.poll_ms = poll_ms
+        self.received = 0
+        self.malformed = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._connected = threading.Event()
+
+    def handle(self, frames: list[bytes]) -> bool:
+        """Apply one ``(topic, seq, payload)`` message; False (and counted) when it is not a KV event batch."""
+        if len(frames) != 3:
+            self.malformed += 1
+            return False
+        _topic, seq_frame, payload = frames
+        try:
+            batch = batch_from(msgpack.unpackb(payload, raw=False, strict_map_key=False))
+        except (BadEventBatch, ValueError, TypeError, msgpack.UnpackException) as exc:
+            self.malformed += 1
+            log.warning("replica %s: skipping a malformed KV event message: %s", self.replica_id, exc)
+            return False
+        with self.lock:
+            self.index.apply(self.replica_id, seq_from(seq_frame), batch, self.clock())
+        self.received += 1
+        return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"kv-events-{self.replica_id}", daemon=True)
+        self._thread.start()
+        self._connected.wait(5.0)
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        context = zmq.Context.instance()
+        socket = context.socket(zmq.SUB)
+        try:
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+            socket.connect(self.endpoint)
+            self._connected.set()
+            while not self._stop.is_set():
+                if socket.poll(self.poll_ms):
+                    self.handle(socket.recv_multipart())
+        finally:
+            socket.close(0)
