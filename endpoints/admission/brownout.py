@@ -22,6 +22,7 @@ DEGRADE_AT = 0.25  # sheddable degrades once the work queued ahead of it takes t
 SHED_AT: dict[str, float] = {CRITICAL: 1.0, STANDARD: 1.0, SHEDDABLE: 0.75}
 # The classes served shorter from each level on; critical is never degraded.
 DEGRADED_FROM_LEVEL: dict[str, int] = {SHEDDABLE: LEVEL_DEGRADE_SHEDDABLE, STANDARD: LEVEL_DEGRADE_STANDARD}
+SHED_MEMORY_S = 2.0  # a class counts as being shed this long after a request of it was refused for overload
 PAIN_WINDOW_S = 30.0
 MAX_FALLBACK_DEPTH = 2  # primary → fallback → its fallback, at most
 
@@ -47,6 +48,15 @@ def degradation_level(
     if share[SHEDDABLE] >= DEGRADE_AT:
         return LEVEL_DEGRADE_SHEDDABLE
     return LEVEL_NORMAL
+
+
+# The level from which each class is being shed: from there on every request of it is served shorter, whoever's
+# turn it is, since the alternative is a refusal ("degrade before refusing").
+SHED_FROM_LEVEL: dict[str, int] = {SHEDDABLE: LEVEL_DEGRADE_STANDARD, STANDARD: LEVEL_SHEDDING}
+
+
+def shedding_at(priority: str, level: int) -> bool:
+    return level >= SHED_FROM_LEVEL.get(priority, LEVEL_SHEDDING + 1)
 
 
 def degraded_at(priority: str, level: int) -> bool:

@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 
 from endpoints.admission.brownout import (
     SHED_AT,
+    SHED_FROM_LEVEL,
+    SHED_MEMORY_S,
     FairPain,
     degradation_level,
     degraded_at,
     queue_wait_s,
+    shedding_at,
 )
 from endpoints.admission.classes import CRITICAL, SHEDDABLE, STANDARD
 from endpoints.admission.drain import DrainRateMeter, retry_after_s
@@ -76,6 +79,7 @@ class AdmissionController:
         self.drain = DrainRateMeter(tau_s=drain_tau_s, now=now)
         # Without it (``fair_pain=False``) an overload sheds by queue age and size alone, on whoever waited.
         self.pain: FairPain | None = FairPain(now=now) if fair_pain else None
+        self._last_shed: dict[str, float] = {}  # class → when a request of it was last refused for overload
 
     # -- brownout (``endpoints.admission.brownout``) ------------------------------------------------------
     def arrived(self, *, tenant: str, mu: float, reserved_mu_per_s: float, now: float) -> None:
@@ -88,20 +92,33 @@ class AdmissionController:
         return rate if rate > 0 else nominal_mu_per_s
 
     def level(self, *, now: float, nominal_mu_per_s: float) -> int:
-        """The endpoint's degradation level now (0 normal … 3 shedding)."""
+        """The endpoint's degradation level now (0 normal … 3 shedding): from the queue, and at least the level at
+        which a class is shed while requests of it were refused for overload in the last ``SHED_MEMORY_S`` (the
+        early refusals keep the queue just short of the shedding threshold, so the queue alone would read lower)."""
+        recent = max(
+            (
+                shed_level
+                for cls, shed_level in SHED_FROM_LEVEL.items()
+                if now - self._last_shed.get(cls, -1e18) <= SHED_MEMORY_S
+            ),
+            default=0,
+        )
         if not len(self.queue):
-            return 0
+            return recent
         rate = self._drain_rate(now, nominal_mu_per_s)
-        return degradation_level(
+        queued = degradation_level(
             mu_ahead_of=self.queue.mu_ahead_of, drain_mu_per_s=rate, max_age_s=self.queue.max_age_s
         )
+        return max(queued, recent)
 
     def degrade(self, *, tenant: str, priority: str, now: float, nominal_mu_per_s: float) -> bool:
-        """Whether to serve this request shorter: its class degrades at the current level, and (fair pain) it is
-        its tenant's turn by the tenant's excess over its reservation."""
-        if not degraded_at(priority, self.level(now=now, nominal_mu_per_s=nominal_mu_per_s)):
+        """Whether to serve this request shorter: its class degrades at the current level and either its class is
+        being shed (a shorter answer beats a refusal) or, by fair pain, it is its tenant's turn by the tenant's
+        excess over its reservation."""
+        level = self.level(now=now, nominal_mu_per_s=nominal_mu_per_s)
+        if not degraded_at(priority, level):
             return False
-        return self.pain is None or self.pain.take_degrade_credit(tenant, now)
+        return self.pain is None or shedding_at(priority, level) or self.pain.take_degrade_credit(tenant, now)
 
     def _overload_victim(self, item: QueuedItem, now: float, rate: float) -> QueuedItem | None:
         """When ``item`` would wait past SHED_AT of its max age: the request of its class to refuse instead, the
@@ -116,9 +133,10 @@ class AdmissionController:
         return item if victim == item.tenant else newest[victim]
 
     def _pained(self, refusals: list[Refusal], now: float) -> None:
-        if self.pain is not None:
-            for refusal in refusals:
-                if refusal.reason != NO_REPLICA:
+        for refusal in refusals:
+            if refusal.reason != NO_REPLICA:
+                self._last_shed[refusal.item.priority] = now
+                if self.pain is not None:
                     self.pain.pained(refusal.item.tenant, now)
 
     def may_skip_queue(self) -> bool:

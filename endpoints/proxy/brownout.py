@@ -33,12 +33,15 @@ def capped_request(req: ParsedRequest, max_tokens: int) -> ParsedRequest:
 def degrade(
     runtime: EndpointRuntime, flight: Flight, req: ParsedRequest, price: Price, *, reprice
 ) -> tuple[ParsedRequest, Price]:
-    """Count the request's arrival for fair pain (at the MU asked for); then, under overload, by the endpoint's
+    """Count the request's arrival for fair pain; then, under overload, by the endpoint's
     policy: the request capped at its ``degrade_max_tokens`` when its class
     degrades at the endpoint's level and it is its tenant's turn (fair pain). ``reprice(req)`` prices the capped
     request (it is charged and admitted at that cost)."""
     tenant = str(flight.key.tenant_id)
-    runtime.arrived(tenant=tenant, mu=price.mu, reserved_mu_per_s=price.reserved_mu_per_s)
+    # Excess is measured against what the tenant bought on the endpoint it named, in that endpoint's MU, on a
+    # fallback too: the overflow a tenant sends there is no more "excess" than it was where it was sent.
+    asked = flight.requested_price or price
+    runtime.arrived(tenant=tenant, mu=asked.mu, reserved_mu_per_s=asked.reserved_mu_per_s)
     flight.level = runtime.level()
     cap = runtime.info.degrade_max_tokens
     if cap is None or (req.max_tokens is not None and req.max_tokens <= cap):

@@ -144,3 +144,14 @@ def test_fallback_chains_without_loops_and_within_the_depth():
     assert fallback_chain_error(1, {1: 2, 2: 3, 3: 4}) == "depth"
     assert fallback_chain_error(1, {1: 2, 2: 1}) == "loop"
     assert fallback_chain_error(1, {1: 1}) == "loop"
+
+
+def test_a_class_refused_for_overload_lately_keeps_the_level_at_its_shedding_level():
+    admission = AdmissionController(now=0.0)
+    admission.arrived(tenant="t", mu=20.0, reserved_mu_per_s=0.0, now=0.0)
+    refused = admission.enqueue(item("big", "t", mu=20.0), now=0.0, has_replicas=True, scale_to_zero=False, **LOAD)
+    assert refused.refused.reason == "overloaded" and not len(admission.queue)
+    # the queue is empty, but sheddable work is being refused: it is served shorter now, standard work too
+    assert admission.level(now=1.0, nominal_mu_per_s=10.0) == LEVEL_DEGRADE_STANDARD
+    assert admission.degrade(tenant="t", priority="standard", now=1.0, nominal_mu_per_s=10.0)
+    assert admission.level(now=2.5, nominal_mu_per_s=10.0) == LEVEL_NORMAL

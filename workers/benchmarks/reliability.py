@@ -5,7 +5,10 @@ PostgreSQL down, Redis down, Celery worker killed mid-task, overload at 3× capa
 priorities, and bad input (the proxy fed malformed requests and slow bodies; the REST API fuzzed from
 its OpenAPI schema with schemathesis). The last line is JSON with ``lost_usage``, ``duplicated_usage``,
 ``proxy_5xx``, ``critical_slo_attainment``, ``hang_detect_s``, ``hang_recover_s``, ``peak_rss_mb``,
-``fuzz_500s`` and a section per scenario.
+``fuzz_500s``, a section per scenario and ``overload.<3x|10x>.{critical_slo_attainment, answered_fraction,
+fallback_fraction, degraded_fraction, shed_fraction, proxy_5xx, fairness_max_dev}`` (graceful degradation with
+one fallback endpoint: ``workers.benchmarks.overload``, simulated; ``--opt only=overload`` runs that section
+alone, ``--live`` adds the same levels through the real platform).
 """
 
 from __future__ import annotations
@@ -35,11 +38,15 @@ from config.celery_app import app
 from endpoints.models import Replica, ReplicaState
 from tenants.models import AuditEntry, Tenant
 from tenants.services import api_key_create
+from workers.benchmarks.overload import overload_section
 from workers.reliability.harness import Outcome, Platform, peak_rss_mb
 from workers.tasks.canary import ATTEMPTS_KEY
 
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
+    if opts.get("only") == "overload":
+        # The overload section alone: the simulator at 3x and 10x, and through the real platform when --live.
+        return {"overload": overload_section(quick=quick, live=live, progress=progress)}
     fault_s = float(opts.get("fault_s", 8 if quick else 30))
     overload_s = float(opts.get("overload_s", 12 if quick else 60))
     fuzz_s = float(opts.get("fuzz_s", 25 if quick else 90))
@@ -70,6 +77,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         "requests": books["seen"],
         "usage_records": books["recorded"],
         "worker_restarts": platform.worker_restarts,
+        "overload": overload_section(quick=quick, live=False, progress=progress),
         "scenarios": report,
     }
 

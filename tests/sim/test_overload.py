@@ -1,0 +1,21 @@
+"""The overload simulator behind ``bench reliability``'s overload section (pure, virtual time): with one fallback
+endpoint and the proxy's admission, critical traffic keeps its SLO, refusals follow the tenants' excess (and do
+not without fair pain), and the fallback answers what the primary refuses."""
+
+from workers.benchmarks.overload import simulate
+
+
+def test_at_ten_times_capacity_the_fallback_and_fair_pain_do_their_parts():
+    figures = simulate(10.0, duration_s=30.0, warmup_s=5.0)
+    no_fallback = simulate(10.0, duration_s=30.0, warmup_s=5.0, with_fallback=False)
+    no_fair_pain = simulate(10.0, duration_s=30.0, warmup_s=5.0, fair_pain=False)
+    assert figures["critical_slo_attainment"] >= 0.99
+    assert figures["fallback_fraction"] > 0.3 and figures["degraded_fraction"] > 0.3
+    assert figures["answered_fraction"] > no_fallback["answered_fraction"] + 0.3
+    assert figures["fairness_max_dev"] <= 0.10 < no_fair_pain["fairness_max_dev"]
+    total = figures["answered_fraction"] + figures["shed_fraction"]
+    assert abs(total - 1.0) < 1e-3  # every request either answered or shed, none left behind
+
+
+def test_the_same_seed_gives_the_same_figures():
+    assert simulate(3.0, duration_s=15.0, warmup_s=5.0) == simulate(3.0, duration_s=15.0, warmup_s=5.0)

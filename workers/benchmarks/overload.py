@@ -1,0 +1,111 @@
+"""The overload section of ``bench reliability``: 3× and 10× an endpoint's capacity, with one fallback endpoint,
+mixed priorities and five tenants, in the simulator (``endpoints.runtimes.sim.overload``: the proxy's admission
+code, slot-model replicas). The figures per level are ``overload.<level>.{critical_slo_attainment,
+answered_fraction, fallback_fraction, degraded_fraction, shed_fraction, proxy_5xx, fairness_max_dev}``.
+
+The scenario: a primary of 3 replicas × 4 slots answering 32 tokens at 50 ms/token (about 7 requests/s, "C"),
+degrading sheddable then standard requests to 8 tokens under overload; a fallback on cheaper capacity, 1 replica
+× 8 slots of a model 2.5× faster per token, that degrades too. Offered: 5% critical ("gold", reserved 0.6 C),
+15% standard ("silver", reserved 1.6 C: reservations are oversold, as they are when capacity is lost), 80%
+sheddable from three best-effort tenants (40/25/15%) with no reservation. Every tenant accepts fallbacks;
+critical is not in the fallback classes. The first 10 s (5 s quick) warm the drain meter and are not counted."""
+
+from __future__ import annotations
+
+from endpoints.runtimes.sim.overload import OverloadRun, SimEndpoint, SimTenant, summarize
+
+LEVELS = (("3x", 3.0), ("10x", 10.0))
+FULL_TOKENS = 32
+DEGRADED_TOKENS = 8
+TTFT_SLO_S = 2.0  # the harness endpoint's 2000 ms
+PRIMARY = SimEndpoint(
+    name="primary",
+    replicas=3,
+    concurrency=4,
+    ttft_s=0.1,
+    tpot_s=0.05,
+    mu_per_token=0.01,
+    mu_base=0.1,
+    degrade_max_tokens=DEGRADED_TOKENS,
+)
+FALLBACK = SimEndpoint(
+    name="fallback",
+    replicas=1,
+    concurrency=8,
+    ttft_s=0.05,
+    tpot_s=0.02,
+    mu_per_token=0.004,
+    mu_base=0.05,
+    degrade_max_tokens=DEGRADED_TOKENS,
+)
+MIX = {  # tenant → (share of the offered load, class, reserved share of C)
+    "gold": (0.05, "critical", 0.6),
+    "silver": (0.15, "standard", 1.6),
+    "bronze": (0.40, "sheddable", 0.0),
+    "tin": (0.25, "sheddable", 0.0),
+    "lead": (0.15, "sheddable", 0.0),
+}
+
+
+def capacity_rps(spec: SimEndpoint) -> float:
+    return spec.replicas * spec.concurrency / spec.service_s(FULL_TOKENS)
+
+
+def tenants_at(level: float) -> list[SimTenant]:
+    c = capacity_rps(PRIMARY)
+    mu_each = PRIMARY.mu(FULL_TOKENS)
+    return [
+        SimTenant(name, reserved_mu_per_s=reserved * c * mu_each, rates={klass: share * level * c})
+        for name, (share, klass, reserved) in MIX.items()
+    ]
+
+
+def simulate(
+    level: float,
+    *,
+    duration_s: float,
+    warmup_s: float,
+    seed: int = 1,
+    with_fallback: bool = True,
+    fair_pain: bool = True,
+) -> dict:
+    tenants = tenants_at(level)
+    sim = OverloadRun(
+        primary=PRIMARY,
+        fallback=FALLBACK if with_fallback else None,
+        tenants=tenants,
+        duration_s=duration_s,
+        full_tokens=FULL_TOKENS,
+        seed=seed,
+        fair_pain=fair_pain,
+    )
+    outcomes = sim.run()
+    figures = summarize(outcomes, tenants, ttft_slo_s=TTFT_SLO_S, window=(warmup_s, duration_s))
+    # The simulator has no HTTP server: a 5xx cannot happen there (the live run counts the proxy's).
+    return {**figures, "proxy_5xx": 0, "offered_rps": round(level * capacity_rps(PRIMARY), 1), "mode": "simulated"}
+
+
+def simulated_section(*, quick: bool, progress=print) -> dict:
+    """Both levels, each beside two baselines on the same arrivals: no fallback endpoint (degradation and fair
+    pain only) and no fair pain (refusals by queue age and size, on whoever waited)."""
+    duration_s, warmup_s = (40.0, 5.0) if quick else (180.0, 10.0)
+    out = {}
+    for label, level in LEVELS:
+        figures = simulate(level, duration_s=duration_s, warmup_s=warmup_s)
+        no_fallback = simulate(level, duration_s=duration_s, warmup_s=warmup_s, with_fallback=False)
+        no_fair_pain = simulate(level, duration_s=duration_s, warmup_s=warmup_s, fair_pain=False)
+        figures["baseline_no_fallback"] = _brief(no_fallback)
+        figures["baseline_no_fair_pain"] = _brief(no_fair_pain)
+        progress(f"overload {label} (simulated, {duration_s:.0f} s): {figures}")
+        out[label] = figures
+    return out
+
+
+def _brief(figures: dict) -> dict:
+    keys = ("critical_slo_attainment", "answered_fraction", "shed_fraction", "fairness_max_dev")
+    return {k: figures[k] for k in keys}
+
+
+def overload_section(*, quick: bool, live: bool = False, progress=print) -> dict:
+    section = simulated_section(quick=quick, progress=progress)
+    return section
