@@ -12,10 +12,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncHour
 
-from billing.models import UsageMinute
+from billing.models import Degradation, UsageMinute, UsageRecord, UsageStatus
 from billing.selectors import SLOBudget, slo_budgets
 from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
 from capacity.ledger import EndpointLedger, TenantLedgerRow, capacity_ledger
@@ -23,7 +23,7 @@ from capacity.models import AutoscalerDecision
 from console.live import redis_client
 from endpoints.models import Endpoint, Replica, ReplicaState, ReplicaTransition
 from endpoints.selectors import replica_placement_redacted, replica_placement_visible
-from tenants.models import Tenant
+from tenants.models import CapacityReservation, Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -245,3 +245,68 @@ def tenant_usage_by_hour(*, tenant: Tenant, start: datetime, end: datetime) -> l
         .order_by("hour")
     )
     return [(row["hour"], float(row["used"] or 0.0), int(row["n"] or 0)) for row in rows]
+
+
+@dataclass
+class BrownoutRow:
+    """One tenant on one endpoint it called, over a window: what overload did to its requests."""
+
+    tenant: str
+    endpoint: str
+    reserved_mu_per_min: float | None  # None: best effort
+    requests: int
+    degraded: int
+    fallback: int
+    shed: int
+    used_mu_per_min: float
+    over_reservation_mu_per_min: float
+    shed_share: float = 0.0  # of all the window's sheds
+    excess_share: float = 0.0  # of all the window's use over reservations
+
+
+def brownout_rows(*, since: datetime, now: datetime) -> list[BrownoutRow]:
+    """Per tenant and endpoint named, from the usage records (each request's ``degradation`` and status): how
+    often it was served shorter, by the fallback, or shed, against its reservation there. One grouped query,
+    for the console (the proxy counts the same in process: ``infercap_proxy_brownout``)."""
+    minutes = max((now - since).total_seconds() / 60.0, 1e-9)
+    grouped = (
+        UsageRecord.objects.filter(finished_at__gte=since, finished_at__lt=now)
+        .values("tenant_id", "tenant__name", "requested_endpoint_id")
+        .annotate(
+            n=Count("id"),
+            degraded=Count("id", filter=Q(degradation=Degradation.DEGRADED)),
+            fallback=Count("id", filter=Q(degradation=Degradation.FALLBACK)),
+            shed=Count("id", filter=Q(status=UsageStatus.SHED)),
+            mu=Sum("mu"),
+        )
+        .order_by()
+    )
+    rows = list(grouped)
+    names = dict(Endpoint.objects.filter(pk__in={r["requested_endpoint_id"] for r in rows}).values_list("pk", "name"))
+    reserved = {
+        (r.tenant_id, r.endpoint_id): r.mu_per_min
+        for r in CapacityReservation.objects.filter(tenant_id__in={r["tenant_id"] for r in rows})
+    }
+    out = []
+    for r in rows:
+        mu_per_min = reserved.get((r["tenant_id"], r["requested_endpoint_id"]))
+        used = (r["mu"] or 0.0) / minutes
+        out.append(
+            BrownoutRow(
+                tenant=r["tenant__name"],
+                endpoint=names.get(r["requested_endpoint_id"], "(deleted)"),
+                reserved_mu_per_min=mu_per_min,
+                requests=r["n"],
+                degraded=r["degraded"],
+                fallback=r["fallback"],
+                shed=r["shed"],
+                used_mu_per_min=used,
+                over_reservation_mu_per_min=max(0.0, used - (mu_per_min or 0.0)),
+            )
+        )
+    total_shed = sum(r.shed for r in out)
+    total_over = sum(r.over_reservation_mu_per_min for r in out)
+    for row in out:
+        row.shed_share = row.shed / total_shed if total_shed else 0.0
+        row.excess_share = row.over_reservation_mu_per_min / total_over if total_over else 0.0
+    return sorted(out, key=lambda row: (-row.shed - row.fallback - row.degraded, row.tenant, row.endpoint))

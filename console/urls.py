@@ -23,6 +23,7 @@ urlpatterns = [
         name="rollout-action",
     ),
     path("tenants/", operations.tenants, name="tenants"),
+    path("brownout/", operations.brownout, name="brownout"),
     path("reservations/new/", operations.reservation_sell_view, name="reservation-sell"),
     path("slos/", operations.slos, name="slos"),
     path("alerts/<int:alert_id>/ack/", operations.alert_ack_view, name="alert-ack"),

@@ -18,6 +18,7 @@ from console import charts
 from console.access import operator_required
 from console.actions import alert_acknowledge_action, reservation_sell_action
 from console.forms import AlertAckForm, PeriodForm, ReservationSellForm
+from console.selectors import brownout_rows
 from console.views.common import confirm_then_run
 from tenants.models import Tenant
 
@@ -40,6 +41,15 @@ def tenants(request):
         .order_by()
     }
     return render(request, "console/tenants.html", {"tenants": rows, "usage": usage})
+
+
+@operator_required
+def brownout(request):
+    """Which tenants overload degraded, sent to a fallback or shed, and how often, against their reservations."""
+    now = timezone.now()
+    hours = 24 if request.GET.get("window") == "24h" else 1
+    rows = brownout_rows(since=now - timedelta(hours=hours), now=now)
+    return render(request, "console/brownout.html", {"rows": rows, "hours": hours})
 
 
 @operator_required

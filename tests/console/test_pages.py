@@ -21,6 +21,7 @@ OPERATOR_PAGES = [
     "console:fleet",
     "console:endpoint-create",
     "console:tenants",
+    "console:brownout",
     "console:reservation-sell",
     "console:cost",
     "console:planner",

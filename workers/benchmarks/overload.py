@@ -12,7 +12,11 @@ critical is not in the fallback classes. The first 10 s (5 s quick) warm the dra
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
+
 from endpoints.runtimes.sim.overload import OverloadRun, SimEndpoint, SimTenant, summarize
+from workers.reliability.harness import Platform
 
 LEVELS = (("3x", 3.0), ("10x", 10.0))
 FULL_TOKENS = 32
@@ -107,5 +111,87 @@ def _brief(figures: dict) -> dict:
 
 
 def overload_section(*, quick: bool, live: bool = False, progress=print) -> dict:
+    """The simulated levels; with ``live``, also each level through the real platform (``<level>.live``)."""
     section = simulated_section(quick=quick, progress=progress)
+    if live:
+        for label, figures in live_section(quick=quick, progress=progress).items():
+            section.setdefault(label, {})["live"] = figures
     return section
+
+
+# -- through the real platform -----------------------------------------------------------------------------
+LIVE_TENANTS = {  # name → (class of its key, reserved MU/min on the primary: None = best effort)
+    "gold": ("critical", 1e9),
+    "silver": ("standard", 1e9),
+    "bronze": ("sheddable", None),
+    "tin": ("sheddable", None),
+    "lead": ("sheddable", None),
+}
+
+
+def live_section(*, quick: bool, progress=print) -> dict:
+    """The same levels and mix through real sockets: the proxy (uvicorn), 3 simulated replicas of 2 slots behind
+    the primary and 1 faster one (speed 2.5) with 4 slots behind its fallback, no Celery worker. Gold and silver reserve more
+    than they send (excess 0); the best-effort tenants' whole traffic is excess (no best-effort MU cap, the
+    operator's choice here)."""
+    duration_s = 10.0 if quick else 30.0
+    platform = Platform(
+        progress=progress,
+        with_worker=False,
+        # Fewer slots than the fault scenarios' 4 per replica: 10x must stay within what this machine's client and
+        # proxy processes can offer and relay, so the replicas, not the CPU, are what is overloaded.
+        concurrency_limit=2,
+        fallback_concurrency=4,
+        fallback_replicas=1,
+        degrade_max_tokens=DEGRADED_TOKENS,
+        max_tokens=FULL_TOKENS,
+        extra_tenants=LIVE_TENANTS,
+        extra_env={"INFERCAP_PROXY_BEST_EFFORT_MU_PER_MIN": "0"},
+    )
+    out = {}
+    with platform:
+        slots = platform.replicas * platform.concurrency_limit
+        base = asyncio.run(platform.closed_loop(clients=slots, duration_s=4, priority="standard"))
+        capacity = sum(1 for o in base if o.status == 200 and o.done) / 4.0
+        progress(f"overload live: capacity ≈ {capacity:.1f} req/s")
+        for label, level in LEVELS:
+            rates = {name: MIX[name][0] * level * capacity for name in LIVE_TENANTS}
+            before = len(platform.outcomes)
+            outcomes = asyncio.run(platform.open_loop_tenants(rate_per_s=rates, duration_s=duration_s))
+            figures = live_figures(outcomes, platform.outcomes[before:])
+            figures["offered_rps"] = round(sum(rates.values()), 1)
+            progress(f"overload {label} (live, {duration_s:.0f} s): {figures}")
+            out[label] = figures
+        books = platform.wait_books_settled(timeout_s=60)
+    for figures in out.values():
+        figures["lost_usage"] = books["lost"]
+        figures["duplicated_usage"] = books["duplicated"]
+    return out
+
+
+def live_figures(outcomes: list, everything: list) -> dict:
+    n = max(1, len(outcomes))
+    answered = [o for o in outcomes if o.status == 200 and o.done and not o.error_event]
+    critical = [o for o in outcomes if o.priority == "critical"]
+    good = [o for o in critical if o in answered and o.ttft_s is not None and o.ttft_s <= TTFT_SLO_S]
+    refused = [o for o in outcomes if o not in answered]
+    excess = {name: (0 if LIVE_TENANTS[name][1] else sum(o.tenant == name for o in outcomes)) for name in LIVE_TENANTS}
+    total_excess = sum(excess.values())
+    deviation = 0.0
+    if refused and total_excess:
+        deviation = max(
+            abs(sum(o.tenant == name for o in refused) / len(refused) - excess[name] / total_excess)
+            for name in LIVE_TENANTS
+        )
+    return {
+        "critical_slo_attainment": round(len(good) / len(critical), 4) if critical else None,
+        "answered_fraction": round(len(answered) / n, 4),
+        "fallback_fraction": round(sum(1 for o in answered if o.fallback_from) / n, 4),
+        "degraded_fraction": round(sum(1 for o in answered if o.degraded) / n, 4),
+        "shed_fraction": round(len(refused) / n, 4),
+        "proxy_5xx": sum(1 for o in everything if o.status >= 500),
+        "fairness_max_dev": round(deviation, 4),
+        "requests": len(outcomes),
+        "refused_by_tenant_and_status": dict(Counter(f"{o.tenant}:{o.status or o.error}" for o in refused)),
+        "mode": "live",
+    }

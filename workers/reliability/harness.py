@@ -57,6 +57,9 @@ class Outcome:
     done: bool = False
     retry_after: str | None = None
     error: str | None = None
+    tenant: str = ""
+    fallback_from: str | None = None  # x-infercap-fallback-from: served by the named endpoint's fallback
+    degraded: bool = False  # x-infercap-degraded: served shorter
 
 
 @dataclass
@@ -65,6 +68,10 @@ class Seeded:
     endpoint_id: int
     endpoint_name: str
     keys: dict[str, str]  # priority class → raw key
+    fallback_id: int | None = None
+    fallback_name: str | None = None
+    tenant_keys: dict[str, str] = field(default_factory=dict)  # extra tenants (``extra_tenants``): name → raw key
+    tenant_ids: dict[str, int] = field(default_factory=dict)
 
 
 _free_port = free_port
@@ -98,6 +105,15 @@ class Platform:
     health_failures: int = 2
     health_ttft_timeout_s: float = 1.5
     with_worker: bool = True
+    # Graceful degradation (the overload section): a fallback endpoint of this many replicas (0: none), its
+    # replicas' speed and slots, the primary's degrade cap, and extra tenants: name → (priority class of its key,
+    # reserved MU/min on the primary or None for best effort); every tenant accepts fallbacks.
+    fallback_replicas: int = 0
+    fallback_speed: float = 2.5
+    fallback_concurrency: int = 8
+    degrade_max_tokens: int | None = None
+    extra_tenants: dict = field(default_factory=dict)
+    extra_env: dict = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     worker_restarts: int = 0
     log_paths: dict[str, Path] = field(default_factory=dict)
@@ -127,6 +143,7 @@ class Platform:
             "INFERCAP_HEALTH_FAILURES": str(self.health_failures),
             "INFERCAP_HEALTH_TTFT_TIMEOUT_S": str(self.health_ttft_timeout_s),
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
         self.seeded = self._seed()
         self.port = _free_port()
@@ -162,13 +179,15 @@ class Platform:
         for name in list(self.procs):
             self.kill(name, sig=signal.SIGTERM)
         seeded = getattr(self, "seeded", None)
-        endpoint = Endpoint.objects.filter(pk=seeded.endpoint_id).first() if seeded else None
-        if endpoint is not None:
+        ids = [seeded.endpoint_id, seeded.fallback_id] if seeded else []
+        for endpoint in Endpoint.objects.filter(pk__in=[i for i in ids if i is not None]):
             live = list(endpoint.replicas.exclude(state=ReplicaState.STOPPED))
             if live:
                 get_actuator(endpoint).terminate(live, reason="reliability harness stopped")
         if seeded:
             self._kill_strays(seeded.endpoint_name)
+            if seeded.fallback_name:
+                self._kill_strays(seeded.fallback_name)
         for relay in (getattr(self, "pg_relay", None), getattr(self, "redis_relay", None)):
             if relay is not None:
                 relay.close()
@@ -273,13 +292,54 @@ class Platform:
         for cls in (PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE):
             _, raw = api_key_create(tenant=tenant, name=f"{tag} {cls}", max_priority=cls)
             keys[str(cls)] = raw
-        return Seeded(tenant_id=tenant.pk, endpoint_id=endpoint.pk, endpoint_name=endpoint.name, keys=keys)
+        seeded = Seeded(tenant_id=tenant.pk, endpoint_id=endpoint.pk, endpoint_name=endpoint.name, keys=keys)
+        if self.fallback_replicas:
+            self._seed_fallback(seeded, endpoint, tag)
+        for name, (cls, reserved_mu_per_min) in self.extra_tenants.items():
+            other = Tenant.objects.create(
+                name=f"Reliability {tag} {name}", slug=f"{tag}-{name}", accepts_fallback=True
+            )
+            if reserved_mu_per_min is not None:
+                CapacityReservation.objects.create(
+                    tenant=other, endpoint=endpoint, mu_per_min=reserved_mu_per_min, priority=cls, burst_minutes=1.0
+                )
+            seeded.tenant_keys[name] = api_key_create(tenant=other, name=f"{tag} {name}", max_priority=cls)[1]
+            seeded.tenant_ids[name] = other.pk
+        return seeded
+
+    def _seed_fallback(self, seeded: Seeded, endpoint: Endpoint, tag: str) -> None:
+        """A fallback endpoint on faster replicas (a smaller model's speed); the primary degrades and falls back."""
+        fallback = Endpoint.objects.create(
+            name=f"{tag}-fallback",
+            model_profile=endpoint.model_profile,
+            hardware_profile=endpoint.hardware_profile,
+            runtime=Runtime.SIM,
+            min_replicas=self.fallback_replicas,
+            max_replicas=self.fallback_replicas,
+            desired_replicas=self.fallback_replicas,
+            concurrency_min=1,
+            concurrency_max=self.fallback_concurrency,
+            concurrency_limit=self.fallback_concurrency,
+            ttft_slo_ms=self.ttft_slo_ms,
+            tpot_slo_ms=self.tpot_slo_ms,
+            degrade_max_tokens=self.degrade_max_tokens,
+            launch_options={"actuator": "local", "speed": self.fallback_speed, "profile": self.replica_profile},
+        )
+        Endpoint.objects.filter(pk=endpoint.pk).update(fallback=fallback, degrade_max_tokens=self.degrade_max_tokens)
+        Tenant.objects.filter(pk=seeded.tenant_id).update(accepts_fallback=True)
+        seeded.fallback_id, seeded.fallback_name = fallback.pk, fallback.name
 
     def _launch_replicas(self) -> None:
         reconcile(endpoint=Endpoint.objects.get(pk=self.seeded.endpoint_id))
+        if self.seeded.fallback_id is not None:
+            reconcile(endpoint=Endpoint.objects.get(pk=self.seeded.fallback_id))
 
     def _reconciled(self) -> int:
         self._launch_replicas()  # promotes started replicas whose /health answers
+        if self.seeded.fallback_id is not None:
+            fallback_ready = Replica.objects.filter(endpoint_id=self.seeded.fallback_id, state=ReplicaState.READY)
+            if fallback_ready.count() < self.fallback_replicas:
+                return 0
         return self.ready_replicas()
 
     # -- observations ------------------------------------------------------------------------------
@@ -294,11 +354,12 @@ class Platform:
         return list(Replica.objects.filter(endpoint_id=self.seeded.endpoint_id, state=ReplicaState.READY))
 
     def usage_books(self) -> dict:
-        """Compare what clients saw with what PostgreSQL holds, for this harness's tenant."""
-        # Metered: everything the proxy admitted or rejected for capacity (200, 429, 5xx); a request it
+        """Compare what clients saw with what PostgreSQL holds, for this harness's tenants."""
+        # Metered: everything the proxy admitted or rejected for capacity (200, 429, 5xx, 503); a request it
         # refused as invalid (other 4xx) never reached metering and has no usage record by design.
         seen = {o.request_id for o in self.outcomes if o.request_id and (o.status in (200, 429) or o.status >= 500)}
-        rows = UsageRecord.objects.filter(tenant_id=self.seeded.tenant_id)
+        tenants = [self.seeded.tenant_id, *self.seeded.tenant_ids.values()]
+        rows = UsageRecord.objects.filter(tenant_id__in=tenants)
         recorded = dict(rows.values_list("request_id").annotate(n=Count("id")))
         lost = len(seen - recorded.keys())
         duplicated = sum(n - 1 for n in recorded.values() if n > 1) + len(recorded.keys() - seen)
@@ -328,9 +389,12 @@ class Platform:
         *,
         body: dict | None = None,
         timeout_s: float = 60.0,
+        tenant: str = "",
     ) -> Outcome:
-        outcome = Outcome(request_id=None, priority=priority, status=0, started=time.monotonic())
-        headers = {"Authorization": f"Bearer {self.seeded.keys[priority]}"}
+        """One streamed request with the seeded key of ``priority``, or with extra tenant ``tenant``'s key."""
+        outcome = Outcome(request_id=None, priority=priority, status=0, started=time.monotonic(), tenant=tenant)
+        raw_key = self.seeded.tenant_keys[tenant] if tenant else self.seeded.keys[priority]
+        headers = {"Authorization": f"Bearer {raw_key}"}
         try:
             async with session.post(
                 f"{self.base}/v1/chat/completions",
@@ -341,6 +405,8 @@ class Platform:
                 outcome.status = response.status
                 outcome.request_id = response.headers.get("x-request-id")
                 outcome.retry_after = response.headers.get("retry-after")
+                outcome.fallback_from = response.headers.get("x-infercap-fallback-from")
+                outcome.degraded = "x-infercap-degraded" in response.headers
                 if response.status == 200:
                     async for raw in response.content:
                         line = raw.strip()
@@ -383,6 +449,25 @@ class Platform:
                     tasks.append(asyncio.create_task(self.one_request(session, priority)))
 
             await asyncio.gather(*(arrivals(p, r) for p, r in rate_per_s.items() if r > 0))
+            return list(await asyncio.gather(*tasks))
+
+    async def open_loop_tenants(self, *, rate_per_s: dict[str, float], duration_s: float, seed: int = 7) -> list:
+        """Poisson arrivals per extra tenant (``extra_tenants``), each with its key's class; waits for every end."""
+        rng = random.Random(seed)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            tasks: list[asyncio.Task] = []
+            start = time.monotonic()
+
+            async def arrivals(tenant: str, rate: float) -> None:
+                t, priority = start, str(self.extra_tenants[tenant][0])
+                while True:
+                    t += rng.expovariate(rate)
+                    if t - start > duration_s:
+                        return
+                    await asyncio.sleep(max(0.0, t - time.monotonic()))
+                    tasks.append(asyncio.create_task(self.one_request(session, priority, tenant=tenant)))
+
+            await asyncio.gather(*(arrivals(t, r) for t, r in rate_per_s.items() if r > 0))
             return list(await asyncio.gather(*tasks))
 
     async def closed_loop(self, *, clients: int, duration_s: float, priority: str = "standard") -> list[Outcome]:
