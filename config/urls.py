@@ -7,6 +7,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from capacity.api.metrics import platform_metrics
 from config.throttling import ThrottledAdminAuthenticationForm, ThrottledAuthenticationForm
 
 # Both login pages count failed attempts per username and address (config.throttling).
@@ -27,6 +28,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("config.api_urls")),
     path("healthz", healthz, name="healthz"),
+    # The books as Prometheus gauges (have/sold/used MU, autoscaler, cost); /metrics itself is the proxy's.
+    path("metrics/platform", platform_metrics, name="platform-metrics"),
     path("console/", include("console.urls")),
     path("", RedirectView.as_view(url="/console/", permanent=False)),
 ]

@@ -196,7 +196,7 @@ def test_kubernetes_never_patches_a_template_with_pods_running_or_without_an_all
 
 
 def test_the_replica_template_sizes_every_pool_from_its_own_cpu_limit():
-    doc = yaml.safe_load((REPO / "platform" / "kubernetes" / "vllm-replica.yaml").read_text())
+    doc = yaml.safe_load((REPO / "platform" / "kubernetes" / "base" / "vllm-replica.yaml").read_text())
     (container,) = doc["spec"]["template"]["spec"]["containers"]
     refs = {e["name"]: e.get("valueFrom", {}).get("resourceFieldRef") for e in container["env"]}
     assert set(le.THREAD_VARS) <= set(refs)
