@@ -264,7 +264,39 @@ def plan(
 
     ``ttft_s`` is the time to first token used in W; by default the TTFT p50 measured at B_max, else 0.
     """
-    validate(model, hardware, workload, slo, throughput_table)
+    _validate_plan(model, hardware, workload, slo, throughput_table, headroom=headroom, ttft_s=ttft_s, spike=spike)
+    result = _memory_and_table_costs(model, hardware, throughput_table, headroom=headroom)
+    row, result.b_max_reason = _choose_b_max(throughput_table, slo)
+    if row is None:
+        result.explanation = result.b_max_reason
+        return result
+    ctx = (
+        workload.context_tokens
+        if workload.context_tokens is not None
+        else workload.input_tokens + workload.output_tokens
+    )
+    _size_barriers(result, row, workload, ctx=ctx, ttft_s=ttft_s)
+    _queue_waits(result, workload)
+    _costs_at_plan(result, hardware, workload)
+    result.explanation = _explain(result, workload, slo, ctx)
+    if result.b_max * ctx > result.kv_tokens_total:
+        result.explanation += (
+            f" KV memory holds only {int(result.kv_tokens_total // ctx)} requests of {ctx:g} tokens per replica, "
+            f"fewer than B_max = {result.b_max}: replicas run below B_max and faster per stream."
+        )
+    if spike is not None:
+        result.spike = spike_scenario(
+            spike=spike,
+            arrival_rate_per_s=workload.arrival_rate_per_s,
+            output_tokens=workload.output_tokens,
+            t_dec_tok_s=result.t_dec_tok_s,
+            replicas_before=result.n_with_headroom,
+        )
+    return result
+
+
+def _validate_plan(model, hardware, workload, slo, table, *, headroom, ttft_s, spike) -> None:
+    validate(model, hardware, workload, slo, table)
     if not isinstance(headroom, (int, float)) or math.isnan(headroom) or headroom < 0:
         raise PlannerInputError({"headroom": "must be a non-negative number"})
     if ttft_s is not None and (math.isnan(ttft_s) or ttft_s < 0):
@@ -272,76 +304,73 @@ def plan(
     if spike is not None:
         _validate_spike(spike)
 
+
+def _memory_and_table_costs(
+    model: ModelShape, hardware: Hardware, table: list[ThroughputRow], *, headroom: float
+) -> PlanResult:
+    """The replica's KV memory and, when the GPU has a price, dollars per 1M tokens at every measured batch."""
     kv_tok = kv_bytes_per_token(model)
     m_kv_gb = kv_memory_gb(model, hardware)
-    kv_tokens_total = m_kv_gb * 1e9 / kv_tok
-    ctx = (
-        workload.context_tokens
-        if workload.context_tokens is not None
-        else workload.input_tokens + workload.output_tokens
-    )
     result = PlanResult(
         feasible=False,
         explanation="",
         kv_tok_bytes=kv_tok,
         m_kv_gb=m_kv_gb,
-        kv_tokens_total=kv_tokens_total,
+        kv_tokens_total=m_kv_gb * 1e9 / kv_tok,
         headroom=float(headroom),
     )
-    for row in throughput_table:
-        if hardware.usd_per_gpu_hour > 0:
+    if hardware.usd_per_gpu_hour > 0:
+        for row in table:
             result.usd_per_1m_tokens_by_batch[row.batch] = usd_per_1m_tokens(
                 usd_per_gpu_hour=hardware.usd_per_gpu_hour,
                 gpus_per_replica=hardware.gpus_per_replica,
                 goodput_tok_s=row.aggregate,
             )
+    return result
 
-    row, reason = _choose_b_max(throughput_table, slo)
-    result.b_max_reason = reason
-    if row is None:
-        result.explanation = reason
-        return result
 
+def _size_barriers(result: PlanResult, row: ThroughputRow, workload: Workload, *, ctx: float, ttft_s) -> None:
+    """W and L at B_max, the three barriers, N_base (the largest), N with headroom, and the utilization ρ."""
     lam, out = workload.arrival_rate_per_s, workload.output_tokens
     b_max, stream_rate, t_dec = row.batch, row.per_stream_tok_s, row.aggregate
     ttft = ttft_s if ttft_s is not None else (row.ttft_p50_s or 0.0)
     w = ttft + out / stream_rate
     little_l = lam * w
-    n_mem = _ceil(little_l * ctx * kv_tok / (m_kv_gb * 1e9))
+    n_mem = _ceil(little_l * ctx * result.kv_tok_bytes / (result.m_kv_gb * 1e9))
     n_thr = _ceil(lam * out / t_dec)
     n_lat = _ceil(little_l / b_max)
     n_base = max(n_mem, n_thr, n_lat)
-    n = _ceil(n_base * (1 + headroom))
+    n = _ceil(n_base * (1 + result.headroom))
     result.feasible = True
     result.b_max, result.stream_tok_s_at_b_max, result.t_dec_tok_s = b_max, stream_rate, t_dec
     result.ttft_s, result.w_s, result.l_in_flight = ttft, w, little_l
     result.n_mem, result.n_thr, result.n_lat, result.n_base, result.n_with_headroom = n_mem, n_thr, n_lat, n_base, n
     result.rho_at_n_base = lam * out / (n_base * t_dec) if n_base else 0.0
     result.rho_at_n = lam * out / (n * t_dec) if n else 0.0
-    # M/M/c over decode slots: N·B_max servers, each serving one stream for ō / stream_rate seconds.
-    service_s = out / stream_rate
-    result.queue_wait_prob_at_n_base, result.queue_wait_s_at_n_base = mmc_wait_s(
-        servers=n_base * b_max, arrival_rate=lam, service_s=service_s
-    )
-    _, result.queue_wait_s_at_n = mmc_wait_s(servers=n * b_max, arrival_rate=lam, service_s=service_s)
-    if hardware.usd_per_gpu_hour > 0:
-        result.usd_per_1m_tokens_at_b_max = result.usd_per_1m_tokens_by_batch[b_max]
-        result.usd_per_hour_at_plan = n * hardware.gpus_per_replica * hardware.usd_per_gpu_hour
-        if lam > 0:
-            result.usd_per_1m_tokens_at_plan = result.usd_per_hour_at_plan / (lam * out * 3600.0) * 1e6
     barriers = {"memory": n_mem, "throughput": n_thr, "latency": n_lat}
     result.binding_barriers = [name for name, value in barriers.items() if value == n_base and n_base > 0]
-    result.explanation = _explain(result, workload, slo, ctx)
-    if b_max * ctx > kv_tokens_total:
-        result.explanation += (
-            f" KV memory holds only {int(kv_tokens_total // ctx)} requests of {ctx:g} tokens per replica, fewer than"
-            f" B_max = {b_max}: replicas run below B_max and faster per stream."
-        )
-    if spike is not None:
-        result.spike = spike_scenario(
-            spike=spike, arrival_rate_per_s=lam, output_tokens=out, t_dec_tok_s=t_dec, replicas_before=n
-        )
-    return result
+
+
+def _queue_waits(result: PlanResult, workload: Workload) -> None:
+    """M/M/c over decode slots: N·B_max servers, each serving one stream for ō / stream_rate seconds."""
+    lam = workload.arrival_rate_per_s
+    service_s = workload.output_tokens / result.stream_tok_s_at_b_max
+    result.queue_wait_prob_at_n_base, result.queue_wait_s_at_n_base = mmc_wait_s(
+        servers=result.n_base * result.b_max, arrival_rate=lam, service_s=service_s
+    )
+    _, result.queue_wait_s_at_n = mmc_wait_s(
+        servers=result.n_with_headroom * result.b_max, arrival_rate=lam, service_s=service_s
+    )
+
+
+def _costs_at_plan(result: PlanResult, hardware: Hardware, workload: Workload) -> None:
+    if hardware.usd_per_gpu_hour <= 0:
+        return
+    lam, out = workload.arrival_rate_per_s, workload.output_tokens
+    result.usd_per_1m_tokens_at_b_max = result.usd_per_1m_tokens_by_batch[result.b_max]
+    result.usd_per_hour_at_plan = result.n_with_headroom * hardware.gpus_per_replica * hardware.usd_per_gpu_hour
+    if lam > 0:
+        result.usd_per_1m_tokens_at_plan = result.usd_per_hour_at_plan / (lam * out * 3600.0) * 1e6
 
 
 def _validate_spike(spike: SpikeInput) -> None:

@@ -168,54 +168,76 @@ def compare(canary: VersionStats, baseline: VersionStats, config: RolloutConfig)
 
 def decide(facts: RolloutFacts, config: RolloutConfig) -> Decision:
     state = facts.state
-    stay = Decision(state=state, traffic_percent=facts.traffic_percent, step_index=facts.step_index)
     if state in FINAL or state == PAUSED:
-        return stay
+        return Decision(state=state, traffic_percent=facts.traffic_percent, step_index=facts.step_index)
     if state == ROLLING_BACK:
         return _rolling_back(facts, config)
     if state == PROMOTING:
-        if facts.old_ready + facts.old_draining + facts.old_starting == 0:
-            return Decision(
-                state=SUCCEEDED,
-                traffic_percent=100,
-                step_index=facts.step_index,
-                kind="succeeded",
-                reason="old-version replicas drained; the new version serves all traffic",
-            )
-        left = facts.old_ready + facts.old_starting
-        return Decision(state=PROMOTING, traffic_percent=100, step_index=facts.step_index, drain_old=left)
+        return _promoting(facts)
     if state not in (PENDING, SURGING, SHIFTING):
         raise ValueError(f"unknown rollout state {state!r}")
-
     # pending, surging or shifting: the new version is on trial and can still be rolled back
+    verdict = _trial_verdict(facts, config)
+    if verdict is not None:
+        return _rollback(facts, verdict)
+    step_index, new_step = _canary_step(facts, config)
+    return _next_batch(facts, config, step_index=step_index, new_step=new_step)
+
+
+def _promoting(facts: RolloutFacts) -> Decision:
+    """Drain what is left of the old version; succeeded once none of it is alive."""
+    if facts.old_ready + facts.old_draining + facts.old_starting == 0:
+        return Decision(
+            state=SUCCEEDED,
+            traffic_percent=100,
+            step_index=facts.step_index,
+            kind="succeeded",
+            reason="old-version replicas drained; the new version serves all traffic",
+        )
+    left = facts.old_ready + facts.old_starting
+    return Decision(state=PROMOTING, traffic_percent=100, step_index=facts.step_index, drain_old=left)
+
+
+def _trial_verdict(facts: RolloutFacts, config: RolloutConfig) -> str | None:
+    """Why the trial must roll back (a new replica failed, a batch never warmed up, the canary burned), or None."""
     if facts.new_failures:
-        return _rollback(facts, f"new-version replica failed: {facts.new_failures[0]}")
-    target = target_new_replicas(facts)
+        return f"new-version replica failed: {facts.new_failures[0]}"
     waiting = facts.new_starting + facts.new_ready
-    if waiting and state != PENDING:
+    if waiting and facts.state != PENDING:
         since = facts.new_waiting_since if facts.new_waiting_since is not None else facts.state_since
         waited = facts.now - since
         if waited > config.health_timeout_s:
-            return _rollback(
-                facts,
-                f"only {facts.new_warmed} of {target} new-version replica(s) healthy and warmed up; "
-                f"a batch waited {waited:.0f} s (limit {config.health_timeout_s:.0f} s)",
+            return (
+                f"only {facts.new_warmed} of {target_new_replicas(facts)} new-version replica(s) healthy and warmed "
+                f"up; a batch waited {waited:.0f} s (limit {config.health_timeout_s:.0f} s)"
             )
-    step_index, new_step = facts.step_index, False
-    if state == SHIFTING:
-        burned = compare(facts.canary, facts.baseline, config)
-        if burned:
-            return _rollback(facts, burned)
-    if state == SHIFTING and config.strategy == CANARY:
-        started = facts.step_started_at if facts.step_started_at is not None else facts.state_since
-        steps = _steps(config)
-        if (
-            facts.now - started >= config.step_duration_s
-            and facts.traffic_percent >= _cap(config, step_index)
-            and step_index + 1 < len(steps)
-        ):
-            step_index, new_step = step_index + 1, True
+    if facts.state == SHIFTING:
+        return compare(facts.canary, facts.baseline, config)
+    return None
+
+
+def _canary_step(facts: RolloutFacts, config: RolloutConfig) -> tuple[int, bool]:
+    """(step index, whether a new step begins now): a canary step advances once its window has passed and the new
+    version carries the step's percent."""
+    step_index = facts.step_index
+    if facts.state != SHIFTING or config.strategy != CANARY:
+        return step_index, False
+    started = facts.step_started_at if facts.step_started_at is not None else facts.state_since
+    if (
+        facts.now - started >= config.step_duration_s
+        and facts.traffic_percent >= _cap(config, step_index)
+        and step_index + 1 < len(_steps(config))
+    ):
+        return step_index + 1, True
+    return step_index, False
+
+
+def _next_batch(facts: RolloutFacts, config: RolloutConfig, *, step_index: int, new_step: bool) -> Decision:
+    """Traffic in proportion to the warmed new replicas (capped by the step), old replicas drained to match, the
+    next batch launched within the surge bound; promote once every new replica is warmed and the cap is 100 %."""
+    state = facts.state
     cap = _cap(config, step_index)
+    target = target_new_replicas(facts)
     share = min(facts.new_warmed, target)  # new replicas that may carry traffic
     if share >= target and cap >= 100:
         why = "all new-version replicas healthy and warmed up"
