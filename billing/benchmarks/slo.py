@@ -7,7 +7,8 @@ Options (``--opt k=v``): rows, slos, endpoints, tenants, ticks, rerun=1 (time an
 
 import statistics
 import time
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
@@ -75,9 +76,62 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
     return figures
 
 
+@dataclass
+class _World:
+    """The bench's endpoints and tenants, and the clock every generated row and tick is placed against."""
+
+    now: datetime
+    stamp: int
+    endpoints: list
+    tenants: list
+
+    @property
+    def pairs(self) -> int:
+        """(endpoint, tenant) pairs the generator cycles through: each g maps to (g mod E, g mod T)."""
+        n_endpoints, n_tenants = len(self.endpoints), len(self.tenants)
+        return n_endpoints * n_tenants // _gcd(n_endpoints, n_tenants)
+
+
 def _run(
     rows: int, n_slos: int, n_endpoints: int, n_tenants: int, ticks: int, plot, progress, *, quick, options
 ) -> dict:
+    world = _make_world(n_endpoints, n_tenants)
+    progress(f"generating {rows:,} usage rows over 3 days on {world.pairs} (endpoint, tenant) pairs")
+    generate_s = _generate(world, rows, progress)
+    rollups = _roll_up(world, rows, progress, rerun=bool(quick or options.get("rerun")))
+    slos = _make_slos(n_slos, world.endpoints, world.tenants, world.pairs)
+    progress(f"{len(slos)} SLOs; evaluating {ticks} ticks")
+    tick_seconds = []
+    for tick in range(ticks):
+        result = slo_evaluate_all(now=world.now + timedelta(seconds=30 + 60 * tick))
+        tick_seconds.append(result.seconds)
+        progress(f"  tick {tick + 1}: {result.seconds:.2f} s (opened {result.opened}, fired {result.fired})")
+    scaling = _scaling(slos, world.now, progress) if plot else []
+    if plot:
+        _write_svg(plot, scaling)
+        progress(f"wrote {plot}")
+    bench_alerts = Alert.objects.filter(slo__in=slos)
+    rollup_s = rollups.pop("rollup_s")
+    return {
+        "slos": len(slos),
+        "usage_rows": UsageRecord.objects.filter(endpoint__in=world.endpoints).count(),
+        "eval_seconds": round(tick_seconds[0], 3),
+        "eval_seconds_steady": round(statistics.median(tick_seconds[1:] or tick_seconds), 3),
+        "eval_tick_budget_used": round(max(tick_seconds) / 60, 4),
+        "rollup_seconds_per_million": round(rollup_s / (rows / 1e6), 2),
+        "rollup_seconds": round(rollup_s, 2),
+        **rollups,
+        "generate_seconds": round(generate_s, 1),
+        "minute_rows": UsageMinute.objects.filter(endpoint__in=world.endpoints).count(),
+        "alerts_firing": bench_alerts.filter(state="firing").count(),
+        "alerts_pending": bench_alerts.filter(state="pending").count(),
+        "pages_firing": bench_alerts.filter(state="firing", severity="page").count(),
+        "tickets_firing": bench_alerts.filter(state="firing", severity="ticket").count(),
+        "scaling": scaling,
+    }
+
+
+def _make_world(n_endpoints: int, n_tenants: int) -> _World:
     now = timezone.now()
     stamp = int(time.time())
     hardware, _ = HardwareProfile.objects.get_or_create(
@@ -95,97 +149,68 @@ def _run(
     tenants = Tenant.objects.bulk_create(
         Tenant(name=f"bench slo {stamp} {i}", slug=f"bench-slo-{stamp}-{i}") for i in range(n_tenants)
     )
-    pairs = n_endpoints * n_tenants // _gcd(n_endpoints, n_tenants)  # each g maps to (g mod E, g mod T)
-    progress(f"generating {rows:,} usage rows over 3 days on {pairs} (endpoint, tenant) pairs")
+    return _World(now=now, stamp=stamp, endpoints=endpoints, tenants=tenants)
+
+
+def _insert(cursor, world: _World, *, finished_at: str, prefix: str, first: int, last: int) -> None:
+    """Rows ``first``..``last`` of GENERATE_SQL, finishing at ``finished_at`` (IN_ORDER or LATE)."""
+    cursor.execute(
+        GENERATE_SQL.format(finished_at=finished_at),
+        {
+            "prefix": prefix,
+            "tenant_ids": [t.pk for t in world.tenants],
+            "endpoint_ids": [e.pk for e in world.endpoints],
+            "pairs": world.pairs,
+            "n_tenants": len(world.tenants),
+            "n_endpoints": len(world.endpoints),
+            "first": first,
+            "last": last,
+            "now": world.now,
+        },
+    )
+
+
+def _generate(world: _World, rows: int, progress) -> float:
+    """3 days of usage rows, in chunks; seconds taken."""
     started = time.perf_counter()
     fk_checks_skipped = _skip_fk_triggers()
     with connection.cursor() as cursor:
         for first in range(1, rows + 1, CHUNK_ROWS):
             last = min(rows, first + CHUNK_ROWS - 1)
-            cursor.execute(
-                GENERATE_SQL.format(finished_at=IN_ORDER.format(rows=rows)),
-                {
-                    "prefix": f"bench-slo-{stamp}-",
-                    "tenant_ids": [t.pk for t in tenants],
-                    "endpoint_ids": [e.pk for e in endpoints],
-                    "pairs": pairs,
-                    "n_tenants": n_tenants,
-                    "n_endpoints": n_endpoints,
-                    "first": first,
-                    "last": last,
-                    "now": now,
-                },
-            )
+            finished_at = IN_ORDER.format(rows=rows)
+            _insert(cursor, world, finished_at=finished_at, prefix=f"bench-slo-{world.stamp}-", first=first, last=last)
             progress(f"  {last:,} rows ({time.perf_counter() - started:.0f} s)")
         if fk_checks_skipped:
             cursor.execute("SET LOCAL session_replication_role = origin")
         cursor.execute("ANALYZE billing_usagerecord")
-    generate_s = time.perf_counter() - started
+    return time.perf_counter() - started
 
+
+def _roll_up(world: _World, rows: int, progress, *, rerun: bool) -> dict:
+    """The first rollup (``rollup_s``), an idempotent re-run (with ``rerun``), then 1 % late rows rolled up."""
     started = time.perf_counter()
-    rollup = usage_rollup_run(now=now)
+    rollup = usage_rollup_run(now=world.now)
     rollup_s = time.perf_counter() - started
     progress(f"rolled up {rows:,} rows into {rollup.minute_rows:,} minute rows in {rollup_s:.1f} s")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE billing_usageminute; ANALYZE billing_usagehour; ANALYZE billing_usageday")
-
     rerun_s = None
-    if quick or options.get("rerun"):
+    if rerun:
         # A re-run with nothing new (it re-reads the previous run's ids, for transactions that committed late).
         started = time.perf_counter()
-        usage_rollup_run(now=now)
+        usage_rollup_run(now=world.now)
         rerun_s = round(time.perf_counter() - started, 2)
     # Late records: 1 % more rows finishing over the last 3 hours, rolled up incrementally.
     late = max(1, rows // 100)
     with connection.cursor() as cursor:
-        cursor.execute(
-            GENERATE_SQL.format(finished_at=LATE),
-            {
-                "prefix": f"bench-slo-{stamp}-late-",
-                "tenant_ids": [t.pk for t in tenants],
-                "endpoint_ids": [e.pk for e in endpoints],
-                "pairs": pairs,
-                "n_tenants": n_tenants,
-                "n_endpoints": n_endpoints,
-                "first": 1,
-                "last": late,
-                "now": now,
-            },
-        )
+        _insert(cursor, world, finished_at=LATE, prefix=f"bench-slo-{world.stamp}-late-", first=1, last=late)
     started = time.perf_counter()
-    usage_rollup_run(now=now)
-    late_rollup_s = time.perf_counter() - started
-
-    slos = _make_slos(n_slos, endpoints, tenants, pairs)
-    progress(f"{len(slos)} SLOs; evaluating {ticks} ticks")
-    tick_seconds = []
-    for tick in range(ticks):
-        result = slo_evaluate_all(now=now + timedelta(seconds=30 + 60 * tick))
-        tick_seconds.append(result.seconds)
-        progress(f"  tick {tick + 1}: {result.seconds:.2f} s (opened {result.opened}, fired {result.fired})")
-    scaling = _scaling(slos, now, progress) if plot else []
-    if plot:
-        _write_svg(plot, scaling)
-        progress(f"wrote {plot}")
-    bench_alerts = Alert.objects.filter(slo__in=slos)
+    usage_rollup_run(now=world.now)
     return {
-        "slos": len(slos),
-        "usage_rows": UsageRecord.objects.filter(endpoint__in=endpoints).count(),
-        "eval_seconds": round(tick_seconds[0], 3),
-        "eval_seconds_steady": round(statistics.median(tick_seconds[1:] or tick_seconds), 3),
-        "eval_tick_budget_used": round(max(tick_seconds) / 60, 4),
-        "rollup_seconds_per_million": round(rollup_s / (rows / 1e6), 2),
-        "rollup_seconds": round(rollup_s, 2),
+        "rollup_s": rollup_s,
         "rollup_rerun_seconds": rerun_s,
         "late_rows": late,
-        "late_rollup_seconds": round(late_rollup_s, 2),
-        "generate_seconds": round(generate_s, 1),
-        "minute_rows": UsageMinute.objects.filter(endpoint__in=endpoints).count(),
-        "alerts_firing": bench_alerts.filter(state="firing").count(),
-        "alerts_pending": bench_alerts.filter(state="pending").count(),
-        "pages_firing": bench_alerts.filter(state="firing", severity="page").count(),
-        "tickets_firing": bench_alerts.filter(state="firing", severity="ticket").count(),
-        "scaling": scaling,
+        "late_rollup_seconds": round(time.perf_counter() - started, 2),
     }
 
 

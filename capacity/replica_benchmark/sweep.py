@@ -303,10 +303,40 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
         samples = driver.run(shape, concurrency, cfg.requests_for(concurrency), f"run{next(runs)}")
         return summarize(shape, concurrency, samples, gpus=cfg.gpus_per_replica)
 
+    sweep, first_bad = _concurrency_sweep(measure, cfg, progress)
+    good = [c for c, s in sweep.items() if compliant(s, cfg)]
+    if not good:
+        return _infeasible(sweep, cfg)
+    b_max = _bisect_b_max(measure, sweep, cfg, progress, lo=max(good), hi=first_bad)
+    progress(f"B_max = {b_max}; fitting costs on {len(cfg.fit_shapes)} shapes, {len(cfg.held_out_shapes)} held out")
+    fit_levels = []
+    for shape in cfg.fit_shapes:
+        fit_levels.append(measure(shape, b_max))
+        progress(f"fit {shape.label} ×{b_max}: {fit_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
+    fit = fit_costs(fit_levels)
+    held_levels = []
+    for shape in cfg.held_out_shapes:
+        held_levels.append(measure(shape, b_max))
+        progress(f"held out {shape.label}: {held_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
+    tables = _shape_tables(measure, sweep, fit_levels + held_levels, cfg, progress, b_max=b_max)
+    capacity = _capacity(fit, sweep[b_max], cfg)
+    return {
+        "feasible": True,
+        "driver": driver.name,
+        "slo": {"tpot_ms": cfg.tpot_slo_ms, "ttft_ms": cfg.ttft_slo_ms, "min_stream_tok_s": cfg.min_stream_tok_s},
+        "throughput_table": [sweep[c].table_row() for c in sorted(sweep)],
+        "b_max": b_max,
+        "fit": _fit_result(fit, fit_levels, held_levels),
+        "mu_per_min": capacity["mu_per_min"],
+        "tables": tables,
+        "capacity": capacity,
+    }
+
+
+def _concurrency_sweep(measure, cfg: SweepConfig, progress: Progress) -> tuple[dict[int, LevelStats], int | None]:
+    """The reference shape at rising concurrency until a level misses the SLO: (stats per level, that level)."""
     sweep: dict[int, LevelStats] = {}
-    first_bad: int | None = None
-    levels = [c for c in cfg.levels if c <= cfg.max_concurrency]
-    for c in levels:
+    for c in (c for c in cfg.levels if c <= cfg.max_concurrency):
         stats = sweep[c] = measure(cfg.reference_shape, c)
         ok = compliant(stats, cfg)
         progress(
@@ -314,21 +344,27 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
             f"TTFT p95 {1000 * (stats.ttft_p95_s or 0):.0f} ms — {'meets' if ok else 'misses'} the SLO"
         )
         if not ok:
-            first_bad = c
-            break
-    good = [c for c, s in sweep.items() if compliant(s, cfg)]
-    if not good:
-        best = sweep[levels[0]]
-        return {
-            "feasible": False,
-            "explanation": (
-                f"No concurrency meets the SLO: even ×{best.concurrency} streams at "
-                f"{best.per_stream_tok_s or 0:.1f} tok/s (needs {cfg.min_stream_tok_s:.1f}) with TTFT p95 "
-                f"{1000 * (best.ttft_p95_s or 0):.0f} ms (SLO {cfg.ttft_slo_ms:g} ms)."
-            ),
-            "throughput_table": [s.table_row() for s in sweep.values()],
-        }
-    lo, hi = max(good), first_bad
+            return sweep, c
+    return sweep, None
+
+
+def _infeasible(sweep: dict[int, LevelStats], cfg: SweepConfig) -> dict:
+    best = next(iter(sweep.values()))  # the lowest concurrency measured
+    return {
+        "feasible": False,
+        "explanation": (
+            f"No concurrency meets the SLO: even ×{best.concurrency} streams at "
+            f"{best.per_stream_tok_s or 0:.1f} tok/s (needs {cfg.min_stream_tok_s:.1f}) with TTFT p95 "
+            f"{1000 * (best.ttft_p95_s or 0):.0f} ms (SLO {cfg.ttft_slo_ms:g} ms)."
+        ),
+        "throughput_table": [s.table_row() for s in sweep.values()],
+    }
+
+
+def _bisect_b_max(
+    measure, sweep: dict[int, LevelStats], cfg: SweepConfig, progress: Progress, *, lo: int, hi: int | None
+) -> int:
+    """Refine B_max between the last compliant level and the first that missed (adding the levels to ``sweep``)."""
     for _ in range(cfg.bisect_steps):
         if hi is None or hi - lo <= max(1, lo // 10):
             break
@@ -339,27 +375,21 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
         else:
             hi = mid
         progress(f"bisect ×{mid}: {stats.per_stream_tok_s or 0:.1f} tok/s per stream → B_max in [{lo}, {hi})")
-    b_max = lo
-    progress(f"B_max = {b_max}; fitting costs on {len(cfg.fit_shapes)} shapes, {len(cfg.held_out_shapes)} held out")
+    return lo
 
-    fit_levels = []
-    for shape in cfg.fit_shapes:
-        fit_levels.append(measure(shape, b_max))
-        progress(f"fit {shape.label} ×{b_max}: {fit_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
-    fit = fit_costs(fit_levels)
-    held_levels = []
-    for shape in cfg.held_out_shapes:
-        held_levels.append(measure(shape, b_max))
-        progress(f"held out {shape.label}: {held_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
-    train_err = relative_errors(fit, fit_levels)
-    held_err = relative_errors(fit, held_levels) if held_levels else []
+
+def _shape_tables(
+    measure, sweep: dict[int, LevelStats], levels: list[LevelStats], cfg: SweepConfig, progress: Progress, *, b_max
+) -> dict:
+    """Throughput tables per shape: the reference sweep, and each fitted or held-out shape at B_max and at the
+    grid's multiples of it (what the planner picks the table nearest its workload from)."""
     tables = {
         cfg.reference_shape.label: {
             "shape": asdict(cfg.reference_shape),
             "rows": [sweep[c].table_row() for c in sorted(sweep)],
         }
     }
-    for lv in fit_levels + held_levels:
+    for lv in levels:
         rows = {b_max: lv}
         for multiplier in cfg.grid_multipliers:
             c = max(1, round(b_max * multiplier))
@@ -367,37 +397,35 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
                 rows[c] = measure(lv.shape, c)
                 progress(f"grid {lv.shape.label} ×{c}: {rows[c].per_stream_tok_s or 0:.1f} tok/s per stream")
         tables[lv.shape.label] = {"shape": asdict(lv.shape), "rows": [rows[c].table_row() for c in sorted(rows)]}
-    at_b_max = sweep[b_max]
+    return tables
+
+
+def _fit_result(fit: CostFit, fit_levels: list[LevelStats], held_levels: list[LevelStats]) -> dict:
+    train_err = relative_errors(fit, fit_levels)
+    held_err = relative_errors(fit, held_levels) if held_levels else []
+    return {
+        **fit.in_mu(),
+        "gpu_seconds": asdict(fit),
+        "output_to_input_ratio": (fit.beta_s / fit.alpha_s) if fit.alpha_s else None,
+        "train_relative_error": statistics.fmean(train_err),
+        "held_out_relative_error": statistics.fmean(held_err) if held_err else None,
+        "held_out_max_relative_error": max(held_err) if held_err else None,
+        "shapes": [_shape_row(lv, fit, held=False) for lv in fit_levels]
+        + [_shape_row(lv, fit, held=True) for lv in held_levels],
+    }
+
+
+def _capacity(fit: CostFit, at_b_max: LevelStats, cfg: SweepConfig) -> dict:
+    """The replica's capacity in MU/min: the fitted cost of the reference request times the rate served at B_max."""
     mu_per_request = fit.gpu_seconds(at_b_max.mean_uncached_in, at_b_max.mean_cached_in, at_b_max.mean_out) / (
         GPU_SECONDS_PER_MU
     )
-    mu_per_min = at_b_max.req_per_s * 60 * mu_per_request
-    coefficients = fit.in_mu()
     return {
-        "feasible": True,
-        "driver": driver.name,
-        "slo": {"tpot_ms": cfg.tpot_slo_ms, "ttft_ms": cfg.ttft_slo_ms, "min_stream_tok_s": cfg.min_stream_tok_s},
-        "throughput_table": [sweep[c].table_row() for c in sorted(sweep)],
-        "b_max": b_max,
-        "fit": {
-            **coefficients,
-            "gpu_seconds": asdict(fit),
-            "output_to_input_ratio": (fit.beta_s / fit.alpha_s) if fit.alpha_s else None,
-            "train_relative_error": statistics.fmean(train_err),
-            "held_out_relative_error": statistics.fmean(held_err) if held_err else None,
-            "held_out_max_relative_error": max(held_err) if held_err else None,
-            "shapes": [_shape_row(lv, fit, held=False) for lv in fit_levels]
-            + [_shape_row(lv, fit, held=True) for lv in held_levels],
-        },
-        "mu_per_min": mu_per_min,
-        "tables": tables,
-        "capacity": {
-            "reference_shape": asdict(cfg.reference_shape),
-            "req_per_s": at_b_max.req_per_s,
-            "output_tok_s": at_b_max.aggregate_tok_s,
-            "mu_per_request": mu_per_request,
-            "mu_per_min": mu_per_min,
-        },
+        "reference_shape": asdict(cfg.reference_shape),
+        "req_per_s": at_b_max.req_per_s,
+        "output_tok_s": at_b_max.aggregate_tok_s,
+        "mu_per_request": mu_per_request,
+        "mu_per_min": at_b_max.req_per_s * 60 * mu_per_request,
     }
 
 

@@ -38,6 +38,7 @@ import os
 import random
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -392,156 +393,221 @@ def _svg(results: dict, path: str) -> None:
     Path(path).write_text("\n".join(parts))
 
 
-def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **opts) -> dict:
-    speed = float(opts.get("speed", 1.0))
-    replicas = int(opts.get("replicas", 1))
-    max_tokens = int(opts.get("max_tokens", 64))
+@dataclass(frozen=True)
+class _Options:
+    """``--opt`` values (see the module docstring) with the quick and full runs' defaults."""
 
-    def tokens_for(level: int) -> int:
+    speed: float
+    replicas: int
+    max_tokens: int
+    rounds: int
+    durations: dict
+    prompt_chars: int
+    levels: list
+    calibrate: bool
+    baseline: bool
+    paired: bool
+    ramp_s: float
+    proxy_log: str
+
+    @classmethod
+    def parse(cls, opts: dict, *, quick: bool) -> _Options:
+        method = str(opts.get("method", "paired"))
+        if method not in ("paired", "phased"):
+            raise ValueError("--opt method= must be paired or phased")
+        return cls(
+            speed=float(opts.get("speed", 1.0)),
+            replicas=int(opts.get("replicas", 1)),
+            max_tokens=int(opts.get("max_tokens", 64)),
+            rounds=int(opts.get("rounds", 1 if quick else 3)),
+            durations={1: 2.0, 64: 2.0, 256: 2.5} if quick else {1: 6.0, 64: 10.0, 256: 8.0},
+            prompt_chars=int(opts.get("prompt_chars", PROMPT_CHARS)),
+            levels=[int(x) for x in str(opts.get("levels", "1,64,256")).split(",")],
+            calibrate=str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes"),
+            baseline=str(opts.get("baseline", "1")) in ("1", "true", "yes"),
+            paired=method == "paired",
+            ramp_s=float(opts.get("ramp_s", 1.0)),
+            proxy_log=opts.get("proxy_log", os.devnull),
+        )
+
+    def tokens_for(self, level: int) -> int:
         # Short answers at one stream: TTFT is the figure there, and more requests give steadier percentiles.
-        return min(max_tokens, 16) if level == 1 else max_tokens
+        return min(self.max_tokens, 16) if level == 1 else self.max_tokens
 
-    rounds = int(opts.get("rounds", 1 if quick else 3))
-    durations = {1: 2.0, 64: 2.0, 256: 2.5} if quick else {1: 6.0, 64: 10.0, 256: 8.0}
-    prompt_chars = int(opts.get("prompt_chars", PROMPT_CHARS))
-    levels = [int(x) for x in str(opts.get("levels", "1,64,256")).split(",")]
-    calibrate = str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes")
-    baseline = str(opts.get("baseline", "1")) in ("1", "true", "yes")
-    method = str(opts.get("method", "paired"))
-    if method not in ("paired", "phased"):
-        raise ValueError("--opt method= must be paired or phased")
-    paired = method == "paired"
-    ramp_s = float(opts.get("ramp_s", 1.0))
+
+@dataclass(frozen=True)
+class _Paths:
+    """Where the load goes: the replicas (direct), the proxy, and the bare pass-through (None without baseline)."""
+
+    urls: list
+    key: str
+    proxy_base: str
+    proxy_pid: int
+    bare_base: str | None
+    bare_pid: int
+
+    @property
+    def direct_base(self) -> str:
+        return self.urls[0]
+
+
+def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **opts) -> dict:
+    options = _Options.parse(opts, quick=quick)
     group = ProcessGroup()
     try:
-        urls = []
-        for _ in range(replicas):
-            port = free_port()
-            argv = sim_replica_argv(port, speed=speed, served_model_name=ENDPOINT, extra=["--max-num-seqs", "1024"])
-            group.spawn(argv, port=port, timeout=60)
-            urls.append(f"http://127.0.0.1:{port}")
-        key = _setup_world(urls)
-        proxy_port = free_port()
-        # The deployed command line (uvloop and httptools: uvicorn_argv adds them when installed) and the deployed
-        # settings (production: DEBUG off), as the reliability harness runs it.
-        proxy_env = child_django_env(
-            "config.settings.production",
-            DJANGO_SECRET_KEY=secrets.token_urlsafe(48),
-            DJANGO_SECURE_SSL_REDIRECT="0",
-            INFERCAP_QUIET="1",
+        paths = _start(group, options)
+        progress(
+            f"replicas {paths.urls}, proxy {paths.proxy_base}; speed {options.speed}, "
+            f"{options.max_tokens} tokens per request"
         )
-        proxy = group.spawn(
-            uvicorn_argv("config.asgi:application", proxy_port),
-            env=proxy_env,
-            port=proxy_port,
-            stderr=opts.get("proxy_log", os.devnull),
-            timeout=60,
-        )
-        proxy_base = f"http://127.0.0.1:{proxy_port}"
-        bare_base = None
-        bare_pid = 0
-        if baseline:
-            bare_port = free_port()
-            bare_proc = group.spawn(
-                uvicorn_argv("endpoints.benchmarks.passthrough:app", bare_port),
-                env={"BENCH_UPSTREAM": urls[0]},
-                port=bare_port,
-                timeout=60,
-            )
-            bare_pid = bare_proc.pid
-            bare_base = f"http://127.0.0.1:{bare_port}"
-        direct_base = urls[0]
-        progress(f"replicas {urls}, proxy {proxy_base}; speed {speed}, {max_tokens} tokens per request")
-
-        async def measure() -> dict:
-            # Warm both paths (the proxy loads its snapshot on the first request).
-            await _phase(proxy_base, key, streams=4, duration_s=0.5, max_tokens=8)
-            await _phase(direct_base, None, streams=4, duration_s=0.5, max_tokens=8)
-            results = {}
-            for level in levels:
-                direct = proxied = bare = None
-                cpu = bare_cpu = 0.0
-                if level == 1:
-                    # One stream: alternate the paths request by request, so both see the same background load.
-                    n = int(durations.get(1, 2.0) * 12) * rounds
-                    direct, proxied, bare, cpu, bare_cpu = await _interleaved(
-                        direct_base,
-                        proxy_base,
-                        key,
-                        bare_base,
-                        n=n,
-                        max_tokens=tokens_for(1),
-                        proxy_pid=proxy.pid,
-                        bare_pid=bare_pid,
-                        prompt_chars=prompt_chars,
-                    )
-                bare_direct = None
-                for _ in range(rounds if level != 1 else 0):
-                    phase = {
-                        "streams": level,
-                        "duration_s": durations.get(level, 3.0),
-                        "max_tokens": tokens_for(level),
-                        "prompt_chars": prompt_chars,
-                    }
-                    # Starts spread over ramp_s per 64 streams (at most half the phase): at 256 streams a 1 s ramp
-                    # still left bursts of arrivals whose order at the replica swung the p50 by a batching step.
-                    mixed = {**phase, "ramp_s": min(ramp_s * level / 64, phase["duration_s"] / 2)}
-                    before = _cpu_s(proxy.pid)
-                    if paired:
-                        # Both paths at once, each with ``level`` streams, on the same replica: they see the same
-                        # replica state and the same background load, so the difference is the proxy's own.
-                        d, p = await _mixed_phase([(direct_base, None), (proxy_base, key)], **mixed)
-                    else:
-                        d = await _phase(direct_base, None, **phase)
-                        before = _cpu_s(proxy.pid)
-                        p = await _phase(proxy_base, key, **phase)
-                    cpu += _cpu_s(proxy.pid) - before
-                    direct, proxied = _merge(direct, d), _merge(proxied, p)
-                    if bare_base:
-                        before_bare = _cpu_s(bare_pid)
-                        if paired:
-                            bd, b = await _mixed_phase([(direct_base, None), (bare_base, None)], **mixed)
-                            bare_direct = _merge(bare_direct, bd)
-                        else:
-                            b = await _phase(bare_base, None, **phase)
-                        bare = _merge(bare, b)
-                        bare_cpu += _cpu_s(bare_pid) - before_bare
-                results[f"streams_{level}"] = row = _summary(direct, proxied, cpu)
-                row["method"] = "interleaved" if level == 1 else ("paired" if paired else "phased")
-                if bare is not None:
-                    # The same extra hop without any of the proxy's features: what this machine charges for a hop.
-                    base_row = _summary(bare_direct or direct, bare, bare_cpu)
-                    row["bare_passthrough"] = {
-                        k: base_row[k]
-                        for k in (
-                            "added_ttft_p50_ms",
-                            "added_ttft_p50_ci95_ms",
-                            "added_ttft_p99_ms",
-                            "tokens_per_s_ratio",
-                            "errors",
-                            "proxy_cpu_ms_per_1k_tokens",
-                        )
-                    }
-                progress(f"{level} streams: {results[f'streams_{level}']}")
-            if calibrate:
-                # Upstream client calibration (issue 4, item 8): the same 256 streams straight to the replica
-                # through each candidate data-plane client, in this one run.
-                n, dur = 256, durations.get(256, 3.0)
-                load = {"streams": n, "duration_s": dur, "max_tokens": max_tokens, "prompt_chars": prompt_chars}
-                a = await _phase(direct_base, None, **load)
-                h = await _httpx_phase(direct_base, **load)
-                results["client_calibration_256"] = {"aiohttp": _client_row(a), "httpx": _client_row(h)}
-                progress(f"client calibration: {results['client_calibration_256']}")
-            return results
-
-        if len(urls) > 1:
+        if len(paths.urls) > 1:
             progress(
                 "note: direct traffic goes to the first replica only; use --opt replicas=1 for a like-for-like ratio"
             )
-        results = asyncio.run(measure())
+        results = asyncio.run(_measure(options, paths, progress))
     finally:
         group.kill_all()  # first: a failing clean-up below must not leave the processes running
         Replica.objects.filter(endpoint__name=ENDPOINT).delete()  # their processes are gone
     if plot:
         _svg(results, plot)
     return results
+
+
+def _start(group: ProcessGroup, options: _Options) -> _Paths:
+    """The simulated replicas, the proxy as deployed and (with ``baseline``) the bare pass-through."""
+    urls = []
+    for _ in range(options.replicas):
+        port = free_port()
+        argv = sim_replica_argv(
+            port, speed=options.speed, served_model_name=ENDPOINT, extra=["--max-num-seqs", "1024"]
+        )
+        group.spawn(argv, port=port, timeout=60)
+        urls.append(f"http://127.0.0.1:{port}")
+    key = _setup_world(urls)
+    proxy_port = free_port()
+    # The deployed command line (uvloop and httptools: uvicorn_argv adds them when installed) and the deployed
+    # settings (production: DEBUG off), as the reliability harness runs it.
+    proxy_env = child_django_env(
+        "config.settings.production",
+        DJANGO_SECRET_KEY=secrets.token_urlsafe(48),
+        DJANGO_SECURE_SSL_REDIRECT="0",
+        INFERCAP_QUIET="1",
+    )
+    proxy = group.spawn(
+        uvicorn_argv("config.asgi:application", proxy_port),
+        env=proxy_env,
+        port=proxy_port,
+        stderr=options.proxy_log,
+        timeout=60,
+    )
+    bare_base, bare_pid = None, 0
+    if options.baseline:
+        bare_port = free_port()
+        bare_proc = group.spawn(
+            uvicorn_argv("endpoints.benchmarks.passthrough:app", bare_port),
+            env={"BENCH_UPSTREAM": urls[0]},
+            port=bare_port,
+            timeout=60,
+        )
+        bare_base, bare_pid = f"http://127.0.0.1:{bare_port}", bare_proc.pid
+    return _Paths(urls, key, f"http://127.0.0.1:{proxy_port}", proxy.pid, bare_base, bare_pid)
+
+
+async def _measure(options: _Options, paths: _Paths, progress) -> dict:
+    # Warm both paths (the proxy loads its snapshot on the first request).
+    await _phase(paths.proxy_base, paths.key, streams=4, duration_s=0.5, max_tokens=8)
+    await _phase(paths.direct_base, None, streams=4, duration_s=0.5, max_tokens=8)
+    results = {}
+    for level in options.levels:
+        results[f"streams_{level}"] = await _measure_level(options, paths, level)
+        progress(f"{level} streams: {results[f'streams_{level}']}")
+    if options.calibrate:
+        # Upstream client calibration (issue 4, item 8): the same 256 streams straight to the replica through each
+        # candidate data-plane client, in this one run.
+        n, dur = 256, options.durations.get(256, 3.0)
+        load = {
+            "streams": n,
+            "duration_s": dur,
+            "max_tokens": options.max_tokens,
+            "prompt_chars": options.prompt_chars,
+        }
+        a = await _phase(paths.direct_base, None, **load)
+        h = await _httpx_phase(paths.direct_base, **load)
+        results["client_calibration_256"] = {"aiohttp": _client_row(a), "httpx": _client_row(h)}
+        progress(f"client calibration: {results['client_calibration_256']}")
+    return results
+
+
+async def _measure_level(options: _Options, paths: _Paths, level: int) -> dict:
+    """One level's row: one stream interleaved request by request, more streams in ``rounds`` phases."""
+    if level == 1:
+        # One stream: alternate the paths request by request, so both see the same background load.
+        direct, proxied, bare, cpu, bare_cpu = await _interleaved(
+            paths.direct_base,
+            paths.proxy_base,
+            paths.key,
+            paths.bare_base,
+            n=int(options.durations.get(1, 2.0) * 12) * options.rounds,
+            max_tokens=options.tokens_for(1),
+            proxy_pid=paths.proxy_pid,
+            bare_pid=paths.bare_pid,
+            prompt_chars=options.prompt_chars,
+        )
+        bare_direct = None
+    else:
+        direct, proxied, bare, bare_direct, cpu, bare_cpu = await _phase_rounds(options, paths, level)
+    row = _summary(direct, proxied, cpu)
+    row["method"] = "interleaved" if level == 1 else ("paired" if options.paired else "phased")
+    if bare is not None:
+        # The same extra hop without any of the proxy's features: what this machine charges for a hop.
+        base_row = _summary(bare_direct or direct, bare, bare_cpu)
+        row["bare_passthrough"] = {k: base_row[k] for k in _BARE_KEYS}
+    return row
+
+
+_BARE_KEYS = (
+    "added_ttft_p50_ms",
+    "added_ttft_p50_ci95_ms",
+    "added_ttft_p99_ms",
+    "tokens_per_s_ratio",
+    "errors",
+    "proxy_cpu_ms_per_1k_tokens",
+)
+
+
+async def _phase_rounds(options: _Options, paths: _Paths, level: int) -> tuple:
+    """``rounds`` phases of ``level`` streams on each path: (direct, proxied, bare, bare's direct, proxy CPU s,
+    bare CPU s), the phases' outcomes merged."""
+    direct = proxied = bare = bare_direct = None
+    cpu = bare_cpu = 0.0
+    for _ in range(options.rounds):
+        phase = {
+            "streams": level,
+            "duration_s": options.durations.get(level, 3.0),
+            "max_tokens": options.tokens_for(level),
+            "prompt_chars": options.prompt_chars,
+        }
+        # Starts spread over ramp_s per 64 streams (at most half the phase): at 256 streams a 1 s ramp still left
+        # bursts of arrivals whose order at the replica swung the p50 by a batching step.
+        mixed = {**phase, "ramp_s": min(options.ramp_s * level / 64, phase["duration_s"] / 2)}
+        before = _cpu_s(paths.proxy_pid)
+        if options.paired:
+            # Both paths at once, each with ``level`` streams, on the same replica: they see the same replica state
+            # and the same background load, so the difference is the proxy's own.
+            d, p = await _mixed_phase([(paths.direct_base, None), (paths.proxy_base, paths.key)], **mixed)
+        else:
+            d = await _phase(paths.direct_base, None, **phase)
+            before = _cpu_s(paths.proxy_pid)
+            p = await _phase(paths.proxy_base, paths.key, **phase)
+        cpu += _cpu_s(paths.proxy_pid) - before
+        direct, proxied = _merge(direct, d), _merge(proxied, p)
+        if paths.bare_base:
+            before_bare = _cpu_s(paths.bare_pid)
+            if options.paired:
+                bd, b = await _mixed_phase([(paths.direct_base, None), (paths.bare_base, None)], **mixed)
+                bare_direct = _merge(bare_direct, bd)
+            else:
+                b = await _phase(paths.bare_base, None, **phase)
+            bare = _merge(bare, b)
+            bare_cpu += _cpu_s(paths.bare_pid) - before_bare
+    return direct, proxied, bare, bare_direct, cpu, bare_cpu

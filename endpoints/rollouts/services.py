@@ -219,6 +219,73 @@ def start_rollout(
 ) -> Rollout:
     """Start moving the endpoint's traffic to ``to_version``; the beat task's ticks carry it out."""
     from_version = ensure_current_version(endpoint)
+    settings = {
+        "strategy": strategy,
+        "step_duration_s": step_duration_s,
+        "max_surge": max_surge,
+        "health_timeout_s": health_timeout_s,
+        "error_rate_margin": error_rate_margin,
+        "latency_burn_margin": latency_burn_margin,
+        "min_samples": min_samples,
+    }
+    steps = _validated_rollout(
+        endpoint=endpoint,
+        from_version=from_version,
+        to_version=to_version,
+        canary_steps=canary_steps if canary_steps is not None else [10, 50, 100],
+        **settings,
+    )
+    with transaction.atomic():
+        lock_tenant(endpoint.owner_tenant_id)  # the surge's quota check, one at a time with the autoscaler's launches
+        Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if active_rollout(endpoint) is not None:
+            raise ValidationError("a rollout is already in progress for this endpoint")
+        baseline = _replicas_of(endpoint, from_version, current=from_version).filter(state=ReplicaState.READY).count()
+        settings["max_surge"], surge_note = _surge_within_quota(
+            endpoint=endpoint, from_version=from_version, to_version=to_version, baseline=baseline, max_surge=max_surge
+        )
+        rollout = _rollout_create(
+            endpoint=endpoint,
+            from_version=from_version,
+            to_version=to_version,
+            canary_steps=steps,
+            baseline=baseline,
+            user=user,
+            **settings,
+        )
+        _event(
+            rollout,
+            "created",
+            "",
+            RolloutState.PENDING,
+            f"v{from_version.number} → v{to_version.number}, {strategy}, baseline {baseline} ready replica(s)"
+            + surge_note,
+        )
+        _audit(
+            user,
+            "rollout.start",
+            endpoint,
+            {"rollout": rollout.pk, "from": from_version.number, "to": to_version.number, "strategy": strategy},
+        )
+    return rollout
+
+
+def _validated_rollout(
+    *,
+    endpoint: Endpoint,
+    from_version: EndpointVersion,
+    to_version: EndpointVersion,
+    canary_steps: list[int],
+    strategy: str,
+    step_duration_s: int,
+    max_surge: int,
+    health_timeout_s: int,
+    error_rate_margin: float,
+    latency_burn_margin: float,
+    min_samples: int,
+) -> list[int]:
+    """The canary steps, validated; a ValidationError naming each bad field, or the actuator's refusal of the
+    version change (on ``to_version``), otherwise."""
     errors: dict[str, list[str]] = {}
     if to_version.endpoint_id != endpoint.pk:
         errors["to_version"] = ["belongs to another endpoint"]
@@ -226,9 +293,9 @@ def start_rollout(
         errors["to_version"] = ["is already the serving version"]
     if strategy not in RolloutStrategy.values:
         errors["strategy"] = [f"one of {', '.join(RolloutStrategy.values)}"]
-    steps = canary_steps if canary_steps is not None else [10, 50, 100]
+    steps = canary_steps
     try:
-        steps = machine.validate_canary_steps(steps)
+        steps = machine.validate_canary_steps(canary_steps)
     except ValueError as exc:
         errors["canary_steps"] = [str(exc)]
     for name, value, low in (
@@ -253,49 +320,36 @@ def start_rollout(
                 errors["to_version"] = [refusal]
     if errors:
         raise ValidationError(errors)
-    with transaction.atomic():
-        lock_tenant(endpoint.owner_tenant_id)  # the surge's quota check, one at a time with the autoscaler's launches
-        Endpoint.objects.select_for_update().get(pk=endpoint.pk)
-        if active_rollout(endpoint) is not None:
-            raise ValidationError("a rollout is already in progress for this endpoint")
-        baseline = _replicas_of(endpoint, from_version, current=from_version).filter(state=ReplicaState.READY).count()
-        max_surge, surge_note = _surge_within_quota(
-            endpoint=endpoint, from_version=from_version, to_version=to_version, baseline=baseline, max_surge=max_surge
-        )
-        try:
-            with transaction.atomic():  # the one-active-rollout constraint, should a writer bypass the lock above
-                rollout = Rollout.objects.create(
-                    endpoint=endpoint,
-                    from_version=from_version,
-                    to_version=to_version,
-                    strategy=strategy,
-                    canary_steps=steps,
-                    step_duration_s=step_duration_s,
-                    max_surge=max_surge,
-                    health_timeout_s=health_timeout_s,
-                    error_rate_margin=float(error_rate_margin),
-                    latency_burn_margin=float(latency_burn_margin),
-                    min_samples=min_samples,
-                    baseline_ready=baseline,
-                    created_by=_user(user),
-                )
-        except IntegrityError:
-            raise ValidationError("a rollout is already in progress for this endpoint") from None
-        _event(
-            rollout,
-            "created",
-            "",
-            RolloutState.PENDING,
-            f"v{from_version.number} → v{to_version.number}, {strategy}, baseline {baseline} ready replica(s)"
-            + surge_note,
-        )
-        _audit(
-            user,
-            "rollout.start",
-            endpoint,
-            {"rollout": rollout.pk, "from": from_version.number, "to": to_version.number, "strategy": strategy},
-        )
-    return rollout
+    return steps
+
+
+def _rollout_create(
+    *,
+    endpoint: Endpoint,
+    from_version: EndpointVersion,
+    to_version: EndpointVersion,
+    canary_steps: list[int],
+    baseline: int,
+    user,
+    error_rate_margin: float,
+    latency_burn_margin: float,
+    **settings,
+) -> Rollout:
+    try:
+        with transaction.atomic():  # the one-active-rollout constraint, should a writer bypass the endpoint's lock
+            return Rollout.objects.create(
+                endpoint=endpoint,
+                from_version=from_version,
+                to_version=to_version,
+                canary_steps=canary_steps,
+                error_rate_margin=float(error_rate_margin),
+                latency_burn_margin=float(latency_burn_margin),
+                baseline_ready=baseline,
+                created_by=_user(user),
+                **settings,
+            )
+    except IntegrityError:
+        raise ValidationError("a rollout is already in progress for this endpoint") from None
 
 
 def _surge_within_quota(

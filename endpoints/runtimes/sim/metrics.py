@@ -112,26 +112,27 @@ class _EngineCollector:
         self.created = time.time()  # counters carry their creation time (the ``_created`` series), as vLLM's
 
     def collect(self):
-        engine, stats = self.engine, self.engine.stats
-        values = ["0", self.model_name]
+        yield from self._flops_counters()
+        yield from self._scheduler_gauges()
+        yield from self._token_counters()
+        yield from self._front_end_and_config()
 
-        created = {"created": self.created}
+    def _single(self, kind, name: str, doc: str, value: float):
+        family = kind(name, doc, labels=list(LABELS))
+        created = {"created": self.created} if kind is CounterMetricFamily else {}
+        family.add_metric(["0", self.model_name], value, **created)
+        return family
 
-        def single(kind, name: str, doc: str, value: float):
-            family = kind(name, doc, labels=list(LABELS))
-            family.add_metric(values, value, **(created if kind is CounterMetricFamily else {}))
-            return family
+    def _by(self, kind, name: str, doc: str, label: str, points: dict[str, float]):
+        names = sorted([*LABELS, label])
+        family = kind(name, doc, labels=names)
+        created = {"created": self.created} if kind is CounterMetricFamily else {}
+        for key, value in points.items():
+            labels = {"engine": "0", "model_name": self.model_name, label: key}
+            family.add_metric([labels[n] for n in names], value, **created)
+        return family
 
-        def by(kind, name: str, doc: str, label: str, points: dict[str, float]):
-            names = sorted([*LABELS, label])
-            family = kind(name, doc, labels=names)
-            for key, value in points.items():
-                labels = {"engine": "0", "model_name": self.model_name, label: key}
-                family.add_metric(
-                    [labels[n] for n in names], value, **(created if kind is CounterMetricFamily else {})
-                )
-            return family
-
+    def _flops_counters(self):
         zero_counters = (
             (
                 "vllm:estimated_flops_per_gpu",
@@ -147,21 +148,24 @@ class _EngineCollector:
             ),
         )
         for name, doc in zero_counters:
-            yield single(CounterMetricFamily, name, doc, 0)
-        yield single(
+            yield self._single(CounterMetricFamily, name, doc, 0)
+
+    def _scheduler_gauges(self):
+        engine = self.engine
+        yield self._single(
             GaugeMetricFamily,
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
             engine.num_running,
         )
-        yield single(
+        yield self._single(
             GaugeMetricFamily,
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
             engine.num_waiting,
         )
         # The simulator defers nothing (no LoRA budget, no KV transfer): every waiting request waits for capacity.
-        yield by(
+        yield self._by(
             GaugeMetricFamily,
             "vllm:num_requests_waiting_by_reason",
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
@@ -170,7 +174,7 @@ class _EngineCollector:
             "reason",
             {"capacity": engine.num_waiting, "deferred": 0},
         )
-        yield by(
+        yield self._by(
             GaugeMetricFamily,
             "vllm:engine_sleep_state",
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
@@ -178,12 +182,15 @@ class _EngineCollector:
             "sleep_state",
             {"awake": 1, "weights_offloaded": 0, "discard_all": 0},
         )
-        yield single(
+        yield self._single(
             GaugeMetricFamily,
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
             engine.kv_usage,
         )
+
+    def _token_counters(self):
+        stats = self.engine.stats
         hits = stats.prefix_hits
         for name, doc, value in (
             (
@@ -207,21 +214,21 @@ class _EngineCollector:
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.preemptions),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens),
         ):
-            yield single(CounterMetricFamily, name, doc, value)
-        yield by(
+            yield self._single(CounterMetricFamily, name, doc, value)
+        yield self._by(
             CounterMetricFamily,
             "vllm:prompt_tokens_by_source",
             "Number of prompt tokens by source.",
             "source",
             {"local_compute": stats.prompt_tokens - hits, "local_cache_hit": hits, "external_kv_transfer": 0},
         )
-        yield single(
+        yield self._single(
             CounterMetricFamily,
             "vllm:prompt_tokens_cached",
             "Number of cached prompt tokens (local + external).",
             hits,
         )
-        yield by(
+        yield self._by(
             CounterMetricFamily,
             "vllm:prompt_tokens_cached_by_source",
             "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to "
@@ -230,19 +237,21 @@ class _EngineCollector:
             "source",
             {"device": hits, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": 0},
         )
-        yield single(
+        yield self._single(
             CounterMetricFamily,
             "vllm:generation_tokens",
             "Number of generation tokens processed.",
             stats.generation_tokens,
         )
-        yield by(
+        yield self._by(
             CounterMetricFamily,
             "vllm:request_success",
             "Count of successfully processed requests.",
             "finished_reason",
             {reason: stats.finished.get(reason, 0) for reason in FINISHED_REASONS},
         )
+
+    def _front_end_and_config(self):
         # No engine label on this one, as in vLLM: the front end counts it.
         rejections = CounterMetricFamily(
             "vllm:admission_rejections",

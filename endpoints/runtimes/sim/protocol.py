@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from .tokens import count_tokens, render_chat
 from .validation import BadRequest, Body, FormatErrors, body_not_an_object, error_body, vllm_error
@@ -158,68 +159,120 @@ def parse_request(
     if not isinstance(body, dict):
         raise body_not_an_object(body)
     fields = Body(body)
-    # -- the body's types (pydantic): every wrong field is reported at once -----------------------------
-    model = fields.str("model")
-    prompt_text = None
-    prompts = None
-    if chat:
-        if "messages" not in body:
-            fields.format.add("missing", "body.messages", "Field required", body)
-        else:
-            prompt_text = _render_messages(body["messages"], fields.format)
-    else:
-        prompts = _completion_prompts(body, fields.format)
-    requested = fields.int("max_completion_tokens") if chat else None
-    if requested is None:
-        requested = fields.int("max_tokens")
-    n = fields.int("n", 1)
-    temperature = fields.float("temperature")
-    top_p = fields.float("top_p")
-    top_k = fields.int("top_k")
-    min_p = fields.float("min_p")
-    presence = fields.float("presence_penalty", 0.0)
-    frequency = fields.float("frequency_penalty", 0.0)
-    repetition = fields.float("repetition_penalty", 1.0)
-    seed = fields.int("seed")
-    stream = fields.bool("stream", False)
-    options = fields.object("stream_options")
-    stop = fields.str_or_list("stop")
-    include_stop = fields.bool("include_stop_str_in_output", False)
-    ignore_eos = fields.bool("ignore_eos", False)
-    min_tokens = fields.int("min_tokens", 0)
-    priority = fields.int("priority", 0)
-    echo = fields.bool("echo", False) if not chat else False
-    request_id = fields.str("request_id")
-    include_usage = continuous = False
-    if options is not None:  # vLLM's defaults: no usage chunk unless asked for
-        include_usage = _option(fields, options, "include_usage")
-        continuous = include_usage and _option(fields, options, "continuous_usage_stats")
+    v = _typed_fields(fields, chat=chat)
     fields.check()
-    _check_request_validators(fields, chat=chat, stream=stream, options=options)
-
-    # -- the model, then the prompt -------------------------------------------------------------------
-    model = model or served_model
+    _check_request_validators(fields, chat=chat, stream=v.stream, options=v.options)
+    model = v.model or served_model
     if model != served_model:
         raise BadRequest(
             f"The model `{model}` does not exist. Valid aliases: {served_model}.", status=404, param="model"
         )
+    prompts = _checked_prompts(body, v, chat=chat, max_model_len=max_model_len)
+    # -- the sampling parameters (vLLM's SamplingParams._verify_args, in its order) -------------------
+    default = None if chat else 16
+    wanted = v.requested if v.requested is not None else default
+    # vLLM clamps to what the context leaves (an exact fit leaves 0: "max_tokens must be at least 1").
+    caps = [max_model_len - p.tokens if wanted is None else min(max_model_len - p.tokens, wanted) for p in prompts]
+    _verify_sampling(
+        n=v.n,
+        presence=v.presence,
+        frequency=v.frequency,
+        repetition=v.repetition,
+        temperature=v.temperature,
+        top_p=v.top_p,
+        top_k=v.top_k,
+        min_p=v.min_p,
+        max_tokens=min(caps),
+        min_tokens=v.min_tokens,
+        stop=v.stop,
+    )
+    logprobs = _logprobs(fields, chat=chat, vocab_size=vocab_size)
+    if v.priority and scheduling_policy != "priority":
+        raise vllm_error(f"Got priority {v.priority} but Priority scheduling is not enabled.", param="priority")
+    return ParsedRequest(
+        chat=chat,
+        request_id=str(header_request_id or v.request_id or f"{uuid.uuid4().int & (2**64 - 1):016x}"),
+        model=model,
+        prompts=prompts,
+        max_tokens_param=v.requested,
+        stream=v.stream,
+        include_usage=bool(v.include_usage),
+        continuous_usage=bool(v.continuous),
+        priority=v.priority,
+        cache_salt=body.get("cache_salt"),
+        n=v.n,
+        max_tokens=caps,
+        min_tokens=v.min_tokens,
+        ignore_eos=v.ignore_eos,
+        stop=v.stop,
+        include_stop_str_in_output=v.include_stop,
+        seed=v.seed,
+        logprobs=logprobs,
+        echo=v.echo,
+    )
+
+
+def _typed_fields(fields: Body, *, chat: bool) -> SimpleNamespace:
+    """The body's types (pydantic): every wrong field is collected in ``fields.format``, reported at once by
+    ``fields.check()``. Read in the order vLLM's request model declares them, so the errors come in its order."""
+    body = fields.body
+    v = SimpleNamespace(model=fields.str("model"), prompt_text=None, prompts=None)
+    if chat:
+        if "messages" not in body:
+            fields.format.add("missing", "body.messages", "Field required", body)
+        else:
+            v.prompt_text = _render_messages(body["messages"], fields.format)
+    else:
+        v.prompts = _completion_prompts(body, fields.format)
+    v.requested = fields.int("max_completion_tokens") if chat else None
+    if v.requested is None:
+        v.requested = fields.int("max_tokens")
+    v.n = fields.int("n", 1)
+    v.temperature = fields.float("temperature")
+    v.top_p = fields.float("top_p")
+    v.top_k = fields.int("top_k")
+    v.min_p = fields.float("min_p")
+    v.presence = fields.float("presence_penalty", 0.0)
+    v.frequency = fields.float("frequency_penalty", 0.0)
+    v.repetition = fields.float("repetition_penalty", 1.0)
+    v.seed = fields.int("seed")
+    v.stream = fields.bool("stream", False)
+    v.options = fields.object("stream_options")
+    v.stop = fields.str_or_list("stop")
+    v.include_stop = fields.bool("include_stop_str_in_output", False)
+    v.ignore_eos = fields.bool("ignore_eos", False)
+    v.min_tokens = fields.int("min_tokens", 0)
+    v.priority = fields.int("priority", 0)
+    v.echo = fields.bool("echo", False) if not chat else False
+    v.request_id = fields.str("request_id")
+    v.include_usage = v.continuous = False
+    if v.options is not None:  # vLLM's defaults: no usage chunk unless asked for
+        v.include_usage = _option(fields, v.options, "include_usage")
+        v.continuous = v.include_usage and _option(fields, v.options, "continuous_usage_stats")
+    return v
+
+
+def _checked_prompts(body: dict, v: SimpleNamespace, *, chat: bool, max_model_len: int) -> list[Prompt]:
+    """The prompts (a chat's rendered conversation, or the completion's prompts), refused when empty, or when they
+    or ``max_tokens`` exceed the model's context."""
     if chat:
         if not body["messages"]:
             raise BadRequest("Cannot apply chat template to an empty conversation. Provide at least one message.")
-        prompts = [Prompt(prompt_text, count_tokens(prompt_text))]
+        prompts = [Prompt(v.prompt_text, count_tokens(v.prompt_text))]
     else:
         if body.get("suffix") is not None:
             raise BadRequest("suffix is only supported for models with FIM completion rendering", param="suffix")
-        if prompts is None:
+        if v.prompts is None:
             raise vllm_error("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
-        if not prompts:
+        if not v.prompts:
             raise BadRequest("You must pass at least one prompt")
-    if requested is not None and requested > max_model_len:
+        prompts = v.prompts
+    if v.requested is not None and v.requested > max_model_len:
         raise vllm_error(
-            f"max_tokens={requested} cannot be greater than max_model_len={max_model_len}. "
+            f"max_tokens={v.requested} cannot be greater than max_model_len={max_model_len}. "
             "Please request fewer output tokens.",
             param="max_tokens",
-            value=requested,
+            value=v.requested,
         )
     for prompt in prompts:
         # The tokenizer stops one token past the limit, so a long text is "at least" that long.
@@ -233,49 +286,7 @@ def parse_request(
                 param="input_tokens",
                 value=counted,
             )
-
-    # -- the sampling parameters (vLLM's SamplingParams._verify_args, in its order) -------------------
-    default = None if chat else 16
-    wanted = requested if requested is not None else default
-    # vLLM clamps to what the context leaves (an exact fit leaves 0: "max_tokens must be at least 1").
-    caps = [max_model_len - p.tokens if wanted is None else min(max_model_len - p.tokens, wanted) for p in prompts]
-    _verify_sampling(
-        n=n,
-        presence=presence,
-        frequency=frequency,
-        repetition=repetition,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        max_tokens=min(caps),
-        min_tokens=min_tokens,
-        stop=stop,
-    )
-    logprobs = _logprobs(fields, chat=chat, vocab_size=vocab_size)
-    if priority and scheduling_policy != "priority":
-        raise vllm_error(f"Got priority {priority} but Priority scheduling is not enabled.", param="priority")
-    return ParsedRequest(
-        chat=chat,
-        request_id=str(header_request_id or request_id or f"{uuid.uuid4().int & (2**64 - 1):016x}"),
-        model=model,
-        prompts=prompts,
-        max_tokens_param=requested,
-        stream=stream,
-        include_usage=bool(include_usage),
-        continuous_usage=bool(continuous),
-        priority=priority,
-        cache_salt=body.get("cache_salt"),
-        n=n,
-        max_tokens=caps,
-        min_tokens=min_tokens,
-        ignore_eos=ignore_eos,
-        stop=stop,
-        include_stop_str_in_output=include_stop,
-        seed=seed,
-        logprobs=logprobs,
-        echo=echo,
-    )
+    return prompts
 
 
 def _option(fields: Body, options: dict, name: str) -> bool:

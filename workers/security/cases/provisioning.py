@@ -72,8 +72,25 @@ def quotas(world: SecurityWorld) -> str:
     quota = quota_for(tenant)
     mine = world.a.endpoint
     before = Endpoint.objects.filter(pk=mine.pk).values("min_replicas", "max_replicas", "warm_pool_size").get()
+    refusals = _api_refuses_past_quota(world, mine)
+    expect(not Endpoint.objects.filter(name=f"{world.tag}-greedy").exists(), "the greedy endpoint was created")
+    after = Endpoint.objects.filter(pk=mine.pk).values("min_replicas", "max_replicas", "warm_pool_size").get()
+    expect(after == before, f"A's endpoint changed: {before} -> {after}")
+    tenant.refresh_from_db()
+    expect(quota_for(tenant) == quota, "A's quota changed")
+    _endpoint_count_capped(world)
+    decided, by_gpus, launches, warm = _autoscaler_stops_at_quota(world, quota)
+    return (
+        f"{len(refusals)} API attempts (admin, write key) 400 on quota, raising its own quota refused, endpoint "
+        f"count capped; past the API the autoscaler decides {decided} (quota {quota.max_replicas}), "
+        f"{by_gpus}x8 GPUs (quota {quota.max_gpus}), launches {launches}/tick, warm pool {warm}"
+    )
+
+
+def _api_refuses_past_quota(world: SecurityWorld, mine) -> list[str]:
+    """Through the API, as the admin and as a write key: each field beyond the quota is a field error, and raising
+    the tenant's own quota is refused."""
     refusals = []
-    # Through the API, as the admin and as a write key: each field beyond the quota is a field error.
     for who, label in ((world.a.admin, "admin"), (world.a.keys["write"], "write key")):
         api = world.api(who)
         attempts = {
@@ -102,21 +119,22 @@ def quotas(world: SecurityWorld) -> str:
             )
             refusals.append(attempt)
         raised = api.patch(
-            reverse("tenant-quota-detail", args=[tenant.pk]),
+            reverse("tenant-quota-detail", args=[world.a.tenant.pk]),
             {"max_replicas": 10_000, "max_gpus": 10_000},
             format="json",
         )
         expect(raised.status_code in (403, 404), f"{label} raising its own quota answered {raised.status_code}")
-    expect(not Endpoint.objects.filter(name=f"{world.tag}-greedy").exists(), "the greedy endpoint was created")
-    after = Endpoint.objects.filter(pk=mine.pk).values("min_replicas", "max_replicas", "warm_pool_size").get()
-    expect(after == before, f"A's endpoint changed: {before} -> {after}")
-    tenant.refresh_from_db()
-    expect(quota_for(tenant) == quota, "A's quota changed")
-    endpoint_cap = Client()  # the endpoint count, at a quota of 1 (A already has its one endpoint)
+    return refusals
+
+
+def _endpoint_count_capped(world: SecurityWorld) -> None:
+    """The endpoint count, at a quota of 1 (A already has its one endpoint)."""
+    tenant = world.a.tenant
     tenant.quota_max_endpoints = 1
     tenant.save(update_fields=["quota_max_endpoints"])
-    endpoint_cap.force_login(world.a.admin)
-    extra = endpoint_cap.post(
+    client = Client()
+    client.force_login(world.a.admin)
+    extra = client.post(
         reverse("endpoint-list"), _endpoint_payload(f"{world.tag}-second"), content_type="application/json"
     )
     expect(
@@ -124,8 +142,11 @@ def quotas(world: SecurityWorld) -> str:
         f"a second endpoint past a quota of 1 answered {extra.status_code}",
     )
 
-    # Past the API (a row written in SQL or before quotas): the autoscaler's decision stops at the quota, and one
-    # reconcile launches at most the per-tick cap.
+
+def _autoscaler_stops_at_quota(world: SecurityWorld, quota) -> tuple[int, int, int, int]:
+    """Past the API (a row written in SQL or before quotas): the autoscaler's decision stops at the quota, and one
+    reconcile launches at most the per-tick cap. (replicas decided, 8-GPU replicas decided, launches, warm)"""
+    tenant = world.a.tenant
     greedy = _flat(_endpoint(world, "flat", owner=tenant), min_replicas=5000, max_replicas=5000, desired_replicas=5000)
     eight = HardwareProfile.objects.create(
         name=f"{world.tag}-8gpu",
@@ -147,7 +168,7 @@ def quotas(world: SecurityWorld) -> str:
         f"6 replicas of 8 GPUs decided {by_gpus.desired} ({quota.max_gpus} GPUs)",
     )
     per_tick = autoscaling.LaunchBudget().left
-    launches, notes = launch_allowance(
+    launches, _ = launch_allowance(
         wanted=decision.desired,
         standby=False,
         left=autoscaling.quota_left(greedy, exclude_own_serving=False),
@@ -164,11 +185,7 @@ def quotas(world: SecurityWorld) -> str:
         per_tick_left=per_tick,
     )
     expect(warm <= quota.max_warm_pool, f"a warm pool of 500 may start {warm}")
-    return (
-        f"{len(refusals)} API attempts (admin, write key) 400 on quota, raising its own quota refused, endpoint "
-        f"count capped; past the API the autoscaler decides {decision.desired} (quota {quota.max_replicas}), "
-        f"{by_gpus.desired}x8 GPUs (quota {quota.max_gpus}), launches {launches}/tick, warm pool {warm}"
-    )
+    return decision.desired, by_gpus.desired, launches, warm
 
 
 # -- launch options ------------------------------------------------------------------------------------------------
