@@ -1,1 +1,2 @@
-"""``python manage.py bench planner``: the capacity planner's figures (see ``planner``)."""
+"""The ``bench`` command's capacity figures: ``bench planner`` (``planner``) and ``bench autoscale``
+(``autoscale``). The replica benchmark that fits model units is ``capacity.replica_benchmark``."""
