@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -56,11 +57,34 @@ class HttpReplicaDriver:
         return models[0]["id"]
 
     def run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
-        return asyncio.run(self._run(shape, concurrency, requests, run_id))
-
-    async def _run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
-        outputs = output_lengths(shape, requests, run_id)
         stream_every = max(1, requests // STREAMED_PER_LEVEL)
+
+        def prompt(index: int) -> str:
+            return prompt_text(
+                shape.input_tokens, prefix_tokens=shape.shared_prefix_tokens, run_id=run_id, index=index
+            )
+
+        return asyncio.run(
+            self.closed_loop(
+                concurrency=concurrency,
+                outputs=output_lengths(shape, requests, run_id),
+                prompt=prompt,
+                streamed=lambda index: index % stream_every == 0,
+            )
+        )
+
+    async def closed_loop(
+        self,
+        *,
+        concurrency: int,
+        outputs: list[int],
+        prompt: Callable[[int], str | list[int]],
+        streamed: Callable[[int], bool],
+    ) -> list[Sample]:
+        """``concurrency`` workers send requests 0, 1, … ``len(outputs) - 1`` in turn, each waiting for its request to
+        finish before it takes the next: request ``i`` is ``prompt(i)`` (text or token ids) for ``outputs[i]``
+        tokens, streamed when ``streamed(i)``."""
+        requests = len(outputs)
         limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
         timeout = httpx.Timeout(self.request_timeout_s, connect=10.0)
         samples: list[Sample] = []
@@ -77,16 +101,14 @@ class HttpReplicaDriver:
                 while next_index < requests:
                     index = next_index
                     next_index += 1
-                    prompt = prompt_text(
-                        shape.input_tokens, prefix_tokens=shape.shared_prefix_tokens, run_id=run_id, index=index
-                    )
-                    stream = index % stream_every == 0
-                    samples.append(await self._one(client, prompt, outputs[index], stream, clock))
+                    samples.append(await self._one(client, prompt(index), outputs[index], streamed(index), clock))
 
             await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
         return samples
 
-    async def _one(self, client: httpx.AsyncClient, prompt: str, max_tokens: int, stream: bool, clock) -> Sample:
+    async def _one(
+        self, client: httpx.AsyncClient, prompt: str | list[int], max_tokens: int, stream: bool, clock
+    ) -> Sample:
         body = {
             "model": self.model,
             "prompt": prompt,

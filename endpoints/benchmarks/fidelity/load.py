@@ -15,8 +15,6 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import httpx
-
 from capacity.replica_benchmark.http_driver import HttpReplicaDriver
 from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, output_lengths, percentile, summarize
 from endpoints.runtimes.sim.engine import Engine, Sequence
@@ -73,34 +71,19 @@ class TokenPromptDriver(HttpReplicaDriver):
         self.vocab_size = vocab_size
 
     def run(self, shape: Shape, concurrency: int, requests: int, run_id: str, prefix_groups: int = 1) -> list[Sample]:
-        return asyncio.run(self._run_all(shape, concurrency, requests, run_id, prefix_groups))
+        def prompt(index: int) -> list[int]:
+            return prompt_ids(
+                shape, run_id=run_id, index=index, vocab_size=self.vocab_size, prefix_groups=prefix_groups
+            )
 
-    async def _run_all(self, shape: Shape, concurrency: int, requests: int, run_id: str, groups: int) -> list[Sample]:
-        outputs = output_lengths(shape, requests, run_id)
-        limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-        timeout = httpx.Timeout(self.request_timeout_s, connect=10.0)
-        samples: list[Sample] = []
-        next_index = 0
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-
-        def clock() -> float:
-            return (loop.time() - t0) * self.time_scale
-
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.headers) as client:
-
-            async def worker() -> None:
-                nonlocal next_index
-                while next_index < requests:
-                    index = next_index
-                    next_index += 1
-                    ids = prompt_ids(
-                        shape, run_id=run_id, index=index, vocab_size=self.vocab_size, prefix_groups=groups
-                    )
-                    samples.append(await self._one(client, ids, outputs[index], True, clock))
-
-            await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
-        return samples
+        return asyncio.run(
+            self.closed_loop(
+                concurrency=concurrency,
+                outputs=output_lengths(shape, requests, run_id),
+                prompt=prompt,
+                streamed=lambda index: True,
+            )
+        )
 
 
 class Recorder:
