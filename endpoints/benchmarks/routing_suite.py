@@ -195,7 +195,9 @@ def _staged_times(
     yield from poisson_times(qps / per_arrival, duration_s=run.stage_s, start_s=start, seed=run.seed * 1000 + 999)
 
 
-def make_policy(workload: Workload, policy: str, seed: int, kv_index: KVBlockIndex | None, profiles) -> object:
+def make_policy(
+    workload: Workload, policy: str, seed: int, kv_index: KVBlockIndex | None, profiles, options: dict | None = None
+) -> object:
     if policy == "upper_bound":
         if workload.oracle == "outstanding_work":
             return OutstandingWorkOracle(seed=seed)
@@ -204,18 +206,20 @@ def make_policy(workload: Workload, policy: str, seed: int, kv_index: KVBlockInd
         return AssignmentOracle(weights=weights, seed=seed)
     if policy == "llmd_precise":  # a reference in the benchmark, not an endpoint policy (it has no fallback)
         return LlmdPreciseRouter(seed=seed, kv_index=kv_index)
-    options = {"kv_index": kv_index} if policy in EVENT_POLICIES else {}
+    options = {**({"kv_index": kv_index} if policy in EVENT_POLICIES else {}), **(options or {})}
     return make_router(policy, seed=seed, **options)
 
 
-def run_policy(workload: Workload, policy: str, run: Run, *, events: bool = True) -> dict:
+def run_policy(
+    workload: Workload, policy: str, run: Run, *, events: bool = True, router_options: dict | None = None
+) -> dict:
     """One staged run of one policy on one workload: its stages, and the simulation's result."""
     profiles = [
         get_profile(name, **({"num_gpu_blocks": workload.num_gpu_blocks} if workload.num_gpu_blocks else {}))
         for name in workload.replicas
     ]
     kv_index = KVBlockIndex() if policy in EVENT_POLICIES and events else None
-    router = make_policy(workload, policy, run.seed, kv_index, profiles)
+    router = make_policy(workload, policy, run.seed, kv_index, profiles, router_options)
     monitor = _Monitor()
     sim = Simulation(
         router=router,
