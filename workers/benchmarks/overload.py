@@ -13,7 +13,10 @@ critical is not in the fallback classes. The first 10 s (5 s quick) warm the dra
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections import Counter
+from pathlib import Path
 
 from endpoints.runtimes.sim.overload import OverloadRun, SimEndpoint, SimTenant, summarize
 from workers.reliability.harness import Platform
@@ -156,10 +159,12 @@ def live_section(*, quick: bool, progress=print) -> dict:
         progress(f"overload live: capacity ≈ {capacity:.1f} req/s")
         for label, level in LEVELS:
             rates = {name: MIX[name][0] * level * capacity for name in LIVE_TENANTS}
-            before = len(platform.outcomes)
+            before, cpu_before, wall_before = len(platform.outcomes), _cpu_s(platform), time.monotonic()
             outcomes = asyncio.run(platform.open_loop_tenants(rate_per_s=rates, duration_s=duration_s))
             figures = live_figures(outcomes, platform.outcomes[before:])
             figures["offered_rps"] = round(sum(rates.values()), 1)
+            # The proxy's CPU seconds per wall second: near 1 it, not the replicas, is the bottleneck.
+            figures["proxy_cpu_share"] = round((_cpu_s(platform) - cpu_before) / (time.monotonic() - wall_before), 2)
             progress(f"overload {label} (live, {duration_s:.0f} s): {figures}")
             out[label] = figures
         books = platform.wait_books_settled(timeout_s=60)
@@ -167,6 +172,22 @@ def live_section(*, quick: bool, progress=print) -> dict:
         figures["lost_usage"] = books["lost"]
         figures["duplicated_usage"] = books["duplicated"]
     return out
+
+
+def _cpu_s(platform: Platform) -> float:
+    """User + system CPU seconds of the proxy process so far (Linux ``/proc``)."""
+    try:
+        fields = Path(f"/proc/{platform.procs['proxy'].pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, KeyError, IndexError, ValueError):
+        return 0.0
+
+
+def _ms_quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
 
 
 def live_figures(outcomes: list, everything: list) -> dict:
@@ -192,6 +213,8 @@ def live_figures(outcomes: list, everything: list) -> dict:
         "proxy_5xx": sum(1 for o in everything if o.status >= 500),
         "fairness_max_dev": round(deviation, 4),
         "requests": len(outcomes),
+        "critical_ttft_ms_p50": _ms_quantile([o.ttft_s for o in critical if o.ttft_s is not None], 0.5),
+        "critical_ttft_ms_p99": _ms_quantile([o.ttft_s for o in critical if o.ttft_s is not None], 0.99),
         "refused_by_tenant_and_status": dict(Counter(f"{o.tenant}:{o.status or o.error}" for o in refused)),
         "mode": "live",
     }
