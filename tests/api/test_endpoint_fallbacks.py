@@ -3,8 +3,11 @@ reaching an endpoint some caller may not call is a field error, as are unknown c
 a valid one is stored and reaches the proxy's snapshot."""
 
 import pytest
+from django.forms import modelform_factory
 from django.urls import reverse
 
+from endpoints.admin.core import EndpointAdminForm
+from endpoints.models import Endpoint
 from endpoints.proxy.snapshot_loader import read_snapshot
 from tests.factories import EndpointFactory
 
@@ -53,3 +56,13 @@ def test_a_tenant_cannot_name_another_tenants_endpoint_as_its_fallback(world):
     assert refused.status_code == 400 and refused.json()["fallback"] == [
         "the fallback must be a shared endpoint or one of the same owner's"
     ]
+
+
+def test_the_admin_form_refuses_the_same_loops():
+    a, b = EndpointFactory(name="adm-a"), EndpointFactory(name="adm-b")
+    Endpoint.objects.filter(pk=b.pk).update(fallback=a)
+    form_class = modelform_factory(Endpoint, form=EndpointAdminForm, fields=["fallback", "fallback_classes"])
+    form = form_class(data={"fallback": b.pk, "fallback_classes": '["sheddable"]'}, instance=a)
+    assert not form.is_valid() and "loop" in form.errors["fallback"][0]
+    fine = form_class(data={"fallback": "", "fallback_classes": '["sheddable"]'}, instance=a)
+    assert fine.is_valid(), fine.errors
