@@ -46,7 +46,8 @@ from workers.tasks.canary import ATTEMPTS_KEY
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
     if opts.get("only") == "overload":
         # The overload section alone: the simulator at 3x and 10x, and through the real platform when --live.
-        return {"overload": overload_section(quick=quick, live=live, progress=progress)}
+        slots = int(opts.get("live_slots", 2))  # per primary replica (the fallback's one replica has twice as many)
+        return {"overload": overload_section(quick=quick, live=live, progress=progress, slots_per_replica=slots)}
     fault_s = float(opts.get("fault_s", 8 if quick else 30))
     overload_s = float(opts.get("overload_s", 12 if quick else 60))
     fuzz_s = float(opts.get("fuzz_s", 25 if quick else 90))
