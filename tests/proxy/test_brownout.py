@@ -97,14 +97,18 @@ async def test_a_request_the_primary_would_shed_goes_to_the_fallback_at_once(mon
     state = State(world(slow, fallback_endpoint()), session, ttft_timeout_s=30.0, idle_timeout_s=30.0)
     holder = Client(chat())
     holding = asyncio.create_task(run(state, holder, monkeypatch=monkeypatch))
-    while state.runtimes.get(7) is None or state.runtimes[7].in_flight == 0:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(_holding_its_slot(state), 5)
     client = Client(chat())
     await asyncio.wait_for(run(state, client, monkeypatch=monkeypatch), 5)
     assert client.status == 200 and headers_of(client)[b"x-infercap-fallback-from"] == b"chat-7b"
     assert headers_of(client)[b"x-infercap-degradation-level"] in (b"0", b"1", b"2", b"3")
     holder.left.set()
     await asyncio.wait_for(holding, 5)
+
+
+async def _holding_its_slot(state):
+    while state.runtimes.get(7) is None or state.runtimes[7].in_flight == 0:
+        await asyncio.sleep(0.01)
 
 
 async def test_no_fallback_without_the_tenants_opt_in_or_for_a_class_not_listed(monkeypatch):
