@@ -22,6 +22,7 @@ BENCHMARKS = {
     "slo": "billing.benchmarks.slo",
     "reliability": "workers.benchmarks.reliability",
     "security": "workers.benchmarks.security",
+    "deploy": "workers.benchmarks.deploy",
 }
 
 
