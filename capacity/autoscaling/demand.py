@@ -15,6 +15,7 @@ class DemandSample:
     in_flight_mu: float = 0.0
     queued_mu: float = 0.0
     arrivals: float = 0.0  # requests admitted since the previous sample (feeds the predictive floor's history)
+    arrivals_mu: float = 0.0  # their MU at the expected cost (the MU predictive floor's history)
 
     @property
     def requests(self) -> float:

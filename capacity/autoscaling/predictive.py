@@ -94,3 +94,113 @@ def predicted_floor(
     concurrency = forecast_rps * seconds_per_request
     floor = math.ceil(concurrency / (target_concurrency * cfg.target_utilization)) if concurrency > 0 else 0
     return floor, {"yesterday_rps": yesterday, "trend_rps": trend, "forecast_rps": forecast_rps, "floor": floor}
+
+
+# -- the floor in MU, from several history days -------------------------------------------------------------------
+# docs/algorithms.md#predictive-floor. What ``InfercapPolicy`` runs: history is the MU arriving per second, per
+# minute bucket, over up to ``max_days`` periods. The forecast one cold start ahead is the median over the history
+# days of each day's peak in that slice (a spike that one day had at that hour does not carry over to the others),
+# scaled by today's level against the history days' level over the last 10 min (a holiday lowers it, a busier day
+# raises it), and never below the recent trend. No history (a new endpoint): the trend alone.
+
+
+@dataclass(frozen=True)
+class SeasonalConfig:
+    period_s: float = 86_400.0
+    bucket_s: float = 60.0
+    lead_s: float = 120.0
+    lookahead_margin_s: float = 30.0
+    level_window_s: float = 600.0
+    # Today's level against history's: a quiet day lowers the forecast to a quarter, a busy one at most doubles it.
+    level_clamp: tuple[float, float] = (0.25, 2.0)
+    max_days: int = 7
+    trend_window_s: float = 600.0
+    target_utilization: float = 0.7
+
+
+def record_mu(history: dict[int, float], *, t: float, mu: float, cfg: SeasonalConfig) -> None:
+    """Add ``mu`` arrived at ``t`` to its bucket (MU per second of the bucket); drop buckets older than the days kept."""
+    b = int(t // cfg.bucket_s)
+    history[b] = history.get(b, 0.0) + mu / cfg.bucket_s
+    horizon = b - int((cfg.max_days * cfg.period_s + cfg.trend_window_s) // cfg.bucket_s) - 2
+    if b % 60 == 0:  # prune now and then, not on every sample
+        for old in [k for k in history if k < horizon]:
+            del history[old]
+
+
+def _buckets(history: Mapping[int, float], start_t: float, end_t: float, cfg: SeasonalConfig) -> list[float]:
+    return [history.get(b, 0.0) for b in range(int(start_t // cfg.bucket_s), int(end_t // cfg.bucket_s) + 1)]
+
+
+def _median(values: list[float]) -> float:
+    """The lower median: with two days, the quieter one (a spike seen once must not be scheduled)."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def history_days(history: Mapping[int, float], *, now: float, cfg: SeasonalConfig) -> list[int]:
+    """The past periods (1 = a period ago) that have any history at this time of day."""
+    first = min(history, default=None)
+    if first is None:
+        return []
+    return [d for d in range(1, cfg.max_days + 1) if (now - d * cfg.period_s) // cfg.bucket_s >= first]
+
+
+def seasonal_forecast(history: Mapping[int, float], *, now: float, cfg: SeasonalConfig) -> dict:
+    """The MU rate one lead time ahead from the history days, with how it was reached."""
+    days = history_days(history, now=now, cfg=cfg)
+    out: dict = {"days": len(days), "seasonal_mu_s": None, "level_ratio": None, "trend_mu_s": None}
+    if days:
+        ahead, past = [], []
+        for d in days:
+            then = now - d * cfg.period_s
+            ahead.append(max(_buckets(history, then, then + cfg.lead_s + cfg.lookahead_margin_s, cfg)))
+            past.append(_median(_buckets(history, then - cfg.level_window_s, then, cfg)))
+        today = _median(_buckets(history, now - cfg.level_window_s, now - cfg.bucket_s, cfg))
+        history_level = _median(past)
+        ratio = today / history_level if history_level > 0 else cfg.level_clamp[1]
+        ratio = min(max(ratio, cfg.level_clamp[0]), cfg.level_clamp[1])
+        out["level_ratio"] = round(ratio, 3)
+        out["seasonal_mu_s"] = _median(ahead) * ratio
+    first, last = int((now - cfg.trend_window_s) // cfg.bucket_s), int(now // cfg.bucket_s) - 1
+    points = [(b * cfg.bucket_s, history[b]) for b in range(first, last + 1) if b in history]
+    if len(points) >= 3:
+        n = len(points)
+        mean_t = sum(t for t, _ in points) / n
+        mean_d = sum(v for _, v in points) / n
+        var = sum((t - mean_t) ** 2 for t, _ in points)
+        slope = sum((t - mean_t) * (v - mean_d) for t, v in points) / var if var else 0.0
+        if slope > 0:
+            out["trend_mu_s"] = mean_d + slope * (now + cfg.lead_s - mean_t)
+    return out
+
+
+def predicted_floor_mu(
+    history: Mapping[int, float],
+    *,
+    now: float,
+    mu_capacity_per_replica: float,
+    seconds_per_request: float,
+    cfg: SeasonalConfig = SeasonalConfig(),
+) -> tuple[int, dict]:
+    """Replicas to keep so the MU forecast one lead time ahead finds capacity running, and why.
+
+    ``mu_capacity_per_replica``: in-flight MU a replica holds at its target concurrency; ``seconds_per_request``:
+    how long a request stays in flight there (Little's law: in-flight MU = MU rate × seconds in flight)."""
+    f = seasonal_forecast(history, now=now, cfg=cfg)
+    candidates = {k: f[k] for k in ("seasonal_mu_s", "trend_mu_s") if f[k] is not None}
+    source, rate = max(candidates.items(), key=lambda kv: kv[1], default=("none", 0.0))
+    in_flight_mu = rate * seconds_per_request
+    floor = math.ceil(in_flight_mu / (mu_capacity_per_replica * cfg.target_utilization)) if in_flight_mu > 0 else 0
+    if not f["days"]:
+        why = "no history (new endpoint): trend only"
+    elif source == "seasonal_mu_s":
+        why = f"median of {f['days']} history day(s) at this hour, ×{f['level_ratio']:.2f} for today's level"
+    elif source == "trend_mu_s":
+        why = "recent trend above what history expects"
+    else:
+        why = "nothing forecast"
+    if f["level_ratio"] is not None and not 0.5 <= f["level_ratio"] <= 1.5:
+        why += " (today differs from history: level corrected)"
+    details = {**f, "source": source, "forecast_mu_s": round(rate, 4), "floor": floor, "why": why}
+    return floor, details

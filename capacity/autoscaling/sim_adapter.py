@@ -19,11 +19,27 @@ from capacity.autoscaling.demand import DemandSample
 
 class EngineSimAutoscaler:
     """``cold_start_s``: a fixed cold start, a ``(min, max)`` range drawn uniformly per replica (seeded), or None
-    for the simulation's own."""
+    for the simulation's own.
 
-    def __init__(self, policy, *, cold_start_s: float | tuple[float, float] | None = None, seed: int = 0) -> None:
+    ``warm_pool``: stand-by replicas kept booted beside the fleet (model loaded, not serving; a GPU each, billed in
+    ``standby_gpu_s``): a scale-up takes one that has finished booting and it serves after ``warm_start_s``
+    instead of a cold start; the pool is refilled at once, through a cold start. Every policy gets the same option.
+    """
+
+    def __init__(
+        self,
+        policy,
+        *,
+        cold_start_s: float | tuple[float, float] | None = None,
+        seed: int = 0,
+        warm_pool: int = 0,
+        warm_start_s: float = 5.0,
+    ) -> None:
         self.policy = policy
         self.cold_start_s = cold_start_s
+        self.warm_pool, self.warm_start_s = warm_pool, warm_start_s
+        self.standby: list[tuple[float, float]] = []  # (launched at, booted at) of each stand-by replica
+        self.standby_intervals: list[tuple[float, float]] = []  # (launched, promoted) of stand-bys used so far
         self.rng = random.Random(f"cold-start-{seed}")
         self.next_decision_s = 0.0
         self.next_vertical_s = getattr(policy, "vertical_interval_s", math.inf)
@@ -45,10 +61,14 @@ class EngineSimAutoscaler:
             in_flight_mu=fleet.in_flight_mu,
             queued_mu=fleet.queued_mu,
             arrivals=fleet.arrivals_last_tick,
+            arrivals_mu=getattr(fleet, "arrivals_mu_last_tick", 0.0),
         )
         self.policy.observe(sample)
         self.samples.append((now, sample.requests, sample.mu))
         self.finished += [r for r in fleet.finished_last_tick if r.status == "ok"]
+        if self.warm_pool and len(self.standby) < self.warm_pool:
+            for _ in range(self.warm_pool - len(self.standby)):
+                self.standby.append((now, now + (self._cold_start() or 0.0)))
         if now >= self.next_decision_s:
             self.next_decision_s = now + self.policy.interval_s
             self._horizontal(fleet, actions, now)
@@ -68,13 +88,27 @@ class EngineSimAutoscaler:
         self.decisions.append((now, current, desired))
         if desired > current:
             for _ in range(desired - current):
-                for replica_id in actions.add_replicas(1, cold_start_s=self._cold_start()):
+                for replica_id in actions.add_replicas(1, cold_start_s=self._take_standby(now)):
                     if self.limits:  # a new replica starts at the limit the vertical axis set, not the default
                         actions.set_concurrency(self.limits[-1][1], replica_id=replica_id)
         elif desired < current:
             victims = sorted(starting, key=lambda r: -r.added_s) + sorted(ready, key=lambda r: r.in_flight)
             for replica in victims[: current - desired]:
                 actions.drain(replica.replica_id)
+
+    def _take_standby(self, now: float) -> float | None:
+        """A booted stand-by's short start if one is there (it leaves the pool), else a cold start."""
+        booted = [s for s in self.standby if s[1] <= now]
+        if not booted:
+            return self._cold_start()
+        self.standby.remove(booted[0])
+        self.standby_intervals.append((booted[0][0], now))
+        return self.warm_start_s
+
+    def standby_gpu_s(self, *, start: float, end: float, gpus: int = 1) -> float:
+        """GPU-seconds the warm pool held inside [start, end]: used stand-bys until promoted, the rest until end."""
+        spans = self.standby_intervals + [(launched, end) for launched, _ in self.standby]
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans) * gpus
 
     def _vertical(self, fleet, actions) -> None:
         window, self.finished = self.finished, []

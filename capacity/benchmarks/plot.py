@@ -41,3 +41,51 @@ def agreement_svg(agreement: list[dict], *, width: int = 720, height: int = 360)
         )
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def frontier_svg(
+    curves: dict[str, list[tuple[float, float]]], *, title: str, width: int = 760, height: int = 440
+) -> str:
+    """GPU-hours (x) against SLO attainment (y), one polyline with markers per policy (``bench autoscale --plot``)."""
+    left, right, bottom, top = 70, 170, 50, 40
+    points = [p for curve in curves.values() for p in curve]
+    x_max = max((x for x, _ in points), default=1.0) * 1.05 or 1.0
+    y_min = min(0.5, min((y for _, y in points), default=0.5))
+    plot_w, plot_h = width - left - right, height - bottom - top
+    colours = ["#888", "#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd", "#111"]
+
+    def xy(x: float, y: float) -> tuple[float, float]:
+        return left + plot_w * x / x_max, top + plot_h * (1 - (y - y_min) / (1 - y_min))
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="14">{escape(title)}</text>',
+        f'<text x="{left + plot_w / 2:.0f}" y="{height - 12}" text-anchor="middle">GPU-hours</text>',
+        f'<text x="16" y="{top + plot_h / 2:.0f}" transform="rotate(-90 16 {top + plot_h / 2:.0f})" '
+        'text-anchor="middle">SLO attainment</text>',
+    ]
+    for i in range(6):
+        y = y_min + (1 - y_min) * i / 5
+        _, py = xy(0, y)
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py:.1f}" y2="{py:.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end">{y:.0%}</text>')
+        x = x_max * i / 5
+        px, _ = xy(x, y_min)
+        parts.append(f'<text x="{px:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{x:.1f}</text>')
+    for i, (name, curve) in enumerate(curves.items()):
+        colour = colours[i % len(colours)]
+        pts = [xy(x, y) for x, y in sorted(curve)]
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+            f'points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in pts)}"/>'
+        )
+        for (a, b), (x, y) in zip(pts, sorted(curve), strict=True):
+            parts.append(
+                f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"><title>{escape(name)}: {x:.2f} GPU-h, '
+                f"{y:.2%}</title></circle>"
+            )
+        parts.append(f'<text x="{left + plot_w + 12}" y="{top + 16 * i + 8}" fill="{colour}">{escape(name)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
