@@ -1,8 +1,8 @@
 """A discrete-event run of one endpoint's fleet under a scaling policy, in virtual time (pure: no Django).
 
 Not what ``bench autoscale`` measures with (that is the shared engine simulator, ``endpoints.runtimes.sim.des``,
-through ``sim_adapter``): this lighter model, with H100-class prefill that does not stall decode, only feeds the
-full run's ``crosscheck_fleetsim``.
+through ``sim_adapter``): this lighter model, with H100-class prefill that does not stall decode, no longer feeds
+the bench (its cross-check ran the old single-day trace); the bench still counts flaps with ``count_flaps``.
 
 Replicas follow the simulator's 13B profile: continuous batching with decode step ``t0 + k·batch``, prefill
 ``overhead + tokens / rate`` serialized per replica, a KV budget in tokens, and a cold start drawn from
