@@ -216,91 +216,16 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         raise CommandError("bench autoscale runs in the discrete-event simulator only; drop --live")
     started = time.perf_counter()
     o = _options(quick, opts)
-    profile = get_profile(runs.PROFILE)
-    days, history_days, test_days, hist_requests = _build_days(o)
-    per_replica = runs.BASE_LIMIT * 0.7
-    w = runs.seconds_per_request(profile, per_replica)
-    static_n = min(o["max_replicas"], runs.static_replicas(history_days + test_days, profile=profile))
-    hist_times = [[t for t, _, _ in reqs] for reqs in hist_requests]
-    context = {
-        "schedules": {
-            stat: fit_schedule(
-                hist_times,
-                period_s=o["period_s"],
-                slots=24,
-                seconds_per_request=w,
-                per_replica=per_replica,
-                statistic=stat,
-            )  # fmt: skip
-            for stat in ("median", "max")
-        }
-    }
-    runner = _Runner(o, days, context, progress)
+    runner, history_days, test_days, static_n, w = _prepare(o, progress)
     test_names = [d.name for d in test_days]
     tuning_names = [d.name for d in history_days[-o["tuning_days"] :]]
-    progress(
-        f"{len(history_days)} history days, held out: {', '.join(test_names)} ({o['period_s']:.0f} s each, "
-        f"{sum(days[n].requests.__len__() for n in test_names)} requests); static peak = {static_n} replicas"
-    )
-
-    # -- 1. tune the baselines on history days -------------------------------------------------------------
-    grids = _grids(quick)
-    tuning = {}
-    tuned = {}
-    for name in ("hpa", "kpa", "infercap"):
-        progress(f"tuning {name} on {', '.join(tuning_names)}")
-        best, best_row, tried = tune(runner, Spec(name, (), o["warm_pool"]), grids[name], tuning_names)
-        tuned[name] = best
-        tuning[name] = {"default": tried[0][1], "tuned": best_row, "tuned_knobs": best.label(), "tried": len(tried)}
-
-    # -- 2. every policy on the held-out days ------------------------------------------------------------
-    hpa_tuned = tuned["hpa"]
-    scheduled = Spec("scheduled", (("reactive", hpa_tuned.knobs), ("statistic", "median")), hpa_tuned.warm_pool)
-    pool = o["warm_pool"]
-    main = {
-        "static": Spec("static", (("replicas", static_n),)),
-        "hpa": Spec("hpa", (), pool),
-        "hpa_tuned": hpa_tuned,
-        "kpa": Spec("kpa", (), pool),
-        "kpa_tuned": tuned["kpa"],
-        "scheduled": scheduled,
-        "infercap": tuned["infercap"],
-        "infercap_reactive": Spec("infercap_reactive", tuned["infercap"].knobs, tuned["infercap"].warm_pool),
-    }
-    oracle_grid = [
-        Spec("oracle", (("concurrency", c), ("utilization", u)))
-        for c, u in ((96, 0.9), (128, 0.9)) + (() if quick else ((64, 0.9), (128, 1.0), (160, 0.9)))
-    ]
-    warm = o["frontier_warm_pool"]
-    ours = main["infercap"]
-    frontier_specs = {
-        "static": [main["static"], main["static"].with_knobs(replicas=max(1, static_n // 2))],
-        "hpa_tuned": [main["hpa"], hpa_tuned, hpa_tuned.with_knobs(warm_pool=warm)]
-        + [hpa_tuned.with_knobs(target=t) for t in ((0.5, 0.9) if not quick else (0.5,))],
-        "kpa_tuned": [main["kpa"], tuned["kpa"], tuned["kpa"].with_knobs(warm_pool=warm)]
-        + [tuned["kpa"].with_knobs(target_utilization=t) for t in ((0.5, 0.9) if not quick else (0.5,))],
-        "scheduled": [scheduled, scheduled.with_knobs(statistic="max"), scheduled.with_knobs(warm_pool=warm)],
-        "infercap": [ours, ours.with_knobs(warm_pool=warm)]
-        + [ours.with_knobs(target_utilization=t) for t in ((0.6, 0.85) if not quick else (0.85,))],
-        "infercap_reactive": [main["infercap_reactive"]],
-        "oracle": oracle_grid,
-    }
+    tuned, tuning = _tune_all(runner, quick, o, tuning_names, progress)
+    main, oracle_grid, frontier_specs = _held_out_specs(o, quick, tuned, static_n)
     all_specs = list(main.values()) + [s for specs in frontier_specs.values() for s in specs]
     progress(f"held-out days: {len(dict.fromkeys(all_specs))} settings × {len(test_names)} day(s)")
     held = runner.run(all_specs, test_names)
-    meeting = [s for s in oracle_grid if held[s]["slo_attainment"] >= SLO_TARGET]
-    oracle_spec = (
-        min(meeting, key=lambda s: held[s]["gpu_hours"])
-        if meeting
-        else max(oracle_grid, key=lambda s: held[s]["slo_attainment"])
-    )
     policies = {name: dict(held[spec], knobs=spec.label()) for name, spec in main.items()}
-    policies["oracle"] = dict(held[oracle_spec], knobs=oracle_spec.label())
-    # The same knowledge of the present, none of the future: the best a policy that reacts could do.
-    reactive_bound = oracle_spec.with_knobs(lookahead_s=0.0)
-    policies["oracle_reactive"] = dict(
-        runner.run([reactive_bound], test_names)[reactive_bound], knobs=reactive_bound.label()
-    )
+    policies.update(_oracle_rows(runner, held, oracle_grid, test_names))
     figures = _summary(policies, frontier_specs, held)
     figures["held_out"]["tuning"] = tuning
     figures["held_out"]["policies"] = policies
@@ -315,6 +240,96 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         _write_frontier(plot, figures["held_out"]["frontier"])
         progress(f"wrote {plot}")
     return figures
+
+
+def _prepare(o: dict, progress) -> tuple:
+    """The days, the static size, the cron schedules fitted on history, and the runner over them."""
+    profile = get_profile(runs.PROFILE)
+    days, history_days, test_days, hist_requests = _build_days(o)
+    per_replica = runs.BASE_LIMIT * 0.7
+    w = runs.seconds_per_request(profile, per_replica)
+    static_n = min(o["max_replicas"], runs.static_replicas(history_days + test_days, profile=profile))
+    hist_times = [[t for t, _, _ in reqs] for reqs in hist_requests]
+    schedules = {
+        stat: fit_schedule(
+            hist_times,
+            period_s=o["period_s"],
+            slots=24,
+            seconds_per_request=w,
+            per_replica=per_replica,
+            statistic=stat,
+        )  # fmt: skip
+        for stat in ("median", "max")
+    }
+    runner = _Runner(o, days, {"schedules": schedules}, progress)
+    test_requests = sum(len(days[d.name].requests) for d in test_days)
+    progress(
+        f"{len(history_days)} history days, held out: {', '.join(d.name for d in test_days)} ({o['period_s']:.0f} s "
+        f"each, {test_requests} requests); static peak = {static_n} replicas"
+    )
+    return runner, history_days, test_days, static_n, w
+
+
+def _tune_all(runner: _Runner, quick: bool, o: dict, tuning_names: list[str], progress) -> tuple[dict, dict]:
+    """HPA-like, KPA-like and ours, each tuned on the history days."""
+    grids = _grids(quick)
+    tuned, tuning = {}, {}
+    for name in ("hpa", "kpa", "infercap"):
+        progress(f"tuning {name} on {', '.join(tuning_names)}")
+        best, best_row, tried = tune(runner, Spec(name, (), o["warm_pool"]), grids[name], tuning_names)
+        tuned[name] = best
+        tuning[name] = {"default": tried[0][1], "tuned": best_row, "tuned_knobs": best.label(), "tried": len(tried)}
+    return tuned, tuning
+
+
+def _held_out_specs(o: dict, quick: bool, tuned: dict, static_n: int) -> tuple[dict, list, dict]:
+    """The rows' settings, the oracle's grid, and each policy's frontier (its main knob swept, and stand-bys)."""
+    hpa_tuned, pool, warm = tuned["hpa"], o["warm_pool"], o["frontier_warm_pool"]
+    scheduled = Spec("scheduled", (("reactive", hpa_tuned.knobs), ("statistic", "median")), hpa_tuned.warm_pool)
+    main = {
+        "static": Spec("static", (("replicas", static_n),)),
+        "hpa": Spec("hpa", (), pool),
+        "hpa_tuned": hpa_tuned,
+        "kpa": Spec("kpa", (), pool),
+        "kpa_tuned": tuned["kpa"],
+        "scheduled": scheduled,
+        "infercap": tuned["infercap"],
+        "infercap_reactive": Spec("infercap_reactive", tuned["infercap"].knobs, tuned["infercap"].warm_pool),
+    }
+    oracle_grid = [
+        Spec("oracle", (("concurrency", c), ("utilization", u)))
+        for c, u in ((96, 0.9), (128, 0.9)) + (() if quick else ((64, 0.9), (128, 1.0), (160, 0.9)))
+    ]
+    ours, kpa_tuned = main["infercap"], tuned["kpa"]
+    frontier_specs = {
+        "static": [main["static"], main["static"].with_knobs(replicas=max(1, static_n // 2))],
+        "hpa_tuned": [main["hpa"], hpa_tuned, hpa_tuned.with_knobs(warm_pool=warm)]
+        + [hpa_tuned.with_knobs(target=t) for t in ((0.5, 0.9) if not quick else (0.5,))],
+        "kpa_tuned": [main["kpa"], kpa_tuned, kpa_tuned.with_knobs(warm_pool=warm)]
+        + [kpa_tuned.with_knobs(target_utilization=t) for t in ((0.5, 0.9) if not quick else (0.5,))],
+        "scheduled": [scheduled, scheduled.with_knobs(statistic="max"), scheduled.with_knobs(warm_pool=warm)],
+        "infercap": [ours, ours.with_knobs(warm_pool=warm)]
+        + [ours.with_knobs(target_utilization=t) for t in ((0.6, 0.85) if not quick else (0.85,))],
+        "infercap_reactive": [main["infercap_reactive"]],
+        "oracle": oracle_grid,
+    }
+    return main, oracle_grid, frontier_specs
+
+
+def _oracle_rows(runner: _Runner, held: dict, oracle_grid: list, test_names: list[str]) -> dict:
+    """The oracle: the cheapest grid point meeting the target on the held-out days (else the best attainment); and
+    the same knowledge of the present without the look-ahead, the best a policy that reacts could do."""
+    meeting = [s for s in oracle_grid if held[s]["slo_attainment"] >= SLO_TARGET]
+    best = (
+        min(meeting, key=lambda s: held[s]["gpu_hours"])
+        if meeting
+        else max(oracle_grid, key=lambda s: held[s]["slo_attainment"])
+    )
+    reactive = best.with_knobs(lookahead_s=0.0)
+    return {
+        "oracle": dict(held[best], knobs=best.label()),
+        "oracle_reactive": dict(runner.run([reactive], test_names)[reactive], knobs=reactive.label()),
+    }
 
 
 def _summary(policies: dict, frontier_specs: dict, held: dict) -> dict:
