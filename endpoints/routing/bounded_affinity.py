@@ -137,10 +137,12 @@ class InfercapRouter(RouterBase):
         session_ttl_s: float = 900.0,
         max_sessions: int = 100_000,
         kv_index: KVBlockIndex | None = None,
+        session_load_bound: float = 1.5,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.kv_index = kv_index
+        self.session_load_bound = session_load_bound
         if load_bound < 1.0:
             raise ValueError("load_bound must be ≥ 1.0 (1.0 means perfectly even load)")
         if load_slack < 0:
@@ -159,15 +161,17 @@ class InfercapRouter(RouterBase):
         self.sessions = SessionTable(max_sessions, session_ttl_s)
         self._cache_config: dict[str, tuple[int, int]] = {}
 
-    def within_bound(self, candidates: Sequence[ReplicaView], mu: float) -> list[ReplicaView]:
+    def within_bound(
+        self, candidates: Sequence[ReplicaView], mu: float, bound: float | None = None
+    ) -> list[ReplicaView]:
         """Replicas whose load after taking ``mu`` stays within bound × the mean load after it."""
+        bound = self.load_bound if bound is None else bound
         total_capacity = sum(max(r.mu_capacity, 1e-9) for r in candidates)
         mean_after = (sum(r.in_flight_mu for r in candidates) + mu) / total_capacity
         allowed = [
             r
             for r in candidates
-            if replica_load(r, mu)
-            <= self.load_bound * mean_after + self.load_slack * mu / max(r.mu_capacity, 1e-9) + 1e-12
+            if replica_load(r, mu) <= bound * mean_after + self.load_slack * mu / max(r.mu_capacity, 1e-9) + 1e-12
         ]
         if allowed:
             return allowed
@@ -183,6 +187,15 @@ class InfercapRouter(RouterBase):
         allowed = self.within_bound(candidates, mu)
         hashes = request_hashes(self.prefix_index, request)
         sticky = self.sessions.get(request.session_id, now)
+        if (
+            sticky is not None
+            and self.session_load_bound > self.load_bound
+            and all(r.replica_id != sticky for r in allowed)
+        ):
+            # A session's replica holds its whole conversation: it may stay there up to the looser session bound.
+            allowed += [
+                r for r in self.within_bound(candidates, mu, self.session_load_bound) if r.replica_id == sticky
+            ]
         # Spare capacity breaks ties between equal affinities; it is relative, so MU units do not matter.
         loads = {r.replica_id: replica_load(r, mu) for r in allowed}
         top_load = max(loads.values()) or 1.0

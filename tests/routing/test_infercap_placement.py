@@ -133,3 +133,19 @@ def test_infercap_sends_a_group_to_its_oldest_copy_so_spill_overs_go_cold():
     no_primary.on_routed(request(1, prompt=group_prompt(1, q=1)), "r1", 0.0)
     replicas[0].in_flight_mu = 25.0  # without the preference, a quarter more load already moves the group
     assert no_primary.pick(request(2, prompt=group_prompt(1, q=2)), replicas, 0.0) == "r1"
+
+
+def test_a_session_stays_on_its_replica_up_to_the_looser_session_bound():
+    # 4 replicas at 20 MU each; the session's replica carries more. The plain bound (1.25 × mean + 2 requests'
+    # slack) would move the session at ~30 MU; the session bound (1.5 ×) keeps it there, and above it the session moves.
+    def pick_with(home_mu: float, **options) -> str:
+        router = make_router("infercap", seed=0, **options)
+        replicas = busy_views(4)
+        router.on_routed(RouteRequest(request_id="t0", prompt_text="hello " * 20, session_id="s"), "r2", 0.0)
+        replicas[2].in_flight_mu = home_mu
+        turn = RouteRequest(request_id="t1", prompt_text="next turn " * 20, mu=1.0, session_id="s")
+        return router.pick(turn, replicas, 1.0)
+
+    assert pick_with(31.0) == "r2"
+    assert pick_with(31.0, session_load_bound=1.25) != "r2"  # the plain bound alone moves it
+    assert pick_with(40.0) != "r2"
