@@ -28,7 +28,8 @@
    taking its prefix's traffic until it preempted under overload). ``queue_weight``/``kv_weight`` can add
    llm-d's queue and kv-cache scorers; off by default: in the benchmark they cost throughput.
    Stickiness and affinity are preferences: a sticky replica that is over the bound or at its limit is simply
-   not allowed, and the session moves. The head terms are scaled by how often heads recur (an exponentially
+   not allowed, and the session moves; for the session's own replica the bound is ``session_load_bound`` (1.5),
+   since it holds the whole conversation. The head terms are scaled by how often heads recur (an exponentially
    weighted share of requests whose head was seen before, starting at 1): a stream of unique prompts has no
    groups, and counting each prompt as one steered it by head counts instead of load.
 
