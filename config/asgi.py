@@ -6,6 +6,11 @@ import os
 # Unset means production (fail closed); development sets config.settings.local explicitly (make run does).
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
+from config import tracing  # noqa: E402
+
+# Off unless the environment turns it on (INFERCAP_TRACING=1 or OTEL_TRACES_EXPORTER; config/tracing.py).
+tracing.configure_from_env()
+
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 

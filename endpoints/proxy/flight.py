@@ -75,6 +75,9 @@ class Flight:
         "degraded_to",
         "level",
         "first_error",
+        "span",
+        "marks",
+        "upstream_span",
     )
 
     def __init__(self, *, t0: float, task: asyncio.Task) -> None:
@@ -104,6 +107,10 @@ class Flight:
         self.degraded_to: int | None = None
         self.level: int | None = None
         self.first_error = None
+        # Tracing (``tracing.py``): the root span, the stages' end stamps and the upstream span; None while off.
+        self.span = None
+        self.marks: list | None = None
+        self.upstream_span = None
 
     @property
     def degradation(self) -> str:

@@ -28,6 +28,7 @@ from endpoints.proxy.stages import (
     routing_request,
 )
 from endpoints.proxy.state import ProxyState, get_state
+from endpoints.proxy.tracing import dispatched, finish, mark, routed, start
 
 NON_STREAM_MIN_TOKENS_PER_S = 5.0
 
@@ -36,8 +37,10 @@ async def completion(scope, receive, send, kind: str) -> None:
     """``POST /v1/chat/completions`` (``kind`` "chat") or ``/v1/completions`` ("completions")."""
     flight = Flight(t0=time.perf_counter(), task=asyncio.current_task())
     state = await get_state()
+    headers = dict(scope["headers"])
+    start(flight, headers)
     try:
-        await run_stages(state, flight, dict(scope["headers"]), receive, send, kind)
+        await run_stages(state, flight, headers, receive, send, kind)
     except ProxyError as err:
         outcome = flight.outcome
         flight.usage_status = err.usage_status or (outcome.status if outcome and outcome.status != "ok" else None)
@@ -50,13 +53,17 @@ async def completion(scope, receive, send, kind: str) -> None:
     finally:
         if flight.watcher is not None:
             flight.watcher.cancel()
+        meter_started = time.perf_counter() if flight.marks is not None else 0.0
         meter(state, flight)
+        finish(flight, meter_started)
 
 
 async def run_stages(state: ProxyState, flight: Flight, headers: dict[bytes, bytes], receive, send, kind: str) -> None:
     key = flight.key = authenticate(state.snapshot, headers, now=time.time(), scope="inference")
+    mark(flight, "authenticate")
     req = await read_request(receive, headers, kind=kind, config=state.config)
     endpoint = resolve_endpoint(state.snapshot, key, req)
+    mark(flight, "parse")
     requested = requested_priority(headers)
     flight.endpoint = flight.requested = endpoint  # from here on an error is metered (one refused above is not)
     visited = {endpoint.id}
@@ -90,13 +97,16 @@ async def serve(
     flight.requested_price = flight.requested_price or price
     req, price = degrade(runtime, flight, req, price, reprice=reprice)
     flight.price = price
+    mark(flight, "price")
     flight.charged = await charge_limits(state.limiter, key=key, endpoint=endpoint, price=price)
+    mark(flight, "limits")
     loop = asyncio.get_running_loop()
     if flight.watcher is None:  # from here on the body is read: a disconnect cancels whatever we are waiting for
         flight.watcher = loop.create_task(watch_disconnect(receive, flight))
     cache_salt = state.cache_salts.for_tenant(key.tenant_id)
     route = routing_request(flight.request_id, key=key, req=req, headers=headers, mu=price.mu, cache_salt=cache_salt)
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
+    routed(flight)
     upstream = Upstream(
         req,
         request_id=flight.request_id,
@@ -107,6 +117,7 @@ async def serve(
     )
     flight.outcome = Outcome()
     flight.dispatched_at = time.perf_counter()
+    dispatched(flight, upstream.headers)
     arm_watchdog(flight, req, config.ttft_timeout_s, config.idle_timeout_s, loop)
     await relay(state, flight, upstream, send)
 
