@@ -26,8 +26,14 @@ direct traffic), so what this machine charges for any extra hop can be told apar
 Without ``--quick`` it also runs the upstream client calibration (aiohttp vs one pooled ``httpx.AsyncClient``
 at 256 streams). Options: ``--opt speed=1.0`` (simulator speed), ``max_tokens=64``, ``prompt_chars=64``,
 ``levels=1,64,256``, ``rounds``, ``method=paired|phased``, ``ramp_s=1.0``, ``calibrate=0|1``, ``baseline=0|1``,
-``proxy_log=FILE`` (the proxy's stderr). Quick runs have one or two requests per worker: use them as smoke tests,
+``proxy_log=FILE`` (the proxy's stderr), ``tracing=0|1``. Quick runs have one or two requests per worker: use them as smoke tests,
 not figures.
+
+``--opt tracing=1``: a second proxy worker with tracing on (``INFERCAP_TRACING=1``, OTLP/HTTP batches to a sink in
+this process that answers 200 and counts them, as a collector would) joins the one-stream interleaving, so tracing
+on and off see the same replica and background load, request by request; the ``streams_1`` row then has a
+``tracing`` entry and the result a top-level ``tracing_added_ttft_p50_ms`` (traced − untraced proxy TTFT p50, ms,
+with its 95% bootstrap interval) and the batches and bytes the sink received. Only level 1 uses it.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ import json
 import os
 import random
 import secrets
+import threading
 import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import aiohttp
@@ -269,12 +277,25 @@ async def _httpx_phase(
 
 
 async def _interleaved(
-    direct_base, proxy_base, key, bare_base, *, n, max_tokens, proxy_pid, bare_pid, prompt_chars=PROMPT_CHARS
+    direct_base,
+    proxy_base,
+    key,
+    bare_base,
+    *,
+    n,
+    max_tokens,
+    proxy_pid,
+    bare_pid,
+    prompt_chars=PROMPT_CHARS,
+    traced=None,
 ):
-    """``n`` sequential requests to each path, in turn: a paired measurement for the single-stream figures."""
+    """``n`` sequential requests to each path, in turn: a paired measurement for the single-stream figures.
+    ``traced``: (base, pid) of the proxy with tracing on, a fourth path whose outcome is ``outs["traced"]``."""
     targets = [("direct", direct_base, None, 0), ("proxy", proxy_base, key, proxy_pid)]
     if bare_base:
         targets.append(("bare", bare_base, None, bare_pid))
+    if traced:
+        targets.append(("traced", traced[0], key, traced[1]))
     outs = {name: {"ttft": [], "e2e": [], "tokens": 0, "errors": 0, "wall_s": 0.0} for name, *_ in targets}
     nonce = os.urandom(4).hex()
     # CPU is read over the whole loop (the kernel counts it in 10 ms ticks, too coarse per request), so it
@@ -306,6 +327,8 @@ async def _interleaved(
     for name, _, _, pid in targets:
         if pid:
             cpu[name] = _cpu_s(pid) - started[name]
+    if traced:
+        traced.append((outs["traced"], cpu["traced"]))
     return outs["direct"], outs["proxy"], outs.get("bare"), cpu["proxy"], cpu.get("bare", 0.0)
 
 
@@ -409,6 +432,7 @@ class _Options:
     paired: bool
     ramp_s: float
     proxy_log: str
+    tracing: bool = False
 
     @classmethod
     def parse(cls, opts: dict, *, quick: bool) -> _Options:
@@ -428,6 +452,7 @@ class _Options:
             paired=method == "paired",
             ramp_s=float(opts.get("ramp_s", 1.0)),
             proxy_log=opts.get("proxy_log", os.devnull),
+            tracing=str(opts.get("tracing", "0")) in ("1", "true", "yes"),
         )
 
     def tokens_for(self, level: int) -> int:
@@ -445,6 +470,9 @@ class _Paths:
     proxy_pid: int
     bare_base: str | None
     bare_pid: int
+    traced_base: str | None = None  # the proxy with tracing on (--opt tracing=1)
+    traced_pid: int = 0
+    sink: _OtlpSink | None = None
 
     @property
     def direct_base(self) -> str:
@@ -465,6 +493,11 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                 "note: direct traffic goes to the first replica only; use --opt replicas=1 for a like-for-like ratio"
             )
         results = asyncio.run(_measure(options, paths, progress))
+        if paths.sink is not None:
+            group.kill_all()  # a terminated proxy flushes its last batch
+            results["tracing_added_ttft_p50_ms"] = results["streams_1"]["tracing"]["added_ttft_p50_ms"]
+            results["tracing_otlp_batches"], results["tracing_otlp_bytes"] = paths.sink.batches, paths.sink.bytes
+            paths.sink.close()
     finally:
         group.kill_all()  # first: a failing clean-up below must not leave the processes running
         Replica.objects.filter(endpoint__name=ENDPOINT).delete()  # their processes are gone
@@ -500,6 +533,7 @@ def _start(group: ProcessGroup, options: _Options) -> _Paths:
         stderr=options.proxy_log,
         timeout=60,
     )
+    traced = _start_traced(group, options, proxy_env) if options.tracing else {}
     bare_base, bare_pid = None, 0
     if options.baseline:
         bare_port = free_port()
@@ -510,13 +544,59 @@ def _start(group: ProcessGroup, options: _Options) -> _Paths:
             timeout=60,
         )
         bare_base, bare_pid = f"http://127.0.0.1:{bare_port}", bare_proc.pid
-    return _Paths(urls, key, f"http://127.0.0.1:{proxy_port}", proxy.pid, bare_base, bare_pid)
+    return _Paths(urls, key, f"http://127.0.0.1:{proxy_port}", proxy.pid, bare_base, bare_pid, **traced)
+
+
+class _OtlpSink:
+    """A stand-in OTLP/HTTP collector: answers every export 200 and counts batches and bytes."""
+
+    def __init__(self) -> None:
+        sink = self
+        self.batches = self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                sink.bytes += len(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                sink.batches += 1
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _start_traced(group: ProcessGroup, options: _Options, proxy_env: dict) -> dict:
+    """The same proxy with tracing on, exporting to a sink in this process (``--opt tracing=1``)."""
+    sink = _OtlpSink()
+    port = free_port()
+    env = {
+        **proxy_env,
+        "INFERCAP_TRACING": "1",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink.url,
+        "OTEL_SERVICE_NAME": "infercap-bench",
+        "OTEL_BSP_SCHEDULE_DELAY": "1000",  # batches every second, so a short run sees them arrive
+    }
+    proc = group.spawn(
+        uvicorn_argv("config.asgi:application", port), env=env, port=port, stderr=options.proxy_log, timeout=60
+    )
+    return {"traced_base": f"http://127.0.0.1:{port}", "traced_pid": proc.pid, "sink": sink}
 
 
 async def _measure(options: _Options, paths: _Paths, progress) -> dict:
     # Warm both paths (the proxy loads its snapshot on the first request).
     await _phase(paths.proxy_base, paths.key, streams=4, duration_s=0.5, max_tokens=8)
     await _phase(paths.direct_base, None, streams=4, duration_s=0.5, max_tokens=8)
+    if paths.traced_base:
+        await _phase(paths.traced_base, paths.key, streams=4, duration_s=0.5, max_tokens=8)
     results = {}
     for level in options.levels:
         results[f"streams_{level}"] = await _measure_level(options, paths, level)
@@ -540,6 +620,7 @@ async def _measure(options: _Options, paths: _Paths, progress) -> dict:
 
 async def _measure_level(options: _Options, paths: _Paths, level: int) -> dict:
     """One level's row: one stream interleaved request by request, more streams in ``rounds`` phases."""
+    traced = [paths.traced_base, paths.traced_pid] if paths.traced_base and level == 1 else None
     if level == 1:
         # One stream: alternate the paths request by request, so both see the same background load.
         direct, proxied, bare, cpu, bare_cpu = await _interleaved(
@@ -552,6 +633,7 @@ async def _measure_level(options: _Options, paths: _Paths, level: int) -> dict:
             proxy_pid=paths.proxy_pid,
             bare_pid=paths.bare_pid,
             prompt_chars=options.prompt_chars,
+            traced=traced,
         )
         bare_direct = None
     else:
@@ -562,6 +644,20 @@ async def _measure_level(options: _Options, paths: _Paths, level: int) -> dict:
         # The same extra hop without any of the proxy's features: what this machine charges for a hop.
         base_row = _summary(bare_direct or direct, bare, bare_cpu)
         row["bare_passthrough"] = {k: base_row[k] for k in _BARE_KEYS}
+    if traced:
+        # Tracing on vs off: the traced proxy against the untraced one, request by request in the same loop.
+        traced_out, traced_cpu = traced[2]
+        on = _summary(proxied, traced_out, traced_cpu)
+        row["tracing"] = {
+            "added_ttft_p50_ms": on["added_ttft_p50_ms"],
+            "added_ttft_p50_ci95_ms": on["added_ttft_p50_ci95_ms"],
+            "added_e2e_p50_ms": on["added_e2e_p50_ms"],
+            "traced_ttft_p50_ms": on["proxied_ttft_p50_ms"],
+            "untraced_ttft_p50_ms": on["direct_ttft_p50_ms"],
+            "errors": on["errors"],
+            "requests": on["requests"],
+            "proxy_cpu_ms_per_1k_tokens": on["proxy_cpu_ms_per_1k_tokens"],
+        }
     return row
 
 

@@ -111,3 +111,12 @@ def test_a_django_view_is_a_span_named_by_its_route(spans, client):
     [span] = [s for s in spans.get_finished_spans() if s.name.startswith("http GET")]
     assert span.attributes["http.response.status_code"] == response.status_code
     assert span.name == "http GET /healthz"
+
+
+def test_the_paired_overhead_measurement_runs_both_ways_and_exports_what_it_traced():
+    from endpoints.benchmarks import tracing_overhead  # deferred: imports the benchmark modules only here
+
+    result = tracing_overhead.run(quick=True, pairs=40, progress=lambda *_: None)
+    assert result["tracing_pairs"] == 40 and result["tracing_otlp_batches"] >= 1
+    assert 0 < result["tracing_off_proxy_ttft_p50_ms"] < 50 and 0 < result["tracing_on_proxy_ttft_p50_ms"] < 50
+    assert tracing.TRACER is None  # the measurement leaves tracing as it found it (off)
