@@ -82,6 +82,13 @@ class Endpoint(models.Model):
         validators=[MinValueValidator(1)],
         help_text="under overload, sheddable (then standard) requests are served with at most this max_tokens",
     )
+    degrade_slot_share = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="under overload, sheddable (then standard) requests together hold at most this share [0, 1] of "
+        "each replica's concurrency slots, keeping the rest for critical work (empty: no limit)",
+    )
     current_version = models.ForeignKey(
         "EndpointVersion",
         null=True,

@@ -45,6 +45,7 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
         "fallback",
         "fallback_classes",
         "degrade_max_tokens",
+        "degrade_slot_share",
     }
 )
 

@@ -54,6 +54,7 @@ class EndpointAdmin(OperatorAdmin):
         "tpot_slo_ms",
         "fallback",
         "degrade_max_tokens",
+        "degrade_slot_share",
     ]
     list_filter = ["runtime", "routing_policy", "hardware_profile", "model_profile", "owner_tenant"]
     search_fields = ["name", "owner_tenant__name", "model_profile__name", "hardware_profile__name"]

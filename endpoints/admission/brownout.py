@@ -64,6 +64,22 @@ def degraded_at(priority: str, level: int) -> bool:
     return priority != CRITICAL and level >= DEGRADED_FROM_LEVEL.get(priority, LEVEL_SHEDDING + 1)
 
 
+def slot_share_cap(limit: int, share: float) -> int:
+    """Slots of a replica with ``limit`` that the degraded classes may hold together under a slot share."""
+    return int(max(0.0, min(1.0, share)) * limit + 1e-9)
+
+
+def slot_allowed(priority: str, level: int, *, running: Mapping[str, int], limit: int, share: float | None) -> bool:
+    """Whether a request of ``priority`` may take a slot of a replica running ``running`` (class → requests) of
+    ``limit`` slots, by the endpoint's slot share: at a level where its class degrades, the classes degraded
+    there together hold at most ``slot_share_cap(limit, share)`` of the replica's slots, so the rest stay free
+    for the classes above (critical is never held back). The replica's own limit is the caller's to check."""
+    if share is None or not degraded_at(priority, level):
+        return True
+    held = sum(n for cls, n in running.items() if degraded_at(cls, level))
+    return held < slot_share_cap(limit, share)
+
+
 class _Tenant:
     __slots__ = ("arrivals", "offered_mu", "reserved_mu_per_s", "pains", "degrade_credit")
 

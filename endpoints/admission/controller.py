@@ -7,6 +7,7 @@ so overload figures from a simulation come from the code that admits live traffi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from endpoints.admission.brownout import (
@@ -18,6 +19,7 @@ from endpoints.admission.brownout import (
     degraded_at,
     queue_wait_s,
     shedding_at,
+    slot_allowed,
 )
 from endpoints.admission.classes import CRITICAL, SHEDDABLE, STANDARD
 from endpoints.admission.drain import DrainRateMeter, retry_after_s
@@ -119,6 +121,34 @@ class AdmissionController:
         if not degraded_at(priority, level):
             return False
         return self.pain is None or shedding_at(priority, level) or self.pain.take_degrade_credit(tenant, now)
+
+    def held_back(
+        self,
+        priority: str,
+        replicas: Mapping[str, tuple[Mapping[str, int], int]],
+        *,
+        share: float | None,
+        now: float,
+        nominal_mu_per_s: float,
+    ) -> set[str] | None:
+        """The endpoint's slot share for a request of this class: None when it is not in force (no share, a class
+        that does not degrade at the level now, critical); else the replicas (id → (running requests by class,
+        slots)) on which the classes degraded at this level already hold their share (``brownout.slot_allowed``).
+        A request held back on every replica waits in the queue, or is refused by it, as one that found no slot."""
+        if share is None or priority == CRITICAL:
+            return None
+        level = self.level(now=now, nominal_mu_per_s=nominal_mu_per_s)
+        if not degraded_at(priority, level):
+            return None
+        return {
+            rid
+            for rid, (running, limit) in replicas.items()
+            if not slot_allowed(priority, level, running=running, limit=limit, share=share)
+        }
+
+    def next_class(self) -> str | None:
+        """The class of the request ``next_to_serve`` would return: a freed slot goes to it only if it may take one."""
+        return self.queue.next_class()
 
     def _overload_victim(self, item: QueuedItem, now: float, rate: float) -> QueuedItem | None:
         """When ``item`` would wait past SHED_AT of its max age: the request of its class to refuse instead, the

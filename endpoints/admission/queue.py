@@ -179,6 +179,10 @@ class AdmissionQueue:
         self._classes[item.priority].push(item)
         return OfferResult(admitted=True, evicted=evicted)
 
+    def next_class(self) -> str | None:
+        """The class of the request ``pop`` would return (None: nothing waits)."""
+        return next((c for c in CLASSES if self._classes[c].count), None)
+
     def pop(self, now: float) -> QueuedItem | None:
         """The next request to dispatch. Call ``expire`` first: an over-age request must never be served."""
         for c in CLASSES:

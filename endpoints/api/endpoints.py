@@ -1,5 +1,7 @@
 """/api/v1/endpoints/: create, update, scale and delete endpoints (the OpenAI ``model`` names tenants call)."""
 
+import math
+
 from django.db.models import Count, OuterRef, Q, Subquery
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -70,7 +72,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "launch_options", "min_replicas", "max_replicas", "desired_replicas", "ready_replicas", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
             "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes", "degrade_max_tokens",
-            "current_version", "active_rollout", "created_at",
+            "degrade_slot_share", "current_version", "active_rollout", "created_at",
             "updated_at",
         ]  # fmt: skip
         # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].
@@ -86,6 +88,11 @@ class EndpointSerializer(serializers.ModelSerializer):
             # none of a reserving tenant's business; the allowlisted tuning, such as max_model_len, is.
             data["launch_options"] = launch_options_shown_to_non_owners(data["launch_options"])
         return data
+
+    def validate_degrade_slot_share(self, value):
+        if value is not None and not math.isfinite(value):  # NaN passes the model's [0, 1] validators
+            raise serializers.ValidationError("must be a number in [0, 1]")
+        return value
 
     def validate(self, attrs):
         principal = principal_from(self)

@@ -10,9 +10,9 @@ import dataclasses
 from endpoints.admission.brownout import MAX_FALLBACK_DEPTH
 from endpoints.proxy import metrics as m
 from endpoints.proxy.errors import ProxyError
-from endpoints.proxy.flight import Flight, Price
+from endpoints.proxy.flight import Admission, Flight, Price
 from endpoints.proxy.request import ParsedRequest
-from endpoints.proxy.runtime import EndpointRuntime
+from endpoints.proxy.runtime import SLOT_SHARE_KEY, EndpointRuntime
 from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, Snapshot
 from endpoints.proxy.state import ProxyState
 
@@ -52,6 +52,16 @@ def degrade(
     m.child(m.BROWNOUT, runtime.info.name, flight.key.tenant_slug, "degraded").inc()
     capped = capped_request(req, cap)
     return capped, reprice(capped)
+
+
+def mark_slot_share(flight: Flight, admission: Admission) -> None:
+    """A request that took its slot under the endpoint's slot share was degraded: say so (header, usage record)."""
+    share = admission.route.extra.get(SLOT_SHARE_KEY)
+    if share is None:
+        return
+    if flight.degraded_to is None:  # counted once per request, with a max_tokens cap or without
+        m.child(m.BROWNOUT, admission.runtime.info.name, flight.key.tenant_slug, "degraded").inc()
+    flight.slot_share = share
 
 
 def fallback_for(
@@ -107,4 +117,4 @@ def give_back_attempt(state: ProxyState, flight: Flight) -> None:
     if admission is not None and admission.slot is not None:
         admission.runtime.release(admission.slot, admission.route, admission.mu, 0.0)
     flight.admission = flight.outcome = flight.dispatched_at = None
-    flight.degraded_to = None
+    flight.degraded_to = flight.slot_share = None

@@ -73,6 +73,7 @@ class Flight:
         "requested_price",
         "fallback_from",
         "degraded_to",
+        "slot_share",
         "level",
         "first_error",
         "span",
@@ -105,6 +106,7 @@ class Flight:
         self.requested_price: Price | None = None
         self.fallback_from: str | None = None
         self.degraded_to: int | None = None
+        self.slot_share: float | None = None  # the slot share it was admitted under (runtime.SLOT_SHARE_KEY)
         self.level: int | None = None
         self.first_error = None
         # Tracing (``tracing.py``): the root span, the stages' end stamps and the upstream span; None while off.
@@ -115,7 +117,9 @@ class Flight:
     @property
     def degradation(self) -> str:
         """The usage record's ``degradation``: "fallback", "degraded" or ""."""
-        return "fallback" if self.fallback_from is not None else "degraded" if self.degraded_to is not None else ""
+        if self.fallback_from is not None:
+            return "fallback"
+        return "degraded" if self.degraded_to is not None or self.slot_share is not None else ""
 
     def response_headers(self) -> list[tuple[bytes, bytes]]:
         """What every response to this request carries: its id and, once an endpoint is known, the brownout
@@ -123,8 +127,11 @@ class Flight:
         headers = list(self.rid_header)
         if self.level is not None:
             headers.append((b"x-infercap-degradation-level", str(self.level).encode()))
-        if self.degraded_to is not None:
-            headers.append((b"x-infercap-degraded", f"max_tokens={self.degraded_to}".encode()))
+        kinds = [f"max_tokens={self.degraded_to}"] if self.degraded_to is not None else []
+        if self.slot_share is not None:
+            kinds.append(f"slot_share={self.slot_share:g}")
+        if kinds:
+            headers.append((b"x-infercap-degraded", ", ".join(kinds).encode()))
         if self.fallback_from is not None:
             headers.append((b"x-infercap-fallback-from", self.fallback_from.encode()))
         return headers

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from endpoints.proxy.brownout import degrade, fall_back
+from endpoints.proxy.brownout import degrade, fall_back, mark_slot_share
 from endpoints.proxy.errors import ProxyError, send_error, sse_error_event
 from endpoints.proxy.flight import Flight, Price
 from endpoints.proxy.metering import meter
@@ -107,6 +107,7 @@ async def serve(
     route = routing_request(flight.request_id, key=key, req=req, headers=headers, mu=price.mu, cache_salt=cache_salt)
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     routed(flight)
+    mark_slot_share(flight, flight.admission)
     upstream = Upstream(
         req,
         request_id=flight.request_id,

@@ -23,6 +23,9 @@ from endpoints.routing.base import ReplicaView, RouteRequest
 log = logging.getLogger(__name__)
 
 CLASS_KEY = "priority_class"  # RouteRequest.extra: the request's class index, set at admission
+# RouteRequest.extra: the endpoint's slot share when the request took its slot under it (it was degraded).
+SLOT_SHARE_KEY = "slot_share"
+_CRITICAL = CLASSES.index("critical")
 _STANDARD = CLASSES.index("standard")
 _NO_FLIGHT = (0,) * len(CLASSES)
 
@@ -201,14 +204,31 @@ class EndpointRuntime:
             views.append(view)
         return views
 
-    def _has_free_slot(self) -> bool:
+    def _has_free_slot(self, priority: str | None = None) -> bool:
+        """Some routed replica has a free slot (one a request of ``priority`` may take, by the slot share)."""
         routed = self._routed_versions()
+        held = (self._held_back(CLASSES.index(priority), self.clock()) if priority else None) or ()
         return any(
             not s.removed
             and s.view.in_flight < s.view.concurrency_limit
             and (routed is None or s.version_id in routed)
-            for s in self.slots.values()
+            and rid not in held
+            for rid, s in self.slots.items()
         )
+
+    def _held_back(self, klass: int, now: float) -> set[str] | None:
+        """The endpoint's slot share for a request of this class index (``AdmissionController.held_back``): None
+        when not in force, else the replicas whose share for the degraded classes is taken."""
+        share = self.info.degrade_slot_share
+        if share is None or klass == _CRITICAL:
+            return None
+        replicas = {
+            rid: (dict(zip(CLASSES, self._class_flight.get(rid, _NO_FLIGHT), strict=True)), s.view.concurrency_limit)
+            for rid, s in self.slots.items()
+            if not s.removed
+        }
+        nominal = self._load()["nominal_mu_per_s"]
+        return self.admission.held_back(CLASSES[klass], replicas, share=share, now=now, nominal_mu_per_s=nominal)
 
     def _routed_versions(self) -> frozenset | None:
         """Versions taking traffic during a rollout; None outside one (every replica is routed)."""
@@ -242,6 +262,9 @@ class EndpointRuntime:
     def try_take(self, route: RouteRequest, mu: float, exclude: set[str] | None = None) -> Slot | None:
         """Route now if some replica has a free slot; the slot is taken when this returns one."""
         now = self.clock()
+        held = self._held_back(route.extra.get(CLASS_KEY, _STANDARD), now)
+        if held:
+            exclude = held | exclude if exclude else held
         views = self._one_version(self._views(now, exclude))
         rid = self.router.pick(route, views, now) if views else None
         slot = self.slots.get(rid) if rid is not None else None
@@ -253,6 +276,10 @@ class EndpointRuntime:
                 return None
             slot = self.slots[min(free, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id]
         self._take(slot, route, mu, now)
+        if held is None:
+            route.extra.pop(SLOT_SHARE_KEY, None)
+        else:
+            route.extra[SLOT_SHARE_KEY] = self.info.degrade_slot_share
         return slot
 
     def _take(self, slot: Slot, route: RouteRequest, mu: float, now: float) -> None:
@@ -358,7 +385,7 @@ class EndpointRuntime:
         for refusal in self.admission.shed_expired(now=now, **self._load()):
             self._fail(refusal)
         changed = True
-        while len(self.queue) and self._has_free_slot():
+        while len(self.queue) and self._has_free_slot(self.admission.next_class()):
             item = self.admission.next_to_serve(now)
             fut, route = item.payload
             if fut.done():  # cancelled while queued

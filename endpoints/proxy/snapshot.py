@@ -78,6 +78,8 @@ class EndpointInfo:
     fallback_name: str | None = None
     fallback_classes: frozenset = frozenset()
     degrade_max_tokens: int | None = None
+    # Under overload, the share of each replica's slots the degraded classes may hold together (None: no limit).
+    degrade_slot_share: float | None = None
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id

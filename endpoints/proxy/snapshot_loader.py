@@ -62,6 +62,7 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
             fallback_name=names.get(e.fallback_id),
             fallback_classes=frozenset(e.fallback_classes or ()),
             degrade_max_tokens=e.degrade_max_tokens,
+            degrade_slot_share=e.degrade_slot_share,
         )
         for e in endpoints
     }

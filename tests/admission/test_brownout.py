@@ -1,5 +1,6 @@
 """``endpoints.admission.brownout`` (pure): the degradation level, fair pain (refusals and degradations in
-proportion to each tenant's excess over its reservation), and the fallback chain rules."""
+proportion to each tenant's excess over its reservation), the slot share under overload, and the fallback chain
+rules."""
 
 import random
 from collections import Counter
@@ -16,6 +17,8 @@ from endpoints.admission.brownout import (
     degradation_level,
     degraded_at,
     fallback_chain_error,
+    slot_allowed,
+    slot_share_cap,
 )
 from endpoints.admission.controller import DEFAULT_MAX_AGE_S
 
@@ -155,3 +158,35 @@ def test_a_class_refused_for_overload_lately_keeps_the_level_at_its_shedding_lev
     assert admission.level(now=1.0, nominal_mu_per_s=10.0) == LEVEL_DEGRADE_STANDARD
     assert admission.degrade(tenant="t", priority="standard", now=1.0, nominal_mu_per_s=10.0)
     assert admission.level(now=2.5, nominal_mu_per_s=10.0) == LEVEL_NORMAL
+
+
+def test_a_slot_share_caps_the_degraded_classes_together_and_never_critical():
+    half = {"limit": 4, "share": 0.5}
+    # level 1: sheddable holds at most 2 of 4 slots; standard and critical are not held back
+    assert slot_allowed("sheddable", LEVEL_DEGRADE_SHEDDABLE, running={"sheddable": 1}, **half)
+    assert not slot_allowed("sheddable", LEVEL_DEGRADE_SHEDDABLE, running={"sheddable": 2}, **half)
+    assert slot_allowed("standard", LEVEL_DEGRADE_SHEDDABLE, running={"sheddable": 2, "standard": 1}, **half)
+    # level 2: standard degrades too, and the two share the 2 slots
+    assert not slot_allowed("standard", LEVEL_DEGRADE_STANDARD, running={"sheddable": 1, "standard": 1}, **half)
+    assert slot_allowed("standard", LEVEL_DEGRADE_STANDARD, running={"critical": 2, "standard": 1}, **half)
+    for level in (LEVEL_NORMAL, LEVEL_DEGRADE_SHEDDABLE, LEVEL_DEGRADE_STANDARD, LEVEL_SHEDDING):
+        assert slot_allowed("critical", level, running={"sheddable": 4, "standard": 4}, **half)
+    # not overloaded: no share at all; no policy: no share at any level
+    assert slot_allowed("sheddable", LEVEL_NORMAL, running={"sheddable": 3}, **half)
+    assert slot_allowed("sheddable", LEVEL_SHEDDING, running={"sheddable": 3}, limit=4, share=None)
+    assert slot_share_cap(4, 0.0) == 0 and slot_share_cap(8, 0.3) == 2 and slot_share_cap(4, 1.0) == 4
+
+
+def test_the_controller_holds_sheddable_back_only_once_its_queue_says_overload():
+    controller = AdmissionController(now=0.0)
+    replicas = {"r0": ({"sheddable": 2}, 4), "r1": ({"sheddable": 1}, 4)}
+    args = {"share": 0.5, "now": 0.0, "nominal_mu_per_s": 10.0}
+    assert controller.held_back("sheddable", replicas, **args) is None  # nothing queued: level 0, not in force
+    for i in range(6):  # 6 MU of sheddable work queued at 10 MU/s: 0.6 s of its 2 s max age, level 1
+        item = QueuedItem(request_id=f"q{i}", tenant="t", priority="sheddable", mu=1.0, enqueued_at=0.0)
+        assert controller.enqueue(item, now=0.0, has_replicas=True, scale_to_zero=False, **LOAD).admitted
+    assert controller.level(now=0.0, nominal_mu_per_s=10.0) == LEVEL_DEGRADE_SHEDDABLE
+    assert controller.held_back("sheddable", replicas, **args) == {"r0"}  # r0's half is taken, r1 has one left
+    assert controller.held_back("critical", replicas, **args) is None
+    assert controller.held_back("sheddable", replicas, share=None, now=0.0, nominal_mu_per_s=10.0) is None
+    assert controller.next_class() == "sheddable"

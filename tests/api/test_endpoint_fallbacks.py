@@ -66,3 +66,17 @@ def test_the_admin_form_refuses_the_same_loops():
     assert not form.is_valid() and "loop" in form.errors["fallback"][0]
     fine = form_class(data={"fallback": "", "fallback_classes": '["sheddable"]'}, instance=a)
     assert fine.is_valid(), fine.errors
+
+
+def test_a_slot_share_outside_zero_to_one_is_a_field_error_and_a_valid_one_reaches_the_snapshot(world):
+    client = world.client("operator")
+    ep = EndpointFactory(name="shared-70b")
+    for bad in (1.5, -0.1, "half", "nan"):
+        response = patch(client, ep, degrade_slot_share=bad)
+        assert response.status_code == 400 and list(response.json()) == ["degrade_slot_share"], response.content
+    response = patch(client, ep, degrade_slot_share=0.5)
+    assert response.status_code == 200 and response.json()["degrade_slot_share"] == 0.5
+    assert read_snapshot().endpoints_by_name["shared-70b"].degrade_slot_share == 0.5
+    assert patch(client, ep, degrade_slot_share=None).json()["degrade_slot_share"] is None
+    form = modelform_factory(Endpoint, form=EndpointAdminForm, fields=["degrade_slot_share"])
+    assert "degrade_slot_share" in form(data={"degrade_slot_share": "2"}, instance=ep).errors

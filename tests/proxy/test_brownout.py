@@ -1,18 +1,23 @@
 """Graceful degradation on the request path, in process (``pipeline.completion`` over an in-memory snapshot and
 scripted replicas): the fallback serves when the named endpoint has no ready replica, fails, or would shed the
 request, and in no other case; the chain is guarded against loops, depth and other tenants' endpoints; the answer
-is metered at the fallback's MU and marked; a degraded request is capped, charged less and marked."""
+is metered at the fallback's MU and marked; a degraded request is capped, charged less and marked; under overload
+the slot share keeps slots free for critical work, and the requests served under it are marked."""
 
 import asyncio
 import dataclasses
 
 from capacity.units import MUCoefficients, usage_mu
 from endpoints.proxy.brownout import capped_request, fallback_for
+from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.request import parse_request
+from endpoints.proxy.runtime import SLOT_SHARE_KEY, EndpointRuntime
 from endpoints.proxy.snapshot import ReplicaInfo
+from endpoints.routing.base import RouteRequest
 from tests.proxy.snapshots import RAW_KEY_A, TENANT_A, TENANT_B, endpoint, key, snapshot
 from tests.proxy.test_pipeline import Client, Session, Stalled, State, ok_stream, run
 from tests.proxy.test_relay import DONE, TOKEN, Response
+from tests.waiting import wait_for_async
 
 SMALL = MUCoefficients(alpha=0.0005, alpha_cached=0.00005, beta=0.002, gamma=0.05, mu_per_min=60000.0)
 
@@ -210,3 +215,50 @@ def test_capping_keeps_a_smaller_max_tokens_and_rewrites_both_spellings():
     capped = capped_request(req, 10)
     assert (capped.max_tokens, capped.body["max_tokens"], capped.body["max_completion_tokens"]) == (10, 10, 10)
     assert capped.controlled and req.body.get("max_tokens") is None  # the original is left alone
+
+
+def share_runtime(monkeypatch, level):
+    rt = EndpointRuntime(
+        primary(replicas=1, limit=4, fallback=None, degrade_slot_share=0.5), config=ProxyConfig(), clock=lambda: 0.0
+    )
+    monkeypatch.setattr(rt.admission, "level", lambda **_: level)
+    return rt
+
+
+async def take(rt, priority, name):
+    route = RouteRequest(request_id=name, prompt_text="hi")
+    slot, _ = await rt.acquire(route, tenant=priority, priority=priority, mu=0.1)
+    return slot, route
+
+
+async def test_under_overload_a_half_slot_share_keeps_half_the_slots_for_critical(monkeypatch):
+    rt = share_runtime(monkeypatch, level=1)
+    first = [await take(rt, "sheddable", f"s{i}") for i in range(2)]
+    assert all(route.extra[SLOT_SHARE_KEY] == 0.5 for _, route in first)  # taken under the share: degraded
+    third = asyncio.create_task(take(rt, "sheddable", "s2"))
+    await wait_for_async(lambda: len(rt.queue) == 1)  # the other two slots are not for it
+    critical = [await take(rt, "critical", f"c{i}") for i in range(2)]  # they are critical's, at once
+    assert rt.in_flight == 4 and all(SLOT_SHARE_KEY not in route.extra for _, route in critical)
+    rt.release(*critical[0], 0.1, 0.1)
+    assert len(rt.queue) == 1  # a freed slot outside the share stays free for critical (the pump ran at release)
+    rt.release(*first[0], 0.1, 0.1)
+    slot, route = await asyncio.wait_for(third, 2)  # one inside it goes to the waiting sheddable request
+    assert route.extra[SLOT_SHARE_KEY] == 0.5 and rt.in_flight == 3
+
+
+async def test_without_overload_the_slot_share_holds_nobody_back(monkeypatch):
+    rt = share_runtime(monkeypatch, level=0)
+    taken = [await take(rt, "sheddable", f"s{i}") for i in range(4)]
+    assert rt.in_flight == 4 and all(SLOT_SHARE_KEY not in route.extra for _, route in taken)
+
+
+async def test_a_request_served_under_the_slot_share_says_so(monkeypatch):
+    session = Session({"http://replica-0": ok_stream})
+    ep = primary(replicas=1, fallback=None, degrade_slot_share=0.5)
+    state = State(world(ep), session)
+    monkeypatch.setattr(state.runtime_for(ep).admission, "level", lambda **_: 1)
+    client = Client(chat(max_tokens=20))
+    await run(state, client, monkeypatch=monkeypatch)
+    assert client.status == 200 and headers_of(client)[b"x-infercap-degraded"] == b"slot_share=0.5"
+    assert session.posted[0][1]["max_tokens"] == 20  # not capped: only its share of the slots was
+    assert state.usage.records[0]["degradation"] == "degraded"

@@ -2,7 +2,10 @@
 endpoint and the proxy's admission, critical traffic keeps its SLO, refusals follow the tenants' excess (and do
 not without fair pain), and the fallback answers what the primary refuses."""
 
-from workers.benchmarks.overload import simulate
+import dataclasses
+
+from endpoints.runtimes.sim.overload import OverloadRun
+from workers.benchmarks.overload import PRIMARY, simulate, tenants_at
 
 
 def test_at_ten_times_capacity_the_fallback_and_fair_pain_do_their_parts():
@@ -19,3 +22,23 @@ def test_at_ten_times_capacity_the_fallback_and_fair_pain_do_their_parts():
 
 def test_the_same_seed_gives_the_same_figures():
     assert simulate(3.0, duration_s=15.0, warmup_s=5.0) == simulate(3.0, duration_s=15.0, warmup_s=5.0)
+
+
+def test_the_simulator_honours_the_slot_share_and_marks_what_it_held():
+    def primary_sheddable(share):
+        run = OverloadRun(
+            primary=dataclasses.replace(PRIMARY, degrade_slot_share=share),
+            fallback=None,
+            tenants=tenants_at(3.0),
+            duration_s=15.0,
+            seed=2,
+        )
+        outcomes = run.run()
+        served = [o for o in outcomes if o.served_by == "primary" and o.priority == "sheddable"]
+        return len(served), outcomes
+
+    unlimited, _ = primary_sheddable(None)
+    held, outcomes = primary_sheddable(0.0)  # under overload, sheddable gets no slot at all
+    assert held < unlimited / 2
+    critical = [o for o in outcomes if o.priority == "critical"]
+    assert critical and all(o.status == "ok" for o in critical)

@@ -17,7 +17,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
-from endpoints.admission.classes import CRITICAL
+from endpoints.admission.classes import CLASSES, CRITICAL
 from endpoints.admission.controller import DEFAULT_MAX_QUEUE, AdmissionController
 from endpoints.admission.queue import QueuedItem
 
@@ -32,6 +32,7 @@ class SimEndpoint:
     mu_per_token: float  # MU = mu_base + mu_per_token × output tokens (the prompt is the same for all)
     mu_base: float
     degrade_max_tokens: int | None = None
+    degrade_slot_share: float | None = None  # the share of the slots degraded classes may hold under overload
     fallback_classes: frozenset = frozenset({"standard", "sheddable"})
 
     def service_s(self, tokens: int) -> float:
@@ -67,10 +68,12 @@ class _Endpoint:
     def __init__(self, spec: SimEndpoint, full_tokens: int, max_queue: int, fair_pain: bool) -> None:
         self.spec = spec
         self.free = spec.replicas * spec.concurrency
+        self.running = dict.fromkeys(CLASSES, 0)  # requests holding a slot, by the class they run in here
         # What its slots finish per second at full-length answers (the proxy's nominal ``mu_per_min / 60``).
         self.nominal = self.free * spec.mu(full_tokens) / spec.service_s(full_tokens)
         self.controller = AdmissionController(max_queue=max_queue, now=0.0, fair_pain=fair_pain)
         self.armed_at: float | None = None
+        self.shared = False  # the last slot checked was under the slot share (``OverloadRun._may_start``)
 
 
 @dataclass
@@ -132,7 +135,7 @@ class OverloadRun:
             if controller.degrade(tenant=tenant.name, priority=priority, now=now, nominal_mu_per_s=ep.nominal):
                 tokens, outcome.degraded = cap, True
         job = (name, outcome, tenant, tokens)
-        if controller.may_skip_queue() and ep.free > 0:
+        if controller.may_skip_queue() and self._may_start(ep, priority, now):
             self._start(ep, job, now)
             return
         item = QueuedItem(
@@ -162,9 +165,26 @@ class OverloadRun:
             return
         outcome.status, outcome.reason = "shed", reason
 
+    def _may_start(self, ep: _Endpoint, priority: str, now: float) -> bool:
+        """A slot is free and, by the endpoint's slot share (``AdmissionController.held_back``), a request of this
+        class may take it; one taken under the share is degraded. The slots are one pool here (the slot model has
+        no per-replica placement): the share caps the degraded classes at ``share`` of all of them."""
+        if ep.free <= 0:
+            return False
+        spec = ep.spec
+        pool = {"pool": (ep.running, spec.replicas * spec.concurrency)}
+        held = ep.controller.held_back(
+            priority, pool, share=spec.degrade_slot_share, now=now, nominal_mu_per_s=ep.nominal
+        )
+        ep.shared = held is not None
+        return not held
+
     def _start(self, ep: _Endpoint, job, now: float) -> None:
         name, outcome, _, tokens = job
         ep.free -= 1
+        ep.running[_class_at(job)] += 1
+        if ep.shared:
+            outcome.degraded = True
         outcome.served_by = name
         outcome.ttft_s = now - outcome.arrival_s + ep.spec.ttft_s
         self._push(now + ep.spec.service_s(tokens), "finish", job)
@@ -173,6 +193,7 @@ class OverloadRun:
         name, outcome, _, tokens = job
         ep = self._eps[name]
         ep.free += 1
+        ep.running[_class_at(job)] -= 1
         outcome.status = "ok"
         ep.controller.finished(mu_done=ep.spec.mu(tokens), now=now)
         self._pump(name, now)
@@ -182,10 +203,8 @@ class OverloadRun:
         controller = ep.controller
         for refusal in controller.shed_expired(now=now, in_flight_mu=0.0, nominal_mu_per_s=ep.nominal):
             self._refused(refusal.item.payload, refusal.reason, now)
-        while ep.free > 0:
+        while (priority := controller.next_class()) is not None and self._may_start(ep, priority, now):
             item = controller.next_to_serve(now)
-            if item is None:
-                break
             self._start(ep, item.payload, now)
         self._arm(name)
 
@@ -196,6 +215,12 @@ class OverloadRun:
         if at is not None and at != ep.armed_at:
             ep.armed_at = at
             self._push(at + 1e-6, "expire", name)
+
+
+def _class_at(job) -> str:
+    """The class a job runs in at its endpoint: its own on the primary, sheddable on the fallback."""
+    name, outcome, _, _ = job
+    return outcome.priority if name == "primary" else "sheddable"
 
 
 def summarize(outcomes: list[SimOutcome], tenants: list[SimTenant], *, ttft_slo_s: float, window: tuple) -> dict:
