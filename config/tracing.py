@@ -40,12 +40,43 @@ def configure(exporter=None, *, batch: bool = True, service_name: str | None = N
     if exporter is None:
         exporter = _exporter_from_env()
     name = service_name or os.environ.get("OTEL_SERVICE_NAME") or "infercap"
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider = TracerProvider(resource=Resource.create({"service.name": name}), id_generator=_preset_ids())
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     if _PROVIDER is not None:
         _PROVIDER.shutdown()
     _PROVIDER, TRACER = provider, provider.get_tracer("infercap")
     return TRACER
+
+
+class Preset:
+    """Ids the next span started takes (``with_ids``): the proxy names its trace and its upstream span before it
+    builds them, so that the replica's ``traceparent`` is sent without a span started on the request path."""
+
+    trace_id: int | None = None
+    span_id: int | None = None
+
+
+def _preset_ids():
+    # Imported here: with tracing off the process never loads the SDK.
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class PresetIds(RandomIdGenerator):
+        def generate_trace_id(self) -> int:
+            return Preset.trace_id or super().generate_trace_id()
+
+        def generate_span_id(self) -> int:
+            return Preset.span_id or super().generate_span_id()
+
+    return PresetIds()
+
+
+def with_ids(trace_id: int | None, span_id: int | None, name: str, **kwargs):
+    """``TRACER.start_span(name, **kwargs)`` taking these ids (a parent in ``context`` keeps its trace id)."""
+    Preset.trace_id, Preset.span_id = trace_id, span_id
+    try:
+        return TRACER.start_span(name, **kwargs)
+    finally:
+        Preset.trace_id = Preset.span_id = None
 
 
 def disable() -> None:

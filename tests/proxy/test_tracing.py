@@ -120,3 +120,17 @@ def test_the_paired_overhead_measurement_runs_both_ways_and_exports_what_it_trac
     assert result["tracing_pairs"] == 40 and result["tracing_otlp_batches"] >= 1
     assert 0 < result["tracing_off_proxy_ttft_p50_ms"] < 50 and 0 < result["tracing_on_proxy_ttft_p50_ms"] < 50
     assert tracing.TRACER is None  # the measurement leaves tracing as it found it (off)
+
+
+def test_a_malformed_or_absent_traceparent_starts_a_new_trace():
+    from endpoints.proxy.tracing import parse_traceparent  # deferred: the module under test, as the others here
+
+    good = parse_traceparent(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
+    assert (good.trace_id, good.parent_span_id, good.sampled) == (
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        False,
+    )
+    for bad in (None, b"", b"garbage", b"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                b"00-00000000000000000000000000000000-b7ad6b7169203331-01", b"00-0af7651916cd43dd8448eb211c80319c-xyz-01"):  # fmt: skip
+        assert parse_traceparent(bad) is None
