@@ -13,6 +13,7 @@ critical is not in the fallback classes. The first 10 s (5 s quick) warm the dra
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections import Counter
@@ -77,10 +78,11 @@ def simulate(
     seed: int = 1,
     with_fallback: bool = True,
     fair_pain: bool = True,
+    slot_share: float | None = None,
 ) -> dict:
     tenants = tenants_at(level)
     sim = OverloadRun(
-        primary=PRIMARY,
+        primary=dataclasses.replace(PRIMARY, degrade_slot_share=slot_share),
         fallback=FALLBACK if with_fallback else None,
         tenants=tenants,
         duration_s=duration_s,
@@ -94,33 +96,45 @@ def simulate(
     return {**figures, "proxy_5xx": 0, "offered_rps": round(level * capacity_rps(PRIMARY), 1), "mode": "simulated"}
 
 
-def simulated_section(*, quick: bool, progress=print) -> dict:
+def simulated_section(*, quick: bool, progress=print, slot_share: float | None = None) -> dict:
     """Both levels, each beside two baselines on the same arrivals: no fallback endpoint (degradation and fair
-    pain only) and no fair pain (refusals by queue age and size, on whoever waited)."""
+    pain only) and no fair pain (refusals by queue age and size, on whoever waited); with a ``slot_share`` on the
+    primary, a third: the same without it."""
     duration_s, warmup_s = (40.0, 5.0) if quick else (180.0, 10.0)
     out = {}
     for label, level in LEVELS:
-        figures = simulate(level, duration_s=duration_s, warmup_s=warmup_s)
-        no_fallback = simulate(level, duration_s=duration_s, warmup_s=warmup_s, with_fallback=False)
-        no_fair_pain = simulate(level, duration_s=duration_s, warmup_s=warmup_s, fair_pain=False)
-        figures["baseline_no_fallback"] = _brief(no_fallback)
-        figures["baseline_no_fair_pain"] = _brief(no_fair_pain)
+        run = {"duration_s": duration_s, "warmup_s": warmup_s, "slot_share": slot_share}
+        figures = simulate(level, **run)
+        figures["baseline_no_fallback"] = _brief(simulate(level, **run, with_fallback=False))
+        figures["baseline_no_fair_pain"] = _brief(simulate(level, **run, fair_pain=False))
+        if slot_share is not None:
+            figures["slot_share"] = slot_share
+            figures["baseline_no_slot_share"] = _brief(simulate(level, **{**run, "slot_share": None}))
         progress(f"overload {label} (simulated, {duration_s:.0f} s): {figures}")
         out[label] = figures
     return out
 
 
 def _brief(figures: dict) -> dict:
-    keys = ("critical_slo_attainment", "answered_fraction", "shed_fraction", "fairness_max_dev")
+    keys = (
+        "critical_slo_attainment",
+        "answered_fraction",
+        "shed_fraction",
+        "fairness_max_dev",
+        "critical_ttft_ms_p99",
+    )
     return {k: figures[k] for k in keys}
 
 
-def overload_section(*, quick: bool, live: bool = False, progress=print, slots_per_replica: int = 2) -> dict:
-    """The simulated levels; with ``live``, also each level through the real platform (``<level>.live``)."""
-    section = simulated_section(quick=quick, progress=progress)
+def overload_section(
+    *, quick: bool, live: bool = False, progress=print, slots_per_replica: int = 2, slot_share: float | None = None
+) -> dict:
+    """The simulated levels; with ``live``, also each level through the real platform (``<level>.live``). With
+    ``slot_share``, the primary degrades by that share of its replicas' slots too (``degrade_slot_share``)."""
+    section = simulated_section(quick=quick, progress=progress, slot_share=slot_share)
     if live:
         for label, figures in live_section(
-            quick=quick, progress=progress, slots_per_replica=slots_per_replica
+            quick=quick, progress=progress, slots_per_replica=slots_per_replica, slot_share=slot_share
         ).items():
             section.setdefault(label, {})["live"] = figures
     return section
@@ -136,7 +150,7 @@ LIVE_TENANTS = {  # name → (class of its key, reserved MU/min on the primary: 
 }
 
 
-def live_section(*, quick: bool, progress=print, slots_per_replica: int = 2) -> dict:
+def live_section(*, quick: bool, progress=print, slots_per_replica: int = 2, slot_share: float | None = None) -> dict:
     """The same levels and mix through real sockets: the proxy (uvicorn), 3 simulated replicas of 2 slots behind
     the primary and 1 faster one (speed 2.5) with 4 slots behind its fallback, no Celery worker. Gold and silver reserve more
     than they send (excess 0); the best-effort tenants' whole traffic is excess (no best-effort MU cap, the
@@ -151,6 +165,7 @@ def live_section(*, quick: bool, progress=print, slots_per_replica: int = 2) -> 
         fallback_concurrency=2 * slots_per_replica,
         fallback_replicas=1,
         degrade_max_tokens=DEGRADED_TOKENS,
+        degrade_slot_share=slot_share,
         max_tokens=FULL_TOKENS,
         extra_tenants=LIVE_TENANTS,
         extra_env={"INFERCAP_PROXY_BEST_EFFORT_MU_PER_MIN": "0"},

@@ -47,7 +47,12 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     if opts.get("only") == "overload":
         # The overload section alone: the simulator at 3x and 10x, and through the real platform when --live.
         slots = int(opts.get("live_slots", 2))  # per primary replica (the fallback's one replica has twice as many)
-        return {"overload": overload_section(quick=quick, live=live, progress=progress, slots_per_replica=slots)}
+        # --opt slot_share=0.5: the primary's degrade_slot_share (none by default)
+        share = float(opts["slot_share"]) if opts.get("slot_share") not in (None, "", "none") else None
+        section = overload_section(
+            quick=quick, live=live, progress=progress, slots_per_replica=slots, slot_share=share
+        )
+        return {"overload": section}
     fault_s = float(opts.get("fault_s", 8 if quick else 30))
     overload_s = float(opts.get("overload_s", 12 if quick else 60))
     fuzz_s = float(opts.get("fuzz_s", 25 if quick else 90))

@@ -112,6 +112,7 @@ class Platform:
     fallback_speed: float = 2.5
     fallback_concurrency: int = 8
     degrade_max_tokens: int | None = None
+    degrade_slot_share: float | None = None  # the primary's (the fallback has none)
     extra_tenants: dict = field(default_factory=dict)
     extra_env: dict = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -325,7 +326,9 @@ class Platform:
             degrade_max_tokens=self.degrade_max_tokens,
             launch_options={"actuator": "local", "speed": self.fallback_speed, "profile": self.replica_profile},
         )
-        Endpoint.objects.filter(pk=endpoint.pk).update(fallback=fallback, degrade_max_tokens=self.degrade_max_tokens)
+        Endpoint.objects.filter(pk=endpoint.pk).update(
+            fallback=fallback, degrade_max_tokens=self.degrade_max_tokens, degrade_slot_share=self.degrade_slot_share
+        )
         Tenant.objects.filter(pk=seeded.tenant_id).update(accepts_fallback=True)
         seeded.fallback_id, seeded.fallback_name = fallback.pk, fallback.name
 

@@ -223,6 +223,13 @@ def _class_at(job) -> str:
     return outcome.priority if name == "primary" else "sheddable"
 
 
+def _p99_ms(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 1)
+
+
 def summarize(outcomes: list[SimOutcome], tenants: list[SimTenant], *, ttft_slo_s: float, window: tuple) -> dict:
     """The overload figures over the arrivals in ``window`` (start, end seconds): SLO attainment of critical
     requests, the answered, fallback, degraded and shed fractions, and fair pain's worst deviation: the largest
@@ -252,5 +259,6 @@ def summarize(outcomes: list[SimOutcome], tenants: list[SimTenant], *, ttft_slo_
         "degraded_fraction": round(sum(o.status == "ok" and o.degraded for o in rows) / n, 4),
         "shed_fraction": round(total_shed / n, 4),
         "fairness_max_dev": round(deviation, 4),
+        "critical_ttft_ms_p99": _p99_ms([o.ttft_s for o in critical if o.status == "ok" and o.ttft_s is not None]),
         "requests": len(rows),
     }
