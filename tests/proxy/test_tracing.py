@@ -7,6 +7,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from config import tracing
+from config.celery_app import app
 from tests.proxy.snapshots import bearer
 from tests.proxy.test_pipeline import EP, WORLD, Client, Session, State, chat, ok_stream, run
 
@@ -93,16 +94,21 @@ def test_the_environment_turns_tracing_on():
     assert tracing.wanted({"INFERCAP_TRACING": "1"}) and tracing.wanted({"OTEL_TRACES_EXPORTER": "otlp"})
 
 
-def test_a_celery_task_run_is_a_span_with_its_state_and_error(spans):
-    class Task:
-        name = "workers.tasks.autoscale_tick"
+@app.task(name="tests.tracing.tick")
+def tick(fail: bool) -> str:
+    if fail:
+        raise RuntimeError("boom")
+    return "ok"
 
-    tracing.task_started(task_id="t1", task=Task())
-    tracing.task_failed(task_id="t1", exception=RuntimeError("boom"))
-    tracing.task_finished(task_id="t1", state="FAILURE")
-    [span] = spans.get_finished_spans()
-    assert span.name == "celery.task workers.tasks.autoscale_tick"
-    assert span.attributes["celery.state"] == "FAILURE" and span.status.status_code.name == "ERROR"
+
+def test_a_celery_task_run_is_a_span_with_its_state_and_error(spans):
+    # apply() runs the task here through Celery's own tracer, which sends the signals config.celery_app hooks.
+    assert tick.apply(args=(False,)).get() == "ok"
+    assert tick.apply(args=(True,), throw=False).state == "FAILURE"  # as a worker runs it: not re-raised here
+    ok, failed = spans.get_finished_spans()
+    assert ok.name == failed.name == "celery.task tests.tracing.tick"
+    assert (ok.attributes["celery.state"], ok.status.status_code.name) == ("SUCCESS", "UNSET")
+    assert (failed.attributes["celery.state"], failed.status.status_code.name) == ("FAILURE", "ERROR")
 
 
 @pytest.mark.django_db
