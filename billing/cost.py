@@ -136,7 +136,7 @@ def cost_lines(
             endpoint_id=endpoint.pk, endpoint=endpoint.name, tenant_id=None, tenant=None, start=start, end=end
         )
         line.gpu_hours = billed_s / 3600 * hardware.gpus_per_replica
-        line.usd = line.gpu_hours * hardware.usd_per_gpu_hour
+        line.usd = line.gpu_hours * (hardware.usd_per_gpu_hour or 0.0)  # unpriced hardware costs nothing yet
         line.capacity_mu = ready_s / 60 * coefficients[endpoint.pk].mu_per_min
         tenants = {t: sums for (e, t), sums in usage.items() if e == endpoint.pk}
         for sums in tenants.values():

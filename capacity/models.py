@@ -8,12 +8,24 @@ from endpoints.models import Endpoint
 
 
 class HardwareProfile(models.Model):
+    class CapacityType(models.TextChoices):
+        ON_DEMAND = "on_demand", "On-demand"
+        SPOT = "spot", "Spot"
+
     name = models.CharField(max_length=80, unique=True)
     gpu_type = models.CharField(max_length=40)
     gpus_per_replica = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     gpu_memory_gb = models.FloatField(validators=[MinValueValidator(1.0)])
     memory_bandwidth_gbps = models.FloatField(validators=[MinValueValidator(0.0)])
-    usd_per_gpu_hour = models.FloatField(validators=[MinValueValidator(0.0)])
+    usd_per_gpu_hour = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0)], help_text="list price; unset: no price yet"
+    )
+    capacity_type = models.CharField(max_length=16, choices=CapacityType.choices, default=CapacityType.ON_DEMAND)
+    max_replicas = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="availability: replicas the market offers (the mix planner's bound); unset: any",
+    )
     memory_overhead_gb = models.FloatField(
         default=10.0,
         validators=[MinValueValidator(0.0)],

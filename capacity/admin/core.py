@@ -15,8 +15,10 @@ class HardwareProfileAdmin(OperatorAdmin):
         "gpu_memory_gb",
         "memory_bandwidth_gbps",
         "usd_per_gpu_hour",
+        "capacity_type",
+        "max_replicas",
     ]
-    list_filter = ["gpu_type", "gpus_per_replica"]
+    list_filter = ["gpu_type", "gpus_per_replica", "capacity_type"]
     search_fields = ["name", "gpu_type"]
 
 

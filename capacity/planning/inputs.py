@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
+from capacity.planning import mix
 from capacity.planning.barriers import (
     SLO,
     Hardware,
@@ -22,6 +23,7 @@ from capacity.planning.barriers import (
     table_from_dicts,
 )
 from capacity.unit_resolver import endpoint_benchmark, latest_benchmark_for
+from endpoints.runtimes.sim.profiles import get_profile
 
 
 @dataclass
@@ -63,7 +65,8 @@ def _hardware(req: PlanRequest) -> Hardware:
         given.setdefault("gpu_memory_gb", profile.gpu_memory_gb)
         given.setdefault("overhead_gb", profile.memory_overhead_gb)
         given.setdefault("gpus_per_replica", profile.gpus_per_replica)
-        given.setdefault("usd_per_gpu_hour", profile.usd_per_gpu_hour)
+        if profile.usd_per_gpu_hour is not None:
+            given.setdefault("usd_per_gpu_hour", profile.usd_per_gpu_hour)
     if "gpu_memory_gb" not in given:
         raise PlannerInputError({"hardware": "give hardware_profile, endpoint or hardware.gpu_memory_gb"})
     return Hardware(**given)
@@ -144,3 +147,41 @@ def plan_from_request(req: PlanRequest) -> tuple[PlanResult, dict]:
         else "given",
     }
     return result, sources
+
+
+def plan_mix_from_profiles(
+    *,
+    profiles: list[tuple[HardwareProfile, str]],
+    buckets: list[dict],
+    ttft_s: float,
+    tpot_s: float,
+    time_limit_s: float = 10.0,
+) -> dict:
+    """The heterogeneous planner (``capacity.planning.mix``) over stored hardware profiles, each paired with the
+    simulator roofline profile that gives its per-bucket capacity (``endpoints/runtimes/sim/profiles.py``): the
+    cheapest mix, the best single type beside it, and why. Raises ``mix.PlanError`` naming the field."""
+    slo = mix.Slo(ttft_s=ttft_s, tpot_s=tpot_s)
+    items = [mix.Bucket(**b) for b in buckets]
+    for hardware, _ in profiles:
+        if hardware.usd_per_gpu_hour is None:
+            raise mix.PlanError("usd_per_gpu_hour", f"hardware profile {hardware.name!r} has no price per GPU-hour")
+    types = [
+        mix.ReplicaType(
+            name=hardware.name,
+            usd_per_gpu_hour=hardware.usd_per_gpu_hour,
+            gpus_per_replica=hardware.gpus_per_replica,
+            capacity_type=hardware.capacity_type,
+            max_replicas=hardware.max_replicas,
+        )
+        for hardware, _ in profiles
+    ]
+    engines = {hardware.name: get_profile(sim_profile) for hardware, sim_profile in profiles}
+    types = mix.with_capacities(types, engines, items, slo)
+    plan_ = mix.plan_mix(items, types, time_limit_s=time_limit_s)
+    try:
+        single_name, single = mix.best_single_type(items, types)
+        baseline = {"type": single_name, **single.as_dict()}
+    except mix.PlanError as exc:
+        baseline = {"type": None, "reason": exc.message}
+    capacities = {t.name: {b: round(v, 4) for b, v in t.capacity_rps.items()} for t in types}
+    return {**plan_.as_dict(), "capacity_rps": capacities, "best_single_type": baseline}

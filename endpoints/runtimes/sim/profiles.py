@@ -87,6 +87,8 @@ ROOFLINES: dict[str, Roofline] = {
         MODELS["qwen3-32b"], ACCELERATORS["a100-80gb-sxm"], gpus=2, efficiency=Efficiency(step_overhead_s=0.0015)
     ),
     "llama-8b-l40s": Roofline(MODELS["llama-3.1-8b"], ACCELERATORS["l40s"]),
+    # The 8B model's third GPU type for the heterogeneous planner (bench economics): L40S, A100, H100.
+    "llama-8b-a100": Roofline(MODELS["llama-3.1-8b"], ACCELERATORS["a100-80gb-sxm"]),
 }
 
 
@@ -176,6 +178,17 @@ PROFILES: dict[str, EngineProfile] = {
         max_num_seqs=256,
         max_num_batched_tokens=2048,
         max_model_len=8192,
+        model_path="meta-llama/Llama-3.1-8B-Instruct",
+        vocab_size=128256,
+    ),
+    # 8B on one 80 GB A100: vLLM's defaults above L40S class (as the H100's), KV from what the 80 GB hold.
+    "llama-8b-a100": _gpu_profile(
+        "llama-8b-a100",
+        model_name="llama-8b",
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        max_model_len=8192,
+        gpu_memory_utilization=0.92,
         model_path="meta-llama/Llama-3.1-8B-Instruct",
         vocab_size=128256,
     ),

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "routing": "endpoints.benchmarks.routing",
     "fidelity": "endpoints.benchmarks.fidelity",
     "planner": "capacity.benchmarks.planner",
+    "economics": "capacity.benchmarks.economics",
     "autoscale": "capacity.benchmarks.autoscale",
     "slo": "billing.benchmarks.slo",
     "reliability": "workers.benchmarks.reliability",
