@@ -63,15 +63,22 @@ class KVEventSubscriber:
         self.received += 1
         return True
 
-    def start(self) -> None:
+    def start(self, wait_s: float = 5.0) -> None:
+        """Start the thread; wait up to ``wait_s`` for its socket to connect (0: return at once, as the proxy
+        does on its event loop)."""
         self._thread = threading.Thread(target=self._run, name=f"kv-events-{self.replica_id}", daemon=True)
         self._thread.start()
-        self._connected.wait(5.0)
+        if wait_s > 0:
+            self._connected.wait(wait_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(timeout_s)  # 0: told to stop; it leaves within ``poll_ms``
 
     def _run(self) -> None:
         context = zmq.Context.instance()

@@ -6,6 +6,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
+from endpoints.routing.kv_events import endpoint_problem
+
 
 class Runtime(models.TextChoices):
     VLLM = "vllm", "vLLM"
@@ -21,6 +23,12 @@ class RoutingPolicy(models.TextChoices):
 
 
 model_name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$", "Use letters, digits and . _ : / -")
+
+
+def kv_events_endpoint_validator(value: str) -> None:
+    """A replica's KV-event publisher address: ``tcp://host:port`` (``kv_events.endpoint_problem``)."""
+    if value and (problem := endpoint_problem(value)):
+        raise ValidationError(problem)
 
 
 def default_fallback_classes() -> list[str]:
@@ -148,6 +156,15 @@ class Replica(models.Model):
     # endpoint's, and vLLM answers 404 to any other name.
     served_model_name = models.CharField(
         max_length=255, blank=True, help_text="the model name its engine serves (empty: the endpoint's name)"
+    )
+    # Where its engine publishes vLLM's KV-cache events (``--kv-events-config``, ZMQ PUB): the proxy subscribes
+    # and routes on what the replica's prefix cache really holds (docs/algorithms.md, the live precise index).
+    # Set by the actuators and operators only: it names an internal address, which tenants never see.
+    kv_events_endpoint = models.CharField(
+        max_length=255,
+        blank=True,
+        validators=[kv_events_endpoint_validator],
+        help_text="tcp://host:port of its engine's KV-event publisher (empty: none; routing uses its approximate index)",
     )
     state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.PENDING, db_index=True)
     state_changed_at = models.DateTimeField(default=timezone.now)

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from endpoints.lifecycle import replica_transition
 from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, Replica, ReplicaState
 from endpoints.rollouts.services import apply_versioned_changes, ensure_current_version
+from endpoints.routing.kv_events import endpoint_problem
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.validation import NAME_TAKEN, endpoint_validate, quota_errors
@@ -189,6 +190,16 @@ def _plain(value):
 ATTACHED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$")
 
 
+def _attach_names(served_model_name: str, kv_events_endpoint: str) -> tuple[str, str]:
+    """An attached replica's served model name and KV-event address, checked (field errors)."""
+    if len(served_model_name) > 255 or any(ord(c) < 32 for c in served_model_name):
+        raise ValidationError({"served_model_name": ["at most 255 characters, no control characters"]})
+    kv_events_endpoint = (kv_events_endpoint or "").strip()
+    if kv_events_endpoint and (problem := endpoint_problem(kv_events_endpoint)):
+        raise ValidationError({"kv_events_endpoint": [problem]})
+    return served_model_name, kv_events_endpoint
+
+
 def replica_attach(
     *,
     endpoint: Endpoint,
@@ -196,6 +207,7 @@ def replica_attach(
     name: str = "",
     concurrency_limit: int | None = None,
     served_model_name: str = "",
+    kv_events_endpoint: str = "",
     actor=None,
     check_server=None,
 ) -> Replica:
@@ -205,8 +217,10 @@ def replica_attach(
     (``endpoints.runtimes.vllm.server_problems``). Anything else is a field error on ``url`` and no row. The served
     name is ``served_model_name`` when the operator gives one (a server started with its own
     ``--served-model-name``), else the endpoint's; it is recorded on the row, and the proxy sends it as ``model``
-    and writes the endpoint's name back into the answers. It is a ``static`` replica: counted as capacity, never
-    started or stopped by an actuator. ``check_server``: the check, replaceable in tests."""
+    and writes the endpoint's name back into the answers. ``kv_events_endpoint``: where the server publishes its
+    KV-cache events (``tcp://host:port``, its ``--kv-events-config``), which the proxy subscribes to. It is a
+    ``static`` replica: counted as capacity, never started or stopped by an actuator. ``check_server``: the check,
+    replaceable in tests."""
     url = (url or "").strip().rstrip("/")
     if problem := vllm.base_url_problem(url) or (len(url) > 255 and "must be at most 255 characters"):
         raise ValidationError({"url": [problem]})
@@ -214,9 +228,7 @@ def replica_attach(
     if not ATTACHED_NAME.match(name):
         raise ValidationError({"name": ["letters, digits, '.', '_' or '-', starting with a letter or digit"]})
     named = (served_model_name or "").strip()
-    served_model_name = named or endpoint.name
-    if len(served_model_name) > 255 or any(ord(c) < 32 for c in served_model_name):
-        raise ValidationError({"served_model_name": ["at most 255 characters, no control characters"]})
+    served_model_name, kv_events_endpoint = _attach_names(named or endpoint.name, kv_events_endpoint)
     if concurrency_limit is not None and (
         isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1
     ):
@@ -243,6 +255,7 @@ def replica_attach(
                     name=name,
                     url=url,
                     served_model_name=served_model_name,
+                    kv_events_endpoint=kv_events_endpoint,
                     actuator="static",
                     concurrency_limit=concurrency_limit or endpoint.concurrency_limit,
                 )

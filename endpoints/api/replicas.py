@@ -1,6 +1,7 @@
 """/api/v1/replicas/: the replicas behind visible endpoints, with their lifecycle history; operators attach an
 existing vLLM server by URL (POST: ``endpoint``, ``url``, optional ``name``, ``concurrency_limit`` and
-``served_model_name``, the name it serves the model under when that is not the endpoint's), which is ready only
+``served_model_name``, the name it serves the model under when that is not the endpoint's, and
+``kv_events_endpoint``, where it publishes its KV-cache events), which is ready only
 once it has shown to be a vLLM server serving that name (``endpoints.services.replica_attach``).
 
 Where a replica runs (its URL, actuator, pod or process name, and failure or transition texts that quote pids,
@@ -37,7 +38,8 @@ class ReplicaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Replica
         fields = [
-            "id", "endpoint", "endpoint_name", "name", "url", "served_model_name", "state", "state_changed_at",
+            "id", "endpoint", "endpoint_name", "name", "url", "served_model_name", "kv_events_endpoint", "state",
+            "state_changed_at",
             "is_standby", "actuator", "concurrency_limit", "last_probe_at", "last_probe_ok",
             "consecutive_probe_failures", "failure_reason", "created_at",
         ]  # fmt: skip
@@ -51,6 +53,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             # reserves on it; its health is what such a tenant needs.
             data.update({k: v for k, v in replica_placement_redacted(replica).items() if k in data})
             data["served_model_name"] = ""  # what the operators run the endpoint on, like the launch options
+            data["kv_events_endpoint"] = ""  # an internal address, like the URL
             for transition in data.get("transitions") or ():
                 transition["reason"] = ""
         return data
@@ -76,6 +79,12 @@ class ReplicaAttachSerializer(serializers.Serializer):
         required=False,
         allow_blank=True,
         help_text="the model name the server serves (its --served-model-name) when it is not the endpoint's name",
+    )
+    kv_events_endpoint = serializers.CharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        help_text="where the server publishes its KV-cache events (tcp://host:port, its --kv-events-config)",
     )
 
     def to_representation(self, replica):

@@ -59,6 +59,11 @@ IN_FLIGHT = Gauge("infercap_proxy_in_flight", "Requests in flight per replica", 
 IN_FLIGHT_MU = Gauge(
     "infercap_proxy_in_flight_mu", "Model units in flight per replica", ["endpoint", "replica"], **_GAUGE_KW
 )
+PREFIX_INDEX = Counter(
+    "infercap_proxy_prefix_index",
+    "Routed requests by the prefix index that scored the chosen replica (precise: its KV events; approximate)",
+    ["endpoint", "index"],
+)
 UPSTREAM_RETRIES = Counter(
     "infercap_proxy_upstream_retries", "Retries on another replica before the first byte", ["endpoint"]
 )

@@ -22,6 +22,7 @@ from endpoints.proxy.stages import (
     authenticate,
     charge_limits,
     price_request,
+    prompt_tokens,
     read_request,
     relay,
     resolve_endpoint,
@@ -105,6 +106,7 @@ async def serve(
         flight.watcher = loop.create_task(watch_disconnect(receive, flight))
     cache_salt = state.cache_salts.for_tenant(key.tenant_id)
     route = routing_request(flight.request_id, key=key, req=req, headers=headers, mu=price.mu, cache_salt=cache_salt)
+    await prompt_tokens(state, runtime, route, req)
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     routed(flight)
     mark_slot_share(flight, flight.admission)

@@ -15,10 +15,12 @@ from endpoints.admission import AdmissionController, QueuedItem, Refusal
 from endpoints.admission.classes import CLASSES
 from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
+from endpoints.proxy.kv_feeds import KVFeeds
 from endpoints.proxy.model_names import ModelRename, model_rename
 from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing import make_router
 from endpoints.routing.base import ReplicaView, RouteRequest
+from endpoints.routing.bounded_affinity import PREFIX_SOURCE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ SLOT_SHARE_KEY = "slot_share"
 _CRITICAL = CLASSES.index("critical")
 _STANDARD = CLASSES.index("standard")
 _NO_FLIGHT = (0,) * len(CLASSES)
+PRECISE_POLICIES = frozenset({"infercap"})  # the live policies that read the precise index from KV events
 
 
 class Shed(Exception):
@@ -73,7 +76,9 @@ class EndpointRuntime:
         # The decisions the simulators share (endpoints.admission.controller); this class keeps the slots and futures.
         self.admission = AdmissionController(max_queue=config.max_queue, max_age_s=config.max_age_s, now=clock())
         self.queue = self.admission.queue
-        self.router = make_router(info.routing_policy)
+        # The live precise prefix index (infercap's policy): one KV-event subscriber per replica that publishes.
+        self.kv_feeds = KVFeeds(clock=clock)
+        self.router = self._make_router(info.routing_policy)
         self.slots: dict[str, Slot] = {}
         self.in_flight = 0
         self.in_flight_mu = 0.0
@@ -93,8 +98,9 @@ class EndpointRuntime:
     def update(self, info: EndpointInfo) -> None:
         """Apply a new snapshot: add replicas, retire removed ones, follow concurrency-limit changes."""
         if info.routing_policy != self.info.routing_policy:
-            self.router = make_router(info.routing_policy)
+            self.router = self._make_router(info.routing_policy)
         self.info = info
+        self.kv_feeds.sync(info.replicas if info.routing_policy in PRECISE_POLICIES else ())
         mu_capacity = max(info.coeffs.mu_per_min / 60.0, 1e-6)
         seen = set()
         for r in info.replicas:
@@ -129,6 +135,15 @@ class EndpointRuntime:
                     del self.slots[rid]
                     self._class_flight.pop(rid, None)
         self.pump()
+
+    def _make_router(self, policy: str):
+        if policy in PRECISE_POLICIES:
+            return make_router(policy, kv_index=self.kv_feeds.index)
+        return make_router(policy)
+
+    def close(self) -> None:
+        """Stop the KV-event subscribers (their threads are joined: shutdown only)."""
+        self.kv_feeds.close()
 
     def apply_caps(self, caps: dict[str, int] | None) -> None:
         """Follow this process's new share of the replicas' limits; a raised cap admits queued requests."""
@@ -266,7 +281,20 @@ class EndpointRuntime:
         if held:
             exclude = held | exclude if exclude else held
         views = self._one_version(self._views(now, exclude))
-        rid = self.router.pick(route, views, now) if views else None
+        if not views:
+            return None
+        with self.kv_feeds.lock:  # the subscribers' threads write the precise index under it
+            slot = self._route(route, views, mu, now)
+        if slot is None:
+            return None
+        if held is None:
+            route.extra.pop(SLOT_SHARE_KEY, None)
+        else:
+            route.extra[SLOT_SHARE_KEY] = self.info.degrade_slot_share
+        return slot
+
+    def _route(self, route: RouteRequest, views: list[ReplicaView], mu: float, now: float) -> Slot | None:
+        rid = self.router.pick(route, views, now)
         slot = self.slots.get(rid) if rid is not None else None
         if slot is None or slot.view.in_flight >= slot.view.concurrency_limit:
             # The router may refuse stale or saturated replicas; our own slot count is the hard limit, and
@@ -276,10 +304,6 @@ class EndpointRuntime:
                 return None
             slot = self.slots[min(free, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id]
         self._take(slot, route, mu, now)
-        if held is None:
-            route.extra.pop(SLOT_SHARE_KEY, None)
-        else:
-            route.extra[SLOT_SHARE_KEY] = self.info.degrade_slot_share
         return slot
 
     def _take(self, slot: Slot, route: RouteRequest, mu: float, now: float) -> None:
@@ -291,6 +315,9 @@ class EndpointRuntime:
         self.in_flight_mu += mu
         self.router.on_routed(route, slot.view.replica_id, now)
         self._gauges_dirty.add(slot.view.replica_id)
+        source = route.extra.get(PREFIX_SOURCE_KEY)
+        if source is not None:
+            m.child(m.PREFIX_INDEX, self.info.name, source).inc()
 
     def release(self, slot: Slot, route: RouteRequest, mu_reserved: float, mu_done: float) -> None:
         now = self.clock()

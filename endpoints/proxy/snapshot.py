@@ -51,6 +51,9 @@ class ReplicaInfo:
     # The model name its engine serves (``Replica.served_model_name``); empty: the endpoint's name. The proxy sends
     # this name as ``model`` and writes the endpoint's back into what the client sees (``runtime.Slot``).
     served_model_name: str = ""
+    # Where its engine publishes KV-cache events (``Replica.kv_events_endpoint``); the proxy subscribes to it
+    # (``endpoints.proxy.kv_feeds``). Empty: no events, the router's approximate index answers for it.
+    kv_events_endpoint: str = ""
 
 
 @dataclass(frozen=True)

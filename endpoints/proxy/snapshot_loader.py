@@ -90,6 +90,7 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 version_id=version_id,
                 takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
                 served_model_name=r.served_model_name or endpoint_name.get(r.endpoint_id, ""),
+                kv_events_endpoint=r.kv_events_endpoint,
             )
         )
     return replicas

@@ -6,9 +6,14 @@ needs; a refusal is a ``ProxyError``. ``authenticate``, ``resolve_endpoint``, ``
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import logging
 import time
+from pathlib import Path
+
+from django.conf import settings
 
 from endpoints.admission import ENGINE_PRIORITY, effective_priority
 from endpoints.proxy import metrics as m
@@ -23,7 +28,9 @@ from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, Snapshot
 from endpoints.proxy.state import ProxyState
 from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY, FAILED_ATTEMPTS_RETENTION_S
 from endpoints.routing.base import RouteRequest
+from endpoints.routing.llmd import KV_TOKENS_KEY
 from endpoints.routing.session import prompt_text_of, session_id_of
+from endpoints.runtimes.vllm import model_argument
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +191,35 @@ def routing_request(
         session_id=f"{key.tenant_id}:{session_id}" if session_id else None,
         extra={"cache_salt": cache_salt},
     )
+
+
+async def prompt_tokens(state: ProxyState, runtime: EndpointRuntime, route: RouteRequest, req: ParsedRequest) -> None:
+    """The prompt's token ids for the precise prefix index (``route.extra``), when a replica of the endpoint publishes
+    KV events and the endpoint's model has a local tokenizer; rendered and encoded in a worker thread (0.3 ms for a
+    short chat, 5 ms for 4k characters on the dev machine: too long for the event loop). Otherwise nothing: the
+    router uses its approximate index."""
+    if not runtime.kv_feeds.active:
+        return
+    directory = model_directory(runtime.info.model)
+    if directory is None:
+        return
+    loop = asyncio.get_running_loop()
+    tokenizer = state.tokenizers.cached(directory)
+    if tokenizer is False:  # not loaded yet: reading tokenizer.json takes tens of milliseconds
+        tokenizer = await loop.run_in_executor(state.tokenize_pool, state.tokenizers.get, directory)
+    if tokenizer is None:
+        return
+    tokens = await loop.run_in_executor(state.tokenize_pool, tokenizer.tokens, req.kind, req.body)
+    if tokens:
+        route.extra[KV_TOKENS_KEY] = tokens
+
+
+@functools.lru_cache(maxsize=256)
+def model_directory(model: str) -> str | None:
+    """The local directory vLLM loads for this model profile name (``vllm.model_argument``), if it is one."""
+    models_dir = getattr(settings, "INFERCAP", {}).get("VLLM_MODELS_DIR")
+    path = Path(model_argument(model, models_dir=Path(models_dir) if models_dir else None))
+    return str(path) if path.is_absolute() and path.is_dir() else None
 
 
 async def admit(

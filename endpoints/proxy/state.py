@@ -29,6 +29,7 @@ from endpoints.metrics_scraper import MetricsScraper
 from endpoints.proxy.config import ProxyConfig, load_config
 from endpoints.proxy.isolation import CacheSalts
 from endpoints.proxy.limits import RateLimiter
+from endpoints.proxy.prompt_tokens import TokenizerCache
 from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.scrape_client import AiohttpScrapeClient
 from endpoints.proxy.signals import VERSION_CHANNEL
@@ -137,6 +138,10 @@ class ProxyState:
         self.usage = None
         self.scraper = None
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-snapshot")
+        # Prompts tokenized for the precise prefix index (``stages.prompt_tokens``): tokenizers loaded once per
+        # model, long prompts encoded off the event loop.
+        self.tokenizers = TokenizerCache()
+        self.tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="proxy-tokenize")
         self._tasks: list[asyncio.Task] = []
         self.background: set[asyncio.Task] = set()
         self._config_changed = asyncio.Event()  # set by a published config change: reload without waiting the poll
@@ -265,6 +270,7 @@ class ProxyState:
             if info is None:
                 if runtime.in_flight == 0 and not len(runtime.queue):
                     del self.runtimes[eid]
+                    runtime.kv_feeds.sync(())  # its subscribers are told to stop (joined at shutdown)
                 continue
             runtime.update(info)
         self._sync_scrape_targets()
@@ -443,6 +449,9 @@ class ProxyState:
                 await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
+        for runtime in self.runtimes.values():
+            runtime.close()
+        self.tokenize_pool.shutdown(wait=False)
         if self.scraper is not None:
             await self.scraper.stop()
             await self._scrape_client.aclose()

@@ -35,7 +35,8 @@
 
 With a ``kv_index`` (``KVBlockIndex`` fed by the engines' KV-cache events) the prefix match of a replica whose
 events are usable is what its cache really holds (the request's engine block hashes, ``extra["kv_block_hashes"]``);
-for a replica whose events stopped, lag or lost batches, and for requests without engine hashes, the approximate
+or its token ids (``extra["kv_token_ids"]``, the live proxy's), matched against the token keys of the events'
+blocks; for a replica whose events stopped, lag or lost batches, and for requests without either, the approximate
 index answers, so the router degrades to its event-less behaviour instead of trusting a stale picture. Hardware
 speed enters through each replica's MU capacity: load is in-flight MU over it, in the bound and in the load term.
 """
@@ -55,6 +56,11 @@ def replica_load(replica: ReplicaView, extra_mu: float = 0.0) -> float:
     """In-flight MU over the replica's MU capacity (after adding ``extra_mu``)."""
     return (replica.in_flight_mu + extra_mu) / max(replica.mu_capacity, 1e-9)
 
+
+# RouteRequest.extra: which index scored the replica the request went to ("precise": its KV events; "approximate":
+# the routed-prompt index, for a replica without usable events or a request without token ids or engine hashes).
+PREFIX_SOURCE_KEY = "prefix_source"
+_PRECISE_ON = "_precise_on"  # the replicas the precise index scored for this request
 
 _MASK64 = (1 << 64) - 1
 HOME_KEY = "_home_key"
@@ -184,6 +190,7 @@ class InfercapRouter(RouterBase):
         candidates = self.candidates(replicas)
         if not candidates:
             return None
+        request.extra.pop(_PRECISE_ON, None)  # a queued request is picked again: only this pick's scores count
         mu = max(request.mu, 0.0)
         allowed = self.within_bound(candidates, mu)
         hashes = request_hashes(self.prefix_index, request)
@@ -219,13 +226,18 @@ class InfercapRouter(RouterBase):
                 - self.load_weight * loads[r.replica_id] / top_load
             )
             scored.append((score, r))
-        return self._random_best(scored)
+        best = self._random_best(scored)
+        if best is not None:
+            precise = request.extra.get(_PRECISE_ON)
+            request.extra[PREFIX_SOURCE_KEY] = "precise" if precise and best in precise else "approximate"
+        return best
 
     def prefix_match(self, replica_id: str, request: RouteRequest, hashes: Sequence[int], now: float) -> float:
         """Matched share of the prompt on the replica: from KV events where they are usable, else approximate."""
         if self.kv_index is not None and self.kv_index.usable(replica_id, now):
             fraction = kv_match_fraction(self.kv_index, replica_id, request)
             if fraction is not None:
+                request.extra.setdefault(_PRECISE_ON, set()).add(replica_id)
                 return fraction
         return self.prefix_index.match_fraction(replica_id, hashes)
 

@@ -11,6 +11,7 @@ ints. The simulator's engine emits the same classes (``endpoints.runtimes.sim.kv
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -87,3 +88,22 @@ def batch_from(obj) -> KVEventBatch:
 def seq_from(frame: bytes) -> int:
     """The publisher's sequence number (8 bytes, big-endian, signed: −1 ends a replay)."""
     return int.from_bytes(frame, "big", signed=True)
+
+
+_HOST = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not a ZMQ address a subscriber can connect to (``tcp://host:port``); None when it is.
+
+    A concrete host (a name, an IPv4 address or a bracketed IPv6 one: loopback and private addresses are fine, the
+    field is set by operators and actuators only), never the publisher's bind wildcard ``*``."""
+    scheme, sep, rest = endpoint.partition("://")
+    if scheme != "tcp" or not sep:
+        return "must be tcp://host:port"
+    host, colon, port = rest.rpartition(":")
+    if not colon or not _HOST.match(host):
+        return "must be tcp://host:port with a host name or address (not *)"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return "the port must be 1-65535"
+    return None

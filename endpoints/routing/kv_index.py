@@ -34,6 +34,7 @@ class ReplicaBlocks:
     unconfirmed_since: float | None = None  # a request routed there, no batch since
     lost_events: bool = False
     batches: int = 0
+    block_size: int = 0  # tokens per block, as its BlockStored events say (0: none seen yet)
 
 
 def token_block_keys(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
@@ -85,6 +86,7 @@ class KVBlockIndex:
         tokens = event.token_ids
         if not tokens or event.block_size <= 0:
             return
+        entry.block_size = event.block_size
         parent = entry.by_token_key.get(event.parent_block_hash) if event.parent_block_hash is not None else None
         keys = token_block_keys(tokens, event.block_size, parent)
         for block_hash, key in zip(event.block_hashes, keys, strict=False):
@@ -145,6 +147,23 @@ class KVBlockIndex:
                 break
             n += 1
         return n
+
+    def match_keys(self, replica_id: str, keys: Sequence[int]) -> int:
+        """Leading chained token keys (``token_block_keys``) that the replica holds: ``match_tokens`` with the keys
+        computed once for every replica of the same block size."""
+        entry = self._replicas.get(replica_id)
+        if entry is None:
+            return 0
+        held, n = entry.token_keys, 0
+        for key in keys:
+            if key not in held:
+                break
+            n += 1
+        return n
+
+    def block_size(self, replica_id: str) -> int:
+        entry = self._replicas.get(replica_id)
+        return entry.block_size if entry else 0
 
     def blocks(self, replica_id: str) -> frozenset:
         entry = self._replicas.get(replica_id)

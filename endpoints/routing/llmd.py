@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
-from endpoints.routing.kv_index import KVBlockIndex
+from endpoints.routing.kv_index import KVBlockIndex, token_block_keys
 from endpoints.routing.prefix import (
     DEFAULT_INDEX_BLOCKS,
     MAX_PREFIX_BLOCKS,
@@ -39,12 +39,26 @@ def request_hashes(index: PrefixIndex, request: RouteRequest) -> list[int]:
 KV_HASHES_KEY = "kv_block_hashes"
 
 
+KV_TOKENS_KEY = "kv_token_ids"  # the prompt's token ids, as the engine tokenizes it (the live proxy sets them)
+_KV_KEYS = "_kv_token_keys"  # their chained block keys per block size, computed once per request
+
+
 def kv_match_fraction(index: KVBlockIndex, replica_id: str, request: RouteRequest) -> float | None:
-    """Matched / total engine blocks of the prompt on the replica, from KV events; None without engine hashes."""
+    """Matched / total engine blocks of the prompt on the replica, from KV events: by the engine's block hashes
+    (the simulator) or by the prompt's token ids (the live proxy); None with neither, or before the replica's
+    events said its block size, or for a prompt shorter than one block."""
     hashes = request.extra.get(KV_HASHES_KEY)
-    if not hashes:
+    if hashes:
+        return index.match(replica_id, hashes) / len(hashes)
+    tokens = request.extra.get(KV_TOKENS_KEY)
+    block_size = index.block_size(replica_id) if tokens else 0
+    if block_size <= 0 or len(tokens) < block_size:
         return None
-    return index.match(replica_id, hashes) / len(hashes)
+    by_size = request.extra.setdefault(_KV_KEYS, {})
+    keys = by_size.get(block_size)
+    if keys is None:
+        keys = by_size[block_size] = token_block_keys(tokens, block_size)
+    return index.match_keys(replica_id, keys) / len(keys)
 
 
 def queue_scores(replicas: Sequence[ReplicaView]) -> dict[str, float]:

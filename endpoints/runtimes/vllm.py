@@ -60,9 +60,12 @@ def serve_command(
     extra_args: list[str] | None = None,
     executable: str = "vllm",
     python: str | None = None,
+    kv_events_port: int | None = None,
 ) -> list[str]:
     """argv for ``vllm serve``, or with ``python`` for the API server module run by that interpreter (the same
-    flags; the model goes in ``--model``); raises ValueError on options vLLM would refuse."""
+    flags; the model goes in ``--model``); raises ValueError on options vLLM would refuse. With ``kv_events_port``
+    the engine publishes its KV-cache events there (ZMQ PUB on ``host``, ``kv_events_config``), unless
+    ``extra_args`` already configure them."""
     if not model:
         raise ValueError("model is required")
     if not 0 < int(port) < 65536:
@@ -101,7 +104,22 @@ def serve_command(
     ):
         if value is not None:
             argv += [flag, str(value)]
-    return argv + list(extra_args or [])
+    extra = list(extra_args or [])
+    if kv_events_port is not None and not any(str(a).startswith("--kv-events-config") for a in extra):
+        argv += ["--kv-events-config", kv_events_config(host, kv_events_port)]
+    return argv + extra
+
+
+KV_EVENTS_TOPIC = "kv"
+
+
+def kv_events_config(host: str, port: int) -> str:
+    """vLLM's ``--kv-events-config``: its ZMQ publisher bound to ``host:port`` (``*`` for every interface)."""
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"kv events port out of range: {port}")
+    bind = "*" if host in ("0.0.0.0", "::", "") else host
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://{bind}:{int(port)}"}
+    return json.dumps({**config, "topic": KV_EVENTS_TOPIC})
 
 
 def serve_command_line(**options) -> str:

@@ -46,7 +46,7 @@ def test_operator_deployment_names_must_be_kubernetes_names_not_rewritten(operat
 def test_local_replica_logs_are_named_by_endpoint_id(tmp_path, settings, monkeypatch, reap_local_replicas):
     """Two endpoints whose names differ only in '/' vs '_' wrote to one log file before."""
     settings.INFERCAP = {**settings.INFERCAP, "SPOOL_DIR": str(tmp_path / "spool")}
-    monkeypatch.setattr("capacity.autoscaling.actuators.local.replica_argv", lambda e, port: ["true"])
+    monkeypatch.setattr("capacity.autoscaling.actuators.local.replica_argv", lambda e, port, **kw: ["true"])
     first = EndpointFactory(name="team/model", launch_options={"actuator": "local"})
     second = EndpointFactory(name="team_model", launch_options={"actuator": "local"})
     actuator = LocalActuator()

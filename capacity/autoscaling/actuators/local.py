@@ -103,14 +103,16 @@ def stop_pid(pid: int, *, grace_s: float = 5.0) -> None:
             log.warning("local actuator: pid %s did not exit after SIGKILL", pid)
 
 
-def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> list[str]:
+def replica_argv(
+    endpoint: Endpoint, *, port: int, host: str = "127.0.0.1", kv_events_port: int | None = None
+) -> list[str]:
     """The replica's command line: every launch option value is checked (``argv_value``: no flag, whitespace or
     control character) and passed as its own argv element; no shell ever reads it. The served model is the
     endpoint's model profile, whatever the launch options say."""
     options = dict(endpoint.launch_options or {})
     if endpoint.runtime == Runtime.VLLM:
         allowed = set(inspect.signature(vllm.serve_command).parameters) - {"model", "port", "host", "executable"}
-        allowed -= {"served_model_name", "extra_args", "python"}
+        allowed -= {"served_model_name", "extra_args", "python", "kv_events_port"}
         extra = {k: v for k, v in options.items() if k in allowed and v is not None}
         for key, value in extra.items():
             if not isinstance(value, bool):
@@ -134,6 +136,7 @@ def replica_argv(endpoint: Endpoint, *, port: int, host: str = "127.0.0.1") -> l
             host=host,
             served_model_name=argv_value("served model name", endpoint.name),
             extra_args=flags,
+            kv_events_port=kv_events_port,
             **launch,
             **extra,
         )
@@ -179,8 +182,10 @@ class LocalActuator(Actuator):
         for _ in range(count):
             port = free_port()
             name = f"local-{uuid.uuid4().hex[:8]}"
+            # vLLM publishes its KV-cache events on a port of its own; the proxy subscribes (the live precise index).
+            events_port = free_port() if endpoint.runtime == Runtime.VLLM else None
             try:
-                argv = replica_argv(endpoint, port=port)
+                argv = replica_argv(endpoint, port=port, kv_events_port=events_port)
                 launch_vars = replica_env(endpoint)
             except (TypeError, ValueError) as exc:
                 raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
@@ -191,6 +196,9 @@ class LocalActuator(Actuator):
                 name=name,
                 url=f"http://127.0.0.1:{port}",
                 served_model_name=endpoint.name,  # its --served-model-name (replica_argv): a later rename keeps it
+                kv_events_endpoint=f"tcp://127.0.0.1:{events_port}"
+                if events_port and "--kv-events-config" in argv
+                else "",
                 actuator=self.name,
                 is_standby=standby,
                 concurrency_limit=endpoint.concurrency_limit,
