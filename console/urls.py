@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.views import audit, fleet, operations, planner, rollouts, tenant
+from console.views import audit, fleet, operations, planner, planner_mix, rollouts, tenant
 
 app_name = "console"
 
@@ -29,6 +29,7 @@ urlpatterns = [
     path("alerts/<int:alert_id>/ack/", operations.alert_ack_view, name="alert-ack"),
     path("cost/", operations.cost, name="cost"),
     path("planner/", planner.planner_view, name="planner"),
+    path("planner/mix/", planner_mix.planner_mix_view, name="planner-mix"),
     path("audit/", audit.audit, name="audit"),
     path("tenant/", tenant.tenant_home, name="tenant-home"),
     path("tenant/keys/", tenant.api_keys, name="api-keys"),

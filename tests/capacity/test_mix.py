@@ -192,3 +192,23 @@ def test_bench_economics_figures_and_the_simulator_check():
     # Short chat's 6k-token pastes keep the single-type plan on H100; the mix serves the chat on L40S.
     chat = figures["workloads"]["short_chat"]
     assert chat["single_type"] == "h100" and chat["mixed_replicas"]["l40s"] > chat["mixed_replicas"]["h100"]
+
+
+@pytest.mark.django_db
+def test_console_mix_page_plans_and_names_a_missing_price(client, operator):
+    HardwareProfileFactory(name="l40s", gpu_type="L40S", usd_per_gpu_hour=1.861)
+    HardwareProfileFactory(name="h100", gpu_type="H100", usd_per_gpu_hour=12.29)
+    client.force_login(operator)
+    form = {
+        "profiles": "l40s llama-8b-l40s\nh100 llama-8b-h100",
+        "buckets": "chat 512 128 200\ndoc 7168 512 2",
+        "ttft_s": "1",
+        "tpot_s": "0.05",
+    }
+    page = client.post("/console/planner/mix/", form)
+    assert page.status_code == 200, page.content.decode()[:2000]
+    html = page.content.decode()
+    assert "Mix: $" in html and "× l40s" in html and "× h100" in html and "not within the SLO on l40s" in html
+    HardwareProfileFactory(name="a100", gpu_type="A100", usd_per_gpu_hour=None)
+    page = client.post("/console/planner/mix/", {**form, "profiles": "l40s llama-8b-l40s\na100 llama-8b-a100"})
+    assert page.status_code == 400 and "has no price per GPU-hour" in page.content.decode()

@@ -25,6 +25,7 @@ OPERATOR_PAGES = [
     "console:reservation-sell",
     "console:cost",
     "console:planner",
+    "console:planner-mix",
 ]
 TENANT_PAGES = ["console:tenant-home", "console:api-keys", "console:statement"]
 
