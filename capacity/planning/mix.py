@@ -82,7 +82,7 @@ class MixPlan:
         }
 
 
-def bucket_capacity(engine, bucket: Bucket, slo: Slo, *, headroom: float = 0.7, ttft_share: float = 0.5) -> float:
+def bucket_capacity(engine, bucket: Bucket, slo: Slo, *, headroom: float = 0.8, ttft_share: float = 0.5) -> float:
     """Requests per second one replica running ``engine`` sustains for ``bucket`` alone within the SLO.
 
     ``engine`` has the simulator's ``EngineProfile`` step model (``decode_t0_s``, ``decode_per_seq_s``,
@@ -90,9 +90,9 @@ def bucket_capacity(engine, bucket: Bucket, slo: Slo, *, headroom: float = 0.7, 
     ``max_model_len``). With B sequences decoding at mean context ``prompt + output/2``, each output token costs one
     decode step plus the prefills that arrive meanwhile (``B · prefill / output``, chunked prefill shares the
     steps): ``tpot(B) = t0 + B·(per_seq + per_ctx·ctx + prefill/output)``. B_max is the largest batch with
-    ``tpot(B) ≤ SLO`` within the batch and KV limits; the replica is planned at ``B = ⌊headroom · B_max⌋`` (room
-    for Poisson bursts and prefill stalls), which gives ``B / (output · tpot(B))`` requests per second (Little's
-    law). A bucket whose prefill alone takes more than ``ttft_share`` of the TTFT SLO, or that
+    ``tpot(B) ≤ SLO`` within the batch and KV limits, and ``B_max / (output · tpot(B_max))`` requests per second
+    (Little's law) the most the replica sustains; it is planned at ``headroom`` of that rate (room for Poisson
+    bursts and prefill stalls: near the limit, queues and TTFT grow without bound). A bucket whose prefill alone takes more than ``ttft_share`` of the TTFT SLO, or that
     does not fit the context, gets 0.
     """
     prompt, output = bucket.prompt_tokens, max(1, bucket.output_tokens)
@@ -107,12 +107,11 @@ def bucket_capacity(engine, bucket: Bucket, slo: Slo, *, headroom: float = 0.7, 
     if budget <= 0:
         return 0.0
     kv_tokens = engine.num_gpu_blocks * engine.block_size
-    limit = min(budget / per_seq, engine.max_num_seqs, 0.9 * kv_tokens / (prompt + output))
-    batch = math.floor(headroom * limit)
+    batch = min(math.floor(budget / per_seq), engine.max_num_seqs, math.floor(0.9 * kv_tokens / (prompt + output)))
     if batch < 1:
         return 0.0
     tpot = engine.decode_t0_s + batch * per_seq
-    return batch / (output * tpot)
+    return headroom * batch / (output * tpot)
 
 
 def _check(buckets: Sequence[Bucket], types: Sequence[ReplicaType]) -> None:

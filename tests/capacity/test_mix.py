@@ -59,8 +59,8 @@ def test_bucket_capacity_follows_the_step_model_by_hand():
     )  # fmt: skip
     # B_max = (0.05 − 0.01) / 0.001 = 40; at headroom 1, tpot = 0.05 s and 40 / (100 · 0.05) = 8 requests/s.
     assert bucket_capacity(engine, Bucket("b", 100, 100, 1), Slo(1.0, 0.05), headroom=1.0) == pytest.approx(8.0)
-    # At headroom 0.5: B = 20, tpot = 0.03 s, 20 / (100 · 0.03) = 6.67/s.
-    assert bucket_capacity(engine, Bucket("b", 100, 100, 1), Slo(1.0, 0.05), headroom=0.5) == pytest.approx(20 / 3)
+    # Planned at headroom 0.5 of that rate: 4/s.
+    assert bucket_capacity(engine, Bucket("b", 100, 100, 1), Slo(1.0, 0.05), headroom=0.5) == pytest.approx(4.0)
     assert bucket_capacity(engine, Bucket("b", 8000, 500, 1), Slo(1.0, 0.05)) == 0.0  # past max_model_len
 
 
