@@ -35,11 +35,13 @@ class KVEventSubscriber:
         lock: threading.Lock | None = None,
         clock: Callable[[], float] = time.monotonic,
         poll_ms: int = 100,
+        on_batch: Callable[[], None] | None = None,
     ):
         self.index, self.replica_id, self.endpoint, self.topic = index, replica_id, endpoint, topic
         self.lock = lock or threading.Lock()
         self.clock = clock
         self.poll_ms = poll_ms
+        self.on_batch = on_batch  # called after each applied batch (the proxy counts them per replica)
         self.received = 0
         self.malformed = 0
         self._stop = threading.Event()
@@ -61,6 +63,8 @@ class KVEventSubscriber:
         with self.lock:
             self.index.apply(self.replica_id, seq_from(seq_frame), batch, self.clock())
         self.received += 1
+        if self.on_batch is not None:
+            self.on_batch()
         return True
 
     def start(self, wait_s: float = 5.0) -> None:

@@ -16,13 +16,17 @@ import time
 from collections.abc import Callable, Iterable
 
 from endpoints.kv_events_subscriber import KVEventSubscriber
+from endpoints.proxy import metrics as m
 from endpoints.routing.kv_index import KVBlockIndex
 
 log = logging.getLogger(__name__)
 
 
 class KVFeeds:
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, subscriber_factory=KVEventSubscriber) -> None:
+    def __init__(
+        self, *, name: str = "", clock: Callable[[], float] = time.monotonic, subscriber_factory=KVEventSubscriber
+    ) -> None:
+        self.name = name  # the endpoint's, for the batch counter
         self.index = KVBlockIndex()
         self.lock = threading.Lock()
         self.clock = clock
@@ -42,7 +46,13 @@ class KVFeeds:
 
     def _start(self, rid: str, endpoint: str) -> None:
         subscriber = self._factory(
-            index=self.index, replica_id=rid, endpoint=endpoint, topic="", lock=self.lock, clock=self.clock
+            index=self.index,
+            replica_id=rid,
+            endpoint=endpoint,
+            topic="",
+            lock=self.lock,
+            clock=self.clock,
+            on_batch=m.child(m.KV_EVENT_BATCHES, self.name, rid).inc,
         )
         try:
             subscriber.start(wait_s=0.0)

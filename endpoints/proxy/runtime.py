@@ -77,7 +77,7 @@ class EndpointRuntime:
         self.admission = AdmissionController(max_queue=config.max_queue, max_age_s=config.max_age_s, now=clock())
         self.queue = self.admission.queue
         # The live precise prefix index (infercap's policy): one KV-event subscriber per replica that publishes.
-        self.kv_feeds = KVFeeds(clock=clock)
+        self.kv_feeds = KVFeeds(name=info.name, clock=clock)
         self.router = self._make_router(info.routing_policy)
         self.slots: dict[str, Slot] = {}
         self.in_flight = 0

@@ -33,7 +33,7 @@ BLOCK = 4
 
 
 class FakeSubscriber:
-    def __init__(self, *, index, replica_id, endpoint, topic, lock, clock):
+    def __init__(self, *, index, replica_id, endpoint, topic, lock, clock, on_batch):
         self.replica_id, self.endpoint = replica_id, endpoint
         self.started = self.stopped = False
         self.joined_s = None
