@@ -65,7 +65,9 @@ PREFIX_INDEX = Counter(
     ["endpoint", "index"],
 )
 KV_EVENT_BATCHES = Counter(
-    "infercap_proxy_kv_event_batches", "KV-cache event batches received from a replica's engine", ["endpoint", "replica"]
+    "infercap_proxy_kv_event_batches",
+    "KV-cache event batches received from a replica's engine",
+    ["endpoint", "replica"],
 )
 UPSTREAM_RETRIES = Counter(
     "infercap_proxy_upstream_retries", "Retries on another replica before the first byte", ["endpoint"]
