@@ -389,8 +389,8 @@ class EndpointRuntime:
             if outcome.refused.reason != "no_replica":
                 m.child(m.SHED, self.info.name, priority, outcome.refused.reason).inc()
             raise Shed(outcome.refused.reason, outcome.refused.retry_after_s)
-        self._gauge_depth()
-        self._arm_expiry()
+        # A free slot while others wait (held back by the slot share) may be this request's: critical goes ahead.
+        self.pump()
         if not self.has_replicas:
             _request_scale_from_zero(self.info.id)
         try:

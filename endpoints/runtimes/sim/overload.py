@@ -149,7 +149,7 @@ class OverloadRun:
             self._refused(refusal.item.payload, refusal.reason, now)
         if result.refused is not None:
             self._refused(job, result.refused.reason, now)
-        self._arm(name)
+        self._pump(name, now)  # a slot held back from others by the slot share may be this request's
 
     def _refused(self, job, reason: str, now: float) -> None:
         name, outcome, tenant, _ = job
