@@ -214,8 +214,13 @@ class InfercapRouter(RouterBase):
         scored = []
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
+            match = self.prefix_match(r.replica_id, request, hashes, now)
+            if match > 0 and r.replica_id in request.extra.get(_PRECISE_ON, ()):
+                # Its events show the prompt cached there (put there by another proxy process, or before a restart
+                # of this one): it holds the head, whatever the routed-prompt table says.
+                extra_heads.pop(r.replica_id, None)
             score = (
-                self.prefix_weight * self.prefix_match(r.replica_id, request, hashes, now)
+                self.prefix_weight * match
                 + (self.session_weight if r.replica_id == sticky else 0.0)
                 + self.home_weight * home_rank(head, r.replica_id)
                 - self.fill_weight * self.prefix_index.fill(r.replica_id)

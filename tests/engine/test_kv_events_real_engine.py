@@ -116,3 +116,95 @@ def test_the_index_matches_the_engine_cache_through_evictions_and_a_clear(kv_eng
     assert complete(process.url, prompts[-1]) == 0  # the engine agrees: its old blocks are gone
     indexed(index, subscriber, prompts[-1], 4)
     assert complete(process.url, prompts[-1]) == 4 * BLOCK
+
+
+METRICS_TOKEN = "kv-events-metrics"
+
+
+def proxy_counter(base: str, name: str, **labels: str) -> float:
+    """A counter of the proxy's /metrics, summed over the series carrying ``labels``."""
+    total = 0.0
+    text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + "_total{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_live_proxy_routes_to_the_replica_whose_events_show_the_prompt(kv_engine, procs, clean_redis, tenant_a):
+    """Through a real proxy: an endpoint of two replicas, the engine (publishing KV events) and a simulated one
+    (none). Prompts put in the engine's cache behind the proxy's back, so only its events can tell, are routed to
+    the engine, the proxy tokenizing the chat as vLLM does (the engine then reports them cached); the routing
+    decisions say the precise index chose."""
+    from django.conf import settings
+
+    from billing.models import UsageRecord
+    from endpoints.proxy.isolation import CacheSalts
+    from endpoints.runtimes.processes import sim_replica_argv
+    from endpoints.services import replica_attach
+    from tests.factories import EndpointFactory, ModelProfileFactory, ReservationFactory
+    from tests.proxy.conftest import spawn_proxy
+
+    process, _index, subscriber = kv_engine
+    events = subscriber.endpoint  # the engine's publisher, tcp://127.0.0.1:<port>
+    endpoint = EndpointFactory(
+        name="tiny-llama",
+        model_profile=ModelProfileFactory(name="tiny-llama", max_model_len=1024),
+        routing_policy="infercap",
+        ttft_slo_ms=60_000,
+        tpot_slo_ms=5_000,
+        concurrency_max=8,
+        concurrency_limit=8,
+    )
+    ReservationFactory(tenant=tenant_a.tenant, endpoint=endpoint, mu_per_min=1e9, priority="critical")
+    replica_attach(endpoint=endpoint, url=process.url, name="engine", kv_events_endpoint=events, concurrency_limit=8)
+    sim_port = free_port()
+    procs.spawn(sim_replica_argv(sim_port, served_model_name="tiny-llama"), port=sim_port)
+    replica_attach(endpoint=endpoint, url=f"http://127.0.0.1:{sim_port}", name="sim", concurrency_limit=8)
+    base = spawn_proxy(procs, metrics_token=METRICS_TOKEN)
+    salt = CacheSalts(settings.INFERCAP.get("CACHE_SALT_SECRET") or settings.SECRET_KEY).for_tenant(tenant_a.tenant.pk)
+    rng = random.Random(11)
+    words = ["alpha", "bravo", "delta", "kilo", "lima", "oscar", "tango", "zulu"]
+
+    def chat(system: str, question: str) -> dict:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        return {"model": "tiny-llama", "messages": messages, "max_tokens": 1}
+
+    def direct(body: dict) -> None:  # to the engine, as the proxy would send it (its tenant's cache salt)
+        httpx.post(
+            f"{process.url}/v1/chat/completions", json={**body, "cache_salt": salt}, timeout=120
+        ).raise_for_status()
+
+    def via_proxy(body: dict) -> httpx.Response:
+        auth = {"Authorization": f"Bearer {tenant_a.raw_key}"}
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=auth, timeout=180)
+        assert response.status_code == 200, response.text
+        return response
+
+    via_proxy(chat("hello", "hi"))  # the proxy loads its snapshot and subscribes to the engine's events
+
+    # A SUB socket joins asynchronously: warm the engine (a prompt of full blocks: only they are stored and
+    # published) until the proxy has counted a batch from it.
+    def warm() -> None:
+        direct(chat(" ".join(rng.choice(words) for _ in range(200)), "x"))
+
+    wait_for(
+        lambda: warm() or proxy_counter(base, "infercap_proxy_kv_event_batches"),
+        timeout=30,
+        message="the proxy receiving the engine's KV events",
+    )
+    ids = []
+    for k in range(3):
+        system = " ".join(rng.choice(words) for _ in range(300))  # ~3 blocks of 128 tokens
+        before = proxy_counter(base, "infercap_proxy_kv_event_batches")
+        direct(chat(system, "first question"))
+        wait_for(lambda b=before: proxy_counter(base, "infercap_proxy_kv_event_batches") > b, timeout=10)
+        response = via_proxy(chat(system, f"question {k}"))
+        cached = (response.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        assert cached >= 2 * BLOCK, f"prompt {k}: the engine cached {cached} of its tokens"
+        ids.append(response.headers["x-request-id"])
+    wait_for(lambda: UsageRecord.objects.filter(request_id__in=ids).count() == 3, timeout=20)
+    assert set(UsageRecord.objects.filter(request_id__in=ids).values_list("replica__name", flat=True)) == {"engine"}
+    assert proxy_counter(base, "infercap_proxy_prefix_index", endpoint="tiny-llama", index="precise") >= 3
