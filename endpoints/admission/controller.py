@@ -155,7 +155,10 @@ class AdmissionController:
         newest queued one of the tenant fair pain picks (``item`` itself when that is its own tenant)."""
         if self.pain is None or rate <= 0:
             return None  # nothing serves yet (scaling from zero): the request waits for the first replica
-        wait_s = queue_wait_s(self.queue.mu_ahead_of(item.priority) + item.mu, rate)
+        ahead = self.queue.mu_ahead_of(item.priority)
+        if ahead <= 0:
+            return None  # nothing queued ahead: however long the request is, it waits only for the next free slot
+        wait_s = queue_wait_s(ahead + item.mu, rate)
         if wait_s < SHED_AT[item.priority] * self.queue.max_age_s[item.priority]:
             return None
         newest = self.queue.newest_by_tenant(item.priority)

@@ -111,6 +111,14 @@ def item(rid, tenant, priority="sheddable", mu=1.0):
     return QueuedItem(request_id=rid, tenant=tenant, priority=priority, mu=mu, enqueued_at=0.0)
 
 
+def test_a_long_request_at_an_empty_queue_is_queued_not_refused():
+    # 3,000 MU is 300 s at 10 MU/s, but nothing is queued ahead of it: it waits only for the next free slot
+    admission = AdmissionController(now=0.0)
+    admission.arrived(tenant="t", mu=3000.0, reserved_mu_per_s=0.0, now=0.0)
+    outcome = admission.enqueue(item("long", "t", mu=3000.0), now=0.0, has_replicas=True, scale_to_zero=False, **LOAD)
+    assert outcome.admitted and outcome.refused is None
+
+
 def test_a_request_that_would_wait_too_long_refuses_the_tenant_that_owes_the_most():
     admission = AdmissionController(now=0.0)
     for _ in range(20):
@@ -151,9 +159,12 @@ def test_fallback_chains_without_loops_and_within_the_depth():
 
 def test_a_class_refused_for_overload_lately_keeps_the_level_at_its_shedding_level():
     admission = AdmissionController(now=0.0)
-    admission.arrived(tenant="t", mu=20.0, reserved_mu_per_s=0.0, now=0.0)
+    admission.arrived(tenant="t", mu=21.0, reserved_mu_per_s=0.0, now=0.0)
+    ahead = item("small", "t", mu=1.0)
+    assert admission.enqueue(ahead, now=0.0, has_replicas=True, scale_to_zero=False, **LOAD).admitted
     refused = admission.enqueue(item("big", "t", mu=20.0), now=0.0, has_replicas=True, scale_to_zero=False, **LOAD)
-    assert refused.refused.reason == "overloaded" and not len(admission.queue)
+    assert refused.refused.reason == "overloaded"
+    assert admission.remove(ahead) and not len(admission.queue)
     # the queue is empty, but sheddable work is being refused: it is served shorter now, standard work too
     assert admission.level(now=1.0, nominal_mu_per_s=10.0) == LEVEL_DEGRADE_STANDARD
     assert admission.degrade(tenant="t", priority="standard", now=1.0, nominal_mu_per_s=10.0)
