@@ -24,6 +24,10 @@ class ReplicaView:
     concurrency_limit: int = 64
     block_size: int = 16  # from vllm:cache_config_info
     num_gpu_blocks: int = 0  # from vllm:cache_config_info; sizes the router's prefix index
+    # LoRA (docs/lora.md): the adapters loaded on the replica (its engine's /v1/models children, plus the loads the
+    # proxy made since) and its adapter slots (vLLM --max-loras; 0: it serves no adapters).
+    adapters: frozenset = frozenset()
+    max_loras: int = 0
 
 
 @dataclass
@@ -32,6 +36,7 @@ class RouteRequest:
     prompt_text: str
     mu: float = 1.0
     session_id: str | None = None
+    adapter: str | None = None  # the LoRA adapter the request names as its model; None: the base model
     extra: dict = field(default_factory=dict)
 
 
