@@ -134,7 +134,7 @@ def test_prefix_affinity_across_two_real_replicas_yields_more_engine_cache_hits_
         p: endpoint_on(f"docs-{p.replace('_', '-')}", engines, tenant_a.tenant, routing_policy=p) for p in policies
     }
     base = spawn_proxy(procs)
-    hits, spread = {}, {}
+    hits, placed = {}, {}
     for policy, endpoint in endpoints.items():
         # Three documents (a few KV blocks each, never seen before), asked three questions each in turn: with an
         # odd number of documents round robin sends each document to both engines.
@@ -162,9 +162,15 @@ def test_prefix_affinity_across_two_real_replicas_yields_more_engine_cache_hits_
         after = wait_for(looked_up, 20)
         hits[policy] = sum(delta(a, b, "vllm:prefix_cache_hits_total") for a, b in zip(after, before, strict=True))
         wait_for(lambda ids=request_ids: UsageRecord.objects.filter(request_id__in=ids).count() == len(ids), 20)
-        rows = UsageRecord.objects.filter(request_id__in=request_ids)
-        spread[policy] = sorted(set(rows.values_list("replica__name", flat=True)))
+        served = dict(
+            UsageRecord.objects.filter(request_id__in=request_ids).values_list("request_id", "replica__name")
+        )
+        # request i asked about document i % 3: the engines each document was computed on
+        placed[policy] = [sorted({served[r] for r in request_ids[k :: len(docs)]}) for k in range(len(docs))]
     block_hit = 2 * BLOCK_TOKENS  # each document is at least this many cached tokens when hit
     # Round robin: each document is computed on both engines (6 misses of 9); affinity: on one (3 of 9).
     assert hits["infercap"] >= hits["round_robin"] + 3 * block_hit, hits
-    assert spread == {"round_robin": ["engine-0", "engine-1"], "infercap": ["engine-0", "engine-1"]}, spread
+    assert all(len(engines_of_doc) == 1 for engines_of_doc in placed["infercap"]), placed
+    assert any(len(engines_of_doc) == 2 for engines_of_doc in placed["round_robin"]), placed
+    # Which engine each document lands on is not asserted: an engine whose metrics go stale for a scrape on a busy
+    # machine is filtered out, and that is correct (the router's spreading of heads is tested in tests/routing).
