@@ -1,21 +1,32 @@
-"""One real vLLM engine per test session, shared by every test under tests/engine/.
+"""The real vLLM engines of tests/engine/, started side by side and stopped when the package's tests are done.
+
+Three engines serve the package: the ``engine`` (default flags, shared by most tests), the ``second_engine`` (one
+sequence at a time, so requests queue inside vLLM) and the ``kv_engine`` (24 KV blocks, publishing KV-cache events
+over ZMQ). A start is ~60 CPU-seconds of imports in three processes, so the pool launches every engine the
+collected tests need at once, when the first of them is wanted: on two cores that takes about half as long as one
+start after another. They are package-scoped: an idle engine polls at ~10% of a core, and the rest of the suite
+should not pay for it.
 
 Without .venv-engine the tests fail and say to run scripts/install_engine.sh; INFERCAP_SKIP_ENGINE=1 skips them
-instead. INFERCAP_ENGINE_URL points them at an engine already serving the tiny model (to iterate without the
-~70 s start-up each run).
+instead. INFERCAP_ENGINE_URL (and INFERCAP_SECOND_ENGINE_URL) point the tests at engines already serving the tiny
+model, to iterate without the start-up each run.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
-from tests.engine.engine import INSTALL_HINT, engine_installed, start_engine, stop_engine
+from endpoints.runtimes.sim.process import free_port
+from tests.engine.engine import INSTALL_HINT, engine_installed, launch_engine, stop_engine, wait_ready
 
 SERVED_MODEL_NAME = "tiny-llama"
+SECOND_MODEL = "tiny-llama-one-seq"
+KV_NUM_BLOCKS = 24
 
 
 @dataclass
@@ -24,26 +35,114 @@ class Engine:
     model: str
     startup_s: float | None = None
     pid: int | None = None  # the API server, leader of the engine's process group; None for INFERCAP_ENGINE_URL
+    events_endpoint: str = ""  # where it publishes KV-cache events (the kv_engine only)
 
     def client(self, timeout: float = 120.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
-def engine():
+@dataclass(frozen=True)
+class EngineSpec:
+    served_model_name: str
+    extra: tuple = ()
+    env: dict = field(default_factory=dict)
+    url_variable: str = ""  # an environment variable naming an engine already running so
+
+
+def _kv_engine_spec() -> tuple[EngineSpec, str]:
+    port = free_port()
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
+    extra = ("--kv-events-config", json.dumps(config), "--num-gpu-blocks-override", str(KV_NUM_BLOCKS))
+    # dev mode: POST /reset_prefix_cache; a context that fits the small cache
+    spec = EngineSpec(SERVED_MODEL_NAME, extra + ("--max-model-len", "1024"), {"VLLM_SERVER_DEV_MODE": "1"})
+    return spec, f"tcp://127.0.0.1:{port}"
+
+
+def _specs() -> dict[str, tuple[EngineSpec, str]]:
+    return {
+        "engine": (EngineSpec(SERVED_MODEL_NAME, url_variable="INFERCAP_ENGINE_URL"), ""),
+        # Eager: no torch.compile warm-up; neither of its tests measures its speed.
+        "second_engine": (
+            EngineSpec(
+                SECOND_MODEL, ("--max-num-seqs", "1", "--enforce-eager"), url_variable="INFERCAP_SECOND_ENGINE_URL"
+            ),
+            "",
+        ),
+        "kv_engine": _kv_engine_spec(),
+    }
+
+
+class EnginePool:
+    """Launches the engines the collected tests use, all at once on the first request; hands each out once it
+    answers /health; stops every one at the end."""
+
+    def __init__(self, wanted: set[str]):
+        self.wanted = wanted
+        self._specs = _specs()
+        self._launched: dict = {}  # name -> (ReplicaProcess, events endpoint)
+        self._ready: dict[str, Engine] = {}
+
+    def get(self, name: str) -> Engine:
+        if name in self._ready:
+            return self._ready[name]
+        spec, events = self._specs[name]
+        if spec.url_variable and (url := os.environ.get(spec.url_variable)):
+            model = os.environ.get(spec.url_variable.replace("_URL", "_MODEL"), spec.served_model_name)
+            self._ready[name] = Engine(url=url.rstrip("/"), model=model)
+            return self._ready[name]
+        if not engine_installed():
+            pytest.fail(f"the real vLLM engine is not installed: {INSTALL_HINT}", pytrace=False)
+        if name not in self._launched:
+            self._launch(self.wanted | {name})
+        process, events = self._launched[name]
+        wait_ready(process)
+        self._ready[name] = Engine(process.url, spec.served_model_name, process.startup_s, process.pid, events)
+        return self._ready[name]
+
+    def _launch(self, names: set[str]) -> None:
+        for other in sorted(names - set(self._launched)):
+            spec, events = self._specs[other]
+            if spec.url_variable and os.environ.get(spec.url_variable):
+                continue
+            process = launch_engine(served_model_name=spec.served_model_name, extra=spec.extra, env=spec.env)
+            self._launched[other] = (process, events)
+
+    def stop(self) -> None:
+        for process, _ in self._launched.values():
+            stop_engine(process)
+            os.unlink(process.log_path)
+
+
+@pytest.fixture(scope="package")
+def engine_pool(request):
     if os.environ.get("INFERCAP_SKIP_ENGINE") == "1":
         pytest.skip("INFERCAP_SKIP_ENGINE=1: the real vLLM engine tests are skipped")
-    if url := os.environ.get("INFERCAP_ENGINE_URL"):
-        yield Engine(url=url.rstrip("/"), model=os.environ.get("INFERCAP_ENGINE_MODEL", SERVED_MODEL_NAME))
-        return
-    if not engine_installed():
-        pytest.fail(f"the real vLLM engine is not installed: {INSTALL_HINT}", pytrace=False)
-    process = start_engine(served_model_name=SERVED_MODEL_NAME)
+    wanted = {name for item in request.session.items for name in item.fixturenames if name in _POOLED}
+    pool = EnginePool(wanted)
     try:
-        yield Engine(url=process.url, model=SERVED_MODEL_NAME, startup_s=process.startup_s, pid=process.pid)
+        yield pool
     finally:
-        stop_engine(process)
-        os.unlink(process.log_path)
+        pool.stop()
+
+
+_POOLED = ("engine", "second_engine", "kv_engine")
+
+
+@pytest.fixture(scope="package")
+def engine(engine_pool) -> Engine:
+    return engine_pool.get("engine")
+
+
+@pytest.fixture(scope="package")
+def second_engine(engine_pool) -> Engine:
+    """A second engine that runs one sequence at a time, under another model name."""
+    return engine_pool.get("second_engine")
+
+
+@pytest.fixture(scope="package")
+def kv_engine(engine_pool) -> Engine:
+    """An engine of 24 KV blocks of 128 tokens that publishes its KV-cache events (``events_endpoint``, topic kv)."""
+    return engine_pool.get("kv_engine")
 
 
 @pytest.fixture

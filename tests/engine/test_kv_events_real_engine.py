@@ -1,15 +1,13 @@
 """Real vLLM publishes KV-cache events over ZMQ; the subscriber's precise index then says exactly which prompt
 blocks the engine's prefix cache holds, through LRU evictions and after the cache is cleared (AllBlocksCleared).
 
-One engine of its own (the session engine has no event publisher): 24 KV blocks of 128 tokens, so six 520-token
+The package's events engine (tests/engine/conftest.py; the main engine has no event publisher): 24 KV blocks of 128 tokens, so six 520-token
 prompts (4 full blocks each) overflow it and the oldest get evicted; dev mode for ``POST /reset_prefix_cache``.
 Prompts are token ids, so the test knows the tokens the engine hashed without a tokenizer.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
 
 import httpx
@@ -18,45 +16,23 @@ import pytest
 from endpoints.kv_events_subscriber import KVEventSubscriber
 from endpoints.routing.kv_index import KVBlockIndex
 from endpoints.runtimes.sim.process import free_port
-from tests.engine.engine import engine_installed, start_engine, stop_engine
+from tests.engine.conftest import KV_NUM_BLOCKS
 from tests.waiting import wait_for
 
 BLOCK = 128  # vLLM's CPU backend block size
-NUM_BLOCKS = 24
 REPLICA = "kv-engine"
 
 
 @pytest.fixture(scope="module")
-def kv_engine():
-    if os.environ.get("INFERCAP_SKIP_ENGINE") == "1":
-        pytest.skip("INFERCAP_SKIP_ENGINE=1: the real vLLM engine tests are skipped")
-    if not engine_installed():
-        pytest.fail("the real vLLM engine is not installed: run scripts/install_engine.sh", pytrace=False)
-    events_port = free_port()
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events_port}", "topic": "kv"}
-    process = start_engine(
-        served_model_name="tiny-llama",
-        extra=[
-            "--kv-events-config",
-            json.dumps(config),
-            "--num-gpu-blocks-override",
-            str(NUM_BLOCKS),
-            "--max-model-len",
-            "1024",
-        ],
-        env={"VLLM_SERVER_DEV_MODE": "1"},
-    )
+def kv_events(kv_engine):
+    """The events engine (tests/engine/conftest.py) with a subscriber feeding a precise index from its events."""
     index = KVBlockIndex()
-    subscriber = KVEventSubscriber(
-        index=index, replica_id=REPLICA, endpoint=f"tcp://127.0.0.1:{events_port}", topic="kv"
-    )
+    subscriber = KVEventSubscriber(index=index, replica_id=REPLICA, endpoint=kv_engine.events_endpoint, topic="kv")
     subscriber.start()
     try:
-        yield process, index, subscriber
+        yield kv_engine, index, subscriber
     finally:
         subscriber.stop()
-        stop_engine(process)
-        os.unlink(process.log_path)
 
 
 def complete(url: str, tokens: list[int]) -> int:
@@ -81,15 +57,15 @@ def indexed(index, subscriber, tokens, blocks: int):
     )
 
 
-def test_the_index_matches_the_engine_cache_through_evictions_and_a_clear(kv_engine):
-    process, index, subscriber = kv_engine
+def test_the_index_matches_the_engine_cache_through_evictions_and_a_clear(kv_events):
+    process, index, subscriber = kv_events
     rng = random.Random(7)
     prompts = [[rng.randrange(5, 4000) for _ in range(4 * BLOCK + 8)] for _ in range(6)]
     for tokens in prompts:
         assert complete(process.url, tokens) == 0
         indexed(index, subscriber, tokens, 4)  # its four full blocks were stored
         with subscriber.lock:
-            assert index.size(REPLICA) <= NUM_BLOCKS  # stored minus removed never exceeds the cache
+            assert index.size(REPLICA) <= KV_NUM_BLOCKS  # stored minus removed never exceeds the cache
 
     # Six prompts of five blocks each do not fit 24 blocks: the index must say which survived, as the engine does.
     seen = []
@@ -100,7 +76,7 @@ def test_the_index_matches_the_engine_cache_through_evictions_and_a_clear(kv_eng
         indexed(index, subscriber, tokens, 4)
     # Evictions happened (vLLM frees a request's blocks tail first, so each prompt lost its last blocks first),
     # and what the index said survived never exceeded the cache.
-    assert min(seen) < 4 and sum(seen) <= NUM_BLOCKS, seen
+    assert min(seen) < 4 and sum(seen) <= KV_NUM_BLOCKS, seen
     with subscriber.lock:
         assert index.usable(REPLICA, subscriber.clock())
     assert subscriber.malformed == 0
@@ -133,7 +109,7 @@ def proxy_counter(base: str, name: str, **labels: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_the_live_proxy_routes_to_the_replica_whose_events_show_the_prompt(kv_engine, procs, clean_redis, tenant_a):
+def test_the_live_proxy_routes_to_the_replica_whose_events_show_the_prompt(kv_events, procs, clean_redis, tenant_a):
     """Through a real proxy: an endpoint of two replicas, the engine (publishing KV events) and a simulated one
     (none). Prompts put in the engine's cache behind the proxy's back, so only its events can tell, are routed to
     the engine, the proxy tokenizing the chat as vLLM does (the engine then reports them cached); the routing
@@ -147,7 +123,7 @@ def test_the_live_proxy_routes_to_the_replica_whose_events_show_the_prompt(kv_en
     from tests.factories import EndpointFactory, ModelProfileFactory, ReservationFactory
     from tests.proxy.conftest import spawn_proxy
 
-    process, _index, subscriber = kv_engine
+    process, _index, subscriber = kv_events
     events = subscriber.endpoint  # the engine's publisher, tcp://127.0.0.1:<port>
     endpoint = EndpointFactory(
         name="tiny-llama",

@@ -1,15 +1,13 @@
-"""The real proxy in front of two real vLLM engines: the session engine and a second one started here with
-``--max-num-seqs 1`` (so requests queue inside it) under a third model name. Priority classes reach vLLM as its
+"""The real proxy in front of two real vLLM engines: the main engine and the second one (tests/engine/conftest.py,
+``--max-num-seqs 1`` (so requests queue inside it) under a third model name). Priority classes reach vLLM as its
 ``priority``: two requests queued behind a running one are served by class, not by arrival. Prefix affinity
 across the two engines yields more prefix-cache hits than round robin, counted by the engines' own
-``vllm:prefix_cache_hits_total``. One engine start (~50 s eager on 2 busy cores, minutes when they are
-saturated) serves both tests.
+``vllm:prefix_cache_hits_total``.
 
 One engine: test_proxy_real_engine.py."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -21,30 +19,12 @@ from billing.models import UsageRecord
 from endpoints.services import replica_attach
 from tenants.models import ApiKey
 from tests.engine.conftest import Engine
-from tests.engine.engine import start_engine, stop_engine
 from tests.engine.test_proxy_real_engine import BLOCK_TOKENS, answer, call, delta, document, engine_metrics
 from tests.factories import EndpointFactory, ReservationFactory
 from tests.proxy.conftest import spawn_proxy
 from tests.proxy.helpers import chat_body, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-SECOND_MODEL = "tiny-llama-one-seq"
-
-
-@pytest.fixture(scope="module")
-def second_engine(engine):
-    """A second engine that runs one sequence at a time (INFERCAP_SECOND_ENGINE_URL: one already running so)."""
-    if url := os.environ.get("INFERCAP_SECOND_ENGINE_URL"):
-        yield Engine(url=url.rstrip("/"), model=os.environ.get("INFERCAP_SECOND_ENGINE_MODEL", SECOND_MODEL))
-        return
-    # Eager: no torch.compile warm-up (about 20 of its 50-70 s start here); neither test measures its speed.
-    process = start_engine(served_model_name=SECOND_MODEL, extra=["--max-num-seqs", "1", "--enforce-eager"])
-    try:
-        yield Engine(url=process.url, model=SECOND_MODEL, startup_s=process.startup_s, pid=process.pid)
-    finally:
-        stop_engine(process)
-        os.unlink(process.log_path)
 
 
 def endpoint_on(name: str, engines: list[Engine], tenant, **fields):

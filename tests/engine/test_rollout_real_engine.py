@@ -1,17 +1,21 @@
-"""A rollout between two model builds, each served by a real vLLM replica the local actuator starts, fails no
-request under steady traffic through the real proxy; both builds serve during it and the old replica is stopped.
+"""The local actuator runs the ``vllm`` runtime for real, and a rollout between two model builds fails no request.
 
-Two engine starts (v1's replica, then v2's surge replica; ~50-110 s each here): the session engine cannot be the
-old version, since the rollout drains and stops its replica at the end.
+The actuator starts v1's vLLM replica from the engine interpreter with the platform's command line and
+environment, marks it ready once ``GET /health`` answers 200 and records its cold start; under steady traffic
+through the real proxy a rollout then starts v2's surge replica beside it, both builds serve, and the old replica
+is drained and stopped with its whole process group. Two engine starts (~50-110 s each here): the package's
+engines cannot be the old version, since the rollout stops its replica.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from capacity.autoscaling.actuators.local import pid_alive
@@ -19,7 +23,7 @@ from capacity.autoscaling.services import reconcile
 from endpoints.models import Endpoint, Replica, ReplicaState, RolloutState
 from endpoints.rollouts import services
 from endpoints.rollouts.selectors import version_stats
-from endpoints.runtimes.processes import ENGINE_MODEL_DIR, engine_installed
+from endpoints.runtimes.processes import ENGINE_MODEL_DIR, ENGINE_PY, engine_installed
 from tenants.models import CapacityReservation
 from tests.autoscaling.conftest import clean_store, reap_local_replicas  # noqa: F401
 from tests.engine.engine import INSTALL_HINT, STARTUP_TIMEOUT_S, build_model
@@ -74,6 +78,7 @@ def test_a_rollout_between_two_real_model_builds_fails_no_request(procs, tenant_
     )
     (old,) = Replica.objects.filter(endpoint=endpoint, version=v1, state=ReplicaState.READY)
     v1_ready_s = time.monotonic() - started
+    cold_start_s = _launched_as_the_platform_launches(old, v1_ready_s)
     base = spawn_proxy(procs)
 
     v2 = services.create_version(endpoint=endpoint, model_profile=v2_profile.pk, note="the seed-1 build")
@@ -110,8 +115,12 @@ def test_a_rollout_between_two_real_model_builds_fails_no_request(procs, tenant_
     # The old replica was drained, then stopped; its engine process is gone
     old.refresh_from_db()
     assert old.state == ReplicaState.STOPPED
-    assert list(old.transitions.values_list("to_state", flat=True))[-2:] == ["draining", "stopped"]
+    assert list(old.transitions.values_list("to_state", flat=True)) == ["starting", "ready", "draining", "stopped"]
     assert not pid_alive(int(old.actuator_ref))
+    # The API server and its engine-core child (the whole process group), the port closed.
+    wait_for(lambda: not _group_alive(int(old.actuator_ref)), 15, message="the old engine's process group gone")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{old.url}/health", timeout=2)
     # Both builds served requests during the rollout (usage records join through Replica.version)
     stats = wait_for(
         lambda: (s := version_stats(endpoint=endpoint, since=rollout.created_at)) and len(s) == 2 and s, 15
@@ -128,11 +137,43 @@ def test_a_rollout_between_two_real_model_builds_fails_no_request(procs, tenant_
                 "served_by_version": {f"v{v.number}": stats[v.pk].requests for v in (v1, v2)},
                 "traffic_percent_seen": sorted(set(percents)),
                 "v1_ready_s": round(v1_ready_s, 1),
+                "v1_cold_start_s": round(cold_start_s, 1),
                 "rollout_s": round(rollout_s, 1),
                 "test_s": round(time.monotonic() - started, 1),
             }
         )
     )
+
+
+def _launched_as_the_platform_launches(replica: Replica, ready_after_s: float) -> float:
+    """The replica runs real vLLM in module form from the engine interpreter, offline and without the platform's
+    settings, serves the endpoint's name, and its ready transition recorded its cold start; returns it."""
+    pid = int(replica.actuator_ref)
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert argv[:5] == [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ENGINE_MODEL_DIR)]
+    environ = dict(
+        item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if item
+    )
+    assert environ["HF_HUB_OFFLINE"] == "1" and environ["VLLM_NO_USAGE_STATS"] == "1"
+    assert "DATABASE_URL" not in environ and "DJANGO_SETTINGS_MODULE" not in environ
+    reason = replica.transitions.get(to_state=ReplicaState.READY).reason
+    cold_start_s = float(re.fullmatch(r"health check passed: cold start ([\d.]+) s", reason).group(1))
+    assert 5 < cold_start_s <= ready_after_s + 1, (cold_start_s, ready_after_s)
+    models = httpx.get(f"{replica.url}/v1/models", timeout=10).json()
+    assert [card["id"] for card in models["data"]] == [replica.endpoint.name]
+    return cold_start_s
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies awaiting their reaper do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def _ready(endpoint: Endpoint, version) -> int:
