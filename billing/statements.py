@@ -47,7 +47,7 @@ class StatementLine:
     requests: int
     output_tokens: int
     good_output_tokens: int
-    # Of the used MU, what each LoRA adapter on this base endpoint used (docs/lora.md): name, requests, MU, tokens.
+    # Of the used MU, what each LoRA adapter on this base endpoint used (docs/lora-serving.md): name, requests, MU, tokens.
     adapters: list[dict] = field(default_factory=list)
 
     @property

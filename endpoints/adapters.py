@@ -1,5 +1,5 @@
 """Writes for LoRA adapters: register, rename, delete, each audited, each validated against the base endpoint and
-the operators' storage root (docs/lora.md). The API, the admin and the console call these."""
+the operators' storage root (docs/lora-serving.md). The API, the admin and the console call these."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A LoRA adapter's artifact on disk: where it may lie and what it says about itself (pure: no Django; the adapter
-services and the proxy's load path call it; docs/lora.md).
+services and the proxy's load path call it; docs/lora-serving.md).
 
 Adapters name a directory relative to the operators' storage root, never a path or hub id of their own: vLLM reads
 whatever ``lora_path`` it is given, so a tenant who could name ``/etc`` or ``../other-tenant`` would have the engine

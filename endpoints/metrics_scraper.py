@@ -36,7 +36,7 @@ _GAUGES = {
     "vllm:gpu_prefix_cache_hits_total": "prefix_hits_legacy",
 }
 _CACHE_INFO = "vllm:cache_config_info"
-# LoRA (docs/lora.md): an info gauge whose value is the time it was set; the newest series is the current one.
+# LoRA (docs/lora-serving.md): an info gauge whose value is the time it was set; the newest series is the current one.
 _LORA_INFO = "vllm:lora_requests_info"
 
 

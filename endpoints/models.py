@@ -134,7 +134,7 @@ class Endpoint(models.Model):
 
 
 class Adapter(models.Model):
-    """A LoRA adapter served on its base endpoint's replicas (docs/lora.md): the OpenAI ``model`` name a tenant
+    """A LoRA adapter served on its base endpoint's replicas (docs/lora-serving.md): the OpenAI ``model`` name a tenant
     calls, resolved by the proxy to the base endpoint with the adapter loaded on the replica it picks.
 
     Private to its owner tenant, or shared by the operators (no owner). Its weights are a directory under the

@@ -35,7 +35,7 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
         endpoint.full_clean(validate_unique=False)
     except ValidationError as exc:
         errors.update(exc.message_dict)
-    # Adapters share the namespace: both are what a request names as its ``model`` (docs/lora.md).
+    # Adapters share the namespace: both are what a request names as its ``model`` (docs/lora-serving.md).
     if endpoint.name and (
         Endpoint.objects.filter(name=endpoint.name).exclude(pk=endpoint.pk).exists()
         or Adapter.objects.filter(name=endpoint.name).exists()

@@ -52,7 +52,7 @@ class UsageFilter(django_filters.FilterSet):
     priority = django_filters.CharFilter()
     slo_met = django_filters.BooleanFilter()
     request_id = django_filters.CharFilter()
-    adapter = django_filters.CharFilter(help_text="the LoRA adapter the requests named (docs/lora.md)")
+    adapter = django_filters.CharFilter(help_text="the LoRA adapter the requests named (docs/lora-serving.md)")
 
     class Meta:
         model = UsageRecord

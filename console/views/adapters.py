@@ -1,4 +1,4 @@
-"""LoRA adapters page (docs/lora.md): the adapters a user may see, their traffic over the last day, and for
+"""LoRA adapters page (docs/lora-serving.md): the adapters a user may see, their traffic over the last day, and for
 operators which adapters each LoRA replica's engine holds now (its /v1/models, read with a short timeout)."""
 
 from __future__ import annotations

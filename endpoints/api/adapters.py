@@ -1,4 +1,4 @@
-"""/api/v1/adapters/: register, rename and delete LoRA adapters served on a base endpoint's replicas (docs/lora.md).
+"""/api/v1/adapters/: register, rename and delete LoRA adapters served on a base endpoint's replicas (docs/lora-serving.md).
 
 Tenants register private adapters on endpoints they may call; operators also publish shared ones. The artifact is
 a directory relative to the operators' LoRA storage root, checked on registration (``endpoints.adapters``).

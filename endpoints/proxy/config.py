@@ -30,7 +30,7 @@ class ProxyConfig:
     rate_limit_fail_mode: str = "open"
     usage_flush_s: float = 0.25
     usage_batch: int = 500
-    # LoRA (docs/lora.md): how long one adapter load on a replica may take before its requests get a 502, and how
+    # LoRA (docs/lora-serving.md): how long one adapter load on a replica may take before its requests get a 502, and how
     # often the adapters each LoRA replica holds are read from its engine's /v1/models.
     lora_load_timeout_s: float = 60.0
     lora_sync_s: float = 2.0

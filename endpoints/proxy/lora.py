@@ -1,4 +1,4 @@
-"""LoRA adapters on the replicas, as this proxy process knows them (docs/lora.md): which adapters each replica
+"""LoRA adapters on the replicas, as this proxy process knows them (docs/lora-serving.md): which adapters each replica
 holds and when each was last used, which requests use them, and the loads and unloads the proxy makes through the
 engine's runtime API (``POST /v1/load_lora_adapter``, ``/v1/unload_lora_adapter``; vLLM with
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).

@@ -39,7 +39,7 @@ def meter(state: ProxyState, flight: Flight) -> None:
     endpoint = flight.endpoint
     mu_done = actual_mu(endpoint.coeffs, usage) if usage is not None and endpoint is not None else 0.0
     if flight.adapter is not None:
-        mu_done *= flight.adapter.mu_factor  # a LoRA adapter's overhead on its base endpoint (docs/lora.md)
+        mu_done *= flight.adapter.mu_factor  # a LoRA adapter's overhead on its base endpoint (docs/lora-serving.md)
     admission = flight.admission
     if admission is not None and admission.slot is not None:
         admission.runtime.release(admission.slot, admission.route, admission.mu, mu_done)

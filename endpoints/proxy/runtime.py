@@ -305,7 +305,7 @@ class EndpointRuntime:
         views = self._one_version(self._views(now, exclude))
         if route.adapter is not None:
             # Only replicas that serve adapters and can take this one now (it holds it, or has or can free a slot);
-            # none: the request waits in the queue for a slot (docs/lora.md).
+            # none: the request waits in the queue for a slot (docs/lora-serving.md).
             views = [
                 v for v in views if self.adapters_of(self.slots[v.replica_id]).can_serve(route.adapter, v.max_loras)
             ]

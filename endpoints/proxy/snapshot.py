@@ -83,7 +83,7 @@ class EndpointInfo:
     degrade_max_tokens: int | None = None
     # Under overload, the share of each replica's slots the degraded classes may hold together (None: no limit).
     degrade_slot_share: float | None = None
-    # LoRA adapter slots per replica (launch option max_loras; 0: no adapters are served here; docs/lora.md).
+    # LoRA adapter slots per replica (launch option max_loras; 0: no adapters are served here; docs/lora-serving.md).
     max_loras: int = 0
 
     def visible_to(self, tenant_id: int) -> bool:
@@ -92,7 +92,7 @@ class EndpointInfo:
 
 @dataclass(frozen=True)
 class AdapterInfo:
-    """A LoRA adapter a request may name as its ``model`` (``endpoints.models.Adapter``; docs/lora.md)."""
+    """A LoRA adapter a request may name as its ``model`` (``endpoints.models.Adapter``; docs/lora-serving.md)."""
 
     name: str
     owner_tenant_id: int | None  # None: shared by the operators

@@ -104,7 +104,7 @@ def resolve_endpoint(snapshot: Snapshot, key: KeyInfo, req: ParsedRequest) -> En
 
 
 def resolve_model(snapshot: Snapshot, key: KeyInfo, req: ParsedRequest) -> tuple[EndpointInfo, AdapterInfo | None]:
-    """The endpoint ``req.model`` names, or the base endpoint of the LoRA adapter it names (docs/lora.md), if this
+    """The endpoint ``req.model`` names, or the base endpoint of the LoRA adapter it names (docs/lora-serving.md), if this
     key's tenant may see it: another tenant's private endpoint or adapter is a 404 like a missing one."""
     adapter = None
     found = snapshot.endpoints_by_name.get(req.model)
@@ -136,7 +136,7 @@ def price_request(
 ) -> Price:
     """The class (the reservation's, capped by the key, lowered by the header), the MU and token estimate, and
     the tenant's buckets on this endpoint that estimate is charged to. ``mu_factor``: a LoRA adapter's requests
-    cost the base endpoint's MU times its factor (docs/lora.md)."""
+    cost the base endpoint's MU times its factor (docs/lora-serving.md)."""
     reservation = snapshot.reservations.get((key.tenant_id, endpoint.id))
     priority = effective_priority(
         key_max=key.max_priority,
@@ -280,7 +280,7 @@ class Upstream:
         self.req = req
         self.model = model
         # A LoRA adapter's request names the adapter as its model, which the engine serves under that very name, so
-        # neither the request nor the answer is renamed (docs/lora.md).
+        # neither the request nor the answer is renamed (docs/lora-serving.md).
         self.adapter = adapter
         self.path = UPSTREAM_PATH[req.kind]
         self.cache_salt = cache_salt

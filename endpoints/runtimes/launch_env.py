@@ -165,7 +165,7 @@ def vllm_engine_env(launch_options: dict | None) -> dict[str, str]:
             raise ValueError(f"cpu_kvcache_gib must be a positive number of GiB, got {gib!r}")
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{gib:g}"
     if lora_settings(options)[0]:
-        # The proxy loads and unloads LoRA adapters through the engine's API (docs/lora.md).
+        # The proxy loads and unloads LoRA adapters through the engine's API (docs/lora-serving.md).
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     offline = options.get("offline", True)
     if not isinstance(offline, bool):

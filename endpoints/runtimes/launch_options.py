@@ -81,7 +81,7 @@ TENANT_LAUNCH_OPTIONS: dict[str, Callable[[object], str | None]] = {
     "scheduling_policy": _choice("fcfs", "priority"),
     "enable_prefix_caching": _boolean,
     "block_size": _choice(8, 16, 32),
-    # Multi-LoRA (docs/lora.md): adapter slots per replica (vLLM --max-loras; 0 = LoRA off) and the largest rank.
+    # Multi-LoRA (docs/lora-serving.md): adapter slots per replica (vLLM --max-loras; 0 = LoRA off) and the largest rank.
     "max_loras": _whole(0, 256),
     "max_lora_rank": _choice(*LORA_RANKS),
 }

@@ -108,7 +108,7 @@ def serve_command(
         if value is not None:
             argv += [flag, str(value)]
     if max_loras:
-        # Multi-LoRA (docs/lora.md): the proxy loads adapters at run time (``vllm_engine_env`` allows it).
+        # Multi-LoRA (docs/lora-serving.md): the proxy loads adapters at run time (``vllm_engine_env`` allows it).
         argv += ["--enable-lora", "--max-loras", str(int(max_loras))]
         argv += ["--max-lora-rank", str(int(max_lora_rank or DEFAULT_MAX_LORA_RANK))]
     extra = list(extra_args or [])

@@ -1,4 +1,4 @@
-"""/api/v1/adapters/: LoRA adapters as records (docs/lora.md). The CRUD, role and isolation checks come from
+"""/api/v1/adapters/: LoRA adapters as records (docs/lora-serving.md). The CRUD, role and isolation checks come from
 APIResourceCase; the rest are the artifact and endpoint rules an attacker with a tenant's key would probe."""
 
 import os

@@ -1,4 +1,4 @@
-"""An endpoint with LoRA slots launches vLLM with them and lets the proxy load adapters at run time (docs/lora.md)."""
+"""An endpoint with LoRA slots launches vLLM with them and lets the proxy load adapters at run time (docs/lora-serving.md)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Books of LoRA adapter traffic (docs/lora.md): usage records name the adapter and can be filtered by it, and a
+"""Books of LoRA adapter traffic (docs/lora-serving.md): usage records name the adapter and can be filtered by it, and a
 tenant's statement breaks its base endpoint's used MU down by adapter, its own only."""
 
 from datetime import timedelta

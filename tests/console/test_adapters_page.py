@@ -1,5 +1,5 @@
 """The console's LoRA adapters page: each user sees the adapters the API would list, with their last day's
-traffic; operators also see which adapters each LoRA replica's engine holds now (docs/lora.md)."""
+traffic; operators also see which adapters each LoRA replica's engine holds now (docs/lora-serving.md)."""
 
 from django.urls import reverse
 

@@ -1,4 +1,4 @@
-"""LoRA adapters through the real proxy on the real vLLM engine (docs/lora.md): one engine for this module, started
+"""LoRA adapters through the real proxy on the real vLLM engine (docs/lora-serving.md): one engine for this module, started
 with ``--enable-lora --max-loras 2 --max-lora-rank 8`` and runtime adapter updates, serving random rank-8 adapters
 of the tiny model (scripts/build_tiny_lora.py). The first request for an adapter loads it (the engine then lists
 it), a third adapter on two slots unloads the least recently used one, another tenant's private adapter is a 404

@@ -1,4 +1,4 @@
-"""LoRA adapters on the request path, in process (no sockets, no database; docs/lora.md): who may name which adapter,
+"""LoRA adapters on the request path, in process (no sockets, no database; docs/lora-serving.md): who may name which adapter,
 what the router and the replica are given, loads on demand (one per replica and adapter, however many requests wait
 on it), the least recently used idle adapter unloaded at the slot limit, and failed loads as OpenAI-shaped errors
 that leave nothing stuck."""
