@@ -124,6 +124,8 @@ def adapter_create(*, actor=None, **fields) -> Adapter:
 
 
 def adapter_update(*, adapter: Adapter, actor=None, **changes) -> Adapter:
+    # A full update (PUT) resends the fixed fields: unchanged, they are no change.
+    changes = {k: v for k, v in changes.items() if k in ADAPTER_UPDATE_FIELDS or getattr(adapter, k, None) != v}
     unknown = set(changes) - ADAPTER_UPDATE_FIELDS
     if unknown:
         message = "cannot change: register a new adapter for another artifact, rank or endpoint"

@@ -30,6 +30,7 @@ def projection_shapes(config: dict) -> dict[str, tuple[int, int]]:
 
 
 def build(model_dir: Path, out: Path, *, rank: int, seed: int, base_model: str | None) -> Path:
+    # Deferred: torch and safetensors exist only in the engine's interpreter (.venv-engine), and torch is heavy.
     import torch
     from safetensors.torch import save_file
 
