@@ -99,6 +99,15 @@ class ReplicaAdapters:
         return self._lock
 
 
+def note_engine_lora(adapters: ReplicaAdapters, view, latest, now: float) -> None:
+    """What a replica's scraped ``vllm:lora_requests_info`` says (``metrics_scraper.ReplicaMetrics``): its slots, and
+    the adapters running or waiting there (loaded, whoever loaded them; what the Gateway API inference extension's
+    LoRA filter reads as ``ReplicaView.active_adapters``)."""
+    adapters.engine_max_loras = latest.lora_max
+    adapters.note_active(latest.lora_active, now)
+    view.active_adapters = latest.lora_active
+
+
 def engine_adapters(models_body: bytes, base_name: str) -> set[str]:
     """The adapters a vLLM ``/v1/models`` answer lists: the cards with a ``parent`` (vLLM names the base model
     there), other than the base model itself."""

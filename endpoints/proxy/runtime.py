@@ -16,7 +16,7 @@ from endpoints.admission.classes import CLASSES
 from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
 from endpoints.proxy.kv_feeds import KVFeeds
-from endpoints.proxy.lora import ReplicaAdapters
+from endpoints.proxy.lora import ReplicaAdapters, note_engine_lora
 from endpoints.proxy.model_names import ModelRename, model_rename
 from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing import make_router
@@ -225,7 +225,7 @@ class EndpointRuntime:
                     if latest.num_gpu_blocks:
                         view.num_gpu_blocks = latest.num_gpu_blocks
                     if latest.lora_active or latest.lora_max:
-                        self._engine_lora(slot, latest, now)
+                        note_engine_lora(self.adapters_of(slot), view, latest, now)
                 else:
                     view.metrics_age_s = float("inf")
             if self.info.max_loras or rid in self.adapters:
@@ -234,12 +234,6 @@ class EndpointRuntime:
                 view.max_loras = adapters.engine_max_loras or self.info.max_loras
             views.append(view)
         return views
-
-    def _engine_lora(self, slot: Slot, latest, now: float) -> None:
-        """What the engine's ``vllm:lora_requests_info`` says: its slots, and adapters running or waiting there."""
-        adapters = self.adapters_of(slot)
-        adapters.engine_max_loras = latest.lora_max
-        adapters.note_active(latest.lora_active, now)
 
     def _has_free_slot(self, priority: str | None = None) -> bool:
         """Some routed replica has a free slot (one a request of ``priority`` may take, by the slot share)."""

@@ -8,11 +8,14 @@ import json
 
 import pytest
 
-from endpoints.metrics_scraper import parse_vllm_metrics
+from endpoints.metrics_scraper import ReplicaMetrics, parse_vllm_metrics
+from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.errors import ProxyError
 from endpoints.proxy.lora import ReplicaAdapters, engine_adapters, ensure_loaded
+from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.snapshot import AdapterInfo
 from endpoints.proxy.stages import price_request, resolve_model
+from endpoints.routing.base import RouteRequest
 from tests.proxy.snapshots import TENANT_A, TENANT_B, bearer, endpoint, key, reservation, snapshot
 from tests.proxy.test_pipeline import Client, State, run
 from tests.proxy.test_relay import DONE, USAGE, Response
@@ -217,3 +220,25 @@ async def test_a_tenant_cannot_reach_another_tenants_adapter_through_the_pipelin
     await run(state, client, headers=bearer(), monkeypatch=monkeypatch)
     assert client.status == 404 and client.error()["code"] == "model_not_found"
     assert engine.calls == [] and state.usage.records == []
+
+
+# -- the runtime's views -----------------------------------------------------------------------------------------
+def test_views_carry_the_engines_lora_state_and_adapter_requests_go_only_where_they_fit():
+    class Scraper:  # replica 100's engine runs LoRA (2 slots, 'ft' running); replica 101's does not
+        def latest(self, rid):
+            lora = {"lora_max": 2, "lora_active": frozenset({"ft"})} if rid == "100" else {}
+            return ReplicaMetrics(scraped_at=1.0, **lora)
+
+    runtime = EndpointRuntime(
+        endpoint(replicas=2, limit=4), config=ProxyConfig(), scraper=Scraper(), clock=lambda: 1.0
+    )
+    views = {v.replica_id: v for v in runtime._views(1.0)}
+    assert (views["100"].adapters, views["100"].max_loras, views["100"].active_adapters) == ({"ft"}, 2, {"ft"})
+    assert views["101"].max_loras == 0
+    for i in range(3):  # however the router would spread them, adapter requests land where adapters are served
+        slot = runtime.try_take(RouteRequest(request_id=f"r{i}", prompt_text="", adapter="other"), 1.0)
+        assert slot is not None and slot.replica_id == 100
+    runtime.adapters["100"].in_use.update({"ft": 1, "other": 1})
+    runtime.adapters["100"].last_used["other"] = 1.0
+    held = RouteRequest(request_id="r9", prompt_text="", adapter="third")
+    assert runtime.try_take(held, 1.0) is None  # both slots hold adapters in use: it waits in the queue
