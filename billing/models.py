@@ -53,6 +53,9 @@ class UsageRecord(models.Model):
     requested_endpoint = models.ForeignKey(
         "endpoints.Endpoint", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
     )
+    # The LoRA adapter the request named (docs/lora-serving.md), by name: ``endpoint`` is its base endpoint. A name, not a
+    # key, so deleting an adapter leaves its usage history as it was.
+    adapter = models.CharField(max_length=100, blank=True, default="")
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_index=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import Count, Sum
 from django.utils import timezone
 
+from billing.models import UsageRecord
 from billing.rollups import range_sums
 from endpoints.models import Endpoint
 from tenants.models import CapacityReservation, Tenant
@@ -45,6 +47,8 @@ class StatementLine:
     requests: int
     output_tokens: int
     good_output_tokens: int
+    # Of the used MU, what each LoRA adapter on this base endpoint used (docs/lora-serving.md): name, requests, MU, tokens.
+    adapters: list[dict] = field(default_factory=list)
 
     @property
     def total_usd(self) -> float:
@@ -118,6 +122,7 @@ def statement_for(*, tenant: Tenant, start: datetime, end: datetime, now: dateti
         if tenant_id == tenant.pk
     }
     reservations = {r.endpoint_id: r for r in CapacityReservation.objects.filter(tenant=tenant, created_at__lt=end)}
+    by_adapter = _adapter_usage(tenant=tenant, start=start, end=end)
     endpoints = Endpoint.objects.in_bulk(set(usage) | set(reservations))
     for endpoint_id in sorted(endpoints, key=lambda pk: endpoints[pk].name):
         reservation = reservations.get(endpoint_id)
@@ -140,6 +145,26 @@ def statement_for(*, tenant: Tenant, start: datetime, end: datetime, now: dateti
                 requests=int(sums.get("requests", 0)),
                 output_tokens=int(sums.get("output_tokens", 0)),
                 good_output_tokens=int(sums.get("good_output_tokens", 0)),
+                adapters=by_adapter.get(endpoint_id, []),
             )
         )
     return statement
+
+
+def _adapter_usage(*, tenant: Tenant, start: datetime, end: datetime) -> dict[int, list[dict]]:
+    """Per base endpoint, the tenant's LoRA adapter usage in the period: one grouped query over its usage records
+    with an adapter (the rollups are per endpoint; raw records are kept USAGE_RETENTION_DAYS)."""
+    rows = (
+        UsageRecord.objects.filter(tenant=tenant, finished_at__gte=start, finished_at__lt=end)
+        .exclude(adapter="")
+        .values("endpoint_id", "adapter")
+        .annotate(requests=Count("id"), mu=Sum("mu"), output_tokens=Sum("output_tokens"))
+        .order_by("endpoint_id", "adapter")
+    )
+    found: dict[int, list[dict]] = {}
+    for row in rows:
+        found.setdefault(row["endpoint_id"], []).append(
+            {"adapter": row["adapter"], "requests": row["requests"], "mu": float(row["mu"] or 0.0),
+             "output_tokens": int(row["output_tokens"] or 0)}
+        )  # fmt: skip
+    return found

@@ -36,6 +36,8 @@ _GAUGES = {
     "vllm:gpu_prefix_cache_hits_total": "prefix_hits_legacy",
 }
 _CACHE_INFO = "vllm:cache_config_info"
+# LoRA (docs/lora-serving.md): an info gauge whose value is the time it was set; the newest series is the current one.
+_LORA_INFO = "vllm:lora_requests_info"
 
 
 @dataclass
@@ -51,6 +53,8 @@ class ReplicaMetrics:
     num_gpu_blocks: int = 0
     scraped_at: float = 0.0
     engines: int = 0
+    lora_max: int = 0  # vllm:lora_requests_info's max_lora (the engine's --max-loras); 0: LoRA off or not reported
+    lora_active: frozenset = frozenset()  # adapters it shows running or waiting (so loaded there)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -76,12 +80,19 @@ def parse_vllm_metrics(text: str) -> ReplicaMetrics:
     sums: dict[str, float] = {}
     engines: set[str] = set()
     block_size = num_gpu_blocks = 0
+    lora_line, lora_at = None, float("-inf")
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
         brace = line.find("{")
         name_end = brace if brace != -1 else line.find(" ")
         name = line[:name_end]
+        if name == _LORA_INFO and brace != -1:
+            with contextlib.suppress(ValueError, IndexError):
+                at = float(line[line.rfind("}") + 1 :].split()[0])
+                if at >= lora_at:
+                    lora_line, lora_at = line, at
+            continue
         if name == _CACHE_INFO:
             labels = _labels(line[brace + 1 : line.rfind("}")])
             with contextlib.suppress(ValueError):
@@ -104,6 +115,7 @@ def parse_vllm_metrics(text: str) -> ReplicaMetrics:
         raise MetricsParseError("no vllm:num_requests_running / vllm:num_requests_waiting series in the body")
     n_engines = max(len(engines), 1)
     kv = sums.get("kv_usage", sums.get("kv_usage_legacy", 0.0))
+    lora_max, lora_active = _lora_info(lora_line)
     return ReplicaMetrics(
         num_running=int(sums.get("num_running", 0)),
         num_waiting=int(sums.get("num_waiting", 0)),
@@ -113,7 +125,22 @@ def parse_vllm_metrics(text: str) -> ReplicaMetrics:
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         engines=n_engines,
+        lora_max=lora_max,
+        lora_active=lora_active,
     )
+
+
+def _lora_info(line: str | None) -> tuple[int, frozenset]:
+    """(max_lora, adapters running or waiting) from the newest ``vllm:lora_requests_info`` series."""
+    if line is None:
+        return 0, frozenset()
+    labels = _labels(line[line.find("{") + 1 : line.rfind("}")])
+    names = ",".join((labels.get("running_lora_adapters", ""), labels.get("waiting_lora_adapters", "")))
+    try:
+        slots = int(float(labels.get("max_lora", "0")))
+    except ValueError:
+        slots = 0
+    return slots, frozenset(n for n in names.split(",") if n)
 
 
 @dataclass

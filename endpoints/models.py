@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from endpoints.routing.kv_events import endpoint_problem
+from endpoints.runtimes.launch_options import lora_settings
 
 
 class Runtime(models.TextChoices):
@@ -114,6 +115,12 @@ class Endpoint(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def lora(self) -> tuple[int, int]:
+        """(adapter slots per replica, largest adapter rank) from its launch options ``max_loras`` and
+        ``max_lora_rank``; (0, 0): it serves no LoRA adapters. Launch options, so a change is a new version."""
+        return lora_settings(self.launch_options)
+
     def clean(self) -> None:
         errors = {}
         if self.min_replicas > self.max_replicas:
@@ -124,6 +131,44 @@ class Endpoint(models.Model):
             errors["concurrency_limit"] = "must lie within [concurrency_min, concurrency_max]"
         if errors:
             raise ValidationError(errors)
+
+
+class Adapter(models.Model):
+    """A LoRA adapter served on its base endpoint's replicas (docs/lora-serving.md): the OpenAI ``model`` name a tenant
+    calls, resolved by the proxy to the base endpoint with the adapter loaded on the replica it picks.
+
+    Private to its owner tenant, or shared by the operators (no owner). Its weights are a directory under the
+    operators' storage root (``INFERCAP["LORA_ROOT"]``), named by a path relative to it: a tenant never names an
+    arbitrary path or hub id. Validated against the endpoint by ``endpoints.adapters.adapter_validate``.
+    """
+
+    name = models.CharField(max_length=100, unique=True, validators=[model_name_validator])
+    owner_tenant = models.ForeignKey(
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="adapters",
+        help_text="empty = a shared adapter published by the operators",
+    )
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.CASCADE, related_name="adapters", help_text="the base endpoint that serves it"
+    )
+    rank = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="LoRA rank r")
+    artifact_path = models.CharField(
+        max_length=255, help_text="directory of adapter_config.json and the weights, relative to the LoRA root"
+    )
+    base_model = models.CharField(
+        max_length=255, blank=True, help_text="base_model_name_or_path read from its adapter_config.json"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class ReplicaState(models.TextChoices):

@@ -6,7 +6,7 @@ endpoints on which it holds a capacity reservation; they may change only the one
 
 from django.db.models import Q, QuerySet
 
-from endpoints.models import Endpoint, Replica
+from endpoints.models import Adapter, Endpoint, Replica
 from tenants.models import CapacityReservation
 from tenants.selectors import principal_is_operator, principal_tenant_id
 
@@ -63,3 +63,15 @@ def replica_placement_redacted(replica: Replica) -> dict[str, str]:
     the console page and its live events show the same): a neutral name, and no URL, actuator, pod or pid, nor a
     failure text that would quote them."""
     return {"name": f"replica-{replica.pk}", "url": "", "actuator": "", "actuator_ref": "", "failure_reason": ""}
+
+
+def adapters_visible_to(principal) -> QuerySet[Adapter]:
+    """Operators: every adapter. A tenant: its own, and the shared ones on endpoints it may see."""
+    queryset = Adapter.objects.select_related("owner_tenant", "endpoint")
+    if principal_is_operator(principal):
+        return queryset
+    tenant_id = principal_tenant_id(principal)
+    if tenant_id is None:
+        return queryset.none()
+    shared = Q(owner_tenant__isnull=True, endpoint__in=endpoints_visible_to(principal).values("pk"))
+    return queryset.filter(Q(owner_tenant_id=tenant_id) | shared)

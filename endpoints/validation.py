@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from capacity.autoscaling import actuators
 from endpoints.admission.brownout import MAX_FALLBACK_DEPTH, fallback_chain_error
 from endpoints.admission.classes import CLASSES
-from endpoints.models import Endpoint
+from endpoints.models import Adapter, Endpoint
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import launch_env
 from endpoints.runtimes.launch_options import allowlisted_value_errors, argv_value
@@ -35,7 +35,11 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
         endpoint.full_clean(validate_unique=False)
     except ValidationError as exc:
         errors.update(exc.message_dict)
-    if endpoint.name and Endpoint.objects.filter(name=endpoint.name).exclude(pk=endpoint.pk).exists():
+    # Adapters share the namespace: both are what a request names as its ``model`` (docs/lora-serving.md).
+    if endpoint.name and (
+        Endpoint.objects.filter(name=endpoint.name).exclude(pk=endpoint.pk).exists()
+        or Adapter.objects.filter(name=endpoint.name).exists()
+    ):
         errors.setdefault("name", []).append(NAME_TAKEN)
     if check_launch_values is None:
         check_launch_values = endpoint._state.adding

@@ -11,6 +11,7 @@ from endpoints.runtimes.processes import ProcessGroup
 from tenants.models import ApiKey, Role, Tenant, User
 from tenants.services import api_key_create
 from tests.factories import EndpointFactory, OperatorFactory, ReservationFactory, TenantFactory, UserFactory
+from tests.lora import lora_root  # noqa: F401 - a fixture: an empty LoRA storage root per test
 
 
 @dataclass

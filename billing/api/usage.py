@@ -52,11 +52,12 @@ class UsageFilter(django_filters.FilterSet):
     priority = django_filters.CharFilter()
     slo_met = django_filters.BooleanFilter()
     request_id = django_filters.CharFilter()
+    adapter = django_filters.CharFilter(help_text="the LoRA adapter the requests named (docs/lora-serving.md)")
 
     class Meta:
         model = UsageRecord
         form = UsageFilterForm
-        fields = ["since", "until", "tenant", "endpoint", "status", "priority", "slo_met", "request_id"]
+        fields = ["since", "until", "tenant", "endpoint", "status", "priority", "slo_met", "request_id", "adapter"]
 
 
 class UsagePagination(CursorPagination):
@@ -76,7 +77,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):
         fields = [
             "id", "request_id", "tenant", "tenant_name", "api_key", "api_key_prefix", "endpoint", "endpoint_name",
             "replica", "priority", "input_tokens", "cached_tokens", "output_tokens", "mu", "queue_ms", "ttft_ms",
-            "tpot_ms", "e2e_ms", "status", "slo_met", "started_at", "finished_at", "created_at",
+            "tpot_ms", "e2e_ms", "status", "slo_met", "adapter", "started_at", "finished_at", "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -115,6 +115,10 @@ INFERCAP = {
     # name a directory of weights (var/engine/tiny-llama is the tests' tiny model).
     "VLLM_PYTHON": env("INFERCAP_VLLM_PYTHON", ""),
     "VLLM_MODELS_DIR": env("INFERCAP_VLLM_MODELS_DIR", str(VAR_DIR / "engine")),
+    # LoRA adapters (docs/lora-serving.md): the operator-approved directory every adapter's artifact lies under (adapters
+    # name a path relative to it), and the share of MU an adapter request costs above its base endpoint's.
+    "LORA_ROOT": env("INFERCAP_LORA_ROOT", str(VAR_DIR / "lora")),
+    "LORA_MU_OVERHEAD": float(env("INFERCAP_LORA_MU_OVERHEAD", "0.1")),
     # Console and admin logins: locked for the rest of the window after this many failures per username and
     # address, or per address across usernames (config.throttling).
     "LOGIN_THROTTLE": {

@@ -149,6 +149,7 @@ async def _models(scope, send) -> None:
     except ProxyError as err:
         await send_error(send, err, rid_header)
         return
+    snapshot, tenant_id = state.snapshot, key.tenant_id
     data = [
         {
             "id": e.name,
@@ -159,6 +160,20 @@ async def _models(scope, send) -> None:
             "parent": None,
             "max_model_len": e.max_model_len,
         }
-        for e in sorted(state.snapshot.endpoints_for(key.tenant_id), key=lambda e: e.name)
+        for e in sorted(snapshot.endpoints_for(tenant_id), key=lambda e: e.name)
+    ]
+    # LoRA adapters the tenant may use, as vLLM lists them: ``parent`` names the base (here its endpoint); the
+    # artifact's path, vLLM's ``root``, is the operators' and not shown.
+    data += [
+        {
+            "id": a.name,
+            "object": "model",
+            "created": a.created,
+            "owned_by": "infercap",
+            "root": a.name,
+            "parent": e.name,
+            "max_model_len": e.max_model_len,
+        }
+        for a, e in sorted(snapshot.adapters_for(tenant_id), key=lambda found: found[0].name)
     ]
     await send_json(send, 200, json.dumps({"object": "list", "data": data}).encode(), rid_header)

@@ -30,6 +30,10 @@ class ProxyConfig:
     rate_limit_fail_mode: str = "open"
     usage_flush_s: float = 0.25
     usage_batch: int = 500
+    # LoRA (docs/lora-serving.md): how long one adapter load on a replica may take before its requests get a 502, and how
+    # often the adapters each LoRA replica holds are read from its engine's /v1/models.
+    lora_load_timeout_s: float = 60.0
+    lora_sync_s: float = 2.0
     max_n: int = 8  # completions per request (``n``, ``best_of``): each is charged, this bounds one request's work
     # A tenant's best-effort traffic (no reservation) per endpoint, shared by every proxy process; 0 = unlimited.
     # 1,000 MU/min is one GPU's worth: one tenant cannot take a whole fleet's spare capacity.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from endpoints.proxy.limits import Bucket
 from endpoints.proxy.relay import Outcome
 from endpoints.proxy.runtime import EndpointRuntime, Slot
-from endpoints.proxy.snapshot import EndpointInfo, KeyInfo
+from endpoints.proxy.snapshot import AdapterInfo, EndpointInfo, KeyInfo
 from endpoints.routing.base import RouteRequest
 
 # Request ids: a random per-process prefix and a counter, unique across processes without a syscall per request.
@@ -61,6 +61,7 @@ class Flight:
         "task",
         "key",
         "endpoint",
+        "adapter",
         "price",
         "charged",
         "admission",
@@ -90,6 +91,7 @@ class Flight:
         self.key: KeyInfo | None = None  # authenticated
         # Set once the request is valid and its endpoint known: from then on every outcome is metered.
         self.endpoint: EndpointInfo | None = None
+        self.adapter: AdapterInfo | None = None  # the LoRA adapter it names (``endpoint`` is its base endpoint)
         self.price: Price | None = None
         self.charged: list[Bucket] = []  # buckets the limit stage took from: settled to the real cost
         self.admission: Admission | None = None

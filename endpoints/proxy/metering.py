@@ -38,6 +38,8 @@ def meter(state: ProxyState, flight: Flight) -> None:
     usage = outcome.usage if outcome is not None else None
     endpoint = flight.endpoint
     mu_done = actual_mu(endpoint.coeffs, usage) if usage is not None and endpoint is not None else 0.0
+    if flight.adapter is not None:
+        mu_done *= flight.adapter.mu_factor  # a LoRA adapter's overhead on its base endpoint (docs/lora-serving.md)
     admission = flight.admission
     if admission is not None and admission.slot is not None:
         admission.runtime.release(admission.slot, admission.route, admission.mu, mu_done)
@@ -124,6 +126,7 @@ def usage_record(flight: Flight, *, status: str, measured: Measured, mu: float, 
         "status": status,
         "slo_met": slo_met,
         "degradation": flight.degradation,
+        "adapter": flight.adapter.name if flight.adapter is not None else "",
         "requested_endpoint_id": flight.requested.id if flight.requested is not None else flight.endpoint.id,
         "started_at": flight.started_at,
         "finished_at": flight.started_at + measured.e2e_s,

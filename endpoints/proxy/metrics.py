@@ -72,6 +72,16 @@ KV_EVENT_BATCHES = Counter(
 UPSTREAM_RETRIES = Counter(
     "infercap_proxy_upstream_retries", "Retries on another replica before the first byte", ["endpoint"]
 )
+LORA_LOADS = Counter("infercap_proxy_lora_loads", "LoRA adapters loaded on a replica by the proxy", ["endpoint"])
+LORA_UNLOADS = Counter(
+    "infercap_proxy_lora_unloads", "LoRA adapters unloaded from a replica to free a slot", ["endpoint"]
+)
+LORA_LOAD_SECONDS = Histogram(
+    "infercap_proxy_lora_load_seconds",
+    "Time requests waited for a LoRA adapter load (the first request for an adapter on a replica)",
+    ["endpoint"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
 
 
 def exposition() -> tuple[bytes, str]:

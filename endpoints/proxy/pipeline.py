@@ -25,7 +25,7 @@ from endpoints.proxy.stages import (
     prompt_tokens,
     read_request,
     relay,
-    resolve_endpoint,
+    resolve_model,
     routing_request,
 )
 from endpoints.proxy.state import ProxyState, get_state
@@ -63,7 +63,7 @@ async def run_stages(state: ProxyState, flight: Flight, headers: dict[bytes, byt
     key = flight.key = authenticate(state.snapshot, headers, now=time.time(), scope="inference")
     mark(flight, "authenticate")
     req = await read_request(receive, headers, kind=kind, config=state.config)
-    endpoint = resolve_endpoint(state.snapshot, key, req)
+    endpoint, flight.adapter = resolve_model(state.snapshot, key, req)
     mark(flight, "parse")
     requested = requested_priority(headers)
     flight.endpoint = flight.requested = endpoint  # from here on an error is metered (one refused above is not)
@@ -73,6 +73,8 @@ async def run_stages(state: ProxyState, flight: Flight, headers: dict[bytes, byt
             await serve(state, flight, endpoint, req, headers, requested, receive, send)
             return
         except ProxyError as err:
+            if flight.adapter is not None:
+                raise  # a LoRA adapter is served by its base endpoint only: no fallback holds it
             # Shed, failing or no ready replica: the endpoint's fallback, if one may serve it (brownout.py).
             endpoint = fall_back(state, flight, err, visited)
 
@@ -92,6 +94,7 @@ async def serve(
             req=r,
             requested=requested,
             best_effort_mu_per_min=config.best_effort_mu_per_min,
+            mu_factor=flight.adapter.mu_factor if flight.adapter is not None else 1.0,
         )
 
     price = flight.price = reprice(req)
@@ -105,7 +108,16 @@ async def serve(
     if flight.watcher is None:  # from here on the body is read: a disconnect cancels whatever we are waiting for
         flight.watcher = loop.create_task(watch_disconnect(receive, flight))
     cache_salt = state.cache_salts.for_tenant(key.tenant_id)
-    route = routing_request(flight.request_id, key=key, req=req, headers=headers, mu=price.mu, cache_salt=cache_salt)
+    adapter = flight.adapter
+    route = routing_request(
+        flight.request_id,
+        key=key,
+        req=req,
+        headers=headers,
+        mu=price.mu,
+        cache_salt=cache_salt,
+        adapter=adapter.name if adapter is not None else None,
+    )
     await prompt_tokens(state, runtime, route, req)
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     routed(flight)
@@ -117,6 +129,7 @@ async def serve(
         cache_salt=cache_salt,
         rid_header=flight.response_headers(),
         model=endpoint.name if endpoint is not flight.requested else None,
+        adapter=adapter,
     )
     flight.outcome = Outcome()
     flight.dispatched_at = time.perf_counter()

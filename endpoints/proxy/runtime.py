@@ -16,6 +16,7 @@ from endpoints.admission.classes import CLASSES
 from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
 from endpoints.proxy.kv_feeds import KVFeeds
+from endpoints.proxy.lora import ReplicaAdapters, note_engine_lora
 from endpoints.proxy.model_names import ModelRename, model_rename
 from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing import make_router
@@ -91,6 +92,7 @@ class EndpointRuntime:
         # ``endpoints.admission.shares``); None = the whole limit.
         self.caps: dict[str, int] | None = None
         self._class_flight: dict[str, list[int]] = {}  # replica id → running requests per priority class
+        self.adapters: dict[str, ReplicaAdapters] = {}  # replica id → its LoRA adapters (``lora.py``)
         self._gauges_dirty: set[str] = set()
         self.update(info)
 
@@ -134,6 +136,7 @@ class EndpointRuntime:
                 if slot.view.in_flight == 0:
                     del self.slots[rid]
                     self._class_flight.pop(rid, None)
+                    self.adapters.pop(rid, None)
         self.pump()
 
     def _make_router(self, policy: str):
@@ -159,6 +162,13 @@ class EndpointRuntime:
                 cap = min(slot.view.concurrency_limit, allocation[rid])
                 slot.view.concurrency_limit = cap
                 self.caps[rid] = cap
+
+    def adapters_of(self, slot: Slot) -> ReplicaAdapters:
+        """The LoRA adapters of a replica, as this process knows them (created on first use)."""
+        found = self.adapters.get(slot.view.replica_id)
+        if found is None:
+            found = self.adapters[slot.view.replica_id] = ReplicaAdapters()
+        return found
 
     def in_flight_by_replica(self) -> dict[str, int]:
         return {rid: s.view.in_flight for rid, s in self.slots.items() if s.view.in_flight}
@@ -214,8 +224,14 @@ class EndpointRuntime:
                         view.block_size = latest.block_size
                     if latest.num_gpu_blocks:
                         view.num_gpu_blocks = latest.num_gpu_blocks
+                    if latest.lora_active or latest.lora_max:
+                        note_engine_lora(self.adapters_of(slot), view, latest, now)
                 else:
                     view.metrics_age_s = float("inf")
+            if self.info.max_loras or rid in self.adapters:
+                adapters = self.adapters_of(slot)
+                view.adapters = adapters.held()
+                view.max_loras = adapters.engine_max_loras or self.info.max_loras
             views.append(view)
         return views
 
@@ -281,6 +297,12 @@ class EndpointRuntime:
         if held:
             exclude = held | exclude if exclude else held
         views = self._one_version(self._views(now, exclude))
+        if route.adapter is not None:
+            # Only replicas that serve adapters and can take this one now (it holds it, or has or can free a slot);
+            # none: the request waits in the queue for a slot (docs/lora-serving.md).
+            views = [
+                v for v in views if self.adapters_of(self.slots[v.replica_id]).can_serve(route.adapter, v.max_loras)
+            ]
         if not views:
             return None
         with self.kv_feeds.lock:  # the subscribers' threads write the precise index under it
@@ -314,6 +336,8 @@ class EndpointRuntime:
         self.in_flight += 1
         self.in_flight_mu += mu
         self.router.on_routed(route, slot.view.replica_id, now)
+        if route.adapter is not None:
+            self.adapters_of(slot).took(route.adapter, now)
         self._gauges_dirty.add(slot.view.replica_id)
         source = route.extra.get(PREFIX_SOURCE_KEY)
         if source is not None:
@@ -330,6 +354,8 @@ class EndpointRuntime:
         self.in_flight -= 1
         self.in_flight_mu = max(0.0, self.in_flight_mu - mu_reserved)
         self.admission.finished(mu_done=mu_done, now=now)
+        if route.adapter is not None:
+            self.adapters_of(slot).released(route.adapter, now)
         if mu_reserved > 0 and mu_done > 0:  # a completed request (failures and refusals carry no cost)
             ratio = min(mu_done / mu_reserved, MAX_COST_RATIO)
             self.cost_ratio += COST_RATIO_ALPHA * (ratio - self.cost_ratio)
@@ -341,6 +367,7 @@ class EndpointRuntime:
         if slot.removed and slot.view.in_flight == 0:
             self.slots.pop(slot.view.replica_id, None)
             self._class_flight.pop(slot.view.replica_id, None)
+            self.adapters.pop(slot.view.replica_id, None)
             m.child(m.IN_FLIGHT, self.info.name, slot.name).set(0)
             m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(0)
         self.pump()

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from capacity.models import CapacityBenchmark, ModelProfile
-from endpoints.models import Endpoint, Replica
+from endpoints.models import Adapter, Endpoint, Replica
 from endpoints.proxy.snapshot import VERSION_KEY
 from tenants.models import ApiKey, CapacityReservation, Tenant
 
@@ -50,7 +50,7 @@ def _changed(sender, instance=None, update_fields=None, **kwargs) -> None:
 
 
 def connect() -> None:
-    for model in (ApiKey, Tenant, CapacityReservation, Endpoint, Replica, ModelProfile, CapacityBenchmark):
+    for model in (ApiKey, Tenant, CapacityReservation, Endpoint, Replica, Adapter, ModelProfile, CapacityBenchmark):
         uid = f"infercap-proxy-config-{model._meta.label_lower}"
         post_save.connect(_changed, sender=model, dispatch_uid=uid + "-save")
         post_delete.connect(_changed, sender=model, dispatch_uid=uid + "-delete")

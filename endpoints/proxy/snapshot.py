@@ -83,6 +83,25 @@ class EndpointInfo:
     degrade_max_tokens: int | None = None
     # Under overload, the share of each replica's slots the degraded classes may hold together (None: no limit).
     degrade_slot_share: float | None = None
+    # LoRA adapter slots per replica (launch option max_loras; 0: no adapters are served here; docs/lora-serving.md).
+    max_loras: int = 0
+
+    def visible_to(self, tenant_id: int) -> bool:
+        return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """A LoRA adapter a request may name as its ``model`` (``endpoints.models.Adapter``; docs/lora-serving.md)."""
+
+    name: str
+    owner_tenant_id: int | None  # None: shared by the operators
+    endpoint_name: str  # its base endpoint
+    rank: int
+    path: str  # the artifact's absolute directory (``lora_path`` for the engine); never shown to tenants
+    created: int
+    root: str = ""  # the LoRA storage root it lies under
+    mu_factor: float = 1.0  # its requests cost the base endpoint's MU times this (1 + INFERCAP["LORA_MU_OVERHEAD"])
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
@@ -95,9 +114,24 @@ class Snapshot:
     keys_by_hash: dict[str, KeyInfo] = field(default_factory=dict)
     endpoints_by_name: dict[str, EndpointInfo] = field(default_factory=dict)
     reservations: dict[tuple[int, int], ReservationInfo] = field(default_factory=dict)
+    adapters_by_name: dict[str, AdapterInfo] = field(default_factory=dict)
 
     def endpoints_for(self, tenant_id: int) -> list[EndpointInfo]:
         return [e for e in self.endpoints_by_name.values() if e.visible_to(tenant_id)]
+
+    def adapter_for(self, name: str, tenant_id: int) -> tuple[AdapterInfo, EndpointInfo] | None:
+        """The adapter ``name`` and its base endpoint, if this tenant may use both (else None: a 404 like a missing
+        model, whether the adapter is another tenant's or does not exist)."""
+        adapter = self.adapters_by_name.get(name)
+        if adapter is None or not adapter.visible_to(tenant_id):
+            return None
+        endpoint = self.endpoints_by_name.get(adapter.endpoint_name)
+        if endpoint is None or not endpoint.visible_to(tenant_id) or endpoint.max_loras <= 0:
+            return None
+        return adapter, endpoint
+
+    def adapters_for(self, tenant_id: int) -> list[tuple[AdapterInfo, EndpointInfo]]:
+        return [found for name in self.adapters_by_name if (found := self.adapter_for(name, tenant_id))]
 
 
 def takes_priority(launch_options) -> bool:

@@ -3,13 +3,27 @@ whatever the number of keys, endpoints and replicas. Synchronous: the proxy call
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
+from django.conf import settings
+
 from capacity.unit_resolver import coefficients_by_endpoint
-from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
-from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, ReplicaInfo, ReservationInfo, Snapshot, takes_priority
+from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState
+from endpoints.proxy.snapshot import (
+    AdapterInfo,
+    EndpointInfo,
+    KeyInfo,
+    ReplicaInfo,
+    ReservationInfo,
+    Snapshot,
+    takes_priority,
+)
 from endpoints.rollouts.selectors import traffic_weights_by_endpoint
 from tenants.models import ApiKey, CapacityReservation
+
+log = logging.getLogger(__name__)
 
 
 def read_snapshot(version: str = "") -> Snapshot:
@@ -17,7 +31,12 @@ def read_snapshot(version: str = "") -> Snapshot:
     by_name = _endpoints(list(Endpoint.objects.select_related("model_profile")))
     reservations = _reservations()
     return Snapshot(
-        version=version, loaded_at=time.time(), keys_by_hash=keys, endpoints_by_name=by_name, reservations=reservations
+        version=version,
+        loaded_at=time.time(),
+        keys_by_hash=keys,
+        endpoints_by_name=by_name,
+        reservations=reservations,
+        adapters_by_name=_adapters(),
     )
 
 
@@ -63,6 +82,7 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
             fallback_classes=frozenset(e.fallback_classes or ()),
             degrade_max_tokens=e.degrade_max_tokens,
             degrade_slot_share=e.degrade_slot_share,
+            max_loras=e.lora[0],
         )
         for e in endpoints
     }
@@ -107,3 +127,28 @@ def _reservations() -> dict[tuple[int, int], ReservationInfo]:
         )
         for r in CapacityReservation.objects.all()
     }
+
+
+def _adapters() -> dict[str, AdapterInfo]:
+    """Every adapter with its artifact's absolute path, resolved again here: one whose path a symlink made to leave
+    the LoRA root since its registration is left out (its requests are a 404), as registration would refuse it."""
+    knobs = settings.INFERCAP
+    root = os.path.realpath(knobs.get("LORA_ROOT") or "var/lora")
+    factor = 1.0 + max(0.0, float(knobs.get("LORA_MU_OVERHEAD", 0.0)))
+    adapters = {}
+    for a in Adapter.objects.select_related("endpoint"):
+        path = os.path.realpath(os.path.join(root, a.artifact_path))
+        if not path.startswith(root + os.sep):
+            log.warning("adapter %s: %s resolves outside the LoRA root; not served", a.name, a.artifact_path)
+            continue
+        adapters[a.name] = AdapterInfo(
+            name=a.name,
+            owner_tenant_id=a.owner_tenant_id,
+            endpoint_name=a.endpoint.name,
+            rank=a.rank,
+            path=path,
+            created=int(a.created_at.timestamp()),
+            root=root,
+            mu_factor=factor,
+        )
+    return adapters

@@ -21,10 +21,11 @@ from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.errors import ProxyError
 from endpoints.proxy.flight import Admission, Flight, Price
 from endpoints.proxy.limits import Bucket, LimiterUnavailable, RateLimiter, buckets_for, retry_after_from_wait
+from endpoints.proxy.lora import ensure_loaded
 from endpoints.proxy.relay import Outcome, PriorityRefused, UpstreamFailed, plain_exchange, stream_exchange
 from endpoints.proxy.request import ParsedRequest, parse_request, read_body, request_cost, upstream_payload
 from endpoints.proxy.runtime import EndpointRuntime, Shed, Slot
-from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, Snapshot
+from endpoints.proxy.snapshot import AdapterInfo, EndpointInfo, KeyInfo, Snapshot
 from endpoints.proxy.state import ProxyState
 from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY, FAILED_ATTEMPTS_RETENTION_S
 from endpoints.routing.base import RouteRequest
@@ -98,20 +99,28 @@ async def read_request(receive, headers: dict[bytes, bytes], *, kind: str, confi
 
 
 def resolve_endpoint(snapshot: Snapshot, key: KeyInfo, req: ParsedRequest) -> EndpointInfo:
-    """The endpoint ``req.model`` names, if this key's tenant may see it (another tenant's private endpoint is
-    a 404 like a missing one)."""
+    """The endpoint ``req.model`` names (``resolve_model`` without the adapter)."""
+    return resolve_model(snapshot, key, req)[0]
+
+
+def resolve_model(snapshot: Snapshot, key: KeyInfo, req: ParsedRequest) -> tuple[EndpointInfo, AdapterInfo | None]:
+    """The endpoint ``req.model`` names, or the base endpoint of the LoRA adapter it names (docs/lora-serving.md), if this
+    key's tenant may see it: another tenant's private endpoint or adapter is a 404 like a missing one."""
+    adapter = None
     found = snapshot.endpoints_by_name.get(req.model)
+    if found is None and (resolved := snapshot.adapter_for(req.model, key.tenant_id)) is not None:
+        adapter, found = resolved
     if found is None or not found.visible_to(key.tenant_id):
         raise ProxyError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
     if req.max_tokens is not None and req.max_tokens > found.max_model_len:
         # Refused here rather than by the replica: it is neither charged to the tenant's limits nor dispatched.
         raise ProxyError(
             400,
-            f"'max_tokens' is {req.max_tokens}, but `{found.name}` has a context of {found.max_model_len} tokens.",
+            f"'max_tokens' is {req.max_tokens}, but `{req.model}` has a context of {found.max_model_len} tokens.",
             param="max_tokens",
             code="invalid_value",
         )
-    return found
+    return found, adapter
 
 
 # -- price ------------------------------------------------------------------------------------------------------
@@ -123,9 +132,11 @@ def price_request(
     req: ParsedRequest,
     requested: str | None,
     best_effort_mu_per_min: float,
+    mu_factor: float = 1.0,
 ) -> Price:
     """The class (the reservation's, capped by the key, lowered by the header), the MU and token estimate, and
-    the tenant's buckets on this endpoint that estimate is charged to."""
+    the tenant's buckets on this endpoint that estimate is charged to. ``mu_factor``: a LoRA adapter's requests
+    cost the base endpoint's MU times its factor (docs/lora-serving.md)."""
     reservation = snapshot.reservations.get((key.tenant_id, endpoint.id))
     priority = effective_priority(
         key_max=key.max_priority,
@@ -133,6 +144,7 @@ def price_request(
         requested=requested,
     )
     mu, tokens = request_cost(req, endpoint.coeffs)
+    mu *= mu_factor
     buckets = buckets_for(reservation=reservation, mu=mu, tokens=tokens, best_effort_mu_per_min=best_effort_mu_per_min)
     reserved_mu_per_s = reservation.mu_per_min / 60.0 if reservation else 0.0
     return Price(priority=priority, mu=mu, tokens=tokens, buckets=buckets, reserved_mu_per_s=reserved_mu_per_s)
@@ -178,6 +190,7 @@ def routing_request(
     headers: dict[bytes, bytes],
     mu: float,
     cache_salt: str,
+    adapter: str | None = None,
 ) -> RouteRequest:
     """What the router sees of the request: its prompt (prefix affinity), its session (stickiness) and cost."""
     sid = headers.get(b"x-session-id")
@@ -189,6 +202,7 @@ def routing_request(
         # Per tenant, like the replicas' caches (the salt) and stickiness: another tenant's session id or
         # identical prompt must not pull this request onto a replica as if it were a cache hit.
         session_id=f"{key.tenant_id}:{session_id}" if session_id else None,
+        adapter=adapter,
         extra={"cache_salt": cache_salt},
     )
 
@@ -248,7 +262,9 @@ class Upstream:
     ``priority`` or not, serving the endpoint's model name or another), the headers and the path. ``model``: the
     endpoint's name when it is not the one the client named (a fallback), sent as the body's ``model``."""
 
-    __slots__ = ("req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "model", "_payloads")
+    __slots__ = (
+        "req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "model", "adapter", "_payloads",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -259,9 +275,13 @@ class Upstream:
         cache_salt: str,
         rid_header,
         model: str | None = None,
+        adapter: AdapterInfo | None = None,
     ) -> None:
         self.req = req
         self.model = model
+        # A LoRA adapter's request names the adapter as its model, which the engine serves under that very name, so
+        # neither the request nor the answer is renamed (docs/lora-serving.md).
+        self.adapter = adapter
         self.path = UPSTREAM_PATH[req.kind]
         self.cache_salt = cache_salt
         self.engine_priority = ENGINE_PRIORITY[priority]
@@ -281,7 +301,7 @@ class Upstream:
         return payload
 
     async def exchange(self, session, slot: Slot, send, *, outcome: Outcome, connect_timeout_s: float) -> None:
-        sends_priority, rename = slot.takes_priority, slot.rename
+        sends_priority, rename = slot.takes_priority, slot.rename if self.adapter is None else None
         url = slot.url + self.path
         payload = self.payload(sends_priority, rename.engine if rename is not None else self.model)
         if self.req.stream:
@@ -323,6 +343,8 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
     while True:
         slot = admission.slot
         tried.add(slot.view.replica_id)
+        if upstream.adapter is not None:
+            await load_adapter(state, admission, upstream.adapter)
         try:
             await upstream.exchange(
                 state.session, slot, send, outcome=outcome, connect_timeout_s=state.config.connect_timeout_s
@@ -344,6 +366,19 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
             m.child(m.UPSTREAM_RETRIES, flight.endpoint.name).inc()
             flight.dispatched_at = time.perf_counter()
         outcome.first_token_at = outcome.last_read_at = None
+
+
+async def load_adapter(state: ProxyState, admission: Admission, adapter: AdapterInfo) -> None:
+    """Make the admitted replica hold the request's LoRA adapter, loading it first if it does not (``lora.py``)."""
+    runtime, slot = admission.runtime, admission.slot
+    await ensure_loaded(
+        state.session,
+        url=slot.url,
+        replica=runtime.adapters_of(slot),
+        adapter=adapter,
+        max_loras=slot.view.max_loras,
+        timeout_s=state.config.lora_load_timeout_s,
+    )
 
 
 def move_to_another_replica(admission: Admission, tried: set[str], *, allowed: bool) -> bool:

@@ -29,6 +29,7 @@ from endpoints.metrics_scraper import MetricsScraper
 from endpoints.proxy.config import ProxyConfig, load_config
 from endpoints.proxy.isolation import CacheSalts
 from endpoints.proxy.limits import RateLimiter
+from endpoints.proxy.lora import read_engine_adapters
 from endpoints.proxy.prompt_tokens import TokenizerCache
 from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.scrape_client import AiohttpScrapeClient
@@ -185,6 +186,7 @@ class ProxyState:
         if self.redis is not None:
             self._tasks.append(loop.create_task(self._listen_config(), name="proxy-config-listen"))
         self._tasks.append(loop.create_task(self._publish_demand(), name="proxy-demand"))
+        self._tasks.append(loop.create_task(self._sync_adapters(), name="proxy-lora-sync"))
         if self.redis is not None:
             self._heartbeat = self.redis.register_script(_HEARTBEAT)
             atexit.register(self._leave_sync)
@@ -283,6 +285,32 @@ class ProxyState:
             self._sync_scrape_targets()
             self._apply_caps(runtime)
         return runtime
+
+    async def _sync_adapters(self) -> None:
+        """Every ``lora_sync_s``: the adapters each LoRA replica's engine lists (``lora.py``), so the ones other
+        proxy processes loaded, or the engine was started with, count in its slots here too."""
+        while True:
+            await asyncio.sleep(self.config.lora_sync_s)
+            try:
+                await asyncio.gather(
+                    *(
+                        self._sync_replica_adapters(runtime, slot)
+                        for runtime in list(self.runtimes.values())
+                        if runtime.info.max_loras
+                        for slot in list(runtime.slots.values())
+                        if not slot.removed
+                    )
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next round tries again; the proxy's own loads still count
+                log.exception("LoRA adapter sync failed")
+
+    async def _sync_replica_adapters(self, runtime: EndpointRuntime, slot) -> None:
+        base = slot.rename.engine if slot.rename is not None else runtime.info.name
+        found = await read_engine_adapters(self.session, slot.url, base)
+        if found is not None:
+            runtime.adapters_of(slot).sync_from_models(found)
 
     # -- sharing replica slots with the other proxy processes --------------------------------------------
     async def _housekeeping(self) -> None:

@@ -25,6 +25,8 @@ import os
 import re
 from pathlib import Path
 
+from endpoints.runtimes.launch_options import lora_settings
+
 # Thread-pool sizes read at import by the numeric libraries a vLLM (or simulated) replica loads; PyTorch's
 # intra-op pool follows OMP_NUM_THREADS, Hugging Face tokenizers' Rust pool follows RAYON_NUM_THREADS.
 THREAD_VARS = (
@@ -162,6 +164,9 @@ def vllm_engine_env(launch_options: dict | None) -> dict[str, str]:
         if isinstance(gib, bool) or not isinstance(gib, int | float) or not math.isfinite(gib) or gib <= 0:
             raise ValueError(f"cpu_kvcache_gib must be a positive number of GiB, got {gib!r}")
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{gib:g}"
+    if lora_settings(options)[0]:
+        # The proxy loads and unloads LoRA adapters through the engine's API (docs/lora-serving.md).
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     offline = options.get("offline", True)
     if not isinstance(offline, bool):
         raise ValueError(f"offline must be true or false, got {offline!r}")

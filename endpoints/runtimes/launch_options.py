@@ -67,6 +67,8 @@ def _profile_opts(value) -> str | None:
     return None
 
 
+# The adapter ranks vLLM's --max-lora-rank accepts.
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 # The options tenants may set on their own endpoints, each with its check.
 TENANT_LAUNCH_OPTIONS: dict[str, Callable[[object], str | None]] = {
     "speed": _number(0, 1000),  # simulated replicas
@@ -79,7 +81,23 @@ TENANT_LAUNCH_OPTIONS: dict[str, Callable[[object], str | None]] = {
     "scheduling_policy": _choice("fcfs", "priority"),
     "enable_prefix_caching": _boolean,
     "block_size": _choice(8, 16, 32),
+    # Multi-LoRA (docs/lora-serving.md): adapter slots per replica (vLLM --max-loras; 0 = LoRA off) and the largest rank.
+    "max_loras": _whole(0, 256),
+    "max_lora_rank": _choice(*LORA_RANKS),
 }
+# vLLM's --max-lora-rank default, used when an endpoint enables LoRA without naming one.
+DEFAULT_MAX_LORA_RANK = 16
+
+
+def lora_settings(options) -> tuple[int, int]:
+    """(adapter slots per replica, largest adapter rank) from an endpoint's launch options; (0, 0) with LoRA off
+    (or values the allowlist would refuse: an endpoint's stored options are checked when they are written)."""
+    options = options if isinstance(options, dict) else {}
+    slots = options.get("max_loras")
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots <= 0:
+        return 0, 0
+    rank = options.get("max_lora_rank")
+    return slots, rank if rank in LORA_RANKS else DEFAULT_MAX_LORA_RANK
 
 
 def launch_options_shown_to_non_owners(options) -> dict:

@@ -26,6 +26,7 @@ import httpx
 
 from endpoints.metrics_scraper import MetricsParseError, parse_vllm_metrics
 from endpoints.runtimes.launch_env import launch_env, vllm_engine_env
+from endpoints.runtimes.launch_options import DEFAULT_MAX_LORA_RANK
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # A model profile name that may name a directory under the operators' models directory: one path segment.
@@ -61,6 +62,8 @@ def serve_command(
     executable: str = "vllm",
     python: str | None = None,
     kv_events_port: int | None = None,
+    max_loras: int | None = None,
+    max_lora_rank: int | None = None,
 ) -> list[str]:
     """argv for ``vllm serve``, or with ``python`` for the API server module run by that interpreter (the same
     flags; the model goes in ``--model``); raises ValueError on options vLLM would refuse. With ``kv_events_port``
@@ -104,6 +107,10 @@ def serve_command(
     ):
         if value is not None:
             argv += [flag, str(value)]
+    if max_loras:
+        # Multi-LoRA (docs/lora-serving.md): the proxy loads adapters at run time (``vllm_engine_env`` allows it).
+        argv += ["--enable-lora", "--max-loras", str(int(max_loras))]
+        argv += ["--max-lora-rank", str(int(max_lora_rank or DEFAULT_MAX_LORA_RANK))]
     extra = list(extra_args or [])
     if kv_events_port is not None and not any(str(a).startswith("--kv-events-config") for a in extra):
         argv += ["--kv-events-config", kv_events_config(host, kv_events_port)]

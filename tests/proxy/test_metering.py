@@ -128,6 +128,7 @@ def test_the_usage_record_names_who_what_where_and_how_it_went():
         "status": "ok",
         "slo_met": True,
         "degradation": "",
+        "adapter": "",
         "requested_endpoint_id": 7,
         "started_at": f.started_at,
         "finished_at": f.started_at + 1.5,
