@@ -1,7 +1,7 @@
 """The real vLLM engines of tests/engine/, started side by side and stopped when the package's tests are done.
 
 Three engines serve the package: the ``engine`` (default flags, shared by most tests), the ``second_engine`` (one
-sequence at a time, so requests queue inside vLLM) and the ``kv_engine`` (24 KV blocks, publishing KV-cache events
+sequence at a time, so requests queue inside vLLM; LoRA adapters on two slots) and the ``kv_engine`` (24 KV blocks, publishing KV-cache events
 over ZMQ). A start is ~60 CPU-seconds of imports in three processes, so the pool launches every engine the
 collected tests need at once, when the first of them is wanted: on two cores that takes about half as long as one
 start after another. They are package-scoped: an idle engine polls at ~10% of a core, and the rest of the suite
@@ -27,6 +27,8 @@ from tests.engine.engine import INSTALL_HINT, engine_installed, launch_engine, s
 SERVED_MODEL_NAME = "tiny-llama"
 SECOND_MODEL = "tiny-llama-one-seq"
 KV_NUM_BLOCKS = 24
+# The second engine also serves LoRA adapters: two slots of rank up to 8, loaded at run time (test_lora_real_engine)
+LORA_SLOTS, LORA_MAX_RANK = 2, 8
 
 
 @dataclass
@@ -135,7 +137,8 @@ def engine(engine_pool) -> Engine:
 
 @pytest.fixture(scope="package")
 def second_engine(engine_pool) -> Engine:
-    """A second engine that runs one sequence at a time, under another model name."""
+    """A second engine that runs one sequence at a time, under another model name, and serves LoRA adapters
+    (``LORA_SLOTS`` of rank up to ``LORA_MAX_RANK``, loaded and unloaded at run time)."""
     return engine_pool.get("second_engine")
 
 

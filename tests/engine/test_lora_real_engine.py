@@ -1,5 +1,5 @@
-"""LoRA adapters through the real proxy on the real vLLM engine (docs/lora-serving.md): one engine for this module, started
-with ``--enable-lora --max-loras 2 --max-lora-rank 8`` and runtime adapter updates, serving random rank-8 adapters
+"""LoRA adapters through the real proxy on the real vLLM engine (docs/lora-serving.md): the package's second engine
+(tests/engine/conftest.py: ``--enable-lora --max-loras 2 --max-lora-rank 8`` and runtime adapter updates), serving random rank-8 adapters
 of the tiny model (scripts/build_tiny_lora.py). The first request for an adapter loads it (the engine then lists
 it), a third adapter on two slots unloads the least recently used one, another tenant's private adapter is a 404
 and absent from its /v1/models, and an adapter whose artifact vanished or that the engine cannot load is an
@@ -7,7 +7,6 @@ OpenAI-shaped error, not a replica stuck loading."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -20,15 +19,15 @@ import pytest
 from billing.models import UsageRecord
 from endpoints.adapters import adapter_create
 from endpoints.services import replica_attach
-from tests.engine.conftest import SERVED_MODEL_NAME
-from tests.engine.engine import ENGINE_PY, MODEL_DIR, ROOT, engine_installed, start_engine, stop_engine
+from tests.engine.conftest import LORA_MAX_RANK, LORA_SLOTS, SERVED_MODEL_NAME
+from tests.engine.engine import ENGINE_PY, MODEL_DIR, ROOT
 from tests.factories import EndpointFactory, ReservationFactory
 from tests.proxy.conftest import spawn_proxy
 from tests.proxy.helpers import assert_openai_error, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-SLOTS, MAX_RANK = 2, 8
+SLOTS, MAX_RANK = LORA_SLOTS, LORA_MAX_RANK
 ADAPTERS = ("ft-one", "ft-two", "ft-three")
 
 
@@ -49,21 +48,10 @@ def lora_store():
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def lora_engine(lora_store):
-    if os.environ.get("INFERCAP_SKIP_ENGINE") == "1":
-        pytest.skip("INFERCAP_SKIP_ENGINE=1: the real vLLM engine tests are skipped")
-    if not engine_installed():
-        pytest.fail("the real vLLM engine is not installed: run scripts/install_engine.sh", pytrace=False)
-    lora = ["--enable-lora", "--max-loras", str(SLOTS), "--max-lora-rank", str(MAX_RANK)]
-    process = start_engine(
-        served_model_name=SERVED_MODEL_NAME, extra=lora, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-    )
-    try:
-        yield process
-    finally:
-        stop_engine(process)
-        os.unlink(process.log_path)
+@pytest.fixture
+def lora_engine(second_engine):
+    """The package's second engine (tests/engine/conftest.py), which serves adapters."""
+    return second_engine
 
 
 def engine_adapters(url: str) -> set[str]:
@@ -90,7 +78,7 @@ def served(lora_engine, lora_store, procs, clean_redis, tenant_a, tenant_b, sett
     )
     for actors in (tenant_a, tenant_b):
         ReservationFactory(tenant=actors.tenant, endpoint=endpoint, mu_per_min=1e9)
-    replica_attach(endpoint=endpoint, url=lora_engine.url, name="lora-engine", served_model_name=SERVED_MODEL_NAME)
+    replica_attach(endpoint=endpoint, url=lora_engine.url, name="lora-engine", served_model_name=lora_engine.model)
     for name in ADAPTERS:
         adapter_create(name=name, owner_tenant=tenant_a.tenant, endpoint=endpoint, artifact_path=name)
     return SimpleNamespace(endpoint=endpoint, base=spawn_proxy(procs), a=tenant_a.raw_key, b=tenant_b.raw_key)
