@@ -52,14 +52,14 @@ class Setup:
     output_tokens: tuple[int, int] = (64, 256)
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
-    rates: tuple[float, ...] = (40, 60, 80, 90, 100, 110, 120)
+    rates: tuple[float, ...] = (40, 60, 80, 100, 120, 140, 160)
     reference_qps: float = 80
     warmup_s: float = 30.0  # arrivals before the measured window: the slots start empty, churn settles
     duration_s: float = 60.0
     seed: int = EVAL_SEED
 
 
-QUICK = Setup(rates=(40, 80, 100, 120), warmup_s=15.0, duration_s=30.0)
+QUICK = Setup(rates=(80, 120), warmup_s=10.0, duration_s=20.0)
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,24 @@ def sweep(setup: Setup, policy: str, progress: Callable, *, bound: bool = False,
     }
 
 
+def _with_options(setup: Setup, options: dict) -> Setup:
+    """``--opt seed=N``, ``duration_s=S``, ``warmup_s=S``, ``rates=40,80`` (a comma list; the reference rate is the
+    first of them unless ``reference_qps`` is given)."""
+    changes: dict = {}
+    for key in ("seed",):
+        if key in options:
+            changes[key] = int(options.pop(key))
+    for key in ("duration_s", "warmup_s", "reference_qps"):
+        if key in options:
+            changes[key] = float(options.pop(key))
+    if "rates" in options:
+        changes["rates"] = tuple(float(q) for q in str(options.pop("rates")).split(","))
+        changes.setdefault("reference_qps", changes["rates"][0])
+    if options:
+        raise ValueError(f"unknown options: {', '.join(sorted(options))} (bench lora takes {_with_options.__doc__})")
+    return replace(setup, **changes)
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
@@ -167,11 +185,7 @@ def _ratio(a: float, b: float) -> float | None:
 def run(*, quick: bool = False, plot: str | None = None, live: bool = False, progress: Callable = print, **options):
     if live:
         raise ValueError("bench lora runs in the simulator only")
-    setup = QUICK if quick else Setup()
-    if "seed" in options:
-        setup = replace(setup, seed=int(options.pop("seed")))
-    if options:
-        raise ValueError(f"unknown options: {', '.join(sorted(options))} (bench lora takes seed)")
+    setup = _with_options(QUICK if quick else Setup(), options)
     progress(
         f"bench lora: {setup.replicas} replicas × {setup.max_loras} slots, {setup.adapters} adapters, seed {setup.seed}"
     )
