@@ -12,7 +12,7 @@ where fewer than half the requests meet the SLO). ``slo_throughput`` is the best
 every policy. The upper bound is infercap with every adapter resident (200 slots, no load time), which keeps only
 the LoRA step overhead: no router can beat the adapters' absence of churn.
 
-Policies are judged on seed ``EVAL_SEED``; infercap's LoRA weights were chosen on ``TUNING_SEEDS``
+Policies are judged on seed ``EVAL_SEED``; infercap's LoRA weights were chosen on seed 1 of ``TUNING_SEEDS``
 (``--opt seed=N`` changes it). docs/lora.md has the figures.
 """
 
