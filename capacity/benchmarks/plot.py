@@ -44,7 +44,12 @@ def agreement_svg(agreement: list[dict], *, width: int = 720, height: int = 360)
 
 
 def frontier_svg(
-    curves: dict[str, list[tuple[float, float]]], *, title: str, width: int = 760, height: int = 440
+    curves: dict[str, list[tuple[float, float]]],
+    *,
+    title: str,
+    width: int = 760,
+    height: int = 440,
+    x_label: str = "GPU-hours",
 ) -> str:
     """GPU-hours (x) against SLO attainment (y), one polyline with markers per policy (``bench autoscale --plot``)."""
     left, right, bottom, top = 70, 170, 50, 40
@@ -62,7 +67,7 @@ def frontier_svg(
         'font-size="12">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{left}" y="22" font-size="14">{escape(title)}</text>',
-        f'<text x="{left + plot_w / 2:.0f}" y="{height - 12}" text-anchor="middle">GPU-hours</text>',
+        f'<text x="{left + plot_w / 2:.0f}" y="{height - 12}" text-anchor="middle">{escape(x_label)}</text>',
         f'<text x="16" y="{top + plot_h / 2:.0f}" transform="rotate(-90 16 {top + plot_h / 2:.0f})" '
         'text-anchor="middle">SLO attainment</text>',
     ]
@@ -83,7 +88,7 @@ def frontier_svg(
         )
         for (a, b), (x, y) in zip(pts, sorted(curve), strict=True):
             parts.append(
-                f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"><title>{escape(name)}: {x:.2f} GPU-h, '
+                f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"><title>{escape(name)}: {x:.2f} {escape(x_label)}, '
                 f"{y:.2%}</title></circle>"
             )
         parts.append(f'<text x="{left + plot_w + 12}" y="{top + 16 * i + 8}" fill="{colour}">{escape(name)}</text>')

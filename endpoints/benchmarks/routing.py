@@ -214,7 +214,7 @@ class PartitionOracle(RouterBase):
         self._group = {text[:PREFIX_BLOCK_CHARS]: g for g, text in enumerate(systems)}
 
     def pick(self, request, replicas, now):
-        candidates = sorted(self.candidates(replicas), key=lambda r: r.replica_id)
+        candidates = sorted(self.candidates(replicas, request), key=lambda r: r.replica_id)
         if not candidates:
             return None
         group = self._group.get(request.prompt_text[:PREFIX_BLOCK_CHARS], 0)

@@ -51,7 +51,7 @@ class AssignmentOracle(RouterBase):
             self._homes[group] = chosen
 
     def pick(self, request, replicas, now):
-        candidates = self.candidates(replicas)
+        candidates = self.candidates(replicas, request)
         if not candidates:
             return None
         if not self._planned:
@@ -83,7 +83,7 @@ class OutstandingWorkOracle(RouterBase):
         return request.extra.get("prompt_tokens", 0) / 1000 + out / 100
 
     def pick(self, request, replicas, now):
-        candidates = self.candidates(replicas)
+        candidates = self.candidates(replicas, request)
         if not candidates:
             return None
         return min(

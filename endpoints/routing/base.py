@@ -28,6 +28,9 @@ class ReplicaView:
     # proxy made since) and its adapter slots (vLLM --max-loras; 0: it serves no adapters).
     adapters: frozenset = frozenset()
     max_loras: int = 0
+    # The adapters of its requests running or waiting, from vllm:lora_requests_info (running_lora_adapters ∪
+    # waiting_lora_adapters): what the Gateway API inference extension's LoRA filter reads (lora_affinity.py).
+    active_adapters: frozenset = frozenset()
 
 
 @dataclass

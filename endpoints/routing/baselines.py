@@ -16,8 +16,9 @@ class RouterBase:
         self.rng = random.Random(seed)
         self.stale_after_s = stale_after_s
 
-    def candidates(self, replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
-        return eligible(replicas, self.stale_after_s)
+    def candidates(self, replicas: Sequence[ReplicaView], request: RouteRequest | None = None) -> list[ReplicaView]:
+        """The shared filters; a request naming an adapter never goes to a replica without LoRA slots."""
+        return eligible(replicas, self.stale_after_s, request.adapter if request is not None else None)
 
     def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
         return None
@@ -41,7 +42,7 @@ class RoundRobinRouter(RouterBase):
         self._last: str | None = None
 
     def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
-        candidates = sorted(self.candidates(replicas), key=lambda r: r.replica_id)
+        candidates = sorted(self.candidates(replicas, request), key=lambda r: r.replica_id)
         if not candidates:
             return None
         # Continue after the last replica picked, by id, so that replicas joining or failing do not reset the cycle.
@@ -56,7 +57,7 @@ class LeastRequestRouter(RouterBase):
     name = "least_request"
 
     def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
-        candidates = self.candidates(replicas)
+        candidates = self.candidates(replicas, request)
         if not candidates:
             return None
         return self._random_best([(-r.in_flight, r) for r in candidates])
@@ -68,7 +69,7 @@ class PowerOfTwoRouter(RouterBase):
     name = "power_of_two"
 
     def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
-        candidates = self.candidates(replicas)
+        candidates = self.candidates(replicas, request)
         if not candidates:
             return None
         if len(candidates) == 1:

@@ -33,6 +33,13 @@
    weighted share of requests whose head was seen before, starting at 1): a stream of unique prompts has no
    groups, and counting each prompt as one steered it by head counts instead of load.
 
+LoRA (``lora_placement``, docs/lora.md#routing): a request naming an adapter goes only to replicas with adapter slots
+(the shared filter). Among them, replicas already holding the adapter within ``adapter_load_bound`` (default 1.5, at least
+``load_bound``: a hit saves a 0.5–2 s load) are the only ones allowed; with none, the replicas within the plain bound are, scored on top of the terms
+above by ``− evict_weight × load cost`` (0 for a free slot, the popularity of the adapter that would be evicted
+relative to this one's, 2 when every slot is in use) ``+ adapter_home_weight × home rank of the adapter``. So a
+popular adapter stays resident, and a hot one whose holders are all over the bound gets one more replica.
+
 With a ``kv_index`` (``KVBlockIndex`` fed by the engines' KV-cache events) the prefix match of a replica whose
 events are usable is what its cache really holds (the request's engine block hashes, ``extra["kv_block_hashes"]``);
 or its token ids (``extra["kv_token_ids"]``, the live proxy's), matched against the token keys of the events'
@@ -49,6 +56,7 @@ from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
 from endpoints.routing.kv_index import KVBlockIndex
 from endpoints.routing.llmd import kv_match_fraction, kv_score, queue_scores, request_hashes
+from endpoints.routing.lora_placement import BUSY_SLOTS_COST, AdapterBook, holders
 from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixHeads, PrefixIndex
 
 
@@ -145,9 +153,24 @@ class InfercapRouter(RouterBase):
         max_sessions: int = 100_000,
         kv_index: KVBlockIndex | None = None,
         session_load_bound: float = 1.5,
+        adapter_load_bound: float | None = None,
+        evict_weight: float = 3.0,
+        adapter_home_weight: float = 3.0,
+        slot_weight: float = 3.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if adapter_load_bound is None:
+            adapter_load_bound = max(load_bound, 1.5)
+        if adapter_load_bound < load_bound:
+            raise ValueError("adapter_load_bound must be ≥ load_bound (a replica holding the adapter saves a load)")
+        self.adapter_load_bound, self.evict_weight, self.adapter_home_weight = (
+            adapter_load_bound,
+            evict_weight,
+            adapter_home_weight,
+        )
+        self.slot_weight = slot_weight
+        self.adapter_book = AdapterBook()
         self.kv_index = kv_index
         self.session_load_bound = session_load_bound
         if load_bound < 1.0:
@@ -187,7 +210,7 @@ class InfercapRouter(RouterBase):
         return [r for r in candidates if replica_load(r, mu) <= lowest + 1e-12]
 
     def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
-        candidates = self.candidates(replicas)
+        candidates = self.candidates(replicas, request)
         if not candidates:
             return None
         request.extra.pop(_PRECISE_ON, None)  # a queued request is picked again: only this pick's scores count
@@ -204,6 +227,9 @@ class InfercapRouter(RouterBase):
             allowed += [
                 r for r in self.within_bound(candidates, mu, self.session_load_bound) if r.replica_id == sticky
             ]
+        adapter_scores: dict[str, float] = {}
+        if request.adapter is not None:
+            allowed, adapter_scores = self._adapter_choice(request.adapter, candidates, allowed, mu, now)
         # Spare capacity breaks ties between equal affinities; it is relative, so MU units do not matter.
         loads = {r.replica_id: replica_load(r, mu) for r in allowed}
         top_load = max(loads.values()) or 1.0
@@ -229,6 +255,7 @@ class InfercapRouter(RouterBase):
                 - self.spread_weight * self.recurrence * extra_heads.get(r.replica_id, 0)
                 + (self.primary_weight * self.recurrence if r.replica_id == primary else 0.0)
                 - self.load_weight * loads[r.replica_id] / top_load
+                + adapter_scores.get(r.replica_id, 0.0)
             )
             scored.append((score, r))
         best = self._random_best(scored)
@@ -236,6 +263,30 @@ class InfercapRouter(RouterBase):
             precise = request.extra.get(_PRECISE_ON)
             request.extra[PREFIX_SOURCE_KEY] = "precise" if precise and best in precise else "approximate"
         return best
+
+    def _adapter_choice(
+        self, adapter: str, candidates: Sequence[ReplicaView], allowed: list[ReplicaView], mu: float, now: float
+    ) -> tuple[list[ReplicaView], dict[str, float]]:
+        """The replicas an adapter request may go to, and their placement scores (module docstring, LoRA)."""
+        book = self.adapter_book
+        held = holders(self.within_bound(candidates, mu, self.adapter_load_bound), adapter, book)
+        if held:
+            return held, {}
+        # A request waiting for a slot is worse than a busier replica: load only where a slot is free or idle.
+        costs = {r.replica_id: book.load_cost(r, adapter, now) for r in candidates}
+        loadable = [r for r in allowed if costs[r.replica_id] < BUSY_SLOTS_COST]
+        if not loadable:
+            loadable = holders(candidates, adapter, book) or [
+                r for r in candidates if costs[r.replica_id] < BUSY_SLOTS_COST
+            ]
+        allowed = loadable or allowed
+        key = stable_hash(adapter)
+        return allowed, {
+            r.replica_id: self.adapter_home_weight * home_rank(key, r.replica_id)
+            - self.evict_weight * costs[r.replica_id]
+            - self.slot_weight * book.busy_share(r)
+            for r in allowed
+        }
 
     def prefix_match(self, replica_id: str, request: RouteRequest, hashes: Sequence[int], now: float) -> float:
         """Matched share of the prompt on the replica: from KV events where they are usable, else approximate."""
@@ -272,6 +323,8 @@ class InfercapRouter(RouterBase):
             self._note_recurrence(head)
             self.heads.record(replica_id, head, hashes[self.home_blocks - 1], self.prefix_index)
         self.sessions.set(request.session_id, replica_id, now)
+        if request.adapter is not None:
+            self.adapter_book.on_routed(request.adapter, replica_id, now)
         if self.kv_index is not None:
             self.kv_index.on_routed(replica_id, now)
 
@@ -286,8 +339,13 @@ class InfercapRouter(RouterBase):
                 seen.popitem(last=False)
         self.recurrence += self.recurrence_alpha * (float(recurred) - self.recurrence)
 
+    def on_finished(self, request: RouteRequest, replica_id: str, now: float) -> None:
+        if request.adapter is not None:
+            self.adapter_book.on_finished(request.adapter, replica_id, now)
+
     def forget_replica(self, replica_id: str) -> None:
         """A replica restarted or left: its prefix cache is gone, so is our memory of it."""
+        self.adapter_book.forget(replica_id)
         self.prefix_index.forget(replica_id)
         self.heads.forget(replica_id)
         self._cache_config.pop(replica_id, None)

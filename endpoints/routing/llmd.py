@@ -98,7 +98,7 @@ class LlmdRouter(RouterBase):
         self._capacity: dict[str, int] = {}
 
     def pick(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> str | None:
-        candidates = self.candidates(replicas)
+        candidates = self.candidates(replicas, request)
         if not candidates:
             return None
         hashes = request_hashes(self.prefix_index, request)

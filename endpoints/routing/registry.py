@@ -6,6 +6,7 @@ from endpoints.routing.base import Router
 from endpoints.routing.baselines import LeastRequestRouter, PowerOfTwoRouter, RoundRobinRouter
 from endpoints.routing.bounded_affinity import InfercapRouter
 from endpoints.routing.llmd import LlmdRouter
+from endpoints.routing.lora_affinity import LoraAffinityRouter
 
 POLICIES: dict[str, Callable[..., Router]] = {
     "round_robin": RoundRobinRouter,
@@ -13,6 +14,7 @@ POLICIES: dict[str, Callable[..., Router]] = {
     "power_of_two": PowerOfTwoRouter,
     "llmd": LlmdRouter,
     "infercap": InfercapRouter,
+    "lora_affinity": LoraAffinityRouter,
 }
 
 

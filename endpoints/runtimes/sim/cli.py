@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="vllm: model path or HF id (sim: the root /v1/models shows)")
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--max-loras", type=int, default=0, help="sim: LoRA adapter slots (0: no LoRA endpoints)")
+    parser.add_argument("--max-lora-rank", type=int, default=16, help="sim: the highest adapter rank it loads")
+    parser.add_argument("--lora-load-s", type=float, default=0.0, help="sim: simulated seconds an adapter load takes")
 
 
 def _number(value: str):
@@ -79,6 +82,9 @@ def build_server(opts: dict) -> ReplicaServer:
         served_model_name=opts["served_model_name"],
         scheduling_policy=opts["scheduling_policy"],
         faults=faults,
+        max_loras=opts.get("max_loras") or 0,
+        max_lora_rank=opts.get("max_lora_rank") or 16,
+        lora_load_s=opts.get("lora_load_s") or 0.0,
     )
 
 

@@ -68,7 +68,19 @@ from endpoints.routing.base import Router, RouteRequest
 
 from .admission import ProxyAdmission  # noqa: F401 (re-exported, with the interfaces below)
 from .engine import Sequence as EngineSeq
-from .fleet import _ARRIVAL, _FAULT, _FOLLOWUP, _READY, _STEP_END, _TICK, _WAKE, FleetActions, FleetOps, SimReplica
+from .fleet import (
+    _ARRIVAL,
+    _FAULT,
+    _FOLLOWUP,
+    _LORA,
+    _READY,
+    _STEP_END,
+    _TICK,
+    _WAKE,
+    FleetActions,
+    FleetOps,
+    SimReplica,
+)
 from .interfaces import (  # noqa: F401 (re-exported: policies import them from here)
     Admission,
     Autoscaler,
@@ -78,6 +90,8 @@ from .interfaces import (  # noqa: F401 (re-exported: policies import them from 
     Verdict,
     VirtualClock,
 )
+from .lora import LoraConfig
+from .lora_des import LoraOps
 from .profiles import EngineProfile, get_profile
 from .results import RequestResult, SimResult
 from .tokens import partial_block
@@ -90,7 +104,7 @@ def _default_cost(request: SimRequest, prompt_tokens: int) -> float:
     return prompt_tokens / 1000 + request.output_tokens / 100
 
 
-class Simulation(FleetOps):
+class Simulation(FleetOps, LoraOps):
     def __init__(
         self,
         *,
@@ -113,6 +127,7 @@ class Simulation(FleetOps):
         replica_profiles: list[str | EngineProfile] | None = None,
         replica_mu_capacity: list[float] | None = None,
         kv_event_sink: Callable | None = None,
+        lora: LoraConfig | None = None,
     ):
         self.profile = get_profile(profile) if isinstance(profile, str) or profile is None else profile
         self.clock = clock or VirtualClock()
@@ -145,6 +160,7 @@ class Simulation(FleetOps):
         self._actions = FleetActions(self)
         self.timeline: list[dict] = []
         self.kv_event_sink = kv_event_sink
+        self.lora = lora
         if replica_profiles is not None:
             replicas = len(replica_profiles)
         for i in range(replicas):
@@ -183,6 +199,8 @@ class Simulation(FleetOps):
                 self._next_arrival(arrivals)
             elif kind == _FOLLOWUP:
                 self._arrive(payload)
+            elif kind == _LORA:
+                self._lora_ready(*payload)
             elif kind == _FAULT:
                 self._apply_fault(*payload)
             elif kind == _READY:
@@ -278,6 +296,7 @@ class Simulation(FleetOps):
             prompt_text=prompt,
             mu=mu,
             session_id=request.session_id,
+            adapter=request.adapter,
             extra={
                 "tenant": request.tenant,
                 "priority": request.priority,
@@ -340,17 +359,29 @@ class Simulation(FleetOps):
             cache_salt=request.cache_salt,
         )
         result.dispatch_s, result.replica_id = now, replica_id
-        try:
-            rep.engine.add(seq)
-        except ValueError as exc:  # too long for the model: vLLM answers 400
-            result.status, result.reason, result.finish_s = "error", str(exc), now
-            self.router.on_finished(route, replica_id, now)
-            self._finished_tick.append(result)
-            return True
+        if route.adapter is not None:
+            return self._send_adapter(rep, route, result, seq)
         rep.in_flight[request.request_id] = (route, result, seq)
         rep.in_flight_mu += route.mu
-        self._kick(rep)
+        self._enter(rep, request.request_id)
         return True
+
+    def _enter(self, rep: SimReplica, request_id: str) -> None:
+        """The request (in ``rep.in_flight``) joins the engine's queue; too long for the model, vLLM's 400."""
+        route, result, seq = rep.in_flight[request_id]
+        now = self.clock.now()
+        seq.arrival_s = now
+        try:
+            rep.engine.add(seq)
+        except ValueError as exc:
+            del rep.in_flight[request_id]
+            rep.in_flight_mu -= route.mu
+            result.status, result.reason, result.finish_s = "error", str(exc), now
+            self.router.on_finished(route, rep.replica_id, now)
+            self._finished_tick.append(result)
+            self._release_adapter(rep, seq)
+            return
+        self._kick(rep)
 
     def _connection_refused(self, route: RouteRequest, result: RequestResult, replica_id: str) -> bool:
         """A request sent to a crashed replica: retried once elsewhere (before any byte reached the client)."""
@@ -430,6 +461,7 @@ class Simulation(FleetOps):
         )
         rep.record.requests += 1
         self._finished_tick.append(result)
+        self._release_adapter(rep, seq)
         self.router.on_finished(route, rep.replica_id, now)
         on_finished = getattr(self.admission, "on_finished", None)
         if on_finished is not None:

@@ -28,6 +28,7 @@ Model (vLLM V1 in outline):
 - full blocks of generated text are cached too when a sequence leaves (give it ``prompt_tail``), so a chat's
   next turn hits the previous answer as well as the previous prompt (all but the last sampled token, whose KV
   is never computed);
+- a step whose batch holds a LoRA request costs ``lora.step_factor`` times more (``lora_overhead``; docs/lora.md);
 - a sequence grows a block every ``block_size`` tokens; when blocks run out, the running sequence with the
   largest (priority, arrival) is preempted (recompute: its blocks are freed, it goes back to the waiting queue
   and later prefills prompt + generated tokens again, usually hitting its own cached prefix).
@@ -40,6 +41,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from .kvcache import KVCache
+from .lora import step_factor
 from .profiles import EngineProfile
 from .tokens import BLOCK_SIZE_TOKENS, block_hashes, output_text
 
@@ -62,6 +64,8 @@ class Sequence:
     # a follow-up prompt that repeats this answer (a chat's next turn) then hits them.
     prompt_tail: str | None = None
     cache_salt: str | None = None
+    adapter: str | None = None  # the LoRA adapter it names (None: the base model)
+    lora_rank: int = 0  # that adapter's rank: the step overhead (``lora.step_factor``)
     # progress
     state: str = WAITING
     cached_tokens: int = 0  # prefix-cache hit at first scheduling (usage.prompt_tokens_details.cached_tokens)
@@ -155,6 +159,7 @@ class Engine:
             raise ValueError(f"block_size must be a multiple of {BLOCK_SIZE_TOKENS} tokens (the prompt hash grain)")
         self.profile = profile
         self.scheduling_policy = scheduling_policy
+        self.lora_overhead = 0.0  # step-time fraction at rank 16 when a batch holds an adapter (lora.py)
         self._hash_stride = profile.block_size // BLOCK_SIZE_TOKENS
         self.kv = KVCache(profile.num_gpu_blocks, profile.block_size)
         self.running: list[Sequence] = []  # decoding (tokens counted lazily)
@@ -443,7 +448,8 @@ class Engine:
                 old_batch, old_ctx = len(old), sum(s.prompt_tokens + s.generated for s in old)
             step0 = profile.decode_step_s(old_batch, old_ctx) if old_batch else profile.decode_t0_s
             prefill = profile.prefill_s(prefill_tokens)
-            return Plan(now, 1, list(self.running), prefill, step0, 0.0, admitted, prefill_tokens)
+            factor = self._lora_factor()
+            return Plan(now, 1, list(self.running), prefill * factor, step0 * factor, 0.0, admitted, prefill_tokens)
         while True:
             steps = min(max_steps, self._next_finish_tick() - self._tick[0])
             steps = self._max_steps_within(self.kv.free_blocks, steps)
@@ -453,8 +459,15 @@ class Engine:
             if not self.running:
                 return None
         batch = len(self.running)
-        step0 = profile.decode_step_s(batch, self._ctx)
-        return Plan(now, steps, list(self.running), 0.0, step0, profile.decode_per_ctx_token_s * batch, [])
+        factor = self._lora_factor()
+        step0 = profile.decode_step_s(batch, self._ctx) * factor
+        return Plan(now, steps, list(self.running), 0.0, step0, profile.decode_per_ctx_token_s * batch * factor, [])
+
+    def _lora_factor(self) -> float:
+        """The LoRA overhead of the batch about to run (1.0 without adapters or overhead)."""
+        if not self.lora_overhead:
+            return 1.0
+        return step_factor((s.lora_rank for s in itertools.chain(self.running, self.prefilling)), self.lora_overhead)
 
     def commit(self, plan: Plan, steps: int, now: float) -> list[Sequence]:
         """Apply ``steps`` completed steps of ``plan`` ending at ``now``; returns the sequences that finished."""

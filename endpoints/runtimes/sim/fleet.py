@@ -14,6 +14,7 @@ from endpoints.routing.kv_events import KVEventBatch
 from .engine import Engine
 from .engine import Sequence as EngineSeq
 from .interfaces import FleetView, ReplicaStatus
+from .lora import AdapterSlots
 from .profiles import EngineProfile
 from .results import ReplicaRecord, RequestResult
 
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     from .des import Simulation
 
 # Event kinds of the simulation's queue (des imports them). _WAKE: a queued request goes over age (admission's timer).
-_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT, _WAKE = range(7)
+# _LORA: a request's adapter finished loading on its replica (lora_des).
+_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT, _WAKE, _LORA = range(8)
 
 
 class FleetActions:
@@ -73,6 +75,16 @@ class SimReplica:
         self.mu_capacity = 1.0  # in-flight MU it sustains (ReplicaView.mu_capacity): per replica in a mixed fleet
         self.kv_events_on = True  # its KV-event publisher is delivering (Simulation.set_kv_events)
         self.kv_event_seq = 0  # the publisher's sequence number, counting batches dropped too
+        self.slots: AdapterSlots | None = None  # its LoRA adapter slots (Simulation(lora=…))
+        self.lora_queue: list[str] = []  # requests waiting for a free adapter slot, in arrival order
+        self.scraped_adapters: frozenset = frozenset()  # vllm:lora_requests_info running ∪ waiting, as scraped
+
+    def adapters_in_requests(self) -> frozenset:
+        """Adapters of its requests, running or waiting (vllm:lora_requests_info's two lists together)."""
+        if self.slots is None:
+            return frozenset()
+        queued = {self.in_flight[r][0].adapter for r in self.lora_queue if r in self.in_flight}
+        return frozenset(self.slots.in_use) | queued
 
     def end_of(self, plan, steps: int | None = None) -> float:
         return plan.start_s + plan.duration(steps) * self.slow
@@ -94,6 +106,9 @@ class FleetOps:
         rep.mu_capacity = self.mu_capacity if mu_capacity is None else mu_capacity
         if self.kv_event_sink is not None:
             rep.engine.kv.events = []
+        if self.lora is not None:
+            rep.slots = AdapterSlots(self.lora.max_loras)
+            rep.engine.lora_overhead = self.lora.overhead
         self.replicas[rep.replica_id] = rep
         self._all_replicas.append(rep)
         if schedule:
@@ -218,6 +233,7 @@ class FleetOps:
             if rep.state != "failed" and now - rep.scraped_s >= self.scrape_interval_s:
                 rep.scraped_s = now
                 rep.scraped = (rep.engine.num_running, rep.engine.num_waiting, rep.engine.kv_usage)
+                rep.scraped_adapters = rep.adapters_in_requests()
             running, waiting, kv = rep.scraped
             views.append(
                 ReplicaView(
@@ -234,6 +250,9 @@ class FleetOps:
                     concurrency_limit=rep.concurrency_limit,
                     block_size=rep.profile.block_size,
                     num_gpu_blocks=rep.profile.num_gpu_blocks,
+                    adapters=rep.slots.held() if rep.slots is not None else frozenset(),
+                    max_loras=rep.slots.max_loras if rep.slots is not None else 0,
+                    active_adapters=rep.scraped_adapters,
                 )
             )
         return views

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -155,6 +156,7 @@ def parse_request(
     scheduling_policy: str,
     header_request_id: str | None,
     vocab_size: int = 32000,
+    adapters: Collection[str] = (),
 ) -> ParsedRequest:
     if not isinstance(body, dict):
         raise body_not_an_object(body)
@@ -163,7 +165,7 @@ def parse_request(
     fields.check()
     _check_request_validators(fields, chat=chat, stream=v.stream, options=v.options)
     model = v.model or served_model
-    if model != served_model:
+    if model != served_model and model not in adapters:  # a loaded LoRA adapter is served under its own name
         raise BadRequest(
             f"The model `{model}` does not exist. Valid aliases: {served_model}.", status=404, param="model"
         )

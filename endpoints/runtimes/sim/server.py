@@ -3,7 +3,9 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and not, ``n`` choices, stop strings,
 logprobs; ``serving``), ``GET /v1/models``, ``/health``, ``/ping``, ``/version``, ``/load``, ``/metrics``; admin:
 ``GET|POST /admin/faults`` (JSON settings of ``faults.Faults``), ``POST /admin/crash``, ``POST /reset_prefix_cache``,
-``GET /admin/received`` (the engine-facing fields of the last requests, as a router or proxy sent them). Every
+``GET /admin/received`` (the engine-facing fields of the last requests, as a router or proxy sent them); with
+``max_loras`` (``--max-loras``) also ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` and adapters
+served under their names (``lora_http``, docs/lora.md). Every
 response carries ``X-Request-Id`` (the client's, else a fresh one), an unknown route is ``{"detail": "Not Found"}``
 and a wrong method ``{"detail": "Method Not Allowed"}``, as vLLM's FastAPI answers.
 
@@ -27,6 +29,8 @@ from aiohttp import web
 
 from .engine import FINISHED, Engine
 from .faults import Faults
+from .lora import AdapterSlots
+from .lora_http import LoraEndpoints, LoraInfoCollector
 from .metrics import ReplicaMetrics
 from .profiles import EngineProfile
 from .protocol import VLLM_VERSION, parse_request
@@ -68,6 +72,10 @@ class ReplicaServer:
         scheduling_policy: str = "priority",
         faults: Faults | None = None,
         on_crash=None,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
+        lora_load_s: float = 0.0,
+        lora_overhead: float = 0.1,
     ):
         if speed <= 0:
             raise ValueError("speed must be positive")
@@ -77,6 +85,12 @@ class ReplicaServer:
         self.scheduling_policy = scheduling_policy
         self.engine = Engine(profile, scheduling_policy=scheduling_policy)
         self.metrics = ReplicaMetrics(self.engine, self.model)
+        self.slots = AdapterSlots(max_loras) if max_loras > 0 else None
+        self.lora = None
+        if self.slots is not None:
+            self.lora = LoraEndpoints(self, self.slots, max_lora_rank=max_lora_rank, load_s=lora_load_s)
+            self.engine.lora_overhead = lora_overhead
+            self.metrics.registry.register(LoraInfoCollector(self.engine, max_loras))
         self.faults = faults or Faults()
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
         self.created = int(time.time())
@@ -112,6 +126,8 @@ class ReplicaServer:
         app.router.add_post("/admin/faults", self.set_faults)
         app.router.add_post("/admin/crash", self.crash_view)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        if self.lora is not None:
+            self.lora.attach(app)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -241,6 +257,7 @@ class ReplicaServer:
                 scheduling_policy=self.scheduling_policy,
                 header_request_id=request.headers.get("X-Request-Id"),
                 vocab_size=self.profile.vocab_size,
+                adapters=self.slots.held() if self.slots is not None else (),
             )
         except BadRequest as exc:
             return error_response(exc)
@@ -255,6 +272,9 @@ class ReplicaServer:
         if self.faults.hang:
             await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
         exchange = build_exchange(parsed, self.profile, self.now())
+        adapter = parsed.model if parsed.model != self.model else None
+        if adapter is not None:
+            self._use_adapter(exchange, adapter)
         added = []
         try:
             for choice in exchange.choices:
@@ -262,6 +282,7 @@ class ReplicaServer:
         except ValueError as exc:
             for seq in added:
                 self.engine.abort(seq, self.now())
+            self._release_adapter(adapter)
             return error_response(BadRequest(str(exc)))
         self._live.add(exchange)
         self._wake.set()
@@ -284,6 +305,19 @@ class ReplicaServer:
                 self.engine.abort(seq, self.now())
             if aborted:
                 self._wake.set()
+            self._release_adapter(adapter)
+
+    def _use_adapter(self, exchange: Exchange, adapter: str) -> None:
+        """The request runs with ``adapter``: its sequences carry the rank (step overhead); it is in use (no LRU
+        unload) until the request ends."""
+        rank = self.lora.ranks.get(adapter, 0)
+        for choice in exchange.choices:
+            choice.seq.adapter, choice.seq.lora_rank = adapter, rank
+        self.slots.acquire(adapter, self.now(), 0.0)
+
+    def _release_adapter(self, adapter: str | None) -> None:
+        if adapter is not None and self.slots is not None:
+            self.slots.release(adapter, self.now())
 
     async def models(self, request: web.Request) -> web.Response:
         created = int(time.time())
@@ -312,7 +346,10 @@ class ReplicaServer:
                 }
             ],
         }
-        return json_response({"object": "list", "data": [card]})
+        perm = card["permission"][0]
+        fresh = lambda: {**perm, "id": f"modelperm-{uuid.uuid4().int & (2**64 - 1):016x}"}  # noqa: E731
+        adapters = self.lora.cards(self.model, created, fresh) if self.lora else []
+        return json_response({"object": "list", "data": [card, *adapters]})
 
     # -- operations --------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

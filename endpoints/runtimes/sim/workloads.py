@@ -31,6 +31,7 @@ class SimRequest:
     session_id: str | None = None
     cache_salt: str | None = None
     followup: Callable[[object], SimRequest | None] | None = None  # next turn, from this one's RequestResult
+    adapter: str | None = None  # the LoRA adapter it names as its model (Simulation(lora=…))
     extra: dict = field(default_factory=dict)
 
     @property

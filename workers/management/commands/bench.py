@@ -16,6 +16,7 @@ BENCHMARKS = {
     "sim": "endpoints.benchmarks.sim",
     "proxy": "endpoints.benchmarks.proxy",
     "routing": "endpoints.benchmarks.routing",
+    "lora": "endpoints.benchmarks.lora",
     "fidelity": "endpoints.benchmarks.fidelity",
     "planner": "capacity.benchmarks.planner",
     "economics": "capacity.benchmarks.economics",

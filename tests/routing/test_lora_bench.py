@@ -1,0 +1,39 @@
+"""``bench lora`` reports the issue's figures; infercap keeps far more requests within the SLO than round robin."""
+
+import json
+
+import pytest
+
+from endpoints.benchmarks import lora as bench
+
+
+def test_bench_lora_reports_every_policy_and_the_ratios(tmp_path):
+    svg = tmp_path / "lora.svg"
+    figures = bench.run(
+        quick=True, plot=str(svg), progress=lambda msg: None, duration_s="10", warmup_s="5", rates="80"
+    )
+    json.dumps(figures)  # the command prints it as one JSON line
+    assert set(figures["policies"]) == {"round_robin", "lora_affinity", "infercap"}
+    for name, run in figures["policies"].items():
+        assert {"slo_throughput", "adapter_loads_per_1k", "ttft_p90_ms"} <= set(run), name
+        assert run["stages"][0]["requests"] > 500
+    ours, rr = figures["policies"]["infercap"], figures["policies"]["round_robin"]
+    assert ours["slo_throughput"] > 1.5 * rr["slo_throughput"]
+    assert ours["adapter_loads_per_1k"] < rr["adapter_loads_per_1k"]
+    assert figures["ratio_vs_round_robin"] == pytest.approx(ours["slo_throughput"] / rr["slo_throughput"], rel=1e-2)
+    assert figures["ratio_vs_lora_affinity"] is not None
+    # No churn, no load time: the bound serves (nearly) everything at this rate.
+    assert figures["upper_bound"]["slo_throughput"] >= ours["slo_throughput"]
+    assert svg.read_text().startswith("<svg") and svg.read_text().count("polyline") == 4
+
+
+def test_bench_lora_rejects_unknown_options():
+    with pytest.raises(ValueError, match="unknown options: speed"):
+        bench.run(quick=True, progress=lambda msg: None, speed="2")
+
+
+def test_zipf_catalog_is_seeded_and_skewed():
+    cat = bench.catalog(200, 1.0, 0.5, 2.0, 7)
+    assert cat == bench.catalog(200, 1.0, 0.5, 2.0, 7) and len(set(cat.names)) == 200
+    assert cat.weights[0] / cat.weights[99] == pytest.approx(100)
+    assert all(0.5 <= t <= 2.0 for t in cat.load_s.values()) and set(cat.rank.values()) <= {8, 16, 32}
