@@ -63,10 +63,14 @@ def _kv_engine_spec() -> tuple[EngineSpec, str]:
 def _specs() -> dict[str, tuple[EngineSpec, str]]:
     return {
         "engine": (EngineSpec(SERVED_MODEL_NAME, url_variable="INFERCAP_ENGINE_URL"), ""),
-        # Eager: no torch.compile warm-up; neither of its tests measures its speed.
+        # Eager: no torch.compile warm-up; none of its tests measures its speed.
         "second_engine": (
             EngineSpec(
-                SECOND_MODEL, ("--max-num-seqs", "1", "--enforce-eager"), url_variable="INFERCAP_SECOND_ENGINE_URL"
+                SECOND_MODEL,
+                ("--max-num-seqs", "1", "--enforce-eager", "--enable-lora", "--max-loras", str(LORA_SLOTS))
+                + ("--max-lora-rank", str(LORA_MAX_RANK)),
+                {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+                url_variable="INFERCAP_SECOND_ENGINE_URL",
             ),
             "",
         ),
