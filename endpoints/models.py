@@ -20,6 +20,7 @@ class RoutingPolicy(models.TextChoices):
     LEAST_REQUEST = "least_request", "Least request"
     POWER_OF_TWO = "power_of_two", "Power of two choices"
     LLMD = "llmd", "llm-d default scorers"
+    LORA_AFFINITY = "lora_affinity", "LoRA affinity (Gateway API inference extension filters)"
     INFERCAP = "infercap", "infercap (MU load, prefix affinity, bounded load)"
 
 
