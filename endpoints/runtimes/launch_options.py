@@ -84,6 +84,7 @@ TENANT_LAUNCH_OPTIONS: dict[str, Callable[[object], str | None]] = {
     # Multi-LoRA (docs/lora-serving.md): adapter slots per replica (vLLM --max-loras; 0 = LoRA off) and the largest rank.
     "max_loras": _whole(0, 256),
     "max_lora_rank": _choice(*LORA_RANKS),
+    "lora_load_s": _number(0, 600),  # simulated replicas: seconds an adapter load takes
 }
 # vLLM's --max-lora-rank default, used when an endpoint enables LoRA without naming one.
 DEFAULT_MAX_LORA_RANK = 16

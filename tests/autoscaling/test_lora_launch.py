@@ -29,3 +29,18 @@ def test_without_slots_there_is_no_lora():
 def test_rank_defaults_to_vllms():
     argv = vllm.serve_command(model="m", port=8000, max_loras=2)
     assert argv[argv.index("--max-lora-rank") + 1] == "16"
+
+
+@pytest.mark.django_db
+def test_simulated_replicas_get_the_same_slots_and_rank():
+    endpoint = EndpointFactory(runtime="sim", launch_options={"max_loras": 4, "max_lora_rank": 8, "lora_load_s": 0.5})
+    argv = replica_argv(endpoint, port=8123)
+    assert argv[argv.index("--max-loras") :][:6] == [
+        "--max-loras",
+        "4",
+        "--max-lora-rank",
+        "8",
+        "--lora-load-s",
+        "0.5",
+    ]
+    assert "--max-loras" not in replica_argv(EndpointFactory(runtime="sim", launch_options={}), port=8123)

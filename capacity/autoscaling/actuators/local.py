@@ -146,6 +146,11 @@ def replica_argv(
     if options.get("profile"):
         argv += ["--profile", argv_value("profile", options["profile"])]
     argv += ["--speed", argv_value("speed", float(options.get("speed", 1.0)))]
+    slots, rank = endpoint.lora  # the simulator serves adapters as vLLM does with --enable-lora (docs/lora.md)
+    if slots:
+        argv += ["--max-loras", str(slots), "--max-lora-rank", str(rank)]
+        if options.get("lora_load_s") is not None:
+            argv += ["--lora-load-s", argv_value("lora_load_s", float(options["lora_load_s"]))]
     for flag, key in (("--profile-opt", "profile_opts"), ("--fault", "faults")):
         for name, value in (options.get(key) or {}).items():
             value = str(value).lower() if isinstance(value, bool) else value
