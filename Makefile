@@ -18,12 +18,13 @@ run: setup-run
 	$(PY) manage.py run_platform
 
 ## test: set up and run every test against real PostgreSQL and Redis (started if needed), browser tests and the
-## real-vLLM tests (CPU build, installed once by the engine target) included
+## real-vLLM tests (CPU build, installed once by the engine target) included; those run in a second pytest beside the
+## rest (scripts/run_tests.sh)
 test: setup engine
 	scripts/ensure_services.sh
 	scripts/ensure_prometheus.sh
 	@if [ -x scripts/install_browser.sh ]; then scripts/install_browser.sh; fi
-	DATABASE_URL=$(DATABASE_URL_TEST) REDIS_URL=$(REDIS_URL_TEST) $(PY) -m pytest -q -p no:cacheprovider
+	scripts/run_tests.sh
 
 # Locked dependencies, hashes checked: the dev lock for tests, lint and CI; the run lock for make run and the image.
 setup:

@@ -76,12 +76,3 @@ def client_for(user: User) -> APIClient:
     client = APIClient()
     client.force_authenticate(user=user)
     return client
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``) every real-engine test runs in one worker, so the engines
-    (tests/engine/conftest.py) start once, while the other worker runs the rest of the suite."""
-    engine_dir = config.rootpath / "tests" / "engine"
-    for item in items:
-        if engine_dir in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("engine"))

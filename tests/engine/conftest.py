@@ -2,7 +2,7 @@
 
 Three engines serve the package: the ``engine`` (default flags, shared by most tests), the ``second_engine`` (one
 sequence at a time, so requests queue inside vLLM; LoRA adapters on two slots) and the ``kv_engine`` (24 KV blocks, publishing KV-cache events
-over ZMQ). A start is ~60 CPU-seconds of imports in three processes, so the pool launches every engine the
+over ZMQ; LoRA adapters too). A start is ~60 CPU-seconds of imports in three processes, so the pool launches every engine the
 collected tests need at once, when the first of them is wanted: on two cores that takes about half as long as one
 start after another. They are package-scoped: an idle engine polls at ~10% of a core, and the rest of the suite
 should not pay for it.
@@ -27,8 +27,11 @@ from tests.engine.engine import INSTALL_HINT, engine_installed, launch_engine, s
 SERVED_MODEL_NAME = "tiny-llama"
 SECOND_MODEL = "tiny-llama-one-seq"
 KV_NUM_BLOCKS = 24
-# The second engine also serves LoRA adapters: two slots of rank up to 8, loaded at run time (test_lora_real_engine)
+# The second and the KV-events engines also serve LoRA adapters: two slots of rank up to 8, loaded at run time
+# (test_lora_real_engine)
 LORA_SLOTS, LORA_MAX_RANK = 2, 8
+LORA_FLAGS = ("--enable-lora", "--max-loras", str(LORA_SLOTS), "--max-lora-rank", str(LORA_MAX_RANK))
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
 @dataclass
@@ -55,8 +58,10 @@ def _kv_engine_spec() -> tuple[EngineSpec, str]:
     port = free_port()
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
     extra = ("--kv-events-config", json.dumps(config), "--num-gpu-blocks-override", str(KV_NUM_BLOCKS))
-    # dev mode: POST /reset_prefix_cache; a context that fits the small cache
-    spec = EngineSpec(SERVED_MODEL_NAME, extra + ("--max-model-len", "1024"), {"VLLM_SERVER_DEV_MODE": "1"})
+    # a context that fits the small cache; LoRA as the second engine has it (adapter affinity across the two)
+    extra += ("--max-model-len", "1024", *LORA_FLAGS)
+    # dev mode: POST /reset_prefix_cache
+    spec = EngineSpec(SERVED_MODEL_NAME, extra, {"VLLM_SERVER_DEV_MODE": "1", **LORA_ENV})
     return spec, f"tcp://127.0.0.1:{port}"
 
 
@@ -67,9 +72,8 @@ def _specs() -> dict[str, tuple[EngineSpec, str]]:
         "second_engine": (
             EngineSpec(
                 SECOND_MODEL,
-                ("--max-num-seqs", "1", "--enforce-eager", "--enable-lora", "--max-loras", str(LORA_SLOTS))
-                + ("--max-lora-rank", str(LORA_MAX_RANK)),
-                {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+                ("--max-num-seqs", "1", "--enforce-eager", *LORA_FLAGS),
+                LORA_ENV,
                 url_variable="INFERCAP_SECOND_ENGINE_URL",
             ),
             "",

@@ -142,3 +142,52 @@ def test_vanished_and_unloadable_artifacts_are_openai_errors_and_the_replica_kee
         shutil.rmtree(lora_store / "ft-three")
         for name in ("ft-two", "ft-three"):
             shutil.copytree(lora_store / "ft-one", lora_store / name)
+
+
+def test_each_adapter_stays_on_one_of_two_replicas_under_infercap_routing(
+    second_engine, kv_engine, lora_store, procs, clean_redis, tenant_a, settings, monkeypatch
+):
+    """Two real LoRA replicas behind the proxy: requests for two adapters, interleaved, load each adapter once, on
+    one replica, and every request for it goes there (round robin would load each on both)."""
+    engines = {"one-seq": second_engine, "kv": kv_engine}
+    for engine in engines.values():
+        for name in engine_adapters(engine.url):
+            httpx.post(f"{engine.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
+    settings.INFERCAP = {**settings.INFERCAP, "LORA_ROOT": str(lora_store)}
+    monkeypatch.setenv("INFERCAP_LORA_ROOT", str(lora_store))
+    endpoint = EndpointFactory(
+        name="lora-pair",
+        ttft_slo_ms=60_000,
+        tpot_slo_ms=5_000,
+        concurrency_max=8,
+        concurrency_limit=8,
+        routing_policy="infercap",
+        launch_options={"max_loras": SLOTS, "max_lora_rank": MAX_RANK},
+        model_profile__name=SERVED_MODEL_NAME,
+    )
+    ReservationFactory(tenant=tenant_a.tenant, endpoint=endpoint, mu_per_min=1e9)
+    for name, engine in engines.items():
+        replica_attach(endpoint=endpoint, url=engine.url, name=name, served_model_name=engine.model)
+    for name in ADAPTERS[:2]:
+        adapter_create(name=name, owner_tenant=tenant_a.tenant, endpoint=endpoint, artifact_path=name)
+    served = SimpleNamespace(base=spawn_proxy(procs), a=tenant_a.raw_key)
+    ids = []
+    for _ in range(4):
+        for name in ADAPTERS[:2]:
+            response = ask(served, name)
+            assert response.status_code == 200, response.text
+            ids.append((name, response.headers["x-request-id"]))
+    held = {name: engine_adapters(engine.url) for name, engine in engines.items()}
+    for adapter in ADAPTERS[:2]:
+        assert sum(adapter in adapters for adapters in held.values()) == 1, held  # loaded once, on one replica
+    rows = wait_for(
+        lambda: (
+            (r := dict(UsageRecord.objects.filter(endpoint=endpoint).values_list("request_id", "replica__name")))
+            and len(r) == len(ids)
+            and r
+        ),
+        20,
+    )
+    for adapter in ADAPTERS[:2]:
+        (replica,) = {rows[rid] for name, rid in ids if name == adapter}
+        assert adapter in held[replica]  # every request for it went where it is loaded
