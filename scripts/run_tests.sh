@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test run of `make test`: the real-engine tests (tests/engine/, ~10 minutes, most of it vLLM start-ups that
 # import torch in three processes) run in a second pytest process beside the rest of the suite, each with its own
-# test database, Redis database and var directory; both must pass. Arguments: one pytest run of just those.
+# test database, Redis database and var directory; both must pass. The engine tests run at a lower CPU priority
+# (nice 10): on two cores the rest of the suite, whose end-to-end tests keep time, gets the CPU when both want it,
+# and the engines take what it leaves. Arguments: one pytest run of just those.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -21,12 +23,12 @@ else
 fi
 engine_log=$(mktemp -t infercap-engine-tests.XXXXXX)
 DATABASE_URL="${db}_engine" REDIS_URL=$engine_redis INFERCAP_VAR_DIR="$PWD/var/test-engine" \
-  INFERCAP_VLLM_MODELS_DIR="$PWD/var/engine" "${pytest[@]}" tests/engine >"$engine_log" 2>&1 &
+  INFERCAP_VLLM_MODELS_DIR="$PWD/var/engine" nice -n 10 "${pytest[@]}" --durations=15 tests/engine >"$engine_log" 2>&1 &
 engine_pid=$!
 trap 'kill -- "$engine_pid" 2>/dev/null' EXIT INT TERM
 echo "tests/engine runs beside the rest (its output follows at the end; $engine_log)"
 
-DATABASE_URL=$db REDIS_URL=$redis "${pytest[@]}" --ignore=tests/engine
+DATABASE_URL=$db REDIS_URL=$redis "${pytest[@]}" --durations=25 --ignore=tests/engine
 rest=$?
 wait "$engine_pid"
 engine=$?

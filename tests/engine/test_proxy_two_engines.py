@@ -94,9 +94,15 @@ def test_priority_classes_reach_vllm_as_its_priority(second_engine, procs, clean
     for stream in (blocker, late_sheddable, critical):
         stream.join(120)
     assert late_sheddable.status == critical.status == 200
-    # One sequence at a time: the critical request ran to its end before the sheddable one got its first token,
-    # although it reached the engine after it (vLLM's fcfs would have served the sheddable one first).
-    assert critical.done_at < late_sheddable.first_token_at, (critical.done_at, late_sheddable.first_token_at)
+    # One sequence at a time: the critical request was scheduled first and streamed its tokens before the sheddable
+    # one got its first, although it reached the engine after it (vLLM's fcfs would have served the sheddable one
+    # first). Its first token, not its end: the client reads the critical stream's closing chunk in one thread and
+    # the sheddable's first token in another, and the engine starts the next sequence within the same millisecond
+    # (a run saw the two 0.5 ms apart, the wrong way round).
+    assert critical.first_token_at < late_sheddable.first_token_at, (
+        critical.first_token_at,
+        late_sheddable.first_token_at,
+    )
     ids = {s.request_id: name for s, name in ((late_sheddable, "sheddable"), (critical, "critical"))}
     wait_for(lambda: UsageRecord.objects.filter(request_id__in=ids).count() == 2, 20)
     assert {ids[r.request_id]: r.priority for r in UsageRecord.objects.filter(request_id__in=ids)} == {
