@@ -84,7 +84,10 @@ def launch_engine(
         # Not the repository root, so its top-level packages (config, platform, tests) stay off the engine's
         # import path (a precaution: the API server imports cleanly from there today).
         cwd=str(model_dir.parent),
-        start_new_session=True,
+        # Its own process group (stop_engine signals the group), in this session: a new session would be a new
+        # scheduler autogroup, and the nice level scripts/run_tests.sh gives the engine tests would not hold
+        # against the rest of the suite.
+        process_group=0,
         preexec_fn=_die_with_parent,
     )
     log.close()
