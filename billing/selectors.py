@@ -13,20 +13,13 @@ from billing.cost import CostLine, cost_lines
 from billing.models import SLO, Alert, CostReport, SLOStatus, Webhook
 from billing.slo import WINDOWS_S
 from endpoints.models import Endpoint
-from endpoints.selectors import endpoints_visible_to
+from endpoints.selectors import endpoints_visible_to, owned_or_shared
 from tenants.selectors import principal_is_operator, principal_tenant_id
 
 
 def slos_visible_to(principal) -> QuerySet[SLO]:
     """A tenant's own SLOs and the endpoint-wide SLOs of the endpoints it can see; operators, every SLO."""
-    queryset = SLO.objects.select_related("endpoint", "tenant")
-    if principal_is_operator(principal):
-        return queryset
-    tenant_id = principal_tenant_id(principal)
-    if tenant_id is None:
-        return queryset.none()
-    endpoint_wide = Q(tenant__isnull=True, endpoint__in=endpoints_visible_to(principal).values("pk"))
-    return queryset.filter(Q(tenant_id=tenant_id) | endpoint_wide)
+    return owned_or_shared(SLO.objects.select_related("endpoint", "tenant"), principal, owner="tenant")
 
 
 @dataclass(frozen=True)

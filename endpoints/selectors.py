@@ -65,13 +65,18 @@ def replica_placement_redacted(replica: Replica) -> dict[str, str]:
     return {"name": f"replica-{replica.pk}", "url": "", "actuator": "", "actuator_ref": "", "failure_reason": ""}
 
 
-def adapters_visible_to(principal) -> QuerySet[Adapter]:
-    """Operators: every adapter. A tenant: its own, and the shared ones on endpoints it may see."""
-    queryset = Adapter.objects.select_related("owner_tenant", "endpoint")
+def owned_or_shared(queryset: QuerySet, principal, *, owner: str) -> QuerySet:
+    """Rows of ``queryset`` a principal may see: operators, all; a tenant, those its ``owner`` field names and the
+    shared ones (no owner) on endpoints it may see; anyone else, none. Adapters and SLOs share this rule."""
     if principal_is_operator(principal):
         return queryset
     tenant_id = principal_tenant_id(principal)
     if tenant_id is None:
         return queryset.none()
-    shared = Q(owner_tenant__isnull=True, endpoint__in=endpoints_visible_to(principal).values("pk"))
-    return queryset.filter(Q(owner_tenant_id=tenant_id) | shared)
+    shared = Q(**{f"{owner}__isnull": True}, endpoint__in=endpoints_visible_to(principal).values("pk"))
+    return queryset.filter(Q(**{f"{owner}_id": tenant_id}) | shared)
+
+
+def adapters_visible_to(principal) -> QuerySet[Adapter]:
+    """Operators: every adapter. A tenant: its own, and the shared ones on endpoints it may see."""
+    return owned_or_shared(Adapter.objects.select_related("owner_tenant", "endpoint"), principal, owner="owner_tenant")
