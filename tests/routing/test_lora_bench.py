@@ -37,3 +37,32 @@ def test_zipf_catalog_is_seeded_and_skewed():
     assert cat == bench.catalog(200, 1.0, 0.5, 2.0, 7) and len(set(cat.names)) == 200
     assert cat.weights[0] / cat.weights[99] == pytest.approx(100)
     assert all(0.5 <= t <= 2.0 for t in cat.load_s.values()) and set(cat.rank.values()) <= {8, 16, 32}
+
+
+def test_fewest_loads_is_beladys_min():
+    # Two slots, a b c a b: at c, a comes back before b, so b leaves; a hits and b loads again: 4 loads. LRU would
+    # evict a at c and miss both a and b: 5.
+    assert bench.fewest_loads(list("abcab"), 2) == [True, True, True, False, True]
+    assert sum(bench.fewest_loads(list("abcabcabc"), 3)) == 3  # everything fits: compulsory loads only
+    assert bench.fewest_loads(list("aaa"), 0) == [True, True, True]
+    # Never worse than any other eviction rule on the same stream (LRU here), and no fewer loads than adapters.
+    stream = [f"a{int(x)}" for x in "0123012401234501234560"]
+    lru, held, lru_loads = 3, [], 0
+    for name in stream:
+        if name in held:
+            held.remove(name)
+        else:
+            lru_loads += 1
+            held = held[-(lru - 1) :]
+        held.append(name)
+    assert len(set(stream)) <= sum(bench.fewest_loads(stream, 3)) <= lru_loads
+
+
+def test_the_loads_bound_is_reported_per_rate_and_against_the_baseline():
+    figures = bench.run(quick=True, progress=lambda msg: None, duration_s="10", warmup_s="5", rates="40")
+    bound = figures["loads_lower_bound_per_1k"]
+    assert 0 < bound < figures["policies"]["round_robin"]["adapter_loads_per_1k"]
+    assert figures["policies"]["infercap"]["stages"][0]["loads_lower_bound_per_1k"] == bound
+    assert figures["loads_floor_ratio_vs_lora_affinity"] == pytest.approx(
+        bound / figures["policies"]["lora_affinity"]["adapter_loads_per_1k"], rel=1e-2
+    )
