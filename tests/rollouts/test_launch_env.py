@@ -16,6 +16,7 @@ from endpoints.models import Endpoint, Replica
 from endpoints.runtimes import launch_env as le
 from endpoints.runtimes import vllm
 from endpoints.runtimes.sim.process import start_replica
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,10 @@ def big_host(monkeypatch):
 
 
 def environ_of(pid: int) -> dict[str, str]:
+    """The environment the process was started with, once it has exec'd (until then a forked child shows this
+    process's command line and initial environment)."""
+    ours = Path("/proc/self/cmdline").read_bytes()
+    wait_for(lambda: Path(f"/proc/{pid}/cmdline").read_bytes() != ours, 10, message="the replica's exec")
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 

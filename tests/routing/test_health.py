@@ -201,9 +201,11 @@ def test_saturated_replica_is_never_marked_failed(sim_endpoint):
     assert max(waiting) >= 8, f"the replica was not saturated: waiting {waiting}"
     busy.refresh_from_db()
     assert busy.state == ReplicaState.READY and busy.consecutive_probe_failures == 0
-    # The probe jumps the queue: its first token comes inside the budget, with margin, although 16 requests wait
-    # (it may still wait for one running sequence to free a batch slot, as in vLLM: nothing is preempted for it).
-    assert max(ttfts) < always_probe.ttft_timeout_s * 0.8
+    # The probe jumps the queue: its first token comes inside the budget although 16 requests wait, typically well
+    # inside (it may still wait for one running sequence to free a batch slot, as in vLLM: nothing is preempted for
+    # it); the median shows the queue jump, the maximum only that no probe failed.
+    assert max(ttfts) < always_probe.ttft_timeout_s
+    assert sorted(ttfts)[len(ttfts) // 2] < always_probe.ttft_timeout_s * 0.5, ttfts
 
 
 @pytest.mark.e2e
