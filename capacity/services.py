@@ -78,6 +78,8 @@ def reservation_sell(
             endpoint=endpoint, sold_others=endpoint_sold_mu_per_min(endpoint), mu_per_min=mu_per_min
         )
         reservation.save()
+        if reservation.adapter_id is not None:
+            detail = {"adapter": reservation.adapter.name, **detail}
         audit_log(actor=actor, action="reservation.create", obj=reservation, tenant=tenant, detail=detail)
     return reservation
 
@@ -100,13 +102,20 @@ def reservation_resize(*, reservation: CapacityReservation, mu_per_min: float, a
 
 
 def _check_reservation_unique(reservation: CapacityReservation) -> None:
-    clash = CapacityReservation.objects.filter(tenant_id=reservation.tenant_id, endpoint_id=reservation.endpoint_id)
+    """One base-model reservation per (tenant, endpoint) and one per (tenant, endpoint, adapter), as the two
+    constraints say, with a message that says what to do."""
+    clash = CapacityReservation.objects.filter(
+        tenant_id=reservation.tenant_id, endpoint_id=reservation.endpoint_id, adapter_id=reservation.adapter_id
+    )
     if reservation.pk:
         clash = clash.exclude(pk=reservation.pk)
-    if clash.exists():
+    if not clash.exists():
+        return
+    if reservation.adapter_id is not None:
         raise ValidationError(
-            {"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]}
+            {"adapter": ["this tenant already holds a reservation for this adapter; change that one"]}
         )
+    raise ValidationError({"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]})
 
 
 def reservation_create(*, tenant: Tenant, endpoint, mu_per_min: float, actor=None, **options) -> CapacityReservation:
@@ -132,12 +141,10 @@ def reservation_update(*, reservation: CapacityReservation, actor=None, **change
 
 @transaction.atomic
 def reservation_delete(*, reservation: CapacityReservation, actor=None) -> None:
-    audit_log(
-        actor=actor,
-        action="reservation.delete",
-        obj=reservation,
-        detail={"endpoint": reservation.endpoint_id, "mu_per_min": reservation.mu_per_min},
-    )
+    detail = {"endpoint": reservation.endpoint_id, "mu_per_min": reservation.mu_per_min}
+    if reservation.adapter_id is not None:
+        detail["adapter"] = reservation.adapter.name
+    audit_log(actor=actor, action="reservation.delete", obj=reservation, detail=detail)
     reservation.delete()
 
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def read_snapshot(version: str = "") -> Snapshot:
     keys = _keys()
     by_name = _endpoints(list(Endpoint.objects.select_related("model_profile")))
-    reservations = _reservations()
+    reservations, adapter_reservations = _reservations()
     return Snapshot(
         version=version,
         loaded_at=time.time(),
@@ -37,6 +37,7 @@ def read_snapshot(version: str = "") -> Snapshot:
         endpoints_by_name=by_name,
         reservations=reservations,
         adapters_by_name=_adapters(),
+        adapter_reservations=adapter_reservations,
     )
 
 
@@ -116,17 +117,24 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     return replicas
 
 
-def _reservations() -> dict[tuple[int, int], ReservationInfo]:
-    return {
-        (r.tenant_id, r.endpoint_id): ReservationInfo(
+def _reservations() -> tuple[dict[tuple[int, int], ReservationInfo], dict[tuple[int, int, str], ReservationInfo]]:
+    """Base-model reservations by (tenant, endpoint), and adapter reservations by (tenant, endpoint, adapter name),
+    the name a request calls it by; one query."""
+    base, by_adapter = {}, {}
+    for r in CapacityReservation.objects.select_related("adapter"):
+        info = ReservationInfo(
             mu_per_min=r.mu_per_min,
             burst_minutes=r.burst_minutes,
             priority=r.priority,
             rpm_limit=r.rpm_limit,
             tpm_limit=r.tpm_limit,
+            adapter_id=r.adapter_id,
         )
-        for r in CapacityReservation.objects.all()
-    }
+        if r.adapter_id is None:
+            base[(r.tenant_id, r.endpoint_id)] = info
+        else:
+            by_adapter[(r.tenant_id, r.endpoint_id, r.adapter.name)] = info
+    return base, by_adapter
 
 
 def _adapters() -> dict[str, AdapterInfo]:
