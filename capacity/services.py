@@ -6,6 +6,8 @@ Every sale and resize (the REST API's ``reservation_create/update``, the console
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from celery import signature
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -17,7 +19,6 @@ from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_m
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.replica_benchmark.http_driver import HttpReplicaDriver
 from capacity.replica_benchmark.sweep import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
-from endpoints.adapters import lora_root
 from endpoints.lora_artifacts import ArtifactError, resolve_under_root
 from endpoints.models import Adapter, Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation, Tenant
@@ -349,6 +350,11 @@ def benchmark_run(
     return benchmark
 
 
+def _lora_root() -> Path:
+    # endpoints.adapters.lora_root's rule; that module sits above this one in the services contract (pyproject.toml).
+    return Path(settings.INFERCAP.get("LORA_ROOT") or Path(settings.BASE_DIR) / "var" / "lora")
+
+
 def _adapter_driver(endpoint: Endpoint, driver: HttpReplicaDriver, report: Progress) -> HttpReplicaDriver | None:
     """The driver for the LoRA pass (requests naming the endpoint's highest-rank adapter), after loading it on the
     replica; None when the endpoint serves no adapter or the load fails (reported)."""
@@ -358,7 +364,7 @@ def _adapter_driver(endpoint: Endpoint, driver: HttpReplicaDriver, report: Progr
     if adapter is None:
         return None
     try:
-        path = resolve_under_root(adapter.artifact_path, root=lora_root())
+        path = resolve_under_root(adapter.artifact_path, root=_lora_root())
         driver.load_adapter(adapter.name, str(path))
     except (ArtifactError, BenchmarkError) as exc:
         report(f"LoRA overhead not measured: adapter {adapter.name}: {exc}")
