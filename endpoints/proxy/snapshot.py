@@ -103,7 +103,7 @@ class AdapterInfo:
     path: str  # the artifact's absolute directory (``lora_path`` for the engine); never shown to tenants
     created: int
     root: str = ""  # the LoRA storage root it lies under
-    mu_factor: float = 1.0  # its requests cost the base endpoint's MU times this (1 + INFERCAP["LORA_MU_OVERHEAD"])
+    mu_factor: float = 1.0  # its requests cost the base endpoint's MU times this (``snapshot_loader.lora_mu_factor``)
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id

@@ -36,7 +36,7 @@ def read_snapshot(version: str = "") -> Snapshot:
         keys_by_hash=keys,
         endpoints_by_name=by_name,
         reservations=reservations,
-        adapters_by_name=_adapters(),
+        adapters_by_name=_adapters(by_name),
         adapter_reservations=adapter_reservations,
     )
 
@@ -137,12 +137,19 @@ def _reservations() -> tuple[dict[tuple[int, int], ReservationInfo], dict[tuple[
     return base, by_adapter
 
 
-def _adapters() -> dict[str, AdapterInfo]:
+def lora_mu_factor(endpoint: EndpointInfo | None) -> float:
+    """What an adapter request costs over a base one on ``endpoint``: 1 + the overhead its benchmark fitted
+    (``CapacityBenchmark.lora_overhead``), else 1 + ``INFERCAP["LORA_MU_OVERHEAD"]``; never below 1."""
+    fitted = endpoint.coeffs.lora_overhead if endpoint is not None else None
+    overhead = fitted if fitted is not None else float(settings.INFERCAP.get("LORA_MU_OVERHEAD", 0.0))
+    return 1.0 + max(0.0, overhead)
+
+
+def _adapters(endpoints_by_name: dict[str, EndpointInfo]) -> dict[str, AdapterInfo]:
     """Every adapter with its artifact's absolute path, resolved again here: one whose path a symlink made to leave
     the LoRA root since its registration is left out (its requests are a 404), as registration would refuse it."""
     knobs = settings.INFERCAP
     root = os.path.realpath(knobs.get("LORA_ROOT") or "var/lora")
-    factor = 1.0 + max(0.0, float(knobs.get("LORA_MU_OVERHEAD", 0.0)))
     adapters = {}
     for a in Adapter.objects.select_related("endpoint"):
         path = os.path.realpath(os.path.join(root, a.artifact_path))
@@ -157,6 +164,6 @@ def _adapters() -> dict[str, AdapterInfo]:
             path=path,
             created=int(a.created_at.timestamp()),
             root=root,
-            mu_factor=factor,
+            mu_factor=lora_mu_factor(endpoints_by_name.get(a.endpoint.name)),
         )
     return adapters
