@@ -2,6 +2,8 @@
 
 Reserved MU = reservation MU/min × the minutes of the period it existed. Overage = used − reserved when positive,
 priced at ``INFERCAP["OVERAGE_USD_PER_1K_MU"]``; the reservation itself at ``INFERCAP["RESERVED_USD_PER_1K_MU"]``.
+An endpoint's line reserves the base-model reservation and the LoRA adapter ones together (all are MU sold on it,
+and its used MU counts every request); each adapter with a reservation also shows its own reserved MU beside its use.
 """
 
 import os
@@ -121,15 +123,16 @@ def statement_for(*, tenant: Tenant, start: datetime, end: datetime, now: dateti
         ).items()
         if tenant_id == tenant.pk
     }
-    reservations = {r.endpoint_id: r for r in CapacityReservation.objects.filter(tenant=tenant, created_at__lt=end)}
+    reservations: dict[int, list[CapacityReservation]] = {}
+    for r in CapacityReservation.objects.filter(tenant=tenant, created_at__lt=end).select_related("adapter"):
+        reservations.setdefault(r.endpoint_id, []).append(r)
     by_adapter = _adapter_usage(tenant=tenant, start=start, end=end)
     endpoints = Endpoint.objects.in_bulk(set(usage) | set(reservations))
     for endpoint_id in sorted(endpoints, key=lambda pk: endpoints[pk].name):
-        reservation = reservations.get(endpoint_id)
+        held = reservations.get(endpoint_id, [])
         sums = usage.get(endpoint_id, {})
-        rate = reservation.mu_per_min if reservation else 0.0
-        minutes = (end - max(start, reservation.created_at)).total_seconds() / 60 if reservation else 0.0
-        reserved_mu = rate * minutes
+        rate = sum(r.mu_per_min for r in held)
+        reserved_mu = sum(r.mu_per_min * _minutes_held(r, start=start, end=end) for r in held)
         used_mu = float(sums.get("mu", 0.0))
         overage_mu = max(0.0, used_mu - reserved_mu)
         statement.lines.append(
@@ -145,10 +148,31 @@ def statement_for(*, tenant: Tenant, start: datetime, end: datetime, now: dateti
                 requests=int(sums.get("requests", 0)),
                 output_tokens=int(sums.get("output_tokens", 0)),
                 good_output_tokens=int(sums.get("good_output_tokens", 0)),
-                adapters=by_adapter.get(endpoint_id, []),
+                adapters=_with_adapter_reservations(by_adapter.get(endpoint_id, []), held, start=start, end=end),
             )
         )
     return statement
+
+
+def _minutes_held(reservation: CapacityReservation, *, start: datetime, end: datetime) -> float:
+    return (end - max(start, reservation.created_at)).total_seconds() / 60
+
+
+def _with_adapter_reservations(
+    used: list[dict], held: list[CapacityReservation], *, start: datetime, end: datetime
+) -> list[dict]:
+    """The adapters' usage rows, each adapter the tenant holds a reservation for with its reserved MU/min and MU of
+    the period beside the MU it used (an adapter reserved but unused gets a row of zeros)."""
+    rows = {row["adapter"]: dict(row) for row in used}
+    for r in held:
+        if r.adapter_id is None:
+            continue
+        row = rows.setdefault(
+            r.adapter.name, {"adapter": r.adapter.name, "requests": 0, "mu": 0.0, "output_tokens": 0}
+        )
+        row["reserved_mu_per_min"] = r.mu_per_min
+        row["reserved_mu"] = r.mu_per_min * _minutes_held(r, start=start, end=end)
+    return sorted(rows.values(), key=lambda row: row["adapter"])
 
 
 def _adapter_usage(*, tenant: Tenant, start: datetime, end: datetime) -> dict[int, list[dict]]:

@@ -1,7 +1,8 @@
 """The capacity ledger (selectors): have / sold / used / headroom / overcommit per endpoint and in total, and per
 tenant reserved vs used with throttled and shed requests. Every figure is in model units per minute.
 
-have = ready (non-standby) replicas × the replica's MU/min; sold = Σ reservations; used = MU actually consumed,
+have = ready (non-standby) replicas × the replica's MU/min; sold = Σ reservations (base-model and LoRA adapter ones
+alike: both are MU/min sold on the endpoint); used = MU actually consumed,
 read from the per-minute usage rollups (``billing.UsageMinute``) through ``usage_aggregate``, the one place that
 knows where usage lives, so raw usage rows are only scanned where rollups do not exist.
 """
@@ -281,7 +282,12 @@ def _tenant_rows(endpoint_list, reservations, hour: list[UsageRow], minute: list
     names = {e.pk: e.name for e in endpoint_list}
     rows: dict[tuple[int, int], TenantLedgerRow] = {}
     for reservation in reservations:
-        rows[(reservation.tenant_id, reservation.endpoint_id)] = TenantLedgerRow(
+        # A tenant's base-model and LoRA adapter reservations on one endpoint make one row: its usage there is both.
+        key = (reservation.tenant_id, reservation.endpoint_id)
+        if key in rows:
+            rows[key].reserved_mu_per_min += reservation.mu_per_min
+            continue
+        rows[key] = TenantLedgerRow(
             reservation.tenant_id, reservation.tenant.name, reservation.endpoint_id, names[reservation.endpoint_id],
             reservation.mu_per_min, 0.0, 0.0, 0, 0, 0, None,
         )  # fmt: skip

@@ -92,6 +92,15 @@ class CapacityBenchmark(models.Model):
     gamma = models.FloatField(null=True, blank=True)
     mu_per_min = models.FloatField(null=True, blank=True)
     fit_error = models.FloatField(null=True, blank=True, help_text="relative error on held-out shapes")
+    lora_overhead = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="an adapter request's extra cost: GPU-seconds per unit of work with an adapter over without, − 1 "
+        "(empty: not measured, the endpoint had no adapter; adapter requests then use INFERCAP_LORA_MU_OVERHEAD)",
+    )
+    lora_overhead_samples = models.PositiveIntegerField(
+        null=True, blank=True, help_text="adapter requests the LoRA overhead was measured on"
+    )
     detail = models.JSONField(default=dict, blank=True)
 
     class Meta:

@@ -6,6 +6,8 @@ Every sale and resize (the REST API's ``reservation_create/update``, the console
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from celery import signature
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -17,7 +19,8 @@ from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_m
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.replica_benchmark.http_driver import HttpReplicaDriver
 from capacity.replica_benchmark.sweep import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
-from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
+from endpoints.lora_artifacts import ArtifactError, resolve_under_root
+from endpoints.models import Adapter, Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import audit_log, field_changes, validated_save
 
@@ -78,6 +81,8 @@ def reservation_sell(
             endpoint=endpoint, sold_others=endpoint_sold_mu_per_min(endpoint), mu_per_min=mu_per_min
         )
         reservation.save()
+        if reservation.adapter_id is not None:
+            detail = {"adapter": reservation.adapter.name, **detail}
         audit_log(actor=actor, action="reservation.create", obj=reservation, tenant=tenant, detail=detail)
     return reservation
 
@@ -100,13 +105,20 @@ def reservation_resize(*, reservation: CapacityReservation, mu_per_min: float, a
 
 
 def _check_reservation_unique(reservation: CapacityReservation) -> None:
-    clash = CapacityReservation.objects.filter(tenant_id=reservation.tenant_id, endpoint_id=reservation.endpoint_id)
+    """One base-model reservation per (tenant, endpoint) and one per (tenant, endpoint, adapter), as the two
+    constraints say, with a message that says what to do."""
+    clash = CapacityReservation.objects.filter(
+        tenant_id=reservation.tenant_id, endpoint_id=reservation.endpoint_id, adapter_id=reservation.adapter_id
+    )
     if reservation.pk:
         clash = clash.exclude(pk=reservation.pk)
-    if clash.exists():
+    if not clash.exists():
+        return
+    if reservation.adapter_id is not None:
         raise ValidationError(
-            {"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]}
+            {"adapter": ["this tenant already holds a reservation for this adapter; change that one"]}
         )
+    raise ValidationError({"endpoint": ["this tenant already holds a reservation on this endpoint; change that one"]})
 
 
 def reservation_create(*, tenant: Tenant, endpoint, mu_per_min: float, actor=None, **options) -> CapacityReservation:
@@ -132,12 +144,10 @@ def reservation_update(*, reservation: CapacityReservation, actor=None, **change
 
 @transaction.atomic
 def reservation_delete(*, reservation: CapacityReservation, actor=None) -> None:
-    audit_log(
-        actor=actor,
-        action="reservation.delete",
-        obj=reservation,
-        detail={"endpoint": reservation.endpoint_id, "mu_per_min": reservation.mu_per_min},
-    )
+    detail = {"endpoint": reservation.endpoint_id, "mu_per_min": reservation.mu_per_min}
+    if reservation.adapter_id is not None:
+        detail["adapter"] = reservation.adapter.name
+    audit_log(actor=actor, action="reservation.delete", obj=reservation, detail=detail)
     reservation.delete()
 
 
@@ -171,13 +181,21 @@ def benchmark_complete(*, benchmark: CapacityBenchmark, result: dict, actor=None
     benchmark.beta, benchmark.gamma = fit["beta"], fit["gamma"]
     benchmark.mu_per_min = result["mu_per_min"]
     benchmark.fit_error = fit["held_out_relative_error"]
+    lora = result.get("lora_overhead")
+    if lora is not None:
+        benchmark.lora_overhead, benchmark.lora_overhead_samples = lora["overhead"], lora["samples"]
     benchmark.detail = {**benchmark.detail, **{k: v for k, v in result.items() if k != "throughput_table"}}
     benchmark.save()
     audit_log(
         actor=actor,
         action="benchmark.complete",
         obj=benchmark,
-        detail={"b_max": benchmark.b_max, "mu_per_min": benchmark.mu_per_min, "fit_error": benchmark.fit_error},
+        detail={
+            "b_max": benchmark.b_max,
+            "mu_per_min": benchmark.mu_per_min,
+            "fit_error": benchmark.fit_error,
+            "lora_overhead": benchmark.lora_overhead,
+        },
     )
     return benchmark
 
@@ -290,9 +308,14 @@ def benchmark_run(
     progress: Progress | None = None,
     actor=None,
     driver=None,
+    adapter_driver=None,
 ) -> CapacityBenchmark:
     """Benchmark one live replica of ``endpoint`` and store the result as the next version of its (model,
-    hardware) pair. A failure is stored too (status failed, with the reason) and re-raised as BenchmarkError."""
+    hardware) pair. A failure is stored too (status failed, with the reason) and re-raised as BenchmarkError.
+
+    An endpoint with LoRA on and an adapter registered also gets the LoRA pass (``sweep.fit_lora_overhead``): its
+    highest-rank adapter is loaded on the replica (and left there, the least recently used for the proxy) and named
+    as ``model``. An adapter that cannot be loaded leaves the overhead unmeasured, not the benchmark failed."""
     target, speed = benchmark_target(endpoint, replica=replica, url=url) if driver is None else ("", 1.0)
     scale = time_scale if time_scale is not None else speed
     cfg = endpoint_sweep_config(endpoint, quick=quick, **(overrides or {}))
@@ -314,7 +337,8 @@ def benchmark_run(
     try:
         if driver is None:
             driver = HttpReplicaDriver(target, time_scale=scale)
-        result = run_sweep(driver, cfg, report)
+            adapter_driver = _adapter_driver(endpoint, driver, report)
+        result = run_sweep(driver, cfg, report, adapter_driver=adapter_driver)
     except Exception as exc:
         # Whatever went wrong, the record must not stay "running" forever.
         benchmark.detail["progress"] = lines[-50:]
@@ -331,6 +355,29 @@ def benchmark_run(
     if pin:
         endpoint_pin_benchmark(endpoint=endpoint, benchmark=benchmark, actor=actor)
     return benchmark
+
+
+def _lora_root() -> Path:
+    # endpoints.adapters.lora_root's rule; that module sits above this one in the services contract (pyproject.toml).
+    return Path(settings.INFERCAP.get("LORA_ROOT") or Path(settings.BASE_DIR) / "var" / "lora")
+
+
+def _adapter_driver(endpoint: Endpoint, driver: HttpReplicaDriver, report: Progress) -> HttpReplicaDriver | None:
+    """The driver for the LoRA pass (requests naming the endpoint's highest-rank adapter), after loading it on the
+    replica; None when the endpoint serves no adapter or the load fails (reported)."""
+    if endpoint.lora[0] <= 0:
+        return None
+    adapter = Adapter.objects.filter(endpoint=endpoint).order_by("-rank", "name").first()
+    if adapter is None:
+        return None
+    try:
+        path = resolve_under_root(adapter.artifact_path, root=_lora_root())
+        driver.load_adapter(adapter.name, str(path))
+    except (ArtifactError, BenchmarkError) as exc:
+        report(f"LoRA overhead not measured: adapter {adapter.name}: {exc}")
+        return None
+    report(f"LoRA pass with adapter {adapter.name} (rank {adapter.rank})")
+    return driver.for_model(adapter.name)
 
 
 def benchmark_enqueue(

@@ -15,6 +15,7 @@ def benchmark_coefficients(benchmark: CapacityBenchmark) -> MUCoefficients:
         gamma=benchmark.gamma,
         mu_per_min=benchmark.mu_per_min,
         source=f"benchmark:{benchmark.pk}",
+        lora_overhead=benchmark.lora_overhead,
     )
 
 

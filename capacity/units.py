@@ -28,6 +28,9 @@ class MUCoefficients:
     gamma: float  # per request (scheduling, prefill overhead)
     mu_per_min: float  # one replica's capacity
     source: str = "profile"  # "profile" or "benchmark:<id>" — where the numbers came from
+    lora_overhead: float | None = (
+        None  # an adapter request costs 1 + this times more (its benchmark); None: unmeasured
+    )
 
     def __post_init__(self) -> None:
         for name in ("alpha", "alpha_cached", "beta", "gamma", "mu_per_min"):

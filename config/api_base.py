@@ -6,7 +6,7 @@ apps' selectors, so another tenant's object is simply not found (404), never for
 """
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import ProtectedError, QuerySet
+from django.db.models import ProtectedError, QuerySet, RestrictedError
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.exceptions import APIException, ValidationError
 
@@ -98,8 +98,9 @@ class ScopedViewSetMixin:
     def perform_destroy(self, instance) -> None:
         try:
             self.delete_object(instance)
-        except ProtectedError as exc:
-            users = sorted({str(obj) for obj in exc.protected_objects})[:5]
+        except (ProtectedError, RestrictedError) as exc:
+            found = exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
+            users = sorted({str(obj) for obj in found})[:5]
             raise Conflict(f"still used by: {', '.join(users)}") from exc
 
 

@@ -97,7 +97,9 @@ class ReservationSellForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         tenant, endpoint = cleaned.get("tenant"), cleaned.get("endpoint")
-        if tenant and endpoint and CapacityReservation.objects.filter(tenant=tenant, endpoint=endpoint).exists():
+        # This form sells base-model reservations only (adapter reservations: the REST API and the admin).
+        held = CapacityReservation.objects.filter(tenant=tenant, endpoint=endpoint, adapter__isnull=True)
+        if tenant and endpoint and held.exists():
             self.add_error("endpoint", f"{tenant} already holds a reservation on {endpoint}; change that one instead")
         return cleaned
 

@@ -283,10 +283,10 @@ def brownout_rows(*, since: datetime, now: datetime) -> list[BrownoutRow]:
     )
     rows = list(grouped)
     names = dict(Endpoint.objects.filter(pk__in={r["requested_endpoint_id"] for r in rows}).values_list("pk", "name"))
-    reserved = {
-        (r.tenant_id, r.endpoint_id): r.mu_per_min
-        for r in CapacityReservation.objects.filter(tenant_id__in={r["tenant_id"] for r in rows})
-    }
+    # A tenant's base-model and adapter reservations on an endpoint together: its usage there is both.
+    reserved: dict[tuple[int, int], float] = {}
+    for r in CapacityReservation.objects.filter(tenant_id__in={r["tenant_id"] for r in rows}):
+        reserved[(r.tenant_id, r.endpoint_id)] = reserved.get((r.tenant_id, r.endpoint_id), 0.0) + r.mu_per_min
     out = []
     for r in rows:
         mu_per_min = reserved.get((r["tenant_id"], r["requested_endpoint_id"]))

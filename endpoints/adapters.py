@@ -134,6 +134,8 @@ def adapter_update(*, adapter: Adapter, actor=None, **changes) -> Adapter:
     for name, value in changes.items():
         setattr(adapter, name, value)
     adapter_validate(adapter, actor=actor, check_artifact=False)
+    if "owner_tenant" in changes:
+        _check_reservations_stay_valid(adapter)
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -144,6 +146,17 @@ def adapter_update(*, adapter: Adapter, actor=None, **changes) -> Adapter:
         if diff:
             _audit(actor=actor, action="adapter.update", adapter=adapter, detail={"changes": diff})
     return adapter
+
+
+def _check_reservations_stay_valid(adapter: Adapter) -> None:
+    """A new owner must not strand another tenant's reservation on the adapter (tenants.CapacityReservation: only its
+    owner, or anyone for a shared adapter, may hold one)."""
+    if adapter.owner_tenant_id is None:
+        return  # shared: any tenant may hold one
+    if adapter.reservations.exclude(tenant_id=adapter.owner_tenant_id).exists():
+        raise ValidationError(
+            {"owner_tenant": ["other tenants hold reservations on this adapter; delete those first"]}
+        )
 
 
 def adapter_delete(*, adapter: Adapter, actor=None) -> None:

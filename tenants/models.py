@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -106,10 +107,23 @@ class ApiKey(models.Model):
 
 
 class CapacityReservation(models.Model):
-    """Capacity sold to a tenant on one endpoint, in model units per minute."""
+    """Capacity sold to a tenant on one endpoint, in model units per minute: for its base-model traffic there (no
+    adapter), or for one LoRA adapter it may use there (its own or a shared one; docs/lora.md). A tenant holds at
+    most one of each: one base-model reservation per endpoint and one per adapter."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="reservations")
     endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="reservations")
+    # RESTRICT, not CASCADE: deleting an adapter must not silently drop capacity a tenant bought (the operator deletes
+    # the reservation first, audited). Not PROTECT either: deleting the tenant or the endpoint takes the adapter and
+    # the reservation with it in one cascade, which RESTRICT allows and PROTECT would refuse.
+    adapter = models.ForeignKey(
+        "endpoints.Adapter",
+        null=True,
+        blank=True,
+        on_delete=models.RESTRICT,
+        related_name="reservations",
+        help_text="empty = the tenant's base-model traffic on the endpoint; else this LoRA adapter's requests",
+    )
     mu_per_min = models.FloatField(validators=[MinValueValidator(0.0)])
     priority = models.CharField(max_length=12, choices=PriorityClass.choices, default=PriorityClass.STANDARD)
     # Burst allowance: the token bucket holds this many minutes of the reservation.
@@ -121,12 +135,37 @@ class CapacityReservation(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "endpoint"], name="one_reservation_per_tenant_endpoint")
+            models.UniqueConstraint(
+                fields=["tenant", "endpoint"],
+                condition=models.Q(adapter__isnull=True),
+                name="one_reservation_per_tenant_endpoint",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "endpoint", "adapter"],
+                condition=models.Q(adapter__isnull=False),
+                name="one_reservation_per_tenant_adapter",
+            ),
         ]
-        ordering = ["endpoint_id", "tenant_id"]
+        # The base-model reservation first, then the adapters'.
+        ordering = ["endpoint_id", "tenant_id", models.F("adapter_id").asc(nulls_first=True)]
 
     def __str__(self) -> str:
-        return f"{self.tenant} on {self.endpoint}: {self.mu_per_min:g} MU/min"
+        on = f"{self.endpoint} ({self.adapter})" if self.adapter_id else f"{self.endpoint}"
+        return f"{self.tenant} on {on}: {self.mu_per_min:g} MU/min"
+
+    def clean(self) -> None:
+        """The adapter lies on this endpoint and is this tenant's to use: its own or a shared one. One message for
+        another tenant's private adapter and a wrong endpoint's, naming neither owner."""
+        super().clean()
+        if self.adapter_id is None or self.endpoint_id is None or self.tenant_id is None:
+            return
+        adapter = self.adapter
+        if adapter.endpoint_id != self.endpoint_id:
+            raise ValidationError({"adapter": [f"adapter `{adapter.name}` is not served on this endpoint"]})
+        if adapter.owner_tenant_id is not None and adapter.owner_tenant_id != self.tenant_id:
+            raise ValidationError(
+                {"adapter": [f"adapter `{adapter.name}` is private to another tenant; this tenant cannot use it"]}
+            )
 
 
 class AuditEntry(models.Model):

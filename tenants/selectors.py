@@ -56,4 +56,4 @@ def api_keys_visible_to(principal) -> QuerySet[ApiKey]:
 
 
 def reservations_visible_to(principal) -> QuerySet[CapacityReservation]:
-    return _scoped(CapacityReservation.objects.select_related("tenant", "endpoint"), principal, "tenant_id")
+    return _scoped(CapacityReservation.objects.select_related("tenant", "endpoint", "adapter"), principal, "tenant_id")

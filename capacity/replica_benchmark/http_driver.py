@@ -10,6 +10,7 @@ replica's speed factor) so that the figures are replica seconds.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -44,6 +45,29 @@ class HttpReplicaDriver:
             if problems := server_problems(self.url, served_model_name=model):
                 raise BenchmarkError(f"{self.url} is not a vLLM server to benchmark: {'; '.join(problems)}")
         self.model = model or self._served_model()
+
+    def for_model(self, model: str) -> HttpReplicaDriver:
+        """The same replica with every request naming ``model`` (a LoRA adapter it holds: the benchmark's LoRA
+        pass); no second check of the server."""
+        other = copy.copy(self)
+        other.model = model
+        return other
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load adapter ``name`` from ``path`` on the replica (vLLM's runtime API); one already loaded is fine."""
+        try:
+            response = httpx.post(
+                f"{self.url}/v1/load_lora_adapter",
+                json={"lora_name": name, "lora_path": path},
+                headers=self.headers,
+                timeout=self.request_timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            raise BenchmarkError(f"cannot load adapter {name} on {self.url}: {exc}") from exc
+        if response.status_code == 400 and "already been loaded" in response.text:
+            return
+        if response.status_code != 200:
+            raise BenchmarkError(f"loading adapter {name} answered HTTP {response.status_code}: {response.text[:200]}")
 
     def _served_model(self) -> str:
         try:

@@ -19,11 +19,16 @@ class EngineDriver:
 
     name = "sim-engine"
 
-    def __init__(self, profile):
+    def __init__(self, profile, *, adapter_rank: int = 0, lora_overhead: float = 0.0):
+        """``adapter_rank`` > 0: every request names an adapter of that rank, on an engine whose LoRA step overhead
+        is ``lora_overhead`` (``endpoints.runtimes.sim.lora.LoraConfig.overhead``, at rank 16)."""
         self.profile = profile
+        self.adapter_rank, self.lora_overhead = adapter_rank, lora_overhead
 
     def run(self, shape: Shape, concurrency: int, requests: int, run_id: str) -> list[Sample]:
         engine = Engine(self.profile)
+        engine.lora_overhead = self.lora_overhead
+        adapter = "bench-adapter" if self.adapter_rank > 0 else None
         outputs = output_lengths(shape, requests, run_id)
         samples: list[Sample] = []
         issued = 0
@@ -35,7 +40,15 @@ class EngineDriver:
                 shape.input_tokens, prefix_tokens=shape.shared_prefix_tokens, run_id=run_id, index=issued
             )
             engine.add(
-                Sequence(f"{run_id}-{issued}", count_tokens(text), outputs[issued], block_hashes(text), arrival_s=now)
+                Sequence(
+                    f"{run_id}-{issued}",
+                    count_tokens(text),
+                    outputs[issued],
+                    block_hashes(text),
+                    arrival_s=now,
+                    adapter=adapter,
+                    lora_rank=self.adapter_rank,
+                )
             )
             issued += 1
 

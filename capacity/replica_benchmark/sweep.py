@@ -9,6 +9,10 @@
 3. **Fit**: non-negative least squares (relative error) of GPU-seconds per request on (uncached in, cached in,
    out, 1) gives α, α_c, β, γ; divided by ``GPU_SECONDS_PER_MU`` they are model units. The error on held-out shapes
    (never fitted) says how far to trust them; the capacity is the MU/min the replica served at B_max.
+4. **LoRA overhead** (when given an adapter driver, whose requests name an adapter as ``model``): paired passes of
+   the reference shape at B_max, base model and adapter in turn (ABBA, so a drift cancels); the overhead is the
+   ratio of GPU-seconds per request, each over the fit's prediction for the tokens it served, minus one
+   (``fit_lora_overhead``).
 
 A ``LoadDriver`` runs one closed loop: ``http_driver.HttpReplicaDriver`` over HTTP against a live
 replica (simulated or real vLLM), ``sim_driver.EngineDriver`` against the simulator's engine in
@@ -272,12 +276,15 @@ class SweepConfig:
     # Per-shape throughput tables at these multiples of B_max (B_max itself is measured anyway): the shapes ×
     # concurrency grid the planner picks the table nearest its workload from. Empty: no grid (quick sweeps).
     grid_multipliers: tuple[float, ...] = (0.5, 2.0)
+    lora_pairs: int = 2  # paired base/adapter passes for the LoRA overhead (only with an adapter driver)
 
     def __post_init__(self) -> None:
         if self.tpot_slo_ms <= 0 or self.ttft_slo_ms <= 0:
             raise ValueError("SLOs must be positive")
         if self.max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
+        if self.lora_pairs < 1:
+            raise ValueError("lora_pairs must be at least 1")
         if not self.fit_shapes or len(self.fit_shapes) < 4:
             raise ValueError("the fit needs at least 4 shapes for 4 coefficients")
 
@@ -295,12 +302,20 @@ def compliant(stats: LevelStats, cfg: SweepConfig) -> bool:
     return stream_ok and ttft_ok
 
 
-def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda _msg: None) -> dict:
-    """The whole benchmark; returns a JSON-able result (table, B_max, fit, held-out error, capacity)."""
+def run_sweep(
+    driver: LoadDriver,
+    cfg: SweepConfig,
+    progress: Progress = lambda _msg: None,
+    *,
+    adapter_driver: LoadDriver | None = None,
+) -> dict:
+    """The whole benchmark; returns a JSON-able result (table, B_max, fit, held-out error, capacity, and with
+    ``adapter_driver`` (the same replica, requests naming an adapter) the LoRA overhead; else that is None)."""
     runs = itertools.count(1)
 
-    def measure(shape: Shape, concurrency: int) -> LevelStats:
-        samples = driver.run(shape, concurrency, cfg.requests_for(concurrency), f"run{next(runs)}")
+    def measure(shape: Shape, concurrency: int, *, on: LoadDriver = driver, pair: str = "") -> LevelStats:
+        run_id = f"{pair}:run{next(runs)}" if pair else f"run{next(runs)}"
+        samples = on.run(shape, concurrency, cfg.requests_for(concurrency), run_id)
         return summarize(shape, concurrency, samples, gpus=cfg.gpus_per_replica)
 
     sweep, first_bad = _concurrency_sweep(measure, cfg, progress)
@@ -320,6 +335,9 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
         progress(f"held out {shape.label}: {held_levels[-1].gpu_s_per_request * 1000:.1f} GPU-ms per request")
     tables = _shape_tables(measure, sweep, fit_levels + held_levels, cfg, progress, b_max=b_max)
     capacity = _capacity(fit, sweep[b_max], cfg)
+    lora = None
+    if adapter_driver is not None:
+        lora = _lora_pass(measure, adapter_driver, fit, cfg, progress, b_max=b_max)
     return {
         "feasible": True,
         "driver": driver.name,
@@ -330,6 +348,61 @@ def run_sweep(driver: LoadDriver, cfg: SweepConfig, progress: Progress = lambda 
         "mu_per_min": capacity["mu_per_min"],
         "tables": tables,
         "capacity": capacity,
+        "lora_overhead": lora,
+    }
+
+
+def _lora_pass(measure, adapter_driver: LoadDriver, fit: CostFit, cfg: SweepConfig, progress: Progress, *, b_max):
+    """Paired passes of the reference shape at B_max, base model then adapter, then adapter then base (ABBA). The
+    two passes of a pair send the same output lengths (``output_lengths`` seeds on the run id before ``:``) and
+    prompts of the same length but other text (no pass warms the other's prefix cache)."""
+    pairs = []
+    for i in range(cfg.lora_pairs):
+        pair = f"lora{i + 1}"
+        if i % 2 == 0:
+            base = measure(cfg.reference_shape, b_max, pair=pair)
+            lora = measure(cfg.reference_shape, b_max, on=adapter_driver, pair=pair)
+        else:
+            lora = measure(cfg.reference_shape, b_max, on=adapter_driver, pair=pair)
+            base = measure(cfg.reference_shape, b_max, pair=pair)
+        pairs.append((base, lora))
+        progress(
+            f"lora pair {i + 1} ×{b_max}: {base.gpu_s_per_request * 1000:.1f} vs "
+            f"{lora.gpu_s_per_request * 1000:.1f} GPU-ms per request (base vs adapter)"
+        )
+    result = fit_lora_overhead(pairs, fit)
+    progress(f"lora overhead {100 * result['overhead']:+.1f} % from {result['samples']} adapter requests")
+    return {**result, "concurrency": b_max, "shape": cfg.reference_shape.label}
+
+
+def fit_lora_overhead(pairs: list[tuple[LevelStats, LevelStats]], fit: CostFit) -> dict:
+    """The LoRA overhead from paired (base, adapter) passes of one shape and concurrency: the adapter's GPU-seconds
+    per request over the base model's, minus one. Each side is first divided by what ``fit`` predicts for the
+    tokens it served (equal in a perfect pair; a replica's prefix cache or short answers may make them differ), so
+    the ratio is one of cost per unit of work. ``samples``: requests in the adapter passes' steady windows."""
+    if not pairs:
+        raise BenchmarkError("no LoRA passes to fit")
+
+    def work(lv: LevelStats) -> float:
+        predicted = fit.gpu_seconds(lv.mean_uncached_in, lv.mean_cached_in, lv.mean_out)
+        return predicted if predicted > 0 else 1.0
+
+    def ratio(chosen: list[tuple[LevelStats, LevelStats]]) -> float:
+        base = sum(b.gpu_s_per_request * b.window_requests for b, _ in chosen) / sum(
+            work(b) * b.window_requests for b, _ in chosen
+        )
+        lora = sum(a.gpu_s_per_request * a.window_requests for _, a in chosen) / sum(
+            work(a) * a.window_requests for _, a in chosen
+        )
+        return lora / base
+
+    per_pair = [ratio([pair]) - 1 for pair in pairs]
+    return {
+        "overhead": ratio(pairs) - 1,
+        "samples": sum(a.window_requests for _, a in pairs),
+        "base_samples": sum(b.window_requests for b, _ in pairs),
+        "pairs": [round(value, 5) for value in per_pair],
+        "spread": max(per_pair) - min(per_pair),
     }
 
 
@@ -459,8 +532,10 @@ def prompt_text(tokens: int, *, prefix_tokens: int, run_id: str, index: int) -> 
 
 
 def output_lengths(shape: Shape, count: int, run_id: str, jitter: float = 0.25) -> list[int]:
-    """Output lengths spread ±25 % around the shape's mean, so closed-loop streams do not finish in lockstep."""
-    rng = random.Random(f"{run_id}-out")
+    """Output lengths spread ±25 % around the shape's mean, so closed-loop streams do not finish in lockstep. Runs
+    ``PAIR:x`` and ``PAIR:y`` draw the same lengths (the LoRA pass's base and adapter runs: their windows then hold
+    the same work, and the cost ratio no window noise)."""
+    rng = random.Random(f"{run_id.split(':', 1)[0]}-out")
     low, high = max(1, round(shape.output_tokens * (1 - jitter))), round(shape.output_tokens * (1 + jitter))
     lengths = [rng.randint(low, max(low, high)) for _ in range(count)]
     # Re-centre on the exact mean so the shape's output length is what was asked for.

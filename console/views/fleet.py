@@ -13,6 +13,7 @@ from console import charts
 from console.access import endpoint_for, operator_required
 from console.actions import endpoint_create_action, endpoint_scale_action, replica_attach_action, replica_drain_action
 from console.forms import DrainForm, EndpointCreateForm, ReplicaAttachForm, ScaleForm
+from console.lora import replica_lora
 from console.queue_history import queue_history
 from console.selectors import (
     budgets_by_endpoint,
@@ -77,9 +78,13 @@ def endpoint_detail(request, endpoint_id: int):
     decisions = recent_decisions(endpoint=endpoint, since=now - timedelta(minutes=minutes)) if whole else []
     replicas = endpoint_replicas(endpoint, viewer=request.user, include_stopped=request.GET.get("stopped") == "1")
     ledger = endpoint_ledger(endpoint=endpoint, now=now)
+    lora = replica_lora(endpoint=endpoint, viewer=request.user)
+    for replica in replicas:  # display rows (endpoint_replicas): never saved
+        replica.lora = lora.get(replica.pk)
     context = {
         "endpoint": endpoint,
         "replicas": replicas,
+        "lora_on": endpoint.lora[0] > 0,
         "decisions": decisions,
         "whole_endpoint": whole,
         "ledger": ledger,

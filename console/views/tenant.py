@@ -29,7 +29,7 @@ def tenant_home(request):
     endpoints = list(endpoints_visible_to(request.user))
     counts = replica_state_counts([e.pk for e in endpoints])
     budgets = budgets_by_endpoint(request.user)
-    reservations = {r.endpoint_id: r for r in tenant.reservations.all()}
+    reservations = {r.endpoint_id: r for r in tenant.reservations.filter(adapter__isnull=True)}
     rows = [
         {
             "endpoint": e,

@@ -98,6 +98,9 @@ class Bucket:
     capacity: float
     refill_per_s: float
     cost: float
+    # Whose bucket among the tenant's on the endpoint: "" for its base-model reservation (or best effort),
+    # "adapter<id>" for a LoRA adapter's reservation, so the two never share tokens.
+    scope: str = ""
 
 
 BEST_EFFORT_BURST_MINUTES = 1.0
@@ -112,13 +115,15 @@ def buckets_for(*, reservation, mu: float, tokens: int, best_effort_mu_per_min: 
         cap = best_effort_mu_per_min * BEST_EFFORT_BURST_MINUTES
         return [Bucket("best_effort_mu", cap, best_effort_mu_per_min / 60.0, mu)]
     out = []
+    adapter_id = getattr(reservation, "adapter_id", None)
+    scope = f"adapter{adapter_id}" if adapter_id is not None else ""
     if reservation.mu_per_min > 0:
         cap = max(reservation.mu_per_min * max(reservation.burst_minutes, 1 / 60), 1e-6)
-        out.append(Bucket("mu", cap, reservation.mu_per_min / 60.0, mu))
+        out.append(Bucket("mu", cap, reservation.mu_per_min / 60.0, mu, scope))
     if reservation.rpm_limit:
-        out.append(Bucket("rpm", float(reservation.rpm_limit), reservation.rpm_limit / 60.0, 1.0))
+        out.append(Bucket("rpm", float(reservation.rpm_limit), reservation.rpm_limit / 60.0, 1.0, scope))
     if reservation.tpm_limit:
-        out.append(Bucket("tpm", float(reservation.tpm_limit), reservation.tpm_limit / 60.0, float(tokens)))
+        out.append(Bucket("tpm", float(reservation.tpm_limit), reservation.tpm_limit / 60.0, float(tokens), scope))
     return out
 
 
@@ -206,7 +211,8 @@ class RateLimiter:
 
     @staticmethod
     def keys(tenant_id: int, endpoint_id: int, buckets: list[Bucket]) -> list[str]:
-        return [f"infercap:rl:{tenant_id}:{endpoint_id}:{b.name}" for b in buckets]
+        prefix = f"infercap:rl:{tenant_id}:{endpoint_id}:"
+        return [f"{prefix}{b.scope}:{b.name}" if b.scope else f"{prefix}{b.name}" for b in buckets]
 
     def _redis_usable(self) -> bool:
         return self._redis is not None and time.monotonic() >= self._down_until

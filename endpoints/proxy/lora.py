@@ -38,6 +38,8 @@ LOAD_PATH = "/v1/load_lora_adapter"
 UNLOAD_PATH = "/v1/unload_lora_adapter"
 MODELS_PATH = "/v1/models"
 JSON_HEADERS = {"content-type": "application/json"}
+LORA_REPORT_KEY = "infercap:lora:{endpoint_id}"  # one field per proxy process: ``lora_report``
+CHURN_MINUTES_KEPT = 10
 
 
 @dataclass(eq=False)
@@ -48,9 +50,17 @@ class ReplicaAdapters:
     in_use: Counter = field(default_factory=Counter)  # adapter → requests holding a slot on the replica with it
     loading: dict[str, asyncio.Future] = field(default_factory=dict)
     engine_max_loras: int = 0  # vllm:lora_requests_info's max_lora; 0: not reported
-    loads: int = 0  # loads and unloads this process made (the console's load churn)
+    loads: int = 0  # loads and unloads this process made
     unloads: int = 0
+    load_minutes: dict[int, int] = field(default_factory=dict)  # wall-clock minute → loads then (the console's churn)
     _lock: asyncio.Lock | None = None
+
+    def note_load(self, now_s: float) -> None:
+        """Count one load in its wall-clock minute, keeping the last ``CHURN_MINUTES_KEPT`` minutes."""
+        minute = int(now_s // 60)
+        self.load_minutes[minute] = self.load_minutes.get(minute, 0) + 1
+        for old in [kept for kept in self.load_minutes if kept <= minute - CHURN_MINUTES_KEPT]:
+            del self.load_minutes[old]
 
     def held(self) -> frozenset:
         """What the router counts as held: loaded, or loading now (requests behind the load may follow it)."""
@@ -97,6 +107,19 @@ class ReplicaAdapters:
         if self._lock is None:
             self._lock = asyncio.Lock()
         return self._lock
+
+
+def lora_report(adapters: dict, now_s: float) -> dict:
+    """What this process knows of an endpoint's replicas' adapters, for the console (published beside the demand
+    report, ``LORA_REPORT_KEY``): per replica id the adapters held (loaded or loading) and the loads per wall-clock
+    minute of the last ``CHURN_MINUTES_KEPT`` minutes."""
+    return {
+        "t": round(now_s, 3),
+        "replicas": {
+            str(rid): {"held": sorted(ra.held()), "loads": {str(k): n for k, n in sorted(ra.load_minutes.items())}}
+            for rid, ra in adapters.items()
+        },
+    }
 
 
 def note_engine_lora(adapters: ReplicaAdapters, view, latest, now: float) -> None:
@@ -226,6 +249,7 @@ async def _evict_and_load(session, *, url: str, replica: ReplicaAdapters, adapte
         raise _unavailable(name, f"the replica refused to load it (HTTP {status})", status=502,
                            code="adapter_load_failed")  # fmt: skip
     replica.loads += 1
+    replica.note_load(time.time())
     m.child(m.LORA_LOADS, adapter.endpoint_name).inc()
 
 

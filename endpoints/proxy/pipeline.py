@@ -95,6 +95,7 @@ async def serve(
             requested=requested,
             best_effort_mu_per_min=config.best_effort_mu_per_min,
             mu_factor=flight.adapter.mu_factor if flight.adapter is not None else 1.0,
+            adapter=flight.adapter,
         )
 
     price = flight.price = reprice(req)

@@ -36,6 +36,8 @@ class ReservationInfo:
     priority: str
     rpm_limit: int | None
     tpm_limit: int | None
+    # A LoRA adapter's reservation (docs/lora.md): its buckets are its own, apart from the base-model reservation's.
+    adapter_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class AdapterInfo:
     path: str  # the artifact's absolute directory (``lora_path`` for the engine); never shown to tenants
     created: int
     root: str = ""  # the LoRA storage root it lies under
-    mu_factor: float = 1.0  # its requests cost the base endpoint's MU times this (1 + INFERCAP["LORA_MU_OVERHEAD"])
+    mu_factor: float = 1.0  # its requests cost the base endpoint's MU times this (``snapshot_loader.lora_mu_factor``)
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
@@ -113,8 +115,33 @@ class Snapshot:
     loaded_at: float
     keys_by_hash: dict[str, KeyInfo] = field(default_factory=dict)
     endpoints_by_name: dict[str, EndpointInfo] = field(default_factory=dict)
+    # Base-model reservations by (tenant id, endpoint id); adapter reservations by (tenant id, endpoint id, adapter name).
     reservations: dict[tuple[int, int], ReservationInfo] = field(default_factory=dict)
     adapters_by_name: dict[str, AdapterInfo] = field(default_factory=dict)
+    adapter_reservations: dict[tuple[int, int, str], ReservationInfo] = field(default_factory=dict)
+    # Derived: a tenant's MU/min reserved on an endpoint, base model and adapters together (fair pain weighs its
+    # offered load there against all of it).
+    _reserved_totals: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        totals: dict[tuple[int, int], float] = {}
+        for (tenant_id, endpoint_id), r in self.reservations.items():
+            totals[(tenant_id, endpoint_id)] = totals.get((tenant_id, endpoint_id), 0.0) + r.mu_per_min
+        for (tenant_id, endpoint_id, _), r in self.adapter_reservations.items():
+            totals[(tenant_id, endpoint_id)] = totals.get((tenant_id, endpoint_id), 0.0) + r.mu_per_min
+        object.__setattr__(self, "_reserved_totals", totals)
+
+    def reservation_for(self, tenant_id: int, endpoint_id: int, adapter: str | None = None) -> ReservationInfo | None:
+        """What a request draws from: its adapter's reservation when the tenant holds one, else the tenant's
+        base-model reservation on the endpoint (a base-model request never draws from an adapter's)."""
+        if adapter is not None:
+            found = self.adapter_reservations.get((tenant_id, endpoint_id, adapter))
+            if found is not None:
+                return found
+        return self.reservations.get((tenant_id, endpoint_id))
+
+    def reserved_mu_per_min(self, tenant_id: int, endpoint_id: int) -> float:
+        return self._reserved_totals.get((tenant_id, endpoint_id), 0.0)
 
     def endpoints_for(self, tenant_id: int) -> list[EndpointInfo]:
         return [e for e in self.endpoints_by_name.values() if e.visible_to(tenant_id)]

@@ -29,14 +29,15 @@ log = logging.getLogger(__name__)
 def read_snapshot(version: str = "") -> Snapshot:
     keys = _keys()
     by_name = _endpoints(list(Endpoint.objects.select_related("model_profile")))
-    reservations = _reservations()
+    reservations, adapter_reservations = _reservations()
     return Snapshot(
         version=version,
         loaded_at=time.time(),
         keys_by_hash=keys,
         endpoints_by_name=by_name,
         reservations=reservations,
-        adapters_by_name=_adapters(),
+        adapters_by_name=_adapters(by_name),
+        adapter_reservations=adapter_reservations,
     )
 
 
@@ -116,25 +117,39 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     return replicas
 
 
-def _reservations() -> dict[tuple[int, int], ReservationInfo]:
-    return {
-        (r.tenant_id, r.endpoint_id): ReservationInfo(
+def _reservations() -> tuple[dict[tuple[int, int], ReservationInfo], dict[tuple[int, int, str], ReservationInfo]]:
+    """Base-model reservations by (tenant, endpoint), and adapter reservations by (tenant, endpoint, adapter name),
+    the name a request calls it by; one query."""
+    base, by_adapter = {}, {}
+    for r in CapacityReservation.objects.select_related("adapter"):
+        info = ReservationInfo(
             mu_per_min=r.mu_per_min,
             burst_minutes=r.burst_minutes,
             priority=r.priority,
             rpm_limit=r.rpm_limit,
             tpm_limit=r.tpm_limit,
+            adapter_id=r.adapter_id,
         )
-        for r in CapacityReservation.objects.all()
-    }
+        if r.adapter_id is None:
+            base[(r.tenant_id, r.endpoint_id)] = info
+        else:
+            by_adapter[(r.tenant_id, r.endpoint_id, r.adapter.name)] = info
+    return base, by_adapter
 
 
-def _adapters() -> dict[str, AdapterInfo]:
+def lora_mu_factor(endpoint: EndpointInfo | None) -> float:
+    """What an adapter request costs over a base one on ``endpoint``: 1 + the overhead its benchmark fitted
+    (``CapacityBenchmark.lora_overhead``), else 1 + ``INFERCAP["LORA_MU_OVERHEAD"]``; never below 1."""
+    fitted = endpoint.coeffs.lora_overhead if endpoint is not None else None
+    overhead = fitted if fitted is not None else float(settings.INFERCAP.get("LORA_MU_OVERHEAD", 0.0))
+    return 1.0 + max(0.0, overhead)
+
+
+def _adapters(endpoints_by_name: dict[str, EndpointInfo]) -> dict[str, AdapterInfo]:
     """Every adapter with its artifact's absolute path, resolved again here: one whose path a symlink made to leave
     the LoRA root since its registration is left out (its requests are a 404), as registration would refuse it."""
     knobs = settings.INFERCAP
     root = os.path.realpath(knobs.get("LORA_ROOT") or "var/lora")
-    factor = 1.0 + max(0.0, float(knobs.get("LORA_MU_OVERHEAD", 0.0)))
     adapters = {}
     for a in Adapter.objects.select_related("endpoint"):
         path = os.path.realpath(os.path.join(root, a.artifact_path))
@@ -149,6 +164,6 @@ def _adapters() -> dict[str, AdapterInfo]:
             path=path,
             created=int(a.created_at.timestamp()),
             root=root,
-            mu_factor=factor,
+            mu_factor=lora_mu_factor(endpoints_by_name.get(a.endpoint.name)),
         )
     return adapters

@@ -133,11 +133,13 @@ def price_request(
     requested: str | None,
     best_effort_mu_per_min: float,
     mu_factor: float = 1.0,
+    adapter: AdapterInfo | None = None,
 ) -> Price:
     """The class (the reservation's, capped by the key, lowered by the header), the MU and token estimate, and
     the tenant's buckets on this endpoint that estimate is charged to. ``mu_factor``: a LoRA adapter's requests
-    cost the base endpoint's MU times its factor (docs/lora-serving.md)."""
-    reservation = snapshot.reservations.get((key.tenant_id, endpoint.id))
+    cost the base endpoint's MU times its factor (docs/lora-serving.md). A request naming ``adapter`` draws from
+    that adapter's reservation when the tenant holds one, else from its base-model reservation (docs/lora.md)."""
+    reservation = snapshot.reservation_for(key.tenant_id, endpoint.id, adapter.name if adapter is not None else None)
     priority = effective_priority(
         key_max=key.max_priority,
         reservation=reservation.priority if reservation else None,
@@ -146,7 +148,8 @@ def price_request(
     mu, tokens = request_cost(req, endpoint.coeffs)
     mu *= mu_factor
     buckets = buckets_for(reservation=reservation, mu=mu, tokens=tokens, best_effort_mu_per_min=best_effort_mu_per_min)
-    reserved_mu_per_s = reservation.mu_per_min / 60.0 if reservation else 0.0
+    # Fair pain weighs the tenant's whole load on the endpoint, so against everything it reserved there.
+    reserved_mu_per_s = snapshot.reserved_mu_per_min(key.tenant_id, endpoint.id) / 60.0
     return Price(priority=priority, mu=mu, tokens=tokens, buckets=buckets, reserved_mu_per_s=reserved_mu_per_s)
 
 

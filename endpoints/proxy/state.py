@@ -29,7 +29,7 @@ from endpoints.metrics_scraper import MetricsScraper
 from endpoints.proxy.config import ProxyConfig, load_config
 from endpoints.proxy.isolation import CacheSalts
 from endpoints.proxy.limits import RateLimiter
-from endpoints.proxy.lora import read_engine_adapters
+from endpoints.proxy.lora import LORA_REPORT_KEY, lora_report, read_engine_adapters
 from endpoints.proxy.prompt_tokens import TokenizerCache
 from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.scrape_client import AiohttpScrapeClient
@@ -43,6 +43,7 @@ DEMAND_KEY = "infercap:demand:{endpoint_id}"
 DEMAND_TTL_S = 5
 DEMAND_STALE_S = 30.0
 DEMAND_PRUNE_EVERY = 30  # publish cycles
+LORA_REPORT_TTL_S = 120  # a load churn window outlives a short pause of the proxies
 MEMBERS_KEY = "infercap:proxy:members"
 
 # Proxy membership heartbeat (see endpoints.admission.shares). KEYS[1]: the members hash. ARGV: this process's
@@ -443,6 +444,10 @@ class ProxyState:
                     key = DEMAND_KEY.format(endpoint_id=eid)
                     pipe.hset(key, self.process_id, json.dumps({"t": round(now, 3), **runtime.demand()}))
                     pipe.expire(key, DEMAND_TTL_S)
+                    if runtime.adapters:  # LoRA endpoints only; the console reads it (console.lora)
+                        lora_key = LORA_REPORT_KEY.format(endpoint_id=eid)
+                        pipe.hset(lora_key, self.process_id, json.dumps(lora_report(runtime.adapters, now)))
+                        pipe.expire(lora_key, LORA_REPORT_TTL_S)
                 await pipe.execute()
             except asyncio.CancelledError:
                 raise
@@ -451,8 +456,7 @@ class ProxyState:
 
     async def _prune_demand(self, now: float) -> None:
         """Drop fields left by processes that died: readers skip them anyway, but the hash must not grow forever."""
-        for eid in list(self.runtimes):
-            key = DEMAND_KEY.format(endpoint_id=eid)
+        for key in [k.format(endpoint_id=eid) for eid in list(self.runtimes) for k in (DEMAND_KEY, LORA_REPORT_KEY)]:
             stale = []
             for field, raw in (await self.redis.hgetall(key)).items():
                 try:

@@ -105,6 +105,7 @@ class CapacityReservationAdmin(OperatorAdmin):
     list_display = [
         "tenant",
         "endpoint",
+        "adapter",
         "mu_per_min",
         "priority",
         "burst_minutes",
@@ -112,9 +113,10 @@ class CapacityReservationAdmin(OperatorAdmin):
         "tpm_limit",
         "updated_at",
     ]
-    list_filter = ["priority", "endpoint", "tenant"]
-    search_fields = ["tenant__name", "endpoint__name"]
-    list_select_related = ["tenant", "endpoint"]
+    # The form's full_clean runs the model's adapter check (on this endpoint, the tenant's own or shared).
+    list_filter = ["priority", "endpoint", "tenant", "adapter"]
+    search_fields = ["tenant__name", "endpoint__name", "adapter__name"]
+    list_select_related = ["tenant", "endpoint", "adapter"]
     autocomplete_fields = ["tenant"]
 
 
