@@ -1,43 +1,65 @@
 #!/usr/bin/env bash
-# The test run of `make test`: the real-engine tests (tests/engine/, ~10 minutes, most of it vLLM start-ups that
-# import torch in three processes) run in a second pytest process beside the rest of the suite, each with its own
-# test database, Redis database and var directory; both must pass. The engine tests run at a lower CPU priority
-# (nice 10): on two cores the rest of the suite, whose end-to-end tests keep time, gets the CPU when both want it,
-# and the engines take what it leaves. Arguments: one pytest run of just those.
+# The test run of `make test`: three pytest processes side by side, each with its own test database, Redis
+# database and var directory; all three must pass.
+#   engine  tests/engine/ (~10 minutes, most of it vLLM start-ups that import torch in three processes), at a
+#           lower CPU priority (nice 10): on two cores the other two, whose end-to-end tests keep time, get the CPU
+#           when both want it, and the engines take what it leaves;
+#   serve   the request path's end-to-end tests (tests/proxy, billing, security, reliability, console);
+#   rest    everything else.
+# The suite waits more than it computes (real-time replicas, Celery ticks, timeouts): with the rest in one process
+# beside tests/engine, the two cores were 43 % busy over the 31-minute run, so a second process for it mostly fills
+# idle time. Output: the rest live, then the other two.
+# Arguments: one pytest run of just those.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 db=${DATABASE_URL_TEST:-postgres://postgres@127.0.0.1:5432/infercap}
 redis=${REDIS_URL_TEST:-redis://127.0.0.1:6379/15}
 pytest=("$PY" -m pytest -q -p no:cacheprovider)
+SERVE=(tests/proxy tests/billing tests/security tests/reliability tests/console)
 
 if [ $# -gt 0 ]; then
   DATABASE_URL=$db REDIS_URL=$redis exec "${pytest[@]}" "$@"
 fi
 
 case "$db" in *\?*) echo "DATABASE_URL_TEST must not carry a query string" >&2; exit 2 ;; esac
-if [[ $redis =~ ^(.*)/([0-9]+)$ ]]; then  # the next Redis database down
-  engine_redis="${BASH_REMATCH[1]}/$(( (BASH_REMATCH[2] + 15) % 16 ))"
+# The next Redis databases down from the one given, for the other two runs.
+if [[ $redis =~ ^(.*)/([0-9]+)$ ]]; then
+  redis_base=${BASH_REMATCH[1]} redis_db=${BASH_REMATCH[2]}
 else
-  engine_redis="${redis%/}/14"
+  redis_base=${redis%/} redis_db=15
 fi
-engine_log=$(mktemp -t infercap-engine-tests.XXXXXX)
-DATABASE_URL="${db}_engine" REDIS_URL=$engine_redis INFERCAP_VAR_DIR="$PWD/var/test-engine" \
-  INFERCAP_VLLM_MODELS_DIR="$PWD/var/engine" nice -n 10 "${pytest[@]}" --durations=15 tests/engine >"$engine_log" 2>&1 &
-engine_pid=$!
-trap 'kill -- "$engine_pid" 2>/dev/null' EXIT INT TERM
-echo "tests/engine runs beside the rest (its output follows at the end; $engine_log)"
+redis_for() { echo "$redis_base/$(( (redis_db + 16 - $1) % 16 ))"; }
 
-DATABASE_URL=$db REDIS_URL=$redis "${pytest[@]}" --durations=25 --ignore=tests/engine
+logs=$(mktemp -d -t infercap-tests.XXXXXX)
+pids=()
+trap 'kill -- "${pids[@]}" 2>/dev/null' EXIT INT TERM
+DATABASE_URL="${db}_engine" REDIS_URL=$(redis_for 1) INFERCAP_VAR_DIR="$PWD/var/test-engine" \
+  INFERCAP_VLLM_MODELS_DIR="$PWD/var/engine" nice -n 10 "${pytest[@]}" --durations=15 tests/engine \
+  >"$logs/engine" 2>&1 &
+pids+=($!)
+DATABASE_URL="${db}_serve" REDIS_URL=$(redis_for 2) INFERCAP_VAR_DIR="$PWD/var/test-serve" \
+  "${pytest[@]}" --durations=20 "${SERVE[@]}" >"$logs/serve" 2>&1 &
+pids+=($!)
+echo "tests/engine and the request path's tests (${SERVE[*]}) run beside the rest; their output follows at the end"
+
+ignores=(--ignore=tests/engine)
+for path in "${SERVE[@]}"; do ignores+=("--ignore=$path"); done
+DATABASE_URL=$db REDIS_URL=$redis "${pytest[@]}" --durations=20 "${ignores[@]}"
 rest=$?
-wait "$engine_pid"
+wait "${pids[0]}"
 engine=$?
+wait "${pids[1]}"
+serve=$?
 trap - EXIT INT TERM
 echo
+echo "==================== ${SERVE[*]}, run beside the rest ===================="
+cat "$logs/serve"
+echo
 echo "==================== tests/engine (real vLLM), run beside the rest ===================="
-cat "$engine_log"
-rm -f "$engine_log"
-if [ "$rest" -ne 0 ] || [ "$engine" -ne 0 ]; then
-  echo "make test: FAILED (rest of the suite: exit $rest; tests/engine: exit $engine)" >&2
+cat "$logs/engine"
+rm -rf "$logs"
+if [ "$rest" -ne 0 ] || [ "$serve" -ne 0 ] || [ "$engine" -ne 0 ]; then
+  echo "make test: FAILED (rest: exit $rest; request path: exit $serve; tests/engine: exit $engine)" >&2
   exit 1
 fi
