@@ -67,9 +67,17 @@ class CostLine:
 
 
 def cost_lines(
-    *, start: datetime, end: datetime, endpoints: Iterable[Endpoint] | None = None, now: datetime | None = None
+    *,
+    start: datetime,
+    end: datetime,
+    endpoints: Iterable[Endpoint] | None = None,
+    now: datetime | None = None,
+    split_usage_by_record: bool = True,
 ) -> list[CostLine]:
-    """Endpoint lines (tenant None) followed by their tenants' lines, for every endpoint given (default: all)."""
+    """Endpoint lines (tenant None) followed by their tenants' lines, for every endpoint given (default: all).
+
+    ``split_usage_by_record=False`` skips the grouped read of raw usage records (the stored reports keep no split):
+    the lines' ``by_hardware`` usage then follows the GPU-hour mix alone; their dollars are the same either way."""
     if end <= start:
         raise ValueError("the report's end must be after its start")
     now = now or timezone.now()
@@ -86,7 +94,7 @@ def cost_lines(
     mix = gpu_hours_mix(seconds, profiles)
     for endpoint in endpoint_list:  # an endpoint with no billed hours serves (for the split) on its current profile
         mix.setdefault(endpoint.pk, {endpoint.hardware_profile_id: 1.0})
-    served = served_usage(start=start, end=end, endpoint_ids=ids)
+    served = served_usage(start=start, end=end, endpoint_ids=ids) if split_usage_by_record else []
     profiles |= profiles_by_id({row.profile_id for row in served} - set(profiles))
     split_usage = usage_by_profile(totals=usage, served=served, mix=mix)
     by_hardware = endpoint_profile_costs(seconds=seconds, profiles=profiles, usage=split_usage)
@@ -169,7 +177,7 @@ def cost_reports_store(*, granularity: str, start: datetime, now: datetime | Non
     """(Re)compute and store the reports of one hour or day; idempotent, so late usage is picked up by a re-run."""
     start = period_start(granularity, start)
     end = start + PERIODS[granularity]
-    lines = cost_lines(start=start, end=end, now=now)
+    lines = cost_lines(start=start, end=end, now=now, split_usage_by_record=False)
     stored = [
         CostReport(
             granularity=granularity,
