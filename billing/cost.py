@@ -2,48 +2,36 @@
 
 Per endpoint, and per tenant on it. A shared endpoint's cost is allocated to tenants by the MU they used out of the
 capacity that was up (its idle remainder stays with the operator); a dedicated endpoint's owner pays all of it.
+Every line also comes split by the hardware profile that served it (``by_hardware``, ``billing.cost_split``): each
+replica's seconds at its own version's hardware rate, and usage by the replica its records name.
 """
 
 import csv
 import io
-from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from billing.cost_rows import profiles_by_id, replica_profile_seconds, served_usage, state_seconds
+from billing.cost_split import (
+    ProfileCost,
+    endpoint_profile_costs,
+    gpu_hours_mix,
+    tenant_profile_costs,
+    usage_by_profile,
+)
 from billing.models import CostReport
 from billing.rollups import range_sums
 from capacity.unit_resolver import coefficients_by_endpoint
-from endpoints.models import BILLED_STATES, Endpoint, Replica, ReplicaState, ReplicaTransition
+from endpoints.models import Endpoint
 from tenants.models import Tenant
 
-COST_FIELDS = ("requests", "input_tokens", "cached_tokens", "output_tokens", "good_output_tokens", "mu")
+__all__ = ["CostLine", "cost_csv", "cost_lines", "cost_reports_store", "period_start", "state_seconds"]
 
-
-def state_seconds(
-    *,
-    state_at_start: str | None,
-    transitions: Iterable[tuple[datetime, str]],
-    start: datetime,
-    end: datetime,
-    states: Iterable[str],
-) -> float:
-    """Seconds of [start, end) a replica spent in ``states``, given its state at ``start`` and its later transitions."""
-    states = frozenset(states)
-    total = 0.0
-    cursor, state = start, state_at_start
-    for at, to_state in sorted(transitions):
-        at = min(max(at, start), end)
-        if state in states:
-            total += (at - cursor).total_seconds()
-        cursor, state = at, to_state
-    if state in states:
-        total += (end - cursor).total_seconds()
-    return total
+COST_FIELDS = ("requests", "good", "input_tokens", "cached_tokens", "output_tokens", "good_output_tokens", "mu")
 
 
 @dataclass
@@ -67,6 +55,8 @@ class CostLine:
     idle_usd: float = 0.0
     good_tokens_per_usd: float | None = None
     usd_per_1m_good_tokens: float | None = None
+    # The same line per hardware profile that served it (billing.cost_split): computed, not stored in CostReport.
+    by_hardware: list[ProfileCost] = field(default_factory=list)
 
     def finish(self) -> "CostLine":
         """Derive the ratios from the sums (None where the denominator is zero)."""
@@ -76,46 +66,18 @@ class CostLine:
         return self
 
 
-def replica_seconds(*, endpoint_ids: list[int], start: datetime, end: datetime) -> dict[int, tuple[float, float]]:
-    """Per endpoint: (billed replica-seconds in ready/draining, ready replica-seconds) over [start, end)."""
-    last_before = ReplicaTransition.objects.filter(replica=OuterRef("pk"), at__lt=start).order_by("-at", "-id")
-    replicas = list(
-        Replica.objects.filter(endpoint_id__in=endpoint_ids).annotate(
-            state_at_start=Subquery(last_before.values("to_state")[:1]),
-            transitions_before=Subquery(last_before.values("id")[:1]),
-        )
-    )
-    in_range: dict[int, list[tuple[datetime, str, str]]] = defaultdict(list)
-    for t in ReplicaTransition.objects.filter(
-        replica__endpoint_id__in=endpoint_ids, at__gte=start, at__lt=end
-    ).order_by("at", "id"):
-        in_range[t.replica_id].append((t.at, t.from_state, t.to_state))
-    totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for replica in replicas:
-        moves = in_range.get(replica.pk, [])
-        if replica.transitions_before is not None:
-            initial = replica.state_at_start
-        elif moves:
-            initial = moves[0][1]
-        elif replica.state_changed_at <= start:
-            # A replica never moved through the state machine (e.g. created directly in a state): trust its row.
-            initial = replica.state
-        else:
-            initial, moves = None, [(replica.state_changed_at, "", replica.state)]
-        steps = [(at, to_state) for at, _, to_state in moves]
-        totals[replica.endpoint_id][0] += state_seconds(
-            state_at_start=initial, transitions=steps, start=start, end=end, states=BILLED_STATES
-        )
-        totals[replica.endpoint_id][1] += state_seconds(
-            state_at_start=initial, transitions=steps, start=start, end=end, states={ReplicaState.READY}
-        )
-    return {k: (v[0], v[1]) for k, v in totals.items()}
-
-
 def cost_lines(
-    *, start: datetime, end: datetime, endpoints: Iterable[Endpoint] | None = None, now: datetime | None = None
+    *,
+    start: datetime,
+    end: datetime,
+    endpoints: Iterable[Endpoint] | None = None,
+    now: datetime | None = None,
+    split_usage_by_record: bool = True,
 ) -> list[CostLine]:
-    """Endpoint lines (tenant None) followed by their tenants' lines, for every endpoint given (default: all)."""
+    """Endpoint lines (tenant None) followed by their tenants' lines, for every endpoint given (default: all).
+
+    ``split_usage_by_record=False`` skips the grouped read of raw usage records (the stored reports keep no split):
+    the lines' ``by_hardware`` usage then follows the GPU-hour mix alone; their dollars are the same either way."""
     if end <= start:
         raise ValueError("the report's end must be after its start")
     now = now or timezone.now()
@@ -124,19 +86,28 @@ def cost_lines(
         queryset = queryset.filter(pk__in=[e.pk for e in endpoints])
     endpoint_list = list(queryset.select_related("hardware_profile", "model_profile", "pinned_benchmark"))
     ids = [e.pk for e in endpoint_list]
-    seconds = replica_seconds(endpoint_ids=ids, start=start, end=end)
+    seconds = replica_profile_seconds(endpoint_ids=ids, start=start, end=end)
     usage = range_sums(start=start, end=end, fields=COST_FIELDS, now=now, endpoint_ids=ids)
     coefficients = coefficients_by_endpoint(endpoint_list)
     tenant_names = _tenant_names({t for _, t in usage})
+    profiles = profiles_by_id([s.profile_id for s in seconds] + [e.hardware_profile_id for e in endpoint_list])
+    mix = gpu_hours_mix(seconds, profiles)
+    for endpoint in endpoint_list:  # an endpoint with no billed hours serves (for the split) on its current profile
+        mix.setdefault(endpoint.pk, {endpoint.hardware_profile_id: 1.0})
+    served = served_usage(start=start, end=end, endpoint_ids=ids) if split_usage_by_record else []
+    profiles |= profiles_by_id({row.profile_id for row in served} - set(profiles))
+    split_usage = usage_by_profile(totals=usage, served=served, mix=mix)
+    by_hardware = endpoint_profile_costs(seconds=seconds, profiles=profiles, usage=split_usage)
     lines: list[CostLine] = []
     for endpoint in endpoint_list:
-        billed_s, ready_s = seconds.get(endpoint.pk, (0.0, 0.0))
-        hardware = endpoint.hardware_profile
+        ready_s = sum(s.ready_s for s in seconds if s.endpoint_id == endpoint.pk)
         line = CostLine(
             endpoint_id=endpoint.pk, endpoint=endpoint.name, tenant_id=None, tenant=None, start=start, end=end
         )
-        line.gpu_hours = billed_s / 3600 * hardware.gpus_per_replica
-        line.usd = line.gpu_hours * (hardware.usd_per_gpu_hour or 0.0)  # unpriced hardware costs nothing yet
+        # Each replica at its own version's hardware rate (unpriced hardware costs nothing yet).
+        line.by_hardware = by_hardware.get(endpoint.pk, [])
+        line.gpu_hours = sum(row.gpu_hours for row in line.by_hardware)
+        line.usd = sum(row.usd for row in line.by_hardware)
         line.capacity_mu = ready_s / 60 * coefficients[endpoint.pk].mu_per_min
         tenants = {t: sums for (e, t), sums in usage.items() if e == endpoint.pk}
         for sums in tenants.values():
@@ -159,12 +130,20 @@ def cost_lines(
                 capacity_mu=line.capacity_mu,
             )
             _add_usage(tenant_line, sums)
-            if endpoint.owner_tenant_id == tenant_id:
+            pays_all = endpoint.owner_tenant_id == tenant_id
+            if pays_all:
                 share, tenant_line.idle_usd = 1.0, line.idle_usd
             else:
                 share = tenant_line.used_mu / denominator if denominator > 0 else 0.0
             tenant_line.gpu_hours = line.gpu_hours * share
             tenant_line.usd = line.usd * share
+            tenant_line.by_hardware = tenant_profile_costs(
+                endpoint_rows=line.by_hardware,
+                tenant_usage=split_usage.get((endpoint.pk, tenant_id), {}),
+                gpu_hours=tenant_line.gpu_hours,
+                usd=tenant_line.usd,
+                pays_all=pays_all,
+            )
             lines.append(tenant_line.finish())
     return lines
 
@@ -191,15 +170,18 @@ def period_start(granularity: str, moment: datetime) -> datetime:
     return start.replace(hour=0) if granularity == CostReport.Granularity.DAY else start
 
 
+NOT_STORED = ("endpoint", "tenant", "by_hardware")
+
+
 def cost_reports_store(*, granularity: str, start: datetime, now: datetime | None = None) -> int:
     """(Re)compute and store the reports of one hour or day; idempotent, so late usage is picked up by a re-run."""
     start = period_start(granularity, start)
     end = start + PERIODS[granularity]
-    lines = cost_lines(start=start, end=end, now=now)
+    lines = cost_lines(start=start, end=end, now=now, split_usage_by_record=False)
     stored = [
         CostReport(
             granularity=granularity,
-            **{f.name: getattr(line, f.name) for f in fields(CostLine) if f.name not in ("endpoint", "tenant")},
+            **{f.name: getattr(line, f.name) for f in fields(CostLine) if f.name not in NOT_STORED},
         )
         for line in lines
     ]
@@ -209,7 +191,7 @@ def cost_reports_store(*, granularity: str, start: datetime, now: datetime | Non
     return len(stored)
 
 
-CSV_COLUMNS = [f.name for f in fields(CostLine)]
+CSV_COLUMNS = [f.name for f in fields(CostLine) if f.name != "by_hardware"]
 
 
 def cost_csv(lines: Iterable[CostLine]) -> str:
@@ -218,6 +200,7 @@ def cost_csv(lines: Iterable[CostLine]) -> str:
     writer.writeheader()
     for line in lines:
         row = asdict(line)
+        row.pop("by_hardware")
         row["start"], row["end"] = line.start.isoformat(), line.end.isoformat()
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
     return buffer.getvalue()

@@ -10,6 +10,7 @@ from datetime import datetime
 from django.db.models import Q, QuerySet
 
 from billing.cost import CostLine, cost_lines
+from billing.cost_split import CapacityTypeCost, ProfileCost, fleet_breakdown
 from billing.models import SLO, Alert, CostReport, SLOStatus, Webhook
 from billing.slo import WINDOWS_S
 from endpoints.models import Endpoint
@@ -128,3 +129,29 @@ def cost_lines_for(principal, *, start: datetime, end: datetime) -> list[CostLin
     return [
         line for line in lines if line.tenant_id == tenant_id or (line.tenant_id is None and line.endpoint_id in owned)
     ]
+
+
+@dataclass(frozen=True)
+class HardwareBreakdown:
+    start: datetime
+    end: datetime
+    scope: str  # "fleet" (operators) or "tenant" (a tenant's own lines)
+    by_profile: list[ProfileCost]
+    by_capacity_type: list[CapacityTypeCost]
+
+
+def cost_breakdown_for(
+    principal, *, start: datetime, end: datetime, lines: list[CostLine] | None = None
+) -> HardwareBreakdown:
+    """GPU-hours, dollars, good requests and tokens, and goodput per dollar per hardware profile and per capacity type:
+    for operators over the whole fleet (the endpoint lines), for a tenant over its own lines only. ``lines``: the
+    principal's ``cost_lines_for`` over the same range, when the caller already has them."""
+    if lines is None:
+        lines = cost_lines_for(principal, start=start, end=end)
+    if principal_is_operator(principal):
+        scope, chosen = "fleet", [line for line in lines if line.tenant_id is None]
+    else:
+        tenant_id = principal_tenant_id(principal)
+        scope, chosen = "tenant", [line for line in lines if tenant_id is not None and line.tenant_id == tenant_id]
+    by_profile, by_type = fleet_breakdown(row for line in chosen for row in line.by_hardware)
+    return HardwareBreakdown(start=start, end=end, scope=scope, by_profile=by_profile, by_capacity_type=by_type)

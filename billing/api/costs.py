@@ -1,6 +1,6 @@
 """/api/v1/cost-reports/: stored hourly and daily cost reports, their CSV export, and live figures over any range."""
 
-from dataclasses import fields
+from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
 
 from django.http import HttpResponse
@@ -12,10 +12,10 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from billing.api.schemas import CostLineSerializer
-from billing.cost import CostLine, cost_csv
+from billing.api.schemas import CostLineSerializer, HardwareBreakdownSerializer
+from billing.cost import NOT_STORED, CostLine, cost_csv
 from billing.models import CostReport
-from billing.selectors import cost_lines_for, cost_reports_visible_to
+from billing.selectors import cost_breakdown_for, cost_lines_for, cost_reports_visible_to
 from config.api_base import ScopedReadOnlyViewSet
 
 MAX_RANGE = timedelta(days=400)
@@ -57,12 +57,15 @@ class CostReportSerializer(serializers.ModelSerializer):
 
 
 def _as_line(report: CostReport) -> CostLine:
-    values = {f.name: getattr(report, f.name) for f in fields(CostLine) if f.name not in ("endpoint", "tenant")}
+    values = {f.name: getattr(report, f.name) for f in fields(CostLine) if f.name not in NOT_STORED}
     return CostLine(endpoint=report.endpoint.name, tenant=report.tenant.slug if report.tenant_id else None, **values)
 
 
 class CostReportViewSet(ScopedReadOnlyViewSet):
-    """``?granularity=hour|day&start=…&end=…&endpoint=…&tenant=…``; ``export/`` answers the same rows as CSV."""
+    """``?granularity=hour|day&start=…&end=…&endpoint=…&tenant=…``; ``export/`` answers the same rows as CSV.
+
+    ``live/`` lines and ``by-hardware/`` carry the split by hardware profile and capacity type, computed from replica
+    lifetimes and usage records (the stored rows do not hold it)."""
 
     model = CostReport
     serializer_class = CostReportSerializer
@@ -95,7 +98,15 @@ class CostReportViewSet(ScopedReadOnlyViewSet):
         lines = cost_lines_for(request.user, start=start, end=end)
         if request.query_params.get("as") == "csv":
             return HttpResponse(cost_csv(lines), content_type="text/csv; charset=utf-8")
-        return Response([{**vars(line), "start": start, "end": end} for line in lines])
+        return Response([{**asdict(line), "start": start, "end": end} for line in lines])
+
+    @extend_schema(responses=HardwareBreakdownSerializer, filters=False)
+    @action(detail=False, methods=["get"], url_path="by-hardware", pagination_class=None)
+    def by_hardware(self, request):
+        """Per hardware profile and per capacity type over ``?start=&end=`` (default: the last 24 h): GPU-hours,
+        dollars, good requests and tokens, goodput per dollar. Operators: the fleet; tenants: their own lines."""
+        start, end = parse_range(request.query_params, default=timedelta(days=1))
+        return Response(asdict(cost_breakdown_for(request.user, start=start, end=end)))
 
 
 def register(router) -> None:

@@ -19,6 +19,31 @@ class SLOBudgetSerializer(serializers.Serializer):
     health = serializers.ChoiceField(choices=["page", "ticket", "ok", "unknown"])
 
 
+class StatementPartSerializer(serializers.Serializer):
+    """The part of a statement line served by one hardware profile (billing/statements.py)."""
+
+    profile_id = serializers.IntegerField()
+    profile = serializers.CharField(help_text="hardware profile name")
+    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    share = serializers.FloatField(help_text="fraction of the line's cost: the tenant's MU on this profile / its MU")
+    used_mu = serializers.FloatField()
+    requests = serializers.IntegerField()
+    good_output_tokens = serializers.IntegerField()
+    reserved_usd = serializers.FloatField(help_text="micro-dollars; the parts sum to the line's reserved_usd")
+    overage_usd = serializers.FloatField(help_text="total_usd − reserved_usd of this part")
+    total_usd = serializers.FloatField(help_text="micro-dollars; the parts sum to the line's total_usd exactly")
+
+
+class StatementHardwareSerializer(serializers.Serializer):
+    profile_id = serializers.IntegerField()
+    profile = serializers.CharField()
+    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    used_mu = serializers.FloatField()
+    requests = serializers.IntegerField()
+    good_output_tokens = serializers.IntegerField()
+    total_usd = serializers.FloatField()
+
+
 class StatementLineSerializer(serializers.Serializer):
     endpoint_id = serializers.IntegerField()
     endpoint = serializers.CharField()
@@ -32,6 +57,7 @@ class StatementLineSerializer(serializers.Serializer):
     output_tokens = serializers.IntegerField()
     good_output_tokens = serializers.IntegerField()
     total_usd = serializers.FloatField()
+    by_hardware = StatementPartSerializer(many=True, help_text="the line's cost by the hardware that served it")
 
 
 class StatementSerializer(serializers.Serializer):
@@ -45,7 +71,46 @@ class StatementSerializer(serializers.Serializer):
     used_mu = serializers.FloatField()
     overage_mu = serializers.FloatField()
     total_usd = serializers.FloatField()
+    by_hardware = StatementHardwareSerializer(many=True, help_text="the lines' parts summed per hardware profile")
     lines = StatementLineSerializer(many=True)
+
+
+class ProfileCostSerializer(serializers.Serializer):
+    """One hardware profile's part of a cost line or of the fleet (billing/cost_split.py)."""
+
+    profile_id = serializers.IntegerField()
+    profile = serializers.CharField(help_text="hardware profile name")
+    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    gpu_hours = serializers.FloatField(help_text="billed replica-hours on this profile × its GPUs per replica")
+    usd = serializers.FloatField(help_text="gpu_hours × this profile's usd_per_gpu_hour")
+    requests = serializers.IntegerField()
+    good_requests = serializers.IntegerField(help_text="requests that met every latency SLO")
+    output_tokens = serializers.IntegerField()
+    good_output_tokens = serializers.IntegerField(help_text="output tokens of good requests")
+    used_mu = serializers.FloatField()
+    good_tokens_per_usd = serializers.FloatField(allow_null=True, help_text="goodput per dollar on this profile")
+    usd_per_1m_good_tokens = serializers.FloatField(allow_null=True)
+
+
+class CapacityTypeCostSerializer(serializers.Serializer):
+    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    gpu_hours = serializers.FloatField()
+    usd = serializers.FloatField()
+    requests = serializers.IntegerField()
+    good_requests = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    good_output_tokens = serializers.IntegerField()
+    used_mu = serializers.FloatField()
+    good_tokens_per_usd = serializers.FloatField(allow_null=True)
+    usd_per_1m_good_tokens = serializers.FloatField(allow_null=True)
+
+
+class HardwareBreakdownSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    scope = serializers.ChoiceField(choices=["fleet", "tenant"], help_text="operators: the fleet; tenants: their own")
+    by_profile = ProfileCostSerializer(many=True)
+    by_capacity_type = CapacityTypeCostSerializer(many=True)
 
 
 class CostLineSerializer(serializers.Serializer):
@@ -68,3 +133,4 @@ class CostLineSerializer(serializers.Serializer):
     idle_usd = serializers.FloatField()
     good_tokens_per_usd = serializers.FloatField(allow_null=True)
     usd_per_1m_good_tokens = serializers.FloatField(allow_null=True)
+    by_hardware = ProfileCostSerializer(many=True, help_text="this line per hardware profile; sums to the line")

@@ -12,7 +12,7 @@ from django.utils.safestring import mark_safe
 
 from billing.cost import cost_csv
 from billing.models import Alert, UsageMinute
-from billing.selectors import alerts_visible_to, cost_lines_for, slo_budgets
+from billing.selectors import alerts_visible_to, cost_breakdown_for, cost_lines_for, slo_budgets
 from billing.slo import WINDOW_PAIRS, WINDOWS_S
 from console import charts
 from console.access import operator_required
@@ -143,6 +143,7 @@ def cost(request):
     context = {
         "form": form,
         "lines": lines,
+        "breakdown": cost_breakdown_for(request.user, start=start, end=end, lines=lines),
         "hours": hours,
         "start": start,
         "end": end,
