@@ -34,7 +34,7 @@
    groups, and counting each prompt as one steered it by head counts instead of load.
 
 LoRA (``lora_placement``, docs/lora.md#routing): a request naming an adapter goes only to replicas with adapter slots
-(the shared filter). Among them, replicas already holding the adapter within ``adapter_load_bound`` (default 3, at least
+(the shared filter). Among them, replicas already holding the adapter within ``adapter_load_bound`` (default 1.5, at least
 ``load_bound``: a hit saves a 0.5–2 s load) are the only ones allowed; with none, the replicas within the plain bound are, scored on top of the terms
 above by ``− evict_weight × load cost`` (0 for a free slot, the popularity of the adapter that would be evicted
 relative to this one's, 2 when every slot is in use) ``+ adapter_home_weight × home rank of the adapter``. So a
@@ -156,16 +156,16 @@ class InfercapRouter(RouterBase):
         kv_index: KVBlockIndex | None = None,
         session_load_bound: float = 1.5,
         adapter_load_bound: float | None = None,
-        evict_weight: float = 10.0,
+        evict_weight: float = 3.0,
         adapter_home_weight: float = 3.0,
         slot_weight: float = 3.0,
-        popularity_tau_s: float = 300.0,
+        popularity_tau_s: float = 60.0,
         popularity_eviction: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
         if adapter_load_bound is None:
-            adapter_load_bound = max(load_bound, 3.0)
+            adapter_load_bound = max(load_bound, 1.5)
         if adapter_load_bound < load_bound:
             raise ValueError("adapter_load_bound must be ≥ load_bound (a replica holding the adapter saves a load)")
         self.adapter_load_bound, self.evict_weight, self.adapter_home_weight = (

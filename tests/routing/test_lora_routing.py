@@ -88,7 +88,7 @@ def test_infercap_prefers_a_replica_holding_the_adapter_within_the_bound():
 
 def test_infercap_replicates_a_hot_adapter_when_its_holder_is_over_the_bound():
     router = make_router("infercap", seed=1, load_slack=0.0)
-    # The holder at 4.5x the mean load: over the holders' bound (3x).
+    # The holder at 4.5x the mean load: over the holders' bound (1.5x).
     others = [view(name, mu=1.0) for name in "bcde"]
     assert router.pick(ask(), [view("holder", adapters={"ft-a"}, mu=40.0), *others], 0.0) in set("bcde")
 
@@ -105,7 +105,9 @@ def test_infercap_loads_a_new_adapter_where_the_evicted_one_is_least_popular():
         router.on_finished(ask(name, name), rid, now - 50)
     r1 = view("r1", adapters={"hot", "old1"}, max_loras=2)
     r2 = view("r2", adapters={"rare", "old2"}, max_loras=2)
-    assert router.pick(ask("new"), [r1, r2], now) == "r2"  # r1's least popular idle adapter is old1, r2's rare or old2 …
+    assert (
+        router.pick(ask("new"), [r1, r2], now) == "r2"
+    )  # r1's least popular idle adapter is old1, r2's rare or old2 …
     book = router.adapter_book
     assert book.victim(r1, now) == "old1" and book.victim(r2, now) in {"rare", "old2"}
 
