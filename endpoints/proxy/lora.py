@@ -7,8 +7,10 @@ The router reads ``held()`` and the slots as ``ReplicaView.adapters`` and ``max_
 that does not hold the adapter loads it before the request is sent (the wait is in the request's TTFT). One load
 per replica and adapter runs at a time, in its own task: every request for it waits on the same future, and a
 client that leaves does not abort a load half done. Loads on one replica go one after another, so two adapters
-never both count on the last free slot. At the slot limit the least recently used idle adapter is unloaded first
-(``endpoints.routing.lora.adapter_to_evict``). A load that fails or times out is an OpenAI-shaped 502 or 503 for
+never both count on the last free slot. At the slot limit an idle adapter is unloaded first: the one the endpoint's
+router names (``ReplicaAdapters.victim``, bound by the runtime to its router and clock; infercap's is the least
+popular, from the router's own request counts, no query), else the least recently used
+(``endpoints.routing.lora.choose_victim``, which the simulator's slots ask too). A load that fails or times out is an OpenAI-shaped 502 or 503 for
 the requests waiting on it, and the replica is left as it was: nothing stays "loading".
 
 What other proxy processes loaded, and adapters the engine was started with, come from the engine itself: its
@@ -24,13 +26,14 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from endpoints.proxy import metrics as m
 from endpoints.proxy.errors import ProxyError
-from endpoints.routing.lora import adapter_to_evict
+from endpoints.routing.lora import VictimChooser, choose_victim, least_recent_to_evict, victim_chooser
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,8 @@ class ReplicaAdapters:
     in_use: Counter = field(default_factory=Counter)  # adapter → requests holding a slot on the replica with it
     loading: dict[str, asyncio.Future] = field(default_factory=dict)
     engine_max_loras: int = 0  # vllm:lora_requests_info's max_lora; 0: not reported
+    victim: VictimChooser | None = None  # the router's eviction rule for this replica (None: LRU)
+    clock: Callable[[], float] = time.monotonic  # the victim's clock (the router's: its popularity decays on it)
     loads: int = 0  # loads and unloads this process made
     unloads: int = 0
     load_minutes: dict[int, int] = field(default_factory=dict)  # wall-clock minute → loads then (the console's churn)
@@ -120,6 +125,17 @@ def lora_report(adapters: dict, now_s: float) -> dict:
             for rid, ra in adapters.items()
         },
     }
+
+
+def routers_eviction(router_of: Callable[[], object], replica_id: str) -> VictimChooser:
+    """The eviction rule of the endpoint's router when the load happens (``router_of()``), or LRU for a router
+    without one: what ``ReplicaAdapters.victim`` asks at the slot limit."""
+
+    def choose(last_used, in_use, now: float) -> str:
+        rule = victim_chooser(router_of(), replica_id)
+        return least_recent_to_evict(last_used, in_use) if rule is None else rule(last_used, in_use, now)
+
+    return choose
 
 
 def note_engine_lora(adapters: ReplicaAdapters, view, latest, now: float) -> None:
@@ -225,7 +241,7 @@ async def _evict_and_load(session, *, url: str, replica: ReplicaAdapters, adapte
     if not _artifact_present(adapter.path, root=adapter.root):
         raise _unavailable(name, "its weights are missing from the adapter store (tell the operators)")
     try:
-        victim = adapter_to_evict(replica.last_used, replica.busy(), max_loras)
+        victim = choose_victim(replica.last_used, replica.busy(), max_loras, replica.clock(), replica.victim)
     except LookupError:
         raise _unavailable(
             name, "every adapter slot on the replica is in use; retry shortly", code="adapter_slots_busy", retry=1

@@ -16,7 +16,7 @@ from endpoints.admission.classes import CLASSES
 from endpoints.admission.shares import spread_queue
 from endpoints.proxy import metrics as m
 from endpoints.proxy.kv_feeds import KVFeeds
-from endpoints.proxy.lora import ReplicaAdapters, note_engine_lora
+from endpoints.proxy.lora import ReplicaAdapters, note_engine_lora, routers_eviction
 from endpoints.proxy.model_names import ModelRename, model_rename
 from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing import make_router
@@ -165,9 +165,11 @@ class EndpointRuntime:
 
     def adapters_of(self, slot: Slot) -> ReplicaAdapters:
         """The LoRA adapters of a replica, as this process knows them (created on first use)."""
-        found = self.adapters.get(slot.view.replica_id)
+        rid = slot.view.replica_id
+        found = self.adapters.get(rid)
         if found is None:
-            found = self.adapters[slot.view.replica_id] = ReplicaAdapters()
+            victim = routers_eviction(lambda: self.router, rid)  # the router of the moment: the policy can change
+            found = self.adapters[rid] = ReplicaAdapters(victim=victim, clock=self.clock)
         return found
 
     def in_flight_by_replica(self) -> dict[str, int]:

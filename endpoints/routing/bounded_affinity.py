@@ -38,7 +38,9 @@ LoRA (``lora_placement``, docs/lora.md#routing): a request naming an adapter goe
 ``load_bound``: a hit saves a 0.5–2 s load) are the only ones allowed; with none, the replicas within the plain bound are, scored on top of the terms
 above by ``− evict_weight × load cost`` (0 for a free slot, the popularity of the adapter that would be evicted
 relative to this one's, 2 when every slot is in use) ``+ adapter_home_weight × home rank of the adapter``. So a
-popular adapter stays resident, and a hot one whose holders are all over the bound gets one more replica.
+popular adapter stays resident, and a hot one whose holders are all over the bound gets one more replica. The
+adapter that then leaves is the least popular idle one (``adapter_victim``, LFU with aging, τ =
+``popularity_tau_s``; ``popularity_eviction=False``: LRU), the same one the load cost counted.
 
 With a ``kv_index`` (``KVBlockIndex`` fed by the engines' KV-cache events) the prefix match of a replica whose
 events are usable is what its cache really holds (the request's engine block hashes, ``extra["kv_block_hashes"]``);
@@ -50,7 +52,7 @@ speed enters through each replica's MU capacity: load is in-flight MU over it, i
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
@@ -157,6 +159,8 @@ class InfercapRouter(RouterBase):
         evict_weight: float = 3.0,
         adapter_home_weight: float = 3.0,
         slot_weight: float = 3.0,
+        popularity_tau_s: float = 60.0,
+        popularity_eviction: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -170,7 +174,7 @@ class InfercapRouter(RouterBase):
             adapter_home_weight,
         )
         self.slot_weight = slot_weight
-        self.adapter_book = AdapterBook()
+        self.adapter_book = AdapterBook(popularity_tau_s, by_popularity=popularity_eviction)
         self.kv_index = kv_index
         self.session_load_bound = session_load_bound
         if load_bound < 1.0:
@@ -338,6 +342,13 @@ class InfercapRouter(RouterBase):
             if len(seen) > self.max_seen_heads:
                 seen.popitem(last=False)
         self.recurrence += self.recurrence_alpha * (float(recurred) - self.recurrence)
+
+    def adapter_victim(
+        self, replica_id: str, last_used: Mapping[str, float], in_use: Collection[str], now: float
+    ) -> str:
+        """The idle adapter to unload from a full replica (``lora.EvictionRule``; the simulator's slots and the proxy's
+        load manager ask it): the least popular, as ``load_cost`` assumed when it placed the request."""
+        return self.adapter_book.victim_among(last_used, in_use, now)
 
     def on_finished(self, request: RouteRequest, replica_id: str, now: float) -> None:
         if request.adapter is not None:

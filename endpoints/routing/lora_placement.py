@@ -8,27 +8,30 @@ is a cache decision taken under the bounded-load rule of ``bounded_affinity``:
    than the plain bound because a hit saves a whole load) are the only candidates: a hit beats any load spread.
 2. None within it (the adapter is new, or its holders are full: a hot adapter then gets one more replica), the
    request goes to a replica within the plain bound that can take it with the least damage: a free slot costs
-   nothing; otherwise the cost is the popularity of the adapter that would leave (the LRU idle one, as
-   ``lora.adapter_to_evict`` picks it from this router's own last-routed times), so a popular adapter is not
-   evicted to make room for a rare one; a replica whose every slot is in use (the request would wait for a slot)
+   nothing; otherwise the cost is the popularity of the adapter that would leave (the idle one of lowest
+   popularity, ``AdapterBook.victim_among``, the rule the slots apply too: ``InfercapRouter.adapter_victim``),
+   so a popular adapter is not evicted to make room for a rare one; a replica whose every slot is in use (the request would wait for a slot)
    costs most. Ties go to the adapter's rendezvous-hash home, so every proxy process places it alike.
 
 ``AdapterBook`` is the router's memory: per replica and adapter, last routed time and requests in flight; per
-adapter, an exponentially decaying request rate (its popularity).
+adapter, an exponentially decaying request rate over the whole fleet (its popularity), which also decides which
+idle adapter leaves a full replica (LFU with aging, ``lora.least_popular_to_evict``; ``by_popularity=False``: LRU).
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from endpoints.routing.base import ReplicaView
-from endpoints.routing.lora import adapter_to_evict
+from endpoints.routing.lora import least_popular_to_evict, least_recent_to_evict
 
 BUSY_SLOTS_COST = 2.0  # relative cost of a replica whose every adapter slot is in use (above any eviction: ≤ 1)
 
 
 class AdapterBook:
-    def __init__(self, popularity_tau_s: float = 60.0):
-        self.tau_s = popularity_tau_s
+    def __init__(self, popularity_tau_s: float = 60.0, *, by_popularity: bool = True):
+        if popularity_tau_s <= 0:
+            raise ValueError("popularity_tau_s must be > 0")
+        self.tau_s, self.by_popularity = popularity_tau_s, by_popularity
         self._rate: dict[str, tuple[float, float]] = {}  # adapter → (rate, at)
         self.last_routed: dict[str, dict[str, float]] = {}  # replica → adapter → last routed time
         self.in_flight: dict[str, dict[str, int]] = {}  # replica → adapter → requests sent, not finished
@@ -52,17 +55,26 @@ class AdapterBook:
             flights.pop(adapter, None)
         self.last_routed.setdefault(replica_id, {})[adapter] = now
 
-    def victim(self, replica: ReplicaView) -> str | None:
+    def victim_among(self, last_used: Mapping[str, float], in_use: Collection[str], now: float) -> str:
+        """Which idle adapter of a full replica leaves: the least popular, ties by LRU (or LRU alone without
+        ``by_popularity``). ``LookupError`` when every one is in use."""
+        if not self.by_popularity:
+            return least_recent_to_evict(last_used, in_use)
+        return least_popular_to_evict(last_used, in_use, lambda name: self.popularity(name, now))
+
+    def victim(self, replica: ReplicaView, now: float) -> str | None:
         """The adapter a load on ``replica`` would evict (None: a slot is free). ``LookupError``: all in use."""
         seen = self.last_routed.get(replica.replica_id, {})
         last_used = {a: seen.get(a, -math.inf) for a in replica.adapters}  # loaded behind our back: oldest
-        return adapter_to_evict(last_used, self.in_flight.get(replica.replica_id, {}), replica.max_loras)
+        if len(last_used) < replica.max_loras:
+            return None
+        return self.victim_among(last_used, self.in_flight.get(replica.replica_id, {}), now)
 
     def load_cost(self, replica: ReplicaView, adapter: str, now: float) -> float:
         """Relative cost of loading ``adapter`` on ``replica``: 0 for a free slot, the evicted adapter's popularity
         over the requested one's (capped at 1), ``BUSY_SLOTS_COST`` when every slot is in use."""
         try:
-            victim = self.victim(replica)
+            victim = self.victim(replica, now)
         except LookupError:
             return BUSY_SLOTS_COST
         if victim is None:

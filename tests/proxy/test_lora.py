@@ -1,10 +1,11 @@
 """LoRA adapters on the request path, in process (no sockets, no database; docs/lora-serving.md): who may name which adapter,
 what the router and the replica are given, loads on demand (one per replica and adapter, however many requests wait
-on it), the least recently used idle adapter unloaded at the slot limit, and failed loads as OpenAI-shaped errors
+on it), the idle adapter the router names (LRU for a router naming none) unloaded at the slot limit, and failed loads as OpenAI-shaped errors
 that leave nothing stuck."""
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -150,6 +151,24 @@ async def test_at_the_slot_limit_the_least_recently_used_idle_adapter_is_unloade
         await load(engine, replica, "fourth", max_loras=3)
     assert (caught.value.status, caught.value.code, caught.value.retry_after) == (503, "adapter_slots_busy", 1)
     assert not replica.loading and "fourth" not in replica.held()
+
+
+@pytest.mark.parametrize(("policy", "unloaded"), [("infercap", "rare"), ("least_request", "hot")])
+async def test_at_the_limit_the_runtime_unloads_the_adapter_its_router_names(policy, unloaded):
+    # infercap's rule: the least popular idle adapter ('rare', asked once) leaves, though 'hot' was used longer ago;
+    # a router naming no rule leaves it to LRU (vLLM's own).
+    runtime = EndpointRuntime(replace(BASE, routing_policy=policy), config=ProxyConfig(), clock=lambda: 30.0)
+    for i in range(6):
+        request = RouteRequest(request_id=f"h{i}", prompt_text="", adapter="hot")
+        runtime.router.on_routed(request, "100", float(i))
+        runtime.router.on_finished(request, "100", float(i) + 0.5)
+    runtime.router.on_routed(RouteRequest(request_id="r", prompt_text="", adapter="rare"), "100", 20.0)
+    replica = runtime.adapters_of(runtime.slots["100"])
+    replica.last_used.update({"hot": 5.5, "rare": 20.5})
+    engine = Engine(loaded={"hot", "rare"})
+    await load(engine, replica, "third", max_loras=2)
+    assert engine.calls[0] == ("/v1/unload_lora_adapter", unloaded)
+    assert replica.held() == {"hot", "rare", "third"} - {unloaded}
 
 
 @pytest.mark.parametrize("case", ["refused", "timeout", "vanished"])

@@ -1,4 +1,4 @@
-"""The simulator's LoRA model: slots, LRU unload, load time in TTFT, step overhead, and vLLM 0.32's HTTP shapes."""
+"""The simulator's LoRA model: slots, unload by the router's rule (LRU by default), load time in TTFT, step overhead, and vLLM 0.32's HTTP shapes."""
 
 import json
 
@@ -6,6 +6,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from endpoints.routing import make_router
 from endpoints.routing.base import ReplicaView
 from endpoints.runtimes.sim.des import Simulation
 from endpoints.runtimes.sim.engine import Engine
@@ -117,6 +118,33 @@ def test_requests_wait_for_a_slot_when_every_slot_is_in_use():
     ra, rb = result.requests
     assert rb.extra.get("slot_wait") and rb.first_token_s > ra.finish_s  # b loaded only once a had finished
     assert all(r.status == "ok" for r in result.requests)
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("infercap", {"hot", "new"}), ("lora_affinity", {"rare", "new"})])
+def test_a_full_replica_evicts_by_the_routers_rule_lru_for_the_baselines(policy, kept):
+    # 'hot' asked 4 times, then 'rare' once, then 'new' on a replica of 2 slots: infercap's least popular idle
+    # adapter ('rare') leaves; LRU, the rule of a router naming none (vLLM's), evicts 'hot'.
+    router = make_router(policy, seed=1)
+    sim = Simulation(router=router, replicas=1, profile="llama-8b-h100", lora=LoraConfig(max_loras=2))
+    stream = [_request(i, float(i), "hot") for i in range(4)] + [_request(4, 10.0, "rare"), _request(5, 20.0, "new")]
+    result = sim.run(stream)
+    assert all(r.status == "ok" for r in result.requests)
+    assert sim.replicas["r0"].slots.held() == kept
+
+
+def test_slots_ask_their_injected_rule_at_the_limit():
+    asked = []
+
+    def rule(last_used, in_use, now):
+        asked.append((dict(last_used), set(in_use), now))
+        return "b"
+
+    slots = AdapterSlots(max_loras=2, victim=rule)
+    slots.acquire("a", 0.0, 0.0)
+    slots.acquire("b", 1.0, 0.0)
+    slots.release("b", 2.0)
+    slots.acquire("c", 3.0, 0.0)
+    assert slots.held() == {"a", "c"} and asked == [({"a": 0.0, "b": 2.0}, {"a"}, 3.0)]
 
 
 def test_an_adapter_request_on_a_replica_without_slots_is_a_404():

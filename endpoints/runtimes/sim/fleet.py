@@ -107,7 +107,7 @@ class FleetOps:
         if self.kv_event_sink is not None:
             rep.engine.kv.events = []
         if self.lora is not None:
-            rep.slots = AdapterSlots(self.lora.max_loras)
+            rep.slots = self._new_slots(rep.replica_id)
             rep.engine.lora_overhead = self.lora.overhead
         self.replicas[rep.replica_id] = rep
         self._all_replicas.append(rep)

@@ -1,15 +1,16 @@
-"""LoRA adapters on a simulated replica: slots, load time, LRU unload and the per-step overhead (pure; docs/lora.md).
+"""LoRA adapters on a simulated replica: slots, load time, unload and the per-step overhead (pure; docs/lora.md).
 
 A replica started with ``--max-loras N`` holds at most N adapters. ``AdapterSlots`` is that table, shared by the
 discrete-event runner and the HTTP replica:
 
 * ``acquire(name, now)`` before a request naming adapter ``name`` enters the engine. A held adapter is ready at
-  once (or when its load, already under way, ends); a missing one loads into a free slot, or into the slot of the
-  least recently used adapter no request is using (``endpoints.routing.lora.adapter_to_evict``, the rule the proxy
-  applies too). Loads on one replica run one after another (one loader: the weights come over the same disk and
+  once (or when its load, already under way, ends); a missing one loads into a free slot, or into the slot of an
+  adapter no request is using: the one the router's rule names (``victim``, e.g. infercap's least popular: the
+  discrete-event runner passes ``endpoints.routing.lora.victim_chooser(router, replica)``, as the live proxy does),
+  else the least recently used (``adapter_to_evict``, vLLM's own rule). Loads on one replica run one after another (one loader: the weights come over the same disk and
   PCIe link), so ``ready_at = max(now, loader free) + load time``. The request's TTFT counts that wait.
   ``LookupError`` when every slot holds an adapter in use: the request waits until one is released.
-* ``release(name, now)`` when the request leaves; it stamps the adapter's last use (the LRU order).
+* ``release(name, now)`` when the request leaves; it stamps the adapter's last use (the LRU order, and the ties).
 
 The per-step LoRA overhead (``step_factor``) is what batched LoRA kernels (Punica's SGMV, S-LoRA) add to a step:
 a step whose batch holds any adapter request costs ``1 + overhead × max_rank / REFERENCE_RANK`` times the base
@@ -24,7 +25,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from endpoints.routing.lora import adapter_to_evict
+from endpoints.routing.lora import VictimChooser, choose_victim
 
 REFERENCE_RANK = 16
 DEFAULT_RANK = 8
@@ -68,6 +69,7 @@ class AdapterSlots:
     loader_free_s: float = 0.0
     loads: int = 0
     unloads: int = 0
+    victim: VictimChooser | None = None  # which idle adapter leaves at the limit (None: the LRU one)
 
     def holds(self, name: str) -> bool:
         return name in self.last_used
@@ -76,13 +78,14 @@ class AdapterSlots:
         return frozenset(self.last_used)
 
     def load(self, name: str, now: float, load_s: float) -> float:
-        """Put ``name`` into a slot (evicting the LRU idle adapter at the limit); returns when it is ready.
+        """Put ``name`` into a slot (evicting an idle adapter at the limit, ``victim``'s or the LRU one); returns
+        when it is ready.
         Raises ``LookupError`` when every slot is in use and ``ValueError`` on a replica without slots."""
         if self.max_loras <= 0:
             raise ValueError("this replica serves no LoRA adapters (--max-loras 0)")
         if name in self.last_used:
             return self.ready_at[name]
-        victim = adapter_to_evict(self.last_used, self._busy(), self.max_loras)
+        victim = choose_victim(self.last_used, self._busy(), self.max_loras, now, self.victim)
         if victim is not None:
             self.unload(victim)
         start = max(now, self.loader_free_s)

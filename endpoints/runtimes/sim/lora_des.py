@@ -2,7 +2,8 @@
 
 Mixed into ``des.Simulation`` when it is given a ``lora.LoraConfig``. At dispatch, a request for adapter A on
 replica R takes A's slot on R (``AdapterSlots.acquire``): held and loaded, it enters the engine at once; held but
-loading, or missing (loaded now, after the LRU idle adapter left), it enters when the load ends, so the load is in
+loading, or missing (loaded now, after the idle adapter the router's eviction rule names left: LRU for a router
+without one), it enters when the load ends, so the load is in
 its TTFT; every slot in use, it waits on R until a request there finishes and frees one. The proxy does the same in
 production (it loads the adapter on the picked replica before forwarding), so the router's choice decides where
 adapters load, in both. docs/lora.md.
@@ -13,9 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from endpoints.routing.base import RouteRequest
+from endpoints.routing.lora import victim_chooser
 
 from .engine import Sequence as EngineSeq
 from .fleet import _LORA, SimReplica
+from .lora import AdapterSlots
 from .results import RequestResult
 
 if TYPE_CHECKING:
@@ -23,7 +26,11 @@ if TYPE_CHECKING:
 
 
 class LoraOps:
-    """Adapter slots for ``des.Simulation`` (which provides clock, lora, _push, _enter, _finished_tick)."""
+    """Adapter slots for ``des.Simulation`` (which provides clock, router, lora, _push, _enter, _finished_tick)."""
+
+    def _new_slots(self: Simulation, replica_id: str) -> AdapterSlots:
+        """A new replica's slots, evicting by the router's rule (the proxy's load manager asks the same one)."""
+        return AdapterSlots(self.lora.max_loras, victim=victim_chooser(self.router, replica_id))
 
     def _send_adapter(self: Simulation, rep: SimReplica, route: RouteRequest, result: RequestResult, seq) -> bool:
         now, name = self.clock.now(), route.adapter
