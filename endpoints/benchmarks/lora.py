@@ -95,7 +95,7 @@ def _catalog(setup: Setup) -> Catalog:
 def requests(setup: Setup, qps: float) -> Iterator[SimRequest]:
     """Poisson arrivals at ``qps`` for ``duration_s``, each naming a Zipf-drawn adapter."""
     cat = _catalog(setup)
-    rng = random.Random(f"lora-requests-{setup.seed}-{qps}")
+    rng = random.Random(f"lora-requests-{setup.seed}-{qps:g}")  # 80 and 80.0 draw the same stream
     span_s = setup.warmup_s + setup.duration_s
     for i, t in enumerate(poisson_times(qps, duration_s=span_s, seed=setup.seed * 7919 + int(qps))):
         adapter = rng.choices(cat.names, cat.weights)[0]

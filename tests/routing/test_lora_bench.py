@@ -66,3 +66,8 @@ def test_the_loads_bound_is_reported_per_rate_and_against_the_baseline():
     assert figures["loads_floor_ratio_vs_lora_affinity"] == pytest.approx(
         bound / figures["policies"]["lora_affinity"]["adapter_loads_per_1k"], rel=1e-2
     )
+
+
+def test_a_rate_draws_one_stream_however_it_is_spelled():
+    setup = bench.QUICK
+    assert [r.adapter for r in bench.requests(setup, 80)] == [r.adapter for r in bench.requests(setup, 80.0)]
