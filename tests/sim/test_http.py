@@ -203,12 +203,17 @@ def test_metrics_carry_every_design_name_with_vllm_buckets_and_move_under_load()
             assert les == [float(b) for b in buckets]
         assert all(s.labels["model_name"] == "tiny" for s in idle["vllm:num_requests_running"])
 
+        # Six requests on four batch slots: two must wait. They are sent together (a barrier after each thread has
+        # built its client), so a busy machine starting threads slowly cannot let the first four finish first.
+        together = threading.Barrier(6)
+
         def one(i):
-            httpx.post(
-                f"{replica.url}/v1/completions",
-                timeout=30,
-                json={"model": "tiny", "prompt": filler_text(100, seed=i), "max_tokens": 150, "ignore_eos": True},
-            )
+            with httpx.Client(timeout=30) as client:
+                together.wait(10)
+                client.post(
+                    f"{replica.url}/v1/completions",
+                    json={"model": "tiny", "prompt": filler_text(100, seed=i), "max_tokens": 150, "ignore_eos": True},
+                )
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
         for t in threads:
