@@ -4,7 +4,8 @@
 #   engine  tests/engine/ (~10 minutes, most of it vLLM start-ups that import torch in three processes), at a
 #           lower CPU priority (nice 10): on two cores the other two, whose end-to-end tests keep time, get the CPU
 #           when both want it, and the engines take what it leaves;
-#   serve   the request path's end-to-end tests (tests/proxy, billing, security, reliability, console);
+#   serve   the request path's tests and the autoscaler's (tests/proxy, billing, security, reliability, console,
+#           autoscaling), about half of the suite's time without tests/engine;
 #   rest    everything else.
 # The suite waits more than it computes (real-time replicas, Celery ticks, timeouts): with the rest in one process
 # beside tests/engine, the two cores were 43 % busy over the 31-minute run, so a second process for it mostly fills
@@ -16,7 +17,7 @@ PY=.venv/bin/python
 db=${DATABASE_URL_TEST:-postgres://postgres@127.0.0.1:5432/infercap}
 redis=${REDIS_URL_TEST:-redis://127.0.0.1:6379/15}
 pytest=("$PY" -m pytest -q -p no:cacheprovider)
-SERVE=(tests/proxy tests/billing tests/security tests/reliability tests/console)
+SERVE=(tests/proxy tests/billing tests/security tests/reliability tests/console tests/autoscaling)
 
 if [ $# -gt 0 ]; then
   DATABASE_URL=$db REDIS_URL=$redis exec "${pytest[@]}" "$@"
@@ -41,7 +42,7 @@ pids+=($!)
 DATABASE_URL="${db}_serve" REDIS_URL=$(redis_for 2) INFERCAP_VAR_DIR="$PWD/var/test-serve" \
   "${pytest[@]}" --durations=20 "${SERVE[@]}" >"$logs/serve" 2>&1 &
 pids+=($!)
-echo "tests/engine and the request path's tests (${SERVE[*]}) run beside the rest; their output follows at the end"
+echo "tests/engine and ${SERVE[*]} run beside the rest; their output follows at the end"
 
 ignores=(--ignore=tests/engine)
 for path in "${SERVE[@]}"; do ignores+=("--ignore=$path"); done
@@ -60,6 +61,6 @@ echo "==================== tests/engine (real vLLM), run beside the rest =======
 cat "$logs/engine"
 rm -rf "$logs"
 if [ "$rest" -ne 0 ] || [ "$serve" -ne 0 ] || [ "$engine" -ne 0 ]; then
-  echo "make test: FAILED (rest: exit $rest; request path: exit $serve; tests/engine: exit $engine)" >&2
+  echo "make test: FAILED (rest: exit $rest; ${SERVE[*]}: exit $serve; tests/engine: exit $engine)" >&2
   exit 1
 fi
