@@ -2,6 +2,8 @@
 
 from rest_framework import serializers
 
+from capacity.models import HardwareProfile
+
 
 class SLOBudgetSerializer(serializers.Serializer):
     slo_id = serializers.IntegerField()
@@ -24,7 +26,7 @@ class StatementPartSerializer(serializers.Serializer):
 
     profile_id = serializers.IntegerField()
     profile = serializers.CharField(help_text="hardware profile name")
-    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    capacity_type = serializers.ChoiceField(choices=HardwareProfile.CapacityType.choices)
     share = serializers.FloatField(help_text="fraction of the line's cost: the tenant's MU on this profile / its MU")
     used_mu = serializers.FloatField()
     requests = serializers.IntegerField()
@@ -37,7 +39,7 @@ class StatementPartSerializer(serializers.Serializer):
 class StatementHardwareSerializer(serializers.Serializer):
     profile_id = serializers.IntegerField()
     profile = serializers.CharField()
-    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    capacity_type = serializers.ChoiceField(choices=HardwareProfile.CapacityType.choices)
     used_mu = serializers.FloatField()
     requests = serializers.IntegerField()
     good_output_tokens = serializers.IntegerField()
@@ -80,7 +82,7 @@ class ProfileCostSerializer(serializers.Serializer):
 
     profile_id = serializers.IntegerField()
     profile = serializers.CharField(help_text="hardware profile name")
-    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    capacity_type = serializers.ChoiceField(choices=HardwareProfile.CapacityType.choices)
     gpu_hours = serializers.FloatField(help_text="billed replica-hours on this profile × its GPUs per replica")
     usd = serializers.FloatField(help_text="gpu_hours × this profile's usd_per_gpu_hour")
     requests = serializers.IntegerField()
@@ -93,7 +95,7 @@ class ProfileCostSerializer(serializers.Serializer):
 
 
 class CapacityTypeCostSerializer(serializers.Serializer):
-    capacity_type = serializers.ChoiceField(choices=["on_demand", "spot"])
+    capacity_type = serializers.ChoiceField(choices=HardwareProfile.CapacityType.choices)
     gpu_hours = serializers.FloatField()
     usd = serializers.FloatField()
     requests = serializers.IntegerField()
