@@ -49,13 +49,10 @@ class ServedUsage:
     sums: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class ProfileCost:
-    """One hardware profile's part of a cost line (or of the fleet)."""
+@dataclass(kw_only=True)
+class CostFigures:
+    """GPU-hours, dollars and the work served of one part of a cost line, and goodput per dollar from them."""
 
-    profile_id: int
-    profile: str
-    capacity_type: str
     gpu_hours: float = 0.0
     usd: float = 0.0
     requests: int = 0
@@ -66,10 +63,19 @@ class ProfileCost:
     good_tokens_per_usd: float | None = None
     usd_per_1m_good_tokens: float | None = None
 
-    def finish(self) -> "ProfileCost":
+    def finish(self):
         self.good_tokens_per_usd = self.good_output_tokens / self.usd if self.usd > 0 else None
         self.usd_per_1m_good_tokens = self.usd / self.good_output_tokens * 1e6 if self.good_output_tokens else None
         return self
+
+
+@dataclass(kw_only=True)
+class ProfileCost(CostFigures):
+    """One hardware profile's part of a cost line (or of the fleet)."""
+
+    profile_id: int
+    profile: str
+    capacity_type: str
 
 
 def allocate_int(total: int, weights: Sequence[float]) -> list[int]:
@@ -224,20 +230,11 @@ def tenant_profile_costs(
     return [c for c in result if c.gpu_hours or c.usd or c.requests or c.used_mu]
 
 
-@dataclass
-class CapacityTypeCost:
-    capacity_type: str
-    gpu_hours: float = 0.0
-    usd: float = 0.0
-    requests: int = 0
-    good_requests: int = 0
-    output_tokens: int = 0
-    good_output_tokens: int = 0
-    used_mu: float = 0.0
-    good_tokens_per_usd: float | None = None
-    usd_per_1m_good_tokens: float | None = None
+@dataclass(kw_only=True)
+class CapacityTypeCost(CostFigures):
+    """All profiles of one capacity type (on-demand or spot) together."""
 
-    finish = ProfileCost.finish
+    capacity_type: str
 
 
 def fleet_breakdown(rows: Iterable[ProfileCost]) -> tuple[list[ProfileCost], list[CapacityTypeCost]]:
