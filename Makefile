@@ -18,8 +18,8 @@ run: setup-run
 	$(PY) manage.py run_platform
 
 ## test: set up and run every test against real PostgreSQL and Redis (started if needed), browser tests and the
-## real-vLLM tests (CPU build, installed once by the engine target) included; those run in a second pytest beside the
-## rest (scripts/run_tests.sh)
+## real-vLLM tests (CPU build, installed once by the engine target) included; three pytest processes side by side
+## (scripts/run_tests.sh)
 test: setup engine
 	scripts/ensure_services.sh
 	scripts/ensure_prometheus.sh
