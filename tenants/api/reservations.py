@@ -25,7 +25,7 @@ class ReservationSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="empty = the tenant's base-model traffic; else the LoRA adapter whose requests draw from it",
     )
-    adapter_name = serializers.CharField(source="adapter.name", read_only=True, default=None)
+    adapter_name = serializers.CharField(source="adapter.name", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = CapacityReservation

@@ -89,6 +89,19 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
 
 
 # -- 1. replica crash mid-stream -------------------------------------------------------------------
+async def _running_on(session: aiohttp.ClientSession, url: str) -> float:
+    """The replica's ``vllm:num_requests_running`` (0 when it cannot be read)."""
+    try:
+        async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=2)) as response:
+            text = await response.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def crash_mid_stream(p: Platform, progress) -> dict:
     victim = p.ready_replica_rows()[0]
     pid = int(victim.actuator_ref)
@@ -101,7 +114,13 @@ def crash_mid_stream(p: Platform, progress) -> dict:
                 asyncio.create_task(p.one_request(session, "critical", body=p.body(max_tokens=400)))
                 for _ in range(p.replicas * 2)
             ]
-            await asyncio.sleep(1.0)
+            # The kill lands once the victim streams (its own gauge), not after a fixed sleep: on a busy machine
+            # the streams may take longer than a second to reach it.
+            deadline = time.monotonic() + 15.0
+            await asyncio.sleep(0.5)
+            while time.monotonic() < deadline and await _running_on(session, victim.url) < 1:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # a few tokens out: the streams are mid-way, not at their first byte
             os.kill(pid, signal.SIGKILL)
             after = [await p.one_request(session, "critical") for _ in range(10)]
             return list(await asyncio.gather(*streams)), after
