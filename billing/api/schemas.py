@@ -77,12 +77,9 @@ class StatementSerializer(serializers.Serializer):
     lines = StatementLineSerializer(many=True)
 
 
-class ProfileCostSerializer(serializers.Serializer):
-    """One hardware profile's part of a cost line or of the fleet (billing/cost_split.py)."""
+class CostFiguresSerializer(serializers.Serializer):
+    """GPU-hours, dollars and the work served of one part of a cost line (billing/cost_split.py: CostFigures)."""
 
-    profile_id = serializers.IntegerField()
-    profile = serializers.CharField(help_text="hardware profile name")
-    capacity_type = serializers.ChoiceField(choices=HardwareProfile.CapacityType.choices)
     gpu_hours = serializers.FloatField(help_text="billed replica-hours on this profile × its GPUs per replica")
     usd = serializers.FloatField(help_text="gpu_hours × this profile's usd_per_gpu_hour")
     requests = serializers.IntegerField()
@@ -90,21 +87,22 @@ class ProfileCostSerializer(serializers.Serializer):
     output_tokens = serializers.IntegerField()
     good_output_tokens = serializers.IntegerField(help_text="output tokens of good requests")
     used_mu = serializers.FloatField()
-    good_tokens_per_usd = serializers.FloatField(allow_null=True, help_text="goodput per dollar on this profile")
+    good_tokens_per_usd = serializers.FloatField(allow_null=True, help_text="goodput per dollar")
     usd_per_1m_good_tokens = serializers.FloatField(allow_null=True)
 
 
-class CapacityTypeCostSerializer(serializers.Serializer):
+class ProfileCostSerializer(CostFiguresSerializer):
+    """One hardware profile's part of a cost line or of the fleet."""
+
+    profile_id = serializers.IntegerField()
+    profile = serializers.CharField(help_text="hardware profile name")
     capacity_type = serializers.ChoiceField(choices=HardwareProfile.CapacityType.choices)
-    gpu_hours = serializers.FloatField()
-    usd = serializers.FloatField()
-    requests = serializers.IntegerField()
-    good_requests = serializers.IntegerField()
-    output_tokens = serializers.IntegerField()
-    good_output_tokens = serializers.IntegerField()
-    used_mu = serializers.FloatField()
-    good_tokens_per_usd = serializers.FloatField(allow_null=True)
-    usd_per_1m_good_tokens = serializers.FloatField(allow_null=True)
+
+
+class CapacityTypeCostSerializer(CostFiguresSerializer):
+    """All profiles of one capacity type together."""
+
+    capacity_type = serializers.ChoiceField(choices=HardwareProfile.CapacityType.choices)
 
 
 class HardwareBreakdownSerializer(serializers.Serializer):
