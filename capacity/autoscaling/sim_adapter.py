@@ -4,7 +4,9 @@
 ``FleetView``; this adapter feeds the policy one demand sample per tick (requests and MU), asks for a replica count
 every ``policy.interval_s`` and a concurrency limit every ``policy.vertical_interval_s`` (when the policy has a
 vertical axis), and acts through ``FleetActions``: add replicas (cold start), cancel starting ones, drain ready ones
-(the simulator removes a draining replica once its last request finished).
+(the simulator removes a draining replica once its last request finished). With a ``spot.SpotPlanner`` the count
+is split between on-demand and spot replicas, and a spot interruption notice is handled at the next tick: the
+noticed replica drains (no new requests) and the next decision, taken at once, replaces it.
 
 Also here, for ``bench autoscale`` on the engine simulator: ``engine_seconds_per_request`` (how long a request
 stays in flight on an engine profile, prefill stalls included). Admission there is the proxy's own
@@ -15,6 +17,7 @@ import math
 import random
 
 from capacity.autoscaling.demand import DemandSample
+from capacity.autoscaling.spot import ON_DEMAND, SPOT
 
 
 class EngineSimAutoscaler:
@@ -34,8 +37,15 @@ class EngineSimAutoscaler:
         seed: int = 0,
         warm_pool: int = 0,
         warm_start_s: float = 5.0,
+        spot=None,
+        handle_notices: bool = True,
     ) -> None:
         self.policy = policy
+        self.spot = spot  # a capacity.autoscaling.spot.SpotPlanner, or None: on-demand only
+        self.handle_notices = handle_notices  # False: a noticed replica serves on until it is taken (a comparison)
+        self.noticed: set[str] = set()
+        self.spot_extra = 0  # the spot margin of the last decision
+        self.spot_decisions: list[tuple[float, int, int, str]] = []  # (t, on-demand, spot, reason)
         self.cold_start_s = cold_start_s
         self.warm_pool, self.warm_start_s = warm_pool, warm_start_s
         self.standby: list[tuple[float, float]] = []  # (launched at, booted at) of each stand-by replica
@@ -69,9 +79,18 @@ class EngineSimAutoscaler:
         if self.warm_pool and len(self.standby) < self.warm_pool:
             for _ in range(self.warm_pool - len(self.standby)):
                 self.standby.append((now, now + (self._cold_start() or 0.0)))
+        for r in fleet.replicas:
+            if self.handle_notices and r.terminate_at_s is not None and r.replica_id not in self.noticed:
+                # Stop routing to it and let its streams finish; the decision below replaces it.
+                self.noticed.add(r.replica_id)
+                actions.drain(r.replica_id)
+                self.next_decision_s = now
         if now >= self.next_decision_s:
             self.next_decision_s = now + self.policy.interval_s
-            self._horizontal(fleet, actions, now)
+            if self.spot is not None:
+                self._horizontal_spot(fleet, actions, now)
+            else:
+                self._horizontal(fleet, actions, now)
         if now >= self.next_vertical_s:
             self.next_vertical_s = now + self.policy.vertical_interval_s
             self._vertical(fleet, actions)
@@ -95,6 +114,51 @@ class EngineSimAutoscaler:
             victims = sorted(starting, key=lambda r: -r.added_s) + sorted(ready, key=lambda r: r.in_flight)
             for replica in victims[: current - desired]:
                 actions.drain(replica.replica_id)
+
+    def _horizontal_spot(self, fleet, actions, now: float) -> None:
+        live = [r for r in fleet.replicas if r.state in ("ready", "starting") and r.replica_id not in self.noticed]
+        ready = [r for r in live if r.state == "ready"]
+        counted = max(0, len(live) - self.spot_extra)  # the margin the last decision added is not capacity
+        counted_ready = min(len(ready), counted)
+        desired = self.policy.desired(now=now, ready=counted_ready, starting=counted - counted_ready)
+        self.decisions.append((now, counted, desired))
+        targets = self.spot.targets(desired, now)
+        pools = {kind: [r for r in live if r.capacity_type == kind] for kind in (ON_DEMAND, SPOT)}
+        if (short := targets.spot - len(pools[SPOT])) > 0:
+            added = self._launch(actions, short, SPOT, now)
+            if len(added) < short:
+                self.spot.spot_refused(now)
+                targets = self.spot.targets(desired, now)  # the fallback: the shortfall goes on on-demand
+        if (short := targets.on_demand - len(pools[ON_DEMAND])) > 0:
+            self._launch(actions, short, ON_DEMAND, now)
+        self.spot_extra = targets.extra
+        self.spot_decisions.append((now, targets.on_demand, targets.spot, targets.reason))
+        # Surplus: starting replicas are cancelled at once; ready ones drain only while the ready fleet keeps the
+        # count the policy wants (a fallback on-demand replica stays until the spot one replacing it serves).
+        spare = len(ready) - desired
+        for kind, target in ((ON_DEMAND, targets.on_demand), (SPOT, targets.spot)):
+            surplus = len(pools[kind]) - target
+            victims = sorted(pools[kind], key=lambda r: (r.state == "ready", r.in_flight, -r.added_s))
+            for r in victims[: max(0, surplus)]:
+                if r.state == "ready":
+                    if spare <= 0:
+                        break
+                    spare -= 1
+                actions.drain(r.replica_id)
+
+    def _launch(self, actions, n: int, capacity_type: str, now: float) -> list[str]:
+        added = []
+        for _ in range(n):
+            # Stand-bys are on-demand GPUs: a spot launch boots cold.
+            cold = self._take_standby(now) if capacity_type == ON_DEMAND else self._cold_start()
+            ids = actions.add_replicas(1, cold_start_s=cold, capacity_type=capacity_type)
+            for replica_id in ids:
+                if self.limits:
+                    actions.set_concurrency(self.limits[-1][1], replica_id=replica_id)
+            added += ids
+            if not ids:
+                break
+        return added
 
     def _take_standby(self, now: float) -> float | None:
         """A booted stand-by's short start if one is there (it leaves the pool), else a cold start."""

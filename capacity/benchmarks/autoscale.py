@@ -40,11 +40,12 @@ ROWS = ("static", "hpa", "hpa_tuned", "kpa", "kpa_tuned", "scheduled", "infercap
 TUNED_BASELINES = ("hpa_tuned", "kpa_tuned", "scheduled")
 
 
-def _options(quick: bool, opts: dict) -> dict:
+def options(quick: bool, opts: dict) -> dict:
     o = {
         "period_s": 1800.0 if quick else 3600.0,
         "peak_rps": 4.0 if quick else 6.0,
-        "spikes_max": 2 if quick else 3,  # per day, at least one
+        "spikes_min": 1,  # per day (bench economics' spot section draws days without)
+        "spikes_max": 2 if quick else 3,
         "trace_seed": 1,
         "history_days": 3 if quick else 5,
         "tuning_days": 2,  # the most recent history days the policies are tuned on
@@ -179,9 +180,12 @@ def tune(runner: _Runner, default: Spec, grid: list, day_names: list[str]) -> tu
     return best, best_row, tried
 
 
-def _build_days(o: dict) -> tuple[dict, list, list, list]:
+def build_days(o: dict) -> tuple[dict, list, list, list]:
     gen = DayGenerator(
-        seed=o["trace_seed"], period_s=o["period_s"], peak_rps=o["peak_rps"], spikes_per_day=(1, o["spikes_max"])
+        seed=o["trace_seed"],
+        period_s=o["period_s"],
+        peak_rps=o["peak_rps"],
+        spikes_per_day=(o["spikes_min"], o["spikes_max"]),
     )
     n_hist = o["history_days"]
     history_days = [gen.day(i) for i in range(n_hist)]
@@ -215,7 +219,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     if live:
         raise CommandError("bench autoscale runs in the discrete-event simulator only; drop --live")
     started = time.perf_counter()
-    o = _options(quick, opts)
+    o = options(quick, opts)
     runner, history_days, test_days, static_n, w = _prepare(o, progress)
     test_names = [d.name for d in test_days]
     tuning_names = [d.name for d in history_days[-o["tuning_days"] :]]
@@ -245,7 +249,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
 def _prepare(o: dict, progress) -> tuple:
     """The days, the static size, the cron schedules fitted on history, and the runner over them."""
     profile = get_profile(runs.PROFILE)
-    days, history_days, test_days, hist_requests = _build_days(o)
+    days, history_days, test_days, hist_requests = build_days(o)
     per_replica = runs.BASE_LIMIT * 0.7
     w = runs.seconds_per_request(profile, per_replica)
     static_n = min(o["max_replicas"], runs.static_replicas(history_days + test_days, profile=profile))

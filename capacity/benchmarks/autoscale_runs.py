@@ -165,7 +165,7 @@ class _IndependentRequest(workloads.SimRequest):
         return []
 
 
-def _sim_requests(requests: list):
+def sim_requests(requests: list):
     for i, (t, prompt, output) in enumerate(requests):
         yield _IndependentRequest(
             request_id=f"as-{i}",
@@ -195,7 +195,7 @@ def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: d
         cold_start_s=sum(COLD_START_S) / 2,
         seed=seed,
     )
-    result = sim.run(_sim_requests(day.requests), until_s=day.period_s + 600.0)
+    result = sim.run(sim_requests(day.requests), until_s=day.period_s + 600.0)
     period = day.period_s
     scored = [r for r in result.requests if r.arrival_s < period]
     gpu_s = sum(

@@ -22,6 +22,9 @@ from __future__ import annotations
 import random
 import time
 
+from django.core.management.base import CommandError
+
+from capacity.benchmarks import economics_spot
 from capacity.planning.mix import Bucket, ReplicaType, Slo, best_single_type, plan_mix, with_capacities
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.runtimes.sim.des import Simulation, VirtualClock
@@ -173,16 +176,21 @@ def evaluate(name: str, buckets: list[Bucket], *, duration_s: float, seed: int, 
 
 
 def run(*, quick: bool = False, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
-    duration_s = float(opts.get("duration_s", 30.0 if quick else 180.0))
-    seed = int(opts.get("seed", 1))
+    duration_s = float(opts.pop("duration_s", 30.0 if quick else 180.0))
+    seed = int(opts.pop("seed", 1))
     figures = {
         name: evaluate(name, buckets, duration_s=duration_s, seed=seed, progress=progress)
         for name, buckets in WORKLOADS.items()
     }
+    try:
+        spot = economics_spot.evaluate(quick=quick, seed=seed, progress=progress, opts=opts)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
     return {
         "bench": "economics",
         "quick": quick,
         "slo": {"ttft_s": SLO.ttft_s, "tpot_s": SLO.tpot_s},
         "duration_s": duration_s,
         "workloads": figures,
+        "spot": spot,
     }

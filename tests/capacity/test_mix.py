@@ -181,7 +181,7 @@ def test_command_plans_and_reports_errors():
 def test_bench_economics_figures_and_the_simulator_check():
     from capacity.benchmarks import economics
 
-    figures = economics.run(quick=True, progress=lambda message: None, duration_s=8)
+    figures = economics.run(quick=True, progress=lambda message: None, duration_s=8, period_s=2400, peak_rps=8)
     assert set(figures["workloads"]) == {"short_chat", "long_docs", "mixed"}
     for name, row in figures["workloads"].items():
         assert {"single_type_usd", "mixed_usd", "mixed_vs_single", "slo_attainment"} <= set(row), name
@@ -192,6 +192,15 @@ def test_bench_economics_figures_and_the_simulator_check():
     # Short chat's 6k-token pastes keep the single-type plan on H100; the mix serves the chat on L40S.
     chat = figures["workloads"]["short_chat"]
     assert chat["single_type"] == "h100" and chat["mixed_replicas"]["l40s"] > chat["mixed_replicas"]["h100"]
+    spot = figures["spot"]
+    assert {"on_demand_usd", "with_spot_usd", "savings", "slo_attainment", "lost_requests", "preemptions"} <= set(spot)
+    runs = spot["runs"]
+    assert runs["on_demand"]["gpu_hours_spot"] == 0 and runs["with_spot"]["gpu_hours_spot"] > 0
+    assert spot["with_spot_usd"] < spot["on_demand_usd"]  # spot at 65 % off carries the burst
+    assert spot["savings"] == pytest.approx(1 - spot["with_spot_usd"] / spot["on_demand_usd"], abs=1e-3)
+    # Ignoring notices loses the streams on every reclaimed replica; handling them drains first.
+    assert spot["lost_requests"] <= spot["unhandled_lost_requests"]
+    assert runs["with_spot_outage"]["spot_launches_refused"] > 0  # the outage refused launches: the fallback ran
 
 
 @pytest.mark.django_db

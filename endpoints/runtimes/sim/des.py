@@ -44,6 +44,9 @@ Interfaces the simulation drives (all optional except the router):
   see) and ``set_healthy(id, bool)`` (a health checker's verdict, ``ReplicaView.healthy``).
 * **Faults**: ``sim.inject_fault(replica_id, "crash" | "hang" | "slow" | "recover", at_s=…, factor=…)``; a
   crashed replica shows state ``failed`` and stale metrics, a hung one stops advancing ``last_progress_s``.
+* **Spot capacity** (``spot.py``): with ``spot_market=SpotMarket(…)``, ``add_replicas(n, capacity_type="spot")``
+  borrows replicas the market takes back after a seeded lifetime, with a 30-120 s interruption notice
+  (``ReplicaStatus.terminate_at_s``); outage windows refuse launches and notice every spot replica.
 * **Clock**: ``VirtualClock.now()`` is the simulated time; give the same object to policies that read a clock.
 * **Mixed fleets**: ``replica_profiles`` (one profile per initial replica, e.g. 4 H100 and 4 A100) and
   ``replica_mu_capacity`` (each one's ``ReplicaView.mu_capacity``); replicas added later take ``profile``.
@@ -74,6 +77,7 @@ from .fleet import (
     _FOLLOWUP,
     _LORA,
     _READY,
+    _SPOT,
     _STEP_END,
     _TICK,
     _WAKE,
@@ -94,6 +98,7 @@ from .lora import LoraConfig
 from .lora_des import LoraOps
 from .profiles import EngineProfile, get_profile
 from .results import RequestResult, SimResult
+from .spot import SpotMarket, SpotOps
 from .tokens import partial_block
 from .workloads import SimRequest
 
@@ -104,7 +109,7 @@ def _default_cost(request: SimRequest, prompt_tokens: int) -> float:
     return prompt_tokens / 1000 + request.output_tokens / 100
 
 
-class Simulation(FleetOps, LoraOps):
+class Simulation(FleetOps, LoraOps, SpotOps):
     def __init__(
         self,
         *,
@@ -128,6 +133,7 @@ class Simulation(FleetOps, LoraOps):
         replica_mu_capacity: list[float] | None = None,
         kv_event_sink: Callable | None = None,
         lora: LoraConfig | None = None,
+        spot_market: SpotMarket | None = None,
     ):
         self.profile = get_profile(profile) if isinstance(profile, str) or profile is None else profile
         self.clock = clock or VirtualClock()
@@ -161,6 +167,8 @@ class Simulation(FleetOps, LoraOps):
         self.timeline: list[dict] = []
         self.kv_event_sink = kv_event_sink
         self.lora = lora
+        self.spot_market = spot_market
+        self._schedule_outages()
         if replica_profiles is not None:
             replicas = len(replica_profiles)
         for i in range(replicas):
@@ -189,6 +197,8 @@ class Simulation(FleetOps, LoraOps):
             if until_s is not None and at > until_s:
                 self.clock._now = until_s
                 break
+            if kind == _SPOT and not (self._busy() or self._has_future_arrivals()):
+                continue  # the market's far-off notices do not keep a finished run going
             self.clock._now = at
             if kind == _STEP_END:
                 rep, version = payload
@@ -203,6 +213,8 @@ class Simulation(FleetOps, LoraOps):
                 self._lora_ready(*payload)
             elif kind == _FAULT:
                 self._apply_fault(*payload)
+            elif kind == _SPOT:
+                self._apply_spot(*payload)
             elif kind == _READY:
                 if payload.state == "starting" and payload.replica_id in self.replicas:
                     self._make_ready(payload.replica_id)

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from .des import Simulation
 
 # Event kinds of the simulation's queue (des imports them). _WAKE: a queued request goes over age (admission's timer).
-# _LORA: a request's adapter finished loading on its replica (lora_des).
-_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT, _WAKE, _LORA = range(8)
+# _LORA: a request's adapter finished loading on its replica (lora_des). _SPOT: the spot market's notices (spot).
+_ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT, _WAKE, _LORA, _SPOT = range(9)
 
 
 class FleetActions:
@@ -32,7 +32,15 @@ class FleetActions:
     def __init__(self, sim: Simulation):
         self._sim = sim
 
-    def add_replicas(self, n: int = 1, cold_start_s: float | None = None) -> list[str]:
+    def add_replicas(
+        self, n: int = 1, cold_start_s: float | None = None, capacity_type: str = "on_demand"
+    ) -> list[str]:
+        """New replicas, routable after the cold start. Spot ones come from the simulation's ``SpotMarket``: fewer
+        (none) while it has no spot capacity."""
+        if capacity_type == "spot":
+            return self._sim.add_spot_replicas(max(0, n), cold_start_s=cold_start_s)
+        if capacity_type != "on_demand":
+            raise ValueError(f"unknown capacity type {capacity_type!r}; expected on_demand or spot")
         return [self._sim.add_replica(cold_start_s=cold_start_s) for _ in range(max(0, n))]
 
     def drain(self, replica_id: str) -> None:
@@ -78,6 +86,8 @@ class SimReplica:
         self.slots: AdapterSlots | None = None  # its LoRA adapter slots (Simulation(lora=…))
         self.lora_queue: list[str] = []  # requests waiting for a free adapter slot, in arrival order
         self.scraped_adapters: frozenset = frozenset()  # vllm:lora_requests_info running ∪ waiting, as scraped
+        self.capacity_type = "on_demand"  # or "spot": lent by the simulation's SpotMarket (spot.py)
+        self.terminate_at_s: float | None = None  # spot: the interruption notice's deadline
 
     def adapters_in_requests(self) -> frozenset:
         """Adapters of its requests, running or waiting (vllm:lora_requests_info's two lists together)."""
@@ -100,9 +110,11 @@ class FleetOps:
         schedule: bool = True,
         profile: EngineProfile | None = None,
         mu_capacity: float | None = None,
+        capacity_type: str = "on_demand",
     ) -> str:
         now = self.clock.now()
         rep = SimReplica(f"r{next(self._ids)}", profile or self.profile, now, self.concurrency_limit, self.policy)
+        rep.capacity_type = rep.record.capacity_type = capacity_type
         rep.mu_capacity = self.mu_capacity if mu_capacity is None else mu_capacity
         if self.kv_event_sink is not None:
             rep.engine.kv.events = []
@@ -270,6 +282,8 @@ class FleetOps:
                 rep.engine.kv_usage,
                 rep.concurrency_limit,
                 rep.last_progress_s,
+                rep.capacity_type,
+                rep.terminate_at_s,
             )
             for rep in self.replicas.values()
         ]

@@ -61,6 +61,8 @@ class ReplicaStatus:
     kv_usage: float
     concurrency_limit: int
     last_progress_s: float = 0.0  # end of the replica's last engine step (a hung engine stops advancing it)
+    capacity_type: str = "on_demand"  # or "spot"
+    terminate_at_s: float | None = None  # spot: when the interruption notice says the instance goes
 
 
 @dataclass

@@ -80,6 +80,9 @@ class ReplicaRecord:
     prefix_queries: int = 0
     prefix_hits: int = 0
     preemptions: int = 0
+    capacity_type: str = "on_demand"  # or "spot" (spot.py)
+    noticed_s: float | None = None  # spot: the interruption notice came
+    reclaimed_s: float | None = None  # spot: the cloud took it back (still serving at the deadline)
 
     def replica_seconds(self, end_s: float) -> float:
         """Seconds this replica held its GPUs (cold start included: the GPU is allocated while it loads)."""

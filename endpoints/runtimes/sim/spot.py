@@ -1,0 +1,129 @@
+"""The discrete-event runner's spot capacity: a market that lends replicas and takes them back (pure).
+
+Mixed into ``des.Simulation`` (``SpotOps``) with a ``SpotMarket``. An autoscaler asks for spot replicas through
+``FleetActions.add_replicas(n, capacity_type="spot")``; the market refuses while spot is unavailable (an outage
+window of its trace: the launch returns fewer ids, and the caller falls back), and gives each replica it lends a
+seeded lifetime (exponential, ``reclaims_per_replica_day`` per replica-day on average). At the end of it the cloud
+sends an interruption notice, ``notice_s`` (30-120 s, drawn) before it takes the instance; an outage also notices
+every spot replica running when it starts. What the platform does with a notice is the autoscaler's business (stop
+routing, drain, replace: ``FleetActions.drain``); the simulation only reports it (``ReplicaStatus.terminate_at_s``)
+and, when the time is up, removes the replica: a request that had not streamed its first token goes back to the
+routing backlog and is sent elsewhere, as the proxy retries before the first byte; one that was streaming is lost
+(status ``error``, reason ``spot_reclaimed``). docs/algorithms.md#spot-capacity.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .fleet import _SPOT
+
+if TYPE_CHECKING:
+    from .des import Simulation
+
+DAY_S = 86_400.0
+
+
+@dataclass
+class SpotMarket:
+    reclaims_per_replica_day: float = 1.0
+    day_s: float = DAY_S  # the length of a "day" for the rate (a compressed trace day counts as one)
+    notice_s: tuple[float, float] = (30.0, 120.0)
+    unavailable: tuple[tuple[float, float], ...] = ()  # (start, end) windows with no spot capacity to be had
+    seed: int = 0
+    rng: random.Random = field(init=False, repr=False)
+    reclaims: list[tuple[float, str]] = field(init=False, default_factory=list)  # (noticed at, replica id)
+    refused: int = field(init=False, default=0)  # launches refused for want of capacity
+
+    def __post_init__(self) -> None:
+        if self.reclaims_per_replica_day < 0:
+            raise ValueError("reclaims_per_replica_day must be zero or more")
+        low, high = self.notice_s
+        if not 0 < low <= high:
+            raise ValueError("notice_s must be a (low, high) range of positive seconds")
+        self.rng = random.Random(f"spot-market-{self.seed}")
+
+    def available(self, now: float) -> bool:
+        return not any(start <= now < end for start, end in self.unavailable)
+
+    def lifetime_s(self) -> float:
+        if self.reclaims_per_replica_day == 0:
+            return float("inf")
+        return self.rng.expovariate(self.reclaims_per_replica_day / self.day_s)
+
+    def draw_notice_s(self) -> float:
+        return self.rng.uniform(*self.notice_s)
+
+
+class SpotOps:
+    """Spot replicas for ``des.Simulation`` (which provides clock, spot_market, _push, add_replica, …)."""
+
+    def _schedule_outages(self: Simulation) -> None:
+        for start, _end in self.spot_market.unavailable if self.spot_market is not None else ():
+            self._push(start, _SPOT, ("outage", None, 0.0))
+
+    def add_spot_replicas(self: Simulation, n: int, *, cold_start_s: float | None = None) -> list[str]:
+        """Up to ``n`` spot replicas: none while the market has no spot capacity."""
+        market, now = self.spot_market, self.clock.now()
+        if market is None or not market.available(now):
+            if market is not None:
+                market.refused += n
+            return []
+        ids = []
+        for _ in range(n):
+            replica_id = self.add_replica(cold_start_s=cold_start_s, capacity_type="spot")
+            life = market.lifetime_s()
+            if life != float("inf"):
+                self.reclaim(replica_id, at_s=now + life, notice_s=market.draw_notice_s())
+            ids.append(replica_id)
+        return ids
+
+    def reclaim(self: Simulation, replica_id: str, *, at_s: float | None = None, notice_s: float = 120.0) -> None:
+        """The cloud's interruption notice for ``replica_id`` at ``at_s``; the instance goes ``notice_s`` later."""
+        self._push(self.clock.now() if at_s is None else at_s, _SPOT, ("notice", replica_id, notice_s))
+
+    def _apply_spot(self: Simulation, kind: str, replica_id: str | None, notice_s: float) -> None:
+        now = self.clock.now()
+        if kind == "outage":
+            for rep in list(self.replicas.values()):
+                if rep.capacity_type == "spot":
+                    self._notice(rep.replica_id, self.spot_market.draw_notice_s())
+        elif kind == "notice":
+            self._notice(replica_id, notice_s)
+        elif kind == "terminate":
+            self._terminate(replica_id, now)
+
+    def _notice(self: Simulation, replica_id: str, notice_s: float) -> None:
+        rep = self.replicas.get(replica_id)
+        if rep is None or rep.terminate_at_s is not None:
+            return  # already gone (drained, removed) or already noticed
+        now = self.clock.now()
+        rep.terminate_at_s = now + notice_s
+        rep.record.noticed_s = now
+        self.spot_market.reclaims.append((now, replica_id))
+        self._push(rep.terminate_at_s, _SPOT, ("terminate", replica_id, 0.0))
+
+    def _terminate(self: Simulation, replica_id: str, now: float) -> None:
+        rep = self.replicas.get(replica_id)
+        if rep is None:
+            return  # drained and removed within the notice
+        for request_id, (route, result, seq) in list(rep.in_flight.items()):
+            self.router.on_finished(route, replica_id, now)
+            if seq.first_token_s is None:
+                # Nothing reached the client: the proxy sends it to another replica (it keeps its arrival time).
+                route.extra["retried_from"] = replica_id
+                result.replica_id, result.dispatch_s = None, None
+                result.extra["retried_from"] = replica_id
+                self._pending[request_id] = (route, result, seq.tag)
+                self._backlog.append(route)
+            else:
+                result.status, result.reason, result.finish_s = "error", "spot_reclaimed", now
+                result.output_tokens = seq.generated
+                self._finished_tick.append(result)
+        rep.in_flight.clear()
+        rep.in_flight_mu = 0.0
+        rep.record.reclaimed_s = now
+        self.remove_replica(replica_id)
+        self._pump()
