@@ -106,10 +106,7 @@ class EngineSimAutoscaler:
         desired = self.policy.desired(now=now, ready=len(ready), starting=len(starting))
         self.decisions.append((now, current, desired))
         if desired > current:
-            for _ in range(desired - current):
-                for replica_id in actions.add_replicas(1, cold_start_s=self._take_standby(now)):
-                    if self.limits:  # a new replica starts at the limit the vertical axis set, not the default
-                        actions.set_concurrency(self.limits[-1][1], replica_id=replica_id)
+            self._launch(actions, desired - current, ON_DEMAND, now)
         elif desired < current:
             victims = sorted(starting, key=lambda r: -r.added_s) + sorted(ready, key=lambda r: r.in_flight)
             for replica in victims[: current - desired]:
@@ -153,7 +150,7 @@ class EngineSimAutoscaler:
             cold = self._take_standby(now) if capacity_type == ON_DEMAND else self._cold_start()
             ids = actions.add_replicas(1, cold_start_s=cold, capacity_type=capacity_type)
             for replica_id in ids:
-                if self.limits:
+                if self.limits:  # a new replica starts at the limit the vertical axis set, not the default
                     actions.set_concurrency(self.limits[-1][1], replica_id=replica_id)
             added += ids
             if not ids:
