@@ -72,6 +72,11 @@ KV_EVENT_BATCHES = Counter(
 UPSTREAM_RETRIES = Counter(
     "infercap_proxy_upstream_retries", "Retries on another replica before the first byte", ["endpoint"]
 )
+STREAM_RESUMES = Counter(
+    "infercap_proxy_stream_resumes",
+    "Streams that broke mid-answer: resumed on another replica, or ended with an error event",
+    ["endpoint", "outcome"],
+)
 LORA_LOADS = Counter("infercap_proxy_lora_loads", "LoRA adapters loaded on a replica by the proxy", ["endpoint"])
 LORA_UNLOADS = Counter(
     "infercap_proxy_lora_unloads", "LoRA adapters unloaded from a replica to free a slot", ["endpoint"]

@@ -1,6 +1,7 @@
 """The upstream exchange: one request to one replica over the pooled aiohttp session, relaying SSE events
 to the client as they arrive. The first byte to the client is sent only once the replica has produced
-output, so a failure before it may be retried on another replica."""
+output, so a failure before it may be retried on another replica; a stream that breaks after it raises
+``StreamBroken``, and the caller resumes it elsewhere (``resume.py``) or ends it with an error event."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ class UpstreamFailed(Exception):
     def __init__(self, message: str, status: int = 502) -> None:
         super().__init__(message)
         self.status = status
+
+
+class StreamBroken(Exception):
+    """The replica's stream broke after output reached the client (connection reset or closed without [DONE]):
+    ``buf`` is the incomplete event it left. Resumable on another replica (``resume.py``)."""
+
+    def __init__(self, buf: bytes) -> None:
+        super().__init__("replica stream ended early")
+        self.buf = buf
+
+
+class ResumeRefused(UpstreamFailed):
+    """The replica asked to continue a broken stream answered with a client error (the context is full now, say):
+    no other replica will do better, and the client's stream ends with an error event."""
 
 
 class PriorityRefused(UpstreamFailed):
@@ -51,6 +66,7 @@ class Outcome:
     content_events: int = 0
     error: str = ""
     extra_headers: list = field(default_factory=list)
+    relayed: list = field(default_factory=list)  # the SSE bytes sent to the client, to resume a broken stream
 
 
 def _split_usage(out: bytes, forward_usage: bool, outcome: Outcome) -> bytes:
@@ -96,19 +112,30 @@ async def stream_exchange(
     connect_timeout_s: float,
     priority_sent: bool = False,
     rename: ModelRename | None = None,
+    transform=None,
 ) -> None:
+    """``transform``: applied to each run of whole events before anything else reads them (a resumed stream's
+    ``resume.Continued``); None on a first attempt."""
     resp = await _post(session, url, payload, headers, connect_timeout_s)
     async with resp:
         if resp.status >= 500:
             raise UpstreamFailed(f"replica answered {resp.status}")
         if resp.status != 200:
+            if outcome.started_client:  # a continuation: the client's response is under way
+                if _refuses_priority(resp.status, await resp.read(), priority_sent):
+                    raise PriorityRefused()
+                raise ResumeRefused(f"replica answered {resp.status} to the continuation", status=resp.status)
             await _pass_client_error(resp, send, response_headers, outcome, priority_sent)
             return
-        buf, done, closed = await _relay_events(resp.content, send, response_headers, forward_usage, outcome, rename)
+        buf, done, closed = await _relay_events(
+            resp.content, send, response_headers, forward_usage, outcome, rename, transform
+        )
         if not closed:
             if rename is not None:
                 buf = rename.to_client(buf)
-            await _end_stream(send, response_headers, outcome, buf=buf, done=done)
+            if outcome.started_client and not done:
+                raise StreamBroken(buf)
+            await end_stream(send, response_headers, outcome, buf=buf, done=done)
 
 
 async def _pass_client_error(resp, send, response_headers: list, outcome: Outcome, priority_sent: bool) -> None:
@@ -131,7 +158,13 @@ async def _pass_client_error(resp, send, response_headers: list, outcome: Outcom
 
 
 async def _relay_events(
-    content, send, response_headers: list, forward_usage: bool, outcome: Outcome, rename: ModelRename | None = None
+    content,
+    send,
+    response_headers: list,
+    forward_usage: bool,
+    outcome: Outcome,
+    rename: ModelRename | None = None,
+    transform=None,
 ) -> tuple[bytes, bool, bool]:
     """Forward whole SSE events as they arrive; the response head goes out with the first ones, so until then a
     failure is retryable (UpstreamFailed). Returns what is left: (incomplete event, [DONE] seen, response ended).
@@ -152,6 +185,8 @@ async def _relay_events(
             if cut < 0:
                 continue
             out, buf = buf[: cut + 2], buf[cut + 2 :]
+            if transform is not None:
+                out = transform(out)
             if b'"usage"' in out and (_USAGE_MARKERS[0] in out or _USAGE_MARKERS[1] in out):
                 out = _split_usage(out, forward_usage, outcome)
             if rename is not None:
@@ -166,6 +201,7 @@ async def _relay_events(
                 outcome.error = "replica reported an error mid-stream"
             if closed:
                 continue  # after [DONE]: only drain the upstream to EOF so its connection is reused
+            outcome.relayed.append(out)
             if not outcome.started_client:
                 outcome.started_client = True
                 await send({"type": "http.response.start", "status": 200, "headers": response_headers})
@@ -182,7 +218,7 @@ async def _relay_events(
     return buf, done, closed
 
 
-async def _end_stream(send, response_headers: list, outcome: Outcome, *, buf: bytes, done: bool) -> None:
+async def end_stream(send, response_headers: list, outcome: Outcome, *, buf: bytes, done: bool) -> None:
     """The upstream ended (or broke after the head went out) without [DONE] closing the response: send what is
     left, and an error event if [DONE] never came."""
     if not outcome.started_client:

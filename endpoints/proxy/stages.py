@@ -22,8 +22,18 @@ from endpoints.proxy.errors import ProxyError
 from endpoints.proxy.flight import Admission, Flight, Price
 from endpoints.proxy.limits import Bucket, LimiterUnavailable, RateLimiter, buckets_for, retry_after_from_wait
 from endpoints.proxy.lora import ensure_loaded
-from endpoints.proxy.relay import Outcome, PriorityRefused, UpstreamFailed, plain_exchange, stream_exchange
+from endpoints.proxy.relay import (
+    Outcome,
+    PriorityRefused,
+    ResumeRefused,
+    StreamBroken,
+    UpstreamFailed,
+    end_stream,
+    plain_exchange,
+    stream_exchange,
+)
 from endpoints.proxy.request import ParsedRequest, parse_request, read_body, request_cost, upstream_payload
+from endpoints.proxy.resume import MAX_RESUMES, Continued, continuation, streamed
 from endpoints.proxy.runtime import EndpointRuntime, Shed, Slot
 from endpoints.proxy.snapshot import AdapterInfo, EndpointInfo, KeyInfo, Snapshot
 from endpoints.proxy.state import ProxyState
@@ -266,7 +276,8 @@ class Upstream:
     endpoint's name when it is not the one the client named (a fallback), sent as the body's ``model``."""
 
     __slots__ = (
-        "req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "model", "adapter", "_payloads",
+        "req", "path", "cache_salt", "engine_priority", "headers", "response_headers", "model", "adapter",
+        "transform", "_payloads",
     )  # fmt: skip
 
     def __init__(
@@ -290,7 +301,18 @@ class Upstream:
         self.engine_priority = ENGINE_PRIORITY[priority]
         self.headers = {"content-type": "application/json", "x-request-id": request_id}
         self.response_headers = (SSE_HEADERS if req.stream else []) + rid_header
+        self.transform: Continued | None = None  # a resumed stream's (``continued``)
         self._payloads: dict[tuple[bool, str | None], bytes] = {}
+
+    def continued(self, req: ParsedRequest, streamed_tokens: int) -> Upstream:
+        """The same exchange for ``req``, the continuation of a broken stream (``resume.continuation``): same
+        request id (so the same completion id), class, salt and model; its SSE goes through ``resume.Continued``."""
+        other = object.__new__(Upstream)
+        for name in self.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.req, other._payloads = req, {}
+        other.transform = Continued(streamed_tokens)
+        return other
 
     def payload(self, takes_priority: bool, engine_model: str | None = None) -> bytes:
         payload = self._payloads.get((takes_priority, engine_model))
@@ -320,6 +342,7 @@ class Upstream:
                 connect_timeout_s=connect_timeout_s,
                 priority_sent=sends_priority,
                 rename=rename,
+                transform=self.transform,
             )
         else:
             await plain_exchange(
@@ -338,11 +361,13 @@ class Upstream:
 
 async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> None:
     """Send the request to its admitted replica and relay the answer to the client. A failure before anything
-    reached the client is retried once on another replica (never mid-stream); a replica that refuses
-    ``priority`` gets the request again without it."""
-    admission, outcome = flight.admission, flight.outcome
+    reached the client is retried once on another replica; a stream that breaks after it is resumed on another
+    (``resume.py``, at most ``MAX_RESUMES`` times); a replica that refuses ``priority`` gets the request again
+    without it."""
+    admission, outcome, first = flight.admission, flight.outcome, upstream
     tried: set[str] = set()
     retried = False
+    resumes = 0
     while True:
         slot = admission.slot
         tried.add(slot.view.replica_id)
@@ -358,8 +383,22 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
             # not): remember it and resend on the same slot without the field; nothing was sent to the client yet.
             log.warning("replica %s refuses 'priority' (fcfs scheduler); sending it none", slot.name)
             slot.refused_priority = True
-        except UpstreamFailed as failed:
+            continue
+        except (StreamBroken, UpstreamFailed) as failed:
             note_failed_attempt(state, flight.endpoint.id, slot.replica_id, flight.request_id)
+            if outcome.started_client:
+                # Mid-stream (or a continuation that failed): resume elsewhere, or end the client's stream.
+                buf = failed.buf if isinstance(failed, StreamBroken) else b""
+                resumable = resumes < MAX_RESUMES and not isinstance(failed, ResumeRefused)
+                going_on = resumed(first, outcome) if resumable else None
+                if going_on is None or not move_to_another_replica(admission, tried, allowed=True):
+                    m.child(m.STREAM_RESUMES, flight.endpoint.name, "ended").inc()
+                    await end_stream(send, first.response_headers, outcome, buf=buf, done=False)
+                    return
+                upstream, resumes = going_on, resumes + 1
+                m.child(m.STREAM_RESUMES, flight.endpoint.name, "resumed").inc()
+                outcome.last_read_at = time.perf_counter()  # the stream-idle watchdog counts from the switch
+                continue
             if not move_to_another_replica(admission, tried, allowed=not retried):
                 outcome.status = "upstream_error"
                 raise ProxyError(
@@ -369,6 +408,14 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
             m.child(m.UPSTREAM_RETRIES, flight.endpoint.name).inc()
             flight.dispatched_at = time.perf_counter()
         outcome.first_token_at = outcome.last_read_at = None
+
+
+def resumed(upstream: Upstream, outcome: Outcome) -> Upstream | None:
+    """The exchange that continues ``upstream`` (the first attempt) from all the client has read, or None if it
+    cannot be."""
+    done = streamed(outcome.relayed, upstream.req.kind)
+    req = continuation(upstream.req, done)
+    return upstream.continued(req, done.tokens) if req is not None else None
 
 
 async def load_adapter(state: ProxyState, admission: Admission, adapter: AdapterInfo) -> None:

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from endpoints.proxy.relay import Outcome, PriorityRefused, UpstreamFailed, plain_exchange, stream_exchange
+from endpoints.proxy.relay import (
+    Outcome,
+    PriorityRefused,
+    StreamBroken,
+    UpstreamFailed,
+    end_stream,
+    plain_exchange,
+    stream_exchange,
+)
 
 
 def event(obj) -> bytes:
@@ -108,15 +116,37 @@ async def test_events_go_out_whole_and_done_ends_the_response_in_the_same_write(
     assert bodies(sent) == [(TOKEN, True), (USAGE + DONE, False)]
 
 
-async def test_a_stream_that_ends_without_done_ends_with_an_error_event():
-    sent, outcome = await stream(Response(chunks=[TOKEN, b'data: {"id":"c1","cho']))
+async def test_a_stream_that_breaks_after_its_head_raises_stream_broken_and_end_stream_closes_it():
+    # Ended without [DONE]: the caller gets the incomplete event it left, to resume elsewhere (resume.py).
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    outcome = Outcome()
+    with pytest.raises(StreamBroken) as broken:
+        await stream_exchange(
+            Session(Response(chunks=[TOKEN, b'data: {"id":"c1","cho'])),
+            "http://replica/v1/chat/completions",
+            b"{}",
+            {},
+            send,
+            response_headers=[],
+            forward_usage=False,
+            outcome=outcome,
+            connect_timeout_s=1.0,
+        )
+    assert broken.value.buf == b'data: {"id":"c1","cho' and outcome.started_client
+    assert outcome.relayed == [TOKEN] and outcome.status == "ok"
+    # Not resumable: end_stream sends what is left and an error event, then [DONE].
+    await end_stream(send, [], outcome, buf=broken.value.buf, done=False)
     assert outcome.status == "upstream_error" and outcome.error == "replica stream ended early"
     tail = [body for body, _ in bodies(sent)]
     assert tail[0] == TOKEN and tail[1] == b'data: {"id":"c1","cho'
     assert b'"type": "upstream_error"' in tail[2] and tail[2].endswith(DONE) and tail[-1] == b""
-    # Broken after the head went out: the same, not a retry.
-    sent, outcome = await stream(Response(chunks=[TOKEN], error=ConnectionResetError()))
-    assert outcome.started_client and outcome.status == "upstream_error"
+    # Reset after the head went out: the same.
+    with pytest.raises(StreamBroken):
+        await stream(Response(chunks=[TOKEN], error=ConnectionResetError()))
 
 
 @pytest.mark.parametrize(

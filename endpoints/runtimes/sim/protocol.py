@@ -72,7 +72,9 @@ class ParsedRequest:
         return self.n * len(self.prompts)
 
 
-def _render_messages(messages, format_errors: FormatErrors) -> str | None:
+def _render_messages(
+    messages, format_errors: FormatErrors, *, generation_prompt: bool, continue_final: bool
+) -> str | None:
     if not isinstance(messages, list):
         format_errors.add("list_type", "body.messages", "Input should be a valid list", messages)
         return None
@@ -95,7 +97,9 @@ def _render_messages(messages, format_errors: FormatErrors) -> str | None:
                     format_errors.add("dict_type", f"{loc}.content.{j}", "Input should be a valid dictionary", part)
                 elif not isinstance(part.get("text", ""), str):
                     format_errors.add("string_type", f"{loc}.content.{j}.text", "Input should be a valid string", part)
-    return render_chat(messages) if not format_errors.errors else None
+    if format_errors.errors:
+        return None
+    return render_chat(messages, add_generation_prompt=generation_prompt, continue_final=continue_final)
 
 
 def _completion_prompts(body: dict, format_errors: FormatErrors) -> list[Prompt] | None:
@@ -132,6 +136,8 @@ def _check_request_validators(fields: Body, *, chat: bool, stream: bool, options
     if options is not None and not stream:
         raise vllm_error("Stream options can only be defined when `stream=True`.", param="stream_options")
     if chat:
+        if body.get("continue_final_message") and body.get("add_generation_prompt"):
+            raise vllm_error("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         top = fields.int("top_logprobs")
         if top is not None:
             if top < 0 and top != -1:
@@ -168,6 +174,13 @@ def parse_request(
     if model != served_model and model not in adapters:  # a loaded LoRA adapter is served under its own name
         raise BadRequest(
             f"The model `{model}` does not exist. Valid aliases: {served_model}.", status=404, param="model"
+        )
+    if chat and body.get("continue_final_message") and body.get("add_generation_prompt", True) is not False:
+        # Raised when the chat template is applied (the tokenizer's), after the model name is checked.
+        raise vllm_error(
+            "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when "
+            "you want the model to continue the final message, and add_generation_prompt when you want to add a "
+            "header that will prompt it to start a new assistant message instead."
         )
     prompts = _checked_prompts(body, v, chat=chat, max_model_len=max_model_len)
     # -- the sampling parameters (vLLM's SamplingParams._verify_args, in its order) -------------------
@@ -223,7 +236,12 @@ def _typed_fields(fields: Body, *, chat: bool) -> SimpleNamespace:
         if "messages" not in body:
             fields.format.add("missing", "body.messages", "Field required", body)
         else:
-            v.prompt_text = _render_messages(body["messages"], fields.format)
+            v.prompt_text = _render_messages(
+                body["messages"],
+                fields.format,
+                generation_prompt=fields.bool("add_generation_prompt", True),
+                continue_final=fields.bool("continue_final_message", False),
+            )
     else:
         v.prompts = _completion_prompts(body, fields.format)
     v.requested = fields.int("max_completion_tokens") if chat else None

@@ -30,15 +30,20 @@ def count_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
-def render_chat(messages: list[dict]) -> str:
-    """The prompt text a chat request is tokenized from (a minimal, deterministic chat template)."""
+def render_chat(messages: list[dict], *, add_generation_prompt: bool = True, continue_final: bool = False) -> str:
+    """The prompt text a chat request is tokenized from (a minimal, deterministic chat template). As in vLLM (the
+    tokenizer's ``apply_chat_template``): ``add_generation_prompt`` opens the assistant's turn; ``continue_final``
+    (``continue_final_message``) leaves the last message open, cut right after its content, for the model to go on."""
     parts = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):  # OpenAI content parts: keep the text parts
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
         parts.append(f"<|{message.get('role', 'user')}|>\n{content or ''}\n")
-    parts.append("<|assistant|>\n")
+    if continue_final and parts:
+        parts[-1] = parts[-1][:-1]
+    elif add_generation_prompt:
+        parts.append("<|assistant|>\n")
     return "".join(parts)
 
 
