@@ -12,14 +12,17 @@ discount itself: the most spot can save is every GPU-hour of the on-demand fleet
   the rest on spot at ``spot_discount`` off); a ``SpotMarket`` reclaims each spot replica after an exponential
   lifetime of one *trace* day on average (``reclaims_per_replica_day``; a compressed day of the quick and full runs
   counts as a day, so the rate per hour of simulated time is 6-12× a real day's: a stress), with a 30-120 s
-  notice. Notices are handled: drain, replace at once, retry what had not streamed.
-* ``spot_unhandled``: the same market, notices ignored (the replica takes requests until it is taken): what the
-  handling is worth, in lost requests.
+  notice. Notices are handled: drain, replace at once, retry what had not streamed, resume what was streaming on
+  another replica (the proxy's ``resume.py``).
+* ``spot_no_resume``: ``with_spot`` without resuming cut streams (each is lost): what resumption is worth.
+* ``spot_unhandled``: the same market, notices ignored (the replica takes requests until it is taken; cut streams
+  are still resumed, as the proxy does whatever the autoscaler does): what the handling is worth.
 * ``with_spot_outage``: ``with_spot`` plus one spot outage (``outage_fraction`` of the day, seeded start) that
   refuses launches and notices every spot replica at once: the fallback to on-demand.
 
-Lost: a request that was streaming when its replica was taken (``spot_reclaimed``). SLO attainment as ``bench
-autoscale`` counts it (TTFT ≤ 2 s, TPOT ≤ 100 ms; rejected or lost requests miss).
+Lost: a request that was streaming when its replica was taken and could not be resumed (``spot_reclaimed``);
+resumed: one that went on elsewhere (its TPOT counts the gap). SLO attainment as ``bench autoscale`` counts it
+(TTFT ≤ 2 s, TPOT ≤ 100 ms; rejected or lost requests miss).
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ def day_run(arm: str, day, o: dict, *, seed: int) -> dict:
         cold_start_s=sum(runs.COLD_START_S) / 2,
         seed=seed,
         spot_market=market,
+        resume_streams=0 if arm == "spot_no_resume" else 2,
     )
     result = sim.run(runs.sim_requests(day.requests), until_s=period + 600.0)
     gpu_s = {ON_DEMAND: 0.0, SPOT: 0.0}
@@ -138,6 +142,7 @@ def day_run(arm: str, day, o: dict, *, seed: int) -> dict:
         "slo_attainment": round(sum(r.meets(**runs.SLO) for r in scored) / max(1, len(scored)), 5),
         "lost_requests": sum(r.reason == "spot_reclaimed" for r in result.requests),
         "retried_requests": sum("retried_from" in r.extra for r in result.requests),
+        "resumed_requests": sum("resumed_from" in r.extra for r in result.requests),
         "rejected": sum(r.status == "rejected" for r in scored),
         "preemptions": len(market.reclaims) if market else 0,
         "spot_launches_refused": market.refused if market else 0,
@@ -151,12 +156,12 @@ def evaluate(*, quick: bool, seed: int, progress, opts: dict) -> dict:
     day = days[test_days[0].name]
     progress(f"spot: {day.name}, {len(day.requests)} requests over {day.period_s:.0f} s (a compressed day)")
     rows = {}
-    for arm in (ON_DEMAND, "with_spot", "spot_unhandled", "with_spot_outage"):
+    for arm in (ON_DEMAND, "with_spot", "spot_no_resume", "spot_unhandled", "with_spot_outage"):
         rows[arm] = row = day_run(arm, day, o, seed=seed)
         progress(
             f"  {arm}: ${row['usd']:.2f} ({row['gpu_hours_on_demand']:.2f} on-demand + {row['gpu_hours_spot']:.2f} "
             f"spot GPU-h), SLO {row['slo_attainment']:.4f}, lost {row['lost_requests']}, retried "
-            f"{row['retried_requests']}, reclaims {row['preemptions']} ({row['wall_s']} s)"
+            f"{row['retried_requests']}, resumed {row['resumed_requests']}, reclaims {row['preemptions']} ({row['wall_s']} s)"
         )
     on_demand, spot = rows[ON_DEMAND], rows["with_spot"]
     return {
@@ -167,7 +172,10 @@ def evaluate(*, quick: bool, seed: int, progress, opts: dict) -> dict:
         "slo_attainment": spot["slo_attainment"],
         "on_demand_slo_attainment": on_demand["slo_attainment"],
         "lost_requests": spot["lost_requests"],
+        "resumed_requests": spot["resumed_requests"],
         "preemptions": spot["preemptions"],
+        "no_resume_lost_requests": rows["spot_no_resume"]["lost_requests"],
+        "no_resume_slo_attainment": rows["spot_no_resume"]["slo_attainment"],
         "unhandled_lost_requests": rows["spot_unhandled"]["lost_requests"],
         "unhandled_slo_attainment": rows["spot_unhandled"]["slo_attainment"],
         "outage": {

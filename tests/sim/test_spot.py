@@ -58,10 +58,10 @@ def test_the_market_refuses_spot_during_an_outage_and_notices_every_spot_replica
         SpotMarket(notice_s=(0, 10))
 
 
-def test_a_reclaimed_replica_retries_what_had_not_streamed_and_loses_what_was_streaming():
-    """r0 is taken at t=3: its stream started at 0.1 is lost; the request it held without a token (its engine hung)
-    goes to r1 and finishes; requests after the notice still reach r0 because nothing handled the notice."""
-    sim = Simulation(router=LeastInFlight(), replicas=2, profile="tiny", spot_market=SpotMarket())
+def reclaimed_run(**options):
+    """r0 is taken at t=3: it holds a stream started at 0.1 and a request without a token (its engine hung at
+    0.5); requests after the notice still reach r0 because nothing handled the notice."""
+    sim = Simulation(router=LeastInFlight(), replicas=2, profile="tiny", spot_market=SpotMarket(), **options)
     sim.replicas["r0"].capacity_type = "spot"
     sim.reclaim("r0", at_s=1.0, notice_s=2.0)
     sim.inject_fault("r1", "hang", at_s=0.0)
@@ -69,14 +69,23 @@ def test_a_reclaimed_replica_retries_what_had_not_streamed_and_loses_what_was_st
     sim.inject_fault("r0", "hang", at_s=0.5)
     times = [0.1, 0.12, 0.6]  # 0.1 → r0 (streams), 0.12 → r1, 0.6 → r0 (hung: no first token)
     result = sim.run(workloads.uniform(times=times, prompt_tokens=30, output_tokens=900))
-    by_id = {r.request_id: r for r in result.requests}
-    streaming, _other, waiting = (by_id[r.request_id] for r in sorted(result.requests, key=lambda r: r.arrival_s))
-    assert streaming.status == "error" and streaming.reason == "spot_reclaimed" and streaming.finish_s == 3.0
-    assert 0 < streaming.output_tokens < 900
+    streaming, _other, waiting = sorted(result.requests, key=lambda r: r.arrival_s)
+    return result, streaming, waiting
+
+
+def test_a_reclaimed_replica_retries_what_had_not_streamed_and_resumes_what_was_streaming():
+    result, streaming, waiting = reclaimed_run()
+    # The stream goes on on r1 from what it had streamed: one answer of 900 tokens, its first token r0's.
+    assert streaming.status == "ok" and streaming.replica_id == "r1" and streaming.extra["resumed_from"] == "r0"
+    assert streaming.output_tokens == 900 and streaming.first_token_s < 0.5 and streaming.finish_s > 3.0
     assert waiting.status == "ok" and waiting.replica_id == "r1" and waiting.extra["retried_from"] == "r0"
     assert waiting.arrival_s == 0.6 and waiting.first_token_s > 3.0  # its TTFT counts the wait on r0
     record = {r.replica_id: r for r in result.replicas}["r0"]
     assert record.noticed_s == 1.0 and record.reclaimed_s == 3.0 and record.removed_s == 3.0
+    # Without resumption (a client of vLLM itself, say), the stream is lost with what it had streamed.
+    _, lost, waiting = reclaimed_run(resume_streams=0)
+    assert lost.status == "error" and lost.reason == "spot_reclaimed" and lost.finish_s == 3.0
+    assert 0 < lost.output_tokens < 900 and waiting.status == "ok"
 
 
 class Fixed:

@@ -46,7 +46,9 @@ Interfaces the simulation drives (all optional except the router):
   crashed replica shows state ``failed`` and stale metrics, a hung one stops advancing ``last_progress_s``.
 * **Spot capacity** (``spot.py``): with ``spot_market=SpotMarket(…)``, ``add_replicas(n, capacity_type="spot")``
   borrows replicas the market takes back after a seeded lifetime, with a 30-120 s interruption notice
-  (``ReplicaStatus.terminate_at_s``); outage windows refuse launches and notice every spot replica.
+  (``ReplicaStatus.terminate_at_s``); outage windows refuse launches and notice every spot replica. A stream cut
+  by a reclaim is resumed on another replica, up to ``resume_streams`` times, as the proxy resumes it
+  (``endpoints/proxy/resume.py``): the continuation's prompt is the prompt plus what was streamed.
 * **Clock**: ``VirtualClock.now()`` is the simulated time; give the same object to policies that read a clock.
 * **Mixed fleets**: ``replica_profiles`` (one profile per initial replica, e.g. 4 H100 and 4 A100) and
   ``replica_mu_capacity`` (each one's ``ReplicaView.mu_capacity``); replicas added later take ``profile``.
@@ -127,6 +129,7 @@ class Simulation(FleetOps, LoraOps, SpotOps):
         tick_s: float = 1.0,
         stall_limit_s: float = 600.0,
         retry_connect_errors: bool = True,
+        resume_streams: int = 2,
         scheduling_policy: str = "priority",
         seed: int = 0,  # recorded only: the simulation draws no random numbers; workloads and routers seed theirs
         replica_profiles: list[str | EngineProfile] | None = None,
@@ -148,6 +151,7 @@ class Simulation(FleetOps, LoraOps, SpotOps):
         self.tick_s = tick_s
         self.stall_limit_s = stall_limit_s
         self.retry_connect_errors = retry_connect_errors
+        self.resume_streams = resume_streams
         self._stalled_since: float | None = None
         self.policy = scheduling_policy
         self.seed = seed
@@ -359,10 +363,11 @@ class Simulation(FleetOps, LoraOps, SpotOps):
     def _send(self, route: RouteRequest, rep: SimReplica) -> bool:
         now, replica_id = self.clock.now(), rep.replica_id
         _route, result, request = self._pending.pop(route.request_id)
+        streamed = route.extra.get("streamed_tokens", 0)  # a resumed stream's continuation (spot.py)
         seq = EngineSeq(
             request_id=request.request_id,
-            prompt_tokens=result.prompt_tokens,
-            max_tokens=request.output_tokens,
+            prompt_tokens=result.prompt_tokens + streamed,
+            max_tokens=max(1, request.output_tokens - streamed),
             block_hashes=route.extra.get("kv_block_hashes") or request.block_hashes(),
             priority=route.extra.get("priority", request.priority),  # admission may set the engine priority
             arrival_s=now,
@@ -471,6 +476,9 @@ class Simulation(FleetOps, LoraOps, SpotOps):
             seq.cached_tokens,
             seq.preemptions,
         )
+        if "streamed_tokens" in route.extra:  # resumed: the client's one answer began on an earlier replica
+            result.scheduled_s, result.first_token_s = route.extra["scheduled_s"], route.extra["first_token_s"]
+            result.output_tokens += route.extra["streamed_tokens"]
         rep.record.requests += 1
         self._finished_tick.append(result)
         self._release_adapter(rep, seq)

@@ -8,8 +8,11 @@ sends an interruption notice, ``notice_s`` (30-120 s, drawn) before it takes the
 every spot replica running when it starts. What the platform does with a notice is the autoscaler's business (stop
 routing, drain, replace: ``FleetActions.drain``); the simulation only reports it (``ReplicaStatus.terminate_at_s``)
 and, when the time is up, removes the replica: a request that had not streamed its first token goes back to the
-routing backlog and is sent elsewhere, as the proxy retries before the first byte; one that was streaming is lost
-(status ``error``, reason ``spot_reclaimed``). docs/algorithms.md#spot-capacity.
+routing backlog and is sent elsewhere, as the proxy retries before the first byte; one that was streaming is
+resumed elsewhere as the proxy resumes it (``endpoints/proxy/resume.py``: the continuation's prompt is the prompt
+plus the tokens streamed, its output what is left; its TTFT stays the first replica's), up to
+``Simulation.resume_streams`` times, and lost beyond that or with ``resume_streams=0`` (status ``error``, reason
+``spot_reclaimed``). docs/algorithms.md#spot-capacity.
 """
 
 from __future__ import annotations
@@ -118,9 +121,19 @@ class SpotOps:
                 result.extra["retried_from"] = replica_id
                 self._pending[request_id] = (route, result, seq.tag)
                 self._backlog.append(route)
+            elif route.extra.get("resumes", 0) < self.resume_streams:
+                # Streaming: the proxy resumes it on another replica from what the client has read.
+                route.extra["resumes"] = route.extra.get("resumes", 0) + 1
+                route.extra["streamed_tokens"] = route.extra.get("streamed_tokens", 0) + seq.generated
+                route.extra.setdefault("first_token_s", seq.first_token_s)
+                route.extra.setdefault("scheduled_s", seq.scheduled_s)
+                result.replica_id, result.dispatch_s = None, None
+                result.extra["resumed_from"] = replica_id
+                self._pending[request_id] = (route, result, seq.tag)
+                self._backlog.append(route)
             else:
                 result.status, result.reason, result.finish_s = "error", "spot_reclaimed", now
-                result.output_tokens = seq.generated
+                result.output_tokens = route.extra.get("streamed_tokens", 0) + seq.generated
                 self._finished_tick.append(result)
         rep.in_flight.clear()
         rep.in_flight_mu = 0.0
