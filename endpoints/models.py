@@ -222,6 +222,11 @@ class Replica(models.Model):
     last_probe_ok = models.BooleanField(null=True, blank=True)
     consecutive_probe_failures = models.PositiveIntegerField(default=0)
     failure_reason = models.CharField(max_length=255, blank=True)
+    # A spot replica's interruption notice (docs/algorithms.md#spot-capacity): when its instance will be taken. Set by
+    # ``capacity.autoscaling.services.replica_interruption_notice``; the replica drains, and stops at this time.
+    terminate_at = models.DateTimeField(
+        null=True, blank=True, help_text="its instance is taken at this time (an interruption notice); empty: none"
+    )
     version = models.ForeignKey(
         "EndpointVersion",
         null=True,

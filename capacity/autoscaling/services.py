@@ -15,7 +15,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
+from celery import signature
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q, Sum
 from django.utils import timezone
@@ -30,6 +32,7 @@ from capacity.unit_resolver import endpoint_coefficients
 from capacity.units import estimate_request_mu
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
 from tenants.quotas import live_usage, lock_tenant, quota_for
+from tenants.services import audit_log
 
 log = logging.getLogger(__name__)
 
@@ -387,10 +390,17 @@ def keep_warm_pool(*, endpoint: Endpoint, actuator, budget: LaunchBudget | None 
 
 
 def finish_drains(*, endpoint: Endpoint, actuator) -> list[str]:
-    """Stop draining replicas whose in-flight work is done (or whose drain ran past the timeout)."""
+    """Stop draining replicas whose in-flight work is done (or whose drain ran past the timeout, or whose instance
+    the cloud takes now: an interruption notice's ``terminate_at``)."""
     actions = []
+    now = timezone.now()
     for replica in endpoint.replicas.filter(state=ReplicaState.DRAINING, actuator=actuator.name):
-        age = (timezone.now() - replica.state_changed_at).total_seconds()
+        if replica.terminate_at is not None and replica.terminate_at <= now:
+            # Streams still running are cut; the proxy resumes them on another replica (endpoints/proxy/resume.py).
+            _safe(actuator.terminate, [replica], reason="reclaimed at the end of its interruption notice")
+            actions.append(f"stopped {replica.name} (reclaimed)")
+            continue
+        age = (now - replica.state_changed_at).total_seconds()
         if age < DRAIN_GRACE_S:
             continue
         busy = _in_flight(replica)
@@ -406,6 +416,55 @@ def replica_drain(*, replica: Replica, reason: str = "drain") -> Replica:
     actuator = get_actuator(replica.endpoint)
     actuator.move(replica, ReplicaState.DRAINING, reason)
     return replica
+
+
+MAX_NOTICE_S = 3600.0
+
+
+def replica_interruption_notice(*, replica: Replica, notice_s: float, actor=None) -> Replica:
+    """The cloud takes the replica's instance in ``notice_s`` seconds (a spot interruption notice: AWS gives 120 s,
+    GCP and Azure 30 s; a host maintenance event on any capacity). From the node agent or an operator, by the API.
+
+    The replica stops taking new requests at once (ready → draining: the proxies' snapshots follow within a
+    second) and stops at ``terminate_at`` whatever it still runs: the proxy retries what had not streamed and
+    resumes what had elsewhere. One that never served (pending, starting) is stopped now. The autoscaler is woken
+    for a decision now rather than at its next tick: the draining replica no longer counts, so it launches the
+    replacement. A second notice never moves ``terminate_at`` later. docs/algorithms.md#spot-capacity."""
+    if replica.state in (ReplicaState.STOPPED, ReplicaState.FAILED):
+        raise ValidationError({"replica": [f"replica {replica.name} is {replica.state}: nothing to take"]})
+    if not 0 <= notice_s <= MAX_NOTICE_S:
+        raise ValidationError({"notice_s": [f"must be between 0 and {MAX_NOTICE_S:.0f} seconds"]})
+    terminate_at = timezone.now() + timedelta(seconds=notice_s)
+    with transaction.atomic():
+        locked = Replica.objects.select_for_update().get(pk=replica.pk)
+        if locked.terminate_at is None or terminate_at < locked.terminate_at:
+            locked.terminate_at = terminate_at
+            locked.save(update_fields=["terminate_at"])
+    replica.terminate_at = locked.terminate_at
+    reason = f"interruption notice: taken at {replica.terminate_at:%H:%M:%S} UTC"
+    actuator = get_actuator(replica.endpoint)
+    if replica.state == ReplicaState.READY:
+        actuator.move(replica, ReplicaState.DRAINING, reason)
+    elif replica.state in (ReplicaState.PENDING, ReplicaState.STARTING):
+        _safe(actuator.terminate, [replica], reason=reason)
+    audit_log(
+        actor=actor,
+        action="replica.interruption_notice",
+        obj=replica,
+        tenant=replica.endpoint.owner_tenant,
+        detail={"notice_s": notice_s, "terminate_at": replica.terminate_at.isoformat(), "state": replica.state},
+    )
+    endpoint_id, tick = replica.endpoint_id, f"notice-{replica.pk}-{int(time.time())}"
+    # By name (workers.tasks.autoscaling.horizontal_one), as the activator does; the beat tick is the fallback.
+    transaction.on_commit(lambda: _wake_autoscaler(endpoint_id, tick))
+    return replica
+
+
+def _wake_autoscaler(endpoint_id: int, tick: str) -> None:
+    try:
+        signature("autoscale.horizontal_one", args=[endpoint_id, tick]).apply_async(expires=30)
+    except Exception as exc:  # noqa: BLE001 - the beat tick decides within seconds anyway
+        log.warning("autoscaler: could not wake endpoint %s after a notice: %s", endpoint_id, exc)
 
 
 def _drain_order(replica: Replica) -> int:

@@ -2,7 +2,10 @@
 existing vLLM server by URL (POST: ``endpoint``, ``url``, optional ``name``, ``concurrency_limit`` and
 ``served_model_name``, the name it serves the model under when that is not the endpoint's, and
 ``kv_events_endpoint``, where it publishes its KV-cache events), which is ready only
-once it has shown to be a vLLM server serving that name (``endpoints.services.replica_attach``).
+once it has shown to be a vLLM server serving that name (``endpoints.services.replica_attach``). ``POST
+/api/v1/replicas/{id}/interruption-notice/`` (operators, or the node agent watching the cloud's metadata): the
+replica's instance is taken in ``notice_s`` seconds; it drains now and stops then, and the autoscaler replaces it
+(``capacity.autoscaling.services.replica_interruption_notice``).
 
 Where a replica runs (its URL, actuator, pod or process name, and failure or transition texts that quote pids,
 ports and addresses) is shown to operators and the endpoint's owner only; a tenant that reserves on a shared
@@ -11,7 +14,10 @@ matches only the replicas whose placement it may see.
 """
 
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
 
+from capacity.autoscaling.services import MAX_NOTICE_S, replica_interruption_notice
 from config.api_base import WRITE, ScopedViewSetMixin
 from endpoints.models import Endpoint, Replica, ReplicaTransition
 from endpoints.selectors import (
@@ -41,7 +47,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "id", "endpoint", "endpoint_name", "name", "url", "served_model_name", "kv_events_endpoint", "state",
             "state_changed_at",
             "is_standby", "actuator", "concurrency_limit", "last_probe_at", "last_probe_ok",
-            "consecutive_probe_failures", "failure_reason", "created_at",
+            "consecutive_probe_failures", "failure_reason", "terminate_at", "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -91,6 +97,15 @@ class ReplicaAttachSerializer(serializers.Serializer):
         return ReplicaSerializer(replica, context=self.context).data
 
 
+class InterruptionNoticeSerializer(serializers.Serializer):
+    notice_s = serializers.FloatField(
+        min_value=0.0,
+        max_value=MAX_NOTICE_S,
+        default=120.0,
+        help_text="seconds until the instance is taken (AWS spot: 120; GCP, Azure: 30)",
+    )
+
+
 class ReplicaViewSet(
     ScopedViewSetMixin,
     mixins.CreateModelMixin,
@@ -117,6 +132,16 @@ class ReplicaViewSet(
 
     def create_object(self, data):
         return replica_attach(actor=self.request.user, **data)
+
+    @action(detail=True, methods=["post"], url_path="interruption-notice")
+    def interruption_notice(self, request, pk=None):
+        """The replica's instance is taken in ``notice_s`` seconds: drain it now, stop it then, replace it."""
+        replica = self.get_object()
+        body = InterruptionNoticeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        replica_interruption_notice(replica=replica, notice_s=body.validated_data["notice_s"], actor=request.user)
+        replica.refresh_from_db()
+        return Response(ReplicaDetailSerializer(replica, context=self.get_serializer_context()).data)
 
     def filter_queryset(self, queryset):
         if "actuator" in self.request.query_params:

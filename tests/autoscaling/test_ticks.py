@@ -7,6 +7,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connections
 
 from capacity.autoscaling import services, store
@@ -404,3 +405,52 @@ def test_demand_window_keeps_five_minutes_of_sampler_and_tick_samples(clean_stor
             services.sample_demand(endpoint_id=endpoint.pk, now=t0 + s)  # the tick's own sample
     window = services.sample_demand(endpoint_id=endpoint.pk, now=t0 + 296)
     assert max(s.requests for s in window) == 50 and min(s.t for s in window) == pytest.approx(t0)
+
+
+def test_an_interruption_notice_drains_the_replica_wakes_the_autoscaler_and_it_is_replaced(
+    clean_store, actuator, endpoint, metrics_server, monkeypatch
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tenants.models import AuditEntry
+
+    woken = []
+    monkeypatch.setattr(services, "_wake_autoscaler", lambda endpoint_id, tick: woken.append((endpoint_id, tick)))
+    spot = endpoint.replicas.get()
+    spot.url = metrics_server.url  # four requests running: still busy when the cloud takes it
+    spot.save(update_fields=["url"])
+    services.replica_interruption_notice(replica=spot, notice_s=120)
+    spot.refresh_from_db()
+    assert spot.state == ReplicaState.DRAINING and spot.transitions.last().reason.startswith("interruption notice")
+    assert timedelta(seconds=118) < spot.terminate_at - timezone.now() <= timedelta(seconds=120)
+    assert woken and woken[0][0] == endpoint.pk and woken[0][1].startswith(f"notice-{spot.pk}-")
+    assert (
+        AuditEntry.objects.get(action="replica.interruption_notice", object_id=str(spot.pk)).detail["notice_s"] == 120
+    )
+    # A later notice never gives it more time; an earlier one takes it sooner.
+    first = spot.terminate_at
+    services.replica_interruption_notice(replica=spot, notice_s=600)
+    spot.refresh_from_db()
+    assert spot.terminate_at == first
+    services.replica_interruption_notice(replica=spot, notice_s=60)
+    spot.refresh_from_db()
+    assert spot.terminate_at < first and spot.state == ReplicaState.DRAINING
+    # The woken tick: the draining replica no longer counts, so its replacement is launched at once.
+    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick=woken[0][1])
+    assert decision.inputs["ready"] == 0 and actuator.launched == [(endpoint.pk, 1, False)]
+    # Busy, within its notice: the drain waits for its streams; at terminate_at it is stopped whatever it runs.
+    assert services.finish_drains(endpoint=endpoint, actuator=actuator) == []
+    Endpoint.objects.get(pk=endpoint.pk).replicas.filter(pk=spot.pk).update(terminate_at=timezone.now())
+    assert services.finish_drains(endpoint=endpoint, actuator=actuator) == [f"stopped {spot.name} (reclaimed)"]
+    spot.refresh_from_db()
+    assert spot.state == ReplicaState.STOPPED
+    with pytest.raises(ValidationError) as stopped:
+        services.replica_interruption_notice(replica=spot, notice_s=30)
+    assert "replica" in stopped.value.message_dict
+    # A replica still booting never served: stopped at once.
+    booting = ReplicaFactory(endpoint=endpoint, state=ReplicaState.STARTING, actuator="recording")
+    services.replica_interruption_notice(replica=booting, notice_s=30)
+    booting.refresh_from_db()
+    assert booting.state == ReplicaState.STOPPED and booting.pk in actuator.terminated
