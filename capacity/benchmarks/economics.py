@@ -25,8 +25,10 @@ import time
 from django.core.management.base import CommandError
 
 from capacity.benchmarks import economics_spot
-from capacity.planning.mix import Bucket, ReplicaType, Slo, best_single_type, plan_mix, with_capacities
+from capacity.planning.mix import Bucket, ReplicaType, Slo, best_single_type, bucket_fit, plan_mix, with_capacities
 from endpoints.routing.base import ReplicaView, RouteRequest
+from endpoints.routing.baselines import LeastRequestRouter
+from endpoints.routing.cost_aware import CostAwareRouter, SizeBucket, TypeFigures
 from endpoints.runtimes.sim.des import Simulation, VirtualClock
 from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.sim.workloads import SimRequest, filler_text, poisson_times
@@ -105,12 +107,13 @@ def workload(buckets: list[Bucket], *, duration_s: float, seed: int) -> list[Sim
     return out
 
 
-def simulate(replicas: dict[str, int], shares, requests: list[SimRequest], *, seed: int) -> float:
-    """SLO attainment of ``replicas`` (type → count) serving ``requests`` routed by the plan's shares."""
+def simulate(replicas: dict[str, int], shares, requests: list[SimRequest], *, seed: int, router=None) -> float:
+    """SLO attainment of ``replicas`` (type → count) serving ``requests`` routed by the plan's shares, or by
+    ``router(replica_types)`` (replica id → type name)."""
     names = [name for name, n in sorted(replicas.items()) for _ in range(n)]
     replica_types = {f"r{i}": name for i, name in enumerate(names)}
     sim = Simulation(
-        router=PlanRouter(replica_types, shares, seed=seed),
+        router=PlanRouter(replica_types, shares, seed=seed) if router is None else router(replica_types),
         replica_profiles=[get_profile(ENGINES[name]) for name in names],
         clock=VirtualClock(),
         seed=seed,
@@ -153,10 +156,13 @@ def evaluate(name: str, buckets: list[Bucket], *, duration_s: float, seed: int, 
         shorts.append((simulate(short, shares, requests, seed=seed), short))
     attainment_short, short = max(shorts, key=lambda item: item[0])
     single_attainment = simulate(single.replicas, single.shares, requests, seed=seed)
+    routing = mixed_fleet_routing(mixed, types, engines, buckets, requests, seed=seed, plan_attainment=attainment)
     progress(
         f"{name}: mixed {mixed.replicas} ${mixed.usd_per_hour:.2f}/h (SLO {attainment:.4f}, one short "
         f"{attainment_short:.4f}); best single {single.replicas} ${single.usd_per_hour:.2f}/h (SLO "
-        f"{single_attainment:.4f}); {len(requests)} requests"
+        f"{single_attainment:.4f}); {len(requests)} requests; the mix routed by request size and cost "
+        f"{routing['cost_aware']:.4f}, cheapest first {routing['cheapest_first']:.4f}, by least requests "
+        f"{routing['least_request']:.4f}"
     )
     return {
         "single_type": single_name,
@@ -171,7 +177,44 @@ def evaluate(name: str, buckets: list[Bucket], *, duration_s: float, seed: int, 
         "one_removed_attainment": round(attainment_short, 4),
         "requests": len(requests),
         "solve_s": round(solve_s, 3),
+        "routing": routing,
         "why": mixed.why,
+    }
+
+
+def mixed_fleet_routing(mixed, types, engines, buckets, requests, *, seed: int, plan_attainment: float) -> dict:
+    """SLO attainment of the mixed plan's fleet under three routers (docs/algorithms.md#routing-a-mixed-fleet):
+    ``plan`` (knows each request's bucket and the plan's shares: the reference a router can reach on this fleet),
+    ``cost_aware`` (``endpoints.routing.cost_aware``: request sizes only, with the plan's shares and the planner's
+    per-type figures), ``cheapest_first`` (the same router without the shares: greedy by cost per request) and
+    ``least_request`` (blind to cost and size, as a plain load balancer in front of a mixed pool)."""
+    figures = {}
+    for t in types:
+        fits = {b.name: bucket_fit(engines[t.name], b, SLO) for b in buckets}
+        figures[t.name] = TypeFigures(
+            usd_per_hour=t.usd_per_replica_hour,
+            batch={name: batch for name, (batch, _rate) in fits.items()},
+            rate_rps={name: rate for name, (_batch, rate) in fits.items()},
+        )
+    sizes = [SizeBucket(b.name, b.prompt_tokens, b.output_tokens) for b in buckets]
+    cost_aware, greedy = (
+        simulate(
+            mixed.replicas,
+            None,
+            requests,
+            seed=seed,
+            router=lambda replica_types, shares=shares: CostAwareRouter(replica_types, figures, sizes, shares),
+        )
+        for shares in (mixed.shares, None)
+    )
+    blind = simulate(
+        mixed.replicas, None, requests, seed=seed, router=lambda replica_types: LeastRequestRouter(seed=seed)
+    )
+    return {
+        "plan": round(plan_attainment, 4),
+        "cost_aware": round(cost_aware, 4),
+        "cheapest_first": round(greedy, 4),
+        "least_request": round(blind, 4),
     }
 
 

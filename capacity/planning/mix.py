@@ -83,7 +83,16 @@ class MixPlan:
 
 
 def bucket_capacity(engine, bucket: Bucket, slo: Slo, *, headroom: float = 0.8, ttft_share: float = 0.5) -> float:
-    """Requests per second one replica running ``engine`` sustains for ``bucket`` alone within the SLO.
+    """Requests per second one replica running ``engine`` sustains for ``bucket`` alone within the SLO
+    (``bucket_fit``'s rate)."""
+    return bucket_fit(engine, bucket, slo, headroom=headroom, ttft_share=ttft_share)[1]
+
+
+def bucket_fit(
+    engine, bucket: Bucket, slo: Slo, *, headroom: float = 0.8, ttft_share: float = 0.5
+) -> tuple[int, float]:
+    """(B_max, requests per second): the batch of ``bucket``'s requests one replica running ``engine`` decodes
+    within the SLO, and the rate it sustains for the bucket alone.
 
     ``engine`` has the simulator's ``EngineProfile`` step model (``decode_t0_s``, ``decode_per_seq_s``,
     ``decode_per_ctx_token_s``, ``prefill_s(tokens)``, ``max_num_seqs``, ``num_gpu_blocks``, ``block_size``,
@@ -97,21 +106,21 @@ def bucket_capacity(engine, bucket: Bucket, slo: Slo, *, headroom: float = 0.8, 
     """
     prompt, output = bucket.prompt_tokens, max(1, bucket.output_tokens)
     if prompt + output > engine.max_model_len:
-        return 0.0
+        return 0, 0.0
     prefill = engine.prefill_s(prompt)
     if prefill > ttft_share * slo.ttft_s:
-        return 0.0
+        return 0, 0.0
     context = prompt + output / 2
     per_seq = engine.decode_per_seq_s + engine.decode_per_ctx_token_s * context + prefill / output
     budget = slo.tpot_s - engine.decode_t0_s
     if budget <= 0:
-        return 0.0
+        return 0, 0.0
     kv_tokens = engine.num_gpu_blocks * engine.block_size
     batch = min(math.floor(budget / per_seq), engine.max_num_seqs, math.floor(0.9 * kv_tokens / (prompt + output)))
     if batch < 1:
-        return 0.0
+        return 0, 0.0
     tpot = engine.decode_t0_s + batch * per_seq
-    return headroom * batch / (output * tpot)
+    return batch, headroom * batch / (output * tpot)
 
 
 def _check(buckets: Sequence[Bucket], types: Sequence[ReplicaType]) -> None:

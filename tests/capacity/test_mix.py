@@ -189,6 +189,15 @@ def test_bench_economics_figures_and_the_simulator_check():
         assert row["mixed_vs_single"] == pytest.approx(row["mixed_usd"] / row["single_type_usd"], abs=1e-3)
         assert sum(row["one_removed_replicas"].values()) == sum(row["mixed_replicas"].values()) - 1
         assert row["slo_attainment"] >= 0.95, name  # the mix meets the SLO in the discrete-event simulator
+        # Routed by request size and cost (what a proxy knows), the mix does as well as by the plan's own buckets,
+        # and better than a load balancer blind to both.
+        routing = row["routing"]
+        assert routing["cost_aware"] >= routing["plan"] - 0.005 and routing["cost_aware"] >= routing["least_request"]
+    # Mixed: greedy cheapest-first spills chats onto the H100s the 7k documents need; the plan's shares do not.
+    assert (
+        figures["workloads"]["mixed"]["routing"]["cheapest_first"]
+        < figures["workloads"]["mixed"]["routing"]["cost_aware"]
+    )
     # Short chat's 6k-token pastes keep the single-type plan on H100; the mix serves the chat on L40S.
     chat = figures["workloads"]["short_chat"]
     assert chat["single_type"] == "h100" and chat["mixed_replicas"]["l40s"] > chat["mixed_replicas"]["h100"]

@@ -6,6 +6,15 @@ from dataclasses import dataclass
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Hello there, what is the model?"}]
+# How the proxy resumes a broken stream (endpoints/proxy/resume.py): the streamed text as an open final message.
+CONTINUED = {
+    "messages": [*MESSAGES, {"role": "assistant", "content": "The model is"}],
+    "continue_final_message": True,
+    "add_generation_prompt": False,
+    "max_tokens": 3,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 @dataclass
@@ -59,18 +68,7 @@ def served_cases() -> list[Case]:
         ),
         _ok("chat unknown field", CHAT, tokens=2, max_tokens=2, ignore_eos=True, not_a_field=1),
         _ok("chat with priority and salt", CHAT, tokens=2, max_tokens=2, ignore_eos=True, priority=-3, cache_salt="a"),
-        _ok(
-            "chat continuing the final message (the proxy's resumption)",
-            CHAT,
-            tokens=3,
-            max_tokens=3,
-            ignore_eos=True,
-            messages=[*MESSAGES, {"role": "assistant", "content": "The model is"}],
-            continue_final_message=True,
-            add_generation_prompt=False,
-            **stream,
-            **usage,
-        ),
+        _ok("chat continuing the final message (the proxy's resumption)", CHAT, tokens=3, **CONTINUED, **usage),
         _ok("completion", COMPLETIONS, tokens=3, max_tokens=3, ignore_eos=True),
         _ok("completion default max_tokens", COMPLETIONS, tokens=16, ignore_eos=True),
         _ok("completion stream", COMPLETIONS, tokens=3, max_tokens=3, ignore_eos=True, **stream),
