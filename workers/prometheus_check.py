@@ -87,8 +87,12 @@ def _counter(exposition: str, status: str) -> float:
 
 
 def _query(prometheus: str, expr: str) -> list[dict]:
-    reply = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=10).json()
-    return reply["data"]["result"]
+    """The query's result; empty while Prometheus answers anything but 200 (it says "Service Unavailable" until
+    its storage is ready, which on a busy machine comes after /-/ready), so the callers' waits go on."""
+    response = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=10)
+    if response.status_code != 200:
+        return []
+    return response.json()["data"]["result"]
 
 
 def _wait(condition, timeout: float, what: str):

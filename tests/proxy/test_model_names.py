@@ -11,7 +11,7 @@ import pytest
 
 from endpoints.models import ReplicaState
 from endpoints.proxy.model_names import model_rename
-from endpoints.proxy.relay import Outcome
+from endpoints.proxy.relay import Outcome, StreamBroken
 from endpoints.proxy.request import parse_request, upstream_payload
 from endpoints.proxy.snapshot_loader import read_snapshot
 from endpoints.proxy.stages import Upstream
@@ -96,9 +96,11 @@ async def test_every_streamed_chunk_names_the_endpoint():
         == chunk(ENDPOINT, "hel") + chunk(ENDPOINT, "lo") + usage.replace(ENGINE.encode(), ENDPOINT.encode()) + DONE
     )
     assert outcome.usage == {"prompt_tokens": 3, "completion_tokens": 2} and outcome.done
-    # A stream that ends without [DONE]: its last, incomplete event is rewritten as well.
-    broken, _ = await relay_stream([first, b'data: {"id":"c1","model":"' + ENGINE.encode() + b'","cho'], rename=rename)
-    assert ENGINE.encode() not in broken and b'"model":"team-chat","cho' in broken
+    # A stream that ends without [DONE]: the incomplete event it left (what a stream that cannot be resumed sends
+    # before its error event) is rewritten as well.
+    with pytest.raises(StreamBroken) as broken:
+        await relay_stream([first, b'data: {"id":"c1","model":"' + ENGINE.encode() + b'","cho'], rename=rename)
+    assert ENGINE.encode() not in broken.value.buf and b'"model":"team-chat","cho' in broken.value.buf
     # No rename: the engine's bytes, untouched.
     untouched, _ = await relay_stream([first + DONE], rename=None)
     assert untouched == first + DONE

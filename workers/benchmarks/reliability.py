@@ -36,6 +36,7 @@ from django.conf import settings
 from billing.models import UsageRecord
 from config.celery_app import app
 from endpoints.models import Replica, ReplicaState
+from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY
 from tenants.models import AuditEntry, Tenant
 from tenants.services import api_key_create
 from workers.benchmarks.overload import overload_section
@@ -127,25 +128,37 @@ def crash_mid_stream(p: Platform, progress) -> dict:
 
     before = len(p.outcomes)
     streams, after = asyncio.run(scenario())
-    cut = [o for o in streams if not o.done or o.error_event]
-    clean = [o for o in cut if o.error_event and o.status == 200]
+    # The streams the victim was serving: the proxy notes each attempt that broke on a replica (the rollouts'
+    # failed-attempts set, "<replica id>:<request id>"); it resumed them on another (endpoints/proxy/resume.py).
+    noted = redis.Redis.from_url(settings.REDIS_URL).zrange(
+        FAILED_ATTEMPTS_KEY.format(endpoint_id=victim.endpoint_id), 0, -1
+    )
+    on_victim = {m.decode().split(":", 1)[1] for m in noted if m.decode().startswith(f"{victim.pk}:")}
+    cut = [o for o in streams if o.request_id in on_victim]
+    whole = [o for o in cut if o.status == 200 and o.done and not o.error_event]
     crashed_at = time.monotonic()
     gone_s = _time_until(lambda: Replica.objects.get(pk=victim.pk).state != "ready", 60)
     replaced_s = _time_until(lambda: p.ready_replicas() >= p.replicas, 60, since=crashed_at)
     p.wait_books_settled(timeout_s=30)
     records = _records({o.request_id for o in cut})
-    tokens_match = all(records.get(o.request_id, (None,))[0] == o.tokens for o in cut)
+    # Billed as one answer: every token the client read (the continuation's prompt moved back), status ok; an
+    # answer that ended at EOS counts the EOS token too, which streams no text (as vLLM's usage does).
+    tokens_match = all(
+        (record := records.get(o.request_id)) is not None and record[1] == "ok" and record[0] - o.tokens in (0, 1)
+        for o in whole
+    )
     victim.refresh_from_db()
     result = {
         "streams": len(streams),
         "cut_mid_stream": len(cut),
-        "clean_error_events": len(clean),
+        "resumed_whole": len(whole),
+        "unfinished_streams": sum(1 for o in streams if not o.done or o.error_event),
         "after_crash_ok": sum(1 for o in after if o.status == 200 and o.done),
         "after_crash_total": len(after),
         "victim_state": Replica.objects.get(pk=victim.pk).state,
         "crash_detected_s": gone_s,
         "replaced_within_s": replaced_s,
-        "usage_keeps_delivered_tokens": tokens_match,
+        "usage_counts_the_whole_answer": tokens_match,
         "proxy_5xx": sum(1 for o in p.outcomes[before:] if o.status >= 500),
     }
     progress(f"crash: {result}")
