@@ -46,7 +46,10 @@ def replica_profile_seconds(*, endpoint_ids: list[int], start: datetime, end: da
         Replica.objects.filter(endpoint_id__in=endpoint_ids).annotate(
             state_at_start=Subquery(last_before.values("to_state")[:1]),
             transitions_before=Subquery(last_before.values("id")[:1]),
-            profile_id=Coalesce(F("version__hardware_profile_id"), F("endpoint__hardware_profile_id")),
+            # A spot replica runs on its endpoint's spot pool (Replica.hardware_profile), others on their version's.
+            profile_id=Coalesce(
+                F("hardware_profile_id"), F("version__hardware_profile_id"), F("endpoint__hardware_profile_id")
+            ),
         )
     )
     in_range: dict[int, list[tuple[datetime, str, str]]] = defaultdict(list)
@@ -108,7 +111,9 @@ def served_usage(
     rows = (
         records.annotate(
             profile_id=Coalesce(
-                F("replica__version__hardware_profile_id"), F("replica__endpoint__hardware_profile_id")
+                F("replica__hardware_profile_id"),
+                F("replica__version__hardware_profile_id"),
+                F("replica__endpoint__hardware_profile_id"),
             )
         )
         .values("endpoint_id", "tenant_id", "profile_id")

@@ -26,6 +26,11 @@ class HardwareProfile(models.Model):
         blank=True,
         help_text="availability: replicas the market offers (the mix planner's bound); unset: any",
     )
+    preemptions_per_replica_day = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="spot: interruptions expected per replica-day (the autoscaler over-provisions by this risk)",
+    )
     memory_overhead_gb = models.FloatField(
         default=10.0,
         validators=[MinValueValidator(0.0)],

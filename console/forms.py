@@ -19,6 +19,7 @@ class EndpointCreateForm(forms.ModelForm):
             "owner_tenant",
             "model_profile",
             "hardware_profile",
+            "spot_hardware_profile",
             "runtime",
             "min_replicas",
             "max_replicas",
@@ -35,6 +36,10 @@ class EndpointCreateForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.fields["model_profile"].queryset = ModelProfile.objects.order_by("name")
         self.fields["hardware_profile"].queryset = HardwareProfile.objects.order_by("name")
+        self.fields["spot_hardware_profile"].queryset = HardwareProfile.objects.filter(
+            capacity_type=HardwareProfile.CapacityType.SPOT
+        ).order_by("name")
+        self.fields["spot_hardware_profile"].label = "Spot pool"
         self.fields["owner_tenant"].queryset = Tenant.objects.filter(is_active=True)
         self.fields["runtime"].initial = Runtime.SIM
 

@@ -54,11 +54,25 @@ class Endpoint(models.Model):
     pinned_benchmark = models.ForeignKey(
         "capacity.CapacityBenchmark", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Spot capacity (docs/algorithms.md#spot-capacity): the autoscaler keeps its on-demand floor on
+    # ``hardware_profile`` and runs the rest on this pool, over-provisioned by its preemption risk.
+    spot_hardware_profile = models.ForeignKey(
+        "capacity.HardwareProfile",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="a spot pool (capacity type spot, the same GPU type) for the replicas above the on-demand floor; "
+        "empty: on-demand only",
+    )
     runtime = models.CharField(max_length=8, choices=Runtime.choices, default=Runtime.SIM)
     launch_options = models.JSONField(default=dict, blank=True)
     min_replicas = models.PositiveIntegerField(default=1)
     max_replicas = models.PositiveIntegerField(default=4)
     desired_replicas = models.PositiveIntegerField(default=1)
+    desired_spot_replicas = models.PositiveIntegerField(
+        default=0, help_text="of desired_replicas, how many run on the spot pool (the autoscaler's split)"
+    )
     scale_to_zero = models.BooleanField(default=False)
     provisioned_concurrency = models.PositiveIntegerField(
         default=0, help_text="floor of concurrent requests to keep capacity for"
@@ -222,6 +236,15 @@ class Replica(models.Model):
     last_probe_ok = models.BooleanField(null=True, blank=True)
     consecutive_probe_failures = models.PositiveIntegerField(default=0)
     failure_reason = models.CharField(max_length=255, blank=True)
+    # A spot replica runs on its endpoint's spot pool, not on its version's profile: costs follow the profile.
+    hardware_profile = models.ForeignKey(
+        "capacity.HardwareProfile",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="the profile it runs on when not its version's (a spot replica); empty: its version's",
+    )
     # A spot replica's interruption notice (docs/algorithms.md#spot-capacity): when its instance will be taken. Set by
     # ``capacity.autoscaling.services.replica_interruption_notice``; the replica drains, and stops at this time.
     terminate_at = models.DateTimeField(

@@ -29,6 +29,7 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
         "owner_tenant",
         "model_profile",
         "hardware_profile",
+        "spot_hardware_profile",
         "pinned_benchmark",
         "runtime",
         "launch_options",

@@ -60,6 +60,8 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
         errors.setdefault(field, []).extend(messages)
     for field, messages in fallback_errors(endpoint).items():
         errors.setdefault(field, []).extend(messages)
+    for field, messages in spot_pool_errors(endpoint).items():
+        errors.setdefault(field, []).extend(messages)
     benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
     if benchmark is not None:
         # A pinned calibration must describe this endpoint's own model on its own hardware, and be finished.
@@ -72,6 +74,21 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
             errors.setdefault("pinned_benchmark", []).append("the benchmark is for another model or hardware")
     if errors:
         raise ValidationError(errors)
+
+
+def spot_pool_errors(endpoint: Endpoint) -> dict[str, list[str]]:
+    """A spot pool must be spot capacity of the GPU type the endpoint runs on (its MU calibration holds there)."""
+    if endpoint.spot_hardware_profile_id is None:
+        return {}
+    spot, base = endpoint.spot_hardware_profile, endpoint.hardware_profile
+    problems = []
+    if spot.capacity_type != spot.CapacityType.SPOT:
+        problems.append(f"{spot.name} is {spot.get_capacity_type_display().lower()} capacity, not spot")
+    if base is not None and spot.gpu_type != base.gpu_type:
+        problems.append(f"{spot.name} has {spot.gpu_type} GPUs; the endpoint runs on {base.gpu_type}")
+    if spot.usd_per_gpu_hour is None:
+        problems.append(f"{spot.name} has no price per GPU-hour")
+    return {"spot_hardware_profile": problems} if problems else {}
 
 
 def quota_errors(endpoint: Endpoint) -> dict[str, list[str]]:

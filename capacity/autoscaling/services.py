@@ -9,6 +9,7 @@ history from the per-minute usage rollups (``billing.UsageMinute``: requests per
 vertical policy's p95s, KV usage and queue from the replicas' own ``/metrics`` histograms, diffed per cycle.
 """
 
+import copy
 import logging
 import math
 import time
@@ -19,11 +20,11 @@ from celery import signature
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Q, Sum
+from django.db.models import F, Max, Min, Q, Sum
 from django.utils import timezone
 
 from billing.models import UsageMinute
-from capacity.autoscaling import horizontal, predictive, replica_metrics, store, vertical
+from capacity.autoscaling import horizontal, predictive, replica_metrics, spot, store, vertical
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
 from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance, quota_ceiling
@@ -100,9 +101,16 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
             row.inputs = {**row.inputs, "actions": actions + ["rollout in progress: not applied"]}
             row.save(update_fields=["inputs"])
             return row
-        if decision.desired != endpoint.desired_replicas:
-            Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=decision.desired)
-            endpoint.desired_replicas = decision.desired
+        desired, desired_spot = decision.desired, 0
+        split = spot_split(endpoint, decision.desired, now=now)
+        if split is not None:
+            desired, desired_spot = split.on_demand + split.spot, split.spot
+            row.inputs = {**row.inputs, "spot": spot_record(split)}
+        if (desired, desired_spot) != (endpoint.desired_replicas, endpoint.desired_spot_replicas):
+            Endpoint.objects.filter(pk=endpoint.pk).update(
+                desired_replicas=desired, desired_spot_replicas=desired_spot
+            )
+            endpoint.desired_replicas, endpoint.desired_spot_replicas = desired, desired_spot
         actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
         row.applied = actuator is not None
         row.inputs = {**row.inputs, "actions": actions}
@@ -160,6 +168,12 @@ def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.Ho
     serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False)
     replicas = list(serving.values_list("state", flat=True))
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
+    # The spot margin the last split added (replicas at risk, the safeguard) is not capacity the policy may count
+    # on: counted, every hold would add it again (docs/algorithms.md#spot-capacity).
+    margin = min(_last_spot_extra(endpoint), len(replicas))
+    booting = len(replicas) - ready
+    ready -= max(0, margin - booting)
+    replicas = replicas[: len(replicas) - margin]
     floor, _ = predicted_floor_for(endpoint, now=now)
     last_up, last_down = _last_moves(endpoint)
     inputs = horizontal.HorizontalInputs(
@@ -181,6 +195,57 @@ def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.Ho
         demand_reported=fresh > 0 or store.proxies_alive(),
     )
     return inputs, capped_by
+
+
+SPOT_REPLACE_S = 120.0  # notice → replacement serving: a cold start (the local actuator's vLLM takes ~70 s)
+SPOT_FLOOR_WINDOW_S = 3 * 3600.0
+
+
+def spot_split(endpoint: Endpoint, desired: int, *, now: float) -> spot.SpotTargets | None:
+    """The policy's count split between on-demand and the endpoint's spot pool (``spot.SpotPlanner``), or None
+    without a pool. The on-demand floor is half the least count of the last three hours' decisions; a refused spot
+    launch (``store.spot_unavailable``) puts the whole count on on-demand for the back-off."""
+    pool = endpoint.spot_hardware_profile
+    if pool is None:
+        return None
+    planner = spot.SpotPlanner(
+        spot.SpotConfig(
+            reclaims_per_replica_day=pool.preemptions_per_replica_day,
+            replace_s=SPOT_REPLACE_S,
+            floor_window_s=SPOT_FLOOR_WINDOW_S,
+        )
+    )
+    if store.spot_unavailable(endpoint.pk):
+        planner.unavailable_until = now + 1.0
+    since = datetime.fromtimestamp(now - SPOT_FLOOR_WINDOW_S, tz=UTC)
+    least = (
+        AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL, at__gte=since)
+        .aggregate(least=Min("desired"))
+        .get("least")
+    )
+    return planner.targets(desired, now, trailing_min=desired if least is None else min(least, desired))
+
+
+def spot_record(split: spot.SpotTargets) -> dict:
+    return {
+        "on_demand": split.on_demand,
+        "spot": split.spot,
+        "floor": split.floor,
+        "extra": split.extra,
+        "reason": split.reason,
+    }
+
+
+def _last_spot_extra(endpoint: Endpoint) -> int:
+    if endpoint.spot_hardware_profile_id is None:
+        return 0
+    inputs = (
+        AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL)
+        .order_by("-at")
+        .values_list("inputs", flat=True)
+        .first()
+    )
+    return int(((inputs or {}).get("spot") or {}).get("extra", 0))
 
 
 def quota_left(endpoint: Endpoint, *, exclude_own_serving: bool) -> QuotaLeft:
@@ -213,7 +278,13 @@ class LaunchBudget:
 
 
 def launch_capped(
-    *, endpoint: Endpoint, actuator, wanted: int, standby: bool = False, budget: LaunchBudget | None = None
+    *,
+    endpoint: Endpoint,
+    actuator,
+    wanted: int,
+    standby: bool = False,
+    budget: LaunchBudget | None = None,
+    hardware_profile: HardwareProfile | None = None,
 ) -> list[str]:
     """Launch up to ``wanted`` replicas within the owner's quota, the per-endpoint and the fleet's per-tick caps.
 
@@ -221,7 +292,7 @@ def launch_capped(
     ticking at once cannot both take the last slot. Returns the actions, with "capped" ones saying which limit bound.
     """
     budget = budget or LaunchBudget()
-    label = "warm pool: " if standby else ""
+    label = "warm pool: " if standby else ("spot: " if hardware_profile is not None else "")
     actions: list[str] = []
     with transaction.atomic():
         lock_tenant(endpoint.owner_tenant_id)
@@ -248,12 +319,27 @@ def launch_capped(
             return actions
         budget.left -= allowed
         try:
-            started = actuator.launch(endpoint, allowed, standby=standby)
+            started = actuator.launch(pool_endpoint(endpoint, hardware_profile), allowed, standby=standby)
         except ActuatorError as exc:
             log.warning("autoscaler: %s", exc)
+            if hardware_profile is not None:  # no spot to be had: on-demand only for the back-off
+                try:
+                    store.mark_spot_unavailable(endpoint.pk, spot.SpotConfig().unavailable_backoff_s)
+                except store.RedisError as redis_exc:
+                    log.warning("autoscaler: spot back-off not recorded: %s", redis_exc)
             return [*actions, f"{label}launch failed: {exc}"]
     names = f": {', '.join(r.name for r in started)}" if started else ""
     return [*actions, f"{label}{'started' if standby else 'launched'} {allowed}{names}"]
+
+
+def pool_endpoint(endpoint: Endpoint, hardware_profile: HardwareProfile | None) -> Endpoint:
+    """The endpoint as an actuator launches it on ``hardware_profile`` (a spot pool), which the actuator records on
+    the replica (``Replica.hardware_profile``); the endpoint itself without one."""
+    if hardware_profile is None:
+        return endpoint
+    view = copy.copy(endpoint)
+    view.launch_hardware_profile_id = hardware_profile.pk
+    return view
 
 
 def mu_capacity_for(endpoint: Endpoint) -> float | None:
@@ -336,33 +422,68 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
         # Surge, drain and rollback replicas belong to the rollout until it ends; scaling resumes after it.
         return actions + ["rollout in progress: replicas left to the rollout"]
     active = list(serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False).order_by("created_at"))
-    missing = endpoint.desired_replicas - len(active)
+    pool = endpoint.spot_hardware_profile
+    if pool is None:
+        actions += converge(endpoint, actuator, budget, want=endpoint.desired_replicas, members=active)
+    else:
+        # Two pools (docs/algorithms.md#spot-capacity): the on-demand floor and the spot rest. On-demand replicas
+        # above their target drain only as far as the ready fleet can spare them (a fallback replica stays until
+        # the spot one replacing it serves).
+        on_spot = [r for r in active if r.hardware_profile_id == pool.pk]
+        on_demand = [r for r in active if r.hardware_profile_id != pool.pk]
+        spare = sum(r.state == ReplicaState.READY for r in active) - endpoint.desired_replicas
+        want = endpoint.desired_replicas - endpoint.desired_spot_replicas
+        actions += converge(endpoint, actuator, budget, want=want, members=on_demand, spare=max(0, spare))
+        actions += converge(
+            endpoint, actuator, budget, want=endpoint.desired_spot_replicas, members=on_spot, hardware_profile=pool
+        )
+    actions += keep_warm_pool(endpoint=endpoint, actuator=actuator, budget=budget)
+    return actions
+
+
+def converge(
+    endpoint: Endpoint,
+    actuator,
+    budget: LaunchBudget,
+    *,
+    want: int,
+    members: list[Replica],
+    hardware_profile: HardwareProfile | None = None,
+    spare: int | None = None,
+) -> list[str]:
+    """Bring one pool (``members``: its active serving replicas, oldest first) to ``want``: promote standbys, then
+    launch; or cancel booting ones, then drain the ready ones with the least work (at most ``spare`` in all).
+    ``hardware_profile``: the spot pool's profile (its replicas launch on it; standbys are on-demand)."""
+    actions: list[str] = []
+    missing = want - len(members)
     if missing > 0:
-        for standby in endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")[
-            :missing
-        ]:
-            try:
-                actuator.promote(standby)  # the proxy snapshot picks it up on this save
-            except ActuatorError as exc:
-                actions.append(f"promote {standby.name} failed: {exc}")
-                continue
-            actions.append(f"promoted standby {standby.name}")
-            missing -= 1
+        if hardware_profile is None:
+            standbys = endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")
+            for standby in standbys[:missing]:
+                try:
+                    actuator.promote(standby)  # the proxy snapshot picks it up on this save
+                except ActuatorError as exc:
+                    actions.append(f"promote {standby.name} failed: {exc}")
+                    continue
+                actions.append(f"promoted standby {standby.name}")
+                missing -= 1
         if missing > 0:
-            actions += launch_capped(endpoint=endpoint, actuator=actuator, wanted=missing, budget=budget)
+            actions += launch_capped(
+                endpoint=endpoint, actuator=actuator, wanted=missing, budget=budget, hardware_profile=hardware_profile
+            )
     elif missing < 0:
-        owned = [r for r in active if actuator.owns(r)]
+        owned = [r for r in members if actuator.owns(r)]
         # Replicas still booting go first (nothing to drain), then the ready ones with the least work.
         booting = [r for r in reversed(owned) if r.state != ReplicaState.READY]
         ready = sorted((r for r in owned if r.state == ReplicaState.READY), key=_drain_order)
-        for replica in (booting + ready)[:-missing]:
+        surplus = -missing if spare is None else min(-missing, spare)
+        for replica in (booting + ready)[:surplus]:
             if replica.state == ReplicaState.READY:
                 if actuator.move(replica, ReplicaState.DRAINING, "scale in"):
                     actions.append(f"draining {replica.name}")
             else:
                 _safe(actuator.terminate, [replica], reason="scale in before ready")
                 actions.append(f"cancelled {replica.name}")
-    actions += keep_warm_pool(endpoint=endpoint, actuator=actuator, budget=budget)
     return actions
 
 

@@ -69,18 +69,23 @@ class SpotPlanner:
         """The market had no spot capacity for a launch: on-demand only for the back-off."""
         self.unavailable_until = now + self.config.unavailable_backoff_s
 
-    def floor(self, desired: int, now: float) -> int:
+    def floor(self, desired: int, now: float, trailing_min: int | None = None) -> int:
+        """The on-demand floor. ``trailing_min``: the least count over the window, when the caller keeps the
+        history (the live autoscaler reads it from its decisions); else this planner's own window."""
         cfg = self.config
-        while self._desired and self._desired[-1][1] >= desired:
-            self._desired.pop()  # a monotone deque: its head is the window's minimum
-        self._desired.append((now, desired))
-        while self._desired[0][0] < now - cfg.floor_window_s:
-            self._desired.popleft()
-        return min(desired, max(cfg.min_on_demand, math.ceil(cfg.floor_fraction * self._desired[0][1])))
+        if trailing_min is None:
+            while self._desired and self._desired[-1][1] >= desired:
+                self._desired.pop()  # a monotone deque: its head is the window's minimum
+            self._desired.append((now, desired))
+            while self._desired[0][0] < now - cfg.floor_window_s:
+                self._desired.popleft()
+            trailing_min = self._desired[0][1]
+        least = min(desired, trailing_min)
+        return min(desired, max(cfg.min_on_demand, math.ceil(cfg.floor_fraction * least)))
 
-    def targets(self, desired: int, now: float) -> SpotTargets:
+    def targets(self, desired: int, now: float, trailing_min: int | None = None) -> SpotTargets:
         cfg = self.config
-        floor = self.floor(desired, now)
+        floor = self.floor(desired, now, trailing_min)
         if now < self.unavailable_until:
             return SpotTargets(desired, 0, floor, f"spot unavailable until t={self.unavailable_until:.0f}: on-demand")
         burst = desired - floor

@@ -16,6 +16,7 @@ SAMPLES_KEY = "infercap:autoscale:samples:{endpoint_id}"
 HIST_KEY = "infercap:autoscale:hist:{replica_id}"
 LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
+SPOT_UNAVAILABLE_KEY = "infercap:autoscale:spot-unavailable:{endpoint_id}"  # a spot launch was refused: back off
 FLEET_LAUNCHES_KEY = "infercap:autoscale:launches:{slot}"  # replicas launched fleet-wide in one tick window
 PROXY_MEMBERS_KEY = "infercap:proxy:members"  # endpoints.proxy.state.MEMBERS_KEY: each proxy's heartbeat
 PROXY_ALIVE_S = 5.0  # a proxy heartbeats every 0.25 s (stamped with Redis' clock)
@@ -202,6 +203,15 @@ def proxies_alive(max_age_s: float = PROXY_ALIVE_S) -> bool:
 
 def woken(endpoint_id: int) -> bool:
     return client().get(WAKE_KEY.format(endpoint_id=endpoint_id)) is not None
+
+
+def mark_spot_unavailable(endpoint_id: int, backoff_s: float) -> None:
+    """A spot launch for this endpoint was refused: the split runs on on-demand for ``backoff_s``."""
+    client().set(SPOT_UNAVAILABLE_KEY.format(endpoint_id=endpoint_id), "1", ex=max(1, int(backoff_s)))
+
+
+def spot_unavailable(endpoint_id: int) -> bool:
+    return client().get(SPOT_UNAVAILABLE_KEY.format(endpoint_id=endpoint_id)) is not None
 
 
 def load_json(key: str):

@@ -35,6 +35,13 @@ class EndpointSerializer(serializers.ModelSerializer):
     )
     model_profile = serializers.PrimaryKeyRelatedField(queryset=ModelProfile.objects.all())
     hardware_profile = serializers.PrimaryKeyRelatedField(queryset=HardwareProfile.objects.all())
+    spot_hardware_profile = serializers.PrimaryKeyRelatedField(
+        queryset=HardwareProfile.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="a spot pool (capacity type spot, the endpoint's GPU type) for the replicas above the on-demand "
+        "floor; empty: on-demand only",
+    )
     pinned_benchmark = serializers.PrimaryKeyRelatedField(
         queryset=CapacityBenchmark.objects.all(), required=False, allow_null=True
     )
@@ -68,15 +75,18 @@ class EndpointSerializer(serializers.ModelSerializer):
     class Meta:
         model = Endpoint
         fields = [
-            "id", "name", "owner_tenant", "model_profile", "hardware_profile", "pinned_benchmark", "runtime",
-            "launch_options", "min_replicas", "max_replicas", "desired_replicas", "ready_replicas", "scale_to_zero",
+            "id", "name", "owner_tenant", "model_profile", "hardware_profile", "spot_hardware_profile",
+            "pinned_benchmark", "runtime", "launch_options", "min_replicas", "max_replicas", "desired_replicas",
+            "desired_spot_replicas", "ready_replicas", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
             "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes", "degrade_max_tokens",
             "degrade_slot_share", "current_version", "active_rollout", "created_at",
             "updated_at",
         ]  # fmt: skip
         # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].
-        read_only_fields = ["id", "desired_replicas", "current_version", "created_at", "updated_at"]
+        read_only_fields = [
+            "id", "desired_replicas", "desired_spot_replicas", "current_version", "created_at", "updated_at",
+        ]  # fmt: skip
         # Uniqueness is the services' (endpoints.services.NAME_TAKEN): DRF's validator would say "endpoint with
         # this name already exists" about another tenant's endpoint.
         extra_kwargs = {"name": {"validators": [model_name_validator]}}

@@ -30,10 +30,17 @@ class RecordingActuator(Actuator):
         self.launched, self.terminated, self.lock = [], [], threading.Lock()
 
     def launch(self, endpoint, count, *, standby=False):
+        pool = getattr(endpoint, "launch_hardware_profile_id", None)  # a spot pool's launch
         with self.lock:
-            self.launched.append((endpoint.pk, count, standby))
+            self.launched.append((endpoint.pk, count, standby) if pool is None else (endpoint.pk, count, "spot"))
         return [
-            ReplicaFactory(endpoint=endpoint, state=ReplicaState.STARTING, actuator=self.name, is_standby=standby)
+            ReplicaFactory(
+                endpoint=endpoint,
+                state=ReplicaState.STARTING,
+                actuator=self.name,
+                is_standby=standby,
+                hardware_profile_id=pool,
+            )
             for _ in range(count)
         ]
 
@@ -454,3 +461,58 @@ def test_an_interruption_notice_drains_the_replica_wakes_the_autoscaler_and_it_i
     services.replica_interruption_notice(replica=booting, notice_s=30)
     booting.refresh_from_db()
     assert booting.state == ReplicaState.STOPPED and booting.pk in actuator.terminated
+
+
+def test_with_a_spot_pool_the_count_is_split_the_margin_is_not_counted_and_a_refusal_falls_back(
+    clean_store, actuator, endpoint, monkeypatch
+):
+    from capacity.models import HardwareProfile
+    from endpoints.validation import spot_pool_errors
+    from tests.factories import HardwareProfileFactory
+
+    pool = HardwareProfileFactory(
+        name="a100-spot", capacity_type=HardwareProfile.CapacityType.SPOT, usd_per_gpu_hour=0.9,
+        preemptions_per_replica_day=1.0,
+    )  # fmt: skip
+    Endpoint.objects.filter(pk=endpoint.pk).update(spot_hardware_profile=pool)
+    endpoint.refresh_from_db()
+    assert spot_pool_errors(endpoint) == {}
+    now = time.time()
+    ref = services.mu_capacity_for(endpoint) / 10
+    report(clean_store, endpoint, "proxy-1", t=now, in_flight=35, queued=0, in_flight_mu=35 * ref)
+    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-1", now=now)
+    # The policy wants 5: half of the least count (5: no history) stays on on-demand (3), the burst of 2 on spot
+    # plus one replica at risk of a reclaim before a replacement serves and SpotHedge's safeguard of one.
+    assert decision.desired == 5
+    split = decision.inputs["spot"]
+    assert (split["on_demand"], split["spot"], split["floor"], split["extra"]) == (3, 4, 3, 2)
+    endpoint.refresh_from_db()
+    assert (endpoint.desired_replicas, endpoint.desired_spot_replicas) == (7, 4)
+    assert actuator.launched == [(endpoint.pk, 2, False), (endpoint.pk, 4, "spot")]
+    assert endpoint.replicas.filter(hardware_profile=pool).count() == 4
+    # The next tick, same demand: the margin is not capacity, so the policy holds at 5 and nothing more starts.
+    report(clean_store, endpoint, "proxy-1", t=now + 5, in_flight=35, queued=0, in_flight_mu=35 * ref)
+    again = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-2", now=now + 5)
+    assert again.desired == 5 and again.inputs["ready"] + again.inputs["starting"] == 5
+    assert len(actuator.launched) == 2
+    # The market refuses a spot launch: on-demand only for the back-off.
+    endpoint.replicas.filter(hardware_profile=pool).update(state=ReplicaState.STOPPED)
+    refuse = actuator.launch
+    monkeypatch.setattr(
+        actuator,
+        "launch",
+        lambda ep, count, *, standby=False: (
+            (_ for _ in ()).throw(services.ActuatorError("no spot capacity"))
+            if getattr(ep, "launch_hardware_profile_id", None)
+            else refuse(ep, count, standby=standby)
+        ),
+    )
+    report(clean_store, endpoint, "proxy-1", t=now + 10, in_flight=35, queued=0, in_flight_mu=35 * ref)
+    refused = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-3", now=now + 10)
+    assert any(a.startswith("spot: launch failed") for a in refused.inputs["actions"])
+    assert store.spot_unavailable(endpoint.pk)
+    report(clean_store, endpoint, "proxy-1", t=now + 15, in_flight=35, queued=0, in_flight_mu=35 * ref)
+    fallback = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-4", now=now + 15)
+    assert fallback.inputs["spot"]["spot"] == 0 and fallback.inputs["spot"]["reason"].startswith("spot unavailable")
+    endpoint.refresh_from_db()
+    assert endpoint.desired_spot_replicas == 0 and endpoint.desired_replicas == fallback.desired

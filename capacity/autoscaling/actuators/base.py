@@ -66,6 +66,9 @@ class Actuator(ABC):
         endpoint = replica.endpoint
         if replica.version_id and replica.version_id != endpoint.current_version_id:
             endpoint = version_endpoint(endpoint, replica.version)  # a replica of a rollout's new version
+        if replica.hardware_profile_id:
+            endpoint = copy.copy(endpoint)
+            endpoint.launch_hardware_profile_id = replica.hardware_profile_id  # its replacement on the same pool
         return self.launch(endpoint, 1, standby=standby)
 
     def rollout_refusal(self, endpoint: Endpoint, from_version, to_version) -> str | None:

@@ -290,6 +290,10 @@ class KubernetesActuator(Actuator):
         return None
 
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
+        if getattr(endpoint, "launch_hardware_profile_id", None):
+            # A spot pool's pods need a Deployment of their own, scheduled on spot nodes: not built. Refused, the
+            # autoscaler keeps the whole count on on-demand (services.launch_capped's back-off).
+            raise ActuatorError("the Kubernetes actuator runs no spot pool yet: the whole count stays on on-demand")
         # The target counts registered pods, not spec.replicas: pods the ReplicaSet is still creating are already
         # in spec, so asking for spec + count on every tick until they register would overshoot.
         registered = endpoint.replicas.filter(actuator=self.name, is_standby=standby, state__in=LIVE)

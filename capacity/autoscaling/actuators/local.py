@@ -208,6 +208,7 @@ class LocalActuator(Actuator):
                 is_standby=standby,
                 concurrency_limit=endpoint.concurrency_limit,
                 version_id=launch_version_id(endpoint),
+                hardware_profile_id=getattr(endpoint, "launch_hardware_profile_id", None),  # a spot pool's
             )
             if endpoint.runtime == Runtime.VLLM:
                 # Third-party code: none of the platform's settings or credentials, and not the repository root as
