@@ -15,6 +15,9 @@ from endpoints.proxy.errors import sse_error_event
 from endpoints.proxy.model_names import ModelRename
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+# What one stream keeps of its relayed bytes to resume it (~5,000 tokens of vLLM's chunks): bounded, so a thousand
+# long streams cost the proxy at most a GiB; a longer answer that breaks ends with an error event.
+RELAYED_BYTES_KEPT = 1 << 20
 _ERROR_MARKERS = (b'data: {"error"', b'data: {"object":"error"')
 
 
@@ -66,7 +69,9 @@ class Outcome:
     content_events: int = 0
     error: str = ""
     extra_headers: list = field(default_factory=list)
-    relayed: list = field(default_factory=list)  # the SSE bytes sent to the client, to resume a broken stream
+    # The SSE bytes sent to the client, to resume a broken stream (resume.py); None once past RELAYED_BYTES_KEPT.
+    relayed: list | None = field(default_factory=list)
+    relayed_bytes: int = 0
 
 
 def _split_usage(out: bytes, forward_usage: bool, outcome: Outcome) -> bytes:
@@ -172,6 +177,7 @@ async def _relay_events(
     runs for every token of every stream."""
     buf = b""
     done = closed = False
+    relayed = outcome.relayed
     try:
         while True:
             data = await content.readany()
@@ -201,7 +207,11 @@ async def _relay_events(
                 outcome.error = "replica reported an error mid-stream"
             if closed:
                 continue  # after [DONE]: only drain the upstream to EOF so its connection is reused
-            outcome.relayed.append(out)
+            if relayed is not None:
+                relayed.append(out)
+                outcome.relayed_bytes += len(out)
+                if outcome.relayed_bytes > RELAYED_BYTES_KEPT:
+                    relayed = outcome.relayed = None
             if not outcome.started_client:
                 outcome.started_client = True
                 await send({"type": "http.response.start", "status": 200, "headers": response_headers})

@@ -413,6 +413,8 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
 def resumed(upstream: Upstream, outcome: Outcome) -> Upstream | None:
     """The exchange that continues ``upstream`` (the first attempt) from all the client has read, or None if it
     cannot be."""
+    if outcome.relayed is None:
+        return None  # longer than what a stream keeps to resume it (relay.RELAYED_BYTES_KEPT)
     done = streamed(outcome.relayed, upstream.req.kind)
     req = continuation(upstream.req, done)
     return upstream.continued(req, done.tokens) if req is not None else None

@@ -181,3 +181,14 @@ async def test_plain_answers_are_passed_with_their_length_and_usage():
     assert (b"content-length", str(len(body)).encode()) in sent[0]["headers"]
     assert sent[1]["body"] == body and outcome.usage == {"prompt_tokens": 1, "completion_tokens": 2}
     assert outcome.first_token_at == outcome.finished_at
+
+
+async def test_a_stream_keeps_what_it_relayed_up_to_a_bound(monkeypatch):
+    from endpoints.proxy import relay
+
+    monkeypatch.setattr(relay, "RELAYED_BYTES_KEPT", len(TOKEN) * 2 + len(DONE))
+    _, outcome = await stream(Response(chunks=[TOKEN, TOKEN, DONE]))
+    assert outcome.relayed == [TOKEN, TOKEN, DONE] and outcome.relayed_bytes == 2 * len(TOKEN) + len(DONE)
+    # Past the bound nothing is kept: a break then cannot be resumed (stages.resumed), the stream ends as before.
+    _, outcome = await stream(Response(chunks=[TOKEN, TOKEN, TOKEN, DONE]))
+    assert outcome.relayed is None
