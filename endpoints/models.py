@@ -22,6 +22,7 @@ class RoutingPolicy(models.TextChoices):
     LLMD = "llmd", "llm-d default scorers"
     LORA_AFFINITY = "lora_affinity", "LoRA affinity (Gateway API inference extension filters)"
     INFERCAP = "infercap", "infercap (MU load, prefix affinity, bounded load)"
+    COST_AWARE = "cost_aware", "Cost-aware (a mixed GPU fleet, by the planner's figures)"
 
 
 model_name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$", "Use letters, digits and . _ : / -")
@@ -82,6 +83,11 @@ class Endpoint(models.Model):
     concurrency_limit = models.PositiveIntegerField(default=64, validators=[MinValueValidator(1)])
     warm_pool_size = models.PositiveIntegerField(default=0)
     routing_policy = models.CharField(max_length=16, choices=RoutingPolicy.choices, default=RoutingPolicy.INFERCAP)
+    routing_plan = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="the cost_aware policy's figures: the routing_plan of POST /api/v1/capacity/plan-mix",
+    )
     ttft_slo_ms = models.PositiveIntegerField(default=2000, validators=[MinValueValidator(1)])
     tpot_slo_ms = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)])
     # Graceful degradation (docs/request-path.md, "Brownout"): where a request goes when this endpoint would shed

@@ -42,6 +42,7 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
         "concurrency_limit",
         "warm_pool_size",
         "routing_policy",
+        "routing_plan",
         "ttft_slo_ms",
         "tpot_slo_ms",
         "fallback",

@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from capacity.autoscaling import actuators
 from endpoints.admission.brownout import MAX_FALLBACK_DEPTH, fallback_chain_error
 from endpoints.admission.classes import CLASSES
-from endpoints.models import Adapter, Endpoint
+from endpoints.models import Adapter, Endpoint, RoutingPolicy
+from endpoints.routing import cost_aware
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import launch_env
 from endpoints.runtimes.launch_options import allowlisted_value_errors, argv_value
@@ -60,6 +61,8 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
         errors.setdefault(field, []).extend(messages)
     for field, messages in fallback_errors(endpoint).items():
         errors.setdefault(field, []).extend(messages)
+    for field, messages in routing_plan_errors(endpoint).items():
+        errors.setdefault(field, []).extend(messages)
     for field, messages in spot_pool_errors(endpoint).items():
         errors.setdefault(field, []).extend(messages)
     benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
@@ -74,6 +77,28 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
             errors.setdefault("pinned_benchmark", []).append("the benchmark is for another model or hardware")
     if errors:
         raise ValidationError(errors)
+
+
+def routing_plan_errors(endpoint: Endpoint) -> dict[str, list[str]]:
+    """The cost_aware policy routes by a plan: it must be the planner's shape and price the endpoint's profile."""
+    plan = endpoint.routing_plan
+    if endpoint.routing_policy != RoutingPolicy.COST_AWARE and not plan:
+        return {}
+    if len(json.dumps(plan, default=str)) > 64 * 1024:
+        return {"routing_plan": ["is larger than 64 KiB; a plan has a few buckets and types"]}
+    if endpoint.routing_policy == RoutingPolicy.COST_AWARE and not plan:
+        return {
+            "routing_plan": ["the cost_aware policy needs a plan: the routing_plan of POST /api/v1/capacity/plan-mix"]
+        }
+    try:
+        figures = cost_aware.plan_figures(plan)["figures"]
+    except cost_aware.PlanInvalid as exc:
+        return {"routing_plan": [str(exc)]}
+    if endpoint.hardware_profile_id and endpoint.hardware_profile.name not in figures:
+        return {
+            "routing_plan": [f"has no figures for the endpoint's hardware profile {endpoint.hardware_profile.name}"]
+        }
+    return {}
 
 
 def spot_pool_errors(endpoint: Endpoint) -> dict[str, list[str]]:

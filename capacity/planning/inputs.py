@@ -184,4 +184,23 @@ def plan_mix_from_profiles(
     except mix.PlanError as exc:
         baseline = {"type": None, "reason": exc.message}
     capacities = {t.name: {b: round(v, 4) for b, v in t.capacity_rps.items()} for t in types}
-    return {**plan_.as_dict(), "capacity_rps": capacities, "best_single_type": baseline}
+    # What the cost_aware router needs to route a fleet of these types (Endpoint.routing_plan; its shape:
+    # endpoints.routing.cost_aware.plan_figures): per type, its price and each bucket's SLO-compliant batch and rate.
+    routing_plan = {
+        "buckets": [{"name": b.name, "prompt_tokens": b.prompt_tokens, "output_tokens": b.output_tokens} for b in items],
+        "types": {
+            t.name: {
+                "usd_per_hour": round(t.usd_per_replica_hour, 6),
+                "batch": {b.name: mix.bucket_fit(engines[t.name], b, slo)[0] for b in items},
+                "rate_rps": capacities[t.name],
+            }
+            for t in types
+        },
+        "shares": plan_.shares,
+    }
+    return {
+        **plan_.as_dict(),
+        "capacity_rps": capacities,
+        "best_single_type": baseline,
+        "routing_plan": routing_plan,
+    }

@@ -79,8 +79,8 @@ class EndpointSerializer(serializers.ModelSerializer):
             "pinned_benchmark", "runtime", "launch_options", "min_replicas", "max_replicas", "desired_replicas",
             "desired_spot_replicas", "ready_replicas", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
-            "routing_policy", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes", "degrade_max_tokens",
-            "degrade_slot_share", "current_version", "active_rollout", "created_at",
+            "routing_policy", "routing_plan", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes",
+            "degrade_max_tokens", "degrade_slot_share", "current_version", "active_rollout", "created_at",
             "updated_at",
         ]  # fmt: skip
         # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].
@@ -97,6 +97,9 @@ class EndpointSerializer(serializers.ModelSerializer):
             # Where and how the operators run a shared endpoint (actuator, Deployment, namespace, CPU placement) is
             # none of a reserving tenant's business; the allowlisted tuning, such as max_model_len, is.
             data["launch_options"] = launch_options_shown_to_non_owners(data["launch_options"])
+            # The fleet's GPU types and prices behind a shared endpoint are the operators' too.
+            data["routing_plan"] = {}
+            data["spot_hardware_profile"] = None
         return data
 
     def validate_degrade_slot_share(self, value):

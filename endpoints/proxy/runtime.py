@@ -5,6 +5,7 @@ never touches the database."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -22,6 +23,7 @@ from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing import make_router
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.bounded_affinity import PREFIX_SOURCE_KEY
+from endpoints.routing.cost_aware import PlanInvalid, plan_figures
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ SLOT_SHARE_KEY = "slot_share"
 _CRITICAL = CLASSES.index("critical")
 _STANDARD = CLASSES.index("standard")
 _NO_FLIGHT = (0,) * len(CLASSES)
+COST_AWARE = "cost_aware"  # routes a mixed fleet by the endpoint's routing plan (endpoints/routing/cost_aware.py)
 PRECISE_POLICIES = frozenset({"infercap"})  # the live policies that read the precise index from KV events
 
 
@@ -79,7 +82,7 @@ class EndpointRuntime:
         self.queue = self.admission.queue
         # The live precise prefix index (infercap's policy): one KV-event subscriber per replica that publishes.
         self.kv_feeds = KVFeeds(name=info.name, clock=clock)
-        self.router = self._make_router(info.routing_policy)
+        self.router = self._make_router(info.routing_policy, info)
         self.slots: dict[str, Slot] = {}
         self.in_flight = 0
         self.in_flight_mu = 0.0
@@ -99,8 +102,8 @@ class EndpointRuntime:
     # -- config ---------------------------------------------------------------------------------------
     def update(self, info: EndpointInfo) -> None:
         """Apply a new snapshot: add replicas, retire removed ones, follow concurrency-limit changes."""
-        if info.routing_policy != self.info.routing_policy:
-            self.router = self._make_router(info.routing_policy)
+        if (info.routing_policy, info.routing_plan) != (self.info.routing_policy, self.info.routing_plan):
+            self.router = self._make_router(info.routing_policy, info)
         self.info = info
         self.kv_feeds.sync(info.replicas if info.routing_policy in PRECISE_POLICIES else ())
         mu_capacity = max(info.coeffs.mu_per_min / 60.0, 1e-6)
@@ -113,7 +116,9 @@ class EndpointRuntime:
             cap = limit if self.caps is None else min(limit, self.caps.get(rid, 0))
             rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
             if slot is None:
-                view = ReplicaView(replica_id=rid, concurrency_limit=cap, mu_capacity=mu_capacity)
+                view = ReplicaView(
+                    replica_id=rid, concurrency_limit=cap, mu_capacity=mu_capacity, profile=r.hardware_profile
+                )
                 self.slots[rid] = Slot(
                     replica_id=r.id,
                     name=r.name,
@@ -128,7 +133,7 @@ class EndpointRuntime:
                 slot.url, slot.removed, slot.version_id, slot.limit = r.url, False, r.version_id, limit
                 slot.configured_priority, slot.rename = r.takes_priority, rename
                 slot.view.concurrency_limit, slot.view.mu_capacity = cap, mu_capacity
-                slot.view.draining = False
+                slot.view.draining, slot.view.profile = False, r.hardware_profile
         for rid, slot in list(self.slots.items()):
             if rid not in seen:
                 slot.removed = True
@@ -139,9 +144,15 @@ class EndpointRuntime:
                     self.adapters.pop(rid, None)
         self.pump()
 
-    def _make_router(self, policy: str):
+    def _make_router(self, policy: str, info: EndpointInfo):
         if policy in PRECISE_POLICIES:
             return make_router(policy, kv_index=self.kv_feeds.index)
+        if policy == COST_AWARE:
+            try:
+                return make_router(policy, **plan_figures(json.loads(info.routing_plan or "null")))
+            except (PlanInvalid, ValueError) as exc:  # validated on save; a plan from before this build may not be
+                log.warning("endpoint %s: its routing plan is unusable (%s); routing by least request", info.name, exc)
+                return make_router("least_request")
         return make_router(policy)
 
     def close(self) -> None:

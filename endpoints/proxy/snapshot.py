@@ -56,6 +56,8 @@ class ReplicaInfo:
     # Where its engine publishes KV-cache events (``Replica.kv_events_endpoint``); the proxy subscribes to it
     # (``endpoints.proxy.kv_feeds``). Empty: no events, the router's approximate index answers for it.
     kv_events_endpoint: str = ""
+    # The hardware profile it runs on (its own, a spot pool's; else its version's): the cost_aware router's type.
+    hardware_profile: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ class EndpointInfo:
     degrade_slot_share: float | None = None
     # LoRA adapter slots per replica (launch option max_loras; 0: no adapters are served here; docs/lora-serving.md).
     max_loras: int = 0
+    # The cost_aware policy's plan (``Endpoint.routing_plan``), as JSON text: the runtime builds its router from it.
+    routing_plan: str = ""
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id

@@ -3,12 +3,14 @@ whatever the number of keys, endpoints and replicas. Synchronous: the proxy call
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 
 from django.conf import settings
 
+from capacity.models import HardwareProfile
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState
 from endpoints.proxy.snapshot import (
@@ -84,6 +86,7 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
             degrade_max_tokens=e.degrade_max_tokens,
             degrade_slot_share=e.degrade_slot_share,
             max_loras=e.lora[0],
+            routing_plan=json.dumps(e.routing_plan, sort_keys=True) if e.routing_plan else "",
         )
         for e in endpoints
     }
@@ -99,9 +102,13 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     priority_by_version = {
         pk: takes_priority(options) for pk, options in EndpointVersion.objects.values_list("pk", "launch_options")
     }
+    profile_names = dict(HardwareProfile.objects.values_list("pk", "name"))
+    endpoint_profile = {e.pk: e.hardware_profile_id for e in endpoints}
+    version_profile = dict(EndpointVersion.objects.values_list("pk", "hardware_profile_id"))
     replicas: dict[int, list[ReplicaInfo]] = {}
     for r in Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").order_by("id"):
         version_id = r.version_id or current_version.get(r.endpoint_id)
+        profile_id = r.hardware_profile_id or version_profile.get(version_id) or endpoint_profile.get(r.endpoint_id)
         replicas.setdefault(r.endpoint_id, []).append(
             ReplicaInfo(
                 id=r.pk,
@@ -112,6 +119,7 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
                 served_model_name=r.served_model_name or endpoint_name.get(r.endpoint_id, ""),
                 kv_events_endpoint=r.kv_events_endpoint,
+                hardware_profile=profile_names.get(profile_id, ""),
             )
         )
     return replicas

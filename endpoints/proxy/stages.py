@@ -15,6 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from capacity.units import estimate_prompt_tokens
 from endpoints.admission import ENGINE_PRIORITY, effective_priority
 from endpoints.proxy import metrics as m
 from endpoints.proxy.config import ProxyConfig
@@ -216,7 +217,13 @@ def routing_request(
         # identical prompt must not pull this request onto a replica as if it were a cache hit.
         session_id=f"{key.tenant_id}:{session_id}" if session_id else None,
         adapter=adapter,
-        extra={"cache_salt": cache_salt},
+        # The request's size (the cost_aware router sizes it to its plan's buckets): estimated prompt tokens and
+        # the max_tokens asked (None: the router's default).
+        extra={
+            "cache_salt": cache_salt,
+            "prompt_tokens": estimate_prompt_tokens(req.prompt_chars),
+            "max_tokens": req.max_tokens,
+        },
     )
 
 

@@ -31,6 +31,8 @@ class ReplicaView:
     # The adapters of its requests running or waiting, from vllm:lora_requests_info (running_lora_adapters ∪
     # waiting_lora_adapters): what the Gateway API inference extension's LoRA filter reads (lora_affinity.py).
     active_adapters: frozenset = frozenset()
+    # The hardware profile it runs on (a mixed fleet: cost_aware.py reads it); empty where nobody said.
+    profile: str = ""
 
 
 @dataclass

@@ -21,7 +21,16 @@ per request, without knowing the plan's buckets of the requests (a benchmark kno
   it (it queues there).
 
 The load is the router's own count of the shares it sent and has not seen finish (``on_routed``/``on_finished``),
-as the in-flight counts of the other routers are.
+as the in-flight counts of the other routers are. A replica's type is ``replica_types[id]`` (the simulator's
+benches) or its view's ``profile`` (the live proxy: the hardware profile it runs on); a replica of a type the plan
+has no figures for gets nothing.
+
+Live, an endpoint with ``routing_policy`` ``cost_aware`` carries the plan as ``Endpoint.routing_plan``, the
+``routing_plan`` of ``POST /api/v1/capacity/plan-mix`` (``plan_figures`` reads it)::
+
+    {"buckets": [{"name": "chat", "prompt_tokens": 256, "output_tokens": 128}, ...],
+     "types": {"<hardware profile name>": {"usd_per_hour": 1.86, "batch": {"chat": 24}, "rate_rps": {"chat": 3.1}}},
+     "shares": {"chat": {"<hardware profile name>": 1.0}}}
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from endpoints.routing.base import ReplicaView, RouteRequest
+from endpoints.routing.filters import eligible
 
 
 @dataclass(frozen=True)
@@ -58,18 +68,67 @@ class TypeFigures:
         return 1.0 / batch if batch > 0 else math.inf
 
 
+class PlanInvalid(ValueError):
+    """A routing plan that is not the planner's shape; the message names what is wrong."""
+
+
+def plan_figures(plan: object) -> dict:
+    """``CostAwareRouter``'s keyword arguments (buckets, figures, shares) from a stored routing plan; raises
+    ``PlanInvalid`` naming the first thing that is wrong."""
+    if not isinstance(plan, dict):
+        raise PlanInvalid("must be a JSON object with buckets, types and shares")
+    raw_buckets, raw_types, raw_shares = plan.get("buckets"), plan.get("types"), plan.get("shares") or {}
+    if not isinstance(raw_buckets, list) or not raw_buckets:
+        raise PlanInvalid("buckets: a non-empty list of {name, prompt_tokens, output_tokens}")
+    buckets = []
+    for i, b in enumerate(raw_buckets):
+        ok = isinstance(b, dict) and isinstance(b.get("name"), str) and b["name"]
+        sizes = [b.get(k) for k in ("prompt_tokens", "output_tokens")] if ok else []
+        if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+            raise PlanInvalid(f"buckets[{i}]: needs a name and positive integer prompt_tokens and output_tokens")
+        buckets.append(SizeBucket(b["name"], *sizes))
+    names = {b.name for b in buckets}
+    if not isinstance(raw_types, dict) or not raw_types:
+        raise PlanInvalid("types: an object of hardware profile name to {usd_per_hour, batch, rate_rps}")
+    figures = {}
+    for kind, t in raw_types.items():
+        if not isinstance(t, dict) or not _number(t.get("usd_per_hour")):
+            raise PlanInvalid(f"types.{kind}: needs a usd_per_hour of zero or more")
+        tables = {}
+        for table in ("batch", "rate_rps"):
+            values = t.get(table)
+            if not isinstance(values, dict) or not set(values) <= names or not all(map(_number, values.values())):
+                raise PlanInvalid(f"types.{kind}.{table}: an object of bucket name to a number of zero or more")
+            tables[table] = {k: float(v) for k, v in values.items()}
+        figures[kind] = TypeFigures(usd_per_hour=float(t["usd_per_hour"]), **tables)
+    if not isinstance(raw_shares, dict) or not all(
+        b in names and isinstance(row, dict) and set(row) <= set(figures) and all(map(_number, row.values()))
+        for b, row in raw_shares.items()
+    ):
+        raise PlanInvalid("shares: an object of bucket name to {hardware profile name: share}")
+    return {"buckets": buckets, "figures": figures, "shares": raw_shares}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 class CostAwareRouter:
     name = "cost_aware"
 
     def __init__(
         self,
-        replica_types: Mapping[str, str],
-        figures: Mapping[str, TypeFigures],
-        buckets: Sequence[SizeBucket],
+        replica_types: Mapping[str, str] | None = None,
+        figures: Mapping[str, TypeFigures] | None = None,
+        buckets: Sequence[SizeBucket] = (),
         shares: Mapping[str, Mapping[str, float]] | None = None,
+        default_type: str = "",
+        seed: int | None = None,  # the registry's common option: this router draws no random numbers
     ) -> None:
-        if not buckets:
-            raise ValueError("the router needs the planner's request-size buckets")
+        replica_types, figures = replica_types or {}, figures or {}
+        self.default_type = default_type  # the type of a replica nobody named (the endpoint's own profile)
+        if not buckets or not figures:
+            raise ValueError("the router needs the planner's request-size buckets and per-type figures")
         missing = set(replica_types.values()) - set(figures)
         if missing:
             raise ValueError(f"no figures for replica types: {', '.join(sorted(missing))}")
@@ -94,9 +153,10 @@ class CostAwareRouter:
         bucket = self.bucket_of(request)
         room: dict[str, tuple[float, str]] = {}  # type → (load, replica) of its least loaded replica with room
         spill, spill_key = None, None
-        for view in replicas:
-            kind = self.replica_types.get(view.replica_id)
-            if kind is None or not view.healthy or view.draining:
+        # Healthy, not draining, below its concurrency limit, fresh metrics (or all stale: fail open), as every policy.
+        for view in eligible(replicas):
+            kind = self._type_of(view)
+            if kind not in self.figures:
                 continue
             share = self.figures[kind].share(bucket)
             if share == math.inf:
@@ -112,10 +172,13 @@ class CostAwareRouter:
         )
         chosen = room[kind][1] if kind is not None else spill
         if chosen is not None:
-            kind = self.replica_types[chosen]
+            kind = self._type_of(next(v for v in replicas if v.replica_id == chosen))
             self.sent[(bucket, kind)] = self.sent.get((bucket, kind), 0) + 1
             request.extra["cost_share"] = self.figures[kind].share(bucket)
         return chosen
+
+    def _type_of(self, view: ReplicaView) -> str:
+        return self.replica_types.get(view.replica_id) or view.profile or self.default_type
 
     def _planned_type(self, bucket: str, room: Mapping[str, tuple[float, str]]) -> str | None:
         """The type the plan's shares say is furthest behind for this bucket, if it has room."""

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from endpoints.routing.base import Router
 from endpoints.routing.baselines import LeastRequestRouter, PowerOfTwoRouter, RoundRobinRouter
 from endpoints.routing.bounded_affinity import InfercapRouter
+from endpoints.routing.cost_aware import CostAwareRouter
 from endpoints.routing.llmd import LlmdRouter
 from endpoints.routing.lora_affinity import LoraAffinityRouter
 
@@ -15,6 +16,7 @@ POLICIES: dict[str, Callable[..., Router]] = {
     "llmd": LlmdRouter,
     "infercap": InfercapRouter,
     "lora_affinity": LoraAffinityRouter,
+    "cost_aware": CostAwareRouter,  # needs the endpoint's routing plan (cost_aware.plan_figures)
 }
 
 

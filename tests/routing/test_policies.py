@@ -3,6 +3,7 @@
 import pytest
 
 from endpoints.routing import POLICIES, ReplicaView, RouteRequest, UnknownPolicy, make_router
+from endpoints.routing.cost_aware import plan_figures
 from endpoints.routing.session import prompt_text_of, session_id_of
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1,160 characters: 18 prefix blocks
@@ -32,7 +33,20 @@ def test_make_router_knows_every_endpoint_policy():
 
     assert set(POLICIES) == set(RoutingPolicy.values)
     for name in POLICIES:
-        assert make_router(name, seed=0).name == name
+        assert make(name, seed=0).name == name
+
+
+# One GPU type whose replicas each hold 32 chats within the SLO: the cost-aware policy's plan (it routes by one).
+PLAN = {
+    "buckets": [{"name": "chat", "prompt_tokens": 256, "output_tokens": 128}],
+    "types": {"a100": {"usd_per_hour": 5.12, "batch": {"chat": 32}, "rate_rps": {"chat": 4.0}}},
+}
+
+
+def make(policy: str, seed: int):
+    if policy == "cost_aware":
+        return make_router(policy, seed=seed, default_type="a100", **plan_figures(PLAN))
+    return make_router(policy, seed=seed)
 
 
 def test_make_router_rejects_unknown_names_and_options():
@@ -46,7 +60,7 @@ def test_make_router_rejects_unknown_names_and_options():
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_skips_unhealthy_draining_and_full_replicas(policy):
-    router = make_router(policy, seed=3)
+    router = make(policy, seed=3)
     replicas = views(4)
     replicas[0].healthy = False
     replicas[1].draining = True
@@ -57,7 +71,7 @@ def test_every_policy_skips_unhealthy_draining_and_full_replicas(policy):
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_returns_none_when_nothing_can_take_the_request(policy):
-    router = make_router(policy, seed=3)
+    router = make(policy, seed=3)
     replicas = views(2, concurrency_limit=1, in_flight=1)
     assert router.pick(request(), replicas, 0.0) is None
     assert router.pick(request(), [], 0.0) is None
@@ -65,7 +79,7 @@ def test_every_policy_returns_none_when_nothing_can_take_the_request(policy):
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_stale_metrics_count_as_saturated_but_all_stale_fails_open(policy):
-    router = make_router(policy, seed=5)
+    router = make(policy, seed=5)
     replicas = views(3)
     replicas[0].metrics_age_s = replicas[1].metrics_age_s = 2.5
     assert {router.pick(request(i), replicas, 0.0) for i in range(20)} == {"r2"}
