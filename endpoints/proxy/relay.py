@@ -163,13 +163,7 @@ async def _pass_client_error(resp, send, response_headers: list, outcome: Outcom
 
 
 async def _relay_events(
-    content,
-    send,
-    response_headers: list,
-    forward_usage: bool,
-    outcome: Outcome,
-    rename: ModelRename | None = None,
-    transform=None,
+    content, send, response_headers: list, forward_usage: bool, outcome: Outcome, rename=None, transform=None
 ) -> tuple[bytes, bool, bool]:
     """Forward whole SSE events as they arrive; the response head goes out with the first ones, so until then a
     failure is retryable (UpstreamFailed). Returns what is left: (incomplete event, [DONE] seen, response ended).

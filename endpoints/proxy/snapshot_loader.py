@@ -9,8 +9,9 @@ import os
 import time
 
 from django.conf import settings
+from django.db.models import F
+from django.db.models.functions import Coalesce
 
-from capacity.models import HardwareProfile
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState
 from endpoints.proxy.snapshot import (
@@ -102,13 +103,16 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     priority_by_version = {
         pk: takes_priority(options) for pk, options in EndpointVersion.objects.values_list("pk", "launch_options")
     }
-    profile_names = dict(HardwareProfile.objects.values_list("pk", "name"))
-    endpoint_profile = {e.pk: e.hardware_profile_id for e in endpoints}
-    version_profile = dict(EndpointVersion.objects.values_list("pk", "hardware_profile_id"))
     replicas: dict[int, list[ReplicaInfo]] = {}
-    for r in Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="").order_by("id"):
+    ready = Replica.objects.filter(state=ReplicaState.READY, is_standby=False).exclude(url="")
+    # The hardware profile each runs on: its own (a spot pool's), else its version's, else the endpoint's.
+    ready = ready.annotate(
+        profile_name=Coalesce(
+            F("hardware_profile__name"), F("version__hardware_profile__name"), F("endpoint__hardware_profile__name")
+        )
+    )
+    for r in ready.order_by("id"):
         version_id = r.version_id or current_version.get(r.endpoint_id)
-        profile_id = r.hardware_profile_id or version_profile.get(version_id) or endpoint_profile.get(r.endpoint_id)
         replicas.setdefault(r.endpoint_id, []).append(
             ReplicaInfo(
                 id=r.pk,
@@ -119,7 +123,7 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
                 served_model_name=r.served_model_name or endpoint_name.get(r.endpoint_id, ""),
                 kv_events_endpoint=r.kv_events_endpoint,
-                hardware_profile=profile_names.get(profile_id, ""),
+                hardware_profile=r.profile_name or "",
             )
         )
     return replicas

@@ -153,8 +153,9 @@ class CostAwareRouter:
         bucket = self.bucket_of(request)
         room: dict[str, tuple[float, str]] = {}  # type → (load, replica) of its least loaded replica with room
         spill, spill_key = None, None
-        # Healthy, not draining, below its concurrency limit, fresh metrics (or all stale: fail open), as every policy.
-        for view in eligible(replicas):
+        # Healthy, not draining, below its concurrency limit, fresh metrics (or all stale: fail open), with LoRA slots
+        # for an adapter's request: as every policy.
+        for view in eligible(replicas, adapter=request.adapter):
             kind = self._type_of(view)
             if kind not in self.figures:
                 continue

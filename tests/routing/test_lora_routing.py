@@ -6,6 +6,7 @@ from endpoints.routing import POLICIES, make_router
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.lora_affinity import LoraAffinityRouter, lowest_range
 from endpoints.routing.lora_placement import BUSY_SLOTS_COST, AdapterBook
+from tests.routing.test_policies import make
 
 
 def view(rid: str, *, adapters=(), active=(), max_loras=4, waiting=0, kv=0.0, mu=0.0) -> ReplicaView:
@@ -26,7 +27,7 @@ def ask(adapter: str | None = "ft-a", rid: str = "q") -> RouteRequest:
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_no_policy_sends_an_adapter_request_to_a_replica_without_lora_slots(policy):
-    router = make_router(policy, seed=3)
+    router = make(policy, seed=3)
     replicas = [view("plain", max_loras=0), view("lora", max_loras=2)]
     picks = {router.pick(ask(rid=f"q{i}"), replicas, now=float(i)) for i in range(20)}
     assert picks == {"lora"}
