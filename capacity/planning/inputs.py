@@ -187,7 +187,9 @@ def plan_mix_from_profiles(
     # What the cost_aware router needs to route a fleet of these types (Endpoint.routing_plan; its shape:
     # endpoints.routing.cost_aware.plan_figures): per type, its price and each bucket's SLO-compliant batch and rate.
     routing_plan = {
-        "buckets": [{"name": b.name, "prompt_tokens": b.prompt_tokens, "output_tokens": b.output_tokens} for b in items],
+        "buckets": [
+            {"name": b.name, "prompt_tokens": b.prompt_tokens, "output_tokens": b.output_tokens} for b in items
+        ],
         "types": {
             t.name: {
                 "usd_per_hour": round(t.usd_per_replica_hour, 6),
