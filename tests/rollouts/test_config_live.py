@@ -19,7 +19,7 @@ from endpoints.models import Endpoint, EndpointVersion, ReplicaState, ReplicaTra
 from tenants.models import CapacityReservation
 from tests.conftest import client_for
 from tests.proxy.conftest import spawn_proxy, spawn_replica
-from tests.proxy.helpers import METRICS_AUTH, Held, chat_body, post
+from tests.proxy.helpers import METRICS_AUTH, Held, chat_body, post, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -43,6 +43,12 @@ def proxy_counters(base: str, endpoint: str) -> tuple[float, float]:
             elif s.name == "infercap_proxy_good_requests_total":
                 good += s.value
     return ok, good
+
+
+def running_on(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.search(r"^vllm:num_requests_running\{[^}]*\} ([\d.]+)", text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def queue_depth(base: str, endpoint: str) -> float:
@@ -121,9 +127,15 @@ def test_config_only_changes_reach_the_proxy_within_a_second_and_restart_nothing
     delays["slo_targets"] = until_effect(not_good)
 
     # 4. Concurrency bounds: one stream per replica fills both once the limit is 1; the next request waits.
-    long = chat_body(endpoint.name, max_tokens=1500, stream=True, content="a long story please")
-    held = [Held(base, key, long), Held(base, key, long)]
+    # Two different prompts: identical ones could be drawn to one replica by prefix affinity (the policy is
+    # infercap's now), leaving the other free and the probe below served at once whatever the limit (a CI run
+    # under load waited 1.5 s for that). Each stream's replica is checked before the change.
+    held = [
+        Held(base, key, chat_body(endpoint.name, max_tokens=1500, stream=True, content=f"{i} a long story please"))
+        for i in range(2)
+    ]
     try:
+        wait_for(lambda: all(running_on(p) == 1 for p in ports), 10, message="one held stream on each replica")
         change(f"/api/v1/endpoints/{endpoint.pk}/", {"concurrency_min": 1, "concurrency_limit": 1})
         waiting: list[threading.Thread] = []
 
