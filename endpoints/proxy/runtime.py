@@ -23,7 +23,7 @@ from endpoints.proxy.snapshot import EndpointInfo
 from endpoints.routing import make_router
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.bounded_affinity import PREFIX_SOURCE_KEY
-from endpoints.routing.cost_aware import PlanInvalid, plan_figures
+from endpoints.routing.cost_aware import plan_figures
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class EndpointRuntime:
         if policy == COST_AWARE:
             try:
                 return make_router(policy, **plan_figures(json.loads(info.routing_plan or "null")))
-            except (PlanInvalid, ValueError) as exc:  # validated on save; a plan from before this build may not be
+            except ValueError as exc:  # PlanInvalid, bad JSON: validated on save, but a plan saved before may not be
                 log.warning("endpoint %s: its routing plan is unusable (%s); routing by least request", info.name, exc)
                 return make_router("least_request")
         return make_router(policy)

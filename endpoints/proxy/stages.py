@@ -7,6 +7,7 @@ needs; a refusal is a ``ProxyError``. ``authenticate``, ``resolve_endpoint``, ``
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import hashlib
 import logging
@@ -15,7 +16,6 @@ from pathlib import Path
 
 from django.conf import settings
 
-from capacity.units import estimate_prompt_tokens
 from endpoints.admission import ENGINE_PRIORITY, effective_priority
 from endpoints.proxy import metrics as m
 from endpoints.proxy.config import ProxyConfig
@@ -217,13 +217,9 @@ def routing_request(
         # identical prompt must not pull this request onto a replica as if it were a cache hit.
         session_id=f"{key.tenant_id}:{session_id}" if session_id else None,
         adapter=adapter,
-        # The request's size (the cost_aware router sizes it to its plan's buckets): estimated prompt tokens and
-        # the max_tokens asked (None: the router's default).
-        extra={
-            "cache_salt": cache_salt,
-            "prompt_tokens": estimate_prompt_tokens(req.prompt_chars),
-            "max_tokens": req.max_tokens,
-        },
+        # The max_tokens asked (None: the router's default): with the prompt's length, the request's size for the
+        # cost_aware router's buckets.
+        extra={"cache_salt": cache_salt, "max_tokens": req.max_tokens},
     )
 
 
@@ -314,9 +310,7 @@ class Upstream:
     def continued(self, req: ParsedRequest, streamed_tokens: int) -> Upstream:
         """The same exchange for ``req``, the continuation of a broken stream (``resume.continuation``): same
         request id (so the same completion id), class, salt and model; its SSE goes through ``resume.Continued``."""
-        other = object.__new__(Upstream)
-        for name in self.__slots__:
-            setattr(other, name, getattr(self, name))
+        other = copy.copy(self)
         other.req, other._payloads = req, {}
         other.transform = Continued(streamed_tokens)
         return other

@@ -141,7 +141,8 @@ class CostAwareRouter:
         self._held: dict[str, float] = {}  # request id → the share it holds on its replica
 
     def bucket_of(self, request: RouteRequest) -> str:
-        prompt = max(1, int(request.extra.get("prompt_tokens") or max(1, len(request.prompt_text) // 4)))
+        # The simulator knows the prompt's tokens; the proxy estimates them from its text (4 characters a token).
+        prompt = max(1, int(request.extra.get("prompt_tokens") or len(request.prompt_text) // 4))
         output = max(1, int(request.extra.get("max_tokens") or 256))
 
         def distance(b: SizeBucket) -> float:

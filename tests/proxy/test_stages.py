@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from capacity.units import estimate_prompt_tokens
 from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.errors import ProxyError
 from endpoints.proxy.flight import Price
@@ -159,11 +158,7 @@ def test_the_router_sees_sessions_and_prompts_per_tenant():
     a = routing_request("req-1", key=key(), req=req, headers={}, mu=1.5, cache_salt="salt-a")
     b = routing_request("req-2", key=key(tenant_id=TENANT_B), req=req, headers={}, mu=1.5, cache_salt="salt-b")
     assert (a.request_id, a.mu, a.extra["cache_salt"]) == ("req-1", 1.5, "salt-a")
-    # Its size, for the cost-aware router's buckets: the prompt estimated from its characters, max_tokens asked.
-    assert (
-        a.extra["prompt_tokens"] == estimate_prompt_tokens(req.prompt_chars)
-        and a.extra["max_tokens"] == req.max_tokens
-    )
+    assert a.extra["max_tokens"] == req.max_tokens  # with the prompt's length, its size for the cost-aware router
     assert a.session_id == f"{TENANT_A}:alice" and b.session_id == f"{TENANT_B}:alice"
     assert a.prompt_text == b.prompt_text and "x" * 40 in a.prompt_text
     by_header = routing_request("r", key=key(), req=req, headers={b"x-session-id": b"s-9"}, mu=1, cache_salt="s")
