@@ -132,8 +132,8 @@ def continuation(req: ParsedRequest, done: Streamed) -> ParsedRequest | None:
 def merged_usage(usage: dict, streamed_tokens: int) -> dict:
     """The continuation's usage as the client's one answer: the streamed tokens were its prompt, they are the
     answer's completion tokens (cached tokens stay within the prompt that is left). The engine re-tokenized the
-    streamed text, which can take more tokens than were generated: the prompt left is then that much above the
-    original's (13 to 38 tokens after ~200 streamed ones of the tiny test model's byte soup, in
+    streamed text, which can take more or fewer tokens than were generated: the prompt left is then that much off the
+    original's (-1 to +38 tokens after ~200 streamed ones of the tiny test model's byte soup, in
     tests/engine/test_stream_resume_real_engine.py; not measured on a real model's text)."""
     prompt = max(0, int(usage.get("prompt_tokens") or 0) - streamed_tokens)
     completion = int(usage.get("completion_tokens") or 0) + streamed_tokens

@@ -52,9 +52,10 @@ def test_a_real_engines_stream_cut_mid_answer_is_continued_with_continue_final_m
     reader.join(120)
     usage = assert_one_whole_stream(reader, chat=True, max_tokens=tokens, chunk_per_token=False)
     # The engine re-tokenized the streamed text as the continuation's prompt, and the proxy moved the tokens it
-    # streamed back to the answer: what is left is the original prompt plus what the re-tokenization added (the
-    # tiny model's byte soup re-tokenizes into more tokens than it was generated as: 13 to 38 more here).
-    assert prompt_tokens <= usage["prompt_tokens"] <= prompt_tokens + 0.05 * tokens, (usage, prompt_tokens)
+    # streamed back to the answer: what is left is the original prompt, give or take what the re-tokenization
+    # changed (the tiny model's byte soup re-tokenizes into more or fewer tokens than it was generated as: -1 to
+    # +38 in the runs here).
+    assert abs(usage["prompt_tokens"] - prompt_tokens) <= 0.05 * tokens, (usage, prompt_tokens)
     assert resumes(base, endpoint.name).get("resumed") == 1
     record = wait_for(lambda: UsageRecord.objects.filter(endpoint=endpoint, output_tokens=tokens).first(), 20)
     assert record.status == "ok" and record.replica.name == "b"
