@@ -5,6 +5,8 @@ cutting a relay is a replica going away (the engine aborts the cut request) whil
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -42,11 +44,12 @@ def test_a_real_engines_stream_cut_mid_answer_is_continued_with_continue_final_m
     reader = Reader(base, key, body, "/v1/chat/completions")
     reader.start()
     wait_for(lambda: reader.tokens >= 20, 60, message="the stream is under way on the only replica")
-    # A second replica joins, then the first goes away mid-answer. The proxy knows the second once its metrics
-    # scraper opens a connection to it (after the ones the attach checks made).
+    # A second replica joins, then the first goes away mid-answer. The proxy's snapshot follows a change within
+    # 0.1 s (its config is published on Redis); the second of margin is a fixed sleep on purpose: waiting for the
+    # proxy's first scrape of the new replica instead did not hold in a CI run (its scraper may reuse a pooled
+    # connection), and nothing else the proxy shows names the replicas it routes to.
     replica_attach(endpoint=endpoint, url=f"http://127.0.0.1:{second.port}", name="b", served_model_name=engine.model)
-    checked = second.accepted
-    wait_for(lambda: second.accepted > checked, 10, message="the proxy scrapes the second replica")
+    time.sleep(1.0)
     assert reader.is_alive(), "the stream ended before the cut: make it longer"
     first.cut()
     reader.join(120)

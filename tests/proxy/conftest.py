@@ -75,7 +75,6 @@ class TcpRelay:
         self._conns: list[socket.socket] = []
         self._listener: socket.socket | None = None
         self._threads = threading
-        self.accepted = 0  # connections accepted so far: who has started talking to the target
         self.restore()
 
     def restore(self) -> None:
@@ -99,7 +98,6 @@ class TcpRelay:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-                self.accepted += 1
             for a, b in ((client, upstream), (upstream, client)):
                 self._threads.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
