@@ -9,8 +9,10 @@ count between on-demand and spot, after SpotHedge (SkyServe, EuroSys 2025) with 
   and headroom, runs on spot.
 * **Over-provisioning by risk.** Spot is ``burst + ceil(burst · rate · replace_s) + safeguard``: the replicas the
   burst needs, the ones expected to be reclaimed before a replacement is ready (a notice does not wait for the
-  cold start), and SpotHedge's fixed safeguard. The extra replicas are cheap (spot) and absorb the capacity a
-  noticed replica stops taking while its replacement boots. They are not the policy's to count: the next
+  cold start), and SpotHedge's safeguard: at least ``safeguard`` replicas, or ``headroom_fraction`` of the count
+  when that is more (a fixed one is lost in a fleet of twenty). The extra replicas are cheap (spot) and absorb
+  the capacity a noticed replica stops taking while its replacement boots, and the load a ramp adds before the
+  policy's next scale-up serves (the cold start the policy cannot see past). They are not the policy's to count: the next
   decision sees the fleet without them (``SpotTargets.extra``), or each decision would hold at the inflated count
   and the next add its margin again.
 * **Fallback.** A spot launch the market refuses marks spot unavailable for ``unavailable_backoff_s``; meanwhile
@@ -37,6 +39,7 @@ class SpotConfig:
     floor_fraction: float = 0.5  # the share of the trailing minimum kept on on-demand
     min_on_demand: int = 1
     safeguard: int = 1
+    headroom_fraction: float = 0.2  # the safeguard grows with the count: ceil(fraction · desired) when above it
     unavailable_backoff_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -48,6 +51,8 @@ class SpotConfig:
             raise ValueError("floor_window_s and unavailable_backoff_s must be positive")
         if self.min_on_demand < 0 or self.safeguard < 0:
             raise ValueError("min_on_demand and safeguard must be >= 0")
+        if not 0 <= self.headroom_fraction <= 1:
+            raise ValueError("headroom_fraction must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class SpotPlanner:
         if burst <= 0:
             return SpotTargets(floor, 0, floor, "at the on-demand floor")
         at_risk = math.ceil(burst * cfg.reclaims_per_replica_day / cfg.day_s * cfg.replace_s)
-        spot = burst + at_risk + cfg.safeguard
-        reason = f"floor {floor} on-demand; burst {burst} on spot, +{at_risk} at risk, +{cfg.safeguard}"
+        safeguard = max(cfg.safeguard, math.ceil(cfg.headroom_fraction * desired))
+        spot = burst + at_risk + safeguard
+        reason = f"floor {floor} on-demand; burst {burst} on spot, +{at_risk} at risk, +{safeguard} safeguard"
         return SpotTargets(floor, spot, floor, reason, extra=spot - burst)

@@ -213,6 +213,10 @@ def test_bench_economics_figures_and_the_simulator_check():
     assert runs["on_demand"]["gpu_hours_spot"] == 0 and runs["with_spot"]["gpu_hours_spot"] > 0
     assert spot["with_spot_usd"] < spot["on_demand_usd"]  # spot at 65 % off carries the burst
     assert spot["savings"] == pytest.approx(1 - spot["with_spot_usd"] / spot["on_demand_usd"], abs=1e-3)
+    # The same fleet bought on-demand costs more than with spot, and it is never reclaimed.
+    same = runs["on_demand_headroom"]
+    assert same["preemptions"] == 0 and same["lost_requests"] == 0 and same["resumed_requests"] == 0
+    assert spot["same_fleet_on_demand_usd"] > spot["with_spot_usd"] and spot["savings_same_fleet"] > 0
     # Cut streams are resumed elsewhere: none is lost; without resumption the reclaims cut some.
     assert spot["lost_requests"] == 0 and spot["resumed_requests"] >= 1 and spot["no_resume_lost_requests"] >= 1
     assert runs["spot_no_resume"]["resumed_requests"] == 0

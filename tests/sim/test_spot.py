@@ -105,7 +105,7 @@ class Fixed:
 
 def test_the_adapter_drains_a_noticed_replica_replaces_it_and_loses_nothing_when_the_notice_outlasts_streams():
     market = SpotMarket(reclaims_per_replica_day=0, notice_s=(60, 60))
-    planner = SpotPlanner(SpotConfig(floor_window_s=600, safeguard=0, replace_s=0))
+    planner = SpotPlanner(SpotConfig(floor_window_s=600, safeguard=0, headroom_fraction=0, replace_s=0))
     scaler = EngineSimAutoscaler(Fixed(4), cold_start_s=5.0, spot=planner)
     sim = Simulation(
         router=LeastInFlight(), replicas=1, profile="tiny", autoscaler=scaler, spot_market=market, cold_start_s=5.0
@@ -130,8 +130,12 @@ def test_the_planner_keeps_a_floor_on_demand_adds_a_margin_on_spot_and_falls_bac
         SpotConfig(reclaims_per_replica_day=24.0, replace_s=3600.0, floor_window_s=100.0, unavailable_backoff_s=50)
     )
     first = planner.targets(10, now=0.0)
-    assert (first.on_demand, first.spot) == (5, 5 + 5 + 1)  # half of 10 floor; 5 burst, 5 at risk (rate·1 h), +1
-    assert first.extra == 6
+    # Half of 10 on the floor; 5 burst, 5 at risk (rate · 1 h), and a safeguard of a fifth of the count (2).
+    assert (first.on_demand, first.spot) == (5, 5 + 5 + 2)
+    assert first.extra == 7 and "+2 safeguard" in first.reason
+    fixed = SpotPlanner(SpotConfig(reclaims_per_replica_day=24.0, replace_s=3600.0, headroom_fraction=0))
+    assert fixed.targets(10, now=0.0).spot == 5 + 5 + 1  # without headroom: SpotHedge's fixed safeguard of one
+    assert SpotPlanner(SpotConfig(headroom_fraction=0.5)).targets(40, now=0.0).extra == 1 + 20  # at risk, 40 / 2
     assert planner.targets(20, now=10.0).on_demand == 5  # the trailing minimum is still 10
     assert planner.targets(20, now=111.0).on_demand == 10  # 10 left the window
     assert planner.targets(4, now=120.0).on_demand == 2
@@ -141,6 +145,12 @@ def test_the_planner_keeps_a_floor_on_demand_adds_a_margin_on_spot_and_falls_bac
     assert planner.targets(12, now=181.0).spot > 0  # the back-off is over: spot again
     assert SpotPlanner().targets(1, now=0.0) == SpotPlanner().targets(1, now=0.0)  # deterministic
     assert SpotPlanner().targets(1, now=0.0).spot == 0  # at the floor: nothing on spot
-    for bad in ({"floor_fraction": 0}, {"safeguard": -1}, {"floor_window_s": 0}, {"reclaims_per_replica_day": -1}):
+    for bad in (
+        {"floor_fraction": 0},
+        {"safeguard": -1},
+        {"headroom_fraction": 1.5},
+        {"floor_window_s": 0},
+        {"reclaims_per_replica_day": -1},
+    ):
         with pytest.raises(ValueError):
             SpotConfig(**bad)
