@@ -7,6 +7,8 @@ be checked call by call."""
 
 import copy
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -14,8 +16,8 @@ import pytest
 
 from capacity.autoscaling import services as autoscaling
 from capacity.autoscaling.actuators import ActuatorError
-from capacity.autoscaling.actuators.kubernetes import DELETION_COST, VERSION, KubernetesActuator
-from endpoints.models import Endpoint, Replica, ReplicaState, RolloutState
+from capacity.autoscaling.actuators.kubernetes import CAPACITY, DELETION_COST, VERSION, KubernetesActuator
+from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState
 from endpoints.rollouts import services
 
 CONTRACTS = Path(__file__).parent / "contracts"
@@ -262,3 +264,121 @@ def test_the_template_listing_leaves_out_the_pods_of_version_deployments(db, cle
     k8s.sync(endpoint)
     pod = endpoint.replicas.get(name__startswith="llama-13b-v2-")
     assert pod.version == v2 and pod.state == ReplicaState.READY
+
+
+@pytest.fixture
+def spot_pool(endpoint):
+    from capacity.models import HardwareProfile
+    from tests.factories import HardwareProfileFactory
+
+    pool = HardwareProfileFactory(
+        name="a100-spot",
+        gpu_type=endpoint.hardware_profile.gpu_type,
+        capacity_type=HardwareProfile.CapacityType.SPOT,
+        usd_per_gpu_hour=0.9,
+    )
+    options = {**endpoint.launch_options, "spot_tolerations": [{"key": "spot", "operator": "Exists"}]}
+    set_launch_options(endpoint, options)
+    Endpoint.objects.filter(pk=endpoint.pk).update(spot_hardware_profile=pool)
+    endpoint.refresh_from_db()
+    return pool
+
+
+def set_launch_options(endpoint, options: dict) -> None:
+    """The operators' launch options, on the endpoint and the version it serves (which a launch reads)."""
+    Endpoint.objects.filter(pk=endpoint.pk).update(launch_options=options)
+    EndpointVersion.objects.filter(pk=endpoint.current_version_id).update(launch_options=options)
+    endpoint.refresh_from_db()
+
+
+def unschedulable(pod: dict, *, minutes_ago: float) -> None:
+    """The pod as the API server shows one no node fits: Pending, PodScheduled False for reason Unschedulable."""
+    since = time.time() - minutes_ago * 60
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
+                "lastProbeTime": None,
+                "lastTransitionTime": datetime.fromtimestamp(since, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        ],
+    }
+
+
+def test_a_spot_pool_runs_in_its_own_deployment_on_spot_nodes_and_scales_apart(
+    db, clean_store, cluster, k8s, endpoint, spot_pool
+):
+    k8s.launch(autoscaling.pool_endpoint(endpoint, spot_pool), 2)
+    created = next(b for m, p, b in cluster.requests if m == "POST")
+    assert created["metadata"]["name"] == "llama-13b-spot" and created["metadata"]["labels"][CAPACITY] == "spot"
+    assert created["spec"]["selector"]["matchLabels"] == {
+        "app": "llama-13b",
+        "infercap/role": "replica",
+        CAPACITY: "spot",
+    }
+    pod_spec = created["spec"]["template"]["spec"]
+    assert pod_spec["nodeSelector"]["karpenter.sh/capacity-type"] == "spot"
+    assert pod_spec["tolerations"][-1] == {"key": "spot", "operator": "Exists"}
+    assert cluster.replicas("llama-13b-spot") == 2 and cluster.replicas("llama-13b") == 2
+    # The template's selector matches the spot pods too; they are registered once, on the pool's profile.
+    k8s.sync(endpoint)
+    spot = endpoint.replicas.filter(hardware_profile=spot_pool, state=ReplicaState.READY)
+    assert spot.count() == 2 and all(r.name.startswith("llama-13b-spot-") for r in spot)
+    assert endpoint.replicas.filter(hardware_profile__isnull=True, state=ReplicaState.READY).count() == 2
+    # Each pool counts its own pods: one more on-demand replica scales the template only, one more spot the pool.
+    k8s.launch(endpoint, 1)
+    k8s.launch(autoscaling.pool_endpoint(endpoint, spot_pool), 1)
+    assert (cluster.replicas("llama-13b"), cluster.replicas("llama-13b-spot")) == (3, 3)
+    # Scale-in of a spot replica lowers the spot Deployment, and the ReplicaSet removes that very pod.
+    k8s.sync(endpoint)
+    victim = endpoint.replicas.filter(hardware_profile=spot_pool).order_by("name").first()
+    k8s.terminate([victim], reason="scale in")
+    assert (cluster.replicas("llama-13b"), cluster.replicas("llama-13b-spot")) == (4 - 1, 2)
+    assert victim.name not in cluster.pods
+    # The reconcile loop converges both pools to the split the autoscaler decided.
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=5, desired_spot_replicas=3)
+    endpoint.refresh_from_db()
+    autoscaling.reconcile(endpoint=endpoint)
+    # The third spot pod is launched; the surplus on-demand one serves on until the ready fleet can spare it...
+    assert cluster.replicas("llama-13b-spot") == 3 and cluster.replicas("llama-13b") == 3
+    assert not endpoint.replicas.filter(state=ReplicaState.DRAINING).exists()
+    # ...which it can once that spot pod is ready: then it drains (the pod goes when its requests are done).
+    autoscaling.reconcile(endpoint=endpoint)
+    draining = endpoint.replicas.get(state=ReplicaState.DRAINING)
+    assert draining.hardware_profile is None and draining.name.startswith("llama-13b-")
+
+
+def test_spot_pods_no_node_can_take_fall_back_to_on_demand(db, clean_store, cluster, k8s, endpoint, spot_pool):
+    from capacity.autoscaling import store
+
+    k8s.launch(autoscaling.pool_endpoint(endpoint, spot_pool), 2)
+    pending = sorted(n for n in cluster.pods if n.startswith("llama-13b-spot-"))
+    unschedulable(cluster.pods[pending[0]], minutes_ago=1)  # within the grace: a node may be on its way
+    unschedulable(cluster.pods[pending[1]], minutes_ago=10)
+    k8s.sync(endpoint)
+    stuck = endpoint.replicas.get(name=pending[1])
+    assert stuck.state == ReplicaState.STOPPED and stuck.hardware_profile == spot_pool
+    assert endpoint.replicas.get(name=pending[0]).state == ReplicaState.STARTING
+    assert cluster.replicas("llama-13b-spot") == 1 and pending[1] not in cluster.pods
+    # The next spot launch is refused, which is what puts the count on on-demand for the back-off.
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=4, desired_spot_replicas=2)
+    endpoint.refresh_from_db()
+    actions = autoscaling.reconcile(endpoint=endpoint)
+    assert any(a.startswith("spot: launch failed: no spot capacity: 1 spot pod(s) unschedulable") for a in actions)
+    assert store.spot_unavailable(endpoint.pk)
+
+
+def test_bad_spot_scheduling_options_are_named(db, clean_store, cluster, k8s, endpoint, spot_pool):
+    good = dict(endpoint.launch_options)
+    for bad, option in (
+        ({"spot_node_selector": {"a": 1}}, "spot_node_selector"),
+        ({"spot_tolerations": "x"}, "spot_tolerations"),
+    ):
+        set_launch_options(endpoint, {**good, **bad})
+        with pytest.raises(ActuatorError, match=option):
+            k8s.launch(autoscaling.pool_endpoint(endpoint, spot_pool), 1)
+    assert "llama-13b-spot" not in cluster.deployments

@@ -25,6 +25,16 @@ no replica left, its ``-v<N>`` Deployment is deleted (the template one is only s
 the model, hardware or runtime must name a template prepared for it (launch option ``deployment``): a copy of the
 old one would run the old model.
 
+Spot pools (docs/algorithms.md#spot-capacity): an endpoint's spot replicas run in ``<deployment>-spot`` (per version:
+``<deployment>-v<N>-spot``), created on the first spot launch as a copy of the template like a version's, with
+``infercap/capacity-type: spot`` added to its labels, selector and pod labels, and its pods scheduled on spot nodes:
+the pod template's ``nodeSelector`` gets the launch option ``spot_node_selector`` (default Karpenter's
+``karpenter.sh/capacity-type: spot``; GKE's is ``cloud.google.com/gke-spot: "true"``) and its tolerations the
+launch option ``spot_tolerations``. Its pods are registered on the endpoint's spot profile
+(``Replica.hardware_profile``: cost rows and statements price them as spot) and left out of the on-demand
+Deployments' listings, whose selectors match them too. The two pools scale apart; a reclaimed node's pod is
+replaced by its ReplicaSet, once the market has capacity again.
+
 The API server comes from ``INFERCAP["KUBERNETES_API_URL"]`` (or in-cluster: ``KUBERNETES_SERVICE_HOST`` and the
 service-account token).
 """
@@ -33,6 +43,8 @@ import copy
 import logging
 import os
 import re
+import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -56,6 +68,11 @@ VERSION = "infercap/version"
 TEMPLATE = "infercap/template"
 ENDPOINT_ID = "infercap/endpoint-id"
 ENDPOINT_NAME = "infercap/endpoint-name"
+CAPACITY = "infercap/capacity-type"
+SPOT_NODE_SELECTOR = {"karpenter.sh/capacity-type": "spot"}
+# A spot pod the scheduler cannot place for this long is taken as no spot to be had: a node autoscaler (Karpenter,
+# the cluster autoscaler) provisions a node for an unschedulable pod within a minute or two when the market has one.
+SPOT_SCHEDULING_GRACE_S = 180.0
 LIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
 
 
@@ -82,6 +99,55 @@ def version_deployment_name(endpoint: Endpoint, number: int | None) -> str:
     if not number or number == 1:
         return base
     return f"{base[: 62 - len(str(number))].rstrip('-')}-v{number}"
+
+
+def spot_deployment_name(base: str) -> str:
+    """The spot pool's Deployment beside ``base`` (a version's on-demand one)."""
+    return f"{base[:58].rstrip('-')}-spot"
+
+
+def spot_scheduling(options: dict) -> tuple[dict, list]:
+    """The node selector and tolerations a spot pod gets, from the operators' launch options (checked: a bad shape
+    is an ActuatorError that names the option, not a pod the API server refuses later)."""
+    selector = options.get("spot_node_selector", SPOT_NODE_SELECTOR)
+    if (
+        not isinstance(selector, dict)
+        or not selector
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and k and len(k) <= 253 and len(v) <= 63
+            for k, v in selector.items()
+        )
+    ):
+        raise ActuatorError("launch option spot_node_selector must be a non-empty object of node label strings")
+    tolerations = options.get("spot_tolerations", [])
+    if not isinstance(tolerations, list) or not all(
+        isinstance(t, dict) and t and all(k in ("key", "operator", "value", "effect", "tolerationSeconds") for k in t)
+        for t in tolerations
+    ):
+        raise ActuatorError(
+            "launch option spot_tolerations must be a list of tolerations (key, operator, value, effect, "
+            "tolerationSeconds)"
+        )
+    return dict(selector), copy.deepcopy(tolerations)
+
+
+def unschedulable_for(status: dict, *, now: float) -> float | None:
+    """Seconds a Pending pod has been unschedulable (its PodScheduled condition False for reason Unschedulable),
+    else None."""
+    if status.get("phase") != "Pending":
+        return None
+    for cond in status.get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            try:
+                since = datetime.fromisoformat(str(cond.get("lastTransitionTime")).replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                return 0.0
+            return max(0.0, now - since)
+    return None
 
 
 def _promoted(pod: dict) -> bool:
@@ -113,6 +179,7 @@ class KubernetesActuator(Actuator):
         self.client = httpx.Client(
             base_url=self.api_url, headers=headers, verify=verify, timeout=5.0, transport=transport
         )
+        self.spot_shortage: dict[int, str] = {}  # endpoint id → why its last sync found no spot capacity
 
     # -- API calls ----------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs) -> dict:
@@ -184,14 +251,20 @@ class KubernetesActuator(Actuator):
             return endpoint, None
         return version_endpoint(endpoint, version), version.number
 
-    def deployment_for(self, endpoint: Endpoint, version_id: int | None) -> str:
+    def deployment_for(self, endpoint: Endpoint, version_id: int | None, *, spot: bool = False) -> str:
         view, number = self._version(endpoint, version_id)
-        return version_deployment_name(view, number)
+        name = version_deployment_name(view, number)
+        return spot_deployment_name(name) if spot else name
 
-    def ensure_version_deployment(self, endpoint: Endpoint, number: int | None) -> str:
-        """Version ``number``'s Deployment, created from its template (0 replicas) when it does not exist yet."""
+    def ensure_version_deployment(self, endpoint: Endpoint, number: int | None, *, spot: bool = False) -> str:
+        """Version ``number``'s Deployment (its spot pool's with ``spot``), created from its template (0 replicas)
+        when it does not exist yet."""
         name, template_name = version_deployment_name(endpoint, number), deployment_name(endpoint)
-        if name == template_name:
+        versioned = name != template_name
+        if spot:
+            name = spot_deployment_name(name)
+            node_selector, tolerations = spot_scheduling(endpoint.launch_options or {})
+        elif not versioned:
             return name
         try:
             self._request("GET", self._deployment_path(endpoint, name))
@@ -201,13 +274,18 @@ class KubernetesActuator(Actuator):
                 raise
         template = self._request("GET", self._deployment_path(endpoint, template_name))
         spec = template.get("spec") or {}
+        added = ({VERSION: str(number)} if versioned else {}) | ({CAPACITY: "spot"} if spot else {})
         selector = copy.deepcopy(spec.get("selector") or {})
-        selector.setdefault("matchLabels", {})[VERSION] = str(number)
+        selector.setdefault("matchLabels", {}).update(added)
         pod = copy.deepcopy(spec.get("template") or {})
-        pod.setdefault("metadata", {}).setdefault("labels", {})[VERSION] = str(number)
+        pod.setdefault("metadata", {}).setdefault("labels", {}).update(added)
+        if spot:
+            pod_spec = pod.setdefault("spec", {})
+            pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **node_selector}
+            pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *tolerations]
         labels = {
             **((template.get("metadata") or {}).get("labels") or {}),
-            VERSION: str(number),
+            **added,
             ENDPOINT_ID: str(endpoint.pk),
         }
         body = {
@@ -234,9 +312,17 @@ class KubernetesActuator(Actuator):
                 raise
         return name
 
-    def _deployments(self, endpoint: Endpoint) -> dict[str, int | None]:
-        """Deployment name → the version its pods run, for every version that may have pods: the serving one, those
-        with live replicas, and both sides of an active rollout."""
+    def _deployments(self, endpoint: Endpoint) -> dict[str, tuple[int | None, bool]]:
+        """Deployment name → (the version its pods run, spot), for every version that may have pods: the serving
+        one, those with live replicas, and both sides of an active rollout; their spot pools' Deployments too when
+        the endpoint has a pool or spot replicas are left."""
+        spot_ids = set(
+            endpoint.replicas.filter(actuator=self.name, hardware_profile__isnull=False)
+            .exclude(state=ReplicaState.STOPPED)
+            .values_list("version_id", flat=True)
+        )
+        if endpoint.spot_hardware_profile_id:
+            spot_ids.add(endpoint.current_version_id)
         ids = {endpoint.current_version_id}
         ids |= set(
             endpoint.replicas.filter(actuator=self.name, is_standby=False)
@@ -246,9 +332,12 @@ class KubernetesActuator(Actuator):
         rollout = active_rollout(endpoint)
         if rollout is not None:
             ids |= {rollout.from_version_id, rollout.to_version_id}
-        out: dict[str, int | None] = {}
-        for version_id in sorted(ids, key=lambda v: (v is None, v or 0)):
-            out.setdefault(self.deployment_for(endpoint, version_id), version_id)
+        out: dict[str, tuple[int | None, bool]] = {}
+        for version_id in sorted(ids | spot_ids, key=lambda v: (v is None, v or 0)):
+            if version_id in ids:
+                out.setdefault(self.deployment_for(endpoint, version_id), (version_id, False))
+            if version_id in spot_ids:
+                out.setdefault(self.deployment_for(endpoint, version_id, spot=True), (version_id, True))
         return out
 
     def _retire(self, endpoint: Endpoint, version_ids: set) -> None:
@@ -260,17 +349,19 @@ class KubernetesActuator(Actuator):
         for version_id in version_ids - keep - {None}:
             view, number = self._version(endpoint, version_id)
             name = version_deployment_name(view, number)
-            if name == deployment_name(view):
-                continue  # the template Deployment stays (at 0 replicas)
             if endpoint.replicas.filter(
                 actuator=self.name, version_id=version_id, state__in=(*LIVE, ReplicaState.DRAINING)
             ).exists():
                 continue  # a draining pod still finishes its requests
-            try:
-                self._request("DELETE", self._deployment_path(view, name), params={"propagationPolicy": "Background"})
-            except ActuatorError as exc:
-                if getattr(exc, "status_code", None) != 404:
-                    raise
+            # The template Deployment stays (at 0 replicas); a version's own and every spot pool's go.
+            for gone in [spot_deployment_name(name)] + ([name] if name != deployment_name(view) else []):
+                try:
+                    self._request(
+                        "DELETE", self._deployment_path(view, gone), params={"propagationPolicy": "Background"}
+                    )
+                except ActuatorError as exc:
+                    if getattr(exc, "status_code", None) != 404:
+                        raise
 
     # -- the actuator interface ---------------------------------------------------------------------------
     def rollout_refusal(self, endpoint: Endpoint, from_version, to_version) -> str | None:
@@ -290,10 +381,11 @@ class KubernetesActuator(Actuator):
         return None
 
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
-        if getattr(endpoint, "launch_hardware_profile_id", None):
-            # A spot pool's pods need a Deployment of their own, scheduled on spot nodes: not built. Refused, the
-            # autoscaler keeps the whole count on on-demand (services.launch_capped's back-off).
-            raise ActuatorError("the Kubernetes actuator runs no spot pool yet: the whole count stays on on-demand")
+        pool_id = getattr(endpoint, "launch_hardware_profile_id", None)  # a spot pool's (services.pool_endpoint)
+        if pool_id and standby:
+            raise ActuatorError("the warm pool is on-demand: a standby never launches on a spot pool")
+        if pool_id and (shortage := self.spot_shortage.pop(endpoint.pk, None)):
+            raise ActuatorError(shortage)  # the caller's back-off puts the count on on-demand
         # The target counts registered pods, not spec.replicas: pods the ReplicaSet is still creating are already
         # in spec, so asking for spec + count on every tick until they register would overshoot.
         registered = endpoint.replicas.filter(actuator=self.name, is_standby=standby, state__in=LIVE)
@@ -307,13 +399,13 @@ class KubernetesActuator(Actuator):
         if not standby:
             version_id = launch_version_id(endpoint)
             view, number = self._version(endpoint, version_id)
-            name = self.ensure_version_deployment(view, number)
+            name = self.ensure_version_deployment(view, number, spot=bool(pool_id))
             mine = Q(version_id__in=[version_id] if version_id else [])
-            if name == deployment_name(view):
+            if version_deployment_name(view, number) == deployment_name(view):
                 mine |= Q(version__isnull=True)  # registered before versions existed
-            registered = registered.filter(mine)
+            registered = registered.filter(mine, hardware_profile__isnull=not pool_id)
         registered = registered.count()
-        if not standby and self._uses_warm_pool(endpoint):
+        if not standby and not pool_id and self._uses_warm_pool(endpoint):
             # Promoted standbys are serving replicas, but not the serving Deployment's pods.
             registered -= sum(1 for pod in self.pods(endpoint) if _promoted(pod))
         current, _ = self.get_scale(endpoint, standby=standby, deployment=name)
@@ -374,7 +466,8 @@ class KubernetesActuator(Actuator):
                     )
                 by_deployment: dict[str | None, list[Replica]] = {}
                 for replica in owned:
-                    name = None if standby else self.deployment_for(endpoint, replica.version_id)
+                    spot = replica.hardware_profile_id is not None
+                    name = None if standby else self.deployment_for(endpoint, replica.version_id, spot=spot)
                     by_deployment.setdefault(name, []).append(replica)
                 for name, rows in by_deployment.items():
                     current, _ = self.get_scale(endpoint, standby=standby, deployment=name)
@@ -391,21 +484,25 @@ class KubernetesActuator(Actuator):
 
     def sync(self, endpoint: Endpoint) -> None:
         port = int((endpoint.launch_options or {}).get("port", 8000))
-        pods, version_of = {}, {}
-        for deployment, version_id in self._deployments(endpoint).items():
-            view, _ = self._version(endpoint, version_id)
+        pods, version_of, on_spot = {}, {}, set()
+        for deployment, (version_id, spot) in self._deployments(endpoint).items():
+            view, number = self._version(endpoint, version_id)
             template = deployment == deployment_name(view)
+            versioned = version_deployment_name(view, number) != deployment_name(view)
             try:
                 listing = self.pods(endpoint, deployment=deployment)
             except ActuatorError as exc:
                 if template or getattr(exc, "status_code", None) != 404:
                     raise
-                listing = []  # a version's Deployment not created yet, or already retired
+                listing = []  # a version's or spot pool's Deployment not created yet, or already retired
             for pod in listing:
-                if template and VERSION in (pod.get("metadata", {}).get("labels") or {}):
-                    continue  # a -v<N> Deployment's pod: the template's selector matches it too
+                labels = pod.get("metadata", {}).get("labels") or {}
+                if (not versioned and VERSION in labels) or (not spot and CAPACITY in labels):
+                    continue  # a -v<N> or -spot Deployment's pod: this one's selector matches it too
                 pods[pod["metadata"]["name"]] = pod
                 version_of[pod["metadata"]["name"]] = version_id
+                if spot:
+                    on_spot.add(pod["metadata"]["name"])
         standby_pods = set()
         standby_listing: list[dict] = []
         if self._uses_warm_pool(endpoint):
@@ -418,6 +515,7 @@ class KubernetesActuator(Actuator):
                 if name not in pods:  # a pod being promoted can show in both listings for a moment
                     pods[name] = pod
                     standby_pods.add(name)
+        now, unplaced = time.time(), []
         rows = {r.name: r for r in endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)}
         # A pod we stopped can stay listed for a while (terminating); it must not come back as a new replica.
         stopped = set(
@@ -442,6 +540,8 @@ class KubernetesActuator(Actuator):
                     concurrency_limit=endpoint.concurrency_limit,
                     version_id=version_of.get(name, endpoint.current_version_id),  # standbys: the serving one
                     is_standby=name in standby_pods,
+                    # A spot pod is priced on the pool's profile (none named any more: the endpoint's own).
+                    hardware_profile_id=endpoint.spot_hardware_profile_id if name in on_spot else None,
                 )
                 self.move(row, ReplicaState.STARTING, f"pod {status.get('phase', 'Pending')}")
             if ip and not row.url:
@@ -452,6 +552,18 @@ class KubernetesActuator(Actuator):
                 self.move(row, ReplicaState.FAILED, f"pod phase {phase}")
             elif ready and row.url and row.state in (ReplicaState.PENDING, ReplicaState.STARTING):
                 self.move(row, ReplicaState.READY, "pod ready")
+            elif name in on_spot and (waited := unschedulable_for(status, now=now)) is not None:
+                if waited > SPOT_SCHEDULING_GRACE_S and row.state in (ReplicaState.PENDING, ReplicaState.STARTING):
+                    unplaced.append((row, waited))
+        if unplaced:
+            # No spot node to be had: give the pods back (the spot Deployment shrinks) and let the next spot launch
+            # fail, which puts the count on on-demand for the back-off (services.launch_capped).
+            worst = max(waited for _, waited in unplaced)
+            reason = f"no spot capacity: {len(unplaced)} spot pod(s) unschedulable for up to {worst:.0f} s"
+            self.terminate([row for row, _ in unplaced], reason=reason)
+            self.spot_shortage[endpoint.pk] = reason
+            for row, _ in unplaced:
+                rows.pop(row.name, None)
         for name, row in rows.items():
             if name not in pods:
                 self.stop_row(row, "pod gone")
