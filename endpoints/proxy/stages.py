@@ -16,6 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from capacity.units import estimate_prompt_tokens
 from endpoints.admission import ENGINE_PRIORITY, effective_priority
 from endpoints.proxy import metrics as m
 from endpoints.proxy.config import ProxyConfig
@@ -217,9 +218,14 @@ def routing_request(
         # identical prompt must not pull this request onto a replica as if it were a cache hit.
         session_id=f"{key.tenant_id}:{session_id}" if session_id else None,
         adapter=adapter,
-        # The max_tokens asked (None: the router's default): with the prompt's length, the request's size for the
-        # cost_aware router's buckets.
-        extra={"cache_salt": cache_salt, "max_tokens": req.max_tokens},
+        # The request's size for the cost_aware router's buckets: the prompt's tokens as admission estimated them
+        # (token-id prompts count their ids; the text alone would make them one token) and the max_tokens asked
+        # (None: the router's default).
+        extra={
+            "cache_salt": cache_salt,
+            "prompt_tokens": estimate_prompt_tokens(req.prompt_chars),
+            "max_tokens": req.max_tokens,
+        },
     )
 
 

@@ -141,7 +141,8 @@ class CostAwareRouter:
         self._held: dict[str, float] = {}  # request id → the share it holds on its replica
 
     def bucket_of(self, request: RouteRequest) -> str:
-        # The simulator knows the prompt's tokens; the proxy estimates them from its text (4 characters a token).
+        # The prompt's tokens: the simulator knows them, the proxy passes admission's estimate (4 characters a token,
+        # or the ids of a token-id prompt); the text is the fallback for a caller that passes neither.
         prompt = max(1, int(request.extra.get("prompt_tokens") or len(request.prompt_text) // 4))
         output = max(1, int(request.extra.get("max_tokens") or 256))
 

@@ -164,6 +164,12 @@ def test_the_router_sees_sessions_and_prompts_per_tenant():
     by_header = routing_request("r", key=key(), req=req, headers={b"x-session-id": b"s-9"}, mu=1, cache_salt="s")
     assert by_header.session_id == f"{TENANT_A}:s-9"
     assert routing_request("r", key=key(), req=chat(), headers={}, mu=1, cache_salt="s").session_id is None
+    # Its size for the cost-aware router: 40 characters are ~10 tokens; a prompt of 3,000 token ids is 3,000 tokens
+    # (its text is empty: by the text alone it would look like a one-token chat and go to the cheap replicas).
+    assert a.extra["prompt_tokens"] == 10
+    ids = parse_request("completion", json.dumps({"model": "m", "prompt": [7] * 3000, "max_tokens": 5}).encode())
+    by_ids = routing_request("r", key=key(), req=ids, headers={}, mu=1, cache_salt="s")
+    assert by_ids.prompt_text == "" and by_ids.extra["prompt_tokens"] == 3000
 
 
 def runtime_for(ep, **config) -> EndpointRuntime:
