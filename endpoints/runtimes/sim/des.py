@@ -43,7 +43,8 @@ Interfaces the simulation drives (all optional except the router):
   aborted), ``set_concurrency(limit, replica_id=None)`` (the ``concurrency_limit`` routers and admission
   see) and ``set_healthy(id, bool)`` (a health checker's verdict, ``ReplicaView.healthy``).
 * **Faults**: ``sim.inject_fault(replica_id, "crash" | "hang" | "slow" | "recover", at_s=…, factor=…)``; a
-  crashed replica shows state ``failed`` and stale metrics, a hung one stops advancing ``last_progress_s``.
+  crashed replica shows state ``failed`` and stale metrics, a hung one stops advancing ``last_progress_s``; the
+  crashed one's requests go on elsewhere as the proxy sends them (retried before their first token, resumed after).
 * **Spot capacity** (``spot.py``): with ``spot_market=SpotMarket(…)``, ``add_replicas(n, capacity_type="spot")``
   borrows replicas the market takes back after a seeded lifetime, with a 30-120 s interruption notice
   (``ReplicaStatus.terminate_at_s``); outage windows refuse launches and notice every spot replica. A stream cut
@@ -350,7 +351,10 @@ class Simulation(FleetOps, LoraOps, SpotOps):
         if entry is None:
             return True
         now = self.clock.now()
-        replica_id = self.router.pick(route, self.views(), now)
+        views = self.views()
+        if (failed_on := route.extra.get("failed_on")) is not None:
+            views = [v for v in views if v.replica_id != failed_on]  # the proxy's retry skips the replica that failed
+        replica_id = self.router.pick(route, views, now)
         rep = self.replicas.get(replica_id) if replica_id is not None else None
         if rep is not None and rep.state == "failed":
             return self._connection_refused(route, entry[1], replica_id)

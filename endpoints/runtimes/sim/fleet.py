@@ -162,7 +162,8 @@ class FleetOps:
     def inject_fault(self, replica_id: str, kind: str, *, at_s: float | None = None, factor: float = 1.0) -> None:
         """Schedule a replica fault at ``at_s`` (default now), as the HTTP replica's fault injection does:
 
-        ``crash``: the replica dies; its requests end with status ``error`` (``replica_crashed``), its metrics go
+        ``crash``: the replica dies; its requests go elsewhere as the proxy sends them (not started: retried;
+        streaming: resumed, up to ``resume_streams`` times, else ``error``/``replica_crashed``), its metrics go
         stale, new requests routed to it are refused and retried once elsewhere; it holds its GPUs until an
         autoscaler or health controller calls ``remove``. ``hang``: the engine freezes (requests accepted, no tokens;
         metrics still answer, frozen). ``slow``: steps take ``factor`` times longer. ``recover``: undo hang/slow.
@@ -183,15 +184,13 @@ class FleetOps:
             rep.version += 1
             rep.plan = None
             rep.record.failed_s = now
+            self._cut_in_flight(rep, now, lost_reason="replica_crashed")  # retried or resumed, as the proxy does
             rep.engine.abort_all(now)
             rep.engine.kv.drain_events()  # a dead engine publishes nothing
-            for route, result, _seq in list(rep.in_flight.values()):
-                result.status, result.reason, result.finish_s = "error", "replica_crashed", now
-                self._finished_tick.append(result)
-                self.router.on_finished(route, replica_id, now)
             rep.in_flight.clear()
             rep.in_flight_mu = 0.0
             self._sync_record(rep)
+            self._pump()
             return
         if kind == "hang":
             if rep.hung_since is None:

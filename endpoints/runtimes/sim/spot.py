@@ -108,33 +108,38 @@ class SpotOps:
         self.spot_market.reclaims.append((now, replica_id))
         self._push(rep.terminate_at_s, _SPOT, ("terminate", replica_id, 0.0))
 
-    def _terminate(self: Simulation, replica_id: str, now: float) -> None:
-        rep = self.replicas.get(replica_id)
-        if rep is None:
-            return  # drained and removed within the notice
+    def _cut_in_flight(self: Simulation, rep, now: float, *, lost_reason: str) -> None:
+        """The requests of a replica taken away (a reclaim, a crash), as the proxy handles a replica that goes away
+        mid-request: one that has not streamed its first token goes to another replica (it keeps its arrival time);
+        a streaming one is resumed on another replica from what the client has read, up to ``resume_streams`` times;
+        beyond that it is lost (``lost_reason``). Neither goes back to the replica it failed on."""
+        replica_id = rep.replica_id
         for request_id, (route, result, seq) in list(rep.in_flight.items()):
             self.router.on_finished(route, replica_id, now)
             if seq.first_token_s is None:
-                # Nothing reached the client: the proxy sends it to another replica (it keeps its arrival time).
                 route.extra["retried_from"] = replica_id
-                result.replica_id, result.dispatch_s = None, None
                 result.extra["retried_from"] = replica_id
-                self._pending[request_id] = (route, result, seq.tag)
-                self._backlog.append(route)
             elif route.extra.get("resumes", 0) < self.resume_streams:
-                # Streaming: the proxy resumes it on another replica from what the client has read.
                 route.extra["resumes"] = route.extra.get("resumes", 0) + 1
                 route.extra["streamed_tokens"] = route.extra.get("streamed_tokens", 0) + seq.generated
                 route.extra.setdefault("first_token_s", seq.first_token_s)
                 route.extra.setdefault("scheduled_s", seq.scheduled_s)
-                result.replica_id, result.dispatch_s = None, None
                 result.extra["resumed_from"] = replica_id
-                self._pending[request_id] = (route, result, seq.tag)
-                self._backlog.append(route)
             else:
-                result.status, result.reason, result.finish_s = "error", "spot_reclaimed", now
+                result.status, result.reason, result.finish_s = "error", lost_reason, now
                 result.output_tokens = route.extra.get("streamed_tokens", 0) + seq.generated
                 self._finished_tick.append(result)
+                continue
+            route.extra["failed_on"] = replica_id
+            result.replica_id, result.dispatch_s = None, None
+            self._pending[request_id] = (route, result, seq.tag)
+            self._backlog.append(route)
+
+    def _terminate(self: Simulation, replica_id: str, now: float) -> None:
+        rep = self.replicas.get(replica_id)
+        if rep is None:
+            return  # drained and removed within the notice
+        self._cut_in_flight(rep, now, lost_reason="spot_reclaimed")
         rep.in_flight.clear()
         rep.in_flight_mu = 0.0
         rep.record.reclaimed_s = now
