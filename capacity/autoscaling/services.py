@@ -165,7 +165,8 @@ def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.Ho
         gpus_per_replica=_gpus_per_replica(endpoint),
     )
     window, fresh = _sample_demand(endpoint_id=endpoint.pk, now=now)
-    serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False)
+    # A noticed replica (terminate_at) may serve on for a while, but it is not capacity: its replacement is due now.
+    serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)
     replicas = list(serving.values_list("state", flat=True))
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
     # The spot margin the last split added (replicas at risk, the safeguard) is not capacity the policy may count
@@ -418,10 +419,15 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     budget = LaunchBudget()
     _safe(actuator.sync, endpoint)
     actions += finish_drains(endpoint=endpoint, actuator=actuator)
+    actions += drain_noticed(endpoint=endpoint, actuator=actuator)
     if _rollout_active(endpoint):
         # Surge, drain and rollback replicas belong to the rollout until it ends; scaling resumes after it.
         return actions + ["rollout in progress: replicas left to the rollout"]
-    active = list(serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False).order_by("created_at"))
+    active = list(
+        serving_replicas(endpoint)
+        .filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)  # a noticed one is being replaced
+        .order_by("created_at")
+    )
     pool = endpoint.spot_hardware_profile
     if pool is None:
         actions += converge(endpoint, actuator, budget, want=endpoint.desired_replicas, members=active)
@@ -532,6 +538,17 @@ def finish_drains(*, endpoint: Endpoint, actuator) -> list[str]:
     return actions
 
 
+def drain_noticed(*, endpoint: Endpoint, actuator) -> list[str]:
+    """Stop routing to ready replicas the cloud takes within ``NOTICE_DRAIN_LEAD_S`` (an interruption notice)."""
+    actions = []
+    soon = timezone.now() + timedelta(seconds=NOTICE_DRAIN_LEAD_S)
+    for replica in endpoint.replicas.filter(state=ReplicaState.READY, actuator=actuator.name, terminate_at__lte=soon):
+        reason = f"interruption notice: taken at {replica.terminate_at:%H:%M:%S} UTC"
+        if actuator.move(replica, ReplicaState.DRAINING, reason):
+            actions.append(f"draining {replica.name} (taken at {replica.terminate_at:%H:%M:%S})")
+    return actions
+
+
 def replica_drain(*, replica: Replica, reason: str = "drain") -> Replica:
     """Stop routing to a ready replica; the next ticks stop it once its in-flight requests finished."""
     actuator = get_actuator(replica.endpoint)
@@ -540,17 +557,19 @@ def replica_drain(*, replica: Replica, reason: str = "drain") -> Replica:
 
 
 MAX_NOTICE_S = 3600.0
+NOTICE_DRAIN_LEAD_S = spot.NOTICE_DRAIN_LEAD_S
 
 
 def replica_interruption_notice(*, replica: Replica, notice_s: float, actor=None) -> Replica:
     """The cloud takes the replica's instance in ``notice_s`` seconds (a spot interruption notice: AWS gives 120 s,
     GCP and Azure 30 s; a host maintenance event on any capacity). From the node agent or an operator, by the API.
 
-    The replica stops taking new requests at once (ready → draining: the proxies' snapshots follow within a
-    second) and stops at ``terminate_at`` whatever it still runs: the proxy retries what had not streamed and
-    resumes what had elsewhere. One that never served (pending, starting) is stopped now. The autoscaler is woken
-    for a decision now rather than at its next tick: the draining replica no longer counts, so it launches the
-    replacement. A second notice never moves ``terminate_at`` later. docs/algorithms.md#spot-capacity."""
+    The replica no longer counts as capacity, and the autoscaler is woken for a decision now rather than at its next
+    tick, so it launches the replacement at once. It serves on until ``NOTICE_DRAIN_LEAD_S`` before it is taken,
+    then stops taking new requests (ready → draining, at once for a shorter notice; the proxies' snapshots follow
+    within a second), and stops at ``terminate_at`` whatever it still runs: the proxy retries what had not
+    streamed and resumes what had elsewhere. One that never served (pending, starting) is stopped now. A second
+    notice never moves ``terminate_at`` later. docs/algorithms.md#spot-capacity."""
     if replica.state in (ReplicaState.STOPPED, ReplicaState.FAILED):
         raise ValidationError({"replica": [f"replica {replica.name} is {replica.state}: nothing to take"]})
     if not 0 <= notice_s <= MAX_NOTICE_S:
@@ -564,7 +583,7 @@ def replica_interruption_notice(*, replica: Replica, notice_s: float, actor=None
     replica.terminate_at = locked.terminate_at
     reason = f"interruption notice: taken at {replica.terminate_at:%H:%M:%S} UTC"
     actuator = get_actuator(replica.endpoint)
-    if replica.state == ReplicaState.READY:
+    if replica.state == ReplicaState.READY and notice_s <= NOTICE_DRAIN_LEAD_S:
         actuator.move(replica, ReplicaState.DRAINING, reason)
     elif replica.state in (ReplicaState.PENDING, ReplicaState.STARTING):
         _safe(actuator.terminate, [replica], reason=reason)

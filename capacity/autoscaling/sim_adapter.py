@@ -6,7 +6,8 @@ every ``policy.interval_s`` and a concurrency limit every ``policy.vertical_inte
 vertical axis), and acts through ``FleetActions``: add replicas (cold start), cancel starting ones, drain ready ones
 (the simulator removes a draining replica once its last request finished). With a ``spot.SpotPlanner`` the count
 is split between on-demand and spot replicas, and a spot interruption notice is handled at the next tick: the
-noticed replica drains (no new requests) and the next decision, taken at once, replaces it.
+next decision, taken at once, replaces the noticed replica, which serves on until ``notice_drain_lead_s`` before
+it is taken and then drains (no new requests), as the live autoscaler does.
 
 Also here, for ``bench autoscale`` on the engine simulator: ``engine_seconds_per_request`` (how long a request
 stays in flight on an engine profile, prefill stalls included). Admission there is the proxy's own
@@ -17,7 +18,7 @@ import math
 import random
 
 from capacity.autoscaling.demand import DemandSample
-from capacity.autoscaling.spot import ON_DEMAND, SPOT
+from capacity.autoscaling.spot import NOTICE_DRAIN_LEAD_S, ON_DEMAND, SPOT
 
 
 class EngineSimAutoscaler:
@@ -39,11 +40,16 @@ class EngineSimAutoscaler:
         warm_start_s: float = 5.0,
         spot=None,
         handle_notices: bool = True,
+        notice_drain_lead_s: float | None = NOTICE_DRAIN_LEAD_S,
     ) -> None:
         self.policy = policy
         self.spot = spot  # a capacity.autoscaling.spot.SpotPlanner, or None: on-demand only
         self.handle_notices = handle_notices  # False: a noticed replica serves on until it is taken (a comparison)
         self.noticed: set[str] = set()
+        # None: a noticed replica drains at once; else it serves on until this long before it is taken (its
+        # replacement is launched at once either way: a noticed replica is not counted).
+        self.notice_drain_lead_s = notice_drain_lead_s
+        self.notice_drained: set[str] = set()
         self.spot_extra = 0  # the spot margin of the last decision
         self.spot_decisions: list[tuple[float, int, int, str]] = []  # (t, on-demand, spot, reason)
         self.cold_start_s = cold_start_s
@@ -80,11 +86,16 @@ class EngineSimAutoscaler:
             for _ in range(self.warm_pool - len(self.standby)):
                 self.standby.append((now, now + (self._cold_start() or 0.0)))
         for r in fleet.replicas:
-            if self.handle_notices and r.terminate_at_s is not None and r.replica_id not in self.noticed:
-                # Stop routing to it and let its streams finish; the decision below replaces it.
+            if not self.handle_notices or r.terminate_at_s is None:
+                continue
+            if r.replica_id not in self.noticed:
                 self.noticed.add(r.replica_id)
+                self.next_decision_s = now  # the decision below replaces it
+            lead = self.notice_drain_lead_s
+            if r.replica_id not in self.notice_drained and (lead is None or now >= r.terminate_at_s - lead):
+                # Stop routing to it and let its streams finish.
+                self.notice_drained.add(r.replica_id)
                 actions.drain(r.replica_id)
-                self.next_decision_s = now
         if now >= self.next_decision_s:
             self.next_decision_s = now + self.policy.interval_s
             if self.spot is not None:

@@ -28,6 +28,12 @@ from dataclasses import dataclass, field
 
 ON_DEMAND, SPOT = "on_demand", "spot"
 DAY_S = 86_400.0
+# A noticed replica serves on until this long before the cloud takes it (its replacement is launched at once): about
+# one answer's time in flight at a 100 ms TPOT (300 tokens), so few streams are cut and the fleet does not lose the
+# whole notice's worth of capacity at once. On bench economics' held-out day, against draining at the notice: spot
+# SLO attainment 99.5 % / 99.3 % (quick / full) from 99.2 % / 99.1 %; an outage's 94.0 % / 97.5 % to 97.2 % / 98.4 %.
+# The live autoscaler (services.drain_noticed) and the simulator's adapter use it alike.
+NOTICE_DRAIN_LEAD_S = 30.0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from capacity.autoscaling import services, store
 from capacity.autoscaling.activator import request_scale_from_zero
 from capacity.autoscaling.actuators.base import Actuator
 from capacity.models import AutoscalerDecision
-from endpoints.models import Endpoint, ReplicaState
+from endpoints.models import Endpoint, Replica, ReplicaState
 from tests.factories import ReplicaFactory
 from tests.proxy.helpers import wait_for
 
@@ -414,7 +414,7 @@ def test_demand_window_keeps_five_minutes_of_sampler_and_tick_samples(clean_stor
     assert max(s.requests for s in window) == 50 and min(s.t for s in window) == pytest.approx(t0)
 
 
-def test_an_interruption_notice_drains_the_replica_wakes_the_autoscaler_and_it_is_replaced(
+def test_an_interruption_notice_wakes_the_autoscaler_which_replaces_the_replica_and_drains_it_before_it_is_taken(
     clean_store, actuator, endpoint, metrics_server, monkeypatch
 ):
     from datetime import timedelta
@@ -430,7 +430,7 @@ def test_an_interruption_notice_drains_the_replica_wakes_the_autoscaler_and_it_i
     spot.save(update_fields=["url"])
     services.replica_interruption_notice(replica=spot, notice_s=120)
     spot.refresh_from_db()
-    assert spot.state == ReplicaState.DRAINING and spot.transitions.last().reason.startswith("interruption notice")
+    assert spot.state == ReplicaState.READY  # it serves on until 30 s before it is taken
     assert timedelta(seconds=118) < spot.terminate_at - timezone.now() <= timedelta(seconds=120)
     assert woken and woken[0][0] == endpoint.pk and woken[0][1].startswith(f"notice-{spot.pk}-")
     assert (
@@ -443,10 +443,20 @@ def test_an_interruption_notice_drains_the_replica_wakes_the_autoscaler_and_it_i
     assert spot.terminate_at == first
     services.replica_interruption_notice(replica=spot, notice_s=60)
     spot.refresh_from_db()
-    assert spot.terminate_at < first and spot.state == ReplicaState.DRAINING
-    # The woken tick: the draining replica no longer counts, so its replacement is launched at once.
+    assert spot.terminate_at < first and spot.state == ReplicaState.READY
+    # The woken tick: the noticed replica no longer counts, so its replacement is launched at once.
     decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick=woken[0][1])
     assert decision.inputs["ready"] == 0 and actuator.launched == [(endpoint.pk, 1, False)]
+    # Within 30 s of being taken it stops taking new requests (the reconcile loop's drain_noticed)...
+    assert services.drain_noticed(endpoint=endpoint, actuator=actuator) == []
+    Endpoint.objects.get(pk=endpoint.pk).replicas.filter(pk=spot.pk).update(
+        terminate_at=timezone.now() + timedelta(seconds=25)
+    )
+    assert services.drain_noticed(endpoint=endpoint, actuator=actuator) == [
+        f"draining {spot.name} (taken at {Replica.objects.get(pk=spot.pk).terminate_at:%H:%M:%S})"
+    ]
+    spot.refresh_from_db()
+    assert spot.state == ReplicaState.DRAINING and spot.transitions.last().reason.startswith("interruption notice")
     # Busy, within its notice: the drain waits for its streams; at terminate_at it is stopped whatever it runs.
     assert services.finish_drains(endpoint=endpoint, actuator=actuator) == []
     Endpoint.objects.get(pk=endpoint.pk).replicas.filter(pk=spot.pk).update(terminate_at=timezone.now())
