@@ -252,7 +252,7 @@ class Replica(models.Model):
         help_text="the profile it runs on when not its version's (a spot replica); empty: its version's",
     )
     # A spot replica's interruption notice (docs/algorithms.md#spot-capacity): when its instance will be taken. Set by
-    # ``capacity.autoscaling.services.replica_interruption_notice``; the replica drains, and stops at this time.
+    # ``capacity.autoscaling.services.replica_interruption_notice``; the replica drains 30 s before, and stops at it.
     terminate_at = models.DateTimeField(
         null=True, blank=True, help_text="its instance is taken at this time (an interruption notice); empty: none"
     )

@@ -4,8 +4,8 @@ existing vLLM server by URL (POST: ``endpoint``, ``url``, optional ``name``, ``c
 ``kv_events_endpoint``, where it publishes its KV-cache events), which is ready only
 once it has shown to be a vLLM server serving that name (``endpoints.services.replica_attach``). ``POST
 /api/v1/replicas/{id}/interruption-notice/`` (operators, or the node agent watching the cloud's metadata): the
-replica's instance is taken in ``notice_s`` seconds; it drains now and stops then, and the autoscaler replaces it
-(``capacity.autoscaling.services.replica_interruption_notice``).
+replica's instance is taken in ``notice_s`` seconds; the autoscaler replaces it now, it drains 30 s before and stops
+then (``capacity.autoscaling.services.replica_interruption_notice``).
 
 Where a replica runs (its URL, actuator, pod or process name, and failure or transition texts that quote pids,
 ports and addresses) is shown to operators and the endpoint's owner only; a tenant that reserves on a shared
