@@ -482,8 +482,8 @@ class KubernetesActuator(Actuator):
         self.stop_row(replica, "restart: pod deleted, the deployment replaces it")
         return []
 
-    def sync(self, endpoint: Endpoint) -> None:
-        port = int((endpoint.launch_options or {}).get("port", 8000))
+    def _listed_pods(self, endpoint: Endpoint) -> tuple[dict, dict, set, set]:
+        """Every pod of the endpoint's Deployments: name → pod, name → version, the spot pool's and the standby ones."""
         pods, version_of, on_spot = {}, {}, set()
         for deployment, (version_id, spot) in self._deployments(endpoint).items():
             view, number = self._version(endpoint, version_id)
@@ -515,6 +515,19 @@ class KubernetesActuator(Actuator):
                 if name not in pods:  # a pod being promoted can show in both listings for a moment
                     pods[name] = pod
                     standby_pods.add(name)
+        return pods, version_of, on_spot, standby_pods
+
+    def _give_back_unplaced(self, endpoint: Endpoint, unplaced: list[tuple[Replica, float]]) -> None:
+        """No spot node to be had: give the pods back (the spot Deployment shrinks) and let the next spot launch fail,
+        which puts the count on on-demand for the back-off (services.launch_capped)."""
+        worst = max(waited for _, waited in unplaced)
+        reason = f"no spot capacity: {len(unplaced)} spot pod(s) unschedulable for up to {worst:.0f} s"
+        self.terminate([row for row, _ in unplaced], reason=reason)
+        self.spot_shortage[endpoint.pk] = reason
+
+    def sync(self, endpoint: Endpoint) -> None:
+        port = int((endpoint.launch_options or {}).get("port", 8000))
+        pods, version_of, on_spot, standby_pods = self._listed_pods(endpoint)
         now, unplaced = time.time(), []
         rows = {r.name: r for r in endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)}
         # A pod we stopped can stay listed for a while (terminating); it must not come back as a new replica.
@@ -556,12 +569,7 @@ class KubernetesActuator(Actuator):
                 if waited > SPOT_SCHEDULING_GRACE_S and row.state in (ReplicaState.PENDING, ReplicaState.STARTING):
                     unplaced.append((row, waited))
         if unplaced:
-            # No spot node to be had: give the pods back (the spot Deployment shrinks) and let the next spot launch
-            # fail, which puts the count on on-demand for the back-off (services.launch_capped).
-            worst = max(waited for _, waited in unplaced)
-            reason = f"no spot capacity: {len(unplaced)} spot pod(s) unschedulable for up to {worst:.0f} s"
-            self.terminate([row for row, _ in unplaced], reason=reason)
-            self.spot_shortage[endpoint.pk] = reason
+            self._give_back_unplaced(endpoint, unplaced)
             for row, _ in unplaced:
                 rows.pop(row.name, None)
         for name, row in rows.items():
