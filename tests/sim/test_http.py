@@ -12,6 +12,7 @@ from endpoints.runtimes.sim.metrics import ITL_BUCKETS, REQUEST_BUCKETS, TTFT_BU
 from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.sim.server import ThreadedReplica
 from endpoints.runtimes.sim.tokens import count_tokens, filler_text
+from tests.waiting import wait_for
 
 DESIGN_METRICS = (
     "vllm:num_requests_running",
@@ -325,17 +326,29 @@ def test_priority_is_served_first_when_the_batch_is_full():
             )
             finished[name] = time.monotonic()
 
-        blocker = threading.Thread(target=send, args=("blocker", 0, 200))
+        def until(running: int, waiting: int) -> None:
+            # The replica's own gauges, not sleeps: on a loaded machine a thread's request can arrive late.
+            wait_for(
+                lambda: (
+                    value(s := scrape(replica.url), "vllm:num_requests_running") >= running
+                    and value(s, "vllm:num_requests_waiting") >= waiting
+                ),
+                timeout=10,
+                interval=0.01,
+                message=f"{running} running and {waiting} waiting",
+            )
+
+        blocker = threading.Thread(target=send, args=("blocker", 0, 900))  # ~2 s on tiny
         blocker.start()
-        time.sleep(0.1)
+        until(running=1, waiting=0)
         low = threading.Thread(target=send, args=("low", 10, 5))
         low.start()
-        time.sleep(0.05)
+        until(running=1, waiting=1)  # low waits behind the blocker
         high = threading.Thread(target=send, args=("high", -10, 5))
         high.start()
         for t in (blocker, low, high):
             t.join(30)
-        assert finished["high"] < finished["low"]
+        assert finished["blocker"] < finished["high"] < finished["low"]  # both waited; high went first
 
 
 def test_fail_after_tokens_ends_a_stream_with_vllms_error_event():
