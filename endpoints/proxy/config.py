@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from endpoints.routing.filters import METRICS_STALE_AFTER_S
+
 
 def _f(name: str, default: float) -> float:
     raw = os.environ.get(name)
@@ -22,6 +24,9 @@ class ProxyConfig:
     ttft_timeout_s: float = 60.0
     idle_timeout_s: float = 30.0
     connect_timeout_s: float = 2.0
+    # A replica whose metrics are older than this counts as saturated for routing (llm-d's saturation detector; the
+    # scraper polls every INFERCAP_PROXY_SCRAPE_INTERVAL_S). Raise it where scrapes are slow, e.g. on busy CPU hosts.
+    metrics_stale_s: float = METRICS_STALE_AFTER_S
     snapshot_poll_s: float = 0.5
     snapshot_fallback_reload_s: float = 5.0  # when Redis is down, reload from the database this often
     demand_interval_s: float = 1.0
@@ -64,6 +69,8 @@ def load_config() -> ProxyConfig:
             overrides[name] = os.environ[env_name] if isinstance(value, str) else type(value)(_f(env_name, value))
     if overrides:
         cfg = ProxyConfig(**{**cfg.__dict__, **overrides})
+    if cfg.metrics_stale_s <= 0:
+        raise ValueError("metrics_stale_s must be positive")
     if cfg.max_n < 1:
         raise ValueError("max_n must be at least 1")
     if cfg.rate_limit_fail_mode not in ("open", "closed"):

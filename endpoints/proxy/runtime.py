@@ -145,15 +145,16 @@ class EndpointRuntime:
         self.pump()
 
     def _make_router(self, policy: str, info: EndpointInfo):
+        stale = {"stale_after_s": self.config.metrics_stale_s}
         if policy in PRECISE_POLICIES:
-            return make_router(policy, kv_index=self.kv_feeds.index)
+            return make_router(policy, kv_index=self.kv_feeds.index, **stale)
         if policy == COST_AWARE:
             try:
-                return make_router(policy, **plan_figures(json.loads(info.routing_plan or "null")))
+                return make_router(policy, **plan_figures(json.loads(info.routing_plan or "null")), **stale)
             except ValueError as exc:  # PlanInvalid, bad JSON: validated on save, but a plan saved before may not be
                 log.warning("endpoint %s: its routing plan is unusable (%s); routing by least request", info.name, exc)
-                return make_router("least_request")
-        return make_router(policy)
+                return make_router("least_request", **stale)
+        return make_router(policy, **stale)
 
     def close(self) -> None:
         """Stop the KV-event subscribers (their threads are joined: shutdown only)."""

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from endpoints.routing.base import ReplicaView, RouteRequest
-from endpoints.routing.filters import eligible
+from endpoints.routing.filters import METRICS_STALE_AFTER_S, eligible
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,9 @@ class CostAwareRouter:
         shares: Mapping[str, Mapping[str, float]] | None = None,
         default_type: str = "",
         seed: int | None = None,  # the registry's common option: this router draws no random numbers
+        stale_after_s: float = METRICS_STALE_AFTER_S,
     ) -> None:
+        self.stale_after_s = stale_after_s
         replica_types, figures = replica_types or {}, figures or {}
         self.default_type = default_type  # the type of a replica nobody named (the endpoint's own profile)
         if not buckets or not figures:
@@ -157,7 +159,7 @@ class CostAwareRouter:
         spill, spill_key = None, None
         # Healthy, not draining, below its concurrency limit, fresh metrics (or all stale: fail open), with LoRA slots
         # for an adapter's request: as every policy.
-        for view in eligible(replicas, adapter=request.adapter):
+        for view in eligible(replicas, self.stale_after_s, adapter=request.adapter):
             kind = self._type_of(view)
             if kind not in self.figures:
                 continue

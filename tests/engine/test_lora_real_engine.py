@@ -173,7 +173,8 @@ def test_each_adapter_stays_on_one_of_two_replicas_under_infercap_routing(
         replica_attach(endpoint=endpoint, url=engine.url, name=name, served_model_name=engine.model)
     for name in ADAPTERS[:2]:
         adapter_create(name=name, owner_tenant=tenant_a.tenant, endpoint=endpoint, artifact_path=name)
-    served = SimpleNamespace(base=spawn_proxy(procs), a=tenant_a.raw_key)
+    # Placement is judged here, not the staleness rule (see test_proxy_two_engines.py).
+    served = SimpleNamespace(base=spawn_proxy(procs, metrics_stale_s=120), a=tenant_a.raw_key)
     ids = []
     for _ in range(4):
         for name in ADAPTERS[:2]:
