@@ -3,6 +3,7 @@
 import asyncio
 import threading
 import time
+from statistics import median
 
 import httpx
 import pytest
@@ -150,6 +151,7 @@ class _Overload:
         self.url, self.clients = url, clients
         self.completed = 0
         self.errors = 0
+        self.ttfts: list[float] = []  # each finished stream's first line, from its start (it queued behind the rest)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
@@ -157,11 +159,16 @@ class _Overload:
         body = {"prompt": "load " * 40, "max_tokens": 200, "stream": True, "ignore_eos": True}
         while not self._stop.is_set():
             try:
+                started, first = time.monotonic(), None
                 async with http.stream("POST", f"{self.url}/v1/completions", json=body, timeout=30) as response:
-                    async for _ in response.aiter_lines():
+                    async for line in response.aiter_lines():
+                        if first is None and line.startswith("data:"):
+                            first = time.monotonic() - started
                         if self._stop.is_set():
                             break
                 self.completed += 1
+                if first is not None:
+                    self.ttfts.append(first)
             except httpx.HTTPError:
                 self.errors += 1
 
@@ -201,11 +208,14 @@ def test_saturated_replica_is_never_marked_failed(sim_endpoint):
     assert max(waiting) >= 8, f"the replica was not saturated: waiting {waiting}"
     busy.refresh_from_db()
     assert busy.state == ReplicaState.READY and busy.consecutive_probe_failures == 0
-    # The probe jumps the queue: its first token comes inside the budget although 16 requests wait, typically well
-    # inside (it may still wait for one running sequence to free a batch slot, as in vLLM: nothing is preempted for
-    # it); the median shows the queue jump, the maximum only that no probe failed.
+    # No probe failed: each first token came inside the budget although 16 requests waited.
     assert max(ttfts) < always_probe.ttft_timeout_s
-    assert sorted(ttfts)[len(ttfts) // 2] < always_probe.ttft_timeout_s * 0.5, ttfts
+    # And the probe jumps the queue (it may still wait for one running sequence to free a batch slot, as in vLLM:
+    # nothing is preempted for it): its median first token comes in under half the median of the load's own
+    # requests, which queue behind two batches. Judged against the load, not a fixed time: on a loaded CI machine
+    # the replica's tokens come slower for both (a run saw probes at 0.7-0.8 s), and the ratio is what shows the jump.
+    assert len(load.ttfts) >= 8
+    assert median(ttfts) < 0.5 * median(load.ttfts), (ttfts, load.ttfts)
 
 
 @pytest.mark.e2e
