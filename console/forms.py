@@ -84,8 +84,12 @@ class ReplicaAttachForm(forms.Form):
 class ReservationSellForm(forms.ModelForm):
     class Meta:
         model = CapacityReservation
-        fields = ["tenant", "endpoint", "mu_per_min", "priority", "burst_minutes", "rpm_limit", "tpm_limit"]
-        labels = {"mu_per_min": "MU per minute"}
+        fields = ["tenant", "endpoint", "adapter", "mu_per_min", "priority", "burst_minutes", "rpm_limit", "tpm_limit"]
+        labels = {"mu_per_min": "MU per minute", "adapter": "LoRA adapter"}
+        help_texts = {
+            "adapter": "empty: the tenant's base-model traffic; else only this adapter's requests draw from it (the "
+            "tenant's own adapter or a shared one, on this endpoint)"
+        }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -101,11 +105,16 @@ class ReservationSellForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        tenant, endpoint = cleaned.get("tenant"), cleaned.get("endpoint")
-        # This form sells base-model reservations only (adapter reservations: the REST API and the admin).
-        held = CapacityReservation.objects.filter(tenant=tenant, endpoint=endpoint, adapter__isnull=True)
+        tenant, endpoint, adapter = cleaned.get("tenant"), cleaned.get("endpoint"), cleaned.get("adapter")
+        # One base-model reservation per tenant and endpoint, one per adapter (the model's clean() checks that the
+        # adapter is on the endpoint and the tenant's to use).
+        held = CapacityReservation.objects.filter(tenant=tenant, endpoint=endpoint, adapter=adapter)
         if tenant and endpoint and held.exists():
-            self.add_error("endpoint", f"{tenant} already holds a reservation on {endpoint}; change that one instead")
+            on = f"adapter {adapter.name} on {endpoint}" if adapter else f"{endpoint}"
+            self.add_error(
+                "adapter" if adapter else "endpoint",
+                f"{tenant} already holds a reservation for {on}; change that one instead",
+            )
         return cleaned
 
     def validate_unique(self):

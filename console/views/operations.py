@@ -56,10 +56,12 @@ def brownout(request):
 def reservation_sell_view(request):
     template = "console/reservation_form.html"
     if request.method != "POST":
-        initial = {k: request.GET.get(k) for k in ("tenant", "endpoint") if request.GET.get(k)}
+        initial = {k: request.GET.get(k) for k in ("tenant", "endpoint", "adapter") if request.GET.get(k)}
         return render(request, template, {"form": ReservationSellForm(initial=initial)})
     form = ReservationSellForm(request.POST)
     valid = form.is_valid()
+    adapter = form.cleaned_data.get("adapter") if valid else None
+    for_adapter = f" for adapter {adapter.name}" if adapter else ""
     return confirm_then_run(
         request,
         form=form,
@@ -67,7 +69,7 @@ def reservation_sell_view(request):
         context={},
         title="Sell a reservation",
         summary=(
-            f"Sell {form.cleaned_data['mu_per_min']:g} MU/min on {form.cleaned_data['endpoint']} to "
+            f"Sell {form.cleaned_data['mu_per_min']:g} MU/min on {form.cleaned_data['endpoint']}{for_adapter} to "
             f"{form.cleaned_data['tenant']} ({form.cleaned_data['priority']})?"
             if valid
             else ""

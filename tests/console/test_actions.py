@@ -5,7 +5,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.models import Alert
-from endpoints.models import Endpoint, ReplicaState
+from endpoints.models import Adapter, Endpoint, ReplicaState
 from tenants.keys import authenticate_api_key
 from tenants.models import ApiKey, AuditEntry, CapacityReservation
 from tests.factories import EndpointFactory, ReplicaFactory, SLOFactory
@@ -132,6 +132,37 @@ def test_sell_reservation_refuses_overcommit(client, operator, tenant_a, tenant_
     assert _post_confirmed(client, url, {**data, "mu_per_min": 1400}).status_code == 302
     assert CapacityReservation.objects.get(tenant=tenant_b.tenant, endpoint=endpoint).mu_per_min == 1400
     assert AuditEntry.objects.filter(action="reservation.create", tenant=tenant_b.tenant, actor=operator).exists()
+
+
+def test_sell_an_adapter_reservation_only_for_an_adapter_the_tenant_may_use(client, operator, tenant_a, tenant_b):
+    client.force_login(operator)
+    endpoint = tenant_b.endpoint  # B's endpoint: B's own adapter and a shared one are B's to use, A's is not
+    ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY)
+    own, shared = (
+        Adapter.objects.create(name=name, owner_tenant=owner, endpoint=endpoint, rank=8, artifact_path=name)
+        for name, owner in (("b-ft", tenant_b.tenant), ("any-ft", None))
+    )
+    private_to_a = Adapter.objects.create(
+        name="a-ft", owner_tenant=tenant_a.tenant, endpoint=endpoint, rank=8, artifact_path="a-ft"
+    )
+    url = reverse("console:reservation-sell")
+    page = client.get(url, {"tenant": tenant_b.tenant.pk, "endpoint": endpoint.pk, "adapter": own.pk})
+    assert page.status_code == 200 and "LoRA adapter" in page.content.decode()
+    data = {"tenant": tenant_b.tenant.pk, "endpoint": endpoint.pk, "mu_per_min": 30, "priority": "standard"}
+    data["burst_minutes"] = 1
+    refused = client.post(url, {**data, "adapter": private_to_a.pk})
+    assert refused.status_code == 400 and "private to another tenant" in str(refused.context["form"].errors["adapter"])
+    # B's base-model reservation (the tenant_b fixture's) does not stop one for its adapter, and the summary says which.
+    first = client.post(url, {**data, "adapter": own.pk})
+    assert "for adapter b-ft" in first.content.decode()
+    assert _post_confirmed(client, url, {**data, "adapter": own.pk}).status_code == 302
+    assert _post_confirmed(client, url, {**data, "adapter": shared.pk}).status_code == 302
+    again = client.post(url, {**data, "adapter": own.pk})
+    assert again.status_code == 400 and "already holds a reservation for adapter b-ft" in again.content.decode()
+    sold = CapacityReservation.objects.filter(tenant=tenant_b.tenant, endpoint=endpoint, adapter__isnull=False)
+    assert sorted(r.adapter.name for r in sold) == ["any-ft", "b-ft"]
+    entry = AuditEntry.objects.get(action="reservation.create", object_id=str(sold.get(adapter=own).pk))
+    assert entry.detail["adapter"] == "b-ft" and entry.actor == operator
 
 
 def test_acknowledge_alert_once(client, operator, tenant_a):
