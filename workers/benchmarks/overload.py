@@ -272,6 +272,8 @@ def live_figures(outcomes: list, everything: list) -> dict:
         "requests": len(outcomes),
         "critical_ttft_ms_p50": _ms_quantile([o.ttft_s for o in critical if o.ttft_s is not None], 0.5),
         "critical_ttft_ms_p99": _ms_quantile([o.ttft_s for o in critical if o.ttft_s is not None], 0.99),
-        "refused_by_tenant_and_status": dict(Counter(f"{o.tenant}:{o.status or o.error}" for o in refused)),
+        "refused_by_tenant_and_status": dict(
+            Counter(f"{o.tenant}:{o.status or o.error}" + (f":{o.code}" if o.code else "") for o in refused)
+        ),
         "mode": "live",
     }

@@ -60,6 +60,17 @@ class Outcome:
     tenant: str = ""
     fallback_from: str | None = None  # x-infercap-fallback-from: served by the named endpoint's fallback
     degraded: bool = False  # x-infercap-degraded: served shorter
+    code: str | None = None  # a refusal's OpenAI-shaped error code (queue_age, overloaded, evicted, rate_limit…)
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``error.code`` of an OpenAI-shaped error body, if it is one."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code) if code is not None else None
 
 
 @dataclass
@@ -427,7 +438,7 @@ class Platform:
                                 outcome.ttft_s = time.monotonic() - outcome.started
                             outcome.tokens += 1
                 else:
-                    await response.read()
+                    outcome.code = error_code(await response.read())
         except (TimeoutError, aiohttp.ClientError) as exc:
             outcome.error = type(exc).__name__
         outcome.ended = time.monotonic()
