@@ -146,7 +146,8 @@ def test_run_platform_serves_a_completion_and_a_plain_kill_stops_every_process(t
         platform.send_signal(subprocess.signal.SIGTERM)
         assert platform.wait(timeout=90) == 0, log.read_text()[-3000:]
         assert "[infercap] stopped" in log.read_text()
-        deadline = time.monotonic() + 15
+        # Each child exits on its own after the SIGTERM; on a loaded CI machine the Celery pool took over 15 s once.
+        deadline = time.monotonic() + 45
         while _processes_of(var_dir) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _processes_of(var_dir), log.read_text()[-3000:]

@@ -309,10 +309,18 @@ def best_effort_tenant_limit(world: SecurityWorld) -> str:
             len(admitted) <= admissible,
             f"{len(admitted)} admitted, more than {admissible}: best_of is not charged per candidate",
         )
-        err = _error(refused[0])
-        expect(err.get("code") == "rate_limit_exceeded", f"the refusal is {err}")
+        # The cap's refusals are rate limits; a burst this size may also fill the replicas' queue, so admission can
+        # shed some of it as overloaded (a CI run under load saw that answer first): judge the cap by its own.
+        errors = [_error(r) for r in refused]
+        limited = [(r, e) for r, e in zip(refused, errors, strict=True) if e.get("code") == "rate_limit_exceeded"]
+        expect(limited, f"no refusal is the best-effort cap's: {errors[:3]}")
+        expect(
+            all(e.get("code") in ("rate_limit_exceeded", "overloaded") for e in errors),
+            f"unexpected refusals: {[e for e in errors if e.get('code') != 'rate_limit_exceeded'][:3]}",
+        )
+        refused_first, err = limited[0]
         expect("best_effort_mu" in (err.get("message") or ""), f"the refusal does not name best_effort_mu: {err}")
-        expect(refused[0].headers.get("retry-after", "").isdigit(), "the 429 has no Retry-After")
+        expect(refused_first.headers.get("retry-after", "").isdigit(), "the 429 has no Retry-After")
         # Another best-effort tenant has a budget of its own, and reserved traffic is not capped by it.
         other_tenant = world.proxy_post(world.b.keys["inference"], world.completion(shared.name))
         expect(other_tenant.status_code == 200, f"B's best effort on the same endpoint got {other_tenant.status_code}")
