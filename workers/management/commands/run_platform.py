@@ -151,13 +151,8 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def _shutdown(self) -> None:
-        for endpoint in Endpoint.objects.all():
-            live = list(endpoint.replicas.exclude(state__in=[ReplicaState.STOPPED]))
-            if live:
-                try:
-                    get_actuator(endpoint).terminate(live, reason="run_platform stopped")
-                except Exception as exc:  # keep stopping the rest
-                    self._say(f"could not stop replicas of {endpoint.name}: {exc}")
+        # The control loops stop first: a reconcile tick that ran after the replicas were stopped would launch a
+        # replacement that nothing stops (a CI run under load left one behind).
         for child in reversed(self.children):
             if child.poll() is None:
                 # The main process only: Celery's warm shutdown stops its own pool (a group-wide SIGTERM makes
@@ -168,6 +163,13 @@ class Command(BaseCommand):
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
+        for endpoint in Endpoint.objects.all():
+            live = list(endpoint.replicas.exclude(state__in=[ReplicaState.STOPPED]))
+            if live:
+                try:
+                    get_actuator(endpoint).terminate(live, reason="run_platform stopped")
+                except Exception as exc:  # keep stopping the rest
+                    self._say(f"could not stop replicas of {endpoint.name}: {exc}")
         self._say("stopped")
 
     def _say(self, message: str) -> None:
