@@ -82,6 +82,10 @@ class AdmissionController:
         # Without it (``fair_pain=False``) an overload sheds by queue age and size alone, on whoever waited.
         self.pain: FairPain | None = FairPain(now=now) if fair_pain else None
         self._last_shed: dict[str, float] = {}  # class → when a request of it was last refused for overload
+        # When the queue last went from empty to holding requests (None while empty): a queue that has held requests
+        # for a whole drain time constant means every slot has been busy that long, so the measured drain rate is
+        # the replicas' real capacity, whatever the model profile's coefficients claim.
+        self._busy_since: float | None = None
 
     # -- brownout (``endpoints.admission.brownout``) ------------------------------------------------------
     def arrived(self, *, tenant: str, mu: float, reserved_mu_per_s: float, now: float) -> None:
@@ -150,6 +154,23 @@ class AdmissionController:
         """The class of the request ``next_to_serve`` would return: a freed slot goes to it only if it may take one."""
         return self.queue.next_class()
 
+    def _track_busy(self, now: float) -> None:
+        if not len(self.queue):
+            self._busy_since = None
+        elif self._busy_since is None:
+            self._busy_since = now
+
+    def overload_rate(self, now: float, nominal_mu_per_s: float) -> float:
+        """The drain rate fair pain judges a request's wait by. Optimistic, ``max(measured, nominal)``, so nothing
+        is refused early while the measured rate still reflects a lighter load; but once the queue has held
+        requests for ``drain.tau_s`` the replicas have been saturated for the meter's whole window, and the
+        measured rate alone is what they can do: a profile whose nominal rate is too high (never fitted for these
+        replicas) would otherwise keep early shedding, and with it fair pain, off for the whole overload."""
+        measured = self.drain.rate_mu_per_s(now)
+        if measured > 0 and self._busy_since is not None and now - self._busy_since >= self.drain.tau_s:
+            return measured
+        return max(measured, nominal_mu_per_s)
+
     def _overload_victim(self, item: QueuedItem, now: float, rate: float) -> QueuedItem | None:
         """When ``item`` would wait past SHED_AT of its max age: the request of its class to refuse instead, the
         newest queued one of the tenant fair pain picks (``item`` itself when that is its own tenant)."""
@@ -199,9 +220,10 @@ class AdmissionController:
         load = {"now": now, "in_flight_mu": in_flight_mu, "nominal_mu_per_s": nominal_mu_per_s}
         if not has_replicas and not scale_to_zero:
             return Enqueued(refused=Refusal(item, NO_REPLICA, self.retry_after(item.priority, **load)))
-        # The optimistic rate: a request is refused ahead of its age limit only when even the replicas' nominal
-        # capacity (or the measured rate, if higher) would not serve it in time; early on nothing has finished.
-        victim = self._overload_victim(item, now, max(self.drain.rate_mu_per_s(now), nominal_mu_per_s))
+        # A request is refused ahead of its age limit only when even the optimistic rate would not serve it in time.
+        if self._busy_since is None:  # this request found no free slot: the replicas are saturated from now
+            self._busy_since = now
+        victim = self._overload_victim(item, now, self.overload_rate(now, nominal_mu_per_s))
         if victim is item:
             refused = Refusal(item, OVERLOADED, self.retry_after(item.priority, **load))
             self._pained([refused], now)
@@ -209,6 +231,7 @@ class AdmissionController:
         if victim is not None:
             self.queue.remove(victim)
         result = self.queue.offer(item, now)
+        self._track_busy(now)
         # Retry-Afters are computed once the queue has changed: a victim waits behind the request that took its place.
         victims = ([victim] if victim is not None else []) + result.evicted
         evicted = [Refusal(v, EVICTED, self.retry_after(v.priority, **load)) for v in victims]
@@ -222,6 +245,7 @@ class AdmissionController:
     def shed_expired(self, *, now: float, in_flight_mu: float, nominal_mu_per_s: float) -> list[Refusal]:
         """Remove every request older than its class's max queue age; call before ``next_to_serve``."""
         expired = self.queue.expire(now)
+        self._track_busy(now)
         load = {"now": now, "in_flight_mu": in_flight_mu, "nominal_mu_per_s": nominal_mu_per_s}
         refusals = [Refusal(item, QUEUE_AGE, self.retry_after(item.priority, **load)) for item in expired]
         self._pained(refusals, now)
@@ -229,11 +253,16 @@ class AdmissionController:
 
     def next_to_serve(self, now: float) -> QueuedItem | None:
         """The queued request a freed slot goes to: strict priority, then deficit round robin across tenants."""
-        return self.queue.pop(now)
+        item = self.queue.pop(now)
+        self._track_busy(now)
+        return item
 
     def remove(self, item: QueuedItem) -> bool:
         """Its client went away while it waited; False when it was no longer queued."""
-        return self.queue.remove(item)
+        removed = self.queue.remove(item)
+        if not len(self.queue):
+            self._busy_since = None
+        return removed
 
     def next_expiry(self) -> float | None:
         """When the next queued request goes over age (for the caller's timer)."""

@@ -141,6 +141,41 @@ def test_a_request_that_would_wait_too_long_refuses_the_tenant_that_owes_the_mos
     ).admitted
 
 
+def test_a_saturated_queue_judges_waits_by_the_measured_rate_not_an_optimistic_profile():
+    # The profile claims 100 MU/s; the replicas really finish 2 MU/s. 14 MU queued is 0.14 s at the profile's
+    # rate and 7 s at the real one: only the measured rate can tell that sheddable work will expire.
+    profile = {"in_flight_mu": 0.0, "nominal_mu_per_s": 100.0}
+    admission = AdmissionController(now=0.0, drain_tau_s=10.0)
+    t = 0.0
+    while t < 30.0:  # 30 s of completions at 2 MU/s fill the drain meter's window
+        admission.finished(mu_done=1.0, now=t)
+        t += 0.5
+    assert admission.drain.rate_mu_per_s(t) == pytest.approx(2.0, rel=0.1)
+    for _ in range(20):
+        admission.arrived(tenant="heavy", mu=1.0, reserved_mu_per_s=0.0, now=t)
+    admission.arrived(tenant="light", mu=1.0, reserved_mu_per_s=0.0, now=t)
+
+    def offer(rid, tenant, now):
+        return admission.enqueue(item(rid, tenant), now=now, has_replicas=True, scale_to_zero=False, **profile)
+
+    for i in range(14):
+        assert offer(f"h{i}", "heavy", t).admitted
+    # just saturated: the optimistic rate (the profile's) rules, nobody is refused early
+    assert admission.overload_rate(t, 100.0) == 100.0
+    assert offer("h14", "heavy", t).admitted
+    # the queue has held requests for the meter's whole window: the measured rate rules, and fair pain picks heavy
+    later = t + admission.drain.tau_s
+    assert admission.overload_rate(later, 100.0) == pytest.approx(admission.drain.rate_mu_per_s(later))
+    outcome = offer("l0", "light", later)
+    assert outcome.admitted and [r.reason for r in outcome.evicted] == ["evicted"]
+    assert outcome.evicted[0].item.tenant == "heavy"
+    assert offer("h15", "heavy", later).refused.reason == "overloaded"
+    # once the queue empties the next overload starts optimistic again
+    while admission.next_to_serve(later) is not None:
+        pass
+    assert admission.overload_rate(later, 100.0) == 100.0
+
+
 def test_without_fair_pain_the_same_queue_takes_everyone():
     admission = AdmissionController(now=0.0, fair_pain=False)
     for i in range(16):
