@@ -60,9 +60,12 @@ def test_worker_killed_mid_task_task_is_redelivered_and_idempotent(platform, db_
 
 
 def test_overload_keeps_critical_within_slo_and_sheds_sheddable_with_retry_after(platform, db_access):
-    # 12 s at 3x: ~45 critical requests. The goal figure (>= 99 %) is bench reliability's on a quiet machine; here
-    # the load generator, proxy and replicas share two cores with two other pytest processes, and a run of 29
-    # critical requests once lost 3 to client-side delay (0.897), so the bar is 90 % over more requests.
+    # 12 s at 3x: ~70 critical requests. The goal figure (>= 99 %) is bench reliability's on a quiet machine; here
+    # the load generator, proxy and replicas share two cores with two other pytest processes, so the bar is 90 %,
+    # judged by the TTFT the proxy measured from each request's arrival (usage records): the load generator runs in
+    # this process, and its own lag before a request reaches the proxy is not the platform's. Two runs of the whole
+    # suite saw 0.59 and 0.85 at the client, with nothing then to tell which side lost the time; the result now
+    # carries both (critical_slo_attainment_client).
     result = scenarios.overload(platform, print, 12)
 
     assert result["critical_slo_attainment"] >= 0.9
