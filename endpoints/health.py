@@ -332,12 +332,25 @@ def health_check_cycle(
         )
     finally:
         if client is not None:
-            try:
-                # Only our own lock: if it expired and another cycle took it, that one releases it.
-                if client.get(CYCLE_LOCK_KEY) == token.encode():
-                    client.delete(CYCLE_LOCK_KEY)
-            except Exception:  # noqa: BLE001 - it expires on its own
-                pass
+            _release_cycle_lock(client, token)
+
+
+# Deletes the lock only while it is still ours: if it expired and another cycle took it, that one releases it.
+_RELEASE_IF_OURS = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def _release_cycle_lock(client, token: str, attempts: int = 3) -> None:
+    """Release the overlap guard, trying again after a timeout: a lock left behind by one slow reply (a socket
+    timeout of 0.5 s on a busy host) would make every cycle until it expires, up to ``lock_ttl`` s, skip."""
+    for attempt in range(attempts):
+        try:
+            client.eval(_RELEASE_IF_OURS, 1, CYCLE_LOCK_KEY, token)
+            return
+        except Exception as exc:  # noqa: BLE001 - it expires on its own
+            if attempt == attempts - 1:
+                log.warning("health: could not release the cycle lock (%s); it expires on its own", exc)
+            else:
+                time.sleep(0.1 * (attempt + 1))
 
 
 def _cycle(*, config, endpoint_ids, now, replica_model, ready) -> HealthCycleReport:

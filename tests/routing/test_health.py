@@ -270,3 +270,30 @@ def test_overlapping_cycles_do_not_probe_twice(db, clean_health_keys):
     assert clean_health_keys.get(CYCLE_LOCK_KEY) == b"someone-else"  # not ours to release
     clean_health_keys.delete(CYCLE_LOCK_KEY)
     assert health_check_cycle(config=FAST).skipped == ""
+
+
+def test_a_timeout_while_releasing_the_cycle_lock_is_retried_not_left_to_block_later_cycles(clean_health_keys):
+    import redis
+
+    from endpoints.health import CYCLE_LOCK_KEY, _release_cycle_lock
+
+    class SlowOnce:
+        """The real client, whose first script call times out as a descheduled process's read does."""
+
+        def __init__(self, client):
+            self.client, self.calls = client, 0
+
+        def eval(self, *args):
+            self.calls += 1
+            if self.calls == 1:
+                raise redis.TimeoutError("Timeout reading from socket")
+            return self.client.eval(*args)
+
+    clean_health_keys.set(CYCLE_LOCK_KEY, "ours", ex=30)
+    slow = SlowOnce(clean_health_keys)
+    _release_cycle_lock(slow, "ours")
+    assert slow.calls == 2 and clean_health_keys.get(CYCLE_LOCK_KEY) is None
+    # still only our own: another cycle's lock stays
+    clean_health_keys.set(CYCLE_LOCK_KEY, "someone-else", ex=30)
+    _release_cycle_lock(clean_health_keys, "ours")
+    assert clean_health_keys.get(CYCLE_LOCK_KEY) == b"someone-else"
