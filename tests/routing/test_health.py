@@ -297,3 +297,26 @@ def test_a_timeout_while_releasing_the_cycle_lock_is_retried_not_left_to_block_l
     clean_health_keys.set(CYCLE_LOCK_KEY, "someone-else", ex=30)
     _release_cycle_lock(clean_health_keys, "ours")
     assert clean_health_keys.get(CYCLE_LOCK_KEY) == b"someone-else"
+
+
+def test_a_cycle_whose_lock_reply_timed_out_still_releases_the_lock(db, clean_health_keys, monkeypatch):
+    import redis
+
+    from endpoints import health
+    from endpoints.health import CYCLE_LOCK_KEY
+
+    real = health._redis()
+
+    class ReplyLost:
+        """SET lands on the server, but its reply times out; everything else is the real client."""
+
+        def set(self, *args, **kwargs):
+            real.set(*args, **kwargs)
+            raise redis.TimeoutError("Timeout reading from socket")
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(health, "_redis", lambda: ReplyLost())
+    assert health_check_cycle(config=FAST).skipped == ""
+    assert clean_health_keys.get(CYCLE_LOCK_KEY) is None  # the next cycle is not skipped for up to lock_ttl
