@@ -31,6 +31,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from capacity.autoscaling import actuators
+from capacity.autoscaling.store import release_lock
 from endpoints.lifecycle import IllegalTransition, replica_transition
 from endpoints.models import Replica, ReplicaState, ReplicaTransition
 from tenants.models import AuditEntry
@@ -335,22 +336,11 @@ def health_check_cycle(
             _release_cycle_lock(client, token)
 
 
-# Deletes the lock only while it is still ours: if it expired and another cycle took it, that one releases it.
-_RELEASE_IF_OURS = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-
-
-def _release_cycle_lock(client, token: str, attempts: int = 3) -> None:
-    """Release the overlap guard, trying again after a timeout: a lock left behind by one slow reply (a socket
-    timeout of 0.5 s on a busy host) would make every cycle until it expires, up to ``lock_ttl`` s, skip."""
-    for attempt in range(attempts):
-        try:
-            client.eval(_RELEASE_IF_OURS, 1, CYCLE_LOCK_KEY, token)
-            return
-        except Exception as exc:  # noqa: BLE001 - it expires on its own
-            if attempt == attempts - 1:
-                log.warning("health: could not release the cycle lock (%s); it expires on its own", exc)
-            else:
-                time.sleep(0.1 * (attempt + 1))
+def _release_cycle_lock(client, token: str) -> None:
+    """Release the overlap guard, only while it is ours and trying again after a timeout: a lock left behind by
+    one slow reply (a socket timeout of 0.5 s on a busy host) would make every cycle skip until it expires."""
+    if not release_lock(client, CYCLE_LOCK_KEY, token):
+        log.warning("health: could not release the cycle lock; it expires on its own")
 
 
 def _cycle(*, config, endpoint_ids, now, replica_model, ready) -> HealthCycleReport:

@@ -134,6 +134,20 @@ def reset_client() -> None:
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
 
+def release_lock(redis_client, key: str, token: str, *, attempts: int = 3) -> bool:
+    """Delete ``key`` only while it still holds ``token`` (a lock that expired and was taken by another holder
+    stays theirs), trying again after an error: one slow reply on a busy host (a socket timeout) must not leave
+    the lock to block every later holder until its TTL. False when every attempt failed (the TTL frees it)."""
+    for attempt in range(attempts):
+        try:
+            redis_client.eval(_RELEASE, 1, key, token)
+            return True
+        except RedisError:
+            if attempt < attempts - 1:
+                time.sleep(0.1 * (attempt + 1))
+    return False
+
+
 class TickLock:
     """One holder per (axis, endpoint) at a time across every worker; released only by its holder."""
 
@@ -149,10 +163,7 @@ class TickLock:
 
     def __exit__(self, *exc) -> None:
         if self.held:
-            try:
-                client().eval(_RELEASE, 1, self.key, self.token)
-            except RedisError:
-                pass  # the TTL frees it; the tick's own outcome (or error) is what matters
+            release_lock(client(), self.key, self.token)  # else the TTL frees it; the tick's outcome is what matters
 
 
 def demand_reports(endpoint_id: int) -> list[dict]:
