@@ -325,8 +325,10 @@ def health_check_cycle(
         try:
             if not client.set(CYCLE_LOCK_KEY, token, nx=True, ex=lock_ttl):
                 return HealthCycleReport(skipped="another health cycle is running")
+        except redis.TimeoutError:
+            pass  # the SET may still have landed (only its reply was late): the release below still runs
         except Exception:  # noqa: BLE001 - without Redis the overlap guard is lost, not the check
-            pass  # the SET may still have landed (only its reply timed out): the release below still runs
+            client = None
     try:
         return _cycle(
             config=config, endpoint_ids=endpoint_ids, now=now, replica_model=Replica, ready=ReplicaState.READY
