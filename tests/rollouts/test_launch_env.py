@@ -35,7 +35,12 @@ def environ_of(pid: int) -> dict[str, str]:
     ours = Path("/proc/self/cmdline").read_bytes()
     wait_for(lambda: Path(f"/proc/{pid}/cmdline").read_bytes() != ours, 10, message="the replica's exec")
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    # A process that already exited (a zombie until reaped) shows an empty command line and environment: say so
+    # rather than fail on a missing variable (one CI run saw that once, cause unknown: the replica's log was empty).
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    assert env or state != "Z", f"the replica (pid {pid}) exited before its environment could be read"
+    return env
 
 
 # --- the pure computation ----------------------------------------------------------------------------------------
