@@ -14,7 +14,7 @@ from endpoints.proxy.request import parse_request
 from endpoints.proxy.runtime import SLOT_SHARE_KEY, EndpointRuntime
 from endpoints.proxy.snapshot import ReplicaInfo
 from endpoints.routing.base import RouteRequest
-from tests.proxy.snapshots import RAW_KEY_A, TENANT_A, TENANT_B, endpoint, key, snapshot
+from tests.proxy.snapshots import RAW_KEY_A, TENANT_A, TENANT_B, endpoint, key, reservation, snapshot
 from tests.proxy.test_pipeline import Client, Session, Stalled, State, ok_stream, run
 from tests.proxy.test_relay import DONE, TOKEN, Response
 from tests.waiting import wait_for_async
@@ -132,6 +132,31 @@ async def test_no_fallback_without_the_tenants_opt_in_or_for_a_class_not_listed(
     assert not_listed.status == 503 and session.posted == []
     [record] = state.usage.records
     assert (record["endpoint_id"], record["status"], record["degradation"]) == (7, "shed", "")
+
+
+async def test_the_fallback_charges_the_tenants_limits_there(monkeypatch):
+    # A reservation on the primary (its limits are far away); none on the fallback: best effort there, under a cap
+    # of one request's worth. The first overflow is served (a full bucket admits one request however large); the
+    # next one is refused by the fallback's own limit, not served past it, and the client gets the refusal of the
+    # endpoint it named (``fall_back``: with no further fallback the first refusal stands).
+    snap = dataclasses.replace(
+        world(primary(replicas=0), fallback_endpoint()),
+        reservations={(TENANT_A, 7): reservation(priority="sheddable", mu_per_min=60000.0)},
+    )
+    session = Session(answers_from("chat-1b-0"))
+    state = State(snap, session, best_effort_mu_per_min=0.001)
+    first, second = Client(chat()), Client(chat())
+    await run(state, first, monkeypatch=monkeypatch)
+    await run(state, second, monkeypatch=monkeypatch)
+    assert first.status == 200 and headers_of(first)[b"x-infercap-fallback-from"] == b"chat-7b"
+    assert second.status == 503 and second.error()["code"] == "no_replica"
+    assert len(session.posted) == 1  # the refused one never reached the fallback's replica
+    assert [(r["endpoint_id"], r["degradation"]) for r in state.usage.records] == [(8, "fallback"), (7, "")]
+    # without the cap the same second request is served by the fallback: it was the fallback's limit that refused it
+    served = State(snap, Session(answers_from("chat-1b-0")), best_effort_mu_per_min=60000.0)
+    for client in (Client(chat()), Client(chat())):
+        await run(served, client, monkeypatch=monkeypatch)
+        assert client.status == 200
 
 
 async def test_a_healthy_primary_serves_itself(monkeypatch):
