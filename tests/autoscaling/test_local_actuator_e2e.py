@@ -59,16 +59,18 @@ def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_
     # And streams in flight on both replicas through the proxy
     results: list[tuple[int, list]] = []
 
-    def stream():
+    def stream(n):
+        # Distinct prompts: identical ones would share a cached prefix and prefix affinity could keep them together,
+        # while this test is about draining, not placement.
         with httpx.Client(timeout=60) as client:
             response = client.post(
                 f"{base}/v1/chat/completions",
-                json=chat_body(endpoint.name, max_tokens=150),
+                json=chat_body(endpoint.name, max_tokens=150, content=f"stream {n}: tell me a long story"),
                 headers={"Authorization": f"Bearer {tenant_a.raw_key}"},
             )
             results.append((response.status_code, sse_events(response.text)))
 
-    threads = [threading.Thread(target=stream) for _ in range(8)]
+    threads = [threading.Thread(target=stream, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     wait_for(lambda: all((_in_flight(r) or 0) > 0 for r in replicas), 15)
@@ -80,7 +82,7 @@ def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_
     assert _in_flight(victim) > 0  # it still has streams to finish
     # ...and new requests keep arriving while it drains
     time.sleep(1.0)  # the proxies' snapshot follows within a poll interval
-    late = [threading.Thread(target=stream) for _ in range(6)]
+    late = [threading.Thread(target=stream, args=(n,)) for n in range(8, 14)]
     for t in late:
         t.start()
     converge(endpoint, lambda: endpoint.replicas.get(pk=victim.pk).state == ReplicaState.STOPPED, timeout=60)
