@@ -3,14 +3,19 @@ the operators' storage root (docs/lora-serving.md). The API, the admin and the c
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Count
+from django.utils import timezone
 
+from billing.models import UsageRecord
 from endpoints.lora_artifacts import ArtifactError, inspect_artifact, same_base_model
 from endpoints.models import Adapter, Endpoint
+from endpoints.proxy.signals import bump_config_version
 from endpoints.runtimes.vllm import model_argument
 from endpoints.validation import NAME_TAKEN
 from tenants.selectors import principal_is_operator, principal_tenant_id
@@ -163,3 +168,32 @@ def adapter_delete(*, adapter: Adapter, actor=None) -> None:
     with transaction.atomic():
         _audit(actor=actor, action="adapter.delete", adapter=adapter, detail={"name": adapter.name})
         adapter.delete()
+
+
+ADAPTER_RATE_WINDOW_S = 86_400.0
+ADAPTER_RATE_CHANGE = 0.1  # a relative change below this is not worth a config reload of every proxy
+
+
+def adapter_rates_refresh(*, now: datetime | None = None, window_s: float = ADAPTER_RATE_WINDOW_S) -> int:
+    """Each adapter's request rate over the last ``window_s`` from the usage records (``Adapter.request_rate``),
+    which the proxies' infercap router counts in its popularity (docs/lora.md#routing). Proxies reload their
+    snapshot when a rate moved by at least ``ADAPTER_RATE_CHANGE``; returns how many adapters changed."""
+    now = now or timezone.now()
+    counts = dict(
+        UsageRecord.objects.filter(finished_at__gt=now - timedelta(seconds=window_s), finished_at__lte=now)
+        .exclude(adapter="")
+        .values_list("adapter")
+        .annotate(n=Count("id"))
+    )
+    changed = []
+    for adapter in Adapter.objects.only("pk", "name", "request_rate"):
+        rate = counts.get(adapter.name, 0) / window_s
+        if abs(rate - adapter.request_rate) > ADAPTER_RATE_CHANGE * max(rate, adapter.request_rate):
+            adapter.request_rate = rate
+            changed.append(adapter)
+    if changed:
+        with transaction.atomic():
+            # bulk_update sends no post_save (a save per adapter would bump the proxies' version once each).
+            Adapter.objects.bulk_update(changed, ["request_rate"], batch_size=500)
+            transaction.on_commit(bump_config_version)
+    return len(changed)

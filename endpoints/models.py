@@ -182,6 +182,12 @@ class Adapter(models.Model):
     base_model = models.CharField(
         max_length=255, blank=True, help_text="base_model_name_or_path read from its adapter_config.json"
     )
+    request_rate = models.FloatField(
+        default=0.0,
+        editable=False,
+        help_text="requests/s over the last day, from the usage records (endpoints.adapters.adapter_rates_refresh); "
+        "the infercap router counts it in the adapter's popularity",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -18,7 +18,15 @@ requests as they arrive, knowing the future and free of placement (a fleet's 8 Ã
 queues hold requests for seconds can go below it (requests waiting for one load share it), but not while meeting
 the TTFT SLO, which is shorter than most loads.
 
-Policies are judged on seed ``EVAL_SEED``; infercap's LoRA weights were chosen on seed 1 of ``TUNING_SEEDS``
+The loads comparison is also made at ``low_qps`` (10), where the policies keep most requests within the SLO
+(``low_rate``): there a load is one request's load, while at the reference rate requests queue behind loads and
+share them, which makes every policy's count fall below even MIN's. Beside MIN (knows the future) it reports the
+best rule that knows every adapter's true share but not the future (``popular_first_loads``: evict the least
+popular; in expectation the best online rule for independent requests, though one stream may favour another),
+and infercap without the books' history. infercap reads each adapter's rate over a past of ``history_s`` (``history_rates``, another draw from
+the catalog: live, the usage records' last day); the baselines read none, as their sources do not.
+
+Policies are judged on seed ``EVAL_SEED``; infercap's LoRA weights were chosen on seeds of ``TUNING_SEEDS``
 (``--opt seed=N`` changes it). docs/lora.md has the figures.
 """
 
@@ -28,6 +36,7 @@ import functools
 import heapq
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -64,9 +73,12 @@ class Setup:
     warmup_s: float = 30.0  # arrivals before the measured window: the slots start empty, churn settles
     duration_s: float = 60.0
     seed: int = EVAL_SEED
+    history_s: float = 600.0  # the books' past that infercap's popularity starts from (another draw of the catalog)
+    low_qps: float = 10.0  # the loads comparison where policies meet the SLO (module docstring)
+    low_duration_s: float = 300.0  # its measured window: 3,000 requests at 10 qps (60 s held ~600: Â±0.1 on a ratio)
 
 
-QUICK = Setup(rates=(80, 120), warmup_s=10.0, duration_s=20.0)
+QUICK = Setup(rates=(80, 120), warmup_s=10.0, duration_s=20.0, history_s=300.0, low_duration_s=120.0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,17 @@ def requests(setup: Setup, qps: float) -> Iterator[SimRequest]:
         yield SimRequest(f"q{i}", t, (prompt,), rng.randint(*setup.output_tokens), adapter=adapter)
 
 
+@functools.lru_cache(maxsize=32)
+def history_rates(setup: Setup, qps: float) -> dict[str, float]:
+    """Each adapter's request rate in a past of ``history_s`` at ``qps``: what the usage records give the live proxy
+    (their last day, ``endpoints.services.refresh_adapter_rates``). Drawn from the same catalog with its own seed, so
+    the measured requests are not the ones counted."""
+    cat = _catalog(setup)
+    rng = random.Random(f"lora-history-{setup.seed}-{qps:g}")
+    counts = Counter(rng.choices(cat.names, cat.weights, k=max(1, round(qps * setup.history_s))))
+    return {name: n / setup.history_s for name, n in counts.items()}
+
+
 def lora_config(setup: Setup, *, bound: bool = False) -> LoraConfig:
     cat = _catalog(setup)
     if bound:  # every adapter resident: no loads, no evictions
@@ -137,18 +160,61 @@ def fewest_loads(adapters: Sequence[str], slots: int) -> list[bool]:
     return loads
 
 
+def popular_first_loads(adapters: Sequence[str], slots: int, share: Callable[[str], float]) -> list[bool]:
+    """On a cache of ``slots`` adapters, evict the one of lowest true ``share``: the best rule knowing each
+    adapter's popularity but not the future (A0, optimal for independent requests; Aho, Denning and Ullman 1971).
+    Per request, whether it needed a load."""
+    held: set[str] = set()
+    loads = []
+    for name in adapters:
+        loads.append(name not in held)
+        if name not in held:
+            if len(held) >= slots > 0:
+                held.remove(min(held, key=lambda a: (share(a), a)))
+            if slots > 0:
+                held.add(name)
+    return loads
+
+
+def _per_1k_in_window(setup: Setup, stream: Sequence[SimRequest], loads: Sequence[bool]) -> float:
+    window = [load for r, load in zip(stream, loads, strict=True) if r.arrival_s >= setup.warmup_s]
+    return round(1000 * sum(window) / len(window), 1) if window else 0.0
+
+
+@functools.lru_cache(maxsize=32)
+def loads_online_bound(setup: Setup, qps: float) -> float:
+    """``popular_first_loads`` over the fleet's slots with the catalog's true shares, per 1,000 in the window."""
+    cat = _catalog(setup)
+    share = dict(zip(cat.names, cat.weights, strict=True))
+    stream = list(requests(setup, qps))
+    loads = popular_first_loads([r.adapter for r in stream], setup.replicas * setup.max_loras, share.__getitem__)
+    return _per_1k_in_window(setup, stream, loads)
+
+
 @functools.lru_cache(maxsize=32)
 def loads_lower_bound(setup: Setup, qps: float) -> float:
     """``fewest_loads`` over the fleet's slots for this rate's requests, per 1,000 in the measured window."""
     stream = list(requests(setup, qps))
     loads = fewest_loads([r.adapter for r in stream], setup.replicas * setup.max_loras)
-    window = [load for r, load in zip(stream, loads, strict=True) if r.arrival_s >= setup.warmup_s]
-    return round(1000 * sum(window) / len(window), 1) if window else 0.0
+    return _per_1k_in_window(setup, stream, loads)
 
 
-def run_rate(setup: Setup, policy: str, qps: float, *, bound: bool = False, options: dict | None = None) -> dict:
-    """One Poisson run at ``qps``: SLO-meeting requests/s, adapter loads per 1,000 requests, TTFT p90."""
-    router = make_router(policy, seed=setup.seed, **(options or {}))
+def run_rate(
+    setup: Setup,
+    policy: str,
+    qps: float,
+    *,
+    bound: bool = False,
+    options: dict | None = None,
+    history: bool = True,
+) -> dict:
+    """One Poisson run at ``qps``: SLO-meeting requests/s, adapter loads per 1,000 requests, TTFT p90. infercap
+    starts from the books' history (``history_rates``) unless ``history`` is False; the baselines read none, as
+    their sources do not."""
+    options = dict(options or {})
+    if policy == "infercap" and history and not bound:
+        options.setdefault("adapter_history", history_rates(setup, qps))
+    router = make_router(policy, seed=setup.seed, **options)
     sim = Simulation(
         router=router,
         replicas=setup.replicas,
@@ -204,14 +270,30 @@ def sweep(setup: Setup, policy: str, progress: Callable, *, bound: bool = False,
     }
 
 
+def low_rate(setup: Setup, progress: Callable) -> dict:
+    """Every policy, and infercap without the books' history, at ``low_qps``: loads per 1,000 requests where the
+    policies keep most requests within the SLO, so that loads are loads and not requests queued behind one."""
+    runs = {name: (name, True) for name in POLICIES} | {"infercap_without_history": ("infercap", False)}
+    out = {}
+    low = replace(setup, duration_s=setup.low_duration_s)
+    for label, (policy, history) in runs.items():
+        started = time.perf_counter()
+        out[label] = stage = run_rate(low, policy, setup.low_qps, history=history)
+        progress(
+            f"  {label} @ {setup.low_qps:g} qps: {stage['adapter_loads_per_1k']} loads/1k "
+            f"({stage['slo_attainment']:.0%} within the SLO) [{time.perf_counter() - started:.1f} s]"
+        )
+    return out
+
+
 def _with_options(setup: Setup, options: dict) -> Setup:
-    """``--opt seed=N``, ``duration_s=S``, ``warmup_s=S``, ``rates=40,80`` (a comma list; the reference rate is the
-    first of them unless ``reference_qps`` is given)."""
+    """``--opt seed=N``, ``duration_s=S``, ``warmup_s=S``, ``history_s=S``, ``low_qps=Q``, ``low_duration_s=S``,
+    ``rates=40,80`` (a comma list; the reference rate is the first of them unless ``reference_qps`` is given)."""
     changes: dict = {}
     for key in ("seed",):
         if key in options:
             changes[key] = int(options.pop(key))
-    for key in ("duration_s", "warmup_s", "reference_qps"):
+    for key in ("duration_s", "warmup_s", "reference_qps", "history_s", "low_qps", "low_duration_s"):
         if key in options:
             changes[key] = float(options.pop(key))
     if "rates" in options:
@@ -235,6 +317,9 @@ def run(*, quick: bool = False, plot: str | None = None, live: bool = False, pro
     )
     policies = {name: sweep(setup, name, progress) for name in POLICIES}
     upper = sweep(setup, "infercap", progress, bound=True)
+    low = low_rate(setup, progress)
+    for name in POLICIES:
+        policies[name]["low_rate"] = low[name]
     ours = policies["infercap"]
     figures = {
         "setup": {"seed": setup.seed, "duration_s": setup.duration_s, "reference_qps": setup.reference_qps},
@@ -252,10 +337,28 @@ def run(*, quick: bool = False, plot: str | None = None, live: bool = False, pro
     figures["loads_floor_ratio_vs_lora_affinity"] = _ratio(
         figures["loads_lower_bound_per_1k"], policies["lora_affinity"]["adapter_loads_per_1k"]
     )
+    baseline_low = low["lora_affinity"]["adapter_loads_per_1k"]
+    figures["low_rate"] = {
+        "qps": setup.low_qps,
+        "infercap_without_history": low["infercap_without_history"],
+        "loads_ratio_vs_lora_affinity": _ratio(low["infercap"]["adapter_loads_per_1k"], baseline_low),
+        "loads_ratio_without_history": _ratio(low["infercap_without_history"]["adapter_loads_per_1k"], baseline_low),
+        "loads_online_bound_per_1k": loads_online_bound(
+            replace(setup, duration_s=setup.low_duration_s), setup.low_qps
+        ),
+        "loads_lower_bound_per_1k": loads_lower_bound(replace(setup, duration_s=setup.low_duration_s), setup.low_qps),
+    }
+    figures["low_rate"]["online_bound_ratio_vs_lora_affinity"] = _ratio(
+        figures["low_rate"]["loads_online_bound_per_1k"], baseline_low
+    )
+    figures["low_rate"]["floor_ratio_vs_lora_affinity"] = _ratio(
+        figures["low_rate"]["loads_lower_bound_per_1k"], baseline_low
+    )
     figures["goals_met"] = {
         "slo_throughput_1_5x_round_robin": (figures["ratio_vs_round_robin"] or 0) >= 1.5,
         "slo_throughput_1_1x_lora_affinity": (figures["ratio_vs_lora_affinity"] or 0) >= 1.1,
-        "loads_half_of_lora_affinity": (figures["loads_ratio_vs_lora_affinity"] or 9) <= 0.5,
+        # Judged at the low rate: at the reference rate every policy's queues share loads (see the docstring).
+        "loads_half_of_lora_affinity": (figures["low_rate"]["loads_ratio_vs_lora_affinity"] or 9) <= 0.5,
     }
     if plot:
         _write_plot(plot, {**policies, "upper_bound": upper})

@@ -100,6 +100,12 @@ class EndpointRuntime:
         self.update(info)
 
     # -- config ---------------------------------------------------------------------------------------
+    def set_adapter_history(self, rates: dict[str, float]) -> None:
+        """The adapters' request rates over the last day, for a router that weighs popularity (docs/lora.md)."""
+        setter = getattr(self.router, "set_adapter_history", None)
+        if setter is not None and self.info.max_loras:
+            setter(rates)
+
     def update(self, info: EndpointInfo) -> None:
         """Apply a new snapshot: add replicas, retire removed ones, follow concurrency-limit changes."""
         if (info.routing_policy, info.routing_plan) != (self.info.routing_policy, self.info.routing_plan):

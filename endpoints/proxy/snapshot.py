@@ -108,6 +108,7 @@ class AdapterInfo:
     created: int
     root: str = ""  # the LoRA storage root it lies under
     mu_factor: float = 1.0  # its requests cost the base endpoint's MU times this (``snapshot_loader.lora_mu_factor``)
+    request_rate: float = 0.0  # requests/s over the last day (``Adapter.request_rate``): the router's history
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
@@ -163,6 +164,14 @@ class Snapshot:
 
     def adapters_for(self, tenant_id: int) -> list[tuple[AdapterInfo, EndpointInfo]]:
         return [found for name in self.adapters_by_name if (found := self.adapter_for(name, tenant_id))]
+
+    def adapter_rates(self, endpoint_name: str) -> dict[str, float]:
+        """The request rates of the adapters served on ``endpoint_name`` (the router's history; never shown)."""
+        return {
+            a.name: a.request_rate
+            for a in self.adapters_by_name.values()
+            if a.endpoint_name == endpoint_name and a.request_rate > 0
+        }
 
 
 def takes_priority(launch_options) -> bool:

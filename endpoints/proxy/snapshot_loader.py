@@ -177,5 +177,6 @@ def _adapters(endpoints_by_name: dict[str, EndpointInfo]) -> dict[str, AdapterIn
             created=int(a.created_at.timestamp()),
             root=root,
             mu_factor=lora_mu_factor(endpoints_by_name.get(a.endpoint.name)),
+            request_rate=a.request_rate,
         )
     return adapters

@@ -276,6 +276,7 @@ class ProxyState:
                     runtime.kv_feeds.sync(())  # its subscribers are told to stop (joined at shutdown)
                 continue
             runtime.update(info)
+            runtime.set_adapter_history(snap.adapter_rates(info.name))
         self._sync_scrape_targets()
         self._apply_caps()
 
@@ -283,6 +284,8 @@ class ProxyState:
         runtime = self.runtimes.get(info.id)
         if runtime is None:
             runtime = self.runtimes[info.id] = EndpointRuntime(info, config=self.config, scraper=self.scraper)
+            if self.snapshot is not None:
+                runtime.set_adapter_history(self.snapshot.adapter_rates(info.name))
             self._sync_scrape_targets()
             self._apply_caps(runtime)
         return runtime

@@ -35,12 +35,16 @@
 
 LoRA (``lora_placement``, docs/lora.md#routing): a request naming an adapter goes only to replicas with adapter slots
 (the shared filter). Among them, replicas already holding the adapter within ``adapter_load_bound`` (default 1.5, at least
-``load_bound``: a hit saves a 0.5–2 s load) are the only ones allowed; with none, the replicas within the plain bound are, scored on top of the terms
+``load_bound``: a hit saves a 0.5–2 s load) are the only ones allowed, and so is a nearly idle replica holding it
+beyond that bound (fewer than ``idle_holder_requests`` in flight, none queued); with none, the replicas within the
+plain bound are, scored on top of the terms
 above by ``− evict_weight × load cost`` (0 for a free slot, the popularity of the adapter that would be evicted
 relative to this one's, 2 when every slot is in use) ``+ adapter_home_weight × home rank of the adapter``. So a
 popular adapter stays resident, and a hot one whose holders are all over the bound gets one more replica. The
 adapter that then leaves is the least popular idle one (``adapter_victim``, LFU with aging, τ =
-``popularity_tau_s``; ``popularity_eviction=False``: LRU), the same one the load cost counted.
+``popularity_tau_s``; ``popularity_eviction=False``: LRU), the same one the load cost counted. Popularity adds
+``history_weight`` × each adapter's request rate over the last day (``adapter_history``, from the usage records
+through the proxy's snapshot: ``set_adapter_history``) to the live decayed rate.
 
 With a ``kv_index`` (``KVBlockIndex`` fed by the engines' KV-cache events) the prefix match of a replica whose
 events are usable is what its cache really holds (the request's engine block hashes, ``extra["kv_block_hashes"]``);
@@ -161,6 +165,9 @@ class InfercapRouter(RouterBase):
         slot_weight: float = 3.0,
         popularity_tau_s: float = 60.0,
         popularity_eviction: bool = True,
+        adapter_history: Mapping[str, float] | None = None,
+        history_weight: float = 10.0,
+        idle_holder_requests: int = 8,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -174,7 +181,13 @@ class InfercapRouter(RouterBase):
             adapter_home_weight,
         )
         self.slot_weight = slot_weight
-        self.adapter_book = AdapterBook(popularity_tau_s, by_popularity=popularity_eviction)
+        self.idle_holder_requests = idle_holder_requests
+        self.adapter_book = AdapterBook(
+            popularity_tau_s,
+            by_popularity=popularity_eviction,
+            history_rates=adapter_history,
+            history_weight=history_weight,
+        )
         self.kv_index = kv_index
         self.session_load_bound = session_load_bound
         if load_bound < 1.0:
@@ -274,6 +287,17 @@ class InfercapRouter(RouterBase):
         """The replicas an adapter request may go to, and their placement scores (module docstring, LoRA)."""
         book = self.adapter_book
         held = holders(self.within_bound(candidates, mu, self.adapter_load_bound), adapter, book)
+        if not held:
+            # Beyond the bound, a replica that holds the adapter loaded and is nearly idle (nothing queued at its
+            # engine, fewer than ``idle_holder_requests`` in flight) still beats a load: a decode step over a
+            # handful of sequences costs about the same as over one, while a load costs the request 0.5-2 s and
+            # evicts someone's adapter. Bounded in requests, not relative load: at low traffic the mean load is
+            # small, so "1.5 × the mean" is two or three requests and sent hot adapters to fresh replicas.
+            held = [
+                r
+                for r in candidates
+                if adapter in r.adapters and r.num_waiting == 0 and r.in_flight < self.idle_holder_requests
+            ]
         if held:
             return held, {}
         # A request waiting for a slot is worse than a busier replica: load only where a slot is free or idle.
@@ -342,6 +366,10 @@ class InfercapRouter(RouterBase):
             if len(seen) > self.max_seen_heads:
                 seen.popitem(last=False)
         self.recurrence += self.recurrence_alpha * (float(recurred) - self.recurrence)
+
+    def set_adapter_history(self, rates: Mapping[str, float]) -> None:
+        """The adapters' request rates over the last day (the proxy's config snapshot; ``AdapterBook.set_history``)."""
+        self.adapter_book.set_history(rates)
 
     def adapter_victim(
         self, replica_id: str, last_used: Mapping[str, float], in_use: Collection[str], now: float

@@ -28,20 +28,44 @@ BUSY_SLOTS_COST = 2.0  # relative cost of a replica whose every adapter slot is 
 
 
 class AdapterBook:
-    def __init__(self, popularity_tau_s: float = 60.0, *, by_popularity: bool = True):
+    def __init__(
+        self,
+        popularity_tau_s: float = 60.0,
+        *,
+        by_popularity: bool = True,
+        history_rates: Mapping[str, float] | None = None,
+        history_weight: float = 10.0,
+    ):
         if popularity_tau_s <= 0:
             raise ValueError("popularity_tau_s must be > 0")
+        if history_weight < 0:
+            raise ValueError("history_weight must be ≥ 0")
         self.tau_s, self.by_popularity = popularity_tau_s, by_popularity
+        self.history_weight = history_weight
+        self.history: dict[str, float] = {}
+        self.set_history(history_rates or {})
         self._rate: dict[str, tuple[float, float]] = {}  # adapter → (rate, at)
         self.last_routed: dict[str, dict[str, float]] = {}  # replica → adapter → last routed time
         self.in_flight: dict[str, dict[str, int]] = {}  # replica → adapter → requests sent, not finished
 
-    def popularity(self, adapter: str, now: float) -> float:
+    def set_history(self, rates: Mapping[str, float]) -> None:
+        """Each adapter's request rate over a long past (requests/s; live: the usage records' last day, refreshed
+        with the config snapshot), replacing the previous one."""
+        self.history = {name: float(rate) for name, rate in rates.items() if rate > 0}
+
+    def live_rate(self, adapter: str, now: float) -> float:
+        """The decayed rate of the requests this router has seen (τ = ``popularity_tau_s``)."""
         rate, at = self._rate.get(adapter, (0.0, now))
         return rate * math.exp(-max(0.0, now - at) / self.tau_s)
 
+    def popularity(self, adapter: str, now: float) -> float:
+        """Live rate plus ``history_weight`` × the history's rate: a minute of requests estimates a rare adapter's
+        rate poorly (one request looks like one a minute); a day of them does not, and the live term still follows
+        a change of popularity the history has not seen yet."""
+        return self.live_rate(adapter, now) + self.history_weight * self.history.get(adapter, 0.0)
+
     def on_routed(self, adapter: str, replica_id: str, now: float) -> None:
-        self._rate[adapter] = (self.popularity(adapter, now) + 1.0 / self.tau_s, now)
+        self._rate[adapter] = (self.live_rate(adapter, now) + 1.0 / self.tau_s, now)
         self.last_routed.setdefault(replica_id, {})[adapter] = now
         flights = self.in_flight.setdefault(replica_id, {})
         flights[adapter] = flights.get(adapter, 0) + 1

@@ -71,3 +71,46 @@ def test_the_loads_bound_is_reported_per_rate_and_against_the_baseline():
 def test_a_rate_draws_one_stream_however_it_is_spelled():
     setup = bench.QUICK
     assert [r.adapter for r in bench.requests(setup, 80)] == [r.adapter for r in bench.requests(setup, 80.0)]
+
+
+def test_popular_first_evicts_the_least_popular_and_sits_between_min_and_lru():
+    share = {"a": 3.0, "b": 2.0, "c": 1.0}.__getitem__
+    # Two slots, a b c a b: at c the least popular held adapter (b) leaves... c loads; at a hit; at b, c leaves.
+    assert bench.popular_first_loads(list("abcab"), 2, share) == [True, True, True, False, True]
+    assert bench.popular_first_loads(list("aa"), 0, share) == [True, True]
+    setup = bench.Setup(seed=5, warmup_s=5.0, duration_s=30.0)
+    assert bench.loads_lower_bound(setup, 10) <= bench.loads_online_bound(setup, 10)
+
+
+def test_the_low_rate_compares_loads_with_the_books_history_and_without():
+    figures = bench.run(
+        quick=True,
+        progress=lambda msg: None,
+        duration_s="10",
+        warmup_s="5",
+        rates="80",
+        low_qps="10",
+        low_duration_s="30",
+    )
+    low = figures["low_rate"]
+    assert low["qps"] == 10.0
+    ours = figures["policies"]["infercap"]["low_rate"]["adapter_loads_per_1k"]
+    baseline = figures["policies"]["lora_affinity"]["low_rate"]["adapter_loads_per_1k"]
+    assert low["loads_ratio_vs_lora_affinity"] == pytest.approx(ours / baseline, rel=1e-2)
+    assert low["loads_ratio_without_history"] == pytest.approx(
+        low["infercap_without_history"]["adapter_loads_per_1k"] / baseline, rel=1e-2
+    )
+    assert 0 < low["loads_lower_bound_per_1k"] <= low["loads_online_bound_per_1k"] < baseline
+    assert figures["goals_met"]["loads_half_of_lora_affinity"] == (low["loads_ratio_vs_lora_affinity"] <= 0.5)
+
+
+def test_the_history_is_another_draw_of_the_catalog():
+    setup = bench.QUICK
+    rates = bench.history_rates(setup, 10)
+    assert sum(rates.values()) == pytest.approx(10, rel=1e-6)
+    cat = bench._catalog(setup)
+    top = cat.names[0]  # the largest Zipf share
+    assert rates[top] == max(rates.values())
+    # Not the measured stream's counts.
+    measured = [r.adapter for r in bench.requests(setup, 10)]
+    assert rates != {a: measured.count(a) / setup.history_s for a in set(measured)}

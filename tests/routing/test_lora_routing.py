@@ -9,7 +9,7 @@ from endpoints.routing.lora_placement import BUSY_SLOTS_COST, AdapterBook
 from tests.routing.test_policies import make
 
 
-def view(rid: str, *, adapters=(), active=(), max_loras=4, waiting=0, kv=0.0, mu=0.0) -> ReplicaView:
+def view(rid: str, *, adapters=(), active=(), max_loras=4, waiting=0, kv=0.0, mu=0.0, in_flight=None) -> ReplicaView:
     return ReplicaView(
         replica_id=rid,
         adapters=frozenset(adapters),
@@ -18,6 +18,7 @@ def view(rid: str, *, adapters=(), active=(), max_loras=4, waiting=0, kv=0.0, mu
         num_waiting=waiting,
         kv_usage=kv,
         in_flight_mu=mu,
+        in_flight=round(mu) if in_flight is None else in_flight,  # one MU a request unless told
     )
 
 
@@ -92,6 +93,38 @@ def test_infercap_replicates_a_hot_adapter_when_its_holder_is_over_the_bound():
     # The holder at 4.5x the mean load: over the holders' bound (1.5x).
     others = [view(name, mu=1.0) for name in "bcde"]
     assert router.pick(ask(), [view("holder", adapters={"ft-a"}, mu=40.0), *others], 0.0) in set("bcde")
+
+
+def test_infercap_keeps_a_nearly_idle_holder_beyond_the_bound():
+    # At low traffic the bound is a request or two: a holder with three requests in flight is over it, yet a decode
+    # step over three sequences costs about what one does, while a load costs 0.5-2 s and evicts an adapter.
+    router = make_router("infercap", seed=1, load_slack=0.0)
+    others = [view(name, mu=0.0) for name in "bcde"]
+    assert router.pick(ask(), [view("holder", adapters={"ft-a"}, mu=3.0), *others], 0.0) == "holder"
+    # Not when its engine queues requests, nor past idle_holder_requests.
+    queued = view("holder", adapters={"ft-a"}, mu=3.0, waiting=1)
+    assert router.pick(ask(), [queued, *others], 0.0) in set("bcde")
+    strict = make_router("infercap", seed=1, load_slack=0.0, idle_holder_requests=3)
+    assert strict.pick(ask(), [view("holder", adapters={"ft-a"}, mu=3.0), *others], 0.0) in set("bcde")
+
+
+def test_the_books_history_keeps_a_steady_adapter_over_one_just_used_once():
+    # Both idle on a full replica; "steady" had a request a minute ago and gets one every few minutes (the last day
+    # says so), "once" was used a second ago and never before. The live rate alone evicts "steady".
+    def routed(router):
+        for name, at in (("steady", 40.0), ("once", 99.0)):
+            router.on_routed(ask(name, name), "r1", at)
+            router.on_finished(ask(name, name), "r1", at)
+        return router
+
+    full = view("r1", adapters={"steady", "once"}, max_loras=2)
+    live_only = routed(make_router("infercap", seed=1))
+    assert live_only.adapter_book.victim(full, 100.0) == "steady"
+    with_history = routed(make_router("infercap", seed=1, adapter_history={"steady": 1 / 300}))
+    assert with_history.adapter_book.victim(full, 100.0) == "once"
+    # The proxy replaces the history with each snapshot.
+    with_history.set_adapter_history({})
+    assert with_history.adapter_book.victim(full, 100.0) == "steady"
 
 
 def test_infercap_loads_a_new_adapter_where_the_evicted_one_is_least_popular():
