@@ -23,7 +23,7 @@ The loads comparison is also made at ``low_qps`` (10), where the policies keep m
 share them, which makes every policy's count fall below even MIN's. Beside MIN (knows the future) it reports the
 best rule that knows every adapter's true share but not the future (``popular_first_loads``: evict the least
 popular; in expectation the best online rule for independent requests, though one stream may favour another),
-and infercap without the books' history. infercap reads each adapter's rate over a past of ``history_s`` (``history_rates``, another draw from
+infercap without the books' history, and infercap with a wrong one (another catalog's: a popularity shift). infercap reads each adapter's rate over a past of ``history_s`` (``history_rates``, another draw from
 the catalog: live, the usage records' last day); the baselines read none, as their sources do not.
 
 Policies are judged on seed ``EVAL_SEED``; infercap's LoRA weights were chosen on seeds of ``TUNING_SEEDS``
@@ -78,7 +78,7 @@ class Setup:
     low_duration_s: float = 300.0  # its measured window: 3,000 requests at 10 qps (60 s held ~600: ±0.1 on a ratio)
 
 
-QUICK = Setup(rates=(80, 120), warmup_s=10.0, duration_s=20.0, history_s=300.0, low_duration_s=120.0)
+QUICK = Setup(rates=(80, 120), warmup_s=10.0, duration_s=20.0, low_duration_s=120.0)
 
 
 @dataclass(frozen=True)
@@ -271,14 +271,20 @@ def sweep(setup: Setup, policy: str, progress: Callable, *, bound: bool = False,
 
 
 def low_rate(setup: Setup, progress: Callable) -> dict:
-    """Every policy, and infercap without the books' history, at ``low_qps``: loads per 1,000 requests where the
-    policies keep most requests within the SLO, so that loads are loads and not requests queued behind one."""
-    runs = {name: (name, True) for name in POLICIES} | {"infercap_without_history": ("infercap", False)}
+    """Every policy, and infercap without the books' history and with a wrong one, at ``low_qps``: loads per 1,000
+    requests where the policies keep most requests within the SLO, so that loads are loads and not requests queued
+    behind one. The wrong history is another catalog's (``seed + 1``): every adapter's past rate is another's, the
+    worst a popularity shift since the last day could do."""
+    wrong = {"adapter_history": history_rates(replace(setup, seed=setup.seed + 1), setup.low_qps)}
+    runs = {name: (name, True, None) for name in POLICIES} | {
+        "infercap_without_history": ("infercap", False, None),
+        "infercap_with_wrong_history": ("infercap", False, wrong),
+    }
     out = {}
     low = replace(setup, duration_s=setup.low_duration_s)
-    for label, (policy, history) in runs.items():
+    for label, (policy, history, options) in runs.items():
         started = time.perf_counter()
-        out[label] = stage = run_rate(low, policy, setup.low_qps, history=history)
+        out[label] = stage = run_rate(low, policy, setup.low_qps, history=history, options=options)
         progress(
             f"  {label} @ {setup.low_qps:g} qps: {stage['adapter_loads_per_1k']} loads/1k "
             f"({stage['slo_attainment']:.0%} within the SLO) [{time.perf_counter() - started:.1f} s]"
@@ -341,8 +347,12 @@ def run(*, quick: bool = False, plot: str | None = None, live: bool = False, pro
     figures["low_rate"] = {
         "qps": setup.low_qps,
         "infercap_without_history": low["infercap_without_history"],
+        "infercap_with_wrong_history": low["infercap_with_wrong_history"],
         "loads_ratio_vs_lora_affinity": _ratio(low["infercap"]["adapter_loads_per_1k"], baseline_low),
         "loads_ratio_without_history": _ratio(low["infercap_without_history"]["adapter_loads_per_1k"], baseline_low),
+        "loads_ratio_with_wrong_history": _ratio(
+            low["infercap_with_wrong_history"]["adapter_loads_per_1k"], baseline_low
+        ),
         "loads_online_bound_per_1k": loads_online_bound(
             replace(setup, duration_s=setup.low_duration_s), setup.low_qps
         ),
