@@ -29,7 +29,11 @@
    llm-d's queue and kv-cache scorers; off by default: in the benchmark they cost throughput.
    Stickiness and affinity are preferences: a sticky replica that is over the bound or at its limit is simply
    not allowed, and the session moves; for the session's own replica the bound is ``session_load_bound`` (1.5),
-   since it holds the whole conversation. The head terms are scaled by how often heads recur (an exponentially
+   since it holds the whole conversation. A request of a chat session weighs load by ``session_load_weight`` (10)
+   instead of 3: each conversation's context grows on its replica every turn, so a replica's load grows without any
+   new placement, and at 3 the session's own pull (session 3 + prefix up to 3) kept sessions on a replica drifting
+   towards the bound until its TPOT failed; first turns likewise go where there is room, as the oracle that pins
+   each session to the least loaded replica does. The head terms are scaled by how often heads recur (an exponentially
    weighted share of requests whose head was seen before, starting at 1): a stream of unique prompts has no
    groups, and counting each prompt as one steered it by head counts instead of load.
 
@@ -159,6 +163,7 @@ class InfercapRouter(RouterBase):
         max_sessions: int = 100_000,
         kv_index: KVBlockIndex | None = None,
         session_load_bound: float = 1.5,
+        session_load_weight: float = 10.0,
         adapter_load_bound: float | None = None,
         evict_weight: float = 3.0,
         adapter_home_weight: float = 3.0,
@@ -190,6 +195,7 @@ class InfercapRouter(RouterBase):
         )
         self.kv_index = kv_index
         self.session_load_bound = session_load_bound
+        self.session_load_weight = session_load_weight
         if load_bound < 1.0:
             raise ValueError("load_bound must be ≥ 1.0 (1.0 means perfectly even load)")
         if load_slack < 0:
@@ -254,6 +260,7 @@ class InfercapRouter(RouterBase):
         queue = queue_scores(allowed) if self.queue_weight else {}
         extra_heads = self._extra_heads(allowed, head, hashes)
         primary = self._primary(allowed, head, hashes)
+        load_weight = self.load_weight if request.session_id is None else self.session_load_weight
         scored = []
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
@@ -271,7 +278,7 @@ class InfercapRouter(RouterBase):
                 + (self.kv_weight * kv_score(r) if self.kv_weight else 0.0)
                 - self.spread_weight * self.recurrence * extra_heads.get(r.replica_id, 0)
                 + (self.primary_weight * self.recurrence if r.replica_id == primary else 0.0)
-                - self.load_weight * loads[r.replica_id] / top_load
+                - load_weight * loads[r.replica_id] / top_load
                 + adapter_scores.get(r.replica_id, 0.0)
             )
             scored.append((score, r))

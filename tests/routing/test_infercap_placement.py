@@ -141,11 +141,28 @@ def test_a_session_stays_on_its_replica_up_to_the_looser_session_bound():
     def pick_with(home_mu: float, **options) -> str:
         router = make_router("infercap", seed=0, **options)
         replicas = busy_views(4)
-        router.on_routed(RouteRequest(request_id="t0", prompt_text="hello " * 20, session_id="s"), "r2", 0.0)
+        conversation = "hello there, tell me about caches " * 40
+        router.on_routed(RouteRequest(request_id="t0", prompt_text=conversation, session_id="s"), "r2", 0.0)
         replicas[2].in_flight_mu = home_mu
-        turn = RouteRequest(request_id="t1", prompt_text="next turn " * 20, mu=1.0, session_id="s")
+        # The next turn's prompt is the conversation so far and one more question, as a chat client sends it.
+        turn = RouteRequest(request_id="t1", prompt_text=conversation + "and then? " * 10, mu=1.0, session_id="s")
         return router.pick(turn, replicas, 1.0)
 
     assert pick_with(31.0) == "r2"
     assert pick_with(31.0, session_load_bound=1.25) != "r2"  # the plain bound alone moves it
     assert pick_with(40.0) != "r2"
+
+
+def test_a_session_weighs_load_more_than_a_single_request():
+    # A session's context grows on its replica every turn, so its requests weigh load by session_load_weight (10):
+    # a turn whose cached share is small moves off a replica carrying 55 % more, where at the plain weight it stays.
+    def pick_with(**options) -> str:
+        router = make_router("infercap", seed=0, **options)
+        replicas = busy_views(4)
+        router.on_routed(RouteRequest(request_id="t0", prompt_text="hello " * 20, session_id="s"), "r2", 0.0)
+        replicas[2].in_flight_mu = 31.0
+        turn = RouteRequest(request_id="t1", prompt_text="next turn " * 20, mu=1.0, session_id="s")
+        return router.pick(turn, replicas, 1.0)
+
+    assert pick_with() != "r2"
+    assert pick_with(session_load_weight=3.0) == "r2"
