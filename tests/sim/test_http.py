@@ -315,7 +315,7 @@ def test_client_disconnect_aborts_and_frees_blocks():
 
 
 def test_priority_is_served_first_when_the_batch_is_full():
-    with ThreadedReplica(get_profile("tiny", max_num_seqs=1), speed=1.0) as replica:
+    with ThreadedReplica(get_profile("tiny", max_num_seqs=1), speed=0.25) as replica:
         finished: dict[str, float] = {}
 
         def send(name: str, priority: int, tokens: int):
@@ -338,7 +338,9 @@ def test_priority_is_served_first_when_the_batch_is_full():
                 message=f"{running} running and {waiting} waiting",
             )
 
-        blocker = threading.Thread(target=send, args=("blocker", 0, 900))  # ~2 s on tiny
+        # ~8 s at a quarter speed: long enough that both later requests arrive while it runs, even when a loaded
+        # machine delays their threads by seconds (at ~2 s a CI run saw the blocker finish before "low" was queued).
+        blocker = threading.Thread(target=send, args=("blocker", 0, 900))
         blocker.start()
         until(running=1, waiting=0)
         low = threading.Thread(target=send, args=("low", 10, 5))
