@@ -146,12 +146,12 @@ class HttpReplicaDriver:
         start = clock()
         try:
             if stream:
-                first, usage = await self._streamed(client, body, clock)
+                accepted, first, usage = await self._streamed(client, body, clock)
             else:
                 response = await client.post(f"{self.url}/v1/completions", json=body)
                 if response.status_code != 200:
                     return _failed(start, clock(), f"HTTP {response.status_code}: {response.text[:200]}")
-                first, usage = None, response.json().get("usage") or {}
+                accepted, first, usage = None, None, response.json().get("usage") or {}
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             return _failed(start, clock(), f"{type(exc).__name__}: {exc}")
         end = clock()
@@ -165,12 +165,15 @@ class HttpReplicaDriver:
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens") or 0),
             output_tokens=int(usage.get("completion_tokens", 0)),
+            accepted_s=accepted,
         )
 
-    async def _streamed(self, client: httpx.AsyncClient, body: dict, clock) -> tuple[float | None, dict]:
+    async def _streamed(self, client: httpx.AsyncClient, body: dict, clock) -> tuple[float, float | None, dict]:
+        """(when the headers came, when the first token came, the usage)."""
         first: float | None = None
         usage: dict = {}
         async with client.stream("POST", f"{self.url}/v1/completions", json=body) as response:
+            accepted = clock()
             if response.status_code != 200:
                 await response.aread()
                 raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
@@ -187,7 +190,7 @@ class HttpReplicaDriver:
                     first = clock()
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-        return first, usage
+        return accepted, first, usage
 
 
 def _failed(start: float, end: float, error: str) -> Sample:

@@ -58,6 +58,9 @@ class Sample:
     output_tokens: int
     ok: bool = True
     error: str = ""
+    # When the replica answered the request's headers (streamed requests over HTTP; vLLM's API server sends them
+    # before the request reaches its engine): ``first_token_s - accepted_s`` is the engine's part of the TTFT.
+    accepted_s: float | None = None
 
 
 class LoadDriver(Protocol):

@@ -6,27 +6,33 @@ not calibrated.
 2. Calibrates: ``benchmark_replica``'s load sweep and MU fit (``replica_benchmark.sweep.run_sweep``) with a driver
    that sends exact token-id prompts; the simulator's step times are fitted to every run of that sweep, in
    closed form (``endpoints.runtimes.sim.calibration.profile_from_levels``, the MU fit's NNLS with β split by
-   batch and context) and then refined by replaying the runs in the simulator (``refine_profile``), on top of the
+   batch and context) and then refined, with attention's prefill term and the API server's CPU costs
+   (``load.ApiServerCost``), by replaying the runs in the simulator (``refine_profile``), on top of the
    ``tiny-cpu`` profile's limits.
 3. Predicts held-out load points (other concurrencies, prompt and output lengths, a mix of shared prefixes) with
    the simulator's engine in virtual time and measures them on the engine; reports per point and overall the
-   relative error of throughput, TTFT p50 and p90, TPOT p50 and prefix-cache hit rate. Steps 2 and 3 are one
-   repeat; ``repeats`` of them (the machine is shared and noisy) give 95 % intervals.
+   relative error of throughput, TTFT p50 and p90, TPOT p50 and prefix-cache hit rate; each point is measured
+   twice, and the second measurement's error is the engine's own. Steps 2 and 3 are one repeat; ``repeats`` of
+   them (the machine is shared and noisy) give 95 % intervals.
 4. Runs the contract comparison (``endpoints.runtimes.sim.contract``) between the engine and a ``tiny-cpu``
    simulated replica and counts the divergences.
 
 Options (``--opt``): ``size`` (``smoke``, ``quick``, ``full``: the calibration sweep and the held-out points;
 ``--quick`` picks ``quick``), ``url`` (an engine already serving; no start-up then), ``cpus`` (the started
-engine's CPU allotment, a launch option: 1 by default, so that its OpenMP threads never wait on each other for a
-core a neighbour holds on a shared 2-core machine), ``repeats`` (1 quick, 3 full), ``client_gap_s`` (the
-turnaround between a finished request and the next, in the prediction; default 0.002), ``refine=0`` (predict with
-the closed-form fit alone), ``contract=0`` (skip the comparison). The goal is each error within 15 %; every
-measurement also reports who used the CPUs meanwhile (``cpu``), the evidence when a neighbour disturbed it.
+engine's CPU allotment, a launch option: 1 by default), ``pin=0`` (leave the started engine's processes where the
+kernel puts them: by default they get the allotment's cores and its API server and this process the others, see
+``load.pin_engine``), ``repeats`` (1 quick, 3 full), ``client_gap_s`` (the turnaround between a finished request
+and the next, in the prediction; default 0.002), ``refine=0`` (predict with the closed-form fit alone, no API
+server), ``again=0`` (measure each point once: no engine-against-itself figures), ``contract=0`` (skip the
+comparison). The goal is each error within 15 %; ``engine_again_err`` says how close the engine comes to itself
+(the floor no model can be expected to beat), and every measurement reports who used the CPUs meanwhile
+(``cpu``), the evidence when a neighbour disturbed it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 
@@ -35,17 +41,37 @@ from django.core.management.base import CommandError
 
 from capacity.replica_benchmark.sweep import Shape, SweepConfig, run_sweep
 from endpoints.runtimes import processes
+from endpoints.runtimes.launch_env import parse_cpu_quantity
 from endpoints.runtimes.sim import contract
 from endpoints.runtimes.sim.calibration import MeasuredLevel, profile_from_levels, refine_profile
 from endpoints.runtimes.sim.process import start_replica
 from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.vllm import server_problems
 
-from .load import METRICS, CpuMeter, LoadPoint, Recorder, TokenPromptDriver, point_stats, simulate_point
+from .load import (
+    METRICS,
+    SPLIT_METRICS,
+    ApiServerCost,
+    CpuMeter,
+    LoadPoint,
+    Recorder,
+    TokenPromptDriver,
+    pin_engine,
+    point_stats,
+    simulate_point,
+)
 from .plot import fidelity_svg
 
 GOAL = 0.15
-TRAINING_METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s")  # what the refinement matches
+# What the refinement matches: the client's figures and the API server's part of the TTFT (from the send to the
+# response's headers, which vLLM's API server answers before the request reaches its engine).
+TRAINING_METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "frontend_p50_s")
+# The API server's costs (``load.ApiServerCost``) the refinement searches beside the step times: starting values
+# (a CPU's few milliseconds per request, microseconds per prompt token, a fraction of a millisecond per token).
+API_START = {"per_request_s": 2e-3, "per_prompt_token_s": 5e-6, "per_token_s": 2e-4}
+# The share of the worst-matched figures the refinement ignores (``refine_profile``'s ``trim``): a run a
+# neighbour disturbed cannot drag the fit.
+TRIM = 0.1
 BASE_PROFILE = "tiny-cpu"
 # A loose SLO: the calibration sweep measures every level instead of stopping at a TPOT target.
 _LOOSE_SLO = {"tpot_slo_ms": 60_000.0, "ttft_slo_ms": 600_000.0}
@@ -64,7 +90,14 @@ CALIBRATION = {
     "quick": dict(
         levels=(1, 4, 8),
         reference_shape=Shape(256, 48),
-        fit_shapes=(Shape(64, 32), Shape(1024, 32), Shape(64, 128), Shape(768, 64, shared_prefix_tokens=512)),
+        # Up to the held-out points' longest context (2,048 tokens): attention's terms are fitted, not extrapolated.
+        fit_shapes=(
+            Shape(64, 32),
+            Shape(1024, 32),
+            Shape(2048, 32),
+            Shape(64, 128),
+            Shape(768, 64, shared_prefix_tokens=512),
+        ),
         held_out_shapes=(),
         requests_per_stream=3,
         min_requests=8,
@@ -77,6 +110,7 @@ CALIBRATION = {
         fit_shapes=(
             Shape(64, 32),
             Shape(1024, 32),
+            Shape(2048, 48),
             Shape(64, 160),
             Shape(1024, 128),
             Shape(1024, 64, shared_prefix_tokens=768),
@@ -95,21 +129,23 @@ POINTS = {
         LoadPoint(Shape(256, 24), 3, 6),
         LoadPoint(Shape(640, 16, shared_prefix_tokens=512), 4, 8, prefix_groups=2),
     ),
+    # Enough requests that a point's p90 is not its largest sample: the steady window drops the first and last
+    # ``concurrency`` finishes.
     "quick": (
-        LoadPoint(Shape(384, 80), 6, 18),
-        LoadPoint(Shape(1536, 40), 3, 12),
-        LoadPoint(Shape(1024, 64, shared_prefix_tokens=768), 8, 24, prefix_groups=2),
+        LoadPoint(Shape(384, 80), 6, 48),
+        LoadPoint(Shape(1536, 40), 3, 30),
+        LoadPoint(Shape(1024, 64, shared_prefix_tokens=768), 8, 64, prefix_groups=2),
     ),
     "full": (
-        LoadPoint(Shape(384, 80), 6, 24),
-        LoadPoint(Shape(1536, 40), 3, 15),
-        LoadPoint(Shape(128, 192), 12, 36),
-        LoadPoint(Shape(640, 96), 2, 12),
-        LoadPoint(Shape(1024, 64, shared_prefix_tokens=768), 8, 32, prefix_groups=2),
-        LoadPoint(Shape(2048, 48, shared_prefix_tokens=1536), 4, 20, prefix_groups=4),
+        LoadPoint(Shape(384, 80), 6, 60),
+        LoadPoint(Shape(1536, 40), 3, 36),
+        LoadPoint(Shape(128, 192), 12, 72),
+        LoadPoint(Shape(640, 96), 2, 30),
+        LoadPoint(Shape(1024, 64, shared_prefix_tokens=768), 8, 80, prefix_groups=2),
+        LoadPoint(Shape(2048, 48, shared_prefix_tokens=1536), 4, 48, prefix_groups=4),
     ),
 }
-REFINE_EVALUATIONS = {"smoke": 80, "quick": 150, "full": 250}  # simulator runs of the whole sweep while refining
+REFINE_EVALUATIONS = {"smoke": 80, "quick": 300, "full": 400}  # simulator runs of the whole sweep while refining
 # Two-sided 95 % Student t quantiles by degrees of freedom (repeats − 1).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -140,9 +176,14 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         raise CommandError(f"--opt repeats= takes a whole number and client_gap_s= seconds: {exc}") from None
     if repeats < 1 or not 0 <= client_gap_s < 10:
         raise CommandError("--opt repeats= must be at least 1 and client_gap_s= in [0, 10) seconds")
+    own_cpus = os.sched_getaffinity(0)
     with _engine(opts.get("url"), progress, cpus=opts.get("cpus", "1")) as (url, startup_s, pgid):
         if problems := server_problems(url, served_model_name=None):
             raise CommandError(f"{url} is not a vLLM server to measure: {'; '.join(problems)}")
+        layout = None
+        if pgid is not None and opts.get("pin", "1") != "0":
+            layout = pin_engine(pgid, math.ceil(parse_cpu_quantity(opts.get("cpus", "1"))))
+            progress(f"CPUs: {layout}" if layout else "CPUs: too few to keep the engine apart; left to the kernel")
         info = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
         version = httpx.get(f"{url}/version", timeout=10).json().get("version")
         base = get_profile(BASE_PROFILE, model_name=info["id"], model_path=info.get("root") or "")
@@ -156,6 +197,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
                        progress=progress)
             )  # fmt: skip
         divergences = _contract(url, info, progress) if opts.get("contract", "1") != "0" else None
+    _restore_affinity(own_cpus)
     figures = _figures([_point_row(point, point_runs) for point, point_runs in runs.items()], repeats)
     figures.update(
         {
@@ -164,6 +206,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
             "contract_divergences": None if divergences is None else len(divergences),
             "contract_divergence_list": divergences,
             "engine_startup_s": None if startup_s is None else round(startup_s, 1),
+            "cpu_layout": layout,
         }
     )
     if plot:
@@ -174,6 +217,14 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     for key in ("real_vllm_version", *_KEYS.values(), "contract_divergences", "engine_startup_s"):
         figures[key] = figures.pop(key)
     return figures
+
+
+def _restore_affinity(cpus: set[int]) -> None:
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
 
 
 class _engine:
@@ -215,7 +266,7 @@ class _engine:
 
 
 def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress) -> tuple:
-    """(the closed-form profile fit, that profile refined in the simulator, the refined frontend latency, the
+    """(the closed-form profile fit, that profile refined in the simulator, the API server's costs found, the
     refined fit's RMS log error over the runs) from the calibration sweep's runs."""
     levels = [MeasuredLevel.from_samples(point.concurrency, samples) for point, _, samples in runs]
     fitted = profile_from_levels(base, levels, name=f"{BASE_PROFILE}-fitted")
@@ -226,17 +277,27 @@ def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress) ->
 
     def simulate(profile, extras: dict, i: int) -> dict:
         point, run_id, _ = runs[i]
-        samples = simulate_point(profile, point, run_id=run_id, client_gap_s=client_gap_s, **extras)
+        samples = simulate_point(profile, point, run_id=run_id, client_gap_s=client_gap_s, api=ApiServerCost(**extras))
         return point_stats(point, samples)
 
-    # The API server's latency starts at a step's fixed cost; the search moves it with the step times.
-    extras = {"frontend_s": (fitted.decode_t0_s, fitted.decode_t0_s)}
-    refined, found, rms = refine_profile(fitted, targets, simulate, extras=extras, max_evaluations=evaluations)
-    progress(
-        f"refined in the simulator (RMS log error {rms:.3f} over the runs): {_constants(refined)}, "
-        f"frontend {found['frontend_s'] * 1e3:.1f} ms"
+    extras = {name: (value, value) for name, value in API_START.items()}
+    refined, found, rms = refine_profile(
+        fitted, targets, simulate, extras=extras, max_evaluations=evaluations, trim=TRIM
     )
-    return fitted, refined, found["frontend_s"], rms
+    api = ApiServerCost(**found)
+    progress(
+        f"refined in the simulator (RMS log error {rms:.3f} over the best {1 - TRIM:.0%} of the figures): "
+        f"{_constants(refined)}; API server {_api(api)}"
+    )
+    return fitted, refined, api, rms
+
+
+def _api(api: ApiServerCost) -> dict:
+    return {
+        "per_request_ms": round(api.per_request_s * 1e3, 3),
+        "per_prompt_token_us": round(api.per_prompt_token_s * 1e6, 3),
+        "per_token_us": round(api.per_token_s * 1e6, 2),
+    }
 
 
 def _constants(profile) -> dict:
@@ -246,6 +307,7 @@ def _constants(profile) -> dict:
         "decode_per_ctx_token_us": round(profile.decode_per_ctx_token_s * 1e6, 4),
         "prefill_tokens_per_s": round(profile.prefill_tokens_per_s, 1),
         "prefill_overhead_ms": round(profile.prefill_overhead_s * 1e3, 3),
+        "prefill_per_ctx_token_ns": round(profile.prefill_per_ctx_token_s * 1e9, 4),
     }
 
 
@@ -256,24 +318,37 @@ def _cycle(driver, base, runs: dict, *, repeat: int, size: str, client_gap_s: fl
     recorder = Recorder(driver)
     with CpuMeter(pgid) as calibration_cpu:
         sweep = run_sweep(recorder, SweepConfig(**_LOOSE_SLO, **CALIBRATION[size]), progress)
-    fitted, refined, frontend_s, rms = calibrate(
+    fitted, refined, api, rms = calibrate(
         base, recorder.runs, client_gap_s=client_gap_s, evaluations=REFINE_EVALUATIONS[size], progress=progress
     )
     if opts.get("refine", "1") == "0":
-        profile, frontend_s = fitted, 0.0
+        profile, api = fitted, ApiServerCost()
     else:
         profile = refined
-    predict = {"client_gap_s": client_gap_s, "frontend_s": frontend_s}
+    predict = {"client_gap_s": client_gap_s, "api": api}
     for point in runs:
         run_id = f"fidelity-{point.label}-{repeat}-{time.time_ns()}"  # fresh prefixes: no run warms the next
         with CpuMeter(pgid) as meter:
             samples = driver.run(point.shape, point.concurrency, point.requests, run_id, **_g(point))
         measured = point_stats(point, samples)
         predicted = point_stats(point, simulate_point(profile, point, run_id=run_id, **predict))
-        runs[point].append((measured, predicted, meter.figures))
+        again = None
+        if opts.get("again", "1") != "0":
+            # The engine predicting itself: the same load measured again at once (fresh prefixes). No model of the
+            # engine can be expected to come closer to a measurement than the engine's own repeat does.
+            with CpuMeter(pgid) as meter_again:
+                again = point_stats(point, driver.run(point.shape, point.concurrency, point.requests,
+                                                      f"{run_id}-again", **_g(point)))  # fmt: skip
+            meter.figures["again"] = meter_again.figures
+        runs[point].append((measured, predicted, meter.figures, again))
         progress(
             f"{point.label} #{repeat + 1}: "
-            + ", ".join(f"{m} {_fmt(measured[m])} vs sim {_fmt(predicted[m])}" for m in METRICS if measured[m])
+            + ", ".join(
+                f"{m} {_fmt(measured[m])} vs sim {_fmt(predicted[m])}"
+                + (f" (again {_fmt(again[m])})" if again and again[m] is not None else "")
+                for m in (*METRICS, *SPLIT_METRICS)
+                if measured[m]
+            )
             + _cpu_note(meter.figures)
         )
     return {
@@ -285,7 +360,7 @@ def _cycle(driver, base, runs: dict, *, repeat: int, size: str, client_gap_s: fl
         "mu_fit": {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma")},
         "mu_fit_held_out_relative_error": sweep["fit"]["held_out_relative_error"],
         "client_gap_s": client_gap_s,
-        "frontend_ms": round(frontend_s * 1e3, 3),
+        "api_server": _api(api),
         "cpu": calibration_cpu.figures,
     }
 
@@ -294,13 +369,18 @@ def _point_row(point: LoadPoint, runs: list) -> dict:
     """Measured and predicted means over the repeats, the error of the means, and 95 % intervals."""
     row: dict = {"point": point.label, "repeats": len(runs), "measured": {}, "predicted": {}, "error": {}}
     row["measured_interval"], row["error_interval"], row["repeat_errors"] = {}, {}, {}
-    row["cpu"] = [cpu for _, _, cpu in runs]
-    for m in METRICS:
-        meas = [mv[m] for mv, _, _ in runs if mv[m] is not None]
-        pred = [pv[m] for _, pv, _ in runs if pv[m] is not None]
+    row["measured_again"], row["again_error"] = {}, {}
+    row["cpu"] = [cpu for _, _, cpu, _ in runs]
+    for m in (*METRICS, *SPLIT_METRICS):
+        meas = [mv[m] for mv, _, _, _ in runs if mv[m] is not None]
+        pred = [pv[m] for _, pv, _, _ in runs if pv[m] is not None]
         if not meas or not pred or statistics.fmean(meas) <= 0:
             continue  # no shared prefix: a hit rate of 0 has no relative error
-        errors = [e for mv, pv, _ in runs if (e := relative_error(pv[m], mv[m])) is not None]
+        again = [av[m] for _, _, _, av in runs if av is not None and av[m] is not None]
+        if again:
+            row["measured_again"][m] = round(statistics.fmean(again), 5)
+            row["again_error"][m] = round(relative_error(statistics.fmean(again), statistics.fmean(meas)), 4)
+        errors = [e for mv, pv, _, _ in runs if (e := relative_error(pv[m], mv[m])) is not None]
         row["measured"][m] = round(statistics.fmean(meas), 5)
         row["predicted"][m] = round(statistics.fmean(pred), 5)
         row["error"][m] = round(relative_error(statistics.fmean(pred), statistics.fmean(meas)), 4)
@@ -347,6 +427,18 @@ def _figures(points: list[dict], repeats: int) -> dict:
         out["intervals"][metric] = interval(per_repeat)
         out["bias"][metric] = round(statistics.fmean(errors), 4) if errors else None
         out["within_goal"][metric] = None if out[key] is None else out[key] <= GOAL
+    # The same figures for the TTFT's two parts, and the engine against its own repeat (``again``): the error no
+    # model of the engine can be expected to beat on this machine.
+    out["split_errors"] = {
+        m: round(statistics.fmean(abs(p["error"][m]) for p in points if m in p["error"]), 4)
+        for m in SPLIT_METRICS
+        if any(m in p["error"] for p in points)
+    }
+    out["engine_again_err"] = {
+        m: round(statistics.fmean(abs(p["again_error"][m]) for p in points if m in p["again_error"]), 4)
+        for m in (*METRICS, *SPLIT_METRICS)
+        if any(m in p["again_error"] for p in points)
+    }
     return out
 
 

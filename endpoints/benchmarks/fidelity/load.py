@@ -102,45 +102,97 @@ class Recorder:
         return samples
 
 
+@dataclass(frozen=True)
+class ApiServerCost:
+    """CPU seconds that vLLM's API server (and the load's client, on the same core) spends per request, per
+    prompt token of a request (parsing, validation) and per streamed token (detokenizing, one SSE event, the
+    client reading it). On a GPU host these are noise beside a model step; on a small CPU host a step of the tiny
+    model takes 2-5 ms and they are not (docs/algorithms.md, "Calibration against real vLLM")."""
+
+    per_request_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+    per_token_s: float = 0.0
+
+
+class _Fifo:
+    """One CPU doing jobs in the order they come: ``run`` returns when a job that came at ``at`` is done."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+
+    def run(self, at: float, work_s: float) -> float:
+        self.free_at = max(at, self.free_at) + work_s
+        return self.free_at
+
+
 def simulate_point(
-    profile: EngineProfile, point: LoadPoint, *, run_id: str, client_gap_s: float = 0.0, frontend_s: float = 0.0
+    profile: EngineProfile,
+    point: LoadPoint,
+    *,
+    run_id: str,
+    client_gap_s: float = 0.0,
+    frontend_s: float = 0.0,
+    api: ApiServerCost = ApiServerCost(),
 ) -> list[Sample]:
     """The point's closed loop on the simulator's engine in virtual time, with the prompts and output lengths the
-    engine gets. A finished request's successor is sent ``client_gap_s`` later (the client's turnaround) and
-    reaches the scheduler ``frontend_s`` after that (vLLM's API server: HTTP, request processing, the hop to the
-    engine core), at whose next step it is taken in; its TTFT counts from the send, as the client's does."""
+    engine gets. A finished request's successor is sent ``client_gap_s`` later (the client's turnaround); the API
+    server does its work for it (``api``: one FIFO of CPU work shared with every streamed token, so a request waits
+    behind the tokens of the others), and it reaches the scheduler ``frontend_s`` after that and is taken in at
+    the scheduler's next step. Each step's tokens reach the client once the API server has done their work; TTFT
+    counts from the send, as the client's does."""
     engine = Engine(profile)
     shape, n = point.shape, point.requests
     outputs = output_lengths(shape, n, run_id)
-    arrivals: list[tuple[float, int, float]] = [(frontend_s, i, 0.0) for i in range(min(point.concurrency, n))]
-    issued = len(arrivals)
+    server = _Fifo()
+    prompts: dict[int, list[int]] = {}
+    sent: list[tuple[float, int]] = [(0.0, i) for i in range(min(point.concurrency, n))]  # the client's sends
+    arrivals: list[tuple[float, int, float]] = []  # (at the scheduler, index, sent)
+    issued = len(sent)
+    first_seen: dict[str, float] = {}
     samples: list[Sample] = []
     now = 0.0
     while len(samples) < n:
-        while arrivals and arrivals[0][0] <= now:
-            _, index, sent = heapq.heappop(arrivals)
-            ids = prompt_ids(
+        while sent and sent[0][0] <= now:
+            at, index = heapq.heappop(sent)
+            ids = prompts[index] = prompt_ids(
                 shape, run_id=run_id, index=index, vocab_size=profile.vocab_size, prefix_groups=point.prefix_groups
             )
-            engine.add(Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent))
+            done = server.run(at, api.per_request_s + api.per_prompt_token_s * len(ids))
+            heapq.heappush(arrivals, (done + frontend_s, index, at))
+        while arrivals and arrivals[0][0] <= now:
+            at, index, sent_s = heapq.heappop(arrivals)
+            ids = prompts.pop(index)
+            seq = Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent_s)
+            seq.tag = at  # when the API server handed it over
+            engine.add(seq)
         plan = engine.plan(now, 1)
         if plan is None:
-            if not arrivals:
+            upcoming = [q[0][0] for q in (sent, arrivals) if q]
+            if not upcoming:
                 raise BenchmarkError("the simulated engine went idle with requests outstanding")
-            now = arrivals[0][0]
+            now = max(now, min(upcoming))
             continue
         now += plan.duration()
-        for seq in engine.commit(plan, plan.steps, now):
-            samples.append(
-                Sample(seq.arrival_s, now, seq.first_token_s, seq.prompt_tokens, seq.cached_tokens, seq.generated)
-            )
+        finished = engine.commit(plan, plan.steps, now)
+        seen = server.run(now, api.per_token_s * len(plan.seqs))  # this step's tokens, at the client
+        for seq in plan.admitted:
+            if seq.first_token_s is not None:
+                first_seen.setdefault(seq.request_id, seen)
+        for seq in finished:
+            first = first_seen.pop(seq.request_id, seen)
+            sample = Sample(seq.arrival_s, seen, first, seq.prompt_tokens, seq.cached_tokens, seq.generated)
+            sample.accepted_s = seq.tag  # the API server's part ends as the engine gets it
+            samples.append(sample)
             if issued < n:
-                heapq.heappush(arrivals, (now + client_gap_s + frontend_s, issued, now + client_gap_s))
+                heapq.heappush(sent, (seen + client_gap_s, issued))
                 issued += 1
     return samples
 
 
 METRICS = ("throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "prefix_hit_rate")
+# The TTFT split where the replica answers the headers: the API server's part before (HTTP, request processing)
+# and the engine's after (scheduling, prefill, the first token back through the API server).
+SPLIT_METRICS = ("frontend_p50_s", "engine_ttft_p50_s", "engine_ttft_p90_s")
 
 
 def point_stats(point: LoadPoint, samples: list[Sample]) -> dict[str, float | None]:
@@ -157,13 +209,68 @@ def point_stats(point: LoadPoint, samples: list[Sample]) -> dict[str, float | No
         if s.first_token_s is not None and s.output_tokens > 1
     ]
     prompt = sum(s.prompt_tokens for s in ok)
+    accepted = [s for s in window if s.first_token_s is not None and s.accepted_s is not None]
+    engine_ttfts = [s.first_token_s - s.accepted_s for s in accepted]
     return {
         "throughput_tok_s": stats.aggregate_tok_s,
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p90_s": percentile(ttfts, 90),
         "tpot_p50_s": statistics.median(tpots) if tpots else None,
         "prefix_hit_rate": sum(s.cached_tokens for s in ok) / prompt if prompt else None,
+        "frontend_p50_s": statistics.median(s.accepted_s - s.start_s for s in accepted) if accepted else None,
+        "engine_ttft_p50_s": percentile(engine_ttfts, 50),
+        "engine_ttft_p90_s": percentile(engine_ttfts, 90),
     }
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (Linux ``/proc``)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(entry))
+    return pids
+
+
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (``sched_setaffinity`` moves one thread)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def pin_engine(pgid: int, engine_cores: int) -> dict | None:
+    """Lay the measurement out on the CPUs this process may use: vLLM's engine processes (its engine core and
+    workers, named ``VLLM::…``) on the first ``engine_cores``, its API server and this process (the load's client)
+    on the rest. Left to the kernel on a 2-core host, the engine core's busy-wait for its worker migrates onto
+    the API server's and the client's core and the client-side times stop being repeatable (docs/algorithms.md,
+    "Calibration against real vLLM"). None, changing nothing, when no core would be left for the API server."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) <= engine_cores:
+        return None
+    engine, rest = set(allowed[:engine_cores]), set(allowed[engine_cores:])
+    for pid in group_pids(pgid):
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue
+        _set_affinity(pid, engine if name.startswith("VLLM::") else rest)
+    _set_affinity(os.getpid(), rest)
+    return {"engine": sorted(engine), "api_server_and_client": sorted(rest)}
 
 
 class CpuMeter:
@@ -183,16 +290,13 @@ class CpuMeter:
         total = 0.0
         if self.engine_pgid is None:
             return total
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
+        for pid in group_pids(self.engine_pgid):
             try:
-                with open(f"/proc/{entry}/stat") as fh:
+                with open(f"/proc/{pid}/stat") as fh:
                     fields = fh.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[2]) == self.engine_pgid:  # pgrp
-                total += float(fields[11]) + float(fields[12])  # utime + stime
+            total += float(fields[11]) + float(fields[12])  # utime + stime
         return total
 
     def __enter__(self) -> CpuMeter:

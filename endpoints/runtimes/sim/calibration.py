@@ -153,6 +153,7 @@ REFINED_FIELDS = (
     "decode_per_ctx_token_s",
     "prefill_tokens_per_s",
     "prefill_overhead_s",
+    "prefill_per_ctx_token_s",
 )
 
 
@@ -163,19 +164,26 @@ def refine_profile(
     *,
     extras: dict[str, tuple[float, float]] | None = None,
     max_evaluations: int = 120,
+    trim: float = 0.0,
 ) -> tuple[EngineProfile, dict[str, float], float]:
     """``profile``'s step times adjusted until the simulator reproduces measured runs: the closed form of
     ``step_cost_fit`` leaves a few per cent of bias (prefill steps stretch the decode batch, chunks share their
     overhead), so the fit's profile is the start of a Nelder-Mead search, in log space, for the step times that
     minimise the mean squared log-ratio between ``simulate(profile, extras, i)`` and ``targets[i]`` over every
     figure both have (throughput, TTFT, TPOT). ``extras`` are further positive parameters of ``simulate`` that
-    are not the engine's (name → (start, scale)), searched alike. Deterministic; returns the profile, the
-    extras and the root-mean-square log error."""
+    are not the engine's (name → (start, scale)), searched alike. ``trim`` drops that fraction of the largest
+    squared log-ratios from the mean (least trimmed squares): a measurement the engine's host distorted (a stream
+    its API server held back and then sent at once) then cannot drag the fit. Deterministic; returns the profile,
+    the extras and the root-mean-square log error (over the terms kept)."""
+    if not 0 <= trim < 1:
+        raise ValueError("trim must be in [0, 1)")
     extras = extras or {}
     start = [getattr(profile, f) for f in REFINED_FIELDS] + [value for value, _ in extras.values()]
     # A scale per parameter, so that one the fit found to be 0 can still grow: for the step's parts, 1 % of its
     # fixed cost.
-    floors = [1e-4, 0.01 * start[0], 1e-5 * start[0], 1.0, 0.01 * start[0]] + [scale for _, scale in extras.values()]
+    # Attention's prefill term: a 1,000-token chunk over 1,000 tokens of context at a fixed cost's 1 %.
+    floors = [1e-4, 0.01 * start[0], 1e-5 * start[0], 1.0, 0.01 * start[0], 1e-8 * start[0]]
+    floors += [scale for _, scale in extras.values()]
     scales = [max(value, floor) for value, floor in zip(start, floors, strict=True)]
     names = list(REFINED_FIELDS) + list(extras)
 
@@ -186,15 +194,15 @@ def refine_profile(
 
     def loss(z: list[float]) -> float:
         trial, trial_extras = decode(z)
-        total, count = 0.0, 0
+        terms = []
         for i, target in enumerate(targets):
             predicted = simulate(trial, trial_extras, i)
             for key, measured in target.items():
                 value = predicted.get(key)
                 if measured and value and measured > 0 and value > 0:
-                    total += math.log(value / measured) ** 2
-                    count += 1
-        return total / count if count else math.inf
+                    terms.append(math.log(value / measured) ** 2)
+        kept = sorted(terms)[: len(terms) - int(trim * len(terms))]
+        return sum(kept) / len(kept) if kept else math.inf
 
     z0 = [math.log(v / s) if v > 0 else 0.0 for v, s in zip(start, scales, strict=True)]
     best, best_loss = _nelder_mead(loss, z0, step=0.25, max_evaluations=max_evaluations)

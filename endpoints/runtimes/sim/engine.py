@@ -171,6 +171,7 @@ class Engine:
         self._block = profile.block_size
         self._tick = [0]  # decode steps run so far: the clock of lazily counted tokens (Sequence.generated)
         self._ctx = 0  # prompt + generated tokens of the running set
+        self._attended = 0.0  # the last schedule's Σ u·(c + u/2) (``EngineProfile.prefill_s``)
         self._finishes: list = []  # (tick at which it has generated max_tokens, order, run, seq)
         self._boundaries: list = []  # (tick at which it needs another KV block, order, run, seq)
 
@@ -246,16 +247,19 @@ class Engine:
         budget = self.profile.max_num_batched_tokens - len(self.running)
         completed: list[Sequence] = []
         prefill_tokens = 0
+        self._attended = 0.0  # Σ u·(c + u/2) over this step's chunks: attention's part of the prefill
         for seq in list(self.prefilling):
             if budget <= 0:
                 break
             if seq.state != PREFILLING:
                 continue  # preempted for an earlier chunk's blocks
             take = min(seq.prefill_left, budget)
-            if not self._hold_through(seq, seq.prompt_tokens + seq._gen - seq.prefill_left + take):
+            done = seq.prompt_tokens + seq._gen - seq.prefill_left
+            if not self._hold_through(seq, done + take):
                 continue
             budget -= take
             prefill_tokens += take
+            self._attended += take * (done + take / 2)
             seq.prefill_left -= take
             if not seq.prefill_left:
                 completed.append(seq)
@@ -291,6 +295,7 @@ class Engine:
                 self.stats.prefix_hits += hit_tokens
             budget -= take
             prefill_tokens += take
+            self._attended += take * (hit_tokens + take / 2)
             seq.prefill_left = tokens - hit_tokens - take
             seq.state = PREFILLING
             self.prefilling.append(seq)
@@ -447,7 +452,7 @@ class Engine:
                 old = [s for s in self.running if id(s) not in new]
                 old_batch, old_ctx = len(old), sum(s.prompt_tokens + s.generated for s in old)
             step0 = profile.decode_step_s(old_batch, old_ctx) if old_batch else profile.decode_t0_s
-            prefill = profile.prefill_s(prefill_tokens)
+            prefill = profile.prefill_s(prefill_tokens, self._attended)
             factor = self._lora_factor()
             return Plan(now, 1, list(self.running), prefill * factor, step0 * factor, 0.0, admitted, prefill_tokens)
         while True:

@@ -2,9 +2,10 @@
 
 A profile is the engine model's constants: batch and KV limits (``block_size`` is the KV block in tokens: 16 on
 GPUs, 128 on vLLM's CPU backend), decode step time ``t0 + per_seq·batch + per_ctx_token·context_tokens``, prefill
-time ``overhead + uncached / rate``, and where the replica's answers end: a request without ``ignore_eos`` stops at
-EOS after a log-normal number of tokens (``output_tokens_median``, ``output_tokens_sigma``), drawn per prompt and
-choice, unless ``max_tokens`` comes first.
+time ``overhead + uncached / rate`` (+ attention's ``per_ctx · Σ u·(c + u/2)`` where a profile sets it), and
+where the replica's answers end: a request without ``ignore_eos`` stops at EOS after a log-normal number of
+tokens (``output_tokens_median``, ``output_tokens_sigma``), drawn per prompt and choice, unless ``max_tokens``
+comes first.
 The GPU profiles' step times come from a roofline (``roofline.py``: weight and KV bytes over the datasheet memory
 bandwidth for decode, 2·params FLOPs per prompt token for prefill, at the MBU and MFU of ``roofline.Efficiency``);
 ``ROOFLINES`` says which model and GPU each one is, and tests hold every GPU profile to its roofline. The default,
@@ -43,12 +44,22 @@ class EngineProfile:
     output_tokens_sigma: float = 1.0  # … and this spread (of the length's logarithm)
     model_path: str = ""  # what ``--model`` named (``root`` in /v1/models); the served name when empty
     vocab_size: int = 32000  # bounds logprobs=-1 ("the whole vocabulary"), as vLLM's --max-logprobs check
+    # Attention's share of a prefill: seconds per (prompt token computed × token of context it attends to), so a
+    # chunk of u tokens after c already in the KV cache costs u·(c + u/2) of it. 0 in the GPU profiles, whose
+    # linear layers dwarf it at their context lengths; a tiny model on CPUs is the opposite (bench fidelity fits it).
+    prefill_per_ctx_token_s: float = 0.0
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         return self.decode_t0_s + self.decode_per_seq_s * batch + self.decode_per_ctx_token_s * context_tokens
 
-    def prefill_s(self, uncached_tokens: int) -> float:
-        return self.prefill_overhead_s + uncached_tokens / self.prefill_tokens_per_s
+    def prefill_s(self, uncached_tokens: int, attended: float = 0.0) -> float:
+        """A prefill step's extra time for ``uncached_tokens`` computed, ``attended`` = Σ u·(c + u/2) over its
+        chunks (``prefill_per_ctx_token_s``)."""
+        return (
+            self.prefill_overhead_s
+            + uncached_tokens / self.prefill_tokens_per_s
+            + self.prefill_per_ctx_token_s * attended
+        )
 
     def with_options(self, **changes) -> EngineProfile:
         unknown = set(changes) - set(self.__dataclass_fields__)
