@@ -25,8 +25,13 @@
    left the replica's LRU index no longer counts.)
    ``− 3 × relative load`` (in-flight MU over the busiest allowed replica's: among the replicas that hold a
    prefix, the one with spare room wins over question-level cache hits; at weight 1 a 10% heavier replica kept
-   taking its prefix's traffic until it preempted under overload). ``queue_weight``/``kv_weight`` can add
-   llm-d's queue and kv-cache scorers; off by default: in the benchmark they cost throughput.
+   taking its prefix's traffic until it preempted under overload)
+   ``− 2 × queue − 2 × kv`` among the replicas holding the prefix only (``queue_weight``/``kv_weight``, llm-d's
+   queue and kv-cache scorers turned into penalties against the best holder: engine queue over the holders'
+   min–max spread, free KV below the best holder's; nothing for a non-holder): which holder takes the request is
+   also decided by what the MU load does not see, a holder whose KV is saturated (queueing, preempting) while its
+   in-flight MU is within the bound. Over all replicas, as llm-d applies them, they pulled requests off their
+   prefix's holders and cost the cache-pressure workload's hit rate.
    Stickiness and affinity are preferences: a sticky replica that is over the bound or at its limit is simply
    not allowed, and the session moves; for the session's own replica the bound is ``session_load_bound`` (1.5),
    since it holds the whole conversation. A request of a chat session weighs load by ``session_load_weight`` (10)
@@ -65,7 +70,7 @@ from collections.abc import Collection, Mapping, Sequence
 from endpoints.routing.base import ReplicaView, RouteRequest
 from endpoints.routing.baselines import RouterBase
 from endpoints.routing.kv_index import KVBlockIndex
-from endpoints.routing.llmd import kv_match_fraction, kv_score, queue_scores, request_hashes
+from endpoints.routing.llmd import kv_match_fraction, kv_score, request_hashes
 from endpoints.routing.lora_placement import BUSY_SLOTS_COST, AdapterBook, holders
 from endpoints.routing.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, PrefixHeads, PrefixIndex
 
@@ -155,8 +160,8 @@ class InfercapRouter(RouterBase):
         fill_weight: float = 2.0,
         spread_weight: float = 2.0,
         primary_weight: float = 1.0,
-        queue_weight: float = 0.0,
-        kv_weight: float = 0.0,
+        queue_weight: float = 2.0,
+        kv_weight: float = 2.0,
         block_chars: int = PREFIX_BLOCK_CHARS,
         max_blocks: int = MAX_PREFIX_BLOCKS,
         session_ttl_s: float = 900.0,
@@ -257,14 +262,15 @@ class InfercapRouter(RouterBase):
         loads = {r.replica_id: replica_load(r, mu) for r in allowed}
         top_load = max(loads.values()) or 1.0
         head = home_key(request, self.home_blocks * self.prefix_index.block_chars)
-        queue = queue_scores(allowed) if self.queue_weight else {}
+        matches = {r.replica_id: self.prefix_match(r.replica_id, request, hashes, now) for r in allowed}
+        pressure = self._holder_pressure(allowed, matches)
         extra_heads = self._extra_heads(allowed, head, hashes)
         primary = self._primary(allowed, head, hashes)
         load_weight = self.load_weight if request.session_id is None else self.session_load_weight
         scored = []
         for r in allowed:
             self._cache_config[r.replica_id] = (r.num_gpu_blocks, r.block_size)
-            match = self.prefix_match(r.replica_id, request, hashes, now)
+            match = matches[r.replica_id]
             if match > 0 and r.replica_id in request.extra.get(_PRECISE_ON, ()):
                 # Its events show the prompt cached there (put there by another proxy process, or before a restart
                 # of this one): it holds the head, whatever the routed-prompt table says.
@@ -274,8 +280,7 @@ class InfercapRouter(RouterBase):
                 + (self.session_weight if r.replica_id == sticky else 0.0)
                 + self.home_weight * home_rank(head, r.replica_id)
                 - self.fill_weight * self.prefix_index.fill(r.replica_id)
-                + (self.queue_weight * queue[r.replica_id] if queue else 0.0)
-                + (self.kv_weight * kv_score(r) if self.kv_weight else 0.0)
+                + pressure.get(r.replica_id, 0.0)
                 - self.spread_weight * self.recurrence * extra_heads.get(r.replica_id, 0)
                 + (self.primary_weight * self.recurrence if r.replica_id == primary else 0.0)
                 - load_weight * loads[r.replica_id] / top_load
@@ -287,6 +292,31 @@ class InfercapRouter(RouterBase):
             precise = request.extra.get(_PRECISE_ON)
             request.extra[PREFIX_SOURCE_KEY] = "precise" if precise and best in precise else "approximate"
         return best
+
+    def _holder_pressure(self, allowed: Sequence[ReplicaView], matches: Mapping[str, float]) -> dict[str, float]:
+        """llm-d's queue and kv-cache scorers, only among the replicas holding the prompt's prefix (≤ 0 each).
+
+        Holders: a match above zero and at least half the best one. With two or more, the holder with the shortest
+        engine queue and the most free KV loses nothing and the others lose ``queue_weight`` × their queue's share
+        of the holders' spread and ``kv_weight`` × how much less free KV they have; a replica that does not hold the
+        prefix gets nothing, so these terms choose which holder takes the request and never pull it off its holders
+        (over all replicas, as llm-d scores, they cost cache-pressure hit rate). They see what the MU load does not:
+        a holder whose KV is saturated queues and preempts while its in-flight MU is still within the bound.
+        """
+        if not self.queue_weight and not self.kv_weight:
+            return {}
+        best = max(matches.values(), default=0.0)
+        group = [r for r in allowed if 0 < matches[r.replica_id] and matches[r.replica_id] >= 0.5 * best]
+        if len(group) < 2:
+            return {}
+        low = min(r.num_waiting for r in group)
+        spread = max(r.num_waiting for r in group) - low
+        top_kv = max(kv_score(r) for r in group)
+        return {
+            r.replica_id: self.kv_weight * (kv_score(r) - top_kv)
+            - (self.queue_weight * (r.num_waiting - low) / spread if spread else 0.0)
+            for r in group
+        }
 
     def _adapter_choice(
         self, adapter: str, candidates: Sequence[ReplicaView], allowed: list[ReplicaView], mu: float, now: float

@@ -166,3 +166,20 @@ def test_a_session_weighs_load_more_than_a_single_request():
 
     assert pick_with() != "r2"
     assert pick_with(session_load_weight=3.0) == "r2"
+
+
+def test_infercap_queue_and_kv_choose_among_the_holders_of_the_prefix_only():
+    # r0 and r1 hold the group (r0 the older copy, its primary) at the same MU load, but r0's KV is saturated: its
+    # engine queues. The request goes to r1, the holder with room; r2 is idle with an empty cache and holds nothing,
+    # and never gets it: queue and KV choose which holder, they do not pull a request off its holders.
+    router = make_router("infercap", seed=0)
+    replicas = busy_views(3)
+    router.on_routed(request(0, prompt=group_prompt(1)), "r0", 0.0)
+    router.on_routed(request(1, prompt=group_prompt(1, q=1)), "r1", 0.0)
+    replicas[0].num_waiting, replicas[0].kv_usage = 3, 0.95
+    replicas[1].kv_usage = 0.6
+    assert router.pick(request(2, prompt=group_prompt(1, q=2)), replicas, 0.0) == "r1"
+    # One holder only: however full its queue, the group stays there (the load bound alone moves it).
+    single = make_router("infercap", seed=0)
+    single.on_routed(request(0, prompt=group_prompt(2)), "r0", 0.0)
+    assert single.pick(request(1, prompt=group_prompt(2, q=1)), replicas, 0.0) == "r0"
