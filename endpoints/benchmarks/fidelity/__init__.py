@@ -58,6 +58,7 @@ from .load import (
     TokenPromptDriver,
     pin_engine,
     point_stats,
+    set_affinity,
     simulate_point,
 )
 from .plot import fidelity_svg
@@ -176,14 +177,10 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         raise CommandError(f"--opt repeats= takes a whole number and client_gap_s= seconds: {exc}") from None
     if repeats < 1 or not 0 <= client_gap_s < 10:
         raise CommandError("--opt repeats= must be at least 1 and client_gap_s= in [0, 10) seconds")
-    own_cpus = os.sched_getaffinity(0)
-    with _engine(opts.get("url"), progress, cpus=opts.get("cpus", "1")) as (url, startup_s, pgid):
+    engine = _engine(opts.get("url"), progress, cpus=opts.get("cpus", "1"), pin=opts.get("pin", "1") != "0")
+    with engine as (url, startup_s, pgid):
         if problems := server_problems(url, served_model_name=None):
             raise CommandError(f"{url} is not a vLLM server to measure: {'; '.join(problems)}")
-        layout = None
-        if pgid is not None and opts.get("pin", "1") != "0":
-            layout = pin_engine(pgid, math.ceil(parse_cpu_quantity(opts.get("cpus", "1"))))
-            progress(f"CPUs: {layout}" if layout else "CPUs: too few to keep the engine apart; left to the kernel")
         info = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
         version = httpx.get(f"{url}/version", timeout=10).json().get("version")
         base = get_profile(BASE_PROFILE, model_name=info["id"], model_path=info.get("root") or "")
@@ -197,7 +194,6 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
                        progress=progress)
             )  # fmt: skip
         divergences = _contract(url, info, progress) if opts.get("contract", "1") != "0" else None
-    _restore_affinity(own_cpus)
     figures = _figures([_point_row(point, point_runs) for point, point_runs in runs.items()], repeats)
     figures.update(
         {
@@ -206,7 +202,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
             "contract_divergences": None if divergences is None else len(divergences),
             "contract_divergence_list": divergences,
             "engine_startup_s": None if startup_s is None else round(startup_s, 1),
-            "cpu_layout": layout,
+            "cpu_layout": engine.layout,
         }
     )
     if plot:
@@ -219,19 +215,13 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     return figures
 
 
-def _restore_affinity(cpus: set[int]) -> None:
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass
-
-
 class _engine:
     """The engine to measure: the one at ``url``, or real vLLM started here and stopped on leaving."""
 
-    def __init__(self, url: str | None, progress, *, cpus):
-        self.url, self.progress, self.cpus, self.group = url, progress, cpus, None
+    def __init__(self, url: str | None, progress, *, cpus, pin: bool = True):
+        self.url, self.progress, self.cpus, self.pin, self.group = url, progress, cpus, pin, None
+        self.layout: dict | None = None  # where ``load.pin_engine`` put the processes started here
+        self.own_cpus = os.sched_getaffinity(0)
 
     def __enter__(self) -> tuple[str, float | None, int | None]:
         """(base URL, seconds until it served, its process group or None when it was not started here)."""
@@ -258,11 +248,16 @@ class _engine:
             raise CommandError(f"vLLM did not start: {exc}") from None
         startup_s = time.monotonic() - started
         self.progress(f"vLLM healthy after {startup_s:.1f} s")
+        if self.pin:
+            self.layout = pin_engine(proc.pid, math.ceil(parse_cpu_quantity(self.cpus)))
+            self.progress(f"CPUs: {self.layout or 'too few to keep the engine apart; left to the kernel'}")
         return f"http://127.0.0.1:{port}", startup_s, proc.pid  # its own session: the group's leader
 
     def __exit__(self, *exc) -> None:
         if self.group is not None:
             self.group.kill_all()
+        if self.layout is not None:
+            set_affinity(os.getpid(), self.own_cpus)  # this process back on every CPU it had
 
 
 def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress) -> tuple:

@@ -131,15 +131,13 @@ def simulate_point(
     *,
     run_id: str,
     client_gap_s: float = 0.0,
-    frontend_s: float = 0.0,
     api: ApiServerCost = ApiServerCost(),
 ) -> list[Sample]:
     """The point's closed loop on the simulator's engine in virtual time, with the prompts and output lengths the
     engine gets. A finished request's successor is sent ``client_gap_s`` later (the client's turnaround); the API
     server does its work for it (``api``: one FIFO of CPU work shared with every streamed token, so a request waits
-    behind the tokens of the others), and it reaches the scheduler ``frontend_s`` after that and is taken in at
-    the scheduler's next step. Each step's tokens reach the client once the API server has done their work; TTFT
-    counts from the send, as the client's does."""
+    behind the tokens of the others), and the scheduler takes it in at its next step after that. Each step's tokens
+    reach the client once the API server has done their work; TTFT counts from the send, as the client's does."""
     engine = Engine(profile)
     shape, n = point.shape, point.requests
     outputs = output_lengths(shape, n, run_id)
@@ -158,7 +156,7 @@ def simulate_point(
                 shape, run_id=run_id, index=index, vocab_size=profile.vocab_size, prefix_groups=point.prefix_groups
             )
             done = server.run(at, api.per_request_s + api.per_prompt_token_s * len(ids))
-            heapq.heappush(arrivals, (done + frontend_s, index, at))
+            heapq.heappush(arrivals, (done, index, at))
         while arrivals and arrivals[0][0] <= now:
             at, index, sent_s = heapq.heappop(arrivals)
             ids = prompts.pop(index)
@@ -180,9 +178,12 @@ def simulate_point(
                 first_seen.setdefault(seq.request_id, seen)
         for seq in finished:
             first = first_seen.pop(seq.request_id, seen)
-            sample = Sample(seq.arrival_s, seen, first, seq.prompt_tokens, seq.cached_tokens, seq.generated)
-            sample.accepted_s = seq.tag  # the API server's part ends as the engine gets it
-            samples.append(sample)
+            # The API server's part ends as the engine gets it (``seq.tag``).
+            samples.append(
+                Sample(
+                    seq.arrival_s, seen, first, seq.prompt_tokens, seq.cached_tokens, seq.generated, accepted_s=seq.tag
+                )
+            )
             if issued < n:
                 heapq.heappush(sent, (seen + client_gap_s, issued))
                 issued += 1
@@ -239,7 +240,7 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def _set_affinity(pid: int, cpus: set[int]) -> None:
+def set_affinity(pid: int, cpus: set[int]) -> None:
     """Every thread of ``pid`` on ``cpus`` (``sched_setaffinity`` moves one thread)."""
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -268,8 +269,8 @@ def pin_engine(pgid: int, engine_cores: int) -> dict | None:
                 name = fh.read().strip()
         except OSError:
             continue
-        _set_affinity(pid, engine if name.startswith("VLLM::") else rest)
-    _set_affinity(os.getpid(), rest)
+        set_affinity(pid, engine if name.startswith("VLLM::") else rest)
+    set_affinity(os.getpid(), rest)
     return {"engine": sorted(engine), "api_server_and_client": sorted(rest)}
 
 
