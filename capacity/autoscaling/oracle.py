@@ -7,9 +7,16 @@ second when replicas hold ``concurrency`` sequences (each request in flight for 
 them go as soon as nothing ahead needs them. ``bench autoscale`` runs it over a grid of (concurrency, utilization)
 on the test day itself and keeps the cheapest that meets the SLO target: the fewest GPU-hours a clairvoyant
 autoscaler with the same cold starts needs (docs/algorithms.md#autoscaling-evaluation).
+
+The spike-blind oracle (``present`` and ``spare``) is the bound for policies without foresight of spikes: it looks
+ahead only over the day without its spikes' excess (``spike_excess`` splits it off), which is more than history
+could ever teach (the day's own noise included), sees every request of the present, and holds headroom
+(``utilization`` below 1) or spare replicas for what it cannot see coming. The cheapest such setting that meets
+the SLO is what meeting it costs without knowing when a spike starts.
 """
 
 import math
+import random
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -36,6 +43,19 @@ def in_flight_series(
     return out
 
 
+def spike_excess(
+    requests: Sequence[tuple[float, int, int]], *, base_share: Callable[[float], float], seed: int | str
+) -> tuple[list, list]:
+    """Split a day's requests into (base, excess): each request at time t is the spikes' excess with probability
+    ``1 − base_share(t)`` (the share of the rate at t that the day without spikes has). A seeded thinning, so the
+    base part is a draw of the day without its spikes and the two parts add up to the day."""
+    rng = random.Random(f"spike-excess-{seed}")
+    base, excess = [], []
+    for request in requests:
+        (excess if rng.random() >= base_share(request[0]) else base).append(request)
+    return base, excess
+
+
 class OraclePolicy:
     name = "oracle"
 
@@ -48,22 +68,33 @@ class OraclePolicy:
         lookahead_s: float,
         max_replicas: int,
         interval_s: float = 5.0,
+        present: Sequence[int] | None = None,
+        spare: int = 0,
     ) -> None:
-        if not 0 < utilization <= 1 or concurrency < 1:
-            raise ValueError("need concurrency >= 1 and utilization in (0, 1]")
+        """``in_flight``: what it foresees, looked ahead over; ``present`` (default: the same series): what it sees
+        at each second without looking ahead; ``spare``: replicas held above the need."""
+        if not 0 < utilization <= 1 or concurrency < 1 or spare < 0:
+            raise ValueError("need concurrency >= 1, utilization in (0, 1] and spare >= 0")
         self.concurrency_limit, self.interval_s, self.max_replicas = concurrency, interval_s, max_replicas
+        self.spare = spare
         per_replica = concurrency * utilization
-        need = [max(1, math.ceil(n / per_replica)) for n in in_flight] or [1]
+
+        def need(series: Sequence[int]) -> list[int]:
+            return [max(1, math.ceil(n / per_replica)) for n in series] or [1]
+
         # The largest need over [t, t + lookahead]: a sliding-window maximum, computed once.
         window = max(1, int(lookahead_s + interval_s))
-        self.ahead = _sliding_max(need, window)
+        self.ahead = _sliding_max(need(in_flight), window)
+        if present is not None:
+            now_need = need(present)
+            self.ahead = [max(a, now_need[i]) if i < len(now_need) else a for i, a in enumerate(self.ahead)]
 
     def observe(self, sample: DemandSample) -> None:
         pass  # it needs no observation: it knows the day
 
     def desired(self, *, now: float, ready: int, starting: int) -> int:
         i = min(len(self.ahead) - 1, max(0, int(now)))
-        return min(self.ahead[i], self.max_replicas)
+        return min(self.ahead[i] + self.spare, self.max_replicas)
 
 
 def _sliding_max(values: list[int], window: int) -> list[int]:

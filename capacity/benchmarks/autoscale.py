@@ -14,7 +14,9 @@ highest attainment, half a point being a tie); the cron schedule (``scheduled``:
 history days' busiest minute, raised one cold start ahead, under the tuned HPA) is fitted on the history days'
 arrivals; ours' predictive floor records their MU. The ``oracle`` knows the held-out day's requests and provisions
 for them one cold start ahead; of a grid of its (concurrency, utilization) on that very day, the cheapest meeting the
-target is its row. ``oracle_reactive`` knows the present but not the future.
+target is its row. ``oracle_reactive`` knows the present but not the future. ``oracle_spike_blind`` foresees the
+day without its spikes and sees the present, swept over headroom and spare replicas (``spike_blind_bound``): what
+meeting the target costs without knowing when a spike comes.
 
 Every policy runs on the shared engine simulator with the same cold starts (60-120 s), warm-pool option (main
 rows: ``warm_pool``, 0; the frontier adds each policy with ``frontier_warm_pool`` stand-bys, billed), replica limit
@@ -200,12 +202,14 @@ def build_days(o: dict) -> tuple[dict, list, list, list]:
 
     days: dict[str, DayInput] = {}
     for k, (d, reqs) in enumerate(zip(history_days, hist_requests, strict=True)):
-        days[d.name] = DayInput(d.name, period, reqs, history=before(k), history_days=k, spikes=_windows(d))
+        days[d.name] = DayInput(
+            d.name, period, reqs, history=before(k), history_days=k, spikes=_windows(d), base_share=_base_share(d)
+        )
     # Every held-out day follows all the history days.
     for d in test_days:
         days[d.name] = DayInput(
             d.name, period, d.arrivals(seed=o["trace_seed"]), history=before(n_hist), history_days=n_hist,
-            spikes=_windows(d),
+            spikes=_windows(d), base_share=_base_share(d),
         )  # fmt: skip
     return days, history_days, test_days, hist_requests
 
@@ -213,6 +217,11 @@ def build_days(o: dict) -> tuple[dict, list, list, list]:
 def _windows(day) -> list[tuple[float, float]]:
     """Each spike's span plus the longest cold start after it: what a reactive policy cannot be ready for."""
     return [(s.start_s, s.start_s + s.duration_s + runs.COLD_START_S[1]) for s in day.spikes]
+
+
+def _base_share(day) -> list[float]:
+    """Per second of the day: the share of its rate that the day without spikes has (1 outside the spikes)."""
+    return [day.base_rps(s) / rate if (rate := day.rate(s)) > 0 else 1.0 for s in range(int(day.period_s))]
 
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
@@ -230,7 +239,11 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     held = runner.run(all_specs, test_names)
     policies = {name: dict(held[spec], knobs=spec.label()) for name, spec in main.items()}
     policies.update(_oracle_rows(runner, held, oracle_grid, test_names))
+    blind_specs = _spike_blind_grid(quick, policies["oracle"]["knobs"], oracle_grid)
+    frontier_specs["oracle_spike_blind"] = blind_specs
+    held.update(runner.run(blind_specs, test_names))
     figures = _summary(policies, frontier_specs, held)
+    figures["held_out"]["spike_blind_bound"] = _spike_blind_bound(blind_specs, held, policies)
     figures["held_out"]["tuning"] = tuning
     figures["held_out"]["policies"] = policies
     figures["held_out"]["days"] = test_names
@@ -333,6 +346,45 @@ def _oracle_rows(runner: _Runner, held: dict, oracle_grid: list, test_names: lis
     return {
         "oracle": dict(held[best], knobs=best.label()),
         "oracle_reactive": dict(runner.run([reactive], test_names)[reactive], knobs=reactive.label()),
+    }
+
+
+def _spike_blind_grid(quick: bool, oracle_label: str, oracle_grid: list) -> list[Spec]:
+    """The spike-blind oracle at the oracle's concurrency, with headroom (utilization) and spare replicas swept."""
+    concurrency = next(s for s in oracle_grid if s.label() == oracle_label).knob("concurrency")
+    utilizations = (0.9, 0.6, 0.4) if quick else (0.9, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3)
+    spares = (0, 2)
+    return [
+        Spec("oracle_spike_blind", (("concurrency", concurrency), ("spare", k), ("utilization", u)))
+        for u in utilizations
+        for k in spares
+    ]
+
+
+def _spike_blind_bound(specs: list[Spec], held: dict, policies: dict) -> dict:
+    """What meeting the SLO target costs without foresight of spikes (the cheapest spike-blind setting meeting
+    it, as a ratio to the oracle), and the best attainment it reaches within ours' GPU-hours."""
+    oracle_h, ours = policies["oracle"]["gpu_hours"], policies["infercap"]
+    meeting = [s for s in specs if held[s]["slo_attainment"] >= SLO_TARGET]
+    cheapest = min(meeting, key=lambda s: held[s]["gpu_hours"]) if meeting else None
+    within = [s for s in specs if held[s]["gpu_hours"] <= ours["gpu_hours"]]
+    best_within = max(within, key=lambda s: held[s]["slo_attainment"]) if within else None
+
+    def point(spec: Spec | None) -> dict | None:
+        if spec is None:
+            return None
+        row = held[spec]
+        return {
+            "knobs": spec.label(),
+            "gpu_hours": row["gpu_hours"],
+            "slo_attainment": row["slo_attainment"],
+            "ratio_to_oracle": round(row["gpu_hours"] / oracle_h, 3) if oracle_h else None,
+        }
+
+    return {
+        "cheapest_meeting_target": point(cheapest),
+        "best_within_infercap_gpu_hours": point(best_within),
+        "target_within_1_5x_oracle": cheapest is not None and held[cheapest]["gpu_hours"] <= 1.5 * oracle_h,
     }
 
 

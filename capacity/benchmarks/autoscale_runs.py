@@ -39,7 +39,7 @@ BASE_LIMIT = 64  # the baselines' fixed per-replica concurrency (and ours' start
 class Spec:
     """A policy and its knobs; ``warm_pool`` is the option every policy has."""
 
-    policy: str  # static | hpa | kpa | scheduled | infercap | infercap_reactive | oracle
+    policy: str  # static | hpa | kpa | scheduled | infercap | infercap_reactive | oracle | oracle_spike_blind
     knobs: tuple = ()  # sorted (name, value) pairs
     warm_pool: int = 0
 
@@ -67,6 +67,11 @@ class DayInput:
     history: list = field(default_factory=list)  # (t < 0, prompt, output) of the history days, most recent last
     history_days: int = 0
     spikes: list = field(default_factory=list)  # (start s, end s) of each spike, plus a cold start after it
+    base_share: list = field(default_factory=list)  # per second: the share of the rate the day without spikes has
+
+    def share_at(self, t: float) -> float:
+        i = int(t)
+        return self.base_share[i] if 0 <= i < len(self.base_share) else 1.0
 
 
 def request_mu(prompt: int) -> float:
@@ -105,15 +110,26 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
             reactive=reactive,
             max_replicas=max_replicas,
         )
-    if spec.policy == "oracle":
+    if spec.policy in ("oracle", "oracle_spike_blind"):
         concurrency = knob("concurrency", BASE_LIMIT)
-        in_flight = oracle.in_flight_series(
-            day.requests,
-            seconds_in_flight=lambda p, o: engine_seconds_per_request(profile, concurrency, in_tok=p, out_tok=o),
-            end_s=day.period_s + 600.0,
-        )
+
+        def in_flight(requests: list) -> list[int]:
+            return oracle.in_flight_series(
+                requests,
+                seconds_in_flight=lambda p, o: engine_seconds_per_request(profile, concurrency, in_tok=p, out_tok=o),
+                end_s=day.period_s + 600.0,
+            )
+
+        present = None
+        if spec.policy == "oracle_spike_blind":  # foresees the day without its spikes, sees the present
+            base, _ = oracle.spike_excess(day.requests, base_share=day.share_at, seed=day.name)
+            foreseen, present = in_flight(base), in_flight(day.requests)
+        else:
+            foreseen = in_flight(day.requests)
         return oracle.OraclePolicy(
-            in_flight=in_flight,
+            in_flight=foreseen,
+            present=present,
+            spare=knob("spare", 0),
             concurrency=concurrency,
             utilization=knob("utilization", 1.0),
             lookahead_s=knob("lookahead_s", COLD_START_S[1]),

@@ -8,7 +8,7 @@ import pytest
 
 from capacity.autoscaling.baselines import HpaLikePolicy, KpaLikePolicy, ScheduledPolicy, fit_schedule
 from capacity.autoscaling.demand import DemandSample
-from capacity.autoscaling.oracle import OraclePolicy, in_flight_series
+from capacity.autoscaling.oracle import OraclePolicy, in_flight_series, spike_excess
 from capacity.autoscaling.traces import AZURE_CONVERSATION, DayGenerator
 from capacity.autoscaling.two_axis import InfercapPolicy
 
@@ -132,6 +132,30 @@ def test_the_oracle_provisions_one_cold_start_before_the_load_arrives():
     assert oracle.desired(now=860.0, ready=1, starting=0) == 1
     assert oracle.desired(now=890.0, ready=1, starting=0) == 10  # ready by 1000 s even after a 120 s boot
     assert oracle.desired(now=1100.0, ready=10, starting=0) == 1  # nothing ahead: let them go
+
+
+def test_the_spike_blind_oracle_foresees_the_day_but_only_sees_a_spike_when_it_comes():
+    day = DayGenerator(seed=3, period_s=3600.0, peak_rps=4.0, spikes_per_day=(1, 1)).day(0)
+    spike = day.spikes[0]
+    requests = day.arrivals(seed=1)
+    share = lambda t: day.base_rps(t) / day.rate(t)  # noqa: E731
+    base, excess = spike_excess(requests, base_share=share, seed="d")
+    assert sorted(base + excess) == sorted(requests)  # a split, nothing lost or doubled
+    assert spike_excess(requests, base_share=share, seed="d") == (base, excess)  # seeded
+    assert excess and all(spike.start_s - 1 <= t < spike.start_s + spike.duration_s + 1 for t, _, _ in excess)
+    in_spike = [r for r in requests if spike.start_s <= r[0] < spike.start_s + spike.duration_s]
+    expected = sum(1 - share(t) for t, _, _ in in_spike) / len(in_spike)
+    assert sum(r in excess for r in in_spike) / len(in_spike) == pytest.approx(expected, abs=0.05)
+    assert expected > 0.3  # the spike is most of its window's load
+
+    foreseen = [100] * 2000
+    present = foreseen[:1000] + [1000] * 1000  # a spike at 1000 s that nothing foresaw
+    blind = OraclePolicy(
+        in_flight=foreseen, present=present, spare=2, concurrency=100, utilization=1.0, lookahead_s=120.0,
+        max_replicas=60,
+    )  # fmt: skip
+    assert blind.desired(now=990.0, ready=3, starting=0) == 1 + 2  # the day's need and its spare, nothing ahead
+    assert blind.desired(now=1000.0, ready=3, starting=0) == 10 + 2  # the spike from the moment it is there
 
 
 # -- our policy: MU forecast, missing and misleading history, the decision record ------------------------------
