@@ -74,6 +74,8 @@ class InfercapPolicy:
         self.mu_history: dict[int, float] = {}
         self.raw: deque[DemandSample] = deque()
         self.in_flight_s: float | None = None  # the last Little's-law estimate, for the record
+        # Ready replicas at each decision over the rate window: the batch the in-flight time was measured at.
+        self.ready_seen: deque[int] = deque(maxlen=max(1, round(self.rate_window_s / self.interval_s)))
 
     def observe(self, sample: DemandSample) -> None:
         self.raw.append(sample)
@@ -98,14 +100,27 @@ class InfercapPolicy:
         rate is what the fleet must keep up with; the seconds a request stays in flight are measured (mean MU in
         flight / mean MU arriving per second over ``rate_window_s``) so the request mix of the day counts, and
         bounded to [0.3, 3] × the latency model's, so a stalled or overloaded fleet cannot run away with it."""
-        model_s = self.seconds_per_request(self.target_concurrency * self.horizontal_config.target_utilization)
-        arrived = sum(s.arrivals_mu for s in self.raw)
-        in_flight = sum(s.in_flight_mu for s in self.raw)
-        measured = in_flight / arrived if arrived > 0 and len(self.raw) >= 30 else model_s
-        self.in_flight_s = min(max(measured, 0.3 * model_s), 3 * model_s)
+        target_batch = self.target_concurrency * self.horizontal_config.target_utilization
+        model_s = self.seconds_per_request(target_batch)
         recent = [s for s in self.raw if s.t > sample.t - self.arrival_window_s]
         rate_mu = sum(s.arrivals_mu for s in recent) / self.arrival_window_s
         rate_requests = sum(s.arrivals for s in recent) / self.arrival_window_s
+        arrived = sum(s.arrivals_mu for s in self.raw)
+        in_flight = sum(s.in_flight_mu for s in self.raw)
+        if arrived > 0 and len(self.raw) >= 30:
+            measured = in_flight / arrived
+            if self.ready_seen:
+                # Measured at the batch the replicas ran; a request stays in flight longer in a larger batch (decode
+                # steps slow down), and a rising rate brings one: the batch the present rate would put on the ready
+                # replicas, up to the target batch a fleet sized for it runs. The latency model's ratio carries the
+                # measurement there, so a spike is sized at the time in flight it will have, not the quiet hour's.
+                replicas = max(1.0, sum(self.ready_seen) / len(self.ready_seen))
+                ran = max(1.0, sum(s.in_flight for s in self.raw) / len(self.raw) / replicas)
+                coming = min(target_batch, max(ran, rate_requests * measured / replicas))
+                measured *= self.seconds_per_request(coming) / self.seconds_per_request(ran)
+        else:
+            measured = model_s
+        self.in_flight_s = min(max(measured, 0.3 * model_s), 3 * model_s)
         return replace(
             sample,
             in_flight_mu=max(sample.in_flight_mu, rate_mu * self.in_flight_s),
@@ -126,6 +141,7 @@ class InfercapPolicy:
         return float(self.concurrency_limit)
 
     def desired(self, *, now: float, ready: int, starting: int) -> int:
+        self.ready_seen.append(ready)
         floor, forecast = 0, None
         # The seconds a request stays in flight as measured (the rate signal's Little's-law estimate), else the model's.
         seconds = self.in_flight_s or self.seconds_per_request(

@@ -236,3 +236,29 @@ def test_the_rate_signal_ignores_a_queue_the_fleet_will_have_drained():
         for s in range(120):
             p.observe(DemandSample(t=s, in_flight_mu=30.0, queued_mu=900.0, arrivals_mu=3.0, arrivals=1.0))
     assert by_queue.desired(now=119.0, ready=1, starting=0) > by_rate.desired(now=119.0, ready=1, starting=0) == 1
+
+
+def test_the_rate_signal_sizes_a_rising_rate_at_the_time_in_flight_of_the_batch_it_brings():
+    """Measured in a quiet hour, a request's time in flight is the small batch's; a spike brings the target batch,
+    where decode steps are slower: the demand is sized at that batch's time in flight, not the quiet hour's."""
+    latency = lambda c: 10.0 + 0.5 * c  # noqa: E731  seconds in flight at c sequences a replica
+    policy = ours(predictive_period_s=None, seconds_per_request=latency, concurrency_limit=64)
+    quiet = {"in_flight": 10.0, "in_flight_mu": 30.0, "arrivals": 1.0, "arrivals_mu": 3.0}  # 10 s in flight
+    for s in range(300):
+        policy.observe(DemandSample(t=s, **quiet))
+        if s % 5 == 4:
+            policy.desired(now=s, ready=2, starting=0)  # two replicas ready throughout
+    assert policy.in_flight_s == pytest.approx(10.0)  # 5 a replica: no batch is coming that did not run
+    for s in range(300, 310):  # ten times the rate
+        policy.observe(DemandSample(t=s, in_flight=10.0, in_flight_mu=30.0, arrivals=10.0, arrivals_mu=30.0))
+    # Little's law over the 5-min window (301 samples, both ends in; the new arrivals are not in flight yet).
+    measured = (301 * 30.0) / (291 * 3.0 + 10 * 30.0)
+    # The rate would put 10 × measured / 2 sequences on each ready replica (under the target 64 × 0.7 = 44.8), where
+    # a request stays latency(that) / latency(5) times as long as it did at the 5 a replica it was measured at.
+    coming = 10 * measured / 2
+    assert 5 < coming < 44.8
+    assert policy.in_flight_s == pytest.approx(measured * latency(coming) / latency(5), rel=1e-6)
+    assert policy.in_flight_s > 2 * measured
+    # so the two replicas become five (180 in flight), where the quiet hour's time in flight (77) would have kept two
+    assert math.ceil(10 * measured / 44.8) == 2
+    assert policy.desired(now=310.0, ready=2, starting=0) == math.ceil(10 * policy.in_flight_s / 44.8) == 5

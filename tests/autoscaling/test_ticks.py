@@ -255,7 +255,7 @@ def metrics_server():
     server.close()
 
 
-def test_vertical_tick_cuts_the_limit_after_two_overloaded_cycles(clean_store, tenant_a, metrics_server):
+def test_vertical_tick_cuts_the_limit_after_three_overloaded_cycles(clean_store, tenant_a, metrics_server):
     endpoint = tenant_a.endpoint
     Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
     replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=metrics_server.url, concurrency_limit=64)
@@ -275,11 +275,15 @@ def test_vertical_tick_cuts_the_limit_after_two_overloaded_cycles(clean_store, t
     metrics_server.ttft = [1120, 0, 0, 0, 80, 0]
     metrics_server.tpot = [0, 1200, 0, 0, 0]
     third = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-3")
-    assert third.desired == 45 and third.reason.startswith("decrease")
+    assert third.desired == 64 and third.inputs["overload_streak"] == 2  # the streak survives between ticks
+    metrics_server.ttft = [1180, 0, 0, 0, 120, 0]
+    metrics_server.tpot = [0, 1300, 0, 0, 0]
+    fourth = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-4")
+    assert fourth.desired == 45 and fourth.reason.startswith("decrease")
     endpoint.refresh_from_db()
     replica.refresh_from_db()
     assert endpoint.concurrency_limit == 45 and replica.concurrency_limit == 45
-    assert services.vertical_tick(endpoint_id=endpoint.pk, tick="v-3") is None
+    assert services.vertical_tick(endpoint_id=endpoint.pk, tick="v-4") is None
 
 
 def test_predictive_floor_from_yesterdays_usage_rollups(clean_store, actuator, endpoint):

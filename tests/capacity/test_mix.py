@@ -187,7 +187,11 @@ def test_command_plans_and_reports_errors():
 def test_bench_economics_figures_and_the_simulator_check():
     from capacity.benchmarks import economics
 
-    figures = economics.run(quick=True, progress=lambda message: None, duration_s=8, period_s=2400, peak_rps=8)
+    # Notices of 10-30 s, shorter than a long answer takes, so the drains leave streams to cut and resume.
+    figures = economics.run(
+        quick=True, progress=lambda message: None, duration_s=8, period_s=2400, peak_rps=8, notice_min_s=10,
+        notice_max_s=30,
+    )  # fmt: skip
     assert set(figures["workloads"]) == {"short_chat", "long_docs", "mixed"}
     for name, row in figures["workloads"].items():
         assert {"single_type_usd", "mixed_usd", "mixed_vs_single", "slo_attainment"} <= set(row), name
