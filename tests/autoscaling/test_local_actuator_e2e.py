@@ -46,8 +46,10 @@ def converge(endpoint, predicate, timeout=30.0):
 
 
 def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_local_replicas, tenant_a):
-    # Slow decode steps (20 ms) so that a 150-token stream lasts about 3 s: long enough to be cut by a bad drain.
-    endpoint = configure(tenant_a.endpoint, profile_opts={"decode_t0_s": 0.02})
+    # Slow decode steps (50 ms) so that a 150-token stream lasts about 7.5 s: long enough to be cut by a bad drain,
+    # and to be seen in flight on both replicas at once through the proxies' reports on a loaded CI host (at 3 s
+    # streams a fresh-clone CI run with the three test groups side by side missed that window).
+    endpoint = configure(tenant_a.endpoint, profile_opts={"decode_t0_s": 0.05})
     # Given two replicas started by the actuator as real processes, ready once their /health answers
     actions = scale(endpoint, 2)
     assert any(a.startswith("launched 2") for a in actions)
