@@ -8,8 +8,8 @@ them go as soon as nothing ahead needs them. ``bench autoscale`` runs it over a 
 on the test day itself and keeps the cheapest that meets the SLO target: the fewest GPU-hours a clairvoyant
 autoscaler with the same cold starts needs (docs/algorithms.md#autoscaling-evaluation).
 
-The spike-blind oracle (``present`` and ``spare``) is the bound for policies without foresight of spikes: it looks
-ahead only over the day without its spikes' excess (``spike_excess`` splits it off), which is more than history
+The spike-blind oracle (``present`` and ``spare``) bounds what policies without foresight of spikes can do (over
+its two families of settings, not every causal policy): it looks ahead only over the day without its spikes' excess (``spike_excess`` splits it off), which is more than history
 could ever teach (the day's own noise included), sees every request of the present, and holds headroom
 (``utilization`` below 1) or spare replicas for what it cannot see coming. The cheapest such setting that meets
 the SLO is what meeting it costs without knowing when a spike starts.
