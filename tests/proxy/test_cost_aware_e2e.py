@@ -40,8 +40,29 @@ def test_chats_go_to_the_cheap_gpus_and_documents_to_the_fast_ones(procs, clean_
     on_cheap.hardware_profile = cheap  # it runs on the cheap pool; the other on the endpoint's own (fast) profile
     on_cheap.save(update_fields=["hardware_profile"])
     spawn_replica(procs, endpoint=endpoint, name="fast", speed=20)
-    base = spawn_proxy(procs)
+    # Scrapes lag on a loaded CI host, and a replica whose metrics are stale is passed over (a chat then lands on the
+    # fast replica); staleness is not what this test is about, so it allows 30 s and waits until the proxy has
+    # scraped both replicas: a warm-up chat served by the cheap one and a document by the fast one.
+    base = spawn_proxy(procs, metrics_stale_s=30)
     headers = {"Authorization": f"Bearer {tenant_a.raw_key}"}
+
+    def both_seen() -> bool:
+        wanted = {}
+        for content, replica in (("warm-up", "cheap"), ("warm-up document " + "lorem ipsum " * 340, "fast")):
+            r = httpx.post(
+                base + "/v1/chat/completions",
+                json=chat_body(endpoint.name, max_tokens=8, stream=False, content=content),
+                headers=headers,
+                timeout=30,
+            )
+            if r.status_code != 200:
+                return False
+            wanted[r.headers["x-request-id"]] = replica
+        wait_for(lambda: UsageRecord.objects.filter(request_id__in=wanted).count() == len(wanted), 20)
+        got = dict(UsageRecord.objects.filter(request_id__in=wanted).values_list("request_id", "replica__name"))
+        return got == wanted
+
+    wait_for(both_seen, 30, interval=0.5)
     sent = {}
     # Runs of three chats, then three documents, twice: round robin would put each kind on both replicas.
     for kind in ("chat", "doc", "chat", "doc"):

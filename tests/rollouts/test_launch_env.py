@@ -33,13 +33,22 @@ def environ_of(pid: int) -> dict[str, str]:
     """The environment the process was started with, once it has exec'd (until then a forked child shows this
     process's command line and initial environment)."""
     ours = Path("/proc/self/cmdline").read_bytes()
-    wait_for(lambda: Path(f"/proc/{pid}/cmdline").read_bytes() != ours, 10, message="the replica's exec")
+
+    def state() -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+
+    def execd() -> bool:
+        # An empty command line is a process mid-exec (not yet the new program's environment either: a fresh-clone
+        # CI run read this process's initial environment after one) or one that already exited (a zombie).
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return (bool(cmdline) and cmdline != ours) or state() == "Z"
+
+    wait_for(execd, 10, message="the replica's exec")
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
     # A process that already exited (a zombie until reaped) shows an empty command line and environment: say so
     # rather than fail on a missing variable (one CI run saw that once, cause unknown: the replica's log was empty).
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    assert env or state != "Z", f"the replica (pid {pid}) exited before its environment could be read"
+    assert state() != "Z", f"the replica (pid {pid}) exited before its environment could be read"
     return env
 
 
