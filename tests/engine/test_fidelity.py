@@ -43,6 +43,8 @@ def test_bench_fidelity_calibrates_on_the_engine_and_reports_every_figure(engine
     assert len(rows) == 2 and all(row["measured"]["throughput_tok_s"] > 0 for row in rows.values())
     mix = next(row for label, row in rows.items() if "p/" in label)
     assert mix["measured"]["prefix_hit_rate"] == pytest.approx(mix["predicted"]["prefix_hit_rate"], rel=0.05)
+    # Prefill's rate and attention term were measured by requests sent one at a time, then held while refining.
+    assert figures["calibration"]["prefill_probes"] == sum(n for _, n in fidelity.PROBES["smoke"])
     constants = figures["calibration"]["profile"]
     assert constants["decode_t0_ms"] > 0 and constants["prefill_tokens_per_s"] > 0
     assert any(m.startswith("profile fit") for m in messages) and any("vs sim" in m for m in messages)

@@ -26,7 +26,13 @@ from endpoints.benchmarks.fidelity.load import (
     prompt_ids,
     simulate_point,
 )
-from endpoints.runtimes.sim.calibration import MeasuredLevel, refine_profile, step_cost_fit
+from endpoints.runtimes.sim.calibration import (
+    PREFILL_FIELDS,
+    MeasuredLevel,
+    prefill_fit,
+    refine_profile,
+    step_cost_fit,
+)
 from endpoints.runtimes.sim.profiles import get_profile
 
 TRUTH = get_profile("tiny-cpu")
@@ -77,6 +83,51 @@ def test_refined_in_the_simulator_it_predicts_held_out_points_within_10_percent(
             if truth[metric]:
                 assert predicted[metric] == pytest.approx(truth[metric], rel=0.10), (point.label, metric)
         assert predicted["frontend_p50_s"] == pytest.approx(truth["frontend_p50_s"], rel=0.2), point.label
+
+
+def test_prefill_probes_measure_the_prefill_rate_and_attention_term_that_the_refinement_then_holds(sweep_runs):
+    """Requests one at a time on an idle engine (``fidelity.probe_prefill``): cold prompts of several lengths and
+    prompts behind a cached prefix pin prefill's rate and attention's u·(c + u/2) term apart, which the sweep alone
+    trades against the API server's per-prompt-token cost; ``calibrate`` then holds them while it refines."""
+    truth = TRUTH.with_options(prefill_tokens_per_s=60_000.0, prefill_per_ctx_token_s=3e-8)
+
+    class Engine(SimulatedEngine):
+        def run(self, shape, concurrency, requests, run_id, prefix_groups=1):
+            point = LoadPoint(shape, concurrency, requests, prefix_groups)
+            return simulate_point(truth, point, run_id=run_id, client_gap_s=GAP_S, api=API)
+
+    probes = fidelity.probe_prefill(Engine(), "quick", "probe")
+    assert len(probes) == sum(n for _, n in fidelity.PROBES["quick"])
+    assert any(cached >= 1024 for _, cached, _ in probes)  # a probe run's later requests hit its prefix
+    measured = prefill_fit(probes, token_budget=truth.max_num_batched_tokens)
+    assert measured["prefill_tokens_per_s"] == pytest.approx(60_000.0, rel=0.05)
+    assert measured["prefill_per_ctx_token_s"] == pytest.approx(3e-8, rel=0.05)
+    # The fixed part: the step's overhead, the decode step it rides on and the first token's way to the client.
+    fixed = truth.prefill_overhead_s + truth.decode_t0_s + API.per_token_s
+    assert measured["fixed_s"] == pytest.approx(fixed, rel=0.05)
+    _, refined, _, _ = fidelity.calibrate(
+        TRUTH, sweep_runs, client_gap_s=GAP_S, evaluations=20, progress=lambda _m: None, probes=probes
+    )
+    assert all(getattr(refined, f) == pytest.approx(measured[f]) for f in PREFILL_FIELDS)
+    with pytest.raises(BenchmarkError, match="three shapes"):
+        prefill_fit([(256, 0, 0.01), (256, 0, 0.011), (512, 0, 0.02)], token_budget=2048)
+    with pytest.raises(ValueError, match="held"):
+        refine_profile(TRUTH, [], lambda *a: {}, held=("decode_t1_s",))
+
+
+def test_a_request_reaches_a_busy_engine_s_scheduler_later():
+    """``busy_admit_s``: the engine takes new input between steps; alone on an idle engine a request is not
+    delayed, among others it is."""
+    lone, busy = LoadPoint(Shape(256, 16), 1, 6), LoadPoint(Shape(256, 16), 6, 36)
+    delay = ApiServerCost(busy_admit_s=0.01)
+    for point, extra in ((lone, 0.0), (busy, 0.01)):
+        plain = point_stats(point, simulate_point(TRUTH, point, run_id="admit"))
+        delayed = point_stats(point, simulate_point(TRUTH, point, run_id="admit", api=delay))
+        assert delayed["frontend_p50_s"] == pytest.approx(plain["frontend_p50_s"])  # the headers are not late
+        if extra:
+            assert delayed["engine_ttft_p50_s"] > plain["engine_ttft_p50_s"] + 0.5 * extra
+        else:
+            assert delayed["ttft_p50_s"] == pytest.approx(plain["ttft_p50_s"])
 
 
 def test_the_api_server_holds_requests_behind_the_tokens_it_streams():

@@ -6,9 +6,10 @@ not calibrated.
 2. Calibrates: ``benchmark_replica``'s load sweep and MU fit (``replica_benchmark.sweep.run_sweep``) with a driver
    that sends exact token-id prompts; the simulator's step times are fitted to every run of that sweep, in
    closed form (``endpoints.runtimes.sim.calibration.profile_from_levels``, the MU fit's NNLS with β split by
-   batch and context) and then refined, with attention's prefill term and the API server's CPU costs
-   (``load.ApiServerCost``), by replaying the runs in the simulator (``refine_profile``), on top of the
-   ``tiny-cpu`` profile's limits.
+   batch and context) and then refined, with the API server's CPU costs (``load.ApiServerCost``), by replaying
+   the runs in the simulator (``refine_profile``), on top of the ``tiny-cpu`` profile's limits. Prefill's rate
+   and attention's term are measured apart first, by probes sent one at a time to the idle engine
+   (``probe_prefill``, ``calibration.prefill_fit``), and held while the rest is refined.
 3. Predicts held-out load points (other concurrencies, prompt and output lengths, a mix of shared prefixes) with
    the simulator's engine in virtual time and measures them on the engine; reports per point and overall the
    relative error of throughput, TTFT p50 and p90, TPOT p50 and prefix-cache hit rate; each point is measured
@@ -18,7 +19,8 @@ not calibrated.
    simulated replica and counts the divergences.
 
 Options (``--opt``): ``size`` (``smoke``, ``quick``, ``full``: the calibration sweep and the held-out points;
-``--quick`` picks ``quick``), ``url`` (an engine already serving; no start-up then), ``cpus`` (the started
+``--quick`` picks ``quick``), ``probe=0`` (no prefill probes: the refinement searches prefill's rate and attention
+term too), ``url`` (an engine already serving; no start-up then), ``cpus`` (the started
 engine's CPU allotment, a launch option: 1 by default), ``pin=0`` (leave the started engine's processes where the
 kernel puts them: by default they get the allotment's cores and its API server and this process the others, see
 ``load.pin_engine``), ``repeats`` (1 quick, 3 full), ``client_gap_s`` (the turnaround between a finished request
@@ -43,7 +45,13 @@ from capacity.replica_benchmark.sweep import Shape, SweepConfig, run_sweep
 from endpoints.runtimes import processes
 from endpoints.runtimes.launch_env import parse_cpu_quantity
 from endpoints.runtimes.sim import contract
-from endpoints.runtimes.sim.calibration import MeasuredLevel, profile_from_levels, refine_profile
+from endpoints.runtimes.sim.calibration import (
+    PREFILL_FIELDS,
+    MeasuredLevel,
+    prefill_fit,
+    profile_from_levels,
+    refine_profile,
+)
 from endpoints.runtimes.sim.process import start_replica
 from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.vllm import server_problems
@@ -69,7 +77,7 @@ GOAL = 0.15
 TRAINING_METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "frontend_p50_s")
 # The API server's costs (``load.ApiServerCost``) the refinement searches beside the step times: starting values
 # (a CPU's few milliseconds per request, microseconds per prompt token, a fraction of a millisecond per token).
-API_START = {"per_request_s": 2e-3, "per_prompt_token_s": 5e-6, "per_token_s": 2e-4}
+API_START = {"per_request_s": 2e-3, "per_prompt_token_s": 5e-6, "per_token_s": 2e-4, "busy_admit_s": 2e-3}
 # The share of the worst-matched figures the refinement ignores (``refine_profile``'s ``trim``): a run a
 # neighbour disturbed cannot drag the fit.
 TRIM = 0.1
@@ -144,6 +152,31 @@ POINTS = {
         LoadPoint(Shape(640, 96), 2, 30),
         LoadPoint(Shape(1024, 64, shared_prefix_tokens=768), 8, 80, prefix_groups=2),
         LoadPoint(Shape(2048, 48, shared_prefix_tokens=1536), 4, 48, prefix_groups=4),
+    ),
+}
+# Prefill probes: requests one at a time on the idle engine, 2 output tokens each (``calibration.prefill_fit``):
+# cold prompts of several lengths, and prompts behind a cached prefix (a probe run's first request warms its
+# prefix, the others hit it). Lengths none of the held-out points has. (shape, requests) per size.
+PROBES = {
+    "smoke": ((Shape(256, 2), 2), (Shape(1280, 2), 2), (Shape(1152, 2, shared_prefix_tokens=1024), 3)),
+    "quick": (
+        (Shape(256, 2), 3),
+        (Shape(768, 2), 3),
+        (Shape(1280, 2), 3),
+        (Shape(2304, 2), 3),
+        (Shape(1152, 2, shared_prefix_tokens=1024), 4),
+        (Shape(2688, 2, shared_prefix_tokens=2560), 4),
+    ),
+    "full": (
+        (Shape(256, 2), 4),
+        (Shape(768, 2), 4),
+        (Shape(1280, 2), 4),
+        (Shape(2304, 2), 4),
+        (Shape(3072, 2), 4),
+        (Shape(1152, 2, shared_prefix_tokens=1024), 5),
+        (Shape(1536, 2, shared_prefix_tokens=1024), 5),
+        (Shape(2688, 2, shared_prefix_tokens=2560), 5),
+        (Shape(3072, 2, shared_prefix_tokens=2560), 5),
     ),
 }
 REFINE_EVALUATIONS = {"smoke": 80, "quick": 300, "full": 400}  # simulator runs of the whole sweep while refining
@@ -260,11 +293,32 @@ class _engine:
             set_affinity(os.getpid(), self.own_cpus)  # this process back on every CPU it had
 
 
-def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress) -> tuple:
+def probe_prefill(driver, size: str, run_id: str) -> list[tuple[int, int, float]]:
+    """``PROBES[size]`` on the engine, one request at a time: (uncached tokens, cached tokens, seconds from the
+    response's headers, when the engine takes the request, to its first token) per request."""
+    out = []
+    for index, (shape, requests) in enumerate(PROBES[size]):
+        for s in driver.run(shape, 1, requests, f"{run_id}-probe{index}"):
+            if s.ok and s.first_token_s is not None and s.accepted_s is not None:
+                out.append((s.prompt_tokens - s.cached_tokens, s.cached_tokens, s.first_token_s - s.accepted_s))
+    return out
+
+
+def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress, probes=None) -> tuple:
     """(the closed-form profile fit, that profile refined in the simulator, the API server's costs found, the
-    refined fit's RMS log error over the runs) from the calibration sweep's runs."""
+    refined fit's RMS log error over the runs) from the calibration sweep's runs; with ``probes``
+    (``probe_prefill``), prefill's rate and attention term are measured from them and held while refining."""
     levels = [MeasuredLevel.from_samples(point.concurrency, samples) for point, _, samples in runs]
     fitted = profile_from_levels(base, levels, name=f"{BASE_PROFILE}-fitted")
+    held: tuple[str, ...] = ()
+    if probes:
+        measured = prefill_fit(probes, token_budget=base.max_num_batched_tokens)
+        fitted = fitted.with_options(**{f: measured[f] for f in PREFILL_FIELDS})
+        held = PREFILL_FIELDS
+        progress(
+            f"prefill probes ({len(probes)} requests): {measured['prefill_tokens_per_s']:.0f} tok/s, attention "
+            f"{measured['prefill_per_ctx_token_s'] * 1e9:.4f} ns per u·(c + u/2), fixed {measured['fixed_s'] * 1e3:.2f} ms"
+        )
     progress(f"profile fit ({len(levels)} runs): {_constants(fitted)}")
     targets = [
         {m: v for m, v in point_stats(point, samples).items() if m in TRAINING_METRICS} for point, _, samples in runs
@@ -277,7 +331,7 @@ def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress) ->
 
     extras = {name: (value, value) for name, value in API_START.items()}
     refined, found, rms = refine_profile(
-        fitted, targets, simulate, extras=extras, max_evaluations=evaluations, trim=TRIM
+        fitted, targets, simulate, extras=extras, max_evaluations=evaluations, trim=TRIM, held=held
     )
     api = ApiServerCost(**found)
     progress(
@@ -292,6 +346,7 @@ def _api(api: ApiServerCost) -> dict:
         "per_request_ms": round(api.per_request_s * 1e3, 3),
         "per_prompt_token_us": round(api.per_prompt_token_s * 1e6, 3),
         "per_token_us": round(api.per_token_s * 1e6, 2),
+        "busy_admit_ms": round(api.busy_admit_s * 1e3, 3),
     }
 
 
@@ -313,8 +368,17 @@ def _cycle(driver, base, runs: dict, *, repeat: int, size: str, client_gap_s: fl
     recorder = Recorder(driver)
     with CpuMeter(pgid) as calibration_cpu:
         sweep = run_sweep(recorder, SweepConfig(**_LOOSE_SLO, **CALIBRATION[size]), progress)
+    probes = None
+    if opts.get("probe", "1") != "0":
+        with CpuMeter(pgid):
+            probes = probe_prefill(driver, size, f"fidelity-probe-{repeat}-{time.time_ns()}")
     fitted, refined, api, rms = calibrate(
-        base, recorder.runs, client_gap_s=client_gap_s, evaluations=REFINE_EVALUATIONS[size], progress=progress
+        base,
+        recorder.runs,
+        client_gap_s=client_gap_s,
+        evaluations=REFINE_EVALUATIONS[size],
+        progress=progress,
+        probes=probes,
     )
     if opts.get("refine", "1") == "0":
         profile, api = fitted, ApiServerCost()
@@ -351,6 +415,7 @@ def _cycle(driver, base, runs: dict, *, repeat: int, size: str, client_gap_s: fl
         "profile_fit": _constants(fitted),
         "profile": _constants(profile),
         "refined": profile is refined,
+        "prefill_probes": len(probes) if probes else 0,
         "train_rms_log_error": round(rms, 4),
         "mu_fit": {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma")},
         "mu_fit_held_out_relative_error": sweep["fit"]["held_out_relative_error"],

@@ -112,6 +112,11 @@ class ApiServerCost:
     per_request_s: float = 0.0
     per_prompt_token_s: float = 0.0
     per_token_s: float = 0.0
+    # How much later than its headers a request reaches the scheduler while the engine is running others. vLLM's
+    # engine core takes new input between steps, from an input thread of the process whose loop spins on its
+    # worker's results, and here the two processes share one core; the delay is fitted, its cause not isolated.
+    # An idle engine takes a request at once (the prefill probes see none of it).
+    busy_admit_s: float = 0.0
 
 
 class _Fifo:
@@ -144,7 +149,7 @@ def simulate_point(
     server = _Fifo()
     prompts: dict[int, list[int]] = {}
     sent: list[tuple[float, int]] = [(0.0, i) for i in range(min(point.concurrency, n))]  # the client's sends
-    arrivals: list[tuple[float, int, float]] = []  # (at the scheduler, index, sent)
+    arrivals: list[tuple[float, int, float, float]] = []  # (at the scheduler, index, sent, handed over)
     issued = len(sent)
     first_seen: dict[str, float] = {}
     samples: list[Sample] = []
@@ -156,9 +161,11 @@ def simulate_point(
                 shape, run_id=run_id, index=index, vocab_size=profile.vocab_size, prefix_groups=point.prefix_groups
             )
             done = server.run(at, api.per_request_s + api.per_prompt_token_s * len(ids))
-            heapq.heappush(arrivals, (done, index, at))
+            # The headers go out as the API server hands the request over; a busy engine takes it in later.
+            busy = engine.running or engine.prefilling
+            heapq.heappush(arrivals, (done + (api.busy_admit_s if busy else 0.0), index, at, done))
         while arrivals and arrivals[0][0] <= now:
-            at, index, sent_s = heapq.heappop(arrivals)
+            _, index, sent_s, at = heapq.heappop(arrivals)
             ids = prompts.pop(index)
             seq = Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent_s)
             seq.tag = at  # when the API server handed it over

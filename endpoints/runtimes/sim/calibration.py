@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from capacity.replica_benchmark.sweep import BenchmarkError, nnls
@@ -155,6 +156,45 @@ REFINED_FIELDS = (
     "prefill_overhead_s",
     "prefill_per_ctx_token_s",
 )
+# The fields refined by ``refine_profile`` that ``prefill_fit`` measures directly.
+PREFILL_FIELDS = ("prefill_tokens_per_s", "prefill_per_ctx_token_s")
+
+
+def prefill_fit(probes: Iterable[tuple[int, int, float]], *, token_budget: int) -> dict[str, float]:
+    """Prefill's constants from requests sent one at a time to an idle engine: (uncached prompt tokens, cached
+    prompt tokens, seconds from the engine taking the request to its first token). Non-negative least squares
+    (relative error) of
+
+        t = fixed · chunks + u / prefill_rate + per_ctx · Σ over chunks of u_k · (c_k + u_k / 2)
+
+    the simulator's prefill steps (``EngineProfile.prefill_s``) for u computed tokens after c cached, in chunks of
+    at most ``token_budget`` tokens (the engine's ``max_num_batched_tokens``: a longer prompt takes several
+    steps), ``fixed`` taking a step's overhead, the decode step it rides on and the first token's way out. Alone on the engine,
+    a request's time to its first token is its prefill and nothing else; under load (the sweep) that time also
+    holds queueing and the other streams' decode steps, and the API server's per-token work trades against the
+    prefill rate and attention's term in ``refine_profile`` (full runs found rates of 17-122 k tok/s), so these
+    two are measured here and held while the rest is refined (docs/algorithms.md, "Calibration against real
+    vLLM"). The probes must vary u and c: cold prompts of several lengths and prompts behind a cached prefix."""
+    by_shape: dict[tuple[int, int], list[float]] = {}
+    for uncached, cached, seconds in probes:
+        if seconds > 0 and uncached > 0:
+            by_shape.setdefault((uncached, cached), []).append(seconds)
+    if len(by_shape) < 3:
+        raise BenchmarkError(f"a prefill fit needs probes of at least three shapes, got {len(by_shape)}")
+    rows, targets = [], []
+    for (uncached, cached), times in sorted(by_shape.items()):
+        chunks, attended, done = 0, 0.0, cached
+        while done < cached + uncached:
+            take = min(token_budget, cached + uncached - done)
+            chunks, attended, done = chunks + 1, attended + take * (done + take / 2), done + take
+        rows.append([float(chunks), float(uncached), attended])
+        targets.append(statistics.median(times))  # one request a neighbour stalled cannot drag the fit
+    fixed, per_token, per_ctx = nnls(rows, targets, [1.0 / t**2 for t in targets])
+    return {
+        "fixed_s": fixed,
+        "prefill_tokens_per_s": 1.0 / max(per_token, 1e-9),  # prefill found free: as good as free
+        "prefill_per_ctx_token_s": per_ctx,
+    }
 
 
 def refine_profile(
@@ -165,31 +205,43 @@ def refine_profile(
     extras: dict[str, tuple[float, float]] | None = None,
     max_evaluations: int = 120,
     trim: float = 0.0,
+    held: Collection[str] = (),
 ) -> tuple[EngineProfile, dict[str, float], float]:
     """``profile``'s step times adjusted until the simulator reproduces measured runs: the closed form of
     ``step_cost_fit`` leaves a few per cent of bias (prefill steps stretch the decode batch, chunks share their
     overhead), so the fit's profile is the start of a Nelder-Mead search, in log space, for the step times that
     minimise the mean squared log-ratio between ``simulate(profile, extras, i)`` and ``targets[i]`` over every
     figure both have (throughput, TTFT, TPOT). ``extras`` are further positive parameters of ``simulate`` that
-    are not the engine's (name → (start, scale)), searched alike. ``trim`` drops that fraction of the largest
-    squared log-ratios from the mean (least trimmed squares): a measurement the engine's host distorted (a stream
-    its API server held back and then sent at once) then cannot drag the fit. Deterministic; returns the profile,
-    the extras and the root-mean-square log error (over the terms kept)."""
+    are not the engine's (name → (start, scale)), searched alike; ``held`` names fields of ``REFINED_FIELDS``
+    kept at the profile's values (measured elsewhere: ``prefill_fit``). ``trim`` drops that fraction of the
+    largest squared log-ratios from the mean (least trimmed squares): a measurement the engine's host distorted
+    (a stream its API server held back and then sent at once) then cannot drag the fit. Deterministic; returns
+    the profile, the extras and the root-mean-square log error (over the terms kept)."""
     if not 0 <= trim < 1:
         raise ValueError("trim must be in [0, 1)")
+    if unknown := set(held) - set(REFINED_FIELDS):
+        raise ValueError(f"held fields must be refined fields, not {sorted(unknown)}")
     extras = extras or {}
-    start = [getattr(profile, f) for f in REFINED_FIELDS] + [value for value, _ in extras.values()]
+    t0 = profile.decode_t0_s
     # A scale per parameter, so that one the fit found to be 0 can still grow: for the step's parts, 1 % of its
-    # fixed cost.
-    # Attention's prefill term: a 1,000-token chunk over 1,000 tokens of context at a fixed cost's 1 %.
-    floors = [1e-4, 0.01 * start[0], 1e-5 * start[0], 1.0, 0.01 * start[0], 1e-8 * start[0]]
-    floors += [scale for _, scale in extras.values()]
-    scales = [max(value, floor) for value, floor in zip(start, floors, strict=True)]
-    names = list(REFINED_FIELDS) + list(extras)
+    # fixed cost. Attention's prefill term: a 1,000-token chunk over 1,000 tokens of context at a fixed cost's 1 %.
+    floors = {
+        "decode_t0_s": 1e-4,
+        "decode_per_seq_s": 0.01 * t0,
+        "decode_per_ctx_token_s": 1e-5 * t0,
+        "prefill_tokens_per_s": 1.0,
+        "prefill_overhead_s": 0.01 * t0,
+        "prefill_per_ctx_token_s": 1e-8 * t0,
+    }
+    searched = [f for f in REFINED_FIELDS if f not in held]
+    names = searched + list(extras)
+    start = [getattr(profile, f) for f in searched] + [value for value, _ in extras.values()]
+    scales = [max(value, floors[f]) for value, f in zip(start, searched, strict=False)]
+    scales += [scale for _, scale in extras.values()]
 
     def decode(z: list[float]) -> tuple[EngineProfile, dict[str, float]]:
         values = {n: s * math.exp(min(max(v, -6.0), 6.0)) for n, s, v in zip(names, scales, z, strict=True)}
-        fields = {n: values[n] for n in REFINED_FIELDS}
+        fields = {n: values[n] for n in searched}
         return profile.with_options(**fields), {n: values[n] for n in extras}
 
     def loss(z: list[float]) -> float:
