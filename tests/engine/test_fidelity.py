@@ -28,7 +28,10 @@ KEYS = (
 def test_bench_fidelity_calibrates_on_the_engine_and_reports_every_figure(engine, tmp_path):
     messages: list[str] = []
     svg = tmp_path / "fidelity.svg"
-    figures = fidelity.run(quick=True, plot=str(svg), progress=messages.append, url=engine.url, size="smoke")
+    saved = tmp_path / "run.json"
+    figures = fidelity.run(
+        quick=True, plot=str(svg), progress=messages.append, url=engine.url, size="smoke", save=str(saved)
+    )
     json.dumps(figures)  # the command prints it as one line of JSON
     assert list(figures)[-len(KEYS) :] == list(KEYS)  # the keys close the line, in its order
     assert figures["real_vllm_version"] == "0.32.0"
@@ -49,3 +52,8 @@ def test_bench_fidelity_calibrates_on_the_engine_and_reports_every_figure(engine
     assert constants["decode_t0_ms"] > 0 and constants["prefill_tokens_per_s"] > 0
     assert any(m.startswith("profile fit") for m in messages) and any("vs sim" in m for m in messages)
     assert "<svg" in svg.read_text()
+    # Every measurement was kept: fitted and predicted again from the file, without the engine, it gives the same.
+    replayed = fidelity.run(quick=True, progress=messages.append, replay=str(saved))
+    assert [r["measured"] for r in replayed["points"]] == [r["measured"] for r in figures["points"]]
+    assert [r["predicted"] for r in replayed["points"]] == [r["predicted"] for r in figures["points"]]
+    assert replayed["real_vllm_version"] == "0.32.0" and replayed["calibration"]["profile"] == constants

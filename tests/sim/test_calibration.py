@@ -2,6 +2,7 @@
 simulator itself: when the "engine" is a known profile, the fit finds its step times and predicts held-out load
 points of that engine."""
 
+import json
 import os
 import signal
 import subprocess
@@ -238,3 +239,53 @@ def test_the_engine_processes_get_their_own_cores_and_the_api_server_and_client_
         os.sched_setaffinity(0, own)
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
+
+
+def test_a_saved_run_replays_to_the_same_figures_and_a_bad_capture_is_refused(tmp_path):
+    """``--opt save=`` keeps one repeat's measurements (here the simulator at a known profile stands in for the
+    engine); ``--opt replay=`` fits and predicts from them again, without an engine, to the very same figures."""
+    from django.core.management.base import CommandError
+
+    from endpoints.benchmarks.fidelity import capture
+
+    quiet = lambda _m: None  # noqa: E731
+    rep = fidelity._measure(SimulatedEngine(), size="smoke", repeat=0, opts={}, pgid=None, progress=quiet)
+    assert len(rep.points) == len(POINTS["smoke"]) and all(p.again for p in rep.points) and rep.probes
+    live_runs = {p: [] for p in POINTS["smoke"]}
+    base = get_profile(fidelity.BASE_PROFILE)
+    live = fidelity._evaluate(base, rep, live_runs, size="smoke", client_gap_s=GAP_S, opts={}, progress=quiet)
+    saved = tmp_path / "run.json"
+    meta = {"real_vllm_version": "sim", "size": "smoke", "model": TRUTH.model_name, "model_path": ""}
+    saved.write_text(capture.dump([rep], meta=meta))
+
+    replayed = fidelity.run(quick=True, progress=quiet, replay=str(saved), client_gap_s=str(GAP_S))
+    assert replayed["replayed_from"] == str(saved) and replayed["real_vllm_version"] == "sim"
+    assert replayed["calibration"]["profile"] == live["profile"]
+    expected = [fidelity._point_row(p, r) for p, r in live_runs.items()]
+    assert [row["predicted"] for row in replayed["points"]] == [row["predicted"] for row in expected]
+    assert [row["measured"] for row in replayed["points"]] == [row["measured"] for row in expected]
+    assert replayed["engine_again_err"] and replayed["contract_divergences"] is None
+    # Measured on a known profile, the replayed fit predicts it closely (the engine's own noise is absent).
+    assert replayed["fidelity.throughput_err"] < 0.1 and replayed["fidelity.tpot_p50_err"] < 0.1
+
+    doc = json.loads(saved.read_text())
+    doc["repeats"][0]["points"][0]["samples"][0][0] = "soon"  # a start time that is not a number
+    bad = {
+        "missing.json": None,
+        "text.json": "not json",
+        "other.json": json.dumps({"format": "something-else"}),
+        "sample.json": json.dumps(doc),
+        "empty.json": json.dumps({**json.loads(saved.read_text()), "repeats": []}),
+    }
+    for name, text in bad.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+    for name, message in {
+        "missing.json": "cannot read",
+        "text.json": "not JSON",
+        "other.json": "not a bench fidelity capture",
+        "sample.json": "must be numbers",
+        "empty.json": "no repeat",
+    }.items():
+        with pytest.raises(CommandError, match=message):
+            fidelity.run(quick=True, progress=quiet, replay=str(tmp_path / name))

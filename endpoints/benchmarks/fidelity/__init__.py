@@ -26,9 +26,13 @@ kernel puts them: by default they get the allotment's cores and its API server a
 ``load.pin_engine``), ``repeats`` (1 quick, 3 full), ``client_gap_s`` (the turnaround between a finished request
 and the next, in the prediction; default 0.002), ``refine=0`` (predict with the closed-form fit alone, no API
 server), ``again=0`` (measure each point once: no engine-against-itself figures), ``contract=0`` (skip the
-comparison). The goal is each error within 15 %; ``engine_again_err`` says how close the engine comes to itself
-(the floor no model can be expected to beat), and every measurement reports who used the CPUs meanwhile
-(``cpu``), the evidence when a neighbour disturbed it.
+comparison), ``save=FILE`` (keep every measurement: the sweep's runs, the probes and each held-out point's
+requests, as JSON, ``capture.py``), ``replay=FILE`` (no engine: fit and predict again from a saved run's
+measurements, with this checkout's simulator and calibration; a change to either is judged on the very
+measurements an earlier run took, not on a new and differently noisy one). The goal is each error within
+15 %; ``engine_again_err`` says how close the engine comes to itself (the floor no model can be expected to
+beat), and every measurement reports who used the CPUs meanwhile (``cpu``), the evidence when a neighbour
+disturbed it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from endpoints.runtimes.sim.process import start_replica
 from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.vllm import server_problems
 
+from . import capture
 from .load import (
     METRICS,
     SPLIT_METRICS,
@@ -210,6 +215,9 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         raise CommandError(f"--opt repeats= takes a whole number and client_gap_s= seconds: {exc}") from None
     if repeats < 1 or not 0 <= client_gap_s < 10:
         raise CommandError("--opt repeats= must be at least 1 and client_gap_s= in [0, 10) seconds")
+    if opts.get("replay"):
+        return _replay(opts["replay"], client_gap_s=client_gap_s, plot=plot, opts=opts, progress=progress)
+    save = opts.get("save")
     engine = _engine(opts.get("url"), progress, cpus=opts.get("cpus", "1"), pin=opts.get("pin", "1") != "0")
     with engine as (url, startup_s, pgid):
         if problems := server_problems(url, served_model_name=None):
@@ -218,26 +226,69 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         version = httpx.get(f"{url}/version", timeout=10).json().get("version")
         base = get_profile(BASE_PROFILE, model_name=info["id"], model_path=info.get("root") or "")
         driver = TokenPromptDriver(url, model=info["id"], vocab_size=base.vocab_size)
+        meta = {"real_vllm_version": version, "size": size, "model": info["id"], "model_path": info.get("root") or "",
+                "engine_startup_s": None if startup_s is None else round(startup_s, 1), "cpu_layout": engine.layout}  # fmt: skip
         runs: dict[LoadPoint, list] = {point: [] for point in POINTS[size]}
-        cycles = []
+        captures, cycles = [], []
         for r in range(repeats):
             progress(f"vLLM {version} at {url}: repeat {r + 1} of {repeats}, calibrating ({size} sweep)")
+            captures.append(_measure(driver, size=size, repeat=r, opts=opts, pgid=pgid, progress=progress))
+            if save:  # after every repeat: a run stopped halfway keeps what it measured
+                _write(save, capture.dump(captures, meta=meta))
             cycles.append(
-                _cycle(driver, base, runs, repeat=r, size=size, client_gap_s=client_gap_s, opts=opts, pgid=pgid,
-                       progress=progress)
-            )  # fmt: skip
+                _evaluate(base, captures[-1], runs, size=size, client_gap_s=client_gap_s, opts=opts, progress=progress)
+            )
         divergences = _contract(url, info, progress) if opts.get("contract", "1") != "0" else None
+    if save:
+        progress(f"wrote the measurements to {save} (--opt replay={save} fits and predicts from them again)")
     figures = _figures([_point_row(point, point_runs) for point, point_runs in runs.items()], repeats)
     figures.update(
         {
             "calibration": cycles[0] if len(cycles) == 1 else cycles,
-            "real_vllm_version": version,
             "contract_divergences": None if divergences is None else len(divergences),
             "contract_divergence_list": divergences,
-            "engine_startup_s": None if startup_s is None else round(startup_s, 1),
-            "cpu_layout": engine.layout,
+            **meta,
         }
     )
+    return _close(figures, plot, progress)
+
+
+def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, progress) -> dict:
+    """The figures of a saved run (``--opt save=``) fitted and predicted again, with this checkout's simulator and
+    calibration, from the engine's measurements in the file: no engine, nothing measured."""
+    try:
+        with open(path) as fh:
+            meta, captures = capture.load(fh.read())
+    except OSError as exc:
+        raise CommandError(f"--opt replay= cannot read {path}: {exc.strerror or exc}") from None
+    except capture.CaptureError as exc:
+        raise CommandError(f"--opt replay={path}: {exc}") from None
+    size = meta.get("size") if meta.get("size") in CALIBRATION else "full"
+    base = get_profile(BASE_PROFILE, model_name=str(meta.get("model") or "tiny-llama"),
+                       model_path=str(meta.get("model_path") or ""))  # fmt: skip
+    runs: dict[LoadPoint, list] = {}
+    cycles = []
+    for r, rep in enumerate(captures):
+        progress(f"replaying {path}: repeat {r + 1} of {len(captures)} (vLLM {meta.get('real_vllm_version')})")
+        for pc in rep.points:
+            runs.setdefault(pc.point, [])
+        cycles.append(_evaluate(base, rep, runs, size=size, client_gap_s=client_gap_s, opts=opts, progress=progress))
+    figures = _figures([_point_row(point, point_runs) for point, point_runs in runs.items()], len(captures))
+    figures.update(
+        {
+            "calibration": cycles[0] if len(cycles) == 1 else cycles,
+            "replayed_from": path,
+            "contract_divergences": None,  # nothing was compared: no engine
+            "contract_divergence_list": None,
+            "real_vllm_version": meta.get("real_vllm_version"),
+            "engine_startup_s": meta.get("engine_startup_s"),
+            "cpu_layout": meta.get("cpu_layout"),
+        }
+    )
+    return _close(figures, plot, progress)
+
+
+def _close(figures: dict, plot: str | None, progress) -> dict:
     if plot:
         with open(plot, "w") as fh:
             fh.write(fidelity_svg(figures["points"]))
@@ -246,6 +297,14 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     for key in ("real_vllm_version", *_KEYS.values(), "contract_divergences", "engine_startup_s"):
         figures[key] = figures.pop(key)
     return figures
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise CommandError(f"--opt save= cannot write {path}: {exc.strerror or exc}") from None
 
 
 class _engine:
@@ -361,10 +420,11 @@ def _constants(profile) -> dict:
     }
 
 
-def _cycle(driver, base, runs: dict, *, repeat: int, size: str, client_gap_s: float, opts: dict, pgid, progress):
-    """One repeat: calibrate (sweep, fit, refine), then measure and predict every held-out point once. Each repeat
-    calibrates anew, minutes before it measures: on a shared machine the neighbours' load drifts, and a profile
-    fitted in a quiet quarter of an hour mispredicts a busy one (the repeats' spread says how much)."""
+def _measure(driver, *, size: str, repeat: int, opts: dict, pgid, progress) -> capture.RepeatCapture:
+    """One repeat's measurements on the engine: the calibration sweep, the prefill probes, and every held-out point
+    (measured twice unless ``again=0``). Each repeat measures anew: on a shared machine the neighbours' load
+    drifts, and a profile fitted in a quiet quarter of an hour mispredicts a busy one (the repeats' spread says
+    how much)."""
     recorder = Recorder(driver)
     with CpuMeter(pgid) as calibration_cpu:
         sweep = run_sweep(recorder, SweepConfig(**_LOOSE_SLO, **CALIBRATION[size]), progress)
@@ -372,56 +432,67 @@ def _cycle(driver, base, runs: dict, *, repeat: int, size: str, client_gap_s: fl
     if opts.get("probe", "1") != "0":
         with CpuMeter(pgid):
             probes = probe_prefill(driver, size, f"fidelity-probe-{repeat}-{time.time_ns()}")
-    fitted, refined, api, rms = calibrate(
-        base,
-        recorder.runs,
-        client_gap_s=client_gap_s,
-        evaluations=REFINE_EVALUATIONS[size],
-        progress=progress,
-        probes=probes,
-    )
-    if opts.get("refine", "1") == "0":
-        profile, api = fitted, ApiServerCost()
-    else:
-        profile = refined
-    predict = {"client_gap_s": client_gap_s, "api": api}
-    for point in runs:
+    fit = {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma", "held_out_relative_error")}
+    rep = capture.RepeatCapture(recorder.runs, probes, sweep_fit=fit, cpu=calibration_cpu.figures)
+    for point in POINTS[size]:
         run_id = f"fidelity-{point.label}-{repeat}-{time.time_ns()}"  # fresh prefixes: no run warms the next
         with CpuMeter(pgid) as meter:
             samples = driver.run(point.shape, point.concurrency, point.requests, run_id, **_g(point))
-        measured = point_stats(point, samples)
-        predicted = point_stats(point, simulate_point(profile, point, run_id=run_id, **predict))
         again = None
         if opts.get("again", "1") != "0":
             # The engine predicting itself: the same load measured again at once (fresh prefixes). No model of the
             # engine can be expected to come closer to a measurement than the engine's own repeat does.
             with CpuMeter(pgid) as meter_again:
-                again = point_stats(point, driver.run(point.shape, point.concurrency, point.requests,
-                                                      f"{run_id}-again", **_g(point)))  # fmt: skip
+                again = driver.run(point.shape, point.concurrency, point.requests, f"{run_id}-again", **_g(point))
             meter.figures["again"] = meter_again.figures
-        runs[point].append((measured, predicted, meter.figures, again))
+        rep.points.append(capture.PointCapture(point, run_id, samples, again, meter.figures))
+        progress(f"{point.label} #{repeat + 1} measured" + _cpu_note(meter.figures))
+    return rep
+
+
+def _evaluate(base, rep: capture.RepeatCapture, runs: dict, *, size: str, client_gap_s: float, opts: dict, progress):
+    """One repeat's calibration (fit, probes, refinement) from its measurements, and its held-out points predicted
+    in virtual time beside what the engine measured (appended to ``runs``); returns the repeat's summary."""
+    fitted, refined, api, rms = calibrate(
+        base,
+        rep.runs,
+        client_gap_s=client_gap_s,
+        evaluations=REFINE_EVALUATIONS[size],
+        progress=progress,
+        probes=rep.probes,
+    )
+    if opts.get("refine", "1") == "0":
+        profile, api = fitted, ApiServerCost()
+    else:
+        profile = refined
+    for pc in rep.points:
+        point = pc.point
+        measured = point_stats(point, pc.samples)
+        predicted = point_stats(point, simulate_point(profile, point, run_id=pc.run_id, client_gap_s=client_gap_s,
+                                                      api=api))  # fmt: skip
+        again = point_stats(point, pc.again) if pc.again else None
+        runs[point].append((measured, predicted, pc.cpu, again))
         progress(
-            f"{point.label} #{repeat + 1}: "
+            f"{point.label}: "
             + ", ".join(
                 f"{m} {_fmt(measured[m])} vs sim {_fmt(predicted[m])}"
                 + (f" (again {_fmt(again[m])})" if again and again[m] is not None else "")
                 for m in (*METRICS, *SPLIT_METRICS)
                 if measured[m]
             )
-            + _cpu_note(meter.figures)
         )
     return {
-        "runs": len(recorder.runs),
+        "runs": len(rep.runs),
         "profile_fit": _constants(fitted),
         "profile": _constants(profile),
         "refined": profile is refined,
-        "prefill_probes": len(probes) if probes else 0,
+        "prefill_probes": len(rep.probes) if rep.probes else 0,
         "train_rms_log_error": round(rms, 4),
-        "mu_fit": {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma")},
-        "mu_fit_held_out_relative_error": sweep["fit"]["held_out_relative_error"],
+        "mu_fit": {k: rep.sweep_fit.get(k) for k in ("alpha", "alpha_cached", "beta", "gamma")},
+        "mu_fit_held_out_relative_error": rep.sweep_fit.get("held_out_relative_error"),
         "client_gap_s": client_gap_s,
         "api_server": _api(api),
-        "cpu": calibration_cpu.figures,
+        "cpu": rep.cpu,
     }
 
 
@@ -430,7 +501,7 @@ def _point_row(point: LoadPoint, runs: list) -> dict:
     row: dict = {"point": point.label, "repeats": len(runs), "measured": {}, "predicted": {}, "error": {}}
     row["measured_interval"], row["error_interval"], row["repeat_errors"] = {}, {}, {}
     row["measured_again"], row["again_error"] = {}, {}
-    row["cpu"] = [cpu for _, _, cpu, _ in runs]
+    row["cpu"] = [cpu for _, _, cpu, _ in runs]  # None for a replayed capture's point that did not keep it
     for m in (*METRICS, *SPLIT_METRICS):
         meas = [mv[m] for mv, _, _, _ in runs if mv[m] is not None]
         pred = [pv[m] for _, pv, _, _ in runs if pv[m] is not None]
