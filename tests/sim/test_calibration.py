@@ -276,6 +276,7 @@ def test_a_saved_run_replays_to_the_same_figures_and_a_bad_capture_is_refused(tm
         "other.json": json.dumps({"format": "something-else"}),
         "sample.json": json.dumps(doc),
         "empty.json": json.dumps({**json.loads(saved.read_text()), "repeats": []}),
+        "short.json": saved.read_text().replace('"requests": ', '"requests": 1', 1),  # 6 → 16 requests
     }
     for name, text in bad.items():
         if text is not None:
@@ -286,6 +287,7 @@ def test_a_saved_run_replays_to_the_same_figures_and_a_bad_capture_is_refused(tm
         "other.json": "not a bench fidelity capture",
         "sample.json": "must be numbers",
         "empty.json": "no repeat",
+        "short.json": "samples for a load point of",
     }.items():
         with pytest.raises(CommandError, match=message):
             fidelity.run(quick=True, progress=quiet, replay=str(tmp_path / name))

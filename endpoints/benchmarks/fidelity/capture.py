@@ -100,30 +100,44 @@ def _point(d: dict) -> LoadPoint:
     p = LoadPoint(shape, int(d["concurrency"]), int(d["requests"]), int(d.get("prefix_groups", 1)))
     if min(shape.input_tokens, shape.output_tokens, p.concurrency, p.requests, p.prefix_groups) < 1:
         raise ValueError(f"a load point needs positive sizes: {d}")
+    if not 0 <= shape.shared_prefix_tokens <= shape.input_tokens:
+        raise ValueError(f"a shared prefix must fit its prompt: {d}")
     return p
 
 
-def _samples(rows: list[list] | None) -> list[Sample] | None:
+def _number(value, *, optional: bool = False) -> bool:
+    return (optional and value is None) or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _samples(rows: list[list] | None, requests: int) -> list[Sample] | None:
+    """A run's requests: as many as its load point sent (the drivers return one sample per request, failed or
+    not), so a replay simulates exactly what was measured."""
     if rows is None:
         return None
+    if len(rows) != requests:
+        raise ValueError(f"{len(rows)} samples for a load point of {requests} requests")
     out = [Sample(**dict(zip(_SAMPLE_FIELDS, row, strict=True))) for row in rows]
     for s in out:
-        if not all(isinstance(v, (int, float)) for v in (s.start_s, s.end_s, s.prompt_tokens, s.output_tokens)):
+        numbers = all(_number(v) for v in (s.start_s, s.end_s, s.prompt_tokens, s.cached_tokens, s.output_tokens))
+        optional = _number(s.first_token_s, optional=True) and _number(s.accepted_s, optional=True)
+        if not (numbers and optional and isinstance(s.ok, bool) and isinstance(s.error, str)):
             raise ValueError(f"a sample's times and token counts must be numbers: {s}")
     return out
 
 
 def _repeat(rep: dict) -> RepeatCapture:
-    runs = [(_point(r["point"]), str(r["run_id"]), _samples(r["samples"])) for r in rep["runs"]]
+    runs = []
+    for r in rep["runs"]:
+        point = _point(r["point"])
+        runs.append((point, str(r["run_id"]), _samples(r["samples"], point.requests)))
     probes = rep.get("probes")
     if probes is not None:
         probes = [(int(u), int(c), float(s)) for u, c, s in probes]
-    points = [
-        PointCapture(
-            _point(p["point"]), str(p["run_id"]), _samples(p["samples"]), _samples(p.get("again")), p.get("cpu")
-        )  # fmt: skip
-        for p in rep["points"]
-    ]
-    if not runs or not points or any(not samples for _, _, samples in runs) or any(not p.samples for p in points):
-        raise ValueError("a repeat needs the sweep's runs and the held-out points, each with its requests")
+    points = []
+    for p in rep["points"]:
+        point = _point(p["point"])
+        samples, again = _samples(p["samples"], point.requests), _samples(p.get("again"), point.requests)
+        points.append(PointCapture(point, str(p["run_id"]), samples, again, p.get("cpu")))
+    if not runs or not points:
+        raise ValueError("a repeat needs the sweep's runs and the held-out points")
     return RepeatCapture(runs, probes, points, dict(rep.get("sweep_fit") or {}), rep.get("cpu"))
