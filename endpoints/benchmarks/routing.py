@@ -29,6 +29,12 @@ replica and keeps them), so nothing can be 1.1× it on this workload and hardwar
 
 Prompts use this module's own random text: each group's system prompt and each question differ from
 the first block on, which is what makes prefix affinity matter.
+
+Options (``--opt KEY=VALUE``): ``workloads=a,b`` runs only those suite workloads; ``seed=N`` judges on another seed
+(default 2); ``seeds=17-22`` (or ``3,5,9``) runs the suite on each seed and judges the policies on their means, with
+each seed's figures and how many seeds infercap was at least llm-d and the best baseline (held-out seeds: infercap's
+weights were chosen on others); ``stage_s=S``; ``stages=Q1,Q2,...``, ``hot_share``, ``replicas`` for the legacy
+shared-prefix setup.
 """
 
 from __future__ import annotations
@@ -304,6 +310,7 @@ def run(
             kind = type(getattr(setup, key))
             setup = Setup(**{**setup.__dict__, key: kind(options.pop(key))})
     seed = int(options.pop("seed", routing_suite.EVAL_SEED))
+    seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
     only = [w for w in str(options.pop("workloads", "")).split(",") if w]
     known = {w.name for w in routing_suite.suite(quick=quick)}
     if set(only) - known:
@@ -312,10 +319,14 @@ def run(
         )
     if options:
         raise ValueError(f"unknown options for bench routing: {', '.join(sorted(options))}")
+    if seeds is not None and (plot or live):
+        raise ValueError("seeds= runs the suite on several seeds; --plot and --live take one (use seed=)")
     if live:
         return run_live(setup=setup, quick=quick, progress=progress)
 
     started = time.perf_counter()
+    if seeds is not None:
+        return _run_seeds(seeds, quick=quick, stage_s=suite_stage_s, only=only, progress=progress, started=started)
     suite = routing_suite.run_suite(quick=quick, stage_s=suite_stage_s, seed=seed, only=only, progress=progress)
     figures: dict = {"workloads": suite["workloads"], "stage_s": suite["stage_s"], "seed": suite["seed"]}
     if not only or "shared_prefix" in only:
@@ -331,6 +342,23 @@ def run(
         routing_suite.write_panels_svg(plot, suite["curves"])
         progress(f"wrote {plot}")
     return figures
+
+
+def _run_seeds(seeds: list[int], *, quick: bool, stage_s: float | None, only, progress, started: float) -> dict:
+    """The suite on each seed (held-out seeds: infercap's weights were chosen on others), judged on the means."""
+    tables = {}
+    for k, seed in enumerate(seeds, 1):
+        progress(f"seed {seed} ({k} of {len(seeds)})")
+        suite = routing_suite.run_suite(quick=quick, stage_s=stage_s, seed=seed, only=only, progress=progress)
+        tables[seed] = suite["workloads"]
+    workloads = routing_suite.mean_over_seeds(tables)
+    return {
+        "workloads": workloads,
+        "seeds": seeds,
+        "stage_s": stage_s or (8.0 if quick else 30.0),
+        "goals": routing_suite.goals(workloads, None),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def compare_policies(setup: Setup, names, progress) -> tuple[dict, dict]:

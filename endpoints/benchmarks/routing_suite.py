@@ -316,6 +316,57 @@ def run_suite(*, quick: bool, stage_s: float | None, seed: int, only: list[str] 
     return {"workloads": figures, "curves": curves, "stage_s": run.stage_s, "seed": run.seed}
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``"17-20"``, ``"3,5,9"`` or a mix of both, as a list of distinct seeds in the order given."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            lo, _, hi = part.partition("-")
+            span = range(int(lo), int(hi or lo) + 1)
+        except ValueError:
+            raise ValueError(f"seeds: {part!r} is not a seed or a range like 17-20") from None
+        if not span:
+            raise ValueError(f"seeds: the range {part!r} is empty")
+        seeds += [s for s in span if s not in seeds]
+    if not seeds:
+        raise ValueError("seeds: name at least one seed")
+    return seeds
+
+
+def mean_over_seeds(tables: dict[int, dict]) -> dict:
+    """Per workload, every policy's SLO-meeting throughput averaged over the seeds' runs, the ratios of those means
+    (the same keys as one seed's table, so ``goals`` judges the means), and each seed's figures beside them."""
+    out: dict = {}
+    names = next(iter(tables.values())).keys()
+    for name in names:
+        runs = [tables[seed][name] for seed in tables]
+        w: dict = {"seeds": list(tables)}
+        for policy in (*SUITE_POLICIES, "oracle"):
+            per_seed = [r[policy]["slo_throughput"] for r in runs]
+            ttfts = [r[policy]["ttft_p90_ms"] for r in runs]
+            w[policy] = {
+                "slo_throughput": round(sum(per_seed) / len(per_seed), 2),
+                "ttft_p90_ms": round(sum(ttfts) / len(ttfts), 1) if None not in ttfts else None,
+                "per_seed": per_seed,
+            }
+        ours = w["infercap"]["slo_throughput"]
+        w["upper_bound"] = round(sum(r["upper_bound"] for r in runs) / len(runs), 2)
+        w["best_baseline"] = max(BASELINES, key=lambda p: w[p]["slo_throughput"])
+        w["ratio_vs_llmd"] = _ratio(ours, w["llmd"]["slo_throughput"])
+        w["ratio_vs_best_baseline"] = _ratio(ours, w[w["best_baseline"]]["slo_throughput"])
+        w["ratio_vs_upper_bound"] = _ratio(ours, w["upper_bound"])
+        w["ttft_p90_ratio_vs_llmd"] = _ratio(w["infercap"]["ttft_p90_ms"], w["llmd"]["ttft_p90_ms"])
+        # How often infercap is at least each reference on the same seed (the same arrivals).
+        w["seeds_ge_llmd"] = sum(r["infercap"]["slo_throughput"] >= r["llmd"]["slo_throughput"] for r in runs)
+        w["seeds_ge_best_baseline"] = sum(
+            r["infercap"]["slo_throughput"] >= max(r[p]["slo_throughput"] for p in BASELINES) for r in runs
+        )
+        out[name] = w
+    return out
+
+
 def goals(workloads: dict, hot: dict | None) -> dict:
     checks = {}
     for name, w in workloads.items():
@@ -383,4 +434,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
 
-__all__ = ["SUITE_POLICIES", "Run", "Workload", "goals", "replace", "run_policy", "run_suite", "suite"]
+__all__ = [
+    "SUITE_POLICIES",
+    "Run",
+    "Workload",
+    "goals",
+    "mean_over_seeds",
+    "parse_seeds",
+    "replace",
+    "run_policy",
+    "run_suite",
+    "suite",
+]

@@ -150,7 +150,7 @@ class InfercapRouter(RouterBase):
     def __init__(
         self,
         *,
-        load_bound: float = 1.25,
+        load_bound: float = 1.15,
         load_slack: float = 2.0,
         prefix_weight: float = 3.0,
         session_weight: float = 3.0,

@@ -74,6 +74,35 @@ def test_one_workload_runs_alone_with_the_issues_keys():
         bench.run(quick=True, progress=lambda m: None, workloads="nope")
 
 
+def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_seed_run():
+    quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure"}
+    figures = bench.run(seeds="3-4", **quiet)
+    assert figures["seeds"] == [3, 4] and "hot_prefix" not in figures
+    w = figures["workloads"]["cache_pressure"]
+    singles = [bench.run(seed=seed, **quiet)["workloads"]["cache_pressure"] for seed in (3, 4)]
+    for policy in (*routing_suite.SUITE_POLICIES, "oracle"):
+        per_seed = [single[policy]["slo_throughput"] for single in singles]
+        assert w[policy]["per_seed"] == per_seed, policy  # the same arrivals and routers as a run on that seed
+        assert w[policy]["slo_throughput"] == round(sum(per_seed) / 2, 2)
+    ours = w["infercap"]["slo_throughput"]
+    assert w["ratio_vs_llmd"] == round(ours / w["llmd"]["slo_throughput"], 4)
+    assert w["ratio_vs_best_baseline"] == round(ours / w[w["best_baseline"]]["slo_throughput"], 4)
+    assert w["seeds_ge_llmd"] == sum(s["infercap"]["slo_throughput"] >= s["llmd"]["slo_throughput"] for s in singles)
+    assert "cache_pressure_ge_1.0x_best_baseline" in figures["goals"]
+
+
+@pytest.mark.parametrize("text", ["", "x", "5-3", "1-b"])
+def test_bad_seed_lists_are_refused(text):
+    with pytest.raises(ValueError, match="seed"):
+        bench.run(quick=True, progress=lambda m: None, workloads="cache_pressure", seeds=text)
+
+
+def test_seed_lists_accept_ranges_and_drop_repeats():
+    assert routing_suite.parse_seeds("17-19, 21,18") == [17, 18, 19, 21]
+    with pytest.raises(ValueError, match="take one"):
+        bench.run(quick=True, plot="x.svg", progress=lambda m: None, seeds="1,2")
+
+
 def test_assignment_oracle_deals_popular_groups_over_several_replicas_by_speed():
     weights = [0.4, 0.3] + [0.3 / 8] * 8
     oracle = AssignmentOracle(weights=weights, seed=0)
