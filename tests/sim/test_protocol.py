@@ -59,6 +59,12 @@ def test_a_field_of_the_wrong_type_is_a_format_error_naming_body_dot_field():
         ),
         ({"top_p": 0}, "top_p must be in (0, 1], got 0.0. (parameter=top_p, value=0.0)", "top_p"),
         ({"n": 0}, "n must be at least 1, got 0.", None),
+        ({"n": 2, "temperature": 0}, "n must be 1 when using greedy sampling, got 2.", None),
+        (
+            {"n": 2, "temperature": 3},
+            "temperature must be in [0, 2], got 3.0. (parameter=temperature, value=3.0)",
+            "temperature",
+        ),
         (
             {"max_tokens": 9000},
             "max_tokens=9000 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter=max_tokens, value=9000)",

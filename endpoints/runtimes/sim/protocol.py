@@ -25,6 +25,7 @@ __all__ = ["BadRequest", "ParsedRequest", "Prompt", "error_body", "parse_request
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
+SAMPLING_EPS = 1e-5  # below this temperature vLLM samples greedily (``vllm.sampling_params._SAMPLING_EPS``)
 VLLM_VERSION = "0.32.0"
 # The branch of vLLM's message union that pydantic reports first for a malformed chat message.
 _FIRST_MESSAGE_BRANCH = "ChatCompletionDeveloperMessageParam"
@@ -363,6 +364,9 @@ def _verify_sampling(
         raise BadRequest(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
     if any(not s for s in stop):
         raise BadRequest("stop cannot contain an empty string.")
+    if temperature is not None and temperature < SAMPLING_EPS and n > 1:
+        # vLLM checks this after the ranges above (``SamplingParams._verify_greedy_sampling``).
+        raise vllm_error(f"n must be 1 when using greedy sampling, got {n}.")
 
 
 def _logprobs(fields: Body, *, chat: bool, vocab_size: int) -> int | None:
