@@ -33,8 +33,11 @@ the first block on, which is what makes prefix affinity matter.
 Options (``--opt KEY=VALUE``): ``workloads=a,b`` runs only those suite workloads; ``seed=N`` judges on another seed
 (default 2); ``seeds=17-22`` (or ``3,5,9``) runs the suite on each seed and judges the policies on their means, with
 each seed's figures and how many seeds infercap was at least llm-d and the best baseline (held-out seeds: infercap's
-weights were chosen on others); ``stage_s=S``; ``stages=Q1,Q2,...``, ``hot_share``, ``replicas`` for the legacy
-shared-prefix setup.
+weights were chosen on others); ``tune=llmd`` with ``seeds=`` tunes llm-d's scorer weights per workload on those
+(tuning) seeds over ``routing_suite.LLMD_GRID`` and prints the weights each of llm-d's two profiles does best with
+(the suite's ``llmd_tuned`` and ``llmd_precise_tuned`` baselines run them); ``load_bound=X`` runs infercap with another
+load bound (the default's choice can be judged on the same arrivals); ``stage_s=S``; ``stages=Q1,Q2,...``,
+``hot_share``, ``replicas`` for the legacy shared-prefix setup.
 """
 
 from __future__ import annotations
@@ -311,6 +314,8 @@ def run(
             setup = Setup(**{**setup.__dict__, key: kind(options.pop(key))})
     seed = int(options.pop("seed", routing_suite.EVAL_SEED))
     seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
+    tune = options.pop("tune", None)
+    infercap_options = {"load_bound": _load_bound(options.pop("load_bound"))} if "load_bound" in options else None
     only = [w for w in str(options.pop("workloads", "")).split(",") if w]
     known = {w.name for w in routing_suite.suite(quick=quick)}
     if set(only) - known:
@@ -321,14 +326,41 @@ def run(
         raise ValueError(f"unknown options for bench routing: {', '.join(sorted(options))}")
     if seeds is not None and (plot or live):
         raise ValueError("seeds= runs the suite on several seeds; --plot and --live take one (use seed=)")
+    if tune is not None:
+        if tune != "llmd":
+            raise ValueError(f"tune={tune}: only llm-d's scorer weights are tuned here (tune=llmd)")
+        if seeds is None or plot or live:
+            raise ValueError(
+                "tune=llmd needs seeds= (the tuning seeds, never the judged ones) and no --plot or --live"
+            )
+        started = time.perf_counter()
+        tuned = routing_suite.tune_llmd(seeds, quick=quick, stage_s=suite_stage_s, only=only, progress=progress)
+        return {**tuned, "wall_s": round(time.perf_counter() - started, 1)}
     if live:
         return run_live(setup=setup, quick=quick, progress=progress)
 
     started = time.perf_counter()
     if seeds is not None:
-        return _run_seeds(seeds, quick=quick, stage_s=suite_stage_s, only=only, progress=progress, started=started)
-    suite = routing_suite.run_suite(quick=quick, stage_s=suite_stage_s, seed=seed, only=only, progress=progress)
+        return _run_seeds(
+            seeds,
+            quick=quick,
+            stage_s=suite_stage_s,
+            only=only,
+            progress=progress,
+            started=started,
+            infercap_options=infercap_options,
+        )
+    suite = routing_suite.run_suite(
+        quick=quick,
+        stage_s=suite_stage_s,
+        seed=seed,
+        only=only,
+        progress=progress,
+        infercap_options=infercap_options,
+    )
     figures: dict = {"workloads": suite["workloads"], "stage_s": suite["stage_s"], "seed": suite["seed"]}
+    if infercap_options:
+        figures["infercap_options"] = infercap_options
     if not only or "shared_prefix" in only:
         progress("hot-prefix variant")
         shared = suite["workloads"]["shared_prefix"]
@@ -344,16 +376,31 @@ def run(
     return figures
 
 
-def _run_seeds(seeds: list[int], *, quick: bool, stage_s: float | None, only, progress, started: float) -> dict:
+def _load_bound(text: str) -> float:
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = 0.0
+    if not bound >= 1.0 or math.isinf(bound):
+        raise ValueError(f"load_bound={text}: a number of at least 1 (a replica's load over the mean)")
+    return bound
+
+
+def _run_seeds(
+    seeds: list[int], *, quick: bool, stage_s: float | None, only, progress, started: float, infercap_options=None
+) -> dict:
     """The suite on each seed (held-out seeds: infercap's weights were chosen on others), judged on the means."""
     tables = {}
     for k, seed in enumerate(seeds, 1):
         progress(f"seed {seed} ({k} of {len(seeds)})")
-        suite = routing_suite.run_suite(quick=quick, stage_s=stage_s, seed=seed, only=only, progress=progress)
+        suite = routing_suite.run_suite(
+            quick=quick, stage_s=stage_s, seed=seed, only=only, progress=progress, infercap_options=infercap_options
+        )
         tables[seed] = suite["workloads"]
     workloads = routing_suite.mean_over_seeds(tables)
     return {
         "workloads": workloads,
+        **({"infercap_options": infercap_options} if infercap_options else {}),
         "seeds": seeds,
         "stage_s": stage_s or (8.0 if quick else 30.0),
         "goals": routing_suite.goals(workloads, None),

@@ -33,9 +33,39 @@ from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.sim.results import SimResult, percentile
 from endpoints.runtimes.sim.workloads import SimRequest, poisson_times
 
-SUITE_POLICIES = ("round_robin", "least_request", "llmd", "llmd_precise", "infercap")
-BASELINES = ("round_robin", "least_request", "llmd", "llmd_precise")
-EVENT_POLICIES = ("llmd_precise", "infercap")
+SUITE_POLICIES = (
+    "round_robin",
+    "least_request",
+    "llmd",
+    "llmd_precise",
+    "llmd_tuned",
+    "llmd_precise_tuned",
+    "infercap",
+)
+BASELINES = ("round_robin", "least_request", "llmd", "llmd_precise", "llmd_tuned", "llmd_precise_tuned")
+EVENT_POLICIES = ("llmd_precise", "llmd_precise_tuned", "infercap")
+# llm-d's default profile's scorer weights (``endpoints.routing.llmd``), and the grid an operator tunes them over
+# for a workload: the prefix scorer's weight against the load scorers', and the queue scorer against the KV one.
+LLMD_DEFAULT = {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 3.0}
+LLMD_GRID = (
+    LLMD_DEFAULT,
+    {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 1.0},
+    {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.0},
+    {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 5.0},
+    {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 8.0},
+    {"queue_weight": 3.0, "kv_weight": 1.0, "prefix_weight": 3.0},
+    {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 3.0},
+    # Either side of the defaults, where neither side of the score always wins (a full prefix match scores up to
+    # the prefix weight, the two load scorers up to 4 together).
+    {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.5},
+    {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 4.0},
+    # Around the KV-heavy point, which the first seven put ahead on multi-turn chat.
+    {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
+    {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 4.0},
+    {"queue_weight": 0.0, "kv_weight": 4.0, "prefix_weight": 3.0},
+)
+# The tuned baselines: llm-d's profile (approximate or precise prefix scorer) with the workload's tuned weights.
+TUNED = {"llmd_tuned": "llmd", "llmd_precise_tuned": "llmd_precise"}
 EVAL_SEED = 2
 H100, A100 = "qwen3-32b-h100x2", "qwen3-32b-a100x2"
 
@@ -52,13 +82,19 @@ class Workload:
     sessions: bool = False  # arrivals are chat-session starts (``shape['turns']`` requests each, on average)
     oracle: str = "assignment"  # or "outstanding_work"
     estimate_output_tokens: int | None = None  # what routers' MU assumes (None: the real output length)
+    # llm-d's scorer weights tuned for this workload (``tune_llmd`` on the tuning seeds), per profile ("llmd",
+    # "llmd_precise"); a profile not named keeps the defaults.
+    llmd_weights: dict = field(default_factory=dict)
 
     def stage_qps(self) -> list[float]:
         return [round(self.start_qps * self.step**k, 2) for k in range(self.stages)]
 
 
 def suite(*, quick: bool) -> list[Workload]:
-    """The workloads at full scale (8 replicas) or quick scale (2, a quarter of the groups, same cache ratio)."""
+    """The workloads at full scale (8 replicas) or quick scale (2, a quarter of the groups, same cache ratio).
+
+    ``llmd_weights``: llm-d's scorer weights tuned per workload by ``bench routing --opt tune=llmd --opt
+    seeds=1,3`` (full scale, 2026-12-04; the grid's means are in docs/data/routing/), used at both scales."""
     n = 2 if quick else 8
     k = n / 8
     h100 = (H100,) * n
@@ -70,6 +106,10 @@ def suite(*, quick: bool) -> list[Workload]:
             start_qps=80 * k,
             step=1.08,
             shape={"groups": int(32 * k), "prefix_tokens": 2048, "question_tokens": 256, "output_tokens": 256},
+            llmd_weights={
+                "llmd": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
+                "llmd_precise": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
+            },
         ),
         # 256 × 4,096 tokens = 1.05M prefix tokens; 8 × 2,048 blocks × 16 = 262k tokens of KV: a quarter.
         Workload(
@@ -78,6 +118,7 @@ def suite(*, quick: bool) -> list[Workload]:
             2048,
             start_qps=12 * k,
             shape={"groups": int(256 * k), "prefix_tokens": 4096, "question_tokens": 128, "output_tokens": 128},
+            llmd_weights={"llmd_precise": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 5.0}},
         ),
         Workload(
             "multi_turn",
@@ -91,6 +132,10 @@ def suite(*, quick: bool) -> list[Workload]:
                 "user_tokens_median": 128,
                 "answer_tokens_median": 200,
                 "think_time_s": 5.0,
+            },
+            llmd_weights={
+                "llmd": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 3.0},
+                "llmd_precise": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 3.0},
             },
         ),
         Workload(
@@ -106,6 +151,10 @@ def suite(*, quick: bool) -> list[Workload]:
                 "output_tokens": 256,
                 "zipf_s": 1.1,
             },
+            llmd_weights={
+                "llmd": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
+                "llmd_precise": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
+            },
         ),
         Workload(
             "heterogeneous",
@@ -114,6 +163,10 @@ def suite(*, quick: bool) -> list[Workload]:
             start_qps=40 * k,
             step=1.08,
             shape={"groups": int(64 * k), "prefix_tokens": 2048, "question_tokens": 256, "output_tokens": 256},
+            llmd_weights={
+                "llmd": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.5},
+                "llmd_precise": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.0},
+            },
         ),
         Workload(
             "mixed_lengths",
@@ -204,10 +257,18 @@ def make_policy(
         groups, zipf_s = workload.shape.get("groups"), workload.shape.get("zipf_s")
         weights = None if groups is None else rw.zipf_weights(groups, zipf_s) if zipf_s else [1 / groups] * groups
         return AssignmentOracle(weights=weights, seed=seed)
+    if policy in TUNED:
+        base = TUNED[policy]
+        return make_policy(workload, base, seed, kv_index, profiles, tuned_weights(workload, base))
     if policy == "llmd_precise":  # a reference in the benchmark, not an endpoint policy (it has no fallback)
-        return LlmdPreciseRouter(seed=seed, kv_index=kv_index)
+        return LlmdPreciseRouter(seed=seed, kv_index=kv_index, **(options or {}))
     options = {**({"kv_index": kv_index} if policy in EVENT_POLICIES else {}), **(options or {})}
     return make_router(policy, seed=seed, **options)
+
+
+def tuned_weights(workload: Workload, base: str) -> dict:
+    """The scorer weights of llm-d's profile ``base`` tuned for ``workload`` (the defaults where none were)."""
+    return {**LLMD_DEFAULT, **workload.llmd_weights.get(base, {})}
 
 
 def run_policy(
@@ -259,11 +320,18 @@ def stage_figures(result: SimResult, run: Run, qps: float, k: int) -> dict:
     }
 
 
-def run_workload(workload: Workload, run: Run, progress: Callable, policies=SUITE_POLICIES) -> tuple[dict, dict]:
+def run_workload(
+    workload: Workload, run: Run, progress: Callable, policies=SUITE_POLICIES, infercap_options: dict | None = None
+) -> tuple[dict, dict]:
     runs = {}
     for policy in (*policies, "upper_bound"):
         t0 = time.perf_counter()
-        runs[policy] = run_policy(workload, policy, run)
+        base = TUNED.get(policy)
+        if base in runs and tuned_weights(workload, base) == LLMD_DEFAULT:
+            runs[policy] = runs[base]  # tuning kept the defaults: the same router on the same arrivals
+        else:
+            options = infercap_options if policy == "infercap" else None
+            runs[policy] = run_policy(workload, policy, run, router_options=options)
         best = max(s["slo_rps"] for s in runs[policy]["stages"])
         progress(f"  {workload.name} / {policy}: best SLO-meeting {best:.1f} req/s ({time.perf_counter() - t0:.1f} s)")
     common = min(len(r["stages"]) for r in runs.values()) - 1
@@ -273,6 +341,7 @@ def run_workload(workload: Workload, run: Run, progress: Callable, policies=SUIT
         "shape": {k: list(v) if isinstance(v, tuple) else v for k, v in workload.shape.items()},
         "stages_qps": workload.stage_qps(),
         "ttft_at_qps": workload.stage_qps()[common],
+        "llmd_tuned_weights": {base: tuned_weights(workload, base) for base in TUNED.values()},
     }
     for policy, data in runs.items():
         stages = data["stages"]
@@ -304,16 +373,67 @@ def run_workload(workload: Workload, run: Run, progress: Callable, policies=SUIT
     return out, runs
 
 
-def run_suite(*, quick: bool, stage_s: float | None, seed: int, only: list[str] | None, progress: Callable) -> dict:
+def run_suite(
+    *,
+    quick: bool,
+    stage_s: float | None,
+    seed: int,
+    only: list[str] | None,
+    progress: Callable,
+    infercap_options: dict | None = None,
+) -> dict:
+    """Every workload (or ``only`` those) on one seed; ``infercap_options`` overrides infercap's router options
+    (``load_bound=1.25``: an earlier default judged on the same arrivals)."""
     run = Run(stage_s=stage_s or (8.0 if quick else 30.0), seed=seed)
     figures, curves = {}, {}
     for workload in suite(quick=quick):
         if only and workload.name not in only:
             continue
         progress(f"workload {workload.name}")
-        figures[workload.name], runs = run_workload(workload, run, progress)
+        figures[workload.name], runs = run_workload(workload, run, progress, infercap_options=infercap_options)
         curves[workload.name] = {p: [(s["offered_rps"], s["slo_rps"]) for s in d["stages"]] for p, d in runs.items()}
     return {"workloads": figures, "curves": curves, "stage_s": run.stage_s, "seed": run.seed}
+
+
+def tune_llmd(
+    seeds: list[int],
+    *,
+    quick: bool,
+    stage_s: float | None,
+    only: list[str] | None,
+    progress: Callable,
+    grid: tuple[dict, ...] = LLMD_GRID,
+) -> dict:
+    """llm-d's scorer weights tuned per workload as an operator would: each of ``grid`` run with each of llm-d's
+    two profiles on each seed (tuning seeds, never the judged ones), and the weights with the best mean
+    SLO-meeting throughput kept (ties: the earlier in ``grid``, the defaults first)."""
+    run = Run(stage_s=stage_s or (8.0 if quick else 30.0))
+    out: dict = {}
+    for workload in suite(quick=quick):
+        if only and workload.name not in only:
+            continue
+        out[workload.name] = {}
+        for base in TUNED.values():
+            tried = []
+            for weights in grid:
+                per_seed = []
+                for seed in seeds:
+                    stages = run_policy(workload, base, replace(run, seed=seed), router_options=weights)["stages"]
+                    per_seed.append(round(max(s["slo_rps"] for s in stages), 2))
+                mean = round(sum(per_seed) / len(per_seed), 2)
+                tried.append({"weights": weights, "slo_throughput": mean, "per_seed": per_seed})
+                progress(f"  {workload.name} / {base} {_weights_label(weights)}: {mean:.2f} req/s {per_seed}")
+            best = max(tried, key=lambda t: t["slo_throughput"])  # max keeps the first of equals
+            out[workload.name][base] = {
+                "weights": best["weights"],
+                "slo_throughput": best["slo_throughput"],
+                "grid": tried,
+            }
+    return {"tuning": out, "seeds": seeds, "stage_s": run.stage_s}
+
+
+def _weights_label(weights: dict) -> str:
+    return "q{queue_weight:g} kv{kv_weight:g} p{prefix_weight:g}".format(**weights)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -390,6 +510,8 @@ def write_panels_svg(path: str, curves: dict) -> None:
         "least_request": "#4a90d9",
         "llmd": "#f5a623",
         "llmd_precise": "#7cb342",
+        "llmd_tuned": "#b8860b",
+        "llmd_precise_tuned": "#2e7d32",
         "infercap": "#d0021b",
         "upper_bound": "#000",
     }
@@ -445,4 +567,5 @@ __all__ = [
     "run_policy",
     "run_suite",
     "suite",
+    "tune_llmd",
 ]

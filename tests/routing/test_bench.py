@@ -10,6 +10,8 @@ from endpoints.benchmarks import routing as bench
 from endpoints.benchmarks import routing_suite
 from endpoints.benchmarks.routing_oracles import AssignmentOracle
 from endpoints.routing import ReplicaView, RouteRequest
+from endpoints.routing.kv_index import KVBlockIndex
+from endpoints.routing.llmd import LlmdPreciseRouter, LlmdRouter
 
 SUITE = ("shared_prefix", "cache_pressure", "multi_turn", "zipf", "heterogeneous", "mixed_lengths")
 
@@ -32,6 +34,9 @@ def check_workload(name: str, w: dict) -> None:
     best = max(w[p]["slo_throughput"] for p in routing_suite.BASELINES)
     assert w["ratio_vs_best_baseline"] == round(ours / best, 4)
     assert w["ratio_vs_upper_bound"] == round(ours / w["upper_bound"], 4)
+    for tuned, base in routing_suite.TUNED.items():
+        if w["llmd_tuned_weights"][base] == routing_suite.LLMD_DEFAULT:  # tuning kept the defaults: the same run
+            assert w[tuned]["stages"] == w[base]["stages"], (name, tuned)
 
 
 @pytest.mark.slow
@@ -116,6 +121,62 @@ def test_assignment_oracle_deals_popular_groups_over_several_replicas_by_speed()
             next(v for v in views if v.replica_id == chosen).in_flight_mu += 1.0
     assert len(picks[0]) >= 2  # 40% of the traffic is more than one replica's share of 3 replicas' worth
     assert all(len(picks[g]) == 1 for g in range(2, len(weights)))  # cold groups live on one replica each
+
+
+def test_tuned_llmd_baselines_run_llmds_profiles_with_the_workloads_weights():
+    workload = next(w for w in routing_suite.suite(quick=True) if w.name == "zipf")
+    weights = {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 0.0}
+    tuned = routing_suite.replace(workload, llmd_weights={"llmd_precise": weights})
+    index = KVBlockIndex()
+    precise = routing_suite.make_policy(tuned, "llmd_precise_tuned", 2, index, [])
+    assert isinstance(precise, LlmdPreciseRouter) and precise.kv_index is index
+    assert (precise.queue_weight, precise.kv_weight, precise.prefix_weight) == (1.0, 3.0, 0.0)
+    approximate = routing_suite.make_policy(tuned, "llmd_tuned", 2, None, [])
+    assert type(approximate) is LlmdRouter  # no weights tuned for this profile: llm-d's defaults
+    assert (approximate.queue_weight, approximate.kv_weight, approximate.prefix_weight) == (2.0, 2.0, 3.0)
+    # The weights change what the profile does: without its prefix scorer llm-d routes by load and misses the cache.
+    run = routing_suite.Run(stage_s=8.0, seed=1)
+    blind = routing_suite.run_policy(tuned, "llmd_precise_tuned", run)["result"]
+    default = routing_suite.run_policy(workload, "llmd_precise_tuned", run)["result"]
+    assert blind.prefix_hit_rate() < default.prefix_hit_rate()
+    assert default.digest() == routing_suite.run_policy(workload, "llmd_precise", run)["result"].digest()
+
+
+def test_tuning_keeps_the_weights_with_the_best_mean_and_reports_every_one_tried():
+    grid = (routing_suite.LLMD_DEFAULT, {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 0.0})
+    quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure"}
+    out = routing_suite.tune_llmd(
+        [1, 3], quick=True, stage_s=None, only=["cache_pressure"], progress=quiet["progress"], grid=grid
+    )
+    assert out["seeds"] == [1, 3]
+    for base in ("llmd", "llmd_precise"):
+        t = out["tuning"]["cache_pressure"][base]
+        assert [g["weights"] for g in t["grid"]] == list(grid)
+        for g in t["grid"]:
+            assert len(g["per_seed"]) == 2 and g["slo_throughput"] == round(sum(g["per_seed"]) / 2, 2)
+        best = max(g["slo_throughput"] for g in t["grid"])
+        assert t["slo_throughput"] == best
+        assert t["weights"] == next(g["weights"] for g in t["grid"] if g["slo_throughput"] == best)
+    # Without the prefix scorer llm-d balances load only: 4,096-token prefixes are recomputed, and it serves less.
+    no_prefix = out["tuning"]["cache_pressure"]["llmd"]["grid"][1]
+    assert no_prefix["slo_throughput"] < out["tuning"]["cache_pressure"]["llmd"]["grid"][0]["slo_throughput"]
+    with pytest.raises(ValueError, match="needs seeds"):
+        bench.run(tune="llmd", **quiet)
+    with pytest.raises(ValueError, match="only llm-d"):
+        bench.run(tune="infercap", seeds="1", **quiet)
+
+
+def test_another_load_bound_changes_infercap_only():
+    quiet = {"quick": True, "progress": lambda m: None, "workloads": "zipf"}
+    default = bench.run(**quiet)["workloads"]["zipf"]
+    loose = bench.run(load_bound="3", **quiet)
+    assert loose["infercap_options"] == {"load_bound": 3.0}
+    w = loose["workloads"]["zipf"]
+    assert w["llmd"]["stages"] == default["llmd"]["stages"]  # the same arrivals for every other policy
+    assert w["infercap"]["stages"] != default["infercap"]["stages"]
+    for bad in ("0.5", "x", "inf", "nan"):
+        with pytest.raises(ValueError, match="load_bound"):
+            bench.run(load_bound=bad, **quiet)
 
 
 def test_unknown_options_are_rejected():
