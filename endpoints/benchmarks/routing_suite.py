@@ -66,6 +66,22 @@ LLMD_GRID = (
 )
 # The tuned baselines: llm-d's profile (approximate or precise prefix scorer) with the workload's tuned weights.
 TUNED = {"llmd_tuned": "llmd", "llmd_precise_tuned": "llmd_precise"}
+# Chosen by ``bench routing --opt tune=llmd --opt seeds=1,3`` (full scale, 2026-12-04; the grid's means are in
+# docs/data/routing/2026-12-04-llmd-tuning-seeds-1-3.json); a workload or profile not named kept the defaults.
+_KV_HEAVY = {"queue_weight": 1.0, "kv_weight": 3.0}
+LLMD_TUNED_WEIGHTS = {
+    "shared_prefix": {
+        "llmd": {**_KV_HEAVY, "prefix_weight": 2.0},
+        "llmd_precise": {**_KV_HEAVY, "prefix_weight": 2.0},
+    },
+    "cache_pressure": {"llmd_precise": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 5.0}},
+    "multi_turn": {"llmd": {**_KV_HEAVY, "prefix_weight": 3.0}, "llmd_precise": {**_KV_HEAVY, "prefix_weight": 3.0}},
+    "zipf": {"llmd": {**_KV_HEAVY, "prefix_weight": 2.0}, "llmd_precise": {**_KV_HEAVY, "prefix_weight": 2.0}},
+    "heterogeneous": {
+        "llmd": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.5},
+        "llmd_precise": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.0},
+    },
+}
 EVAL_SEED = 2
 H100, A100 = "qwen3-32b-h100x2", "qwen3-32b-a100x2"
 
@@ -93,12 +109,11 @@ class Workload:
 def suite(*, quick: bool) -> list[Workload]:
     """The workloads at full scale (8 replicas) or quick scale (2, a quarter of the groups, same cache ratio).
 
-    ``llmd_weights``: llm-d's scorer weights tuned per workload by ``bench routing --opt tune=llmd --opt
-    seeds=1,3`` (full scale, 2026-12-04; the grid's means are in docs/data/routing/), used at both scales."""
+    Each takes its ``LLMD_TUNED_WEIGHTS`` (at both scales)."""
     n = 2 if quick else 8
     k = n / 8
     h100 = (H100,) * n
-    return [
+    workloads = [
         Workload(
             "shared_prefix",
             h100,
@@ -106,10 +121,6 @@ def suite(*, quick: bool) -> list[Workload]:
             start_qps=80 * k,
             step=1.08,
             shape={"groups": int(32 * k), "prefix_tokens": 2048, "question_tokens": 256, "output_tokens": 256},
-            llmd_weights={
-                "llmd": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
-                "llmd_precise": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
-            },
         ),
         # 256 × 4,096 tokens = 1.05M prefix tokens; 8 × 2,048 blocks × 16 = 262k tokens of KV: a quarter.
         Workload(
@@ -118,7 +129,6 @@ def suite(*, quick: bool) -> list[Workload]:
             2048,
             start_qps=12 * k,
             shape={"groups": int(256 * k), "prefix_tokens": 4096, "question_tokens": 128, "output_tokens": 128},
-            llmd_weights={"llmd_precise": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 5.0}},
         ),
         Workload(
             "multi_turn",
@@ -132,10 +142,6 @@ def suite(*, quick: bool) -> list[Workload]:
                 "user_tokens_median": 128,
                 "answer_tokens_median": 200,
                 "think_time_s": 5.0,
-            },
-            llmd_weights={
-                "llmd": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 3.0},
-                "llmd_precise": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 3.0},
             },
         ),
         Workload(
@@ -151,10 +157,6 @@ def suite(*, quick: bool) -> list[Workload]:
                 "output_tokens": 256,
                 "zipf_s": 1.1,
             },
-            llmd_weights={
-                "llmd": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
-                "llmd_precise": {"queue_weight": 1.0, "kv_weight": 3.0, "prefix_weight": 2.0},
-            },
         ),
         Workload(
             "heterogeneous",
@@ -163,10 +165,6 @@ def suite(*, quick: bool) -> list[Workload]:
             start_qps=40 * k,
             step=1.08,
             shape={"groups": int(64 * k), "prefix_tokens": 2048, "question_tokens": 256, "output_tokens": 256},
-            llmd_weights={
-                "llmd": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.5},
-                "llmd_precise": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.0},
-            },
         ),
         Workload(
             "mixed_lengths",
@@ -178,6 +176,7 @@ def suite(*, quick: bool) -> list[Workload]:
             shape={"prompt_median": 1024, "prompt_sigma": 1.0, "output_median": 128, "output_sigma": 1.2},
         ),
     ]
+    return [replace(w, llmd_weights=LLMD_TUNED_WEIGHTS.get(w.name, {})) for w in workloads]
 
 
 @dataclass(frozen=True)
