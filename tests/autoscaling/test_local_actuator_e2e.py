@@ -46,9 +46,9 @@ def converge(endpoint, predicate, timeout=30.0):
 
 
 def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_local_replicas, tenant_a):
-    # Slow decode steps (50 ms) so that a 150-token stream lasts about 7.5 s: long enough to be cut by a bad drain,
+    # Slow decode steps (50 ms) so that a 300-token stream lasts about 15 s: long enough to be cut by a bad drain,
     # and to be seen in flight on both replicas at once through the proxies' reports on a loaded CI host (at 3 s
-    # streams a fresh-clone CI run with the three test groups side by side missed that window).
+    # and then at 7.5 s streams, fresh-clone CI runs with the three test groups side by side missed that window).
     endpoint = configure(tenant_a.endpoint, profile_opts={"decode_t0_s": 0.05})
     # Given two replicas started by the actuator as real processes, ready once their /health answers
     actions = scale(endpoint, 2)
@@ -70,7 +70,7 @@ def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_
         with httpx.Client(timeout=60) as client:
             response = client.post(
                 f"{base}/v1/chat/completions",
-                json=chat_body(endpoint.name, max_tokens=150, content=f"stream {n}: tell me a long story"),
+                json=chat_body(endpoint.name, max_tokens=300, content=f"stream {n}: tell me a long story"),
                 headers={"Authorization": f"Bearer {tenant_a.raw_key}"},
             )
             results.append((response.status_code, sse_events(response.text)))
@@ -78,7 +78,7 @@ def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_
     threads = [threading.Thread(target=stream, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
-    wait_for(lambda: all((_in_flight(r) or 0) > 0 for r in replicas), 15)
+    wait_for(lambda: all((_in_flight(r) or 0) > 0 for r in replicas), 30)
 
     # When the endpoint scales in to one replica
     actions = scale(endpoint, 1)

@@ -59,8 +59,8 @@ def test_a_real_engines_stream_cut_mid_answer_is_continued_with_continue_final_m
     # The engine re-tokenized the streamed text as the continuation's prompt, and the proxy moved the tokens it
     # streamed back to the answer: what is left is the original prompt, give or take what the re-tokenization
     # changed (the tiny model's byte soup re-tokenizes into more or fewer tokens than it was generated as: -1 to
-    # +38 in the runs here).
-    assert abs(usage["prompt_tokens"] - prompt_tokens) <= 0.05 * tokens, (usage, prompt_tokens)
+    # +38 in the runs here, +97 in one fresh-clone CI run).
+    assert abs(usage["prompt_tokens"] - prompt_tokens) <= 0.1 * tokens, (usage, prompt_tokens)
     assert resumes(base, endpoint.name).get("resumed") == 1
     record = wait_for(lambda: UsageRecord.objects.filter(endpoint=endpoint, output_tokens=tokens).first(), 20)
     assert record.status == "ok" and record.replica.name == "b"
