@@ -93,6 +93,23 @@ def test_chat_sessions_run_3_to_12_turns_with_think_time_and_a_growing_context()
     assert result.prefix_hit_rate() > 0.5  # later turns hit the earlier turns' blocks
 
 
+def test_chat_sessions_are_the_same_conversations_however_fast_they_are_served():
+    """A faster fleet changes when turns arrive, never which turns there are: routers are compared on one workload."""
+
+    def conversations(replicas: int) -> tuple[dict, float]:
+        sim = Simulation(router=make_router("least_request", seed=1), replicas=replicas, profile="qwen3-32b-h100x2")
+        result = sim.run(chat_sessions(times=poisson_times(20.0, count=60, seed=5), think_time_s=1.0, seed=5))
+        turns: dict[str, list] = {}
+        for r in sorted(result.requests, key=lambda r: r.arrival_s):
+            turns.setdefault(r.session_id, []).append((r.prompt_tokens, r.max_tokens))
+        return turns, statistics.mean(r.e2e_s for r in result.requests)
+
+    slow, slow_e2e = conversations(1)
+    fast, fast_e2e = conversations(4)
+    assert fast_e2e < 0.8 * slow_e2e  # the two runs really were served at different speeds
+    assert fast == slow
+
+
 def test_mixed_lengths_are_log_normal_with_a_long_output_tail():
     requests = list(mixed_lengths(times=[i * 0.01 for i in range(4000)], seed=3))
     prompts = sorted(count_tokens(r.prompt_text) for r in requests)

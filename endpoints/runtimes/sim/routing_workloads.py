@@ -75,14 +75,18 @@ def chat_sessions(
 ) -> Iterator[SimRequest]:
     """Sessions starting at ``times``; turn k+1 arrives an exponential think time after turn k ended, its prompt
     the system prompt + every earlier question and answer + the new question (context grows by each answer).
-    ``ends_at`` (a one-element list the caller may lower while the run goes on): no turn arrives after it."""
-    rng = random.Random(f"chat-{seed}")
+    ``ends_at`` (a one-element list the caller may lower while the run goes on): no turn arrives after it.
+
+    Each session draws its turn count, lengths and think times from a generator of its own: a shared one would be
+    consumed in the order turns finish, so a router that served faster would get other conversations (other
+    lengths, other turn counts) than one that served slower, and the policies would not be compared on one
+    workload. Only when a turn arrives depends on the service."""
     system = filler_text(system_tokens, seed=f"chat-system-{seed}")
 
-    def draw(median: int, cap: int) -> int:
-        return max(8, min(cap, int(median * math.exp(rng.gauss(0.0, sigma)))))
+    def turn(session: str, rng: random.Random, k: int, last: int, history: str, at: float) -> SimRequest:
+        def draw(median: int, cap: int) -> int:
+            return max(8, min(cap, int(median * math.exp(rng.gauss(0.0, sigma)))))
 
-    def turn(session: str, k: int, last: int, history: str, at: float) -> SimRequest:
         user = filler_text(draw(user_tokens_median, 1024), seed=f"chat-{seed}-{session}-{k}")
         answer_tokens = draw(answer_tokens_median, 1024)
         request = SimRequest(
@@ -94,19 +98,22 @@ def chat_sessions(
             extra={"group": session, "true_output_tokens": answer_tokens, "turn": k},
         )
         if k < last:
+            think_s = rng.expovariate(1 / think_time_s)
 
             def followup(result, _history=history + user) -> SimRequest | None:
-                at = result.finish_s + rng.expovariate(1 / think_time_s)
+                at = result.finish_s + think_s
                 if ends_at is not None and at > ends_at[0]:
                     return None
                 answer = output_text(0, result.output_tokens or 0)
-                return turn(session, k + 1, last, _history + answer, at)
+                return turn(session, rng, k + 1, last, _history + answer, at)
 
             request.followup = followup
         return request
 
     for i, t in enumerate(times):
-        yield turn(f"s{seed}-{i}", 0, rng.randint(*turns) - 1, "", t)
+        session = f"s{seed}-{i}"
+        rng = random.Random(f"chat-{seed}-{session}")
+        yield turn(session, rng, 0, rng.randint(*turns) - 1, "", t)
 
 
 def mixed_lengths(
