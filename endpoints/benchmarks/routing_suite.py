@@ -75,7 +75,10 @@ LLMD_TUNED_WEIGHTS = {
         "llmd_precise": {**_KV_HEAVY, "prefix_weight": 2.0},
     },
     "cache_pressure": {"llmd_precise": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 5.0}},
-    "multi_turn": {"llmd": {**_KV_HEAVY, "prefix_weight": 3.0}, "llmd_precise": {**_KV_HEAVY, "prefix_weight": 3.0}},
+    "multi_turn": {
+        "llmd": {"queue_weight": 0.0, "kv_weight": 4.0, "prefix_weight": 3.0},
+        "llmd_precise": {**_KV_HEAVY, "prefix_weight": 4.0},
+    },
     "zipf": {"llmd": {**_KV_HEAVY, "prefix_weight": 2.0}, "llmd_precise": {**_KV_HEAVY, "prefix_weight": 2.0}},
     "heterogeneous": {
         "llmd": {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 2.5},
@@ -96,6 +99,12 @@ class Workload:
     stages: int = 14
     shape: dict = field(default_factory=dict)  # the generator's parameters (into the JSON)
     sessions: bool = False  # arrivals are chat-session starts (``shape['turns']`` requests each, on average)
+    # Stage length in units of the run's ``stage_s``, and an unmeasured warm-up at the first stage's rate before the
+    # first stage (in stages). A closed-loop chat workload needs both: a stage's turns come from sessions that
+    # started up to a session's life earlier (~90 s), so in short stages from cold the turn rate lags the nominal one
+    # and the lag depends on how fast the policy serves (``Run.stage_window``).
+    stage_scale: float = 1.0
+    warmup_stages: float = 0.0
     oracle: str = "assignment"  # or "outstanding_work"
     estimate_output_tokens: int | None = None  # what routers' MU assumes (None: the real output length)
     # llm-d's scorer weights tuned for this workload (``tune_llmd`` on the tuning seeds), per profile ("llmd",
@@ -130,12 +139,16 @@ def suite(*, quick: bool) -> list[Workload]:
             start_qps=12 * k,
             shape={"groups": int(256 * k), "prefix_tokens": 4096, "question_tokens": 128, "output_tokens": 128},
         ),
+        # Closed-loop chats: a session lives ~100-150 s, so stages are 4 × longer, after a warm-up stage, and finer.
         Workload(
             "multi_turn",
             h100,
             None,
-            start_qps=100 * k,
+            start_qps=70 * k,
+            step=1.08,
             sessions=True,
+            stage_scale=4.0,
+            warmup_stages=1.0,
             shape={
                 "turns": (3, 12),
                 "system_tokens": 1024,
@@ -185,6 +198,16 @@ class Run:
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
     seed: int = EVAL_SEED
+    warmup_s: float = 0.0  # before the first stage, at its rate, not measured
+
+    def for_workload(self, workload: Workload) -> Run:
+        """This run with the workload's stage length and warm-up."""
+        stage_s = self.stage_s * workload.stage_scale
+        return replace(self, stage_s=stage_s, warmup_s=stage_s * workload.warmup_stages)
+
+    def stage_window(self, k: int) -> tuple[float, float]:
+        lo = self.warmup_s + k * self.stage_s
+        return lo, lo + self.stage_s
 
 
 def replica_speed(profile_name: str) -> float:
@@ -230,8 +253,10 @@ class _Monitor:
 def _staged_times(
     workload: Workload, run: Run, sim_ref: list, monitor: _Monitor, stopped: list, ends_at: list[float]
 ) -> Iterator[float]:
-    start, qps = 0.0, 0.0
+    start, qps = run.warmup_s, 0.0
     per_arrival = mean_turns(workload) if workload.sessions else 1.0
+    if run.warmup_s:
+        yield from poisson_times(workload.start_qps / per_arrival, duration_s=start, seed=run.seed * 1000 + 998)
     for index, qps in enumerate(workload.stage_qps()):
         rate = qps / per_arrival
         yield from poisson_times(rate, duration_s=run.stage_s, start_s=start, seed=run.seed * 1000 + index)
@@ -274,6 +299,7 @@ def run_policy(
     workload: Workload, policy: str, run: Run, *, events: bool = True, router_options: dict | None = None
 ) -> dict:
     """One staged run of one policy on one workload: its stages, and the simulation's result."""
+    run = run.for_workload(workload)
     profiles = [
         get_profile(name, **({"num_gpu_blocks": workload.num_gpu_blocks} if workload.num_gpu_blocks else {}))
         for name in workload.replicas
@@ -305,7 +331,7 @@ def run_policy(
 
 
 def stage_figures(result: SimResult, run: Run, qps: float, k: int) -> dict:
-    lo, hi = k * run.stage_s, (k + 1) * run.stage_s
+    lo, hi = run.stage_window(k)
     arrived = [r for r in result.requests if lo <= r.arrival_s < hi]
     good = sum(r.meets(ttft_s=run.ttft_slo_s, tpot_s=run.tpot_slo_s) for r in arrived)
     ttfts = [r.ttft_s if r.ttft_s is not None else math.inf for r in arrived]
@@ -339,6 +365,8 @@ def run_workload(
         "num_gpu_blocks": workload.num_gpu_blocks,
         "shape": {k: list(v) if isinstance(v, tuple) else v for k, v in workload.shape.items()},
         "stages_qps": workload.stage_qps(),
+        "stage_s": run.for_workload(workload).stage_s,
+        "warmup_s": run.for_workload(workload).warmup_s,
         "ttft_at_qps": workload.stage_qps()[common],
         "llmd_tuned_weights": {base: tuned_weights(workload, base) for base in TUNED.values()},
     }

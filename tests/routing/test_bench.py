@@ -1,6 +1,7 @@
 """``bench routing --quick`` runs through the management command and its JSON shows the issue's goals."""
 
 import json
+from dataclasses import replace
 from io import StringIO
 
 import pytest
@@ -177,6 +178,23 @@ def test_another_load_bound_changes_infercap_only():
     for bad in ("0.5", "x", "inf", "nan"):
         with pytest.raises(ValueError, match="load_bound"):
             bench.run(load_bound=bad, **quiet)
+
+
+def test_chat_stages_are_measured_after_a_warm_up_near_their_nominal_turn_rate():
+    """A closed-loop chat's turn rate lags its sessions' starts by a session's life: from cold, a short stage measures
+    a transient (and how fast the policy serves decides how many turns fall into it). The multi-turn workload warms
+    up for one stage, unmeasured, and its stages are four times longer."""
+    workload = next(w for w in routing_suite.suite(quick=True) if w.name == "multi_turn")
+    run = routing_suite.Run(stage_s=30.0, seed=3)  # full mode's stages (on the quick fleet)
+    staged = run.for_workload(workload)
+    assert staged.stage_s == 120.0 and staged.warmup_s == 120.0 and staged.stage_window(1) == (240.0, 360.0)
+    out = routing_suite.run_policy(workload, "least_request", run)
+    result, first = out["result"], out["stages"][0]
+    assert any(r.arrival_s < staged.warmup_s for r in result.requests)  # the warm-up ran, and is not a stage
+    assert first["requests"] == sum(120.0 <= r.arrival_s < 240.0 for r in result.requests)
+    assert first["offered_rps"] > 0.8 * first["qps"] and first["slo_attainment"] > 0.95
+    cold = routing_suite.run_policy(replace(workload, stage_scale=1.0, warmup_stages=0.0), "least_request", run)
+    assert cold["stages"][0]["offered_rps"] < 0.6 * first["qps"]  # what the stage measured before
 
 
 def test_unknown_options_are_rejected():
