@@ -18,6 +18,7 @@ Policies are judged on seed 2; infercap's weights were chosen on seed 1 (``--see
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from endpoints.benchmarks.routing_oracles import AssignmentOracle, OutstandingWorkOracle
 from endpoints.routing import make_router
 from endpoints.routing.kv_index import KVBlockIndex
-from endpoints.routing.llmd import LlmdPreciseRouter
+from endpoints.routing.llmd import LlmdPreciseRouter, LlmdRouter
 from endpoints.runtimes.sim import routing_workloads as rw
 from endpoints.runtimes.sim.des import Simulation
 from endpoints.runtimes.sim.profiles import get_profile
@@ -44,9 +45,12 @@ SUITE_POLICIES = (
 )
 BASELINES = ("round_robin", "least_request", "llmd", "llmd_precise", "llmd_tuned", "llmd_precise_tuned")
 EVENT_POLICIES = ("llmd_precise", "llmd_precise_tuned", "infercap")
-# llm-d's default profile's scorer weights (``endpoints.routing.llmd``), and the grid an operator tunes them over
+# llm-d's default profile's scorer weights (read from ``LlmdRouter``'s signature), and the grid an operator tunes them over
 # for a workload: the prefix scorer's weight against the load scorers', and the queue scorer against the KV one.
-LLMD_DEFAULT = {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 3.0}
+LLMD_DEFAULT = {
+    name: inspect.signature(LlmdRouter).parameters[name].default
+    for name in ("queue_weight", "kv_weight", "prefix_weight")
+}
 LLMD_GRID = (
     LLMD_DEFAULT,
     {"queue_weight": 2.0, "kv_weight": 2.0, "prefix_weight": 1.0},
