@@ -45,8 +45,8 @@ SUITE_POLICIES = (
 )
 BASELINES = ("round_robin", "least_request", "llmd", "llmd_precise", "llmd_tuned", "llmd_precise_tuned")
 EVENT_POLICIES = ("llmd_precise", "llmd_precise_tuned", "infercap")
-# llm-d's default profile's scorer weights (read from ``LlmdRouter``'s signature), and the grid an operator tunes them over
-# for a workload: the prefix scorer's weight against the load scorers', and the queue scorer against the KV one.
+# llm-d's default profile's scorer weights (read from ``LlmdRouter``'s signature), and the grid an operator tunes
+# them over for a workload: the prefix scorer's weight against the load scorers', and the queue scorer against KV.
 LLMD_DEFAULT = {
     name: inspect.signature(LlmdRouter).parameters[name].default
     for name in ("queue_weight", "kv_weight", "prefix_weight")
