@@ -171,3 +171,20 @@ def test_infercap_keeps_an_adapter_where_its_requests_are_on_their_way():
 def test_infercap_rejects_an_adapter_bound_below_the_load_bound():
     with pytest.raises(ValueError, match="adapter_load_bound"):
         make_router("infercap", load_bound=1.5, adapter_load_bound=1.2)
+
+
+@pytest.mark.parametrize("adapter", ["ft-a", None])
+def test_adapter_requests_weigh_load_by_their_own_weight(adapter):
+    """A request naming an adapter weighs relative load by ``adapter_load_weight``, any other by ``load_weight``:
+    between a replica holding its prompt and a less loaded one, whichever weight is large decides."""
+    replicas = [view("holder", adapters={"ft-a"}, mu=10.0), view("idle", adapters={"ft-a"}, mu=9.0)]
+    picks = {}
+    for name, weights in {"adapter_heavy": (0.0, 50.0), "plain_heavy": (50.0, 0.0)}.items():
+        router = make_router("infercap", seed=1, load_weight=weights[0], adapter_load_weight=weights[1])
+        warm = RouteRequest(request_id="w", prompt_text="hello " * 200, adapter=adapter, mu=1.0)
+        router.on_routed(warm, "holder", 0.0)
+        request = RouteRequest(request_id="r", prompt_text="hello " * 200, adapter=adapter, mu=1.0)
+        picks[name] = router.pick(request, replicas, 1.0)
+    heavy = "adapter_heavy" if adapter else "plain_heavy"
+    light = "plain_heavy" if adapter else "adapter_heavy"
+    assert picks[heavy] == "idle" and picks[light] == "holder"
