@@ -70,3 +70,20 @@ def test_streams_are_checked_for_order_per_choice_and_chunk_shapes_by_kind():
     assert "s: the simulator usage chunk is not the last" in compare_case(case, good, late_usage)
     no_done = Answer(good.status, good.content_type, "rid", events=[chunk("a"), chunk("b", "length"), usage])
     assert "s: the simulator stream does not end with [DONE]" in compare_case(case, good, no_done)
+
+
+def test_an_engine_stream_merged_into_its_finish_chunk_is_allowed_but_a_missing_answer_is_not():
+    """vLLM merges a request's pending deltas when its API server falls behind: under load a two-token answer can
+    come as the finish chunk alone. That is not a divergence; a finish chunk without the answer's text still is."""
+    case = Case("m", COMPLETIONS, {"stream": True}, completion_tokens=2)
+
+    def chunk(text, finish=None):
+        return {"id": "c", "created": 1, "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+
+    def stream(*chunks):
+        return Answer(200, "text/event-stream; charset=utf-8", "rid", events=[*chunks, "[DONE]"])
+
+    sim = stream(chunk("a"), chunk("b", "length"))
+    assert compare_case(case, stream(chunk("ab", "length")), sim) == []
+    assert compare_case(case, stream(chunk("", "length")), sim) == ["m: content chunks only in the simulator"]
+    assert compare_case(case, sim, stream(chunk("ab", "length"))) == ["m: content chunks only in the engine"]
