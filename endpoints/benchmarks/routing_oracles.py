@@ -10,7 +10,9 @@
   to the replica with the least outstanding true work (prompt and output tokens in MU) per unit of speed.
 
 Neither is a proof of optimality (a dynamic policy can beat a static partition under a burst), so the suite
-reports each policy's ratio to it, which can exceed 1.
+reports each policy's ratio to it, which can exceed 1. ``pooled_profile`` gives the router-independent ceilings beside
+them: the whole fleet as one engine (n× as fast: no placement of requests on separate replicas beats it), and a
+perfectly balanced fleet sharing one memory and one queue (tighter, an estimate).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 
 from endpoints.routing.baselines import RouterBase
+from endpoints.runtimes.sim.profiles import EngineProfile
 
 
 def _load(view) -> float:
@@ -99,3 +102,37 @@ class OutstandingWorkOracle(RouterBase):
         sent = self._sent.pop(request.request_id, None)
         if sent is not None:
             self._work[sent[0]] -= sent[1]
+
+
+def pooled_profile(profile: EngineProfile, n: int, *, balanced: bool = False) -> EngineProfile:
+    """``n`` replicas of ``profile`` as one engine with n× their KV blocks, batch limits and prefill rate: every
+    cached prefix held once for the whole fleet, every request served from one queue.
+
+    By default the engine is also n× as fast: every step's costs, fixed ones included, over n. It then does in one
+    step what the n replicas' steps do together in less time than the slowest of them, so no router places
+    requests on the separate replicas better (the resource-pooling relaxation: one server n× as fast bounds n
+    servers). That bound is loose: each request is also served n× faster than any replica can, which shortens
+    every request's hold on the KV cache and, in a closed loop, brings the next chat turn sooner.
+
+    ``balanced`` keeps a replica's pace: a decode step of n·B sequences over n·C context takes what one replica's
+    step for B and C takes (fixed cost kept, per-sequence and per-token costs over n), and a prefill step computes n
+    replicas' chunks in one replica's time (its overhead over n as well, since one engine takes a prefill step for
+    nearly every arrival where each replica takes one for an n-th of them; kept whole, that overhead stalls every
+    sequence for every arrival, and the engine loses to routers on mixed lengths and multi-turn chat). That is a
+    perfectly balanced fleet sharing one memory and one queue: tighter, and an estimate rather than a proof, as a
+    fleet's unbalanced replicas can serve some sequences faster than the balanced pace (docs/algorithms.md)."""
+    if n < 1:
+        raise ValueError("a pooled fleet needs at least one replica")
+    fixed = 1 if balanced else n
+    return profile.with_options(
+        name=f"{profile.name}-{'balanced' if balanced else 'pooled'}-{n}",
+        max_num_seqs=profile.max_num_seqs * n,
+        max_num_batched_tokens=profile.max_num_batched_tokens * n,
+        num_gpu_blocks=profile.num_gpu_blocks * n,
+        decode_t0_s=profile.decode_t0_s / fixed,
+        decode_per_seq_s=profile.decode_per_seq_s / n,
+        decode_per_ctx_token_s=profile.decode_per_ctx_token_s / n,
+        prefill_overhead_s=profile.prefill_overhead_s / n,
+        prefill_tokens_per_s=profile.prefill_tokens_per_s * n,
+        prefill_per_ctx_token_s=profile.prefill_per_ctx_token_s / n,
+    )

@@ -11,7 +11,11 @@ Each policy runs the workload in rising Poisson stages (one continuous run, cach
 saturated stage (``routing.SATURATION``: a Little's-law backlog or fewer than half the stage's requests within
 the SLO), then one more unmeasured stage at that rate. SLO-meeting throughput is the best stage's requests/s that
 met TTFT and TPOT; TTFT p90 is at the highest stage every policy ran. The upper bound is the SLO-meeting
-throughput of an oracle router with full knowledge of the workload (``oracles``), run the same way.
+throughput of an oracle router with full knowledge of the workload (``oracles``), run the same way. Beside it, on
+fleets of one replica profile, two router-independent ceilings run the same stages (``routing_oracles.pooled_profile``):
+``pooled_bound``, the whole fleet as one engine n× as fast, which no router reaches, and ``balanced_bound``, a
+perfectly balanced fleet sharing one memory and one queue, tighter and an estimate; they say whether a goal is out
+of reach.
 
 Policies are judged on seed 2; infercap's weights were chosen on seed 1 (``--seed`` changes it).
 """
@@ -24,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from endpoints.benchmarks.routing_oracles import AssignmentOracle, OutstandingWorkOracle
+from endpoints.benchmarks.routing_oracles import AssignmentOracle, OutstandingWorkOracle, pooled_profile
 from endpoints.routing import make_router
 from endpoints.routing.kv_index import KVBlockIndex
 from endpoints.routing.llmd import LlmdPreciseRouter, LlmdRouter
@@ -45,6 +49,11 @@ SUITE_POLICIES = (
 )
 BASELINES = ("round_robin", "least_request", "llmd", "llmd_precise", "llmd_tuned", "llmd_precise_tuned")
 EVENT_POLICIES = ("llmd_precise", "llmd_precise_tuned", "infercap")
+# The router-independent ceilings, on fleets of one replica profile (``pooled_profile``): the workload served by the
+# whole fleet as one engine n× as fast (a strict relaxation, loose), and by a perfectly balanced fleet sharing one
+# memory and one queue (tighter, an estimate). Each ceiling's key in a workload's JSON, and its profile option.
+POOLED, BALANCED = "pooled_fleet", "balanced_fleet"
+CEILINGS = {POOLED: ("pooled_bound", False), BALANCED: ("balanced_bound", True)}
 # llm-d's default profile's scorer weights (read from ``LlmdRouter``'s signature), and the grid an operator tunes
 # them over for a workload: the prefix scorer's weight against the load scorers', and the queue scorer against KV.
 LLMD_DEFAULT = {
@@ -279,6 +288,8 @@ def _staged_times(
 def make_policy(
     workload: Workload, policy: str, seed: int, kv_index: KVBlockIndex | None, profiles, options: dict | None = None
 ) -> object:
+    if policy in CEILINGS:  # one engine: nothing to choose
+        return make_router("least_request", seed=seed)
     if policy == "upper_bound":
         if workload.oracle == "outstanding_work":
             return OutstandingWorkOracle(seed=seed)
@@ -299,6 +310,10 @@ def tuned_weights(workload: Workload, base: str) -> dict:
     return {**LLMD_DEFAULT, **workload.llmd_weights.get(base, {})}
 
 
+def is_homogeneous(workload: Workload) -> bool:
+    return len(set(workload.replicas)) == 1
+
+
 def run_policy(
     workload: Workload, policy: str, run: Run, *, events: bool = True, router_options: dict | None = None
 ) -> dict:
@@ -308,13 +323,19 @@ def run_policy(
         get_profile(name, **({"num_gpu_blocks": workload.num_gpu_blocks} if workload.num_gpu_blocks else {}))
         for name in workload.replicas
     ]
+    speeds = [replica_speed(name) for name in workload.replicas]
+    if policy in CEILINGS:
+        if not is_homogeneous(workload):
+            raise ValueError(f"{workload.name}: a pooled fleet is defined for one replica profile only")
+        balanced = CEILINGS[policy][1]
+        profiles, speeds = [pooled_profile(profiles[0], len(profiles), balanced=balanced)], [sum(speeds)]
     kv_index = KVBlockIndex() if policy in EVENT_POLICIES and events else None
     router = make_policy(workload, policy, run.seed, kv_index, profiles, router_options)
     monitor = _Monitor()
     sim = Simulation(
         router=router,
         replica_profiles=profiles,
-        replica_mu_capacity=[replica_speed(name) for name in workload.replicas],
+        replica_mu_capacity=speeds,
         profile=profiles[0],
         autoscaler=monitor,
         cost_fn=make_cost_fn(workload),
@@ -353,7 +374,7 @@ def run_workload(
     workload: Workload, run: Run, progress: Callable, policies=SUITE_POLICIES, infercap_options: dict | None = None
 ) -> tuple[dict, dict]:
     runs = {}
-    for policy in (*policies, "upper_bound"):
+    for policy in (*policies, "upper_bound", *(CEILINGS if is_homogeneous(workload) else ())):
         t0 = time.perf_counter()
         base = TUNED.get(policy)
         if base in runs and tuned_weights(workload, base) == LLMD_DEFAULT:
@@ -401,6 +422,9 @@ def run_workload(
     out["ratio_vs_upper_bound"] = _ratio(ours, out["upper_bound"])
     ttft_ours, ttft_llmd = out["infercap"]["ttft_p90_ms"], out["llmd"]["ttft_p90_ms"]
     out["ttft_p90_ratio_vs_llmd"] = _ratio(ttft_ours, ttft_llmd)
+    for policy, (key, _) in CEILINGS.items():  # router-independent ceilings (homogeneous fleets only)
+        out[key] = out[policy]["slo_throughput"] if policy in out else None
+        out[f"ratio_vs_{key}"] = _ratio(ours, out[key])
     return out, runs
 
 
@@ -494,7 +518,8 @@ def mean_over_seeds(tables: dict[int, dict]) -> dict:
     for name in names:
         runs = [tables[seed][name] for seed in tables]
         w: dict = {"seeds": list(tables)}
-        for policy in (*SUITE_POLICIES, "oracle"):
+        ceilings = [p for p, (key, _) in CEILINGS.items() if all(r.get(key) is not None for r in runs)]
+        for policy in (*SUITE_POLICIES, "oracle", *ceilings):
             per_seed = [r[policy]["slo_throughput"] for r in runs]
             ttfts = [r[policy]["ttft_p90_ms"] for r in runs]
             w[policy] = {
@@ -509,6 +534,9 @@ def mean_over_seeds(tables: dict[int, dict]) -> dict:
         w["ratio_vs_best_baseline"] = _ratio(ours, w[w["best_baseline"]]["slo_throughput"])
         w["ratio_vs_upper_bound"] = _ratio(ours, w["upper_bound"])
         w["ttft_p90_ratio_vs_llmd"] = _ratio(w["infercap"]["ttft_p90_ms"], w["llmd"]["ttft_p90_ms"])
+        for policy, (key, _) in CEILINGS.items():
+            w[key] = w[policy]["slo_throughput"] if policy in ceilings else None
+            w[f"ratio_vs_{key}"] = _ratio(ours, w[key])
         # How often infercap is at least each reference on the same seed (the same arrivals).
         w["seeds_ge_llmd"] = sum(r["infercap"]["slo_throughput"] >= r["llmd"]["slo_throughput"] for r in runs)
         w["seeds_ge_best_baseline"] = sum(
@@ -545,6 +573,8 @@ def write_panels_svg(path: str, curves: dict) -> None:
         "llmd_precise_tuned": "#2e7d32",
         "infercap": "#d0021b",
         "upper_bound": "#000",
+        POOLED: "#000",
+        BALANCED: "#000",
     }
     panel_w, panel_h, pad, cols = 360, 260, 40, 3
     rows = max(1, -(-len(curves) // cols))
@@ -572,7 +602,8 @@ def write_panels_svg(path: str, curves: dict) -> None:
         for j, (policy, points) in enumerate(policies.items()):
             color = colors.get(policy, "#555")
             line = " ".join("{:.1f},{:.1f}".format(*xy(q, r)) for q, r in points)
-            dash = ' stroke-dasharray="4 3"' if policy == "upper_bound" else ""
+            dash = {"upper_bound": "4 3", POOLED: "1 3", BALANCED: "8 2"}.get(policy)
+            dash = f' stroke-dasharray="{dash}"' if dash else ""
             parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.8"{dash}/>')
             parts.append(f'<text x="{x0 + 6}" y="{oy + 30 + 12 * j}" fill="{color}">{policy}</text>')
     parts.append(
@@ -588,6 +619,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 __all__ = [
+    "BALANCED",
+    "CEILINGS",
+    "POOLED",
     "SUITE_POLICIES",
     "Run",
     "Workload",

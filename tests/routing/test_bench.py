@@ -9,7 +9,7 @@ from django.core.management import call_command
 
 from endpoints.benchmarks import routing as bench
 from endpoints.benchmarks import routing_suite
-from endpoints.benchmarks.routing_oracles import AssignmentOracle
+from endpoints.benchmarks.routing_oracles import AssignmentOracle, pooled_profile
 from endpoints.routing import ReplicaView, RouteRequest
 from endpoints.routing.kv_index import KVBlockIndex
 from endpoints.routing.llmd import LlmdPreciseRouter, LlmdRouter
@@ -38,6 +38,15 @@ def check_workload(name: str, w: dict) -> None:
     for tuned, base in routing_suite.TUNED.items():
         if w["llmd_tuned_weights"][base] == routing_suite.LLMD_DEFAULT:  # tuning kept the defaults: the same run
             assert w[tuned]["stages"] == w[base]["stages"], (name, tuned)
+    # The whole fleet as one engine n× as fast serves at least what any router, the oracle included, gets from the
+    # replicas, and at least the balanced fleet at a replica's pace.
+    keys = [key for key, _ in routing_suite.CEILINGS.values()]
+    if len(set(w["replicas"])) > 1:
+        assert all(w[key] is None and w[f"ratio_vs_{key}"] is None for key in keys), name
+    else:
+        assert w["pooled_bound"] >= max(w[p]["slo_throughput"] for p in (*policies, "oracle", "balanced_fleet")), name
+        for key in keys:
+            assert w[f"ratio_vs_{key}"] == round(ours / w[key], 4), (name, key)
 
 
 @pytest.mark.slow
@@ -64,7 +73,8 @@ def test_quick_benchmark_has_every_workload_policy_and_goal(tmp_path):
     assert goals["hot_prefix_max_over_mean_le_1.3"] and goals["hot_prefix_hit_rate_ge_0.8x_affinity"]
     assert goals["all"] is all(v for k, v in goals.items() if k != "all")
     text = svg.read_text()
-    assert text.startswith("<svg") and all(name in text for name in SUITE) and "upper_bound" in text
+    assert text.startswith("<svg") and all(name in text for name in SUITE)
+    assert "upper_bound" in text and all(policy in text for policy in routing_suite.CEILINGS)
 
 
 def test_one_workload_runs_alone_with_the_issues_keys():
@@ -86,7 +96,7 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
     assert figures["seeds"] == [3, 4] and "hot_prefix" not in figures
     w = figures["workloads"]["cache_pressure"]
     singles = [bench.run(seed=seed, **quiet)["workloads"]["cache_pressure"] for seed in (3, 4)]
-    for policy in (*routing_suite.SUITE_POLICIES, "oracle"):
+    for policy in (*routing_suite.SUITE_POLICIES, "oracle", *routing_suite.CEILINGS):
         per_seed = [single[policy]["slo_throughput"] for single in singles]
         assert w[policy]["per_seed"] == per_seed, policy  # the same arrivals and routers as a run on that seed
         assert w[policy]["slo_throughput"] == round(sum(per_seed) / 2, 2)
@@ -95,6 +105,37 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
     assert w["ratio_vs_best_baseline"] == round(ours / w[w["best_baseline"]]["slo_throughput"], 4)
     assert w["seeds_ge_llmd"] == sum(s["infercap"]["slo_throughput"] >= s["llmd"]["slo_throughput"] for s in singles)
     assert "cache_pressure_ge_1.0x_best_baseline" in figures["goals"]
+    for policy, (key, _) in routing_suite.CEILINGS.items():
+        assert w[key] == w[policy]["slo_throughput"]
+        assert w[f"ratio_vs_{key}"] == round(ours / w[key], 4)
+
+
+def test_pooled_fleets_are_one_engine_with_the_fleets_memory_at_n_times_or_at_one_replicas_pace():
+    replica = routing_suite.get_profile(routing_suite.H100, num_gpu_blocks=2048)
+    batches = [(40, 40 * 3000), (10, 10 * 500), (70, 70 * 5000), (1, 800)] * 2
+    steps = [replica.decode_step_s(b, c) for b, c in batches]
+    batch, context = sum(b for b, _ in batches), sum(c for _, c in batches)
+    for balanced in (False, True):
+        pooled = pooled_profile(replica, 8, balanced=balanced)
+        assert pooled.num_gpu_blocks == 8 * 2048 and pooled.max_num_seqs == 8 * replica.max_num_seqs
+        assert pooled.max_num_batched_tokens == 8 * replica.max_num_batched_tokens
+        # A prefill step computes eight replicas' chunks in one replica's time for one of them, less the overhead
+        # it takes once for all eight.
+        one_chunk = replica.prefill_s(4096) - 7 / 8 * replica.prefill_overhead_s
+        assert pooled.prefill_s(8 * 4096) == pytest.approx(one_chunk)
+    # n× as fast: the eight replicas' batches in one step, in an eighth of one replica's time for all of them, less
+    # than the slowest replica's step, so no sequence gets its tokens later than on its replica.
+    fast = pooled_profile(replica, 8).decode_step_s(batch, context)
+    assert fast == pytest.approx(replica.decode_step_s(batch, context) / 8) and fast < max(steps)
+    # Balanced: one replica's pace for the mean batch, the mean of the replicas' step times.
+    paced = pooled_profile(replica, 8, balanced=True).decode_step_s(batch, context)
+    assert paced == pytest.approx(sum(steps) / 8) and fast < paced < max(steps)
+    with pytest.raises(ValueError, match="at least one"):
+        pooled_profile(replica, 0)
+    mixed = next(w for w in routing_suite.suite(quick=True) if w.name == "heterogeneous")
+    for policy in routing_suite.CEILINGS:
+        with pytest.raises(ValueError, match="one replica profile"):
+            routing_suite.run_policy(mixed, policy, routing_suite.Run(stage_s=8.0))
 
 
 @pytest.mark.parametrize("text", ["", "x", "5-3", "1-b"])
