@@ -385,13 +385,14 @@ def run_workload(
         best = max(s["slo_rps"] for s in runs[policy]["stages"])
         progress(f"  {workload.name} / {policy}: best SLO-meeting {best:.1f} req/s ({time.perf_counter() - t0:.1f} s)")
     common = min(len(r["stages"]) for r in runs.values()) - 1
+    staged = run.for_workload(workload)
     out: dict = {
         "replicas": list(workload.replicas),
         "num_gpu_blocks": workload.num_gpu_blocks,
         "shape": {k: list(v) if isinstance(v, tuple) else v for k, v in workload.shape.items()},
         "stages_qps": workload.stage_qps(),
-        "stage_s": run.for_workload(workload).stage_s,
-        "warmup_s": run.for_workload(workload).warmup_s,
+        "stage_s": staged.stage_s,
+        "warmup_s": staged.warmup_s,
         "ttft_at_qps": workload.stage_qps()[common],
         "llmd_tuned_weights": {base: tuned_weights(workload, base) for base in TUNED.values()},
     }
