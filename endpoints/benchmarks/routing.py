@@ -36,7 +36,8 @@ each seed's figures and how many seeds infercap was at least llm-d and the best 
 weights were chosen on others); ``tune=llmd`` with ``seeds=`` tunes llm-d's scorer weights per workload on those
 (tuning) seeds over ``routing_suite.LLMD_GRID`` and prints the weights each of llm-d's two profiles does best with
 (the suite's ``llmd_tuned`` and ``llmd_precise_tuned`` baselines run them); ``load_bound=X`` runs infercap with another
-load bound (the default's choice can be judged on the same arrivals); ``stage_s=S``; ``stages=Q1,Q2,...``,
+load bound (the default's choice can be judged on the same arrivals), ``prefill_weight=W`` with its pending-prefill
+term (off by default; docs/algorithms.md#pending-prefill); ``stage_s=S``; ``stages=Q1,Q2,...``,
 ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
 """
 
@@ -315,7 +316,12 @@ def run(
     seed = int(options.pop("seed", routing_suite.EVAL_SEED))
     seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
     tune = options.pop("tune", None)
-    infercap_options = {"load_bound": _load_bound(options.pop("load_bound"))} if "load_bound" in options else None
+    infercap_options = {}
+    if "load_bound" in options:
+        infercap_options["load_bound"] = _load_bound(options.pop("load_bound"))
+    if "prefill_weight" in options:
+        infercap_options["prefill_weight"] = _prefill_weight(options.pop("prefill_weight"))
+    infercap_options = infercap_options or None
     only = [w for w in str(options.pop("workloads", "")).split(",") if w]
     known = {w.name for w in routing_suite.suite(quick=quick)}
     if set(only) - known:
@@ -374,6 +380,18 @@ def run(
         routing_suite.write_panels_svg(plot, suite["curves"])
         progress(f"wrote {plot}")
     return figures
+
+
+def _prefill_weight(text: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = -1.0
+    if not 0 <= weight < float("inf"):
+        raise ValueError(
+            f"prefill_weight={text}: a number of at least 0 (MU per 1,000 prompt tokens awaiting prefill)"
+        )
+    return weight
 
 
 def _load_bound(text: str) -> float:

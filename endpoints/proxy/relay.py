@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -72,6 +73,8 @@ class Outcome:
     # The SSE bytes sent to the client, to resume a broken stream (resume.py); None once past RELAYED_BYTES_KEPT.
     relayed: list | None = field(default_factory=list)
     relayed_bytes: int = 0
+    # Called once when the replica's first bytes arrive (the router's pending prefill: routing/prefill.py).
+    on_first_token: Callable[[], None] | None = None
 
 
 def _split_usage(out: bytes, forward_usage: bool, outcome: Outcome) -> bytes:
@@ -180,6 +183,8 @@ async def _relay_events(
             outcome.last_read_at = now = time.perf_counter()
             if outcome.first_token_at is None:
                 outcome.first_token_at = now
+                if outcome.on_first_token is not None:
+                    outcome.on_first_token()
             buf = buf + data if buf else data
             cut = buf.rfind(b"\n\n")
             if cut < 0:

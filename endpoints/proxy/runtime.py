@@ -363,6 +363,17 @@ class EndpointRuntime:
         if source is not None:
             m.child(m.PREFIX_INDEX, self.info.name, source).inc()
 
+    def first_token(self, slot: Slot | None, route: RouteRequest) -> None:
+        """The replica's first bytes for ``route`` arrived: its prompt no longer waits there (the router's pending
+        prefill, routing/prefill.py)."""
+        hook = getattr(self.router, "on_first_token", None)
+        if slot is None or hook is None:
+            return
+        try:
+            hook(route, slot.view.replica_id, self.clock())
+        except Exception:  # noqa: BLE001 - a router bug must not break the stream
+            log.exception("router on_first_token failed")
+
     def release(self, slot: Slot, route: RouteRequest, mu_reserved: float, mu_done: float) -> None:
         now = self.clock()
         flight = self._class_flight.get(slot.view.replica_id)

@@ -372,6 +372,7 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
     (``resume.py``, at most ``MAX_RESUMES`` times); a replica that refuses ``priority`` gets the request again
     without it."""
     admission, outcome, first = flight.admission, flight.outcome, upstream
+    outcome.on_first_token = lambda: admission.runtime.first_token(admission.slot, admission.route)
     tried: set[str] = set()
     retried = False
     resumes = 0

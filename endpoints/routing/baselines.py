@@ -26,6 +26,9 @@ class RouterBase:
     def on_finished(self, request: RouteRequest, replica_id: str, now: float) -> None:
         return None
 
+    def on_first_token(self, request: RouteRequest, replica_id: str, now: float) -> None:
+        return None
+
     def _random_best(self, scored: list[tuple[float, ReplicaView]]) -> str:
         best = max(score for score, _ in scored)
         ties = [r for score, r in scored if score >= best - 1e-12]

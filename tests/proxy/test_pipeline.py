@@ -217,3 +217,22 @@ async def test_a_client_that_leaves_mid_stream_frees_its_slot_and_is_metered_as_
 async def wait_until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.005)
+
+
+async def test_the_router_hears_a_streams_first_token_from_the_replica_that_sent_it(monkeypatch):
+    # replica-0 fails before its first byte (the retry goes to replica-1): only replica-1's first token is heard,
+    # before the request's end there. The router's pending prefill (routing/prefill.py) depends on it.
+    session = Session({"http://replica-0": lambda: Response(status=503), "http://replica-1": ok_stream})
+    state, client = State(WORLD, session), Client(chat())
+    runtime = state.runtime_for(EP)
+    router = runtime.router
+    router.pick = lambda route, views, now: min(v.replica_id for v in views)
+    heard = []
+    first_token, finished = router.on_first_token, router.on_finished
+    router.on_first_token = lambda route, rid, now: (heard.append(("first", rid)), first_token(route, rid, now))
+    router.on_finished = lambda route, rid, now: (heard.append(("finished", rid)), finished(route, rid, now))
+    await run(state, client, monkeypatch=monkeypatch)
+    assert client.status == 200
+    r0, r1 = (next(rid for rid, s in runtime.slots.items() if s.url == f"http://replica-{i}") for i in (0, 1))
+    assert [e for e in heard if e[1] == r1] == [("first", r1), ("finished", r1)]
+    assert ("first", r0) not in heard

@@ -221,6 +221,19 @@ def test_another_load_bound_changes_infercap_only():
             bench.run(load_bound=bad, **quiet)
 
 
+def test_the_pending_prefill_term_is_an_option_that_changes_infercap_only():
+    quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure"}
+    default = bench.run(**quiet)["workloads"]["cache_pressure"]
+    weighed = bench.run(prefill_weight="2", **quiet)
+    assert weighed["infercap_options"] == {"prefill_weight": 2.0}
+    w = weighed["workloads"]["cache_pressure"]
+    assert w["llmd"]["stages"] == default["llmd"]["stages"]
+    assert w["infercap"]["stages"] != default["infercap"]["stages"]
+    for bad in ("-1", "x", "inf", "nan"):
+        with pytest.raises(ValueError, match="prefill_weight"):
+            bench.run(prefill_weight=bad, **quiet)
+
+
 def test_chat_stages_are_measured_after_a_warm_up_near_their_nominal_turn_rate():
     """A closed-loop chat's turn rate lags its sessions' starts by a session's life: from cold, a short stage measures
     a transient (and how fast the policy serves decides how many turns fall into it). The multi-turn workload warms

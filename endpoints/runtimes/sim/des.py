@@ -149,6 +149,7 @@ class Simulation(FleetOps, LoraOps, SpotOps):
         self.concurrency_limit = concurrency_limit or self.profile.max_num_seqs
         self.cold_start_s = cold_start_s
         self.scrape_interval_s = scrape_interval_s
+        self._on_first_token = getattr(router, "on_first_token", None)
         self.tick_s = tick_s
         self.stall_limit_s = stall_limit_s
         self.retry_connect_errors = retry_connect_errors
@@ -462,6 +463,12 @@ class Simulation(FleetOps, LoraOps, SpotOps):
         finished = rep.engine.commit(plan, plan.steps, now)
         rep.busy_s += plan.duration(plan.steps) * rep.slow
         rep.last_progress_s = now
+        if plan.admitted and self._on_first_token is not None:
+            # The prompts this step completed have their first token, as the proxy sees a stream's first bytes.
+            for seq in plan.admitted:
+                entry = rep.in_flight.get(seq.request_id)
+                if entry is not None:
+                    self._on_first_token(entry[0], rep.replica_id, now)
         for seq in finished:
             self._complete(rep, seq)
         if rep.replica_id in self.replicas:
