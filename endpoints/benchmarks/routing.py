@@ -36,8 +36,8 @@ each seed's figures and how many seeds infercap was at least llm-d and the best 
 weights were chosen on others); ``tune=llmd`` with ``seeds=`` tunes llm-d's scorer weights per workload on those
 (tuning) seeds over ``routing_suite.LLMD_GRID`` and prints the weights each of llm-d's two profiles does best with
 (the suite's ``llmd_tuned`` and ``llmd_precise_tuned`` baselines run them); ``load_bound=X`` runs infercap with another
-load bound (the default's choice can be judged on the same arrivals), ``prefill_weight=W`` with its pending-prefill
-term (off by default; docs/algorithms.md#pending-prefill); ``stage_s=S``; ``stages=Q1,Q2,...``,
+load bound (the default's choice can be judged on the same arrivals), ``prefill_weight=W`` with another pending-prefill
+weight (2 by default, 0 turns it off; docs/algorithms.md#pending-prefill); ``stage_s=S``; ``stages=Q1,Q2,...``,
 ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
 """
 
@@ -504,7 +504,7 @@ def hot_prefix(setup: Setup, *, best_qps: float, duration_s: float | None = None
     qps = max(10.0, 0.5 * best_qps)
     duration = duration_s or setup.stage_s * 2
     out = {"qps": round(qps, 1), "hot_share": setup.hot_share}
-    variants = {"infercap": {}, "affinity": {"load_bound": 1e9, "load_slack": 1e9}}
+    variants = {"infercap": {}, "affinity": {"load_bound": 1e9, "load_slack": 1e9, "prefill_weight": 0.0}}
     for name, router_options in variants.items():
         router = make_router("infercap", seed=setup.seed, **router_options)
         sim = Simulation(router=router, replicas=setup.replicas, profile=engine_profile(setup), seed=setup.seed)

@@ -224,9 +224,9 @@ def test_another_load_bound_changes_infercap_only():
 def test_the_pending_prefill_term_is_an_option_that_changes_infercap_only():
     quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure"}
     default = bench.run(**quiet)["workloads"]["cache_pressure"]
-    weighed = bench.run(prefill_weight="2", **quiet)
-    assert weighed["infercap_options"] == {"prefill_weight": 2.0}
-    w = weighed["workloads"]["cache_pressure"]
+    unweighed = bench.run(prefill_weight="0", **quiet)  # 2 by default
+    assert unweighed["infercap_options"] == {"prefill_weight": 0.0}
+    w = unweighed["workloads"]["cache_pressure"]
     assert w["llmd"]["stages"] == default["llmd"]["stages"]
     assert w["infercap"]["stages"] != default["infercap"]["stages"]
     for bad in ("-1", "x", "inf", "nan"):

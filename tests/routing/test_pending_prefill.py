@@ -41,7 +41,7 @@ def ask(i, prompt, tokens=2000, **fields):
 
 
 def test_a_replica_with_prompts_waiting_for_prefill_counts_as_busier_until_their_first_token():
-    router = make_router("infercap", seed=0, prefill_weight=2)
+    router = make_router("infercap", seed=0)
     long = ask(0, "a long unshared document " * 300, tokens=8000)
     chosen = router.pick(long, replicas(), 0.0)
     router.on_routed(long, chosen, 0.0)
@@ -50,7 +50,7 @@ def test_a_replica_with_prompts_waiting_for_prefill_counts_as_busier_until_their
     # Same in-flight MU on both (the other's work already has its first token): new prompts avoid the prefill queue.
     fresh = [ask(10 + i, f"unrelated question {i} " * 20, tokens=400) for i in range(12)]
     assert {router.pick(q, replicas(), 0.0) for q in fresh} == {other}
-    blind = make_router("infercap", seed=0)  # off by default: the home hash spreads them
+    blind = make_router("infercap", seed=0, prefill_weight=0)  # without the term: the home hash spreads them
     assert {blind.pick(q, replicas(), 0.0) for q in fresh} == {"r0", "r1"}
     router.on_first_token(long, chosen, 0.3)
     assert router.pending_prefill.tokens(chosen) == 0
@@ -60,7 +60,7 @@ def test_a_replica_with_prompts_waiting_for_prefill_counts_as_busier_until_their
 
 
 def test_only_the_uncached_part_of_a_prompt_waits_and_a_finished_request_leaves():
-    router = make_router("infercap", seed=0, prefill_weight=2)
+    router = make_router("infercap", seed=0)
     first = ask(0, SYSTEM + "first question", tokens=1000)
     home = router.pick(first, replicas(), 0.0)
     router.on_routed(first, home, 0.0)
