@@ -316,12 +316,14 @@ def run(
     seed = int(options.pop("seed", routing_suite.EVAL_SEED))
     seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
     tune = options.pop("tune", None)
-    infercap_options = {}
-    if "load_bound" in options:
-        infercap_options["load_bound"] = _load_bound(options.pop("load_bound"))
-    if "prefill_weight" in options:
-        infercap_options["prefill_weight"] = _prefill_weight(options.pop("prefill_weight"))
-    infercap_options = infercap_options or None
+    infercap_options = {
+        name: _at_least(name, options.pop(name), lowest, meaning)
+        for name, lowest, meaning in (
+            ("load_bound", 1.0, "a replica's load over the mean"),
+            ("prefill_weight", 0.0, "MU per 1,000 prompt tokens awaiting prefill"),
+        )
+        if name in options
+    } or None
     only = [w for w in str(options.pop("workloads", "")).split(",") if w]
     known = {w.name for w in routing_suite.suite(quick=quick)}
     if set(only) - known:
@@ -382,26 +384,15 @@ def run(
     return figures
 
 
-def _prefill_weight(text: str) -> float:
+def _at_least(name: str, text: str, lowest: float, meaning: str) -> float:
+    """``text`` as a finite number of at least ``lowest``, or a ValueError naming the option."""
     try:
-        weight = float(text)
+        value = float(text)
     except ValueError:
-        weight = -1.0
-    if not 0 <= weight < float("inf"):
-        raise ValueError(
-            f"prefill_weight={text}: a number of at least 0 (MU per 1,000 prompt tokens awaiting prefill)"
-        )
-    return weight
-
-
-def _load_bound(text: str) -> float:
-    try:
-        bound = float(text)
-    except ValueError:
-        bound = 0.0
-    if not bound >= 1.0 or math.isinf(bound):
-        raise ValueError(f"load_bound={text}: a number of at least 1 (a replica's load over the mean)")
-    return bound
+        value = math.nan
+    if not lowest <= value < math.inf:
+        raise ValueError(f"{name}={text}: a number of at least {lowest:g} ({meaning})")
+    return value
 
 
 def _run_seeds(
