@@ -35,6 +35,13 @@ def check_workload(name: str, w: dict) -> None:
     best = max(w[p]["slo_throughput"] for p in routing_suite.BASELINES)
     assert w["ratio_vs_best_baseline"] == round(ours / best, 4)
     assert w["ratio_vs_upper_bound"] == round(ours / w["upper_bound"], 4)
+    # Each stage's TTFT p90; the headline one is the stage every policy ran, and the ratio per stage repeats it there.
+    common = w["stages_qps"].index(w["ttft_at_qps"])
+    for policy in ("infercap", "llmd"):
+        assert w[policy]["stages"][common][4] == w[policy]["ttft_p90_ms"], (name, policy)
+    by_stage = w["ttft_p90_ratio_vs_llmd_by_stage"]
+    assert [q for q, _ in by_stage] == w["stages_qps"][: min(len(w["infercap"]["stages"]), len(w["llmd"]["stages"]))]
+    assert by_stage[common][1] == w["ttft_p90_ratio_vs_llmd"], name
     for tuned, base in routing_suite.TUNED.items():
         if w["llmd_tuned_weights"][base] == routing_suite.LLMD_DEFAULT:  # tuning kept the defaults: the same run
             assert w[tuned]["stages"] == w[base]["stages"], (name, tuned)
@@ -105,6 +112,11 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
     assert w["ratio_vs_best_baseline"] == round(ours / w[w["best_baseline"]]["slo_throughput"], 4)
     assert w["seeds_ge_llmd"] == sum(s["infercap"]["slo_throughput"] >= s["llmd"]["slo_throughput"] for s in singles)
     assert "cache_pressure_ge_1.0x_best_baseline" in figures["goals"]
+    # Per stage both ran on both seeds: the ratio of the seeds' mean TTFT p90s.
+    for k, (qps, ratio) in enumerate(w["ttft_p90_ratio_vs_llmd_by_stage"]):
+        ours_k, theirs_k = ([s[p]["stages"][k][4] for s in singles] for p in ("infercap", "llmd"))
+        assert qps == singles[0]["stages_qps"][k] and ratio == round(sum(ours_k) / sum(theirs_k), 4)
+    assert w["ttft_p90_ratio_vs_llmd_by_stage"], "no stage with a TTFT p90 for both on both seeds"
     for policy, (key, _) in routing_suite.CEILINGS.items():
         assert w[key] == w[policy]["slo_throughput"]
         assert w[f"ratio_vs_{key}"] == round(ours / w[key], 4)
