@@ -103,3 +103,17 @@ def test_the_simulator_tells_the_router_each_first_token_when_its_prefill_ends()
         assert now == pytest.approx(by_id[rid].first_token_s) and replica == by_id[rid].replica_id
         finished = next(e for e in router.events if e[0] == "finished" and e[1] == rid)
         assert router.events.index(("first", rid, replica, now)) < router.events.index(finished)
+
+
+def test_requests_naming_an_adapter_avoid_a_prefill_queue_too():
+    router = make_router("infercap", seed=0)
+    held = replicas(adapters=frozenset({"sql"}), max_loras=4)
+    long = ask(0, "a long unshared document " * 300, tokens=8000)
+    chosen = router.pick(long, held, 0.0)
+    router.on_routed(long, chosen, 0.0)
+    other = "r1" if chosen == "r0" else "r0"
+    # Both hold the adapter and carry the same in-flight MU: only the pending prompt tells them apart.
+    fresh = [ask(10 + i, f"unrelated question {i} " * 20, tokens=400, adapter="sql") for i in range(12)]
+    assert {router.pick(q, held, 0.0) for q in fresh} == {other}
+    blind = make_router("infercap", seed=0, prefill_weight=0)
+    assert {blind.pick(q, held, 0.0) for q in fresh} == {"r0", "r1"}
