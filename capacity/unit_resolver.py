@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from capacity.models import CapacityBenchmark, ModelProfile
-from capacity.units import MUCoefficients
+from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
+from capacity.units import MUCoefficients, relative_speed
 
 
 def benchmark_coefficients(benchmark: CapacityBenchmark) -> MUCoefficients:
@@ -78,21 +78,24 @@ def endpoint_coefficients(endpoint) -> MUCoefficients:
     return profile_coefficients(endpoint.model_profile)
 
 
-def coefficients_by_endpoint(endpoints) -> dict[int, MUCoefficients]:
-    """Coefficients for many endpoints with a fixed number of queries (for config snapshots and the ledger)."""
-    endpoints = list(endpoints)
-    pairs = {(e.model_profile_id, e.hardware_profile_id) for e in endpoints}
+def _latest_benchmarks(pairs: set[tuple[int, int]]) -> dict[tuple[int, int], CapacityBenchmark]:
+    """The latest succeeded benchmark of each (model, hardware) pair that has one; one query."""
     latest: dict[tuple[int, int], CapacityBenchmark] = {}
     if pairs:
-        model_ids = {m for m, _ in pairs}
-        hardware_ids = {h for _, h in pairs}
         candidates = CapacityBenchmark.objects.filter(
-            model_profile_id__in=model_ids,
-            hardware_profile_id__in=hardware_ids,
+            model_profile_id__in={m for m, _ in pairs},
+            hardware_profile_id__in={h for _, h in pairs},
             status=CapacityBenchmark.Status.SUCCEEDED,
         ).order_by("model_profile_id", "hardware_profile_id", "-version")
         for bench in candidates:
             latest.setdefault((bench.model_profile_id, bench.hardware_profile_id), bench)
+    return latest
+
+
+def coefficients_by_endpoint(endpoints) -> dict[int, MUCoefficients]:
+    """Coefficients for many endpoints with a fixed number of queries (for config snapshots and the ledger)."""
+    endpoints = list(endpoints)
+    latest = _latest_benchmarks({(e.model_profile_id, e.hardware_profile_id) for e in endpoints})
     pinned_ids = {e.pinned_benchmark_id for e in endpoints if e.pinned_benchmark_id}
     pinned = CapacityBenchmark.objects.in_bulk(pinned_ids) if pinned_ids else {}
     profiles = ModelProfile.objects.in_bulk({e.model_profile_id for e in endpoints})
@@ -106,3 +109,32 @@ def coefficients_by_endpoint(endpoints) -> dict[int, MUCoefficients]:
         else:
             result[endpoint.pk] = profile_coefficients(profiles[endpoint.model_profile_id])
     return result
+
+
+def hardware_speeds(triples: set[tuple[int, int, int]]) -> dict[tuple[int, int, int], float]:
+    """(model, endpoint's hardware, replica's hardware) → how fast a replica on the second hardware serves that model
+    against one on the first, in two queries whatever the number of triples (the proxy's config snapshot: a replica
+    of a mixed fleet weighs its load by its own speed, docs/algorithms.md#routing).
+
+    From the two pairs' latest succeeded benchmarks where both have one (``units.relative_speed``: their rates of
+    the reference request), else from the roofline of decode, which reads the weights and the KV cache once per step
+    (memory bandwidth × GPUs per replica, ``HardwareProfile``), else 1."""
+    pairs = {(m, h) for m, a, b in triples for h in (a, b)}
+    latest = _latest_benchmarks(pairs)
+    hardware = HardwareProfile.objects.in_bulk({h for _, h in pairs}) if pairs else {}
+    speeds = {}
+    for triple in triples:
+        model, reference, other = triple
+        measured = [latest.get((model, h)) for h in (reference, other)]
+        if reference == other:
+            speed = 1.0
+        elif all(_usable(b) for b in measured):
+            speed = relative_speed(*(benchmark_coefficients(b) for b in measured))
+        else:
+            bandwidth = [
+                hardware[h].memory_bandwidth_gbps * hardware[h].gpus_per_replica if h in hardware else 0.0
+                for h in (reference, other)
+            ]
+            speed = bandwidth[1] / bandwidth[0] if min(bandwidth) > 0 else 1.0
+        speeds[triple] = speed
+    return speeds

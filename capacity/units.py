@@ -54,6 +54,23 @@ def request_mu(coeffs: MUCoefficients, uncached_in: int, cached_in: int, out: in
     return coeffs.alpha * uncached_in + coeffs.alpha_cached * cached_in + coeffs.beta * out + coeffs.gamma
 
 
+# The chat-shaped request a request count is turned into MU with (docs/algorithms.md#the-reference-request).
+REFERENCE_REQUEST = (500, 300)  # prompt tokens, output tokens
+
+
+def relative_speed(reference: MUCoefficients, other: MUCoefficients) -> float:
+    """How fast a replica with ``other``'s coefficients serves against one with ``reference``'s: the ratio of the
+    reference requests each completes per minute at its SLO-compliant maximum. MU are GPU time on their own
+    hardware, so two hardware types' MU/min are not comparable; their rates of one request are. A replica on
+    ``other``'s hardware sustains ``reference.mu_per_min × this`` in ``reference``'s units."""
+    prompt, output = REFERENCE_REQUEST
+
+    def rate(coeffs: MUCoefficients) -> float:
+        return coeffs.mu_per_min / max(request_mu(coeffs, prompt, 0, output), 1e-12)
+
+    return rate(other) / rate(reference) if rate(reference) > 0 else 1.0
+
+
 def usage_mu(coeffs: MUCoefficients, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
     """The same cost from an OpenAI ``usage`` block, where prompt_tokens includes the cached ones."""
     cached = min(max(cached_tokens, 0), max(prompt_tokens, 0))

@@ -30,7 +30,7 @@ from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance, quota_ceiling
 from capacity.models import AutoscalerDecision, HardwareProfile
 from capacity.unit_resolver import endpoint_coefficients
-from capacity.units import estimate_request_mu
+from capacity.units import REFERENCE_REQUEST, estimate_request_mu
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
 from tenants.quotas import live_usage, lock_tenant, quota_for
 from tenants.services import audit_log
@@ -43,9 +43,6 @@ ACTIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
 DRAIN_GRACE_S = 2.0  # the proxies' snapshots stop routing to a draining replica within a second
 DRAIN_TIMEOUT_S = 120.0  # a stream still running after this is cut: the replica must go eventually
 DEFAULT_SECONDS_PER_REQUEST = 10.0
-# The request shape a concurrency limit is set for (docs/algorithms.md#the-reference-request, a chat turn): the
-# horizontal policy converts target_concurrency into MU with it.
-REFERENCE_REQUEST = (500, 300)  # prompt tokens, output tokens
 PREDICTIVE = predictive.PredictiveConfig()
 # Launch caps whatever demand or a bad setting asks: per endpoint in one reconcile, and for the whole fleet in one
 # horizontal tick window (a shared Redis counter), so one tick can never start hundreds of replicas.

@@ -123,7 +123,10 @@ class EndpointRuntime:
             rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
             if slot is None:
                 view = ReplicaView(
-                    replica_id=rid, concurrency_limit=cap, mu_capacity=mu_capacity, profile=r.hardware_profile
+                    replica_id=rid,
+                    concurrency_limit=cap,
+                    mu_capacity=mu_capacity * r.speed,
+                    profile=r.hardware_profile,
                 )
                 self.slots[rid] = Slot(
                     replica_id=r.id,
@@ -138,7 +141,7 @@ class EndpointRuntime:
             else:
                 slot.url, slot.removed, slot.version_id, slot.limit = r.url, False, r.version_id, limit
                 slot.configured_priority, slot.rename = r.takes_priority, rename
-                slot.view.concurrency_limit, slot.view.mu_capacity = cap, mu_capacity
+                slot.view.concurrency_limit, slot.view.mu_capacity = cap, mu_capacity * r.speed
                 slot.view.draining, slot.view.profile = False, r.hardware_profile
         for rid, slot in list(self.slots.items()):
             if rid not in seen:
@@ -406,9 +409,9 @@ class EndpointRuntime:
     # -- queue --------------------------------------------------------------------------------------------
     def _load(self) -> dict[str, float]:
         """What a Retry-After needs besides the queue: MU in flight, and the replicas' nominal capacity (used until
-        something has finished here)."""
-        live = sum(1 for s in self.slots.values() if not s.removed)
-        return {"in_flight_mu": self.in_flight_mu, "nominal_mu_per_s": live * self.info.coeffs.mu_per_min / 60.0}
+        something has finished here; each replica's, so a faster one counts for more)."""
+        nominal = sum(s.view.mu_capacity for s in self.slots.values() if not s.removed)
+        return {"in_flight_mu": self.in_flight_mu, "nominal_mu_per_s": nominal}
 
     def retry_after(self, priority: str) -> int:
         return self.admission.retry_after(priority, now=self.clock(), **self._load())

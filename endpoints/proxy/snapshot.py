@@ -58,6 +58,9 @@ class ReplicaInfo:
     kv_events_endpoint: str = ""
     # The hardware profile it runs on (its own, a spot pool's; else its version's): the cost_aware router's type.
     hardware_profile: str = ""
+    # How fast it serves the endpoint's model against a replica on the endpoint's own hardware profile
+    # (``capacity.unit_resolver.hardware_speeds``): its MU capacity is the endpoint's times this.
+    speed: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import F
 from django.db.models.functions import Coalesce
 
-from capacity.unit_resolver import coefficients_by_endpoint
+from capacity.unit_resolver import coefficients_by_endpoint, hardware_speeds
 from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState
 from endpoints.proxy.snapshot import (
     AdapterInfo,
@@ -96,7 +96,8 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
 def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     """Ready, serving replicas with a URL, per endpoint id; whether each takes ``priority`` follows the launch
     options of the version it runs (a hand-registered replica: the endpoint's current version); the model name
-    each serves is its own, else the endpoint's (what the actuators launch it with)."""
+    each serves is its own, else the endpoint's (what the actuators launch it with); a replica on other hardware
+    than its endpoint's carries its speed against the endpoint's (two more queries for all of them)."""
     current_version = {e.pk: e.current_version_id for e in endpoints}
     endpoint_name = {e.pk: e.name for e in endpoints}
     priority_by_endpoint = {e.pk: takes_priority(e.launch_options) for e in endpoints}
@@ -109,10 +110,23 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     ready = ready.annotate(
         profile_name=Coalesce(
             F("hardware_profile__name"), F("version__hardware_profile__name"), F("endpoint__hardware_profile__name")
-        )
+        ),
+        profile_id=Coalesce(
+            F("hardware_profile_id"), F("version__hardware_profile_id"), F("endpoint__hardware_profile_id")
+        ),
     )
-    for r in ready.order_by("id"):
+    ready = list(ready.order_by("id"))
+    # A replica on other hardware than its endpoint's (a mixed fleet, a spot pool) weighs load by its own speed.
+    endpoint_hardware = {e.pk: (e.model_profile_id, e.hardware_profile_id) for e in endpoints}
+    triples = set()
+    for r in ready:
+        model, hardware = endpoint_hardware.get(r.endpoint_id, (None, None))
+        if model is not None and r.profile_id != hardware:
+            triples.add((model, hardware, r.profile_id))
+    speeds = hardware_speeds(triples) if triples else {}
+    for r in ready:
         version_id = r.version_id or current_version.get(r.endpoint_id)
+        model, hardware = endpoint_hardware.get(r.endpoint_id, (None, None))
         replicas.setdefault(r.endpoint_id, []).append(
             ReplicaInfo(
                 id=r.pk,
@@ -124,6 +138,7 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 served_model_name=r.served_model_name or endpoint_name.get(r.endpoint_id, ""),
                 kv_events_endpoint=r.kv_events_endpoint,
                 hardware_profile=r.profile_name or "",
+                speed=speeds.get((model, hardware, r.profile_id), 1.0),
             )
         )
     return replicas

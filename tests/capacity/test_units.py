@@ -3,8 +3,9 @@
 import pytest
 
 from capacity.models import CapacityBenchmark
-from capacity.unit_resolver import coefficients_by_endpoint, endpoint_coefficients
-from capacity.units import MUCoefficients, estimate_request_mu, request_mu, usage_mu
+from capacity.unit_resolver import coefficients_by_endpoint, endpoint_coefficients, hardware_speeds
+from capacity.units import MUCoefficients, estimate_request_mu, relative_speed, request_mu, usage_mu
+from tests.factories import HardwareProfileFactory
 
 COEFFS = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.05, mu_per_min=1000)
 
@@ -66,6 +67,39 @@ def test_resolver_prefers_pinned_then_latest_succeeded_then_profile(tenant_a, dj
     with django_assert_max_num_queries(3):
         bulk = coefficients_by_endpoint([endpoint])
     assert bulk[endpoint.pk].source == f"benchmark:{v1.pk}"
+
+
+def test_relative_speed_compares_rates_of_one_request_not_mu_per_minute():
+    slow = MUCoefficients(alpha=0.002, alpha_cached=0.0002, beta=0.02, gamma=0.1, mu_per_min=1000.0)
+    # Half the GPU time per token on faster hardware, the same MU/min per GPU: twice the requests per minute.
+    fast = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.05, mu_per_min=1000.0)
+    assert relative_speed(slow, fast) == pytest.approx(2.0)
+    assert relative_speed(fast, slow) == pytest.approx(0.5)
+    assert relative_speed(fast, fast) == pytest.approx(1.0)
+    # Two GPUs a replica: twice the MU/min at the same cost per request.
+    assert relative_speed(fast, MUCoefficients(**{**fast.as_dict(), "mu_per_min": 2000.0})) == pytest.approx(2.0)
+
+
+def test_hardware_speeds_from_benchmarks_else_memory_bandwidth(tenant_a, django_assert_max_num_queries):
+    endpoint = tenant_a.endpoint  # its hardware: 2,039 GB/s, one GPU (tests/factories.py)
+    model, a100 = endpoint.model_profile_id, endpoint.hardware_profile_id
+    h100 = HardwareProfileFactory(name="h100-80g", gpu_type="H100", memory_bandwidth_gbps=3350).pk
+    pair = HardwareProfileFactory(name="l40s-x2", gpu_type="L40S", gpus_per_replica=2, memory_bandwidth_gbps=864).pk
+    unknown = HardwareProfileFactory(name="unlisted", gpu_type="?", memory_bandwidth_gbps=0).pk
+    triples = {(model, a100, h100), (model, a100, pair), (model, a100, unknown), (model, a100, a100)}
+    with django_assert_max_num_queries(2):
+        speeds = hardware_speeds(triples)
+    assert speeds[(model, a100, h100)] == pytest.approx(3350 / 2039)  # no benchmarks: decode's roofline
+    assert speeds[(model, a100, pair)] == pytest.approx(2 * 864 / 2039)
+    assert speeds[(model, a100, unknown)] == 1.0 and speeds[(model, a100, a100)] == 1.0
+    # Benchmarks of both pairs outrank the roofline; one of the two alone does not.
+    _benchmark(endpoint, 1)  # alpha 0.002, beta 0.02, gamma 0.1, 900 MU/min
+    assert hardware_speeds({(model, a100, h100)})[(model, a100, h100)] == pytest.approx(3350 / 2039)
+    CapacityBenchmark.objects.create(
+        model_profile_id=model, hardware_profile_id=h100, version=1, status=CapacityBenchmark.Status.SUCCEEDED,
+        alpha=0.001, alpha_cached=0.0, beta=0.01, gamma=0.05, mu_per_min=900.0,
+    )  # fmt: skip
+    assert hardware_speeds({(model, a100, h100)})[(model, a100, h100)] == pytest.approx(2.0)
 
 
 def test_pure_modules_import_no_django():

@@ -1,16 +1,19 @@
 """The proxy's config snapshot (what the hot path may see) and request parsing (no processes needed)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from endpoints.models import ReplicaState
+from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.errors import ProxyError
 from endpoints.proxy.request import parse_request, upstream_payload
+from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.snapshot import load_snapshot
 from tenants.keys import hash_key
 from tenants.services import api_key_create, api_key_revoke
-from tests.factories import ReplicaFactory
+from tests.factories import HardwareProfileFactory, ReplicaFactory
 
 
 @pytest.mark.django_db
@@ -130,3 +133,26 @@ def test_usage_is_always_requested_upstream_but_only_forwarded_when_asked():
 def test_usage_option_added_without_losing_or_corrupting_fields(raw):
     req = parse_request("completions", raw)
     assert upstream(req) == {**req.body, "stream_options": {"include_usage": True}, **PROXY_SET}
+
+
+@pytest.mark.django_db
+def test_a_replica_on_faster_hardware_than_its_endpoints_carries_its_speed_into_the_routers_view(
+    tenant_a, django_assert_max_num_queries
+):
+    endpoint = tenant_a.endpoint  # on the factory's A100 profile: 2,039 GB/s, one GPU
+    fast = HardwareProfileFactory(name="h100-80g", gpu_type="H100", memory_bandwidth_gbps=3350)
+    own = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, concurrency_limit=8)
+    faster = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, concurrency_limit=8, hardware_profile=fast)
+    ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, concurrency_limit=8, hardware_profile=fast)
+    with django_assert_max_num_queries(11):  # two more than without a mixed fleet, whatever its size
+        info = load_snapshot("8").endpoints_by_name[endpoint.name]
+    speeds = {r.id: r.speed for r in info.replicas}
+    assert speeds[own.pk] == 1.0 and speeds[faster.pk] == pytest.approx(3350 / 2039)
+    runtime = EndpointRuntime(replace(info, routing_policy="infercap"), config=ProxyConfig())
+    capacity = {slot.replica_id: slot.view.mu_capacity for slot in runtime.slots.values()}
+    assert capacity[faster.pk] == pytest.approx(capacity[own.pk] * 3350 / 2039)
+    assert capacity[own.pk] == pytest.approx(info.coeffs.mu_per_min / 60)
+    runtime.update(
+        replace(info, routing_policy="infercap", replicas=tuple(replace(r, speed=1.0) for r in info.replicas))
+    )
+    assert runtime.slots[str(faster.pk)].view.mu_capacity == pytest.approx(capacity[own.pk])  # a new snapshot's speed
