@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.units import MUCoefficients, relative_speed
 
@@ -136,5 +138,5 @@ def hardware_speeds(triples: set[tuple[int, int, int]]) -> dict[tuple[int, int, 
                 for h in (reference, other)
             ]
             speed = bandwidth[1] / bandwidth[0] if min(bandwidth) > 0 else 1.0
-        speeds[triple] = speed
+        speeds[triple] = speed if math.isfinite(speed) and speed > 0 else 1.0  # a benchmark that served nothing
     return speeds

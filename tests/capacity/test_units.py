@@ -100,6 +100,9 @@ def test_hardware_speeds_from_benchmarks_else_memory_bandwidth(tenant_a, django_
         alpha=0.001, alpha_cached=0.0, beta=0.01, gamma=0.05, mu_per_min=900.0,
     )  # fmt: skip
     assert hardware_speeds({(model, a100, h100)})[(model, a100, h100)] == pytest.approx(2.0)
+    # A benchmark that served nothing says nothing about speed: 1, not a replica the router would never pick.
+    CapacityBenchmark.objects.filter(hardware_profile_id=h100).update(mu_per_min=0.0)
+    assert hardware_speeds({(model, a100, h100)})[(model, a100, h100)] == 1.0
 
 
 def test_pure_modules_import_no_django():
