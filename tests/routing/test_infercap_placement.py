@@ -183,3 +183,22 @@ def test_infercap_queue_and_kv_choose_among_the_holders_of_the_prefix_only():
     single = make_router("infercap", seed=0)
     single.on_routed(request(0, prompt=group_prompt(2)), "r0", 0.0)
     assert single.pick(request(1, prompt=group_prompt(2, q=1)), replicas, 0.0) == "r0"
+
+
+def fast_share(slow_capacity: float, fast_capacity: float, requests: int = 60) -> float:
+    """The share of in-flight MU infercap puts on the faster of two replicas while nothing finishes."""
+    router = make_router("infercap", seed=0)
+    views = [ReplicaView("slow", mu_capacity=slow_capacity), ReplicaView("fast", mu_capacity=fast_capacity)]
+    for i in range(requests):
+        q = request(i, mu=2.0)
+        chosen = next(v for v in views if v.replica_id == router.pick(q, views, float(i)))
+        router.on_routed(q, chosen.replica_id, float(i))
+        chosen.in_flight += 1
+        chosen.in_flight_mu += q.mu
+    return views[1].in_flight_mu / sum(v.in_flight_mu for v in views)
+
+
+def test_a_replica_twice_as_fast_carries_about_twice_the_in_flight_mu():
+    # MU capacity is the replica's speed (the live proxy: ReplicaInfo.speed; the simulator: its profile's decode rate).
+    assert 0.6 <= fast_share(50.0, 100.0) <= 0.75  # two thirds, within the bound's slack
+    assert 0.4 <= fast_share(100.0, 100.0) <= 0.6  # equal speeds: about half each
