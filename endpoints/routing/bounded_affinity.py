@@ -263,7 +263,7 @@ class InfercapRouter(RouterBase):
         lowest = min(loads.values())
         return [r for r in candidates if loads[r.replica_id] <= lowest + 1e-12]
 
-    def _pending_mu(self, request: RouteRequest, candidates: Sequence[ReplicaView]) -> dict[str, float]:
+    def _pending_mu(self, candidates: Sequence[ReplicaView]) -> dict[str, float]:
         """Each replica's prompts waiting for prefill, in MU × ``prefill_weight`` (for every request: until
         2026-12-05 a request naming an adapter was not weighed by it, docs/algorithms.md#pending-prefill)."""
         if not self.prefill_weight:
@@ -277,7 +277,7 @@ class InfercapRouter(RouterBase):
             return None
         request.extra.pop(_PRECISE_ON, None)  # a queued request is picked again: only this pick's scores count
         mu = max(request.mu, 0.0)
-        pending = self._pending_mu(request, candidates)
+        pending = self._pending_mu(candidates)
         allowed = self.within_bound(candidates, mu, pending=pending)
         hashes = request_hashes(self.prefix_index, request)
         sticky = self.sessions.get(request.session_id, now)
