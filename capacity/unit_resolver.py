@@ -113,21 +113,26 @@ def coefficients_by_endpoint(endpoints) -> dict[int, MUCoefficients]:
     return result
 
 
-def hardware_speeds(triples: set[tuple[int, int, int]]) -> dict[tuple[int, int, int], float]:
-    """(model, endpoint's hardware, replica's hardware) → how fast a replica on the second hardware serves that model
-    against one on the first, in two queries whatever the number of triples (the proxy's config snapshot: a replica
-    of a mixed fleet weighs its load by its own speed, docs/algorithms.md#routing).
+def hardware_speeds(triples: set[tuple[int, int, int, int | None]]) -> dict[tuple[int, int, int, int | None], float]:
+    """(model, endpoint's hardware, replica's hardware, endpoint's pinned benchmark or None) → how fast a replica on
+    the second hardware serves that model against one on the first, in two or three queries whatever the number of
+    triples (the proxy's config snapshot: a replica of a mixed fleet weighs its load by its own speed,
+    docs/algorithms.md#routing).
 
-    From the two pairs' latest succeeded benchmarks where both have one (``units.relative_speed``: their rates of
-    the reference request), else from the roofline of decode, which reads the weights and the KV cache once per step
-    (memory bandwidth × GPUs per replica, ``HardwareProfile``), else 1."""
-    pairs = {(m, h) for m, a, b in triples for h in (a, b)}
+    From benchmarks where both pairs have one (``units.relative_speed``: their rates of the reference request): the
+    endpoint's own is the one its model units come from (``endpoint_benchmark``: the pinned one, else the latest),
+    the replica's hardware's the latest. Else from the roofline of decode, which reads the weights and the KV cache
+    once per step (memory bandwidth × GPUs per replica, ``HardwareProfile``), else 1."""
+    pairs = {(m, h) for m, a, b, _ in triples for h in (a, b)}
     latest = _latest_benchmarks(pairs)
+    pinned_ids = {pin for *_, pin in triples if pin}
+    pinned = CapacityBenchmark.objects.in_bulk(pinned_ids) if pinned_ids else {}
     hardware = HardwareProfile.objects.in_bulk({h for _, h in pairs}) if pairs else {}
     speeds = {}
     for triple in triples:
-        model, reference, other = triple
-        measured = [latest.get((model, h)) for h in (reference, other)]
+        model, reference, other, pin = triple
+        own = pinned.get(pin)
+        measured = [own if _usable(own) else latest.get((model, reference)), latest.get((model, other))]
         if reference == other:
             speed = 1.0
         elif all(_usable(b) for b in measured):

@@ -117,16 +117,16 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     )
     ready = list(ready.order_by("id"))
     # A replica on other hardware than its endpoint's (a mixed fleet, a spot pool) weighs load by its own speed.
-    endpoint_hardware = {e.pk: (e.model_profile_id, e.hardware_profile_id) for e in endpoints}
+    endpoint_hardware = {e.pk: (e.model_profile_id, e.hardware_profile_id, e.pinned_benchmark_id) for e in endpoints}
     triples = set()
     for r in ready:
-        model, hardware = endpoint_hardware.get(r.endpoint_id, (None, None))
+        model, hardware, pin = endpoint_hardware.get(r.endpoint_id, (None, None, None))
         if model is not None and r.profile_id != hardware:
-            triples.add((model, hardware, r.profile_id))
+            triples.add((model, hardware, r.profile_id, pin))
     speeds = hardware_speeds(triples) if triples else {}
     for r in ready:
         version_id = r.version_id or current_version.get(r.endpoint_id)
-        model, hardware = endpoint_hardware.get(r.endpoint_id, (None, None))
+        model, hardware, pin = endpoint_hardware.get(r.endpoint_id, (None, None, None))
         replicas.setdefault(r.endpoint_id, []).append(
             ReplicaInfo(
                 id=r.pk,
@@ -138,7 +138,7 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 served_model_name=r.served_model_name or endpoint_name.get(r.endpoint_id, ""),
                 kv_events_endpoint=r.kv_events_endpoint,
                 hardware_profile=r.profile_name or "",
-                speed=speeds.get((model, hardware, r.profile_id), 1.0),
+                speed=speeds.get((model, hardware, r.profile_id, pin), 1.0),
             )
         )
     return replicas

@@ -86,23 +86,33 @@ def test_hardware_speeds_from_benchmarks_else_memory_bandwidth(tenant_a, django_
     h100 = HardwareProfileFactory(name="h100-80g", gpu_type="H100", memory_bandwidth_gbps=3350).pk
     pair = HardwareProfileFactory(name="l40s-x2", gpu_type="L40S", gpus_per_replica=2, memory_bandwidth_gbps=864).pk
     unknown = HardwareProfileFactory(name="unlisted", gpu_type="?", memory_bandwidth_gbps=0).pk
-    triples = {(model, a100, h100), (model, a100, pair), (model, a100, unknown), (model, a100, a100)}
+    triples = {(model, a100, h100, None), (model, a100, pair, None), (model, a100, unknown, None)}
+    triples.add((model, a100, a100, None))
     with django_assert_max_num_queries(2):
         speeds = hardware_speeds(triples)
-    assert speeds[(model, a100, h100)] == pytest.approx(3350 / 2039)  # no benchmarks: decode's roofline
-    assert speeds[(model, a100, pair)] == pytest.approx(2 * 864 / 2039)
-    assert speeds[(model, a100, unknown)] == 1.0 and speeds[(model, a100, a100)] == 1.0
+    assert speeds[(model, a100, h100, None)] == pytest.approx(3350 / 2039)  # no benchmarks: decode's roofline
+    assert speeds[(model, a100, pair, None)] == pytest.approx(2 * 864 / 2039)
+    assert speeds[(model, a100, unknown, None)] == 1.0 and speeds[(model, a100, a100, None)] == 1.0
+
+    def speed(pin=None):
+        return hardware_speeds({(model, a100, h100, pin)})[(model, a100, h100, pin)]
+
     # Benchmarks of both pairs outrank the roofline; one of the two alone does not.
-    _benchmark(endpoint, 1)  # alpha 0.002, beta 0.02, gamma 0.1, 900 MU/min
-    assert hardware_speeds({(model, a100, h100)})[(model, a100, h100)] == pytest.approx(3350 / 2039)
+    first = _benchmark(endpoint, 1)  # alpha 0.002, beta 0.02, gamma 0.1, 900 MU/min
+    assert speed() == pytest.approx(3350 / 2039)
     CapacityBenchmark.objects.create(
         model_profile_id=model, hardware_profile_id=h100, version=1, status=CapacityBenchmark.Status.SUCCEEDED,
         alpha=0.001, alpha_cached=0.0, beta=0.01, gamma=0.05, mu_per_min=900.0,
     )  # fmt: skip
-    assert hardware_speeds({(model, a100, h100)})[(model, a100, h100)] == pytest.approx(2.0)
+    assert speed() == pytest.approx(2.0)
+    # The endpoint's side is the benchmark its model units come from: the pinned one over a later, slower one.
+    _benchmark(endpoint, 2, beta=0.04)
+    assert speed() > 2.2
+    with django_assert_max_num_queries(3):
+        assert speed(first.pk) == pytest.approx(2.0)
     # A benchmark that served nothing says nothing about speed: 1, not a replica the router would never pick.
     CapacityBenchmark.objects.filter(hardware_profile_id=h100).update(mu_per_min=0.0)
-    assert hardware_speeds({(model, a100, h100)})[(model, a100, h100)] == 1.0
+    assert speed() == 1.0
 
 
 def test_pure_modules_import_no_django():
