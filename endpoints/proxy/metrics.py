@@ -59,6 +59,12 @@ IN_FLIGHT = Gauge("infercap_proxy_in_flight", "Requests in flight per replica", 
 IN_FLIGHT_MU = Gauge(
     "infercap_proxy_in_flight_mu", "Model units in flight per replica", ["endpoint", "replica"], **_GAUGE_KW
 )
+PENDING_PREFILL = Gauge(
+    "infercap_proxy_pending_prefill_tokens",
+    "Uncached prompt tokens sent to a replica whose first bytes have not come (the router's pending prefill)",
+    ["endpoint", "replica"],
+    **_GAUGE_KW,
+)
 PREFIX_INDEX = Counter(
     "infercap_proxy_prefix_index",
     "Routed requests by the prefix index that scored the chosen replica (precise: its KV events; approximate)",

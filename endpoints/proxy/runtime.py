@@ -215,11 +215,14 @@ class EndpointRuntime:
         """Write the in-flight gauges of the replicas that changed (batched off the request path: with
         ``PROMETHEUS_MULTIPROC_DIR`` every write is an mmap update)."""
         dirty, self._gauges_dirty = self._gauges_dirty, set()
+        pending = getattr(self.router, "pending_prefill", None)
         for rid in dirty:
             slot = self.slots.get(rid)
             if slot is not None:
                 m.child(m.IN_FLIGHT, self.info.name, slot.name).set(slot.view.in_flight)
                 m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(slot.view.in_flight_mu)
+                if pending is not None:
+                    m.child(m.PENDING_PREFILL, self.info.name, slot.name).set(pending.tokens(rid))
 
     def scrape_targets(self) -> dict[str, str]:
         return {rid: s.url for rid, s in self.slots.items() if not s.removed}
@@ -372,6 +375,7 @@ class EndpointRuntime:
         hook = getattr(self.router, "on_first_token", None)
         if slot is None or hook is None:
             return
+        self._gauges_dirty.add(slot.view.replica_id)
         try:
             hook(route, slot.view.replica_id, self.clock())
         except Exception:  # noqa: BLE001 - a router bug must not break the stream
@@ -404,6 +408,8 @@ class EndpointRuntime:
             self.adapters.pop(slot.view.replica_id, None)
             m.child(m.IN_FLIGHT, self.info.name, slot.name).set(0)
             m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(0)
+            if hasattr(self.router, "pending_prefill"):
+                m.child(m.PENDING_PREFILL, self.info.name, slot.name).set(0)
         self.pump()
 
     # -- queue --------------------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 ``--max-num-seqs 1`` (so requests queue inside it) under a third model name). Priority classes reach vLLM as its
 ``priority``: two requests queued behind a running one are served by class, not by arrival. Prefix affinity
 across the two engines yields more prefix-cache hits than round robin, counted by the engines' own
-``vllm:prefix_cache_hits_total``.
+``vllm:prefix_cache_hits_total``. infercap's router counts a prompt as waiting to be prefilled until its first
+streamed bytes, not its response headers, which vLLM sends before the engine has even scheduled it.
 
 One engine: test_proxy_real_engine.py."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -22,7 +24,7 @@ from tests.engine.conftest import Engine
 from tests.engine.test_proxy_real_engine import BLOCK_TOKENS, answer, call, delta, document, engine_metrics
 from tests.factories import EndpointFactory, ReservationFactory
 from tests.proxy.conftest import spawn_proxy
-from tests.proxy.helpers import chat_body, wait_for
+from tests.proxy.helpers import METRICS_AUTH, chat_body, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -109,6 +111,48 @@ def test_priority_classes_reach_vllm_as_its_priority(second_engine, procs, clean
         "sheddable": "sheddable",
         "critical": "critical",
     }
+
+
+def _pending_prefill_tokens(base: str, endpoint: str) -> float:
+    text = httpx.get(base + "/metrics", headers=METRICS_AUTH).text
+    pattern = (
+        rf'infercap_proxy_pending_prefill_tokens\{{endpoint="{re.escape(endpoint)}",replica="[^"]+"\}} ([\d.e+]+)'
+    )
+    return sum(float(v) for v in re.findall(pattern, text))
+
+
+def test_a_prompt_queued_inside_vllm_counts_as_pending_prefill_until_its_first_bytes(
+    second_engine, procs, clean_redis, tenant_a
+):
+    """vLLM answers a stream's headers before its engine schedules the request (its first body bytes come from
+    inside the loop over the engine's outputs): the router's pending prefill must wait for those bytes."""
+    endpoint = endpoint_on("one-seq-pending", [second_engine], tenant_a.tenant, routing_policy="infercap")
+    base = spawn_proxy(procs, member_interval_s=0.1)  # the gauges are written every member interval
+    key = tenant_a.raw_key
+
+    def body(content: str) -> dict:
+        return chat_body(endpoint.name, max_tokens=3000, content=f"{uuid.uuid4().hex} {content}")
+
+    blocker = Stream(base, key, body("hold the engine"))
+    blocker.start()
+    wait_for(lambda: blocker.first_token_at, 60, message="the long request is generating")
+    wait_for(lambda: _pending_prefill_tokens(base, endpoint.name) == 0, 10, message="the blocker's prompt is done")
+    waiting = Stream(base, key, body(document("a prompt that waits behind it", words=200)))
+    waiting.start()
+    wait_for(lambda: engine_metrics(second_engine.url)["vllm:num_requests_waiting"] == 1, 30)
+    # Inside the engine's queue, headers long sent: still pending, for about its prompt's length in tokens.
+    wait_for(lambda: _pending_prefill_tokens(base, endpoint.name) > 100, 10, message="its prompt counted pending")
+    time.sleep(0.5)
+    assert waiting.first_token_at is None and _pending_prefill_tokens(base, endpoint.name) > 100
+    blocker.leave.set()  # the engine aborts it and schedules the waiting one
+    wait_for(lambda: waiting.first_token_at, 60, message="the waiting request got its first token")
+    # Its first bytes came and it is still generating: no longer pending, though still in flight.
+    wait_for(lambda: _pending_prefill_tokens(base, endpoint.name) == 0, 10, message="pending cleared at first bytes")
+    assert waiting.done_at is None
+    waiting.leave.set()
+    for stream in (blocker, waiting):
+        stream.join(120)
+    assert blocker.status == waiting.status == 200
 
 
 def test_prefix_affinity_across_two_real_replicas_yields_more_engine_cache_hits_than_round_robin(
