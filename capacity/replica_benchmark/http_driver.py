@@ -182,7 +182,7 @@ class HttpReplicaDriver:
                 await response.aread()
                 raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
             buffer, last = b"", b""
-            async for raw in response.aiter_raw():
+            async for raw in response.aiter_bytes():  # content-decoded (none from vLLM), not re-chunked
                 buffer += raw
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
