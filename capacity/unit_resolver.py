@@ -94,6 +94,12 @@ def _latest_benchmarks(pairs: set[tuple[int, int]]) -> dict[tuple[int, int], Cap
     return latest
 
 
+def _own_benchmark(pinned: CapacityBenchmark | None, latest: CapacityBenchmark | None) -> CapacityBenchmark | None:
+    """The benchmark an endpoint's model units come from, of those already fetched: its pinned one if usable, else
+    the latest of its pair (``endpoint_benchmark`` for many endpoints at once)."""
+    return pinned if _usable(pinned) else latest
+
+
 def coefficients_by_endpoint(endpoints) -> dict[int, MUCoefficients]:
     """Coefficients for many endpoints with a fixed number of queries (for config snapshots and the ledger)."""
     endpoints = list(endpoints)
@@ -103,9 +109,8 @@ def coefficients_by_endpoint(endpoints) -> dict[int, MUCoefficients]:
     profiles = ModelProfile.objects.in_bulk({e.model_profile_id for e in endpoints})
     result: dict[int, MUCoefficients] = {}
     for endpoint in endpoints:
-        chosen = pinned.get(endpoint.pinned_benchmark_id)
-        if not _usable(chosen):
-            chosen = latest.get((endpoint.model_profile_id, endpoint.hardware_profile_id))
+        pair = (endpoint.model_profile_id, endpoint.hardware_profile_id)
+        chosen = _own_benchmark(pinned.get(endpoint.pinned_benchmark_id), latest.get(pair))
         if _usable(chosen):
             result[endpoint.pk] = benchmark_coefficients(chosen)
         else:
@@ -131,8 +136,7 @@ def hardware_speeds(triples: set[tuple[int, int, int, int | None]]) -> dict[tupl
     speeds = {}
     for triple in triples:
         model, reference, other, pin = triple
-        own = pinned.get(pin)
-        measured = [own if _usable(own) else latest.get((model, reference)), latest.get((model, other))]
+        measured = [_own_benchmark(pinned.get(pin), latest.get((model, reference))), latest.get((model, other))]
         if reference == other:
             speed = 1.0
         elif all(_usable(b) for b in measured):
