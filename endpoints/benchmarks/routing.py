@@ -37,7 +37,9 @@ weights were chosen on others); ``tune=llmd`` with ``seeds=`` tunes llm-d's scor
 (tuning) seeds over ``routing_suite.LLMD_GRID`` and prints the weights each of llm-d's two profiles does best with
 (the suite's ``llmd_tuned`` and ``llmd_precise_tuned`` baselines run them); ``load_bound=X`` runs infercap with another
 load bound (the default's choice can be judged on the same arrivals), ``prefill_weight=W`` with another pending-prefill
-weight (2 by default, 0 turns it off; docs/algorithms.md#pending-prefill); ``stage_s=S``; ``stages=Q1,Q2,...``,
+weight (2 by default, 0 turns it off; docs/algorithms.md#pending-prefill); ``ceilings=off`` skips the two
+router-independent ceilings (the slowest runs; with ``seeds=`` the means still carry each seed's paired difference
+from the best baseline and its 95 % interval); ``stage_s=S``; ``stages=Q1,Q2,...``,
 ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
 """
 
@@ -316,6 +318,9 @@ def run(
     seed = int(options.pop("seed", routing_suite.EVAL_SEED))
     seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
     tune = options.pop("tune", None)
+    ceilings = str(options.pop("ceilings", "on"))
+    if ceilings not in ("on", "off"):
+        raise ValueError(f"ceilings={ceilings}: on (the default) or off (skip the router-independent ceilings)")
     infercap_options = {
         name: _at_least(name, options.pop(name), lowest, meaning)
         for name, lowest, meaning in (
@@ -357,6 +362,7 @@ def run(
             progress=progress,
             started=started,
             infercap_options=infercap_options,
+            ceilings=ceilings == "on",
         )
     suite = routing_suite.run_suite(
         quick=quick,
@@ -365,6 +371,7 @@ def run(
         only=only,
         progress=progress,
         infercap_options=infercap_options,
+        ceilings=ceilings == "on",
     )
     figures: dict = {"workloads": suite["workloads"], "stage_s": suite["stage_s"], "seed": suite["seed"]}
     if infercap_options:
@@ -396,14 +403,28 @@ def _at_least(name: str, text: str, lowest: float, meaning: str) -> float:
 
 
 def _run_seeds(
-    seeds: list[int], *, quick: bool, stage_s: float | None, only, progress, started: float, infercap_options=None
+    seeds: list[int],
+    *,
+    quick: bool,
+    stage_s: float | None,
+    only,
+    progress,
+    started: float,
+    infercap_options=None,
+    ceilings: bool = True,
 ) -> dict:
     """The suite on each seed (held-out seeds: infercap's weights were chosen on others), judged on the means."""
     tables = {}
     for k, seed in enumerate(seeds, 1):
         progress(f"seed {seed} ({k} of {len(seeds)})")
         suite = routing_suite.run_suite(
-            quick=quick, stage_s=stage_s, seed=seed, only=only, progress=progress, infercap_options=infercap_options
+            quick=quick,
+            stage_s=stage_s,
+            seed=seed,
+            only=only,
+            progress=progress,
+            infercap_options=infercap_options,
+            ceilings=ceilings,
         )
         tables[seed] = suite["workloads"]
     workloads = routing_suite.mean_over_seeds(tables)

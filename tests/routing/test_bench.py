@@ -120,6 +120,22 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
     for policy, (key, _) in routing_suite.CEILINGS.items():
         assert w[key] == w[policy]["slo_throughput"]
         assert w[f"ratio_vs_{key}"] == round(ours / w[key], 4)
+    # Paired on each seed's arrivals against the baseline with the best mean.
+    paired = [s["infercap"]["slo_throughput"] - s[w["best_baseline"]]["slo_throughput"] for s in singles]
+    diff = w["diff_vs_best_baseline"]
+    assert diff["mean"] == round(sum(paired) / 2, 3)
+    low, high = diff["ci95"]
+    assert low <= diff["mean"] <= high and (low < high or paired[0] == paired[1])
+
+
+def test_ceilings_off_skips_only_the_router_independent_ceilings():
+    quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure", "seed": 3}
+    w = bench.run(ceilings="off", **quiet)["workloads"]["cache_pressure"]
+    for policy, (key, _) in routing_suite.CEILINGS.items():
+        assert policy not in w and w[key] is None and w[f"ratio_vs_{key}"] is None
+    assert w["infercap"]["slo_throughput"] > 0 and w["oracle"]["slo_throughput"] > 0
+    with pytest.raises(ValueError, match="ceilings=maybe"):
+        bench.run(ceilings="maybe", **quiet)
 
 
 def test_pooled_fleets_are_one_engine_with_the_fleets_memory_at_n_times_or_at_one_replicas_pace():

@@ -46,6 +46,7 @@ import httpx
 from django.core.management.base import CommandError
 
 from capacity.replica_benchmark.sweep import Shape, SweepConfig, run_sweep
+from endpoints.benchmarks.stats import interval
 from endpoints.runtimes import processes
 from endpoints.runtimes.launch_env import parse_cpu_quantity
 from endpoints.runtimes.sim import contract
@@ -187,17 +188,6 @@ PROBES = {
     ),
 }
 REFINE_EVALUATIONS = {"smoke": 80, "quick": 300, "full": 400}  # simulator runs of the whole sweep while refining
-# Two-sided 95 % Student t quantiles by degrees of freedom (repeats − 1).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def interval(values: list[float]) -> list[float] | None:
-    """The 95 % confidence interval of the mean of ``values`` (None for fewer than two)."""
-    if len(values) < 2:
-        return None
-    mean, half = statistics.fmean(values), _T95.get(len(values) - 1, 1.96) * statistics.stdev(values)
-    half /= math.sqrt(len(values))
-    return [round(mean - half, 4), round(mean + half, 4)]
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
