@@ -318,17 +318,8 @@ def run(
     seed = int(options.pop("seed", routing_suite.EVAL_SEED))
     seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
     tune = options.pop("tune", None)
-    ceilings = str(options.pop("ceilings", "on"))
-    if ceilings not in ("on", "off"):
-        raise ValueError(f"ceilings={ceilings}: on (the default) or off (skip the router-independent ceilings)")
-    infercap_options = {
-        name: _at_least(name, options.pop(name), lowest, meaning)
-        for name, lowest, meaning in (
-            ("load_bound", 1.0, "a replica's load over the mean"),
-            ("prefill_weight", 0.0, "MU per 1,000 prompt tokens awaiting prefill"),
-        )
-        if name in options
-    } or None
+    ceilings = _pop_ceilings(options)
+    infercap_options = _pop_infercap_options(options)
     only = [w for w in str(options.pop("workloads", "")).split(",") if w]
     known = {w.name for w in routing_suite.suite(quick=quick)}
     if set(only) - known:
@@ -362,7 +353,7 @@ def run(
             progress=progress,
             started=started,
             infercap_options=infercap_options,
-            ceilings=ceilings == "on",
+            ceilings=ceilings,
         )
     suite = routing_suite.run_suite(
         quick=quick,
@@ -371,7 +362,7 @@ def run(
         only=only,
         progress=progress,
         infercap_options=infercap_options,
-        ceilings=ceilings == "on",
+        ceilings=ceilings,
     )
     figures: dict = {"workloads": suite["workloads"], "stage_s": suite["stage_s"], "seed": suite["seed"]}
     if infercap_options:
@@ -389,6 +380,26 @@ def run(
         routing_suite.write_panels_svg(plot, suite["curves"])
         progress(f"wrote {plot}")
     return figures
+
+
+def _pop_ceilings(options: dict) -> bool:
+    """``ceilings=on`` (the default) runs the router-independent ceilings beside the policies; ``off`` skips them."""
+    ceilings = str(options.pop("ceilings", "on"))
+    if ceilings not in ("on", "off"):
+        raise ValueError(f"ceilings={ceilings}: on (the default) or off (skip the router-independent ceilings)")
+    return ceilings == "on"
+
+
+def _pop_infercap_options(options: dict) -> dict | None:
+    """The infercap router options given on the command line (``load_bound``, ``prefill_weight``), checked."""
+    return {
+        name: _at_least(name, options.pop(name), lowest, meaning)
+        for name, lowest, meaning in (
+            ("load_bound", 1.0, "a replica's load over the mean"),
+            ("prefill_weight", 0.0, "MU per 1,000 prompt tokens awaiting prefill"),
+        )
+        if name in options
+    } or None
 
 
 def _at_least(name: str, text: str, lowest: float, meaning: str) -> float:
