@@ -84,7 +84,7 @@ TRAINING_METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "frontend_p5
 # The API server's costs (``load.ApiServerCost``) the refinement searches beside the step times: starting values
 # (a CPU's few milliseconds per request, microseconds per prompt token, a fraction of a millisecond per token).
 API_START = {"per_request_s": 2e-3, "per_prompt_token_s": 5e-6, "per_token_s": 2e-4, "busy_admit_s": 2e-3}
-# The share of the worst-matched figures the refinement ignores (``refine_profile``'s ``trim``). None: a host's
+# The share of the worst-matched figures the refinement ignores (``refine_profile``'s ``trim``). 0, none: a host's
 # disturbances only ever slow the engine, so a fit that ignores the runs they slowed predicts an engine faster than
 # the one measured (2026-12-05, 10 % trimmed: throughput 14-16 % high and TPOT 13-16 % short in two runs of four;
 # docs/algorithms.md, "Calibration against real vLLM").
