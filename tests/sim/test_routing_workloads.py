@@ -7,7 +7,7 @@ from endpoints.routing import make_router
 from endpoints.runtimes.sim.des import Simulation
 from endpoints.runtimes.sim.profiles import get_profile
 from endpoints.runtimes.sim.routing_workloads import chat_sessions, mixed_lengths, prefix_groups, zipf_weights
-from endpoints.runtimes.sim.tokens import count_tokens
+from endpoints.runtimes.sim.tokens import BLOCK_CHARS, count_tokens, distinct_text, filler_text
 from endpoints.runtimes.sim.workloads import poisson_times
 
 
@@ -119,6 +119,25 @@ def test_mixed_lengths_are_log_normal_with_a_long_output_tail():
     p99 = outputs[int(0.99 * len(outputs))]
     assert p99 > 10 * statistics.median(outputs)  # long-tailed: p99 over ten times the median
     assert statistics.mean(outputs) > 1.5 * statistics.median(outputs)
+
+
+def test_mixed_lengths_prompts_are_independent_not_one_repeated():
+    # Seed 5's requests 3,500-3,999 drew 138 prompts that an earlier request had sent (filler_text's offsets, through
+    # CRC-32 of similar seeds): a burst of "recurring prefixes" in a workload of unique prompts.
+    requests = list(mixed_lengths(times=[i * 0.001 for i in range(4500)], seed=5))
+    assert len({r.prompt_text[:BLOCK_CHARS] for r in requests}) == len(requests)
+    earlier = {filler_text(1024, seed=f"mixed-5-{i}")[:BLOCK_CHARS] for i in range(3500)}
+    repeats = sum(filler_text(1024, seed=f"mixed-5-{i}")[:BLOCK_CHARS] in earlier for i in range(3500, 4000))
+    assert repeats > 100  # what it replaced: filler_text alone repeats earlier prompts in that run
+
+
+def test_distinct_text_keeps_the_length_and_differs_in_the_first_block():
+    for tokens in (1, 8, 16, 17, 1024):
+        a, b = distinct_text(tokens, seed="x-1"), distinct_text(tokens, seed="x-2")
+        assert count_tokens(a) == count_tokens(b) == tokens
+        assert a[: min(len(a), BLOCK_CHARS)] != b[: min(len(b), BLOCK_CHARS)]
+    assert distinct_text(64, seed="x-1") == distinct_text(64, seed="x-1")  # deterministic
+    assert distinct_text(64, seed="x-1")[BLOCK_CHARS:] == filler_text(64, seed="x-1")[BLOCK_CHARS:]
 
 
 def test_heterogeneous_fleet_mixes_h100_and_a100_pairs_and_weighs_them_by_speed():

@@ -22,7 +22,7 @@ import math
 import random
 from collections.abc import Iterable, Iterator
 
-from .tokens import filler_text, output_text
+from .tokens import distinct_text, filler_text, output_text
 from .workloads import SimRequest
 
 
@@ -135,7 +135,7 @@ def mixed_lengths(
         yield SimRequest(
             request_id=f"mx-{i}",
             arrival_s=t,
-            prompt_parts=(filler_text(prompt, seed=f"mixed-{seed}-{i}"),),
+            prompt_parts=(distinct_text(prompt, seed=f"mixed-{seed}-{i}"),),
             output_tokens=output,
             extra={"true_output_tokens": output},
         )

@@ -12,6 +12,7 @@ Generated text is deterministic: output token i is ``OUTPUT_WORDS[i % len]`` (4 
 
 from __future__ import annotations
 
+import hashlib
 import random
 import zlib
 
@@ -84,6 +85,18 @@ def filler_text(tokens: int, *, seed: int | str = 0) -> str:
     while len(text) < need:
         text += pool[: need - len(text)]
     return text
+
+
+def distinct_text(tokens: int, *, seed: str) -> str:
+    """``filler_text`` whose first block is a digest of ``seed``: distinct seeds give prompts with no block in common.
+
+    ``filler_text`` has only 65,536 offsets, and CRC-32 is linear, so seeds that differ in a few digits (``x-1000``
+    … ``x-1999``) fall on few of them: up to half of a run of a thousand such prompts repeated an earlier one. A
+    workload of independent prompts needs this instead.
+    """
+    text = filler_text(tokens, seed=seed)
+    head = hashlib.blake2b(seed.encode(), digest_size=BLOCK_CHARS // 2).hexdigest()
+    return (head + text[BLOCK_CHARS:])[: len(text)]
 
 
 def block_hashes(text: str, *, salt: str | None = None, parent: int | None = None) -> list[int]:
