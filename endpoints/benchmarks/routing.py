@@ -39,7 +39,8 @@ weights were chosen on others); ``tune=llmd`` with ``seeds=`` tunes llm-d's scor
 load bound (the default's choice can be judged on the same arrivals), ``prefill_weight=W`` with another pending-prefill
 weight (2 by default, 0 turns it off; docs/algorithms.md#pending-prefill); ``ceilings=off`` skips the two
 router-independent ceilings (the slowest runs; with ``seeds=`` the means still carry each seed's paired difference
-from the best baseline and its 95 % interval); ``stage_s=S``; ``stages=Q1,Q2,...``,
+from the best baseline and its 95 % interval; without them ``out_of_reach`` is empty: it lists each missed "≥ 1.15×
+llm-d" goal whose balanced-fleet ceiling is below 1.15× llm-d too, with that ceiling's ratio); ``stage_s=S``; ``stages=Q1,Q2,...``,
 ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
 """
 
@@ -375,6 +376,7 @@ def run(
             setup, best_qps=shared["infercap"]["slo_throughput"] * scale, duration_s=30.0 if quick else None
         )
     figures["goals"] = routing_suite.goals(figures["workloads"], figures.get("hot_prefix"))
+    figures["out_of_reach"] = routing_suite.out_of_reach(figures["workloads"])
     figures["wall_s"] = round(time.perf_counter() - started, 1)
     if plot:
         routing_suite.write_panels_svg(plot, suite["curves"])
@@ -445,6 +447,7 @@ def _run_seeds(
         "seeds": seeds,
         "stage_s": stage_s or (8.0 if quick else 30.0),
         "goals": routing_suite.goals(workloads, None),
+        "out_of_reach": routing_suite.out_of_reach(workloads),
         "wall_s": round(time.perf_counter() - started, 1),
     }
 

@@ -130,12 +130,36 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
 
 def test_ceilings_off_skips_only_the_router_independent_ceilings():
     quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure", "seed": 3}
-    w = bench.run(ceilings="off", **quiet)["workloads"]["cache_pressure"]
+    figures = bench.run(ceilings="off", **quiet)
+    w = figures["workloads"]["cache_pressure"]
     for policy, (key, _) in routing_suite.CEILINGS.items():
         assert policy not in w and w[key] is None and w[f"ratio_vs_{key}"] is None
+    assert figures["out_of_reach"] == {}  # no ceiling, nothing shown out of reach
     assert w["infercap"]["slo_throughput"] > 0 and w["oracle"]["slo_throughput"] > 0
     with pytest.raises(ValueError, match="ceilings=maybe"):
         bench.run(ceilings="maybe", **quiet)
+
+
+def test_a_missed_goal_is_out_of_reach_only_where_the_balanced_fleet_misses_it_too():
+    def workload(ratio_vs_llmd, llmd, balanced):
+        return {"ratio_vs_llmd": ratio_vs_llmd, "llmd": {"slo_throughput": llmd}, "balanced_bound": balanced}
+
+    workloads = {
+        "cache_pressure": workload(1.05, 15.0, 16.9),  # missed; the ceiling is 1.1267× llm-d: out of reach
+        "multi_turn": workload(1.08, 70.0, 84.0),  # missed, but the ceiling is 1.2×: reachable, not listed
+        "heterogeneous": workload(1.26, 50.0, 55.0),  # met: not listed, whatever the ceiling
+        "shared_prefix": workload(0.9, 90.0, 95.0),  # no 1.15× goal
+    }
+    assert routing_suite.out_of_reach(workloads) == {"cache_pressure_ge_1.15x_llmd": 1.1267}
+    workloads["cache_pressure"]["balanced_bound"] = None  # ceilings=off
+    workloads["multi_turn"]["balanced_bound"] = 80.0  # 1.1429×
+    assert routing_suite.out_of_reach(workloads) == {"multi_turn_ge_1.15x_llmd": 1.1429}
+    # A quick run reads it off its own ceilings: only missed goals, each with a ceiling below 1.15× llm-d.
+    figures = bench.run(quick=True, progress=lambda m: None, workloads="cache_pressure", seed=3)
+    w = figures["workloads"]["cache_pressure"]
+    ceiling = w["balanced_bound"] / w["llmd"]["slo_throughput"]
+    missed = not figures["goals"]["cache_pressure_ge_1.15x_llmd"]
+    assert ("cache_pressure_ge_1.15x_llmd" in figures["out_of_reach"]) == (missed and ceiling < 1.15)
 
 
 def test_pooled_fleets_are_one_engine_with_the_fleets_memory_at_n_times_or_at_one_replicas_pace():
