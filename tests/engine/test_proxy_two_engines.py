@@ -89,7 +89,7 @@ def test_priority_classes_reach_vllm_as_its_priority(second_engine, procs, clean
     late_sheddable = Stream(base, key, body("sheddable, sent first", 8), headers=sheddable)
     late_sheddable.start()
     wait_for(lambda: engine_count("vllm:num_requests_waiting") == 1, 30)
-    critical = Stream(base, key, body("critical, sent second", 8))
+    critical = Stream(base, key, body("critical, sent second", 400))
     critical.start()
     wait_for(lambda: engine_count("vllm:num_requests_waiting") == 2, 30)
     blocker.leave.set()  # it leaves at its next token; the engine aborts it and schedules the next by priority
@@ -100,7 +100,9 @@ def test_priority_classes_reach_vllm_as_its_priority(second_engine, procs, clean
     # one got its first, although it reached the engine after it (vLLM's fcfs would have served the sheddable one
     # first). Its first token, not its end: the client reads the critical stream's closing chunk in one thread and
     # the sheddable's first token in another, and the engine starts the next sequence within the same millisecond
-    # (a run saw the two 0.5 ms apart, the wrong way round).
+    # (a run saw the two 0.5 ms apart, the wrong way round). And 400 tokens, not 8: with 8 the two first tokens were
+    # a few ms apart, and a busy CI machine once read them 3 ms the wrong way round; 400 take the tiny model far
+    # longer than any thread's delay in reading its stream.
     assert critical.first_token_at < late_sheddable.first_token_at, (
         critical.first_token_at,
         late_sheddable.first_token_at,
