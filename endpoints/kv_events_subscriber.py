@@ -6,6 +6,10 @@ its prefix cache (``endpoints.routing.kv_events``). ``KVEventSubscriber`` connec
 each message and applies it to a ``KVBlockIndex`` under ``lock`` (the router reads the index under the same lock
 when it runs in another thread). The index itself decides what a gap, a replay or a restarted publisher means
 (docs/algorithms.md, the precise prefix index). A malformed message is counted and skipped, never fatal.
+
+A socket monitor tells the thread when the publisher's connection drops (the engine stopped: ZMQ reconnects by
+itself when it is back, and a SUB socket says nothing of it otherwise); the index then stops trusting the replica
+until its next batch, which says whether a new engine with an empty cache or the same one is publishing.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from endpoints.routing.kv_events import BadEventBatch, batch_from, seq_from
 from endpoints.routing.kv_index import KVBlockIndex
@@ -44,6 +49,7 @@ class KVEventSubscriber:
         self.on_batch = on_batch  # called after each applied batch (the proxy counts them per replica)
         self.received = 0
         self.malformed = 0
+        self.disconnects = 0  # times the publisher's connection dropped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
@@ -67,6 +73,15 @@ class KVEventSubscriber:
             self.on_batch()
         return True
 
+    def on_monitor_event(self, event: int) -> None:
+        """A ZMQ socket-monitor event: a dropped connection makes the replica's events untrusted until its next
+        batch (``KVBlockIndex.disconnected``)."""
+        if event == zmq.EVENT_DISCONNECTED:
+            self.disconnects += 1
+            with self.lock:
+                self.index.disconnected(self.replica_id)
+            log.info("replica %s: its KV event publisher disconnected", self.replica_id)
+
     def start(self, wait_s: float = 5.0) -> None:
         """Start the thread; wait up to ``wait_s`` for its socket to connect (0: return at once, as the proxy
         does on its event loop)."""
@@ -87,13 +102,24 @@ class KVEventSubscriber:
     def _run(self) -> None:
         context = zmq.Context.instance()
         socket = context.socket(zmq.SUB)
+        monitor = None
         try:
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             socket.connect(self.endpoint)
             self._connected.set()
+            poller = zmq.Poller()
+            poller.register(socket, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
             while not self._stop.is_set():
-                if socket.poll(self.poll_ms):
+                ready = dict(poller.poll(self.poll_ms))
+                if monitor in ready:  # before the data: a new engine's first batch must find the drop noted
+                    self.on_monitor_event(recv_monitor_message(monitor)["event"])
+                if socket in ready:
                     self.handle(socket.recv_multipart())
         finally:
+            if monitor is not None:
+                socket.disable_monitor()
+                monitor.close(0)
             socket.close(0)

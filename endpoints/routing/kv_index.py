@@ -9,9 +9,13 @@ carries token ids is also keyed by its tokens (chained from the parent block, as
 
 Trust: the index knows what the events said, so it is only as good as their delivery. A replica's entry is
 *usable* unless (a) a gap in the publisher's sequence numbers showed that batches were lost (until the replica
-clears its cache or restarts: a sequence number going back to 0 is a restarted engine, whose cache is empty), or
-(b) requests were routed to it ``stale_after_s`` ago and no batch has arrived since (events stopped or lag: a
-prefill always stores blocks). Routers fall back to their approximate index for replicas that are not usable.
+clears its cache or restarts), (b) requests were routed to it ``stale_after_s`` ago and no batch has arrived since
+(events stopped or lag: a prefill always stores blocks), or (c) the subscriber saw the publisher's connection drop
+(``disconnected``: the engine stopped, or the link did) and no batch has arrived since; that batch says which it
+was. A sequence number going back is a restarted engine, whose cache is empty: its entry starts afresh, whether the
+new sequence starts at 0 or the subscriber reconnected after the new engine's first batches (their blocks are then
+missing from the index: it can only under-state the cache, never claim evicted blocks). Routers fall back to their
+approximate index for replicas that are not usable.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class ReplicaBlocks:
     last_event_s: float | None = None
     unconfirmed_since: float | None = None  # a request routed there, no batch since
     lost_events: bool = False
+    disconnected: bool = False  # the publisher's connection dropped and no batch has arrived since
     batches: int = 0
     block_size: int = 0  # tokens per block, as its BlockStored events say (0: none seen yet)
 
@@ -63,15 +68,18 @@ class KVBlockIndex:
         now = batch.ts if now is None else now
         entry = self.replica(replica_id)
         if seq is not None:
-            if entry.last_seq is not None and seq <= entry.last_seq:
-                if seq == 0:
-                    self._clear(entry)  # the publisher restarted: a new engine, an empty cache
-                else:
-                    return  # a duplicate (replayed) batch
-            elif entry.last_seq is not None and seq > entry.last_seq + 1:
+            last = entry.last_seq
+            if last is not None and (seq < last or (seq == last and entry.disconnected)):
+                # The sequence went back: the publisher restarted (a new engine, an empty cache). Until 2026-12-05 only
+                # a restart at 0 counted, and a subscriber that reconnected after the new engine's first batch took
+                # every later one for a replay of the old engine's and kept its blocks.
+                self._clear(entry)
+            elif last is not None and seq == last:
+                return  # a duplicate (replayed) batch
+            elif last is not None and seq > last + 1:
                 entry.lost_events = True
             entry.last_seq = seq
-        entry.last_event_s, entry.unconfirmed_since = now, None
+        entry.last_event_s, entry.unconfirmed_since, entry.disconnected = now, None, False
         entry.batches += 1
         for event in batch.events:
             if type(event) is BlockStored:
@@ -113,6 +121,11 @@ class KVBlockIndex:
         if entry.unconfirmed_since is None:
             entry.unconfirmed_since = now
 
+    def disconnected(self, replica_id: str) -> None:
+        """The subscriber's connection to the replica's publisher dropped: the engine stopped (a restart follows
+        with an empty cache) or the link did. Not usable until its next batch, whose sequence number says which."""
+        self.replica(replica_id).disconnected = True
+
     def forget(self, replica_id: str) -> None:
         self._replicas.pop(replica_id, None)
 
@@ -120,7 +133,7 @@ class KVBlockIndex:
     def usable(self, replica_id: str, now: float) -> bool:
         """Whether the events for this replica can be trusted now (see the module docstring)."""
         entry = self._replicas.get(replica_id)
-        if entry is None or entry.batches == 0 or entry.lost_events:
+        if entry is None or entry.batches == 0 or entry.lost_events or entry.disconnected:
             return False
         return entry.unconfirmed_since is None or now - entry.unconfirmed_since <= self.stale_after_s
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -108,6 +109,26 @@ class EnginePool:
         wait_ready(process)
         self._ready[name] = Engine(process.url, spec.served_model_name, process.startup_s, process.pid, events)
         return self._ready[name]
+
+    def restart(self, name: str, on_stopped: Callable[[], None] | None = None) -> Engine:
+        """Stop a pooled engine and start it again with the same flags on the same ports (HTTP and KV events), as
+        a replica's engine restarts in place: a new process, an empty cache. ``on_stopped`` runs in between."""
+        engine = self.get(name)
+        if name not in self._launched:
+            pytest.skip(f"{name} is an engine already serving (its INFERCAP_*_URL): it cannot be restarted here")
+        spec, events = self._specs[name]
+        process, _ = self._launched[name]
+        stop_engine(process)
+        os.unlink(process.log_path)
+        if on_stopped is not None:
+            on_stopped()
+        again = launch_engine(
+            served_model_name=spec.served_model_name, port=process.port, extra=spec.extra, env=spec.env
+        )
+        self._launched[name] = (again, events)
+        wait_ready(again)
+        engine.pid, engine.startup_s = again.pid, again.startup_s
+        return engine
 
     def _launch(self, names: set[str]) -> None:
         for other in sorted(names - set(self._launched)):

@@ -1,5 +1,6 @@
 """Real vLLM publishes KV-cache events over ZMQ; the subscriber's precise index then says exactly which prompt
-blocks the engine's prefix cache holds, through LRU evictions and after the cache is cleared (AllBlocksCleared).
+blocks the engine's prefix cache holds, through LRU evictions, after the cache is cleared (AllBlocksCleared) and
+after the engine restarts (its publisher's sequence back to 0).
 
 The package's events engine (tests/engine/conftest.py; the main engine has no event publisher): 24 KV blocks of 128 tokens, so six 520-token
 prompts (4 full blocks each) overflow it and the oldest get evicted; dev mode for ``POST /reset_prefix_cache``.
@@ -186,3 +187,45 @@ def test_the_live_proxy_routes_to_the_replica_whose_events_show_the_prompt(kv_ev
     wait_for(lambda: UsageRecord.objects.filter(request_id__in=ids).count() == 3, timeout=20)
     assert set(UsageRecord.objects.filter(request_id__in=ids).values_list("replica__name", flat=True)) == {"engine"}
     assert proxy_counter(base, "infercap_proxy_prefix_index", endpoint="tiny-llama", index="precise") >= 3
+
+
+def test_the_index_starts_afresh_when_the_engine_restarts(kv_events, engine_pool):
+    """The engine is stopped and started again on the same ports, its cache empty. From the moment its publisher
+    drops, the subscriber stops trusting the old picture; the new engine's first batch (sequence 0) replaces it, and
+    the index again predicts exactly what the engine reports cached. Runs last in this module: it restarts the
+    engine the other tests here use (test_lora_real_engine then finds it fresh, as it starts)."""
+    process, index, subscriber = kv_events
+    rng = random.Random(13)
+    old = [[rng.randrange(5, 4000) for _ in range(4 * BLOCK + 8)] for _ in range(2)]
+    for tokens in old:
+        complete(process.url, tokens)
+        indexed(index, subscriber, tokens, 4)
+    drops = subscriber.disconnects
+    with subscriber.lock:
+        old_seq = index.replica(REPLICA).last_seq
+
+    def trusted() -> bool:
+        with subscriber.lock:
+            return index.usable(REPLICA, subscriber.clock())
+
+    def stopped() -> None:
+        wait_for(
+            lambda: subscriber.disconnects > drops, timeout=30, message="the subscriber seeing the publisher drop"
+        )
+        assert not trusted()
+        assert predicted(index, subscriber, old[0]) == 4  # the old picture is kept, and not trusted
+
+    engine_pool.restart("kv_engine", on_stopped=stopped)
+    # The new engine is up: until its first batch the old engine's blocks are not trusted.
+    assert not trusted() or predicted(index, subscriber, old[0]) == 0
+    fresh = [rng.randrange(5, 4000) for _ in range(4 * BLOCK + 8)]
+    assert complete(process.url, fresh) == 0
+    indexed(index, subscriber, fresh, 4)
+    assert trusted()
+    with subscriber.lock:
+        assert index.size(REPLICA) == 4 and index.replica(REPLICA).last_seq < old_seq  # a new sequence
+    assert all(predicted(index, subscriber, tokens) == 0 for tokens in old)
+    assert complete(process.url, old[0]) == 0  # the engine agrees: the old engine's blocks are gone
+    indexed(index, subscriber, old[0], 4)
+    assert complete(process.url, old[0]) == 4 * BLOCK
+    assert subscriber.malformed == 0

@@ -134,6 +134,56 @@ def test_real_zmq_events_steer_the_router_to_the_replica_holding_the_prompt():
     assert not any(s.alive for s in runtime.kv_feeds._stopping)
 
 
+def test_a_restarted_publisher_is_noticed_and_its_first_batch_starts_the_replica_afresh():
+    """An engine stops (its PUB socket closes) and a new one binds the same address: the subscriber sees the
+    connection drop, the replica is not trusted until a batch arrives, and the new engine's first batch replaces
+    the old engine's blocks, even when the subscriber reconnected only after the new engine's first batches."""
+    from endpoints.kv_events_subscriber import KVEventSubscriber
+    from endpoints.routing.kv_index import KVBlockIndex
+
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    context = zmq.Context.instance()
+    index = KVBlockIndex()
+    subscriber = KVEventSubscriber(index=index, replica_id="r", endpoint=address, clock=time.monotonic, poll_ms=20)
+    old = context.socket(zmq.PUB)
+    old.bind(address)
+    subscriber.start()
+    new = None
+    try:
+        wait_for(
+            lambda: publish(old, 0, [stored(list(range(8)), [b"a", b"b"])]) or index.size("r"),
+            timeout=10,
+            message="the subscriber receiving the first engine's blocks",
+        )
+        for seq in range(1, 6):
+            publish(old, seq, [])
+        wait_for(lambda: index.replica("r").last_seq == 5, timeout=10, message="batches up to sequence 5")
+        assert index.usable("r", time.monotonic()) and subscriber.disconnects == 0
+
+        old.close(0)  # the engine stops
+        wait_for(lambda: subscriber.disconnects == 1, timeout=10, message="the subscriber seeing the drop")
+        with subscriber.lock:
+            assert not index.usable("r", time.monotonic()) and index.blocks("r") == {b"a", b"b"}
+
+        new = context.socket(zmq.PUB)
+        new.bind(address)  # the restarted engine; the subscriber missed its batches 0 and 1
+        wait_for(
+            lambda: publish(new, 2, [stored(list(range(100, 104)), [b"c"])]) or index.size("r") == 1,
+            timeout=10,
+            message="the new engine's batch replacing the old engine's blocks",
+        )
+        with subscriber.lock:
+            assert index.blocks("r") == {b"c"} and index.usable("r", time.monotonic())
+        assert subscriber.malformed == 0
+    finally:
+        subscriber.stop()
+        old.close(0)
+        if new is not None:
+            new.close(0)
+    assert not subscriber.alive
+
+
 def test_the_endpoint_address_is_checked():
     assert endpoint_problem("tcp://127.0.0.1:5557") is None and endpoint_problem("tcp://[::1]:5557") is None
     assert endpoint_problem("tcp://vllm-0.pool.svc:5557") is None

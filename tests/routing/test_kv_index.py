@@ -85,6 +85,38 @@ def test_lost_batches_make_a_replica_unusable_until_it_clears():
     assert index.blocks("a") == {4}
 
 
+def test_a_sequence_going_back_is_a_restarted_engine_even_when_its_first_batches_were_missed():
+    index = KVBlockIndex()
+    for seq in range(8):
+        index.apply("a", seq, KVEventBatch(ts=1.0 + seq, events=[BlockStored(block_hashes=[seq])]))
+    assert index.size("a") == 8
+    # The subscriber reconnected after the new engine had published batches 0-2: 3 is its first one seen.
+    index.apply("a", 3, KVEventBatch(ts=20.0, events=[BlockStored(block_hashes=[100])]))
+    assert index.blocks("a") == {100} and index.usable("a", 20.0)
+    # Its next batches follow on; a repeated one is still a duplicate.
+    index.apply("a", 4, KVEventBatch(ts=21.0, events=[BlockStored(block_hashes=[101])]))
+    index.apply("a", 4, KVEventBatch(ts=21.5, events=[BlockStored(block_hashes=[102])]))
+    assert index.blocks("a") == {100, 101}
+
+
+def test_a_dropped_publisher_is_not_trusted_until_its_next_batch_says_what_it_is():
+    index = KVBlockIndex()
+    index.apply("a", 0, KVEventBatch(ts=1.0, events=[BlockStored(block_hashes=[1, 2])]))
+    index.disconnected("a")
+    assert not index.usable("a", 1.0) and index.match("a", [1, 2]) == 2  # nothing forgotten yet
+    # The same engine again (the link dropped, no batch lost): its blocks stand.
+    index.apply("a", 1, KVEventBatch(ts=2.0, events=[]))
+    assert index.usable("a", 2.0) and index.blocks("a") == {1, 2}
+    # An engine that had published one batch restarts: the same sequence number, but after a drop.
+    index.apply("b", 0, KVEventBatch(ts=1.0, events=[BlockStored(block_hashes=[5])]))
+    index.disconnected("b")
+    index.apply("b", 0, KVEventBatch(ts=9.0, events=[BlockStored(block_hashes=[6])]))
+    assert index.blocks("b") == {6} and index.usable("b", 9.0)
+    # Without a drop the same sequence number is a duplicate.
+    index.apply("b", 0, KVEventBatch(ts=9.5, events=[BlockStored(block_hashes=[7])]))
+    assert index.blocks("b") == {6}
+
+
 def test_stopped_events_make_infercap_fall_back_to_its_approximate_index():
     index = KVBlockIndex(stale_after_s=1.0)
     router = make_router("infercap", seed=1, kv_index=index)
