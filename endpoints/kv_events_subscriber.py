@@ -82,6 +82,14 @@ class KVEventSubscriber:
                 self.index.disconnected(self.replica_id)
             log.info("replica %s: its KV event publisher disconnected", self.replica_id)
 
+    def _read_monitor(self, monitor: zmq.Socket) -> None:
+        try:
+            event = recv_monitor_message(monitor)["event"]
+        except (zmq.ZMQError, ValueError, KeyError, IndexError) as exc:  # never fatal, as a malformed batch
+            log.warning("replica %s: unreadable ZMQ monitor event: %s", self.replica_id, exc)
+            return
+        self.on_monitor_event(event)
+
     def start(self, wait_s: float = 5.0) -> None:
         """Start the thread; wait up to ``wait_s`` for its socket to connect (0: return at once, as the proxy
         does on its event loop)."""
@@ -115,7 +123,7 @@ class KVEventSubscriber:
             while not self._stop.is_set():
                 ready = dict(poller.poll(self.poll_ms))
                 if monitor in ready:  # before the data: a new engine's first batch must find the drop noted
-                    self.on_monitor_event(recv_monitor_message(monitor)["event"])
+                    self._read_monitor(monitor)
                 if socket in ready:
                     self.handle(socket.recv_multipart())
         finally:

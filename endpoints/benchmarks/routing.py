@@ -40,7 +40,8 @@ load bound (the default's choice can be judged on the same arrivals), ``prefill_
 weight (2 by default, 0 turns it off; docs/algorithms.md#pending-prefill); ``ceilings=off`` skips the two
 router-independent ceilings (the slowest runs; with ``seeds=`` the means still carry each seed's paired difference
 from the best baseline and its 95 % interval; without them ``out_of_reach`` is empty: it lists each missed "≥ 1.15×
-llm-d" goal whose balanced-fleet ceiling is below 1.15× llm-d too, with that ceiling's ratio); ``stage_s=S``;
+llm-d" goal whose balanced-fleet ceiling is below 1.15× llm-d too, with that ceiling's ratio, and with ``seeds=``
+each workload's ``balanced_bound_vs_llmd`` gives that ratio seed by seed with its 95 % interval); ``stage_s=S``;
 ``stages=Q1,Q2,...``, ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
 """
 

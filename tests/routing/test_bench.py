@@ -126,6 +126,12 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
     assert diff["mean"] == round(sum(paired) / 2, 3)
     low, high = diff["ci95"]
     assert low <= diff["mean"] <= high and (low < high or paired[0] == paired[1])
+    # The balanced-fleet ceiling against llm-d's default, seed by seed: how firmly out_of_reach's ratio stands.
+    ceiling = w["balanced_bound_vs_llmd"]
+    ratios = [round(s["balanced_fleet"]["slo_throughput"] / s["llmd"]["slo_throughput"], 4) for s in singles]
+    assert ceiling["per_seed"] == ratios and ceiling["mean"] == round(sum(ratios) / 2, 4)
+    low, high = ceiling["ci95"]
+    assert low <= ceiling["mean"] <= high and (low < high or ratios[0] == ratios[1])
 
 
 def test_ceilings_off_skips_only_the_router_independent_ceilings():
@@ -135,6 +141,8 @@ def test_ceilings_off_skips_only_the_router_independent_ceilings():
     for policy, (key, _) in routing_suite.CEILINGS.items():
         assert policy not in w and w[key] is None and w[f"ratio_vs_{key}"] is None
     assert figures["out_of_reach"] == {}  # no ceiling, nothing shown out of reach
+    several = bench.run(ceilings="off", seeds="3-4", quick=True, progress=lambda m: None, workloads="cache_pressure")
+    assert "balanced_bound_vs_llmd" not in several["workloads"]["cache_pressure"]
     assert w["infercap"]["slo_throughput"] > 0 and w["oracle"]["slo_throughput"] > 0
     with pytest.raises(ValueError, match="ceilings=maybe"):
         bench.run(ceilings="maybe", **quiet)
