@@ -123,8 +123,12 @@ class KVBlockIndex:
 
     def disconnected(self, replica_id: str) -> None:
         """The subscriber's connection to the replica's publisher dropped: the engine stopped (a restart follows
-        with an empty cache) or the link did. Not usable until its next batch, whose sequence number says which."""
-        self.replica(replica_id).disconnected = True
+        with an empty cache) or the link did. Not usable until its next batch, whose sequence number says which. A
+        replica with no entry (none seen yet, or forgotten as its subscriber was replaced) is not usable anyway and
+        gets none."""
+        entry = self._replicas.get(replica_id)
+        if entry is not None:
+            entry.disconnected = True
 
     def forget(self, replica_id: str) -> None:
         self._replicas.pop(replica_id, None)
