@@ -120,13 +120,15 @@ class EnginePool:
         process, _ = self._launched[name]
         stop_engine(process)
         os.unlink(process.log_path)
-        if on_stopped is not None:
-            on_stopped()
-        again = launch_engine(
-            served_model_name=spec.served_model_name, port=process.port, extra=spec.extra, env=spec.env
-        )
-        self._launched[name] = (again, events)
-        wait_ready(again)
+        try:
+            if on_stopped is not None:
+                on_stopped()
+        finally:  # whatever the check found, the package's later tests get their engine back
+            again = launch_engine(
+                served_model_name=spec.served_model_name, port=process.port, extra=spec.extra, env=spec.env
+            )
+            self._launched[name] = (again, events)
+            wait_ready(again)
         engine.pid, engine.startup_s = again.pid, again.startup_s
         return engine
 
