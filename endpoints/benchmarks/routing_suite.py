@@ -612,14 +612,18 @@ def out_of_reach(workloads: dict) -> dict:
     """The "≥ 1.15× llm-d" goals missed where the balanced fleet, a perfectly balanced fleet sharing one memory and
     one queue, serves less than that too: goal → the ceiling's ratio to llm-d's default profile. The issue's "if a
     goal is out of reach, show it with the upper bound", read off the same run; an estimate, not a proof (no router
-    is known to beat the balanced fleet, none is shown unable to). Needs the ceilings (not ``ceilings=off``)."""
+    is known to beat the balanced fleet, none is shown unable to). Needs the ceilings (not ``ceilings=off``). With
+    several seeds the whole 95 % interval of the ceiling's per-seed ratio (``balanced_bound_vs_llmd``) must lie below
+    the goal too: a mean below it whose interval reaches above it is not shown out of reach (2026-12-05: cache
+    pressure's 26 held-out seeds, mean 1.1285×, interval up to 1.158×, were listed before)."""
     out = {}
     for name in LLMD_GOAL_WORKLOADS:
         w = workloads.get(name)
         if w is None or (w["ratio_vs_llmd"] or 0) >= LLMD_GOAL_RATIO:
             continue
         ceiling = _ratio(w.get("balanced_bound"), w["llmd"]["slo_throughput"])
-        if ceiling is not None and ceiling < LLMD_GOAL_RATIO:
+        spread = (w.get("balanced_bound_vs_llmd") or {}).get("ci95")
+        if ceiling is not None and ceiling < LLMD_GOAL_RATIO and (spread is None or spread[1] < LLMD_GOAL_RATIO):
             out[llmd_goal(name)] = ceiling
     return out
 
