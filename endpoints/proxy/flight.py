@@ -5,9 +5,8 @@ request got. Also the request ids every proxy response carries."""
 from __future__ import annotations
 
 import asyncio
-import itertools
+import os
 import time
-import uuid
 from dataclasses import dataclass
 
 from endpoints.proxy.limits import Bucket
@@ -16,13 +15,11 @@ from endpoints.proxy.runtime import EndpointRuntime, Slot
 from endpoints.proxy.snapshot import AdapterInfo, EndpointInfo, KeyInfo
 from endpoints.routing.base import RouteRequest
 
-# Request ids: a random per-process prefix and a counter, unique across processes without a syscall per request.
-_ID_PREFIX = "req-" + uuid.uuid4().hex[:16]
-_id_counter = itertools.count(1)
-
 
 def new_request_id() -> str:
-    return f"{_ID_PREFIX}{next(_id_counter):08x}"
+    """96 random bits: unique across processes, and two of a client's ids tell it nothing of the traffic between
+    them (a counter would count it; so would a seeded generator, whose state a few ids give away)."""
+    return "req-" + os.urandom(12).hex()
 
 
 # Not frozen: a frozen dataclass takes three times as long to build, once per request.
@@ -62,6 +59,7 @@ class Flight:
         "key",
         "endpoint",
         "adapter",
+        "adapter_load_mu",
         "price",
         "charged",
         "admission",
@@ -80,6 +78,7 @@ class Flight:
         "span",
         "marks",
         "upstream_span",
+        "req",
     )
 
     def __init__(self, *, t0: float, task: asyncio.Task) -> None:
@@ -92,6 +91,8 @@ class Flight:
         # Set once the request is valid and its endpoint known: from then on every outcome is metered.
         self.endpoint: EndpointInfo | None = None
         self.adapter: AdapterInfo | None = None  # the LoRA adapter it names (``endpoint`` is its base endpoint)
+        # MU of the adapter loads this request caused on its replicas (``stages.load_adapter``; docs/lora-serving.md)
+        self.adapter_load_mu: float = 0.0
         self.price: Price | None = None
         self.charged: list[Bucket] = []  # buckets the limit stage took from: settled to the real cost
         self.admission: Admission | None = None
@@ -115,6 +116,7 @@ class Flight:
         self.span = None
         self.marks: list | None = None
         self.upstream_span = None
+        self.req = None  # the parsed request (request.ParsedRequest), once read: metering an unfinished one counts it
 
     @property
     def degradation(self) -> str:

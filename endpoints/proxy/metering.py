@@ -1,8 +1,9 @@
 """The last stage of a proxied completion, run for every request whatever happened before (``pipeline.py``
 calls it in its ``finally``): give the replica slot back with the request's actual cost, and, for a request that
 reached a known endpoint, record its latency metrics and one usage record (written off the path by
-``billing.ingest.UsageWriter``) and settle the tenant's buckets to the real cost. ``measure``, ``meets_slo`` and
-``usage_record`` are pure."""
+``billing.ingest.UsageWriter``) and settle the tenant's buckets to the real cost. A request that ended before its
+replica's usage block carries the usage of what it delivered (``unfinished.py``) by the time it gets here.
+``measure``, ``meets_slo`` and ``usage_record`` are pure."""
 
 from __future__ import annotations
 
@@ -53,7 +54,12 @@ def meter(state: ProxyState, flight: Flight) -> None:
     _observe(endpoint.name, key.tenant_slug, flight.priority, status, slo_met, measured, queue_s)
     state.usage.submit(usage_record(flight, status=status, measured=measured, mu=mu_done, slo_met=slo_met))
     if flight.charged:
-        actual = {"mu": mu_done, "tpm": float(usage.get("total_tokens") or 0) if usage else 0.0}
+        # Every bucket that took an estimate is settled to the real cost, the best-effort cap included.
+        actual = {
+            "mu": mu_done,
+            "best_effort_mu": mu_done,
+            "tpm": float(usage.get("total_tokens") or 0) if usage else 0.0,
+        }
         state.spawn(
             state.limiter.settle(
                 tenant_id=key.tenant_id, endpoint_id=endpoint.id, buckets=flight.charged, actual=actual

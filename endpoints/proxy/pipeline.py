@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from capacity.units import estimate_prompt_tokens
 from endpoints.proxy.brownout import degrade, fall_back, mark_slot_share
 from endpoints.proxy.errors import ProxyError, send_error, sse_error_event
 from endpoints.proxy.flight import Flight, Price
@@ -30,6 +31,7 @@ from endpoints.proxy.stages import (
 )
 from endpoints.proxy.state import ProxyState, get_state
 from endpoints.proxy.tracing import dispatched, finish, mark, routed, start
+from endpoints.proxy.unfinished import needs_partial_usage, partial_usage, prompt_token_count
 
 NON_STREAM_MIN_TOKENS_PER_S = 5.0
 
@@ -54,6 +56,8 @@ async def completion(scope, receive, send, kind: str) -> None:
     finally:
         if flight.watcher is not None:
             flight.watcher.cancel()
+        if needs_partial_usage(flight.outcome, flight.cancel_reason) and flight.req is not None:
+            await count_unfinished(state, flight)
         meter_started = time.perf_counter() if flight.marks is not None else 0.0
         meter(state, flight)
         finish(flight, meter_started)
@@ -62,7 +66,7 @@ async def completion(scope, receive, send, kind: str) -> None:
 async def run_stages(state: ProxyState, flight: Flight, headers: dict[bytes, bytes], receive, send, kind: str) -> None:
     key = flight.key = authenticate(state.snapshot, headers, now=time.time(), scope="inference")
     mark(flight, "authenticate")
-    req = await read_request(receive, headers, kind=kind, config=state.config)
+    req = flight.req = await read_request(receive, headers, kind=kind, config=state.config)
     endpoint, flight.adapter = resolve_model(state.snapshot, key, req)
     mark(flight, "parse")
     requested = requested_priority(headers)
@@ -137,6 +141,19 @@ async def serve(
     dispatched(flight, upstream.headers)
     arm_watchdog(flight, req, config.ttft_timeout_s, config.idle_timeout_s, loop)
     await relay(state, flight, upstream, send)
+
+
+async def count_unfinished(state: ProxyState, flight: Flight) -> None:
+    """Give a request that ended before its usage block the usage of what its replica computed
+    (``unfinished.py``), asking the replica that served it for the prompt's exact count."""
+    admission = flight.admission
+    slot = admission.slot if admission is not None else None
+    prompt_tokens = estimate_prompt_tokens(flight.req.prompt_chars)
+    try:
+        prompt_tokens = await prompt_token_count(state.session, slot.url if slot is not None else None, flight.req)
+    except asyncio.CancelledError:
+        pass  # the server is shutting down: metered with the estimate
+    flight.outcome.usage = partial_usage(prompt_tokens, flight.outcome)
 
 
 async def watch_disconnect(receive, flight: Flight) -> None:

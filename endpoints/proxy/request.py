@@ -24,7 +24,9 @@ class ParsedRequest:
     client_wants_usage: bool
     max_tokens: int | None
     prompt_chars: int
-    completions: int = 1  # sequences the engine generates: max(n, best_of)
+    completions: int = 1  # sequences the engine generates: prompts × max(n, best_of)
+    prompts: int = 1  # a /v1/completions batch: each prompt is its own prefill and its own n sequences
+    min_tokens: int = 0  # the output each sequence is held to at least (vLLM's ``min_tokens``)
     controlled: bool = False  # the body names a field the proxy sets or removes (see ``upstream_payload``)
 
 
@@ -73,12 +75,27 @@ def _opt_int(body: dict, name: str, *, minimum: int) -> int | None:
     return value
 
 
+def _json_len(value) -> int:
+    """Characters of ``value`` as JSON: what vLLM's chat template renders of a tool, a document or a part that is
+    not text is at least about that much prompt (an image costs far more, and is settled to its real count)."""
+    try:
+        return len(json.dumps(value, separators=(",", ":")))
+    except (TypeError, ValueError):
+        return 0
+
+
 def _text_len(content) -> int:
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):
-        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return sum(
+            len(p["text"]) if isinstance(p, dict) and isinstance(p.get("text"), str) else _json_len(p) for p in content
+        )
     return 0
+
+
+# Chat fields the template renders into the prompt besides the messages' content (docs/security.md, metering).
+_RENDERED_CHAT_FIELDS = ("tools", "documents", "functions", "tool_choice", "chat_template_kwargs")
 
 
 def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
@@ -88,8 +105,8 @@ def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string.", "model")
     stream, stream_options = _stream_fields(body)
-    prompt_chars, max_tokens = _chat_fields(body) if kind == "chat" else _completion_fields(body)
-    completions = _completions(body, max_n=max_n)
+    prompt_chars, max_tokens, prompts = _chat_fields(body) if kind == "chat" else _completion_fields(body)
+    completions = _completions(body, prompts=prompts, max_n=max_n)
     try:
         engine_field_errors(body)
     except FieldRefused as refused:
@@ -107,6 +124,8 @@ def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
         max_tokens=max_tokens,
         prompt_chars=prompt_chars,
         completions=completions,
+        prompts=prompts,
+        min_tokens=_opt_int(body, "min_tokens", minimum=0) or 0,
         controlled=not CONTROLLED_FIELDS.isdisjoint(body),
     )
 
@@ -136,8 +155,10 @@ def _stream_fields(body: dict) -> tuple[bool, dict | None]:
     return stream, stream_options
 
 
-def _chat_fields(body: dict) -> tuple[int, int | None]:
-    """(prompt characters, max_tokens) of a chat request; ``max_completion_tokens`` wins over ``max_tokens``."""
+def _chat_fields(body: dict) -> tuple[int, int | None, int]:
+    """(prompt characters, max_tokens, prompts) of a chat request; ``max_completion_tokens`` wins over
+    ``max_tokens``. The characters count every part of every message (a part that is not text by its JSON) and the
+    tools and documents the template renders into the prompt, so none of them rides free."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' is required and must be a non-empty array.", "messages")
@@ -147,20 +168,32 @@ def _chat_fields(body: dict) -> tuple[int, int | None]:
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise _bad(f"'messages[{i}].content' must be a string or an array of parts.", f"messages[{i}].content")
-    prompt_chars = sum(_text_len(m.get("content")) for m in messages)
+    prompt_chars = sum(_text_len(m.get("content")) + _message_extras_len(m) for m in messages)
+    prompt_chars += sum(_json_len(body[name]) for name in _RENDERED_CHAT_FIELDS if body.get(name) is not None)
     max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens", minimum=1)
-    return prompt_chars, max_tokens
+    return prompt_chars, max_tokens, 1
 
 
-def _completion_fields(body: dict) -> tuple[int, int]:
-    """(prompt characters, max_tokens) of a completions request: a string, strings or token ids."""
+def _message_extras_len(message: dict) -> int:
+    """What the template renders of a message besides its content and its role: its name and tool calls."""
+    name = message.get("name")
+    extra = len(name) if isinstance(name, str) else 0
+    if message.get("tool_calls") is not None:
+        extra += _json_len(message["tool_calls"])
+    return extra
+
+
+def _completion_fields(body: dict) -> tuple[int, int, int]:
+    """(prompt characters, max_tokens, prompts) of a completions request: a string, strings (a batch: each one
+    its own prompt) or token ids."""
     prompt = body.get("prompt")
+    prompts = 1
     if isinstance(prompt, str):
         prompt_chars = len(prompt)
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompt_chars = sum(len(p) for p in prompt)
+        prompt_chars, prompts = sum(len(p) for p in prompt), len(prompt)
     elif isinstance(prompt, list) and prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
         prompt_chars = 4 * len(prompt)  # token ids
     else:
@@ -168,32 +201,60 @@ def _completion_fields(body: dict) -> tuple[int, int]:
     max_tokens = _opt_int(body, "max_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = 16  # vLLM's and OpenAI's default for completions
-    return prompt_chars, max_tokens
+    return prompt_chars, max_tokens, prompts
 
 
-def _completions(body: dict, *, max_n: int) -> int:
-    """How many sequences one request makes the engine generate; bounded, since one admission slot and one
-    up-front charge would otherwise buy ``n`` times the work."""
+def _completions(body: dict, *, prompts: int, max_n: int) -> int:
+    """How many sequences one request makes the engine generate: each prompt of a batch times ``n`` (or
+    ``best_of``). Bounded, since one admission slot would otherwise carry that many times the work; priced per
+    sequence (``request_cost``)."""
     n = _opt_int(body, "n", minimum=1) or 1
     if n > max_n:
         raise _bad(f"'n' is {n}; at most {max_n} completions per request are allowed.", "n")
     best_of = _opt_int(body, "best_of", minimum=1)
-    if best_of is None:
-        return n
-    if best_of < n:
-        raise _bad(f"'best_of' ({best_of}) must be at least 'n' ({n}).", "best_of")
-    if best_of > max_n:
-        raise _bad(f"'best_of' is {best_of}; at most {max_n} candidates per request are allowed.", "best_of")
-    return best_of
+    if best_of is not None:
+        if best_of < n:
+            raise _bad(f"'best_of' ({best_of}) must be at least 'n' ({n}).", "best_of")
+        if best_of > max_n:
+            raise _bad(f"'best_of' is {best_of}; at most {max_n} candidates per request are allowed.", "best_of")
+        n = best_of
+    if prompts * n > max_n:
+        raise _bad(
+            f"{prompts} prompts × {n} completions each is {prompts * n} sequences; at most {max_n} sequences per "
+            "request are allowed (send the prompts in several requests).",
+            "prompt",
+        )
+    return prompts * n
 
 
-def request_cost(req: ParsedRequest, coeffs: MUCoefficients) -> tuple[float, int]:
-    """(MU, tokens) charged at admission and to the tenant's limits: the prompt once (its blocks are shared by
-    the request's sequences), the output once per sequence (``n`` or ``best_of``)."""
+@dataclass(slots=True)
+class RequestCost:
+    """A request's cost before it runs. ``mu`` is what admission weighs on a replica (a missing ``max_tokens``
+    counts a typical answer); ``charge_mu`` and ``charge_tokens`` are what the tenant's limits take up front, the
+    most it can cost (a missing ``max_tokens`` counts all the context it may fill). Metering settles both to the
+    real cost."""
+
+    mu: float
+    charge_mu: float
+    charge_tokens: int
+
+
+def request_cost(req: ParsedRequest, coeffs: MUCoefficients, *, max_model_len: int | None = None) -> RequestCost:
+    """The prompt counted once per prompt of a batch (``n`` sequences of one prompt share its blocks), the output
+    once per sequence; no sequence counted below its ``min_tokens``."""
     prompt_tokens = estimate_prompt_tokens(req.prompt_chars)
-    output_each = req.max_tokens if req.max_tokens is not None else TYPICAL_OUTPUT_TOKENS
-    mu = estimate_request_mu(coeffs, prompt_tokens=prompt_tokens, max_tokens=output_each * req.completions)
-    return mu, prompt_tokens + (req.max_tokens or 256) * req.completions
+    floor = req.min_tokens
+    expected_each = max(req.max_tokens if req.max_tokens is not None else TYPICAL_OUTPUT_TOKENS, floor)
+    if req.max_tokens is not None:
+        most_each = max(req.max_tokens, floor)
+    elif max_model_len:
+        # vLLM generates up to the context's end: what one prompt of the batch leaves of it.
+        most_each = max(max_model_len - prompt_tokens // req.prompts, floor, 1)
+    else:
+        most_each = expected_each
+    mu = estimate_request_mu(coeffs, prompt_tokens=prompt_tokens, max_tokens=expected_each * req.completions)
+    charge_mu = estimate_request_mu(coeffs, prompt_tokens=prompt_tokens, max_tokens=most_each * req.completions)
+    return RequestCost(mu=mu, charge_mu=charge_mu, charge_tokens=prompt_tokens + most_each * req.completions)
 
 
 def upstream_payload(

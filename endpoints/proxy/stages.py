@@ -157,12 +157,19 @@ def price_request(
         reservation=reservation.priority if reservation else None,
         requested=requested,
     )
-    mu, tokens = request_cost(req, endpoint.coeffs)
-    mu *= mu_factor
-    buckets = buckets_for(reservation=reservation, mu=mu, tokens=tokens, best_effort_mu_per_min=best_effort_mu_per_min)
+    cost = request_cost(req, endpoint.coeffs, max_model_len=endpoint.max_model_len)
+    mu = cost.mu * mu_factor
+    buckets = buckets_for(
+        reservation=reservation,
+        mu=cost.charge_mu * mu_factor,
+        tokens=cost.charge_tokens,
+        best_effort_mu_per_min=best_effort_mu_per_min,
+    )
     # Fair pain weighs the tenant's whole load on the endpoint, so against everything it reserved there.
     reserved_mu_per_s = snapshot.reserved_mu_per_min(key.tenant_id, endpoint.id) / 60.0
-    return Price(priority=priority, mu=mu, tokens=tokens, buckets=buckets, reserved_mu_per_s=reserved_mu_per_s)
+    return Price(
+        priority=priority, mu=mu, tokens=cost.charge_tokens, buckets=buckets, reserved_mu_per_s=reserved_mu_per_s
+    )
 
 
 # -- limit ------------------------------------------------------------------------------------------------------

@@ -212,6 +212,11 @@ def test_a_client_leaving_mid_stream_aborts_the_request_inside_the_engine(engine
     assert 0 < delta(after, before, "vllm:generation_tokens_total") < 3000
     row = wait_for(lambda: UsageRecord.objects.filter(request_id=request_id).first(), 20)
     assert row.status == "client_cancelled"
+    # Metered for what the engine computed, though no usage chunk came: the prompt as the engine's /tokenize counts
+    # it (its own prompt counter agrees), and at least the token the client was sent.
+    assert row.input_tokens == delta(after, before, "vllm:prompt_tokens_total") > 0
+    assert 1 <= row.output_tokens <= delta(after, before, "vllm:generation_tokens_total")
+    assert row.mu > 0
 
 
 def test_the_engines_own_client_errors_reach_the_client_openai_shaped(engine, served):

@@ -2,15 +2,22 @@
 usage record's fields, and what ``meter`` does for requests that got more or less far."""
 
 import asyncio
+import json
 
+import aiohttp
+import httpx
 import pytest
 
 from capacity.units import usage_mu
 from endpoints.proxy.flight import Admission, Flight, Price
-from endpoints.proxy.limits import Bucket
+from endpoints.proxy.limits import Bucket, RateLimiter
 from endpoints.proxy.metering import Measured, measure, meets_slo, meter, usage_record
 from endpoints.proxy.relay import Outcome
+from endpoints.proxy.request import parse_request
+from endpoints.proxy.unfinished import needs_partial_usage, partial_usage, prompt_token_count
 from endpoints.routing.base import RouteRequest
+from endpoints.runtimes.sim.profiles import get_profile
+from endpoints.runtimes.sim.server import ThreadedReplica
 from tests.proxy.snapshots import COEFFS, TENANT_A, endpoint, key
 
 USAGE = {
@@ -149,7 +156,12 @@ def test_meter_releases_the_slot_with_the_actual_cost_records_once_and_settles_w
     [settle] = state.spawned
     asyncio.run(settle)
     assert state.limiter.settled == [
-        {"tenant_id": TENANT_A, "endpoint_id": 7, "buckets": f.charged, "actual": {"mu": actual, "tpm": 111.0}}
+        {
+            "tenant_id": TENANT_A,
+            "endpoint_id": 7,
+            "buckets": f.charged,
+            "actual": {"mu": actual, "best_effort_mu": actual, "tpm": 111.0},
+        }
     ]
 
 
@@ -169,3 +181,80 @@ def test_meter_records_the_status_a_refusal_set_and_nothing_for_requests_refused
     invalid = flight(reached_endpoint=False, admitted=False)
     meter(state, invalid)
     assert len(state.usage.records) == 1
+
+
+def test_a_best_effort_bucket_is_settled_to_the_real_cost_not_left_at_the_estimate():
+    # A best-effort request estimated at 1 MU that really cost 30 (no max_tokens, min_tokens far above the estimate):
+    # the tenant's cap is charged the 30, so the next request waits for it to refill.
+    limiter = RateLimiter(None)
+    state = State()
+    state.limiter = limiter
+    bucket = Bucket("best_effort_mu", 20.0, 20.0 / 60, 1.0)
+    assert asyncio.run(limiter.acquire(tenant_id=TENANT_A, endpoint_id=7, buckets=[bucket])) == (0.0, "")
+    f = flight(charged=[bucket])
+    f.outcome = outcome(usage={"prompt_tokens": 10, "completion_tokens": 3000, "total_tokens": 3010})
+    meter(state, f)
+    for coro in state.spawned:
+        asyncio.run(coro)
+    real = usage_mu(COEFFS, prompt_tokens=10, cached_tokens=0, completion_tokens=3000)
+    assert real > 20  # the case means something: far above the 1 MU estimate, and the whole cap
+    wait_s, name = asyncio.run(limiter.acquire(tenant_id=TENANT_A, endpoint_id=7, buckets=[bucket]))
+    assert name == "best_effort_mu" and wait_s > 0
+
+
+def test_only_requests_a_replica_computed_for_need_the_usage_of_what_they_delivered():
+    assert needs_partial_usage(outcome(events=390), "client")  # left mid-stream
+    assert needs_partial_usage(outcome(events=0), "client")  # left after dispatch, before the first token
+    assert needs_partial_usage(outcome(events=12), None)  # the stream broke and was ended with an error event
+    assert not needs_partial_usage(None, "client")  # left while queued: nothing was computed
+    assert not needs_partial_usage(outcome(usage=USAGE, events=11), "client")  # the replica's own usage counts
+    assert not needs_partial_usage(outcome(events=0), "ttft")  # the replica never started: the platform's failure
+    refused = outcome(events=0, status="upstream_error")
+    refused.error = "replica answered 400"
+    assert not needs_partial_usage(refused, "client")
+    usage = partial_usage(57, outcome(events=390))
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (57, 390, 447)
+
+
+def test_a_client_leaving_mid_stream_is_metered_for_its_prompt_and_what_it_was_sent():
+    state = State()
+    f = flight(charged=[Bucket("mu", 600.0, 10.0, 3.0)])
+    f.outcome = outcome(events=390)
+    f.outcome.usage = partial_usage(57, f.outcome)
+    f.usage_status = "client_cancelled"
+    meter(state, f)
+    for coro in state.spawned:
+        asyncio.run(coro)
+    [record] = state.usage.records
+    mu = usage_mu(COEFFS, prompt_tokens=57, cached_tokens=0, completion_tokens=390)
+    assert record["status"] == "client_cancelled" and (record["input_tokens"], record["output_tokens"]) == (57, 390)
+    assert record["mu"] == round(mu, 6) > 0
+    assert f.admission.runtime.released == [(f.admission.slot, 3.0, mu)]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello " * 30}]},
+        {"prompt": "a completion prompt of some length " * 5},
+        {"prompt": ["first of a batch", "and the second, a little longer"]},
+        {"prompt": [5, 6, 7, 8, 9]},
+    ],
+)
+def test_the_prompt_of_an_unfinished_request_is_counted_as_the_replica_counts_it(body):
+    with ThreadedReplica(get_profile("tiny"), speed=50.0) as replica:
+        kind = "chat" if "messages" in body else "completions"
+        model = replica.server.model
+        req = parse_request(kind, json.dumps({"model": model, "max_tokens": 2, **body}).encode())
+
+        async def count() -> int:
+            async with aiohttp.ClientSession() as session:
+                return await prompt_token_count(session, replica.url, req)
+
+        counted = asyncio.run(count())
+        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        served = httpx.post(replica.url + path, json={"model": model, "max_tokens": 2, **body}, timeout=10)
+        assert served.status_code == 200, served.text
+        assert counted == served.json()["usage"]["prompt_tokens"]
+    # No replica to ask (it is gone): the proxy's estimate.
+    assert asyncio.run(prompt_token_count(None, None, req)) > 0

@@ -115,17 +115,65 @@ def test_n_and_best_of_are_bounded(fields, param):
 
 
 def test_n_and_best_of_are_priced_per_completion():
-    one_mu, one_tokens = request_cost(parse_request("chat", chat(max_tokens=100)), COEFFS)
-    four_mu, four_tokens = request_cost(parse_request("chat", chat(max_tokens=100, n=4)), COEFFS)
-    best_mu, _ = request_cost(parse_request("chat", chat(max_tokens=100, n=2, best_of=4)), COEFFS)
+    one = request_cost(parse_request("chat", chat(max_tokens=100)), COEFFS)
+    four = request_cost(parse_request("chat", chat(max_tokens=100, n=4)), COEFFS)
+    best = request_cost(parse_request("chat", chat(max_tokens=100, n=2, best_of=4)), COEFFS)
     # The prompt is prefilled once; the output is generated once per sequence.
-    assert four_mu == pytest.approx(one_mu + 3 * 100 * COEFFS.beta) and best_mu == four_mu
-    assert four_tokens - one_tokens == 300
+    assert four.mu == pytest.approx(one.mu + 3 * 100 * COEFFS.beta) and best.mu == four.mu == four.charge_mu
+    assert four.charge_tokens - one.charge_tokens == 300
     res = ReservationInfo(mu_per_min=60.0, burst_minutes=1.0, priority="standard", rpm_limit=None, tpm_limit=10_000)
-    assert {b.name: b.cost for b in buckets_for(reservation=res, mu=four_mu, tokens=four_tokens)} == {
-        "mu": four_mu,
-        "tpm": four_tokens,
+    assert {b.name: b.cost for b in buckets_for(reservation=res, mu=four.mu, tokens=four.charge_tokens)} == {
+        "mu": four.mu,
+        "tpm": four.charge_tokens,
     }
+
+
+def completions(**fields) -> bytes:
+    return json.dumps({"model": "m", "prompt": "hello there", **fields}).encode()
+
+
+def test_a_prompt_batch_is_as_many_sequences_as_prompts_times_n_bounded_and_priced_per_sequence():
+    # 64 prompts × n=8 would be 512 sequences behind one admission slot: refused, naming the prompt.
+    assert refused_param(completions(prompt=["hello there"] * 64, n=8, max_tokens=32), "completions") == "prompt"
+    assert refused_param(completions(prompt=["hello there"] * 9, max_tokens=32), "completions") == "prompt"
+    assert refused_param(completions(prompt=["hello there"] * 3, n=2, best_of=3), "completions") == "prompt"
+    batch = parse_request("completions", completions(prompt=["hello there"] * 4, n=2, max_tokens=32))
+    assert (batch.prompts, batch.completions) == (4, 8)
+    single = request_cost(parse_request("completions", completions(prompt="hello there", max_tokens=32)), COEFFS)
+    cost = request_cost(batch, COEFFS)
+    # Four prefills of the prompt (44 characters: 11 tokens estimated, against 3 for one) and 8 × 32 output tokens.
+    assert cost.charge_tokens == 11 + 8 * 32
+    assert cost.mu == pytest.approx(single.mu + (11 - 3) * COEFFS.alpha + 7 * 32 * COEFFS.beta)
+
+
+def test_a_missing_max_tokens_is_charged_as_the_context_it_may_fill_and_min_tokens_as_a_floor():
+    bare = request_cost(parse_request("chat", chat()), COEFFS, max_model_len=4096)
+    prompt = 1  # "hi": 2 characters, one estimated token
+    assert bare.charge_tokens == prompt + (4096 - prompt)
+    assert bare.charge_mu == pytest.approx(COEFFS.alpha * prompt + COEFFS.beta * (4096 - prompt) + COEFFS.gamma)
+    # Admission still weighs a typical answer on the replica; the tenant's limits take the most it may cost.
+    assert bare.mu == pytest.approx(COEFFS.alpha * prompt + COEFFS.beta * 256 + COEFFS.gamma)
+    assert bare.mu < bare.charge_mu
+    floor = request_cost(parse_request("chat", chat(min_tokens=3000, max_tokens=3000)), COEFFS, max_model_len=4096)
+    assert floor.mu == floor.charge_mu == pytest.approx(COEFFS.alpha + COEFFS.beta * 3000 + COEFFS.gamma)
+    floored = request_cost(parse_request("chat", chat(min_tokens=3000)), COEFFS)
+    assert floored.mu == pytest.approx(COEFFS.alpha + COEFFS.beta * 3000 + COEFFS.gamma)
+
+
+def test_tools_documents_and_parts_that_are_not_text_count_in_the_prompt():
+    plain = parse_request("chat", chat())
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "x": "y" * 4000}}}
+    with_tools = parse_request("chat", chat(tools=[tool]))
+    assert with_tools.prompt_chars - plain.prompt_chars >= 4000
+    documents = parse_request("chat", chat(documents=[{"title": "t", "text": "z" * 3000}]))
+    assert documents.prompt_chars - plain.prompt_chars >= 3000
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 5000}}
+    parts = parse_request("chat", json.dumps({"model": "m", "messages": [{"role": "user", "content": [image]}]}).encode())
+    assert parts.prompt_chars >= 5000
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "q" * 2000}}]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    with_calls = parse_request("chat", json.dumps({"model": "m", "messages": history}).encode())
+    assert with_calls.prompt_chars - plain.prompt_chars >= 2000
 
 
 def test_best_effort_has_a_per_tenant_bucket():

@@ -98,9 +98,10 @@ def test_price_takes_the_reservations_class_capped_by_the_key_and_lowered_by_the
     assert price(k=key(max_priority="standard")).priority == "standard"
     assert price(requested="sheddable").priority == "sheddable"
     assert price(requested="critical", k=key(max_priority="standard")).priority == "standard"
-    mu, tokens = request_cost(req, COEFFS)
+    cost = request_cost(req, COEFFS, max_model_len=ep.max_model_len)
+    mu, tokens = cost.charge_mu, cost.charge_tokens
     reserved = price()
-    assert (reserved.mu, reserved.tokens) == (mu, tokens) and reserved.mu > 0
+    assert (reserved.mu, reserved.tokens) == (cost.mu, tokens) and reserved.mu > 0
     assert [(b.name, b.cost) for b in reserved.buckets] == [("mu", mu), ("rpm", 1.0)]
     # Without a reservation: best effort, sheddable, under the per-tenant best-effort cap.
     best_effort = price(s=snapshot(endpoints=[ep]))

@@ -387,3 +387,23 @@ def _logprobs(fields: Body, *, chat: bool, vocab_size: int) -> int | None:
             value=count,
         )
     return count
+
+
+def tokenize_text(body: dict) -> str:
+    """The text ``POST /tokenize`` counts: a chat's ``messages`` rendered as its completion renders them, or a
+    completion's string ``prompt`` (vLLM's TokenizeChatRequest and TokenizeCompletionRequest)."""
+    format_errors = FormatErrors()
+    if "messages" in body:
+        continue_final = bool(body.get("continue_final_message"))
+        text = _render_messages(
+            body["messages"],
+            format_errors,
+            generation_prompt=bool(body.get("add_generation_prompt", not continue_final)),
+            continue_final=continue_final,
+        )
+    else:
+        text = body.get("prompt")
+        if not isinstance(text, str):
+            format_errors.add("string_type", "body.prompt", "Input should be a valid string", text)
+    format_errors.raise_if_any()
+    return text

@@ -33,9 +33,10 @@ from .lora import AdapterSlots
 from .lora_http import LoraEndpoints, LoraInfoCollector
 from .metrics import ReplicaMetrics
 from .profiles import EngineProfile
-from .protocol import VLLM_VERSION, parse_request
+from .protocol import VLLM_VERSION, parse_request, tokenize_text
 from .responses import system_fingerprint
 from .serving import Choice, Exchange, build_exchange, error_response, full_body, json_response, stream
+from .tokens import CHARS_PER_TOKEN, count_tokens
 from .validation import BadRequest, body_not_an_object, invalid_json
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class ReplicaServer:
         app.router.add_post("/admin/faults", self.set_faults)
         app.router.add_post("/admin/crash", self.crash_view)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_post("/tokenize", self.tokenize)
         if self.lora is not None:
             self.lora.attach(app)
         return app
@@ -318,6 +320,22 @@ class ReplicaServer:
     def _release_adapter(self, adapter: str | None) -> None:
         if adapter is not None and self.slots is not None:
             self.slots.release(adapter, self.now())
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: a chat (``messages``, rendered by the chat template) or a completion prompt
+        (a string), counted by the simulator's tokenizer as its completions count them."""
+        try:
+            body = await self._read_body(request)
+            if not isinstance(body, dict):
+                raise body_not_an_object(body)
+            text = tokenize_text(body)
+        except BadRequest as exc:
+            return error_response(exc)
+        count = count_tokens(text)
+        ids = [ord(ch) % self.profile.vocab_size for ch in text[::CHARS_PER_TOKEN]][:count]
+        return web.json_response(
+            {"count": count, "max_model_len": self.profile.max_model_len, "tokens": ids, "token_strs": None}
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         created = int(time.time())
