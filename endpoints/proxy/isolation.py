@@ -105,6 +105,10 @@ def engine_field_errors(body: dict) -> None:
         value = body.get(name)
         if isinstance(value, list) and len(value) > MAX_TOKEN_ID_LIST:
             raise FieldRefused(f"'{name}' has {len(value)} entries; at most {MAX_TOKEN_ID_LIST} are allowed.", name)
+    if body.get("use_beam_search"):
+        # vLLM runs beam search in its API server as one engine request per beam and per output token, each with the
+        # whole sequence so far as its prompt; the usage it answers counts one answer. Work the books cannot see.
+        raise FieldRefused("'use_beam_search' is not accepted by this platform.", "use_beam_search")
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict):

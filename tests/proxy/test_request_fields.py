@@ -82,6 +82,7 @@ def test_engine_priority_order_and_policy_from_launch_options():
         ("logits_processors", ["pkg.Processor"]),
         ("prompt_embeds", "AAAA"),
         ("chat_template", "{% for m in messages %}{{ m.content * 1000000 }}{% endfor %}"),
+        ("use_beam_search", True),
         ("stop", ["s"] * 17),
         ("stop", ["s" * 513]),
         ("stop", 42),

@@ -193,3 +193,30 @@ def request_ids_count_nothing(world: SecurityWorld) -> str:
     shared = [i for i in range(2) if hexes[i][:12] == hexes[i + 1][:12]]
     expect(not shared, f"consecutive ids share their first 12 hex digits (a counter under a prefix): {ids}")
     return f"three consecutive ids share no prefix: {', '.join(ids)}"
+
+
+@security_case(
+    "metering.beam_search_refused",
+    "a tenant asks for beam search (n=8): vLLM runs it as one engine request per beam and per token, and answers "
+    "usage for one answer",
+    needs_proxy=True,
+)
+def beam_search_refused(world: SecurityWorld) -> str:
+    model, key = world.a.endpoint.name, world.a.keys["inference"]
+    answered = {
+        "chat": world.proxy_post(
+            key,
+            {"model": model, "messages": [{"role": "user", "content": "hi"}], "n": 8, "use_beam_search": True},
+            path=CHAT,
+        ),
+        "completions": world.proxy_post(key, world.completion(model, n=8, use_beam_search=True)),
+    }
+    wrong = [
+        f"{api}: {r.status_code} {_error(r).get('param')}"
+        for api, r in answered.items()
+        if r.status_code != 400 or _error(r).get("param") != "use_beam_search"
+    ]
+    expect(not wrong, "beam search not refused with a 400 naming it: " + "; ".join(wrong))
+    plain = world.proxy_post(key, world.completion(model, use_beam_search=False))
+    expect(plain.status_code == 200, f"use_beam_search false answered {plain.status_code}: the case proves nothing")
+    return "use_beam_search true refused 400 on both APIs before dispatch; false served"
