@@ -143,7 +143,8 @@ class EngineStats:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.prefix_queries = 0  # tokens looked up at first admissions (vllm:prefix_cache_queries)
-        self.prefix_hits = 0  # of which cached (vllm:prefix_cache_hits, vllm:prompt_tokens_cached)
+        self.prefix_hits = 0  # of which cached (vllm:prefix_cache_hits)
+        self.prompt_cached = 0  # cached tokens of the prompts counted in prompt_tokens (vllm:prompt_tokens_cached)
         self.preemptions = 0
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
         self.busy_s = 0.0
@@ -290,7 +291,6 @@ class Engine:
                 seq.scheduled_s = now
                 seq.cached_tokens = hit_tokens
                 seq.created_cache_tokens = max(0, len(hashes) * block - hit_tokens)
-                self.stats.prompt_tokens += seq.prompt_tokens
                 self.stats.prefix_queries += tokens
                 self.stats.prefix_hits += hit_tokens
             budget -= take
@@ -481,6 +481,10 @@ class Engine:
         for seq in plan.admitted:
             if seq.state == RUNNING and seq.first_token_s is None:
                 seq.first_token_s = plan.start_s + plan.duration(1)
+                # vLLM counts a prompt when its first token comes out (the output processor's prefill stats), so
+                # a request aborted while queued or during its prefill adds nothing to vllm:prompt_tokens_total.
+                self.stats.prompt_tokens += seq.prompt_tokens
+                self.stats.prompt_cached += seq.cached_tokens
         batch = len(self.running)
         tick = self._tick[0] = self._tick[0] + steps
         self._ctx += batch * steps

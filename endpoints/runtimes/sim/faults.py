@@ -7,6 +7,9 @@
 - ``error_rate`` (0–1): that share of completion requests fails with ``error_status`` (500) in vLLM's error shape;
 - ``fail_after_tokens``: every request fails after that many output tokens: a stream gets vLLM's mid-stream
   ``data: {"error": …}`` then ``data: [DONE]``, a non-streaming request a 500 (the request is aborted);
+- ``reset_after_tokens``: a stream's connection is reset after that many output tokens, without an error event or
+  ``[DONE]`` (a replica that died mid-answer, which a proxy resumes elsewhere); the request is aborted and what
+  the engine computed stays in its counters;
 - ``startup_delay_s``: the server binds its port only after this long (a cold start: connection refused, then
   ``/health`` 200).
 """
@@ -25,6 +28,7 @@ class Faults:
     error_rate: float = 0.0
     error_status: int = 500
     fail_after_tokens: int | None = None
+    reset_after_tokens: int | None = None
     crash_after_s: float | None = None
     crash_after_requests: int | None = None
     startup_delay_s: float = 0.0
@@ -45,6 +49,8 @@ class Faults:
             raise ValueError("error_status must be an HTTP error status")
         if self.fail_after_tokens is not None and int(self.fail_after_tokens) < 0:
             raise ValueError("fail_after_tokens must be non-negative")
+        if self.reset_after_tokens is not None and int(self.reset_after_tokens) < 1:
+            raise ValueError("reset_after_tokens must be at least 1")
 
     def update(self, changes: dict) -> None:
         """Apply a partial update (admin call); unknown keys or bad values raise ValueError, nothing changes."""

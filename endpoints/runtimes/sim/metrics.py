@@ -220,13 +220,17 @@ class _EngineCollector:
             "vllm:prompt_tokens_by_source",
             "Number of prompt tokens by source.",
             "source",
-            {"local_compute": stats.prompt_tokens - hits, "local_cache_hit": hits, "external_kv_transfer": 0},
+            {
+                "local_compute": stats.prompt_tokens - stats.prompt_cached,
+                "local_cache_hit": stats.prompt_cached,
+                "external_kv_transfer": 0,
+            },
         )
         yield self._single(
             CounterMetricFamily,
             "vllm:prompt_tokens_cached",
             "Number of cached prompt tokens (local + external).",
-            hits,
+            stats.prompt_cached,
         )
         yield self._by(
             CounterMetricFamily,

@@ -291,7 +291,11 @@ class ReplicaServer:
         try:
             if parsed.stream:
                 return await stream(
-                    request, exchange, fingerprint=self.fingerprint, fail_after_tokens=self.faults.fail_after_tokens
+                    request,
+                    exchange,
+                    fingerprint=self.fingerprint,
+                    fail_after_tokens=self.faults.fail_after_tokens,
+                    reset_after_tokens=self.faults.reset_after_tokens,
                 )
             fail_at = self.faults.fail_after_tokens
             while not exchange.finished:

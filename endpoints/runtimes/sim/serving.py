@@ -179,7 +179,7 @@ def full_body(exchange: Exchange, created: int, fingerprint: str) -> dict:
 
 
 async def stream(
-    request: web.Request, exchange: Exchange, *, fingerprint: str, fail_after_tokens
+    request: web.Request, exchange: Exchange, *, fingerprint: str, fail_after_tokens, reset_after_tokens=None
 ) -> web.StreamResponse:
     """Chunks as the engine produces tokens; the role chunks first (chat), the usage chunk and [DONE] last."""
     parsed = exchange.parsed
@@ -211,6 +211,11 @@ async def stream(
                 frames.append(_token_frame(choice, parsed, created, fingerprint, templates))
         if frames:
             await response.write(b"".join(frames))
+        if reset_after_tokens is not None and any(c.sent_tokens >= reset_after_tokens for c in exchange.choices):
+            # A replica that died mid-answer: the connection goes without an error event or [DONE].
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("simulated connection reset mid-stream (fault injection)")
         if exchange.finished:
             break
     if parsed.include_usage:
