@@ -24,6 +24,7 @@ BENCHMARKS = {
     "slo": "billing.benchmarks.slo",
     "reliability": "workers.benchmarks.reliability",
     "security": "workers.benchmarks.security",
+    "metering": "workers.benchmarks.metering",
     "deploy": "workers.benchmarks.deploy",
 }
 
