@@ -32,6 +32,7 @@ from billing.slo import (
     pair_condition,
     sli_counts,
 )
+from tenants.services import audit_log
 
 logger = logging.getLogger("infercap.billing")
 
@@ -332,10 +333,20 @@ def _deliver_soon() -> None:
         logger.warning("could not enqueue notification delivery; the periodic task will send them", exc_info=True)
 
 
-def alert_acknowledge(*, alert: Alert, user) -> Alert:
-    """Mark an open alert as seen by a person; acknowledging twice keeps the first acknowledgement."""
+def alert_acknowledge(*, alert: Alert, user, note: str = "") -> Alert:
+    """Mark an open alert as seen by a person (or a key: no acknowledging user then) and audit it; acknowledging
+    twice keeps the first acknowledgement and records nothing more. Who may is the caller's check
+    (``billing.selectors.alert_acknowledgeable_by``)."""
     if alert.acknowledged_at is None:
-        alert.acknowledged_at = timezone.now()
-        alert.acknowledged_by = user if getattr(user, "pk", None) else None
-        alert.save(update_fields=["acknowledged_at", "acknowledged_by"])
+        with transaction.atomic():
+            alert.acknowledged_at = timezone.now()
+            alert.acknowledged_by = user if getattr(user, "pk", None) else None
+            alert.save(update_fields=["acknowledged_at", "acknowledged_by"])
+            audit_log(
+                actor=user,
+                action="alert.acknowledge",
+                obj=alert,
+                tenant=alert.slo.tenant,
+                detail={"slo": alert.slo.name, "severity": alert.severity, "note": note},
+            )
     return alert

@@ -15,7 +15,7 @@ from billing.models import SLO, Alert, CostReport, SLOStatus, Webhook
 from billing.slo import WINDOWS_S
 from endpoints.models import Endpoint
 from endpoints.selectors import endpoints_visible_to, owned_or_shared
-from tenants.selectors import principal_is_operator, principal_tenant_id
+from tenants.selectors import principal_can_write, principal_is_operator, principal_tenant_id
 
 
 def slos_visible_to(principal) -> QuerySet[SLO]:
@@ -87,6 +87,37 @@ def alerts_visible_to(principal) -> QuerySet[Alert]:
     return Alert.objects.select_related("slo__endpoint", "slo__tenant", "acknowledged_by").filter(
         slo__in=slos_visible_to(principal).values("pk")
     )
+
+
+def alert_acknowledgeable_by(*, alert: Alert, principal) -> bool:
+    """Operators acknowledge any alert; a tenant's admins and write keys only the alerts of its own SLOs and of the
+    endpoint-wide SLOs of endpoints it owns. An endpoint-wide SLO of a shared endpoint is the operators' to handle:
+    a reserving tenant sees its alerts but cannot mark them seen for the people paged by them."""
+    if principal_is_operator(principal):
+        return True
+    tenant_id = principal_tenant_id(principal)
+    if tenant_id is None or not principal_can_write(principal):
+        return False
+    slo = alert.slo
+    return slo.tenant_id == tenant_id or (slo.tenant_id is None and slo.endpoint.owner_tenant_id == tenant_id)
+
+
+OPERATOR_ACKNOWLEDGER = "an operator"
+
+
+def alert_acknowledger_shown(*, alert: Alert, principal) -> str | None:
+    """Who acknowledged the alert, as the principal may read it: operators see the username; a tenant sees the
+    usernames of its own people, "an operator" for the operators' and nothing for anyone else (another tenant's
+    person: the alert may be on a shared endpoint)."""
+    user = alert.acknowledged_by
+    if user is None:
+        return None
+    if principal_is_operator(principal):
+        return user.username
+    if user.is_operator:
+        return OPERATOR_ACKNOWLEDGER
+    tenant_id = principal_tenant_id(principal)
+    return user.username if tenant_id is not None and user.tenant_id == tenant_id else None
 
 
 def open_alerts(principal) -> QuerySet[Alert]:

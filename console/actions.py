@@ -90,15 +90,7 @@ def alert_acknowledge_action(*, alert: Alert, actor, note: str = "") -> Alert:
         raise ActionRefused(f"already acknowledged by {locked.acknowledged_by} at {locked.acknowledged_at:%H:%M}")
     if locked.state == Alert.State.RESOLVED:
         raise ActionRefused("this alert is resolved; there is nothing left to acknowledge")
-    alert_acknowledge(alert=locked, user=actor)
-    audit_log(
-        actor=actor,
-        action="alert.acknowledge",
-        obj=locked,
-        tenant=locked.slo.tenant,
-        detail={"slo": locked.slo.name, "severity": locked.severity, "note": note},
-    )
-    return locked
+    return alert_acknowledge(alert=locked, user=actor, note=note)  # audited there, as from the API
 
 
 @transaction.atomic

@@ -1,4 +1,6 @@
-"""/api/v1/alerts/: burn-rate alerts of the SLOs a principal can see (read-only), and acknowledging one."""
+"""/api/v1/alerts/: burn-rate alerts of the SLOs a principal can see (read-only), and acknowledging one (operators
+any; a tenant's admins and write keys those of its own SLOs and of its own endpoints' endpoint-wide SLOs), audited.
+Who acknowledged is shown as ``billing.selectors.alert_acknowledger_shown`` says: never another tenant's person."""
 
 from rest_framework import serializers
 from rest_framework.decorators import action
@@ -7,16 +9,16 @@ from rest_framework.response import Response
 
 from billing.alerts import alert_acknowledge
 from billing.models import Alert
-from billing.selectors import alerts_visible_to
-from config.api_base import ScopedReadOnlyViewSet
+from billing.selectors import alert_acknowledgeable_by, alert_acknowledger_shown, alerts_visible_to
+from config.api_base import ScopedReadOnlyViewSet, principal_from
 from tenants.selectors import principal_can_write
 
 
 class AlertSerializer(serializers.ModelSerializer):
     slo_name = serializers.CharField(source="slo.name", read_only=True)
     endpoint = serializers.CharField(source="slo.endpoint.name", read_only=True)
-    acknowledged_by = serializers.CharField(
-        source="acknowledged_by.username", read_only=True, default=None, allow_null=True
+    acknowledged_by = serializers.SerializerMethodField(
+        help_text="who acknowledged it: a tenant sees its own people's usernames and 'an operator' for the operators"
     )
 
     class Meta:
@@ -27,6 +29,9 @@ class AlertSerializer(serializers.ModelSerializer):
             "acknowledged_at", "acknowledged_by",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def get_acknowledged_by(self, alert: Alert) -> str | None:
+        return alert_acknowledger_shown(alert=alert, principal=principal_from(self))
 
 
 class AlertViewSet(ScopedReadOnlyViewSet):
@@ -43,6 +48,10 @@ class AlertViewSet(ScopedReadOnlyViewSet):
         alert = self.get_object()  # a foreign alert is a 404 before any permission talk
         if not principal_can_write(request.user):
             raise PermissionDenied("your role may only read alerts")
+        if not alert_acknowledgeable_by(alert=alert, principal=request.user):
+            raise PermissionDenied(
+                "only operators acknowledge this alert: an endpoint-wide SLO of an endpoint not yours"
+            )
         alert = alert_acknowledge(alert=alert, user=request.user)
         return Response(self.get_serializer(alert).data)
 

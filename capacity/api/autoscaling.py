@@ -1,11 +1,14 @@
-"""/api/v1/autoscaler-decisions/: every autoscaler decision with its inputs and reason, read-only, tenant-scoped."""
+"""/api/v1/autoscaler-decisions/: every autoscaler decision with its inputs and reason, read-only, tenant-scoped.
+
+A decision's inputs and reason carry the endpoint's whole demand (every tenant's requests and MU): operators see
+every endpoint's, a tenant only those of the endpoints it owns, never a shared one it merely reserves on (the
+console's endpoint page hides them the same way, ``console.selectors.shows_whole_endpoint``)."""
 
 from rest_framework import serializers
 
 from capacity.models import AutoscalerDecision
 from config.api_base import ScopedReadOnlyViewSet
-from endpoints.selectors import endpoints_visible_to
-from tenants.selectors import principal_is_operator
+from endpoints.selectors import endpoints_owned_by
 
 
 class AutoscalerDecisionSerializer(serializers.ModelSerializer):
@@ -26,9 +29,7 @@ class AutoscalerDecisionViewSet(ScopedReadOnlyViewSet):
 
     def visible_queryset(self, principal):
         queryset = AutoscalerDecision.objects.select_related("endpoint").order_by("-at", "-id")
-        if principal_is_operator(principal):
-            return queryset
-        return queryset.filter(endpoint__in=endpoints_visible_to(principal).values("pk"))
+        return queryset.filter(endpoint__in=endpoints_owned_by(principal).values("pk"))
 
 
 def register(router) -> None:

@@ -1,5 +1,9 @@
 """/api/v1/capacity/benchmarks/: stored replica benchmarks (read by everyone: catalogue data per model and
-hardware), and ``POST …/run`` to benchmark a live replica of an endpoint in a worker (operators)."""
+hardware), and ``POST …/run`` to benchmark a live replica of an endpoint in a worker (operators).
+
+A sweep runs against one endpoint's replica, and its ``detail`` records which (the endpoint's name, the replica's
+URL, progress lines naming its adapters, error texts quoting addresses): operators see all of it, anyone else only
+the measured figures (``DETAIL_SHOWN_TO_TENANTS``), since the endpoint may be another tenant's."""
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -12,6 +16,11 @@ from capacity.services import benchmark_enqueue
 from config.api_base import ScopedReadOnlyViewSet
 from endpoints.models import Endpoint, Replica
 from tenants.selectors import principal_is_operator
+
+# The figures a sweep measured, the same whichever endpoint it ran on; the rest of ``detail`` names where it ran.
+DETAIL_SHOWN_TO_TENANTS = frozenset(
+    {"driver", "feasible", "slo", "fit", "mu_per_min", "tables", "capacity", "lora_overhead", "time_scale", "quick"}
+)
 
 
 class BenchmarkSerializer(serializers.ModelSerializer):
@@ -26,6 +35,13 @@ class BenchmarkSerializer(serializers.ModelSerializer):
             "gamma", "mu_per_min", "fit_error", "detail",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is None or not principal_is_operator(request.user):
+            data["detail"] = {k: v for k, v in (data.get("detail") or {}).items() if k in DETAIL_SHOWN_TO_TENANTS}
+        return data
 
 
 class BenchmarkRunSerializer(serializers.Serializer):

@@ -12,7 +12,13 @@ from django.utils.safestring import mark_safe
 
 from billing.cost import cost_csv
 from billing.models import Alert, UsageMinute
-from billing.selectors import alerts_visible_to, cost_breakdown_for, cost_lines_for, slo_budgets
+from billing.selectors import (
+    alert_acknowledger_shown,
+    alerts_visible_to,
+    cost_breakdown_for,
+    cost_lines_for,
+    slo_budgets,
+)
 from billing.slo import WINDOW_PAIRS, WINDOWS_S
 from console import charts
 from console.access import operator_required
@@ -97,10 +103,18 @@ def slos(request):
         "budgets": budgets,
         "windows": list(WINDOWS_S),
         "pairs": WINDOW_PAIRS,
-        "alerts": alerts_visible_to(request.user).order_by("-started_at")[:200],
+        "alerts": _alerts_shown(request.user),
         "budget_chart": budget_chart,
     }
     return render(request, "console/slos.html", context)
+
+
+def _alerts_shown(user) -> list:
+    """The latest alerts, each with who acknowledged it as this user may read it (never another tenant's person)."""
+    alerts = list(alerts_visible_to(user).order_by("-started_at")[:200])
+    for alert in alerts:  # display rows: never saved
+        alert.acknowledger_shown = alert_acknowledger_shown(alert=alert, principal=user)
+    return alerts
 
 
 @operator_required
