@@ -60,6 +60,10 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
     async def console_event(self, event):
         await self.send_json({"kind": event["kind"], "payload": event["payload"]})
 
+    async def console_close(self, event):
+        """The user's tenant was suspended (``console.live.tenant_sockets_close``)."""
+        await self.close(code=event.get("code", 4403))
+
     @database_sync_to_async
     def _visible_ids(self, ids: list[int]) -> list[int]:
         # Queue depth sums every tenant's queued requests: only operators and an endpoint's owner may watch it (a

@@ -42,6 +42,16 @@ def publish(*, kind: str, payload: dict, tenant_ids, operators: bool = True) -> 
     transaction.on_commit(lambda: _send(groups, message))
 
 
+def tenant_sockets_close(tenant_id: int) -> None:
+    """Close every console socket of a tenant's people once the transaction commits (its suspension): a socket is
+    authenticated only when it opens, so one already open would otherwise keep hearing events."""
+    message = {"type": "console.close", "code": SUSPENDED_CLOSE_CODE}
+    transaction.on_commit(lambda: _send([tenant_group(tenant_id)], message))
+
+
+SUSPENDED_CLOSE_CODE = 4403
+
+
 def _send(groups: list[str], message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:

@@ -1,4 +1,5 @@
-"""Receivers that turn committed writes into live console events (replica states, alerts, autoscaler decisions).
+"""Receivers that turn committed writes into live console events (replica states, alerts, autoscaler decisions),
+and close a suspended tenant's sockets.
 
 Each event goes to the operators group and to the groups of the tenants allowed to see its endpoint,
 after the transaction commits (console.live.publish).
@@ -10,9 +11,10 @@ from django.dispatch import receiver
 from billing.models import Alert
 from capacity.models import AutoscalerDecision
 from console.access import tenant_ids_seeing
-from console.live import publish
+from console.live import publish, tenant_sockets_close
 from endpoints.models import Endpoint, Replica, RolloutEvent
 from endpoints.selectors import replica_placement_redacted
+from tenants.models import Tenant
 
 
 @receiver(post_save, sender=Replica, dispatch_uid="console.replica_saved")
@@ -101,3 +103,11 @@ def rollout_event_saved(sender, instance: RolloutEvent, created: bool, raw: bool
         "message": instance.message,
     }
     publish(kind="rollout", payload=payload, tenant_ids=[endpoint.owner_tenant_id] if endpoint.owner_tenant_id else [])
+
+
+@receiver(post_save, sender=Tenant, dispatch_uid="console.tenant_saved")
+def tenant_saved(sender, instance: Tenant, created: bool, raw: bool = False, **kwargs) -> None:
+    """A suspended tenant's open console sockets close (new ones are refused: ``tenants.backends``)."""
+    if raw or created or instance.is_active:
+        return
+    tenant_sockets_close(instance.pk)

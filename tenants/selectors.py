@@ -27,6 +27,14 @@ def principal_tenant_id(principal) -> int | None:
     return getattr(principal, "tenant_id", None)
 
 
+def user_tenant_active(user) -> bool:
+    """False for a person whose tenant is suspended (``Tenant.is_active`` off); operators never are, whatever
+    tenant they may be linked to."""
+    if getattr(user, "is_operator", False) or getattr(user, "tenant_id", None) is None:
+        return True
+    return bool(user.tenant.is_active)
+
+
 def principal_can_write(principal) -> bool:
     """Operators, tenant admins and API keys with the write scope may change things; members only read."""
     if principal_is_operator(principal):

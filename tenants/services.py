@@ -1,8 +1,10 @@
 """Writes for tenants, users and API keys, and the audit trail every app writes to. Views, serializers and the
 console call these; reservations are sold by ``capacity.services``."""
 
+import logging
 from datetime import datetime
 
+from celery import signature
 from django.contrib.auth.forms import PasswordResetForm
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
@@ -13,6 +15,8 @@ from billing.models import UsageRecord
 from endpoints.models import Replica, ReplicaState
 from tenants.keys import generate_key
 from tenants.models import ApiKey, AuditEntry, PriorityClass, Role, Tenant, User
+
+log = logging.getLogger(__name__)
 
 
 def audit_log(*, actor=None, action: str, obj, tenant=None, detail: dict | None = None) -> AuditEntry:
@@ -92,11 +96,27 @@ def field_changes(obj, changes: dict) -> dict:
 
 @transaction.atomic
 def tenant_update(*, tenant: Tenant, actor=None, **changes) -> Tenant:
+    """Change a tenant (operators). Setting ``is_active`` off suspends it: its people and keys are refused at once
+    (``tenants.backends``, ``tenants.keys``) and, after commit, a worker pauses its rollouts and drains its replicas
+    (``workers.tasks.tenants``); docs/security.md, "Suspended tenants"."""
     diff = field_changes(tenant, changes)
     validated_save(tenant)
     if diff:
         audit_log(actor=actor, action="tenant.update", obj=tenant, tenant=tenant, detail={"changes": diff})
+    if "is_active" in diff and not tenant.is_active:
+        tenant_id = tenant.pk
+        transaction.on_commit(lambda: _suspension_enqueue(tenant_id))
     return tenant
+
+
+def _suspension_enqueue(tenant_id: int) -> None:
+    try:
+        # By name (workers.tasks.tenants.suspension_apply): the task module imports services above this one.
+        signature("tenants.suspension_apply", args=[tenant_id]).apply_async()
+    except Exception:  # noqa: BLE001 - the autoscaler's ticks drain the replicas within seconds anyway
+        log.warning(
+            "could not enqueue the suspension of tenant %s; the autoscaler drains it", tenant_id, exc_info=True
+        )
 
 
 def tenant_delete(*, tenant: Tenant, actor=None) -> None:

@@ -32,6 +32,7 @@ from capacity.models import AutoscalerDecision, HardwareProfile
 from capacity.unit_resolver import endpoint_coefficients
 from capacity.units import REFERENCE_REQUEST, estimate_request_mu
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
+from tenants.models import Tenant
 from tenants.quotas import live_usage, lock_tenant, quota_for
 from tenants.services import audit_log
 
@@ -161,6 +162,8 @@ def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.Ho
         left=quota_left(endpoint, exclude_own_serving=True),
         gpus_per_replica=_gpus_per_replica(endpoint),
     )
+    if owner_suspended(endpoint):
+        ceiling, capped_by = 0, SUSPENDED_REASON
     window, fresh = _sample_demand(endpoint_id=endpoint.pk, now=now)
     # A noticed replica (terminate_at) may serve on for a while, but it is not capacity: its replacement is due now.
     serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)
@@ -417,6 +420,9 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     _safe(actuator.sync, endpoint)
     actions += finish_drains(endpoint=endpoint, actuator=actuator)
     actions += drain_noticed(endpoint=endpoint, actuator=actuator)
+    if owner_suspended(endpoint):
+        # Before the rollout's claim: a suspended tenant's replicas go whoever started them, its warm pool too.
+        return actions + suspended_hold(endpoint=endpoint, actuator=actuator)
     if _rollout_active(endpoint):
         # Surge, drain and rollback replicas belong to the rollout until it ends; scaling resumes after it.
         return actions + ["rollout in progress: replicas left to the rollout"]
@@ -543,6 +549,41 @@ def drain_noticed(*, endpoint: Endpoint, actuator) -> list[str]:
         reason = f"interruption notice: taken at {replica.terminate_at:%H:%M:%S} UTC"
         if actuator.move(replica, ReplicaState.DRAINING, reason):
             actions.append(f"draining {replica.name} (taken at {replica.terminate_at:%H:%M:%S})")
+    return actions
+
+
+# -- a suspended tenant's endpoints (docs/security.md, "Suspended tenants") ------------------------------------
+SUSPENDED_REASON = "owner tenant suspended"
+
+
+def owner_suspended(endpoint: Endpoint) -> bool:
+    """Whether the endpoint's owner is suspended (``Tenant.is_active`` off); shared endpoints never are."""
+    return endpoint.owner_tenant_id is not None and not endpoint.owner_tenant.is_active
+
+
+def suspended_hold(*, endpoint: Endpoint, actuator) -> list[str]:
+    """Hold a suspended tenant's endpoint at zero: every replica its actuator runs (serving, standby, any version)
+    drains if it is ready, so no stream is cut, and stops now if it never served; nothing is launched. Its settings
+    (min, max, warm pool) are kept, so reactivation brings the replicas back at the next tick."""
+    active = list(endpoint.replicas.filter(state__in=ACTIVE).order_by("created_at"))
+    return converge(endpoint, actuator, LaunchBudget(), want=0, members=active)
+
+
+def tenant_replicas_drain(*, tenant_id: int, actor=None) -> list[str]:
+    """Drain the replicas of every endpoint a suspended tenant owns, now rather than at the next tick (which holds
+    them at zero from then on: ``suspended_hold``). Replicas registered by hand (``static``) are left to the
+    operators; a tenant that is active again is left alone."""
+    actions: list[str] = []
+    endpoints = Endpoint.objects.filter(owner_tenant_id=tenant_id, owner_tenant__is_active=False)
+    for endpoint in endpoints.select_related("owner_tenant"):
+        actuator = _actuator_or_none(endpoint)
+        if actuator is None or actuator.name == "static":
+            continue
+        actions += [f"{endpoint.name}: {action}" for action in suspended_hold(endpoint=endpoint, actuator=actuator)]
+        Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=0, desired_spot_replicas=0)
+    if actions:
+        tenant = Tenant.objects.get(pk=tenant_id)
+        audit_log(actor=actor, action="tenant.suspend_drain", obj=tenant, tenant=tenant, detail={"actions": actions})
     return actions
 
 

@@ -45,6 +45,8 @@ MIDDLEWARE = [
 ]
 
 AUTH_USER_MODEL = "tenants.User"
+# ModelBackend that also refuses the people of a suspended tenant, at login and on every request of their sessions.
+AUTHENTICATION_BACKENDS = ["tenants.backends.ActiveTenantBackend"]
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
 WSGI_APPLICATION = None

@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 from tenants.models import ApiKey, AuditEntry, CapacityReservation, Tenant, User
 from tenants.quotas import QUOTA_NAMES, tenant_quota_update
-from tenants.services import api_key_create, api_key_revoke
+from tenants.services import api_key_create, api_key_revoke, tenant_update
 
 # Access follows User.role, not Django groups; an unused Group page would only mislead.
 if admin.site.is_registered(Group):
@@ -36,9 +36,16 @@ class TenantAdmin(OperatorAdmin):
         if change and quota:
             for name in quota:
                 setattr(obj, f"quota_{name}", form.initial.get(f"quota_{name}"))
+        # Suspending (or reactivating) is audited and drains the tenant's replicas: through the service too.
+        is_active = obj.is_active
+        suspension = change and "is_active" in form.changed_data
+        if suspension:
+            obj.is_active = form.initial.get("is_active", True)
         super().save_model(request, obj, form, change)
         if quota:
             tenant_quota_update(tenant=obj, actor=request.user, **quota)
+        if suspension:
+            tenant_update(tenant=obj, actor=request.user, is_active=is_active)
 
 
 @admin.register(User)

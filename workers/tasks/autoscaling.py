@@ -32,10 +32,16 @@ BEAT_SCHEDULE = {
 
 
 def autoscaled_endpoint_ids() -> list[int]:
+    """Endpoints with autoscaling on, and every endpoint of a suspended tenant whatever its setting: the ticks hold
+    those at zero replicas and finish their drains (``capacity.autoscaling.services.suspended_hold``)."""
+    endpoints = Endpoint.objects.select_related("owner_tenant").only(
+        "id", "launch_options", "owner_tenant", "owner_tenant__is_active"
+    )
     return [
         e.pk
-        for e in Endpoint.objects.only("id", "launch_options")
-        if (e.launch_options or {}).get("autoscale", True) and actuator_name(e) != "static"
+        for e in endpoints
+        if actuator_name(e) != "static"
+        and ((e.launch_options or {}).get("autoscale", True) or (e.owner_tenant and not e.owner_tenant.is_active))
     ]
 
 
