@@ -8,9 +8,9 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from capacity.api.metrics import platform_metrics
-from config.throttling import ThrottledAdminAuthenticationForm, ThrottledAuthenticationForm
+from config.throttling import ThrottledAdminAuthenticationForm, ThrottledAuthenticationForm, login_view_throttled
 
-# Both login pages count failed attempts per username and address (config.throttling).
+# Both login pages count failed attempts per username and address (config.throttling); a locked-out attempt is 429.
 admin.site.login_form = ThrottledAdminAuthenticationForm
 
 
@@ -19,9 +19,13 @@ def healthz(request):
 
 
 urlpatterns = [
+    # Before admin.site.urls, which would otherwise answer /admin/login/ (reversing "admin:login" is unchanged).
+    path("admin/login/", login_view_throttled(admin.site.login)),
     path("admin/", admin.site.urls),
     path(
-        "accounts/login/", auth_views.LoginView.as_view(authentication_form=ThrottledAuthenticationForm), name="login"
+        "accounts/login/",
+        login_view_throttled(auth_views.LoginView.as_view(authentication_form=ThrottledAuthenticationForm)),
+        name="login",
     ),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

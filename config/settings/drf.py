@@ -1,6 +1,6 @@
 """Django REST framework and drf-spectacular."""
 
-from .env import env
+from .env import env, env_int
 
 REST_FRAMEWORK = {
     # The key authenticator goes first: DRF takes the first class's WWW-Authenticate header, so a bad key is a 401.
@@ -24,6 +24,9 @@ REST_FRAMEWORK = {
         "principal": env("INFERCAP_API_RATE", "1200/min"),
         "anon": env("INFERCAP_API_ANON_RATE", "60/min"),
     },
+    # Trusted proxies in front of the web server that append to X-Forwarded-For (an ingress: 1). 0 trusts no header:
+    # client addresses are REMOTE_ADDR. Every per-address limit reads it (config/client_address.py; docs/security.md).
+    "NUM_PROXIES": env_int("INFERCAP_NUM_PROXIES", 0),
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.api.exception_handler",
 }

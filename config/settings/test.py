@@ -15,5 +15,8 @@ CELERY_TASK_EAGER_PROPAGATES = True
 INFERCAP["SNAPSHOT_POLL_S"] = 0.1  # noqa: F405
 # High enough that no test trips the API throttles by accident; tests/api/test_throttling.py lowers them.
 REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"principal": "100000/min", "anon": "100000/min"}  # noqa: F405
+# Likewise the failed-authentication lock-out: the suite's bad keys all come from the test client's 127.0.0.1.
+# The login and lock-out tests lower it.
+INFERCAP["LOGIN_THROTTLE"] = {**INFERCAP["LOGIN_THROTTLE"], "failures_per_address": 100000}  # noqa: F405
 # The proxy's /metrics needs a bearer token (none configured: 404); tests scrape with this one.
 INFERCAP["METRICS_TOKEN"] = "test-metrics-token"  # noqa: F405

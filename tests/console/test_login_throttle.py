@@ -44,7 +44,7 @@ def test_login_locks_after_failures_even_with_the_right_password(url, operator):
         response = _login(client, url, "operator", "wrong")
         assert response.status_code == 200 and b"Too many" not in response.content
     refused = _login(client, url, "operator", "pw-for-tests-123")
-    assert refused.status_code == 200
+    assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= LIMITS["window_s"]
     assert b"Too many failed login attempts" in refused.content
     assert not _logged_in(client)
     # Another address, or another user from this one, is not locked out.
