@@ -29,4 +29,6 @@ EXPOSE 8000
 # /healthz is Django's liveness (no database query); the standard library, since the slim image has no curl.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
-CMD ["uvicorn", "config.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers", "--no-access-log"]
+# The protocol bounds header and body time (config/http_server.py); what the ingress bounds: docs/security.md.
+CMD ["uvicorn", "config.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers", "--no-access-log", \
+     "--http", "config.http_server:BoundedHttpToolsProtocol"]

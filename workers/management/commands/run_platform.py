@@ -69,6 +69,8 @@ class Command(BaseCommand):
                     "--no-access-log",
                     "--log-level",
                     "warning",
+                    "--http",
+                    "config.http_server:BoundedHttpToolsProtocol",  # as shipped: header and body time bounded
                 ],
                 env,
             )
