@@ -9,6 +9,7 @@ counters after; the server case runs the shipped uvicorn command line in this pr
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import secrets
 import select
@@ -20,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
+import uvicorn
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
@@ -27,6 +29,7 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from uvicorn.main import main as uvicorn_command
 
 from billing.notifiers import notifications_deliver_due
 from config.throttling import auth_failures_forget
@@ -256,10 +259,6 @@ MOST_HEADER_S = 30.0  # a bound above this is no bound against a few hundred tri
 
 def shipped_uvicorn_params(relative: str) -> dict:
     """The uvicorn options (uvicorn's own click parser) of the web server command shipped in ``relative``."""
-    import json
-
-    from uvicorn.main import main as uvicorn_command
-
     text = SHIPPED_COMMANDS[relative]((Path(settings.BASE_DIR) / relative).read_text())
     argv = json.loads(text) if text.startswith("[") else shlex.split(re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text))
     argv = argv[argv.index("uvicorn") + 1 :]
@@ -279,8 +278,6 @@ class ThreadedServer:
     """uvicorn with the given protocol class on a socket of its own, in a thread of this process."""
 
     def __init__(self, params: dict, protocol: type) -> None:
-        import uvicorn
-
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -347,8 +344,6 @@ def slow_clients(port: int, *, trickling: int, watch_s: float) -> dict[str, floa
     "ten connections trickle their headers (and one its body, one sends nothing) to hold the server's sockets",
 )
 def slow_headers(world: SecurityWorld) -> str:
-    import uvicorn
-
     bounds = {}
     for relative in SHIPPED_COMMANDS:
         params = shipped_uvicorn_params(relative)
