@@ -22,9 +22,10 @@ from workers.security.world import BEST_EFFORT_MU_PER_MIN, SecurityWorld
 CHAT = "/v1/chat/completions"
 CONCURRENT = 48  # requests without max_tokens fired at once, as a client would to beat the cap
 LONG = 4000  # output tokens per sequence: within the model profile's 4,096-token context
-# The client leaves half way: the simulator generates faster than a client reads, so a client leaving nearer the
-# end would find the whole answer, usage chunk included, already sent to its socket (metered in full as "ok").
-READ_FRACTION = 0.5
+# The client leaves a fifth of the way: the simulator generates faster than a loaded client reads, so a client
+# leaving nearer the end could find the whole answer, usage chunk included, already in its socket (metered in full,
+# as "ok").
+READ_FRACTION = 0.2
 
 
 def _record(request_id: str, timeout_s: float = 15.0) -> UsageRecord:
@@ -70,7 +71,7 @@ def _long_stream(world: SecurityWorld, label: str) -> dict:
 
 @security_case(
     "metering.stream_left_before_usage",
-    "a best-effort tenant streams 8 x 4,000 tokens, leaves before the usage chunk, and repeats, to be metered "
+    "a best-effort tenant streams 8 x 4,000 tokens, leaves long before the usage chunk, and repeats, to be metered "
     "nothing and never run into its cap",
     needs_proxy=True,
 )
