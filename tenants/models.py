@@ -1,4 +1,4 @@
-"""Tenants, users and their roles, API keys, capacity reservations and the audit trail."""
+"""Tenants, users and their roles, API keys, operator tokens, capacity reservations and the audit trail."""
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
@@ -104,6 +104,41 @@ class ApiKey(models.Model):
     def is_usable(self, *, now=None) -> bool:
         now = now or timezone.now()
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class OperatorTokenScope(models.TextChoices):
+    READ = "read", "Read the REST API"
+    WRITE = "write", "Change through the REST API (reads too)"
+    TOKENS = "tokens", "List, mint and revoke operator tokens"
+
+
+class OperatorToken(models.Model):
+    """An operator's (or a service account's) credential for the REST API, ``Authorization: Bearer ico_…``: scoped,
+    always expiring, stored as a SHA-256 digest like API keys. It acts as its owner, who must still be an active
+    operator when it is used; docs/security.md, "Operator tokens"."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="operator_tokens")
+    name = models.CharField(max_length=120)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    scopes = models.JSONField(default=list)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def is_usable(self, *, now=None) -> bool:
+        now = now or timezone.now()
+        return self.revoked_at is None and self.expires_at > now
 
 
 class CapacityReservation(models.Model):

@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 
 from tenants.keys import ApiKeyPrincipal
 from tenants.models import ApiKey, CapacityReservation, Tenant, User
+from tenants.operator_tokens import token_of
 
 
 def principal_is_operator(principal) -> bool:
@@ -18,6 +19,12 @@ def principal_is_operator(principal) -> bool:
 def principal_is_api_key(principal) -> bool:
     """True for a key-authenticated caller: it acts for software, never as a person (no account or password)."""
     return isinstance(principal, ApiKeyPrincipal)
+
+
+def principal_is_credential(principal) -> bool:
+    """True for a caller authenticated by a credential made for software: a tenant API key or an operator token. It
+    never acts as a person: no account, password or email of its own to change, and it manages no people."""
+    return principal_is_api_key(principal) or token_of(principal) is not None
 
 
 def principal_tenant_id(principal) -> int | None:

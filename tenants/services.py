@@ -14,13 +14,26 @@ from django.utils import timezone
 from billing.models import UsageRecord
 from endpoints.models import Replica, ReplicaState
 from tenants.keys import generate_key
-from tenants.models import ApiKey, AuditEntry, PriorityClass, Role, Tenant, User
+from tenants.models import ApiKey, AuditEntry, OperatorToken, OperatorTokenScope, PriorityClass, Role, Tenant, User
+from tenants.operator_tokens import (
+    DEFAULT_LIFETIME,
+    LAST_USED_EVERY_S,
+    generate_token,
+    lifetime_error,
+    owner_may_hold,
+    token_of,
+)
 
 log = logging.getLogger(__name__)
 
 
 def audit_log(*, actor=None, action: str, obj, tenant=None, detail: dict | None = None) -> AuditEntry:
     label = getattr(actor, "username", "") or "system"
+    token = token_of(actor)
+    if token is not None:
+        # The owner is the actor; which of their tokens acted is said too, so a leaked one's trail can be found.
+        label = f"{label} (token {token.prefix})"
+        detail = {**(detail or {}), "operator_token": token.prefix}
     user = actor if getattr(actor, "pk", None) and not isinstance(actor, str) and hasattr(actor, "role") else None
     return AuditEntry.objects.create(
         actor=user,
@@ -286,3 +299,80 @@ def api_key_update(*, api_key: ApiKey, actor=None, **changes) -> ApiKey:
             actor=actor, action="api_key.update", obj=api_key, detail={"prefix": api_key.prefix, "changes": diff}
         )
     return api_key
+
+
+# --- Operator tokens (docs/security.md, "Operator tokens") ------------------------------------------------------
+
+
+@transaction.atomic
+def operator_token_create(
+    *, user: User, name: str, scopes: list[str], expires_at: datetime | None = None, actor=None
+) -> tuple[OperatorToken, str]:
+    """Mint a token for an active operator account (a person or a service account) and return it with the full
+    secret, which is never retrievable again. It always expires: 30 days unless said, a year at most."""
+    if not owner_may_hold(user):
+        raise ValidationError({"user": ["operator tokens belong to active operator accounts only"]})
+    unknown = set(scopes) - set(OperatorTokenScope.values)
+    if not scopes or unknown:
+        raise ValidationError({"scopes": [f"one or more of: {', '.join(OperatorTokenScope.values)}"]})
+    expires_at = expires_at or timezone.now() + DEFAULT_LIFETIME
+    if error := lifetime_error(expires_at):
+        raise ValidationError({"expires_at": [error]})
+    raw, prefix, digest = generate_token()
+    token = OperatorToken.objects.create(
+        user=user,
+        name=name,
+        prefix=prefix,
+        token_hash=digest,
+        scopes=sorted(set(scopes)),
+        expires_at=expires_at,
+        created_by=actor if isinstance(actor, User) else None,
+    )
+    audit_log(
+        actor=actor,
+        action="operator_token.create",
+        obj=token,
+        tenant=None,
+        detail={
+            "prefix": prefix,
+            "owner": user.username,
+            "scopes": token.scopes,
+            "expires_at": expires_at.isoformat(),
+        },
+    )
+    return token, raw
+
+
+def operator_token_revoke(*, token: OperatorToken, actor=None) -> OperatorToken:
+    """Revoke at once (the next request with it is a 401); revoking twice keeps the first time."""
+    with transaction.atomic():
+        locked = OperatorToken.objects.select_for_update().get(pk=token.pk)
+        if locked.revoked_at is None:
+            locked.revoked_at = timezone.now()
+            locked.save(update_fields=["revoked_at"])
+            audit_log(
+                actor=actor,
+                action="operator_token.revoke",
+                obj=locked,
+                tenant=None,
+                detail={"prefix": locked.prefix, "owner": token.user.username},
+            )
+    token.revoked_at = locked.revoked_at
+    return token
+
+
+def operator_token_used(*, token: OperatorToken, method: str, path: str, write: bool) -> None:
+    """Every write made with a token leaves an audit entry as its owner, whatever the view audits itself (and whether
+    or not it succeeds); reads only refresh ``last_used_at``, at most once a minute."""
+    now = timezone.now()
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() >= LAST_USED_EVERY_S:
+        OperatorToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    if write:
+        audit_log(
+            actor=token.user,
+            action="operator_token.use",
+            obj=token,
+            tenant=None,
+            detail={"method": method, "path": path[:200]},
+        )

@@ -3,8 +3,10 @@
 from .env import env, env_int
 
 REST_FRAMEWORK = {
-    # The key authenticator goes first: DRF takes the first class's WWW-Authenticate header, so a bad key is a 401.
+    # The bearer authenticators go first: DRF takes the first class's WWW-Authenticate header, so a bad key is a 401.
+    # Operator tokens (ico_) before tenant keys (ick_), which refuse any other bearer credential.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.OperatorTokenAuthentication",
         "tenants.authentication.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
@@ -43,6 +45,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "PriorityClassEnum": "tenants.models.PriorityClass",
+        "OperatorTokenScopeEnum": "tenants.models.OperatorTokenScope",
+        "ScopesEnum": "tenants.models.ApiKeyScope",  # its name before operator tokens had scopes too
         "ReplicaStateEnum": "endpoints.models.ReplicaState",
         "RolloutStateEnum": "endpoints.models.RolloutState",
     },

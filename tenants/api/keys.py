@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from config.api_base import ScopedCreateReadUpdateViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
 from tenants.keys import key_grant_excess
 from tenants.models import ApiKey, ApiKeyScope, PriorityClass, Tenant
+from tenants.operator_tokens import token_of
 from tenants.selectors import api_keys_visible_to, principal_is_api_key, tenants_visible_to
 from tenants.services import api_key_create, api_key_revoke, api_key_update
 
@@ -46,6 +47,15 @@ class ApiKeySerializer(serializers.ModelSerializer):
         principal = principal_from(self)
         if principal_is_api_key(principal):
             attrs = self._within_holder(principal.api_key, attrs)
+        if (token := token_of(principal)) is not None:
+            # An operator token outlives itself through no key it mints (docs/security.md, "Operator tokens").
+            if self.instance is None:
+                attrs.setdefault("expires_at", token.expires_at)
+            expires_at = attrs.get("expires_at", self.instance.expires_at if self.instance else None)
+            if expires_at is None or expires_at > token.expires_at:
+                raise serializers.ValidationError(
+                    {"expires_at": [f"your token expires at {token.expires_at.isoformat()}; this key no later"]}
+                )
         return default_tenant(self, attrs)
 
     def _within_holder(self, holder: ApiKey, attrs: dict) -> dict:

@@ -12,7 +12,8 @@ from rest_framework.views import APIView
 
 from config.throttling import password_attempt
 from tenants.keys import ApiKeyPrincipal
-from tenants.selectors import principal_can_write, principal_is_api_key, principal_is_operator
+from tenants.operator_tokens import token_of
+from tenants.selectors import principal_can_write, principal_is_credential, principal_is_operator
 from tenants.services import user_email_change, user_password_change
 
 
@@ -30,6 +31,7 @@ class MeSerializer(serializers.Serializer):
     is_operator = serializers.BooleanField()
     can_write = serializers.BooleanField()
     api_key_prefix = serializers.CharField(allow_null=True)
+    operator_token_prefix = serializers.CharField(allow_null=True)
     scopes = serializers.ListField(child=serializers.CharField())
 
 
@@ -46,8 +48,8 @@ class MeView(APIView):
     @extend_schema(request=EmailChangeSerializer, responses={200: MeSerializer})
     def patch(self, request):
         """Change your own email address (where reset links go); your current password is required."""
-        if principal_is_api_key(request.user):
-            raise PermissionDenied("an API key has no email address; sign in as a person")
+        if principal_is_credential(request.user):
+            raise PermissionDenied("an API key or operator token has no email address; sign in as a person")
         serializer = EmailChangeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         password_attempt(
@@ -61,6 +63,7 @@ class MeView(APIView):
 
 def _me(principal) -> dict:
     is_key = isinstance(principal, ApiKeyPrincipal)
+    token = token_of(principal)
     tenant = principal.tenant
     return {
         "username": principal.username,
@@ -70,7 +73,8 @@ def _me(principal) -> dict:
         "is_operator": principal_is_operator(principal),
         "can_write": principal_can_write(principal),
         "api_key_prefix": principal.api_key.prefix if is_key else None,
-        "scopes": sorted(principal.api_key.scopes) if is_key else [],
+        "operator_token_prefix": token.prefix if token else None,
+        "scopes": sorted(principal.api_key.scopes) if is_key else (sorted(token.scopes) if token else []),
     }
 
 
@@ -87,8 +91,8 @@ class PasswordChangeView(APIView):
     @extend_schema(request=PasswordChangeSerializer, responses={200: PasswordChangedSerializer})
     def post(self, request):
         """Change your own password; the current one is required, and your other sessions are signed out."""
-        if principal_is_api_key(request.user):
-            raise PermissionDenied("an API key has no password; sign in as a person")
+        if principal_is_credential(request.user):
+            raise PermissionDenied("an API key or operator token has no password; sign in as a person")
         serializer = PasswordChangeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         user = password_attempt(

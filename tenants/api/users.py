@@ -1,6 +1,6 @@
 """/api/v1/users/: tenant admins manage their tenant's users; operators manage everyone.
 
-People only: an API key may list users but never create, change or delete one, and nobody sets another
+People only: an API key or operator token may list users but never create, change or delete one, and nobody sets another
 person's password here (a new account's first password aside), nor, unless an operator, an email address (it is
 where reset links go: each person changes their own at PATCH /api/v1/me/). Each person changes their own at
 /api/v1/me/password/; an admin who must get someone back in resets it (a mailed one-time link).
@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
 from tenants.models import Role, Tenant, User
-from tenants.selectors import principal_is_api_key, principal_is_operator, tenants_visible_to, users_visible_to
+from tenants.selectors import principal_is_credential, principal_is_operator, tenants_visible_to, users_visible_to
 from tenants.services import user_create, user_delete, user_password_reset, user_update
 
 
@@ -72,10 +72,10 @@ class UserViewSet(ScopedModelViewSet):
         return users_visible_to(principal)
 
     def may_write(self, principal) -> bool:
-        if principal_is_api_key(principal):
-            # A leaked key must not become a person: an account it created or took over would log in to the
-            # console and mint keys without the limits a key has.
-            raise PermissionDenied("API keys cannot create, change or delete users; sign in as a person")
+        if principal_is_credential(principal):
+            # A leaked key or operator token must not become a person: an account it created or took over would log
+            # in to the console and mint keys without the limits (scopes, expiry) a credential has.
+            raise PermissionDenied("API keys cannot create, change or delete users, nor can operator tokens; sign in")
         return super().may_write(principal)
 
     def may_change(self, principal, obj) -> bool:
