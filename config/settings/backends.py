@@ -22,6 +22,8 @@ class Backends:
     celery_result_backend: str
     embedded_database: bool
     embedded_redis: bool
+    # A kombu transport class replacing the URL scheme's own (the embedded broker's: config/filesystem_broker.py).
+    celery_broker_transport: str | None = None
 
     def describe(self) -> str:
         db = (
@@ -68,6 +70,8 @@ def resolve_backends(*, database_url: str, redis_url: str, var_dir: Path) -> Bac
             celery_result_backend=f"file://{var_dir / 'results'}",
             embedded_database=embedded_db,
             embedded_redis=True,
+            # kombu's own file-system transport lets a consumer read a message before it is written.
+            celery_broker_transport="config.filesystem_broker:Transport",
         )
     return Backends(
         database=database,

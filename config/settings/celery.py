@@ -6,6 +6,7 @@ from .backends import Backends
 def celery_settings(backends: Backends) -> dict:
     return {
         "CELERY_BROKER_URL": backends.celery_broker_url,
+        "CELERY_BROKER_TRANSPORT": backends.celery_broker_transport,
         "CELERY_BROKER_TRANSPORT_OPTIONS": backends.celery_broker_options,
         "CELERY_RESULT_BACKEND": backends.celery_result_backend,
         "CELERY_TASK_ACKS_LATE": True,
