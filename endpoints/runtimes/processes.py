@@ -15,6 +15,10 @@ waits until the port accepts connections (or, with ``health_url``, until that an
 port at once but serves only once its model is loaded, 45-85 s on 2 busy cores) and, when the child exits first,
 raises with the tail of its stderr. (``endpoints.runtimes.sim.process.start_replica`` is the richer handle for
 one simulated replica: faults, crash, log.)
+
+A bench marks its environment (``BENCH_MARK``, set by ``manage.py bench``): every process it starts inherits the
+mark, and so does what those start (a Celery worker's replicas), so ``processes_marked`` finds any left running
+and ``stop_marked`` stops them, wherever they were reparented.
 """
 
 from __future__ import annotations
@@ -45,8 +49,11 @@ ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
 ENGINE_STAMP = ROOT / ".venv-engine" / ".infercap-engine-installed"
 ENGINE_MODEL_DIR = ROOT / "var" / "engine" / "tiny-llama"
 ENGINE_STARTUP_TIMEOUT_S = 420.0  # 45-85 s measured on 2 busy cores; a cold page cache is slower
+# The environment variable naming the bench run that started a process (see the module docstring).
+BENCH_MARK = "INFERCAP_BENCH_RUN"
 
 __all__ = [
+    "BENCH_MARK",
     "ENGINE_MODEL_DIR",
     "ENGINE_PY",
     "ENGINE_STARTUP_TIMEOUT_S",
@@ -57,7 +64,9 @@ __all__ = [
     "database_url",
     "engine_installed",
     "free_port",
+    "processes_marked",
     "sim_replica_argv",
+    "stop_marked",
     "stop_process",
     "uvicorn_argv",
     "vllm_replica_argv",
@@ -197,6 +206,50 @@ def stop_process(proc: subprocess.Popen, *, grace_s: float = 5.0) -> None:
             stream.close()
 
 
+def processes_marked(mark: str) -> list[int]:
+    """The live processes, other than this one, whose environment holds ``mark`` (``NAME=value``; Linux's /proc,
+    elsewhere none)."""
+    needle = b"\0" + mark.encode() + b"\0"
+    found = []
+    proc_root = Path("/proc")
+    for entry in proc_root.iterdir() if proc_root.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()  # empty for a zombie
+        except OSError:
+            continue
+        if needle in b"\0" + environ.rstrip(b"\0") + b"\0":
+            found.append(int(entry.name))
+    return found
+
+
+def stop_marked(pids: list[int], *, grace_s: float = 5.0) -> None:
+    """SIGTERM to each of ``pids`` (from ``processes_marked``), SIGKILL to those still there after ``grace_s``."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + grace_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if _running(pid)]
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 class ProcessGroup:
     """The processes one test or benchmark started; ``kill_all`` (or leaving the ``with`` block) stops them."""
 
@@ -229,10 +282,11 @@ class ProcessGroup:
             err_target = open(stderr, "ab")  # noqa: SIM115 - the child keeps it open
         else:
             err_target = stderr
+        mark = {BENCH_MARK: os.environ[BENCH_MARK]} if BENCH_MARK in os.environ else {}
         proc = subprocess.Popen(
             argv,
             cwd=cwd or self.cwd,
-            env={**(os.environ if inherit_env else {}), **(env or {})},
+            env={**(os.environ if inherit_env else mark), **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err_target,

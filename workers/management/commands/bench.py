@@ -3,14 +3,24 @@
 Each benchmark is a module exposing ``run(*, quick: bool, plot: str | None, progress, **options) -> dict``
 and optionally ``add_arguments(parser)``. Progress goes to stderr; the figures are printed last, as one
 line of JSON on stdout.
+
+No process outlives its bench: SIGTERM and SIGHUP stop a bench as Ctrl-C does (each bench's clean-up runs), and
+whatever still carries the run's mark afterwards (``endpoints.runtimes.processes.BENCH_MARK``: every process a
+bench starts inherits it, replicas started by its Celery worker too) is stopped before the command returns.
 """
 
 import importlib
 import json
+import os
+import signal
 import sys
+import threading
 import time
+import uuid
 
 from django.core.management.base import BaseCommand, CommandError
+
+from endpoints.runtimes.processes import BENCH_MARK, processes_marked, stop_marked
 
 BENCHMARKS = {
     "sim": "endpoints.benchmarks.sim",
@@ -31,6 +41,13 @@ BENCHMARKS = {
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _stop_on_signal(signum, frame):
+    # Once: a second signal must not cut the clean-up short.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 class Command(BaseCommand):
@@ -57,6 +74,23 @@ class Command(BaseCommand):
             extra[key.replace("-", "_")] = value
         started = time.perf_counter()
         progress(f"bench {name}{' (quick)' if quick else ''} starting")
-        figures = module.run(quick=quick, plot=plot, live=live, progress=progress, **extra)
+        os.environ[BENCH_MARK] = mark = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # only there can Python take signals
+            previous = {
+                sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            }
+        try:
+            figures = module.run(quick=quick, plot=plot, live=live, progress=progress, **extra)
+        except KeyboardInterrupt:
+            raise CommandError(f"bench {name} interrupted", returncode=130) from None
+        finally:
+            left = processes_marked(f"{BENCH_MARK}={mark}")
+            if left:
+                progress(f"stopping {len(left)} process(es) bench {name} left running: {left}")
+                stop_marked(left)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.environ.pop(BENCH_MARK, None)
         progress(f"bench {name} finished in {time.perf_counter() - started:.1f} s")
         self.stdout.write(json.dumps(figures, sort_keys=False, default=str))

@@ -1,0 +1,66 @@
+"""No process outlives its bench: a bench interrupted mid-run (Ctrl-C's SIGINT, or the SIGTERM of `timeout` or a
+CI runner) stops every process it started; the marks that find what is left, even reparented to init."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from endpoints.runtimes.processes import child_django_env, processes_marked, stop_marked
+
+ROOT = Path(__file__).resolve().parents[2]
+MARK = "INFERCAP_TEST_ORPHAN_MARK"
+
+
+def test_a_marked_process_reparented_to_init_is_found_and_stopped():
+    mark = f"{MARK}={uuid.uuid4().hex}"
+    # The shell starts a sleeper in the background and exits: the sleeper's parent is no longer us.
+    subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 &"], env={**os.environ, MARK: mark.split("=", 1)[1]})
+    left = processes_marked(mark)
+    try:
+        assert len(left) == 1
+        assert Path(f"/proc/{left[0]}/stat").read_text().split()[3] != str(os.getpid())  # not our child
+        stop_marked(left)
+        assert processes_marked(mark) == []
+    finally:
+        stop_marked(left, grace_s=0)
+    assert processes_marked(f"{MARK}=nobody") == []
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_bench_leaves_no_process(sig, clean_redis):
+    mark = uuid.uuid4().hex
+    env = {**os.environ, **child_django_env(), MARK: mark, "PYTHONUNBUFFERED": "1"}
+    bench = subprocess.Popen(
+        [sys.executable, "manage.py", "bench", "proxy", "--quick", "--opt", "levels=1"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Mid-run: its replica and proxy are up and it is measuring ("replicas [...], proxy ..." on stderr).
+        log = []
+        deadline = time.monotonic() + 240
+        for line in bench.stderr:
+            log.append(line)
+            if "replicas [" in line or time.monotonic() > deadline:
+                break
+        assert "replicas [" in log[-1], "".join(log)[-3000:]
+        started = processes_marked(f"{MARK}={mark}")
+        assert len(started) >= 3, started  # the replica, the proxy, the bare pass-through
+        bench.send_signal(sig)
+        rest = bench.communicate(timeout=120)[1]
+        assert processes_marked(f"{MARK}={mark}") == [], "left running"
+        assert bench.returncode == 130, "".join(log)[-2000:] + rest[-2000:]
+        assert "interrupted" in rest
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+        stop_marked(processes_marked(f"{MARK}={mark}"), grace_s=0)
