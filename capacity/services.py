@@ -19,7 +19,7 @@ from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_m
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.replica_benchmark.http_driver import HttpReplicaDriver
 from capacity.replica_benchmark.sweep import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
-from endpoints.lora_artifacts import ArtifactError, resolve_under_root
+from endpoints.lora_artifacts import ArtifactError, artifact_fingerprint, engine_name, owner_root, resolve_under_root
 from endpoints.models import Adapter, Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import audit_log, field_changes, validated_save
@@ -371,13 +371,17 @@ def _adapter_driver(endpoint: Endpoint, driver: HttpReplicaDriver, report: Progr
     if adapter is None:
         return None
     try:
-        path = resolve_under_root(adapter.artifact_path, root=_lora_root())
-        driver.load_adapter(adapter.name, str(path))
+        path = resolve_under_root(adapter.artifact_path, root=owner_root(_lora_root(), adapter.owner_tenant_id))
+        # Under the engine name the proxies use for this artifact version (docs/lora-serving.md), so they count it.
+        name = engine_name(
+            adapter_id=adapter.pk, owner_tenant_id=adapter.owner_tenant_id, fingerprint=artifact_fingerprint(path)
+        )
+        driver.load_adapter(name, str(path))
     except (ArtifactError, BenchmarkError) as exc:
         report(f"LoRA overhead not measured: adapter {adapter.name}: {exc}")
         return None
     report(f"LoRA pass with adapter {adapter.name} (rank {adapter.rank})")
-    return driver.for_model(adapter.name)
+    return driver.for_model(name)
 
 
 def benchmark_enqueue(

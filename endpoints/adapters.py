@@ -13,7 +13,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from endpoints.lora_artifacts import ArtifactError, inspect_artifact, same_base_model
+from endpoints.lora_artifacts import ArtifactError, inspect_artifact, owner_root, same_base_model
 from endpoints.models import Adapter, Endpoint
 from endpoints.proxy.signals import bump_config_version
 from endpoints.runtimes.vllm import model_argument
@@ -22,9 +22,12 @@ from tenants.selectors import principal_is_operator, principal_tenant_id
 from tenants.services import audit_log
 
 ADAPTER_CREATE_FIELDS = frozenset({"name", "owner_tenant", "endpoint", "rank", "artifact_path"})
-# The artifact and its base endpoint are what replicas hold under the adapter's name: changing them under a loaded
-# adapter would serve old weights under the new record, so a new artifact is a new adapter.
+# The artifact and its base endpoint are fixed: another artifact is another adapter (replicas hold each artifact
+# version under its own engine name, docs/lora-serving.md). A new owner re-reads the artifact in the new owner's root.
 ADAPTER_UPDATE_FIELDS = frozenset({"name", "owner_tenant"})
+# Every artifact refusal a tenant gets, whatever the reason (missing, no config or weights, another base model, a
+# symlink out): the reasons would tell it what lies where on the store. Operators get the reason.
+ARTIFACT_REFUSED = "no usable LoRA adapter at this path in your tenant's adapter storage"
 
 
 def lora_root() -> Path:
@@ -42,7 +45,7 @@ def _ownership_errors(adapter: Adapter, actor) -> dict[str, list[str]]:
     endpoint (else it would open a tenant's private endpoint to everyone)."""
     errors: dict[str, list[str]] = {}
     endpoint = adapter.endpoint
-    if actor is not None and not isinstance(actor, str) and not principal_is_operator(actor):
+    if _is_tenant(actor):
         if adapter.owner_tenant_id is None:
             errors["owner_tenant"] = ["only operators publish shared adapters"]
         elif adapter.owner_tenant_id != principal_tenant_id(actor):
@@ -56,15 +59,32 @@ def _ownership_errors(adapter: Adapter, actor) -> dict[str, list[str]]:
     return errors
 
 
-def _artifact_errors(adapter: Adapter) -> dict[str, list[str]]:
-    """The artifact under the root, its rank against the endpoint's maximum, its base model against the endpoint's."""
+def _is_tenant(actor) -> bool:
+    return actor is not None and not isinstance(actor, str) and not principal_is_operator(actor)
+
+
+def adapter_artifact_root(adapter: Adapter) -> Path:
+    """The directory the adapter's ``artifact_path`` is relative to: its owner's part of the LoRA root."""
+    return owner_root(lora_root(), adapter.owner_tenant_id)
+
+
+def _artifact_errors(adapter: Adapter, actor=None) -> dict[str, list[str]]:
+    """The artifact under its owner's root, its rank against the endpoint's maximum, its base model against the
+    endpoint's. A tenant reads one message for every artifact refusal (``ARTIFACT_REFUSED``)."""
+    errors = _artifact_checks(adapter)
+    if _is_tenant(actor) and "artifact_path" in errors:
+        errors["artifact_path"] = [ARTIFACT_REFUSED]
+    return errors
+
+
+def _artifact_checks(adapter: Adapter) -> dict[str, list[str]]:
     endpoint = adapter.endpoint
     slots, max_rank = endpoint.lora
     errors: dict[str, list[str]] = {}
     if slots == 0:
         errors["endpoint"] = [f"`{endpoint.name}` serves no LoRA adapters (set its launch option max_loras)"]
     try:
-        artifact = inspect_artifact(adapter.artifact_path, root=lora_root())
+        artifact = inspect_artifact(adapter.artifact_path, root=adapter_artifact_root(adapter))
     except ArtifactError as exc:
         errors["artifact_path"] = [str(exc)]
         return errors
@@ -101,7 +121,7 @@ def adapter_validate(adapter: Adapter, *, actor=None, check_artifact: bool = Tru
         for field, messages in _ownership_errors(adapter, actor).items():
             errors.setdefault(field, []).extend(messages)
         if check_artifact and not errors.get("artifact_path"):
-            for field, messages in _artifact_errors(adapter).items():
+            for field, messages in _artifact_errors(adapter, actor).items():
                 errors.setdefault(field, []).extend(messages)
     if errors:
         raise ValidationError(errors)
@@ -138,7 +158,7 @@ def adapter_update(*, adapter: Adapter, actor=None, **changes) -> Adapter:
     before = {name: str(getattr(adapter, name)) for name in changes}
     for name, value in changes.items():
         setattr(adapter, name, value)
-    adapter_validate(adapter, actor=actor, check_artifact=False)
+    adapter_validate(adapter, actor=actor, check_artifact="owner_tenant" in changes)
     if "owner_tenant" in changes:
         _check_reservations_stay_valid(adapter)
     with transaction.atomic():

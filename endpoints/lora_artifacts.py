@@ -1,23 +1,33 @@
 """A LoRA adapter's artifact on disk: where it may lie and what it says about itself (pure: no Django; the adapter
 services and the proxy's load path call it; docs/lora-serving.md).
 
-Adapters name a directory relative to the operators' storage root, never a path or hub id of their own: vLLM reads
-whatever ``lora_path`` it is given, so a tenant who could name ``/etc`` or ``../other-tenant`` would have the engine
-read it. The relative path is checked as text (no absolute path, no ``..``), then resolved (symlinks followed) and
-must still lie under the resolved root; every file read is resolved the same way, so a symlink inside an approved
-directory cannot point out of it either.
+Adapters name a directory relative to their owner's part of the operators' storage root (``owner_root``: a
+tenant's private adapters under ``tenants/<tenant id>/``, the operators' shared ones under ``shared/``), never a
+path or hub id of their own: vLLM reads whatever ``lora_path`` it is given, so a tenant who could name ``/etc``,
+``../other-tenant`` or another tenant's directory would have the engine read it. The relative path is checked as
+text (no absolute path, no ``..``), then resolved (symlinks followed) and must still lie under the resolved owner
+root; every file read is resolved the same way, so a symlink inside an approved directory cannot point out of it.
+
+The engine never sees an adapter's public name: it holds each artifact version under ``engine_name`` (owner, adapter
+id and a fingerprint of the files), so a reused or renamed name, or new weights in the same directory, is never
+served from what a replica loaded before (docs/lora-serving.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 ADAPTER_CONFIG = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 MAX_CONFIG_BYTES = 1 << 20
+TENANTS_DIR = "tenants"  # <root>/tenants/<tenant id>/: one tenant's adapters, the only place it may name
+SHARED_DIR = "shared"  # <root>/shared/: the operators' shared adapters
+ENGINE_NAME = re.compile(r"^lora-(?:t(?P<tenant>\d+)|shared)-(?P<id>\d+)-(?P<fingerprint>[0-9a-f]+)$")
 
 
 class ArtifactError(ValueError):
@@ -97,6 +107,43 @@ def inspect_artifact(relative: str, *, root: Path) -> Artifact:
         raise ArtifactError(f"{ADAPTER_CONFIG} has an invalid rank r={rank!r}")
     base = config.get("base_model_name_or_path")
     return Artifact(path=directory, rank=rank, base_model=base if isinstance(base, str) else "")
+
+
+def owner_root(root: Path | str, owner_tenant_id: int | None) -> Path:
+    """Where an adapter of this owner lies: ``<root>/tenants/<id>`` for a tenant's private adapter, ``<root>/shared``
+    for the operators' shared ones. Its ``artifact_path`` is relative to this directory and may not leave it."""
+    base = Path(root)
+    return base / SHARED_DIR if owner_tenant_id is None else base / TENANTS_DIR / str(int(owner_tenant_id))
+
+
+def artifact_fingerprint(directory: Path | str) -> str:
+    """A cheap fingerprint of the artifact's current files (the directory's real path, and each of
+    adapter_config.json and the weights: size, mtime and inode): new weights written into the same directory, or the
+    directory swapped, give another fingerprint, hence another engine name and a fresh load."""
+    digest = hashlib.sha256(os.path.realpath(directory).encode())
+    for name in (ADAPTER_CONFIG, *WEIGHT_FILES):
+        try:
+            st = os.stat(os.path.join(directory, name))
+        except OSError:
+            continue
+        digest.update(f"|{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode())
+    return digest.hexdigest()[:12]
+
+
+def engine_name(*, adapter_id: int, owner_tenant_id: int | None, fingerprint: str) -> str:
+    """The ``lora_name`` the engine holds one artifact version of one adapter under: never its public name, so a
+    name freed by a delete or rename and registered again is a new engine name (loaded from its own artifact)."""
+    owner = "shared" if owner_tenant_id is None else f"t{int(owner_tenant_id)}"
+    return f"lora-{owner}-{int(adapter_id)}-{fingerprint}"
+
+
+def engine_name_owner(name: str) -> tuple[bool, int | None]:
+    """(whether ``name`` is an engine name at all, the tenant owning it or None for a shared one). Adapters an
+    engine holds under other names (loaded by hand, or before engine names) are no one's."""
+    found = ENGINE_NAME.match(name)
+    if found is None:
+        return False, None
+    return True, int(found["tenant"]) if found["tenant"] else None
 
 
 def same_base_model(adapter_base: str, endpoint_model: str, *, endpoint_model_path: str | None = None) -> bool:

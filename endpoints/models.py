@@ -158,9 +158,10 @@ class Adapter(models.Model):
     """A LoRA adapter served on its base endpoint's replicas (docs/lora-serving.md): the OpenAI ``model`` name a tenant
     calls, resolved by the proxy to the base endpoint with the adapter loaded on the replica it picks.
 
-    Private to its owner tenant, or shared by the operators (no owner). Its weights are a directory under the
-    operators' storage root (``INFERCAP["LORA_ROOT"]``), named by a path relative to it: a tenant never names an
-    arbitrary path or hub id. Validated against the endpoint by ``endpoints.adapters.adapter_validate``.
+    Private to its owner tenant, or shared by the operators (no owner). Its weights are a directory under its owner's
+    part of the operators' storage root (``INFERCAP["LORA_ROOT"]``/tenants/<id>/ or /shared/,
+    ``endpoints.lora_artifacts.owner_root``), named by a path relative to it: a tenant never names an arbitrary path,
+    a hub id or another tenant's directory. Validated against the endpoint by ``endpoints.adapters.adapter_validate``.
     """
 
     name = models.CharField(max_length=100, unique=True, validators=[model_name_validator])
@@ -177,7 +178,9 @@ class Adapter(models.Model):
     )
     rank = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="LoRA rank r")
     artifact_path = models.CharField(
-        max_length=255, help_text="directory of adapter_config.json and the weights, relative to the LoRA root"
+        max_length=255,
+        help_text="directory of adapter_config.json and the weights, relative to the owner's part of the LoRA root "
+        "(tenants/<tenant id>/ or, for shared adapters, shared/)",
     )
     base_model = models.CharField(
         max_length=255, blank=True, help_text="base_model_name_or_path read from its adapter_config.json"

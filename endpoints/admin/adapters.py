@@ -14,8 +14,9 @@ class AdapterAdminForm(forms.ModelForm):
     def _post_clean(self) -> None:
         super()._post_clean()
         try:
-            # The artifact is read on registration only: replicas hold it under the adapter's name.
-            adapter_validate(self.instance, check_artifact=self.instance._state.adding)
+            # The artifact is read on registration, and again for a new owner (it lies in the owner's root).
+            recheck = self.instance._state.adding or "owner_tenant" in self.changed_data
+            adapter_validate(self.instance, check_artifact=recheck)
         except ValidationError as exc:
             for field, messages in exc.message_dict.items():
                 self.add_error(field if field in self.fields else None, messages)

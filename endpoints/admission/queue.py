@@ -158,6 +158,10 @@ class AdmissionQueue:
         r = rank(priority)
         return sum(q.mu for c, q in self._classes.items() if rank(c) <= r)
 
+    def items(self) -> list[QueuedItem]:
+        """Every queued request, in no particular order."""
+        return [item for q in self._classes.values() for lane in q.lanes.values() for item in lane.items]
+
     def newest_by_tenant(self, priority: str) -> dict[str, QueuedItem]:
         """Each tenant's newest queued request of this class."""
         return self._classes[priority].newest_by_tenant()

@@ -1,7 +1,8 @@
 """/api/v1/adapters/: register, rename and delete LoRA adapters served on a base endpoint's replicas (docs/lora-serving.md).
 
 Tenants register private adapters on endpoints they may call; operators also publish shared ones. The artifact is
-a directory relative to the operators' LoRA storage root, checked on registration (``endpoints.adapters``).
+a directory relative to its owner's part of the operators' LoRA storage root, checked on registration
+(``endpoints.adapters``).
 """
 
 from rest_framework import serializers
@@ -33,7 +34,8 @@ class AdapterSerializer(serializers.ModelSerializer):
     )
     artifact_path = serializers.CharField(
         max_length=255,
-        help_text="directory with adapter_config.json and adapter_model.safetensors, relative to the LoRA root",
+        help_text="directory with adapter_config.json and adapter_model.safetensors, relative to the owner's part of "
+        "the LoRA root (a tenant's: tenants/<tenant id>/; shared adapters: shared/)",
     )
 
     class Meta:

@@ -39,12 +39,23 @@ class ProxyConfig:
     # often the adapters each LoRA replica holds are read from its engine's /v1/models.
     lora_load_timeout_s: float = 60.0
     lora_sync_s: float = 2.0
+    # One tenant's private adapters hold at most max(1, floor(max_loras x this)) of a replica's adapter slots; 1.0 or
+    # more: no quota. A load is charged to the request that caused it as the replica's MU capacity over the load's
+    # time, at least this many seconds of it (docs/lora-serving.md).
+    lora_tenant_slot_share: float = 0.5
+    lora_load_min_s: float = 0.5
     max_n: int = 8  # completions per request (``n``, ``best_of``): each is charged, this bounds one request's work
     # A tenant's best-effort traffic (no reservation) per endpoint, shared by every proxy process; 0 = unlimited.
     # 1,000 MU/min is one GPU's worth: one tenant cannot take a whole fleet's spare capacity.
     best_effort_mu_per_min: float = 1000.0
     # Bearer token for GET /metrics (it names every tenant and private endpoint). Empty: /metrics answers 404.
     metrics_token: str = field(default="", repr=False)
+
+    def tenant_adapter_slots(self, max_loras: int) -> int:
+        """How many of a replica's ``max_loras`` slots one tenant's private adapters may hold (0: no quota)."""
+        if max_loras <= 0 or self.lora_tenant_slot_share >= 1.0:
+            return 0
+        return max(1, int(max_loras * self.lora_tenant_slot_share))
 
     @property
     def max_age_s(self) -> dict[str, float]:
@@ -71,6 +82,8 @@ def load_config() -> ProxyConfig:
         cfg = ProxyConfig(**{**cfg.__dict__, **overrides})
     if cfg.metrics_stale_s <= 0:
         raise ValueError("metrics_stale_s must be positive")
+    if not 0 < cfg.lora_tenant_slot_share:
+        raise ValueError("lora_tenant_slot_share must be positive")
     if cfg.max_n < 1:
         raise ValueError("max_n must be at least 1")
     if cfg.rate_limit_fail_mode not in ("open", "closed"):

@@ -16,6 +16,11 @@ the requests waiting on it, and the replica is left as it was: nothing stays "lo
 What other proxy processes loaded, and adapters the engine was started with, come from the engine itself: its
 ``/v1/models`` children every ``lora_sync_s`` (``sync_from_models``) and the adapters that
 ``vllm:lora_requests_info`` shows running or waiting (``note_active``, from the metrics scrape).
+
+Adapters are held under their engine names (``lora_artifacts.engine_name``), never their public names. An adapter
+with requests in flight or queued for it (``protected``) is never unloaded, and one tenant's private adapters hold
+at most ``tenant_slots`` of a replica's slots (``tenant_slot_quota``): past it, the tenant's next adapter can only
+take the slot of one of its own idle adapters, so it cannot evict other tenants' (docs/lora-serving.md).
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from endpoints.lora_artifacts import engine_name_owner
 from endpoints.proxy import metrics as m
 from endpoints.proxy.errors import ProxyError
 from endpoints.routing.lora import VictimChooser, choose_victim, least_recent_to_evict, victim_chooser
@@ -43,6 +49,7 @@ MODELS_PATH = "/v1/models"
 JSON_HEADERS = {"content-type": "application/json"}
 LORA_REPORT_KEY = "infercap:lora:{endpoint_id}"  # one field per proxy process: ``lora_report``
 CHURN_MINUTES_KEPT = 10
+SCRAPE_SLACK_S = 1.0  # a scrape is stamped when it ends; what it reports may be this much older
 
 
 @dataclass(eq=False)
@@ -58,6 +65,9 @@ class ReplicaAdapters:
     loads: int = 0  # loads and unloads this process made
     unloads: int = 0
     load_minutes: dict[int, int] = field(default_factory=dict)  # wall-clock minute → loads then (the console's churn)
+    # Adapters that requests queued at the endpoint name (their engine names): never unloaded while they wait.
+    queued: Callable[[], Collection[str]] = frozenset
+    changed_at: float = float("-inf")  # this process's last load or unload here (``clock``)
     _lock: asyncio.Lock | None = None
 
     def note_load(self, now_s: float) -> None:
@@ -74,6 +84,14 @@ class ReplicaAdapters:
     def busy(self) -> set[str]:
         return {name for name, n in self.in_use.items() if n > 0}
 
+    def protected(self) -> set[str]:
+        """Adapters that must stay: requests run with them here, or wait in the endpoint's queue for them."""
+        return self.busy() | set(self.queued())
+
+    def tenant_held(self, tenant_id: int) -> set[str]:
+        """The adapters held here (loaded or loading) that are this tenant's private ones."""
+        return {name for name in self.held() if engine_name_owner(name) == (True, tenant_id)}
+
     def took(self, adapter: str, now: float) -> None:
         self.in_use[adapter] += 1
         if adapter in self.last_used:
@@ -86,22 +104,42 @@ class ReplicaAdapters:
         if adapter in self.last_used:
             self.last_used[adapter] = now
 
-    def can_serve(self, adapter: str, max_loras: int) -> bool:
-        """Whether this replica can take a request for ``adapter`` now: it holds it, has a free slot, or holds an
-        idle adapter that can be unloaded."""
+    def can_serve(self, adapter: str, max_loras: int, tenant_slots: int = 0) -> bool:
+        """Whether this replica can take a request for ``adapter`` now: it holds it, or it may load it (a free slot
+        or an unprotected idle adapter it may unload, within the owner's ``tenant_slots``)."""
         if max_loras <= 0:
             return False
         held = self.held()
-        return adapter in held or len(held) < max_loras or bool(set(self.last_used) - self.busy())
+        if adapter in held:
+            return True
+        candidates = self.evictable(adapter, tenant_slots)
+        if candidates is None:
+            return len(held) < max_loras or bool(set(self.last_used) - self.protected())
+        return bool(set(candidates) - self.protected())
 
-    def note_active(self, adapters: frozenset, now: float) -> None:
-        """Adapters the engine reports running or waiting are loaded there, whoever loaded them."""
+    def evictable(self, adapter: str, tenant_slots: int) -> dict[str, float] | None:
+        """When ``adapter``'s tenant already holds its ``tenant_slots`` here, the only adapters its load may
+        unload: that tenant's own (loaded ones, with their last use); None when no quota binds."""
+        _, owner = engine_name_owner(adapter)
+        if tenant_slots <= 0 or owner is None or len(self.tenant_held(owner) - {adapter}) < tenant_slots:
+            return None
+        return {name: t for name, t in self.last_used.items() if engine_name_owner(name) == (True, owner)}
+
+    def note_active(self, adapters: frozenset, now: float, observed_at: float = float("inf")) -> None:
+        """Adapters the engine reports running or waiting (as of ``observed_at``) are loaded there, whoever loaded
+        them; a report older than this process's last load or unload here adds none (it would bring back one just
+        unloaded, and a load counted into a slot the engine has not got makes the engine evict on its own)."""
         for name in adapters:
-            self.last_used[name] = now
+            if name in self.last_used or observed_at - SCRAPE_SLACK_S > self.changed_at:
+                self.last_used[name] = now
 
-    def sync_from_models(self, engine_adapters: set[str]) -> None:
-        """The engine's own list (its /v1/models children): adapters loaded elsewhere count from now as the least
-        recently used; ones it no longer holds are forgotten unless a request here uses or loads them."""
+    def sync_from_models(self, engine_adapters: set[str], read_since: float = float("inf")) -> None:
+        """The engine's own list (its /v1/models children), read from ``read_since`` on: adapters loaded elsewhere
+        count from now as the least recently used; ones it no longer holds are forgotten unless a request here uses
+        or loads them. A list this process loaded or unloaded something during is ignored: it would bring back an
+        adapter just unloaded, or forget one just loaded, and a wrong count makes a load into a full engine."""
+        if self.changed_at >= read_since:
+            return
         for name in engine_adapters - set(self.last_used):
             self.last_used[name] = 0.0
         for name in set(self.last_used) - engine_adapters - self.busy() - set(self.loading):
@@ -114,14 +152,19 @@ class ReplicaAdapters:
         return self._lock
 
 
-def lora_report(adapters: dict, now_s: float) -> dict:
+def lora_report(adapters: dict, now_s: float, public_names: dict[str, str] | None = None) -> dict:
     """What this process knows of an endpoint's replicas' adapters, for the console (published beside the demand
-    report, ``LORA_REPORT_KEY``): per replica id the adapters held (loaded or loading) and the loads per wall-clock
-    minute of the last ``CHURN_MINUTES_KEPT`` minutes."""
+    report, ``LORA_REPORT_KEY``): per replica id the adapters held (loaded or loading; by public name where
+    ``public_names`` maps the engine name) and the loads per wall-clock minute of the last ``CHURN_MINUTES_KEPT``
+    minutes."""
+    names = public_names or {}
     return {
         "t": round(now_s, 3),
         "replicas": {
-            str(rid): {"held": sorted(ra.held()), "loads": {str(k): n for k, n in sorted(ra.load_minutes.items())}}
+            str(rid): {
+                "held": sorted(names.get(n, n) for n in ra.held()),
+                "loads": {str(k): n for k, n in sorted(ra.load_minutes.items())},
+            }
             for rid, ra in adapters.items()
         },
     }
@@ -143,7 +186,7 @@ def note_engine_lora(adapters: ReplicaAdapters, view, latest, now: float) -> Non
     the adapters running or waiting there (loaded, whoever loaded them; what the Gateway API inference extension's
     LoRA filter reads as ``ReplicaView.active_adapters``)."""
     adapters.engine_max_loras = latest.lora_max
-    adapters.note_active(latest.lora_active, now)
+    adapters.note_active(latest.lora_active, now, latest.scraped_at)
     view.active_adapters = latest.lora_active
 
 
@@ -189,84 +232,138 @@ async def ensure_loaded(
     max_loras: int,
     timeout_s: float,
     clock=time.monotonic,
-) -> bool:
-    """Return once the replica at ``url`` holds ``adapter`` (an ``AdapterInfo``), loading it first if needed;
-    True when this call waited for a load. Raises ``AdapterUnavailable`` (OpenAI-shaped) when it cannot."""
-    name = adapter.name
+    tenant_slots: int = 0,
+) -> float | None:
+    """Return once the replica at ``url`` holds ``adapter`` (an ``AdapterInfo``, held under its engine name),
+    loading it first if needed. Returns None when it was held, else the seconds of the load when this call started
+    it (the request that caused a load pays for it: ``load_mu``), 0.0 when it waited on another's. Raises
+    ``AdapterUnavailable`` (OpenAI-shaped) when it cannot."""
+    name = adapter.engine_name
     if name in replica.last_used:
-        return False
+        return None
     future = replica.loading.get(name)
-    if future is None:
-        future = asyncio.get_running_loop().create_future()
-        replica.loading[name] = future
-        task = asyncio.get_running_loop().create_task(
-            _load(session, url=url, replica=replica, adapter=adapter, max_loras=max_loras, timeout_s=timeout_s,
-                  clock=clock, future=future)
-        )  # fmt: skip
-        future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)  # retrieved: no warning
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-    await asyncio.shield(future)
-    return True
+    if future is not None:
+        await asyncio.shield(future)
+        return 0.0
+    future = asyncio.get_running_loop().create_future()
+    replica.loading[name] = future
+    task = asyncio.get_running_loop().create_task(
+        _load(session, url=url, replica=replica, adapter=adapter, max_loras=max_loras, timeout_s=timeout_s,
+              clock=clock, future=future, tenant_slots=tenant_slots)
+    )  # fmt: skip
+    future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)  # retrieved: no warning
+    task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+    return await asyncio.shield(future)
 
 
-async def _load(session, *, url, replica: ReplicaAdapters, adapter, max_loras, timeout_s, clock, future) -> None:
-    name = adapter.name
+def load_mu(load_s: float | None, *, mu_per_s: float, min_mu: float) -> float:
+    """What a load costs the request that caused it: the replica's MU capacity over the load's time (vLLM applies
+    a load in its engine loop, between steps), at least ``min_mu``; 0 for a request that loaded nothing."""
+    if not load_s or load_s <= 0:
+        return 0.0
+    return max(min_mu, load_s * mu_per_s)
+
+
+async def _load(session, *, url, replica: ReplicaAdapters, adapter, max_loras, timeout_s, clock, future,
+                tenant_slots) -> None:  # fmt: skip
+    name = adapter.engine_name
     started = time.perf_counter()
     try:
         async with replica.lock:
             if name not in replica.last_used:
                 await asyncio.wait_for(
-                    _evict_and_load(session, url=url, replica=replica, adapter=adapter, max_loras=max_loras),
+                    _evict_and_load(session, url=url, replica=replica, adapter=adapter, max_loras=max_loras,
+                                    tenant_slots=tenant_slots),
                     timeout_s,
-                )
-                replica.last_used[name] = clock()
-        m.child(m.LORA_LOAD_SECONDS, adapter.endpoint_name).observe(time.perf_counter() - started)
-        future.set_result(None)
+                )  # fmt: skip
+                replica.last_used[name] = replica.changed_at = clock()
+        took_s = time.perf_counter() - started
+        m.child(m.LORA_LOAD_SECONDS, adapter.endpoint_name).observe(took_s)
+        future.set_result(max(took_s, 1e-6))
     except AdapterUnavailable as exc:
         future.set_exception(exc)
     except TimeoutError:
         log.warning("loading adapter %s at %s timed out after %.0f s", name, url, timeout_s)
-        future.set_exception(_unavailable(name, f"loading it on a replica took over {timeout_s:g} s", status=502,
-                                          code="adapter_load_failed"))  # fmt: skip
+        future.set_exception(_unavailable(adapter.name, f"loading it on a replica took over {timeout_s:g} s",
+                                          status=502, code="adapter_load_failed"))  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - every waiter gets an answer, never a replica stuck loading
         log.exception("loading adapter %s at %s failed", name, url)
-        future.set_exception(_unavailable(name, f"loading it failed ({type(exc).__name__})", status=502,
+        future.set_exception(_unavailable(adapter.name, f"loading it failed ({type(exc).__name__})", status=502,
                                           code="adapter_load_failed"))  # fmt: skip
     finally:
         replica.loading.pop(name, None)
 
 
-async def _evict_and_load(session, *, url: str, replica: ReplicaAdapters, adapter, max_loras: int) -> None:
-    name = adapter.name
-    if not _artifact_present(adapter.path, root=adapter.root):
-        raise _unavailable(name, "its weights are missing from the adapter store (tell the operators)")
+def _victim(replica: ReplicaAdapters, adapter, max_loras: int, tenant_slots: int) -> str | None:
+    """The adapter to unload first (None: a slot is free). Never one in use or queued for; within the tenant's
+    quota, only one of its own. ``AdapterUnavailable`` 503 with Retry-After when none may leave."""
+    protected = replica.protected() - {adapter.engine_name}
+    own = replica.evictable(adapter.engine_name, tenant_slots)
     try:
-        victim = choose_victim(replica.last_used, replica.busy(), max_loras, replica.clock(), replica.victim)
+        if own is not None:
+            if not own:
+                raise LookupError("every slot the tenant may hold is loading")
+            if replica.victim is not None:
+                return replica.victim(own, protected, replica.clock())
+            return least_recent_to_evict(own, protected)
+        return choose_victim(replica.last_used, protected, max_loras, replica.clock(), replica.victim)
     except LookupError:
         raise _unavailable(
-            name, "every adapter slot on the replica is in use; retry shortly", code="adapter_slots_busy", retry=1
-        ) from None
-    if victim is not None:
-        status, body = await _post(session, url + UNLOAD_PATH, {"lora_name": victim})
-        if status not in (200, 404):  # 404: the engine no longer held it
-            log.warning("unloading adapter %s at %s answered %s: %s", victim, url, status, body[:300])
-            raise _unavailable(
-                name, "the replica could not free an adapter slot", status=502, code="adapter_load_failed"
-            )
-        replica.last_used.pop(victim, None)
-        replica.unloads += 1
-        m.child(m.LORA_UNLOADS, adapter.endpoint_name).inc()
+            adapter.name, "every adapter slot it may use on the replica is in use; retry shortly",
+            code="adapter_slots_busy", retry=1,
+        ) from None  # fmt: skip
+
+
+async def _evict_and_load(session, *, url: str, replica: ReplicaAdapters, adapter, max_loras: int,
+                          tenant_slots: int = 0) -> None:  # fmt: skip
+    name = adapter.engine_name
+    if not _artifact_present(adapter.path, root=adapter.root):
+        raise _unavailable(adapter.name, "its weights are missing from the adapter store (tell the operators)")
+    victim = _victim(replica, adapter, max_loras, tenant_slots)
+    if victim is not None and not await unload(
+        session, url=url, replica=replica, engine_name=victim, endpoint_name=adapter.endpoint_name
+    ):
+        raise _unavailable(
+            adapter.name, "the replica could not free an adapter slot", status=502, code="adapter_load_failed"
+        )
     status, body = await _post(session, url + LOAD_PATH, {"lora_name": name, "lora_path": adapter.path})
     if status == 400 and b"already been loaded" in body:
         return  # another proxy process loaded it first
     if status != 200:
         # The engine's message names the operators' storage path: logged, not shown to the tenant.
         log.warning("loading adapter %s at %s answered %s: %s", name, url, status, body[:500])
-        raise _unavailable(name, f"the replica refused to load it (HTTP {status})", status=502,
+        raise _unavailable(adapter.name, f"the replica refused to load it (HTTP {status})", status=502,
                            code="adapter_load_failed")  # fmt: skip
     replica.loads += 1
     replica.note_load(time.time())
     m.child(m.LORA_LOADS, adapter.endpoint_name).inc()
+
+
+async def unload(session, *, url: str, replica: ReplicaAdapters, engine_name: str, endpoint_name: str) -> bool:
+    """Unload ``engine_name`` from the replica (an eviction, or an adapter no longer served: deleted, or its
+    artifact changed); False when the engine refuses."""
+    status, body = await _post(session, url + UNLOAD_PATH, {"lora_name": engine_name})
+    if status not in (200, 404):  # 404: the engine no longer held it
+        log.warning("unloading adapter %s at %s answered %s: %s", engine_name, url, status, body[:300])
+        return False
+    replica.last_used.pop(engine_name, None)
+    replica.changed_at = replica.clock()
+    replica.unloads += 1
+    m.child(m.LORA_UNLOADS, endpoint_name).inc()
+    return True
+
+
+async def unload_stale(session, *, url: str, replica: ReplicaAdapters, current: Collection[str],
+                       endpoint_name: str) -> list[str]:  # fmt: skip
+    """Unload what the replica holds under a name no adapter of the endpoint has now (deleted adapters, older
+    artifact versions, adapters loaded under their public names before engine names), once nothing uses it; under
+    the replica's lock, so never between a victim's choice and its load. Returns the names unloaded."""
+    done = []
+    async with replica.lock:
+        for name in sorted(set(replica.last_used) - set(current) - replica.protected() - set(replica.loading)):
+            if await unload(session, url=url, replica=replica, engine_name=name, endpoint_name=endpoint_name):
+                done.append(name)
+    return done
 
 
 def _artifact_present(path: str, *, root: str) -> bool:

@@ -52,6 +52,14 @@ class PriorityRefused(UpstreamFailed):
         super().__init__("replica refused 'priority' (fcfs scheduler)", status=400)
 
 
+class AdapterMissing(UpstreamFailed):
+    """The replica answered 404 to a request naming a LoRA adapter it was thought to hold (unloaded since: another
+    proxy process, an operator, an engine restart). Nothing reached the client; the caller loads it again."""
+
+    def __init__(self) -> None:
+        super().__init__("replica does not hold the adapter", status=503)
+
+
 def _refuses_priority(status: int, body: bytes, priority_sent: bool) -> bool:
     return priority_sent and status == 400 and b"priority" in body.lower()
 
@@ -121,13 +129,16 @@ async def stream_exchange(
     priority_sent: bool = False,
     rename: ModelRename | None = None,
     transform=None,
+    adapter_request: bool = False,
 ) -> None:
     """``transform``: applied to each run of whole events before anything else reads them (a resumed stream's
-    ``resume.Continued``); None on a first attempt."""
+    ``resume.Continued``); None on a first attempt. ``adapter_request``: a 404 is ``AdapterMissing``."""
     resp = await _post(session, url, payload, headers, connect_timeout_s)
     async with resp:
         if resp.status >= 500:
             raise UpstreamFailed(f"replica answered {resp.status}")
+        if adapter_request and resp.status == 404:
+            raise AdapterMissing()
         if resp.status != 200:
             if outcome.started_client:  # a continuation: the client's response is under way
                 if _refuses_priority(resp.status, await resp.read(), priority_sent):
@@ -259,6 +270,7 @@ async def plain_exchange(
     connect_timeout_s: float,
     priority_sent: bool = False,
     rename: ModelRename | None = None,
+    adapter_request: bool = False,
 ) -> None:
     resp = await _post(session, url, payload, headers, connect_timeout_s)
     async with resp:
@@ -268,6 +280,8 @@ async def plain_exchange(
             raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
         if resp.status >= 500:
             raise UpstreamFailed(f"replica answered {resp.status}")
+        if adapter_request and resp.status == 404:
+            raise AdapterMissing()
         if _refuses_priority(resp.status, body, priority_sent):
             raise PriorityRefused()
     outcome.first_token_at = outcome.finished_at = time.perf_counter()

@@ -35,6 +35,7 @@ _STANDARD = CLASSES.index("standard")
 _NO_FLIGHT = (0,) * len(CLASSES)
 COST_AWARE = "cost_aware"  # routes a mixed fleet by the endpoint's routing plan (endpoints/routing/cost_aware.py)
 PRECISE_POLICIES = frozenset({"infercap"})  # the live policies that read the precise index from KV events
+ENGINE_NAMED_KEY = "adapter_engine_named"  # RouteRequest.extra: route.adapter is the engine name already
 
 
 class Shed(Exception):
@@ -96,6 +97,9 @@ class EndpointRuntime:
         self.caps: dict[str, int] | None = None
         self._class_flight: dict[str, list[int]] = {}  # replica id → running requests per priority class
         self.adapters: dict[str, ReplicaAdapters] = {}  # replica id → its LoRA adapters (``lora.py``)
+        # The endpoint's adapters by public name, from the snapshot: requests are routed, loaded and counted under
+        # their engine names (``AdapterInfo.engine_name``; docs/lora-serving.md).
+        self.adapter_infos: dict = {}
         self._gauges_dirty: set[str] = set()
         self.update(info)
 
@@ -105,6 +109,25 @@ class EndpointRuntime:
         setter = getattr(self.router, "set_adapter_history", None)
         if setter is not None and self.info.max_loras:
             setter(rates)
+
+    def set_adapters(self, adapters: dict) -> None:
+        """The endpoint's adapters now (public name → ``AdapterInfo``), from a new snapshot."""
+        self.adapter_infos = adapters
+
+    def engine_adapter_names(self) -> dict[str, str]:
+        """Engine name → public name of the adapters served here now (anything else a replica holds is stale)."""
+        return {a.engine_name: name for name, a in self.adapter_infos.items()}
+
+    def queued_adapters(self) -> set[str]:
+        """The adapters (engine names) that requests waiting in this endpoint's queue name."""
+        return {item.payload[1].adapter for item in self.queue.items() if item.payload[1].adapter is not None}
+
+    def _engine_route(self, route: RouteRequest) -> None:
+        """Name the request's adapter by its engine name, once (a retry or a pump passes the same route again)."""
+        if route.adapter is not None and not route.extra.get(ENGINE_NAMED_KEY):
+            found = self.adapter_infos.get(route.adapter)
+            route.adapter = found.engine_name if found is not None else route.adapter
+            route.extra[ENGINE_NAMED_KEY] = True
 
     def update(self, info: EndpointInfo) -> None:
         """Apply a new snapshot: add replicas, retire removed ones, follow concurrency-limit changes."""
@@ -190,7 +213,7 @@ class EndpointRuntime:
         found = self.adapters.get(rid)
         if found is None:
             victim = routers_eviction(lambda: self.router, rid)  # the router of the moment: the policy can change
-            found = self.adapters[rid] = ReplicaAdapters(victim=victim, clock=self.clock)
+            found = self.adapters[rid] = ReplicaAdapters(victim=victim, clock=self.clock, queued=self.queued_adapters)
         return found
 
     def in_flight_by_replica(self) -> dict[str, int]:
@@ -318,16 +341,20 @@ class EndpointRuntime:
 
     def try_take(self, route: RouteRequest, mu: float, exclude: set[str] | None = None) -> Slot | None:
         """Route now if some replica has a free slot; the slot is taken when this returns one."""
+        self._engine_route(route)
         now = self.clock()
         held = self._held_back(route.extra.get(CLASS_KEY, _STANDARD), now)
         if held:
             exclude = held | exclude if exclude else held
         views = self._one_version(self._views(now, exclude))
         if route.adapter is not None:
-            # Only replicas that serve adapters and can take this one now (it holds it, or has or can free a slot);
-            # none: the request waits in the queue for a slot (docs/lora-serving.md).
+            # Only replicas that serve adapters and can take this one now (it holds it, or has or can free a slot
+            # within its tenant's quota); none: the request waits in the queue for a slot (docs/lora-serving.md).
+            quota = self.config.tenant_adapter_slots
             views = [
-                v for v in views if self.adapters_of(self.slots[v.replica_id]).can_serve(route.adapter, v.max_loras)
+                v
+                for v in views
+                if self.adapters_of(self.slots[v.replica_id]).can_serve(route.adapter, v.max_loras, quota(v.max_loras))
             ]
         if not views:
             return None
@@ -438,6 +465,7 @@ class EndpointRuntime:
     async def acquire(self, route: RouteRequest, *, tenant: str, priority: str, mu: float) -> tuple[Slot, float]:
         """A slot for this request, now or after queueing; returns (slot, seconds queued). Raises Shed."""
         route.extra[CLASS_KEY] = CLASSES.index(priority)  # counted per class while it runs (shared slots)
+        self._engine_route(route)
         if self.admission.may_skip_queue():
             slot = self.try_take(route, mu)
             if slot is not None:
@@ -479,16 +507,22 @@ class EndpointRuntime:
         for refusal in self.admission.shed_expired(now=now, **self._load()):
             self._fail(refusal)
         changed = True
+        waiting_for_adapter = []  # no adapter slot for them now: the requests behind them go first
         while len(self.queue) and self._has_free_slot(self.admission.next_class()):
             item = self.admission.next_to_serve(now)
             fut, route = item.payload
             if fut.done():  # cancelled while queued
                 continue
             slot = self.try_take(route, item.mu)
+            if slot is None and route.adapter is not None:
+                waiting_for_adapter.append(item)
+                continue
             if slot is None:  # cannot happen while a slot is free, but never lose the request
                 self.queue.offer(item, item.enqueued_at)
                 break
             fut.set_result(slot)
+        for item in waiting_for_adapter:
+            self.queue.offer(item, item.enqueued_at)
         if changed:
             self._gauge_depth()
             self._arm_expiry()

@@ -109,9 +109,16 @@ class AdapterInfo:
     rank: int
     path: str  # the artifact's absolute directory (``lora_path`` for the engine); never shown to tenants
     created: int
-    root: str = ""  # the LoRA storage root it lies under
+    root: str = ""  # its owner's part of the LoRA storage root, which it lies under
     mu_factor: float = 1.0  # its requests cost the base endpoint's MU times this (``snapshot_loader.lora_mu_factor``)
     request_rate: float = 0.0  # requests/s over the last day (``Adapter.request_rate``): the router's history
+    # What replicas hold this artifact version under (``lora_artifacts.engine_name``: owner, id, files' fingerprint):
+    # the ``lora_name`` loaded, the ``model`` sent upstream, the router's and the slots' key. Empty: the public name.
+    engine_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.engine_name:
+            object.__setattr__(self, "engine_name", self.name)
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
@@ -169,12 +176,17 @@ class Snapshot:
         return [found for name in self.adapters_by_name if (found := self.adapter_for(name, tenant_id))]
 
     def adapter_rates(self, endpoint_name: str) -> dict[str, float]:
-        """The request rates of the adapters served on ``endpoint_name`` (the router's history; never shown)."""
+        """The request rates of the adapters served on ``endpoint_name`` by engine name (the router's history; never
+        shown)."""
         return {
-            a.name: a.request_rate
+            a.engine_name: a.request_rate
             for a in self.adapters_by_name.values()
             if a.endpoint_name == endpoint_name and a.request_rate > 0
         }
+
+    def endpoint_adapters(self, endpoint_name: str) -> dict[str, AdapterInfo]:
+        """The adapters served on ``endpoint_name`` by public name (the runtime's engine names and quotas)."""
+        return {a.name: a for a in self.adapters_by_name.values() if a.endpoint_name == endpoint_name}
 
 
 def takes_priority(launch_options) -> bool:

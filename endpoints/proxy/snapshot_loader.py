@@ -13,6 +13,7 @@ from django.db.models import F
 from django.db.models.functions import Coalesce
 
 from capacity.unit_resolver import coefficients_by_endpoint, hardware_speeds
+from endpoints.lora_artifacts import artifact_fingerprint, engine_name, owner_root
 from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState
 from endpoints.proxy.snapshot import (
     AdapterInfo,
@@ -173,16 +174,20 @@ def lora_mu_factor(endpoint: EndpointInfo | None) -> float:
 
 
 def _adapters(endpoints_by_name: dict[str, EndpointInfo]) -> dict[str, AdapterInfo]:
-    """Every adapter with its artifact's absolute path, resolved again here: one whose path a symlink made to leave
-    the LoRA root since its registration is left out (its requests are a 404), as registration would refuse it."""
+    """Every adapter with its artifact's absolute path under its owner's root (``lora_artifacts.owner_root``),
+    resolved again here: one whose path a symlink made to leave that root since its registration is left out (its
+    requests are a 404), as registration would refuse it. Its engine name carries a fingerprint of the files now, so
+    an artifact rewritten in place is loaded afresh (docs/lora-serving.md)."""
     knobs = settings.INFERCAP
     root = os.path.realpath(knobs.get("LORA_ROOT") or "var/lora")
     adapters = {}
     for a in Adapter.objects.select_related("endpoint"):
-        path = os.path.realpath(os.path.join(root, a.artifact_path))
-        if not path.startswith(root + os.sep):
-            log.warning("adapter %s: %s resolves outside the LoRA root; not served", a.name, a.artifact_path)
+        base = os.path.realpath(owner_root(root, a.owner_tenant_id))
+        path = os.path.realpath(os.path.join(base, a.artifact_path))
+        if not path.startswith(base + os.sep):
+            log.warning("adapter %s: %s resolves outside its owner's LoRA root; not served", a.name, a.artifact_path)
             continue
+        fingerprint = artifact_fingerprint(path)
         adapters[a.name] = AdapterInfo(
             name=a.name,
             owner_tenant_id=a.owner_tenant_id,
@@ -190,8 +195,9 @@ def _adapters(endpoints_by_name: dict[str, EndpointInfo]) -> dict[str, AdapterIn
             rank=a.rank,
             path=path,
             created=int(a.created_at.timestamp()),
-            root=root,
+            root=base,
             mu_factor=lora_mu_factor(endpoints_by_name.get(a.endpoint.name)),
             request_rate=a.request_rate,
+            engine_name=engine_name(adapter_id=a.pk, owner_tenant_id=a.owner_tenant_id, fingerprint=fingerprint),
         )
     return adapters

@@ -23,8 +23,10 @@ from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.errors import ProxyError
 from endpoints.proxy.flight import Admission, Flight, Price
 from endpoints.proxy.limits import Bucket, LimiterUnavailable, RateLimiter, buckets_for, retry_after_from_wait
-from endpoints.proxy.lora import ensure_loaded
+from endpoints.proxy.lora import ensure_loaded, load_mu
+from endpoints.proxy.model_names import ModelRename
 from endpoints.proxy.relay import (
+    AdapterMissing,
     Outcome,
     PriorityRefused,
     ResumeRefused,
@@ -309,8 +311,8 @@ class Upstream:
     ) -> None:
         self.req = req
         self.model = model
-        # A LoRA adapter's request names the adapter as its model, which the engine serves under that very name, so
-        # neither the request nor the answer is renamed (docs/lora-serving.md).
+        # A LoRA adapter's request names the adapter's engine name upstream (what the replica holds this artifact
+        # version under) and the answer is renamed back to the adapter's public name (docs/lora-serving.md).
         self.adapter = adapter
         self.path = UPSTREAM_PATH[req.kind]
         self.cache_salt = cache_salt
@@ -340,9 +342,12 @@ class Upstream:
         return payload
 
     async def exchange(self, session, slot: Slot, send, *, outcome: Outcome, connect_timeout_s: float) -> None:
-        sends_priority, rename = slot.takes_priority, slot.rename if self.adapter is None else None
+        sends_priority, rename = slot.takes_priority, slot.rename
+        if self.adapter is not None:
+            rename = ModelRename(engine=self.adapter.engine_name, endpoint=self.adapter.name)
         url = slot.url + self.path
         payload = self.payload(sends_priority, rename.engine if rename is not None else self.model)
+        lora = self.adapter is not None
         if self.req.stream:
             await stream_exchange(
                 session,
@@ -357,6 +362,7 @@ class Upstream:
                 priority_sent=sends_priority,
                 rename=rename,
                 transform=self.transform,
+                adapter_request=lora,
             )
         else:
             await plain_exchange(
@@ -370,6 +376,7 @@ class Upstream:
                 connect_timeout_s=connect_timeout_s,
                 priority_sent=sends_priority,
                 rename=rename,
+                adapter_request=lora,
             )
 
 
@@ -381,18 +388,22 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
     admission, outcome, first = flight.admission, flight.outcome, upstream
     outcome.on_first_token = lambda: admission.runtime.first_token(admission.slot, admission.route)
     tried: set[str] = set()
+    reloaded: set[str] = set()
     retried = False
     resumes = 0
     while True:
         slot = admission.slot
         tried.add(slot.view.replica_id)
         if upstream.adapter is not None:
-            await load_adapter(state, admission, upstream.adapter)
+            await load_adapter(state, flight, upstream.adapter)
         try:
             await upstream.exchange(
                 state.session, slot, send, outcome=outcome, connect_timeout_s=state.config.connect_timeout_s
             )
             return
+        except AdapterMissing:
+            adapter_gone(admission, upstream.adapter, reloaded)
+            continue
         except PriorityRefused:
             # A replica on vLLM's default fcfs scheduler (launched by hand, or its options say priority but it is
             # not): remember it and resend on the same slot without the field; nothing was sent to the client yet.
@@ -435,17 +446,46 @@ def resumed(upstream: Upstream, outcome: Outcome) -> Upstream | None:
     return upstream.continued(req, done.tokens) if req is not None else None
 
 
-async def load_adapter(state: ProxyState, admission: Admission, adapter: AdapterInfo) -> None:
-    """Make the admitted replica hold the request's LoRA adapter, loading it first if it does not (``lora.py``)."""
+async def load_adapter(state: ProxyState, flight: Flight, adapter: AdapterInfo) -> None:
+    """Make the admitted replica hold the request's LoRA adapter, loading it first if it does not (``lora.py``); a
+    load this request caused is charged to it (``Flight.adapter_load_mu``)."""
+    admission, config = flight.admission, state.config
     runtime, slot = admission.runtime, admission.slot
-    await ensure_loaded(
+    if admission.route.adapter != adapter.engine_name:  # the adapter changed between resolve and admission
+        raise adapter_unavailable(adapter, "it changed while the request waited")
+    load_s = await ensure_loaded(
         state.session,
         url=slot.url,
         replica=runtime.adapters_of(slot),
         adapter=adapter,
         max_loras=slot.view.max_loras,
-        timeout_s=state.config.lora_load_timeout_s,
+        timeout_s=config.lora_load_timeout_s,
+        tenant_slots=config.tenant_adapter_slots(slot.view.max_loras),
     )
+    mu_per_s = runtime.info.coeffs.mu_per_min / 60.0
+    flight.adapter_load_mu += load_mu(load_s, mu_per_s=mu_per_s, min_mu=config.lora_load_min_s * mu_per_s)
+
+
+def adapter_unavailable(adapter: AdapterInfo, why: str) -> ProxyError:
+    return ProxyError(
+        503,
+        f"The adapter `{adapter.name}` could not be served: {why}; retry shortly.",
+        type="server_error",
+        code="adapter_unavailable",
+        param="model",
+        retry_after=1,
+        usage_status="upstream_error",
+    )
+
+
+def adapter_gone(admission: Admission, adapter: AdapterInfo, reloaded: set[str]) -> None:
+    """The replica answered 404 for an adapter it was thought to hold: forget it there, so the next attempt loads
+    it again; a second time on the same replica is a 503 with Retry-After, never the engine's 404."""
+    slot = admission.slot
+    admission.runtime.adapters_of(slot).last_used.pop(adapter.engine_name, None)
+    if slot.view.replica_id in reloaded:
+        raise adapter_unavailable(adapter, "the replica lost it twice")
+    reloaded.add(slot.view.replica_id)
 
 
 def move_to_another_replica(admission: Admission, tried: set[str], *, allowed: bool) -> bool:

@@ -29,7 +29,7 @@ from endpoints.metrics_scraper import MetricsScraper
 from endpoints.proxy.config import ProxyConfig, load_config
 from endpoints.proxy.isolation import CacheSalts
 from endpoints.proxy.limits import RateLimiter
-from endpoints.proxy.lora import LORA_REPORT_KEY, lora_report, read_engine_adapters
+from endpoints.proxy.lora import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from endpoints.proxy.prompt_tokens import TokenizerCache
 from endpoints.proxy.runtime import EndpointRuntime
 from endpoints.proxy.scrape_client import AiohttpScrapeClient
@@ -276,6 +276,7 @@ class ProxyState:
                     runtime.kv_feeds.sync(())  # its subscribers are told to stop (joined at shutdown)
                 continue
             runtime.update(info)
+            runtime.set_adapters(snap.endpoint_adapters(info.name))
             runtime.set_adapter_history(snap.adapter_rates(info.name))
         self._sync_scrape_targets()
         self._apply_caps()
@@ -285,6 +286,7 @@ class ProxyState:
         if runtime is None:
             runtime = self.runtimes[info.id] = EndpointRuntime(info, config=self.config, scraper=self.scraper)
             if self.snapshot is not None:
+                runtime.set_adapters(self.snapshot.endpoint_adapters(info.name))
                 runtime.set_adapter_history(self.snapshot.adapter_rates(info.name))
             self._sync_scrape_targets()
             self._apply_caps(runtime)
@@ -292,7 +294,8 @@ class ProxyState:
 
     async def _sync_adapters(self) -> None:
         """Every ``lora_sync_s``: the adapters each LoRA replica's engine lists (``lora.py``), so the ones other
-        proxy processes loaded, or the engine was started with, count in its slots here too."""
+        proxy processes loaded, or the engine was started with, count in its slots here too; what it holds under a
+        name no adapter has now (deleted, an older artifact version) is unloaded once idle."""
         while True:
             await asyncio.sleep(self.config.lora_sync_s)
             try:
@@ -312,9 +315,21 @@ class ProxyState:
 
     async def _sync_replica_adapters(self, runtime: EndpointRuntime, slot) -> None:
         base = slot.rename.engine if slot.rename is not None else runtime.info.name
+        read_since = runtime.clock()
         found = await read_engine_adapters(self.session, slot.url, base)
-        if found is not None:
-            runtime.adapters_of(slot).sync_from_models(found)
+        if found is None:
+            return
+        replica = runtime.adapters_of(slot)
+        replica.sync_from_models(found, read_since)
+        stale = await unload_stale(
+            self.session,
+            url=slot.url,
+            replica=replica,
+            current=runtime.engine_adapter_names(),
+            endpoint_name=runtime.info.name,
+        )
+        if stale:
+            log.info("replica %s: unloaded adapters no longer served: %s", slot.name, ", ".join(stale))
 
     # -- sharing replica slots with the other proxy processes --------------------------------------------
     async def _housekeeping(self) -> None:
@@ -449,7 +464,11 @@ class ProxyState:
                     pipe.expire(key, DEMAND_TTL_S)
                     if runtime.adapters:  # LoRA endpoints only; the console reads it (console.lora)
                         lora_key = LORA_REPORT_KEY.format(endpoint_id=eid)
-                        pipe.hset(lora_key, self.process_id, json.dumps(lora_report(runtime.adapters, now)))
+                        pipe.hset(
+                            lora_key,
+                            self.process_id,
+                            json.dumps(lora_report(runtime.adapters, now, runtime.engine_adapter_names())),
+                        )
                         pipe.expire(lora_key, LORA_REPORT_TTL_S)
                 await pipe.execute()
             except asyncio.CancelledError:

@@ -6,6 +6,7 @@ import os
 import pytest
 from django.urls import reverse
 
+from endpoints.adapters import ARTIFACT_REFUSED
 from endpoints.models import Adapter
 from tenants.models import AuditEntry
 from tests.api.base import APIResourceCase, unique
@@ -41,14 +42,14 @@ class TestAdapters(APIResourceCase):
     def create_payload(self, world):
         from django.conf import settings
 
-        relative = unique("tenant-a/support")
-        write_adapter(settings_root(settings), relative)
+        relative = unique("support")
+        write_adapter(tenant_store(settings_root(settings), world.a.tenant), relative)
         return {"name": unique("support-ft"), "endpoint": lora_endpoint(world, "a").pk, "artifact_path": relative}
 
     def invalid_payloads(self, world):
         from django.conf import settings
 
-        root = settings_root(settings)
+        root = tenant_store(settings_root(settings), world.a.tenant)
         good = self.create_payload(world)
         write_adapter(root, "rank-32", rank=32)
         write_adapter(root, "other-base", base_model="mistralai/Mistral-7B-v0.1")
@@ -61,7 +62,7 @@ class TestAdapters(APIResourceCase):
             ({**good, "endpoint": no_lora.pk}, "endpoint"),  # LoRA off there
             ({**good, "artifact_path": "/etc"}, "artifact_path"),
             ({**good, "artifact_path": "../../etc"}, "artifact_path"),
-            ({**good, "artifact_path": "tenant-a/../../x"}, "artifact_path"),
+            ({**good, "artifact_path": "support/../../x"}, "artifact_path"),
             ({**good, "artifact_path": "missing/dir"}, "artifact_path"),
             ({**good, "artifact_path": "no-weights"}, "artifact_path"),
             ({**good, "artifact_path": "other-base"}, "artifact_path"),
@@ -79,10 +80,17 @@ def settings_root(settings):
     return Path(settings.INFERCAP["LORA_ROOT"])
 
 
+def tenant_store(root, tenant):
+    """A tenant's part of the LoRA root: its adapters' paths are relative to it."""
+    return root / "tenants" / str(tenant.pk)
+
+
 def test_symlink_out_of_the_root_is_refused(world, lora_root, tmp_path):
+    store = tenant_store(lora_root, world.a.tenant)
     outside = write_adapter(tmp_path, "outside")  # a valid adapter, but not under the root
-    os.symlink(outside, lora_root / "escape")
-    inside = write_adapter(lora_root, "linked-config")
+    store.mkdir(parents=True)
+    os.symlink(outside, store / "escape")
+    inside = write_adapter(store, "linked-config")
     (inside / "adapter_config.json").unlink()
     os.symlink(outside / "adapter_config.json", inside / "adapter_config.json")
     endpoint = lora_endpoint(world, "a")
@@ -90,12 +98,38 @@ def test_symlink_out_of_the_root_is_refused(world, lora_root, tmp_path):
         body = {"name": unique("ft"), "endpoint": endpoint.pk, "artifact_path": path}
         response = world.client("a_admin").post(URL, body, format="json")
         assert response.status_code == 400, response.content
-        assert "outside the LoRA storage root" in response.json()["artifact_path"][0]
+        assert response.json()["artifact_path"] == [ARTIFACT_REFUSED]  # the tenant learns nothing more
+        operator = world.client("operator").post(URL, {**body, "owner_tenant": world.a.tenant.pk}, format="json")
+        assert "outside the LoRA storage root" in operator.json()["artifact_path"][0]  # operators get the reason
     assert not Adapter.objects.exists()
 
 
+def test_a_tenant_cannot_reach_another_tenants_artifacts_and_every_refusal_reads_alike(world, lora_root):
+    root_b = tenant_store(lora_root, world.b.tenant)
+    write_adapter(root_b, "ft-secret")
+    write_adapter(root_b, "no-config").joinpath("adapter_config.json").unlink()
+    write_adapter(tenant_store(lora_root, world.a.tenant), "other-base", base_model="mistralai/Mistral-7B-v0.1")
+    endpoint = lora_endpoint(world, "a")
+    paths = [
+        f"tenants/{world.b.tenant.pk}/ft-secret",  # B's directory, spelled from the root, exists
+        f"tenants/{world.b.tenant.pk}/no-config",  # exists, no config
+        f"../{world.b.tenant.pk}/ft-secret",  # out of A's directory
+        "ft-secret",  # B's name, in A's directory: absent
+        "missing",
+        "other-base",  # A's own, another base model: not echoed either
+        "/etc",
+    ]
+    answers = set()
+    for path in paths:
+        body = {"name": unique("ft"), "endpoint": endpoint.pk, "artifact_path": path}
+        response = world.client("a_admin").post(URL, body, format="json")
+        assert response.status_code == 400, (path, response.content)
+        answers.add(response.content)
+    assert len(answers) == 1 and not Adapter.objects.exists()
+
+
 def test_tenant_registers_private_adapters_only_and_operator_shared_ones(world, lora_root):
-    write_adapter(lora_root, "shared/base-ft")
+    write_adapter(lora_root / "shared", "shared/base-ft")
     shared_endpoint = lora_endpoint(world, None)
     for side in (world.a, world.b):  # a tenant sees a shared endpoint it reserves on
         ReservationFactory(tenant=side.tenant, endpoint=shared_endpoint)
@@ -114,14 +148,14 @@ def test_tenant_registers_private_adapters_only_and_operator_shared_ones(world, 
 
 
 def test_shared_adapter_cannot_open_a_private_endpoint(world, lora_root):
-    write_adapter(lora_root, "ft")
+    write_adapter(lora_root / "shared", "ft")
     body = {"name": "leak-ft", "endpoint": lora_endpoint(world, "a").pk, "artifact_path": "ft"}
     response = world.client("operator").post(URL, {**body, "owner_tenant": None}, format="json")
     assert response.status_code == 400 and "endpoint" in response.json()
 
 
 def test_rank_comes_from_the_config_and_registration_is_audited(world, lora_root):
-    write_adapter(lora_root, "ft8", rank=8)
+    write_adapter(tenant_store(lora_root, world.a.tenant), "ft8", rank=8)
     endpoint = lora_endpoint(world, "a")
     response = world.client("a_admin").post(
         URL, {"name": "ft8", "endpoint": endpoint.pk, "artifact_path": "ft8"}, format="json"
@@ -137,7 +171,7 @@ def test_rank_comes_from_the_config_and_registration_is_audited(world, lora_root
 
 
 def test_endpoint_cannot_take_an_adapters_name(world, lora_root):
-    write_adapter(lora_root, "ft")
+    write_adapter(tenant_store(lora_root, world.a.tenant), "ft")
     endpoint = lora_endpoint(world, "a")
     world.client("a_admin").post(
         URL, {"name": "taken-ft", "endpoint": endpoint.pk, "artifact_path": "ft"}, format="json"
@@ -149,6 +183,6 @@ def test_endpoint_cannot_take_an_adapters_name(world, lora_root):
 def test_base_model_matches_a_local_directory_of_the_same_name(world, lora_root):
     profile = ModelProfileFactory(name="tiny-llama")
     endpoint = EndpointFactory(owner_tenant=world.a.tenant, model_profile=profile, launch_options=LORA_OPTIONS)
-    write_adapter(lora_root, "tiny", base_model="/models/tiny-llama")
+    write_adapter(tenant_store(lora_root, world.a.tenant), "tiny", base_model="/models/tiny-llama")
     body = {"name": "tiny-ft", "endpoint": endpoint.pk, "artifact_path": "tiny"}
     assert world.client("a_admin").post(URL, body, format="json").status_code == 201

@@ -136,19 +136,25 @@ def test_the_http_pass_loads_the_highest_rank_adapter_and_names_it(lora_endpoint
     from capacity.services import _adapter_driver
     from endpoints.models import Adapter
 
+    owner = lora_endpoint.owner_tenant_id
+    store = lora_root / "tenants" / str(owner)  # the owner's part of the root
     for name, rank in (("small-ft", 8), ("big-ft", 16)):
-        write_adapter(lora_root, name, rank=rank)
-        Adapter.objects.create(name=name, endpoint=lora_endpoint, rank=rank, artifact_path=name)
+        write_adapter(store, name, rank=rank)
+        Adapter.objects.create(name=name, owner_tenant_id=owner, endpoint=lora_endpoint, rank=rank, artifact_path=name)
+    big = Adapter.objects.get(name="big-ft")
     driver = HttpReplicaDriver.__new__(HttpReplicaDriver)
     driver.url, driver.model, driver.headers = "http://replica", "base", {}
     loads, lines = [], []
     driver.load_adapter = lambda name, path: loads.append((name, path))
     adapter_driver = _adapter_driver(lora_endpoint, driver, lines.append)
-    assert loads == [("big-ft", str((lora_root / "big-ft").resolve()))]
-    assert adapter_driver.model == "big-ft" and driver.model == "base"
+    [(loaded_as, path)] = loads
+    assert path == str((store / "big-ft").resolve())
+    # Loaded under the engine name the proxies give this artifact version, never the public name.
+    assert loaded_as.startswith(f"lora-t{owner}-{big.pk}-") and adapter_driver.model == loaded_as
+    assert driver.model == "base"
     # An artifact gone from the store: the overhead is not measured; the benchmark goes on without it.
-    (lora_root / "big-ft" / "adapter_config.json").unlink()
-    (lora_root / "big-ft" / "adapter_model.safetensors").unlink()
-    (lora_root / "big-ft").rmdir()
+    (store / "big-ft" / "adapter_config.json").unlink()
+    (store / "big-ft" / "adapter_model.safetensors").unlink()
+    (store / "big-ft").rmdir()
     assert _adapter_driver(lora_endpoint, driver, lines.append) is None
     assert "LoRA overhead not measured" in lines[-1]

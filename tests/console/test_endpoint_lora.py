@@ -127,12 +127,13 @@ def test_every_proxy_process_publishes_its_lora_report_beside_its_demand():
             pass
 
     held = ReplicaAdapters()
-    held.last_used["a-support-ft"] = 1.0
+    held.last_used["lora-t1-7-0a1b2c3d4e5f"] = 1.0  # replicas hold adapters under their engine names
     held.note_load(time.time())
     proxy = ProxyState.__new__(ProxyState)  # only what the publishing loop reads
+    names = {"lora-t1-7-0a1b2c3d4e5f": "a-support-ft"}
     proxy.runtimes = {
-        1: SimpleNamespace(adapters={"5": held}, demand=lambda: {"queued": 0}),
-        2: SimpleNamespace(adapters={}, demand=lambda: {"queued": 0}),  # no LoRA: no report
+        1: SimpleNamespace(adapters={"5": held}, demand=lambda: {"queued": 0}, engine_adapter_names=lambda: names),
+        2: SimpleNamespace(adapters={}, demand=lambda: {"queued": 0}, engine_adapter_names=dict),  # no LoRA
     }
     proxy.redis = SimpleNamespace(pipeline=lambda transaction=False: Pipeline())
     proxy.config, proxy.process_id = SimpleNamespace(demand_interval_s=0.01), "proc-1"

@@ -7,6 +7,7 @@ OpenAI-shaped error, not a replica stuck loading."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +19,8 @@ import pytest
 
 from billing.models import UsageRecord
 from endpoints.adapters import adapter_create
+from endpoints.lora_artifacts import ENGINE_NAME
+from endpoints.models import Adapter
 from endpoints.services import replica_attach
 from tests.engine.conftest import LORA_MAX_RANK, LORA_SLOTS, SERVED_MODEL_NAME
 from tests.engine.engine import ENGINE_PY, MODEL_DIR, ROOT
@@ -59,6 +62,26 @@ def engine_adapters(url: str) -> set[str]:
     return {card["id"] for card in cards if card.get("parent")}
 
 
+def loaded(url: str) -> set[str]:
+    """The adapters the engine holds, by public name: it holds them under engine names (owner, adapter id, files'
+    fingerprint; docs/lora-serving.md), never the names tenants call."""
+    ids = {}
+    for name in engine_adapters(url):
+        found = ENGINE_NAME.match(name)
+        assert found is not None, f"the engine holds {name!r}, not an engine name"
+        ids[int(found["id"])] = name
+    return set(Adapter.objects.filter(pk__in=ids).values_list("name", flat=True))
+
+
+def own_store(lora_store, tenant):
+    """The tenant's part of the LoRA root, here the store itself (its adapters' paths are relative to it)."""
+    link = lora_store / "tenants" / str(tenant.pk)
+    if not link.exists():
+        link.parent.mkdir(exist_ok=True)
+        os.symlink(lora_store, link)
+    return link
+
+
 @pytest.fixture
 def served(lora_engine, lora_store, procs, clean_redis, tenant_a, tenant_b, settings, monkeypatch):
     """A shared LoRA endpoint on the module's engine (its adapters unloaded first), tenant A's three private
@@ -79,9 +102,13 @@ def served(lora_engine, lora_store, procs, clean_redis, tenant_a, tenant_b, sett
     for actors in (tenant_a, tenant_b):
         ReservationFactory(tenant=actors.tenant, endpoint=endpoint, mu_per_min=1e9)
     replica_attach(endpoint=endpoint, url=lora_engine.url, name="lora-engine", served_model_name=lora_engine.model)
+    own_store(lora_store, tenant_a.tenant)
     for name in ADAPTERS:
         adapter_create(name=name, owner_tenant=tenant_a.tenant, endpoint=endpoint, artifact_path=name)
-    return SimpleNamespace(endpoint=endpoint, base=spawn_proxy(procs), a=tenant_a.raw_key, b=tenant_b.raw_key)
+    # Every slot may hold tenant A's adapters here: these tests judge the eviction rule, not the per-tenant quota
+    # (tests/proxy/test_lora_slots.py, bench security's adapters.no_thrash_across_tenants).
+    base = spawn_proxy(procs, lora_tenant_slot_share=1.0)
+    return SimpleNamespace(endpoint=endpoint, base=base, a=tenant_a.raw_key, b=tenant_b.raw_key)
 
 
 def ask(served, model: str, key: str | None = None) -> httpx.Response:
@@ -100,8 +127,8 @@ def test_first_request_loads_the_adapter_and_other_tenants_cannot_see_or_use_it(
     response = ask(served, "ft-one")
     assert response.status_code == 200, response.text
     assert response.json()["model"] == "ft-one"  # the client reads the adapter's name
-    assert engine_adapters(lora_engine.url) == {"ft-one"}  # loaded on demand by the proxy
-    assert ask(served, "ft-one").status_code == 200 and engine_adapters(lora_engine.url) == {"ft-one"}
+    assert loaded(lora_engine.url) == {"ft-one"}  # loaded on demand by the proxy, under its engine name
+    assert ask(served, "ft-one").status_code == 200 and loaded(lora_engine.url) == {"ft-one"}
     rows = wait_for(lambda: list(UsageRecord.objects.filter(adapter="ft-one")) or None, 20)
     assert {row.endpoint_id for row in rows} == {served.endpoint.pk} and rows[0].mu > 0
     # Tenant A lists its adapter under its base endpoint, as vLLM does; tenant B neither sees nor reaches it.
@@ -119,13 +146,13 @@ def test_at_the_slot_limit_the_least_popular_idle_adapter_is_unloaded(lora_engin
     # least recent use; the engine's own adapter list shows which one the proxy unloaded.
     for name in ("ft-one", "ft-two", "ft-one"):  # ft-two: requested once, and the least recently used
         assert ask(served, name).status_code == 200
-    assert engine_adapters(lora_engine.url) == {"ft-one", "ft-two"}
+    assert loaded(lora_engine.url) == {"ft-one", "ft-two"}
     response = ask(served, "ft-three")
     assert response.status_code == 200, response.text
-    assert engine_adapters(lora_engine.url) == {"ft-one", "ft-three"}
+    assert loaded(lora_engine.url) == {"ft-one", "ft-three"}
     assert ask(served, "ft-two").status_code == 200  # back on demand
     # ft-three (one request, the most recent) leaves rather than ft-one (two requests): LRU would unload ft-one.
-    assert engine_adapters(lora_engine.url) == {"ft-one", "ft-two"}
+    assert loaded(lora_engine.url) == {"ft-one", "ft-two"}
 
 
 def test_vanished_and_unloadable_artifacts_are_openai_errors_and_the_replica_keeps_serving(
@@ -138,7 +165,7 @@ def test_vanished_and_unloadable_artifacts_are_openai_errors_and_the_replica_kee
         assert gone["code"] == "adapter_unavailable" and "missing" in gone["message"]
         broken = assert_openai_error(ask(served, "ft-three"), 502)
         assert broken["code"] == "adapter_load_failed" and str(lora_store) not in broken["message"]
-        assert engine_adapters(lora_engine.url) == set()
+        assert loaded(lora_engine.url) == set()
         assert ask(served, "ft-one").status_code == 200  # nothing was left loading: the replica serves on
         assert ask(served, "lora-base").status_code == 200
     finally:
@@ -171,17 +198,21 @@ def test_each_adapter_stays_on_one_of_two_replicas_under_infercap_routing(
     ReservationFactory(tenant=tenant_a.tenant, endpoint=endpoint, mu_per_min=1e9)
     for name, engine in engines.items():
         replica_attach(endpoint=endpoint, url=engine.url, name=name, served_model_name=engine.model)
+    own_store(lora_store, tenant_a.tenant)
     for name in ADAPTERS[:2]:
         adapter_create(name=name, owner_tenant=tenant_a.tenant, endpoint=endpoint, artifact_path=name)
     # Placement is judged here, not the staleness rule (see test_proxy_two_engines.py).
-    served = SimpleNamespace(base=spawn_proxy(procs, metrics_stale_s=120), a=tenant_a.raw_key)
+    # Placement without the per-tenant slot quota, which the router does not weigh yet (docs/lora-serving.md).
+    served = SimpleNamespace(
+        base=spawn_proxy(procs, metrics_stale_s=120, lora_tenant_slot_share=1.0), a=tenant_a.raw_key
+    )
     ids = []
     for _ in range(4):
         for name in ADAPTERS[:2]:
             response = ask(served, name)
             assert response.status_code == 200, response.text
             ids.append((name, response.headers["x-request-id"]))
-    held = {name: engine_adapters(engine.url) for name, engine in engines.items()}
+    held = {name: loaded(engine.url) for name, engine in engines.items()}
     for adapter in ADAPTERS[:2]:
         assert sum(adapter in adapters for adapters in held.values()) == 1, held  # loaded once, on one replica
     rows = wait_for(

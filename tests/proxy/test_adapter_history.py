@@ -73,11 +73,14 @@ def test_the_snapshot_hands_each_endpoints_router_its_adapters_history(served):
     usage(tenant, other, "elsewhere", 3, ago=timedelta(hours=1))
     adapter_rates_refresh()
     snap = read_snapshot("v1")
-    assert snap.adapter_rates(endpoint.name) == {"steady": pytest.approx(6 / ADAPTER_RATE_WINDOW_S)}
+    # By engine name: the router counts adapters as the replicas hold them (docs/lora-serving.md).
+    steady = snap.adapters_by_name["steady"].engine_name
+    assert steady.startswith(f"lora-t{tenant.pk}-{adapters['steady'].pk}-")
+    assert snap.adapter_rates(endpoint.name) == {steady: pytest.approx(6 / ADAPTER_RATE_WINDOW_S)}
     state = ProxyState(ProxyConfig())
     state.snapshot = snap
     runtime = state.runtime_for(snap.endpoints_by_name[endpoint.name])
-    assert runtime.router.adapter_book.history == {"steady": pytest.approx(6 / ADAPTER_RATE_WINDOW_S)}
+    assert runtime.router.adapter_book.history == {steady: pytest.approx(6 / ADAPTER_RATE_WINDOW_S)}
     # The next snapshot replaces it (here: the adapter's requests aged out).
     quiet = dataclasses.replace(
         snap,

@@ -134,9 +134,10 @@ async def load(engine, replica, name="support-ft", *, max_loras=2, timeout_s=5.0
 async def test_concurrent_requests_wait_on_one_load():
     engine, replica = Engine(load_s=0.05), ReplicaAdapters()
     waited = await asyncio.gather(*(load(engine, replica) for _ in range(5)))
-    assert waited == [True] * 5 and engine.count("/v1/load_lora_adapter") == 1
+    # The request that started the load is told its time (it pays for it); the others waited on it for free.
+    assert waited[0] >= 0.05 and waited[1:] == [0.0] * 4 and engine.count("/v1/load_lora_adapter") == 1
     assert replica.held() == {"support-ft"} and not replica.loading
-    assert await load(engine, replica) is False  # held: no wait, no call
+    assert await load(engine, replica) is None  # held: no wait, no call
 
 
 async def test_at_the_slot_limit_the_least_recently_used_idle_adapter_is_unloaded():
@@ -187,7 +188,7 @@ async def test_a_failed_load_is_an_openai_error_and_leaves_nothing_loading(case,
     assert engine.count("/v1/load_lora_adapter") == (0 if case == "vanished" else 1)
     engine.fail_load, engine.load_s = None, 0.0
     if case != "vanished":
-        assert await load(engine, replica) is True  # the next request tries again
+        assert await load(engine, replica) > 0  # the next request tries again
 
 
 async def test_an_adapter_another_process_loaded_counts_as_loaded():

@@ -70,6 +70,8 @@ class AdapterSlots:
     loads: int = 0
     unloads: int = 0
     victim: VictimChooser | None = None  # which idle adapter leaves at the limit (None: the LRU one)
+    # Told (name) of every load, unload and request that runs with an adapter (the HTTP replica's admin log).
+    on_event: Callable[[str, str], None] | None = None
 
     def holds(self, name: str) -> bool:
         return name in self.last_used
@@ -93,11 +95,15 @@ class AdapterSlots:
         self.last_used[name] = now
         self.ready_at[name] = self.loader_free_s
         self.loads += 1
+        if self.on_event is not None:
+            self.on_event("load", name)
         return self.loader_free_s
 
     def acquire(self, name: str, now: float, load_s: float) -> float:
         """A request for ``name`` arrives: load it if needed; mark it in use. Returns when it can run."""
         ready = self.load(name, now, load_s)
+        if self.on_event is not None:
+            self.on_event("serve", name)
         self.in_use[name] = self.in_use.get(name, 0) + 1
         self.last_used[name] = now
         return ready
@@ -119,6 +125,8 @@ class AdapterSlots:
             raise RuntimeError(f"adapter {name!r} is in use")
         del self.last_used[name]
         self.ready_at.pop(name, None)
+        if self.on_event is not None:
+            self.on_event("unload", name)
         self.paths.pop(name, None)
         self.unloads += 1
 

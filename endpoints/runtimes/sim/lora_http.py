@@ -18,6 +18,10 @@ As read in vLLM 0.32's ``entrypoints/serve/lora/api_router.py`` and ``entrypoint
   names. Like vLLM's labelled gauge, earlier label sets stay exposed with their last timestamp, so a reader must take
   the newest series (bounded here to the last ``KEPT_LABEL_SETS``).
 
+``GET /admin/lora`` (the simulator's own, like ``/admin/received``; not vLLM's): the last ``KEPT_EVENTS`` loads,
+unloads (evictions included) and requests served, each with the adapter's name and its artifact path, so a test can
+tell whose weights served a request.
+
 The simulator's one simplification: an adapter holds a slot from its load to its unload, and a load at
 ``--max-loras`` unloads the least recently used idle adapter first (it leaves ``/v1/models``); vLLM keeps it
 registered and reloads it from disk (its CPU cache is ``--max-cpu-loras``, by default ``--max-loras``) on its next
@@ -30,7 +34,7 @@ import asyncio
 import json
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
@@ -41,6 +45,7 @@ from .serving import error_response
 from .validation import BadRequest, Body, body_not_an_object, invalid_json, strict_str
 
 KEPT_LABEL_SETS = 32
+KEPT_EVENTS = 2000
 
 
 def adapter_rank(path: str) -> int:
@@ -83,10 +88,21 @@ class LoraEndpoints:
         self.server, self.slots = server, slots
         self.max_lora_rank, self.load_s = max_lora_rank, load_s
         self.ranks: dict[str, int] = {}
+        self.events: deque = deque(maxlen=KEPT_EVENTS)
+        self._loading_path = ""  # the path of the load under way (a load event is told before the path is kept)
+        slots.on_event = self._event
+
+    def _event(self, kind: str, name: str) -> None:
+        path = self._loading_path if kind == "load" else self.slots.paths.get(name, "")
+        self.events.append({"event": kind, "adapter": name, "path": path})
 
     def attach(self, app: web.Application) -> None:
         app.router.add_post("/v1/load_lora_adapter", self.load)
         app.router.add_post("/v1/unload_lora_adapter", self.unload)
+        app.router.add_get("/admin/lora", self.admin_log)
+
+    async def admin_log(self, request: web.Request) -> web.Response:
+        return web.json_response({"events": list(self.events), "held": sorted(self.slots.held())})
 
     async def load(self, request: web.Request) -> web.Response:
         try:
@@ -110,10 +126,13 @@ class LoraEndpoints:
             message = f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}."
             return _invalid(message, 500, "InternalServerError")
         if not self.slots.holds(name):
+            self._loading_path = path
             try:
                 self.slots.load(name, self.server.now(), 0.0)
             except LookupError as exc:
                 return _invalid(str(exc), 500, "InternalServerError")
+            finally:
+                self._loading_path = ""
         self.slots.paths[name], self.ranks[name] = path, rank
         if self.load_s > 0:
             await asyncio.sleep(self.load_s / self.server.speed)
