@@ -29,6 +29,9 @@ EXPOSE 8000
 # /healthz is Django's liveness (no database query); the standard library, since the slim image has no curl.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
+# Every command of the image starts here: it prepares PROMETHEUS_MULTIPROC_DIR (created, a previous run's files
+# removed) and then becomes the command (config/entrypoint.py). The manifests give only args, so it runs there too.
+ENTRYPOINT ["python", "-m", "config.entrypoint"]
 # The protocol bounds header and body time (config/http_server.py); what the ingress bounds: docs/security.md.
 CMD ["uvicorn", "config.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers", "--no-access-log", \
      "--http", "config.http_server:BoundedHttpToolsProtocol"]

@@ -7,6 +7,10 @@ import os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 from config import tracing  # noqa: E402
+from config.metrics_dir import metrics_dir_ready  # noqa: E402
+
+# Before the proxy's metrics first write there (config/metrics_dir.py).
+metrics_dir_ready()
 
 # Off unless the environment turns it on (INFERCAP_TRACING=1 or OTEL_TRACES_EXPORTER; config/tracing.py).
 tracing.configure_from_env()

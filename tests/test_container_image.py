@@ -2,6 +2,7 @@
 a non-root user, the install step CI's own script (scripts/bootstrap.sh run), static files collected and a health
 check on a path that answers."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -22,7 +23,18 @@ def _stages() -> list[list[tuple[str, str]]]:
             continue
         instruction, _, args = line.partition(" ")
         instruction = instruction.upper()
-        assert instruction in {"FROM", "RUN", "COPY", "ENV", "WORKDIR", "USER", "EXPOSE", "HEALTHCHECK", "CMD"}, line
+        assert instruction in {
+            "FROM",
+            "RUN",
+            "COPY",
+            "ENV",
+            "WORKDIR",
+            "USER",
+            "EXPOSE",
+            "HEALTHCHECK",
+            "ENTRYPOINT",
+            "CMD",
+        }, line
         if instruction == "FROM":
             stages.append([])
         stages[-1].append((instruction, args.strip()))
@@ -66,6 +78,8 @@ def test_the_health_check_and_command_name_what_the_app_serves(client):
     argv = shlex.split(cmd.strip("[]").replace(",", " "))
     module, _, attr = argv[1].partition(":")
     assert argv[0] == "uvicorn" and getattr(__import__(module, fromlist=[attr]), attr)
+    (entrypoint,) = _all(final, "ENTRYPOINT")
+    assert json.loads(entrypoint) == ["python", "-m", "config.entrypoint"], "prepares PROMETHEUS_MULTIPROC_DIR"
     assert "8000" in _all(final, "EXPOSE")
 
 

@@ -33,6 +33,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # The kubelet's probes and Prometheus' scrape, whatever their Host and over plain HTTP (config/cluster_paths.py).
+    "config.cluster_paths.ClusterPathsMiddleware",
     # A span per view while tracing is on; a pass-through otherwise (config/tracing.py).
     "config.tracing.TracingMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -135,6 +137,10 @@ INFERCAP = {
         "max_gpus": env_int("INFERCAP_QUOTA_MAX_GPUS", 16),
         "max_warm_pool": env_int("INFERCAP_QUOTA_MAX_WARM_POOL", 4),
     },
+    # Which actuator starts and stops an endpoint's replicas unless its launch options name one (local, kubernetes,
+    # static); the worker's manifest sets kubernetes. The API server: in-cluster, or this URL (e.g. kubectl proxy).
+    "AUTOSCALE_ACTUATOR": env("INFERCAP_ACTUATOR", "local"),
+    "KUBERNETES_API_URL": env("INFERCAP_KUBERNETES_API_URL", ""),
     # The autoscaler starts at most this many replicas per endpoint per reconcile, and per 5 s tick fleet-wide.
     "AUTOSCALE_MAX_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_LAUNCHES_PER_TICK", 8),
     "AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", 32),

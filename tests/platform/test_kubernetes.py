@@ -51,7 +51,11 @@ def test_overlays_set_namespace_image_and_scale(rendered):
     for overlay, namespace, tag, web_replicas in (("overlays/dev", "infercap-dev", "dev", 1),
                                                   ("overlays/prod", "infercap", "0.1.0", 3)):  # fmt: skip
         objects = rendered[overlay].objects
-        assert {o["metadata"].get("namespace") for o in objects} == {namespace}
+        namespaced = [o for o in objects if o["kind"] != "Namespace"]
+        assert {o["metadata"].get("namespace") for o in namespaced} == {namespace}
+        assert namespace in _by_kind(objects, "Namespace"), "created by the same apply"
+        assert _by_kind(objects, "Job")["infercap-migrate"]["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
+            "python", "manage.py", "migrate"]  # fmt: skip
         deployments = _by_kind(objects, "Deployment")
         assert deployments["infercap-web"]["spec"]["replicas"] == web_replicas
         for name in ("infercap-web", "infercap-worker", "infercap-beat"):

@@ -5,14 +5,14 @@
   same steps as Prometheus';
 - a real Prometheus scraping a real proxy and replica, its 5 m burn rate against the platform's
   (``workers/prometheus_check.py``; needs PostgreSQL and Redis; runs on a throwaway database);
+- the production boot (``workers/benchmarks/production_boot.py``): the prod overlay's containers and the image started
+  with the production settings, probed as the kubelet probes them (``production_boot.checks``, ``.failures``);
 - without ``--quick``: a fresh clone to the first streamed token of ``make run``
   (``scripts/fresh_clone_first_token.py``, 2-4 minutes here).
 
 - tracing's cost (``tracing_added_ttft_p50_ms``): a small paired on/off measurement of the proxy's own path in
   process (``endpoints/benchmarks/tracing_overhead.py``, 1,500 pairs quick, 10,000 full; ~30 s), not the
   end-to-end one, which is ``bench proxy --opt tracing=1`` (minutes, and milliseconds of noise at one stream here).
-- ``make_run_soak``: `make run` on the embedded default under completions, 2 minutes quick, 10 full
-  (``workers/benchmarks/make_run_soak.py``; ``--opt soak_minutes=M``; ``--opt only=make_run_soak`` runs it alone).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from endpoints.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
 from workers import manifests, prometheus_check
-from workers.benchmarks import make_run_soak
+from workers.benchmarks import production_boot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,18 +151,18 @@ def _fresh_clone(progress) -> dict:
 
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
-    soak_minutes = float(opts.get("soak_minutes", 2 if quick else 10))
-    if opts.get("only") == "make_run_soak":
-        return {"make_run_soak": make_run_soak.run(minutes=soak_minutes, progress=progress)}
+    if opts.get("only") == "production_boot":
+        return production_boot.bench(progress)
     figures: dict = {"fresh_clone_to_first_token_s": None}
     figures |= _manifests(progress)
     figures |= _promtool(progress)
     figures |= _prometheus(progress, requests=int(opts.get("requests", 400 if quick else 1500)))
+    # The shipped image and manifests booted with the production settings and probed (production_boot.py).
+    figures |= production_boot.bench(progress)
     if not quick:
         figures |= _fresh_clone(progress)
     # The in-process paired on/off measurement (seconds); the end-to-end one is bench proxy --opt tracing=1.
     figures |= tracing_overhead.run(
         quick=quick, progress=progress, **({"pairs": opts["pairs"]} if "pairs" in opts else {})
     )
-    figures["make_run_soak"] = make_run_soak.run(minutes=soak_minutes, progress=progress)
     return figures
