@@ -5,8 +5,10 @@ scope) change their tenant's objects; members (and read-scoped keys) only read. 
 apps' selectors, so another tenant's object is simply not found (404), never forbidden (403).
 """
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError, QuerySet, RestrictedError
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.exceptions import APIException, ValidationError
 
@@ -135,6 +137,45 @@ class ScopedPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
         if request is None:
             return self.queryset.none()
         return self.scope(request.user)
+
+
+class IdOrNameRelatedField(ScopedPrimaryKeyRelatedField):
+    """A foreign key given by id or by name (``"model_profile": "llama-3-8b"``): a number or a string of digits is an
+    id, any other string a name (a profile or endpoint named only with digits is given by id). Scoped like its
+    parent: a name the principal may not see is "does not exist", exactly like a missing one. Answers carry ids."""
+
+    default_error_messages = {"does_not_exist_name": 'No object named "{name}".'}
+
+    def __init__(self, *, scope=None, name_field: str = "name", **kwargs):
+        self.name_field = name_field
+        super().__init__(scope=scope, **kwargs)
+
+    def get_queryset(self) -> QuerySet:
+        if self.scope is None:
+            return self.queryset.all()
+        return super().get_queryset()
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and data and not data.strip().isdigit():
+            if "\x00" in data or len(data) > 200:  # no name holds these; PostgreSQL refuses a NUL in a query
+                self.fail("does_not_exist_name", name=data[:100].replace("\x00", ""))
+            try:
+                return self.get_queryset().get(**{self.name_field: data})
+            except ObjectDoesNotExist:
+                self.fail("does_not_exist_name", name=data[:100])
+        return super().to_internal_value(data)
+
+
+class IdOrNameFieldSchema(OpenApiSerializerFieldExtension):
+    """OpenAPI: an id or a name in requests, an id in answers."""
+
+    target_class = IdOrNameRelatedField
+
+    def map_serializer_field(self, auto_schema, direction):
+        id_schema = {"type": "integer"}
+        if direction == "response":
+            return id_schema
+        return {"oneOf": [id_schema, {"type": "string", "description": "the object's name"}]}
 
 
 def principal_from(serializer: serializers.Serializer):

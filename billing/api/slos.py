@@ -10,7 +10,13 @@ from rest_framework import serializers
 from billing.models import SLO
 from billing.selectors import slos_visible_to
 from billing.services import slo_create, slo_delete, slo_update
-from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
+from config.api_base import (
+    IdOrNameRelatedField,
+    ScopedModelViewSet,
+    ScopedPrimaryKeyRelatedField,
+    default_tenant,
+    principal_from,
+)
 from endpoints.models import Endpoint
 from endpoints.selectors import endpoints_visible_to
 from tenants.models import CapacityReservation, Tenant
@@ -19,7 +25,7 @@ from tenants.selectors import principal_is_operator, principal_tenant_id, tenant
 
 @extend_schema_serializer(component_name="ServiceLevelObjective")
 class SLOSerializer(serializers.ModelSerializer):
-    endpoint = ScopedPrimaryKeyRelatedField(scope=endpoints_visible_to, queryset=Endpoint.objects.all())
+    endpoint = IdOrNameRelatedField(scope=endpoints_visible_to, queryset=Endpoint.objects.all())
     tenant = ScopedPrimaryKeyRelatedField(
         scope=tenants_visible_to,
         queryset=Tenant.objects.all(),

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from capacity.models import CapacityBenchmark
 from capacity.services import benchmark_enqueue
-from config.api_base import ScopedReadOnlyViewSet
+from config.api_base import IdOrNameRelatedField, ScopedReadOnlyViewSet
 from endpoints.models import Endpoint, Replica
 from tenants.selectors import principal_is_operator
 
@@ -45,7 +45,7 @@ class BenchmarkSerializer(serializers.ModelSerializer):
 
 
 class BenchmarkRunSerializer(serializers.Serializer):
-    endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.select_related("hardware_profile"))
+    endpoint = IdOrNameRelatedField(queryset=Endpoint.objects.select_related("hardware_profile"))
     replica = serializers.PrimaryKeyRelatedField(queryset=Replica.objects.all(), required=False)
     quick = serializers.BooleanField(default=False)
     pin = serializers.BooleanField(default=False)

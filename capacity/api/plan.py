@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.planning.barriers import PlannerInputError
 from capacity.planning.inputs import PlanRequest, plan_from_request
+from config.api_base import IdOrNameRelatedField
 from endpoints.selectors import endpoints_visible_to
 
 finite = {"allow_nan": False, "allow_infinity": False} if hasattr(serializers.FloatField, "allow_nan") else {}
@@ -67,9 +68,9 @@ class SpikeSerializer(serializers.Serializer):
 
 
 class PlanRequestSerializer(serializers.Serializer):
-    endpoint = serializers.PrimaryKeyRelatedField(queryset=endpoints_visible_to(None), required=False)
-    model_profile = serializers.PrimaryKeyRelatedField(queryset=ModelProfile.objects.all(), required=False)
-    hardware_profile = serializers.PrimaryKeyRelatedField(queryset=HardwareProfile.objects.all(), required=False)
+    endpoint = IdOrNameRelatedField(queryset=endpoints_visible_to(None), required=False)
+    model_profile = IdOrNameRelatedField(queryset=ModelProfile.objects.all(), required=False)
+    hardware_profile = IdOrNameRelatedField(queryset=HardwareProfile.objects.all(), required=False)
     benchmark = serializers.PrimaryKeyRelatedField(
         queryset=CapacityBenchmark.objects.filter(status=CapacityBenchmark.Status.SUCCEEDED), required=False
     )

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from capacity.models import HardwareProfile
 from capacity.planning.inputs import plan_mix_from_profiles
 from capacity.planning.mix import PlanError
+from config.api_base import IdOrNameRelatedField
 from endpoints.runtimes.sim.profiles import PROFILES, ROOFLINES
 
 
@@ -29,7 +30,7 @@ FINITE = {"validators": [_finite]}
 
 
 class MixProfileSerializer(serializers.Serializer):
-    hardware_profile = serializers.PrimaryKeyRelatedField(queryset=HardwareProfile.objects.all())
+    hardware_profile = IdOrNameRelatedField(queryset=HardwareProfile.objects.all())
     sim_profile = serializers.ChoiceField(choices=sorted(p for p in PROFILES if p in ROOFLINES))
 
 

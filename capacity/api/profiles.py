@@ -50,7 +50,7 @@ class HardwareProfileViewSet(ProfileViewSet):
     model = HardwareProfile
     queryset = HardwareProfile.objects.all()
     serializer_class = HardwareProfileSerializer
-    filterset_fields = ["gpu_type", "gpus_per_replica"]
+    filterset_fields = ["name", "gpu_type", "gpus_per_replica"]
     ordering_fields = ["name", "usd_per_gpu_hour"]
 
 
@@ -58,7 +58,7 @@ class ModelProfileViewSet(ProfileViewSet):
     model = ModelProfile
     queryset = ModelProfile.objects.select_related("source_benchmark")
     serializer_class = ModelProfileSerializer
-    filterset_fields = ["dtype_bytes"]
+    filterset_fields = ["name", "dtype_bytes"]
     ordering_fields = ["name", "parameters_b"]
 
 

@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
-from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
+from config.api_base import IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from endpoints.admission.classes import CLASSES
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
@@ -33,9 +33,9 @@ class EndpointSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="empty = a shared endpoint run by the operators (tenant users always create their own)",
     )
-    model_profile = serializers.PrimaryKeyRelatedField(queryset=ModelProfile.objects.all())
-    hardware_profile = serializers.PrimaryKeyRelatedField(queryset=HardwareProfile.objects.all())
-    spot_hardware_profile = serializers.PrimaryKeyRelatedField(
+    model_profile = IdOrNameRelatedField(queryset=ModelProfile.objects.all())
+    hardware_profile = IdOrNameRelatedField(queryset=HardwareProfile.objects.all())
+    spot_hardware_profile = IdOrNameRelatedField(
         queryset=HardwareProfile.objects.all(),
         required=False,
         allow_null=True,
@@ -46,7 +46,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         queryset=CapacityBenchmark.objects.all(), required=False, allow_null=True
     )
     launch_options = serializers.DictField(required=False, help_text="runtime launch options (JSON object)")
-    fallback = ScopedPrimaryKeyRelatedField(
+    fallback = IdOrNameRelatedField(
         scope=endpoints_visible_to,
         queryset=Endpoint.objects.all(),
         required=False,
@@ -131,7 +131,7 @@ class ScaleSerializer(serializers.Serializer):
 class EndpointViewSet(ScopedModelViewSet):
     model = Endpoint
     serializer_class = EndpointSerializer
-    filterset_fields = ["owner_tenant", "runtime", "routing_policy", "model_profile", "hardware_profile"]
+    filterset_fields = ["name", "owner_tenant", "runtime", "routing_policy", "model_profile", "hardware_profile"]
     ordering_fields = ["name", "created_at", "desired_replicas"]
 
     def visible_queryset(self, principal):

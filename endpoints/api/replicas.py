@@ -18,7 +18,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.autoscaling.services import MAX_NOTICE_S, replica_interruption_notice
-from config.api_base import WRITE, ScopedViewSetMixin
+from config.api_base import WRITE, IdOrNameRelatedField, ScopedViewSetMixin
 from endpoints.models import Endpoint, Replica, ReplicaTransition
 from endpoints.selectors import (
     replica_placement_redacted,
@@ -76,7 +76,7 @@ class ReplicaDetailSerializer(ReplicaSerializer):
 class ReplicaAttachSerializer(serializers.Serializer):
     """What an operator gives to attach a running vLLM server; the answer is the replica as the list shows it."""
 
-    endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.all())
+    endpoint = IdOrNameRelatedField(queryset=Endpoint.objects.all())
     url = serializers.CharField(max_length=255, help_text="the server's base URL, e.g. http://10.0.0.7:8000")
     name = serializers.CharField(max_length=120, required=False, allow_blank=True)
     concurrency_limit = serializers.IntegerField(min_value=1, max_value=100_000, required=False)

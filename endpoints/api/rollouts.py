@@ -11,7 +11,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from config.api_base import WRITE, ScopedPrimaryKeyRelatedField, ScopedViewSetMixin
+from config.api_base import WRITE, IdOrNameRelatedField, ScopedPrimaryKeyRelatedField, ScopedViewSetMixin
 from endpoints.models import Endpoint, EndpointVersion, Rollout, RolloutEvent, RolloutStrategy
 from endpoints.rollouts import services as rollout_services
 from endpoints.rollouts.selectors import rollouts_visible_to, versions_visible_to
@@ -86,7 +86,7 @@ class RolloutDetailSerializer(RolloutSerializer):
 class RolloutStartSerializer(serializers.Serializer):
     """Start moving an endpoint's traffic to one of its versions."""
 
-    endpoint = ScopedPrimaryKeyRelatedField(scope=endpoints_owned_by, queryset=Endpoint.objects.all())
+    endpoint = IdOrNameRelatedField(scope=endpoints_owned_by, queryset=Endpoint.objects.all())
     to_version = ScopedPrimaryKeyRelatedField(scope=versions_visible_to, queryset=EndpointVersion.objects.all())
     strategy = serializers.ChoiceField(choices=RolloutStrategy.choices, default=RolloutStrategy.ALL_AT_ONCE)
     canary_steps = serializers.ListField(

@@ -4,7 +4,7 @@ tenants read theirs."""
 from rest_framework import serializers
 
 from capacity.services import reservation_create, reservation_delete, reservation_update
-from config.api_base import WRITE, ScopedModelViewSet, ScopedPrimaryKeyRelatedField
+from config.api_base import WRITE, IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField
 from endpoints.models import Adapter, Endpoint
 from endpoints.selectors import adapters_visible_to, endpoints_visible_to
 from tenants.models import CapacityReservation, Tenant
@@ -13,7 +13,7 @@ from tenants.selectors import reservations_visible_to, tenants_visible_to
 
 class ReservationSerializer(serializers.ModelSerializer):
     tenant = ScopedPrimaryKeyRelatedField(scope=tenants_visible_to, queryset=Tenant.objects.all())
-    endpoint = ScopedPrimaryKeyRelatedField(scope=endpoints_visible_to, queryset=Endpoint.objects.all())
+    endpoint = IdOrNameRelatedField(scope=endpoints_visible_to, queryset=Endpoint.objects.all())
     tenant_name = serializers.CharField(source="tenant.name", read_only=True)
     endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
     # Scoped like every foreign key: an adapter the caller may not see answers as a missing one. Whether the
