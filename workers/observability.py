@@ -19,6 +19,8 @@ from capacity.api.metrics import PLATFORM_METRICS
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD_FILE = "platform/grafana/infercap.json"
 MONITORING_FILE = "platform/kubernetes/base/monitoring.yaml"
+# The same recording rules as a plain rules file, for Prometheus without the Operator (platform/prometheus/scrape.yml).
+RULES_FILE = "platform/prometheus/dashboard-rules.yml"
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 
@@ -201,9 +203,13 @@ def monitoring_objects() -> list[dict]:
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
             "metadata": {"name": "infercap-dashboards", "labels": labels},
-            "spec": {"groups": [{"name": "infercap-dashboards", "interval": "30s", "rules": recording_rules()}]},
+            "spec": {"groups": dashboard_rule_groups()},
         },
     ]
+
+
+def dashboard_rule_groups() -> list[dict]:
+    return [{"name": "infercap-dashboards", "interval": "30s", "rules": recording_rules()}]
 
 
 HEADER = (
@@ -216,6 +222,8 @@ def rendered_files() -> dict[str, str]:
     return {
         DASHBOARD_FILE: json.dumps(dashboard(), indent=2) + "\n",
         MONITORING_FILE: HEADER + yaml.safe_dump_all(monitoring_objects(), sort_keys=False),
+        RULES_FILE: HEADER.splitlines(keepends=True)[0]
+        + yaml.safe_dump({"groups": dashboard_rule_groups()}, sort_keys=False),
     }
 
 

@@ -3,10 +3,15 @@ platform exposes (the proxy's /metrics, /metrics/platform) or a recording rule, 
 series the proxy or a vLLM replica exposes; /metrics/platform serves the books behind the panels."""
 
 import json
+import re
+import shutil
+import subprocess
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from django.core.management import call_command
 from django.utils import timezone
 from prometheus_client import REGISTRY, generate_latest
@@ -91,3 +96,66 @@ def test_platform_metrics_serve_the_books_behind_the_token(client, tenant_a):
     for measure in ("have", "sold", "used"):
         assert f'infercap_capacity_mu_per_min{{{e},measure="{measure}"}}' in body
     assert f'infercap_tenant_mu_per_min{{{e},measure="sold",tenant="{tenant_a.tenant.slug}"}}' in body
+
+
+SCRAPE_FILE = obs.ROOT / "platform" / "prometheus" / "scrape.yml"
+
+
+def _kubernetes_label(prefix: str, label: str) -> str:
+    """The meta label Prometheus' Kubernetes discovery gives an object's label (invalid characters as _)."""
+    return prefix + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def _shipped_labels() -> dict[str, dict[str, set[str]]]:
+    """Every label the base manifests put on pods and services, with their values, as discovery meta labels."""
+    found: dict[str, dict[str, set[str]]] = {"pod": {}, "service": {}}
+    for path in (obs.ROOT / "platform" / "kubernetes" / "base").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc["kind"] not in ("Deployment", "Service"):
+                continue
+            role = "pod" if doc["kind"] == "Deployment" else "service"
+            labels = doc["spec"]["template"]["metadata"]["labels"] if role == "pod" else doc["metadata"]["labels"]
+            for label, value in labels.items():
+                name = _kubernetes_label(f"__meta_kubernetes_{role}_label_", label)
+                found[role].setdefault(name, set()).add(value)
+    return found
+
+
+def test_the_scrape_config_without_the_operator_reads_everything_the_dashboard_reads():
+    config = yaml.safe_load(SCRAPE_FILE.read_text())
+    discovered = [job for job in config["scrape_configs"] if "kubernetes_sd_configs" in job]
+    scraped = {(job.get("metrics_path", "/metrics"), "authorization" in job) for job in discovered}
+    # The proxy and the books behind the token, the replicas without.
+    assert {("/metrics", True), ("/metrics/platform", True), ("/metrics", False)} <= scraped
+    assert {Path(obs.RULES_FILE).name, "slo-rules.yml"} <= set(config["rule_files"])
+    rules = yaml.safe_load((obs.ROOT / obs.RULES_FILE).read_text())
+    assert [r["record"] for g in rules["groups"] for r in g["rules"]] == [r["record"] for r in obs.recording_rules()]
+    labels = _shipped_labels()
+    for job in discovered:
+        (sd,) = job["kubernetes_sd_configs"]
+        for rule in job["relabel_configs"]:
+            for source in rule.get("source_labels", []):
+                if "_label_" not in source:
+                    continue
+                assert source in labels[sd["role"]], (job["job_name"], source, "no shipped object carries it")
+                if rule.get("action") == "keep":
+                    assert rule["regex"] in labels[sd["role"]][source], (job["job_name"], rule["regex"])
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_accepts_the_scrape_config_and_its_rules(tmp_path):
+    config = yaml.safe_load(SCRAPE_FILE.read_text())
+    for job in config["scrape_configs"]:
+        # Debian's Prometheus is built without Kubernetes discovery: the rest of each job is checked.
+        if job.pop("kubernetes_sd_configs", None) is not None:
+            job["static_configs"] = [{"targets": ["127.0.0.1:9"]}]
+        if "credentials_file" in job.get("authorization", {}):
+            job["authorization"]["credentials_file"] = str(tmp_path / "token")
+    (tmp_path / "token").write_text("token")
+    (tmp_path / "scrape.yml").write_text(yaml.safe_dump(config))
+    (tmp_path / "dashboard-rules.yml").write_text((obs.ROOT / obs.RULES_FILE).read_text())
+    call_command("export_slo_rules", "--output", str(tmp_path / "slo-rules.yml"))
+    run = subprocess.run(["promtool", "check", "config", "scrape.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"SUCCESS: {len(obs.recording_rules())} rules found" in run.stdout + run.stderr
