@@ -130,3 +130,15 @@ def test_the_prometheus_rule_loads_in_promtool(rendered, tmp_path):
         ["promtool", "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_ingress_example_is_valid_and_routes_to_the_web_service(rendered):
+    (ingress,) = yaml.safe_load_all((manifests.KUSTOMIZE_DIR / "examples" / "ingress.yaml").read_text())
+    assert manifests.validate(ingress) is None
+    service = _by_kind(rendered["base"].objects, "Service")["infercap-web"]
+    (rule,) = ingress["spec"]["rules"]
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    config = _by_kind(rendered["base"].objects, "ConfigMap")["infercap"]
+    assert rule["host"] in config["data"]["DJANGO_ALLOWED_HOSTS"].split(",")
