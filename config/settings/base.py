@@ -35,6 +35,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # The kubelet's probes and Prometheus' scrape, whatever their Host and over plain HTTP (config/cluster_paths.py).
     "config.cluster_paths.ClusterPathsMiddleware",
+    # X-Request-Id taken or made, on the response and in every log line of the request (config/request_log.py).
+    "config.request_log.RequestIdMiddleware",
     # A span per view while tracing is on; a pass-through otherwise (config/tracing.py).
     "config.tracing.TracingMiddleware",
     "django.middleware.security.SecurityMiddleware",
