@@ -13,6 +13,8 @@
 - tracing's cost (``tracing_added_ttft_p50_ms``): a small paired on/off measurement of the proxy's own path in
   process (``endpoints/benchmarks/tracing_overhead.py``, 1,500 pairs quick, 10,000 full; ~30 s), not the
   end-to-end one, which is ``bench proxy --opt tracing=1`` (minutes, and milliseconds of noise at one stream here).
+- ``make_run_soak``: `make run` on the embedded default under completions, 2 minutes quick, 10 full
+  (``workers/benchmarks/make_run_soak.py``; ``--opt soak_minutes=M``; ``--opt only=make_run_soak`` runs it alone).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from endpoints.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
 from workers import manifests, prometheus_check
-from workers.benchmarks import production_boot
+from workers.benchmarks import make_run_soak, production_boot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,6 +155,9 @@ def _fresh_clone(progress) -> dict:
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
     if opts.get("only") == "production_boot":
         return production_boot.bench(progress)
+    soak_minutes = float(opts.get("soak_minutes", 2 if quick else 10))
+    if opts.get("only") == "make_run_soak":
+        return {"make_run_soak": make_run_soak.run(minutes=soak_minutes, progress=progress)}
     figures: dict = {"fresh_clone_to_first_token_s": None}
     figures |= _manifests(progress)
     figures |= _promtool(progress)
@@ -165,4 +170,5 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     figures |= tracing_overhead.run(
         quick=quick, progress=progress, **({"pairs": opts["pairs"]} if "pairs" in opts else {})
     )
+    figures["make_run_soak"] = make_run_soak.run(minutes=soak_minutes, progress=progress)
     return figures
