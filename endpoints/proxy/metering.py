@@ -41,6 +41,7 @@ def meter(state: ProxyState, flight: Flight) -> None:
     mu_done = actual_mu(endpoint.coeffs, usage) if usage is not None and endpoint is not None else 0.0
     if flight.adapter is not None:
         mu_done *= flight.adapter.mu_factor  # a LoRA adapter's overhead on its base endpoint (docs/lora-serving.md)
+        mu_done += flight.adapter_load_mu  # and the replica time of the load this request caused, if it did
     admission = flight.admission
     if admission is not None and admission.slot is not None:
         admission.runtime.release(admission.slot, admission.route, admission.mu, mu_done)

@@ -160,10 +160,33 @@ async def watch_disconnect(receive, flight: Flight) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if flight.outcome is not None and flight.outcome.done:
+            outcome = flight.outcome
+            if outcome is not None and outcome.done:
                 return  # our own end of the response, not the client leaving; let the upstream drain
-            flight.cancel("client")
+            if outcome is not None and outcome.first_token_at is None:
+                leave_at_first_byte(flight, outcome)
+                return
+            flight.cancel("client")  # queued (nothing computed yet) or mid-stream (metered as delivered)
             return
+
+
+def leave_at_first_byte(flight: Flight, outcome: Outcome) -> None:
+    """The client left a dispatched request before the replica's first byte: the replica is computing the prompt
+    (or, not streaming, the whole answer), work the engine counts only once that byte comes. The request runs until
+    then and is cancelled there, so it is metered as the engine counts it (docs/request-path.md, metering): a
+    stream for its prompt, a non-streaming answer in full, as OpenAI bills one. The first-token watchdog still
+    bounds the wait."""
+    flight.usage_status = "client_cancelled"
+    if not flight.req.stream:
+        return  # its first byte is the whole answer, read to the end and metered from the replica's usage
+    heard = outcome.on_first_token
+
+    def first_byte_then_leave() -> None:
+        if heard is not None:
+            heard()
+        flight.cancel("client")
+
+    outcome.on_first_token = first_byte_then_leave
 
 
 def arm_watchdog(

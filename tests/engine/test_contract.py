@@ -48,7 +48,9 @@ def test_routes_models_health_and_version_agree(clients):
     divergences = []
     for case in contract.route_cases():
         divergences += contract.compare_case(
-            case, contract.ask(engine, case.method, case.path), contract.ask(sim, case.method, case.path)
+            case,
+            contract.ask(engine, case.method, case.path, body=case.body),
+            contract.ask(sim, case.method, case.path, body=case.body),
         )
     cards = [contract.ask(c, "GET", "/v1/models").body["data"][0] for c in clients]
     for key in ("id", "root", "max_model_len", "owned_by"):

@@ -14,6 +14,7 @@ from endpoints.proxy.limits import Bucket, RateLimiter
 from endpoints.proxy.metering import Measured, measure, meets_slo, meter, usage_record
 from endpoints.proxy.relay import Outcome
 from endpoints.proxy.request import parse_request
+from endpoints.proxy.snapshot import AdapterInfo
 from endpoints.proxy.unfinished import needs_partial_usage, partial_usage, prompt_token_count
 from endpoints.routing.base import RouteRequest
 from endpoints.runtimes.sim.profiles import get_profile
@@ -258,3 +259,19 @@ def test_the_prompt_of_an_unfinished_request_is_counted_as_the_replica_counts_it
         assert counted == served.json()["usage"]["prompt_tokens"]
     # No replica to ask (it is gone): the proxy's estimate.
     assert asyncio.run(prompt_token_count(None, None, req)) > 0
+
+
+def test_an_adapter_request_is_metered_its_factor_and_the_load_it_caused():
+    state = State()
+    f = flight(charged=[Bucket("mu", 600.0, 10.0, 3.0)])
+    f.adapter = AdapterInfo(
+        name="ft", owner_tenant_id=TENANT_A, endpoint_name="m", rank=8, path="/x", created=0, mu_factor=1.25
+    )
+    f.adapter_load_mu = 4.5  # the replica's MU per second over the load's seconds (stages.load_adapter)
+    meter(state, f)
+    for coro in state.spawned:
+        asyncio.run(coro)
+    [record] = state.usage.records
+    served = usage_mu(COEFFS, prompt_tokens=100, cached_tokens=64, completion_tokens=11) * 1.25
+    assert record["mu"] == round(served + 4.5, 6) and record["adapter"] == "ft"
+    assert state.limiter.settled[0]["actual"]["mu"] == pytest.approx(served + 4.5)

@@ -337,7 +337,7 @@ class ReplicaServer:
             return error_response(exc)
         count = count_tokens(text)
         ids = [ord(ch) % self.profile.vocab_size for ch in text[::CHARS_PER_TOKEN]][:count]
-        return web.json_response(
+        return json_response(
             {"count": count, "max_model_len": self.profile.max_model_len, "tokens": ids, "token_strs": None}
         )
 

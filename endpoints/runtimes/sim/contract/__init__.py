@@ -55,7 +55,11 @@ def contract_divergences(engine_url: str, sim_url: str, *, model: str, max_model
     out: list[str] = []
     with httpx.Client(base_url=engine_url, timeout=180) as engine, httpx.Client(base_url=sim_url, timeout=180) as sim:
         for case in route_cases():
-            out += compare_case(case, ask(engine, case.method, case.path), ask(sim, case.method, case.path))
+            out += compare_case(
+                case,
+                ask(engine, case.method, case.path, body=case.body),
+                ask(sim, case.method, case.path, body=case.body),
+            )
         models = [models_card(ask(c, "GET", "/v1/models")) for c in (engine, sim)]
         for key in ("id", "root", "max_model_len", "owned_by"):
             if models[0].get(key) != models[1].get(key):
