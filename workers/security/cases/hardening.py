@@ -252,7 +252,9 @@ def proxy_invalid_keys(world: SecurityWorld) -> str:
 SHIPPED_COMMANDS = {
     "Dockerfile": lambda text: re.search(r"^CMD (\[.*\])$", re.sub(r"\\\n\s*", " ", text), re.M).group(1),
     "platform/Procfile": lambda text: re.search(r"^web: (.*)$", text, re.M).group(1),
-    "platform/kubernetes/base/web.yaml": lambda text: re.search(r"command: (\[[^\]]*\])", text, re.S).group(1),
+    "platform/kubernetes/base/web.yaml": lambda text: re.search(r"(?:command|args): (\[[^\]]*\])", text, re.S).group(
+        1
+    ),
 }
 MOST_HEADER_S = 30.0  # a bound above this is no bound against a few hundred trickling clients
 
