@@ -1,5 +1,6 @@
-"""Hardware and model profiles, their benchmarked model-unit calibrations, and autoscaler decisions."""
+"""Hardware and model profiles, their model-unit calibrations, autoscaler decisions and operators' scale pins."""
 
+from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -145,6 +146,24 @@ class AutoscalerDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.axis} {self.current:g}→{self.desired:g} ({self.reason})"
+
+
+class ScalePin(models.Model):
+    """An operator's manual scale: the replica count the autoscaler holds an endpoint at until ``until``, recorded in
+    its decisions (docs/algorithms.md#manual-scaling-pins). One per endpoint; a new scale replaces it."""
+
+    endpoint = models.OneToOneField("endpoints.Endpoint", on_delete=models.CASCADE, related_name="scale_pin")
+    replicas = models.PositiveIntegerField()
+    until = models.DateTimeField()
+    reason = models.CharField(max_length=200, blank=True)
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    set_by_label = models.CharField(max_length=120, blank=True)
+    set_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.endpoint} pinned at {self.replicas} until {self.until:%Y-%m-%d %H:%M}"
 
 
 class EndpointCapacity(Endpoint):

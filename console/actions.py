@@ -12,6 +12,7 @@ from django.db import transaction
 from billing.alerts import alert_acknowledge
 from billing.models import Alert
 from capacity.autoscaling.actuators import ActuatorError
+from capacity.autoscaling.pins import DEFAULT_PIN_MINUTES
 from capacity.autoscaling.services import replica_drain
 from capacity.services import reservation_sell
 from endpoints import services as endpoint_services
@@ -31,15 +32,22 @@ def endpoint_create_action(*, form_data: dict, actor) -> Endpoint:
 
 @transaction.atomic
 def endpoint_scale_action(
-    *, endpoint: Endpoint, min_replicas: int, max_replicas: int, desired_replicas: int, actor
+    *,
+    endpoint: Endpoint,
+    min_replicas: int,
+    max_replicas: int,
+    desired_replicas: int,
+    actor,
+    pin_minutes: int = DEFAULT_PIN_MINUTES,
 ) -> Endpoint:
-    """New bounds first (endpoint.update audit entry when they change), then the desired count (endpoint.scale)."""
+    """New bounds first (endpoint.update audit entry when they change), then the desired count (endpoint.scale), a
+    pin on an autoscaled endpoint."""
     if (endpoint.min_replicas, endpoint.max_replicas) != (min_replicas, max_replicas):
         endpoint = endpoint_services.endpoint_update(
             endpoint=endpoint, actor=actor, min_replicas=min_replicas, max_replicas=max_replicas
         )
     return endpoint_services.endpoint_scale(
-        endpoint=endpoint, desired_replicas=desired_replicas, actor=actor, reason="console"
+        endpoint=endpoint, desired_replicas=desired_replicas, actor=actor, reason="console", pin_minutes=pin_minutes
     )
 
 

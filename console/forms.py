@@ -6,6 +6,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from capacity.autoscaling.pins import DEFAULT_PIN_MINUTES, MAX_PIN_MINUTES
 from capacity.models import HardwareProfile, ModelProfile
 from endpoints.models import Endpoint, Runtime
 from tenants.models import ApiKeyScope, CapacityReservation, PriorityClass, Tenant
@@ -55,6 +56,17 @@ class ScaleForm(forms.Form):
     min_replicas = forms.IntegerField(min_value=0, max_value=1000)
     max_replicas = forms.IntegerField(min_value=1, max_value=1000)
     desired_replicas = forms.IntegerField(min_value=0, max_value=1000)
+    pin_minutes = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_PIN_MINUTES,
+        initial=DEFAULT_PIN_MINUTES,
+        required=False,
+        help_text=f"how long the autoscaler holds this count before it decides on demand again (empty: "
+        f"{DEFAULT_PIN_MINUTES})",
+    )
+
+    def clean_pin_minutes(self) -> int:
+        return self.cleaned_data.get("pin_minutes") or DEFAULT_PIN_MINUTES
 
     def clean(self):
         cleaned = super().clean()

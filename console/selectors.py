@@ -19,7 +19,7 @@ from billing.models import Degradation, UsageMinute, UsageRecord, UsageStatus
 from billing.selectors import SLOBudget, slo_budgets
 from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
 from capacity.ledger import EndpointLedger, TenantLedgerRow, capacity_ledger
-from capacity.models import AutoscalerDecision
+from capacity.models import AutoscalerDecision, ScalePin
 from console.live import redis_client
 from endpoints.models import Endpoint, Replica, ReplicaState, ReplicaTransition
 from endpoints.selectors import replica_placement_redacted, replica_placement_visible
@@ -215,9 +215,32 @@ def ready_replica_series(*, endpoint: Endpoint, buckets: list[datetime]) -> list
 
 
 def recent_decisions(*, endpoint: Endpoint, since: datetime, limit: int = 50) -> list[AutoscalerDecision]:
-    """Decisions that changed something: the autoscaler stores one every tick (5 s), mostly "hold"."""
-    changes = endpoint.autoscaler_decisions.filter(at__gte=since).exclude(desired=F("current"))
+    """Decisions that changed something: the autoscaler stores one every tick (5 s), mostly "hold". An operator's
+    scale, a pin's release and its expiry are shown even when the count stayed."""
+    pin_steps = Q(tick__startswith="manual-") | Q(tick__startswith="unpin-") | Q(inputs__has_key="pin_expired")
+    changes = endpoint.autoscaler_decisions.filter(at__gte=since).filter(~Q(desired=F("current")) | pin_steps)
     return list(changes.order_by("-at")[:limit])
+
+
+@dataclass
+class PinShown:
+    """An operator's pin on the endpoint page, with what the autoscaler would do without it (its last tick)."""
+
+    pin: ScalePin
+    policy_desired: int | None
+
+
+def scale_pin_shown(*, endpoint: Endpoint, now: datetime) -> PinShown | None:
+    pin = ScalePin.objects.filter(endpoint=endpoint, until__gt=now).first()
+    if pin is None:
+        return None
+    last = (
+        endpoint.autoscaler_decisions.filter(axis=AutoscalerDecision.Axis.HORIZONTAL, inputs__has_key="policy_desired")
+        .order_by("-at")
+        .values_list("inputs", flat=True)
+        .first()
+    )
+    return PinShown(pin=pin, policy_desired=(last or {}).get("policy_desired"))
 
 
 def endpoint_replicas(endpoint: Endpoint, *, viewer, include_stopped: bool = False) -> list[Replica]:

@@ -12,6 +12,7 @@ urlpatterns = [
     path("endpoints/new/", fleet.endpoint_create_view, name="endpoint-create"),
     path("endpoints/<int:endpoint_id>/", fleet.endpoint_detail, name="endpoint"),
     path("endpoints/<int:endpoint_id>/scale/", fleet.endpoint_scale_view, name="endpoint-scale"),
+    path("endpoints/<int:endpoint_id>/unpin/", fleet.endpoint_unpin_view, name="endpoint-unpin"),
     path(
         "endpoints/<int:endpoint_id>/replicas/<int:replica_id>/drain/", fleet.replica_drain_view, name="replica-drain"
     ),

@@ -1,12 +1,15 @@
 """Writes for endpoints and replicas: create, update, scale, delete, attach. Replica state moves are
 ``endpoints.lifecycle.replica_transition``; field checks are ``endpoints.validation``."""
 
+import logging
 import re
 from urllib.parse import urlsplit
 
+from celery import signature
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from capacity.autoscaling import pins
 from endpoints.lifecycle import replica_transition
 from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, Replica, ReplicaState
 from endpoints.rollouts.services import apply_versioned_changes, ensure_current_version
@@ -17,6 +20,8 @@ from endpoints.validation import NAME_TAKEN, endpoint_validate, quota_errors
 from tenants.quotas import lock_tenant
 from tenants.selectors import principal_is_operator
 from tenants.services import audit_log
+
+log = logging.getLogger(__name__)
 
 # --- Endpoint lifecycle (create / update / scale / delete) -------------------------------------------------------
 
@@ -134,23 +139,55 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
     return endpoint
 
 
-def endpoint_scale(*, endpoint: Endpoint, desired_replicas: int, actor=None, reason: str = "") -> Endpoint:
-    """Set the desired replica count within [min, max]; the autoscaler's actuators converge replicas to it."""
+def endpoint_scale(
+    *,
+    endpoint: Endpoint,
+    desired_replicas: int,
+    actor=None,
+    reason: str = "",
+    pin_minutes: int = pins.DEFAULT_PIN_MINUTES,
+) -> Endpoint:
+    """Set the desired replica count within [min, max] and start converging now. On an autoscaled endpoint the count
+    is a pin the autoscaler holds for ``pin_minutes`` (then it decides on demand again); every scale is a decision
+    in its log (docs/algorithms.md#manual-scaling-pins)."""
     _desired_within_bounds(endpoint, desired_replicas)
+    if not 1 <= pin_minutes <= pins.MAX_PIN_MINUTES:
+        raise ValidationError({"pin_minutes": [f"must lie within [1, {pins.MAX_PIN_MINUTES}]"]})
     with transaction.atomic():
         locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         _desired_within_bounds(locked, desired_replicas)
         previous = locked.desired_replicas
         locked.desired_replicas = desired_replicas
         locked.save(update_fields=["desired_replicas", "updated_at"])
-        _audit(
-            actor=actor,
-            action="endpoint.scale",
+        pin, decision = pins.pin_set(
             endpoint=locked,
-            detail={"from": previous, "to": desired_replicas, "reason": reason},
+            replicas=desired_replicas,
+            previous=previous,
+            minutes=pin_minutes,
+            actor=actor,
+            reason=reason,
         )
+        detail = {"from": previous, "to": desired_replicas, "reason": reason}
+        if pin is not None:
+            detail["pinned_until"] = pin.until.isoformat()
+        _audit(actor=actor, action="endpoint.scale", endpoint=locked, detail=detail)
+        endpoint_id, decision_id = locked.pk, decision.pk
+        transaction.on_commit(lambda: _scale_apply_enqueue(endpoint_id, decision_id))
     endpoint.desired_replicas, endpoint.updated_at = locked.desired_replicas, locked.updated_at
     return endpoint
+
+
+def endpoint_unpin(*, endpoint: Endpoint, actor=None) -> bool:
+    """End an operator's pin now; the autoscaler decides on demand from its next tick. False without a pin."""
+    return pins.pin_release(endpoint=endpoint, actor=actor)
+
+
+def _scale_apply_enqueue(endpoint_id: int, decision_id: int) -> None:
+    try:
+        # By name (workers.tasks.autoscaling.scale_apply): the worker reconciles at once, not at the next tick.
+        signature("autoscale.scale_apply", args=[endpoint_id, decision_id]).apply_async(expires=60)
+    except Exception:  # noqa: BLE001 - the next horizontal tick (5 s) applies the pinned count anyway
+        log.warning("could not enqueue the scale of endpoint %s; the next tick applies it", endpoint_id, exc_info=True)
 
 
 def endpoint_delete(*, endpoint: Endpoint, actor=None) -> None:

@@ -9,5 +9,5 @@ autoscaler's own lighter fleet model), ``traces`` (the bursty trace; the seeded 
 ``replica_metrics`` (vLLM /metrics → p95s, gauges). Both simulations admit through the proxy's
 ``endpoints.admission``.
 Django side: ``actuators`` (``get_actuator(endpoint)``: local, kubernetes, static), ``services`` (decision ticks,
-reconcile, drains, warm pool), ``store`` (Redis: demand, windows, tick locks), ``activator`` (scale from zero).
+reconcile, drains, warm pool), ``pins`` (operators' manual scales, held until they expire), ``store`` (Redis: demand, windows, tick locks), ``activator`` (scale from zero).
 """

@@ -24,7 +24,7 @@ from django.db.models import F, Max, Min, Q, Sum
 from django.utils import timezone
 
 from billing.models import UsageMinute
-from capacity.autoscaling import horizontal, predictive, replica_metrics, spot, store, vertical
+from capacity.autoscaling import horizontal, pins, predictive, replica_metrics, spot, store, vertical
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
 from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance, quota_ceiling
@@ -78,6 +78,7 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
         actuator = _actuator_or_none(endpoint)
         if actuator is not None:
             _safe(actuator.sync, endpoint)
+        pinned = pins.pin_state(endpoint, now=now)
         inputs, capped_by = _horizontal_inputs(endpoint, now=now)
         decision = horizontal.decide(inputs)
         if capped_by and _quota_binds(decision, endpoint):
@@ -86,6 +87,10 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
                 desired=decision.desired,
                 reason=f"{decision.reason}; {capped_by} (max_replicas {endpoint.max_replicas})",
                 inputs={**decision.inputs, "quota_ceiling": inputs.max_replicas},
+            )
+        if not owner_suspended(endpoint):  # a suspension holds the endpoint at zero, pin or not
+            decision = pins.pinned_decision(
+                decision, pinned, min_replicas=inputs.min_replicas, max_replicas=inputs.max_replicas
             )
         row = _store(
             endpoint, HORIZONTAL, tick, decision.current, decision.desired, decision.reason, decision.inputs, at=now
@@ -104,11 +109,19 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
         if split is not None:
             desired, desired_spot = split.on_demand + split.spot, split.spot
             row.inputs = {**row.inputs, "spot": spot_record(split)}
-        if (desired, desired_spot) != (endpoint.desired_replicas, endpoint.desired_spot_replicas):
-            Endpoint.objects.filter(pk=endpoint.pk).update(
-                desired_replicas=desired, desired_spot_replicas=desired_spot
-            )
-            endpoint.desired_replicas, endpoint.desired_spot_replicas = desired, desired_spot
+        with transaction.atomic():
+            # The endpoint's row, as an operator's scale takes it: a scale that landed while this tick decided wins
+            # (its pin is newer than the one read above) and this tick converges on its count instead.
+            current = Endpoint.objects.select_for_update().values("desired_replicas", "desired_spot_replicas")
+            row_now = current.get(pk=endpoint.pk)
+            if pins.pin_stamp(endpoint.pk) != pinned.stamp:
+                desired, desired_spot = row_now["desired_replicas"], row_now["desired_spot_replicas"]
+                row.reason = f"{row.reason}; an operator scaled meanwhile: {desired} kept"[:255]
+            elif (desired, desired_spot) != (row_now["desired_replicas"], row_now["desired_spot_replicas"]):
+                Endpoint.objects.filter(pk=endpoint.pk).update(
+                    desired_replicas=desired, desired_spot_replicas=desired_spot
+                )
+        endpoint.desired_replicas, endpoint.desired_spot_replicas = desired, desired_spot
         actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
         row.applied = actuator is not None
         row.inputs = {**row.inputs, "actions": actions}
@@ -117,6 +130,24 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
             row.reason = "; ".join([row.reason, *capped])[:255]
         row.save(update_fields=["applied", "inputs", "reason"])
         return row
+
+
+def scale_apply(*, endpoint_id: int, decision_id: int | None = None) -> list[str] | None:
+    """Converge an endpoint on its desired count at once after an operator's scale, under the horizontal tick's lock;
+    the actions go on the scale's decision. None while a tick holds the lock (the task retries; that tick reads the
+    pin too)."""
+    with store.TickLock(axis=HORIZONTAL, endpoint_id=endpoint_id) as lock:
+        if not lock.held:
+            return None
+        endpoint = Endpoint.objects.select_related("owner_tenant").filter(pk=endpoint_id).first()
+        if endpoint is None:
+            return []
+        actions = ["no actuator"] if _actuator_or_none(endpoint) is None else reconcile(endpoint=endpoint)
+        decision = AutoscalerDecision.objects.filter(pk=decision_id, endpoint_id=endpoint_id).first()
+        if decision is not None:
+            decision.inputs = {**decision.inputs, "actions": actions}
+            decision.save(update_fields=["inputs"])
+        return actions
 
 
 def _quota_binds(decision: horizontal.HorizontalDecision, endpoint: Endpoint) -> bool:

@@ -1,14 +1,17 @@
 """Fleet overview and endpoint pages (operators see every endpoint, tenants the ones they may see), and
-the operator actions on them: create, scale, drain a replica, attach a running vLLM server."""
+the operator actions on them: create, scale (a pin) or release the pin, drain a replica, attach a running vLLM server."""
 
 from datetime import timedelta
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_POST
 
+from capacity.autoscaling import pins
 from console import charts
 from console.access import endpoint_for, operator_required
 from console.actions import endpoint_create_action, endpoint_scale_action, replica_attach_action, replica_drain_action
@@ -23,11 +26,13 @@ from console.selectors import (
     fleet_rows,
     queue_depth,
     recent_decisions,
+    scale_pin_shown,
     shows_whole_endpoint,
     tenant_endpoint_ledger,
 )
 from console.views.common import confirm_then_run
 from console.views.rollouts import rollout_panel
+from endpoints import services as endpoint_services
 from endpoints.models import Replica, ReplicaState
 from endpoints.selectors import endpoints_visible_to
 
@@ -86,6 +91,7 @@ def endpoint_detail(request, endpoint_id: int):
         "replicas": replicas,
         "lora_on": endpoint.lora[0] > 0,
         "decisions": decisions,
+        "pin": scale_pin_shown(endpoint=endpoint, now=now) if whole else None,
         "whole_endpoint": whole,
         "ledger": ledger,
         "own": None if whole else tenant_endpoint_ledger(endpoint=endpoint, tenant_id=own, now=now),
@@ -196,12 +202,27 @@ def endpoint_scale_view(request, endpoint_id: int):
         title=f"Scale {endpoint.name}",
         summary=(
             f"Scale {endpoint.name} from {endpoint.desired_replicas} to {form.data.get('desired_replicas')} desired "
-            f"replicas (bounds {form.data.get('min_replicas')}–{form.data.get('max_replicas')})?"
+            f"replicas (bounds {form.data.get('min_replicas')}–{form.data.get('max_replicas')})? "
+            + (
+                f"The autoscaler holds this count for {form.data.get('pin_minutes')} minutes, then decides on demand."
+                if pins.autoscaled(endpoint)
+                else "Autoscaling is off: the count stays until changed."
+            )
         ),
         run=lambda: endpoint_scale_action(endpoint=endpoint, actor=request.user, **form.cleaned_data),
-        success_message=lambda e: f"{e.name} now wants {e.desired_replicas} replica(s).",
+        success_message=lambda e: f"{e.name} now wants {e.desired_replicas} replica(s); they start now.",
         success_url=reverse("console:endpoint", args=[endpoint.pk]),
     )
+
+
+@operator_required
+@require_POST
+def endpoint_unpin_view(request, endpoint_id: int):
+    """End an operator's pin now: the autoscaler decides on demand from its next tick."""
+    endpoint = endpoint_for(request.user, endpoint_id)
+    if endpoint_services.endpoint_unpin(endpoint=endpoint, actor=request.user):
+        messages.success(request, f"{endpoint.name}: pin released; the autoscaler decides again within 5 s.")
+    return redirect("console:endpoint", endpoint_id=endpoint.pk)
 
 
 @operator_required

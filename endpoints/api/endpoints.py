@@ -3,11 +3,13 @@
 import math
 
 from django.db.models import Count, OuterRef, Q, Subquery
-from drf_spectacular.utils import extend_schema
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from capacity.autoscaling import pins
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from config.api_base import IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from endpoints.admission.classes import CLASSES
@@ -20,9 +22,16 @@ from endpoints.models import (
 )
 from endpoints.runtimes.launch_options import launch_options_shown_to_non_owners, tenant_launch_option_errors
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
-from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_update
+from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_unpin, endpoint_update
 from tenants.models import Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
+
+
+class ScalePinSerializer(serializers.Serializer):
+    replicas = serializers.IntegerField()
+    until = serializers.DateTimeField()
+    set_by = serializers.CharField(source="set_by_label")
+    reason = serializers.CharField()
 
 
 class EndpointSerializer(serializers.ModelSerializer):
@@ -61,6 +70,9 @@ class EndpointSerializer(serializers.ModelSerializer):
         help_text="priority classes that may be served by the fallback",
     )
     ready_replicas = serializers.IntegerField(read_only=True, default=0)
+    scale_pin = serializers.SerializerMethodField(
+        help_text="an operator's manual scale the autoscaler holds until `until` (POST scale/; DELETE scale/ ends it)"
+    )
     current_version = serializers.PrimaryKeyRelatedField(
         read_only=True, allow_null=True, help_text="the version serving traffic (see /endpoint-versions/)"
     )
@@ -77,7 +89,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "owner_tenant", "model_profile", "hardware_profile", "spot_hardware_profile",
             "pinned_benchmark", "runtime", "launch_options", "min_replicas", "max_replicas", "desired_replicas",
-            "desired_spot_replicas", "ready_replicas", "scale_to_zero",
+            "desired_spot_replicas", "ready_replicas", "scale_pin", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
             "routing_policy", "routing_plan", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes",
             "degrade_max_tokens", "degrade_slot_share", "current_version", "active_rollout", "created_at",
@@ -91,6 +103,13 @@ class EndpointSerializer(serializers.ModelSerializer):
         # this name already exists" about another tenant's endpoint.
         extra_kwargs = {"name": {"validators": [model_name_validator]}}
 
+    @extend_schema_field(ScalePinSerializer(allow_null=True))
+    def get_scale_pin(self, instance) -> dict | None:
+        pin = getattr(instance, "scale_pin", None)  # select_related: None when there is none
+        if pin is None or pin.until <= timezone.now():
+            return None
+        return ScalePinSerializer(pin).data
+
     def to_representation(self, instance):
         data = super().to_representation(instance)
         if "launch_options" in data and not endpoint_is_owned_by(endpoint=instance, principal=principal_from(self)):
@@ -100,6 +119,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             # The fleet's GPU types and prices behind a shared endpoint are the operators' too.
             data["routing_plan"] = {}
             data["spot_hardware_profile"] = None
+            data["scale_pin"] = None  # which operator pinned a shared endpoint, and why, is the operators' own
         return data
 
     def validate_degrade_slot_share(self, value):
@@ -126,6 +146,13 @@ class EndpointSerializer(serializers.ModelSerializer):
 class ScaleSerializer(serializers.Serializer):
     desired_replicas = serializers.IntegerField(min_value=0)
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    pin_minutes = serializers.IntegerField(
+        min_value=1,
+        max_value=pins.MAX_PIN_MINUTES,
+        default=pins.DEFAULT_PIN_MINUTES,
+        help_text="how long the autoscaler holds this count before deciding on demand again (autoscaled endpoints; "
+        "DELETE on this path ends it sooner)",
+    )
 
 
 class EndpointViewSet(ScopedModelViewSet):
@@ -136,9 +163,13 @@ class EndpointViewSet(ScopedModelViewSet):
 
     def visible_queryset(self, principal):
         active = Rollout.objects.filter(endpoint=OuterRef("pk"), state__in=ROLLOUT_ACTIVE_STATES).values("pk")[:1]
-        return endpoints_visible_to(principal).annotate(
-            ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
-            active_rollout=Subquery(active),
+        return (
+            endpoints_visible_to(principal)
+            .select_related("scale_pin")
+            .annotate(
+                ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+                active_rollout=Subquery(active),
+            )
         )
 
     def may_change(self, principal, obj) -> bool:
@@ -161,16 +192,20 @@ class EndpointViewSet(ScopedModelViewSet):
     @extend_schema(request=ScaleSerializer, responses={200: EndpointSerializer})
     @action(detail=True, methods=["post"])
     def scale(self, request, pk=None):
-        """Set the desired replica count within [min_replicas, max_replicas]; actuators converge to it."""
+        """Set the desired replica count within [min_replicas, max_replicas]; replicas start (or drain) at once. On an
+        autoscaled endpoint the count is pinned for `pin_minutes` (default 60): the autoscaler holds it, says so in
+        each decision, and decides on demand again when the pin expires (docs/algorithms.md#manual-scaling-pins)."""
         endpoint = self.get_object()
         body = ScaleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        endpoint_scale(
-            endpoint=endpoint,
-            desired_replicas=body.validated_data["desired_replicas"],
-            reason=body.validated_data["reason"],
-            actor=request.user,
-        )
+        endpoint_scale(endpoint=endpoint, actor=request.user, **body.validated_data)
+        return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(request=None, responses={200: EndpointSerializer})
+    @scale.mapping.delete
+    def unpin(self, request, pk=None):
+        """End the operator's pin now: the autoscaler decides on demand from its next tick (a no-op without one)."""
+        endpoint_unpin(endpoint=self.get_object(), actor=request.user)
         return Response(self.get_serializer(self.get_object()).data)
 
 

@@ -22,7 +22,8 @@ def test_scale_sets_desired_within_bounds_and_audits(world):
     endpoint.refresh_from_db()
     assert endpoint.desired_replicas == 3
     entry = AuditEntry.objects.get(action="endpoint.scale", object_id=str(endpoint.pk))
-    assert entry.detail == {"from": 1, "to": 3, "reason": "launch day"}
+    pinned_until = response.json()["scale_pin"]["until"].replace("Z", "+00:00")
+    assert entry.detail == {"from": 1, "to": 3, "reason": "launch day", "pinned_until": pinned_until}
     assert entry.actor == world.a.admin and entry.tenant == world.a.tenant
 
 

@@ -13,6 +13,7 @@ from celery import shared_task
 from capacity.autoscaling.actuators import actuator_name
 from capacity.autoscaling.services import decisions_prune, horizontal_tick, vertical_tick
 from capacity.autoscaling.services import sample_demand as sample
+from capacity.autoscaling.services import scale_apply as apply_scale
 from capacity.autoscaling.store import RedisError
 from endpoints.models import Endpoint
 
@@ -71,6 +72,20 @@ def horizontal_all() -> int:
 def horizontal_one(endpoint_id: int, tick: str) -> int | None:
     decision = horizontal_tick(endpoint_id=endpoint_id, tick=tick)
     return decision.pk if decision else None
+
+
+@shared_task(
+    name="autoscale.scale_apply", bind=True, ignore_result=True, max_retries=10, soft_time_limit=20, time_limit=30
+)
+def scale_apply(self, endpoint_id: int, decision_id: int | None = None) -> list[str] | None:
+    """An operator's scale, converged at once rather than at the next tick; retried while a tick holds the lock."""
+    try:
+        actions = apply_scale(endpoint_id=endpoint_id, decision_id=decision_id)
+    except RedisError as exc:
+        raise self.retry(countdown=2, exc=exc) from exc
+    if actions is None:
+        raise self.retry(countdown=1)
+    return actions
 
 
 @shared_task(name="autoscale.vertical_all", ignore_result=True)
