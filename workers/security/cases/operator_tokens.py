@@ -22,6 +22,7 @@ from capacity.models import ScalePin
 from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Runtime
 from tenants.models import AuditEntry, OperatorToken, Role, Tenant, User
+from tenants.operator_tokens import generate_token
 from tenants.services import operator_token_create, operator_token_revoke, tenant_update
 from workers.security.registry import expect, security_case
 from workers.security.world import SecurityWorld
@@ -72,8 +73,6 @@ def tenant_cannot_mint(world: SecurityWorld) -> str:
     "(guards new behaviour)",
 )
 def tenant_account_cannot_use(world: SecurityWorld) -> str:
-    from tenants.operator_tokens import generate_token
-
     raw, prefix, digest = generate_token()
     OperatorToken.objects.create(user=world.a.admin, name="smuggled", prefix=prefix, token_hash=digest,
                                  scopes=ALL_SCOPES, expires_at=timezone.now() + timedelta(days=1))  # fmt: skip
