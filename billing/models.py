@@ -56,6 +56,9 @@ class UsageRecord(models.Model):
     # The LoRA adapter the request named (docs/lora-serving.md), by name: ``endpoint`` is its base endpoint. A name, not a
     # key, so deleting an adapter leaves its usage history as it was.
     adapter = models.CharField(max_length=100, blank=True, default="")
+    # The part of ``mu`` that paid for loading the adapter onto its replica, which this request caused: replica time
+    # no token counter shows (docs/lora-serving.md), kept apart so the books reconcile tokens and loads each.
+    adapter_load_mu = models.FloatField(default=0.0)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_index=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

@@ -57,6 +57,17 @@ def test_an_adapter_record_is_read_at_the_adapter_price_and_half_price_charges_h
     assert half.unbilled_work == pytest.approx(0.5 * (0.1 + 0.1))
 
 
+def test_an_adapter_load_charged_with_a_request_is_set_apart_not_read_as_tokens():
+    # 0.25 MU of list price plus 3 MU for the load the request caused: its tokens balance, the load is its own line.
+    listed = charge("a", prompt=100, output=10, factor=1.0)
+    loaded = Charge("a", TENANT, listed.tokens, listed.mu + 3.0, load_mu=3.0)
+    books = phase_books(phase(Tokens(100, 0, 10), [loaded]))
+    assert books.overbilled_work == pytest.approx(0) and books.unbilled_work == pytest.approx(0)
+    assert (books.adapter_loads, books.adapter_load_mu) == (1, 3.0)
+    total = summarize([books, phase_books(phase(Tokens(100, 0, 10), [listed]))])
+    assert (total["adapter_loads"], total["adapter_load_mu"]) == (1, 3.0)
+
+
 def test_prefill_billed_too_much_does_not_hide_decode_billed_too_little():
     # The engine prefilled nothing (aborted before its first token) but decoded 50 tokens of another request.
     books = phase_books(phase(Tokens(0, 0, 50), [charge("a", prompt=1000), charge("b", output=0)]))

@@ -11,7 +11,7 @@ import pytest
 from capacity.units import usage_mu
 from endpoints.proxy.flight import Admission, Flight, Price
 from endpoints.proxy.limits import Bucket, RateLimiter
-from endpoints.proxy.metering import Measured, measure, meets_slo, meter, usage_record
+from endpoints.proxy.metering import Measured, engine_usage, measure, meets_slo, meter, usage_record
 from endpoints.proxy.relay import Outcome
 from endpoints.proxy.request import parse_request
 from endpoints.proxy.snapshot import AdapterInfo
@@ -137,6 +137,7 @@ def test_the_usage_record_names_who_what_where_and_how_it_went():
         "slo_met": True,
         "degradation": "",
         "adapter": "",
+        "adapter_load_mu": 0.0,
         "requested_endpoint_id": 7,
         "started_at": f.started_at,
         "finished_at": f.started_at + 1.5,
@@ -273,5 +274,25 @@ def test_an_adapter_request_is_metered_its_factor_and_the_load_it_caused():
         asyncio.run(coro)
     [record] = state.usage.records
     served = usage_mu(COEFFS, prompt_tokens=100, cached_tokens=64, completion_tokens=11) * 1.25
-    assert record["mu"] == round(served + 4.5, 6) and record["adapter"] == "ft"
+    assert record["mu"] == round(served + 4.5, 6) and record["adapter"] == "ft" and record["adapter_load_mu"] == 4.5
     assert state.limiter.settled[0]["actual"]["mu"] == pytest.approx(served + 4.5)
+
+
+def test_a_request_of_n_sequences_is_metered_for_n_prefills_as_the_engine_counts_them():
+    # vLLM 0.32 measured: a 613-token prompt with n=4 made the engine count 2,452 prompt tokens and 1,536 cache hits
+    # (each later sequence found the first one's 512 full-block tokens), while the usage block said 613 and 512.
+    usage = {"prompt_tokens": 613, "completion_tokens": 20, "prompt_tokens_details": {"cached_tokens": 512}}
+    counted = engine_usage(usage, 4)
+    assert counted["prompt_tokens"] == 2452 and counted["prompt_tokens_details"]["cached_tokens"] == 1536
+    assert counted["total_tokens"] == 2472 and counted["completion_tokens"] == 20
+    assert (
+        engine_usage(usage, 1) is usage and engine_usage(usage, None) is usage and engine_usage(usage, True) is usage
+    )
+    state = State()
+    f = flight()
+    f.req = parse_request("completions", json.dumps({"model": "m", "prompt": "x", "n": 4}).encode())
+    f.outcome = outcome(usage=usage)
+    meter(state, f)
+    [record] = state.usage.records
+    assert (record["input_tokens"], record["cached_tokens"]) == (2452, 1536)
+    assert record["mu"] == round(usage_mu(COEFFS, prompt_tokens=2452, cached_tokens=1536, completion_tokens=20), 6)

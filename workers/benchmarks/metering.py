@@ -266,6 +266,7 @@ def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = Non
         "metering.billed_tokens": total["billed_tokens"],
         "metering.computed_mu": total["computed_mu"],
         "metering.billed_mu": total["billed_mu"],
+        "metering.adapter_loads": {"records": total["adapter_loads"], "mu": total["adapter_load_mu"]},
         "metering.by_tenant": by_tenant,
         "metering.by_kind": by_kind(books),
         "metering.attribution": "sequential phases, one tenant and one kind each, on an idle fleet",
@@ -316,6 +317,7 @@ def _charge(record: UsageRecord, world: MeteringWorld, lora_factor: float) -> Ch
         mu=record.mu,
         adapter_factor=lora_factor if record.adapter else 1.0,
         status=record.status,
+        load_mu=record.adapter_load_mu,
     )
 
 

@@ -4,7 +4,9 @@ kind) against what the proxy charged for it, in token work priced at the endpoin
 Work is ``alpha·uncached prompt + alpha_cached·cached prompt`` (prefill) and ``beta·output`` (decode): MU without
 the per-request ``gamma``, which the engine's counters cannot see (it counts a prompt array or ``n`` choices as
 several requests, the proxy as one). A record charges its tokens in proportion to its MU over their list price
-(``usage_mu`` times the adapter's factor), so a record of 390 output tokens at 0 MU charges none of them. Prefill
+(``usage_mu`` times the adapter's factor), so a record of 390 output tokens at 0 MU charges none of them; the part
+of a record's MU that paid for loading its LoRA adapter (``adapter_load_mu``: replica time no token counter shows)
+is set apart and totalled on its own, with the number of records that caused a load. Prefill
 and decode are reconciled apart, phase by phase, so a phase billed too much prefill cannot hide one billed too
 little decode, nor one phase another.
 """
@@ -53,6 +55,7 @@ class Charge:
     mu: float
     adapter_factor: float = 1.0  # the LoRA adapter's MU factor (1 for the base model)
     status: str = "ok"
+    load_mu: float = 0.0  # the part of ``mu`` that paid for an adapter load this request caused
 
     def charged_share(self, coeffs: MUCoefficients) -> float:
         """The share of its tokens the record charges: its MU over their list price (1 for a record of no tokens)."""
@@ -64,7 +67,7 @@ class Charge:
             cached_tokens=int(self.tokens.cached),
             completion_tokens=int(self.tokens.output),
         )
-        return self.mu / list_mu if list_mu > 0 else 1.0
+        return (self.mu - self.load_mu) / list_mu if list_mu > 0 else 1.0
 
     def charged(self, coeffs: MUCoefficients) -> Tokens:
         return self.tokens.scaled(self.charged_share(coeffs))
@@ -100,6 +103,8 @@ class PhaseBooks:
     overbilled_work: float
     misattributed_work: float
     statuses: dict[str, int]
+    adapter_load_mu: float = 0.0
+    adapter_loads: int = 0
 
 
 def phase_books(phase: Phase) -> PhaseBooks:
@@ -135,6 +140,8 @@ def phase_books(phase: Phase) -> PhaseBooks:
         overbilled_work=overbilled,
         misattributed_work=misattributed,
         statuses=statuses,
+        adapter_load_mu=sum(c.load_mu for c in own),
+        adapter_loads=sum(1 for c in own if c.load_mu > 0),
     )
 
 
@@ -161,6 +168,8 @@ def summarize(books: Iterable[PhaseBooks]) -> dict:
         "misattributed_fraction": _fraction(sum(b.misattributed_work for b in books), billed),
         "computed_tokens": sum((b.computed for b in books), Tokens()).as_dict(),
         "billed_tokens": sum((b.billed for b in books), Tokens()).as_dict(),
+        "adapter_load_mu": round(sum(b.adapter_load_mu for b in books), 4),
+        "adapter_loads": sum(b.adapter_loads for b in books),
     }
 
 
