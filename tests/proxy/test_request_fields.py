@@ -169,7 +169,9 @@ def test_tools_documents_and_parts_that_are_not_text_count_in_the_prompt():
     documents = parse_request("chat", chat(documents=[{"title": "t", "text": "z" * 3000}]))
     assert documents.prompt_chars - plain.prompt_chars >= 3000
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 5000}}
-    parts = parse_request("chat", json.dumps({"model": "m", "messages": [{"role": "user", "content": [image]}]}).encode())
+    parts = parse_request(
+        "chat", json.dumps({"model": "m", "messages": [{"role": "user", "content": [image]}]}).encode()
+    )
     assert parts.prompt_chars >= 5000
     calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "q" * 2000}}]
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls}]
