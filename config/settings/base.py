@@ -140,9 +140,11 @@ INFERCAP = {
         "max_warm_pool": env_int("INFERCAP_QUOTA_MAX_WARM_POOL", 4),
     },
     # Which actuator starts and stops an endpoint's replicas unless its launch options name one (local, kubernetes,
-    # static); the worker's manifest sets kubernetes. The API server: in-cluster, or this URL (e.g. kubectl proxy).
+    # static); the worker's manifest sets kubernetes. The API server: this URL (e.g. kubectl proxy), else as kubectl
+    # finds it: the pod's service account, then this kubeconfig, $KUBECONFIG or ~/.kube/config (exec plugins too).
     "AUTOSCALE_ACTUATOR": env("INFERCAP_ACTUATOR", "local"),
     "KUBERNETES_API_URL": env("INFERCAP_KUBERNETES_API_URL", ""),
+    "KUBECONFIG": env("INFERCAP_KUBECONFIG", ""),
     # The autoscaler starts at most this many replicas per endpoint per reconcile, and per 5 s tick fleet-wide.
     "AUTOSCALE_MAX_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_LAUNCHES_PER_TICK", 8),
     "AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", 32),

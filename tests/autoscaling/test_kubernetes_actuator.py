@@ -4,6 +4,7 @@ relabelling), API errors surfaced as ActuatorError."""
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import httpx
@@ -245,8 +246,53 @@ def test_unreachable_api_is_an_actuator_error(db, endpoint):
         actuator.sync(endpoint)
 
 
-def test_no_api_configured_is_refused(settings, monkeypatch):
+def test_no_api_configured_is_refused(settings, monkeypatch, tmp_path):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
     settings.INFERCAP = {**settings.INFERCAP, "KUBERNETES_API_URL": ""}
     with pytest.raises(ActuatorError, match="no Kubernetes API"):
         KubernetesActuator()
+
+
+EXEC_PLUGIN = """import json, sys
+json.dump({"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+           "status": {"token": "test-token"}}, sys.stdout)
+"""
+
+
+def test_a_kubeconfig_with_an_exec_plugin_authenticates_every_call(
+    db, cluster, endpoint, settings, monkeypatch, tmp_path
+):
+    # As a cloud's kubeconfig does (aws eks get-token, gke-gcloud-auth-plugin): the token comes from a command.
+    plugin = tmp_path / "get_token.py"
+    plugin.write_text(EXEC_PLUGIN)
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://k8s.test"}}],
+        "users": [
+            {
+                "name": "u",
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": sys.executable,
+                        "args": [str(plugin)],
+                        "interactiveMode": "Never",
+                    }
+                },
+            }
+        ],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "ctx",
+    }
+    (tmp_path / "kubeconfig").write_text(json.dumps(kubeconfig))  # JSON is YAML
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    settings.INFERCAP = {**settings.INFERCAP, "KUBERNETES_API_URL": ""}
+    actuator = KubernetesActuator(transport=httpx.MockTransport(cluster.handle))
+    assert actuator.api_url == "https://k8s.test"
+    cluster.add_pod("llama-13b-a", ip="10.42.0.17")
+    actuator.sync(endpoint)  # the fake API server refuses any other Authorization
+    assert actuator.launch(endpoint, 1) == [] and cluster.replicas == 2
+    assert endpoint.replicas.get(name="llama-13b-a").state == ReplicaState.READY

@@ -35,13 +35,14 @@ launch option ``spot_tolerations``. Its pods are registered on the endpoint's sp
 Deployments' listings, whose selectors match them too. The two pools scale apart; a reclaimed node's pod is
 replaced by its ReplicaSet, once the market has capacity again.
 
-The API server comes from ``INFERCAP["KUBERNETES_API_URL"]`` (or in-cluster: ``KUBERNETES_SERVICE_HOST`` and the
-service-account token).
+The API server comes from ``INFERCAP["KUBERNETES_API_URL"]``, else from the environment as kubectl reads it (the pod's
+service account, a kubeconfig with its exec plugins), through lightkube's configuration (``KubernetesActuator``). The
+actuator never waits on the API server: each tick reads what is there and asks for what it wants, so it needs no
+watch.
 """
 
 import copy
 import logging
-import os
 import re
 import time
 from datetime import datetime
@@ -50,6 +51,9 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.db.models import Q
+from lightkube.config.client_adapter import ConnectionParams
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.core.exceptions import ConfigError
 
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id, version_endpoint
 from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState
@@ -74,6 +78,21 @@ SPOT_NODE_SELECTOR = {"karpenter.sh/capacity-type": "spot"}
 # the cluster autoscaler) provisions a node for an unschedulable pod within a minute or two when the market has one.
 SPOT_SCHEDULING_GRACE_S = 180.0
 LIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
+
+
+def _kube_config(path: str | None) -> SingleConfig:
+    """The current context of the kubeconfig at ``path``, else of the environment (lightkube's ``from_env``: the
+    pod's service account, ``$KUBECONFIG``, ``~/.kube/config``); none is an ``ActuatorError``."""
+    try:
+        config = KubeConfig.from_file(path) if path else KubeConfig.from_env(service_account=SA_DIR)
+        single = config.get()
+    except (ConfigError, OSError, KeyError, ValueError) as exc:
+        raise ActuatorError(
+            f"no Kubernetes API: set INFERCAP['KUBERNETES_API_URL'], a kubeconfig or run in a cluster ({exc})"
+        ) from exc
+    if single is None or single.cluster is None:
+        raise ActuatorError("no Kubernetes API: the kubeconfig has no current context")
+    return single
 
 
 def deployment_name(endpoint: Endpoint) -> str:
@@ -165,20 +184,34 @@ class KubernetesActuator(Actuator):
         token: str | None = None,
         verify: bool | str = True,
         transport: httpx.BaseTransport | None = None,
+        kubeconfig: str | None = None,
     ) -> None:
+        """The API server and credentials: ``api_url`` (or ``INFERCAP["KUBERNETES_API_URL"]``) with ``token`` when
+        given, an API server named explicitly (``kubectl proxy``, a test double); otherwise lightkube's reading of the
+        environment, as kubectl's: in a pod the service account (its token file re-read when the kubelet rotates
+        it), else ``kubeconfig`` (``INFERCAP["KUBECONFIG"]``), ``$KUBECONFIG`` or ``~/.kube/config``, with its
+        current context's client certificates, tokens or exec plugins (cloud IAM logins). One client, its
+        connections reused, for the actuator's life."""
         conf = getattr(settings, "INFERCAP", {})
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        in_cluster = f"https://{host}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}" if host else None
-        self.api_url = (api_url or conf.get("KUBERNETES_API_URL") or in_cluster or "").rstrip("/")
-        if not self.api_url:
-            raise ActuatorError("no Kubernetes API: set INFERCAP['KUBERNETES_API_URL'] or run in a cluster")
-        if token is None and (SA_DIR / "token").exists():
-            token = (SA_DIR / "token").read_text().strip()
-            verify = str(SA_DIR / "ca.crt")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(
-            base_url=self.api_url, headers=headers, verify=verify, timeout=5.0, transport=transport
-        )
+        url = (api_url or conf.get("KUBERNETES_API_URL") or "").rstrip("/")
+        timeout = httpx.Timeout(5.0)
+        if url:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            params = {
+                "base_url": url,
+                "headers": headers,
+                "verify": verify,
+                "timeout": timeout,
+                "transport": transport,
+            }
+        else:
+            # The transport is set after: lightkube's dataclasses.asdict would hand httpx a deep copy of it.
+            params = ConnectionParams(timeout=timeout, trust_env=False).httpx_params(
+                _kube_config(kubeconfig or conf.get("KUBECONFIG") or None)
+            )
+            params["transport"] = transport
+        self.api_url = str(params["base_url"]).rstrip("/")
+        self.client = httpx.Client(**params)
         self.spot_shortage: dict[int, str] = {}  # endpoint id → why its last sync found no spot capacity
 
     # -- API calls ----------------------------------------------------------------------------------------
