@@ -15,12 +15,10 @@ metrics_dir_ready()
 # Off unless the environment turns it on (INFERCAP_TRACING=1 or OTEL_TRACES_EXPORTER; config/tracing.py).
 tracing.configure_from_env()
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-# The console's CSS/JS come from the app itself (staticfiles finders): one process serves everything,
-# with no collectstatic step for a laptop; in production a CDN or ingress cache sits in front.
-django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
+# The console's CSS/JS come from the app itself (WhiteNoise's middleware: config/settings/base.py).
+django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -1,5 +1,6 @@
 """Settings shared by every environment; integrations live in their own small modules below."""
 
+import warnings
 from pathlib import Path
 
 from .backends import resolve_backends
@@ -40,6 +41,7 @@ MIDDLEWARE = [
     # A span per view while tracing is on; a pass-through otherwise (config/tracing.py).
     "config.tracing.TracingMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -83,6 +85,18 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
+# The console's CSS and JS, served by WhiteNoise from the web process itself: what collectstatic gathered (the image
+# does, with gzip and Brotli copies served by Accept-Encoding) or, where nothing was collected (a laptop), from the
+# apps' own directories. Names carry no content hash (no manifest a forgotten collectstatic could break), so the
+# files are cached an hour, not forever; a CDN in front may keep them longer.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = not STATIC_ROOT.is_dir()
+WHITENOISE_MAX_AGE = 3600
+if WHITENOISE_USE_FINDERS:  # nothing collected is the laptop's normal case, not a misconfiguration to warn of
+    warnings.filterwarnings("ignore", message="No directory at", module="whitenoise.base")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/console/"
