@@ -12,8 +12,9 @@ RUN apt-get update \
 WORKDIR /app
 COPY . .
 RUN VENV=/opt/venv PYTHON=python3 scripts/bootstrap.sh run
-# The console's CSS/JS, served from STATIC_ROOT (staticfiles/) behind the ingress or a CDN; the development
-# settings only because collectstatic needs no secret, database or Redis.
+# The console's CSS/JS, collected into STATIC_ROOT (staticfiles/) with gzip and Brotli copies that WhiteNoise serves
+# by Accept-Encoding (config/settings/base.py); the development settings only because collectstatic needs no
+# secret, database or Redis.
 RUN DJANGO_SETTINGS_MODULE=config.settings.local /opt/venv/bin/python manage.py collectstatic --noinput -v 0
 
 FROM python:3.11-slim-bookworm AS runtime
