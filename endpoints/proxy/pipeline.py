@@ -10,6 +10,7 @@ import asyncio
 import time
 
 from capacity.units import estimate_prompt_tokens
+from config.request_log import request_id as log_request_id
 from endpoints.proxy.brownout import degrade, fall_back, mark_slot_share
 from endpoints.proxy.errors import ProxyError, send_error, sse_error_event
 from endpoints.proxy.flight import Flight, Price
@@ -39,6 +40,7 @@ NON_STREAM_MIN_TOKENS_PER_S = 5.0
 async def completion(scope, receive, send, kind: str) -> None:
     """``POST /v1/chat/completions`` (``kind`` "chat") or ``/v1/completions`` ("completions")."""
     flight = Flight(t0=time.perf_counter(), task=asyncio.current_task())
+    log_request_id.set(flight.request_id)  # on this request's log lines (its own task's context: nothing to reset)
     state = await get_state()
     headers = dict(scope["headers"])
     start(flight, headers)

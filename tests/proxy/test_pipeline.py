@@ -5,7 +5,9 @@ never answers and a client that leaves."""
 
 import asyncio
 import json
+import logging
 
+from config.request_log import RequestIdFilter
 from endpoints.proxy import pipeline
 from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.isolation import CacheSalts
@@ -236,3 +238,24 @@ async def test_the_router_hears_a_streams_first_token_from_the_replica_that_sent
     r0, r1 = (next(rid for rid, s in runtime.slots.items() if s.url == f"http://replica-{i}") for i in (0, 1))
     assert [e for e in heard if e[1] == r1] == [("first", r1), ("finished", r1)]
     assert ("first", r0) not in heard
+
+
+async def test_the_proxys_log_lines_carry_the_request_id_the_client_got(monkeypatch):
+    # A replica on the fcfs scheduler refuses 'priority' (logged as a warning), then serves the request resent.
+    answers = iter([Response(status=400, body=b'{"error": {"message": "priority is not supported"}}'), ok_stream()])
+    session = Session({"http://replica-0": lambda: next(answers), "http://replica-1": lambda: next(answers)})
+    state, client = State(WORLD, session), Client(chat())
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    handler.addFilter(RequestIdFilter())  # as the logging settings install it on every handler
+    logger = logging.getLogger("endpoints.proxy")
+    logger.addHandler(handler)
+    try:
+        await run(state, client, monkeypatch=monkeypatch)
+    finally:
+        logger.removeHandler(handler)
+    assert client.status == 200
+    refused = [r for r in records if "refuses 'priority'" in r.getMessage()]
+    rid = dict(client.sent[0]["headers"])[b"x-request-id"].decode()
+    assert refused and {r.request_id for r in refused} == {rid}
