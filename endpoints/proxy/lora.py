@@ -117,6 +117,11 @@ class ReplicaAdapters:
             return len(held) < max_loras or bool(set(self.last_used) - self.protected())
         return bool(set(candidates) - self.protected())
 
+    def fits_within_quota(self, adapter: str, tenant_slots: int) -> bool:
+        """Whether a request for ``adapter`` runs here without its tenant's quota making it unload one of the
+        tenant's own adapters: it holds the adapter, or the tenant holds fewer than its slots here."""
+        return adapter in self.held() or self.evictable(adapter, tenant_slots) is None
+
     def evictable(self, adapter: str, tenant_slots: int) -> dict[str, float] | None:
         """When ``adapter``'s tenant already holds its ``tenant_slots`` here, the only adapters its load may
         unload: that tenant's own (loaded ones, with their last use); None when no quota binds."""

@@ -356,6 +356,14 @@ class EndpointRuntime:
                 for v in views
                 if self.adapters_of(self.slots[v.replica_id]).can_serve(route.adapter, v.max_loras, quota(v.max_loras))
             ]
+            # Where the tenant's quota binds, loading there unloads one of its own adapters: a replica where it does
+            # not goes first, so a tenant's adapters spread instead of taking turns on one replica.
+            roomy = [
+                v
+                for v in views
+                if self.adapters_of(self.slots[v.replica_id]).fits_within_quota(route.adapter, quota(v.max_loras))
+            ]
+            views = roomy or views
         if not views:
             return None
         with self.kv_feeds.lock:  # the subscribers' threads write the precise index under it

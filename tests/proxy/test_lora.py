@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from endpoints.lora_artifacts import engine_name
 from endpoints.metrics_scraper import ReplicaMetrics, parse_vllm_metrics
 from endpoints.proxy.config import ProxyConfig
 from endpoints.proxy.errors import ProxyError
 from endpoints.proxy.lora import ReplicaAdapters, engine_adapters, ensure_loaded
-from endpoints.proxy.runtime import EndpointRuntime
+from endpoints.proxy.runtime import ENGINE_NAMED_KEY, EndpointRuntime
 from endpoints.proxy.snapshot import AdapterInfo
 from endpoints.proxy.stages import price_request, resolve_model
 from endpoints.routing.base import RouteRequest
@@ -262,3 +263,25 @@ def test_views_carry_the_engines_lora_state_and_adapter_requests_go_only_where_t
     runtime.adapters["100"].last_used["other"] = 1.0
     held = RouteRequest(request_id="r9", prompt_text="", adapter="third")
     assert runtime.try_take(held, 1.0) is None  # both slots hold adapters in use: it waits in the queue
+
+
+def test_a_tenants_adapter_goes_where_its_quota_does_not_unload_its_own():
+    class Scraper:  # both replicas' engines serve 2 adapters: one tenant's private ones may hold 1 slot of each
+        def latest(self, rid):
+            return ReplicaMetrics(scraped_at=1.0, lora_max=2, lora_active=frozenset())
+
+    runtime = EndpointRuntime(
+        endpoint(replicas=2, limit=4), config=ProxyConfig(), scraper=Scraper(), clock=lambda: 1.0
+    )
+    runtime.router.pick = lambda route, views, now: min(v.replica_id for v in views)  # it would pick replica 100
+    first, second = (engine_name(adapter_id=i, owner_tenant_id=TENANT_A, fingerprint="f0") for i in (1, 2))
+    runtime._views(1.0)
+    runtime.adapters["100"].last_used[first] = 1.0  # the tenant's first adapter, idle on replica 100
+    route = RouteRequest(request_id="r1", prompt_text="", adapter=second)
+    route.extra[ENGINE_NAMED_KEY] = True
+    slot = runtime.try_take(route, 1.0)
+    # On 100 its quota would unload its first adapter to load the second: 101 has room, so it goes there.
+    assert slot is not None and slot.replica_id == 101
+    again = RouteRequest(request_id="r2", prompt_text="", adapter=first)
+    again.extra[ENGINE_NAMED_KEY] = True
+    assert runtime.try_take(again, 1.0).replica_id == 100  # where it is held
