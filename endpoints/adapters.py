@@ -158,9 +158,9 @@ def adapter_update(*, adapter: Adapter, actor=None, **changes) -> Adapter:
     before = {name: str(getattr(adapter, name)) for name in changes}
     for name, value in changes.items():
         setattr(adapter, name, value)
-    adapter_validate(adapter, actor=actor, check_artifact="owner_tenant" in changes)
     if "owner_tenant" in changes:
-        _check_reservations_stay_valid(adapter)
+        _check_reservations_stay_valid(adapter)  # first: whatever its files, such a move is refused
+    adapter_validate(adapter, actor=actor, check_artifact="owner_tenant" in changes)
     with transaction.atomic():
         try:
             with transaction.atomic():

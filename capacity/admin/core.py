@@ -1,8 +1,8 @@
-"""Admin for hardware and model profiles, capacity benchmarks and autoscaler decisions."""
+"""Admin for hardware and model profiles, capacity benchmarks, autoscaler decisions and operators' scale pins."""
 
 from django.contrib import admin
 
-from capacity.models import AutoscalerDecision, CapacityBenchmark, HardwareProfile, ModelProfile
+from capacity.models import AutoscalerDecision, CapacityBenchmark, HardwareProfile, ModelProfile, ScalePin
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 
 
@@ -71,3 +71,12 @@ class AutoscalerDecisionAdmin(ReadOnlyOperatorAdmin):
     search_fields = ["endpoint__name", "reason", "tick"]
     list_select_related = ["endpoint"]
     date_hierarchy = "at"
+
+
+# Read only: a pin is set and released through the scale API, which records it in the decision log
+# (capacity/autoscaling/pins.py).
+@admin.register(ScalePin)
+class ScalePinAdmin(ReadOnlyOperatorAdmin):
+    list_display = ["endpoint", "replicas", "until", "set_by_label", "set_at", "reason"]
+    search_fields = ["endpoint__name", "set_by_label", "reason"]
+    list_select_related = ["endpoint"]

@@ -1,11 +1,12 @@
-"""Admin for tenants, users, API keys (prefix only, never the hash), reservations and the audit trail."""
+"""Admin for tenants, users, API keys and operator tokens (prefix only, never the hash), reservations and the audit
+trail."""
 
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 from django.contrib.auth.models import Group
 
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
-from tenants.models import ApiKey, AuditEntry, CapacityReservation, Tenant, User
+from tenants.models import ApiKey, AuditEntry, CapacityReservation, OperatorToken, Tenant, User
 from tenants.quotas import QUOTA_NAMES, tenant_quota_update
 from tenants.services import api_key_create, api_key_revoke, tenant_update
 
@@ -134,3 +135,14 @@ class AuditEntryAdmin(ReadOnlyOperatorAdmin):
     search_fields = ["actor_label", "action", "object_type", "object_id"]
     list_select_related = ["tenant"]
     date_hierarchy = "at"
+
+
+# Read only: tokens are minted and revoked through the API or create_operator_token, which audit it
+# (tenants/operator_tokens.py); here an operator sees who holds which, its scopes, expiry and last use.
+@admin.register(OperatorToken)
+class OperatorTokenAdmin(ReadOnlyOperatorAdmin):
+    list_display = ["prefix", "name", "user", "scopes", "expires_at", "revoked_at", "last_used_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["prefix", "name", "user__username"]
+    list_select_related = ["user"]
+    exclude = ["token_hash"]
