@@ -86,7 +86,7 @@ def _counter(exposition: str, status: str) -> float:
     )
 
 
-def _query(prometheus: str, expr: str) -> list[dict]:
+def query(prometheus: str, expr: str) -> list[dict]:
     """The query's result; empty while Prometheus answers anything but 200 (it says "Service Unavailable" until
     its storage is ready, which on a busy machine comes after /-/ready), so the callers' waits go on."""
     response = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=10)
@@ -95,7 +95,7 @@ def _query(prometheus: str, expr: str) -> list[dict]:
     return response.json()["data"]["result"]
 
 
-def _wait(condition, timeout: float, what: str):
+def wait_until(condition, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
@@ -133,7 +133,7 @@ def compare(
     workdir = Path(tempfile.mkdtemp(prefix="infercap-prometheus-"))
     with ProcessGroup() as procs:
         base, proxy_port, replica_port = _start(procs, endpoint, error_rate=error_rate)
-        _wait(lambda: httpx.get(base + "/health", timeout=5).status_code == 200, 30, "the proxy did not start")
+        wait_until(lambda: httpx.get(base + "/health", timeout=5).status_code == 200, 30, "the proxy did not start")
         # Every outcome's series exists before Prometheus' first scrape (see the module's docstring).
         metrics, sent = {"Authorization": f"Bearer {METRICS_TOKEN}"}, [0]
 
@@ -143,9 +143,9 @@ def compare(
             text = httpx.get(base + "/metrics", headers=metrics, timeout=10).text
             return all(_counter(text, status) >= WARMUP_EACH for status in ("ok", "upstream_error"))
 
-        _wait(both_outcomes_seen, 60, "no failed and no served request in the warm-up")
+        wait_until(both_outcomes_seen, 60, "no failed and no served request in the warm-up")
         metered = UsageRecord.objects.filter(endpoint=endpoint).count
-        _wait(lambda: metered() >= sent[0], 30, "warm-up not metered")
+        wait_until(lambda: metered() >= sent[0], 30, "warm-up not metered")
         warmup_ids = set(UsageRecord.objects.filter(endpoint=endpoint).values_list("pk", flat=True))
         call_command("export_slo_rules", "--slo", str(slo.pk), "--output", str(workdir / "rules.yml"))
         prom_port = free_port()
@@ -156,20 +156,20 @@ def compare(
         )  # fmt: skip
         prometheus = f"http://127.0.0.1:{prom_port}"
         requests_series = f'infercap_proxy_requests_total{{endpoint="{endpoint.name}"}}'
-        _wait(lambda: _query(prometheus, requests_series), 60, "Prometheus scraped nothing")
+        wait_until(lambda: query(prometheus, requests_series), 60, "Prometheus scraped nothing")
         time.sleep(2)  # two more scrapes at the warm-up's values: the traffic's increments start after them
         progress(f"prometheus up; sending {requests} requests ({error_rate:.0%} failing upstream)")
         asyncio.run(_send(base, raw_key, endpoint.name, requests))
         total = len(warmup_ids) + requests
-        _wait(lambda: UsageRecord.objects.filter(endpoint=endpoint).count() >= total, 60, "traffic not metered")
+        wait_until(lambda: UsageRecord.objects.filter(endpoint=endpoint).count() >= total, 60, "traffic not metered")
         time.sleep(3)  # scrapes and rule evaluations after the last request
         record = f'slo:sli_error:ratio_rate5m{{slo_id="{slo.pk}"}}'
         prometheus_ratio = float(
-            _wait(lambda: _query(prometheus, record), 30, "no recording rule value")[0]["value"][1]
+            wait_until(lambda: query(prometheus, record), 30, "no recording rule value")[0]["value"][1]
         )
         raw = {
             r["metric"]["status"]: (float(r["values"][0][1]), float(r["values"][-1][1]), len(r["values"]))
-            for r in _query(prometheus, requests_series + "[10m]")
+            for r in query(prometheus, requests_series + "[10m]")
         }
         # The platform's evaluator, on the records Prometheus saw the increments of.
         UsageRecord.objects.filter(pk__in=warmup_ids).delete()

@@ -3,7 +3,6 @@ platform exposes (the proxy's /metrics, /metrics/platform) or a recording rule, 
 series the proxy or a vLLM replica exposes; /metrics/platform serves the books behind the panels."""
 
 import json
-import re
 import shutil
 import subprocess
 from datetime import timedelta
@@ -20,6 +19,7 @@ import endpoints.proxy.metrics  # noqa: F401 - registers the proxy's metrics in 
 from billing.models import CostReport
 from capacity.models import AutoscalerDecision
 from endpoints.runtimes.processes import free_port, sim_replica_argv
+from workers import dashboard_check
 from workers import observability as obs
 
 TOKEN = {"HTTP_AUTHORIZATION": "Bearer test-metrics-token"}
@@ -98,25 +98,17 @@ def test_platform_metrics_serve_the_books_behind_the_token(client, tenant_a):
     assert f'infercap_tenant_mu_per_min{{{e},measure="sold",tenant="{tenant_a.tenant.slug}"}}' in body
 
 
-SCRAPE_FILE = obs.ROOT / "platform" / "prometheus" / "scrape.yml"
-
-
-def _kubernetes_label(prefix: str, label: str) -> str:
-    """The meta label Prometheus' Kubernetes discovery gives an object's label (invalid characters as _)."""
-    return prefix + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+SCRAPE_FILE = dashboard_check.SCRAPE_FILE
 
 
 def _shipped_labels() -> dict[str, dict[str, set[str]]]:
     """Every label the base manifests put on pods and services, with their values, as discovery meta labels."""
     found: dict[str, dict[str, set[str]]] = {"pod": {}, "service": {}}
-    for path in (obs.ROOT / "platform" / "kubernetes" / "base").glob("*.yaml"):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc or doc["kind"] not in ("Deployment", "Service"):
-                continue
-            role = "pod" if doc["kind"] == "Deployment" else "service"
+    for role, kind in (("pod", "Deployment"), ("service", "Service")):
+        for doc in dashboard_check.shipped_objects(kind):
             labels = doc["spec"]["template"]["metadata"]["labels"] if role == "pod" else doc["metadata"]["labels"]
             for label, value in labels.items():
-                name = _kubernetes_label(f"__meta_kubernetes_{role}_label_", label)
+                name = dashboard_check.kubernetes_label(f"__meta_kubernetes_{role}_label_", label)
                 found[role].setdefault(name, set()).add(value)
     return found
 
