@@ -43,7 +43,12 @@ def recording_rules() -> list[dict]:
                 }
             )
     rules += [
-        {"record": "infercap:vllm_kv_cache_usage:avg", "expr": "avg by (model_name) (vllm:kv_cache_usage_perc)"},
+        # Serving replicas only: a warm pool's standby holds an empty cache and would pull the average down (the
+        # scrape config sets role from the pod's infercap/role; without the label, as under the Operator, all count).
+        {
+            "record": "infercap:vllm_kv_cache_usage:avg",
+            "expr": 'avg by (model_name) (vllm:kv_cache_usage_perc{role!="standby"})',
+        },
         {"record": "infercap:vllm_requests_waiting:sum", "expr": "sum by (model_name) (vllm:num_requests_waiting)"},
         {"record": "infercap:vllm_requests_running:sum", "expr": "sum by (model_name) (vllm:num_requests_running)"},
     ]
