@@ -60,10 +60,13 @@ __all__ = [
     "PY",
     "ROOT",
     "ProcessGroup",
+    "build_tiny_lora",
+    "build_tiny_model",
     "child_django_env",
     "database_url",
     "engine_installed",
     "free_port",
+    "niced_argv",
     "processes_marked",
     "sim_replica_argv",
     "stop_marked",
@@ -145,6 +148,38 @@ def vllm_replica_argv(
         python=str(ENGINE_PY),
         extra_args=list(extra),
     )
+
+
+def build_tiny_model(model_dir: Path = ENGINE_MODEL_DIR, *, seed: int = 0) -> None:
+    """Build the tiny offline model (scripts/build_tiny_model.py) unless it is already there: the builder is
+    idempotent and quick when built; another ``seed`` is another build of the same recipe (other weights and
+    tokenizer)."""
+    _engine_script("build_tiny_model.py", "--out", str(model_dir), "--seed", str(seed), cwd=model_dir.parent)
+
+
+def build_tiny_lora(out: Path, *, model_dir: Path = ENGINE_MODEL_DIR, rank: int = 8) -> None:
+    """A random LoRA adapter of the tiny model at ``out`` (scripts/build_tiny_lora.py; one torch start-up)."""
+    _engine_script("build_tiny_lora.py", "--model", str(model_dir), "--out", str(out), "--rank", str(rank))
+
+
+def _engine_script(script: str, *args: str, cwd: Path = ROOT) -> None:
+    result = subprocess.run(
+        [str(ENGINE_PY), str(ROOT / "scripts" / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd if cwd.is_dir() else ROOT,
+        env=vllm_replica_env(),
+        timeout=600,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{script} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+
+
+def niced_argv(argv: list[str], niceness: int = 10) -> list[str]:
+    """``argv`` at a lower priority than the processes of its own session. Spawned in a session of its own (as
+    ``ProcessGroup`` does) it is its own scheduler autogroup, which weighs as much as any other against the rest of
+    the machine; setting the group's niceness too starved a vLLM start past 420 s on two cores at load 20."""
+    return ["nice", "-n", str(niceness), *argv]
 
 
 def vllm_replica_env(launch_options: dict | None = None) -> dict[str, str]:

@@ -21,6 +21,7 @@ from endpoints.runtimes.processes import (
     ENGINE_MODEL_DIR,
     ENGINE_PY,
     ENGINE_STAMP,
+    build_tiny_model,
     engine_installed,
     vllm_replica_argv,
     vllm_replica_env,
@@ -39,18 +40,8 @@ class EngineMissing(RuntimeError):
 
 
 def build_model(model_dir: Path = MODEL_DIR, *, seed: int = 0) -> None:
-    """Build the tiny model unless it is already there (the builder is idempotent and quick when built); another
-    ``seed`` is another build of the same recipe (other weights and tokenizer), e.g. the new version of a rollout."""
-    result = subprocess.run(
-        [str(ENGINE_PY), str(ROOT / "scripts" / "build_tiny_model.py"), "--out", str(model_dir), "--seed", str(seed)],
-        capture_output=True,
-        text=True,
-        cwd=model_dir.parent if model_dir.parent.is_dir() else ROOT,
-        env=engine_env(),
-        timeout=600,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"building the tiny model failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    """Build the tiny model unless it is already there (``build_tiny_model``: the benches build it too)."""
+    build_tiny_model(model_dir, seed=seed)
 
 
 def engine_env(**extra: str) -> dict[str, str]:

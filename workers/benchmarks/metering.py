@@ -1,10 +1,16 @@
-"""``bench metering [--quick] [--plot FILE.svg]``: do the books hold against an adversarial client mix?
+"""``bench metering [--quick | --live] [--plot FILE.svg]``: do the books hold against an adversarial client mix?
 
-A real proxy process (production settings) in front of real replicas: the simulator (two replicas of one shared
-endpoint, with LoRA slots, and one always-failing replica of an endpoint that falls back to it). Three tenants share
-the endpoint, each with its own reservation and one inference key per client kind (``metering_kinds``): disconnects
-at every phase, prompt arrays, ``n``/``best_of``, ``min_tokens``, tools, documents, adapters, fallbacks, retries,
-resumed streams, cancellations, rate limiting. ``--opt scale=N`` sends N times the requests of each kind.
+A real proxy process (production settings) in front of replicas of one shared endpoint, with LoRA slots, and one
+always-failing replica of an endpoint that falls back to it. Three tenants share the endpoint, each with its own
+reservation and one inference key per client kind (``metering_kinds``): disconnects at every phase, prompt arrays,
+``n``/``best_of``, ``min_tokens``, tools, documents, adapters, fallbacks, retries, resumed streams, cancellations,
+rate limiting. ``--opt scale=N`` sends N times the requests of each kind; ``--opt kinds=a,b`` runs only those.
+
+The modes: ``--quick`` (the test's) and the full mode (``scale=3``) run on two simulated replicas, each kind for
+every tenant. ``--live`` runs on the real engine (``metering_live``: two CPU vLLM engines serving the tiny model,
+each behind a fault relay; the failing primary is a port nobody listens on), each kind once, for tenants A, B, C in
+turn, with the long answers shortened (``Fleet.work``): 3.5-5.5 minutes on two loaded cores, a minute of it the
+engines' starts. ``metering.runtime`` says which (``sim`` or ``vllm``), ``metering.cases`` which kinds ran.
 
 Attribution is exact by construction: the phases run one after the other, one tenant and one kind at a time, and
 each starts and ends on an idle fleet (no request running or waiting on any replica, every record written, the
@@ -35,6 +41,7 @@ from endpoints.models import Adapter, Endpoint, Replica, ReplicaState
 from endpoints.runtimes.processes import free_port, sim_replica_argv, uvicorn_argv
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
+from workers.benchmarks import metering_live
 from workers.benchmarks.metering_books import Charge, Phase, Tokens, by_kind, goals, phase_books, summarize
 from workers.benchmarks.metering_kinds import Client, Fleet, Kind, kinds
 from workers.benchmarks.security import _test_environment_setup
@@ -58,18 +65,25 @@ class MeteringWorld(SecurityWorld):
     primary: object = None
     adapter: object = None
     lora_root: str = ""
-    fleet_replicas: list[str] = field(default_factory=list)
+    fleet_replicas: list[str] = field(default_factory=list)  # the replicas whose counters a phase reads
+    shared_replicas: list[str] = field(default_factory=list)  # the shared endpoint's, as the proxy reaches them
+    live: bool = False
+    relays: dict = field(default_factory=dict)  # live: replica URL -> its FaultRelay
+    progress: object = print
 
     def _start_proxy(self) -> str:
-        lora = ["--max-loras", "2"]
-        for i in range(2):
-            self._replica(self.shared, f"r{i}", lora)
-        self._replica(self.primary, "r0", ["--fault", "error_rate=1.0"])
+        if self.live:
+            self._live_replicas()
+        else:
+            lora = ["--max-loras", "2"]
+            for i in range(2):
+                self._replica(self.shared, f"r{i}", lora)
+            self._replica(self.primary, "r0", ["--fault", "error_rate=1.0"])
         port = free_port()
         env = self._proxy_env(INFERCAP_LORA_ROOT=self.lora_root)
         self.procs.spawn(uvicorn_argv("config.asgi:application", port), env=env, port=port, timeout=60)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + (180 if self.live else 60)
         body = {"model": self.shared.name, "prompt": "warm up", "max_tokens": 2}
         while True:  # serving once its snapshot holds the fleet
             try:
@@ -81,8 +95,31 @@ class MeteringWorld(SecurityWorld):
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("the proxy did not serve the shared endpoint within 60 s")
+                raise RuntimeError("the proxy did not serve the shared endpoint in time")
             time.sleep(0.2)
+
+    def _live_replicas(self) -> None:
+        engines = metering_live.engines_start(self.procs, served_model_name=self.shared.name, progress=self.progress)
+        for i, relay in enumerate(metering_live.relays_for(engines)):
+            self.relays[relay.url] = relay
+            self._row(self.shared, f"r{i}", relay.url, metering_live.LIVE_SLOTS_PER_REPLICA)
+            self.shared_replicas.append(relay.url)
+        self._row(self.primary, "r0", metering_live.dead_url(), SLOTS_PER_REPLICA)
+        self.fleet_replicas = engines  # the counters straight from the engines, not through the relays
+
+    def close(self) -> None:
+        for relay in self.relays.values():
+            relay.close()
+        super().close()
+
+    def _row(self, endpoint, name: str, url: str, slots: int) -> None:
+        Replica.objects.create(
+            endpoint=endpoint,
+            name=f"{endpoint.name}-{name}",
+            url=url,
+            state=ReplicaState.READY,
+            concurrency_limit=slots,
+        )
 
     def _replica(self, endpoint, name: str, extra: list[str]) -> None:
         port = free_port()
@@ -90,22 +127,20 @@ class MeteringWorld(SecurityWorld):
             sim_replica_argv(port, speed=SPEED, served_model_name=endpoint.name, extra=extra), port=port, timeout=60
         )
         url = f"http://127.0.0.1:{port}"
-        Replica.objects.create(
-            endpoint=endpoint,
-            name=f"{endpoint.name}-{name}",
-            url=url,
-            state=ReplicaState.READY,
-            concurrency_limit=SLOTS_PER_REPLICA,
-        )
+        self._row(endpoint, name, url, SLOTS_PER_REPLICA)
         self.fleet_replicas.append(url)
+        if endpoint == self.shared:
+            self.shared_replicas.append(url)
 
 
-def metering_world_create(lora_root: str) -> MeteringWorld:
+def metering_world_create(lora_root: str, *, live: bool = False, progress=print) -> MeteringWorld:
     base = world_create()
     world = MeteringWorld(**{name: getattr(base, name) for name in base.__dataclass_fields__})
-    world.lora_root = lora_root
+    world.lora_root, world.live, world.progress = lora_root, live, progress
     shared = world.shared
-    shared.launch_options = {"max_loras": 2}
+    shared.launch_options = (
+        {"max_loras": 2, "max_lora_rank": metering_live.LORA_MAX_RANK} if live else {"max_loras": 2}
+    )
     shared.save(update_fields=["launch_options"])
     world.primary = Endpoint.objects.create(
         name=f"{world.tag}-primary",
@@ -119,7 +154,9 @@ def metering_world_create(lora_root: str) -> MeteringWorld:
     )
     artifact = f"{world.tag}-ft"
     # At the root and under its shared/ part: where a shared adapter lies depends on the adapter store's layout.
-    for directory in (os.path.join(lora_root, artifact), os.path.join(lora_root, "shared", artifact)):
+    if live:  # real weights, which the engine loads
+        metering_live.lora_artifact_build(lora_root, artifact)
+    for directory in () if live else (os.path.join(lora_root, artifact), os.path.join(lora_root, "shared", artifact)):
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "adapter_config.json"), "w") as config:
             json.dump({"r": 8, "base_model_name_or_path": shared.name, "peft_type": "LORA"}, config)
@@ -171,9 +208,9 @@ def settle(urls: list[str], key_id: int, sent: int, *, timeout_s: float = 8.0) -
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
     if settings.BACKENDS.embedded_database or settings.BACKENDS.embedded_redis:
         raise RuntimeError("bench metering starts a proxy, which needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
-    if live:
-        raise RuntimeError("bench metering --live (real vLLM engines) is not built yet: run it on the simulator")
-    scale = int(opts.get("scale", 1 if quick else 3))
+    if live and quick:
+        raise RuntimeError("bench metering: --quick runs on the simulator, --live on the real engine; not both")
+    scale = int(opts.get("scale", 1 if quick or live else 3))
     own_environment = _test_environment_setup()
     own_databases = None
     if not connection.settings_dict["NAME"].startswith("test_"):
@@ -185,19 +222,24 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     world = None
     try:
         with tempfile.TemporaryDirectory(prefix="metering-lora-") as lora_root:
-            world = metering_world_create(lora_root)
-            progress(f"world {world.tag}: tenants A, B, C on {world.shared.name}; starting the proxy and replicas")
-            proxy = world.proxy()
-            fleet = Fleet(
-                proxy=proxy,
+            world = metering_world_create(lora_root, live=live, progress=progress)
+            runtime = "vllm" if live else "sim"
+            progress(f"world {world.tag}: tenants A, B, C on {world.shared.name}; starting the proxy and {runtime}")
+            fleet_kind = metering_live.LiveFleet if live else Fleet
+            fleet = fleet_kind(
+                proxy=world.proxy(),
                 shared=world.shared.name,
                 primary=world.primary.name,
                 adapter=world.adapter.name,
-                shared_replicas=world.fleet_replicas[:2],
+                shared_replicas=world.shared_replicas,
                 scale=scale,
                 prompt_seed=world.tag,
             )
+            if live:
+                fleet.relays = world.relays
+                fleet.work, fleet.context_words = metering_live.LIVE_WORK, metering_live.CONTEXT_WORDS
             figures = _phases(world, fleet, progress, only=opts.get("kinds"))
+            figures["metering.runtime"] = runtime
     finally:
         if world is not None:
             world.close()
@@ -217,7 +259,8 @@ def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = Non
     letters = {t.pk: letter for t, letter in zip(tenants, "ABC", strict=True)}
     coeffs = coefficients_by_endpoint([world.shared, world.primary])
     lora_factor = _lora_factor(coeffs[world.shared.pk])
-    kind_list = kinds(slots=2 * SLOTS_PER_REPLICA, burst=RPM_LIMIT + 15)
+    slots = len(fleet.shared_replicas) * (metering_live.LIVE_SLOTS_PER_REPLICA if world.live else SLOTS_PER_REPLICA)
+    kind_list = kinds(slots=slots, burst=RPM_LIMIT + 15)
     wanted = [n.strip() for n in str(only or "").split(",") if n.strip()]
     if wanted:
         unknown = set(wanted) - {k.name for k in kind_list}
@@ -226,8 +269,9 @@ def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = Non
         kind_list = [k for k in kind_list if k.name in wanted]
     books = []
     started = time.perf_counter()
-    for kind in kind_list:
-        for tenant in tenants:
+    for i, kind in enumerate(kind_list):
+        # live: each kind once, the tenants in turn (the engines decode ~30 tokens/s per stream on loaded cores)
+        for tenant in [tenants[i % len(tenants)]] if world.live else tenants:
             phase, errors = _phase(world, fleet, kind, tenant, coeffs[world.shared.pk], lora_factor)
             result = phase_books(phase)
             books.append(result)
@@ -269,7 +313,8 @@ def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = Non
         "metering.adapter_loads": {"records": total["adapter_loads"], "mu": total["adapter_load_mu"]},
         "metering.by_tenant": by_tenant,
         "metering.by_kind": by_kind(books),
-        "metering.attribution": "sequential phases, one tenant and one kind each, on an idle fleet",
+        "metering.attribution": "sequential phases, one tenant and one kind each, on an idle fleet"
+        + (" (each kind once, tenants A, B, C in turn)" if world.live else ""),
     }
 
 
@@ -278,7 +323,8 @@ def _phase(
 ) -> tuple[Phase, list[str]]:
     row, raw = api_key_create(tenant=tenant, name=f"{world.tag} {kind.name}", scopes=["inference"])
     urls = world.fleet_replicas
-    before = settle(urls, row.pk, 0)
+    settle_s = 60.0 if world.live else 8.0  # live: a request its client left may run on to its end
+    before = settle(urls, row.pk, 0, timeout_s=settle_s)
     window_start = time.time()
     if kind.faults:
         targets = fleet.shared_replicas[:1] if kind.fault_first_replica_only else fleet.shared_replicas
@@ -288,7 +334,7 @@ def _phase(
     finally:
         if kind.faults:
             fleet.clear_faults()
-    after = settle(urls, row.pk, len(sent))
+    after = settle(urls, row.pk, len(sent), timeout_s=settle_s)
     window_end = time.time()
     records = list(UsageRecord.objects.filter(api_key_id=row.pk))
     strays = UsageRecord.objects.exclude(api_key_id=row.pk).filter(

@@ -1,6 +1,9 @@
 """The adversarial client kinds of ``bench metering``: each sends a few requests with one tenant's key through the
 proxy and says what it sent; the bench reconciles the books over them. A kind that needs the replicas to misbehave
-(slow, failing, resetting streams) sets the simulator's faults for its phase and clears them after.
+(slow, failing, resetting streams) sets the fleet's faults for its phase and clears them after: the simulator's
+own, or on the real engine a relay's (``fault_relay``), where slowness is real work instead (long prompts, a prompt
+that fills the context, a low concurrency limit) and ``Fleet.work`` shortens the long answers to what two loaded
+cores decode in seconds.
 
 Every request of a kind goes out concurrently from its own connection, so a client that leaves closes its socket
 as a real one would: before the response head (queued, during prefill, a cancelled non-streaming request),
@@ -43,9 +46,13 @@ class Fleet:
     primary: str  # an endpoint whose replica always fails, with the shared one as its fallback
     adapter: str  # a LoRA adapter served on the shared endpoint
     shared_replicas: list[str]  # base URLs
-    faults: bool = True  # the replicas take /admin/faults (the simulator)
     scale: int = 1  # requests per kind multiplier (full mode)
     prompt_seed: str = ""
+    work: float = 1.0  # multiplier of the long answers' tokens (the real engine decodes ~30 tokens/s per stream)
+    context_words: int = 0  # words of a prompt that leaves only a few hundred tokens of context (0: a short one)
+
+    def tokens(self, n: int) -> int:
+        return max(1, round(n * self.work))
 
     def set_faults(self, urls: list[str], **settings) -> None:
         for url in urls:
@@ -123,8 +130,8 @@ def _carries_tokens(line: str) -> bool:
     return False
 
 
-def _together(calls: list[Callable[[], Sent]], *, stagger_s: float = 0.0) -> list[Sent]:
-    with ThreadPoolExecutor(max(1, min(len(calls), 32))) as pool:
+def _together(calls: list[Callable[[], Sent]], *, stagger_s: float = 0.0, clients: int = 32) -> list[Sent]:
+    with ThreadPoolExecutor(max(1, min(len(calls), clients))) as pool:
         futures = []
         for call in calls:
             futures.append(pool.submit(call))
@@ -152,7 +159,8 @@ def streaming(c: Client) -> list[Sent]:
 
 def disconnect_queued(c: Client, *, slots: int) -> list[Sent]:
     """Every replica slot taken by long streams, then more requests that wait in the proxy's queue and leave."""
-    long = [lambda: c.send(CHAT, c.chat(max_tokens=300, ignore_eos=True, stream=True)) for _ in range(slots)]
+    tokens = c.fleet.tokens(300)
+    long = [lambda: c.send(CHAT, c.chat(max_tokens=tokens, ignore_eos=True, stream=True)) for _ in range(slots)]
     queued = [lambda: c.send(CHAT, c.chat(max_tokens=40, stream=True), leave_after_s=0.5) for _ in range(2)]
     return _together(long + queued, stagger_s=0.02)
 
@@ -167,12 +175,19 @@ def disconnect_prefill(c: Client) -> list[Sent]:
 
 
 def disconnect_midstream(c: Client) -> list[Sent]:
+    tokens, tokens_chat, tokens_completion = (c.fleet.tokens(n) for n in (240, 80, 60))
     calls = []
     for _ in range(c.fleet.scale):
-        calls.append(lambda: c.send(CHAT, c.chat(max_tokens=240, ignore_eos=True, stream=True), leave_after_events=80))
         calls.append(
             lambda: c.send(
-                COMPLETIONS, c.completion(max_tokens=240, ignore_eos=True, stream=True), leave_after_events=60
+                CHAT, c.chat(max_tokens=tokens, ignore_eos=True, stream=True), leave_after_events=tokens_chat
+            )
+        )
+        calls.append(
+            lambda: c.send(
+                COMPLETIONS,
+                c.completion(max_tokens=tokens, ignore_eos=True, stream=True),
+                leave_after_events=tokens_completion,
             )
         )
     return _together(calls)
@@ -180,22 +195,28 @@ def disconnect_midstream(c: Client) -> list[Sent]:
 
 def disconnect_before_usage(c: Client) -> list[Sent]:
     """The issue's attack: read all but the last few tokens of a fixed-length stream, then close."""
+    tokens = c.fleet.tokens(200)
     calls = []
     for _ in range(c.fleet.scale):
         calls.append(
             lambda: c.send(
-                COMPLETIONS, c.completion(max_tokens=200, ignore_eos=True, stream=True), leave_after_events=195
+                COMPLETIONS,
+                c.completion(max_tokens=tokens, ignore_eos=True, stream=True),
+                leave_after_events=tokens - 5,
             )
         )
         calls.append(
-            lambda: c.send(CHAT, c.chat(max_tokens=200, ignore_eos=True, stream=True), leave_after_events=195)
+            lambda: c.send(
+                CHAT, c.chat(max_tokens=tokens, ignore_eos=True, stream=True), leave_after_events=tokens - 5
+            )
         )
     return _together(calls)
 
 
 def cancelled_non_streaming(c: Client) -> list[Sent]:
+    tokens = c.fleet.tokens(400)
     calls = [
-        lambda: c.send(CHAT, c.chat(max_tokens=400, ignore_eos=True), leave_after_s=0.6)
+        lambda: c.send(CHAT, c.chat(max_tokens=tokens, ignore_eos=True), leave_after_s=0.6)
         for _ in range(2 * c.fleet.scale)
     ]
     return _together(calls)
@@ -232,7 +253,8 @@ def missing_max_tokens(c: Client) -> list[Sent]:
     calls = []
     for _ in range(c.fleet.scale):
         calls.append(lambda: c.send(COMPLETIONS, c.completion()))  # vLLM's default: 16
-        calls.append(lambda: c.send(CHAT, c.chat(stream=True)))  # the rest of the context, until EOS
+        # The rest of the context, until EOS: on the real engine a prompt that leaves a few hundred tokens of it.
+        calls.append(lambda: c.send(CHAT, c.chat(words=c.fleet.context_words or 24, stream=True)))
     return _together(calls)
 
 
@@ -315,14 +337,15 @@ def resumed_stream(c: Client) -> list[Sent]:
 def rate_limited(c: Client, *, burst: int) -> list[Sent]:
     """More requests at once than the tenant's requests-per-minute bucket holds: the rest are 429."""
     calls = [lambda: c.send(COMPLETIONS, c.completion(words=4, max_tokens=2)) for _ in range(burst)]
-    return _together(calls)
+    # All at once: 32 at a time on the real engine took 28 s, and the bucket refilled as fast as they came.
+    return _together(calls, clients=burst)
 
 
 @dataclass(frozen=True)
 class Kind:
     name: str
     send: Callable[..., list[Sent]]
-    faults: dict | None = None  # simulator faults on the shared endpoint's replicas for the phase
+    faults: dict | None = None  # faults on the shared endpoint's replicas for the phase (``Fleet.set_faults``)
     fault_first_replica_only: bool = False
 
 
