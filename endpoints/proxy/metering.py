@@ -38,7 +38,7 @@ def meter(state: ProxyState, flight: Flight) -> None:
         outcome.finished_at = done_at  # also stops the watchdog
     usage = outcome.usage if outcome is not None else None
     if usage is not None and flight.req is not None:
-        usage = engine_usage(usage, flight.req.body.get("n"))
+        usage = engine_usage(usage, flight.req.body.get("n"), streamed_block_size=_streamed_block_size(flight))
     endpoint = flight.endpoint
     mu_done = actual_mu(endpoint.coeffs, usage) if usage is not None and endpoint is not None else 0.0
     if flight.adapter is not None:
@@ -70,23 +70,39 @@ def meter(state: ProxyState, flight: Flight) -> None:
         )
 
 
-def engine_usage(usage: dict, n) -> dict:
+def engine_usage(usage: dict, n, *, streamed_block_size: int = 0) -> dict:
     """The usage of what the engine computed for a request of ``n`` sequences per prompt. vLLM fans it out into
-    ``n`` sequences, each prefilled, the later ones from the blocks the first one cached, while its usage block counts
-    the prompt once and its cached tokens once (measured on vLLM 0.32, CPU build: a 613-token prompt with n=4 is
-    2,452 prompt tokens and 1,536 prefix-cache hits in the engine's counters, usage 613 and 512). So the prompt is
-    counted ``n`` times and the cached part ``n - 1`` times: the first sequence's prompt at the uncached rate."""
+    ``n`` sequences, each prefilled, the later ones from the full blocks the first one cached, while its usage block
+    counts the prompt once (measured on vLLM 0.32, CPU build, 128-token blocks: a 613-token prompt with n=4 is 2,452
+    prompt tokens and 1,536 prefix-cache hits in the engine's counters). Not streaming, its cached tokens are one
+    later sequence's (512 there): the cached part counts ``n - 1`` times. Streaming, they are the first sequence's
+    (0 for a new prompt: a 457-token chat with n=3 reported 0 while the engine counted 768 hits), so each later
+    sequence is given the full blocks of the prompt, by the replica's ``streamed_block_size`` (0: unknown, the
+    usage's figure stands)."""
     if not isinstance(n, int) or isinstance(n, bool) or n <= 1:
         return usage
     prompt = int(usage.get("prompt_tokens") or 0)
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     completion = int(usage.get("completion_tokens") or 0)
+    if streamed_block_size > 0:
+        later = max(cached, (max(prompt - 1, 0) // streamed_block_size) * streamed_block_size)
+        cached_total = cached + (n - 1) * later
+    else:
+        cached_total = cached * (n - 1)
     return {
         **usage,
         "prompt_tokens": prompt * n,
-        "prompt_tokens_details": {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached * (n - 1)},
+        "prompt_tokens_details": {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached_total},
         "total_tokens": prompt * n + completion,
     }
+
+
+def _streamed_block_size(flight: Flight) -> int:
+    """The serving replica's KV block size for a stream of one prompt (``engine_usage``), else 0."""
+    req, admission = flight.req, flight.admission
+    if not req.stream or req.prompts != 1 or admission is None or admission.slot is None:
+        return 0
+    return int(getattr(admission.slot.view, "block_size", 0) or 0)
 
 
 def actual_mu(coeffs: MUCoefficients, usage: dict) -> float:
