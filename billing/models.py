@@ -59,6 +59,10 @@ class UsageRecord(models.Model):
     # The part of ``mu`` that paid for loading the adapter onto its replica, which this request caused: replica time
     # no token counter shows (docs/lora-serving.md), kept apart so the books reconcile tokens and loads each.
     adapter_load_mu = models.FloatField(default=0.0)
+    # Prompt tokens the engine prefilled again for the platform's own failure, not billed to the tenant: a stream
+    # resumed on another replica is its prompt and the text already sent, once per resume (docs/request-path.md).
+    # The operators' cost, kept so the books reconcile with the engines' counters.
+    platform_prompt_tokens = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_index=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

@@ -37,14 +37,14 @@ GENERATE_SQL = """
 INSERT INTO billing_usagerecord (
     request_id, tenant_id, endpoint_id, priority, input_tokens, cached_tokens, output_tokens, mu,
     queue_ms, ttft_ms, tpot_ms, e2e_ms, status, slo_met, started_at, finished_at, created_at,
-    degradation, adapter, adapter_load_mu
+    degradation, adapter, adapter_load_mu, platform_prompt_tokens
 )
 SELECT
     %(prefix)s || lpad(g::text, 10, '0'), (%(tenant_ids)s::bigint[])[1 + g %% %(pairs)s %% %(n_tenants)s],
     (%(endpoint_ids)s::bigint[])[1 + g %% %(pairs)s %% %(n_endpoints)s], 'standard',
     500, 100, 200, 2.4, 1.0, x.ttft, x.tpot, x.ttft + 199 * x.tpot, x.status,
     x.status = 'ok' AND x.ttft <= 2000 AND x.tpot <= 100, x.ts - interval '10 seconds', x.ts, x.ts,
-    '', '', 0.0
+    '', '', 0.0, 0
 FROM generate_series(%(first)s, %(last)s) AS g
 CROSS JOIN LATERAL (
     SELECT ts, ttft, tpot,

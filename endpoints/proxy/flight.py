@@ -79,6 +79,7 @@ class Flight:
         "marks",
         "upstream_span",
         "req",
+        "resumed_after",
     )
 
     def __init__(self, *, t0: float, task: asyncio.Task) -> None:
@@ -117,6 +118,7 @@ class Flight:
         self.marks: list | None = None
         self.upstream_span = None
         self.req = None  # the parsed request (request.ParsedRequest), once read: metering an unfinished one counts it
+        self.resumed_after: list[int] = []  # tokens already streamed at each resume (the platform's prefill again)
 
     @property
     def degradation(self) -> str:

@@ -172,6 +172,8 @@ def usage_record(flight: Flight, *, status: str, measured: Measured, mu: float, 
         "degradation": flight.degradation,
         "adapter": flight.adapter.name if flight.adapter is not None else "",
         "adapter_load_mu": round(flight.adapter_load_mu, 6),
+        # The continuation's prompt is the original one and what was streamed before each resume.
+        "platform_prompt_tokens": sum(measured.input_tokens + k for k in flight.resumed_after),
         "requested_endpoint_id": flight.requested.id if flight.requested is not None else flight.endpoint.id,
         "started_at": flight.started_at,
         "finished_at": flight.started_at + measured.e2e_s,

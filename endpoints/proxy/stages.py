@@ -422,6 +422,7 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
                     await end_stream(send, first.response_headers, outcome, buf=buf, done=False)
                     return
                 upstream, resumes = going_on, resumes + 1
+                flight.resumed_after.append(going_on.transform.streamed_tokens)
                 m.child(m.STREAM_RESUMES, flight.endpoint.name, "resumed").inc()
                 outcome.last_read_at = time.perf_counter()  # the stream-idle watchdog counts from the switch
                 continue

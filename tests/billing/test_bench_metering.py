@@ -68,6 +68,16 @@ def test_an_adapter_load_charged_with_a_request_is_set_apart_not_read_as_tokens(
     assert (total["adapter_loads"], total["adapter_load_mu"]) == (1, 3.0)
 
 
+def test_a_resumed_streams_second_prefill_is_charged_to_the_operators_not_unbilled():
+    # The engine prefilled 100 prompt tokens, then 140 again on the replica that resumed the stream (100 + 40 sent).
+    resumed = Charge("a", TENANT, Tokens(100, 0, 60), charge("a", prompt=100, output=60).mu, platform_prompt=140)
+    books = phase_books(phase(Tokens(240, 0, 60), [resumed]))
+    assert books.unbilled_work == pytest.approx(0) and books.overbilled_work == pytest.approx(0)
+    assert books.platform_prompt == 140 and summarize([books])["platform_prompt_tokens"] == 140
+    unrecorded = phase_books(phase(Tokens(240, 0, 60), [charge("a", prompt=100, output=60)]))
+    assert unrecorded.unbilled_work == pytest.approx(140 * COEFFS.alpha)
+
+
 def test_prefill_billed_too_much_does_not_hide_decode_billed_too_little():
     # The engine prefilled nothing (aborted before its first token) but decoded 50 tokens of another request.
     books = phase_books(phase(Tokens(0, 0, 50), [charge("a", prompt=1000), charge("b", output=0)]))

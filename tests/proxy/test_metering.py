@@ -138,6 +138,7 @@ def test_the_usage_record_names_who_what_where_and_how_it_went():
         "degradation": "",
         "adapter": "",
         "adapter_load_mu": 0.0,
+        "platform_prompt_tokens": 0,
         "requested_endpoint_id": 7,
         "started_at": f.started_at,
         "finished_at": f.started_at + 1.5,
@@ -303,3 +304,14 @@ def test_a_request_of_n_sequences_is_metered_for_n_prefills_as_the_engine_counts
     [record] = state.usage.records
     assert (record["input_tokens"], record["cached_tokens"]) == (2452, 1536)
     assert record["mu"] == round(usage_mu(COEFFS, prompt_tokens=2452, cached_tokens=1536, completion_tokens=20), 6)
+
+
+def test_a_stream_resumed_elsewhere_records_the_prefill_the_platform_did_again():
+    # Resumed twice, after 40 and then 90 streamed tokens: each continuation prefilled the prompt and the text sent.
+    state = State()
+    f = flight()
+    f.resumed_after = [40, 90]
+    meter(state, f)
+    [record] = state.usage.records
+    assert record["platform_prompt_tokens"] == (100 + 40) + (100 + 90)
+    assert record["mu"] == round(usage_mu(COEFFS, prompt_tokens=100, cached_tokens=64, completion_tokens=11), 6)

@@ -311,6 +311,7 @@ def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = Non
         "metering.computed_mu": total["computed_mu"],
         "metering.billed_mu": total["billed_mu"],
         "metering.adapter_loads": {"records": total["adapter_loads"], "mu": total["adapter_load_mu"]},
+        "metering.platform_prompt_tokens": total["platform_prompt_tokens"],
         "metering.by_tenant": by_tenant,
         "metering.by_kind": by_kind(books),
         "metering.attribution": "sequential phases, one tenant and one kind each, on an idle fleet"
@@ -364,6 +365,7 @@ def _charge(record: UsageRecord, world: MeteringWorld, lora_factor: float) -> Ch
         adapter_factor=lora_factor if record.adapter else 1.0,
         status=record.status,
         load_mu=record.adapter_load_mu,
+        platform_prompt=record.platform_prompt_tokens,
     )
 
 

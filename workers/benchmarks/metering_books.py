@@ -56,6 +56,7 @@ class Charge:
     adapter_factor: float = 1.0  # the LoRA adapter's MU factor (1 for the base model)
     status: str = "ok"
     load_mu: float = 0.0  # the part of ``mu`` that paid for an adapter load this request caused
+    platform_prompt: int = 0  # prompt tokens prefilled again for the platform's failure: charged to the operators
 
     def charged_share(self, coeffs: MUCoefficients) -> float:
         """The share of its tokens the record charges: its MU over their list price (1 for a record of no tokens)."""
@@ -71,6 +72,10 @@ class Charge:
 
     def charged(self, coeffs: MUCoefficients) -> Tokens:
         return self.tokens.scaled(self.charged_share(coeffs))
+
+    def platform(self) -> Tokens:
+        """What the record charges the operators (a resumed stream's prefill again), at the uncached rate."""
+        return Tokens(self.platform_prompt, 0, 0)
 
 
 @dataclass
@@ -105,12 +110,15 @@ class PhaseBooks:
     statuses: dict[str, int]
     adapter_load_mu: float = 0.0
     adapter_loads: int = 0
+    platform_prompt: int = 0
 
 
 def phase_books(phase: Phase) -> PhaseBooks:
     coeffs = phase.coeffs
     own = [c for c in phase.charges if c.tenant_id == phase.tenant_id]
-    billed = sum((c.charged(coeffs) for c in own), Tokens())
+    # Charged to someone: the tenant for its answer, the operators for the prefill their failure made the engine
+    # do again (a resumed stream).
+    billed = sum((c.charged(coeffs) for c in own), Tokens()) + sum((c.platform() for c in own), Tokens())
     computed_prefill, computed_decode = phase.computed.work(coeffs)
     billed_prefill, billed_decode = billed.work(coeffs)
     unbilled = max(0.0, computed_prefill - billed_prefill) + max(0.0, computed_decode - billed_decode)
@@ -141,6 +149,7 @@ def phase_books(phase: Phase) -> PhaseBooks:
         misattributed_work=misattributed,
         statuses=statuses,
         adapter_load_mu=sum(c.load_mu for c in own),
+        platform_prompt=sum(c.platform_prompt for c in own),
         adapter_loads=sum(1 for c in own if c.load_mu > 0),
     )
 
@@ -170,6 +179,7 @@ def summarize(books: Iterable[PhaseBooks]) -> dict:
         "billed_tokens": sum((b.billed for b in books), Tokens()).as_dict(),
         "adapter_load_mu": round(sum(b.adapter_load_mu for b in books), 4),
         "adapter_loads": sum(b.adapter_loads for b in books),
+        "platform_prompt_tokens": sum(b.platform_prompt for b in books),
     }
 
 
