@@ -198,6 +198,9 @@ def _chat(base: str, key: str, model: str, *, count: int, stream: bool, concurre
 
 def _traffic(base: str, model: str, keys: dict[str, str]) -> None:
     """Plain and streamed completions from every tenant, then a burst that queues, sheds and meets the limits."""
+    # One at a time first: a request the failing replica refuses always finds the other one free, so the proxy
+    # retries (under the burst below, the other replica's slots may all be busy and the refusal reaches the client).
+    _chat(base, next(iter(keys.values())), model, count=12, stream=False, concurrency=1)
     for key in keys.values():
         _chat(base, key, model, count=8, stream=False, concurrency=4)
         _chat(base, key, model, count=8, stream=True, concurrency=4)
@@ -206,10 +209,10 @@ def _traffic(base: str, model: str, keys: dict[str, str]) -> None:
 
 
 def _start_platform(procs: ProcessGroup, endpoint) -> tuple[str, list[tuple[str, str]]]:
-    """Two simulated replicas (one failing a third of its requests, so the proxy retries) and a proxy with a short
+    """Two simulated replicas (one failing half of its requests, so the proxy retries) and a proxy with a short
     admission queue; returns the proxy's address and the replicas' (address, endpoint id)."""
     replicas = []
-    for i, error_rate in enumerate((0.0, 0.3)):
+    for i, error_rate in enumerate((0.0, 0.5)):
         port = free_port()
         procs.spawn(sim_replica_argv(port, speed=50, served_model_name=endpoint.name,
                                      extra=["--fault", f"error_rate={error_rate}"]), port=port)  # fmt: skip

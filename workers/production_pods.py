@@ -141,8 +141,9 @@ class Pod:
         self.proc: subprocess.Popen | None = None
 
     def local(self, value: str) -> str:
-        value = value.replace(f"{IMAGE_VENV}/bin", str(Path(sys.executable).parent))
-        return re.sub(r"(?<![\w.])/tmp(?=/|$)", str(self.tmp), value)
+        # The container's /tmp first, then its venv: this checkout (and so its venv) may itself lie under /tmp.
+        value = re.sub(r"(?<![\w.])/tmp(?=/|$)", str(self.tmp), value)
+        return value.replace(f"{IMAGE_VENV}/bin", str(Path(sys.executable).parent))
 
     def argv(self, argv: list[str]) -> list[str]:
         # The HEALTHCHECK's URL names the container port too.

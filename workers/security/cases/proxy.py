@@ -293,7 +293,9 @@ def best_effort_tenant_limit(world: SecurityWorld) -> str:
     # (one minute of the cap) admits at most this many; charged once, it would admit the whole burst.
     admissible = math.floor(BEST_EFFORT_MU_PER_MIN / (8 * beta * MAX_TOKENS))
     expect(0 < admissible < BURST, f"the cap admits {admissible} such requests: the case cannot tell, fix BURST")
-    body = world.completion(shared.name, max_tokens=MAX_TOKENS, best_of=8)
+    # ignore_eos: every request runs its 4,000 tokens, so none finishes (and is settled to its real cost, freeing
+    # budget) before the whole burst has met the cap.
+    body = world.completion(shared.name, max_tokens=MAX_TOKENS, best_of=8, ignore_eos=True)
     world.proxy()  # started (if this is the first proxy case) before the burst, not by it
     _best_effort_bucket_reset(world)
     try:
