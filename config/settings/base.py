@@ -159,6 +159,8 @@ INFERCAP = {
     "AUTOSCALE_ACTUATOR": env("INFERCAP_ACTUATOR", "local"),
     "KUBERNETES_API_URL": env("INFERCAP_KUBERNETES_API_URL", ""),
     "KUBECONFIG": env("INFERCAP_KUBECONFIG", ""),
+    # Where endpoints' Deployments live unless their launch options say; empty: the credentials' (a pod's own).
+    "KUBERNETES_NAMESPACE": env("INFERCAP_KUBERNETES_NAMESPACE", ""),
     # The autoscaler starts at most this many replicas per endpoint per reconcile, and per 5 s tick fleet-wide.
     "AUTOSCALE_MAX_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_LAUNCHES_PER_TICK", 8),
     "AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", 32),

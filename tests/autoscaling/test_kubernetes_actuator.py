@@ -283,7 +283,7 @@ def test_a_kubeconfig_with_an_exec_plugin_authenticates_every_call(
                 },
             }
         ],
-        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u", "namespace": "infer"}}],
         "current-context": "ctx",
     }
     (tmp_path / "kubeconfig").write_text(json.dumps(kubeconfig))  # JSON is YAML
@@ -292,6 +292,10 @@ def test_a_kubeconfig_with_an_exec_plugin_authenticates_every_call(
     settings.INFERCAP = {**settings.INFERCAP, "KUBERNETES_API_URL": ""}
     actuator = KubernetesActuator(transport=httpx.MockTransport(cluster.handle))
     assert actuator.api_url == "https://k8s.test"
+    assert actuator.namespace == "infer"  # the context's: where the endpoint's Deployments are looked for
+    options = {k: v for k, v in endpoint.launch_options.items() if k != "namespace"}
+    Endpoint.objects.filter(pk=endpoint.pk).update(launch_options=options)  # the fake cluster answers in "infer" only
+    endpoint.refresh_from_db()
     cluster.add_pod("llama-13b-a", ip="10.42.0.17")
     actuator.sync(endpoint)  # the fake API server refuses any other Authorization
     assert actuator.launch(endpoint, 1) == [] and cluster.replicas == 2

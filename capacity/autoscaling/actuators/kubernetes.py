@@ -1,6 +1,7 @@
 """The Kubernetes actuator: one Deployment per endpoint, scaled through its ``scale`` subresource.
 
-``Endpoint.launch_options``: ``namespace`` (default ``default``), ``deployment`` (default ``infercap-ep-<endpoint
+``Endpoint.launch_options``: ``namespace`` (default ``INFERCAP["KUBERNETES_NAMESPACE"]``, else the kubeconfig
+context's or, in a pod, its service account's: the worker's own namespace; else ``default``), ``deployment`` (default ``infercap-ep-<endpoint
 id>``: never the tenant-chosen endpoint name, two of which could map to one Deployment), ``port`` (the vLLM container port, default 8000). Pods matching the
 Deployment's selector are registered as replicas (name = pod name, url = pod IP). Scale-in picks the drained pod
 itself: it gets ``controller.kubernetes.io/pod-deletion-cost: -1000`` before the replica count drops, so the
@@ -195,6 +196,7 @@ class KubernetesActuator(Actuator):
         conf = getattr(settings, "INFERCAP", {})
         url = (api_url or conf.get("KUBERNETES_API_URL") or "").rstrip("/")
         timeout = httpx.Timeout(5.0)
+        namespace = "default"
         if url:
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             params = {
@@ -205,11 +207,13 @@ class KubernetesActuator(Actuator):
                 "transport": transport,
             }
         else:
+            config = _kube_config(kubeconfig or conf.get("KUBECONFIG") or None)
+            namespace = config.namespace  # the context's, or in a pod its service account's
             # The transport is set after: lightkube's dataclasses.asdict would hand httpx a deep copy of it.
-            params = ConnectionParams(timeout=timeout, trust_env=False).httpx_params(
-                _kube_config(kubeconfig or conf.get("KUBECONFIG") or None)
-            )
+            params = ConnectionParams(timeout=timeout, trust_env=False).httpx_params(config)
             params["transport"] = transport
+        # Where an endpoint's Deployments live unless its launch options say: the setting, else the credentials'.
+        self.namespace = conf.get("KUBERNETES_NAMESPACE") or namespace
         self.api_url = str(params["base_url"]).rstrip("/")
         self.client = httpx.Client(**params)
         self.spot_shortage: dict[int, str] = {}  # endpoint id → why its last sync found no spot capacity
@@ -230,9 +234,8 @@ class KubernetesActuator(Actuator):
             raise error
         return response.json() if response.content else {}
 
-    @staticmethod
-    def _ns(endpoint: Endpoint) -> str:
-        return str((endpoint.launch_options or {}).get("namespace") or "default")
+    def _ns(self, endpoint: Endpoint) -> str:
+        return str((endpoint.launch_options or {}).get("namespace") or self.namespace)
 
     def _deployment_path(self, endpoint: Endpoint, name: str | None = None) -> str:
         return f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{name or deployment_name(endpoint)}"
