@@ -129,13 +129,18 @@ def continuation(req: ParsedRequest, done: Streamed) -> ParsedRequest | None:
     )
 
 
-def merged_usage(usage: dict, streamed_tokens: int) -> dict:
+def merged_usage(usage: dict, streamed_tokens: int, prompt_tokens: int | None = None) -> dict:
     """The continuation's usage as the client's one answer: the streamed tokens were its prompt, they are the
     answer's completion tokens (cached tokens stay within the prompt that is left). The engine re-tokenized the
     streamed text, which can take more or fewer tokens than were generated: the prompt left is then that much off the
     original's (-1 to +38 tokens after ~200 streamed ones of the tiny test model's byte soup, in
     tests/engine/test_stream_resume_real_engine.py; not measured on a real model's text)."""
-    prompt = max(0, int(usage.get("prompt_tokens") or 0) - streamed_tokens)
+    continued_prompt = int(usage.get("prompt_tokens") or 0)
+    if prompt_tokens is not None and 0 <= prompt_tokens <= continued_prompt:
+        # The original prompt as this engine counts it: what its prompt held beyond it is the streamed text, in the
+        # engine's own tokens (a lagging client gets several tokens in one chunk, so chunks undercount them).
+        streamed_tokens = continued_prompt - prompt_tokens
+    prompt = max(0, continued_prompt - streamed_tokens)
     completion = int(usage.get("completion_tokens") or 0) + streamed_tokens
     merged = {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     details = usage.get("prompt_tokens_details")
@@ -149,10 +154,11 @@ class Continued:
     second role chunk, and usage merged with what the earlier replicas streamed. Whole events in, whole events out;
     chunks that carry neither pass untouched (the common case: a substring test)."""
 
-    __slots__ = ("streamed_tokens",)
+    __slots__ = ("streamed_tokens", "prompt_tokens")
 
-    def __init__(self, streamed_tokens: int) -> None:
+    def __init__(self, streamed_tokens: int, prompt_tokens: int | None = None) -> None:
         self.streamed_tokens = streamed_tokens
+        self.prompt_tokens = prompt_tokens  # the original prompt as the continuing replica counts it, when known
 
     def __call__(self, out: bytes) -> bytes:
         if _ROLE_MARKER not in out and b'"usage"' not in out:
@@ -170,7 +176,7 @@ class Continued:
                 if _opens_the_message(obj):
                     continue
                 if isinstance(obj.get("usage"), dict):
-                    obj["usage"] = merged_usage(obj["usage"], self.streamed_tokens)
+                    obj["usage"] = merged_usage(obj["usage"], self.streamed_tokens, self.prompt_tokens)
                     event = b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
             kept.append(event)
         return b"\n\n".join(kept) + b"\n\n" if kept else b""

@@ -41,6 +41,7 @@ from endpoints.proxy.resume import MAX_RESUMES, Continued, continuation, streame
 from endpoints.proxy.runtime import EndpointRuntime, Shed, Slot
 from endpoints.proxy.snapshot import AdapterInfo, EndpointInfo, KeyInfo, Snapshot
 from endpoints.proxy.state import ProxyState
+from endpoints.proxy.unfinished import replica_prompt_tokens
 from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY, FAILED_ATTEMPTS_RETENTION_S
 from endpoints.routing.base import RouteRequest
 from endpoints.routing.llmd import KV_TOKENS_KEY
@@ -423,6 +424,10 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
                     return
                 upstream, resumes = going_on, resumes + 1
                 flight.resumed_after.append(going_on.transform.streamed_tokens)
+                # The original prompt as the new replica counts it, so its usage splits exactly (resume.py).
+                going_on.transform.prompt_tokens = await replica_prompt_tokens(
+                    state.session, admission.slot.url, flight.req
+                )
                 m.child(m.STREAM_RESUMES, flight.endpoint.name, "resumed").inc()
                 outcome.last_read_at = time.perf_counter()  # the stream-idle watchdog counts from the switch
                 continue

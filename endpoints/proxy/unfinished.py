@@ -69,18 +69,24 @@ def tokenize_bodies(req: ParsedRequest) -> list[dict] | None:
 
 async def prompt_token_count(session: aiohttp.ClientSession | None, url: str | None, req: ParsedRequest) -> int:
     """The prompt's tokens as the replica at ``url`` counts them; the estimate if it cannot answer."""
+    counted = await replica_prompt_tokens(session, url, req)
+    return counted if counted is not None else estimate_prompt_tokens(req.prompt_chars)
+
+
+async def replica_prompt_tokens(session: aiohttp.ClientSession | None, url: str | None, req: ParsedRequest) -> int | None:
+    """The prompt's tokens as the replica at ``url`` counts them (token ids: their number); None if it cannot say."""
     bodies = tokenize_bodies(req)
     if bodies is None:
         prompt = req.body.get("prompt")
-        return len(prompt) if isinstance(prompt, list) else estimate_prompt_tokens(req.prompt_chars)
+        return len(prompt) if isinstance(prompt, list) else None
     if session is None or url is None:
-        return estimate_prompt_tokens(req.prompt_chars)
+        return None
     try:
         async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
             counts = await asyncio.gather(*(_tokenize(session, url, body) for body in bodies))
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as exc:
-        log.info("prompt of an unfinished request not tokenized by %s (%s): estimated", url, exc)
-        return estimate_prompt_tokens(req.prompt_chars)
+        log.info("prompt not tokenized by %s (%s)", url, exc)
+        return None
     return sum(counts)
 
 

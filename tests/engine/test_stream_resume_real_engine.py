@@ -56,12 +56,15 @@ def test_a_real_engines_stream_cut_mid_answer_is_continued_with_continue_final_m
     # engine group's rollout test 329 s, and this stream was still going at 120 s.
     reader.join(300)
     usage = assert_one_whole_stream(reader, chat=True, max_tokens=tokens, chunk_per_token=False)
-    # The engine re-tokenized the streamed text as the continuation's prompt, and the proxy moved the tokens it
-    # streamed back to the answer: what is left is the original prompt, give or take what the re-tokenization
-    # changed (the tiny model's byte soup re-tokenizes into more or fewer tokens than it was generated as: -1 to
-    # +38 in the runs here, +97 in one fresh-clone CI run).
-    assert abs(usage["prompt_tokens"] - prompt_tokens) <= 0.1 * tokens, (usage, prompt_tokens)
+    # The engine re-tokenized the streamed text as the continuation's prompt; the proxy asked the continuing engine
+    # for the original prompt's count and moved the rest of that prompt back to the answer, so the prompt is the
+    # original one exactly and the answer carries whatever the re-tokenization changed (the tiny model's byte soup
+    # re-tokenizes into more or fewer tokens than it was generated as: up to +222 of 1,500 in a loaded CI run, when
+    # counting by chunks left it all on the prompt).
+    assert usage["prompt_tokens"] == prompt_tokens, (usage, prompt_tokens)
     assert resumes(base, endpoint.name).get("resumed") == 1
-    record = wait_for(lambda: UsageRecord.objects.filter(endpoint=endpoint, output_tokens=tokens).first(), 20)
+    record = wait_for(
+        lambda: UsageRecord.objects.filter(endpoint=endpoint, output_tokens=usage["completion_tokens"]).first(), 20
+    )
     assert record.status == "ok" and record.replica.name == "b"
     second.close()

@@ -88,3 +88,17 @@ def test_the_continuation_s_stream_drops_its_role_chunk_and_counts_usage_as_one_
     plain = sse(chat_chunk("abc"))
     assert transform(plain) is plain
     assert merged_usage({"prompt_tokens": 5, "completion_tokens": 1}, 9)["prompt_tokens"] == 0
+
+
+def test_with_the_original_prompt_counted_the_split_is_the_engines_not_the_chunks():
+    # The client read 120 chunks, but a lagging client gets several tokens in one: the continuing engine's prompt
+    # holds the original 20 tokens and 160 of streamed text, so the answer is 160 tokens plus what it generated.
+    continued = {"prompt_tokens": 180, "completion_tokens": 40, "prompt_tokens_details": {"cached_tokens": 0}}
+    assert merged_usage(continued, 120)["prompt_tokens"] == 60  # by chunks alone: off by the 40 merged tokens
+    exact = merged_usage(continued, 120, prompt_tokens=20)
+    assert (exact["prompt_tokens"], exact["completion_tokens"], exact["total_tokens"]) == (20, 200, 220)
+    assert merged_usage(continued, 120, prompt_tokens=500)["prompt_tokens"] == 60  # a count that cannot be: ignored
+    transform = Continued(streamed_tokens=120, prompt_tokens=20)
+    out = transform(sse({"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": continued}))
+    [event] = [json.loads(e[6:]) for e in out.split(b"\n\n") if e]
+    assert event["usage"]["prompt_tokens"] == 20 and event["usage"]["completion_tokens"] == 200

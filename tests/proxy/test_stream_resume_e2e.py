@@ -71,7 +71,10 @@ def assert_one_whole_stream(reader: Reader, *, chat: bool, max_tokens: int, chun
         assert 0.9 * max_tokens <= len(choices) - chat <= max_tokens
     assert choices[-1]["choices"][0]["finish_reason"] == "length"
     usage = chunks[-1]["usage"]
-    assert usage["completion_tokens"] == max_tokens
+    if chunk_per_token:
+        assert usage["completion_tokens"] == max_tokens
+    else:  # the text streamed before the cut, as the continuing engine re-tokenized it, is part of the answer
+        assert abs(usage["completion_tokens"] - max_tokens) <= 0.1 * max_tokens, usage
     return usage
 
 
