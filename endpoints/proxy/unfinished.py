@@ -73,7 +73,9 @@ async def prompt_token_count(session: aiohttp.ClientSession | None, url: str | N
     return counted if counted is not None else estimate_prompt_tokens(req.prompt_chars)
 
 
-async def replica_prompt_tokens(session: aiohttp.ClientSession | None, url: str | None, req: ParsedRequest) -> int | None:
+async def replica_prompt_tokens(
+    session: aiohttp.ClientSession | None, url: str | None, req: ParsedRequest
+) -> int | None:
     """The prompt's tokens as the replica at ``url`` counts them (token ids: their number); None if it cannot say."""
     bodies = tokenize_bodies(req)
     if bodies is None:
