@@ -211,12 +211,19 @@ def _web_checks(checks: Checks, web: Pod, world: dict) -> None:
     checks.run("a completion streams through the proxy", lambda: _stream(web, host, world["key"], world["model"]))
     token = {"Authorization": f"Bearer {web.env['INFERCAP_METRICS_TOKEN']}"}
 
-    def proxy_metrics():
+    def counted() -> list[str]:
         text = web.get("/metrics", **token).text
-        counted = [line for line in text.splitlines()
-                   if line.startswith("infercap_proxy_requests_total{") and f'endpoint="{world["model"]}"' in line]  # fmt: skip
+        return [line for line in text.splitlines()
+                if line.startswith("infercap_proxy_requests_total{") and f'endpoint="{world["model"]}"' in line]  # fmt: skip
+
+    def proxy_metrics():
+        # The proxy meters a request just after its last byte reached the client: the count may trail it a moment.
+        deadline = time.monotonic() + 10.0
+        while not (found := counted()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        counted_lines = found
         refused = web.get("/metrics").status_code
-        return (bool(counted) and refused == 404) or f"counted {counted}, without the token {refused}"
+        return (bool(counted_lines) and refused == 404) or f"counted {counted_lines}, without the token {refused}"
 
     checks.run("/metrics with the token counts the completion (all workers)", proxy_metrics)
     checks.run("/metrics/platform with the token, Host the pod IP",
