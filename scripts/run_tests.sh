@@ -17,7 +17,7 @@ PY=.venv/bin/python
 db=${DATABASE_URL_TEST:-postgres://postgres@127.0.0.1:5432/infercap}
 redis=${REDIS_URL_TEST:-redis://127.0.0.1:6379/15}
 pytest=("$PY" -m pytest -q -p no:cacheprovider)
-SERVE=(tests/proxy tests/billing tests/security tests/reliability tests/console tests/autoscaling)
+SERVE=(tests/proxy tests/billing tests/benchmarks tests/reliability tests/console tests/autoscaling)
 
 if [ $# -gt 0 ]; then
   DATABASE_URL=$db REDIS_URL=$redis exec "${pytest[@]}" "$@"

@@ -3,7 +3,7 @@ Operator objects (ServiceMonitor, PodMonitor, PrometheusRule), generated here so
 
 ``python manage.py export_observability`` writes them (``--check``: fail if the committed files differ);
 tests/platform/test_observability.py checks every panel's series against what the platform exposes;
-workers/dashboard_check.py runs every panel's query on a real Prometheus scraping a running platform.
+benchmarks/operations/dashboard_check.py runs every panel's query on a real Prometheus scraping a running platform.
 """
 
 from __future__ import annotations

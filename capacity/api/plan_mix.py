@@ -14,11 +14,11 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from capacity.hardware.profiles import PROFILES, ROOFLINES
 from capacity.models import HardwareProfile
 from capacity.planning.inputs import plan_mix_from_profiles
 from capacity.planning.mix import PlanError
 from config.api_base import IdOrNameRelatedField
-from endpoints.runtimes.sim.profiles import PROFILES, ROOFLINES
 
 
 def _finite(value: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from capacity.hardware.profiles import get_profile
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.planning import mix
 from capacity.planning.barriers import (
@@ -23,7 +24,6 @@ from capacity.planning.barriers import (
     table_from_dicts,
 )
 from capacity.unit_resolver import endpoint_benchmark, latest_benchmark_for
-from endpoints.runtimes.sim.profiles import get_profile
 
 
 @dataclass
@@ -158,7 +158,7 @@ def plan_mix_from_profiles(
     time_limit_s: float = 10.0,
 ) -> dict:
     """The heterogeneous planner (``capacity.planning.mix``) over stored hardware profiles, each paired with the
-    simulator roofline profile that gives its per-bucket capacity (``endpoints/runtimes/sim/profiles.py``): the
+    simulator roofline profile that gives its per-bucket capacity (``capacity/hardware/profiles.py``): the
     cheapest mix, the best single type beside it, and why. Raises ``mix.PlanError`` naming the field."""
     slo = mix.Slo(ttft_s=ttft_s, tpot_s=tpot_s)
     items = [mix.Bucket(**b) for b in buckets]

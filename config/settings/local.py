@@ -6,6 +6,9 @@ import sys
 from .base import *  # noqa: F401,F403
 from .base import BACKENDS
 
+# The lab's app, for its ``bench`` command (benchmarks/); the product never imports it.
+INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks"]  # noqa: F405
+
 DEBUG = True
 SECRET_KEY = SECRET_KEY or "local-only-insecure-key-never-use-in-production"  # noqa: F405
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"  # reset links land in the terminal

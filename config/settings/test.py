@@ -7,6 +7,9 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 from .base import *  # noqa: E402,F401,F403
 
+# The lab's app, for its ``bench`` command (benchmarks/); the product never imports it.
+INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks"]  # noqa: F405
+
 SECRET_KEY = "test-only-key"
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

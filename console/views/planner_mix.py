@@ -5,11 +5,11 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.shortcuts import render
 
+from capacity.hardware.profiles import PROFILES, ROOFLINES
 from capacity.models import HardwareProfile
 from capacity.planning.inputs import plan_mix_from_profiles
 from capacity.planning.mix import PlanError
 from console.access import operator_required
-from endpoints.runtimes.sim.profiles import PROFILES, ROOFLINES
 
 SIM_PROFILES = sorted(p for p in PROFILES if p in ROOFLINES)
 CHAT_BUCKETS = "chat-128 128 64 40\nchat-512 512 128 40\nchat-1k 1024 256 20\npaste-6k 6144 256 2"

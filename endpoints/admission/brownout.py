@@ -1,7 +1,7 @@
 """Graceful degradation under overload (pure, no Django, injected clock): an endpoint's degradation level, who
 takes the pain of an overload (``FairPain``: in proportion to how far each tenant exceeds its reservation over a
 window), and the rules a chain of fallback endpoints must keep. The proxy's ``EndpointRuntime`` and the overload
-simulator (``workers.benchmarks.overload``) run this same code. See docs/algorithms.md, "Brownout"."""
+simulator (``benchmarks.operations.overload``) run this same code. See docs/algorithms.md, "Brownout"."""
 
 from __future__ import annotations
 

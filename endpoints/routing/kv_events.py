@@ -6,7 +6,7 @@ starts, ``payload`` a msgpack array ``[ts, [event, …], data_parallel_rank]``. 
 by ``type``: ``BlockStored`` (``block_hashes``, ``parent_block_hash``, ``token_ids``, ``block_size``, ``lora_id``,
 ``medium``, ``lora_name``; later fields omitted when default), ``BlockRemoved`` (``block_hashes``, ``medium``) or
 ``AllBlocksCleared``. Block hashes are bytes (sha256) or, with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, 64-bit
-ints. The simulator's engine emits the same classes (``endpoints.runtimes.sim.kvcache``).
+ints. The simulator's engine emits the same classes (``simulator.kvcache``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and uvicorn workers (the proxy, the bare pass-through) on free ports.
 Each child runs in its own session (process group), so stopping it also stops whatever it started. ``spawn``
 waits until the port accepts connections (or, with ``health_url``, until that answers 200: real vLLM binds its
 port at once but serves only once its model is loaded, 45-85 s on 2 busy cores) and, when the child exits first,
-raises with the tail of its stderr. (``endpoints.runtimes.sim.process.start_replica`` is the richer handle for
+raises with the tail of its stderr. (``simulator.process.start_replica`` is the richer handle for
 one simulated replica: faults, crash, log.)
 
 A bench marks its environment (``BENCH_MARK``, set by ``manage.py bench``): every process it starts inherits the
@@ -39,7 +39,7 @@ from django.conf import settings
 from django.db import connection
 
 from endpoints.runtimes import vllm
-from endpoints.runtimes.sim.process import free_port
+from endpoints.runtimes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -119,8 +119,8 @@ def celery_worker_argv(
 def sim_replica_argv(
     port: int, *, speed: float = 1.0, served_model_name: str | None = None, extra: list[str] | tuple = ()
 ) -> list[str]:
-    """A simulated vLLM replica (``python -m endpoints.runtimes.sim.cli``, no Django start-up)."""
-    argv = [PY, "-m", "endpoints.runtimes.sim.cli", "--runtime", "sim", "--port", str(port), "--speed", str(speed)]
+    """A simulated vLLM replica (``python -m simulator.cli``, no Django start-up)."""
+    argv = [PY, "-m", "simulator.cli", "--runtime", "sim", "--port", str(port), "--speed", str(speed)]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     return argv + list(extra)

@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from benchmarks.harness.security.fake_dns import FakeDNS
 from billing.models import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS, UsageDay, UsageHour, UsageMinute
 from billing.rollups import DAY, HOUR, recompute_coarser
-from workers.security.fake_dns import FakeDNS
 
 # An address that is globally routable (so the webhook guard accepts it); no test ever connects to it.
 PUBLIC_IP = "93.184.216.34"

@@ -1,11 +1,11 @@
 """A real Prometheus scraping a real proxy and a simulated replica: its recording rules' burn rate matches the
-platform evaluator on the same traffic within 1% (workers/prometheus_check.py sets up the world)."""
+platform evaluator on the same traffic within 1% (benchmarks/operations/prometheus_check.py sets up the world)."""
 
 import pytest
 
+from benchmarks.operations.prometheus_check import compare, prometheus_binary
 from tenants.models import CapacityReservation
 from tests.factories import SLOFactory
-from workers.prometheus_check import compare, prometheus_binary
 
 pytestmark = [
     pytest.mark.e2e,

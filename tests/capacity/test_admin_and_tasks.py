@@ -2,7 +2,7 @@
 
 from capacity.models import CapacityBenchmark
 from endpoints.models import ReplicaState
-from endpoints.runtimes.sim.process import free_port
+from simulator.process import free_port
 from tests.factories import ReplicaFactory
 from workers.tasks.capacity import benchmark_endpoint
 

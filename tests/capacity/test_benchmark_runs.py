@@ -8,13 +8,13 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from capacity.hardware.profiles import get_profile
 from capacity.models import CapacityBenchmark
-from capacity.replica_benchmark.sim_driver import EngineDriver, engine_true_costs
 from capacity.replica_benchmark.sweep import BenchmarkError, summarize
 from capacity.services import QUICK_SWEEP, benchmark_run
 from capacity.unit_resolver import endpoint_coefficients
 from endpoints.models import ReplicaState, Runtime
-from endpoints.runtimes.sim.profiles import get_profile
+from simulator.replica_driver import EngineDriver, engine_true_costs
 from tenants.models import AuditEntry
 from tests.factories import ReplicaFactory
 
@@ -106,7 +106,7 @@ def test_plan_capacity_command(tenant_a):
 
 
 def test_bench_planner_worked_example_and_one_workload_agree():
-    from capacity.benchmarks import planner
+    from benchmarks.capacity import planner
 
     figures, checks = planner.worked_example()
     assert all(check["matches"] for check in checks), [c for c in checks if not c["matches"]]
@@ -123,7 +123,7 @@ def test_bench_planner_worked_example_and_one_workload_agree():
 @pytest.mark.slow
 def test_benchmark_replica_over_http_against_a_simulated_replica(sim_endpoint):
     """The command sweeps a live replica process over HTTP; its fit and capacity match the simulator's truth."""
-    from endpoints.runtimes.sim.process import start_replica
+    from simulator.process import start_replica
 
     with start_replica(profile="llama-13b-a100", speed=1.0) as process:
         ReplicaFactory(endpoint=sim_endpoint, state=ReplicaState.READY, url=process.url)

@@ -6,10 +6,10 @@ fit must recover the costs derived from the profile (``engine_true_costs``) with
 
 import pytest
 
-from capacity.replica_benchmark.sim_driver import EngineDriver, engine_true_costs
+from capacity.hardware.profiles import get_profile
 from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, SweepConfig, nnls, run_sweep, summarize
 from capacity.units import GPU_SECONDS_PER_MU, MU_PER_GPU_MINUTE
-from endpoints.runtimes.sim.profiles import get_profile
+from simulator.replica_driver import EngineDriver, engine_true_costs
 
 
 def test_nnls_recovers_exact_coefficients_and_keeps_them_non_negative():

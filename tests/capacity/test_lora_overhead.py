@@ -1,12 +1,12 @@
 """The benchmark's LoRA pass: paired base/adapter runs at B_max and the overhead fit (pure, virtual time).
 
-On the simulator's engine the truth is ``LoraConfig.overhead × rank / 16`` (``endpoints.runtimes.sim.lora``): every
+On the simulator's engine the truth is ``LoraConfig.overhead × rank / 16`` (``simulator.lora``): every
 step of a batch holding an adapter request costs that much more. The fit must recover it within a few per cent.
 """
 
 import pytest
 
-from capacity.replica_benchmark.sim_driver import EngineDriver
+from capacity.hardware.profiles import get_profile
 from capacity.replica_benchmark.sweep import (
     BenchmarkError,
     CostFit,
@@ -16,7 +16,7 @@ from capacity.replica_benchmark.sweep import (
     fit_lora_overhead,
     run_sweep,
 )
-from endpoints.runtimes.sim.profiles import get_profile
+from simulator.replica_driver import EngineDriver
 from tests.lora import LORA_OPTIONS, write_adapter
 
 QUICK = dict(

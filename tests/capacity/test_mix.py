@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from capacity.hardware.profiles import get_profile
 from capacity.planning.mix import (
     Bucket,
     PlanError,
@@ -19,7 +20,6 @@ from capacity.planning.mix import (
     plan_mix,
     with_capacities,
 )
-from endpoints.runtimes.sim.profiles import get_profile
 from tests.conftest import client_for
 from tests.factories import HardwareProfileFactory
 
@@ -185,7 +185,7 @@ def test_command_plans_and_reports_errors():
 
 
 def test_bench_economics_figures_and_the_simulator_check():
-    from capacity.benchmarks import economics
+    from benchmarks.capacity import economics
 
     # Notices of 10-30 s, shorter than a long answer takes, so the drains leave streams to cut and resume.
     figures = economics.run(

@@ -123,7 +123,7 @@ def test_pure_modules_import_no_django():
 
     code = (
         "import sys; import capacity.units, capacity.planning.barriers, capacity.replica_benchmark.sweep, "
-        "capacity.replica_benchmark.sim_driver, capacity.replica_benchmark.http_driver; "
+        "simulator.replica_driver, capacity.replica_benchmark.http_driver; "
         "sys.exit(1 if any(m == 'django' or m.startswith('django.') for m in sys.modules) else 0)"
     )
     root = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from endpoints.runtimes.sim.process import free_port
+from simulator.process import free_port
 from tests.engine.engine import INSTALL_HINT, engine_installed, launch_engine, stop_engine, wait_ready
 
 SERVED_MODEL_NAME = "tiny-llama"

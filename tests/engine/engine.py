@@ -26,7 +26,7 @@ from endpoints.runtimes.processes import (
     vllm_replica_argv,
     vllm_replica_env,
 )
-from endpoints.runtimes.sim.process import ReplicaProcess, ReplicaStartError, _die_with_parent, free_port
+from simulator.process import ReplicaProcess, ReplicaStartError, _die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = ENGINE_STAMP.parent

@@ -1,6 +1,6 @@
 """The simulator speaks what vLLM 0.32 speaks: the same requests (a corpus of bad input included) go to the real
 engine (tests/engine's session fixture) and to a simulated replica process of the ``tiny-cpu`` profile, and every
-divergence the platform could see is named (``endpoints.runtimes.sim.contract``). Each test asserts there is none.
+divergence the platform could see is named (``simulator.contract``). Each test asserts there is none.
 
 What is deliberately not compared (generated text, prompt token counts from two tokenizers, ids, timestamps,
 how chunks split a text, the interleaving of ``n > 1`` streams) is listed in the contract module's docstring.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from endpoints.runtimes.sim import contract
-from endpoints.runtimes.sim.process import start_replica
+from simulator import contract
+from simulator.process import start_replica
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from endpoints.benchmarks import fidelity
+from benchmarks.serving import fidelity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import pytest
 
 from endpoints.kv_events_subscriber import KVEventSubscriber
 from endpoints.routing.kv_index import KVBlockIndex
-from endpoints.runtimes.sim.process import free_port
+from simulator.process import free_port
 from tests.engine.conftest import KV_NUM_BLOCKS
 from tests.waiting import wait_for
 

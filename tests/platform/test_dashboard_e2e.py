@@ -1,15 +1,15 @@
 """A real Prometheus, configured from the shipped scrape.yml and rules, scrapes a running platform: every Grafana
-panel's query returns data (workers/dashboard_check.py sets up the world; EXEMPT there says which cannot, and why)."""
+panel's query returns data (benchmarks/operations/dashboard_check.py sets up the world; EXEMPT there says which cannot, and why)."""
 
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from benchmarks.operations import dashboard_check
+from benchmarks.operations.prometheus_check import prometheus_binary
 from capacity.models import AutoscalerDecision
 from tests.factories import EndpointFactory, ReservationFactory, SLOFactory
-from workers import dashboard_check
-from workers.prometheus_check import prometheus_binary
 
 pytestmark = [
     pytest.mark.e2e,

@@ -16,10 +16,10 @@ from django.utils import timezone
 from prometheus_client import REGISTRY, generate_latest
 
 import endpoints.proxy.metrics  # noqa: F401 - registers the proxy's metrics in REGISTRY
+from benchmarks.operations import dashboard_check
 from billing.models import CostReport
 from capacity.models import AutoscalerDecision
 from endpoints.runtimes.processes import free_port, sim_replica_argv
-from workers import dashboard_check
 from workers import observability as obs
 
 TOKEN = {"HTTP_AUTHORIZATION": "Bearer test-metrics-token"}

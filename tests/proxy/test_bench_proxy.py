@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from endpoints.benchmarks import proxy as bench
+from benchmarks.serving import proxy as bench
 
 
 def test_prompt_has_the_asked_length_and_is_unique_per_request():

@@ -8,7 +8,7 @@ import pytest
 from endpoints.admission import ENGINE_PRIORITY
 from endpoints.health import PROBE_PRIORITY
 from endpoints.models import Endpoint
-from endpoints.runtimes.sim.tokens import filler_text
+from simulator.tokens import filler_text
 from tenants.models import CapacityReservation
 from tenants.services import api_key_create
 from tests.factories import EndpointFactory, TenantFactory

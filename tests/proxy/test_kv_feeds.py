@@ -24,7 +24,7 @@ from endpoints.routing.base import RouteRequest
 from endpoints.routing.bounded_affinity import PREFIX_SOURCE_KEY
 from endpoints.routing.kv_events import endpoint_problem
 from endpoints.routing.llmd import KV_TOKENS_KEY
-from endpoints.runtimes.sim.process import free_port
+from simulator.process import free_port
 from tests.proxy.snapshots import endpoint
 from tests.waiting import wait_for
 

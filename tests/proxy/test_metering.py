@@ -8,6 +8,7 @@ import aiohttp
 import httpx
 import pytest
 
+from capacity.hardware.profiles import get_profile
 from capacity.units import usage_mu
 from endpoints.proxy.flight import Admission, Flight, Price
 from endpoints.proxy.limits import Bucket, RateLimiter
@@ -17,8 +18,7 @@ from endpoints.proxy.request import parse_request
 from endpoints.proxy.snapshot import AdapterInfo
 from endpoints.proxy.unfinished import needs_partial_usage, partial_usage, prompt_token_count
 from endpoints.routing.base import RouteRequest
-from endpoints.runtimes.sim.profiles import get_profile
-from endpoints.runtimes.sim.server import ThreadedReplica
+from simulator.server import ThreadedReplica
 from tests.proxy.snapshots import COEFFS, TENANT_A, endpoint, key
 
 USAGE = {

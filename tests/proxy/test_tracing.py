@@ -121,7 +121,7 @@ def test_a_django_view_is_a_span_named_by_its_route(spans, client):
 
 
 def test_the_paired_overhead_measurement_runs_both_ways_and_exports_what_it_traced():
-    from endpoints.benchmarks import tracing_overhead  # deferred: imports the benchmark modules only here
+    from benchmarks.serving import tracing_overhead  # deferred: imports the benchmark modules only here
 
     result = tracing_overhead.run(quick=True, pairs=40, progress=lambda *_: None)
     assert result["tracing_pairs"] == 40 and result["tracing_otlp_batches"] >= 1

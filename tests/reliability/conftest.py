@@ -7,7 +7,7 @@ per-test transactions; the fixture removes what it created at the end.
 
 import pytest
 
-from workers.reliability.harness import Platform
+from benchmarks.harness.reliability.harness import Platform
 
 
 def _say(message: str) -> None:

@@ -4,8 +4,8 @@ overload bench can say which refusals fair pain chose (``overloaded``, ``evicted
 
 import pytest
 
+from benchmarks.harness.reliability.harness import error_code
 from endpoints.proxy.errors import error_body
-from workers.reliability.harness import error_code
 
 
 def test_the_code_of_the_proxys_own_refusal_is_read():

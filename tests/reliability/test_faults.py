@@ -6,7 +6,7 @@ relays restored) for the next; the books are checked last, across all of them.
 
 import pytest
 
-from workers.benchmarks import reliability as scenarios
+from benchmarks.operations import reliability as scenarios
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

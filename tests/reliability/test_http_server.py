@@ -7,8 +7,13 @@ import time
 
 import pytest
 
+from benchmarks.harness.security.cases.hardening import (
+    SHIPPED_COMMANDS,
+    ThreadedServer,
+    shipped_uvicorn_params,
+    slow_clients,
+)
 from config.http_server import BoundedHttpToolsProtocol
-from workers.security.cases.hardening import SHIPPED_COMMANDS, ThreadedServer, shipped_uvicorn_params, slow_clients
 
 BOUND_S = 1.0
 

@@ -15,7 +15,7 @@ from capacity.autoscaling.actuators.local import LocalActuator, stop_pid
 from endpoints.models import Endpoint, Replica
 from endpoints.runtimes import launch_env as le
 from endpoints.runtimes import vllm
-from endpoints.runtimes.sim.process import start_replica
+from simulator.process import start_replica
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,6 +3,7 @@ the events stop, lose batches or restart."""
 
 import pytest
 
+from capacity.hardware.profiles import get_profile
 from endpoints.routing import RouteRequest, make_router
 from endpoints.routing.kv_events import (
     AllBlocksCleared,
@@ -13,10 +14,9 @@ from endpoints.routing.kv_events import (
     batch_from,
 )
 from endpoints.routing.kv_index import KVBlockIndex
-from endpoints.runtimes.sim.des import Simulation
-from endpoints.runtimes.sim.profiles import get_profile
-from endpoints.runtimes.sim.routing_workloads import prefix_groups
-from endpoints.runtimes.sim.workloads import poisson_times
+from simulator.des import Simulation
+from simulator.routing_workloads import prefix_groups
+from simulator.workloads import poisson_times
 
 
 def engine_cached_blocks(rep) -> set:

@@ -3,12 +3,12 @@ tell it when that token comes (docs/algorithms.md#pending-prefill)."""
 
 import pytest
 
+from capacity.hardware.profiles import get_profile
 from endpoints.routing import ReplicaView, RouteRequest, make_router
 from endpoints.routing.baselines import RouterBase
 from endpoints.routing.prefill import PendingPrefill
-from endpoints.runtimes.sim.des import Simulation
-from endpoints.runtimes.sim.profiles import get_profile
-from endpoints.runtimes.sim.workloads import SimRequest
+from simulator.des import Simulation
+from simulator.workloads import SimRequest
 
 SYSTEM = "You are a careful assistant for the billing team. " * 12
 

@@ -36,7 +36,7 @@ from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import launch_env
 from endpoints.runtimes.launch_options import argv_value
-from endpoints.runtimes.sim.process import free_port
+from endpoints.runtimes.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def replica_argv(
             **extra,
         )
         return argv
-    argv = [sys.executable, "-m", "endpoints.runtimes.sim.cli", "--runtime", "sim", "--host", host]
+    argv = [sys.executable, "-m", "simulator.cli", "--runtime", "sim", "--host", host]
     argv += ["--port", str(port), "--served-model-name", argv_value("served model name", endpoint.name)]
     if options.get("profile"):
         argv += ["--profile", argv_value("profile", options["profile"])]

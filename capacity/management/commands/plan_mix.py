@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from capacity.models import HardwareProfile
 from capacity.planning.inputs import plan_mix_from_profiles
 from capacity.planning.mix import PlanError
+from capacity.planning.presets import WORKLOADS
 
 
 def _hardware(value: str) -> HardwareProfile:
@@ -56,8 +57,6 @@ class Command(BaseCommand):
             pairs.append((_hardware(hardware), sim_profile))
         buckets = [_bucket(b) for b in bucket]
         if workload:
-            from capacity.benchmarks.economics import WORKLOADS  # the bench's documented histograms
-
             buckets += [vars(b).copy() for b in WORKLOADS[workload]]
         if not buckets:
             raise CommandError("give --bucket NAME:PROMPT:OUTPUT:RATE or --workload")

@@ -1,0 +1,256 @@
+"""One policy over one day on the shared engine simulator, for ``bench autoscale`` (docs/algorithms.md#autoscaling-evaluation).
+
+A run is a ``Spec`` (policy name and knobs) over a ``Day`` (``benchmarks.capacity.traces``): the day's requests go
+through the proxy's admission (``ProxyAdmission``), least-request routing and ``llama-13b-a100`` replicas with
+60-120 s cold starts; the policy acts through ``sim_adapter.EngineSimAutoscaler`` with the warm-pool option every
+policy gets. Billed: every replica from launch (cold start included) to removal, plus the warm pool's stand-bys.
+"""
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from benchmarks.capacity import baselines, oracle
+from benchmarks.capacity.fleetsim import count_flaps
+from benchmarks.capacity.two_axis import InfercapPolicy
+from capacity.autoscaling.horizontal import HorizontalConfig
+from capacity.units import MUCoefficients, estimate_request_mu
+from endpoints.admission import CRITICAL
+from endpoints.routing.baselines import LeastRequestRouter
+from simulator import workloads
+from simulator.admission import ProxyAdmission
+from simulator.autoscaling import EngineSimAutoscaler, engine_seconds_per_request
+from simulator.des import Simulation
+
+PROFILE = "llama-13b-a100"
+SLO = {"ttft_s": 2.0, "tpot_s": 0.1}  # endpoints.models.Endpoint defaults: ttft_slo_ms 2000, tpot_slo_ms 100
+SLO_TARGET = 0.99
+COLD_START_S = (60.0, 120.0)
+WARM_START_S = 5.0  # a stand-by replica with its model loaded starts serving this fast
+# The request shape the concurrency limit is set for: the synthetic days' mean prompt and output
+# (traces.SYNTHETIC_CHAT; docs/algorithms.md#the-reference-request).
+REFERENCE = (960, 715)
+# The model profile's default MU coefficients (capacity.models.ModelProfile).
+COEFFS = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.05, mu_per_min=1000.0)
+BASE_LIMIT = 64  # the baselines' fixed per-replica concurrency (and ours' starting limit)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A policy and its knobs; ``warm_pool`` is the option every policy has."""
+
+    policy: str  # static | hpa | kpa | scheduled | infercap | infercap_reactive | oracle | oracle_spike_blind
+    knobs: tuple = ()  # sorted (name, value) pairs
+    warm_pool: int = 0
+
+    def knob(self, name: str, default=None):
+        return dict(self.knobs).get(name, default)
+
+    def with_knobs(self, **changes) -> "Spec":
+        knobs = dict(self.knobs)
+        warm = changes.pop("warm_pool", self.warm_pool)
+        knobs.update(changes)
+        return Spec(self.policy, tuple(sorted(knobs.items())), warm)
+
+    def label(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.knobs] + ([f"warm_pool={self.warm_pool}"] if self.warm_pool else [])
+        return f"{self.policy}({', '.join(parts)})"
+
+
+@dataclass
+class DayInput:
+    """What a run needs of a day: its requests and, for the policies that learn, the history before it."""
+
+    name: str
+    period_s: float
+    requests: list  # (arrival s, prompt tokens, output tokens)
+    history: list = field(default_factory=list)  # (t < 0, prompt, output) of the history days, most recent last
+    history_days: int = 0
+    spikes: list = field(default_factory=list)  # (start s, end s) of each spike, plus a cold start after it
+    base_share: list = field(default_factory=list)  # per second: the share of the rate the day without spikes has
+
+    def share_at(self, t: float) -> float:
+        i = int(t)
+        return self.base_share[i] if 0 <= i < len(self.base_share) else 1.0
+
+
+def request_mu(prompt: int) -> float:
+    """What the proxy charges at admission: the clients set no max_tokens, so a typical output is assumed."""
+    return estimate_request_mu(COEFFS, prompt_tokens=prompt)
+
+
+def seconds_per_request(profile, concurrency: float) -> float:
+    return engine_seconds_per_request(profile, concurrency, in_tok=REFERENCE[0], out_tok=REFERENCE[1])
+
+
+def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: dict):
+    """The policy object for ``spec`` on ``day`` (``context``: the static size, the fitted schedule, the seed)."""
+    knob = spec.knob
+    if spec.policy == "static":
+        return baselines.StaticPolicy(replicas=knob("replicas"), name="static")
+    if spec.policy == "hpa":
+        return _hpa(spec, max_replicas)
+    if spec.policy == "kpa":
+        return baselines.KpaLikePolicy(
+            target_concurrency=BASE_LIMIT,
+            target_utilization=knob("target_utilization", 0.7),
+            stable_window_s=knob("stable_window_s", 60.0),
+            panic_threshold=knob("panic_threshold", 2.0),
+            metric=knob("metric", "requests"),
+            min_replicas=1,
+            max_replicas=max_replicas,
+        )
+    if spec.policy == "scheduled":
+        reactive_knobs = knob("reactive")
+        reactive = _hpa(Spec("hpa", tuple(reactive_knobs)), max_replicas) if reactive_knobs is not None else None
+        return baselines.ScheduledPolicy(
+            schedule=context["schedules"][knob("statistic", "median")],
+            period_s=day.period_s,
+            lead_s=COLD_START_S[1],
+            reactive=reactive,
+            max_replicas=max_replicas,
+        )
+    if spec.policy in ("oracle", "oracle_spike_blind"):
+        concurrency = knob("concurrency", BASE_LIMIT)
+
+        def in_flight(requests: list) -> list[int]:
+            return oracle.in_flight_series(
+                requests,
+                seconds_in_flight=lambda p, o: engine_seconds_per_request(profile, concurrency, in_tok=p, out_tok=o),
+                end_s=day.period_s + 600.0,
+            )
+
+        present = None
+        if spec.policy == "oracle_spike_blind":  # foresees the day without its spikes, sees the present
+            base, _ = oracle.spike_excess(day.requests, base_share=day.share_at, seed=day.name)
+            foreseen, present = in_flight(base), in_flight(day.requests)
+        else:
+            foreseen = in_flight(day.requests)
+        return oracle.OraclePolicy(
+            in_flight=foreseen,
+            present=present,
+            spare=knob("spare", 0),
+            concurrency=concurrency,
+            utilization=knob("utilization", 1.0),
+            lookahead_s=knob("lookahead_s", COLD_START_S[1]),
+            max_replicas=max_replicas,
+        )
+    horizontal_config = HorizontalConfig(
+        target_utilization=knob("target_utilization", 0.7),
+        max_scale_down_fraction=knob("scale_down_fraction", 0.2),
+    )
+    policy = InfercapPolicy(
+        name=spec.policy,
+        horizontal_config=horizontal_config,
+        min_replicas=1,
+        max_replicas=max_replicas,
+        concurrency_limit=BASE_LIMIT,
+        concurrency_min=8,
+        concurrency_max=knob("concurrency_max", 256),
+        ttft_slo_ms=SLO["ttft_s"] * 1000,
+        tpot_slo_ms=SLO["tpot_s"] * 1000,
+        predictive_period_s=None if spec.policy == "infercap_reactive" else day.period_s,
+        predictive_lead_s=COLD_START_S[1],
+        seconds_per_request=lambda c: seconds_per_request(profile, c),
+        reference_request_mu=estimate_request_mu(COEFFS, prompt_tokens=REFERENCE[0]),
+        demand_signal=knob("demand_signal", "rate"),
+    )
+    for t, prompt, _ in day.history:
+        policy.remember(t=t, mu=request_mu(prompt))
+    return policy
+
+
+def _hpa(spec: Spec, max_replicas: int):
+    knob = spec.knob
+    return baselines.HpaLikePolicy(
+        target_per_replica=BASE_LIMIT * knob("target", 0.7),
+        stabilization_s=knob("stabilization_s", 300.0),
+        scale_down_percent=knob("scale_down_percent", 100.0),
+        scale_down_period_s=knob("scale_down_period_s", 15.0),
+        metric=knob("metric", "requests"),
+        min_replicas=1,
+        max_replicas=max_replicas,
+    )
+
+
+class _IndependentRequest(workloads.SimRequest):
+    """A request with its own prompt (no shared prefix): prefix caching has nothing to hit, so it carries no block
+    hashes and the engine skips the cache's bookkeeping (a third of the run time)."""
+
+    def block_hashes(self) -> list[int]:
+        return []
+
+
+def sim_requests(requests: list):
+    for i, (t, prompt, output) in enumerate(requests):
+        yield _IndependentRequest(
+            request_id=f"as-{i}",
+            arrival_s=t,
+            prompt_parts=("x" * (4 * prompt),),
+            output_tokens=output,
+            priority_class=CRITICAL,
+        )
+
+
+def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: dict, seed: int) -> dict:
+    """One run: the figures of ``spec`` over ``day``'s scored period [0, period)."""
+    started = time.perf_counter()
+    policy = build_policy(spec, day, profile=profile, max_replicas=max_replicas, context=context)
+    scaler = EngineSimAutoscaler(
+        policy, cold_start_s=COLD_START_S, seed=seed, warm_pool=spec.warm_pool, warm_start_s=WARM_START_S
+    )
+    initial = spec.knob("replicas", 1) if spec.policy == "static" else 1
+    sim = Simulation(
+        router=LeastRequestRouter(seed=seed),
+        replicas=initial,
+        profile=profile,
+        admission=ProxyAdmission(replica_mu_per_s=COEFFS.mu_per_min / 60.0),
+        autoscaler=scaler,
+        cost_fn=lambda request, prompt_tokens: request_mu(prompt_tokens),
+        concurrency_limit=getattr(policy, "concurrency_limit", BASE_LIMIT),
+        cold_start_s=sum(COLD_START_S) / 2,
+        seed=seed,
+    )
+    result = sim.run(sim_requests(day.requests), until_s=day.period_s + 600.0)
+    period = day.period_s
+    scored = [r for r in result.requests if r.arrival_s < period]
+    gpu_s = sum(
+        max(0.0, min(rep.removed_s if rep.removed_s is not None else result.end_s, period) - max(rep.added_s, 0.0))
+        * rep.gpus
+        for rep in result.replicas
+    )
+    gpu_s += scaler.standby_gpu_s(start=0.0, end=period)
+    decisions = getattr(policy, "decisions", [])
+    return {
+        "spec": spec.label(),
+        "day": day.name,
+        "gpu_hours": gpu_s / 3600.0,
+        "requests": len(scored),
+        "good": sum(r.meets(**SLO) for r in scored),
+        "rejected": sum(r.status == "rejected" for r in scored),
+        "requests_calm": len(calm := [r for r in scored if not any(a <= r.arrival_s < b for a, b in day.spikes)]),
+        "good_calm": sum(r.meets(**SLO) for r in calm),
+        "flaps": count_flaps(scaler.scale_events()),
+        "peak_replicas": max((s["ready"] + s["starting"] + s["draining"] for s in result.timeline), default=0),
+        "reasons": _reason_counts(decisions),
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+
+
+def _reason_counts(decisions: list) -> dict:
+    """How often each kind of reason moved the replica count (the decision record, summarised)."""
+    counts: dict[str, int] = {}
+    for d in decisions:
+        if d.delta:
+            key = d.reason.split(":")[0].split(" (")[0]
+            if "predictive floor" in d.reason:
+                key += " (predictive floor)"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def static_replicas(days: list, *, profile) -> int:
+    """Static peak: enough replicas at the baselines' target (64 × 0.7 in flight) for the highest rate of any day."""
+    per_replica = BASE_LIMIT * 0.7
+    peak = max(d.peak_rate() for d in days)
+    return math.ceil(peak * seconds_per_request(profile, per_replica) / per_replica)

@@ -1,0 +1,97 @@
+"""``python manage.py bench NAME [--quick] [--plot FILE.svg]``: run one of the platform's benchmarks.
+
+Each benchmark is a module exposing ``run(*, quick: bool, plot: str | None, progress, **options) -> dict``
+and optionally ``add_arguments(parser)``. Progress goes to stderr; the figures are printed last, as one
+line of JSON on stdout.
+
+No process outlives its bench: SIGTERM and SIGHUP stop a bench as Ctrl-C does (each bench's clean-up runs), and
+whatever still carries the run's mark afterwards (``endpoints.runtimes.processes.BENCH_MARK``: every process a
+bench starts inherits it, replicas started by its Celery worker too) is stopped before the command returns.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+
+from django.core.management.base import BaseCommand, CommandError
+
+from benchmarks.billing import metering, slo
+from benchmarks.capacity import autoscale, economics, planner
+from benchmarks.operations import deploy, reliability, security
+from benchmarks.routing import routing
+from benchmarks.serving import fidelity, lora, proxy, sim
+from endpoints.runtimes.processes import BENCH_MARK, processes_marked, stop_marked
+
+BENCHMARKS = {
+    "sim": sim,
+    "proxy": proxy,
+    "routing": routing,
+    "lora": lora,
+    "fidelity": fidelity,
+    "planner": planner,
+    "economics": economics,
+    "autoscale": autoscale,
+    "slo": slo,
+    "reliability": reliability,
+    "security": security,
+    "metering": metering,
+    "deploy": deploy,
+}
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _stop_on_signal(signum, frame):
+    # Once: a second signal must not cut the clean-up short.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    help = "Run a benchmark and print its figures as JSON on the last line. Names: " + ", ".join(BENCHMARKS)
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", choices=sorted(BENCHMARKS))
+        parser.add_argument("--quick", action="store_true", help="a reduced run that finishes in about a minute")
+        parser.add_argument("--plot", metavar="FILE.svg", help="also draw the benchmark's curves to an SVG file")
+        # Benchmark-specific options are accepted as --opt key=value pairs to keep one command.
+        parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE")
+        parser.add_argument("--live", action="store_true", help="run through real processes instead of the simulator")
+
+    def handle(self, *args, name, quick, plot, opt, live, **kwargs):
+        module = BENCHMARKS[name]
+        extra = {}
+        for pair in opt:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise CommandError(f"--opt expects KEY=VALUE, got {pair!r}")
+            extra[key.replace("-", "_")] = value
+        started = time.perf_counter()
+        progress(f"bench {name}{' (quick)' if quick else ''} starting")
+        os.environ[BENCH_MARK] = mark = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # only there can Python take signals
+            previous = {
+                sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            }
+        try:
+            figures = module.run(quick=quick, plot=plot, live=live, progress=progress, **extra)
+        except KeyboardInterrupt:
+            raise CommandError(f"bench {name} interrupted", returncode=130) from None
+        finally:
+            left = processes_marked(f"{BENCH_MARK}={mark}")
+            if left:
+                progress(f"stopping {len(left)} process(es) bench {name} left running: {left}")
+                stop_marked(left)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.environ.pop(BENCH_MARK, None)
+        progress(f"bench {name} finished in {time.perf_counter() - started:.1f} s")
+        self.stdout.write(json.dumps(figures, sort_keys=False, default=str))

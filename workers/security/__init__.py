@@ -1,1 +1,0 @@
-"""The security bench: named attack cases run against the real platform (see ``workers.security.registry``)."""
