@@ -4,14 +4,14 @@ from channels.routing import URLRouter
 from django.urls import re_path
 
 from console.routing import websocket_urlpatterns as console_websocket_urlpatterns
-from endpoints.proxy.app import application
-from endpoints.proxy.auth_throttle import throttle_failed_authentications
+from gateway.proxy.app import application
+from gateway.proxy.auth_throttle import throttle_failed_authentications
 
 websocket_urlpatterns: list = [*console_websocket_urlpatterns]
 
 
 _PROXY_PATHS = frozenset({"/metrics", "/health", "/ping", "/version"})
-# Failed authentications on /v1/ per client address: 429 before the key is looked at (endpoints/proxy/auth_throttle.py).
+# Failed authentications on /v1/ per client address: 429 before the key is looked at (gateway/proxy/auth_throttle.py).
 proxy_app = throttle_failed_authentications(application)
 
 

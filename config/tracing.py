@@ -4,7 +4,7 @@ On when ``INFERCAP_TRACING=1`` or ``OTEL_TRACES_EXPORTER`` names an exporter (``
 the OTLP/HTTP exporter, which reads the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_*``
 variables, in batches off the request path; ``OTEL_SERVICE_NAME`` names the process (default ``infercap``).
 Off, ``TRACER`` stays None and nothing here is imported from OpenTelemetry: every caller checks ``TRACER is not
-None`` and does nothing else. The proxy's spans are built in ``endpoints/proxy/tracing.py``; this module holds the
+None`` and does nothing else. The proxy's spans are built in ``gateway/proxy/tracing.py``; this module holds the
 provider, the Django middleware (views) and the Celery task spans (beat ticks and every other task)."""
 
 from __future__ import annotations

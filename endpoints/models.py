@@ -6,8 +6,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from endpoints.routing.kv_events import endpoint_problem
 from endpoints.runtimes.launch_options import lora_settings
+from gateway.routing.kv_events import endpoint_problem
 
 
 class Runtime(models.TextChoices):

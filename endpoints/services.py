@@ -13,10 +13,10 @@ from capacity.autoscaling import pins
 from endpoints.lifecycle import replica_transition
 from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, Replica, ReplicaState
 from endpoints.rollouts.services import apply_versioned_changes, ensure_current_version
-from endpoints.routing.kv_events import endpoint_problem
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.validation import NAME_TAKEN, endpoint_validate, quota_errors
+from gateway.routing.kv_events import endpoint_problem
 from tenants.quotas import lock_tenant
 from tenants.selectors import principal_is_operator
 from tenants.services import audit_log

@@ -11,13 +11,13 @@ import re
 from django.core.exceptions import ValidationError
 
 from capacity.autoscaling import actuators
-from endpoints.admission.brownout import MAX_FALLBACK_DEPTH, fallback_chain_error
-from endpoints.admission.classes import CLASSES
 from endpoints.models import Adapter, Endpoint, RoutingPolicy
-from endpoints.routing import cost_aware
 from endpoints.runtimes import vllm
 from endpoints.runtimes.launch_env import launch_env
 from endpoints.runtimes.launch_options import allowlisted_value_errors, argv_value
+from gateway.admission.brownout import MAX_FALLBACK_DEPTH, fallback_chain_error
+from gateway.admission.classes import CLASSES
+from gateway.routing import cost_aware
 from tenants.quotas import Commitment, endpoint_quota_errors
 
 # Endpoint names are one namespace (the proxy resolves the OpenAI ``model`` by name alone), so a taken name must be
@@ -210,7 +210,7 @@ def fallback_errors(endpoint: Endpoint) -> dict[str, list[str]]:
     """The fallback rules, checked when an endpoint is written: the classes are known ones; the fallback is
     another endpoint that every tenant who can call this one may also call (a shared one, or one of the same
     owner's); and the chain it starts has no loop and at most ``MAX_FALLBACK_DEPTH`` steps. The proxy guards
-    the same at request time (``endpoints.proxy.fallback``)."""
+    the same at request time (``gateway.proxy.fallback``)."""
     errors: dict[str, list[str]] = {}
     classes = endpoint.fallback_classes
     if not isinstance(classes, list) or any(c not in CLASSES for c in classes) or len(set(classes)) != len(classes):

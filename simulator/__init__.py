@@ -6,7 +6,7 @@
   ``calibration`` measures a profile's per-stream decode rate and fits one to a real replica's benchmark runs.
 - ``kvcache`` + ``engine``: continuous batching, KV blocks, prefix caching, priority queue, preemption.
 - ``des`` (+ ``fleet``, ``interfaces``): the virtual-time discrete-event runner driving real routers,
-  admission and autoscalers; ``admission``: the proxy's admission (``endpoints.admission``) behind its hook;
+  admission and autoscalers; ``admission``: the proxy's admission (``gateway.admission``) behind its hook;
   ``results``: per-request and per-replica records.
 - ``workloads``: arrival processes and request shapes shared by benchmarks and tests.
 - ``server`` (+ ``protocol``, ``metrics``): the real-time aiohttp replica speaking vLLM's HTTP API;

@@ -1,4 +1,4 @@
-"""The proxy's admission in the discrete-event simulator (pure): ``endpoints.admission.AdmissionController`` behind
+"""The proxy's admission in the discrete-event simulator (pure): ``gateway.admission.AdmissionController`` behind
 the simulation's ``Admission`` hook, so priority order, tenant fairness, eviction, queue-age shedding and
 Retry-After in a simulated overload are the production ones.
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from endpoints.admission.classes import ENGINE_PRIORITY, STANDARD
-from endpoints.admission.controller import DEFAULT_MAX_QUEUE, AdmissionController, Refusal
-from endpoints.admission.queue import QueuedItem
-from endpoints.routing.base import ReplicaView, RouteRequest
+from gateway.admission.classes import ENGINE_PRIORITY, STANDARD
+from gateway.admission.controller import DEFAULT_MAX_QUEUE, AdmissionController, Refusal
+from gateway.admission.queue import QueuedItem
+from gateway.routing.base import ReplicaView, RouteRequest
 from simulator.interfaces import Rejection, Verdict
 
 

@@ -5,7 +5,7 @@ Usage::
     from simulator.des import Simulation, VirtualClock
     from simulator import workloads
     clock = VirtualClock()
-    router = MyRouter(...)                         # anything with endpoints.routing.base.Router's methods
+    router = MyRouter(...)                         # anything with gateway.routing.base.Router's methods
     sim = Simulation(router=router, replicas=8, profile="llama-13b-a100", clock=clock, seed=1)
     result = sim.run(workloads.shared_prefix(groups=32, prompts_per_group=32, qps=20, seed=1))
     result.percentile("ttft_s", 95), result.slo_attainment(ttft_s=2, tpot_s=0.1), result.gpu_hours()
@@ -17,7 +17,7 @@ status; per replica: busy time, replica-seconds, prefix hits). Same seed and inp
 
 Interfaces the simulation drives (all optional except the router):
 
-* **Router** (``endpoints.routing.base.Router``): for every dispatch the simulation builds one ``ReplicaView`` per
+* **Router** (``gateway.routing.base.Router``): for every dispatch the simulation builds one ``ReplicaView`` per
   ready, draining or failed (crashed, metrics going stale) replica from the engine's state as last *scraped* (every ``scrape_interval_s``, default
   50 ms; ``metrics_age_s`` is the time since that scrape): ``num_running``, ``num_waiting``, ``kv_usage``, plus
   the simulation's own bookkeeping ``in_flight`` / ``in_flight_mu`` (sent, not finished), ``concurrency_limit``,
@@ -33,7 +33,7 @@ Interfaces the simulation drives (all optional except the router):
   rejected is queued by the controller; the simulation counts it in the fleet's ``queued`` demand.
   ``on_finished`` (optional) is called like the router's. Without an admission controller every arrival is
   dispatched at once. ``ProxyAdmission`` (``admission.py``) is the proxy's own admission
-  (``endpoints.admission.AdmissionController``): priority classes, tenant fairness, eviction, queue-age
+  (``gateway.admission.AdmissionController``): priority classes, tenant fairness, eviction, queue-age
   shedding and Retry-After as production answers them.
 * **Autoscaler** (``Autoscaler`` protocol below): ``tick(fleet, actions, now)`` every simulated ``tick_s``
   (1 s) with a ``FleetView`` (replicas with state starting/ready/draining and their load, in-flight and
@@ -49,12 +49,12 @@ Interfaces the simulation drives (all optional except the router):
   borrows replicas the market takes back after a seeded lifetime, with a 30-120 s interruption notice
   (``ReplicaStatus.terminate_at_s``); outage windows refuse launches and notice every spot replica. A stream cut
   by a reclaim is resumed on another replica, up to ``resume_streams`` times, as the proxy resumes it
-  (``endpoints/proxy/resume.py``): the continuation's prompt is the prompt plus what was streamed.
+  (``gateway/proxy/resume.py``): the continuation's prompt is the prompt plus what was streamed.
 * **Clock**: ``VirtualClock.now()`` is the simulated time; give the same object to policies that read a clock.
 * **Mixed fleets**: ``replica_profiles`` (one profile per initial replica, e.g. 4 H100 and 4 A100) and
   ``replica_mu_capacity`` (each one's ``ReplicaView.mu_capacity``); replicas added later take ``profile``.
 * **KV-cache events**: with ``kv_event_sink(replica_id, seq, batch)`` every engine publishes vLLM's KV events
-  (``endpoints.routing.kv_events``) after each scheduler step that changed its prefix cache, and the router's
+  (``gateway.routing.kv_events``) after each scheduler step that changed its prefix cache, and the router's
   ``RouteRequest.extra["kv_block_hashes"]`` holds the prompt's block hashes as the engine computes them (what a
   router that tokenizes and hashes like vLLM, llm-d's precise prefix-cache scorer, would compute).
   ``set_kv_events(replica_id, False)`` stops delivery (the sequence numbers go on: the consumer sees a gap).
@@ -71,7 +71,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from capacity.hardware.profiles import EngineProfile, get_profile
-from endpoints.routing.base import Router, RouteRequest
+from gateway.routing.base import Router, RouteRequest
 from simulator.admission import ProxyAdmission  # noqa: F401 (re-exported, with the interfaces below)
 from simulator.engine import Sequence as EngineSeq
 from simulator.fleet import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from capacity.hardware.profiles import EngineProfile
-from endpoints.routing.base import ReplicaView, RouteRequest
-from endpoints.routing.kv_events import KVEventBatch
+from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.kv_events import KVEventBatch
 from simulator.engine import Engine
 from simulator.engine import Sequence as EngineSeq
 from simulator.interfaces import FleetView, ReplicaStatus

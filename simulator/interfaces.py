@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from endpoints.routing.base import ReplicaView, RouteRequest
+from gateway.routing.base import ReplicaView, RouteRequest
 
 if TYPE_CHECKING:
     from simulator.des import FleetActions

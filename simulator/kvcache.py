@@ -9,7 +9,7 @@ partial last block, decode blocks) are anonymous: the queue keeps runs of them a
 thousands of blocks costs a few dictionary operations.
 
 With ``events`` set to a list, the pool records vLLM's KV-cache events as its ``--kv-events-config`` publisher
-emits them (``endpoints.routing.kv_events``): ``BlockStored`` when a block is named by its hash, ``BlockRemoved``
+emits them (``gateway.routing.kv_events``): ``BlockStored`` when a block is named by its hash, ``BlockRemoved``
 when a cached block is evicted for reuse, ``AllBlocksCleared`` on reset. The simulated engine has no token ids,
 so its ``BlockStored.token_ids`` is empty; consumers key on the block hashes.
 """
@@ -20,7 +20,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from endpoints.routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from gateway.routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 class KVCache:

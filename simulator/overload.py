@@ -1,6 +1,6 @@
 """An overload in virtual time (pure): tenants offer Poisson traffic by class to an endpoint that has one fallback
 endpoint, and each endpoint admits with the proxy's own ``AdmissionController`` (priority queues, DRR, queue-age
-shedding, fair pain, the degradation level and credit of ``endpoints.admission.brownout``). What the proxy's
+shedding, fair pain, the degradation level and credit of ``gateway.admission.brownout``). What the proxy's
 pipeline adds around it is done here the same way: a request is served shorter (the endpoint's
 ``degrade_max_tokens``) when ``controller.degrade`` says so, and one refused (would shed, shed by age, evicted,
 no replica) goes to the fallback if its class is listed and its tenant accepts fallbacks, at most once.
@@ -17,9 +17,9 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
-from endpoints.admission.classes import CLASSES, CRITICAL
-from endpoints.admission.controller import DEFAULT_MAX_QUEUE, AdmissionController
-from endpoints.admission.queue import QueuedItem
+from gateway.admission.classes import CLASSES, CRITICAL
+from gateway.admission.controller import DEFAULT_MAX_QUEUE, AdmissionController
+from gateway.admission.queue import QueuedItem
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ every spot replica running when it starts. What the platform does with a notice 
 routing, drain, replace: ``FleetActions.drain``); the simulation only reports it (``ReplicaStatus.terminate_at_s``)
 and, when the time is up, removes the replica: a request that had not streamed its first token goes back to the
 routing backlog and is sent elsewhere, as the proxy retries before the first byte; one that was streaming is
-resumed elsewhere as the proxy resumes it (``endpoints/proxy/resume.py``: the continuation's prompt is the prompt
+resumed elsewhere as the proxy resumes it (``gateway/proxy/resume.py``: the continuation's prompt is the prompt
 plus the tokens streamed, its output what is left; its TTFT stays the first replica's), up to
 ``Simulation.resume_streams`` times, and lost beyond that or with ``resume_streams=0`` (status ``error``, reason
 ``spot_reclaimed``). docs/algorithms.md#spot-capacity.

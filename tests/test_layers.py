@@ -16,7 +16,7 @@ PACKAGES = ("billing", "capacity", "config", "console", "endpoints", "tenants", 
 KNOWN_CYCLES = {
     # The snapshot's value types and the loader that fills them from the database: the loader is imported inside
     # load_snapshot so the proxy's runtime can use the types without a configured Django.
-    frozenset({"endpoints.proxy.snapshot", "endpoints.proxy.snapshot_loader"}),
+    frozenset({"gateway.proxy.snapshot", "gateway.proxy.snapshot_loader"}),
 }
 
 

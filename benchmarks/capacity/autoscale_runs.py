@@ -15,8 +15,8 @@ from benchmarks.capacity.fleetsim import count_flaps
 from benchmarks.capacity.two_axis import InfercapPolicy
 from capacity.autoscaling.horizontal import HorizontalConfig
 from capacity.units import MUCoefficients, estimate_request_mu
-from endpoints.admission import CRITICAL
-from endpoints.routing.baselines import LeastRequestRouter
+from gateway.admission import CRITICAL
+from gateway.routing.baselines import LeastRequestRouter
 from simulator import workloads
 from simulator.admission import ProxyAdmission
 from simulator.autoscaling import EngineSimAutoscaler, engine_seconds_per_request

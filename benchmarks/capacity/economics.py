@@ -28,9 +28,9 @@ from benchmarks.capacity import economics_spot
 from capacity.hardware.profiles import get_profile
 from capacity.planning.mix import Bucket, ReplicaType, Slo, best_single_type, bucket_fit, plan_mix, with_capacities
 from capacity.planning.presets import WORKLOADS
-from endpoints.routing.base import ReplicaView, RouteRequest
-from endpoints.routing.baselines import LeastRequestRouter
-from endpoints.routing.cost_aware import CostAwareRouter, SizeBucket, TypeFigures
+from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.baselines import LeastRequestRouter
+from gateway.routing.cost_aware import CostAwareRouter, SizeBucket, TypeFigures
 from simulator.des import Simulation, VirtualClock
 from simulator.workloads import SimRequest, filler_text, poisson_times
 
@@ -166,7 +166,7 @@ def evaluate(name: str, buckets: list[Bucket], *, duration_s: float, seed: int, 
 def mixed_fleet_routing(mixed, types, engines, buckets, requests, *, seed: int, plan_attainment: float) -> dict:
     """SLO attainment of the mixed plan's fleet under three routers (docs/algorithms.md#routing-a-mixed-fleet):
     ``plan`` (knows each request's bucket and the plan's shares: the reference a router can reach on this fleet),
-    ``cost_aware`` (``endpoints.routing.cost_aware``: request sizes only, with the plan's shares and the planner's
+    ``cost_aware`` (``gateway.routing.cost_aware``: request sizes only, with the plan's shares and the planner's
     per-type figures), ``cheapest_first`` (the same router without the shares: greedy by cost per request) and
     ``least_request`` (blind to cost and size, as a plain load balancer in front of a mixed pool)."""
     figures = {}

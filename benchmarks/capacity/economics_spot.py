@@ -38,7 +38,7 @@ from benchmarks.capacity import autoscale
 from benchmarks.capacity import autoscale_runs as runs
 from capacity.autoscaling.spot import ON_DEMAND, SPOT, SpotConfig, SpotPlanner
 from capacity.hardware.profiles import get_profile
-from endpoints.routing.baselines import LeastRequestRouter
+from gateway.routing.baselines import LeastRequestRouter
 from simulator.admission import ProxyAdmission
 from simulator.autoscaling import EngineSimAutoscaler
 from simulator.des import Simulation

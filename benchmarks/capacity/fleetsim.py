@@ -6,7 +6,7 @@ the bench (its cross-check ran the old single-day trace); the bench still counts
 
 Replicas follow the simulator's 13B profile: continuous batching with decode step ``t0 + k·batch``, prefill
 ``overhead + tokens / rate`` serialized per replica, a KV budget in tokens, and a cold start drawn from
-[cold_min, cold_max]. Admission is the proxy's (``endpoints.admission.AdmissionController`` with its production
+[cold_min, cold_max]. Admission is the proxy's (``gateway.admission.AdmissionController`` with its production
 defaults: a 512-request queue, 429 after the class's max queue age, checked every sample); every request has the
 class ``SimConfig.priority_class`` and counts one unit (this model has no MU). A request admission hands out goes to
 the least-loaded ready replica with a free slot and KV room, or waits at the head for KV room, as vLLM's waiting
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from capacity.autoscaling.demand import DemandSample
-from endpoints.admission import DEFAULT_MAX_AGE_S, DEFAULT_MAX_QUEUE, STANDARD, AdmissionController, QueuedItem
+from gateway.admission import DEFAULT_MAX_AGE_S, DEFAULT_MAX_QUEUE, STANDARD, AdmissionController, QueuedItem
 
 
 @dataclass(frozen=True)

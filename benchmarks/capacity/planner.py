@@ -25,8 +25,8 @@ from capacity.planning.barriers import (
 from capacity.replica_benchmark.http_driver import HttpReplicaDriver
 from capacity.replica_benchmark.sweep import Shape, SweepConfig, measure_table, run_sweep
 from capacity.services import QUICK_SWEEP
-from endpoints.admission import CLASSES
-from endpoints.routing.registry import make_router
+from gateway.admission import CLASSES
+from gateway.routing.registry import make_router
 from simulator import workloads as sim_workloads
 from simulator.admission import ProxyAdmission
 from simulator.des import Simulation

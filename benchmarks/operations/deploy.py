@@ -38,7 +38,7 @@ from billing.models import SLO
 from billing.rule_scenario import promtool_test
 from capacity.models import HardwareProfile, ModelProfile
 from endpoints.models import Endpoint
-from endpoints.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
+from gateway.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
 from workers import manifests

@@ -132,7 +132,7 @@ def crash_mid_stream(p: Platform, progress) -> dict:
     before = len(p.outcomes)
     streams, after = asyncio.run(scenario())
     # The streams the victim was serving: the proxy notes each attempt that broke on a replica (the rollouts'
-    # failed-attempts set, "<replica id>:<request id>"); it resumed them on another (endpoints/proxy/resume.py).
+    # failed-attempts set, "<replica id>:<request id>"); it resumed them on another (gateway/proxy/resume.py).
     noted = redis.Redis.from_url(settings.REDIS_URL).zrange(
         FAILED_ATTEMPTS_KEY.format(endpoint_id=victim.endpoint_id), 0, -1
     )

@@ -58,9 +58,9 @@ from benchmarks.routing import routing_suite
 from benchmarks.routing.routing_live import run_live
 from benchmarks.serving.words import random_text
 from capacity.hardware.profiles import get_profile
-from endpoints.routing import make_router
-from endpoints.routing.baselines import RouterBase
-from endpoints.routing.prefix import PREFIX_BLOCK_CHARS
+from gateway.routing import make_router
+from gateway.routing.baselines import RouterBase
+from gateway.routing.prefix import PREFIX_BLOCK_CHARS
 from simulator.des import Simulation
 from simulator.results import SimResult, percentile
 from simulator.tokens import output_text

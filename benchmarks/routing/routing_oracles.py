@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from capacity.hardware.profiles import EngineProfile
-from endpoints.routing.baselines import RouterBase
+from gateway.routing.baselines import RouterBase
 
 
 def _load(view) -> float:

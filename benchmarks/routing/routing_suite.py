@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, replace
 from benchmarks.routing.routing_oracles import AssignmentOracle, OutstandingWorkOracle, pooled_profile
 from benchmarks.serving.stats import interval
 from capacity.hardware.profiles import get_profile
-from endpoints.routing import make_router
-from endpoints.routing.kv_index import KVBlockIndex
-from endpoints.routing.llmd import LlmdPreciseRouter, LlmdRouter
+from gateway.routing import make_router
+from gateway.routing.kv_index import KVBlockIndex
+from gateway.routing.llmd import LlmdPreciseRouter, LlmdRouter
 from simulator import routing_workloads as rw
 from simulator.des import Simulation
 from simulator.results import SimResult, percentile

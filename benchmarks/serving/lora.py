@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 from benchmarks.capacity.plot import frontier_svg
 from benchmarks.serving.words import random_text
-from endpoints.routing import make_router
+from gateway.routing import make_router
 from simulator.des import Simulation
 from simulator.lora import LoraConfig, uniform_load_times
 from simulator.results import SimResult

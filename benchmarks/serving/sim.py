@@ -23,7 +23,7 @@ import httpx
 
 from capacity.hardware.profiles import ROOFLINES, get_profile
 from capacity.hardware.roofline import decode_floor_s
-from endpoints.routing import make_router
+from gateway.routing import make_router
 from simulator import workloads
 from simulator.calibration import decode_tok_s_per_stream, profile_fit
 from simulator.des import Simulation

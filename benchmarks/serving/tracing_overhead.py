@@ -1,4 +1,4 @@
-"""Tracing's cost on the proxy's own path, in process: the real pipeline (``endpoints.proxy.pipeline.completion``)
+"""Tracing's cost on the proxy's own path, in process: the real pipeline (``gateway.proxy.pipeline.completion``)
 over an in-memory snapshot and a scripted replica that answers at once, requests alternating tracing off and on
 (one interleaved loop, so both see the same machine), each timed from the request's arrival to its first streamed
 byte (the proxy's share of TTFT) and to its end. Tracing on exports through the real batch processor and OTLP/HTTP
@@ -17,12 +17,12 @@ import time
 from benchmarks.serving.proxy import _OtlpSink, _pct
 from capacity.units import MUCoefficients
 from config import tracing
-from endpoints.proxy import pipeline
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.isolation import CacheSalts
-from endpoints.proxy.limits import RateLimiter
-from endpoints.proxy.runtime import EndpointRuntime
-from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, ReplicaInfo, ReservationInfo, Snapshot
+from gateway.proxy import pipeline
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.isolation import CacheSalts
+from gateway.proxy.limits import RateLimiter
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.snapshot import EndpointInfo, KeyInfo, ReplicaInfo, ReservationInfo, Snapshot
 
 RAW_KEY = "ic-bench-tracing"
 MODEL = "bench-tracing"

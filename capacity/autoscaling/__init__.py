@@ -7,7 +7,7 @@ policies as one stateful object for simulations), ``sim_adapter`` (any of these 
 simulator's autoscaler hook and the in-flight time model that ``bench autoscale`` runs on), ``fleetsim`` (the
 autoscaler's own lighter fleet model), ``traces`` (the bursty trace; the seeded day generator of held-out days),
 ``replica_metrics`` (vLLM /metrics → p95s, gauges). Both simulations admit through the proxy's
-``endpoints.admission``.
+``gateway.admission``.
 Django side: ``actuators`` (``get_actuator(endpoint)``: local, kubernetes, static), ``services`` (decision ticks,
 reconcile, drains, warm pool), ``pins`` (operators' manual scales, held until they expire), ``store`` (Redis: demand, windows, tick locks), ``activator`` (scale from zero).
 """

@@ -557,7 +557,7 @@ def finish_drains(*, endpoint: Endpoint, actuator) -> list[str]:
     now = timezone.now()
     for replica in endpoint.replicas.filter(state=ReplicaState.DRAINING, actuator=actuator.name):
         if replica.terminate_at is not None and replica.terminate_at <= now:
-            # Streams still running are cut; the proxy resumes them on another replica (endpoints/proxy/resume.py).
+            # Streams still running are cut; the proxy resumes them on another replica (gateway/proxy/resume.py).
             _safe(actuator.terminate, [replica], reason="reclaimed at the end of its interruption notice")
             actions.append(f"stopped {replica.name} (reclaimed)")
             continue

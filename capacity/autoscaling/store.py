@@ -18,7 +18,7 @@ LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
 SPOT_UNAVAILABLE_KEY = "infercap:autoscale:spot-unavailable:{endpoint_id}"  # a spot launch was refused: back off
 FLEET_LAUNCHES_KEY = "infercap:autoscale:launches:{slot}"  # replicas launched fleet-wide in one tick window
-PROXY_MEMBERS_KEY = "infercap:proxy:members"  # endpoints.proxy.state.MEMBERS_KEY: each proxy's heartbeat
+PROXY_MEMBERS_KEY = "infercap:proxy:members"  # gateway.proxy.state.MEMBERS_KEY: each proxy's heartbeat
 PROXY_ALIVE_S = 5.0  # a proxy heartbeats every 0.25 s (stamped with Redis' clock)
 # The 5-minute scale-down window: one sample per second from the sampler plus one per 5 s tick is 360 in 300 s (330
 # kept only the last 275 s, so a peak 4½ minutes old was forgotten early), plus margin for activator wake-ups.

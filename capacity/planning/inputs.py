@@ -185,7 +185,7 @@ def plan_mix_from_profiles(
         baseline = {"type": None, "reason": exc.message}
     capacities = {t.name: {b: round(v, 4) for b, v in t.capacity_rps.items()} for t in types}
     # What the cost_aware router needs to route a fleet of these types (Endpoint.routing_plan; its shape:
-    # endpoints.routing.cost_aware.plan_figures): per type, its price and each bucket's SLO-compliant batch and rate.
+    # gateway.routing.cost_aware.plan_figures): per type, its price and each bucket's SLO-compliant batch and rate.
     routing_plan = {
         "buckets": [
             {"name": b.name, "prompt_tokens": b.prompt_tokens, "output_tokens": b.output_tokens} for b in items

@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tenants",
     "endpoints",
+    "gateway",
     "capacity",
     "billing",
     "workers",

@@ -41,10 +41,10 @@ from endpoints.models import (
     RolloutState,
     RolloutStrategy,
 )
-from endpoints.proxy.signals import bump_config_version
 from endpoints.rollouts import machine
 from endpoints.rollouts.selectors import active_rollout, version_stats
 from endpoints.validation import endpoint_validate
+from gateway.proxy.signals import bump_config_version
 from tenants.quotas import lock_tenant
 from tenants.services import audit_log
 

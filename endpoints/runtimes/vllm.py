@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from endpoints.metrics_scraper import MetricsParseError, parse_vllm_metrics
 from endpoints.runtimes.launch_env import launch_env, vllm_engine_env
 from endpoints.runtimes.launch_options import DEFAULT_MAX_LORA_RANK
+from gateway.metrics_scraper import MetricsParseError, parse_vllm_metrics
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # A model profile name that may name a directory under the operators' models directory: one path segment.

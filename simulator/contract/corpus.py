@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Hello there, what is the model?"}]
-# How the proxy resumes a broken stream (endpoints/proxy/resume.py): the streamed text as an open final message.
+# How the proxy resumes a broken stream (gateway/proxy/resume.py): the streamed text as an open final message.
 CONTINUED = {
     "messages": [*MESSAGES, {"role": "assistant", "content": "The model is"}],
     "continue_final_message": True,
@@ -203,7 +203,7 @@ def route_cases() -> list[Case]:
         Case("ping", "/ping", method="GET"),
         Case("version", "/version", method="GET"),
         Case("load", "/load", method="GET"),
-        # How the proxy counts the prompt of a request that ended before its usage (endpoints/proxy/unfinished.py).
+        # How the proxy counts the prompt of a request that ended before its usage (gateway/proxy/unfinished.py).
         Case("tokenize chat", "/tokenize", body={"messages": MESSAGES}),
         Case("tokenize completion", "/tokenize", body={"prompt": "Hello there", "add_special_tokens": True}),
         Case("unknown route", "/no-such-route", method="GET"),

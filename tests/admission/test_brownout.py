@@ -1,4 +1,4 @@
-"""``endpoints.admission.brownout`` (pure): the degradation level, fair pain (refusals and degradations in
+"""``gateway.admission.brownout`` (pure): the degradation level, fair pain (refusals and degradations in
 proportion to each tenant's excess over its reservation), the slot share under overload, and the fallback chain
 rules."""
 
@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from endpoints.admission import AdmissionController, QueuedItem
-from endpoints.admission.brownout import (
+from gateway.admission import AdmissionController, QueuedItem
+from gateway.admission.brownout import (
     LEVEL_DEGRADE_SHEDDABLE,
     LEVEL_DEGRADE_STANDARD,
     LEVEL_NORMAL,
@@ -20,7 +20,7 @@ from endpoints.admission.brownout import (
     slot_allowed,
     slot_share_cap,
 )
-from endpoints.admission.controller import DEFAULT_MAX_AGE_S
+from gateway.admission.controller import DEFAULT_MAX_AGE_S
 
 LOAD = {"in_flight_mu": 0.0, "nominal_mu_per_s": 10.0}
 

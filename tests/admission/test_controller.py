@@ -2,8 +2,8 @@
 
 import pytest
 
-from endpoints.admission import DEFAULT_MAX_AGE_S, DEFAULT_MAX_QUEUE, AdmissionController, QueuedItem
-from endpoints.proxy.config import ProxyConfig
+from gateway.admission import DEFAULT_MAX_AGE_S, DEFAULT_MAX_QUEUE, AdmissionController, QueuedItem
+from gateway.proxy.config import ProxyConfig
 
 LOAD = {"in_flight_mu": 0.0, "nominal_mu_per_s": 10.0}
 

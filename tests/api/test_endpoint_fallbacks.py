@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from endpoints.admin.core import EndpointAdminForm
 from endpoints.models import Endpoint
-from endpoints.proxy.snapshot_loader import read_snapshot
+from gateway.proxy.snapshot_loader import read_snapshot
 from tests.factories import EndpointFactory
 
 pytestmark = pytest.mark.django_db

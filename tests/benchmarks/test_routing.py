@@ -10,9 +10,9 @@ from django.core.management import call_command
 from benchmarks.routing import routing as bench
 from benchmarks.routing import routing_suite
 from benchmarks.routing.routing_oracles import AssignmentOracle, pooled_profile
-from endpoints.routing import ReplicaView, RouteRequest
-from endpoints.routing.kv_index import KVBlockIndex
-from endpoints.routing.llmd import LlmdPreciseRouter, LlmdRouter
+from gateway.routing import ReplicaView, RouteRequest
+from gateway.routing.kv_index import KVBlockIndex
+from gateway.routing.llmd import LlmdPreciseRouter, LlmdRouter
 
 SUITE = ("shared_prefix", "cache_pressure", "multi_turn", "zipf", "heterogeneous", "mixed_lengths")
 

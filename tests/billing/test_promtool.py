@@ -11,7 +11,7 @@ import yaml
 from django.core.management import call_command
 
 from billing.rule_scenario import DEFAULT_PHASES, Phase, promtool_test
-from endpoints.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
+from gateway.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from tests.factories import SLOFactory
 
 PROMTOOL = shutil.which("promtool")

@@ -102,7 +102,7 @@ def lora_endpoint(tenant_a, lora_root):
 def test_the_fitted_overhead_is_stored_and_prices_adapter_requests(lora_endpoint, settings):
     from capacity.services import benchmark_run
     from endpoints.models import Adapter
-    from endpoints.proxy.snapshot_loader import read_snapshot
+    from gateway.proxy.snapshot_loader import read_snapshot
     from tests.factories import EndpointFactory, HardwareProfileFactory
 
     settings.INFERCAP = {**settings.INFERCAP, "LORA_MU_OVERHEAD": 0.05}

@@ -139,7 +139,7 @@ def test_api_plans_a_mix_over_stored_profiles(tenant_a):
         "reason": "no single profile can serve every bucket within the SLO",
     }
     # What an endpoint's cost_aware router routes by: L40S cannot take the documents (batch 0), the shares follow.
-    from endpoints.routing.cost_aware import plan_figures
+    from gateway.routing.cost_aware import plan_figures
 
     routing = plan_figures(body["routing_plan"])
     assert routing["figures"]["l40s"].batch["doc"] == 0 and routing["figures"]["h100"].batch["doc"] >= 1

@@ -11,7 +11,7 @@ from django.urls import reverse
 from console.live import redis_client
 from console.lora import CHURN_WINDOW_MINUTES, LORA_REPORT_KEY, merge_reports
 from endpoints.models import Adapter, ReplicaState
-from endpoints.proxy.lora import ReplicaAdapters, lora_report
+from gateway.proxy.lora import ReplicaAdapters, lora_report
 from tests.factories import EndpointFactory, ReplicaFactory, ReservationFactory
 from tests.lora import LORA_OPTIONS
 
@@ -112,7 +112,7 @@ def test_every_proxy_process_publishes_its_lora_report_beside_its_demand():
     import asyncio
     from types import SimpleNamespace
 
-    from endpoints.proxy.state import ProxyState
+    from gateway.proxy.state import ProxyState
 
     written: dict = {}
 

@@ -14,8 +14,8 @@ import random
 import httpx
 import pytest
 
-from endpoints.kv_events_subscriber import KVEventSubscriber
-from endpoints.routing.kv_index import KVBlockIndex
+from gateway.kv_events_subscriber import KVEventSubscriber
+from gateway.routing.kv_index import KVBlockIndex
 from simulator.process import free_port
 from tests.engine.conftest import KV_NUM_BLOCKS
 from tests.waiting import wait_for
@@ -118,9 +118,9 @@ def test_the_live_proxy_routes_to_the_replica_whose_events_show_the_prompt(kv_ev
     from django.conf import settings
 
     from billing.models import UsageRecord
-    from endpoints.proxy.isolation import CacheSalts
     from endpoints.runtimes.processes import sim_replica_argv
     from endpoints.services import replica_attach
+    from gateway.proxy.isolation import CacheSalts
     from tests.factories import EndpointFactory, ModelProfileFactory, ReservationFactory
     from tests.proxy.conftest import spawn_proxy
 

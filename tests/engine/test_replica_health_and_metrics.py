@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from endpoints.health import CYCLE_LOCK_KEY, HealthConfig, health_check_cycle
-from endpoints.metrics_scraper import MetricsScraper
 from endpoints.models import ReplicaState
-from endpoints.routing.base import ReplicaView
+from gateway.metrics_scraper import MetricsScraper
+from gateway.routing.base import ReplicaView
 from tests.engine.load import StreamingLoad
 from tests.waiting import wait_for, wait_for_async
 

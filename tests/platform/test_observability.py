@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from prometheus_client import REGISTRY, generate_latest
 
-import endpoints.proxy.metrics  # noqa: F401 - registers the proxy's metrics in REGISTRY
+import gateway.proxy.metrics  # noqa: F401 - registers the proxy's metrics in REGISTRY
 from benchmarks.operations import dashboard_check
 from billing.models import CostReport
 from capacity.models import AutoscalerDecision

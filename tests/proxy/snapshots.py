@@ -3,7 +3,7 @@
 import hashlib
 
 from capacity.units import MUCoefficients
-from endpoints.proxy.snapshot import EndpointInfo, KeyInfo, ReplicaInfo, ReservationInfo, Snapshot
+from gateway.proxy.snapshot import EndpointInfo, KeyInfo, ReplicaInfo, ReservationInfo, Snapshot
 
 COEFFS = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.1, mu_per_min=6000.0)
 TENANT_A, TENANT_B = 1, 2

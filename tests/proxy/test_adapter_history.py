@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from endpoints.adapters import ADAPTER_RATE_WINDOW_S, adapter_rates_refresh
 from endpoints.models import Adapter
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.snapshot import VERSION_KEY
-from endpoints.proxy.snapshot_loader import read_snapshot
-from endpoints.proxy.state import ProxyState
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.snapshot import VERSION_KEY
+from gateway.proxy.snapshot_loader import read_snapshot
+from gateway.proxy.state import ProxyState
 from tests.factories import EndpointFactory, TenantFactory, UsageRecordFactory
 from tests.lora import LORA_OPTIONS
 

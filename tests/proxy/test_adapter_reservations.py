@@ -10,11 +10,11 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from endpoints.models import Adapter
-from endpoints.proxy.errors import ProxyError
-from endpoints.proxy.limits import RateLimiter
-from endpoints.proxy.snapshot import ReservationInfo
-from endpoints.proxy.snapshot_loader import read_snapshot
-from endpoints.proxy.stages import charge_limits, price_request, resolve_model
+from gateway.proxy.errors import ProxyError
+from gateway.proxy.limits import RateLimiter
+from gateway.proxy.snapshot import ReservationInfo
+from gateway.proxy.snapshot_loader import read_snapshot
+from gateway.proxy.stages import charge_limits, price_request, resolve_model
 from tests.factories import EndpointFactory, ReservationFactory
 from tests.proxy.snapshots import TENANT_A, TENANT_B, key
 from tests.proxy.test_lora import BASE, world

@@ -2,7 +2,7 @@
 
 import pytest
 
-from endpoints.admission import (
+from gateway.admission import (
     AdmissionQueue,
     DrainRateMeter,
     QueuedItem,

@@ -4,7 +4,7 @@ OpenAI-shaped 429 with Retry-After before its key is looked at; other addresses,
 import asyncio
 import json
 
-from endpoints.proxy.auth_throttle import FailureCounter, throttle_failed_authentications
+from gateway.proxy.auth_throttle import FailureCounter, throttle_failed_authentications
 
 GOOD = b"Bearer ick_right"
 

@@ -8,12 +8,12 @@ import asyncio
 import dataclasses
 
 from capacity.units import MUCoefficients, usage_mu
-from endpoints.proxy.brownout import capped_request, fallback_for
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.request import parse_request
-from endpoints.proxy.runtime import SLOT_SHARE_KEY, EndpointRuntime
-from endpoints.proxy.snapshot import ReplicaInfo
-from endpoints.routing.base import RouteRequest
+from gateway.proxy.brownout import capped_request, fallback_for
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.request import parse_request
+from gateway.proxy.runtime import SLOT_SHARE_KEY, EndpointRuntime
+from gateway.proxy.snapshot import ReplicaInfo
+from gateway.routing.base import RouteRequest
 from tests.proxy.snapshots import RAW_KEY_A, TENANT_A, TENANT_B, endpoint, key, reservation, snapshot
 from tests.proxy.test_pipeline import Client, Session, Stalled, State, ok_stream, run
 from tests.proxy.test_relay import DONE, TOKEN, Response

@@ -1,13 +1,13 @@
-"""The proxy's code stays readable in one pass: no function in ``endpoints/proxy/`` is over 60 lines (split it
+"""The proxy's code stays readable in one pass: no function in ``gateway/proxy/`` is over 60 lines (split it
 into named steps instead), and an import inside a function says why it is not at the top (a real cycle or a heavy
 import deferred) in a comment right above it."""
 
 import ast
 from pathlib import Path
 
-import endpoints.proxy
+import gateway.proxy
 
-PROXY_DIR = Path(endpoints.proxy.__file__).parent
+PROXY_DIR = Path(gateway.proxy.__file__).parent
 MAX_FUNCTION_LINES = 60
 
 

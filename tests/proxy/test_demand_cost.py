@@ -2,9 +2,9 @@
 
 import pytest
 
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.runtime import MAX_COST_RATIO, EndpointRuntime
-from endpoints.routing.base import RouteRequest
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.runtime import MAX_COST_RATIO, EndpointRuntime
+from gateway.routing.base import RouteRequest
 from tests.rollouts.test_traffic_split import info
 
 

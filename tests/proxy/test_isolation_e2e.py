@@ -5,9 +5,9 @@ its token, and best-effort traffic has a per-tenant cap."""
 import httpx
 import pytest
 
-from endpoints.admission import ENGINE_PRIORITY
 from endpoints.health import PROBE_PRIORITY
 from endpoints.models import Endpoint
+from gateway.admission import ENGINE_PRIORITY
 from simulator.tokens import filler_text
 from tenants.models import CapacityReservation
 from tenants.services import api_key_create

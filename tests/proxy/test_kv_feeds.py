@@ -13,17 +13,17 @@ import msgpack
 import pytest
 import zmq
 
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.kv_feeds import KVFeeds
-from endpoints.proxy.prompt_tokens import PromptTokenizer, TokenizerCache
-from endpoints.proxy.request import parse_request
-from endpoints.proxy.runtime import EndpointRuntime
-from endpoints.proxy.snapshot import ReplicaInfo
-from endpoints.proxy.stages import prompt_tokens
-from endpoints.routing.base import RouteRequest
-from endpoints.routing.bounded_affinity import PREFIX_SOURCE_KEY
-from endpoints.routing.kv_events import endpoint_problem
-from endpoints.routing.llmd import KV_TOKENS_KEY
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.kv_feeds import KVFeeds
+from gateway.proxy.prompt_tokens import PromptTokenizer, TokenizerCache
+from gateway.proxy.request import parse_request
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.snapshot import ReplicaInfo
+from gateway.proxy.stages import prompt_tokens
+from gateway.routing.base import RouteRequest
+from gateway.routing.bounded_affinity import PREFIX_SOURCE_KEY
+from gateway.routing.kv_events import endpoint_problem
+from gateway.routing.llmd import KV_TOKENS_KEY
 from simulator.process import free_port
 from tests.proxy.snapshots import endpoint
 from tests.waiting import wait_for
@@ -138,8 +138,8 @@ def test_a_restarted_publisher_is_noticed_and_its_first_batch_starts_the_replica
     """An engine stops (its PUB socket closes) and a new one binds the same address: the subscriber sees the
     connection drop, the replica is not trusted until a batch arrives, and the new engine's first batch replaces
     the old engine's blocks, even when the subscriber reconnected only after the new engine's first batches."""
-    from endpoints.kv_events_subscriber import KVEventSubscriber
-    from endpoints.routing.kv_index import KVBlockIndex
+    from gateway.kv_events_subscriber import KVEventSubscriber
+    from gateway.routing.kv_index import KVBlockIndex
 
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"

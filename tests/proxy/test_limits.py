@@ -6,8 +6,8 @@ import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from endpoints.proxy.limits import Bucket, LimiterUnavailable, LocalBuckets, RateLimiter, buckets_for
-from endpoints.proxy.snapshot import ReservationInfo
+from gateway.proxy.limits import Bucket, LimiterUnavailable, LocalBuckets, RateLimiter, buckets_for
+from gateway.proxy.snapshot import ReservationInfo
 
 
 def run(coro):

@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 
 from endpoints.lora_artifacts import engine_name
-from endpoints.metrics_scraper import ReplicaMetrics, parse_vllm_metrics
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.errors import ProxyError
-from endpoints.proxy.lora import ReplicaAdapters, engine_adapters, ensure_loaded
-from endpoints.proxy.runtime import ENGINE_NAMED_KEY, EndpointRuntime
-from endpoints.proxy.snapshot import AdapterInfo
-from endpoints.proxy.stages import price_request, resolve_model
-from endpoints.routing.base import RouteRequest
+from gateway.metrics_scraper import ReplicaMetrics, parse_vllm_metrics
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.errors import ProxyError
+from gateway.proxy.lora import ReplicaAdapters, engine_adapters, ensure_loaded
+from gateway.proxy.runtime import ENGINE_NAMED_KEY, EndpointRuntime
+from gateway.proxy.snapshot import AdapterInfo
+from gateway.proxy.stages import price_request, resolve_model
+from gateway.routing.base import RouteRequest
 from tests.proxy.snapshots import TENANT_A, TENANT_B, bearer, endpoint, key, reservation, snapshot
 from tests.proxy.test_pipeline import Client, State, run
 from tests.proxy.test_relay import DONE, USAGE, Response

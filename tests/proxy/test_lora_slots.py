@@ -9,11 +9,11 @@ import aiohttp
 import pytest
 
 from endpoints.lora_artifacts import engine_name, engine_name_owner
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.errors import ProxyError
-from endpoints.proxy.lora import ReplicaAdapters, ensure_loaded, load_mu, unload_stale
-from endpoints.proxy.snapshot import AdapterInfo
 from endpoints.runtimes.processes import free_port, sim_replica_argv
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.errors import ProxyError
+from gateway.proxy.lora import ReplicaAdapters, ensure_loaded, load_mu, unload_stale
+from gateway.proxy.snapshot import AdapterInfo
 
 
 @pytest.fixture

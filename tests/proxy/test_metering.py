@@ -10,14 +10,14 @@ import pytest
 
 from capacity.hardware.profiles import get_profile
 from capacity.units import usage_mu
-from endpoints.proxy.flight import Admission, Flight, Price
-from endpoints.proxy.limits import Bucket, RateLimiter
-from endpoints.proxy.metering import Measured, engine_usage, measure, meets_slo, meter, usage_record
-from endpoints.proxy.relay import Outcome
-from endpoints.proxy.request import parse_request
-from endpoints.proxy.snapshot import AdapterInfo
-from endpoints.proxy.unfinished import needs_partial_usage, partial_usage, prompt_token_count
-from endpoints.routing.base import RouteRequest
+from gateway.proxy.flight import Admission, Flight, Price
+from gateway.proxy.limits import Bucket, RateLimiter
+from gateway.proxy.metering import Measured, engine_usage, measure, meets_slo, meter, usage_record
+from gateway.proxy.relay import Outcome
+from gateway.proxy.request import parse_request
+from gateway.proxy.snapshot import AdapterInfo
+from gateway.proxy.unfinished import needs_partial_usage, partial_usage, prompt_token_count
+from gateway.routing.base import RouteRequest
 from simulator.server import ThreadedReplica
 from tests.proxy.snapshots import COEFFS, TENANT_A, endpoint, key
 

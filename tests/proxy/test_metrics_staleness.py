@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from endpoints.metrics_scraper import ReplicaMetrics
-from endpoints.proxy.config import ProxyConfig, load_config
-from endpoints.proxy.runtime import EndpointRuntime
-from endpoints.routing.base import RouteRequest
+from gateway.metrics_scraper import ReplicaMetrics
+from gateway.proxy.config import ProxyConfig, load_config
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.routing.base import RouteRequest
 from tests.rollouts.test_traffic_split import info
 
 NOW = 100.0

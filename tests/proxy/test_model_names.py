@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 
 from endpoints.models import ReplicaState
-from endpoints.proxy.model_names import model_rename
-from endpoints.proxy.relay import Outcome, StreamBroken
-from endpoints.proxy.request import parse_request, upstream_payload
-from endpoints.proxy.snapshot_loader import read_snapshot
-from endpoints.proxy.stages import Upstream
+from gateway.proxy.model_names import model_rename
+from gateway.proxy.relay import Outcome, StreamBroken
+from gateway.proxy.request import parse_request, upstream_payload
+from gateway.proxy.snapshot_loader import read_snapshot
+from gateway.proxy.stages import Upstream
 from tests.factories import EndpointFactory, ReplicaFactory
 from tests.proxy.snapshots import endpoint
 from tests.proxy.test_relay import DONE, Response, Session, bodies, event, plain, stream

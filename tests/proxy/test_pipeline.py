@@ -8,11 +8,11 @@ import json
 import logging
 
 from config.request_log import RequestIdFilter
-from endpoints.proxy import pipeline
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.isolation import CacheSalts
-from endpoints.proxy.limits import RateLimiter
-from endpoints.proxy.runtime import EndpointRuntime
+from gateway.proxy import pipeline
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.isolation import CacheSalts
+from gateway.proxy.limits import RateLimiter
+from gateway.proxy.runtime import EndpointRuntime
 from tests.proxy.snapshots import TENANT_A, bearer, endpoint, reservation, snapshot
 from tests.proxy.test_relay import DONE, TOKEN, USAGE, Content, Response
 
@@ -249,7 +249,7 @@ async def test_the_proxys_log_lines_carry_the_request_id_the_client_got(monkeypa
     handler = logging.Handler()
     handler.emit = records.append
     handler.addFilter(RequestIdFilter())  # as the logging settings install it on every handler
-    logger = logging.getLogger("endpoints.proxy")
+    logger = logging.getLogger("gateway.proxy")
     logger.addHandler(handler)
     try:
         await run(state, client, monkeypatch=monkeypatch)

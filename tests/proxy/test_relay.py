@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from endpoints.proxy.relay import (
+from gateway.proxy.relay import (
     Outcome,
     PriorityRefused,
     StreamBroken,
@@ -184,7 +184,7 @@ async def test_plain_answers_are_passed_with_their_length_and_usage():
 
 
 async def test_a_stream_keeps_what_it_relayed_up_to_a_bound(monkeypatch):
-    from endpoints.proxy import relay
+    from gateway.proxy import relay
 
     monkeypatch.setattr(relay, "RELAYED_BYTES_KEPT", len(TOKEN) * 2 + len(DONE))
     _, outcome = await stream(Response(chunks=[TOKEN, TOKEN, DONE]))

@@ -6,13 +6,13 @@ import json
 import pytest
 
 from capacity.units import MUCoefficients
-from endpoints.admission import ENGINE_PRIORITY, SHEDDABLE, STANDARD
-from endpoints.proxy import app
-from endpoints.proxy.errors import ProxyError
-from endpoints.proxy.isolation import CacheSalts
-from endpoints.proxy.limits import buckets_for
-from endpoints.proxy.request import parse_request, request_cost, upstream_payload
-from endpoints.proxy.snapshot import ReservationInfo, takes_priority
+from gateway.admission import ENGINE_PRIORITY, SHEDDABLE, STANDARD
+from gateway.proxy import app
+from gateway.proxy.errors import ProxyError
+from gateway.proxy.isolation import CacheSalts
+from gateway.proxy.limits import buckets_for
+from gateway.proxy.request import parse_request, request_cost, upstream_payload
+from gateway.proxy.snapshot import ReservationInfo, takes_priority
 
 COEFFS = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.1, mu_per_min=1000.0)
 

@@ -1,9 +1,9 @@
-"""The continuation of a broken stream, built from what the client read (``endpoints.proxy.resume``, pure)."""
+"""The continuation of a broken stream, built from what the client read (``gateway.proxy.resume``, pure)."""
 
 import json
 
-from endpoints.proxy.request import parse_request, upstream_payload
-from endpoints.proxy.resume import Continued, continuation, merged_usage, streamed
+from gateway.proxy.request import parse_request, upstream_payload
+from gateway.proxy.resume import Continued, continuation, merged_usage, streamed
 
 
 def sse(*objs) -> bytes:

@@ -1,4 +1,4 @@
-"""Two real proxy processes share one replica's concurrency limit (``endpoints.admission.shares``): together
+"""Two real proxy processes share one replica's concurrency limit (``gateway.admission.shares``): together
 they never exceed it, and a busy process borrows what an idle one does not use."""
 
 import json
@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from billing.models import UsageRecord
-from endpoints.proxy.state import MEMBERS_KEY
+from gateway.proxy.state import MEMBERS_KEY
 from tenants.models import CapacityReservation
 from tenants.services import api_key_create
 from tests.proxy.conftest import spawn_proxy, spawn_replica

@@ -1,5 +1,5 @@
 """Sharing each replica's concurrency limit between proxy processes: the pure targets
-(``endpoints.admission.shares``) and the atomic grant in the heartbeat script (real Redis)."""
+(``gateway.admission.shares``) and the atomic grant in the heartbeat script (real Redis)."""
 
 import asyncio
 import itertools
@@ -11,12 +11,12 @@ import pytest
 import redis
 from django.conf import settings
 
-from endpoints.admission.shares import Member, allocate, fair_share, max_min_fill, spread_queue
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.runtime import EndpointRuntime
-from endpoints.proxy.snapshot import ReplicaInfo
-from endpoints.proxy.state import _HEARTBEAT, ProxyState, _parse_members
-from endpoints.routing.base import RouteRequest
+from gateway.admission.shares import Member, allocate, fair_share, max_min_fill, spread_queue
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.snapshot import ReplicaInfo
+from gateway.proxy.state import _HEARTBEAT, ProxyState, _parse_members
+from gateway.routing.base import RouteRequest
 from tests.rollouts.test_traffic_split import info
 from tests.waiting import wait_for, wait_for_async
 

@@ -6,11 +6,11 @@ from dataclasses import replace
 import pytest
 
 from endpoints.models import ReplicaState
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.errors import ProxyError
-from endpoints.proxy.request import parse_request, upstream_payload
-from endpoints.proxy.runtime import EndpointRuntime
-from endpoints.proxy.snapshot import load_snapshot
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.errors import ProxyError
+from gateway.proxy.request import parse_request, upstream_payload
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.snapshot import load_snapshot
 from tenants.keys import hash_key
 from tenants.services import api_key_create, api_key_revoke
 from tests.factories import HardwareProfileFactory, ReplicaFactory

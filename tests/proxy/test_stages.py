@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.errors import ProxyError
-from endpoints.proxy.flight import Price
-from endpoints.proxy.limits import Bucket, LimiterUnavailable, RateLimiter
-from endpoints.proxy.request import parse_request, request_cost
-from endpoints.proxy.runtime import EndpointRuntime
-from endpoints.proxy.stages import (
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.errors import ProxyError
+from gateway.proxy.flight import Price
+from gateway.proxy.limits import Bucket, LimiterUnavailable, RateLimiter
+from gateway.proxy.request import parse_request, request_cost
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.stages import (
     admit,
     authenticate,
     charge_limits,

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (config/tracing.py, endpoints/proxy/tracing.py), with the SDK's in-memory exporter: a
+"""OpenTelemetry traces (config/tracing.py, gateway/proxy/tracing.py), with the SDK's in-memory exporter: a
 proxied request's stage spans under one root, the routing decision's attributes, the ``traceparent`` the replica
 receives, a client's own trace continued, nothing recorded while tracing is off; Celery task spans and Django
 view spans."""
@@ -130,7 +130,7 @@ def test_the_paired_overhead_measurement_runs_both_ways_and_exports_what_it_trac
 
 
 def test_a_malformed_or_absent_traceparent_starts_a_new_trace():
-    from endpoints.proxy.tracing import parse_traceparent  # deferred: the module under test, as the others here
+    from gateway.proxy.tracing import parse_traceparent  # deferred: the module under test, as the others here
 
     good = parse_traceparent(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
     assert (good.trace_id, good.parent_span_id, good.sampled) == (

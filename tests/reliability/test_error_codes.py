@@ -5,7 +5,7 @@ overload bench can say which refusals fair pain chose (``overloaded``, ``evicted
 import pytest
 
 from benchmarks.harness.reliability.harness import error_code
-from endpoints.proxy.errors import error_body
+from gateway.proxy.errors import error_body
 
 
 def test_the_code_of_the_proxys_own_refusal_is_read():

@@ -111,7 +111,7 @@ def test_operator_actions_record_events_and_audit_entries(operator):
 
 
 def test_traffic_weights_reach_the_proxy_snapshot():
-    from endpoints.proxy.snapshot import load_snapshot
+    from gateway.proxy.snapshot import load_snapshot
 
     endpoint = EndpointFactory()
     old = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY)

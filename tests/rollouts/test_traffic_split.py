@@ -3,10 +3,10 @@
 import itertools
 
 from capacity.units import MUCoefficients
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.runtime import EndpointRuntime
-from endpoints.proxy.snapshot import EndpointInfo, ReplicaInfo
-from endpoints.routing.base import RouteRequest
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.snapshot import EndpointInfo, ReplicaInfo
+from gateway.routing.base import RouteRequest
 
 OLD, NEW = 1, 2
 

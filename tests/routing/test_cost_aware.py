@@ -1,9 +1,9 @@
-"""Routing across a mixed fleet by cost under the SLO (``endpoints.routing.cost_aware``, pure)."""
+"""Routing across a mixed fleet by cost under the SLO (``gateway.routing.cost_aware``, pure)."""
 
 import pytest
 
-from endpoints.routing.base import ReplicaView, RouteRequest
-from endpoints.routing.cost_aware import CostAwareRouter, SizeBucket, TypeFigures
+from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.cost_aware import CostAwareRouter, SizeBucket, TypeFigures
 
 BUCKETS = [SizeBucket("chat", 256, 128), SizeBucket("doc", 6144, 256)]
 # The cheap type decodes 4 chats at once within the SLO and cannot prefill a document in time; the fast one

@@ -86,7 +86,7 @@ def _fresh(replicas):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_hung_replica_is_detected_failed_and_replaced(sim_endpoint):
-    from endpoints.proxy.snapshot import load_snapshot
+    from gateway.proxy.snapshot import load_snapshot
 
     endpoint, actuator = sim_endpoint
     hung, healthy = _launch_ready(endpoint, actuator, 2)

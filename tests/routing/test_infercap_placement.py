@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from endpoints.routing import ReplicaView, RouteRequest, make_router
-from endpoints.routing.bounded_affinity import home_key, home_rank
+from gateway.routing import ReplicaView, RouteRequest, make_router
+from gateway.routing.bounded_affinity import home_key, home_rank
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1,160 characters: 18 prefix blocks
 
@@ -37,7 +37,7 @@ def test_infercap_home_placement_is_the_same_in_every_process():
     # Python salts str hashes per process; the home rank must not depend on it, or two proxy processes (and two
     # benchmark runs) would place the same new prefix on different replicas.
     code = (
-        "from endpoints.routing import make_router, ReplicaView, RouteRequest\n"
+        "from gateway.routing import make_router, ReplicaView, RouteRequest\n"
         "r = make_router('infercap', seed=0)\n"
         "vs = [ReplicaView(replica_id=f'r{i}', mu_capacity=100.0, in_flight=4, in_flight_mu=20.0) for i in range(8)]\n"
         "print([r.pick(RouteRequest(request_id=str(i), prompt_text=f'tenant {i} ' * 40), vs, 0.0) for i in range(16)])\n"

@@ -4,8 +4,8 @@ the events stop, lose batches or restart."""
 import pytest
 
 from capacity.hardware.profiles import get_profile
-from endpoints.routing import RouteRequest, make_router
-from endpoints.routing.kv_events import (
+from gateway.routing import RouteRequest, make_router
+from gateway.routing.kv_events import (
     AllBlocksCleared,
     BadEventBatch,
     BlockRemoved,
@@ -13,7 +13,7 @@ from endpoints.routing.kv_events import (
     KVEventBatch,
     batch_from,
 )
-from endpoints.routing.kv_index import KVBlockIndex
+from gateway.routing.kv_index import KVBlockIndex
 from simulator.des import Simulation
 from simulator.routing_workloads import prefix_groups
 from simulator.workloads import poisson_times

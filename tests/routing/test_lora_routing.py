@@ -2,10 +2,10 @@
 
 import pytest
 
-from endpoints.routing import POLICIES, make_router
-from endpoints.routing.base import ReplicaView, RouteRequest
-from endpoints.routing.lora_affinity import LoraAffinityRouter, lowest_range
-from endpoints.routing.lora_placement import BUSY_SLOTS_COST, AdapterBook
+from gateway.routing import POLICIES, make_router
+from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.lora_affinity import LoraAffinityRouter, lowest_range
+from gateway.routing.lora_placement import BUSY_SLOTS_COST, AdapterBook
 from tests.routing.test_policies import make
 
 

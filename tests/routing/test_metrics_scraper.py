@@ -6,9 +6,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from endpoints.metrics_scraper import MetricsParseError, MetricsScraper, parse_vllm_metrics
-from endpoints.routing import ReplicaView, make_router
-from endpoints.routing.base import RouteRequest
+from gateway.metrics_scraper import MetricsParseError, MetricsScraper, parse_vllm_metrics
+from gateway.routing import ReplicaView, make_router
+from gateway.routing.base import RouteRequest
 from tests.routing.vllm_metrics import FakeReplica, vllm_metrics_body
 from tests.waiting import wait_for_async
 

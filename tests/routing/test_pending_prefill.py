@@ -4,9 +4,9 @@ tell it when that token comes (docs/algorithms.md#pending-prefill)."""
 import pytest
 
 from capacity.hardware.profiles import get_profile
-from endpoints.routing import ReplicaView, RouteRequest, make_router
-from endpoints.routing.baselines import RouterBase
-from endpoints.routing.prefill import PendingPrefill
+from gateway.routing import ReplicaView, RouteRequest, make_router
+from gateway.routing.baselines import RouterBase
+from gateway.routing.prefill import PendingPrefill
 from simulator.des import Simulation
 from simulator.workloads import SimRequest
 

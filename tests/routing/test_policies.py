@@ -2,9 +2,9 @@
 
 import pytest
 
-from endpoints.routing import POLICIES, ReplicaView, RouteRequest, UnknownPolicy, make_router
-from endpoints.routing.cost_aware import plan_figures
-from endpoints.routing.session import prompt_text_of, session_id_of
+from gateway.routing import POLICIES, ReplicaView, RouteRequest, UnknownPolicy, make_router
+from gateway.routing.cost_aware import plan_figures
+from gateway.routing.session import prompt_text_of, session_id_of
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1,160 characters: 18 prefix blocks
 

@@ -1,6 +1,6 @@
 """Chained prefix hashes and the per-replica LRU index (pure)."""
 
-from endpoints.routing.prefix import (
+from gateway.routing.prefix import (
     DEFAULT_INDEX_BLOCKS,
     PrefixHeads,
     PrefixIndex,

@@ -1,4 +1,4 @@
-"""The simulator admits through the proxy's admission (``endpoints.admission``): overload in a discrete-event run
+"""The simulator admits through the proxy's admission (``gateway.admission``): overload in a discrete-event run
 is answered as production answers it, with the same reasons and Retry-After."""
 
 import asyncio
@@ -7,12 +7,12 @@ from collections import Counter
 import pytest
 
 from capacity.units import MUCoefficients
-from endpoints.admission import DEFAULT_MAX_AGE_S, ENGINE_PRIORITY
-from endpoints.proxy.config import ProxyConfig
-from endpoints.proxy.runtime import EndpointRuntime, Shed
-from endpoints.proxy.snapshot import EndpointInfo, ReplicaInfo
-from endpoints.routing.base import ReplicaView, RouteRequest
-from endpoints.routing.baselines import LeastRequestRouter
+from gateway.admission import DEFAULT_MAX_AGE_S, ENGINE_PRIORITY
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.runtime import EndpointRuntime, Shed
+from gateway.proxy.snapshot import EndpointInfo, ReplicaInfo
+from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.baselines import LeastRequestRouter
 from simulator import workloads
 from simulator.des import ProxyAdmission, Simulation
 from simulator.tokens import filler_text

@@ -7,8 +7,8 @@ import pytest
 
 from benchmarks.capacity.two_axis import InfercapPolicy
 from capacity.hardware.profiles import get_profile
-from endpoints.admission import CLASSES
-from endpoints.routing.baselines import LeastRequestRouter
+from gateway.admission import CLASSES
+from gateway.routing.baselines import LeastRequestRouter
 from simulator import workloads
 from simulator.autoscaling import EngineSimAutoscaler, engine_seconds_per_request
 from simulator.des import ProxyAdmission, Simulation

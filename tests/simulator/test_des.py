@@ -4,7 +4,7 @@ import zlib
 
 import pytest
 
-from endpoints.routing.base import RouteRequest
+from gateway.routing.base import RouteRequest
 from simulator import workloads
 from simulator.des import FleetActions, FleetView, ProxyAdmission, Simulation, VirtualClock
 

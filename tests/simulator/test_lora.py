@@ -7,8 +7,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.hardware.profiles import get_profile
-from endpoints.routing import make_router
-from endpoints.routing.base import ReplicaView
+from gateway.routing import make_router
+from gateway.routing.base import ReplicaView
 from simulator.des import Simulation
 from simulator.engine import Engine
 from simulator.engine import Sequence as EngineSeq

@@ -4,7 +4,7 @@ import statistics
 
 from benchmarks.routing import routing_suite
 from capacity.hardware.profiles import get_profile
-from endpoints.routing import make_router
+from gateway.routing import make_router
 from simulator.des import Simulation
 from simulator.routing_workloads import chat_sessions, mixed_lengths, prefix_groups, zipf_weights
 from simulator.tokens import BLOCK_CHARS, count_tokens, distinct_text, filler_text

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from billing.alerts import slo_spec
 from billing.models import SLO
 from billing.prometheus_rules import SloRuleSpec, rule_groups
-from endpoints.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
+from gateway.proxy.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 
 
 class Command(BaseCommand):

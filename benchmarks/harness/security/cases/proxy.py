@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import BEST_EFFORT_MU_PER_MIN, SecurityWorld
 from capacity.unit_resolver import coefficients_by_endpoint
-from endpoints.admission import ENGINE_PRIORITY, SHED_REASONS
-from endpoints.proxy.limits import Bucket, RateLimiter
+from gateway.admission import ENGINE_PRIORITY, SHED_REASONS
+from gateway.proxy.limits import Bucket, RateLimiter
 from simulator.tokens import filler_text
 
 CHAT = "/v1/chat/completions"

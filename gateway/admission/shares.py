@@ -1,0 +1,126 @@
+"""How several proxy processes share each replica's concurrency limit (pure, no Django, no Redis).
+
+Each replica's limit is a pool of slot *holdings*. A process admits at most what it holds on a replica (its
+*cap*), and the holdings of the live processes never sum above the limit: ``gateway.proxy.state`` changes them
+only in one atomic Redis script, the membership heartbeat (every 0.25 s), which grants a process what it asks
+for out of what the other live processes do not hold. So the limit holds by construction, whatever
+the processes' views of each other, and the rest of this module only decides what to ask for.
+
+What a process may run on a replica (``allocate``) follows demand, computed the same way in every process from
+the last heartbeat read, where each member reports, per replica and priority class, the requests it runs plus
+those it queues (its *demand*):
+
+1. ``critical`` demand first, then ``standard``, then ``sheddable``, each class split max-min fair between the
+   members (a member with 2 gets 2, the others share the rest evenly); so a process running or queueing
+   critical requests gets slots ahead of one busy with sheddable ones, whichever process they arrived at;
+2. what is left is split evenly (``fair_share``), so an idle process keeps headroom and its first requests
+   need not wait for a heartbeat.
+
+A process's cap is the smaller of its allocation and its holding; it asks to hold ``max(allocation, what it
+runs)`` (a running stream is never revoked), so a process over its allocation admits nothing new and gives
+back each slot as its streams end, at its next heartbeat; a process under it takes what the others gave back.
+An idle process's share therefore moves to a busy one within about two heartbeats, and back when it gets busy.
+
+Queued requests are per endpoint; on each replica a member counts its endpoint's queue split over the
+endpoint's replicas in proportion to their limits (``spread_queue``).
+
+Trade-offs: a member that dies keeps its holdings until its entry expires after the heartbeat TTL; a member
+whose heartbeat stalls past the TTL (event loop blocked for seconds) is counted out by the others while it may
+still run streams, so the TTL must stay well above the interval; while Redis is unreachable every process keeps
+its last caps (nobody can take, so nobody exceeds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.admission.classes import CLASSES
+
+
+@dataclass(frozen=True)
+class Member:
+    """One live proxy process as the last heartbeat read showed it (times on the shared Redis clock)."""
+
+    joined: float
+    seen_at: float
+    in_flight: Mapping[str, int] = field(default_factory=dict)  # replica id → streams it runs there
+    holdings: Mapping[str, int] = field(default_factory=dict)  # replica id → slots it holds
+    demand: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # replica id → running + queued per class
+
+
+def fair_share(limit: int, member_ids: list[str], member_id: str) -> int:
+    """``limit // n``, plus one for the first ``limit % n`` members in id order (the shares sum to ``limit``)."""
+    ordered = sorted(member_ids)
+    base, extra = divmod(limit, len(ordered))
+    return base + (1 if ordered.index(member_id) < extra else 0)
+
+
+def max_min_fill(capacity: int, demands: Mapping[str, int]) -> dict[str, int]:
+    """Integer max-min fair split of ``capacity`` over ``demands``: nobody gets more than it asks, the small
+    demands are met in full and the rest share evenly (ties broken by id, so every process computes the same)."""
+    out = {mid: 0 for mid in demands}
+    left = max(0, capacity)
+    pending = sorted((d, mid) for mid, d in demands.items() if d > 0)
+    while pending and left > 0:
+        n = len(pending)
+        smallest = pending[0][0]
+        if smallest * n <= left:
+            for _, mid in pending:
+                out[mid] += smallest
+            left -= smallest * n
+            pending = [(d - smallest, mid) for d, mid in pending if d > smallest]
+            continue
+        base, extra = divmod(left, n)
+        for i, (_, mid) in enumerate(sorted(pending, key=lambda p: p[1])):
+            out[mid] += base + (1 if i < extra else 0)
+        left = 0
+    return out
+
+
+def spread_queue(queued: tuple[int, ...], limits: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    """An endpoint's queued requests per class, spread over its replicas in proportion to their limits
+    (largest remainders, ties by replica id), so that no request is counted twice."""
+    total = sum(max(0, v) for v in limits.values())
+    out: dict[str, list[int]] = {rid: [0] * len(queued) for rid in limits}
+    if total <= 0:
+        return {rid: tuple(v) for rid, v in out.items()}
+    for c, count in enumerate(queued):
+        if count <= 0:
+            continue
+        exact = {rid: count * max(0, lim) / total for rid, lim in limits.items()}
+        given = {rid: int(x) for rid, x in exact.items()}
+        rest = count - sum(given.values())
+        for rid in sorted(exact, key=lambda r: (-(exact[r] - given[r]), r))[:rest]:
+            given[rid] += 1
+        for rid, n in given.items():
+            out[rid][c] = n
+    return {rid: tuple(v) for rid, v in out.items()}
+
+
+def allocate(me: str, members: Mapping[str, Member], limits: Mapping[str, int]) -> dict[str, int]:
+    """How many requests ``me`` may run on each replica, from one heartbeat read (see the module docstring)."""
+    if me not in members:
+        return dict(limits)  # not a member yet: ask for everything; the grant gives what is free
+    ids = list(members)
+    out = {}
+    for rid, limit in limits.items():
+        alloc = dict.fromkeys(members, 0)
+        left = limit
+        for c in range(len(CLASSES)):
+            if left <= 0:
+                break
+            got = max_min_fill(left, {mid: _demand(m, rid, c) for mid, m in members.items()})
+            for mid, n in got.items():
+                alloc[mid] += n
+            left -= sum(got.values())
+        if left > 0:
+            for mid in ids:
+                alloc[mid] += fair_share(left, ids, mid)
+        out[rid] = alloc[me]
+    return out
+
+
+def _demand(member: Member, replica_id: str, klass: int) -> int:
+    counts = member.demand.get(replica_id, ())
+    return max(0, int(counts[klass])) if klass < len(counts) else 0

@@ -1,0 +1,548 @@
+"""One ``ProxyState`` per process: the config snapshot and its poller, the endpoint runtimes, the pooled
+upstream client, the rate limiter, the usage writer, the replica metrics scraper and the demand publisher.
+Created lazily on the first request (Channels' router has no lifespan hook)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import gc
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import aiohttp
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+from django.db import close_old_connections
+
+from billing.ingest import UsageWriter
+from gateway.admission.shares import Member, allocate, fair_share
+from gateway.metrics_scraper import MetricsScraper
+from gateway.proxy.config import ProxyConfig, load_config
+from gateway.proxy.isolation import CacheSalts
+from gateway.proxy.limits import RateLimiter
+from gateway.proxy.lora import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
+from gateway.proxy.prompt_tokens import TokenizerCache
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.scrape_client import AiohttpScrapeClient
+from gateway.proxy.signals import VERSION_CHANNEL
+from gateway.proxy.snapshot import VERSION_KEY, Snapshot
+from gateway.proxy.snapshot_loader import read_snapshot
+
+log = logging.getLogger(__name__)
+
+DEMAND_KEY = "infercap:demand:{endpoint_id}"
+DEMAND_TTL_S = 5
+DEMAND_STALE_S = 30.0
+DEMAND_PRUNE_EVERY = 30  # publish cycles
+LORA_REPORT_TTL_S = 120  # a load churn window outlives a short pause of the proxies
+MEMBERS_KEY = "infercap:proxy:members"
+
+# Proxy membership heartbeat (see gateway.admission.shares). KEYS[1]: the members hash. ARGV: this process's
+# id, its in-flight streams per replica, the slots it wants to hold per replica, its demand (running + queued
+# requests) per replica and class (JSON objects), the TTL in seconds, and the replicas' limits (a JSON object).
+# In one atomic step: stamps the entry with Redis' clock (keeping the first join time), grants each wanted
+# holding out of what the other live members do not hold (so the holdings never sum above a limit), drops
+# expired entries and returns the live ones, this process's grants included.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local ttl = tonumber(ARGV[5])
+local want = cjson.decode(ARGV[3])
+local limits = cjson.decode(ARGV[6])
+local joined = now
+local held = {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok, v = pcall(cjson.decode, all[i + 1])
+  if ok and type(v) == 'table' and tonumber(v.t) and now - tonumber(v.t) <= ttl then
+    if all[i] == ARGV[1] then
+      if tonumber(v.j) then joined = tonumber(v.j) end
+    elseif type(v.h) == 'table' then
+      for rid, n in pairs(v.h) do held[rid] = (held[rid] or 0) + (tonumber(n) or 0) end
+    end
+  end
+end
+local parts = {}
+for rid, w in pairs(want) do
+  local g = math.min(tonumber(w) or 0, (tonumber(limits[rid]) or 0) - (held[rid] or 0))
+  if g < 0 then g = 0 end
+  parts[#parts + 1] = cjson.encode(rid) .. ':' .. string.format('%d', math.floor(g))
+end
+local h = '{' .. table.concat(parts, ',') .. '}'
+redis.call('HSET', KEYS[1], ARGV[1],
+  string.format('{"j":%.6f,"t":%.6f,"f":%s,"q":%s,"h":%s}', joined, now, ARGV[2], ARGV[4], h))
+redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
+all = redis.call('HGETALL', KEYS[1])
+local live = {}
+for i = 1, #all, 2 do
+  local ok, v = pcall(cjson.decode, all[i + 1])
+  if ok and type(v) == 'table' and tonumber(v.t) and now - tonumber(v.t) <= ttl then
+    live[#live + 1] = all[i]
+    live[#live + 1] = all[i + 1]
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return live
+"""
+
+
+def _parse_members(raw: list) -> dict:
+    def ints(value) -> dict[str, int]:
+        return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+    members = {}
+    for i in range(0, len(raw) - 1, 2):
+        entry = json.loads(raw[i + 1])
+        demand = entry.get("q")
+        members[raw[i].decode() if isinstance(raw[i], bytes) else raw[i]] = Member(
+            joined=float(entry["j"]),
+            seen_at=float(entry["t"]),
+            in_flight=ints(entry.get("f")),
+            holdings=ints(entry.get("h")),
+            demand={str(k): tuple(int(n) for n in v) for k, v in demand.items() if isinstance(v, list)}
+            if isinstance(demand, dict)
+            else {},
+        )
+    return members
+
+
+def _load_in_thread(version: str) -> Snapshot:
+    close_old_connections()
+    try:
+        return read_snapshot(version)
+    finally:
+        close_old_connections()
+
+
+class ProxyState:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        # Every proxy process derives the same salts from the deployment's secret (no secret: no proxy).
+        self.cache_salts = CacheSalts(
+            getattr(settings, "INFERCAP", {}).get("CACHE_SALT_SECRET") or settings.SECRET_KEY
+        )
+        self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.snapshot: Snapshot | None = None
+        self.runtimes: dict[int, EndpointRuntime] = {}
+        self.session: aiohttp.ClientSession | None = None
+        self.redis = None
+        self.limiter: RateLimiter | None = None
+        self.usage = None
+        self.scraper = None
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-snapshot")
+        # Prompts tokenized for the precise prefix index (``stages.prompt_tokens``): tokenizers loaded once per
+        # model, long prompts encoded off the event loop.
+        self.tokenizers = TokenizerCache()
+        self.tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="proxy-tokenize")
+        self._tasks: list[asyncio.Task] = []
+        self.background: set[asyncio.Task] = set()
+        self._config_changed = asyncio.Event()  # set by a published config change: reload without waiting the poll
+        self.members: dict | None = None  # the last heartbeat read (None: no Redis, this process has whole limits)
+        self._heartbeat = None
+        self._beat_lock = asyncio.Lock()
+        self._allocation: dict[str, int] = {}  # what this process may run per replica (the last beat's)
+        self._beat_failing = False  # the last heartbeat could not reach Redis
+
+    async def start(self) -> None:
+        # The usage writer and snapshot loader are threads: with CPython's default 5 ms GIL switch interval the
+        # event loop could wait that long behind an ORM batch before relaying a token.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
+
+        loop = asyncio.get_running_loop()
+        if settings.REDIS_URL:
+            # A bounded pool: a burst of requests shares a few connections instead of opening one each
+            # (which, on a busy host, turns into connect timeouts and a tripped breaker).
+            pool = aioredis.BlockingConnectionPool.from_url(
+                settings.REDIS_URL,
+                max_connections=32,
+                timeout=1.0,
+                socket_connect_timeout=1.0,
+                socket_timeout=1.0,
+                health_check_interval=30,
+            )
+            self.redis = aioredis.Redis(connection_pool=pool)
+        self.limiter = RateLimiter(self.redis, fail_mode=self.config.rate_limit_fail_mode)
+        # The snapshot first: if the database is unreachable this raises before anything else is started.
+        version = await self._read_version()
+        self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
+        # The data-plane client: aiohttp won the calibration in issue 4 (httpx collapsed at 256 streams).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+        self.usage = UsageWriter(flush_s=self.config.usage_flush_s, batch=self.config.usage_batch)
+        self.usage.start()
+        self._scraper_start()
+        self._tasks.append(loop.create_task(self._poll_snapshot(), name="proxy-snapshot-poll"))
+        if self.redis is not None:
+            self._tasks.append(loop.create_task(self._listen_config(), name="proxy-config-listen"))
+        self._tasks.append(loop.create_task(self._publish_demand(), name="proxy-demand"))
+        self._tasks.append(loop.create_task(self._sync_adapters(), name="proxy-lora-sync"))
+        if self.redis is not None:
+            self._heartbeat = self.redis.register_script(_HEARTBEAT)
+            atexit.register(self._leave_sync)
+            try:
+                await self._beat()  # a lone process starts with the whole limits, not after one interval
+            except Exception as exc:  # noqa: BLE001 - Redis away: start with the whole limits, join when it is back
+                log.warning("proxy membership heartbeat failed at start-up: %s", exc)
+        self._tasks.append(loop.create_task(self._housekeeping(), name="proxy-housekeeping"))
+
+    def _scraper_start(self) -> None:
+        raw = os.environ.get("INFERCAP_PROXY_SCRAPE_INTERVAL_S", "0.1")
+        try:
+            interval = min(10.0, max(0.01, float(raw)))
+        except ValueError:
+            interval = 0.1
+        if str(interval) != raw and raw != "0.1":
+            log.warning("INFERCAP_PROXY_SCRAPE_INTERVAL_S=%r: using %s s (allowed 0.01–10)", raw, interval)
+        self._scrape_client = AiohttpScrapeClient()
+        self.scraper = MetricsScraper(interval_s=interval, client=self._scrape_client)
+        self.scraper.start()
+
+    # -- snapshot ------------------------------------------------------------------------------------
+    async def _read_version(self) -> str | None:
+        if self.redis is None:
+            return None
+        try:
+            raw = await self.redis.get(VERSION_KEY)
+        except Exception:  # noqa: BLE001
+            return None
+        return raw.decode() if raw else "0"
+
+    async def _poll_snapshot(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await asyncio.wait_for(self._config_changed.wait(), self.config.snapshot_poll_s)
+            except TimeoutError:
+                pass
+            self._config_changed.clear()
+            try:
+                version = await self._read_version()
+                stale = time.time() - self.snapshot.loaded_at
+                if (
+                    (version is not None and version != self.snapshot.version)
+                    or (version is None and stale > self.config.snapshot_fallback_reload_s)
+                    or stale > 60
+                ):
+                    snap = await loop.run_in_executor(self._db, _load_in_thread, version or "")
+                    self.apply_snapshot(snap)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep serving the last good snapshot
+                log.exception("proxy snapshot reload failed; keeping version %s", self.snapshot.version)
+
+    async def _listen_config(self) -> None:
+        """Wake the poller as soon as a config change is published, so an edit reaches this process in
+        milliseconds rather than up to a poll interval later; the poll stays as the fallback (missed messages,
+        Redis restarts)."""
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(VERSION_CHANNEL)
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        self._config_changed.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: the poll still reloads; subscribe again later
+                log.debug("config change listener: %s", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def apply_snapshot(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+        by_id = {e.id: e for e in snap.endpoints_by_name.values()}
+        for eid, runtime in list(self.runtimes.items()):
+            info = by_id.get(eid)
+            if info is None:
+                if runtime.in_flight == 0 and not len(runtime.queue):
+                    del self.runtimes[eid]
+                    runtime.kv_feeds.sync(())  # its subscribers are told to stop (joined at shutdown)
+                continue
+            runtime.update(info)
+            runtime.set_adapters(snap.endpoint_adapters(info.name))
+            runtime.set_adapter_history(snap.adapter_rates(info.name))
+        self._sync_scrape_targets()
+        self._apply_caps()
+
+    def runtime_for(self, info) -> EndpointRuntime:
+        runtime = self.runtimes.get(info.id)
+        if runtime is None:
+            runtime = self.runtimes[info.id] = EndpointRuntime(info, config=self.config, scraper=self.scraper)
+            if self.snapshot is not None:
+                runtime.set_adapters(self.snapshot.endpoint_adapters(info.name))
+                runtime.set_adapter_history(self.snapshot.adapter_rates(info.name))
+            self._sync_scrape_targets()
+            self._apply_caps(runtime)
+        return runtime
+
+    async def _sync_adapters(self) -> None:
+        """Every ``lora_sync_s``: the adapters each LoRA replica's engine lists (``lora.py``), so the ones other
+        proxy processes loaded, or the engine was started with, count in its slots here too; what it holds under a
+        name no adapter has now (deleted, an older artifact version) is unloaded once idle."""
+        while True:
+            await asyncio.sleep(self.config.lora_sync_s)
+            try:
+                await asyncio.gather(
+                    *(
+                        self._sync_replica_adapters(runtime, slot)
+                        for runtime in list(self.runtimes.values())
+                        if runtime.info.max_loras
+                        for slot in list(runtime.slots.values())
+                        if not slot.removed
+                    )
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next round tries again; the proxy's own loads still count
+                log.exception("LoRA adapter sync failed")
+
+    async def _sync_replica_adapters(self, runtime: EndpointRuntime, slot) -> None:
+        base = slot.rename.engine if slot.rename is not None else runtime.info.name
+        read_since = runtime.clock()
+        found = await read_engine_adapters(self.session, slot.url, base)
+        if found is None:
+            return
+        replica = runtime.adapters_of(slot)
+        replica.sync_from_models(found, read_since)
+        stale = await unload_stale(
+            self.session,
+            url=slot.url,
+            replica=replica,
+            current=runtime.engine_adapter_names(),
+            endpoint_name=runtime.info.name,
+        )
+        if stale:
+            log.info("replica %s: unloaded adapters no longer served: %s", slot.name, ", ".join(stale))
+
+    # -- sharing replica slots with the other proxy processes --------------------------------------------
+    async def _housekeeping(self) -> None:
+        """Every ``member_interval_s``: write the in-flight gauges that changed, return lapsed rate-limit leases
+        and heartbeat the membership."""
+        while True:
+            await asyncio.sleep(self.config.member_interval_s)
+            for runtime in self.runtimes.values():
+                runtime.flush_gauges()
+            if self.redis is None:
+                continue
+            try:
+                await self.limiter.sweep()  # lapsed rate-limit leases go back to the shared buckets
+                await self._beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: keep the last caps (nobody can see a change)
+                log.debug("proxy membership heartbeat failed: %s", exc)
+
+    async def _beat(self) -> None:
+        """One membership heartbeat (``gateway.admission.shares``): from the last read, with this process's own
+        current streams and queue, compute its allocation; stop admitting beyond it at once; ask to hold
+        ``max(allocation, what runs)`` and admit up to what the script grants. Beats never overlap."""
+        async with self._beat_lock:
+            try:
+                await self._beat_locked()
+            except Exception:
+                if not self._beat_failing:
+                    self._beat_failing = True
+                    self._apply_caps()  # replicas nobody holds yet fall back to an even share
+                raise
+            self._beat_failing = False
+
+    async def _beat_locked(self) -> None:
+        in_flight: dict[str, int] = {}
+        limits: dict[str, int] = {}
+        demand: dict[str, tuple[int, ...]] = {}
+        for runtime in self.runtimes.values():
+            in_flight.update(runtime.in_flight_by_replica())
+            limits.update(runtime.replica_limits())
+            demand.update(runtime.demand_by_replica())
+        view = dict(self.members or {})
+        me = view.get(self.process_id)
+        if me is not None:
+            view[self.process_id] = replace(me, in_flight=in_flight, demand=demand)
+        allocation = allocate(self.process_id, view, limits)
+        for runtime in self.runtimes.values():
+            runtime.lower_caps(allocation)
+        want = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
+        raw = await self._heartbeat(
+            keys=[MEMBERS_KEY],
+            args=[
+                self.process_id,
+                json.dumps(in_flight, separators=(",", ":")),
+                json.dumps(want, separators=(",", ":")),
+                json.dumps({rid: list(d) for rid, d in demand.items()}, separators=(",", ":")),
+                repr(self.config.member_ttl_s),
+                json.dumps(limits, separators=(",", ":")),
+            ],
+        )
+        self.members = _parse_members(raw)
+        self._allocation = allocation
+        self._apply_caps()
+
+    def _apply_caps(self, runtime: EndpointRuntime | None = None) -> None:
+        """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A
+        replica it holds nothing of yet gets 0 until the next beat, which is asked for at once; while Redis is
+        unreachable (no beat can grant anything), a replica that no member holds gets this process's even share
+        by the last membership read, as every other process computes it. Without Redis at all the caps stay off:
+        whole limits."""
+        if self.members is None:
+            return
+        mine = self.members.get(self.process_id)
+        holdings = mine.holdings if mine is not None else {}
+        held_by_anyone = {rid for m in self.members.values() for rid, n in m.holdings.items() if n > 0}
+        ids = list(self.members) if mine is not None else [*self.members, self.process_id]
+        missing = False
+        for rt in [runtime] if runtime is not None else list(self.runtimes.values()):
+            caps = {}
+            for rid, slot in rt.slots.items():
+                if rid in holdings:
+                    caps[rid] = min(holdings[rid], self._allocation.get(rid, holdings[rid]))
+                elif self._beat_failing and rid not in held_by_anyone:
+                    caps[rid] = fair_share(slot.limit, ids, self.process_id)
+                else:
+                    caps[rid] = 0
+            rt.apply_caps(caps)
+            missing = missing or any(rid not in holdings for rid in rt.replica_limits())
+        if missing and self.redis is not None and not self._beat_failing and not self._beat_lock.locked():
+            self.spawn(self._beat_soon())
+
+    async def _beat_soon(self) -> None:
+        try:
+            await self._beat()
+        except Exception as exc:  # noqa: BLE001 - the housekeeping beat retries
+            log.debug("proxy membership heartbeat failed: %s", exc)
+
+    def _leave_sync(self) -> None:
+        """At exit (uvicorn runs without a lifespan here, so no async shutdown hook): leave the group at once,
+        so the others take over this share now rather than after the TTL."""
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+            client.hdel(MEMBERS_KEY, self.process_id)
+            client.close()
+        except Exception:  # noqa: BLE001 - the TTL removes it anyway
+            pass
+
+    def _sync_scrape_targets(self) -> None:
+        if self.scraper is None:
+            return
+        targets = {}
+        for runtime in self.runtimes.values():
+            targets.update(runtime.scrape_targets())
+        self.scraper.set_targets(targets)
+
+    # -- demand for the autoscaler and the console ------------------------------------------------------
+    async def _publish_demand(self) -> None:
+        cycle = 0
+        while True:
+            await asyncio.sleep(self.config.demand_interval_s)
+            if self.redis is None or not self.runtimes:
+                continue
+            now = time.time()
+            cycle += 1
+            try:
+                if cycle % DEMAND_PRUNE_EVERY == 0:
+                    await self._prune_demand(now)
+                pipe = self.redis.pipeline(transaction=False)
+                for eid, runtime in self.runtimes.items():
+                    key = DEMAND_KEY.format(endpoint_id=eid)
+                    pipe.hset(key, self.process_id, json.dumps({"t": round(now, 3), **runtime.demand()}))
+                    pipe.expire(key, DEMAND_TTL_S)
+                    if runtime.adapters:  # LoRA endpoints only; the console reads it (console.lora)
+                        lora_key = LORA_REPORT_KEY.format(endpoint_id=eid)
+                        pipe.hset(
+                            lora_key,
+                            self.process_id,
+                            json.dumps(lora_report(runtime.adapters, now, runtime.engine_adapter_names())),
+                        )
+                        pipe.expire(lora_key, LORA_REPORT_TTL_S)
+                await pipe.execute()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - demand is advisory; the autoscaler tolerates gaps
+                log.debug("demand publish failed: %s", exc)
+
+    async def _prune_demand(self, now: float) -> None:
+        """Drop fields left by processes that died: readers skip them anyway, but the hash must not grow forever."""
+        for key in [k.format(endpoint_id=eid) for eid in list(self.runtimes) for k in (DEMAND_KEY, LORA_REPORT_KEY)]:
+            stale = []
+            for field, raw in (await self.redis.hgetall(key)).items():
+                try:
+                    if now - float(json.loads(raw).get("t", 0)) > DEMAND_STALE_S:
+                        stale.append(field)
+                except (ValueError, TypeError, AttributeError):
+                    stale.append(field)
+            if stale:
+                await self.redis.hdel(key, *stale)
+
+    def spawn(self, coro) -> None:
+        """Fire and forget, keeping a reference so the task is not garbage collected mid-flight."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        for runtime in self.runtimes.values():
+            runtime.close()
+        self.tokenize_pool.shutdown(wait=False)
+        if self.scraper is not None:
+            await self.scraper.stop()
+            await self._scrape_client.aclose()
+        if self.usage is not None:
+            await self.usage.close()
+        if self.session is not None:
+            await self.session.close()
+        if self.redis is not None:
+            try:
+                await self.redis.hdel(MEMBERS_KEY, self.process_id)
+            except Exception:  # noqa: BLE001 - the TTL removes it anyway
+                pass
+            await self.redis.aclose()
+
+
+_state: ProxyState | None = None
+_state_lock: asyncio.Lock | None = None
+
+
+async def get_state() -> ProxyState:
+    global _state, _state_lock
+    if _state is not None:
+        return _state
+    if _state_lock is None:
+        _state_lock = asyncio.Lock()
+    async with _state_lock:
+        if _state is None:
+            state = ProxyState(load_config())
+            try:
+                await state.start()
+            except BaseException:
+                await state.close()  # the next request tries again from scratch
+                raise
+            _state = state
+            # Everything loaded so far (Django, the app modules, the snapshot) lives as long as the process:
+            # moved out of the collector's view, a full collection no longer walks ~100k objects and pauses
+            # the event loop for tens of milliseconds (a TTFT p99 spike) every time it runs.
+            gc.collect()
+            gc.freeze()
+    return _state
