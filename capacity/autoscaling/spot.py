@@ -1,7 +1,7 @@
 """How many of the replicas the horizontal policy wants run on spot capacity (pure: no Django, clock injected).
 
 docs/algorithms.md#spot-capacity. The horizontal policy says how many replicas an endpoint needs; this splits that
-count between on-demand and spot, after SpotHedge (SkyServe, EuroSys 2025) with one change the issue asks for:
+count between on-demand and spot, after SpotHedge (SkyServe, EuroSys 2025) with one change of ours:
 
 * **On-demand floor.** A share (``floor_fraction``, half by default) of the least replica count the policy asked
   for over a trailing window (``floor_window_s``), at least ``min_on_demand``, stays on on-demand: if every spot

@@ -175,7 +175,7 @@ class ProxyState:
         # The snapshot first: if the database is unreachable this raises before anything else is started.
         version = await self._read_version()
         self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
-        # The data-plane client: aiohttp won the calibration in issue 4 (httpx collapsed at 256 streams).
+        # The data-plane client is aiohttp: httpx collapsed at 256 streams where aiohttp held (docs/request-path.md).
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
