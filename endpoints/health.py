@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from capacity.autoscaling import actuators
 from capacity.autoscaling.store import release_lock
-from endpoints.lifecycle import IllegalTransition, replica_transition
+from capacity.lifecycle import IllegalTransition, replica_transition
 from endpoints.models import Replica, ReplicaState, ReplicaTransition
 from tenants.models import AuditEntry
 from tenants.services import audit_log

@@ -6,7 +6,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from endpoints.runtimes.launch_options import lora_settings
+from capacity.runtimes.launch_options import lora_settings
 from gateway.routing.kv_events import endpoint_problem
 
 

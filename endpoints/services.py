@@ -1,5 +1,5 @@
 """Writes for endpoints and replicas: create, update, scale, delete, attach. Replica state moves are
-``endpoints.lifecycle.replica_transition``; field checks are ``endpoints.validation``."""
+``capacity.lifecycle.replica_transition``; field checks are ``endpoints.validation``."""
 
 import logging
 import re
@@ -10,11 +10,11 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from capacity.autoscaling import pins
-from endpoints.lifecycle import replica_transition
+from capacity.lifecycle import replica_transition
+from capacity.runtimes import vllm
+from capacity.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, Replica, ReplicaState
 from endpoints.rollouts.services import apply_versioned_changes, ensure_current_version
-from endpoints.runtimes import vllm
-from endpoints.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.validation import NAME_TAKEN, endpoint_validate, quota_errors
 from gateway.routing.kv_events import endpoint_problem
 from tenants.quotas import lock_tenant
@@ -253,7 +253,7 @@ def replica_attach(
     """Register a vLLM server that runs elsewhere as a replica of ``endpoint`` (operators only, by the API and the
     console); it turns ready only once it has shown to be one: ``GET /health`` 200 with an empty or JSON body,
     ``GET /v1/models`` listing the model name it serves and ``vllm:`` series at ``GET /metrics``
-    (``endpoints.runtimes.vllm.server_problems``). Anything else is a field error on ``url`` and no row. The served
+    (``capacity.runtimes.vllm.server_problems``). Anything else is a field error on ``url`` and no row. The served
     name is ``served_model_name`` when the operator gives one (a server started with its own
     ``--served-model-name``), else the endpoint's; it is recorded on the row, and the proxy sends it as ``model``
     and writes the endpoint's name back into the answers. ``kv_events_endpoint``: where the server publishes its

@@ -11,10 +11,10 @@ import re
 from django.core.exceptions import ValidationError
 
 from capacity.autoscaling import actuators
+from capacity.runtimes import vllm
+from capacity.runtimes.launch_env import launch_env
+from capacity.runtimes.launch_options import allowlisted_value_errors, argv_value
 from endpoints.models import Adapter, Endpoint, RoutingPolicy
-from endpoints.runtimes import vllm
-from endpoints.runtimes.launch_env import launch_env
-from endpoints.runtimes.launch_options import allowlisted_value_errors, argv_value
 from gateway.admission.brownout import MAX_FALLBACK_DEPTH, fallback_chain_error
 from gateway.admission.classes import CLASSES
 from gateway.routing import cost_aware

@@ -34,8 +34,8 @@ import urllib.request
 import weakref
 from pathlib import Path
 
-from endpoints.runtimes.launch_env import launch_env
-from endpoints.runtimes.ports import free_port  # noqa: F401  (the tests and harnesses take it from here too)
+from capacity.runtimes.launch_env import launch_env
+from capacity.runtimes.ports import free_port  # noqa: F401  (the tests and harnesses take it from here too)
 
 MANAGE_PY = Path(__file__).resolve().parents[1] / "manage.py"
 _started: weakref.WeakSet = weakref.WeakSet()

@@ -7,7 +7,7 @@ import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from endpoints.runtimes.processes import ProcessGroup
+from capacity.runtimes.processes import ProcessGroup
 from tenants.models import ApiKey, Role, Tenant, User
 from tenants.services import api_key_create
 from tests.factories import EndpointFactory, OperatorFactory, ReservationFactory, TenantFactory, UserFactory

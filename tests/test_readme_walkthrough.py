@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from endpoints.runtimes.processes import ROOT, database_url, free_port, sim_replica_argv
+from capacity.runtimes.processes import ROOT, database_url, free_port, sim_replica_argv
 from tests.autoscaling.conftest import reap_local_replicas  # noqa: F401 - a fixture: no replica process left
 from tests.proxy.conftest import spawn_proxy
 from workers.tasks.autoscaling import horizontal_all

@@ -40,10 +40,10 @@ from benchmarks.billing.metering_kinds import Client, Fleet, Kind, kinds
 from benchmarks.harness.security.world import SecurityWorld, world_create
 from benchmarks.operations.security import _test_environment_setup
 from billing.models import UsageRecord
+from capacity.runtimes.processes import free_port, sim_replica_argv, uvicorn_argv
 from capacity.unit_resolver import coefficients_by_endpoint
 from console.charts import Bar, bar_chart
 from endpoints.models import Adapter, Endpoint, Replica, ReplicaState
-from endpoints.runtimes.processes import free_port, sim_replica_argv, uvicorn_argv
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.billing.metering_kinds import Fleet
 from benchmarks.operations.fault_relay import FaultRelay
-from endpoints.runtimes.processes import (
+from capacity.runtimes.processes import (
     ENGINE_MODEL_DIR,
     ENGINE_STARTUP_TIMEOUT_S,
     ProcessGroup,

@@ -31,8 +31,8 @@ from benchmarks.operations.prometheus_check import METRICS_TOKEN, prometheus_bin
 from billing.cost import cost_reports_store
 from billing.models import CostReport, UsageRecord
 from billing.rollups import usage_rollup_run
+from capacity.runtimes.processes import ProcessGroup, database_url, free_port, sim_replica_argv, uvicorn_argv
 from endpoints.models import Replica, ReplicaState
-from endpoints.runtimes.processes import ProcessGroup, database_url, free_port, sim_replica_argv, uvicorn_argv
 from workers import observability as obs
 
 SCRAPE_FILE = obs.ROOT / "platform" / "prometheus" / "scrape.yml"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from endpoints.runtimes.processes import free_port, processes_marked, stop_marked
+from capacity.runtimes.processes import free_port, processes_marked, stop_marked
 
 ROOT = Path(__file__).resolve().parents[2]
 # run_platform's supervision says this when it restarts a child (workers/management/commands/run_platform.py).

@@ -39,8 +39,8 @@ from benchmarks.operations.production_pods import (
     until,
 )
 from capacity.models import HardwareProfile, ModelProfile
+from capacity.runtimes.processes import ProcessGroup, database_url, free_port, sim_replica_argv
 from endpoints.models import Endpoint, Replica, ReplicaState
-from endpoints.runtimes.processes import ProcessGroup, database_url, free_port, sim_replica_argv
 from tenants.models import CapacityReservation, Tenant, User
 from tenants.services import api_key_create
 from workers import manifests

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from endpoints.runtimes.processes import stop_process
+from capacity.runtimes.processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 POD_IP = "10.42.0.17"  # what the kubelet puts in Host: the pod's address, never an allowed host

@@ -27,14 +27,14 @@ from django.db.models import Count
 from billing.alerts import slo_evaluate_all
 from billing.models import SLO, SLOStatus, UsageRecord
 from billing.rollups import usage_rollup_run
-from endpoints.models import Replica, ReplicaState
-from endpoints.runtimes.processes import (
+from capacity.runtimes.processes import (
     ProcessGroup,
     database_url,
     free_port,
     sim_replica_argv,
     uvicorn_argv,
 )
+from endpoints.models import Replica, ReplicaState
 
 METRICS_TOKEN = "prometheus-check-token"
 # Each outcome's counter starts the comparison at least this high: rate() extrapolates a window's start towards a

@@ -52,9 +52,9 @@ from pathlib import Path
 import aiohttp
 import httpx
 
+from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Replica, ReplicaState
-from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import httpx
 
 from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, output_lengths, prompt_text
-from endpoints.runtimes.vllm import server_problems
+from capacity.runtimes.vllm import server_problems
 
 STREAMED_PER_LEVEL = 12  # about this many streamed probes per run, whatever the concurrency
 

@@ -131,7 +131,7 @@ INFERCAP = {
     # When Redis cannot be reached the limiter admits ("open") or refuses ("closed").
     "RATE_LIMIT_FAIL_MODE": env("INFERCAP_RATE_LIMIT_FAIL_MODE", "open"),
     "SPOOL_DIR": str(VAR_DIR / "spool"),
-    # Real vLLM replicas (endpoints.runtimes.vllm): the engine interpreter, run in module form (empty: .venv-engine's
+    # Real vLLM replicas (capacity.runtimes.vllm): the engine interpreter, run in module form (empty: .venv-engine's
     # from `make engine` when it exists, else the `vllm` console script), and where a model profile's name may
     # name a directory of weights (var/engine/tiny-llama is the tests' tiny model).
     "VLLM_PYTHON": env("INFERCAP_VLLM_PYTHON", ""),

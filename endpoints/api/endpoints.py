@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from capacity.autoscaling import pins
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
+from capacity.runtimes.launch_options import launch_options_shown_to_non_owners, tenant_launch_option_errors
 from config.api_base import IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
@@ -19,7 +20,6 @@ from endpoints.models import (
     Rollout,
     model_name_validator,
 )
-from endpoints.runtimes.launch_options import launch_options_shown_to_non_owners, tenant_launch_option_errors
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
 from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_unpin, endpoint_update
 from gateway.admission.classes import CLASSES
@@ -135,7 +135,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             elif "owner_tenant" in attrs and attrs["owner_tenant"] != self.instance.owner_tenant:
                 raise serializers.ValidationError({"owner_tenant": ["only operators may move an endpoint"]})
             if "launch_options" in attrs:
-                # An allowlist (endpoints.runtimes.launch_options): where and how replicas run on the operators'
+                # An allowlist (capacity.runtimes.launch_options): where and how replicas run on the operators'
                 # machines, and what they load, is the operators' call; tenants resend those values unchanged.
                 current = (self.instance.launch_options or {}) if self.instance is not None else {}
                 if errors := tenant_launch_option_errors(attrs["launch_options"], current=current):

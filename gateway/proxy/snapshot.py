@@ -191,7 +191,7 @@ class Snapshot:
 
 def takes_priority(launch_options) -> bool:
     """Whether replicas launched with these options run vLLM's priority scheduler: the ``scheduling_policy``
-    option (``endpoints.runtimes.vllm.serve_command``, default priority) or a ``--scheduling-policy`` in
+    option (``capacity.runtimes.vllm.serve_command``, default priority) or a ``--scheduling-policy`` in
     ``extra_args``, which vLLM reads last."""
     options = launch_options if isinstance(launch_options, dict) else {}
     policy = options.get("scheduling_policy") or "priority"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from django.conf import settings
 
+from capacity.runtimes.vllm import model_argument
 from capacity.units import estimate_prompt_tokens
 from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY, FAILED_ATTEMPTS_RETENTION_S
-from endpoints.runtimes.vllm import model_argument
 from gateway.admission import ENGINE_PRIORITY, effective_priority
 from gateway.proxy import metrics as m
 from gateway.proxy.config import ProxyConfig

@@ -109,7 +109,7 @@ def test_run_platform_serves_a_completion_and_a_plain_kill_stops_every_process(t
     """The README's first command, end to end: the platform comes up on the embedded default, prints a key that
     streams a completion through the proxy, and a SIGTERM (what `kill` or a container stop sends) stops the web
     server, the Celery worker and beat, and the simulated replicas the worker started."""
-    from endpoints.runtimes.processes import free_port
+    from capacity.runtimes.processes import free_port
 
     var_dir = tmp_path / "var"
     env = _embedded_env(var_dir)

@@ -6,9 +6,9 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from capacity.autoscaling.actuators.local import replica_argv
+from capacity.runtimes.launch_options import argv_value, tenant_launch_option_errors
+from capacity.runtimes.vllm import argv_model
 from endpoints.models import Endpoint
-from endpoints.runtimes.launch_options import argv_value, tenant_launch_option_errors
-from endpoints.runtimes.vllm import argv_model
 from endpoints.services import endpoint_update
 from tests.factories import EndpointFactory, HardwareProfileFactory, ModelProfileFactory
 

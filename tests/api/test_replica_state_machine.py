@@ -2,7 +2,7 @@
 
 import pytest
 
-from endpoints.lifecycle import IllegalTransition, replica_transition
+from capacity.lifecycle import IllegalTransition, replica_transition
 from endpoints.models import REPLICA_TRANSITIONS, ReplicaState, ReplicaTransition
 from tests.factories import ReplicaFactory
 

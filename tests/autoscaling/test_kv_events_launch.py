@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from endpoints.runtimes.vllm import serve_command
+from capacity.runtimes.vllm import serve_command
 
 
 def config_of(argv: list[str]) -> dict:

@@ -3,7 +3,7 @@
 import pytest
 
 from capacity.autoscaling.actuators.local import replica_argv, replica_env
-from endpoints.runtimes import vllm
+from capacity.runtimes import vllm
 from tests.factories import EndpointFactory
 
 

@@ -14,10 +14,10 @@ import pytest
 
 from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.local import LocalActuator, pid_alive, replica_argv
+from capacity.runtimes import vllm
+from capacity.runtimes.launch_env import vllm_engine_env
+from capacity.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.models import Endpoint, Replica, ReplicaState
-from endpoints.runtimes import vllm
-from endpoints.runtimes.launch_env import vllm_engine_env
-from endpoints.runtimes.launch_options import tenant_launch_option_errors
 from endpoints.validation import launch_option_errors
 from tests.factories import ModelProfileFactory
 from tests.waiting import wait_for

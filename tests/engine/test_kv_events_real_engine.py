@@ -118,7 +118,7 @@ def test_the_live_proxy_routes_to_the_replica_whose_events_show_the_prompt(kv_ev
     from django.conf import settings
 
     from billing.models import UsageRecord
-    from endpoints.runtimes.processes import sim_replica_argv
+    from capacity.runtimes.processes import sim_replica_argv
     from endpoints.services import replica_attach
     from gateway.proxy.isolation import CacheSalts
     from tests.factories import EndpointFactory, ModelProfileFactory, ReservationFactory

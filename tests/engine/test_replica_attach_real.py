@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from capacity.runtimes.vllm import server_problems
 from endpoints.models import Replica, ReplicaState
-from endpoints.runtimes.vllm import server_problems
 from tests.conftest import client_for
 from tests.factories import EndpointFactory
 

@@ -20,10 +20,10 @@ import pytest
 
 from capacity.autoscaling.actuators.local import pid_alive
 from capacity.autoscaling.services import reconcile
+from capacity.runtimes.processes import ENGINE_MODEL_DIR, ENGINE_PY, engine_installed
 from endpoints.models import Endpoint, Replica, ReplicaState, RolloutState
 from endpoints.rollouts import services
 from endpoints.rollouts.selectors import version_stats
-from endpoints.runtimes.processes import ENGINE_MODEL_DIR, ENGINE_PY, engine_installed
 from tenants.models import CapacityReservation
 from tests.autoscaling.conftest import clean_store, reap_local_replicas  # noqa: F401
 from tests.engine.engine import INSTALL_HINT, STARTUP_TIMEOUT_S, build_model

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from capacity.autoscaling.actuators.kubernetes import ROLE, deployment_name, standby_deployment_name
+from capacity.runtimes.vllm import serve_command
 from endpoints.models import Endpoint
-from endpoints.runtimes.vllm import serve_command
 from workers import manifests
 
 pytestmark = pytest.mark.skipif(manifests.kubectl() is None, reason="kubectl (kustomize) not installed")

@@ -19,7 +19,7 @@ import gateway.proxy.metrics  # noqa: F401 - registers the proxy's metrics in RE
 from benchmarks.operations import dashboard_check
 from billing.models import CostReport
 from capacity.models import AutoscalerDecision
-from endpoints.runtimes.processes import free_port, sim_replica_argv
+from capacity.runtimes.processes import free_port, sim_replica_argv
 from workers import observability as obs
 
 TOKEN = {"HTTP_AUTHORIZATION": "Bearer test-metrics-token"}

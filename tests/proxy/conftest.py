@@ -5,8 +5,7 @@ import socket
 
 from django.conf import settings
 
-from endpoints.models import Replica, ReplicaState
-from endpoints.runtimes.processes import (
+from capacity.runtimes.processes import (
     PY,
     ROOT,
     ProcessGroup,
@@ -16,6 +15,7 @@ from endpoints.runtimes.processes import (
     uvicorn_argv,
     wait_port,
 )
+from endpoints.models import Replica, ReplicaState
 
 # Kept for the tests that import them from here.
 Processes = ProcessGroup

@@ -14,7 +14,7 @@ import pytest
 
 from billing.models import UsageRecord
 from capacity.models import ModelProfile
-from endpoints.runtimes.processes import ENGINE_PY, ROOT, engine_installed
+from capacity.runtimes.processes import ENGINE_PY, ROOT, engine_installed
 from gateway.proxy import app
 from tests.proxy.conftest import spawn_proxy, spawn_replica
 from tests.proxy.helpers import wait_for

@@ -12,9 +12,9 @@ import yaml
 from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.kubernetes import KubernetesActuator
 from capacity.autoscaling.actuators.local import LocalActuator, stop_pid
+from capacity.runtimes import launch_env as le
+from capacity.runtimes import vllm
 from endpoints.models import Endpoint, Replica
-from endpoints.runtimes import launch_env as le
-from endpoints.runtimes import vllm
 from simulator.process import start_replica
 from tests.waiting import wait_for
 

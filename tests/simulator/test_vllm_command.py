@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from endpoints.runtimes.vllm import serve_command, serve_command_line
+from capacity.runtimes.vllm import serve_command, serve_command_line
 
 
 def test_serve_command_carries_the_platform_flags():

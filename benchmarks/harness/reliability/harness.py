@@ -35,9 +35,9 @@ from benchmarks.harness.reliability.chaos import TcpRelay
 from billing.models import UsageRecord
 from capacity.autoscaling.actuators import get_actuator
 from capacity.autoscaling.services import reconcile
+from capacity.runtimes.processes import celery_worker_argv, database_url, free_port
 from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
-from endpoints.runtimes.processes import celery_worker_argv, database_url, free_port
 from tenants.models import CapacityReservation, PriorityClass, Tenant
 from tenants.services import api_key_create
 

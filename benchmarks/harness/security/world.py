@@ -22,9 +22,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.models import UsageRecord, Webhook
+from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
-from endpoints.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 from gateway.proxy.config import ProxyConfig
 from tenants.models import CapacityReservation, Role, Tenant, User
 from tenants.services import api_key_create

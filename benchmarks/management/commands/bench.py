@@ -5,7 +5,7 @@ and optionally ``add_arguments(parser)``. Progress goes to stderr; the figures a
 line of JSON on stdout.
 
 No process outlives its bench: SIGTERM and SIGHUP stop a bench as Ctrl-C does (each bench's clean-up runs), and
-whatever still carries the run's mark afterwards (``endpoints.runtimes.processes.BENCH_MARK``: every process a
+whatever still carries the run's mark afterwards (``capacity.runtimes.processes.BENCH_MARK``: every process a
 bench starts inherits it, replicas started by its Celery worker too) is stopped before the command returns.
 """
 
@@ -24,7 +24,7 @@ from benchmarks.capacity import autoscale, economics, planner
 from benchmarks.operations import deploy, reliability, security
 from benchmarks.routing import routing
 from benchmarks.serving import fidelity, lora, proxy, sim
-from endpoints.runtimes.processes import BENCH_MARK, processes_marked, stop_marked
+from capacity.runtimes.processes import BENCH_MARK, processes_marked, stop_marked
 
 BENCHMARKS = {
     "sim": sim,

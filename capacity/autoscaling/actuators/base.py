@@ -2,7 +2,7 @@
 
 An actuator owns the replicas it started (``Replica.actuator`` = its name) and only ever stops those; replicas
 registered by hand (``static``) count as capacity but are left alone. Lifecycle moves go through
-``endpoints.lifecycle.replica_transition`` so every change is recorded and the proxy's snapshot follows.
+``capacity.lifecycle.replica_transition`` so every change is recorded and the proxy's snapshot follows.
 """
 
 import copy
@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import httpx
 
-from endpoints.lifecycle import IllegalTransition, replica_transition
+from capacity.lifecycle import IllegalTransition, replica_transition
 from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
 
 log = logging.getLogger(__name__)

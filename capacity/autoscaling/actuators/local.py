@@ -32,11 +32,11 @@ from django.db import connection
 from django.utils import timezone
 
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id
+from capacity.runtimes import vllm
+from capacity.runtimes.launch_env import launch_env
+from capacity.runtimes.launch_options import argv_value
+from capacity.runtimes.ports import free_port
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
-from endpoints.runtimes import vllm
-from endpoints.runtimes.launch_env import launch_env
-from endpoints.runtimes.launch_options import argv_value
-from endpoints.runtimes.ports import free_port
 
 log = logging.getLogger(__name__)
 

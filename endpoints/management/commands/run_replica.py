@@ -1,6 +1,6 @@
 """``python manage.py run_replica --runtime sim|vllm --port P [...]``: run one model replica in the foreground.
 
-``vllm`` execs the ``vllm serve`` command built by ``endpoints.runtimes.vllm`` (GPU hosts, or the CPU build).
+``vllm`` execs the ``vllm serve`` command built by ``capacity.runtimes.vllm`` (GPU hosts, or the CPU build).
 ``sim`` serves the simulated vLLM replica, which is the lab's (``simulator/``, docs/architecture.md): the command
 hands its whole command line to ``python -m simulator.cli``, which prints ``READY http://host:port`` once it listens
 and takes the simulator's own options (``--profile``, ``--speed``, ``--fault``...; ``--help`` lists them). Either way
@@ -15,7 +15,7 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from endpoints.runtimes import vllm
+from capacity.runtimes import vllm
 
 SIMULATOR_CLI = "simulator.cli"  # run as a program, never imported: the product does not import the lab
 

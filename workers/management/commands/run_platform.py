@@ -21,8 +21,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from capacity.autoscaling.actuators import get_actuator
 from capacity.autoscaling.services import reconcile
+from capacity.runtimes.processes import celery_worker_argv
 from endpoints.models import Endpoint, Replica, ReplicaState
-from endpoints.runtimes.processes import celery_worker_argv
 
 
 def _interrupt(signum, frame):

@@ -23,10 +23,10 @@ from django.conf import settings
 from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import SecurityWorld
 from billing.models import UsageRecord
+from capacity.runtimes.processes import free_port, sim_replica_argv
 from endpoints.adapters import adapter_create, adapter_delete, adapter_update
 from endpoints.lora_artifacts import owner_root
 from endpoints.models import Adapter, Endpoint, Replica, ReplicaState, Runtime
-from endpoints.runtimes.processes import free_port, sim_replica_argv
 from tenants.models import CapacityReservation
 
 LORA_OPTIONS = {"max_loras": 2, "max_lora_rank": 16}

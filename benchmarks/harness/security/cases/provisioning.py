@@ -30,11 +30,11 @@ from capacity.autoscaling.actuators import kubernetes
 from capacity.autoscaling.actuators.local import replica_argv
 from capacity.autoscaling.limits import launch_allowance
 from capacity.models import AutoscalerDecision, HardwareProfile
+from capacity.runtimes.vllm import argv_model
 from capacity.services import simulated_profiles_get_or_create
 from console import live
 from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, Rollout, Runtime
 from endpoints.rollouts import services as rollouts
-from endpoints.runtimes.vllm import argv_model
 from endpoints.services import replica_transition
 from tenants.models import CapacityReservation
 from tenants.quotas import live_usage, quota_for

@@ -25,7 +25,7 @@ import os
 import re
 from pathlib import Path
 
-from endpoints.runtimes.launch_options import lora_settings
+from capacity.runtimes.launch_options import lora_settings
 
 # Thread-pool sizes read at import by the numeric libraries a vLLM (or simulated) replica loads; PyTorch's
 # intra-op pool follows OMP_NUM_THREADS, Hugging Face tokenizers' Rust pool follows RAYON_NUM_THREADS.

@@ -38,8 +38,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from endpoints.runtimes import vllm
-from endpoints.runtimes.ports import free_port
+from capacity.runtimes import vllm
+from capacity.runtimes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -139,7 +139,7 @@ def vllm_replica_argv(
     host: str = "127.0.0.1",
     extra: list[str] | tuple = (),
 ) -> list[str]:
-    """Real vLLM from .venv-engine in module form, with the platform's own flags (``endpoints.runtimes.vllm``)."""
+    """Real vLLM from .venv-engine in module form, with the platform's own flags (``capacity.runtimes.vllm``)."""
     return vllm.serve_command(
         model=str(model_dir),
         port=port,

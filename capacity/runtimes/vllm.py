@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from endpoints.runtimes.launch_env import launch_env, vllm_engine_env
-from endpoints.runtimes.launch_options import DEFAULT_MAX_LORA_RANK
+from capacity.runtimes.launch_env import launch_env, vllm_engine_env
+from capacity.runtimes.launch_options import DEFAULT_MAX_LORA_RANK
 from gateway.metrics_scraper import MetricsParseError, parse_vllm_metrics
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -173,7 +173,7 @@ def model_argument(profile_name: str, *, models_dir: Path | None) -> str:
 
 def serve_env(launch_options: dict | None = None, **host) -> dict[str, str]:
     """Environment for a vLLM replica: thread pools sized from the replica's CPU allotment (``cpus``), split among
-    its tensor-parallel workers (see ``endpoints.runtimes.launch_env``), and vLLM's own variables (offline, no
+    its tensor-parallel workers (see ``capacity.runtimes.launch_env``), and vLLM's own variables (offline, no
     usage stats, CPU-backend binding and KV cache). ``host`` overrides affinity/quota (tests)."""
     return launch_env(launch_options, runtime="vllm", **host) | vllm_engine_env(launch_options)
 
