@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing.models import UsageRecord
 from capacity.runtimes.vllm import model_argument
-from endpoints.lora_artifacts import ArtifactError, inspect_artifact, owner_root, same_base_model
+from capacity.runtimes.lora_artifacts import ArtifactError, inspect_artifact, owner_root, same_base_model
 from endpoints.models import Adapter, Endpoint
 from endpoints.validation import NAME_TAKEN
 from gateway.proxy.signals import bump_config_version

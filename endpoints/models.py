@@ -160,7 +160,7 @@ class Adapter(models.Model):
 
     Private to its owner tenant, or shared by the operators (no owner). Its weights are a directory under its owner's
     part of the operators' storage root (``INFERCAP["LORA_ROOT"]``/tenants/<id>/ or /shared/,
-    ``endpoints.lora_artifacts.owner_root``), named by a path relative to it: a tenant never names an arbitrary path,
+    ``capacity.runtimes.lora_artifacts.owner_root``), named by a path relative to it: a tenant never names an arbitrary path,
     a hub id or another tenant's directory. Validated against the endpoint by ``endpoints.adapters.adapter_validate``.
     """
 

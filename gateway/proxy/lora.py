@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from endpoints.lora_artifacts import engine_name_owner
+from capacity.runtimes.lora_artifacts import engine_name_owner
 from gateway.proxy import metrics as m
 from gateway.proxy.errors import ProxyError
 from gateway.routing.lora import VictimChooser, choose_victim, least_recent_to_evict, victim_chooser

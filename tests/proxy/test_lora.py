@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from endpoints.lora_artifacts import engine_name
+from capacity.runtimes.lora_artifacts import engine_name
 from gateway.metrics_scraper import ReplicaMetrics, parse_vllm_metrics
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
