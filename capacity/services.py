@@ -19,7 +19,13 @@ from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_m
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.replica_benchmark.http_driver import HttpReplicaDriver
 from capacity.replica_benchmark.sweep import BenchmarkError, Progress, Shape, SweepConfig, run_sweep
-from capacity.runtimes.lora_artifacts import ArtifactError, artifact_fingerprint, engine_name, owner_root, resolve_under_root
+from capacity.runtimes.lora_artifacts import (
+    ArtifactError,
+    artifact_fingerprint,
+    engine_name,
+    owner_root,
+    resolve_under_root,
+)
 from endpoints.models import Adapter, Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import audit_log, field_changes, validated_save

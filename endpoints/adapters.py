@@ -13,11 +13,11 @@ from django.db.models import Count
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from capacity.runtimes.vllm import model_argument
 from capacity.runtimes.lora_artifacts import ArtifactError, inspect_artifact, owner_root, same_base_model
+from capacity.runtimes.vllm import model_argument
+from endpoints.config_version import bump_config_version
 from endpoints.models import Adapter, Endpoint
 from endpoints.validation import NAME_TAKEN
-from gateway.proxy.signals import bump_config_version
 from tenants.selectors import principal_is_operator, principal_tenant_id
 from tenants.services import audit_log
 

@@ -482,3 +482,13 @@ class RolloutEvent(models.Model):
 
     def __str__(self) -> str:
         return f"rollout {self.rollout_id} {self.kind} at {self.at:%H:%M:%S}: {self.message}"
+
+
+def active_rollout(endpoint: Endpoint | int) -> Rollout | None:
+    """The endpoint's rollout in progress, if any (at most one: a constraint says so)."""
+    endpoint_id = endpoint if isinstance(endpoint, int) else endpoint.pk
+    return (
+        Rollout.objects.filter(endpoint_id=endpoint_id, state__in=ROLLOUT_ACTIVE_STATES)
+        .select_related("from_version", "to_version")
+        .first()
+    )

@@ -26,7 +26,7 @@ import httpx
 
 from capacity.runtimes.launch_env import launch_env, vllm_engine_env
 from capacity.runtimes.launch_options import DEFAULT_MAX_LORA_RANK
-from gateway.metrics_scraper import MetricsParseError, parse_vllm_metrics
+from capacity.runtimes.vllm_metrics import MetricsParseError, parse_vllm_metrics
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # A model profile name that may name a directory under the operators' models directory: one path segment.

@@ -34,15 +34,6 @@ def rollouts_visible_to(principal) -> QuerySet[Rollout]:
     )
 
 
-def active_rollout(endpoint: Endpoint | int) -> Rollout | None:
-    endpoint_id = endpoint if isinstance(endpoint, int) else endpoint.pk
-    return (
-        Rollout.objects.filter(endpoint_id=endpoint_id, state__in=ROLLOUT_ACTIVE_STATES)
-        .select_related("from_version", "to_version")
-        .first()
-    )
-
-
 def traffic_weights_by_endpoint() -> dict[int, tuple[tuple[int, int], ...]]:
     """(version id, percent) pairs per endpoint with an active rollout, for the proxy snapshot (one query)."""
     out = {}

@@ -29,6 +29,7 @@ from capacity.autoscaling import actuators, store
 from capacity.autoscaling.actuators.base import version_endpoint
 from capacity.autoscaling.limits import rollout_surge_allowance
 from capacity.autoscaling.services import finish_drains, quota_left
+from endpoints.config_version import bump_config_version
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
     VERSIONED_FIELDS,
@@ -40,11 +41,11 @@ from endpoints.models import (
     RolloutEvent,
     RolloutState,
     RolloutStrategy,
+    active_rollout,
 )
 from endpoints.rollouts import machine
-from endpoints.rollouts.selectors import active_rollout, version_stats
+from endpoints.rollouts.selectors import version_stats
 from endpoints.validation import endpoint_validate
-from gateway.proxy.signals import bump_config_version
 from tenants.quotas import lock_tenant
 from tenants.services import audit_log
 

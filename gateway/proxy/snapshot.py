@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 from capacity.units import MUCoefficients
 
-VERSION_KEY = "infercap:config:version"
-
 
 @dataclass(frozen=True)
 class KeyInfo:

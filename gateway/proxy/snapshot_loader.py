@@ -12,8 +12,8 @@ from django.conf import settings
 from django.db.models import F
 from django.db.models.functions import Coalesce
 
-from capacity.unit_resolver import coefficients_by_endpoint, hardware_speeds
 from capacity.runtimes.lora_artifacts import artifact_fingerprint, engine_name, owner_root
+from capacity.unit_resolver import coefficients_by_endpoint, hardware_speeds
 from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState
 from endpoints.rollouts.selectors import traffic_weights_by_endpoint
 from gateway.proxy.snapshot import (

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from billing.ingest import UsageWriter
+from endpoints.config_version import VERSION_CHANNEL, VERSION_KEY
 from gateway.admission.shares import Member, allocate, fair_share
 from gateway.metrics_scraper import MetricsScraper
 from gateway.proxy.config import ProxyConfig, load_config
@@ -33,8 +34,7 @@ from gateway.proxy.lora import LORA_REPORT_KEY, lora_report, read_engine_adapter
 from gateway.proxy.prompt_tokens import TokenizerCache
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.scrape_client import AiohttpScrapeClient
-from gateway.proxy.signals import VERSION_CHANNEL
-from gateway.proxy.snapshot import VERSION_KEY, Snapshot
+from gateway.proxy.snapshot import Snapshot
 from gateway.proxy.snapshot_loader import read_snapshot
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from gateway.metrics_scraper import _CACHE_INFO, _GAUGES, parse_vllm_metrics
+from capacity.runtimes.vllm_metrics import _CACHE_INFO, _GAUGES, parse_vllm_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

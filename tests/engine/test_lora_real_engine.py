@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from billing.models import UsageRecord
-from endpoints.adapters import adapter_create
 from capacity.runtimes.lora_artifacts import ENGINE_NAME
+from endpoints.adapters import adapter_create
 from endpoints.models import Adapter
 from endpoints.services import replica_attach
 from tests.engine.conftest import LORA_MAX_RANK, LORA_SLOTS, SERVED_MODEL_NAME

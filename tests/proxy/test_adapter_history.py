@@ -10,9 +10,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from endpoints.adapters import ADAPTER_RATE_WINDOW_S, adapter_rates_refresh
+from endpoints.config_version import VERSION_KEY
 from endpoints.models import Adapter
 from gateway.proxy.config import ProxyConfig
-from gateway.proxy.snapshot import VERSION_KEY
 from gateway.proxy.snapshot_loader import read_snapshot
 from gateway.proxy.state import ProxyState
 from tests.factories import EndpointFactory, TenantFactory, UsageRecordFactory

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from capacity.runtimes.lora_artifacts import engine_name
-from gateway.metrics_scraper import ReplicaMetrics, parse_vllm_metrics
+from capacity.runtimes.vllm_metrics import ReplicaMetrics, parse_vllm_metrics
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
 from gateway.proxy.lora import ReplicaAdapters, engine_adapters, ensure_loaded

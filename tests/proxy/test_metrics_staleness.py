@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from gateway.metrics_scraper import ReplicaMetrics
+from capacity.runtimes.vllm_metrics import ReplicaMetrics
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.routing.base import RouteRequest

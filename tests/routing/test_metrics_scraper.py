@@ -6,7 +6,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics_scraper import MetricsParseError, MetricsScraper, parse_vllm_metrics
+from capacity.runtimes.vllm_metrics import MetricsParseError, parse_vllm_metrics
+from gateway.metrics_scraper import MetricsScraper
 from gateway.routing import ReplicaView, make_router
 from gateway.routing.base import RouteRequest
 from tests.routing.vllm_metrics import FakeReplica, vllm_metrics_body

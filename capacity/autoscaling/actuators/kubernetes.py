@@ -58,8 +58,7 @@ from lightkube.core.exceptions import ConfigError
 
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id, version_endpoint
 from capacity.runtimes.launch_env import kubernetes_container_patch
-from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState
-from endpoints.rollouts.selectors import active_rollout
+from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState, active_rollout
 
 log = logging.getLogger(__name__)
 

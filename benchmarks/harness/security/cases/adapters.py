@@ -23,9 +23,9 @@ from django.conf import settings
 from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import SecurityWorld
 from billing.models import UsageRecord
+from capacity.runtimes.lora_artifacts import owner_root
 from capacity.runtimes.processes import free_port, sim_replica_argv
 from endpoints.adapters import adapter_create, adapter_delete, adapter_update
-from capacity.runtimes.lora_artifacts import owner_root
 from endpoints.models import Adapter, Endpoint, Replica, ReplicaState, Runtime
 from tenants.models import CapacityReservation
 
