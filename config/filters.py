@@ -1,6 +1,6 @@
 """The REST API's filter backend: ``filterset_fields`` as django-filter builds them, foreign keys by plain id.
 
-Kept apart from config.api_base: DRF reads this setting while defining its generic views, so this module
+Kept apart from tenants.api.base: DRF reads this setting while defining its generic views, so this module
 must not import them.
 """
 

@@ -8,9 +8,9 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from capacity.api.metrics import platform_metrics
-from config.throttling import ThrottledAdminAuthenticationForm, ThrottledAuthenticationForm, login_view_throttled
+from tenants.throttling import ThrottledAdminAuthenticationForm, ThrottledAuthenticationForm, login_view_throttled
 
-# Both login pages count failed attempts per username and address (config.throttling); a locked-out attempt is 429.
+# Both login pages count failed attempts per username and address (tenants.throttling); a locked-out attempt is 429.
 admin.site.login_form = ThrottledAdminAuthenticationForm
 
 

@@ -1,11 +1,10 @@
 """REST API authentication with a tenant API key (``Authorization: Bearer ick_…``) holding a read or write scope, or
 with an operator token (``Bearer ico_…``).
 A bad key counts as a failed authentication of the client's address; past the limit the address is refused with 429
-before any key is looked up (config.throttling)."""
+before any key is looked up (tenants.throttling)."""
 
 from rest_framework import authentication, exceptions
 
-from config.throttling import auth_failed, auth_failures_blocked_for_s, auth_throttled, client_address
 from tenants.keys import ApiKeyPrincipal, authenticate_api_key
 from tenants.operator_tokens import (
     SAFE_METHODS,
@@ -15,6 +14,7 @@ from tenants.operator_tokens import (
     scope_needed,
 )
 from tenants.services import operator_token_used
+from tenants.throttling import auth_failed, auth_failures_blocked_for_s, auth_throttled, client_address
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

@@ -20,7 +20,7 @@ from django.test.utils import setup_databases, setup_test_environment, teardown_
 
 from benchmarks.harness.security.registry import cases_run, cases_select
 from benchmarks.harness.security.world import world_create
-from config.throttling import auth_failures_forget
+from tenants.throttling import auth_failures_forget
 
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from billing.alerts import alert_acknowledge
 from billing.models import Alert
 from billing.selectors import alert_acknowledgeable_by, alert_acknowledger_shown, alerts_visible_to
-from config.api_base import ScopedReadOnlyViewSet, principal_from
+from tenants.api.base import ScopedReadOnlyViewSet, principal_from
 from tenants.selectors import principal_can_write
 
 

@@ -16,7 +16,7 @@ from billing.api.schemas import CostLineSerializer, HardwareBreakdownSerializer
 from billing.cost import NOT_STORED, CostLine, cost_csv
 from billing.models import CostReport
 from billing.selectors import cost_breakdown_for, cost_lines_for, cost_reports_visible_to
-from config.api_base import ScopedReadOnlyViewSet
+from tenants.api.base import ScopedReadOnlyViewSet
 
 MAX_RANGE = timedelta(days=400)
 

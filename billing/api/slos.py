@@ -10,15 +10,15 @@ from rest_framework import serializers
 from billing.models import SLO
 from billing.selectors import slos_visible_to
 from billing.services import slo_create, slo_delete, slo_update
-from config.api_base import (
+from endpoints.models import Endpoint
+from endpoints.selectors import endpoints_visible_to
+from tenants.api.base import (
     IdOrNameRelatedField,
     ScopedModelViewSet,
     ScopedPrimaryKeyRelatedField,
     default_tenant,
     principal_from,
 )
-from endpoints.models import Endpoint
-from endpoints.selectors import endpoints_visible_to
 from tenants.models import CapacityReservation, Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
 

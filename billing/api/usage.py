@@ -12,8 +12,8 @@ from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
 
 from billing.models import UsageRecord, UsageStatus
-from config.api_base import ScopedReadOnlyViewSet
 from endpoints.selectors import endpoints_visible_to
+from tenants.api.base import ScopedReadOnlyViewSet
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
 
 

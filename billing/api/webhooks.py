@@ -8,7 +8,7 @@ from billing.models import Webhook
 from billing.selectors import webhooks_visible_to
 from billing.services import webhook_create, webhook_delete, webhook_update
 from billing.slo import WINDOW_PAIRS
-from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
+from tenants.api.base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from tenants.models import Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
 

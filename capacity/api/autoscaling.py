@@ -7,8 +7,8 @@ console's endpoint page hides them the same way, ``console.selectors.shows_whole
 from rest_framework import serializers
 
 from capacity.models import AutoscalerDecision
-from config.api_base import ScopedReadOnlyViewSet
 from endpoints.selectors import endpoints_owned_by
+from tenants.api.base import ScopedReadOnlyViewSet
 
 
 class AutoscalerDecisionSerializer(serializers.ModelSerializer):

@@ -13,8 +13,8 @@ from rest_framework.response import Response
 
 from capacity.models import CapacityBenchmark
 from capacity.services import benchmark_enqueue
-from config.api_base import IdOrNameRelatedField, ScopedReadOnlyViewSet
 from endpoints.models import Endpoint, Replica
+from tenants.api.base import IdOrNameRelatedField, ScopedReadOnlyViewSet
 from tenants.selectors import principal_is_operator
 
 # The figures a sweep measured, the same whichever endpoint it ran on; the rest of ``detail`` names where it ran.

@@ -14,8 +14,8 @@ from rest_framework.views import APIView
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.planning.barriers import PlannerInputError
 from capacity.planning.inputs import PlanRequest, plan_from_request
-from config.api_base import IdOrNameRelatedField
 from endpoints.selectors import endpoints_visible_to
+from tenants.api.base import IdOrNameRelatedField
 
 finite = {"allow_nan": False, "allow_infinity": False} if hasattr(serializers.FloatField, "allow_nan") else {}
 

@@ -18,7 +18,7 @@ from capacity.hardware.profiles import PROFILES, ROOFLINES
 from capacity.models import HardwareProfile
 from capacity.planning.inputs import plan_mix_from_profiles
 from capacity.planning.mix import PlanError
-from config.api_base import IdOrNameRelatedField
+from tenants.api.base import IdOrNameRelatedField
 
 
 def _finite(value: float) -> None:

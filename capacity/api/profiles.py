@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from capacity.models import HardwareProfile, ModelProfile
 from capacity.services import profile_create, profile_delete, profile_update
-from config.api_base import WRITE, ScopedModelViewSet
+from tenants.api.base import WRITE, ScopedModelViewSet
 
 
 class HardwareProfileSerializer(serializers.ModelSerializer):

@@ -4,9 +4,9 @@ tenants read theirs."""
 from rest_framework import serializers
 
 from capacity.services import reservation_create, reservation_delete, reservation_update
-from config.api_base import WRITE, IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField
 from endpoints.models import Adapter, Endpoint
 from endpoints.selectors import adapters_visible_to, endpoints_visible_to
+from tenants.api.base import WRITE, IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField
 from tenants.models import CapacityReservation, Tenant
 from tenants.selectors import reservations_visible_to, tenants_visible_to
 

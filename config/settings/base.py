@@ -141,7 +141,7 @@ INFERCAP = {
     "LORA_ROOT": env("INFERCAP_LORA_ROOT", str(VAR_DIR / "lora")),
     "LORA_MU_OVERHEAD": float(env("INFERCAP_LORA_MU_OVERHEAD", "0.1")),
     # Console and admin logins: locked for the rest of the window after this many failures per username and
-    # address, or per address across usernames (config.throttling).
+    # address, or per address across usernames (tenants.throttling).
     "LOGIN_THROTTLE": {
         "failures_per_user_address": env_int("INFERCAP_LOGIN_FAILURES", 5),
         "failures_per_address": env_int("INFERCAP_LOGIN_FAILURES_PER_ADDRESS", 50),

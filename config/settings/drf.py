@@ -19,8 +19,8 @@ REST_FRAMEWORK = {
     ],
     # Per person or key, and per address for anonymous calls; counted in the cache (Redis in production).
     "DEFAULT_THROTTLE_CLASSES": [
-        "config.throttling.PrincipalRateThrottle",
-        "config.throttling.AnonymousRateThrottle",
+        "tenants.throttling.PrincipalRateThrottle",
+        "tenants.throttling.AnonymousRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "principal": env("INFERCAP_API_RATE", "1200/min"),

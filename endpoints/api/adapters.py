@@ -7,10 +7,10 @@ a directory relative to its owner's part of the operators' LoRA storage root, ch
 
 from rest_framework import serializers
 
-from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from endpoints.adapters import adapter_create, adapter_delete, adapter_update
 from endpoints.models import Adapter, Endpoint, model_name_validator
 from endpoints.selectors import adapters_visible_to, endpoints_visible_to
+from tenants.api.base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from tenants.models import Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
 

@@ -12,7 +12,6 @@ from rest_framework.response import Response
 from capacity.autoscaling import pins
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
 from capacity.runtimes.launch_options import launch_options_shown_to_non_owners, tenant_launch_option_errors
-from config.api_base import IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
     Endpoint,
@@ -23,6 +22,7 @@ from endpoints.models import (
 from endpoints.selectors import endpoint_is_owned_by, endpoints_visible_to
 from endpoints.services import endpoint_create, endpoint_delete, endpoint_scale, endpoint_unpin, endpoint_update
 from gateway.admission.classes import CLASSES
+from tenants.api.base import IdOrNameRelatedField, ScopedModelViewSet, ScopedPrimaryKeyRelatedField, principal_from
 from tenants.models import Tenant
 from tenants.selectors import principal_is_operator, principal_tenant_id, tenants_visible_to
 

@@ -4,7 +4,7 @@ beyond the platform default). Rows are tenants: ``/tenant-quotas/<tenant id>/``.
 
 from rest_framework import mixins, serializers, viewsets
 
-from config.api_base import WRITE, ScopedViewSetMixin
+from tenants.api.base import WRITE, ScopedViewSetMixin
 from tenants.models import Tenant
 from tenants.quotas import QUOTA_NAMES, committed_usage, quota_for, tenant_quota_update
 from tenants.selectors import tenants_visible_to

@@ -18,7 +18,6 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.autoscaling.services import MAX_NOTICE_S, replica_interruption_notice
-from config.api_base import WRITE, IdOrNameRelatedField, ScopedViewSetMixin
 from endpoints.models import Endpoint, Replica, ReplicaTransition
 from endpoints.selectors import (
     replica_placement_redacted,
@@ -27,6 +26,7 @@ from endpoints.selectors import (
     replicas_with_placement_visible_to,
 )
 from endpoints.services import replica_attach
+from tenants.api.base import WRITE, IdOrNameRelatedField, ScopedViewSetMixin
 
 
 class ReplicaTransitionSerializer(serializers.ModelSerializer):

@@ -11,11 +11,11 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from config.api_base import WRITE, IdOrNameRelatedField, ScopedPrimaryKeyRelatedField, ScopedViewSetMixin
 from endpoints.models import Endpoint, EndpointVersion, Rollout, RolloutEvent, RolloutStrategy
 from endpoints.rollouts import services as rollout_services
 from endpoints.rollouts.selectors import rollouts_visible_to, versions_visible_to
 from endpoints.selectors import endpoints_owned_by
+from tenants.api.base import WRITE, IdOrNameRelatedField, ScopedPrimaryKeyRelatedField, ScopedViewSetMixin
 
 
 # -- versions -----------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
 
-from config.api_base import ScopedReadOnlyViewSet
+from tenants.api.base import ScopedReadOnlyViewSet
 from tenants.models import AuditEntry
 from tenants.selectors import principal_is_operator, principal_tenant_id
 

@@ -7,7 +7,12 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from config.api_base import ScopedCreateReadUpdateViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
+from tenants.api.base import (
+    ScopedCreateReadUpdateViewSet,
+    ScopedPrimaryKeyRelatedField,
+    default_tenant,
+    principal_from,
+)
 from tenants.keys import key_grant_excess
 from tenants.models import ApiKey, ApiKeyScope, PriorityClass, Tenant
 from tenants.operator_tokens import token_of

@@ -1,6 +1,6 @@
 """/api/v1/me/: who the caller is, for clients and the console to adapt to the caller's role; a person changes their
 own email address there (PATCH, with the current password); /api/v1/me/password/: a person changes their own
-password. Wrong current passwords count as failed logins and share their lock-out (``config.throttling``)."""
+password. Wrong current passwords count as failed logins and share their lock-out (``tenants.throttling``)."""
 
 from django.contrib.auth import update_session_auth_hash
 from django.urls import path
@@ -10,11 +10,11 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.throttling import password_attempt
 from tenants.keys import ApiKeyPrincipal
 from tenants.operator_tokens import token_of
 from tenants.selectors import principal_can_write, principal_is_credential, principal_is_operator
 from tenants.services import user_email_change, user_password_change
+from tenants.throttling import password_attempt
 
 
 class TenantBriefSerializer(serializers.Serializer):

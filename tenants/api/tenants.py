@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from config.api_base import WRITE, ScopedModelViewSet
+from tenants.api.base import WRITE, ScopedModelViewSet
 from tenants.models import Tenant
 from tenants.selectors import tenants_visible_to
 from tenants.services import tenant_create, tenant_delete, tenant_update

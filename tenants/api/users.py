@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from config.api_base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
+from tenants.api.base import ScopedModelViewSet, ScopedPrimaryKeyRelatedField, default_tenant, principal_from
 from tenants.models import Role, Tenant, User
 from tenants.selectors import principal_is_credential, principal_is_operator, tenants_visible_to, users_visible_to
 from tenants.services import user_create, user_delete, user_password_reset, user_update

@@ -10,9 +10,9 @@ from django.test import Client, override_settings
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from config.throttling import LoginLimits, _counters
 from tenants.models import AuditEntry
 from tenants.services import EMAIL_SELF_OR_OPERATOR
+from tenants.throttling import LoginLimits, _counters
 
 PASSWORD = "pw-for-tests-123"  # tests.factories.UserFactory's
 STRONG = "a-Strong-pass-9876"

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from config.throttling import LoginLimits, auth_failures_forget
+from tenants.throttling import LoginLimits, auth_failures_forget
 
 LIMITS = {"failures_per_user_address": 100, "failures_per_address": 3, "window_s": 600}
 

@@ -8,7 +8,7 @@ from drf_spectacular.validation import validate_schema
 
 # The views and URL prefixes of the tenants/endpoints/profiles/SLO/usage API (tests/api's subject).
 OUR_FILES = [
-    "config/api_base.py", "tenants/api/", "endpoints/api/endpoints.py", "endpoints/api/replicas.py",
+    "tenants/api/base.py", "tenants/api/", "endpoints/api/endpoints.py", "endpoints/api/replicas.py",
     "capacity/api/profiles.py", "billing/api/slos.py", "billing/api/usage.py",
 ]  # fmt: skip
 OUR_RESOURCES = [

@@ -8,8 +8,8 @@ from django.test import override_settings
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from config.throttling import AnonymousRateThrottle, PrincipalRateThrottle
 from tenants.services import api_key_create
+from tenants.throttling import AnonymousRateThrottle, PrincipalRateThrottle
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.test import Client, override_settings
 
-from config.throttling import LoginLimits, _counters
+from tenants.throttling import LoginLimits, _counters
 
 ADDRESS = "198.51.100.23"
 LIMITS = {"failures_per_user_address": 3, "failures_per_address": 6, "window_s": 600}

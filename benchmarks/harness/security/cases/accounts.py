@@ -29,9 +29,9 @@ from rest_framework.settings import api_settings
 
 from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import SecurityWorld
-from config.throttling import AnonymousRateThrottle, LoginLimits, PrincipalRateThrottle, _counters
 from tenants.models import ApiKey, Role, User
 from tenants.services import api_key_create
+from tenants.throttling import AnonymousRateThrottle, LoginLimits, PrincipalRateThrottle, _counters
 
 
 def _password() -> str:

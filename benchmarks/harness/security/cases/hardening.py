@@ -36,7 +36,7 @@ from benchmarks.harness.security.fake_dns import FakeDNS
 from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import SecurityWorld
 from billing.notifiers import notifications_deliver_due
-from config.throttling import auth_failures_forget
+from tenants.throttling import auth_failures_forget
 
 # -- webhooks: every special range, not only what ``ipaddress.is_global`` knows -------------------------------------
 SPECIAL_ADDRESSES = {
