@@ -201,12 +201,3 @@ def takes_priority(launch_options) -> bool:
             elif isinstance(arg, str) and arg.startswith("--scheduling-policy="):
                 policy = arg.partition("=")[2]
     return policy == "priority"
-
-
-def load_snapshot(version: str = "") -> Snapshot:
-    """Read everything the proxy needs in a fixed number of queries (sync: call from a worker thread)."""
-    # Deferred: the loader imports this module's types (a cycle at the top) and Django's models, which would tie
-    # these value types, and the admission runtime built on them, to a configured Django.
-    from gateway.proxy.snapshot_loader import read_snapshot
-
-    return read_snapshot(version)

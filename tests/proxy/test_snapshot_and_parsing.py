@@ -10,7 +10,7 @@ from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
 from gateway.proxy.request import parse_request, upstream_payload
 from gateway.proxy.runtime import EndpointRuntime
-from gateway.proxy.snapshot import load_snapshot
+from gateway.proxy.snapshot_loader import read_snapshot
 from tenants.keys import hash_key
 from tenants.services import api_key_create, api_key_revoke
 from tests.factories import HardwareProfileFactory, ReplicaFactory
@@ -26,7 +26,7 @@ def test_snapshot_holds_only_usable_keys_and_ready_replicas(tenant_a, tenant_b, 
     ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.STARTING)
     ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.READY, is_standby=True)
     with django_assert_max_num_queries(9):  # one more: the LoRA adapters
-        snap = load_snapshot("7")
+        snap = read_snapshot("7")
     assert snap.version == "7"
     assert hash_key(tenant_a.raw_key) in snap.keys_by_hash
     assert hash_key(revoked_raw) not in snap.keys_by_hash
@@ -145,7 +145,7 @@ def test_a_replica_on_faster_hardware_than_its_endpoints_carries_its_speed_into_
     faster = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, concurrency_limit=8, hardware_profile=fast)
     ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, concurrency_limit=8, hardware_profile=fast)
     with django_assert_max_num_queries(11):  # two more than without a mixed fleet, whatever its size
-        info = load_snapshot("8").endpoints_by_name[endpoint.name]
+        info = read_snapshot("8").endpoints_by_name[endpoint.name]
     speeds = {r.id: r.speed for r in info.replicas}
     assert speeds[own.pk] == 1.0 and speeds[faster.pk] == pytest.approx(3350 / 2039)
     runtime = EndpointRuntime(replace(info, routing_policy="infercap"), config=ProxyConfig())

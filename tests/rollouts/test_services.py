@@ -111,17 +111,17 @@ def test_operator_actions_record_events_and_audit_entries(operator):
 
 
 def test_traffic_weights_reach_the_proxy_snapshot():
-    from gateway.proxy.snapshot import load_snapshot
+    from gateway.proxy.snapshot_loader import read_snapshot
 
     endpoint = EndpointFactory()
     old = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY)
     v2 = services.create_version(endpoint=endpoint, launch_options={"speed": 2.0})
     new = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, version=v2)
-    info = load_snapshot().endpoints_by_name[endpoint.name]
+    info = read_snapshot().endpoints_by_name[endpoint.name]
     assert info.version_weights == ()  # no rollout: every ready replica is routed
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2, strategy="canary")
     Rollout.objects.filter(pk=rollout.pk).update(state=RolloutState.SHIFTING, traffic_percent=10)
-    info = load_snapshot().endpoints_by_name[endpoint.name]
+    info = read_snapshot().endpoints_by_name[endpoint.name]
     v1 = endpoint.current_version_id
     assert dict(info.version_weights) == {v1: 90, v2.pk: 10}
     assert {r.id: r.version_id for r in info.replicas} == {old.pk: v1, new.pk: v2.pk}

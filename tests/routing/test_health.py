@@ -86,7 +86,7 @@ def _fresh(replicas):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_hung_replica_is_detected_failed_and_replaced(sim_endpoint):
-    from gateway.proxy.snapshot import load_snapshot
+    from gateway.proxy.snapshot_loader import read_snapshot
 
     endpoint, actuator = sim_endpoint
     hung, healthy = _launch_ready(endpoint, actuator, 2)
@@ -119,7 +119,7 @@ def test_hung_replica_is_detected_failed_and_replaced(sim_endpoint):
     assert check.restart.startswith("requested via LocalActuator.restart")
 
     # The proxy's snapshot (what it routes to) no longer lists the hung replica.
-    routed_urls = {r.url for r in load_snapshot().endpoints_by_name[endpoint.name].replicas}
+    routed_urls = {r.url for r in read_snapshot().endpoints_by_name[endpoint.name].replicas}
     assert hung.url not in routed_urls and healthy.url in routed_urls
 
     # The restart launched a replacement; once it is ready, health_timings reports detection and recovery.
