@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from capacity.autoscaling import services
+from capacity.autoscaling import services, ticks
 from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.kubernetes import DELETION_COST, KubernetesActuator
 from endpoints.models import Endpoint, ReplicaState
@@ -191,7 +191,7 @@ def test_warm_pool_standby_pods_are_promoted_by_relabelling(db, cluster, k8s, en
     standby = {r.name: r for r in endpoint.replicas.filter(is_standby=True)}
     assert set(standby) == {"llama-13b-standby-x", "llama-13b-standby-y"}
     assert {r.state for r in standby.values()} == {ReplicaState.READY}
-    inputs = services.horizontal_inputs(endpoint, now=0.0)
+    inputs = ticks.horizontal_inputs(endpoint, now=0.0)
     assert (inputs.ready, inputs.starting) == (1, 0)  # standbys are not capacity until promoted
     assert cluster.standby_replicas == 2 and cluster.replicas == 1  # a full pool: nothing more launched
 
@@ -208,7 +208,7 @@ def test_warm_pool_standby_pods_are_promoted_by_relabelling(db, cluster, k8s, en
     promoted = endpoint.replicas.get(name="llama-13b-standby-x")
     assert not promoted.is_standby and promoted.state == ReplicaState.READY
     assert cluster.replicas == 1  # the serving Deployment was not scaled: the promoted pod is the new replica
-    assert services.horizontal_inputs(endpoint, now=0.0).ready == 2
+    assert ticks.horizontal_inputs(endpoint, now=0.0).ready == 2
     # The standby ReplicaSet releases the relabelled pod and starts a replacement: the pool refills by itself
     cluster.add_pod("llama-13b-standby-z", phase="Pending", ready=False, role="standby")
     services.reconcile(endpoint=endpoint)

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from capacity.autoscaling import store
-from capacity.autoscaling.services import REFERENCE_REQUEST, horizontal_tick, mu_capacity_for
+from capacity.autoscaling.ticks import horizontal_tick, mu_capacity_for
 from capacity.unit_resolver import endpoint_coefficients
-from capacity.units import estimate_request_mu
+from capacity.units import REFERENCE_REQUEST, estimate_request_mu
 from endpoints.models import Endpoint, ReplicaState
 from tests.autoscaling.test_local_actuator_e2e import configure, converge, ready, scale
 from tests.proxy.conftest import spawn_proxy

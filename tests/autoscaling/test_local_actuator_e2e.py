@@ -8,7 +8,8 @@ import pytest
 
 from capacity.autoscaling.actuators import get_actuator
 from capacity.autoscaling.actuators.local import pid_alive
-from capacity.autoscaling.services import _in_flight, horizontal_inputs, reconcile
+from capacity.autoscaling.services import _in_flight, reconcile
+from capacity.autoscaling.ticks import horizontal_inputs
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
 from tests.proxy.conftest import spawn_proxy
@@ -179,7 +180,7 @@ def test_restart_replaces_a_crashed_replica_and_sync_marks_dead_processes(clean_
 
 def test_live_scale_up_from_proxy_demand(procs, clean_store, reap_local_replicas, tenant_a):
     """The whole loop: proxy demand reports → 1 s samples → 5 s-style ticks → local replicas → proxy routes to them."""
-    from capacity.autoscaling.services import horizontal_tick, sample_demand
+    from capacity.autoscaling.ticks import horizontal_tick, sample_demand
 
     endpoint = configure(tenant_a.endpoint, profile_opts={"decode_t0_s": 0.02})
     Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=4, max_replicas=3, min_replicas=1)
@@ -230,7 +231,7 @@ def test_scale_from_zero_through_the_proxy(procs, clean_store, reap_local_replic
     thread instead of beat, see it healthy; the held request is answered."""
     from django.db import connections
 
-    from capacity.autoscaling.services import horizontal_tick
+    from capacity.autoscaling.ticks import horizontal_tick
 
     endpoint = configure(tenant_a.endpoint)
     Endpoint.objects.filter(pk=endpoint.pk).update(scale_to_zero=True, min_replicas=0, desired_replicas=0)

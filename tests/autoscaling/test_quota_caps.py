@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from capacity.autoscaling import services, store
+from capacity.autoscaling import services, store, ticks
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance, quota_ceiling
 from endpoints.models import Endpoint, Replica, ReplicaState
 from tests.autoscaling.test_ticks import RecordingActuator
@@ -69,7 +69,7 @@ def test_min_replicas_in_the_thousands_launches_only_the_tenants_quota(clean_sto
     """A row with min_replicas 5000 (written before quotas, or in SQL) starts the quota's 16, not 5000."""
     settings.INFERCAP = {**settings.INFERCAP, "AUTOSCALE_MAX_LAUNCHES_PER_TICK": 100}
     endpoint = _flat(tenant_a.endpoint, min_replicas=5000, max_replicas=5000, desired_replicas=5000)
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-q1", now=time.time())
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-q1", now=time.time())
     launched = sum(count for _, count, standby in actuator.launched if not standby)
     assert launched == 16
     assert decision.desired == 16
@@ -78,7 +78,7 @@ def test_min_replicas_in_the_thousands_launches_only_the_tenants_quota(clean_sto
     assert endpoint.desired_replicas == 16
     # The next tick starts nothing more: the quota is used up.
     actuator.launched.clear()
-    services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-q2", now=time.time() + 5)
+    ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-q2", now=time.time() + 5)
     assert sum(count for _, count, _ in actuator.launched) == 0
 
 
@@ -95,7 +95,7 @@ def test_gpu_quota_counts_gpus_per_replica_and_other_endpoints(clean_store, actu
         max_replicas=6,
         desired_replicas=6,
     )
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-g1", now=time.time())
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-g1", now=time.time())
     assert sum(count for _, count, _ in actuator.launched) == 2
     assert decision.desired == 2 and "tenant GPU quota caps replicas at 2" in decision.reason
 
@@ -106,7 +106,7 @@ def test_demand_scale_up_stops_at_the_quota(clean_store, actuator, tenant_a):
     endpoint = _flat(tenant_a.endpoint, concurrency_limit=10, min_replicas=1, max_replicas=8, desired_replicas=1)
     ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, actuator="recording")
     _demand(clean_store, endpoint, in_flight=200)
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-d1", now=time.time())
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-d1", now=time.time())
     assert decision.desired == 3
     assert "tenant replica quota caps replicas at 3" in decision.reason
     assert sum(count for _, count, _ in actuator.launched) == 2
@@ -114,7 +114,7 @@ def test_demand_scale_up_stops_at_the_quota(clean_store, actuator, tenant_a):
 
 def test_launches_per_endpoint_per_tick_are_capped_and_recorded(clean_store, actuator, operator):
     shared = _flat(EndpointFactory(), min_replicas=50, max_replicas=50, desired_replicas=50)  # no quota: shared
-    decision = services.horizontal_tick(endpoint_id=shared.pk, tick="h-c1", now=time.time())
+    decision = ticks.horizontal_tick(endpoint_id=shared.pk, tick="h-c1", now=time.time())
     assert sum(count for _, count, _ in actuator.launched) == 8
     assert "launch capped at 8 of 50" in decision.reason and "launches per endpoint per tick" in decision.reason
 

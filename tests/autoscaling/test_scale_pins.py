@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from capacity.autoscaling import services
+from capacity.autoscaling import services, ticks
 from capacity.autoscaling.actuators.local import pid_alive
 from capacity.models import AutoscalerDecision, ScalePin
 from endpoints.models import Endpoint, ReplicaState
@@ -62,7 +62,7 @@ def test_a_scale_starts_replicas_now_and_the_ticks_hold_it(clean_store, actuator
     assert "pinned at 3" in manual.reason and "launch day" in manual.reason
     assert manual.inputs["actions"][0].startswith("launched 3")
     # And the autoscaler's ticks (the beat's Celery task) hold it, saying why, when demand alone would want more
-    ref = services.mu_capacity_for(endpoint) / 10
+    ref = ticks.mu_capacity_for(endpoint) / 10
     for i in range(3):
         report(clean_store, endpoint, "proxy-1", t=time.time(), in_flight=60, queued=20, in_flight_mu=60 * ref)
         decision = _tick(endpoint, f"h-pin-{i}")
@@ -107,7 +107,7 @@ def test_pin_length_is_bounded_and_autoscale_off_needs_no_pin(clean_store, actua
 
 def test_a_scale_during_a_tick_is_not_undone(clean_store, actuator, operator, endpoint, monkeypatch):
     # A tick that read no pin, then an operator scale lands before it writes: the tick keeps the operator's count.
-    real = services.horizontal.decide
+    real = ticks.horizontal.decide
 
     def decide_then_scale(inputs):
         decision = real(inputs)
@@ -115,7 +115,7 @@ def test_a_scale_during_a_tick_is_not_undone(clean_store, actuator, operator, en
         ScalePin.objects.create(endpoint=endpoint, replicas=5, until=timezone.now() + timedelta(hours=1))
         return decision
 
-    monkeypatch.setattr(services.horizontal, "decide", decide_then_scale)
+    monkeypatch.setattr(ticks.horizontal, "decide", decide_then_scale)
     decision = _tick(endpoint, "h-race")
     endpoint.refresh_from_db()
     assert endpoint.desired_replicas == 5 and "an operator scaled meanwhile" in decision.reason

@@ -10,7 +10,8 @@ import pytest
 from capacity.autoscaling import horizontal, store
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.demand import DemandSample
-from capacity.autoscaling.services import horizontal_inputs, suspended_hold
+from capacity.autoscaling.services import suspended_hold
+from capacity.autoscaling.ticks import horizontal_inputs
 from endpoints.models import Endpoint, Replica, ReplicaState
 from tenants.services import tenant_update
 from tests.factories import EndpointFactory, TenantFactory

@@ -2,7 +2,7 @@
 
 import pytest
 
-from capacity.autoscaling import services
+from capacity.autoscaling import services, ticks
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint
 from tests.autoscaling.test_ticks import RecordingActuator
@@ -34,7 +34,7 @@ def test_sampler_keeps_one_sample_per_second_for_the_decision(clean_store, tenan
         clean_store.hset(key, "proxy-1", json.dumps({"t": time.time(), "in_flight": in_flight}))
         assert tasks.sample_demand() == 1
     monkeypatch.setattr(services, "get_actuator", lambda endpoint: RecordingActuator())
-    decision = services.horizontal_tick(endpoint_id=tenant_a.endpoint.pk, tick="h-s")
+    decision = ticks.horizontal_tick(endpoint_id=tenant_a.endpoint.pk, tick="h-s")
     assert decision.inputs["samples_up"] == 4 and decision.inputs["up_need"] == pytest.approx(60 / 7, abs=1e-3)
 
 
@@ -94,5 +94,5 @@ def test_vertical_tick_with_inverted_bounds_in_the_database(clean_store, tenant_
     Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(
         concurrency_min=64, concurrency_max=16, concurrency_limit=32
     )
-    decision = services.vertical_tick(endpoint_id=tenant_a.endpoint.pk, tick="v-inverted")
+    decision = ticks.vertical_tick(endpoint_id=tenant_a.endpoint.pk, tick="v-inverted")
     assert decision is not None and decision.desired == 16 and decision.reason.startswith("clamped into bounds")

@@ -10,7 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connections
 
-from capacity.autoscaling import activator, services, store
+from capacity.autoscaling import activator, services, store, ticks
 from capacity.autoscaling.activator import request_scale_from_zero
 from capacity.autoscaling.actuators.base import Actuator
 from capacity.models import AutoscalerDecision
@@ -76,11 +76,11 @@ def report(client, endpoint, process, **demand):
 def test_demand_from_fresh_proxy_reports_scales_up_and_is_recorded(clean_store, actuator, endpoint):
     now = time.time()
     # MU of one reference request (500 in / 300 out) under the endpoint's coefficients: a replica holds 10 of them
-    ref = services.mu_capacity_for(endpoint) / 10
+    ref = ticks.mu_capacity_for(endpoint) / 10
     report(clean_store, endpoint, "proxy-1", t=now, in_flight=20, queued=10, in_flight_mu=20 * ref, queued_mu=10 * ref)
     report(clean_store, endpoint, "proxy-2", t=now - 1, in_flight=5, queued=0, in_flight_mu=5 * ref)
     report(clean_store, endpoint, "proxy-dead", t=now - 60, in_flight=500, queued=0, in_flight_mu=500 * ref)
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now)
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now)
     # 35 reference requests' MU against 10 per replica at 0.7 → 5 replicas; from 1 a step may add 4
     assert (decision.current, decision.desired, decision.applied) == (1, 5, True)
     assert decision.reason.startswith("scale up")
@@ -91,7 +91,7 @@ def test_demand_from_fresh_proxy_reports_scales_up_and_is_recorded(clean_store, 
     endpoint.refresh_from_db()
     assert endpoint.desired_replicas == 5
     # The same tick again (a redelivered task) stores and does nothing
-    assert services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now) is None
+    assert ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-1", now=now) is None
     assert AutoscalerDecision.objects.filter(endpoint=endpoint).count() == 1
     assert len(actuator.launched) == 1
 
@@ -99,9 +99,9 @@ def test_demand_from_fresh_proxy_reports_scales_up_and_is_recorded(clean_store, 
 def test_scale_up_weighs_requests_by_their_mu(clean_store, actuator, endpoint):
     # 35 requests in flight, but short ones: together they cost what 14 reference requests cost → ceil(14 / 7) = 2
     now = time.time()
-    ref = services.mu_capacity_for(endpoint) / 10
+    ref = ticks.mu_capacity_for(endpoint) / 10
     report(clean_store, endpoint, "proxy-1", t=now, in_flight=35, queued=0, in_flight_mu=14 * ref)
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-mu", now=now)
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-mu", now=now)
     assert (decision.current, decision.desired) == (1, 2)
     assert decision.inputs["signal"] == "mu" and decision.inputs["up_need_requests"] == 5.0
 
@@ -115,7 +115,7 @@ def test_one_decision_per_tick_with_two_workers(clean_store, actuator, endpoint,
         def worker():
             barrier.wait()
             try:
-                out.append(services.horizontal_tick(endpoint_id=endpoint.pk, tick=tick))
+                out.append(ticks.horizontal_tick(endpoint_id=endpoint.pk, tick=tick))
             finally:
                 connections.close_all()
 
@@ -147,24 +147,24 @@ def test_one_decision_per_tick_with_two_workers(clean_store, actuator, endpoint,
 def test_a_held_lock_skips_the_tick(clean_store, actuator, endpoint):
     with store.TickLock(axis="horizontal", endpoint_id=endpoint.pk) as held:
         assert held.held
-        assert services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-9") is None
+        assert ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-9") is None
     assert not AutoscalerDecision.objects.exists()
 
 
 def test_no_scale_down_within_five_minutes_of_a_scale_up_across_ticks(clean_store, actuator, endpoint):
     now = time.time()
     report(clean_store, endpoint, "p", t=now, in_flight=30, queued=0)
-    up = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-a", now=now)
+    up = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-a", now=now)
     assert up.desired > up.current
     # The new replicas come up; the demand is gone (and so is its window, to isolate the delay rule): the live
     # proxy reports an idle endpoint
     endpoint.replicas.filter(state=ReplicaState.STARTING).update(state=ReplicaState.READY)
     clean_store.delete(store.SAMPLES_KEY.format(endpoint_id=endpoint.pk))
     report(clean_store, endpoint, "p", t=now + 60, in_flight=0, queued=0)
-    held = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-b", now=now + 60)
+    held = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-b", now=now + 60)
     assert held.desired == held.current and held.reason == "hold: scale-down delay after a scale-up"
     report(clean_store, endpoint, "p", t=now + 400, in_flight=0, queued=0)
-    down = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-c", now=now + 400)
+    down = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-c", now=now + 400)
     assert down.desired == down.current - 1 and down.reason.startswith("scale down")
     assert len(actuator.terminated) == 0  # the victim drains first (ready → draining); it stops on a later tick
     assert endpoint.replicas.filter(state=ReplicaState.DRAINING).count() == 1
@@ -263,27 +263,27 @@ def test_vertical_tick_cuts_the_limit_after_three_overloaded_cycles(clean_store,
     # Long ago the replica was fast: those counts must not count in today's p95 (the tick diffs scrapes)
     metrics_server.ttft = [1000, 0, 0, 0, 0, 0]
     metrics_server.tpot = [0, 1000, 0, 0, 0]
-    first = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-1")
+    first = ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-1")
     assert first.desired == 64 and first.inputs["verdict"] == "healthy"
     # Now 40% of first tokens take 2.5–5 s: p95 TTFT 5 s against a 2 s SLO
     metrics_server.ttft = [1060, 0, 0, 0, 40, 0]
     metrics_server.tpot = [0, 1100, 0, 0, 0]
-    second = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-2")
+    second = ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-2")
     # p95 interpolated in the (2.5, 5] s bucket as Prometheus does: 2.5 + 2.5 × (95 − 60) / 40
     assert second.inputs["ttft_p95_ms"] == pytest.approx(4687.5) and second.inputs["verdict"] == "overload"
     assert second.desired == 64 and second.inputs["overload_streak"] == 1  # one cycle is not stable yet
     metrics_server.ttft = [1120, 0, 0, 0, 80, 0]
     metrics_server.tpot = [0, 1200, 0, 0, 0]
-    third = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-3")
+    third = ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-3")
     assert third.desired == 64 and third.inputs["overload_streak"] == 2  # the streak survives between ticks
     metrics_server.ttft = [1180, 0, 0, 0, 120, 0]
     metrics_server.tpot = [0, 1300, 0, 0, 0]
-    fourth = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-4")
+    fourth = ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-4")
     assert fourth.desired == 45 and fourth.reason.startswith("decrease")
     endpoint.refresh_from_db()
     replica.refresh_from_db()
     assert endpoint.concurrency_limit == 45 and replica.concurrency_limit == 45
-    assert services.vertical_tick(endpoint_id=endpoint.pk, tick="v-4") is None
+    assert ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-4") is None
 
 
 def test_predictive_floor_from_yesterdays_usage_rollups(clean_store, actuator, endpoint):
@@ -303,12 +303,12 @@ def test_predictive_floor_from_yesterdays_usage_rollups(clean_store, actuator, e
         endpoint=endpoint, tenant=endpoint.owner_tenant, start=at - timedelta(minutes=2), requests=60, ok=60,
         ttft_sum_ms=60 * 200.0, tpot_sum_ms=60 * 20.0, output_tokens=60 * 100,
     )  # fmt: skip
-    floor, detail = services.predicted_floor_for(endpoint, now=now)
+    floor, detail = ticks.predicted_floor_for(endpoint, now=now)
     # in flight: 0.2 s TTFT + 100 tokens × 20 ms = 2.2 s per request; 30 req/s → 66 in flight at 7 per replica
     assert detail["seconds_per_request"] == pytest.approx(2.2)
     assert detail["yesterday_rps"] == pytest.approx(30.0)
     assert floor == 10
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-predict", now=now)
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-predict", now=now)
     assert decision.desired == 8 and decision.reason == "below floor (predictive_floor)"  # capped by max_replicas 8
 
 
@@ -339,8 +339,8 @@ def test_redis_down_skips_the_ticks_without_a_decision(clean_store, actuator, en
 
     unreachable = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2, socket_timeout=0.2)
     monkeypatch.setattr(store, "client", lambda: unreachable)
-    assert services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-down") is None
-    assert services.vertical_tick(endpoint_id=endpoint.pk, tick="v-down") is None
+    assert ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-down") is None
+    assert ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-down") is None
     assert not AutoscalerDecision.objects.exists() and actuator.launched == actuator.terminated == []
 
 
@@ -351,12 +351,12 @@ def test_silent_proxies_do_not_scale_a_busy_endpoint_to_zero(clean_store, actuat
         ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, actuator="recording")
     now = time.time()
     report(clean_store, endpoint, "p", t=now, in_flight=20, queued=0)
-    busy = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-s0", now=now)
+    busy = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-s0", now=now)
     assert (busy.current, busy.desired) == (3, 3)
     clean_store.delete(store.DEMAND_KEY.format(endpoint_id=endpoint.pk))
     # Ten minutes later, one tick every 30 s: zero-demand samples used to walk it down to 0 replicas
     for i in range(1, 21):
-        held = services.horizontal_tick(endpoint_id=endpoint.pk, tick=f"h-s{i}", now=now + 30 * i)
+        held = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick=f"h-s{i}", now=now + 30 * i)
         assert held.desired == 3 and held.inputs["demand_reported"] is False
         if 30 * i > 300:  # the busy sample has left the 5-minute window: only the missing report holds it
             assert held.reason.startswith("hold: no fresh demand report")
@@ -366,7 +366,7 @@ def test_silent_proxies_do_not_scale_a_busy_endpoint_to_zero(clean_store, actuat
     redis_now = clean_store.time()
     member = {"j": redis_now[0], "t": redis_now[0] + redis_now[1] / 1e6, "f": {}}
     clean_store.hset(store.PROXY_MEMBERS_KEY, "proxy-1", json.dumps(member))
-    down = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-s21", now=now + 30 * 21)
+    down = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-s21", now=now + 30 * 21)
     assert (down.current, down.desired) == (3, 2) and down.inputs["demand_reported"] is True
 
 
@@ -375,10 +375,10 @@ def test_endpoint_with_unusable_coefficients_scales_on_requests(clean_store, act
     # replica's MU capacity was inf, so any demand read as none. The tick scales on requests and stores valid JSON
     endpoint.model_profile.__class__.objects.filter(pk=endpoint.model_profile_id).update(beta=float("inf"))
     endpoint.refresh_from_db()
-    assert services.mu_capacity_for(endpoint) is None
+    assert ticks.mu_capacity_for(endpoint) is None
     now = time.time()
     report(clean_store, endpoint, "p", t=now, in_flight=30, queued=0, in_flight_mu=5.0)
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-inf", now=now)
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-inf", now=now)
     decision.refresh_from_db()
     assert (decision.current, decision.desired) == (1, 5) and decision.inputs["signal"] == "requests"
     assert decision.inputs["mu_capacity_per_replica"] is None
@@ -390,7 +390,7 @@ def test_zero_concurrency_limit_in_the_database_does_not_crash_the_tick(clean_st
     Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=0)
     now = time.time()
     report(clean_store, endpoint, "p", t=now, in_flight=3, queued=0)
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-zero", now=now)
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-zero", now=now)
     assert decision is not None and decision.inputs["target_concurrency"] == 1.0 and decision.desired == 5
 
 
@@ -403,7 +403,7 @@ def test_nan_replica_metrics_neither_crash_the_vertical_tick_nor_the_drain(
     metrics_server.ttft = [10, 0, 0, 0, 0, 0]
     metrics_server.tpot = [10, 0, 0, 0, 0]
     endpoint.replicas.update(url=metrics_server.url)
-    decision = services.vertical_tick(endpoint_id=endpoint.pk, tick="v-nan")
+    decision = ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-nan")
     decision.refresh_from_db()
     assert decision.inputs["kv_usage"] == 0.0 and decision.inputs["busy_fraction"] == 0.0
     json.dumps(decision.inputs, allow_nan=False)
@@ -422,10 +422,10 @@ def test_demand_window_keeps_five_minutes_of_sampler_and_tick_samples(clean_stor
     for s in range(296):
         if s:
             report(clean_store, endpoint, "p", t=t0 + s, in_flight=1)
-        services.sample_demand(endpoint_id=endpoint.pk, now=t0 + s)
+        ticks.sample_demand(endpoint_id=endpoint.pk, now=t0 + s)
         if s % 5 == 0:
-            services.sample_demand(endpoint_id=endpoint.pk, now=t0 + s)  # the tick's own sample
-    window = services.sample_demand(endpoint_id=endpoint.pk, now=t0 + 296)
+            ticks.sample_demand(endpoint_id=endpoint.pk, now=t0 + s)  # the tick's own sample
+    window = ticks.sample_demand(endpoint_id=endpoint.pk, now=t0 + 296)
     assert max(s.requests for s in window) == 50 and min(s.t for s in window) == pytest.approx(t0)
 
 
@@ -460,7 +460,7 @@ def test_an_interruption_notice_wakes_the_autoscaler_which_replaces_the_replica_
     spot.refresh_from_db()
     assert spot.terminate_at < first and spot.state == ReplicaState.READY
     # The woken tick: the noticed replica no longer counts, so its replacement is launched at once.
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick=woken[0][1])
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick=woken[0][1])
     assert decision.inputs["ready"] == 0 and actuator.launched == [(endpoint.pk, 1, False)]
     # Within 30 s of being taken it stops taking new requests (the reconcile loop's drain_noticed)...
     assert services.drain_noticed(endpoint=endpoint, actuator=actuator) == []
@@ -503,9 +503,9 @@ def test_with_a_spot_pool_the_count_is_split_the_margin_is_not_counted_and_a_ref
     endpoint.refresh_from_db()
     assert spot_pool_errors(endpoint) == {}
     now = time.time()
-    ref = services.mu_capacity_for(endpoint) / 10
+    ref = ticks.mu_capacity_for(endpoint) / 10
     report(clean_store, endpoint, "proxy-1", t=now, in_flight=35, queued=0, in_flight_mu=35 * ref)
-    decision = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-1", now=now)
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-1", now=now)
     # The policy wants 5: half of the least count (5: no history) stays on on-demand (3), the burst of 2 on spot
     # plus one replica at risk of a reclaim before a replacement serves and SpotHedge's safeguard of one.
     assert decision.desired == 5
@@ -517,7 +517,7 @@ def test_with_a_spot_pool_the_count_is_split_the_margin_is_not_counted_and_a_ref
     assert endpoint.replicas.filter(hardware_profile=pool).count() == 4
     # The next tick, same demand: the margin is not capacity, so the policy holds at 5 and nothing more starts.
     report(clean_store, endpoint, "proxy-1", t=now + 5, in_flight=35, queued=0, in_flight_mu=35 * ref)
-    again = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-2", now=now + 5)
+    again = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-2", now=now + 5)
     assert again.desired == 5 and again.inputs["ready"] + again.inputs["starting"] == 5
     assert len(actuator.launched) == 2
     # The market refuses a spot launch: on-demand only for the back-off.
@@ -533,11 +533,11 @@ def test_with_a_spot_pool_the_count_is_split_the_margin_is_not_counted_and_a_ref
         ),
     )
     report(clean_store, endpoint, "proxy-1", t=now + 10, in_flight=35, queued=0, in_flight_mu=35 * ref)
-    refused = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-3", now=now + 10)
+    refused = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-3", now=now + 10)
     assert any(a.startswith("spot: launch failed") for a in refused.inputs["actions"])
     assert store.spot_unavailable(endpoint.pk)
     report(clean_store, endpoint, "proxy-1", t=now + 15, in_flight=35, queued=0, in_flight_mu=35 * ref)
-    fallback = services.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-4", now=now + 15)
+    fallback = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-spot-4", now=now + 15)
     assert fallback.inputs["spot"]["spot"] == 0 and fallback.inputs["spot"]["reason"].startswith("spot unavailable")
     endpoint.refresh_from_db()
     assert endpoint.desired_spot_replicas == 0 and endpoint.desired_replicas == fallback.desired

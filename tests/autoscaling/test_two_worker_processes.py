@@ -22,7 +22,7 @@ import json, os, time, django
 django.setup()
 import redis
 from django.conf import settings
-from capacity.autoscaling.services import horizontal_tick
+from capacity.autoscaling.ticks import horizontal_tick
 client = redis.Redis.from_url(settings.REDIS_URL)
 client.incr("infercap:test:ready")
 while not client.exists("infercap:test:go"):

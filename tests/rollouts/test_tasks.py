@@ -3,6 +3,7 @@
 import pytest
 
 from capacity.autoscaling import services as autoscaling
+from capacity.autoscaling import ticks
 from capacity.autoscaling.actuators import base
 from endpoints.models import Endpoint, ReplicaState, RolloutState
 from endpoints.rollouts import services
@@ -91,7 +92,7 @@ def test_the_autoscaler_leaves_a_rollouts_replicas_alone_and_scales_only_the_ser
     assert actions[-1].startswith("rollout in progress")
     assert endpoint.replicas.filter(state=ReplicaState.DRAINING).count() == 0
     # the autoscaler's inputs count the serving version only
-    inputs = autoscaling.horizontal_inputs(endpoint, now=0.0)
+    inputs = ticks.horizontal_inputs(endpoint, now=0.0)
     assert (inputs.ready, inputs.starting) == (2, 0)
     # after the rollout ended (rolled back here), scaling resumes on the serving version: v2 is not counted
     services.rollback_rollout(rollout=rollout)
@@ -235,7 +236,7 @@ def test_a_horizontal_tick_during_a_rollout_is_recorded_but_not_applied(clean_st
     services.rollout_tick(rollout_id=rollout.pk)
     launched = list(fake.launched)
     Endpoint.objects.filter(pk=endpoint.pk).update(min_replicas=3)  # the floor alone asks for one more replica
-    row = autoscaling.horizontal_tick(endpoint_id=endpoint.pk, tick="t-rollout", now=1_000.0)
+    row = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="t-rollout", now=1_000.0)
     assert row is not None and row.desired == 3 and row.current == 2
     assert row.applied is False
     assert row.inputs["actions"][-1] == "rollout in progress: not applied"
@@ -246,7 +247,7 @@ def test_a_horizontal_tick_during_a_rollout_is_recorded_but_not_applied(clean_st
     services.rollback_rollout(rollout=rollout)
     services.rollout_tick(rollout_id=rollout.pk)
     services.rollout_tick(rollout_id=rollout.pk)
-    row = autoscaling.horizontal_tick(endpoint_id=endpoint.pk, tick="t-after", now=1_005.0)
+    row = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="t-after", now=1_005.0)
     assert row.applied is True and row.desired == 3
     endpoint.refresh_from_db()
     assert endpoint.desired_replicas == 3

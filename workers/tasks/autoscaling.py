@@ -11,10 +11,10 @@ import time
 from celery import shared_task
 
 from capacity.autoscaling.actuators import actuator_name
-from capacity.autoscaling.services import decisions_prune, horizontal_tick, vertical_tick
-from capacity.autoscaling.services import sample_demand as sample
-from capacity.autoscaling.services import scale_apply as apply_scale
 from capacity.autoscaling.store import RedisError
+from capacity.autoscaling.ticks import decisions_prune, horizontal_tick, vertical_tick
+from capacity.autoscaling.ticks import sample_demand as sample
+from capacity.autoscaling.ticks import scale_apply as apply_scale
 from endpoints.models import Endpoint
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,7 @@ from django.utils import timezone
 
 from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import SecurityWorld
-from capacity.autoscaling import services as autoscaling
-from capacity.autoscaling import store
+from capacity.autoscaling import store, ticks
 from capacity.models import ScalePin
 from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Runtime
@@ -274,7 +273,7 @@ def _pinned_endpoint(world: SecurityWorld, **fields) -> Endpoint:
 
 def _tick(endpoint: Endpoint, tick: str):
     try:
-        return autoscaling.horizontal_tick(endpoint_id=endpoint.pk, tick=tick)
+        return ticks.horizontal_tick(endpoint_id=endpoint.pk, tick=tick)
     finally:  # the tick appended a demand sample: leave no key behind for a rolled-back id
         store.client().delete(store.SAMPLES_KEY.format(endpoint_id=endpoint.pk))
 

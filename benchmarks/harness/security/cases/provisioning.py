@@ -24,7 +24,7 @@ from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import SecurityWorld
 from billing.models import UsageRecord
 from billing.rollups import usage_rollup_run
-from capacity.autoscaling import horizontal, store
+from capacity.autoscaling import horizontal, store, ticks
 from capacity.autoscaling import services as autoscaling
 from capacity.autoscaling.actuators import kubernetes
 from capacity.autoscaling.actuators.local import replica_argv
@@ -158,8 +158,8 @@ def _autoscaler_stops_at_quota(world: SecurityWorld, quota) -> tuple[int, int, i
     )
     wide = _flat(_endpoint(world, "wide", owner=tenant, hardware_profile=eight), min_replicas=6, max_replicas=6)
     try:
-        decision = horizontal.decide(autoscaling.horizontal_inputs(greedy, now=time.time()))
-        by_gpus = horizontal.decide(autoscaling.horizontal_inputs(wide, now=time.time()))
+        decision = horizontal.decide(ticks.horizontal_inputs(greedy, now=time.time()))
+        by_gpus = horizontal.decide(ticks.horizontal_inputs(wide, now=time.time()))
     finally:  # the decision appended a demand sample per endpoint: leave no key behind for rolled-back ids
         store.client().delete(*(store.SAMPLES_KEY.format(endpoint_id=e.pk) for e in (greedy, wide)))
     expect(decision.desired <= quota.max_replicas, f"min_replicas 5000 decided {decision.desired} replicas")

@@ -20,8 +20,7 @@ from django.test import Client
 
 from benchmarks.harness.security.registry import expect, security_case
 from benchmarks.harness.security.world import SecurityWorld
-from capacity.autoscaling import horizontal, store
-from capacity.autoscaling import services as autoscaling
+from capacity.autoscaling import horizontal, store, ticks
 from capacity.autoscaling.demand import DemandSample
 from capacity.services import simulated_profiles_get_or_create
 from console.routing import websocket_urlpatterns
@@ -227,7 +226,7 @@ def _replica(endpoint, name: str, state: str, *, standby: bool = False) -> Repli
 
 
 def _decided(endpoint, *, demand: float) -> horizontal.HorizontalDecision:
-    inputs = autoscaling.horizontal_inputs(Endpoint.objects.select_related("owner_tenant").get(pk=endpoint.pk),
+    inputs = ticks.horizontal_inputs(Endpoint.objects.select_related("owner_tenant").get(pk=endpoint.pk),
                                            now=time.time())  # fmt: skip
     now = inputs.now
     busy = [

@@ -1,0 +1,485 @@
+"""The autoscaler's decisions: one tick per endpoint and axis, and the inputs each policy reads.
+
+Each tick: take the (axis, endpoint) lock in Redis, skip if the tick's decision already exists (a redelivered
+task), gather inputs, run the pure policy, store an ``AutoscalerDecision`` with inputs and reason, then act through
+``capacity.autoscaling.services`` (reconcile). The unique (endpoint, axis, tick) constraint is the last guard: a
+second writer gets IntegrityError and stops.
+
+Sources: demand from the proxies' Redis reports; replica counts from ``Replica`` rows; the predictive floor's
+history from the per-minute usage rollups (``billing.UsageMinute``: requests per minute, a day back); the
+vertical policy's p95s, KV usage and queue from the replicas' own ``/metrics`` histograms, diffed per cycle; the
+split between on-demand and spot from ``capacity.autoscaling.spot``.
+"""
+
+import logging
+import math
+import time
+from datetime import UTC, datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max, Min, Sum
+from django.utils import timezone
+
+from billing.models import UsageMinute
+from capacity.autoscaling import horizontal, pins, predictive, replica_metrics, spot, store, vertical
+from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
+from capacity.autoscaling.limits import quota_ceiling
+from capacity.autoscaling.services import (
+    ACTIVE,
+    SUSPENDED_REASON,
+    actuator_or_none,
+    finish_drains,
+    gpus_per_replica,
+    owner_suspended,
+    quota_left,
+    reconcile,
+    rollout_active,
+    safe_call,
+    scrape_replica,
+    serving_replicas,
+)
+from capacity.models import AutoscalerDecision
+from capacity.unit_resolver import endpoint_coefficients
+from capacity.units import REFERENCE_REQUEST, estimate_request_mu
+from endpoints.models import Endpoint, ReplicaState
+
+log = logging.getLogger(__name__)
+
+
+HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
+
+
+VERTICAL = AutoscalerDecision.Axis.VERTICAL
+
+
+DEFAULT_SECONDS_PER_REQUEST = 10.0
+
+
+PREDICTIVE = predictive.PredictiveConfig()
+
+
+# -- horizontal ---------------------------------------------------------------------------------------------
+def horizontal_tick(*, endpoint_id: int, tick: str, now: float | None = None) -> AutoscalerDecision | None:
+    """Decide and apply the replica count for one endpoint; None when another worker owns this tick, or when Redis
+    (lock, demand window) cannot be reached: no decision then, rather than one on a demand read as zero."""
+    try:
+        return _horizontal_tick(endpoint_id=endpoint_id, tick=tick, now=now)
+    except store.RedisError as exc:
+        log.warning("autoscaler: horizontal tick %s for endpoint %s skipped: Redis: %s", tick, endpoint_id, exc)
+        return None
+
+
+def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> AutoscalerDecision | None:
+    with store.TickLock(axis=HORIZONTAL, endpoint_id=endpoint_id) as lock:
+        if not lock.held or _decided(endpoint_id, HORIZONTAL, tick):
+            return None
+        endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
+        if endpoint is None:
+            return None
+        now = time.time() if now is None else now
+        actuator = actuator_or_none(endpoint)
+        if actuator is not None:
+            safe_call(actuator.sync, endpoint)
+        pinned = pins.pin_state(endpoint, now=now)
+        inputs, capped_by = _horizontal_inputs(endpoint, now=now)
+        decision = horizontal.decide(inputs)
+        if capped_by and _quota_binds(decision, endpoint):
+            decision = horizontal.HorizontalDecision(
+                current=decision.current,
+                desired=decision.desired,
+                reason=f"{decision.reason}; {capped_by} (max_replicas {endpoint.max_replicas})",
+                inputs={**decision.inputs, "quota_ceiling": inputs.max_replicas},
+            )
+        if not owner_suspended(endpoint):  # a suspension holds the endpoint at zero, pin or not
+            decision = pins.pinned_decision(
+                decision, pinned, min_replicas=inputs.min_replicas, max_replicas=inputs.max_replicas
+            )
+        row = _store(
+            endpoint, HORIZONTAL, tick, decision.current, decision.desired, decision.reason, decision.inputs, at=now
+        )
+        if row is None:
+            return None
+        if rollout_active(endpoint):
+            # The rollout owns the replicas until it ends: record what demand asked for, change nothing, and keep
+            # the decision out of the cooldowns (they read applied decisions only).
+            actions = finish_drains(endpoint=endpoint, actuator=actuator) if actuator is not None else []
+            row.inputs = {**row.inputs, "actions": actions + ["rollout in progress: not applied"]}
+            row.save(update_fields=["inputs"])
+            return row
+        desired, desired_spot = decision.desired, 0
+        split = spot_split(endpoint, decision.desired, now=now)
+        if split is not None:
+            desired, desired_spot = split.on_demand + split.spot, split.spot
+            row.inputs = {**row.inputs, "spot": spot_record(split)}
+        with transaction.atomic():
+            # The endpoint's row, as an operator's scale takes it: a scale that landed while this tick decided wins
+            # (its pin is newer than the one read above) and this tick converges on its count instead.
+            current = Endpoint.objects.select_for_update().values("desired_replicas", "desired_spot_replicas")
+            row_now = current.get(pk=endpoint.pk)
+            if pins.pin_stamp(endpoint.pk) != pinned.stamp:
+                desired, desired_spot = row_now["desired_replicas"], row_now["desired_spot_replicas"]
+                row.reason = f"{row.reason}; an operator scaled meanwhile: {desired} kept"[:255]
+            elif (desired, desired_spot) != (row_now["desired_replicas"], row_now["desired_spot_replicas"]):
+                Endpoint.objects.filter(pk=endpoint.pk).update(
+                    desired_replicas=desired, desired_spot_replicas=desired_spot
+                )
+        endpoint.desired_replicas, endpoint.desired_spot_replicas = desired, desired_spot
+        actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
+        row.applied = actuator is not None
+        row.inputs = {**row.inputs, "actions": actions}
+        capped = [action for action in actions if "capped" in action]
+        if capped:
+            row.reason = "; ".join([row.reason, *capped])[:255]
+        row.save(update_fields=["applied", "inputs", "reason"])
+        return row
+
+
+def scale_apply(*, endpoint_id: int, decision_id: int | None = None) -> list[str] | None:
+    """Converge an endpoint on its desired count at once after an operator's scale, under the horizontal tick's lock;
+    the actions go on the scale's decision. None while a tick holds the lock (the task retries; that tick reads the
+    pin too)."""
+    with store.TickLock(axis=HORIZONTAL, endpoint_id=endpoint_id) as lock:
+        if not lock.held:
+            return None
+        endpoint = Endpoint.objects.select_related("owner_tenant").filter(pk=endpoint_id).first()
+        if endpoint is None:
+            return []
+        actions = ["no actuator"] if actuator_or_none(endpoint) is None else reconcile(endpoint=endpoint)
+        decision = AutoscalerDecision.objects.filter(pk=decision_id, endpoint_id=endpoint_id).first()
+        if decision is not None:
+            decision.inputs = {**decision.inputs, "actions": actions}
+            decision.save(update_fields=["inputs"])
+        return actions
+
+
+def _quota_binds(decision: horizontal.HorizontalDecision, endpoint: Endpoint) -> bool:
+    """Whether the tenant quota's ceiling, not the endpoint's own max, decided this tick's count."""
+    ceiling = decision.inputs.get("max_replicas", endpoint.max_replicas)
+    if ceiling >= endpoint.max_replicas or decision.desired != ceiling:
+        return False
+    wanted = max(decision.inputs.get("up_need", 0), decision.inputs.get("floor", 0), endpoint.min_replicas)
+    return wanted > ceiling or decision.current > ceiling
+
+
+def sample_demand(*, endpoint_id: int, now: float | None = None) -> list[DemandSample]:
+    """Sum the proxies' fresh demand reports into one sample, append it to the endpoint's window, return the window.
+
+    Runs every second from beat (``autoscale.sample_demand``) and once more at each decision tick."""
+    return _sample_demand(endpoint_id=endpoint_id, now=time.time() if now is None else now)[0]
+
+
+def _sample_demand(*, endpoint_id: int, now: float) -> tuple[list[DemandSample], int]:
+    """The window after this sample, and how many proxy reports were fresh for it."""
+    sample, fresh = sum_fresh_reports(store.demand_reports(endpoint_id), now=now)
+    if store.woken(endpoint_id) and sample.requests == 0:
+        sample = DemandSample(t=now, queued=1)  # the activator saw a request waiting for a first replica
+    window = []
+    for s in store.push_sample(endpoint_id, sample.__dict__):
+        try:
+            window.append(
+                DemandSample(**{k: float(v) for k, v in s.items() if k in DemandSample.__dataclass_fields__})
+            )
+        except (TypeError, ValueError, AttributeError):
+            continue  # a corrupt stored sample is skipped, not a crashed tick
+    return window, fresh
+
+
+def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
+    return _horizontal_inputs(endpoint, now=now)[0]
+
+
+def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.HorizontalInputs, str]:
+    """The policy's inputs, with max replicas lowered to what the owner's quota has left (and why, when it is)."""
+    ceiling, capped_by = quota_ceiling(
+        max_replicas=endpoint.max_replicas,
+        left=quota_left(endpoint, exclude_own_serving=True),
+        gpus_per_replica=gpus_per_replica(endpoint),
+    )
+    if owner_suspended(endpoint):
+        ceiling, capped_by = 0, SUSPENDED_REASON
+    window, fresh = _sample_demand(endpoint_id=endpoint.pk, now=now)
+    # A noticed replica (terminate_at) may serve on for a while, but it is not capacity: its replacement is due now.
+    serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)
+    replicas = list(serving.values_list("state", flat=True))
+    ready = sum(1 for s in replicas if s == ReplicaState.READY)
+    # The spot margin the last split added (replicas at risk, the safeguard) is not capacity the policy may count
+    # on: counted, every hold would add it again (docs/algorithms.md#spot-capacity).
+    margin = min(_last_spot_extra(endpoint), len(replicas))
+    booting = len(replicas) - ready
+    ready -= max(0, margin - booting)
+    replicas = replicas[: len(replicas) - margin]
+    floor, _ = predicted_floor_for(endpoint, now=now)
+    last_up, last_down = _last_moves(endpoint)
+    inputs = horizontal.HorizontalInputs(
+        now=now,
+        samples=window,
+        ready=ready,
+        starting=len(replicas) - ready,
+        min_replicas=min(endpoint.min_replicas, ceiling),
+        max_replicas=ceiling,
+        target_concurrency=float(max(1, endpoint.concurrency_limit)),  # 0 slips past the model's validator in SQL
+        mu_capacity_per_replica=mu_capacity_for(endpoint),
+        provisioned_concurrency=endpoint.provisioned_concurrency,
+        scale_to_zero=endpoint.scale_to_zero,
+        predicted_floor=floor,
+        last_scale_up_at=last_up,
+        last_scale_down_at=last_down,
+        # No fresh report with a live proxy: it has not served this endpoint since it started (zero demand). No
+        # report and no live proxy: unknown demand (proxies down or cut off from Redis), which removes nothing.
+        demand_reported=fresh > 0 or store.proxies_alive(),
+    )
+    return inputs, capped_by
+
+
+SPOT_REPLACE_S = 120.0  # notice → replacement serving: a cold start (the local actuator's vLLM takes ~70 s)
+
+
+SPOT_FLOOR_WINDOW_S = 3 * 3600.0
+
+
+def spot_split(endpoint: Endpoint, desired: int, *, now: float) -> spot.SpotTargets | None:
+    """The policy's count split between on-demand and the endpoint's spot pool (``spot.SpotPlanner``), or None
+    without a pool. The on-demand floor is half the least count of the last three hours' decisions; a refused spot
+    launch (``store.spot_unavailable``) puts the whole count on on-demand for the back-off."""
+    pool = endpoint.spot_hardware_profile
+    if pool is None:
+        return None
+    planner = spot.SpotPlanner(
+        spot.SpotConfig(
+            reclaims_per_replica_day=pool.preemptions_per_replica_day,
+            replace_s=SPOT_REPLACE_S,
+            floor_window_s=SPOT_FLOOR_WINDOW_S,
+        )
+    )
+    if store.spot_unavailable(endpoint.pk):
+        planner.unavailable_until = now + 1.0
+    since = datetime.fromtimestamp(now - SPOT_FLOOR_WINDOW_S, tz=UTC)
+    least = (
+        AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL, at__gte=since)
+        .aggregate(least=Min("desired"))
+        .get("least")
+    )
+    return planner.targets(desired, now, trailing_min=desired if least is None else min(least, desired))
+
+
+def spot_record(split: spot.SpotTargets) -> dict:
+    return {
+        "on_demand": split.on_demand,
+        "spot": split.spot,
+        "floor": split.floor,
+        "extra": split.extra,
+        "reason": split.reason,
+    }
+
+
+def _last_spot_extra(endpoint: Endpoint) -> int:
+    if endpoint.spot_hardware_profile_id is None:
+        return 0
+    inputs = (
+        AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL)
+        .order_by("-at")
+        .values_list("inputs", flat=True)
+        .first()
+    )
+    return int(((inputs or {}).get("spot") or {}).get("extra", 0))
+
+
+def mu_capacity_for(endpoint: Endpoint) -> float | None:
+    """In-flight MU one replica holds at the endpoint's concurrency limit: that many reference requests priced with
+    the endpoint's MU coefficients (the ones its proxies price demand with). None when they cannot be resolved:
+    the horizontal policy then scales on requests."""
+    try:
+        coeffs = endpoint_coefficients(endpoint)
+        reference = estimate_request_mu(coeffs, prompt_tokens=REFERENCE_REQUEST[0], max_tokens=REFERENCE_REQUEST[1])
+        return horizontal.mu_capacity_per_replica(float(endpoint.concurrency_limit), reference)
+    except (ValueError, AttributeError) as exc:
+        log.warning("endpoint %s: no MU capacity (%s); scaling on requests", endpoint.pk, exc)
+        return None
+
+
+def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
+    """The predictive floor from per-minute request counts of the usage rollups (yesterday and the last minutes)."""
+    cfg = PREDICTIVE
+    at = datetime.fromtimestamp(now, tz=UTC)
+    yesterday_end = cfg.period_s - cfg.lead_s - cfg.lookahead_margin_s - cfg.bucket_s
+    windows = [
+        (at - timedelta(seconds=cfg.period_s + cfg.trend_window_s), at - timedelta(seconds=yesterday_end), False),
+        (at - timedelta(seconds=cfg.trend_window_s + cfg.bucket_s), at, True),
+    ]
+    history: dict[int, float] = {}
+    recent = {"ok": 0, "ttft": 0.0, "tpot": 0.0, "out": 0}
+    for start, end, is_recent in windows:
+        rows = (
+            UsageMinute.objects.filter(endpoint=endpoint, start__gte=start, start__lt=end)
+            .values("start")
+            .annotate(
+                n=Sum("requests"),
+                ok=Sum("ok"),
+                ttft=Sum("ttft_sum_ms"),
+                tpot=Sum("tpot_sum_ms"),
+                out=Sum("output_tokens"),
+            )
+        )
+        for row in rows:
+            history[predictive.bucket_of(row["start"].timestamp(), cfg)] = (row["n"] or 0) / cfg.bucket_s
+            if is_recent:
+                for key in recent:
+                    recent[key] += row[key] or 0
+    seconds = DEFAULT_SECONDS_PER_REQUEST
+    if recent["ok"]:
+        # Little's law needs how long a request is in flight: mean TTFT plus mean output × mean TPOT.
+        seconds = (recent["ttft"] + recent["tpot"] * recent["out"] / recent["ok"]) / recent["ok"] / 1000.0
+        seconds = max(seconds, 0.1)
+    floor, detail = predictive.predicted_floor(
+        history,
+        now=now,
+        target_concurrency=float(max(1, endpoint.concurrency_limit)),
+        seconds_per_request=seconds,
+        cfg=cfg,
+    )
+    return floor, {**detail, "seconds_per_request": round(seconds, 3)}
+
+
+def _last_moves(endpoint: Endpoint) -> tuple[float | None, float | None]:
+    applied = AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL, applied=True)
+    up = applied.filter(desired__gt=F("current")).order_by("-at").values_list("at", flat=True).first()
+    down = applied.filter(desired__lt=F("current")).order_by("-at").values_list("at", flat=True).first()
+    return (up.timestamp() if up else None), (down.timestamp() if down else None)
+
+
+# -- vertical ---------------------------------------------------------------------------------------------
+def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
+    """Adjust the per-replica concurrency limit for one endpoint; None when another worker owns this tick or Redis
+    (lock, histogram snapshots) cannot be reached."""
+    try:
+        return _vertical_tick(endpoint_id=endpoint_id, tick=tick)
+    except store.RedisError as exc:
+        log.warning("autoscaler: vertical tick %s for endpoint %s skipped: Redis: %s", tick, endpoint_id, exc)
+        return None
+
+
+def _vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
+    with store.TickLock(axis=VERTICAL, endpoint_id=endpoint_id) as lock:
+        if not lock.held or _decided(endpoint_id, VERTICAL, tick):
+            return None
+        endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
+        if endpoint is None:
+            return None
+        inputs = vertical_inputs(endpoint)
+        decision = vertical.decide(inputs)
+        record = {
+            **decision.inputs,
+            "overload_streak": decision.state.overload_streak,
+            "healthy_streak": decision.state.healthy_streak,
+        }
+        row = _store(endpoint, VERTICAL, tick, decision.current, decision.desired, decision.reason, record)
+        if row is None:
+            return None
+        if decision.desired != endpoint.concurrency_limit:
+            with transaction.atomic():
+                endpoint.concurrency_limit = decision.desired
+                endpoint.save(update_fields=["concurrency_limit", "updated_at"])  # bumps the proxies' snapshot
+                endpoint.replicas.filter(state__in=ACTIVE).update(concurrency_limit=decision.desired)
+        row.applied = True
+        row.save(update_fields=["applied"])
+        return row
+
+
+def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
+    ttft, tpot, kv, waiting, running, seen = [], [], [], [], [], 0
+    for replica in endpoint.replicas.filter(state=ReplicaState.READY, is_standby=False):
+        scrape = scrape_replica(replica)
+        if scrape is None:
+            continue
+        seen += 1
+        kv.append(scrape.kv_usage)
+        waiting.append(scrape.waiting)
+        running.append(scrape.running)
+        key = store.HIST_KEY.format(replica_id=replica.pk)
+        before = store.load_json(key) or {}
+        now_ttft, now_tpot = scrape.buckets(replica_metrics.TTFT), scrape.buckets(replica_metrics.TPOT)
+        ttft.append(replica_metrics.diff(now_ttft, _unjson(before.get("ttft"))))
+        tpot.append(replica_metrics.diff(now_tpot, _unjson(before.get("tpot"))))
+        store.save_json(key, {"ttft": _json(now_ttft), "tpot": _json(now_tpot)})
+    last = AutoscalerDecision.objects.filter(endpoint=endpoint, axis=VERTICAL).order_by("-at").first()
+    state = vertical.VerticalState(
+        overload_streak=int((last.inputs or {}).get("overload_streak", 0)) if last else 0,
+        healthy_streak=int((last.inputs or {}).get("healthy_streak", 0)) if last else 0,
+    )
+    p95_ttft = replica_metrics.quantile(replica_metrics.merge(ttft))
+    p95_tpot = replica_metrics.quantile(replica_metrics.merge(tpot))
+    return vertical.VerticalInputs(
+        current_limit=endpoint.concurrency_limit,
+        # Bounds a SQL update can leave inverted or at 0 (the model's validators only run on full_clean): decide()
+        # refuses them, which crashed the tick every 30 s; the maximum wins
+        min_limit=max(1, min(endpoint.concurrency_min, endpoint.concurrency_max)),
+        max_limit=max(1, endpoint.concurrency_max),
+        ttft_slo_ms=endpoint.ttft_slo_ms,
+        tpot_slo_ms=endpoint.tpot_slo_ms,
+        ttft_p95_ms=None if p95_ttft is None else p95_ttft * 1000,
+        tpot_p95_ms=None if p95_tpot is None else p95_tpot * 1000,
+        kv_usage=max(kv) if kv else None,
+        waiting_per_replica=sum(waiting) / seen if seen else None,
+        busy_fraction=sum(running) / (seen * max(1, endpoint.concurrency_limit)) if seen else None,
+        state=state,
+    )
+
+
+def _json(hist: dict[float, float]) -> list:
+    return [["inf" if math.isinf(b) else b, c] for b, c in hist.items()]
+
+
+def _unjson(rows) -> dict[float, float] | None:
+    if not rows:
+        return None
+    return {(math.inf if b == "inf" else float(b)): float(c) for b, c in rows}
+
+
+def decisions_prune(*, keep_days: int = 14, batch: int = 5000) -> int:
+    """Delete decisions older than ``keep_days`` in batches (a tick every 5 s is 17,280 rows per endpoint a day).
+
+    The newest applied decision of each axis per endpoint is kept whatever its age: the scale-down delay and the
+    vertical streaks are read from it."""
+    cutoff = timezone.now() - timedelta(days=keep_days)
+    keep = set(
+        AutoscalerDecision.objects.filter(applied=True)
+        .values("endpoint", "axis")
+        .annotate(last=Max("id"))
+        .values_list("last", flat=True)
+    )
+    deleted = 0
+    while True:
+        ids = list(
+            AutoscalerDecision.objects.filter(at__lt=cutoff).exclude(id__in=keep).values_list("id", flat=True)[:batch]
+        )
+        if not ids:
+            return deleted
+        deleted += AutoscalerDecision.objects.filter(id__in=ids).delete()[0]
+
+
+# -- shared -----------------------------------------------------------------------------------------------
+def _decided(endpoint_id: int, axis: str, tick: str) -> bool:
+    return AutoscalerDecision.objects.filter(endpoint_id=endpoint_id, axis=axis, tick=tick).exists()
+
+
+def _store(
+    endpoint, axis, tick, current, desired, reason, inputs, at: float | None = None
+) -> AutoscalerDecision | None:
+    # Stamped with the tick's own clock: the scale-down delay and cooldown compare the next tick's ``now`` with it
+    # (with the row's save time instead, an injected clock saw every earlier move as long past).
+    stamp = {} if at is None else {"at": datetime.fromtimestamp(at, tz=UTC)}
+    try:
+        with transaction.atomic():
+            return AutoscalerDecision.objects.create(
+                endpoint=endpoint,
+                axis=axis,
+                tick=tick,
+                current=current,
+                desired=desired,
+                reason=reason[:255],
+                inputs=inputs,
+                **stamp,
+            )
+    except IntegrityError:
+        log.info("autoscaler: %s decision for endpoint %s tick %s already stored", axis, endpoint.pk, tick)
+        return None
