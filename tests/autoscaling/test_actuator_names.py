@@ -4,7 +4,7 @@ that normalise alike (``Llama.3.70B``, ``llama_3_70b``) must not share a Deploym
 import pytest
 from django.urls import reverse
 
-from capacity.autoscaling.actuators import kubernetes
+from capacity.autoscaling.actuators import kubernetes_objects
 from capacity.autoscaling.actuators.local import LocalActuator
 from tests.conftest import client_for
 from tests.factories import EndpointFactory, HardwareProfileFactory, ModelProfileFactory
@@ -15,16 +15,16 @@ pytestmark = pytest.mark.django_db
 def test_colliding_endpoint_names_get_distinct_deployments():
     first = EndpointFactory(name="Llama.3.70B", launch_options={"actuator": "kubernetes"})
     second = EndpointFactory(name="llama_3_70b", launch_options={"actuator": "kubernetes"})
-    names = {kubernetes.deployment_name(first), kubernetes.deployment_name(second)}
+    names = {kubernetes_objects.deployment_name(first), kubernetes_objects.deployment_name(second)}
     assert names == {f"infercap-ep-{first.pk}", f"infercap-ep-{second.pk}"}
-    assert kubernetes.standby_deployment_name(first) == f"infercap-ep-{first.pk}-standby"
-    assert kubernetes.version_deployment_name(first, 3) == f"infercap-ep-{first.pk}-v3"
-    assert kubernetes.version_deployment_name(first, 1) == f"infercap-ep-{first.pk}"
+    assert kubernetes_objects.standby_deployment_name(first) == f"infercap-ep-{first.pk}-standby"
+    assert kubernetes_objects.version_deployment_name(first, 3) == f"infercap-ep-{first.pk}-v3"
+    assert kubernetes_objects.version_deployment_name(first, 1) == f"infercap-ep-{first.pk}"
 
 
 def test_an_operator_named_deployment_is_kept():
     endpoint = EndpointFactory(launch_options={"actuator": "kubernetes", "deployment": "llama-13b"})
-    assert kubernetes.deployment_name(endpoint) == "llama-13b"
+    assert kubernetes_objects.deployment_name(endpoint) == "llama-13b"
 
 
 @pytest.mark.parametrize("name", ["Llama.3", "llama_3", "has space", "-lead", "x" * 64])

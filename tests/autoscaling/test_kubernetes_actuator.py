@@ -12,7 +12,8 @@ import pytest
 
 from capacity.autoscaling import services, ticks
 from capacity.autoscaling.actuators import ActuatorError
-from capacity.autoscaling.actuators.kubernetes import DELETION_COST, KubernetesActuator
+from capacity.autoscaling.actuators.kubernetes import KubernetesActuator
+from capacity.autoscaling.actuators.kubernetes_objects import DELETION_COST
 from endpoints.models import Endpoint, ReplicaState
 
 CONTRACT = json.loads((Path(__file__).parent / "contracts" / "kubernetes.json").read_text())

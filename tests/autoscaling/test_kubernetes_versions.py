@@ -16,9 +16,12 @@ import pytest
 
 from capacity.autoscaling import services as autoscaling
 from capacity.autoscaling.actuators import ActuatorError
-from capacity.autoscaling.actuators.kubernetes import CAPACITY, DELETION_COST, VERSION, KubernetesActuator
+from capacity.autoscaling.actuators.base import version_endpoint
+from capacity.autoscaling.actuators.kubernetes import KubernetesActuator
+from capacity.autoscaling.actuators.kubernetes_objects import CAPACITY, DELETION_COST, VERSION
 from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState
 from endpoints.rollouts import services
+from endpoints.rollouts import ticks as rollout_ticks
 
 CONTRACTS = Path(__file__).parent / "contracts"
 PODS = json.loads((CONTRACTS / "kubernetes.json").read_text())
@@ -140,7 +143,7 @@ def k8s(cluster, monkeypatch):
     # drained pods are idle at once (no /metrics to scrape here); new pods pass their warm-up completion
     monkeypatch.setattr(autoscaling, "_in_flight", lambda replica: 0)
     monkeypatch.setattr(autoscaling, "DRAIN_GRACE_S", 0.0)
-    monkeypatch.setattr(services, "warm_up_request", lambda url, model: (True, ""))
+    monkeypatch.setattr(rollout_ticks, "warm_up_request", lambda url, model: (True, ""))
     return actuator
 
 
@@ -160,7 +163,7 @@ def drive(rollout, cluster, ticks: int = 40) -> list[int]:
     """Tick until the rollout ends; the replicas the cluster runs (all Deployments) after each tick."""
     running = []
     for _ in range(ticks):
-        services.rollout_tick(rollout_id=rollout.pk)
+        rollout_ticks.rollout_tick(rollout_id=rollout.pk)
         running.append(sum(cluster.replicas(n) for n in cluster.deployments))
         rollout.refresh_from_db()
         if rollout.state in (RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED):
@@ -175,7 +178,7 @@ def test_a_rollout_runs_the_new_version_in_its_own_deployment_and_retires_the_ol
     v2 = services.create_version(endpoint=endpoint, launch_options={**endpoint.launch_options, "cpus": 8})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=1)  # no longer refused
     mark = len(cluster.requests)
-    services.rollout_tick(rollout_id=rollout.pk)
+    rollout_ticks.rollout_tick(rollout_id=rollout.pk)
     # The first tick syncs the serving Deployment, creates the new version's Deployment from it and scales it to 1
     calls = cluster.calls(mark)
     assert calls[-6:] == [
@@ -235,10 +238,10 @@ def test_a_rolled_back_version_is_scaled_down_and_its_deployment_deleted(db, cle
     rollout = services.start_rollout(
         endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=600, max_surge=2
     )
-    services.rollout_tick(rollout_id=rollout.pk)  # llama-13b-v2 created, scaled to 2
+    rollout_ticks.rollout_tick(rollout_id=rollout.pk)  # llama-13b-v2 created, scaled to 2
     assert cluster.replicas("llama-13b-v2") == 2
-    services.rollout_tick(rollout_id=rollout.pk)  # its pods registered and warmed: 50 %, one old pod drains
-    services.rollout_tick(rollout_id=rollout.pk)  # the drained old pod is removed
+    rollout_ticks.rollout_tick(rollout_id=rollout.pk)  # its pods registered and warmed: 50 %, one old pod drains
+    rollout_ticks.rollout_tick(rollout_id=rollout.pk)  # the drained old pod is removed
     rollout.refresh_from_db()
     assert (rollout.state, rollout.traffic_percent) == (RolloutState.SHIFTING, 50)
     assert cluster.replicas("llama-13b") == 1
@@ -254,7 +257,7 @@ def test_a_rolled_back_version_is_scaled_down_and_its_deployment_deleted(db, cle
 
 def test_the_template_listing_leaves_out_the_pods_of_version_deployments(db, clean_store, cluster, k8s, endpoint):
     v2 = services.create_version(endpoint=endpoint, launch_options={**endpoint.launch_options, "cpus": 8})
-    k8s.launch(services.version_endpoint(endpoint, v2), 1)
+    k8s.launch(version_endpoint(endpoint, v2), 1)
     # the template's selector matches the -v2 pod too (its labels are a superset), but it is not version 1's
     k8s.sync(endpoint)
     assert not endpoint.replicas.filter(name__startswith="llama-13b-v2-").exists()

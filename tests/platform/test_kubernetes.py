@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from capacity.autoscaling.actuators.kubernetes import ROLE, deployment_name, standby_deployment_name
+from capacity.autoscaling.actuators.kubernetes_objects import ROLE, deployment_name, standby_deployment_name
 from capacity.runtimes.vllm import serve_command
 from endpoints.models import Endpoint
 from workers import manifests

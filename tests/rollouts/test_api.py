@@ -383,7 +383,8 @@ def test_an_operator_action_wins_over_a_tick_that_decided_before_it(world):
     from django.utils import timezone
 
     from endpoints.rollouts import machine
-    from endpoints.rollouts.services import _facts, _record, pause_rollout
+    from endpoints.rollouts.services import pause_rollout
+    from endpoints.rollouts.ticks import _facts, _record
 
     endpoint = world.a.endpoint
     rollout = start_rollout(endpoint=endpoint, to_version=new_version(endpoint))

@@ -3,7 +3,7 @@
 import pytest
 
 from endpoints.models import Replica, ReplicaState, RolloutState
-from endpoints.rollouts import services
+from endpoints.rollouts import services, ticks
 from tests.rollouts import test_tasks
 
 pytestmark = pytest.mark.django_db
@@ -18,10 +18,10 @@ def test_a_launch_failure_that_rolls_back_does_not_also_drain_the_old_version(
     # still drained an old replica from the stale decision: the old version fell below its starting capacity.
     from capacity.autoscaling.actuators import ActuatorError
 
-    monkeypatch.setattr(services, "warm_up_request", lambda url, **kwargs: (True, ""))
+    monkeypatch.setattr(ticks, "warm_up_request", lambda url, **kwargs: (True, ""))
     v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=2)
-    services.rollout_tick(rollout_id=rollout.pk)  # surging: 2 new replicas starting next to 2 ready old ones
+    ticks.rollout_tick(rollout_id=rollout.pk)  # surging: 2 new replicas starting next to 2 ready old ones
     first, second = Replica.objects.filter(version=v2).order_by("id")
     Replica.objects.filter(pk=first.pk).update(state=ReplicaState.READY)
     Replica.objects.filter(pk=second.pk).update(state=ReplicaState.STOPPED)  # gone (no failure): launched again
@@ -30,7 +30,7 @@ def test_a_launch_failure_that_rolls_back_does_not_also_drain_the_old_version(
         raise ActuatorError("no capacity left for the next batch")
 
     monkeypatch.setattr(fake, "launch", refuse)
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.ROLLING_BACK and "no capacity" in rollout.reason
     old = Replica.objects.filter(endpoint=endpoint, version=rollout.from_version)

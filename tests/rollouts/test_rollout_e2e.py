@@ -18,7 +18,7 @@ import pytest
 from capacity.autoscaling.actuators.local import pid_alive
 from capacity.autoscaling.services import reconcile
 from endpoints.models import Endpoint, Replica, ReplicaState, Rollout, RolloutState
-from endpoints.rollouts import services
+from endpoints.rollouts import services, ticks
 from endpoints.rollouts.selectors import version_stats
 from tenants.models import CapacityReservation
 from tests.proxy.conftest import ROOT, spawn_proxy, subprocess_database_url
@@ -122,7 +122,7 @@ def drive(rollout, endpoint, *, until, timeout=60.0, on_tick=None, alive=None) -
     capacity = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        services.rollout_tick(rollout_id=rollout.pk)
+        ticks.rollout_tick(rollout_id=rollout.pk)
         capacity.append(routable_ready(endpoint))
         if alive is not None:
             alive.append(alive_count(endpoint))
@@ -351,10 +351,10 @@ def test_canary_that_misses_the_latency_slo_is_rolled_back_on_the_burn_compariso
 TICKER = """
 import time, django
 django.setup()
-from endpoints.rollouts import services
-services.LOCK_TTL_S = 4  # the lock a killed worker leaves behind expires sooner than in production (30 s)
+from endpoints.rollouts import services, ticks
+ticks.LOCK_TTL_S = 4  # the lock a killed worker leaves behind expires sooner than in production (30 s)
 while True:
-    r = services.rollout_tick(rollout_id={rollout_id})
+    r = ticks.rollout_tick(rollout_id={rollout_id})
     print(r.state if r else "locked", flush=True)
     time.sleep(0.3)
 """
@@ -402,13 +402,13 @@ def test_a_crash_between_recording_a_decision_and_acting_on_it_is_repaired_by_th
     endpoint = start_endpoint(tenant_a.endpoint, 1)
     v2 = services.create_version(endpoint=endpoint, launch_options={**LOCAL, "speed": 2.0})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2)
-    real_drain = services._drain
+    real_drain = ticks._drain
 
     def crash(*args, **kwargs):
         raise SystemExit("worker killed")
 
     # The promote decision is recorded, then the worker dies before draining the old version
-    monkeypatch.setattr(services, "_drain", crash)
+    monkeypatch.setattr(ticks, "_drain", crash)
     with pytest.raises(SystemExit):
         drive(rollout, endpoint, until=lambda r: r.state == RolloutState.PROMOTING, timeout=30)
     rollout.refresh_from_db()
@@ -417,7 +417,7 @@ def test_a_crash_between_recording_a_decision_and_acting_on_it_is_repaired_by_th
     old = Replica.objects.get(endpoint=endpoint, version__number=1)
     assert old.state == ReplicaState.READY  # not drained yet
     # The next tick re-derives the same decision from the row and drains
-    monkeypatch.setattr(services, "_drain", real_drain)
+    monkeypatch.setattr(ticks, "_drain", real_drain)
     drive(rollout, endpoint, until=finished, timeout=30)
     rollout.refresh_from_db()
     old.refresh_from_db()

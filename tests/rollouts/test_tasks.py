@@ -3,10 +3,10 @@
 import pytest
 
 from capacity.autoscaling import services as autoscaling
-from capacity.autoscaling import ticks
+from capacity.autoscaling import ticks as autoscaling_ticks
 from capacity.autoscaling.actuators import base
 from endpoints.models import Endpoint, ReplicaState, RolloutState
-from endpoints.rollouts import services
+from endpoints.rollouts import services, ticks
 from tests.factories import ReplicaFactory
 from workers.schedule import beat_schedule
 from workers.tasks import rollouts as tasks
@@ -85,19 +85,19 @@ def test_the_autoscaler_leaves_a_rollouts_replicas_alone_and_scales_only_the_ser
 ):
     v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2)
-    services.rollout_tick(rollout_id=rollout.pk)  # 2 surge replicas of v2 starting next to 2 ready v1
+    ticks.rollout_tick(rollout_id=rollout.pk)  # 2 surge replicas of v2 starting next to 2 ready v1
     assert endpoint.replicas.exclude(state=ReplicaState.STOPPED).count() == 4
     # desired 2 with 4 replicas: outside a rollout this would drain two; during it nothing is touched
     actions = autoscaling.reconcile(endpoint=endpoint)
     assert actions[-1].startswith("rollout in progress")
     assert endpoint.replicas.filter(state=ReplicaState.DRAINING).count() == 0
     # the autoscaler's inputs count the serving version only
-    inputs = ticks.horizontal_inputs(endpoint, now=0.0)
+    inputs = autoscaling_ticks.horizontal_inputs(endpoint, now=0.0)
     assert (inputs.ready, inputs.starting) == (2, 0)
     # after the rollout ended (rolled back here), scaling resumes on the serving version: v2 is not counted
     services.rollback_rollout(rollout=rollout)
-    services.rollout_tick(rollout_id=rollout.pk)  # stops the new replicas
-    services.rollout_tick(rollout_id=rollout.pk)  # sees them gone
+    ticks.rollout_tick(rollout_id=rollout.pk)  # stops the new replicas
+    ticks.rollout_tick(rollout_id=rollout.pk)  # sees them gone
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.ROLLED_BACK
     Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=3)
@@ -116,11 +116,11 @@ def test_a_version_that_cannot_be_launched_is_rolled_back(clean_store, fake, end
     monkeypatch.setattr(fake, "launch", refuse)
     v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "profile": "huge"})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2)
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.ROLLING_BACK
     assert "could not start: bad launch options" in rollout.reason
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.ROLLED_BACK and "unknown profile" in rollout.reason
     assert list(rollout.events.values_list("kind", flat=True)) == ["created", "surge", "rollback", "rolled_back"]
@@ -184,36 +184,36 @@ def test_a_serving_version_changed_behind_the_rollouts_back_fails_it(clean_store
     v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
     v3 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 3.0})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2)
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     Endpoint.objects.filter(pk=endpoint.pk).update(current_version=v3)  # e.g. an edit in the database
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.FAILED and rollout.finished_at is not None
     assert "changed outside the rollout" in rollout.reason
     # nothing else happens to a failed rollout
     launched = list(fake.launched)
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     assert fake.launched == launched
 
 
 def test_a_rollback_after_old_replicas_drained_starts_the_old_version_again(clean_store, fake, endpoint, monkeypatch):
-    monkeypatch.setattr(services, "warm_up_request", lambda url, model: (True, ""))
+    monkeypatch.setattr(ticks, "warm_up_request", lambda url, model: (True, ""))
     v1 = endpoint.current_version
     v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
     rollout = services.start_rollout(
         endpoint=endpoint, to_version=v2, strategy="canary", canary_steps=[50, 100], step_duration_s=600, max_surge=1
     )
-    services.rollout_tick(rollout_id=rollout.pk)  # one v2 replica starting (2 old + 1 = B + S)
+    ticks.rollout_tick(rollout_id=rollout.pk)  # one v2 replica starting (2 old + 1 = B + S)
     assert fake.launched == [(v2.pk, 1)]
     endpoint.replicas.filter(version=v2).update(state=ReplicaState.READY)
-    services.rollout_tick(rollout_id=rollout.pk)  # warmed: 50 % on v2, one v1 replica drains
+    ticks.rollout_tick(rollout_id=rollout.pk)  # warmed: 50 % on v2, one v1 replica drains
     rollout.refresh_from_db()
     assert (rollout.state, rollout.traffic_percent) == (RolloutState.SHIFTING, 50)
     drained = endpoint.replicas.get(version=v1, state=ReplicaState.DRAINING)
     fake.stop_row(drained, "drained")
     services.rollback_rollout(rollout=rollout, reason="bad answers")
     fake.launched.clear()
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     # v2 drains and v1 is started again to its starting count, within B + S alive
     assert fake.launched == [(v1.pk, 1)]
     assert endpoint.replicas.filter(version=v2, state=ReplicaState.DRAINING).count() == 1
@@ -221,7 +221,7 @@ def test_a_rollback_after_old_replicas_drained_starts_the_old_version_again(clea
     assert rollout.state == RolloutState.ROLLING_BACK
     endpoint.replicas.filter(version=v1, state=ReplicaState.STARTING).update(state=ReplicaState.READY)
     fake.stop_row(endpoint.replicas.get(version=v2, state=ReplicaState.DRAINING), "drained")
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.ROLLED_BACK and rollout.reason == "bad answers"
     assert endpoint.replicas.filter(version=v1, state=ReplicaState.READY).count() == 2
@@ -233,10 +233,10 @@ def test_a_horizontal_tick_during_a_rollout_is_recorded_but_not_applied(clean_st
     cooldowns (which read applied decisions only)."""
     v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
     rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=1)
-    services.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
     launched = list(fake.launched)
     Endpoint.objects.filter(pk=endpoint.pk).update(min_replicas=3)  # the floor alone asks for one more replica
-    row = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="t-rollout", now=1_000.0)
+    row = autoscaling_ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="t-rollout", now=1_000.0)
     assert row is not None and row.desired == 3 and row.current == 2
     assert row.applied is False
     assert row.inputs["actions"][-1] == "rollout in progress: not applied"
@@ -245,9 +245,9 @@ def test_a_horizontal_tick_during_a_rollout_is_recorded_but_not_applied(clean_st
     assert fake.launched == launched
     # once the rollout has ended the same floor is applied
     services.rollback_rollout(rollout=rollout)
-    services.rollout_tick(rollout_id=rollout.pk)
-    services.rollout_tick(rollout_id=rollout.pk)
-    row = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="t-after", now=1_005.0)
+    ticks.rollout_tick(rollout_id=rollout.pk)
+    ticks.rollout_tick(rollout_id=rollout.pk)
+    row = autoscaling_ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="t-after", now=1_005.0)
     assert row.applied is True and row.desired == 3
     endpoint.refresh_from_db()
     assert endpoint.desired_replicas == 3

@@ -1,4 +1,4 @@
-"""Rollouts: every active rollout is ticked every few seconds (``endpoints.rollouts.services.rollout_tick``).
+"""Rollouts: every active rollout is ticked every few seconds (``endpoints.rollouts.ticks.rollout_tick``).
 
 A tick holds the rollout's endpoint lock in Redis, records its decision in the Rollout row before acting, and
 keeps nothing in memory: a worker killed mid-rollout leaves the next tick (on any worker) to carry on.
@@ -7,7 +7,7 @@ keeps nothing in memory: a worker killed mid-rollout leaves the next tick (on an
 from celery import shared_task
 
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Rollout
-from endpoints.rollouts.services import rollout_tick
+from endpoints.rollouts.ticks import rollout_tick
 
 TICK_S = 3.0
 

@@ -44,133 +44,40 @@ watch.
 
 import copy
 import logging
-import re
 import time
-from datetime import datetime
-from pathlib import Path
 
 import httpx
 from django.conf import settings
 from django.db.models import Q
 from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.kubeconfig import KubeConfig, SingleConfig
-from lightkube.core.exceptions import ConfigError
 
 from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id, version_endpoint
+from capacity.autoscaling.actuators.kubernetes_objects import (
+    CAPACITY,
+    DELETION_COST,
+    ENDPOINT_ID,
+    ENDPOINT_NAME,
+    LIVE,
+    MERGE_PATCH,
+    PROMOTED,
+    ROLE,
+    SPOT_SCHEDULING_GRACE_S,
+    STRATEGIC_PATCH,
+    TEMPLATE,
+    VERSION,
+    deployment_name,
+    is_promoted,
+    kube_config,
+    spot_deployment_name,
+    spot_scheduling,
+    standby_deployment_name,
+    unschedulable_for,
+    version_deployment_name,
+)
 from capacity.runtimes.launch_env import kubernetes_container_patch
 from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState, active_rollout
 
 log = logging.getLogger(__name__)
-
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
-STRATEGIC_PATCH = {"Content-Type": "application/strategic-merge-patch+json"}
-ROLE = "infercap/role"
-PROMOTED = "infercap/promoted"
-VERSION = "infercap/version"
-TEMPLATE = "infercap/template"
-ENDPOINT_ID = "infercap/endpoint-id"
-ENDPOINT_NAME = "infercap/endpoint-name"
-CAPACITY = "infercap/capacity-type"
-SPOT_NODE_SELECTOR = {"karpenter.sh/capacity-type": "spot"}
-# A spot pod the scheduler cannot place for this long is taken as no spot to be had: a node autoscaler (Karpenter,
-# the cluster autoscaler) provisions a node for an unschedulable pod within a minute or two when the market has one.
-SPOT_SCHEDULING_GRACE_S = 180.0
-LIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
-
-
-def _kube_config(path: str | None) -> SingleConfig:
-    """The current context of the kubeconfig at ``path``, else of the environment (lightkube's ``from_env``: the
-    pod's service account, ``$KUBECONFIG``, ``~/.kube/config``); none is an ``ActuatorError``."""
-    try:
-        config = KubeConfig.from_file(path) if path else KubeConfig.from_env(service_account=SA_DIR)
-        single = config.get()
-    except (ConfigError, OSError, KeyError, ValueError) as exc:
-        raise ActuatorError(
-            f"no Kubernetes API: set INFERCAP['KUBERNETES_API_URL'], a kubeconfig or run in a cluster ({exc})"
-        ) from exc
-    if single is None or single.cluster is None:
-        raise ActuatorError("no Kubernetes API: the kubeconfig has no current context")
-    return single
-
-
-def deployment_name(endpoint: Endpoint) -> str:
-    """The operator's ``deployment`` launch option, else ``infercap-ep-<endpoint id>``: never derived from the
-    endpoint name, which tenants choose (``Llama.3.70B`` and ``llama_3_70b`` would both become ``llama-3-70b``)."""
-    name = (endpoint.launch_options or {}).get("deployment")
-    if not name:
-        return f"infercap-ep-{endpoint.pk}"
-    return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"infercap-ep-{endpoint.pk}"
-
-
-def standby_deployment_name(endpoint: Endpoint) -> str:
-    name = (endpoint.launch_options or {}).get("standby_deployment")
-    if name:
-        return re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:63] or f"infercap-ep-{endpoint.pk}-standby"
-    return f"{deployment_name(endpoint)[:55].rstrip('-')}-standby"
-
-
-def version_deployment_name(endpoint: Endpoint, number: int | None) -> str:
-    """The Deployment running one version: the endpoint's own for version 1 (or before versions existed),
-    ``<deployment>-v<N>`` for version N (``endpoint`` carries that version's launch options)."""
-    base = deployment_name(endpoint)
-    if not number or number == 1:
-        return base
-    return f"{base[: 62 - len(str(number))].rstrip('-')}-v{number}"
-
-
-def spot_deployment_name(base: str) -> str:
-    """The spot pool's Deployment beside ``base`` (a version's on-demand one)."""
-    return f"{base[:58].rstrip('-')}-spot"
-
-
-def spot_scheduling(options: dict) -> tuple[dict, list]:
-    """The node selector and tolerations a spot pod gets, from the operators' launch options (checked: a bad shape
-    is an ActuatorError that names the option, not a pod the API server refuses later)."""
-    selector = options.get("spot_node_selector", SPOT_NODE_SELECTOR)
-    if (
-        not isinstance(selector, dict)
-        or not selector
-        or not all(
-            isinstance(k, str) and isinstance(v, str) and k and len(k) <= 253 and len(v) <= 63
-            for k, v in selector.items()
-        )
-    ):
-        raise ActuatorError("launch option spot_node_selector must be a non-empty object of node label strings")
-    tolerations = options.get("spot_tolerations", [])
-    if not isinstance(tolerations, list) or not all(
-        isinstance(t, dict) and t and all(k in ("key", "operator", "value", "effect", "tolerationSeconds") for k in t)
-        for t in tolerations
-    ):
-        raise ActuatorError(
-            "launch option spot_tolerations must be a list of tolerations (key, operator, value, effect, "
-            "tolerationSeconds)"
-        )
-    return dict(selector), copy.deepcopy(tolerations)
-
-
-def unschedulable_for(status: dict, *, now: float) -> float | None:
-    """Seconds a Pending pod has been unschedulable (its PodScheduled condition False for reason Unschedulable),
-    else None."""
-    if status.get("phase") != "Pending":
-        return None
-    for cond in status.get("conditions") or []:
-        if (
-            cond.get("type") == "PodScheduled"
-            and cond.get("status") == "False"
-            and cond.get("reason") == "Unschedulable"
-        ):
-            try:
-                since = datetime.fromisoformat(str(cond.get("lastTransitionTime")).replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                return 0.0
-            return max(0.0, now - since)
-    return None
-
-
-def _promoted(pod: dict) -> bool:
-    return (pod.get("metadata", {}).get("labels") or {}).get(PROMOTED) == "true"
 
 
 class KubernetesActuator(Actuator):
@@ -206,7 +113,7 @@ class KubernetesActuator(Actuator):
                 "transport": transport,
             }
         else:
-            config = _kube_config(kubeconfig or conf.get("KUBECONFIG") or None)
+            config = kube_config(kubeconfig or conf.get("KUBECONFIG") or None)
             namespace = config.namespace  # the context's, or in a pod its service account's
             # The transport is set after: lightkube's dataclasses.asdict would hand httpx a deep copy of it.
             params = ConnectionParams(timeout=timeout, trust_env=False).httpx_params(config)
@@ -442,7 +349,7 @@ class KubernetesActuator(Actuator):
         registered = registered.count()
         if not standby and not pool_id and self._uses_warm_pool(endpoint):
             # Promoted standbys are serving replicas, but not the serving Deployment's pods.
-            registered -= sum(1 for pod in self.pods(endpoint) if _promoted(pod))
+            registered -= sum(1 for pod in self.pods(endpoint) if is_promoted(pod))
         current, _ = self.get_scale(endpoint, standby=standby, deployment=name)
         if registered + count > current:
             if current == 0 and not standby:
@@ -485,7 +392,7 @@ class KubernetesActuator(Actuator):
             endpoint = group[0].endpoint
             promoted = set()
             if self._uses_warm_pool(endpoint):
-                promoted = {p["metadata"]["name"] for p in self.pods(endpoint) if _promoted(p)}
+                promoted = {p["metadata"]["name"] for p in self.pods(endpoint) if is_promoted(p)}
             for standby in (True, False):
                 members = [r for r in group if r.is_standby == standby]
                 owned = [r for r in members if (r.actuator_ref or r.name) not in promoted]

@@ -26,7 +26,7 @@ from billing.models import UsageRecord
 from billing.rollups import usage_rollup_run
 from capacity.autoscaling import horizontal, store, ticks
 from capacity.autoscaling import services as autoscaling
-from capacity.autoscaling.actuators import kubernetes
+from capacity.autoscaling.actuators import kubernetes_objects
 from capacity.autoscaling.actuators.local import replica_argv
 from capacity.autoscaling.limits import launch_allowance
 from capacity.models import AutoscalerDecision, HardwareProfile
@@ -288,31 +288,31 @@ def deployment_names_from_ids(world: SecurityWorld) -> str:
         _flat(endpoint, launch_options={"actuator": "kubernetes"})
     derived = {
         endpoint.pk: {
-            kubernetes.deployment_name(endpoint),
-            kubernetes.standby_deployment_name(endpoint),
-            kubernetes.version_deployment_name(endpoint, 2),
+            kubernetes_objects.deployment_name(endpoint),
+            kubernetes_objects.standby_deployment_name(endpoint),
+            kubernetes_objects.version_deployment_name(endpoint, 2),
         }
         for endpoint in (a, b)
     }
     expect(not derived[a.pk] & derived[b.pk], f"A and B share a Deployment: {derived[a.pk] & derived[b.pk]}")
     for endpoint in (a, b):
         expect(
-            kubernetes.deployment_name(endpoint) == f"infercap-ep-{endpoint.pk}",
-            f"{endpoint.name} runs in {kubernetes.deployment_name(endpoint)}",
+            kubernetes_objects.deployment_name(endpoint) == f"infercap-ep-{endpoint.pk}",
+            f"{endpoint.name} runs in {kubernetes_objects.deployment_name(endpoint)}",
         )
         expect(
             not any("llama" in n for n in derived[endpoint.pk]), f"named after the endpoint: {derived[endpoint.pk]}"
         )
     aimed = world.api(world.b.admin).patch(
         reverse("endpoint-detail", args=[b.pk]),
-        {"launch_options": {"actuator": "kubernetes", "deployment": kubernetes.deployment_name(a)}},
+        {"launch_options": {"actuator": "kubernetes", "deployment": kubernetes_objects.deployment_name(a)}},
         format="json",
     )
     expect(aimed.status_code == 400, f"B aiming its endpoint at A's Deployment answered {aimed.status_code}")
     b.refresh_from_db()
-    expect(kubernetes.deployment_name(b) == f"infercap-ep-{b.pk}", "B's Deployment changed")
+    expect(kubernetes_objects.deployment_name(b) == f"infercap-ep-{b.pk}", "B's Deployment changed")
     return (
-        f"'Llama.3.70B' and 'llama_3_70b' run in {kubernetes.deployment_name(a)} / {kubernetes.deployment_name(b)} "
+        f"'Llama.3.70B' and 'llama_3_70b' run in {kubernetes_objects.deployment_name(a)} / {kubernetes_objects.deployment_name(b)} "
         "(standby and version names distinct too); B naming A's Deployment is 400"
     )
 
