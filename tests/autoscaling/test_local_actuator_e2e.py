@@ -70,8 +70,8 @@ def test_start_drain_and_stop_without_losing_a_request(procs, clean_store, reap_
     replicas = ready(endpoint)
     assert all(pid_alive(int(r.actuator_ref)) for r in replicas)
     # Both replicas must take streams: on a loaded CI host a replica whose /metrics scrape misses the proxy's 2 s
-    # staleness window counts as saturated, and every stream can go to the other (the likely cause of the one
-    # failure in stop 36's fresh-clone run); staleness has its own tests (tests/proxy/test_metrics_staleness.py).
+    # staleness window counts as saturated, and every stream can go to the other (seen once on a fresh-clone
+    # run); staleness has its own tests (tests/proxy/test_metrics_staleness.py).
     base = spawn_proxy(procs, metrics_stale_s=30)
 
     # And streams in flight on both replicas through the proxy

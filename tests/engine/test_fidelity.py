@@ -1,5 +1,5 @@
 """``bench fidelity`` on the session's real engine, at its smallest size: the calibration sweep, the profile fit,
-held-out points measured and predicted, the contract comparison; every figure the issue names is there and the
+held-out points measured and predicted, the contract comparison; every figure the bench documents is there and the
 errors are finite numbers. (How large they are depends on the machine's neighbours: the bench reports that.)"""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_bench_fidelity_calibrates_on_the_engine_and_reports_every_figure(engine
         quick=True, plot=str(svg), progress=messages.append, url=engine.url, size="smoke", save=str(saved)
     )
     json.dumps(figures)  # the command prints it as one line of JSON
-    assert list(figures)[-len(KEYS) :] == list(KEYS)  # the issue's keys close the line, in its order
+    assert list(figures)[-len(KEYS) :] == list(KEYS)  # the documented keys close the line, in their order
     assert figures["real_vllm_version"] == "0.32.0"
     for key in KEYS[1:6]:
         assert math.isfinite(figures[key]) and figures[key] >= 0, (key, figures[key])

@@ -56,7 +56,7 @@ def test_demand_hash_metrics_and_scale_from_zero(procs, clean_redis, tenant_a):
     waiter.join(30)
     assert [r.status_code for r in results] == [200]
 
-    # Prometheus exposition parses, with the series the issue names.
+    # Prometheus exposition parses, with the series the dashboards and the SLO rules read (gateway/proxy/metrics.py).
     text = httpx.get(base + "/metrics", headers=METRICS_AUTH).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for wanted in (

@@ -1,4 +1,4 @@
-"""Regression tests from the review of issue #11 that need the rollout tick (the fake actuator of test_tasks)."""
+"""Regression tests of rollouts found in review that need the rollout tick (the fake actuator of test_tasks)."""
 
 import pytest
 
