@@ -6,7 +6,7 @@ discrete-event runner and the HTTP replica:
 * ``acquire(name, now)`` before a request naming adapter ``name`` enters the engine. A held adapter is ready at
   once (or when its load, already under way, ends); a missing one loads into a free slot, or into the slot of an
   adapter no request is using: the one the router's rule names (``victim``, e.g. infercap's least popular: the
-  discrete-event runner passes ``gateway.routing.lora.victim_chooser(router, replica)``, as the live proxy does),
+  discrete-event runner passes ``gateway.routing.adapter_eviction.victim_chooser(router, replica)``, as the live proxy does),
   else the least recently used (``adapter_to_evict``, vLLM's own rule). Loads on one replica run one after another (one loader: the weights come over the same disk and
   PCIe link), so ``ready_at = max(now, loader free) + load time``. The request's TTFT counts that wait.
   ``LookupError`` when every slot holds an adapter in use: the request waits until one is released.
@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gateway.routing.lora import VictimChooser, choose_victim
+from gateway.routing.adapter_eviction import VictimChooser, choose_victim
 
 REFERENCE_RANK = 16
 DEFAULT_RANK = 8

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.routing.adapter_eviction import victim_chooser
 from gateway.routing.base import RouteRequest
-from gateway.routing.lora import victim_chooser
 from simulator.engine import Sequence as EngineSeq
 from simulator.fleet import _LORA, SimReplica
 from simulator.lora import AdapterSlots

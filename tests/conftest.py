@@ -10,8 +10,8 @@ from rest_framework.test import APIClient
 from capacity.runtimes.processes import ProcessGroup
 from tenants.models import ApiKey, Role, Tenant, User
 from tenants.services import api_key_create
+from tests.adapter_artifacts import lora_root  # noqa: F401 - a fixture: an empty LoRA storage root per test
 from tests.factories import EndpointFactory, OperatorFactory, ReservationFactory, TenantFactory, UserFactory
-from tests.lora import lora_root  # noqa: F401 - a fixture: an empty LoRA storage root per test
 
 
 @dataclass

@@ -14,7 +14,7 @@ from django.utils import timezone
 from billing.models import UsageRecord
 from endpoints.models import Replica, ReplicaState
 from endpoints.selectors import adapters_visible_to
-from gateway.proxy.lora import engine_adapters
+from gateway.proxy.replica_adapters import engine_adapters
 from tenants.selectors import principal_is_operator, principal_tenant_id
 
 REPLICAS_SHOWN = 16  # engines asked per page view, each within HOLDINGS_TIMEOUT_S

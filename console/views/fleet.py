@@ -15,8 +15,8 @@ from capacity.autoscaling import pins
 from console import charts
 from console.access import endpoint_for, operator_required
 from console.actions import endpoint_create_action, endpoint_scale_action, replica_attach_action, replica_drain_action
+from console.adapter_churn import replica_lora
 from console.forms import DrainForm, EndpointCreateForm, ReplicaAttachForm, ScaleForm
-from console.lora import replica_lora
 from console.queue_history import queue_history
 from console.selectors import (
     budgets_by_endpoint,

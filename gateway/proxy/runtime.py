@@ -17,8 +17,8 @@ from gateway.admission.classes import CLASSES
 from gateway.admission.shares import spread_queue
 from gateway.proxy import metrics as m
 from gateway.proxy.kv_feeds import KVFeeds
-from gateway.proxy.lora import ReplicaAdapters, note_engine_lora, routers_eviction
 from gateway.proxy.model_names import ModelRename, model_rename
+from gateway.proxy.replica_adapters import ReplicaAdapters, note_engine_lora, routers_eviction
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.routing import make_router
 from gateway.routing.base import ReplicaView, RouteRequest

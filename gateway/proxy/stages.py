@@ -25,7 +25,6 @@ from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
 from gateway.proxy.flight import Admission, Flight, Price
 from gateway.proxy.limits import Bucket, LimiterUnavailable, RateLimiter, buckets_for, retry_after_from_wait
-from gateway.proxy.lora import ensure_loaded, load_mu
 from gateway.proxy.model_names import ModelRename
 from gateway.proxy.relay import (
     AdapterMissing,
@@ -38,6 +37,7 @@ from gateway.proxy.relay import (
     plain_exchange,
     stream_exchange,
 )
+from gateway.proxy.replica_adapters import ensure_loaded, load_mu
 from gateway.proxy.request import ParsedRequest, parse_request, read_body, request_cost, upstream_payload
 from gateway.proxy.resume import MAX_RESUMES, Continued, continuation, streamed
 from gateway.proxy.runtime import EndpointRuntime, Shed, Slot

@@ -30,8 +30,8 @@ from gateway.metrics_scraper import MetricsScraper
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
-from gateway.proxy.lora import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from gateway.proxy.prompt_tokens import TokenizerCache
+from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.scrape_client import AiohttpScrapeClient
 from gateway.proxy.snapshot import Snapshot
@@ -462,7 +462,7 @@ class ProxyState:
                     key = DEMAND_KEY.format(endpoint_id=eid)
                     pipe.hset(key, self.process_id, json.dumps({"t": round(now, 3), **runtime.demand()}))
                     pipe.expire(key, DEMAND_TTL_S)
-                    if runtime.adapters:  # LoRA endpoints only; the console reads it (console.lora)
+                    if runtime.adapters:  # LoRA endpoints only; the console reads it (console.adapter_churn)
                         lora_key = LORA_REPORT_KEY.format(endpoint_id=eid)
                         pipe.hset(
                             lora_key,

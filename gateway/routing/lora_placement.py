@@ -21,8 +21,8 @@ idle adapter leaves a full replica (LFU with aging, ``lora.least_popular_to_evic
 import math
 from collections.abc import Collection, Mapping, Sequence
 
+from gateway.routing.adapter_eviction import least_popular_to_evict, least_recent_to_evict
 from gateway.routing.base import ReplicaView
-from gateway.routing.lora import least_popular_to_evict, least_recent_to_evict
 
 BUSY_SLOTS_COST = 2.0  # relative cost of a replica whose every adapter slot is in use (above any eviction: ≤ 1)
 

@@ -9,9 +9,9 @@ from django.urls import reverse
 from endpoints.adapters import ARTIFACT_REFUSED
 from endpoints.models import Adapter
 from tenants.models import AuditEntry
+from tests.adapter_artifacts import LORA_OPTIONS, write_adapter
 from tests.api.base import APIResourceCase, unique
 from tests.factories import EndpointFactory, ModelProfileFactory, ReservationFactory
-from tests.lora import LORA_OPTIONS, write_adapter
 
 URL = "/api/v1/adapters/"
 

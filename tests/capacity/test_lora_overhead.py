@@ -17,7 +17,7 @@ from capacity.replica_benchmark.sweep import (
     run_sweep,
 )
 from simulator.replica_driver import EngineDriver
-from tests.lora import LORA_OPTIONS, write_adapter
+from tests.adapter_artifacts import LORA_OPTIONS, write_adapter
 
 QUICK = dict(
     levels=(1, 8, 16),

@@ -4,9 +4,9 @@ traffic; operators also see which adapters each LoRA replica's engine holds now 
 from django.urls import reverse
 
 from endpoints.models import Adapter
+from tests.adapter_artifacts import LORA_OPTIONS
 from tests.factories import EndpointFactory, ReplicaFactory, UsageRecordFactory
 from tests.fake_vllm import fake_server
-from tests.lora import LORA_OPTIONS
 
 
 def _adapters(tenant_a, tenant_b):

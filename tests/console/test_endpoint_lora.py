@@ -8,12 +8,12 @@ import time
 import pytest
 from django.urls import reverse
 
+from console.adapter_churn import CHURN_WINDOW_MINUTES, LORA_REPORT_KEY, merge_reports
 from console.live import redis_client
-from console.lora import CHURN_WINDOW_MINUTES, LORA_REPORT_KEY, merge_reports
 from endpoints.models import Adapter, ReplicaState
-from gateway.proxy.lora import ReplicaAdapters, lora_report
+from gateway.proxy.replica_adapters import ReplicaAdapters, lora_report
+from tests.adapter_artifacts import LORA_OPTIONS
 from tests.factories import EndpointFactory, ReplicaFactory, ReservationFactory
-from tests.lora import LORA_OPTIONS
 
 pytestmark = pytest.mark.django_db
 

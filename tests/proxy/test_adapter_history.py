@@ -15,8 +15,8 @@ from endpoints.models import Adapter
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.snapshot_loader import read_snapshot
 from gateway.proxy.state import ProxyState
+from tests.adapter_artifacts import LORA_OPTIONS
 from tests.factories import EndpointFactory, TenantFactory, UsageRecordFactory
-from tests.lora import LORA_OPTIONS
 
 pytestmark = pytest.mark.django_db
 

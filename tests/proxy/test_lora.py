@@ -13,7 +13,7 @@ from capacity.runtimes.lora_artifacts import engine_name
 from capacity.runtimes.vllm_metrics import ReplicaMetrics, parse_vllm_metrics
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
-from gateway.proxy.lora import ReplicaAdapters, engine_adapters, ensure_loaded
+from gateway.proxy.replica_adapters import ReplicaAdapters, engine_adapters, ensure_loaded
 from gateway.proxy.runtime import ENGINE_NAMED_KEY, EndpointRuntime
 from gateway.proxy.snapshot import AdapterInfo
 from gateway.proxy.stages import price_request, resolve_model

@@ -12,7 +12,7 @@ from capacity.runtimes.lora_artifacts import engine_name, engine_name_owner
 from capacity.runtimes.processes import free_port, sim_replica_argv
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
-from gateway.proxy.lora import ReplicaAdapters, ensure_loaded, load_mu, unload_stale
+from gateway.proxy.replica_adapters import ReplicaAdapters, ensure_loaded, load_mu, unload_stale
 from gateway.proxy.snapshot import AdapterInfo
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from gateway.routing import make_router
+from gateway.routing.adapter_eviction import adapter_to_evict, choose_victim, least_popular_to_evict, victim_chooser
 from gateway.routing.base import ReplicaView, RouteRequest
-from gateway.routing.lora import adapter_to_evict, choose_victim, least_popular_to_evict, victim_chooser
 
 
 def test_a_free_slot_needs_no_eviction():

@@ -10,7 +10,7 @@ client that leaves does not abort a load half done. Loads on one replica go one 
 never both count on the last free slot. At the slot limit an idle adapter is unloaded first: the one the endpoint's
 router names (``ReplicaAdapters.victim``, bound by the runtime to its router and clock; infercap's is the least
 popular, from the router's own request counts, no query), else the least recently used
-(``gateway.routing.lora.choose_victim``, which the simulator's slots ask too). A load that fails or times out is an OpenAI-shaped 502 or 503 for
+(``gateway.routing.adapter_eviction.choose_victim``, which the simulator's slots ask too). A load that fails or times out is an OpenAI-shaped 502 or 503 for
 the requests waiting on it, and the replica is left as it was: nothing stays "loading".
 
 What other proxy processes loaded, and adapters the engine was started with, come from the engine itself: its
@@ -39,7 +39,7 @@ import aiohttp
 from capacity.runtimes.lora_artifacts import engine_name_owner
 from gateway.proxy import metrics as m
 from gateway.proxy.errors import ProxyError
-from gateway.routing.lora import VictimChooser, choose_victim, least_recent_to_evict, victim_chooser
+from gateway.routing.adapter_eviction import VictimChooser, choose_victim, least_recent_to_evict, victim_chooser
 
 log = logging.getLogger(__name__)
 

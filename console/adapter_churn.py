@@ -1,5 +1,5 @@
 """Adapters per replica and their load churn for the endpoint page, from the reports every proxy process publishes
-(``gateway.proxy.lora.lora_report`` under ``infercap:lora:{endpoint_id}``; docs/lora.md#the-console). A tenant
+(``gateway.proxy.replica_adapters.lora_report`` under ``infercap:lora:{endpoint_id}``; docs/lora.md#the-console). A tenant
 sees the names of the adapters it may use (``adapters_visible_to``); any other adapter a replica holds is a count."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from tenants.selectors import principal_is_operator
 
 logger = logging.getLogger(__name__)
 
-LORA_REPORT_KEY = "infercap:lora:{endpoint_id}"  # gateway.proxy.lora.LORA_REPORT_KEY (the proxy imports no console)
+LORA_REPORT_KEY = (
+    "infercap:lora:{endpoint_id}"  # gateway.proxy.replica_adapters.LORA_REPORT_KEY (the proxy imports no console)
+)
 HELD_STALE_S = 30.0  # a process's list of held adapters older than this is not shown (it may have died)
 CHURN_WINDOW_MINUTES = 5
 
