@@ -4,7 +4,8 @@ A real proxy process (production settings) in front of replicas of one shared en
 always-failing replica of an endpoint that falls back to it. Three tenants share the endpoint, each with its own
 reservation and one inference key per client kind (``metering_kinds``): disconnects at every phase, prompt arrays,
 ``n``/``best_of``, ``min_tokens``, tools, documents, adapters, fallbacks, retries, resumed streams, cancellations,
-rate limiting. ``--opt scale=N`` sends N times the requests of each kind; ``--opt kinds=a,b`` runs only those.
+rate limiting. ``--opt scale=N`` sends N times the requests of each kind; ``--opt kinds=a,b`` runs only those;
+``--opt tenants=rotate`` runs each kind once, for tenants A, B, C in turn (as ``--live`` does; ``--smoke``).
 
 The modes: ``--quick`` (the test's) and the full mode (``scale=3``) run on two simulated replicas, each kind for
 every tenant. ``--live`` runs on the real engine (``metering_live``: two CPU vLLM engines serving the tiny model,
@@ -31,14 +32,12 @@ from datetime import UTC, datetime
 
 import httpx
 from django.conf import settings
-from django.db import connection
-from django.test.utils import setup_databases, teardown_databases, teardown_test_environment
 
 from benchmarks.billing import metering_live
 from benchmarks.billing.metering_books import Charge, Phase, Tokens, by_kind, goals, phase_books, summarize
 from benchmarks.billing.metering_kinds import Client, Fleet, Kind, kinds
 from benchmarks.harness.security.world import SecurityWorld, world_create
-from benchmarks.operations.security import _test_environment_setup
+from benchmarks.harness.throwaway_database import throwaway_database
 from billing.models import UsageRecord
 from capacity.runtimes.processes import free_port, sim_replica_argv, uvicorn_argv
 from capacity.unit_resolver import coefficients_by_endpoint
@@ -48,6 +47,7 @@ from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
 
 SPEED = 20.0  # simulated seconds per wall second
+SMOKE = {"tenants": "rotate"}  # --smoke: each kind once, not once per tenant
 SLOTS_PER_REPLICA = 4
 RPM_LIMIT = 60  # each tenant's requests per minute on the shared endpoint: the rate-limit kind bursts past it
 COUNTERS = {
@@ -211,50 +211,41 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     if live and quick:
         raise RuntimeError("bench metering: --quick runs on the simulator, --live on the real engine; not both")
     scale = int(opts.get("scale", 1 if quick or live else 3))
-    own_environment = _test_environment_setup()
-    own_databases = None
-    if not connection.settings_dict["NAME"].startswith("test_"):
-        connection.settings_dict.setdefault("TEST", {})["NAME"] = (
-            f"test_{connection.settings_dict['NAME']}_metering_{os.getpid()}"
-        )
-        progress(f"creating the throwaway database {connection.settings_dict['TEST']['NAME']}")
-        own_databases = setup_databases(verbosity=0, interactive=False)
-    world = None
-    try:
-        with tempfile.TemporaryDirectory(prefix="metering-lora-") as lora_root:
-            world = metering_world_create(lora_root, live=live, progress=progress)
-            runtime = "vllm" if live else "sim"
-            progress(f"world {world.tag}: tenants A, B, C on {world.shared.name}; starting the proxy and {runtime}")
-            fleet_kind = metering_live.LiveFleet if live else Fleet
-            fleet = fleet_kind(
-                proxy=world.proxy(),
-                shared=world.shared.name,
-                primary=world.primary.name,
-                adapter=world.adapter.name,
-                shared_replicas=world.shared_replicas,
-                scale=scale,
-                prompt_seed=world.tag,
-            )
-            if live:
-                fleet.relays = world.relays
-                fleet.work, fleet.context_words = metering_live.LIVE_WORK, metering_live.CONTEXT_WORDS
-            figures = _phases(world, fleet, progress, only=opts.get("kinds"))
-            figures["metering.runtime"] = runtime
-    finally:
-        if world is not None:
+    with throwaway_database("metering", progress), tempfile.TemporaryDirectory(prefix="metering-lora-") as lora_root:
+        world = metering_world_create(lora_root, live=live, progress=progress)
+        try:
+            figures = _run_in(world, scale=scale, progress=progress, opts=opts)
+        finally:
             world.close()
-        if own_databases is not None:
-            connection.close()
-            teardown_databases(own_databases, verbosity=0)
-        if own_environment:
-            teardown_test_environment()
     if plot:
         _write_svg(plot, figures["metering.by_kind"])
         progress(f"plot written to {plot}")
     return figures
 
 
-def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = None) -> dict:
+def _run_in(world: MeteringWorld, *, scale: int, progress, opts: dict) -> dict:
+    runtime = "vllm" if world.live else "sim"
+    progress(f"world {world.tag}: tenants A, B, C on {world.shared.name}; starting the proxy and {runtime}")
+    fleet_kind = metering_live.LiveFleet if world.live else Fleet
+    fleet = fleet_kind(
+        proxy=world.proxy(),
+        shared=world.shared.name,
+        primary=world.primary.name,
+        adapter=world.adapter.name,
+        shared_replicas=world.shared_replicas,
+        scale=scale,
+        prompt_seed=world.tag,
+    )
+    if world.live:
+        fleet.relays = world.relays
+        fleet.work, fleet.context_words = metering_live.LIVE_WORK, metering_live.CONTEXT_WORDS
+    rotate = world.live or opts.get("tenants") == "rotate"
+    figures = _phases(world, fleet, progress, only=opts.get("kinds"), rotate=rotate)
+    figures["metering.runtime"] = runtime
+    return figures
+
+
+def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = None, rotate: bool = False) -> dict:
     tenants = tenants_of(world)
     letters = {t.pk: letter for t, letter in zip(tenants, "ABC", strict=True)}
     coeffs = coefficients_by_endpoint([world.shared, world.primary])
@@ -270,8 +261,9 @@ def _phases(world: MeteringWorld, fleet: Fleet, progress, only: str | None = Non
     books = []
     started = time.perf_counter()
     for i, kind in enumerate(kind_list):
-        # live: each kind once, the tenants in turn (the engines decode ~30 tokens/s per stream on loaded cores)
-        for tenant in [tenants[i % len(tenants)]] if world.live else tenants:
+        # rotate (live, smoke): each kind once, the tenants in turn (live engines decode ~30 tokens/s per stream on
+        # loaded cores)
+        for tenant in [tenants[i % len(tenants)]] if rotate else tenants:
             phase, errors = _phase(world, fleet, kind, tenant, coeffs[world.shared.pk], lora_factor)
             result = phase_books(phase)
             books.append(result)

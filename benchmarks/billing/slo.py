@@ -23,6 +23,7 @@ from tenants.models import Tenant
 FULL_ROWS = 10_000_000
 QUICK_ROWS = 100_000
 CHUNK_ROWS = 1_000_000
+SMOKE = {"rows": "2000", "slos": "20", "endpoints": "5", "tenants": "3"}  # --smoke
 KINDS = ("availability", "ttft", "tpot", "goodput")
 OBJECTIVES = (0.99, 0.995, 0.999, 0.9995)
 TTFT_THRESHOLDS_MS = (1000, 2000, 3000)

@@ -40,6 +40,14 @@ from capacity.hardware.profiles import get_profile
 
 ROWS = ("static", "hpa", "hpa_tuned", "kpa", "kpa_tuned", "scheduled", "infercap", "infercap_reactive", "oracle")
 TUNED_BASELINES = ("hpa_tuned", "kpa_tuned", "scheduled")
+# --smoke: the shortest days allowed at a quarter of the quick peak, two history days, every kind of held-out day.
+SMOKE = {
+    "period_s": "1200",
+    "peak_rps": "1",
+    "history_days": "2",
+    "tuning_days": "1",
+    "test_days": "weekday,holiday,azure",
+}
 
 
 def options(quick: bool, opts: dict) -> dict:

@@ -35,6 +35,8 @@ from simulator.des import Simulation, VirtualClock
 from simulator.workloads import SimRequest, filler_text, poisson_times
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.05)
+# --smoke: 5 s of arrivals per plan; the spot section on the shortest days, at a tenth of its peak, one history day.
+SMOKE = {"duration_s": "5", "period_s": "1200", "peak_rps": "2", "history_days": "1", "tuning_days": "1"}
 ENGINES = {"l40s": "llama-8b-l40s", "a100": "llama-8b-a100", "h100": "llama-8b-h100"}
 TYPES = [
     ReplicaType("l40s", usd_per_gpu_hour=1.861),  # g6e.xlarge

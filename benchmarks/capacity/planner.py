@@ -2,6 +2,9 @@
 workloads the planner's N_base from a throughput table the benchmark sweep measured on the simulator, then the
 discrete-event simulator at N_base and N_base − 1 (the SLO should hold at N_base and fail below); (c) the
 model-unit fit's relative error on held-out shapes (``--live``: over HTTP against a simulated replica process).
+
+Options (``--opt``): ``duration_s`` (each simulated run; 180 quick, 900 full), ``table_requests`` (closed-loop
+requests per stream of the throughput table; 4 quick, 8 full), ``fit_requests`` (per stream of the fit's sweep; 20).
 """
 
 from __future__ import annotations
@@ -107,6 +110,9 @@ class SimWorkload:
     ttft_slo_s: float = 2.0
 
 
+# --smoke: the simulated runs 30 s instead of 180, the throughput table and the fit's sweep from fewer requests.
+SMOKE = {"duration_s": "30", "table_requests": "3", "fit_requests": "6"}
+
 WORKLOADS = (
     SimWorkload("chat 512/128 at 16 req/s", 16.0, 512, 128, 40.0),
     SimWorkload("long output 256/512 at 10 req/s", 10.0, 256, 512, 30.0),
@@ -160,10 +166,11 @@ def simulate(workload: SimWorkload, replicas: int, b_max: int, duration_s: float
     }
 
 
-def sim_agreement(workload: SimWorkload, *, quick: bool, progress) -> dict:
+def sim_agreement(workload: SimWorkload, *, quick: bool, progress, opts: dict) -> dict:
     driver = EngineDriver(get_profile(PROFILE))
     shape = Shape(workload.input_tokens, workload.output_tokens)
-    table = measure_table(driver, shape, TABLE_LEVELS, requests_per_stream=4 if quick else 8)
+    per_stream = int(opts.get("table_requests", 4 if quick else 8))
+    table = measure_table(driver, shape, TABLE_LEVELS, requests_per_stream=per_stream)
     rows = [
         ThroughputRow(
             batch=s.concurrency,
@@ -184,7 +191,7 @@ def sim_agreement(workload: SimWorkload, *, quick: bool, progress) -> dict:
     )
     if not result.feasible:
         return {"workload": workload.name, "n_base": None, "explanation": result.explanation}
-    duration = 180.0 if quick else 900.0
+    duration = float(opts.get("duration_s", 180.0 if quick else 900.0))
     at_n = simulate(workload, result.n_base, result.b_max, duration, seed=1)
     below = simulate(workload, result.n_base - 1, result.b_max, duration, seed=1)
     progress(
@@ -228,11 +235,13 @@ def _replicas_spare(workload, n_base, b_max, duration) -> int:
     return n_base - n
 
 
-def fit_error(*, quick: bool, live: bool, progress) -> dict:
+def fit_error(*, quick: bool, live: bool, progress, opts: dict) -> dict:
     profile = get_profile(PROFILE)
     # 30 tok/s per stream: the 13B profile's roofline caps a stream at 78 tok/s (60 at batch 1 with its efficiency),
     # so 60 tok/s would leave no batch to fit at.
-    cfg = SweepConfig(tpot_slo_ms=1000 / 30, ttft_slo_ms=2000, requests_per_stream=6 if live else 20)
+    cfg = SweepConfig(
+        tpot_slo_ms=1000 / 30, ttft_slo_ms=2000, requests_per_stream=int(opts.get("fit_requests", 6 if live else 20))
+    )
     if live:
         cfg = SweepConfig(tpot_slo_ms=1000 / 30, ttft_slo_ms=2000, **QUICK_SWEEP)
         with start_replica(profile=PROFILE, speed=1.0) as replica:
@@ -260,8 +269,8 @@ def run(*, quick: bool = False, plot: str | None = None, live: bool = False, pro
     mismatches = [c["figure"] for c in checks if not c["matches"]]
     progress(f"worked example: {len(checks) - len(mismatches)}/{len(checks)} figures match" + (
         f" (off: {', '.join(mismatches)})" if mismatches else ""))  # fmt: skip
-    agreement = [sim_agreement(w, quick=quick, progress=progress) for w in WORKLOADS]
-    fit = fit_error(quick=quick, live=live, progress=progress)
+    agreement = [sim_agreement(w, quick=quick, progress=progress, opts=opts) for w in WORKLOADS]
+    fit = fit_error(quick=quick, live=live, progress=progress, opts=opts)
     if plot:
         with open(plot, "w") as handle:
             handle.write(agreement_svg(agreement))

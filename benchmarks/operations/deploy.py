@@ -29,9 +29,8 @@ from pathlib import Path
 
 import yaml
 from django.conf import settings
-from django.db import connection
-from django.test.utils import setup_databases, setup_test_environment, teardown_databases, teardown_test_environment
 
+from benchmarks.harness.throwaway_database import throwaway_database
 from benchmarks.operations import make_run_soak, production_boot, prometheus_check
 from benchmarks.serving import tracing_overhead
 from billing.models import SLO
@@ -103,28 +102,11 @@ def _prometheus(progress, requests: int) -> dict:
         return {"prometheus_vs_platform_burn_rate_max_err": None}
     if settings.BACKENDS.embedded_database or settings.BACKENDS.embedded_redis:
         raise RuntimeError("bench deploy starts a proxy, which needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
-    own_environment = True
-    try:
-        setup_test_environment()
-    except RuntimeError:
-        own_environment = False
-    own = None
-    if not connection.settings_dict["NAME"].startswith("test_"):
-        connection.settings_dict.setdefault("TEST", {})["NAME"] = (
-            f"test_{connection.settings_dict['NAME']}_deploy_{os.getpid()}"
-        )
-        own = setup_databases(verbosity=0, interactive=False)
-    try:
+    with throwaway_database("deploy", progress):
         endpoint, raw_key, slo = _world()
         result = prometheus_check.compare(
             endpoint=endpoint, raw_key=raw_key, slo=slo, requests=requests, progress=progress
         )
-    finally:
-        if own is not None:
-            connection.close()
-            teardown_databases(own, verbosity=0)
-        if own_environment:
-            teardown_test_environment()
     progress(
         f"5 m error ratio: prometheus {result['prometheus_error_ratio_5m']:.6f}, "
         f"platform {result['platform_error_ratio_5m']:.6f} ({result['relative_error']:.3%})"
@@ -150,6 +132,10 @@ def _fresh_clone(progress) -> dict:
     figure = json.loads(run.stdout.strip().splitlines()[-1])["fresh_clone_to_first_token_s"]
     progress(f"fresh clone to first token: {figure} s")
     return {"fresh_clone_to_first_token_s": figure, "load_average_1m": round(os.getloadavg()[0], 1)}
+
+
+# --smoke: a 15 s soak, 40 requests for Prometheus, 200 tracing pairs.
+SMOKE = {"soak_minutes": "0.25", "requests": "40", "pairs": "200"}
 
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:

@@ -24,9 +24,8 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
-from django.db import connection
-from django.test.utils import setup_databases, setup_test_environment, teardown_databases, teardown_test_environment
 
+from benchmarks.harness.throwaway_database import throwaway_database
 from benchmarks.operations.production_pods import (
     CONTAINER_PORT,
     POD_IP,
@@ -307,24 +306,7 @@ def bench(progress=print) -> dict:
         progress("production boot needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL): not run")
         return {"production_boot": {"checks": None, "failures": None}}
     progress("production boot: the prod overlay's containers with the production settings")
-    own_environment = True
-    try:
-        setup_test_environment()
-    except RuntimeError:
-        own_environment = False
-    own = None
-    if not connection.settings_dict["NAME"].startswith("test_"):
-        connection.settings_dict.setdefault("TEST", {})["NAME"] = (
-            f"test_{connection.settings_dict['NAME']}_boot_{os.getpid()}"
-        )
-        own = setup_databases(verbosity=0, interactive=False)
-    try:
+    with throwaway_database("boot", progress):
         result = run(progress=progress)
-    finally:
-        if own is not None:
-            connection.close()
-            teardown_databases(own, verbosity=0)
-        if own_environment:
-            teardown_test_environment()
     progress(f"production boot: {result['checks']} checks, {result['failures']} failed")
     return {"production_boot": result}

@@ -43,6 +43,9 @@ from tenants.models import AuditEntry, Tenant
 from tenants.services import api_key_create
 from workers.tasks.canary import ATTEMPTS_KEY
 
+# --smoke: every scenario, with 2 s faults, a 3 s overload and a 3 s fuzz.
+SMOKE = {"fault_s": "2", "overload_s": "3", "fuzz_s": "3"}
+
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
     if opts.get("only") == "overload":

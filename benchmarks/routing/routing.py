@@ -42,7 +42,7 @@ router-independent ceilings (the slowest runs; with ``seeds=`` the means still c
 from the best baseline and its 95 % interval; without them ``out_of_reach`` is empty: it lists each missed "≥ 1.15×
 llm-d" goal whose balanced-fleet ceiling is below 1.15× llm-d too, with that ceiling's ratio, and with ``seeds=``
 each workload's ``balanced_bound_vs_llmd`` gives that ratio seed by seed with its 95 % interval); ``stage_s=S``;
-``stages=Q1,Q2,...``, ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
+``hot_prefix_s=S`` (the hot-prefix run's length; 30 quick, two legacy stages full); ``stages=Q1,Q2,...``, ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from benchmarks.routing import routing_suite
 from benchmarks.routing.routing_live import run_live
+from benchmarks.routing.routing_suite import _ms
 from benchmarks.serving.words import random_text
 from capacity.hardware.profiles import get_profile
 from gateway.routing import make_router
@@ -303,6 +304,10 @@ def load_over_mean(result: SimResult, *, since_s: float = 0.0) -> float:
     return max(loads) / mean if mean else 1.0
 
 
+# --smoke: half-second stages and a 3 s hot-prefix run (every workload, policy and key, in seconds).
+SMOKE = {"stage_s": "0.5", "hot_prefix_s": "3"}
+
+
 # -- the benchmark -----------------------------------------------------------------------------------------
 
 
@@ -318,6 +323,7 @@ def run(
             kind = type(getattr(setup, key))
             setup = Setup(**{**setup.__dict__, key: kind(options.pop(key))})
     seed = int(options.pop("seed", routing_suite.EVAL_SEED))
+    hot_prefix_s = float(options.pop("hot_prefix_s", 30.0 if quick else 0)) or None
     seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
     tune = options.pop("tune", None)
     ceilings = _pop_ceilings(options)
@@ -374,7 +380,7 @@ def run(
         shared = suite["workloads"]["shared_prefix"]
         scale = setup.replicas / len(shared["replicas"])
         figures["hot_prefix"] = hot_prefix(
-            setup, best_qps=shared["infercap"]["slo_throughput"] * scale, duration_s=30.0 if quick else None
+            setup, best_qps=shared["infercap"]["slo_throughput"] * scale, duration_s=hot_prefix_s
         )
     figures["goals"] = routing_suite.goals(figures["workloads"], figures.get("hot_prefix"))
     figures["out_of_reach"] = routing_suite.out_of_reach(figures["workloads"])
@@ -601,11 +607,6 @@ def write_svg(path: str, runs: dict, setup: Setup) -> None:
     parts.append("</svg>")
     with open(path, "w") as fh:
         fh.write("\n".join(parts))
-
-
-def _ms(seconds: float | None) -> float | None:
-    """Milliseconds, None when undefined (no request, or never served)."""
-    return round(seconds * 1000, 1) if seconds is not None and math.isfinite(seconds) else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

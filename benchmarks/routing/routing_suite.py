@@ -699,8 +699,9 @@ def mean_ttft_ratios(runs: list[dict]) -> list[list]:
     return out
 
 
-def _ms(seconds: float) -> float | None:
-    return round(seconds * 1000, 1) if math.isfinite(seconds) else None
+def _ms(seconds: float | None) -> float | None:
+    """Milliseconds, None when undefined (no request in the stage, or never served)."""
+    return round(seconds * 1000, 1) if seconds is not None and math.isfinite(seconds) else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

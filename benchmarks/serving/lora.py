@@ -79,6 +79,8 @@ class Setup:
 
 
 QUICK = Setup(rates=(80, 120), warmup_s=10.0, duration_s=20.0, low_duration_s=120.0)
+# --smoke: the quick rates in 3-second windows, a 60 s history and a 10 s low-rate window.
+SMOKE = {"duration_s": "3", "warmup_s": "1", "history_s": "60", "low_duration_s": "10"}
 
 
 @dataclass(frozen=True)

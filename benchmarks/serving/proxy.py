@@ -26,7 +26,7 @@ direct traffic), so what this machine charges for any extra hop can be told apar
 Without ``--quick`` it also runs the upstream client calibration (aiohttp vs one pooled ``httpx.AsyncClient``
 at 256 streams). Options: ``--opt speed=1.0`` (simulator speed), ``max_tokens=64``, ``prompt_chars=64``,
 ``levels=1,64,256``, ``rounds``, ``method=paired|phased``, ``ramp_s=1.0``, ``calibrate=0|1``, ``baseline=0|1``,
-``proxy_log=FILE`` (the proxy's stderr), ``tracing=0|1``. Quick runs have one or two requests per worker: use them as smoke tests,
+``proxy_log=FILE`` (the proxy's stderr), ``tracing=0|1``, ``duration_s`` (every phase's length). Quick runs have one or two requests per worker: use them as smoke tests,
 not figures.
 
 ``--opt tracing=1``: a second proxy worker with tracing on (``INFERCAP_TRACING=1``, OTLP/HTTP batches to a sink in
@@ -63,6 +63,8 @@ TENANT_SLUG = "bench-proxy"
 # A short chat turn (16 tokens): see the module docstring for why the prompt is short.
 PROMPT_CHARS = 64
 _FILLER = "Say hello in one word. "
+# --smoke: every level and the client calibration, in 0.3 s phases of 8-token answers at 10× speed.
+SMOKE = {"duration_s": "0.3", "max_tokens": "8", "speed": "10", "calibrate": "1"}
 ENDPOINT = "bench-proxy-model"
 
 
@@ -444,7 +446,7 @@ class _Options:
             replicas=int(opts.get("replicas", 1)),
             max_tokens=int(opts.get("max_tokens", 64)),
             rounds=int(opts.get("rounds", 1 if quick else 3)),
-            durations={1: 2.0, 64: 2.0, 256: 2.5} if quick else {1: 6.0, 64: 10.0, 256: 8.0},
+            durations=_durations(opts, quick=quick),
             prompt_chars=int(opts.get("prompt_chars", PROMPT_CHARS)),
             levels=[int(x) for x in str(opts.get("levels", "1,64,256")).split(",")],
             calibrate=str(opts.get("calibrate", "0" if quick else "1")) in ("1", "true", "yes"),
@@ -458,6 +460,13 @@ class _Options:
     def tokens_for(self, level: int) -> int:
         # Short answers at one stream: TTFT is the figure there, and more requests give steadier percentiles.
         return min(self.max_tokens, 16) if level == 1 else self.max_tokens
+
+
+def _durations(opts: dict, *, quick: bool) -> dict:
+    """Seconds of each level's phase (and the calibration's, at 256); ``duration_s`` sets every one."""
+    if "duration_s" in opts:
+        return dict.fromkeys((1, 64, 256), float(opts["duration_s"]))
+    return {1: 2.0, 64: 2.0, 256: 2.5} if quick else {1: 6.0, 64: 10.0, 256: 8.0}
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from simulator.process import start_replica
 from simulator.tokens import block_hashes, count_tokens, filler_text
 
 TABLE_13B = {16: 105.0, 64: 68.0, 128: 44.0}
+SMOKE = {"requests": "500"}  # --smoke: 500 DES requests, not 10,000
 CONTEXT_PER_SEQ = 650  # mean context of a sequence in profile_fit's window: 500-token prompts, 300-token outputs
 
 

@@ -1,8 +1,9 @@
-"""``python manage.py bench NAME [--quick] [--plot FILE.svg]``: run one of the platform's benchmarks.
+"""``python manage.py bench NAME [--quick | --smoke] [--plot FILE.svg]``: run one of the platform's benchmarks.
 
 Each benchmark is a module exposing ``run(*, quick: bool, plot: str | None, progress, **options) -> dict``
-and optionally ``add_arguments(parser)``. Progress goes to stderr; the figures are printed last, as one
-line of JSON on stdout.
+and ``SMOKE``, the ``--opt`` values that shrink its quick run to a few seconds while still running every code path
+and printing every key (``--smoke``: quick with those options, for CI; ``--opt`` given beside it wins). Progress
+goes to stderr; the figures are printed last, as one line of JSON on stdout.
 
 No process outlives its bench: SIGTERM and SIGHUP stop a bench as Ctrl-C does (each bench's clean-up runs), and
 whatever still carries the run's mark afterwards (``capacity.runtimes.processes.BENCH_MARK``: every process a
@@ -60,21 +61,25 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("name", choices=sorted(BENCHMARKS))
         parser.add_argument("--quick", action="store_true", help="a reduced run that finishes in about a minute")
+        parser.add_argument(
+            "--smoke", action="store_true", help="quick with tiny sizes: seconds, every code path and JSON key (CI)"
+        )
         parser.add_argument("--plot", metavar="FILE.svg", help="also draw the benchmark's curves to an SVG file")
         # Benchmark-specific options are accepted as --opt key=value pairs to keep one command.
         parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE")
         parser.add_argument("--live", action="store_true", help="run through real processes instead of the simulator")
 
-    def handle(self, *args, name, quick, plot, opt, live, **kwargs):
+    def handle(self, *args, name, quick, smoke, plot, opt, live, **kwargs):
         module = BENCHMARKS[name]
-        extra = {}
+        extra = dict(module.SMOKE) if smoke else {}
         for pair in opt:
             key, sep, value = pair.partition("=")
             if not sep:
                 raise CommandError(f"--opt expects KEY=VALUE, got {pair!r}")
             extra[key.replace("-", "_")] = value
         started = time.perf_counter()
-        progress(f"bench {name}{' (quick)' if quick else ''} starting")
+        quick = quick or smoke
+        progress(f"bench {name}{' (smoke)' if smoke else ' (quick)' if quick else ''} starting")
         os.environ[BENCH_MARK] = mark = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         previous = {}
         if threading.current_thread() is threading.main_thread():  # only there can Python take signals

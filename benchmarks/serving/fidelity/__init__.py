@@ -186,6 +186,7 @@ PROBES = {
         (Shape(3072, 2, shared_prefix_tokens=2560), 5),
     ),
 }
+SMOKE = {"size": "smoke"}  # --smoke: the smallest calibration that still fits the six constants
 REFINE_EVALUATIONS = {"smoke": 80, "quick": 300, "full": 400}  # simulator runs of the whole sweep while refining
 
 

@@ -1,0 +1,219 @@
+"""Every ``bench`` suite once with ``--smoke``: tiny sizes, seconds each, through the management command; each prints
+one line of JSON with every key its quick and full runs print. The figures of a smoke run mean nothing: only the keys
+are checked (the figures are the other tests' business, and the benches' own at their sizes).
+
+``bench fidelity --smoke`` needs the real engine: tests/engine/test_fidelity.py runs it at the same size, on the
+engine those tests share (starting one here would cost a minute of imports); here only when ``INFERCAP_ENGINE_URL``
+names an engine already serving. ``bench deploy`` needs ``kubectl`` (the Kubernetes package is rendered with
+kustomize); Prometheus and promtool are optional to it (its figures say ``None`` without them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from benchmarks.capacity.autoscale import ROWS
+from benchmarks.management.commands.bench import BENCHMARKS
+from benchmarks.operations import prometheus_check
+from benchmarks.routing import routing_suite
+from benchmarks.serving import fidelity
+from benchmarks.serving.lora import POLICIES as LORA_POLICIES
+from capacity.planning.presets import WORKLOADS as ECONOMICS_WORKLOADS
+from workers import manifests
+
+# The keys each suite documents (its module docstring) and prints in its quick run, at the top of its line.
+TOP = {
+    "sim": {
+        "profile", "profile_fit", "profile_fit_table", "profile_fit_rel_error", "profile_roofline_tok_s",
+        "profile_within_roofline", "prefix_ttft_ratio", "prefix_ttft_cold_s", "prefix_ttft_warm_s",
+        "des_requests_per_s", "des_requests_per_cpu_s", "des_wall_s", "des_summary", "deterministic",
+    },
+    "planner": {"worked_example", "worked_example_checks", "sim_agreement", "sim_detail", "fit_error", "fit", "seconds"},
+    "routing": {"workloads", "stage_s", "seed", "hot_prefix", "goals", "out_of_reach", "wall_s"},
+    "lora": {
+        "setup", "policies", "upper_bound", "ratio_vs_round_robin", "ratio_vs_lora_affinity",
+        "loads_ratio_vs_lora_affinity", "loads_ratio_vs_lora_affinity_at_reference", "ratio_vs_upper_bound",
+        "loads_lower_bound_per_1k_at_reference", "loads_floor_ratio_vs_lora_affinity_at_reference", "low_rate",
+        "goals_met",
+    },
+    "economics": {"bench", "quick", "slo", "duration_s", "workloads", "spot"},
+    "autoscale": {"held_out", "setup", "trace_seed", "wall_s"},
+    "slo": {
+        "slos", "usage_rows", "eval_seconds", "eval_seconds_steady", "eval_tick_budget_used",
+        "rollup_seconds_per_million", "rollup_seconds", "rollup_rerun_seconds", "late_rows", "late_rollup_seconds",
+        "generate_seconds", "minute_rows", "alerts_firing", "alerts_pending", "pages_firing", "tickets_firing",
+        "scaling",
+    },
+    "proxy": {"streams_1", "streams_64", "streams_256", "client_calibration_256"},
+    "security": {"security.cases", "security.failures", "security.failed", "security.results"},
+    "metering": {
+        "metering.requests", "metering.records", "metering.unbilled_fraction", "metering.overbilled_fraction",
+        "metering.misattributed_fraction", "metering.lost_records", "metering.duplicate_records", "metering.cases",
+        "metering.goals", "metering.passed", "metering.computed_tokens", "metering.billed_tokens",
+        "metering.computed_mu", "metering.billed_mu", "metering.adapter_loads", "metering.platform_prompt_tokens",
+        "metering.by_tenant", "metering.by_kind", "metering.attribution", "metering.runtime",
+    },
+    "reliability": {
+        "lost_usage", "duplicated_usage", "proxy_5xx", "critical_slo_attainment", "hang_detect_s", "hang_recover_s",
+        "peak_rss_mb", "fuzz_500s", "requests", "usage_records", "worker_restarts", "overload", "scenarios",
+    },
+    "deploy": {
+        "manifests_validated", "manifests_invalid", "promtool_rule_tests_passed", "fresh_clone_to_first_token_s", "prometheus_vs_platform_burn_rate_max_err", "production_boot",
+        "tracing_added_ttft_p50_ms", "make_run_soak",
+    },
+    "fidelity": {
+        "real_vllm_version", "fidelity.throughput_err", "fidelity.ttft_p50_err", "fidelity.ttft_p90_err",
+        "fidelity.tpot_p50_err", "fidelity.prefix_hit_rate_err", "contract_divergences", "engine_startup_s",
+        "calibration", "points",
+    },
+}  # fmt: skip
+PROXY_ROW = {
+    "added_e2e_p50_ms", "added_ttft_p50_ci95_ms", "added_ttft_p50_ms", "added_ttft_p99_ms", "bare_passthrough",
+    "direct_errors", "direct_tokens_per_s", "direct_ttft_p50_ms", "error_samples", "errors", "method",
+    "proxied_tokens_per_s", "proxied_ttft_p50_ms", "proxy_cpu_ms_per_1k_tokens", "requests", "tokens_per_s_ratio",
+}  # fmt: skip
+RELIABILITY_SCENARIOS = {
+    "crash", "hang", "postgres_down", "redis_down", "worker_killed", "overload", "bad_input", "api_fuzz",
+}  # fmt: skip
+
+
+def smoke(name: str, *args: str, plot=None) -> dict:
+    out = StringIO()
+    argv = ["bench", name, "--smoke", *args] + (["--plot", str(plot)] if plot else [])
+    call_command(*argv, stdout=out, stderr=StringIO())
+    figures = json.loads(out.getvalue().strip().splitlines()[-1])
+    missing = TOP[name] - set(figures)
+    assert not missing, (name, sorted(missing))
+    return figures
+
+
+def test_every_suite_has_smoke_options_and_a_smoke_test():
+    assert set(TOP) == set(BENCHMARKS)
+    assert all(isinstance(module.SMOKE, dict) for module in BENCHMARKS.values())
+
+
+def test_sim(tmp_path):
+    figures = smoke("sim", plot=tmp_path / "sim.svg")
+    assert set(figures["profile_fit"]) == set(figures["profile_roofline_tok_s"]) == {"16", "64", "128"}
+    assert (tmp_path / "sim.svg").read_text().startswith("<svg")
+
+
+def test_planner(tmp_path):
+    figures = smoke("planner", plot=tmp_path / "planner.svg")
+    assert figures["sim_agreement"] and all("n_base" in row for row in figures["sim_agreement"])
+    assert {"alpha", "alpha_cached", "beta", "gamma", "held_out_relative_error"} <= set(figures["fit"])
+    assert (tmp_path / "planner.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.slow
+def test_routing(tmp_path):
+    figures = smoke("routing", plot=tmp_path / "routing.svg")
+    assert set(figures["workloads"]) == {w.name for w in routing_suite.suite(quick=True)}
+    for name, workload in figures["workloads"].items():
+        assert set(routing_suite.SUITE_POLICIES) | {"oracle", "upper_bound", "ratio_vs_llmd"} <= set(workload), name
+    assert {"infercap", "affinity", "max_over_mean_load", "hit_rate_vs_affinity"} <= set(figures["hot_prefix"])
+    assert "all" in figures["goals"]
+
+
+def test_lora(tmp_path):
+    figures = smoke("lora", plot=tmp_path / "lora.svg")
+    assert set(figures["policies"]) == set(LORA_POLICIES)
+    assert {"infercap_without_history", "infercap_with_wrong_history", "loads_online_bound_per_1k"} <= set(
+        figures["low_rate"]
+    )
+    assert (tmp_path / "lora.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.slow
+def test_economics():
+    figures = smoke("economics")
+    assert set(figures["workloads"]) == set(ECONOMICS_WORKLOADS)
+    assert {"savings", "with_spot_usd", "on_demand_usd", "slo_attainment", "runs"} <= set(figures["spot"])
+
+
+@pytest.mark.slow
+def test_autoscale(tmp_path):
+    figures = smoke("autoscale", plot=tmp_path / "frontier.svg")
+    held = figures["held_out"]
+    assert set(ROWS) <= set(held["policies"])
+    assert {"frontier", "spike_blind_bound", "tuning", "decision_reasons", "infercap_vs_oracle"} <= set(held)
+    assert (tmp_path / "frontier.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_slo(tmp_path):
+    figures = smoke("slo", plot=tmp_path / "slo.svg")
+    assert figures["scaling"] and (tmp_path / "slo.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)  # the proxy is another process: the world must be committed
+def test_proxy(clean_redis):
+    figures = smoke("proxy")
+    for level in (1, 64, 256):
+        assert PROXY_ROW <= set(figures[f"streams_{level}"]), level
+    assert set(figures["client_calibration_256"]) == {"aiohttp", "httpx"}
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_security(clean_redis):
+    figures = smoke("security")
+    assert figures["security.cases"] == len(figures["security.results"]) == 2
+    assert all({"name", "passed", "detail"} <= set(r) for r in figures["security.results"])
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_metering(clean_redis, tmp_path):
+    """Each kind once (the tenants in turn), and the books' goals hold as in the full run."""
+    figures = smoke("metering", plot=tmp_path / "metering.svg")
+    assert figures["metering.runtime"] == "sim" and set(figures["metering.by_tenant"]) == {"A", "B", "C"}
+    assert figures["metering.cases"]["count"] >= 12
+    assert figures["metering.lost_records"] == 0 and figures["metering.duplicate_records"] == 0
+    assert figures["metering.misattributed_fraction"] == 0
+    failed = {name: check for name, check in figures["metering.goals"].items() if not check["passed"]}
+    assert not failed, (
+        failed,
+        {k: (v["unbilled_fraction"], v["overbilled_fraction"]) for k, v in figures["metering.by_kind"].items()},
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_reliability(clean_redis):
+    figures = smoke("reliability")
+    assert set(figures["scenarios"]) == RELIABILITY_SCENARIOS and set(figures["overload"]) == {"3x", "10x"}
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.skipif(manifests.kubectl() is None, reason="kubectl (kustomize) not installed")
+@pytest.mark.django_db(transaction=True)
+def test_deploy(clean_redis):
+    """Its production boot is the shipped package booted as deployed (benchmarks/operations/production_boot.py): the
+    prod overlay's web/proxy, worker and beat with their own command lines and the production settings, against the
+    test PostgreSQL and Redis, probed as the kubelet probes them; the Dockerfile's CMD and HEALTHCHECK the same way."""
+    figures = smoke("deploy")
+    boot = figures["production_boot"]
+    assert boot["failed"] == [], "\n".join(boot["failed"])
+    assert boot["checks"] >= 12
+    if prometheus_check.prometheus_binary() is not None:
+        assert {"prometheus_error_ratio_5m", "platform_error_ratio_5m"} <= set(figures)
+    if shutil.which("promtool") is not None:
+        assert {"promtool_alert_steps_checked", "first_firing_minute"} <= set(figures)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not os.environ.get("INFERCAP_ENGINE_URL"), reason="no engine serving (tests/engine runs it)")
+def test_fidelity():
+    assert fidelity.SMOKE == {"size": "smoke"}  # tests/engine/test_fidelity.py's size
+    figures = smoke("fidelity", "--opt", f"url={os.environ['INFERCAP_ENGINE_URL']}")
+    assert figures["points"] and figures["contract_divergences"] == len(figures["contract_divergence_list"])
