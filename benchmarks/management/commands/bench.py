@@ -20,6 +20,7 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
+from benchmarks import protocol
 from benchmarks.billing import metering, slo
 from benchmarks.capacity import autoscale, economics, planner
 from benchmarks.operations import deploy, reliability, security
@@ -68,9 +69,17 @@ class Command(BaseCommand):
         # Benchmark-specific options are accepted as --opt key=value pairs to keep one command.
         parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE")
         parser.add_argument("--live", action="store_true", help="run through real processes instead of the simulator")
+        parser.add_argument(
+            "--held-out",
+            action="store_true",
+            help="judge on the bench's held-out seeds (benchmarks/protocol.py); the run is logged in "
+            "docs/data/held_out_log.jsonl",
+        )
 
-    def handle(self, *args, name, quick, smoke, plot, opt, live, **kwargs):
+    def handle(self, *args, name, quick, smoke, plot, opt, live, held_out, **kwargs):
         module = BENCHMARKS[name]
+        if held_out and not getattr(module, "HELD_OUT", False):
+            raise CommandError(f"bench {name} has no held-out seeds (benchmarks/protocol.py)")
         extra = dict(module.SMOKE) if smoke else {}
         for pair in opt:
             key, sep, value = pair.partition("=")
@@ -86,6 +95,8 @@ class Command(BaseCommand):
             previous = {
                 sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
             }
+        if held_out:
+            extra["held_out"] = True  # only then: a suite without held-out data takes no such argument
         try:
             figures = module.run(quick=quick, plot=plot, live=live, progress=progress, **extra)
         except KeyboardInterrupt:
@@ -99,4 +110,9 @@ class Command(BaseCommand):
                 signal.signal(sig, handler)
             os.environ.pop(BENCH_MARK, None)
         progress(f"bench {name} finished in {time.perf_counter() - started:.1f} s")
+        if held_out:
+            entry = protocol.record_look(name, argv=sys.argv[1:], figures=figures)
+            progress(
+                f"held-out look logged: {protocol.HELD_OUT_LOG.relative_to(protocol.ROOT)} ({entry['commit'][:12]})"
+            )
         self.stdout.write(json.dumps(figures, sort_keys=False, default=str))
