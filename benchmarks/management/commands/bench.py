@@ -112,7 +112,5 @@ class Command(BaseCommand):
         progress(f"bench {name} finished in {time.perf_counter() - started:.1f} s")
         if held_out:
             entry = protocol.record_look(name, argv=sys.argv[1:], figures=figures)
-            progress(
-                f"held-out look logged: {protocol.HELD_OUT_LOG.relative_to(protocol.ROOT)} ({entry['commit'][:12]})"
-            )
+            progress(f"held-out look logged in {protocol.HELD_OUT_LOG} (commit {entry['commit'][:12]})")
         self.stdout.write(json.dumps(figures, sort_keys=False, default=str))
