@@ -6,7 +6,8 @@ faults) and builds the views policies see (``ReplicaView`` for routers, ``FleetV
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Protocol
 
 from capacity.hardware.profiles import EngineProfile
 from gateway.routing.base import ReplicaView, RouteRequest
@@ -17,18 +18,31 @@ from simulator.interfaces import FleetView, ReplicaStatus
 from simulator.lora import AdapterSlots
 from simulator.results import ReplicaRecord, RequestResult
 
-if TYPE_CHECKING:
-    from simulator.des import Simulation
-
 # Event kinds of the simulation's queue (des imports them). _WAKE: a queued request goes over age (admission's timer).
 # _LORA: a request's adapter finished loading on its replica (lora_des). _SPOT: the spot market's notices (spot).
 _ARRIVAL, _STEP_END, _READY, _TICK, _FOLLOWUP, _FAULT, _WAKE, _LORA, _SPOT = range(9)
 
 
-class FleetActions:
-    """What an autoscaler may do to the simulated fleet."""
+class FleetHost(Protocol):
+    """The replica management ``FleetActions`` drives: ``des.Simulation``, through ``FleetOps`` and ``SpotOps``."""
 
-    def __init__(self, sim: Simulation):
+    replicas: dict[str, SimReplica]
+
+    def add_replica(self, *, cold_start_s: float | None = None) -> str: ...
+
+    def add_spot_replicas(self, n: int, *, cold_start_s: float | None = None) -> list[str]: ...
+
+    def drain_replica(self, replica_id: str) -> None: ...
+
+    def remove_replica(self, replica_id: str) -> None: ...
+
+    def live_replicas(self) -> Iterable[SimReplica]: ...
+
+
+class FleetActions:
+    """What an autoscaler may do to the simulated fleet (``interfaces.FleetControl``)."""
+
+    def __init__(self, sim: FleetHost):
         self._sim = sim
 
     def add_replicas(

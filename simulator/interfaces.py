@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Protocol
 from gateway.routing.base import ReplicaView, RouteRequest
 
 if TYPE_CHECKING:
-    from simulator.des import FleetActions
     from simulator.results import RequestResult
 
 
@@ -86,5 +85,21 @@ class FleetView:
         return sum(r.state == state for r in self.replicas)
 
 
+class FleetControl(Protocol):
+    """What an autoscaler may do to the simulated fleet (``fleet.FleetActions`` does it)."""
+
+    def add_replicas(
+        self, n: int = 1, cold_start_s: float | None = None, capacity_type: str = "on_demand"
+    ) -> list[str]: ...
+
+    def drain(self, replica_id: str) -> None: ...
+
+    def remove(self, replica_id: str) -> None: ...
+
+    def set_healthy(self, replica_id: str, healthy: bool) -> None: ...
+
+    def set_concurrency(self, limit: int, replica_id: str | None = None) -> None: ...
+
+
 class Autoscaler(Protocol):
-    def tick(self, fleet: FleetView, actions: FleetActions, now: float) -> None: ...
+    def tick(self, fleet: FleetView, actions: FleetControl, now: float) -> None: ...

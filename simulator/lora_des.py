@@ -11,8 +11,6 @@ adapters load, in both. docs/lora.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gateway.routing.adapter_eviction import victim_chooser
 from gateway.routing.base import RouteRequest
 from simulator.engine import Sequence as EngineSeq
@@ -20,18 +18,15 @@ from simulator.fleet import _LORA, SimReplica
 from simulator.lora import AdapterSlots
 from simulator.results import RequestResult
 
-if TYPE_CHECKING:
-    from simulator.des import Simulation
-
 
 class LoraOps:
     """Adapter slots for ``des.Simulation`` (which provides clock, router, lora, _push, _enter, _finished_tick)."""
 
-    def _new_slots(self: Simulation, replica_id: str) -> AdapterSlots:
+    def _new_slots(self, replica_id: str) -> AdapterSlots:
         """A new replica's slots, evicting by the router's rule (the proxy's load manager asks the same one)."""
         return AdapterSlots(self.lora.max_loras, victim=victim_chooser(self.router, replica_id))
 
-    def _send_adapter(self: Simulation, rep: SimReplica, route: RouteRequest, result: RequestResult, seq) -> bool:
+    def _send_adapter(self, rep: SimReplica, route: RouteRequest, result: RequestResult, seq) -> bool:
         now, name = self.clock.now(), route.adapter
         seq.adapter, seq.lora_rank = name, self.lora.rank(name)
         if rep.slots is None or rep.slots.max_loras <= 0:
@@ -45,7 +40,7 @@ class LoraOps:
         self._admit_adapter(rep, route, seq)
         return True
 
-    def _admit_adapter(self: Simulation, rep: SimReplica, route: RouteRequest, seq: EngineSeq) -> None:
+    def _admit_adapter(self, rep: SimReplica, route: RouteRequest, seq: EngineSeq) -> None:
         now = self.clock.now()
         slots = rep.slots
         loads = slots.loads
@@ -62,11 +57,11 @@ class LoraOps:
         else:
             self._enter(rep, route.request_id)
 
-    def _lora_ready(self: Simulation, rep: SimReplica, request_id: str) -> None:
+    def _lora_ready(self, rep: SimReplica, request_id: str) -> None:
         if rep.state in ("ready", "draining") and request_id in rep.in_flight:
             self._enter(rep, request_id)
 
-    def _release_adapter(self: Simulation, rep: SimReplica, seq: EngineSeq) -> None:
+    def _release_adapter(self, rep: SimReplica, seq: EngineSeq) -> None:
         """A request on ``rep`` left: its adapter is idle again (for LRU), and a waiting request may take a slot."""
         if seq.adapter is None or rep.slots is None:
             return

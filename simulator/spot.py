@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from simulator.fleet import _SPOT
-
-if TYPE_CHECKING:
-    from simulator.des import Simulation
 
 DAY_S = 86_400.0
 
@@ -63,11 +59,11 @@ class SpotMarket:
 class SpotOps:
     """Spot replicas for ``des.Simulation`` (which provides clock, spot_market, _push, add_replica, …)."""
 
-    def _schedule_outages(self: Simulation) -> None:
+    def _schedule_outages(self) -> None:
         for start, _end in self.spot_market.unavailable if self.spot_market is not None else ():
             self._push(start, _SPOT, ("outage", None, 0.0))
 
-    def add_spot_replicas(self: Simulation, n: int, *, cold_start_s: float | None = None) -> list[str]:
+    def add_spot_replicas(self, n: int, *, cold_start_s: float | None = None) -> list[str]:
         """Up to ``n`` spot replicas: none while the market has no spot capacity."""
         market, now = self.spot_market, self.clock.now()
         if market is None or not market.available(now):
@@ -83,11 +79,11 @@ class SpotOps:
             ids.append(replica_id)
         return ids
 
-    def reclaim(self: Simulation, replica_id: str, *, at_s: float | None = None, notice_s: float = 120.0) -> None:
+    def reclaim(self, replica_id: str, *, at_s: float | None = None, notice_s: float = 120.0) -> None:
         """The cloud's interruption notice for ``replica_id`` at ``at_s``; the instance goes ``notice_s`` later."""
         self._push(self.clock.now() if at_s is None else at_s, _SPOT, ("notice", replica_id, notice_s))
 
-    def _apply_spot(self: Simulation, kind: str, replica_id: str | None, notice_s: float) -> None:
+    def _apply_spot(self, kind: str, replica_id: str | None, notice_s: float) -> None:
         now = self.clock.now()
         if kind == "outage":
             for rep in list(self.replicas.values()):
@@ -98,7 +94,7 @@ class SpotOps:
         elif kind == "terminate":
             self._terminate(replica_id, now)
 
-    def _notice(self: Simulation, replica_id: str, notice_s: float) -> None:
+    def _notice(self, replica_id: str, notice_s: float) -> None:
         rep = self.replicas.get(replica_id)
         if rep is None or rep.terminate_at_s is not None:
             return  # already gone (drained, removed) or already noticed
@@ -108,7 +104,7 @@ class SpotOps:
         self.spot_market.reclaims.append((now, replica_id))
         self._push(rep.terminate_at_s, _SPOT, ("terminate", replica_id, 0.0))
 
-    def _cut_in_flight(self: Simulation, rep, now: float, *, lost_reason: str) -> None:
+    def _cut_in_flight(self, rep, now: float, *, lost_reason: str) -> None:
         """The requests of a replica taken away (a reclaim, a crash), as the proxy handles a replica that goes away
         mid-request: one that has not streamed its first token goes to another replica (it keeps its arrival time);
         a streaming one is resumed on another replica from what the client has read, up to ``resume_streams`` times;
@@ -135,7 +131,7 @@ class SpotOps:
             self._pending[request_id] = (route, result, seq.tag)
             self._backlog.append(route)
 
-    def _terminate(self: Simulation, replica_id: str, now: float) -> None:
+    def _terminate(self, replica_id: str, now: float) -> None:
         rep = self.replicas.get(replica_id)
         if rep is None:
             return  # drained and removed within the notice
