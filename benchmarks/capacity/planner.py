@@ -166,7 +166,8 @@ def simulate(workload: SimWorkload, replicas: int, b_max: int, duration_s: float
     }
 
 
-def sim_agreement(workload: SimWorkload, *, quick: bool, progress, opts: dict) -> dict:
+def sim_agreement(workload: SimWorkload, *, quick: bool, progress, opts: dict | None = None) -> dict:
+    opts = opts or {}
     driver = EngineDriver(get_profile(PROFILE))
     shape = Shape(workload.input_tokens, workload.output_tokens)
     per_stream = int(opts.get("table_requests", 4 if quick else 8))
@@ -235,7 +236,8 @@ def _replicas_spare(workload, n_base, b_max, duration) -> int:
     return n_base - n
 
 
-def fit_error(*, quick: bool, live: bool, progress, opts: dict) -> dict:
+def fit_error(*, quick: bool, live: bool, progress, opts: dict | None = None) -> dict:
+    opts = opts or {}
     profile = get_profile(PROFILE)
     # 30 tok/s per stream: the 13B profile's roofline caps a stream at 78 tok/s (60 at batch 1 with its efficiency),
     # so 60 tok/s would leave no batch to fit at.
