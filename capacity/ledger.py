@@ -9,7 +9,6 @@ knows where usage lives, so raw usage rows are only scanned where rollups do not
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -20,6 +19,7 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from capacity.percentiles import percentile
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Endpoint, ReplicaState
 from tenants.models import CapacityReservation
@@ -108,13 +108,6 @@ def usage_aggregate(
             )
         )
     return result
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0–100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 @dataclass

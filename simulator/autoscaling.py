@@ -19,6 +19,7 @@ import random
 
 from capacity.autoscaling.demand import DemandSample
 from capacity.autoscaling.spot import NOTICE_DRAIN_LEAD_S, ON_DEMAND, SPOT
+from capacity.percentiles import percentile
 
 
 class EngineSimAutoscaler:
@@ -194,8 +195,8 @@ class EngineSimAutoscaler:
         tpots = sorted(r.tpot_s * 1000 for r in window if r.tpot_s is not None)
         ready = [r for r in fleet.replicas if r.state == "ready"]
         limit = self.policy.adjust_concurrency(
-            ttft_p95_ms=_p95(ttfts),
-            tpot_p95_ms=_p95(tpots),
+            ttft_p95_ms=percentile(ttfts, 95),
+            tpot_p95_ms=percentile(tpots, 95),
             kv_usage=max((r.kv_usage for r in ready), default=None),
             waiting_per_replica=(sum(r.num_waiting for r in ready) / len(ready)) if ready else None,
             busy_fraction=(
@@ -224,9 +225,3 @@ def engine_seconds_per_request(profile, concurrency: float, *, in_tok: float = 5
     s = max(out_tok - 1, 0) * profile.decode_step_s(int(round(b)), int(context))
     total = t + b * p + s
     return (total + math.sqrt(max(total * total - 4 * t * b * p, 0.0))) / 2
-
-
-def _p95(values: list[float]) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]

@@ -17,6 +17,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
+from capacity.percentiles import percentile
 from gateway.admission.classes import CLASSES, CRITICAL
 from gateway.admission.controller import DEFAULT_MAX_QUEUE, AdmissionController
 from gateway.admission.queue import QueuedItem
@@ -224,10 +225,8 @@ def _class_at(job) -> str:
 
 
 def _p99_ms(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 1)
+    p99 = percentile(values, 99)
+    return None if p99 is None else round(p99 * 1000, 1)
 
 
 def summarize(outcomes: list[SimOutcome], tenants: list[SimTenant], *, ttft_slo_s: float, window: tuple) -> dict:

@@ -8,8 +8,9 @@ admission controller, ``retry_after_s`` set), ``aborted`` (its replica was remov
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
+
+from capacity.percentiles import percentile
 
 
 @dataclass(eq=False)
@@ -87,15 +88,6 @@ class ReplicaRecord:
     def replica_seconds(self, end_s: float) -> float:
         """Seconds this replica held its GPUs (cold start included: the GPU is allocated while it loads)."""
         return (self.removed_s if self.removed_s is not None else end_s) - self.added_s
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0–100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 @dataclass

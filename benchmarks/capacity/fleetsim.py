@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from capacity.autoscaling.demand import DemandSample
+from capacity.percentiles import percentile
 from gateway.admission import DEFAULT_MAX_AGE_S, DEFAULT_MAX_QUEUE, STANDARD, AdmissionController, QueuedItem
 
 
@@ -262,8 +263,8 @@ class FleetSim:
         tpots = sorted(r.tpot_s() * 1000 for r in window)
         busy = sum(r.in_flight for r in active) / (len(active) * self.limit) if active else None
         self.limit = self.policy.adjust_concurrency(
-            ttft_p95_ms=_p95(ttfts),
-            tpot_p95_ms=_p95(tpots),
+            ttft_p95_ms=percentile(ttfts, 95),
+            tpot_p95_ms=percentile(tpots, 95),
             kv_usage=kv,
             waiting_per_replica=0.0 if active else None,
             busy_fraction=busy,
@@ -418,12 +419,6 @@ class FleetSim:
             scale_events=self.scale_events,
             requests_scored=scored,
         )
-
-
-def _p95(values: list[float]) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
 
 
 def count_flaps(scale_events: Sequence[tuple[float, int]], *, within_s: float = 300.0) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.harness.reliability.harness import Platform
 from billing.models import UsageRecord
+from capacity.percentiles import percentile
 from endpoints.models import Replica, ReplicaState
 from simulator.overload import OverloadRun, SimEndpoint, SimTenant, summarize
 
@@ -237,10 +238,8 @@ def _cpu_s(pid: int) -> float:
 
 
 def _ms_quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+    value = percentile(values, q * 100)
+    return None if value is None else round(value * 1000, 1)
 
 
 def live_figures(outcomes: list, everything: list) -> dict:

@@ -59,11 +59,12 @@ from benchmarks.routing.routing_live import run_live
 from benchmarks.routing.routing_suite import _ms
 from benchmarks.serving.words import random_text
 from capacity.hardware.profiles import get_profile
+from capacity.percentiles import percentile
 from gateway.routing import make_router
 from gateway.routing.baselines import RouterBase
 from gateway.routing.prefix import PREFIX_BLOCK_CHARS
 from simulator.des import Simulation
-from simulator.results import SimResult, percentile
+from simulator.results import SimResult
 from simulator.tokens import output_text
 from simulator.workloads import SimRequest, poisson_times
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import httpx
 
 from benchmarks.serving.words import random_text
+from capacity.percentiles import percentile
 from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, uvicorn_argv
 from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Replica, ReplicaState
 from simulator.process import start_replica
-from simulator.results import percentile
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import api_key_create
 

@@ -31,12 +31,13 @@ from dataclasses import dataclass, field, replace
 from benchmarks.routing.routing_oracles import AssignmentOracle, OutstandingWorkOracle, pooled_profile
 from benchmarks.serving.stats import interval
 from capacity.hardware.profiles import get_profile
+from capacity.percentiles import percentile
 from gateway.routing import make_router
 from gateway.routing.kv_index import KVBlockIndex
 from gateway.routing.llmd import LlmdPreciseRouter, LlmdRouter
 from simulator import routing_workloads as rw
 from simulator.des import Simulation
-from simulator.results import SimResult, percentile
+from simulator.results import SimResult
 from simulator.workloads import SimRequest, poisson_times
 
 SUITE_POLICIES = (

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import secrets
@@ -52,6 +53,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
+from capacity.percentiles import percentile
 from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 from capacity.services import simulated_profiles_get_or_create
 from endpoints.models import Endpoint, Replica, ReplicaState
@@ -82,10 +84,9 @@ def _cpu_s(pid: int) -> float:
 
 
 def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+    """``percentile`` (nearest rank), NaN for no values: the figures' arithmetic goes on and the JSON says NaN."""
+    value = percentile(values, q)
+    return math.nan if value is None else value
 
 
 def _setup_world(replica_urls: list[str]) -> str:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from capacity.percentiles import percentile
 from capacity.units import GPU_SECONDS_PER_MU
 
 Progress = Callable[[str], None]
@@ -102,13 +103,6 @@ class LevelStats:
 
 def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 class BenchmarkError(RuntimeError):

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 
 from capacity.hardware.profiles import EngineProfile
+from capacity.percentiles import percentile
 from capacity.replica_benchmark.http_driver import HttpReplicaDriver
-from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, output_lengths, percentile, summarize
+from capacity.replica_benchmark.sweep import BenchmarkError, Sample, Shape, output_lengths, summarize
 from simulator.engine import Engine, Sequence
 from simulator.tokens import BLOCK_SIZE_TOKENS
 
