@@ -194,7 +194,8 @@ def disconnect_midstream(c: Client) -> list[Sent]:
 
 
 def disconnect_before_usage(c: Client) -> list[Sent]:
-    """The issue's attack: read all but the last few tokens of a fixed-length stream, then close."""
+    """Read all but the last few tokens of a fixed-length stream, then close: the client that hopes to be gone before
+    the usage is counted."""
     tokens = c.fleet.tokens(200)
     calls = []
     for _ in range(c.fleet.scale):

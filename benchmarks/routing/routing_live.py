@@ -23,14 +23,12 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.harness.bench_world import bench_world_create
 from benchmarks.serving.words import random_text
 from capacity.percentiles import percentile
 from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, uvicorn_argv
-from capacity.services import simulated_profiles_get_or_create
-from endpoints.models import Endpoint, Replica, ReplicaState
+from endpoints.models import Endpoint
 from simulator.process import start_replica
-from tenants.models import CapacityReservation, Tenant
-from tenants.services import api_key_create
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_SLUG = "bench-routing"
@@ -38,30 +36,6 @@ ENDPOINT = "bench-routing-model"
 # A small, prefill-heavy replica: 8 groups × 512-token prefixes (256 blocks) do not fit one cache (224 blocks),
 # two groups per replica do.
 PROFILE_OPTS = {"num_gpu_blocks": 224, "max_num_seqs": 24, "max_model_len": 2048, "prefill_tokens_per_s": 4000}
-
-
-def _setup_world(replica_urls: list[str]) -> str:
-    tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Bench (routing)"})
-    hw, mp = simulated_profiles_get_or_create()
-    endpoint, _ = Endpoint.objects.update_or_create(
-        name=ENDPOINT,
-        defaults={
-            "owner_tenant": tenant,
-            "model_profile": mp,
-            "hardware_profile": hw,
-            "concurrency_limit": 64,
-            "concurrency_max": 1024,
-            "routing_policy": "round_robin",
-        },
-    )
-    CapacityReservation.objects.update_or_create(
-        tenant=tenant, endpoint=endpoint, defaults={"mu_per_min": 1e9, "priority": "standard"}
-    )
-    Replica.objects.filter(endpoint=endpoint).delete()
-    for i, url in enumerate(replica_urls):
-        Replica.objects.create(endpoint=endpoint, name=f"bench-r{i}", url=url, state=ReplicaState.READY)
-    _, raw = api_key_create(tenant=tenant, name=f"bench routing {time.time():.0f}")
-    return raw
 
 
 def _set_policy(policy: str) -> None:
@@ -180,7 +154,15 @@ def run_live(*, setup, quick: bool, progress, policies: tuple[str, ...] = ("roun
                 start_replica(profile="tiny", speed=1.0, served_model_name=ENDPOINT, profile_opts=PROFILE_OPTS)
             )
         urls = [s.url for s in sims]
-        key = _setup_world(urls)
+        key = bench_world_create(
+            tenant_slug=TENANT_SLUG,
+            tenant_name="Bench (routing)",
+            endpoint_name=ENDPOINT,
+            replica_urls=urls,
+            concurrency_limit=64,
+            routing_policy="round_robin",
+            key_name="bench routing",
+        )
         port = free_port()
         group.spawn(uvicorn_argv("config.asgi:application", port), env=child_django_env(), port=port, timeout=60)
         base = f"http://127.0.0.1:{port}"

@@ -584,7 +584,8 @@ def ceiling_vs_llmd(runs: list[dict]) -> dict:
     return {"per_seed": ratios, "mean": round(sum(ratios) / len(ratios), 4), "ci95": interval(ratios)}
 
 
-# The issue's "≥ 1.15× llm-d's default profile" goal and the workloads it is set on (``goals``, ``out_of_reach``).
+# The "≥ 1.15× llm-d's default profile" goal and the workloads it is set on (``goals``, ``out_of_reach``;
+# docs/algorithms.md#router-independent-ceilings).
 LLMD_GOAL_RATIO = 1.15
 LLMD_GOAL_WORKLOADS = ("cache_pressure", "multi_turn", "heterogeneous")
 
@@ -611,8 +612,8 @@ def goals(workloads: dict, hot: dict | None) -> dict:
 
 def out_of_reach(workloads: dict) -> dict:
     """The "≥ 1.15× llm-d" goals missed where the balanced fleet, a perfectly balanced fleet sharing one memory and
-    one queue, serves less than that too: goal → the ceiling's ratio to llm-d's default profile. The issue's "if a
-    goal is out of reach, show it with the upper bound", read off the same run; an estimate, not a proof (no router
+    one queue, serves less than that too: goal → the ceiling's ratio to llm-d's default profile. A goal out of reach
+    is shown with the upper bound that puts it there, read off the same run; an estimate, not a proof (no router
     is known to beat the balanced fleet, none is shown unable to). Needs the ceilings (not ``ceilings=off``). With
     several seeds the whole 95 % interval of the ceiling's per-seed ratio (``balanced_bound_vs_llmd``) must lie below
     the goal too: a mean below it whose interval reaches above it is not shown out of reach (2026-12-05: cache

@@ -53,12 +53,10 @@ from pathlib import Path
 import aiohttp
 import httpx
 
+from benchmarks.harness.bench_world import bench_world_create
 from capacity.percentiles import percentile
 from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
-from capacity.services import simulated_profiles_get_or_create
-from endpoints.models import Endpoint, Replica, ReplicaState
-from tenants.models import CapacityReservation, Tenant
-from tenants.services import api_key_create
+from endpoints.models import Replica
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_SLUG = "bench-proxy"
@@ -87,33 +85,6 @@ def _pct(values: list[float], q: float) -> float:
     """``percentile`` (nearest rank), NaN for no values: the figures' arithmetic goes on and the JSON says NaN."""
     value = percentile(values, q)
     return math.nan if value is None else value
-
-
-def _setup_world(replica_urls: list[str]) -> str:
-    """Bench tenant, endpoint, key and replicas (idempotent); returns a fresh raw key."""
-    tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Bench (proxy)"})
-    hw, mp = simulated_profiles_get_or_create()
-    endpoint, _ = Endpoint.objects.update_or_create(
-        name=ENDPOINT,
-        defaults={
-            "owner_tenant": tenant,
-            "model_profile": mp,
-            "hardware_profile": hw,
-            "concurrency_limit": 1024,
-            "concurrency_max": 1024,
-            "routing_policy": "infercap",
-        },
-    )
-    CapacityReservation.objects.update_or_create(
-        tenant=tenant, endpoint=endpoint, defaults={"mu_per_min": 1e9, "priority": "standard"}
-    )
-    Replica.objects.filter(endpoint=endpoint).delete()
-    for i, url in enumerate(replica_urls):
-        Replica.objects.create(
-            endpoint=endpoint, name=f"bench-r{i}", url=url, state=ReplicaState.READY, concurrency_limit=1024
-        )
-    _, raw = api_key_create(tenant=tenant, name=f"bench {time.time():.0f}")
-    return raw
 
 
 async def _one(session, url: str, payload: bytes, headers: dict, out: dict) -> None:
@@ -526,7 +497,16 @@ def _start(group: ProcessGroup, options: _Options) -> _Paths:
         )
         group.spawn(argv, port=port, timeout=60)
         urls.append(f"http://127.0.0.1:{port}")
-    key = _setup_world(urls)
+    key = bench_world_create(
+        tenant_slug=TENANT_SLUG,
+        tenant_name="Bench (proxy)",
+        endpoint_name=ENDPOINT,
+        replica_urls=urls,
+        concurrency_limit=1024,
+        routing_policy="infercap",
+        replica_concurrency_limit=1024,
+        key_name="bench",
+    )
     proxy_port = free_port()
     # The deployed command line (uvloop and httptools: uvicorn_argv adds them when installed) and the deployed
     # settings (production: DEBUG off), as the reliability harness runs it.
@@ -612,8 +592,8 @@ async def _measure(options: _Options, paths: _Paths, progress) -> dict:
         results[f"streams_{level}"] = await _measure_level(options, paths, level)
         progress(f"{level} streams: {results[f'streams_{level}']}")
     if options.calibrate:
-        # Upstream client calibration (issue 4, item 8): the same 256 streams straight to the replica through each
-        # candidate data-plane client, in this one run.
+        # Upstream client calibration: the same 256 streams straight to the replica through each candidate
+        # data-plane client (aiohttp, httpx), in this one run, so the proxy's choice of client rests on a measurement.
         n, dur = 256, options.durations.get(256, 3.0)
         load = {
             "streams": n,

@@ -1,6 +1,6 @@
-"""``bench autoscale --quick`` on the shared engine simulator (issue #19): the JSON keys the issue lists, the oracle
-as a lower bound, tuning that never makes a baseline worse on its history days, and the orderings the full run
-shows."""
+"""``bench autoscale --quick`` on the shared engine simulator (docs/algorithms.md#autoscaling-evaluation): the JSON
+keys it documents, the oracle as a lower bound, tuning that never makes a baseline worse on its history days, and
+the orderings the full run shows."""
 
 import json
 from io import StringIO
@@ -23,7 +23,7 @@ def figures(tmp_path_factory):
     return figures
 
 
-def test_the_last_line_has_the_issues_keys(figures):
+def test_the_last_line_has_every_documented_key(figures):
     held = figures["held_out"]
     assert isinstance(figures["trace_seed"], int)
     assert held["days"] and all(isinstance(d, str) for d in held["days"])

@@ -1,6 +1,6 @@
-"""The held-out evaluation's parts (issue #19): the day generator, the new baseline knobs, the cron schedule, the
-oracle's schedule and our policy's MU forecast and decision record. All pure and fast; the bench itself is in
-test_bench.py."""
+"""The held-out evaluation's parts (docs/algorithms.md#autoscaling-evaluation): the day generator, the new baseline
+knobs, the cron schedule, the oracle's schedule and our policy's MU forecast and decision record. All pure and fast;
+the bench itself is in test_bench.py."""
 
 import math
 

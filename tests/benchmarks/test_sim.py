@@ -1,4 +1,4 @@
-"""``bench sim`` returns the issue's figures (a reduced run)."""
+"""``bench sim`` returns the figures its module docstring lists (a reduced run)."""
 
 from benchmarks.serving import sim as bench
 

@@ -285,7 +285,8 @@ def _close(figures: dict, plot: str | None, progress) -> dict:
         with open(plot, "w") as fh:
             fh.write(fidelity_svg(figures["points"]))
         progress(f"wrote {plot}")
-    # The keys last, in its order.
+    # The headline figures close the line, in a fixed order (the engine's version, the five errors, the contract's
+    # divergences, the start-up), where a reader of the last JSON line looks for them.
     for key in ("real_vllm_version", *_KEYS.values(), "contract_divergences", "engine_startup_s"):
         figures[key] = figures.pop(key)
     return figures
