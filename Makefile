@@ -5,7 +5,7 @@ ENGINE_PY := .venv-engine/bin/python
 export DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/infercap
 export REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test setup setup-run lock engine lint schema bench-quick clean
+.PHONY: run test test-fast setup setup-run lock engine lint schema bench-quick clean
 
 # Unset, manage.py and config.asgi use the production settings (fail closed); these targets are development.
 # (make test does not: pytest takes config.settings.test from pyproject.toml.)
@@ -25,6 +25,23 @@ test: setup engine
 	scripts/ensure_prometheus.sh
 	@if [ -x scripts/install_browser.sh ]; then scripts/install_browser.sh; fi
 	scripts/run_tests.sh
+
+## test-fast: the unit tests for the edit-run loop, in under 3 minutes: not tests/engine (real vLLM), nothing
+## marked browser, e2e or slow, nor the three longest unit tests (FAST_SKIP); two pytest processes side by side, each
+## with its own test database and Redis database (PostgreSQL and Redis must be running: scripts/ensure_services.sh)
+FAST_FIRST := tests/api tests/billing tests/capacity tests/config tests/console tests/rollouts
+FAST_SKIP := tests/config/test_static_files.py::test_collected_files_are_served_compressed_with_cache_headers \
+	tests/capacity/test_mix.py::test_bench_economics_figures_and_the_simulator_check \
+	tests/test_container_image.py::test_collectstatic_finds_the_consoles_files
+test-fast:
+	@args=(-q -p no:cacheprovider -m "not browser and not e2e and not slow" $(FAST_SKIP:%=--deselect %)); \
+	redis=$(REDIS_URL_TEST); redis2="$${redis%/*}/$$(( ($${redis##*/} + 15) % 16 ))"; log=$$(mktemp); \
+	DATABASE_URL=$(DATABASE_URL_TEST)_fast REDIS_URL=$$redis2 INFERCAP_VAR_DIR=$$PWD/var/test-fast \
+		$(PY) -m pytest "$${args[@]}" $(FAST_FIRST) >$$log 2>&1 & first=$$!; \
+	DATABASE_URL=$(DATABASE_URL_TEST) REDIS_URL=$$redis $(PY) -m pytest "$${args[@]}" tests --ignore=tests/engine \
+		$(FAST_FIRST:%=--ignore=%); rest=$$?; wait $$first; first_rc=$$?; \
+	echo "==================== $(FAST_FIRST), run beside the rest ===================="; cat $$log; rm -f $$log; \
+	test $$rest -eq 0 -a $$first_rc -eq 0
 
 # Locked dependencies, hashes checked: the dev lock for tests, lint and CI; the run lock for make run and the image.
 setup:

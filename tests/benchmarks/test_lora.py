@@ -1,4 +1,5 @@
-"""``bench lora`` reports the issue's figures; infercap keeps far more requests within the SLO than round robin."""
+"""``bench lora`` reports the figures docs/lora.md#bench-lora describes; infercap keeps far more requests within the
+SLO than round robin."""
 
 import json
 
@@ -7,6 +8,7 @@ import pytest
 from benchmarks.serving import lora as bench
 
 
+@pytest.mark.slow
 def test_bench_lora_reports_every_policy_and_the_ratios(tmp_path):
     svg = tmp_path / "lora.svg"
     figures = bench.run(
@@ -59,6 +61,7 @@ def test_fewest_loads_is_beladys_min():
     assert len(set(stream)) <= sum(bench.fewest_loads(stream, 3)) <= lru_loads
 
 
+@pytest.mark.slow
 def test_the_loads_bound_is_reported_per_rate_and_against_the_baseline():
     figures = bench.run(quick=True, progress=lambda msg: None, duration_s="10", warmup_s="5", rates="40")
     bound = figures["loads_lower_bound_per_1k_at_reference"]
@@ -83,6 +86,7 @@ def test_popular_first_evicts_the_least_popular_and_sits_between_min_and_lru():
     assert bench.loads_lower_bound(setup, 10) <= bench.loads_online_bound(setup, 10)
 
 
+@pytest.mark.slow
 def test_the_low_rate_compares_loads_with_the_books_history_and_without():
     figures = bench.run(
         quick=True,

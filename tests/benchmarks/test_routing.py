@@ -1,4 +1,5 @@
-"""``bench routing --quick`` runs through the management command and its JSON shows the issue's goals."""
+"""``bench routing --quick`` runs through the management command and its JSON shows the routing goals
+(docs/algorithms.md#the-routing-workload-suite-bench-routing)."""
 
 import json
 from dataclasses import replace
@@ -18,7 +19,7 @@ SUITE = ("shared_prefix", "cache_pressure", "multi_turn", "zipf", "heterogeneous
 
 
 def check_workload(name: str, w: dict) -> None:
-    """The keys the issue lists, and the orderings that hold whatever the load."""
+    """Every policy's figures, the ratios and ceilings, and the orderings that hold whatever the load."""
     policies = set(routing_suite.SUITE_POLICIES)
     assert policies <= set(w), name
     for policy in policies:
@@ -84,7 +85,7 @@ def test_quick_benchmark_has_every_workload_policy_and_goal(tmp_path):
     assert "upper_bound" in text and all(policy in text for policy in routing_suite.CEILINGS)
 
 
-def test_one_workload_runs_alone_with_the_issues_keys():
+def test_one_workload_runs_alone_with_every_key():
     figures = bench.run(quick=True, progress=lambda m: None, workloads="cache_pressure")
     assert set(figures["workloads"]) == {"cache_pressure"} and "hot_prefix" not in figures
     w = figures["workloads"]["cache_pressure"]
@@ -97,6 +98,7 @@ def test_one_workload_runs_alone_with_the_issues_keys():
         bench.run(quick=True, progress=lambda m: None, workloads="nope")
 
 
+@pytest.mark.slow
 def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_seed_run():
     quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure"}
     figures = bench.run(seeds="3-4", **quiet)
@@ -134,6 +136,7 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
     assert low <= ceiling["mean"] <= high and (low < high or ratios[0] == ratios[1])
 
 
+@pytest.mark.slow
 def test_ceilings_off_skips_only_the_router_independent_ceilings():
     quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure", "seed": 3}
     figures = bench.run(ceilings="off", **quiet)
@@ -273,6 +276,7 @@ def test_tuning_keeps_the_weights_with_the_best_mean_and_reports_every_one_tried
         bench.run(tune="infercap", seeds="1", **quiet)
 
 
+@pytest.mark.slow
 def test_another_load_bound_changes_infercap_only():
     quiet = {"quick": True, "progress": lambda m: None, "workloads": "zipf"}
     default = bench.run(**quiet)["workloads"]["zipf"]
@@ -286,6 +290,7 @@ def test_another_load_bound_changes_infercap_only():
             bench.run(load_bound=bad, **quiet)
 
 
+@pytest.mark.slow
 def test_the_pending_prefill_term_is_an_option_that_changes_infercap_only():
     quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure"}
     default = bench.run(**quiet)["workloads"]["cache_pressure"]
@@ -299,6 +304,7 @@ def test_the_pending_prefill_term_is_an_option_that_changes_infercap_only():
             bench.run(prefill_weight=bad, **quiet)
 
 
+@pytest.mark.slow
 def test_chat_stages_are_measured_after_a_warm_up_near_their_nominal_turn_rate():
     """A closed-loop chat's turn rate lags its sessions' starts by a session's life: from cold, a short stage measures
     a transient (and how fast the policy serves decides how many turns fall into it). The multi-turn workload warms
@@ -321,6 +327,7 @@ def test_unknown_options_are_rejected():
         bench.run(quick=True, plot=None, progress=lambda m: None, bogus="1")
 
 
+@pytest.mark.slow
 def test_saturation_stops_the_stages_and_results_are_deterministic():
     setup = bench.Setup(replicas=2, num_gpu_blocks=3000, stages=(5.0, 100.0, 200.0), stage_s=8.0, groups=16)
     first = bench.run_staged(setup, "round_robin")

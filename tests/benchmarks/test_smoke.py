@@ -34,7 +34,9 @@ TOP = {
         "profile_within_roofline", "prefix_ttft_ratio", "prefix_ttft_cold_s", "prefix_ttft_warm_s",
         "des_requests_per_s", "des_requests_per_cpu_s", "des_wall_s", "des_summary", "deterministic",
     },
-    "planner": {"worked_example", "worked_example_checks", "sim_agreement", "sim_detail", "fit_error", "fit", "seconds"},
+    "planner": {
+        "worked_example", "worked_example_checks", "sim_agreement", "sim_detail", "fit_error", "fit", "seconds",
+    },
     "routing": {"workloads", "stage_s", "seed", "hot_prefix", "goals", "out_of_reach", "wall_s"},
     "lora": {
         "setup", "policies", "upper_bound", "ratio_vs_round_robin", "ratio_vs_lora_affinity",
@@ -64,7 +66,8 @@ TOP = {
         "peak_rss_mb", "fuzz_500s", "requests", "usage_records", "worker_restarts", "overload", "scenarios",
     },
     "deploy": {
-        "manifests_validated", "manifests_invalid", "promtool_rule_tests_passed", "fresh_clone_to_first_token_s", "prometheus_vs_platform_burn_rate_max_err", "production_boot",
+        "manifests_validated", "manifests_invalid", "promtool_rule_tests_passed", "fresh_clone_to_first_token_s",
+        "prometheus_vs_platform_burn_rate_max_err", "production_boot",
         "tracing_added_ttft_p50_ms", "make_run_soak",
     },
     "fidelity": {
@@ -104,6 +107,7 @@ def test_sim(tmp_path):
     assert (tmp_path / "sim.svg").read_text().startswith("<svg")
 
 
+@pytest.mark.slow
 def test_planner(tmp_path):
     figures = smoke("planner", plot=tmp_path / "planner.svg")
     assert figures["sim_agreement"] and all("n_base" in row for row in figures["sim_agreement"])
@@ -121,6 +125,7 @@ def test_routing(tmp_path):
     assert "all" in figures["goals"]
 
 
+@pytest.mark.slow
 def test_lora(tmp_path):
     figures = smoke("lora", plot=tmp_path / "lora.svg")
     assert set(figures["policies"]) == set(LORA_POLICIES)

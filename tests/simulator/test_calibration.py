@@ -68,6 +68,7 @@ def test_the_closed_form_fit_lands_near_the_true_step_times(sweep_runs):
     assert fit["cached_s_per_token"] < 0.2 * fit["prefill_s_per_token"]  # the simulator charges no hit
 
 
+@pytest.mark.slow
 def test_refined_in_the_simulator_it_predicts_held_out_points_within_10_percent(sweep_runs):
     """The bench's own calibration (``fidelity.calibrate``: closed form, then the search over step times and the
     API server's costs) on runs of a known engine: its runs replay, the API server's per-token cost is found, and

@@ -314,6 +314,7 @@ def test_client_disconnect_aborts_and_frees_blocks():
         assert replica.call(lambda: replica.server.engine.kv.used_blocks) == 0
 
 
+@pytest.mark.slow
 def test_priority_is_served_first_when_the_batch_is_full():
     with ThreadedReplica(get_profile("tiny", max_num_seqs=1), speed=0.25) as replica:
         finished: dict[str, float] = {}
