@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterable
 
 from capacity.hardware.profiles import EngineProfile, get_profile
 from gateway.routing.base import Router, RouteRequest
+from simulator.adapter_slots import LoraConfig
 from simulator.admission import ProxyAdmission  # noqa: F401 (re-exported, with the interfaces below)
 from simulator.engine import Sequence as EngineSeq
 from simulator.fleet import (
@@ -97,7 +98,6 @@ from simulator.interfaces import (  # noqa: F401 (re-exported: policies import t
     Verdict,
     VirtualClock,
 )
-from simulator.lora import LoraConfig
 from simulator.lora_des import LoraOps
 from simulator.results import RequestResult, SimResult
 from simulator.spot import SpotMarket, SpotOps

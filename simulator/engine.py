@@ -41,8 +41,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from capacity.hardware.profiles import EngineProfile
+from simulator.adapter_slots import step_factor
 from simulator.kvcache import KVCache
-from simulator.lora import step_factor
 from simulator.tokens import BLOCK_SIZE_TOKENS, block_hashes, output_text
 
 WAITING, PREFILLING, RUNNING, FINISHED = "waiting", "prefilling", "running", "finished"
@@ -160,7 +160,7 @@ class Engine:
             raise ValueError(f"block_size must be a multiple of {BLOCK_SIZE_TOKENS} tokens (the prompt hash grain)")
         self.profile = profile
         self.scheduling_policy = scheduling_policy
-        self.lora_overhead = 0.0  # step-time fraction at rank 16 when a batch holds an adapter (lora.py)
+        self.lora_overhead = 0.0  # step-time fraction at rank 16 when a batch holds an adapter (adapter_slots.py)
         self._hash_stride = profile.block_size // BLOCK_SIZE_TOKENS
         self.kv = KVCache(profile.num_gpu_blocks, profile.block_size)
         self.running: list[Sequence] = []  # decoding (tokens counted lazily)

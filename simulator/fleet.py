@@ -12,10 +12,10 @@ from typing import Protocol
 from capacity.hardware.profiles import EngineProfile
 from gateway.routing.base import ReplicaView, RouteRequest
 from gateway.routing.kv_events import KVEventBatch
+from simulator.adapter_slots import AdapterSlots
 from simulator.engine import Engine
 from simulator.engine import Sequence as EngineSeq
 from simulator.interfaces import FleetView, ReplicaStatus
-from simulator.lora import AdapterSlots
 from simulator.results import ReplicaRecord, RequestResult
 
 # Event kinds of the simulation's queue (des imports them). _WAKE: a queued request goes over age (admission's timer).

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from gateway.routing.adapter_eviction import victim_chooser
 from gateway.routing.base import RouteRequest
+from simulator.adapter_slots import AdapterSlots
 from simulator.engine import Sequence as EngineSeq
 from simulator.fleet import _LORA, SimReplica
-from simulator.lora import AdapterSlots
 from simulator.results import RequestResult
 
 

@@ -39,8 +39,8 @@ from collections import OrderedDict, deque
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 
+from simulator.adapter_slots import DEFAULT_RANK, AdapterSlots
 from simulator.engine import Engine
-from simulator.lora import DEFAULT_RANK, AdapterSlots
 from simulator.serving import error_response
 from simulator.validation import BadRequest, Body, body_not_an_object, invalid_json, strict_str
 

@@ -21,7 +21,7 @@ class EngineDriver:
 
     def __init__(self, profile, *, adapter_rank: int = 0, lora_overhead: float = 0.0):
         """``adapter_rank`` > 0: every request names an adapter of that rank, on an engine whose LoRA step overhead
-        is ``lora_overhead`` (``simulator.lora.LoraConfig.overhead``, at rank 16)."""
+        is ``lora_overhead`` (``simulator.adapter_slots.LoraConfig.overhead``, at rank 16)."""
         self.profile = profile
         self.adapter_rank, self.lora_overhead = adapter_rank, lora_overhead
 

@@ -28,9 +28,9 @@ from collections import deque
 from aiohttp import web
 
 from capacity.hardware.profiles import EngineProfile
+from simulator.adapter_slots import AdapterSlots
 from simulator.engine import FINISHED, Engine
 from simulator.faults import Faults
-from simulator.lora import AdapterSlots
 from simulator.lora_http import LoraEndpoints, LoraInfoCollector
 from simulator.metrics import ReplicaMetrics
 from simulator.protocol import VLLM_VERSION, parse_request, tokenize_text

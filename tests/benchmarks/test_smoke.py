@@ -23,7 +23,7 @@ from benchmarks.management.commands.bench import BENCHMARKS
 from benchmarks.operations import prometheus_check
 from benchmarks.routing import routing_suite
 from benchmarks.serving import fidelity
-from benchmarks.serving.lora import POLICIES as LORA_POLICIES
+from benchmarks.serving.adapter_routing import POLICIES as LORA_POLICIES
 from capacity.planning.presets import WORKLOADS as ECONOMICS_WORKLOADS
 from workers import manifests
 

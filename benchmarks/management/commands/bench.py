@@ -25,14 +25,14 @@ from benchmarks.billing import metering, slo
 from benchmarks.capacity import autoscale, economics, planner
 from benchmarks.operations import deploy, reliability, security
 from benchmarks.routing import routing
-from benchmarks.serving import fidelity, lora, proxy, sim
+from benchmarks.serving import adapter_routing, fidelity, proxy, sim
 from capacity.runtimes.processes import BENCH_MARK, processes_marked, stop_marked
 
 BENCHMARKS = {
     "sim": sim,
     "proxy": proxy,
     "routing": routing,
-    "lora": lora,
+    "lora": adapter_routing,
     "fidelity": fidelity,
     "planner": planner,
     "economics": economics,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.serving import lora as bench
+from benchmarks.serving import adapter_routing as bench
 
 
 @pytest.mark.slow

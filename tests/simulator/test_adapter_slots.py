@@ -9,10 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from capacity.hardware.profiles import get_profile
 from gateway.routing import make_router
 from gateway.routing.base import ReplicaView
+from simulator.adapter_slots import AdapterSlots, LoraConfig, step_factor, uniform_load_times
 from simulator.des import Simulation
 from simulator.engine import Engine
 from simulator.engine import Sequence as EngineSeq
-from simulator.lora import AdapterSlots, LoraConfig, step_factor, uniform_load_times
 from simulator.server import ThreadedReplica
 from simulator.workloads import SimRequest
 

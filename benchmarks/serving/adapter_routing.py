@@ -2,7 +2,7 @@
 
 Fleet: 8 replicas of ``qwen3-32b-h100x2`` with 8 adapter slots each (``--max-loras 8``); 200 adapters whose request
 shares follow Zipf (s = 1), each with a load time drawn once, uniform in 0.5–2 s, and a rank of 8, 16 or 32 (the
-step overhead: +10 % per rank 16 when a batch holds an adapter; ``simulator/lora.py``). Every request
+step overhead: +10 % per rank 16 when a batch holds an adapter; ``simulator/adapter_slots.py``). Every request
 names an adapter; prompts are random text of 256–1,024 tokens (no shared prefixes: this bench is about adapters),
 answers 64–256 tokens. SLO: TTFT ≤ 2 s (the adapter's load included) and TPOT ≤ 100 ms, the endpoint defaults.
 
@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 from benchmarks.capacity.plot import frontier_svg
 from benchmarks.serving.words import random_text
 from gateway.routing import make_router
+from simulator.adapter_slots import LoraConfig, uniform_load_times
 from simulator.des import Simulation
-from simulator.lora import LoraConfig, uniform_load_times
 from simulator.results import SimResult
 from simulator.workloads import SimRequest, poisson_times
 
