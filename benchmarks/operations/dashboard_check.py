@@ -27,7 +27,12 @@ from django.conf import settings
 from django.core.management import call_command
 from django.utils import timezone
 
-from benchmarks.operations.prometheus_check import METRICS_TOKEN, prometheus_binary, query, wait_until
+from benchmarks.operations.prometheus_check import (
+    METRICS_TOKEN,
+    prometheus_start,
+    query,
+    wait_until,
+)
 from billing.cost import cost_reports_store
 from billing.models import CostReport, UsageRecord
 from billing.rollups import usage_rollup_run
@@ -245,13 +250,7 @@ def _start_prometheus(procs: ProcessGroup, workdir: Path, proxy: str, replicas: 
     )  # fmt: skip
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     write_rules(workdir)
-    port = free_port()
-    procs.spawn(
-        [prometheus_binary(), f"--config.file={workdir / 'prometheus.yml'}",
-         f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-        port=port,
-    )  # fmt: skip
-    prometheus = f"http://127.0.0.1:{port}"
+    prometheus = prometheus_start(procs, workdir / "prometheus.yml", workdir)
     wait_until(lambda: query(prometheus, "up == 1"), 60, "Prometheus scraped nothing")
     time.sleep(1.5)  # every target scraped once: what the jobs kept is checked from /api/v1/targets at the end
     return prometheus

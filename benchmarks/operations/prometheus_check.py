@@ -47,6 +47,17 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
 
 
+def prometheus_start(procs: ProcessGroup, config: Path, workdir: Path) -> str:
+    """A Prometheus process on ``config``, its data under ``workdir``; its URL once it listens."""
+    port = free_port()
+    procs.spawn(
+        [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        port=port,
+    )  # fmt: skip
+    return f"http://127.0.0.1:{port}"
+
+
 def _prometheus_config(workdir: Path, proxy_port: int, replica_port: int) -> Path:
     (workdir / "token").write_text(METRICS_TOKEN)
     config = {
@@ -148,13 +159,7 @@ def compare(
         wait_until(lambda: metered() >= sent[0], 30, "warm-up not metered")
         warmup_ids = set(UsageRecord.objects.filter(endpoint=endpoint).values_list("pk", flat=True))
         call_command("export_slo_rules", "--slo", str(slo.pk), "--output", str(workdir / "rules.yml"))
-        prom_port = free_port()
-        procs.spawn(
-            [prometheus_binary(), f"--config.file={_prometheus_config(workdir, proxy_port, replica_port)}",
-             f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-            port=prom_port,
-        )  # fmt: skip
-        prometheus = f"http://127.0.0.1:{prom_port}"
+        prometheus = prometheus_start(procs, _prometheus_config(workdir, proxy_port, replica_port), workdir)
         requests_series = f'infercap_proxy_requests_total{{endpoint="{endpoint.name}"}}'
         wait_until(lambda: query(prometheus, requests_series), 60, "Prometheus scraped nothing")
         time.sleep(2)  # two more scrapes at the warm-up's values: the traffic's increments start after them
