@@ -9,8 +9,9 @@ import pytest
 from django.core.management import call_command
 
 from benchmarks.routing import routing as bench
-from benchmarks.routing import routing_suite
+from benchmarks.routing import routing_headline, routing_suite
 from benchmarks.routing.routing_oracles import AssignmentOracle, pooled_profile
+from benchmarks.serving.stats import interval
 from gateway.routing import ReplicaView, RouteRequest
 from gateway.routing.kv_index import KVBlockIndex
 from gateway.routing.llmd import LlmdPreciseRouter, LlmdRouter
@@ -36,6 +37,19 @@ def check_workload(name: str, w: dict) -> None:
     best = max(w[p]["slo_throughput"] for p in routing_suite.BASELINES)
     assert w["ratio_vs_best_baseline"] == round(ours / best, 4)
     assert w["ratio_vs_upper_bound"] == round(ours / w["upper_bound"], 4)
+    # The ceiling is a reference's figure, never a policy's: the oracle's or the balanced fleet's, whichever is higher.
+    references = {"oracle": w["oracle"]["slo_throughput"]}
+    if "balanced_fleet" in w:
+        references["balanced_fleet"] = w["balanced_fleet"]["slo_throughput"]
+    assert w["ceiling"] == max(references.values()) and references[w["ceiling_source"]] == w["ceiling"], name
+    assert w["ratio_vs_ceiling"] == round(ours / w["ceiling"], 4)
+    assert w["best_baseline"] == {
+        "name": max(routing_suite.BASELINES, key=lambda p: w[p]["slo_throughput"]),
+        "slo_throughput": best,
+    }, name
+    assert (
+        w["paired_diff_vs_best_baseline_ci95"] is None and "one seed" in w["paired_diff_vs_best_baseline_ci95_reason"]
+    )
     # Each stage's TTFT p90; the headline one is the stage every policy ran, and the ratio per stage repeats it there.
     common = w["stages_qps"].index(w["ttft_at_qps"])
     for policy in ("infercap", "llmd"):
@@ -111,7 +125,9 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
         assert w[policy]["slo_throughput"] == round(sum(per_seed) / 2, 2)
     ours = w["infercap"]["slo_throughput"]
     assert w["ratio_vs_llmd"] == round(ours / w["llmd"]["slo_throughput"], 4)
-    assert w["ratio_vs_best_baseline"] == round(ours / w[w["best_baseline"]]["slo_throughput"], 4)
+    best = w["best_baseline"]["name"]
+    assert w["best_baseline"]["slo_throughput"] == w[best]["slo_throughput"]
+    assert w["ratio_vs_best_baseline"] == round(ours / w[best]["slo_throughput"], 4)
     assert w["seeds_ge_llmd"] == sum(s["infercap"]["slo_throughput"] >= s["llmd"]["slo_throughput"] for s in singles)
     assert "cache_pressure_ge_1.0x_best_baseline" in figures["goals"]
     # Per stage both ran on both seeds: the ratio of the seeds' mean TTFT p90s.
@@ -123,11 +139,16 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
         assert w[key] == w[policy]["slo_throughput"]
         assert w[f"ratio_vs_{key}"] == round(ours / w[key], 4)
     # Paired on each seed's arrivals against the baseline with the best mean.
-    paired = [s["infercap"]["slo_throughput"] - s[w["best_baseline"]]["slo_throughput"] for s in singles]
+    paired = [s["infercap"]["slo_throughput"] - s[best]["slo_throughput"] for s in singles]
     diff = w["diff_vs_best_baseline"]
     assert diff["mean"] == round(sum(paired) / 2, 3)
     low, high = diff["ci95"]
     assert low <= diff["mean"] <= high and (low < high or paired[0] == paired[1])
+    assert w["paired_diff_vs_best_baseline_ci95"] == diff["ci95"]
+    # The ceiling over seeds: the mean of each seed's ceiling, no policy in it.
+    assert w["ceiling_per_seed"] == [s["ceiling"] for s in singles]
+    assert w["ceiling"] == round(sum(w["ceiling_per_seed"]) / 2, 2)
+    assert w["ratio_vs_ceiling"] == round(ours / w["ceiling"], 4)
     # The balanced-fleet ceiling against llm-d's default, seed by seed: how firmly out_of_reach's ratio stands.
     ceiling = w["balanced_bound_vs_llmd"]
     ratios = [round(s["balanced_fleet"]["slo_throughput"] / s["llmd"]["slo_throughput"], 4) for s in singles]
@@ -137,6 +158,39 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
 
 
 @pytest.mark.slow
+def test_the_ceiling_holds_no_policy_and_the_paired_difference_needs_two_seeds():
+    def table(infercap, llmd, oracle, balanced):
+        w = {p: {"slo_throughput": 10.0} for p in routing_suite.BASELINES}
+        w.update(
+            infercap={"slo_throughput": infercap}, llmd={"slo_throughput": llmd}, oracle={"slo_throughput": oracle}
+        )
+        if balanced is not None:
+            w["balanced_fleet"] = {"slo_throughput": balanced}
+            w["balanced_bound"] = balanced
+        return w
+
+    one = table(20.0, 16.0, 12.0, 18.0)  # infercap above every reference: the ratio says so
+    one.update(routing_headline.single_seed(one))
+    assert (one["ceiling"], one["ceiling_source"], one["ratio_vs_ceiling"]) == (18.0, "balanced_fleet", 1.1111)
+    assert one["best_baseline"] == {"name": "llmd", "slo_throughput": 16.0}
+    assert one["paired_diff_vs_best_baseline_ci95"] is None and one["paired_diff_vs_best_baseline_ci95_reason"]
+    assert routing_headline.ceiling(table(5.0, 4.0, 6.0, None)) == (6.0, "oracle")  # a mixed fleet: the oracle only
+    runs = [table(20.0, 16.0, 12.0, 18.0), table(19.0, 16.0, 12.0, 17.0), table(19.0, 15.0, 12.0, 20.0)]
+    for r in runs:
+        r.update(routing_headline.single_seed(r))
+    mean = {
+        p: {"slo_throughput": sum(r[p]["slo_throughput"] for r in runs) / 3}
+        for p in (*runs[0].keys(),)
+        if isinstance(runs[0][p], dict) and "slo_throughput" in runs[0][p]
+    }
+    out = routing_headline.over_seeds(mean, runs)
+    assert out["paired_diff_vs_best_baseline_per_seed"] == [4.0, 3.0, 4.0]
+    assert out["paired_diff_vs_best_baseline_ci95"] == interval([4.0, 3.0, 4.0])
+    assert out["ceiling_per_seed"] == [18.0, 17.0, 20.0] and out["ceiling"] == 18.33
+    assert out["ratio_vs_balanced_bound_ci95"] == interval([round(20 / 18, 4), round(19 / 17, 4), 0.95])
+    assert routing_headline.paired_above_zero({"a": out, "b": one}) == ["a"]
+
+
 def test_ceilings_off_skips_only_the_router_independent_ceilings():
     quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure", "seed": 3}
     figures = bench.run(ceilings="off", **quiet)
