@@ -87,6 +87,17 @@ def _pct(values: list[float], q: float) -> float:
     return math.nan if value is None else value
 
 
+def _body(nonce: str, worker, i: int, prompt_chars: int, max_tokens: int) -> dict:
+    """A streamed completion request of the load: its own prompt, run to ``max_tokens``."""
+    return {
+        "model": ENDPOINT,
+        "prompt": _prompt(nonce, worker, i, prompt_chars),
+        "max_tokens": max_tokens,
+        "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
+        "stream": True,
+    }
+
+
 async def _one(session, url: str, payload: bytes, headers: dict, out: dict) -> None:
     t0 = time.perf_counter()
     ttft = None
@@ -135,13 +146,7 @@ async def _phase(
         async def worker(w: int) -> None:
             i = 0
             while time.perf_counter() < deadline:
-                body = {
-                    "model": ENDPOINT,
-                    "prompt": _prompt(nonce, w, i, prompt_chars),
-                    "max_tokens": max_tokens,
-                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
-                    "stream": True,
-                }
+                body = _body(nonce, w, i, prompt_chars, max_tokens)
                 await _one(session, url, json.dumps(body).encode(), headers, out)
                 i += 1
 
@@ -183,13 +188,7 @@ async def _mixed_phase(
             i = 0
             while time.perf_counter() < deadline:
                 t = (w + i) % n
-                body = {
-                    "model": ENDPOINT,
-                    "prompt": _prompt(nonce, w, i, prompt_chars),
-                    "max_tokens": max_tokens,
-                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
-                    "stream": True,
-                }
+                body = _body(nonce, w, i, prompt_chars, max_tokens)
                 await _one(session, heads[t][0], json.dumps(body).encode(), heads[t][1], outs[t])
                 i += 1
 
@@ -214,13 +213,7 @@ async def _httpx_phase(
         async def worker(w: int) -> None:
             i = 0
             while time.perf_counter() < deadline:
-                body = {
-                    "model": ENDPOINT,
-                    "prompt": _prompt(nonce, w, i, prompt_chars),
-                    "max_tokens": max_tokens,
-                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
-                    "stream": True,
-                }
+                body = _body(nonce, w, i, prompt_chars, max_tokens)
                 i += 1
                 t0 = time.perf_counter()
                 ttft, tokens, done = None, 0, False
@@ -281,13 +274,7 @@ async def _interleaved(
                 started = {name: _cpu_s(pid) for name, _, _, pid in targets if pid}
             for name, base, k, _pid in targets:
                 headers = {"content-type": "application/json", **({"authorization": f"Bearer {k}"} if k else {})}
-                body = {
-                    "model": ENDPOINT,
-                    "prompt": _prompt(nonce, name, i, prompt_chars),
-                    "max_tokens": max_tokens,
-                    "ignore_eos": True,  # every stream runs to max_tokens (the replica stops at EOS otherwise)
-                    "stream": True,
-                }
+                body = _body(nonce, name, i, prompt_chars, max_tokens)
                 scratch = {"ttft": [], "e2e": [], "tokens": 0, "errors": 0}
                 await _one(session, base + "/v1/completions", json.dumps(body).encode(), headers, scratch)
                 if i < 3:
