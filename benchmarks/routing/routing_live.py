@@ -38,6 +38,18 @@ ENDPOINT = "bench-routing-model"
 PROFILE_OPTS = {"num_gpu_blocks": 224, "max_num_seqs": 24, "max_model_len": 2048, "prefill_tokens_per_s": 4000}
 
 
+def _world(replica_urls: list[str]) -> str:
+    return bench_world_create(
+        tenant_slug=TENANT_SLUG,
+        tenant_name="Bench (routing)",
+        endpoint_name=ENDPOINT,
+        replica_urls=replica_urls,
+        concurrency_limit=64,
+        routing_policy="round_robin",
+        key_name="bench routing",
+    )
+
+
 def _set_policy(policy: str) -> None:
     endpoint = Endpoint.objects.get(name=ENDPOINT)
     endpoint.routing_policy = policy
@@ -154,15 +166,7 @@ def run_live(*, setup, quick: bool, progress, policies: tuple[str, ...] = ("roun
                 start_replica(profile="tiny", speed=1.0, served_model_name=ENDPOINT, profile_opts=PROFILE_OPTS)
             )
         urls = [s.url for s in sims]
-        key = bench_world_create(
-            tenant_slug=TENANT_SLUG,
-            tenant_name="Bench (routing)",
-            endpoint_name=ENDPOINT,
-            replica_urls=urls,
-            concurrency_limit=64,
-            routing_policy="round_robin",
-            key_name="bench routing",
-        )
+        key = _world(urls)
         port = free_port()
         group.spawn(uvicorn_argv("config.asgi:application", port), env=child_django_env(), port=port, timeout=60)
         base = f"http://127.0.0.1:{port}"
