@@ -39,7 +39,7 @@ BASE_LIMIT = 64  # the baselines' fixed per-replica concurrency (and ours' start
 class Spec:
     """A policy and its knobs; ``warm_pool`` is the option every policy has."""
 
-    policy: str  # static | hpa | kpa | scheduled | infercap | infercap_reactive | oracle | oracle_spike_blind
+    policy: str  # static | hpa | kpa | scheduled | infercap | infercap_reactive | oracle | spike_blind_reference
     knobs: tuple = ()  # sorted (name, value) pairs
     warm_pool: int = 0
 
@@ -64,6 +64,10 @@ class DayInput:
     name: str
     period_s: float
     requests: list  # (arrival s, prompt tokens, output tokens)
+    seed: int = 1  # the trace seed it was drawn with (also seeds the run's cold starts and routing)
+    # The world's clocks at the day's time scale: a day compressed n× has its cold starts and warm starts n× shorter.
+    cold_start_s: tuple[float, float] = COLD_START_S
+    warm_start_s: float = WARM_START_S
     history: list = field(default_factory=list)  # (t < 0, prompt, output) of the history days, most recent last
     history_days: int = 0
     spikes: list = field(default_factory=list)  # (start s, end s) of each spike, plus a cold start after it
@@ -104,13 +108,13 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
         reactive_knobs = knob("reactive")
         reactive = _hpa(Spec("hpa", tuple(reactive_knobs)), max_replicas) if reactive_knobs is not None else None
         return baselines.ScheduledPolicy(
-            schedule=context["schedules"][knob("statistic", "median")],
+            schedule=context["schedules"][day.seed][knob("statistic", "median")],
             period_s=day.period_s,
-            lead_s=COLD_START_S[1],
+            lead_s=day.cold_start_s[1],
             reactive=reactive,
             max_replicas=max_replicas,
         )
-    if spec.policy in ("oracle", "oracle_spike_blind"):
+    if spec.policy in ("oracle", "spike_blind_reference"):
         concurrency = knob("concurrency", BASE_LIMIT)
 
         def in_flight(requests: list) -> list[int]:
@@ -121,7 +125,7 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
             )
 
         present = None
-        if spec.policy == "oracle_spike_blind":  # foresees the day without its spikes, sees the present
+        if spec.policy == "spike_blind_reference":  # foresees the day without its spikes, sees the present
             base, _ = oracle.spike_excess(day.requests, base_share=day.share_at, seed=day.name)
             foreseen, present = in_flight(base), in_flight(day.requests)
         else:
@@ -132,7 +136,7 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
             spare=knob("spare", 0),
             concurrency=concurrency,
             utilization=knob("utilization", 1.0),
-            lookahead_s=knob("lookahead_s", COLD_START_S[1]),
+            lookahead_s=knob("lookahead_s", day.cold_start_s[1]),
             max_replicas=max_replicas,
         )
     horizontal_config = HorizontalConfig(
@@ -150,7 +154,7 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
         ttft_slo_ms=SLO["ttft_s"] * 1000,
         tpot_slo_ms=SLO["tpot_s"] * 1000,
         predictive_period_s=None if spec.policy == "infercap_reactive" else day.period_s,
-        predictive_lead_s=COLD_START_S[1],
+        predictive_lead_s=day.cold_start_s[1],
         seconds_per_request=lambda c: seconds_per_request(profile, c),
         reference_request_mu=estimate_request_mu(COEFFS, prompt_tokens=REFERENCE[0]),
         demand_signal=knob("demand_signal", "rate"),
@@ -192,12 +196,13 @@ def sim_requests(requests: list):
         )
 
 
-def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: dict, seed: int) -> dict:
+def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: dict) -> dict:
     """One run: the figures of ``spec`` over ``day``'s scored period [0, period)."""
     started = time.perf_counter()
+    seed = day.seed
     policy = build_policy(spec, day, profile=profile, max_replicas=max_replicas, context=context)
     scaler = EngineSimAutoscaler(
-        policy, cold_start_s=COLD_START_S, seed=seed, warm_pool=spec.warm_pool, warm_start_s=WARM_START_S
+        policy, cold_start_s=day.cold_start_s, seed=seed, warm_pool=spec.warm_pool, warm_start_s=day.warm_start_s
     )
     initial = spec.knob("replicas", 1) if spec.policy == "static" else 1
     sim = Simulation(
@@ -208,7 +213,7 @@ def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: d
         autoscaler=scaler,
         cost_fn=lambda request, prompt_tokens: request_mu(prompt_tokens),
         concurrency_limit=getattr(policy, "concurrency_limit", BASE_LIMIT),
-        cold_start_s=sum(COLD_START_S) / 2,
+        cold_start_s=sum(day.cold_start_s) / 2,
         seed=seed,
     )
     result = sim.run(sim_requests(day.requests), until_s=day.period_s + 600.0)
@@ -254,3 +259,53 @@ def static_replicas(days: list, *, profile) -> int:
     per_replica = BASE_LIMIT * 0.7
     peak = max(d.peak_rate() for d in days)
     return math.ceil(peak * seconds_per_request(profile, per_replica) / per_replica)
+
+
+EQUAL_ATTAINMENT_METHOD = (
+    "each policy's own frontier (its settings' summed GPU-hours and pooled SLO attainment on the same days) reduced to "
+    "its lower convex hull (a mix of two settings over the days reaches any point between them), GPU-hours "
+    "interpolated linearly to infercap's attainment between the two hull points that bracket it; a frontier whose "
+    "best point is below it does not reach it (no extrapolation: reached=false); one whose cheapest point is already "
+    "above it is taken at that point (cheapest_point_above=true)"
+)
+
+
+def frontier_hull(points: list[dict]) -> list[dict]:
+    """The lower convex hull of (GPU-hours, attainment) points: cheapest first, attainment rising, concave."""
+    pareto: list[dict] = []
+    for p in sorted(points, key=lambda p: (p["gpu_hours"], -p["slo_attainment"])):
+        if not pareto or p["slo_attainment"] > pareto[-1]["slo_attainment"]:
+            pareto.append(p)
+    hull: list[dict] = []
+    for p in pareto:
+        while len(hull) >= 2 and _under_chord(hull[-2], hull[-1], p):
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def _under_chord(a: dict, b: dict, c: dict) -> bool:
+    """Whether ``b`` attains no more than the chord from ``a`` to ``c`` at b's GPU-hours (a mix of a and c beats it)."""
+    da, dc = b["slo_attainment"] - a["slo_attainment"], c["slo_attainment"] - a["slo_attainment"]
+    return da * (c["gpu_hours"] - a["gpu_hours"]) <= dc * (b["gpu_hours"] - a["gpu_hours"])
+
+
+def cost_at_attainment(points: list[dict], attainment: float) -> dict:
+    """GPU-hours a policy's frontier needs for ``attainment`` (``EQUAL_ATTAINMENT_METHOD``)."""
+    hull = frontier_hull(points)
+    if not hull or hull[-1]["slo_attainment"] < attainment:
+        best = hull[-1] if hull else None
+        return {"reached": False, "gpu_hours": None, "best_point": best}
+    if hull[0]["slo_attainment"] >= attainment:
+        return {"reached": True, "gpu_hours": hull[0]["gpu_hours"], "cheapest_point_above": True, "between": [hull[0]]}
+    for lo, hi in zip(hull, hull[1:], strict=False):
+        if lo["slo_attainment"] < attainment <= hi["slo_attainment"]:
+            share = (attainment - lo["slo_attainment"]) / (hi["slo_attainment"] - lo["slo_attainment"])
+            gpu_hours = lo["gpu_hours"] + share * (hi["gpu_hours"] - lo["gpu_hours"])
+            return {
+                "reached": True,
+                "gpu_hours": round(gpu_hours, 3),
+                "cheapest_point_above": False,
+                "between": [lo, hi],
+            }
+    raise AssertionError("a hull that reaches the attainment brackets it")

@@ -8,11 +8,13 @@ them go as soon as nothing ahead needs them. ``bench autoscale`` runs it over a 
 on the test day itself and keeps the cheapest that meets the SLO target: the fewest GPU-hours a clairvoyant
 autoscaler with the same cold starts needs (docs/algorithms.md#autoscaling-evaluation).
 
-The spike-blind oracle (``present`` and ``spare``) bounds what policies without foresight of spikes can do (over
-its two families of settings, not every causal policy): it looks ahead only over the day without its spikes' excess (``spike_excess`` splits it off), which is more than history
-could ever teach (the day's own noise included), sees every request of the present, and holds headroom
-(``utilization`` below 1) or spare replicas for what it cannot see coming. The cheapest such setting that meets
-the SLO is what meeting it costs without knowing when a spike starts.
+The spike-blind reference (``present`` and ``spare``; ``bench autoscale``'s ``spike_blind_reference``) is a reference
+policy, not a bound: it looks ahead only over the day without its spikes' excess (``spike_excess`` splits it off),
+which is more than history could ever teach (the day's own noise included), sees every request of the present, and
+holds headroom (``utilization`` below 1) or spare replicas for what it cannot see coming. Its grid is two families
+of settings (uniform headroom, a fixed spare count, concurrency fixed) reacting to the in-flight count, which lags
+the arrival rate by about a request's lifetime: a policy that reads the rate, or shapes its headroom otherwise, can
+do better, so its cheapest setting meeting the SLO says what these settings cost, not what any causal policy must.
 """
 
 import math

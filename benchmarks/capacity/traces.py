@@ -179,9 +179,14 @@ class DayGenerator:
     weekend_level: float = 0.55
     spike_cap: float = 3.0
     lengths: dict = field(default_factory=lambda: dict(SYNTHETIC_CHAT))
+    # How many times shorter than the durations above the drawn spikes' ramps and lengths and the noise buckets are:
+    # with ``period_s`` a real day over this factor, the whole day is compressed together (the same seed and index
+    # draw the same day, shorter), so a spike keeps its share of the day (docs/algorithms.md#autoscaling-evaluation).
+    time_scale: float = 1.0
 
     def day(self, index: int, *, kind: str = "weekday") -> Day:
         rng = random.Random(f"daygen-{self.seed}-{index}-{kind}")
+        scale = self.time_scale
         level, peak_at, night = self.peak_rps, 0.55, self.night_fraction
         lengths, burst_cv = self.lengths, 1.0
         if kind == "weekend":
@@ -196,16 +201,17 @@ class DayGenerator:
             raise ValueError(f"unknown day kind {kind!r}")
         level *= math.exp(rng.gauss(0.0, 0.08))  # day-to-day level
         peak_at += rng.uniform(-0.03, 0.03)
-        buckets = max(1, math.ceil(self.period_s / self.noise_bucket_s))
+        bucket_s = self.noise_bucket_s / scale
+        buckets = max(1, math.ceil(self.period_s / bucket_s))
         noise = tuple(math.exp(rng.gauss(0.0, self.noise_sigma)) for _ in range(buckets))
         spikes = []
         for _ in range(rng.randint(*self.spikes_per_day)):
-            duration = _log_uniform(rng, *self.spike_duration_s)
+            duration = _log_uniform(rng, *self.spike_duration_s) / scale
             spikes.append(
                 DaySpike(
                     start_s=rng.uniform(0.05, 0.95) * self.period_s - duration / 2,
                     height=_log_uniform(rng, *self.spike_height),
-                    ramp_s=min(_log_uniform(rng, *self.spike_ramp_s), duration / 2),
+                    ramp_s=min(_log_uniform(rng, *self.spike_ramp_s) / scale, duration / 2),
                     duration_s=duration,
                 )
             )
@@ -217,7 +223,7 @@ class DayGenerator:
             night_fraction=night,
             peak_at=peak_at,
             noise=noise,
-            noise_bucket_s=self.noise_bucket_s,
+            noise_bucket_s=bucket_s,
             spikes=tuple(sorted(spikes, key=lambda s: s.start_s)),
             lengths=lengths,
             burst_cv=burst_cv,

@@ -1,11 +1,15 @@
 """The held-out evaluation's parts (docs/algorithms.md#autoscaling-evaluation): the day generator, the new baseline
 knobs, the cron schedule, the oracle's schedule and our policy's MU forecast and decision record. All pure and fast;
-the bench itself is in test_bench.py."""
+the bench itself is in test_autoscale.py."""
 
 import math
 
 import pytest
+from django.core.management.base import CommandError
 
+from benchmarks import protocol
+from benchmarks.capacity import autoscale
+from benchmarks.capacity.autoscale_runs import cost_at_attainment, frontier_hull
 from benchmarks.capacity.baselines import HpaLikePolicy, KpaLikePolicy, ScheduledPolicy, fit_schedule
 from benchmarks.capacity.oracle import OraclePolicy, in_flight_series, spike_excess
 from benchmarks.capacity.traces import AZURE_CONVERSATION, DayGenerator
@@ -262,3 +266,53 @@ def test_the_rate_signal_sizes_a_rising_rate_at_the_time_in_flight_of_the_batch_
     # so the two replicas become five (180 in flight), where the quiet hour's time in flight (77) would have kept two
     assert math.ceil(10 * measured / 44.8) == 2
     assert policy.desired(now=310.0, ready=2, starting=0) == math.ceil(10 * policy.in_flight_s / 44.8) == 5
+
+
+# -- the time scale, the protocol, equal attainment --------------------------------------------------------------
+def test_a_compressed_day_is_the_real_day_with_everything_in_it_shorter():
+    real = DayGenerator(seed=4, period_s=86_400.0, peak_rps=4.0).day(2)
+    short = DayGenerator(seed=4, period_s=10_800.0, peak_rps=4.0, time_scale=8.0).day(2)
+    assert len(real.spikes) == len(short.spikes) and real.spikes
+    for a, b in zip(real.spikes, short.spikes, strict=True):
+        assert b.height == a.height
+        assert b.duration_s == pytest.approx(a.duration_s / 8) and b.ramp_s == pytest.approx(a.ramp_s / 8)
+        # the same place in the day, so a spike keeps its share of it
+        assert (b.start_s + b.duration_s / 2) / 10_800 == pytest.approx((a.start_s + a.duration_s / 2) / 86_400)
+    assert short.noise_bucket_s == pytest.approx(real.noise_bucket_s / 8) and short.noise == real.noise
+
+
+def test_the_bench_takes_its_seeds_from_the_protocol_only():
+    seeds = protocol.SEEDS["autoscale"]
+    o = autoscale.options(True, {})
+    assert o["period_s"] == 86_400.0 / o["time_scale"] and o["time_scale"] == 8.0
+    assert autoscale.trace_seeds(True, o, held_out=False) == seeds.training[:1]
+    assert autoscale.trace_seeds(False, autoscale.options(False, {}), held_out=False) == seeds.training
+    assert autoscale.trace_seeds(True, o, held_out=True) == seeds.held_out
+    with pytest.raises(CommandError):
+        autoscale.trace_seeds(True, autoscale.options(True, {"seeds": str(seeds.held_out[0])}), held_out=False)
+    with pytest.raises(CommandError):
+        autoscale.trace_seeds(True, autoscale.options(True, {"seeds": "1"}), held_out=True)
+    for back_door in ({"trace_seed": str(seeds.held_out[0])}, {"period_s": "3600"}):
+        with pytest.raises(CommandError):
+            autoscale.run(quick=True, progress=lambda _: None, **back_door)
+    # bench economics' spot days shorten the day alone when they give its length without a time scale
+    assert autoscale.options(True, {"period_s": "7200"})["time_scale"] == 1.0
+
+
+def point(gpu_hours, attainment, knobs=""):
+    return {"gpu_hours": gpu_hours, "slo_attainment": attainment, "knobs": knobs or f"{gpu_hours}"}
+
+
+def test_equal_attainment_interpolates_the_policys_own_frontier():
+    frontier = [point(10, 0.80), point(16, 0.90), point(30, 0.999), point(12, 0.70), point(20, 0.86)]
+    # dominated (12 at 0.70) and under the chord of its neighbours (20 at 0.86) are off the hull
+    assert [p["gpu_hours"] for p in frontier_hull(frontier)] == [10, 16, 30]
+    at = cost_at_attainment(frontier, 0.86)
+    assert at["reached"] and at["gpu_hours"] == pytest.approx(10 + 0.6 * 6) and not at["cheapest_point_above"]
+    assert [p["gpu_hours"] for p in at["between"]] == [10, 16]
+    # not reached: no extrapolation
+    missed = cost_at_attainment(frontier, 0.9995)
+    assert not missed["reached"] and missed["gpu_hours"] is None and missed["best_point"]["gpu_hours"] == 30
+    # below the cheapest point: that point, flagged
+    below = cost_at_attainment(frontier, 0.5)
+    assert below["reached"] and below["gpu_hours"] == 10 and below["cheapest_point_above"]
