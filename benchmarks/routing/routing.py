@@ -30,10 +30,15 @@ replica and keeps them), so nothing can be 1.1× it on this workload and hardwar
 Prompts use this module's own random text: each group's system prompt and each question differ from
 the first block on, which is what makes prefix affinity matter.
 
-Options (``--opt KEY=VALUE``): ``workloads=a,b`` runs only those suite workloads; ``seed=N`` judges on another seed
-(default 2); ``seeds=17-22`` (or ``3,5,9``) runs the suite on each seed and judges the policies on their means, with
-each seed's figures and how many seeds infercap was at least llm-d and the best baseline (held-out seeds: infercap's
-weights were chosen on others); ``tune=llmd`` with ``seeds=`` tunes llm-d's scorer weights per workload on those
+Seeds (benchmarks/protocol.py, ``SEEDS["routing"]``): a plain run judges on training seeds only, seed 2 by default;
+``--held-out`` runs the suite on the held-out seeds (the first ``QUICK_HELD_OUT_SEEDS`` with ``--quick``; ``seeds=``
+picks others among them), judges the policies on their means and is logged by the command (``HELD_OUT``). No option
+reaches a held-out seed without ``--held-out``.
+
+Options (``--opt KEY=VALUE``): ``workloads=a,b`` runs only those suite workloads; ``seed=N`` judges on another
+training seed (default 2); ``seeds=17-22`` (or ``3,5,9``, or ``training``: every training seed) runs the suite on
+each seed and judges the policies on their means, with each seed's figures, how many seeds infercap was at least
+llm-d and the best baseline, and the paired differences with their 95 % intervals; ``tune=llmd`` with ``seeds=`` tunes llm-d's scorer weights per workload on those
 (tuning) seeds over ``routing_suite.LLMD_GRID`` and prints the weights each of llm-d's two profiles does best with
 (the suite's ``llmd_tuned`` and ``llmd_precise_tuned`` baselines run them); ``load_bound=X`` runs infercap with another
 load bound (the default's choice can be judged on the same arrivals), ``prefill_weight=W`` with another pending-prefill
@@ -54,6 +59,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from benchmarks import protocol
 from benchmarks.routing import routing_suite
 from benchmarks.routing.routing_live import run_live
 from benchmarks.routing.routing_suite import _ms
@@ -69,6 +75,9 @@ from simulator.tokens import output_text
 from simulator.workloads import SimRequest, poisson_times
 
 POLICIES = ("round_robin", "least_request", "power_of_two", "llmd", "infercap")
+# ``bench routing --held-out`` judges on benchmarks/protocol.py's held-out seeds (the command logs each such run).
+HELD_OUT = True
+QUICK_HELD_OUT_SEEDS = 3  # --held-out --quick: the first three held-out seeds (a quick run takes minutes a seed)
 
 
 @dataclass(frozen=True)
@@ -313,7 +322,13 @@ SMOKE = {"stage_s": "0.5", "hot_prefix_s": "3"}
 
 
 def run(
-    *, quick: bool = False, plot: str | None = None, live: bool = False, progress: Callable = print, **options
+    *,
+    quick: bool = False,
+    plot: str | None = None,
+    live: bool = False,
+    progress: Callable = print,
+    held_out: bool = False,
+    **options,
 ) -> dict:
     setup = QUICK if quick else Setup()
     suite_stage_s = float(options["stage_s"]) if "stage_s" in options else None
@@ -323,9 +338,8 @@ def run(
         if key in options:
             kind = type(getattr(setup, key))
             setup = Setup(**{**setup.__dict__, key: kind(options.pop(key))})
-    seed = int(options.pop("seed", routing_suite.EVAL_SEED))
     hot_prefix_s = float(options.pop("hot_prefix_s", 30.0 if quick else 0)) or None
-    seeds = routing_suite.parse_seeds(options.pop("seeds")) if "seeds" in options else None
+    seed, seeds = seeds_of_run(options, held_out=held_out, quick=quick, one_seed_only=bool(plot or live))
     tune = options.pop("tune", None)
     ceilings = _pop_ceilings(options)
     infercap_options = _pop_infercap_options(options)
@@ -340,15 +354,7 @@ def run(
     if seeds is not None and (plot or live):
         raise ValueError("seeds= runs the suite on several seeds; --plot and --live take one (use seed=)")
     if tune is not None:
-        if tune != "llmd":
-            raise ValueError(f"tune={tune}: only llm-d's scorer weights are tuned here (tune=llmd)")
-        if seeds is None or plot or live:
-            raise ValueError(
-                "tune=llmd needs seeds= (the tuning seeds, never the judged ones) and no --plot or --live"
-            )
-        started = time.perf_counter()
-        tuned = routing_suite.tune_llmd(seeds, quick=quick, stage_s=suite_stage_s, only=only, progress=progress)
-        return {**tuned, "wall_s": round(time.perf_counter() - started, 1)}
+        return _tune(tune, seeds, quick=quick, stage_s=suite_stage_s, only=only, progress=progress, one=plot or live)
     if live:
         return run_live(setup=setup, quick=quick, progress=progress)
 
@@ -363,6 +369,7 @@ def run(
             started=started,
             infercap_options=infercap_options,
             ceilings=ceilings,
+            held_out=held_out,
         )
     suite = routing_suite.run_suite(
         quick=quick,
@@ -374,6 +381,7 @@ def run(
         ceilings=ceilings,
     )
     figures: dict = {"workloads": suite["workloads"], "stage_s": suite["stage_s"], "seed": suite["seed"]}
+    figures["held_out"] = False  # a training seed (seeds_of_run)
     if infercap_options:
         figures["infercap_options"] = infercap_options
     if not only or "shared_prefix" in only:
@@ -390,6 +398,45 @@ def run(
         routing_suite.write_panels_svg(plot, suite["curves"])
         progress(f"wrote {plot}")
     return figures
+
+
+def _tune(tune: str, seeds: list[int] | None, *, quick: bool, stage_s, only, progress, one) -> dict:
+    """``tune=llmd``: llm-d's scorer weights tuned per workload on ``seeds`` (training seeds: ``seeds_of_run``)."""
+    if tune != "llmd":
+        raise ValueError(f"tune={tune}: only llm-d's scorer weights are tuned here (tune=llmd)")
+    if seeds is None or one:
+        raise ValueError("tune=llmd needs seeds= (the tuning seeds, never the judged ones) and no --plot or --live")
+    started = time.perf_counter()
+    tuned = routing_suite.tune_llmd(seeds, quick=quick, stage_s=stage_s, only=only, progress=progress)
+    return {**tuned, "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def seeds_of_run(options: dict, *, held_out: bool, quick: bool, one_seed_only: bool) -> tuple[int, list[int] | None]:
+    """The run's seed and seeds (None: one seed), from ``seed=`` and ``seeds=``, checked against the protocol: a plain
+    run takes no held-out seed (benchmarks/protocol.py), a ``--held-out`` run takes only held-out seeds, its own by
+    default, and never ``seed=``, ``tune=``, ``--plot`` or ``--live`` (one seed, or a decision's seeds)."""
+    text = options.pop("seeds", None)
+    training = protocol.seeds_for("routing", held_out=False)
+    seeds = list(training) if text == "training" else None if text is None else routing_suite.parse_seeds(text)
+    if not held_out:
+        seed = int(options.pop("seed", routing_suite.EVAL_SEED))
+        looked = [s for s in seeds or [seed] if protocol.is_held_out("routing", s)]
+        if looked:
+            raise ValueError(
+                f"seeds {', '.join(map(str, looked))} are held out (benchmarks/protocol.py): only --held-out runs them, "
+                "and the command logs the look"
+            )
+        return seed, seeds
+    refused = [name for name, given in (("seed=", "seed" in options), ("tune=", "tune" in options)) if given]
+    if refused or one_seed_only:
+        raise ValueError(
+            f"--held-out judges the means of the held-out seeds: no {', '.join(refused) or '--plot or --live'}"
+        )
+    pool = protocol.seeds_for("routing", held_out=True)
+    seeds = seeds or list(pool[:QUICK_HELD_OUT_SEEDS] if quick else pool)
+    if set(seeds) - set(pool):
+        raise ValueError(f"--held-out runs only held-out seeds (benchmarks/protocol.py: {pool[0]}-{pool[-1]})")
+    return routing_suite.EVAL_SEED, seeds
 
 
 def _pop_ceilings(options: dict) -> bool:
@@ -433,8 +480,10 @@ def _run_seeds(
     started: float,
     infercap_options=None,
     ceilings: bool = True,
+    held_out: bool = False,
 ) -> dict:
-    """The suite on each seed (held-out seeds: infercap's weights were chosen on others), judged on the means."""
+    """The suite on each seed, judged on the means (``held_out``: the protocol's held-out seeds, on which no design
+    decision was made)."""
     tables = {}
     for k, seed in enumerate(seeds, 1):
         progress(f"seed {seed} ({k} of {len(seeds)})")
@@ -453,6 +502,7 @@ def _run_seeds(
         "workloads": workloads,
         **({"infercap_options": infercap_options} if infercap_options else {}),
         "seeds": seeds,
+        "held_out": held_out,
         "stage_s": stage_s or (8.0 if quick else 30.0),
         "goals": routing_suite.goals(workloads, None),
         "out_of_reach": routing_suite.out_of_reach(workloads),

@@ -9,6 +9,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from benchmarks import protocol
 from benchmarks.routing import routing as bench
 from benchmarks.routing import routing_headline, routing_suite
 from benchmarks.routing.routing_oracles import AssignmentOracle, pooled_profile
@@ -500,3 +501,59 @@ def test_partition_oracle_pins_each_group_to_one_replica():
         "r3",
         "r0",
     ]
+
+
+def test_a_plain_run_refuses_every_held_out_seed_and_trains_on_the_protocols_training_seeds():
+    quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure"}
+    assert routing_suite.EVAL_SEED in protocol.seeds_for("routing", held_out=False)
+    held = protocol.SEEDS["routing"].held_out
+    for options in ({"seed": str(held[0])}, {"seeds": f"2,{held[3]}"}, {"seeds": f"{held[0]}-{held[-1]}"}):
+        with pytest.raises(ValueError, match="held out"):
+            bench.run(**quiet, **options)
+    with pytest.raises(ValueError, match="held out"):  # tuning on held-out seeds neither
+        bench.run(tune="llmd", seeds=str(held[1]), **quiet)
+    options = {"seeds": "training"}
+    assert bench.seeds_of_run(options, held_out=False, quick=True, one_seed_only=False) == (
+        routing_suite.EVAL_SEED,
+        list(protocol.seeds_for("routing", held_out=False)),
+    )
+
+
+def test_held_out_runs_take_only_held_out_seeds_and_say_so():
+    quiet = {"quick": True, "progress": lambda m: None, "workloads": "cache_pressure", "held_out": True}
+    held = protocol.SEEDS["routing"].held_out
+    for options, refusal in (
+        ({"seeds": "2"}, "only held-out seeds"),
+        ({"seeds": f"{held[0]},3"}, "only held-out seeds"),
+        ({"seed": str(held[0])}, "seed="),
+        ({"tune": "llmd"}, "tune="),
+        ({"plot": "x.svg"}, "--plot"),
+    ):
+        with pytest.raises(ValueError, match=refusal):
+            bench.run(**quiet, **options)
+    _, seeds = bench.seeds_of_run({}, held_out=True, quick=True, one_seed_only=False)
+    assert seeds == list(held[: bench.QUICK_HELD_OUT_SEEDS])
+    assert bench.seeds_of_run({}, held_out=True, quick=False, one_seed_only=False)[1] == list(held)
+    figures = bench.run(stage_s="0.5", seeds=f"{held[4]},{held[7]}", ceilings="off", **quiet)
+    assert figures["held_out"] is True and figures["seeds"] == [held[4], held[7]]
+    w = figures["workloads"]["cache_pressure"]
+    assert len(w["paired_diff_vs_best_baseline_per_seed"]) == 2 and w["paired_diff_vs_best_baseline_ci95"]
+    plain = bench.run(stage_s="0.5", ceilings="off", quick=True, progress=lambda m: None, workloads="cache_pressure")
+    assert plain["held_out"] is False and plain["seed"] == routing_suite.EVAL_SEED
+
+
+def test_the_command_logs_each_held_out_run(monkeypatch, tmp_path):
+    log = tmp_path / "held_out_log.jsonl"
+    monkeypatch.setattr(protocol, "HELD_OUT_LOG", log)
+    out = StringIO()
+    argv = ["bench", "routing", "--smoke", "--held-out", "--opt", "workloads=cache_pressure", "--opt", "ceilings=off"]
+    call_command(*argv, stdout=out, stderr=StringIO())
+    figures = json.loads(out.getvalue().strip().splitlines()[-1])
+    held = list(protocol.SEEDS["routing"].held_out[: bench.QUICK_HELD_OUT_SEEDS])
+    assert figures["held_out"] is True and figures["seeds"] == held
+    entry = json.loads(log.read_text().strip().splitlines()[-1])
+    assert entry["bench"] == "routing" and entry["figures"]["seeds"] == held
+    call_command(
+        "bench", "routing", "--smoke", "--opt", "workloads=cache_pressure", stdout=StringIO(), stderr=StringIO()
+    )
+    assert len(log.read_text().strip().splitlines()) == 1  # a training run is not a look
