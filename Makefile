@@ -29,7 +29,7 @@ test: setup engine
 ## test-fast: the unit tests for the edit-run loop, in under 3 minutes: not tests/engine (real vLLM), nothing
 ## marked browser, e2e or slow, nor the three longest unit tests (FAST_SKIP); two pytest processes side by side, each
 ## with its own test database and Redis database (PostgreSQL and Redis must be running: scripts/ensure_services.sh)
-FAST_FIRST := tests/api tests/billing tests/capacity tests/config tests/console tests/rollouts
+FAST_FIRST := tests/api tests/billing tests/capacity tests/config tests/console
 FAST_SKIP := tests/config/test_static_files.py::test_collected_files_are_served_compressed_with_cache_headers \
 	tests/capacity/test_mix.py::test_bench_economics_figures_and_the_simulator_check \
 	tests/test_container_image.py::test_collectstatic_finds_the_consoles_files
