@@ -23,6 +23,7 @@ from capacity.autoscaling import replica_metrics, spot, store
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance
 from capacity.models import HardwareProfile
+from capacity.runtimes.replica_http import replica_client
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
 from tenants.models import Tenant
 from tenants.quotas import live_usage, lock_tenant, quota_for
@@ -392,7 +393,7 @@ def scrape_replica(replica: Replica, timeout_s: float = 1.0) -> replica_metrics.
     if not replica.url:
         return None
     try:
-        response = httpx.get(f"{replica.url}/metrics", timeout=timeout_s)
+        response = replica_client().get(f"{replica.url}/metrics", timeout=timeout_s)
         response.raise_for_status()
     except httpx.HTTPError:
         return None

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 import httpx
 
 from capacity.lifecycle import IllegalTransition, replica_transition
+from capacity.runtimes.replica_http import replica_client
 from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class Actuator(ABC):
     @staticmethod
     def healthy(url: str, timeout_s: float = 0.5) -> bool:
         try:
-            return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+            return replica_client().get(f"{url}/health", timeout=timeout_s).status_code == 200
         except httpx.HTTPError:
             return False
 
