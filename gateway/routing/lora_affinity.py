@@ -19,12 +19,18 @@ db78c67, the default profile it tests) with the filters of ``pkg/epp/scheduling/
 The pods' adapter lists are ``ReplicaView.active_adapters``: adapters with requests running or waiting, not every
 adapter loaded, as the extension sees them. ``use_loaded_adapters=True`` gives it the loaded adapters instead
 (``ReplicaView.adapters``), a variant the extension cannot run (vLLM's metrics do not list idle adapters).
+
+``LoraAffinityLfuRouter`` is the same tree given what infercap is given (docs/lora.md#bench-lora): the adapters'
+request history from the books and its own decayed request rates (``lora_placement.AdapterBook``, infercap's book),
+by which a full replica unloads its least popular idle adapter (LFU with aging) instead of vLLM's least recently
+used one. A baseline only: it measures what the popularity history is worth without infercap's placement.
 """
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gateway.routing.base import ReplicaView, RouteRequest
 from gateway.routing.baselines import RouterBase
+from gateway.routing.lora_placement import AdapterBook
 
 QUEUEING_THRESHOLD_LORA = 128  # config.DefaultQueueingThresholdLoRA
 LORA_AFFINITY_THRESHOLD = 0.999  # config.DefaultLoraAffinityThreshold
@@ -98,3 +104,35 @@ class LoraAffinityRouter(RouterBase):
     @staticmethod
     def _least_kv(pods: Sequence[ReplicaView]) -> list[ReplicaView]:
         return lowest_range(pods, lambda p: float(p.kv_usage))
+
+
+class LoraAffinityLfuRouter(LoraAffinityRouter):
+    """The LoRA-affinity tree with infercap's popularity book deciding evictions (the module's docstring)."""
+
+    name = "lora_affinity_lfu"
+
+    def __init__(
+        self,
+        *,
+        adapter_history: Mapping[str, float] | None = None,
+        popularity_tau_s: float = 60.0,
+        history_weight: float = 10.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        # infercap's own defaults (bounded_affinity.InfercapRouter), so the two read the history alike.
+        self.adapter_book = AdapterBook(popularity_tau_s, history_rates=adapter_history, history_weight=history_weight)
+
+    def on_routed(self, request: RouteRequest, replica_id: str, now: float) -> None:
+        if request.adapter is not None:
+            self.adapter_book.on_routed(request.adapter, replica_id, now)
+
+    def on_finished(self, request: RouteRequest, replica_id: str, now: float) -> None:
+        if request.adapter is not None:
+            self.adapter_book.on_finished(request.adapter, replica_id, now)
+
+    def adapter_victim(
+        self, replica_id: str, last_used: Mapping[str, float], in_use: Collection[str], now: float
+    ) -> str:
+        """The idle adapter a full replica unloads (``adapter_eviction.EvictionRule``): the least popular."""
+        return self.adapter_book.victim_among(last_used, in_use, now)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from benchmarks import protocol
 from benchmarks.serving import adapter_routing as bench
 
 
@@ -12,10 +13,11 @@ from benchmarks.serving import adapter_routing as bench
 def test_bench_lora_reports_every_policy_and_the_ratios(tmp_path):
     svg = tmp_path / "lora.svg"
     figures = bench.run(
-        quick=True, plot=str(svg), progress=lambda msg: None, duration_s="10", warmup_s="5", rates="80"
+        quick=True, plot=str(svg), progress=lambda msg: None, duration_s="10", warmup_s="5", rates="80", seed="101"
     )
     json.dumps(figures)  # the command prints it as one JSON line
-    assert set(figures["policies"]) == {"round_robin", "lora_affinity", "infercap"}
+    assert set(figures["policies"]) == {"round_robin", "lora_affinity", "lora_affinity_lfu", "infercap"}
+    assert figures["setup"]["seeds"] == [101] and set(figures["per_seed"]) == {101}
     for name, run in figures["policies"].items():
         assert {"slo_throughput", "adapter_loads_per_1k", "ttft_p90_ms"} <= set(run), name
         assert run["stages"][0]["requests"] > 500
@@ -24,10 +26,14 @@ def test_bench_lora_reports_every_policy_and_the_ratios(tmp_path):
     assert ours["adapter_loads_per_1k"] < rr["adapter_loads_per_1k"]  # at the low rate
     assert ours["adapter_loads_per_1k_at_reference"] < rr["adapter_loads_per_1k_at_reference"]
     assert figures["ratio_vs_round_robin"] == pytest.approx(ours["slo_throughput"] / rr["slo_throughput"], rel=1e-2)
-    assert figures["ratio_vs_lora_affinity"] is not None
+    assert figures["ratio_vs_lora_affinity"] is not None and figures["ratio_vs_lora_affinity_lfu"] is not None
+    lfu = figures["policies"]["lora_affinity_lfu"]
+    assert figures["ratio_vs_lora_affinity_lfu"] == pytest.approx(
+        ours["slo_throughput"] / lfu["slo_throughput"], rel=1e-2
+    )
     # No churn, no load time: the bound serves (nearly) everything at this rate.
     assert figures["upper_bound"]["slo_throughput"] >= ours["slo_throughput"]
-    assert svg.read_text().startswith("<svg") and svg.read_text().count("polyline") == 4
+    assert svg.read_text().startswith("<svg") and svg.read_text().count("polyline") == 5
 
 
 def test_bench_lora_rejects_unknown_options():
@@ -63,7 +69,7 @@ def test_fewest_loads_is_beladys_min():
 
 @pytest.mark.slow
 def test_the_loads_bound_is_reported_per_rate_and_against_the_baseline():
-    figures = bench.run(quick=True, progress=lambda msg: None, duration_s="10", warmup_s="5", rates="40")
+    figures = bench.run(quick=True, progress=lambda msg: None, duration_s="10", warmup_s="5", rates="40", seed="101")
     bound = figures["loads_lower_bound_per_1k_at_reference"]
     assert 0 < bound < figures["policies"]["round_robin"]["adapter_loads_per_1k_at_reference"]
     assert figures["policies"]["infercap"]["stages"][0]["loads_lower_bound_per_1k"] == bound
@@ -96,6 +102,7 @@ def test_the_low_rate_compares_loads_with_the_books_history_and_without():
         rates="80",
         low_qps="10",
         low_duration_s="30",
+        seed="101",
     )
     low = figures["low_rate"]
     assert low["qps"] == 10.0
@@ -112,6 +119,27 @@ def test_the_low_rate_compares_loads_with_the_books_history_and_without():
     assert ours < low["infercap_with_wrong_history"]["adapter_loads_per_1k"]
     assert 0 < low["loads_lower_bound_per_1k"] <= low["loads_online_bound_per_1k"] < baseline
     assert figures["goals_met"]["loads_half_of_lora_affinity"] == (figures["loads_ratio_vs_lora_affinity"] <= 0.5)
+    # Against the baseline given the same history too, and at the rate the goal was first set (the reference rate).
+    lfu = figures["policies"]["lora_affinity_lfu"]["low_rate"]["adapter_loads_per_1k"]
+    assert low["loads_ratio_vs_lora_affinity_lfu"] == pytest.approx(ours / lfu, rel=1e-2)
+    goals = figures["goals_met"]
+    assert {f"loads_half_of_{b}{at}" for b in bench.BASELINES for at in ("", "_at_reference")} <= set(goals)
+    assert goals["loads_half_of_lora_affinity_lfu_at_reference"] == (
+        figures["loads_ratio_vs_lora_affinity_lfu_at_reference"] <= 0.5
+    )
+
+
+def test_over_several_seeds_figures_are_the_seeds_means_and_booleans_all_of_them():
+    rows = [
+        {"a": 1.0, "ok": True, "stages": [1], "n": None, "sub": {"b": 2}},
+        {"a": 2.0, "ok": False, "stages": [2], "n": 3, "sub": {"b": 4}},
+    ]
+    assert bench.mean_figures(rows) == {"a": 1.5, "ok": False, "stages": [1], "n": None, "sub": {"b": 3.0}}
+
+
+def test_seeds_come_from_the_protocol_unless_one_is_named():
+    assert bench.HELD_OUT and not set(protocol.SEEDS["lora"].held_out) & set(protocol.SEEDS["lora"].training)
+    assert bench.EVAL_SEED in protocol.SEEDS["lora"].training  # 101 took part in decisions: no longer held out
 
 
 def test_the_history_is_another_draw_of_the_catalog():
