@@ -45,7 +45,7 @@ TOP = {
         "goals_met",
     },
     "economics": {"bench", "quick", "slo", "duration_s", "workloads", "spot"},
-    "autoscale": {"held_out", "setup", "trace_seed", "wall_s"},
+    "autoscale": {"training", "seed_set", "trace_seeds", "time_scale", "setup", "wall_s"},
     "slo": {
         "slos", "usage_rows", "eval_seconds", "eval_seconds_steady", "eval_tick_budget_used",
         "rollup_seconds_per_million", "rollup_seconds", "rollup_rerun_seconds", "late_rows", "late_rollup_seconds",
@@ -145,9 +145,9 @@ def test_economics():
 @pytest.mark.slow
 def test_autoscale(tmp_path):
     figures = smoke("autoscale", plot=tmp_path / "frontier.svg")
-    held = figures["held_out"]
-    assert set(ROWS) <= set(held["policies"])
-    assert {"frontier", "spike_blind_bound", "tuning", "decision_reasons", "infercap_vs_oracle"} <= set(held)
+    block = figures["training"]  # without --held-out: the protocol's training seeds
+    assert figures["seed_set"] == "training" and set(ROWS) <= set(block["policies"])
+    assert {"frontier", "spike_blind_reference", "tuning", "decision_reasons", "infercap_vs_oracle"} <= set(block)
     assert (tmp_path / "frontier.svg").read_text().startswith("<svg")
 
 
