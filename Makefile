@@ -65,9 +65,12 @@ engine:
 	@scripts/install_engine.sh
 	@if [ "$${INFERCAP_SKIP_ENGINE:-0}" != 1 ]; then $(ENGINE_PY) scripts/build_tiny_model.py; fi
 
-## lint: ruff, then the import contracts of pyproject.toml's [tool.importlinter] (layers, pure policies, independence)
+## lint: ruff, the import contracts of pyproject.toml's [tool.importlinter] (apps, roles, lab, pure policies,
+## independence), then the shape of the house read from the tree (tests/test_layers.py, tests/proxy/test_code_shape.py:
+## no product import of the lab, app and file sizes, no import cycle, every module in a contract; no database needed)
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/lint-imports --no-cache
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py tests/proxy/test_code_shape.py
 
 schema: setup
 	DATABASE_URL=$(DATABASE_URL_TEST) $(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
