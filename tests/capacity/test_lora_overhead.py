@@ -1,6 +1,6 @@
 """The benchmark's LoRA pass: paired base/adapter runs at B_max and the overhead fit (pure, virtual time).
 
-On the simulator's engine the truth is ``LoraConfig.overhead × rank / 16`` (``simulator.lora``): every
+On the simulator's engine the truth is ``LoraConfig.overhead × rank / 16`` (``simulator.adapter_slots``): every
 step of a batch holding an adapter request costs that much more. The fit must recover it within a few per cent.
 """
 
