@@ -46,20 +46,34 @@ def read_snapshot(version: str = "") -> Snapshot:
 
 
 def _keys() -> dict[str, KeyInfo]:
-    """Usable keys of active tenants, by the SHA-256 the proxy computes from the bearer token."""
-    keys = {}
-    for k in ApiKey.objects.filter(revoked_at__isnull=True, tenant__is_active=True).select_related("tenant"):
-        keys[k.key_hash] = KeyInfo(
-            id=k.pk,
-            prefix=k.prefix,
-            tenant_id=k.tenant_id,
-            tenant_slug=k.tenant.slug,
-            scopes=frozenset(k.scopes or ()),
-            max_priority=k.max_priority,
-            expires_at=k.expires_at.timestamp() if k.expires_at else None,
-            accepts_fallback=k.tenant.accepts_fallback,
+    """Usable keys of active tenants, by the SHA-256 the proxy computes from the bearer token. Read as tuples, not
+    model instances: at 100,000 keys building the instances was most of the snapshot's time."""
+    rows = ApiKey.objects.filter(revoked_at__isnull=True, tenant__is_active=True).values_list(
+        "key_hash",
+        "pk",
+        "prefix",
+        "tenant_id",
+        "tenant__slug",
+        "scopes",
+        "max_priority",
+        "expires_at",
+        "tenant__accepts_fallback",
+    )
+    return {
+        key_hash: KeyInfo(
+            id=pk,
+            prefix=prefix,
+            tenant_id=tenant_id,
+            tenant_slug=slug,
+            scopes=frozenset(scopes or ()),
+            max_priority=max_priority,
+            expires_at=expires_at.timestamp() if expires_at else None,
+            accepts_fallback=accepts_fallback,
         )
-    return keys
+        for key_hash, pk, prefix, tenant_id, slug, scopes, max_priority, expires_at, accepts_fallback in rows.iterator(
+            chunk_size=5000
+        )
+    }
 
 
 def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
