@@ -20,6 +20,11 @@ KEYS = (
     "fidelity.ttft_p90_err",
     "fidelity.tpot_p50_err",
     "fidelity.prefix_hit_rate_err",
+    "fidelity.throughput_err_p90",
+    "fidelity.ttft_p50_err_p90",
+    "fidelity.ttft_p90_err_p90",
+    "fidelity.tpot_p50_err_p90",
+    "fidelity.prefix_hit_rate_err_p90",
     "contract_divergences",
     "engine_startup_s",
 )
@@ -35,7 +40,7 @@ def test_bench_fidelity_calibrates_on_the_engine_and_reports_every_figure(engine
     json.dumps(figures)  # the command prints it as one line of JSON
     assert list(figures)[-len(KEYS) :] == list(KEYS)  # the documented keys close the line, in their order
     assert figures["real_vllm_version"] == "0.32.0"
-    for key in KEYS[1:6]:
+    for key in KEYS[1:11]:
         assert math.isfinite(figures[key]) and figures[key] >= 0, (key, figures[key])
     # Counted, and named beside the count (tests/engine/test_contract.py holds the simulator to none).
     assert figures["contract_divergences"] == len(figures["contract_divergence_list"])

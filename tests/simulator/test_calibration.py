@@ -266,6 +266,11 @@ def test_a_saved_run_replays_to_the_same_figures_and_a_bad_capture_is_refused(tm
     assert [row["predicted"] for row in replayed["points"]] == [row["predicted"] for row in expected]
     assert [row["measured"] for row in replayed["points"]] == [row["measured"] for row in expected]
     assert replayed["engine_again_err"] and replayed["contract_divergences"] is None
+    # Beside each mean, the 90th percentile of the points' |errors| (nearest rank), and every point's own error.
+    for metric, key in fidelity._KEYS.items():
+        errors = [abs(e) for e in replayed["point_errors"][metric].values()]
+        assert replayed[f"{key}_p90"] == (round(sorted(errors)[-1], 4) if errors else None)  # two points: the worst
+        assert replayed[key] is None or replayed[key] <= replayed[f"{key}_p90"]
     # Measured on a known profile, the replayed fit predicts it closely (the engine's own noise is absent).
     assert replayed["fidelity.throughput_err"] < 0.1 and replayed["fidelity.tpot_p50_err"] < 0.1
 
@@ -292,3 +297,15 @@ def test_a_saved_run_replays_to_the_same_figures_and_a_bad_capture_is_refused(tm
     }.items():
         with pytest.raises(CommandError, match=message):
             fidelity.run(quick=True, progress=quiet, replay=str(tmp_path / name))
+
+
+@pytest.mark.parametrize("size", list(CALIBRATION))
+def test_the_held_out_points_are_off_the_calibration_grid(size):
+    """No held-out point repeats a prompt, answer or prefix length the sweep or the probes ran, nor a sweep level's
+    concurrency: the fit never saw a near-duplicate of what it is judged on."""
+    assert fidelity.off_grid_problems(size) == []
+    touching = LoadPoint(CALIBRATION[size]["fit_shapes"][0], CALIBRATION[size]["levels"][-1], 8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(POINTS, size, (touching,))
+        problems = fidelity.off_grid_problems(size)
+    assert any("prompt length" in p for p in problems) and any("calibration level" in p for p in problems)
