@@ -1,8 +1,11 @@
-"""REST API v1: each app contributes its routes from its own ``api/urls.py``."""
+"""REST API v1: an index of every resource, then each app's routes from its own ``api/urls.py``."""
 
 from django.urls import include, path
 
+from config.api_root import ApiRootView
+
 urlpatterns = [
+    path("", ApiRootView.as_view(), name="api-root"),
     path("", include("tenants.api.urls")),
     path("", include("endpoints.api.urls")),
     path("", include("capacity.api.urls")),
