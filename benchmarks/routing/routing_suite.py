@@ -571,7 +571,7 @@ def mean_over_seeds(tables: dict[int, dict]) -> dict:
     names = next(iter(tables.values())).keys()
     for name in names:
         runs = [tables[seed][name] for seed in tables]
-        w: dict = {"seeds": list(tables)}
+        w: dict = {"seeds": list(tables), "unit": runs[0].get("unit")}
         ceilings = [p for p, (key, _) in CEILINGS.items() if all(r.get(key) is not None for r in runs)]
         for policy in (*SUITE_POLICIES, "oracle", *ceilings):
             per_seed = [r[policy]["slo_throughput"] for r in runs]

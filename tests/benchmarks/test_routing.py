@@ -156,7 +156,7 @@ def test_several_seeds_are_judged_on_their_means_and_each_seed_is_the_single_see
     assert low <= diff["mean"] <= high and (low < high or paired[0] == paired[1])
     assert w["paired_diff_vs_best_baseline_ci95"] == diff["ci95"]
     # The ceiling over seeds: the mean of each seed's ceiling, no policy in it.
-    assert w["ceiling_per_seed"] == [s["ceiling"] for s in singles]
+    assert w["ceiling_per_seed"] == [s["ceiling"] for s in singles] and w["unit"] == "req/s"
     assert w["ceiling"] == round(sum(w["ceiling_per_seed"]) / 2, 2)
     assert w["ratio_vs_ceiling"] == round(ours / w["ceiling"], 4)
     # The balanced-fleet ceiling against llm-d's default, seed by seed: how firmly out_of_reach's ratio stands.
