@@ -37,7 +37,7 @@ TOP = {
     "planner": {
         "worked_example", "worked_example_checks", "sim_agreement", "sim_detail", "fit_error", "fit", "seconds",
     },
-    "routing": {"workloads", "stage_s", "seed", "hot_prefix", "goals", "out_of_reach", "wall_s"},
+    "routing": {"workloads", "stage_s", "seed", "held_out", "hot_prefix", "goals", "out_of_reach", "wall_s"},
     "lora": {
         "setup", "policies", "upper_bound", "ratio_vs_round_robin", "ratio_vs_lora_affinity",
         "loads_ratio_vs_lora_affinity", "loads_ratio_vs_lora_affinity_at_reference", "ratio_vs_upper_bound",
@@ -121,6 +121,8 @@ def test_routing(tmp_path):
     assert set(figures["workloads"]) == {w.name for w in routing_suite.suite(quick=True)}
     for name, workload in figures["workloads"].items():
         assert set(routing_suite.SUITE_POLICIES) | {"oracle", "upper_bound", "ratio_vs_llmd"} <= set(workload), name
+        headline = {"ceiling", "ratio_vs_ceiling", "best_baseline", "paired_diff_vs_best_baseline_ci95", "unit"}
+        assert headline <= set(workload), name
     assert {"infercap", "affinity", "max_over_mean_load", "hit_rate_vs_affinity"} <= set(figures["hot_prefix"])
     assert "all" in figures["goals"]
 
