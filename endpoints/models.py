@@ -38,6 +38,22 @@ def default_fallback_classes() -> list[str]:
     return ["standard", "sheddable"]
 
 
+class ServingMode(models.TextChoices):
+    AGGREGATED = "aggregated", "Aggregated (each replica prefills and decodes)"
+    DISAGGREGATED = "disaggregated", "Disaggregated (a prefill pool and a decode pool)"
+
+
+class KVConnector(models.TextChoices):
+    SHARED_STORAGE = "shared_storage", "Shared storage (one host: vLLM's ExampleConnector over a directory)"
+    NIXL = "nixl", "NIXL (GPUs over the network: vLLM's NixlConnector, kv_transfer_params)"
+
+
+class ReplicaRole(models.TextChoices):
+    MIXED = "mixed", "Mixed (aggregated: prefill and decode)"
+    PREFILL = "prefill", "Prefill"
+    DECODE = "decode", "Decode"
+
+
 class Endpoint(models.Model):
     name = models.CharField(max_length=100, unique=True, validators=[model_name_validator])
     owner_tenant = models.ForeignKey(
@@ -127,6 +143,40 @@ class Endpoint(models.Model):
         related_name="+",
         help_text="the version serving traffic (its model, profiles, runtime and launch options are mirrored above)",
     )
+    # Prefill/decode disaggregation (docs/request-path.md, "Prefill/decode disaggregation"): in disaggregated mode the
+    # fields above describe the decode pool and these the prefill pool; the KV cache goes from one to the other
+    # through ``kv_connector``. A prompt whose uncached part is under ``pd_min_uncached_tokens`` skips the prefill pool.
+    serving_mode = models.CharField(max_length=14, choices=ServingMode.choices, default=ServingMode.AGGREGATED)
+    kv_connector = models.CharField(
+        max_length=16,
+        choices=KVConnector.choices,
+        default=KVConnector.SHARED_STORAGE,
+        help_text="how the KV cache moves from a prefill replica to a decode replica (disaggregated mode)",
+    )
+    pd_min_uncached_tokens = models.PositiveIntegerField(
+        default=256,
+        help_text="a prompt with fewer uncached tokens (estimated) than this goes straight to a decode replica",
+    )
+    prefill_hardware_profile = models.ForeignKey(
+        "capacity.HardwareProfile",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="the prefill pool's hardware (empty: the endpoint's)",
+    )
+    prefill_min_replicas = models.PositiveIntegerField(default=1)
+    prefill_max_replicas = models.PositiveIntegerField(default=4)
+    prefill_desired_replicas = models.PositiveIntegerField(default=1)
+    prefill_launch_options = models.JSONField(default=dict, blank=True)
+    prefill_pinned_benchmark = models.ForeignKey(
+        "capacity.CapacityBenchmark",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the prefill pool's MU coefficients (empty: the latest benchmark of its model and hardware)",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -150,6 +200,10 @@ class Endpoint(models.Model):
             errors["concurrency_min"] = "must not exceed concurrency_max"
         if not (self.concurrency_min <= self.concurrency_limit <= self.concurrency_max):
             errors["concurrency_limit"] = "must lie within [concurrency_min, concurrency_max]"
+        if self.serving_mode == ServingMode.DISAGGREGATED and not self.kv_connector:
+            errors["kv_connector"] = "a disaggregated endpoint needs a KV connector"
+        if self.prefill_min_replicas > self.prefill_max_replicas:
+            errors["prefill_min_replicas"] = "must not exceed prefill_max_replicas"
         if errors:
             raise ValidationError(errors)
 
@@ -244,6 +298,8 @@ class Replica(models.Model):
     state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.PENDING, db_index=True)
     state_changed_at = models.DateTimeField(default=timezone.now)
     is_standby = models.BooleanField(default=False, help_text="warm pool: started but not counted as capacity")
+    # Its pool on a disaggregated endpoint; mixed (both phases) on an aggregated one.
+    role = models.CharField(max_length=8, choices=ReplicaRole.choices, default=ReplicaRole.MIXED)
     actuator = models.CharField(max_length=16, default="static")
     actuator_ref = models.CharField(max_length=255, blank=True, help_text="pid, pod name, …")
     concurrency_limit = models.PositiveIntegerField(default=64, validators=[MinValueValidator(1)])

@@ -59,6 +59,9 @@ class ReplicaInfo:
     # How fast it serves the endpoint's model against a replica on the endpoint's own hardware profile
     # (``capacity.unit_resolver.hardware_speeds``): its MU capacity is the endpoint's times this.
     speed: float = 1.0
+    # Its pool (``Replica.role``): "mixed" on an aggregated endpoint; "prefill" or "decode" on a disaggregated one,
+    # where the runtime admits over the decode replicas and picks a prefill replica apart (docs/request-path.md).
+    role: str = "mixed"
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,18 @@ class EndpointInfo:
     max_loras: int = 0
     # The cost_aware policy's plan (``Endpoint.routing_plan``), as JSON text: the runtime builds its router from it.
     routing_plan: str = ""
+    # Prefill/decode disaggregation (docs/request-path.md, "Prefill/decode disaggregation"): "aggregated" or
+    # "disaggregated"; how KV moves ("shared_storage" or "nixl"); the uncached prompt tokens below which a request
+    # skips the prefill pool; the prefill pool's coefficients (its uncached prompt tokens are priced with them;
+    # None on an aggregated endpoint).
+    serving_mode: str = "aggregated"
+    kv_connector: str = "shared_storage"
+    pd_min_uncached_tokens: int = 256
+    prefill_coeffs: MUCoefficients | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.serving_mode == "disaggregated"
 
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.db.models import F
@@ -78,6 +79,7 @@ def _keys() -> dict[str, KeyInfo]:
 
 def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
     coeffs = coefficients_by_endpoint(endpoints)
+    prefill = _prefill_coefficients(endpoints)
     replicas = _ready_replicas(endpoints)
     weights = traffic_weights_by_endpoint()
     names = {e.pk: e.name for e in endpoints}
@@ -103,9 +105,31 @@ def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:
             degrade_slot_share=e.degrade_slot_share,
             max_loras=e.lora[0],
             routing_plan=json.dumps(e.routing_plan, sort_keys=True) if e.routing_plan else "",
+            serving_mode=e.serving_mode,
+            kv_connector=e.kv_connector,
+            pd_min_uncached_tokens=e.pd_min_uncached_tokens,
+            prefill_coeffs=prefill.get(e.pk),
         )
         for e in endpoints
     }
+
+
+def _prefill_coefficients(endpoints: list[Endpoint]) -> dict:
+    """The prefill pool's MU coefficients of each disaggregated endpoint: its pinned prefill benchmark, else the
+    latest benchmark of its model on the prefill pool's hardware (the endpoint's when it names none), else the model
+    profile's defaults (``unit_resolver.coefficients_by_endpoint``'s order, on the prefill pool's pair). No query
+    when no endpoint is disaggregated."""
+    pools = [
+        SimpleNamespace(
+            pk=e.pk,
+            model_profile_id=e.model_profile_id,
+            hardware_profile_id=e.prefill_hardware_profile_id or e.hardware_profile_id,
+            pinned_benchmark_id=e.prefill_pinned_benchmark_id,
+        )
+        for e in endpoints
+        if e.serving_mode == "disaggregated"
+    ]
+    return coefficients_by_endpoint(pools) if pools else {}
 
 
 def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
@@ -154,6 +178,7 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 kv_events_endpoint=r.kv_events_endpoint,
                 hardware_profile=r.profile_name or "",
                 speed=speeds.get((model, hardware, r.profile_id, pin), 1.0),
+                role=r.role,
             )
         )
     return replicas
