@@ -21,6 +21,12 @@ _GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_usage",
     "vllm:gpu_cache_usage_perc": "kv_usage",
 }
+# Counters the prefill pool's policy diffs into a rate: prompt tokens computed = processed − found in the local
+# prefix cache (``vllm:prompt_tokens_total`` counts the whole prompt, cached part included).
+_COUNTERS = {
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+}
 
 
 @dataclass
@@ -28,6 +34,8 @@ class Scrape:
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
+    prompt_tokens: float = 0.0
+    prefix_cache_hits: float = 0.0
     # histogram name → {upper bound → cumulative count}
     histograms: dict[str, dict[float, float]] = field(default_factory=dict)
 
@@ -55,8 +63,8 @@ def parse(text: str) -> Scrape:
             # A NaN or infinite gauge or count (a confused exporter) crashed the drain's int() and made the vertical
             # decision's JSON unstorable; these series are never negative either
             continue
-        if name in _GAUGES:
-            attr = _GAUGES[name]
+        if name in _GAUGES or name in _COUNTERS:
+            attr = _GAUGES.get(name) or _COUNTERS[name]
             setattr(scrape, attr, getattr(scrape, attr) + value)
         elif name.endswith("_bucket"):
             le = _LE.search(labels)
@@ -65,6 +73,11 @@ def parse(text: str) -> Scrape:
                 hist = scrape.histograms.setdefault(name[: -len("_bucket")], {})
                 hist[bound] = hist.get(bound, 0.0) + value
     return scrape
+
+
+def computed_prompt_tokens(scrape: Scrape) -> float:
+    """Prompt tokens the replica computed (not served from its own prefix cache) since it started."""
+    return max(0.0, scrape.prompt_tokens - scrape.prefix_cache_hits)
 
 
 def diff(now: Mapping[float, float], before: Mapping[float, float] | None) -> dict[float, float]:

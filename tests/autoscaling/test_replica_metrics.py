@@ -59,3 +59,16 @@ def test_parse_skips_non_finite_and_negative_values():
     # NaN made int(running + waiting) raise in the drain order; inf raised OverflowError
     assert (scrape.running, scrape.waiting, scrape.kv_usage) == (3.0, 0.0, 0.0)
     assert scrape.histograms["vllm:time_to_first_token_seconds"] == {math.inf: 4.0}
+
+
+def test_computed_prompt_tokens_leave_out_local_cache_hits_and_sum_engines():
+    text = (
+        'vllm:prompt_tokens_total{model_name="m",engine="0"} 1000.0\n'
+        'vllm:prompt_tokens_total{model_name="m",engine="1"} 500.0\n'
+        'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 400.0\n'
+        'vllm:prompt_tokens_created{model_name="m",engine="0"} 1.7e9\n'
+    )
+    scrape = rm.parse(text)
+    assert (scrape.prompt_tokens, scrape.prefix_cache_hits) == (1500.0, 400.0)
+    assert rm.computed_prompt_tokens(scrape) == 1100.0
+    assert rm.computed_prompt_tokens(rm.parse("")) == 0.0
