@@ -125,6 +125,7 @@ class AutoscalerDecision(models.Model):
     class Axis(models.TextChoices):
         HORIZONTAL = "horizontal", "Replica count"
         VERTICAL = "vertical", "Per-replica concurrency"
+        PREFILL = "prefill", "Prefill replica count"  # a disaggregated endpoint's prefill pool
 
     endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="autoscaler_decisions")
     at = models.DateTimeField(default=timezone.now, db_index=True)
