@@ -63,6 +63,15 @@ class UsageRecord(models.Model):
     # resumed on another replica is its prompt and the text already sent, once per resume (docs/request-path.md).
     # The operators' cost, kept so the books reconcile with the engines' counters.
     platform_prompt_tokens = models.PositiveIntegerField(default=0)
+    # Prefill/decode disaggregation (docs/request-path.md): how a disaggregated endpoint served it ("split": prefill
+    # on ``prefill_replica``, decode on ``replica``; "decode_only": its uncached prompt was short, the decode replica
+    # prefilled it; "fallback": the prefill replica failed, timed out or had no slot, the decode replica prefilled
+    # it; "" on an aggregated endpoint), and the part of ``mu`` priced at the prefill pool's coefficients.
+    pd_route = models.CharField(max_length=12, blank=True, default="")
+    prefill_replica = models.ForeignKey(
+        "endpoints.Replica", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+    )
+    prefill_mu = models.FloatField(default=0.0)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_index=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
