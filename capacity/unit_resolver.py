@@ -149,3 +149,16 @@ def hardware_speeds(triples: set[tuple[int, int, int, int | None]]) -> dict[tupl
             speed = bandwidth[1] / bandwidth[0] if min(bandwidth) > 0 else 1.0
         speeds[triple] = speed if math.isfinite(speed) and speed > 0 else 1.0  # a benchmark that served nothing
     return speeds
+
+
+def prefill_coefficients(endpoint) -> MUCoefficients:
+    """The MU coefficients of a disaggregated endpoint's prefill pool: its pinned prefill benchmark, else the latest
+    of its model on the prefill pool's hardware (the endpoint's when it names none), else the model's defaults."""
+    pinned = endpoint.prefill_pinned_benchmark if endpoint.prefill_pinned_benchmark_id else None
+    if _usable(pinned):
+        return benchmark_coefficients(pinned)
+    latest = latest_benchmark_for(
+        model_profile_id=endpoint.model_profile_id,
+        hardware_profile_id=endpoint.prefill_hardware_profile_id or endpoint.hardware_profile_id,
+    )
+    return benchmark_coefficients(latest) if _usable(latest) else profile_coefficients(endpoint.model_profile)

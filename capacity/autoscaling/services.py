@@ -24,7 +24,15 @@ from capacity.autoscaling.actuators import ActuatorError, get_actuator
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance
 from capacity.models import HardwareProfile
 from capacity.runtimes.replica_http import replica_client
-from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
+from endpoints.models import (
+    ROLLOUT_ACTIVE_STATES,
+    Endpoint,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    Rollout,
+    ServingMode,
+)
 from tenants.models import Tenant
 from tenants.quotas import live_usage, lock_tenant, quota_for
 from tenants.services import audit_log
@@ -82,14 +90,18 @@ def launch_capped(
     standby: bool = False,
     budget: LaunchBudget | None = None,
     hardware_profile: HardwareProfile | None = None,
+    role: str | None = None,
 ) -> list[str]:
     """Launch up to ``wanted`` replicas within the owner's quota, the per-endpoint and the fleet's per-tick caps.
+    ``role``: the pool of a disaggregated endpoint they serve in (``pool_endpoint``); None: the endpoint's own.
 
     The owner's row is locked while its quota is read and the replicas registered, so two endpoints of one tenant
     ticking at once cannot both take the last slot. Returns the actions, with "capped" ones saying which limit bound.
     """
     budget = budget or LaunchBudget()
+    role = role or serving_role(endpoint)
     label = "warm pool: " if standby else ("spot: " if hardware_profile is not None else "")
+    label = "prefill: " + label if role == ReplicaRole.PREFILL else label
     actions: list[str] = []
     with transaction.atomic():
         lock_tenant(endpoint.owner_tenant_id)
@@ -116,7 +128,7 @@ def launch_capped(
             return actions
         budget.left -= allowed
         try:
-            started = actuator.launch(pool_endpoint(endpoint, hardware_profile), allowed, standby=standby)
+            started = actuator.launch(pool_endpoint(endpoint, hardware_profile, role=role), allowed, standby=standby)
         except ActuatorError as exc:
             log.warning("autoscaler: %s", exc)
             if hardware_profile is not None:  # no spot to be had: on-demand only for the back-off
@@ -129,14 +141,43 @@ def launch_capped(
     return [*actions, f"{label}{'started' if standby else 'launched'} {allowed}{names}"]
 
 
-def pool_endpoint(endpoint: Endpoint, hardware_profile: HardwareProfile | None) -> Endpoint:
-    """The endpoint as an actuator launches it on ``hardware_profile`` (a spot pool), which the actuator records on
-    the replica (``Replica.hardware_profile``); the endpoint itself without one."""
-    if hardware_profile is None:
+def pool_endpoint(
+    endpoint: Endpoint, hardware_profile: HardwareProfile | None, *, role: str | None = None
+) -> Endpoint:
+    """The endpoint as an actuator launches it: on ``hardware_profile`` (a spot pool), which the actuator records on
+    the replica (``Replica.hardware_profile``), and in ``role`` (``launch_role``, which the actuators record on the
+    replica and turn into the engine's KV-transfer flags). A disaggregated endpoint's prefill pool launches with its
+    own hardware profile and launch options (docs/disaggregation.md). The endpoint itself when nothing differs."""
+    role = role or serving_role(endpoint)
+    if hardware_profile is None and role == ReplicaRole.MIXED:
         return endpoint
     view = copy.copy(endpoint)
-    view.launch_hardware_profile_id = hardware_profile.pk
+    view.launch_role = role
+    if role == ReplicaRole.PREFILL:
+        view.launch_options = dict(endpoint.prefill_launch_options or {})
+        hardware_profile_id = endpoint.prefill_hardware_profile_id
+        if hardware_profile_id and hardware_profile_id != endpoint.hardware_profile_id:
+            view.launch_hardware_profile_id = hardware_profile_id
+    if hardware_profile is not None:
+        view.launch_hardware_profile_id = hardware_profile.pk
     return view
+
+
+def serving_role(endpoint: Endpoint) -> str:
+    """The role of the replicas that take the endpoint's admitted requests: decode on a disaggregated endpoint
+    (the horizontal policy's pool), mixed on an aggregated one."""
+    return ReplicaRole.DECODE if endpoint.serving_mode == ServingMode.DISAGGREGATED else ReplicaRole.MIXED
+
+
+def prefill_pool(endpoint: Endpoint):
+    """The serving version's prefill replicas (``serving_replicas`` of role prefill)."""
+    return serving_replicas(endpoint).filter(role=ReplicaRole.PREFILL)
+
+
+def admission_pool(endpoint: Endpoint):
+    """The serving version's replicas the horizontal policy counts: the decode pool of a disaggregated endpoint, the
+    mixed replicas of an aggregated one."""
+    return serving_replicas(endpoint).filter(role=serving_role(endpoint))
 
 
 def rollout_active(endpoint: Endpoint) -> bool:
@@ -159,11 +200,13 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     if rollout_active(endpoint):
         # Surge, drain and rollback replicas belong to the rollout until it ends; scaling resumes after it.
         return actions + ["rollout in progress: replicas left to the rollout"]
-    active = list(
+    everyone = list(
         serving_replicas(endpoint)
         .filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)  # a noticed one is being replaced
         .order_by("created_at")
     )
+    role = serving_role(endpoint)
+    active = [r for r in everyone if r.role == role]
     pool = endpoint.spot_hardware_profile
     if pool is None:
         actions += converge(endpoint, actuator, budget, want=endpoint.desired_replicas, members=active)
@@ -179,8 +222,33 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
         actions += converge(
             endpoint, actuator, budget, want=endpoint.desired_spot_replicas, members=on_spot, hardware_profile=pool
         )
+    if role == ReplicaRole.DECODE:
+        prefills = [r for r in everyone if r.role == ReplicaRole.PREFILL]
+        actions += converge(
+            endpoint,
+            actuator,
+            budget,
+            want=endpoint.prefill_desired_replicas,
+            members=prefills,
+            role=ReplicaRole.PREFILL,
+        )
+    actions += retire_other_roles(endpoint, actuator, members=everyone, role=role)
     actions += keep_warm_pool(endpoint=endpoint, actuator=actuator, budget=budget)
     return actions
+
+
+def retire_other_roles(endpoint: Endpoint, actuator, *, members: list[Replica], role: str) -> list[str]:
+    """After a change of serving mode: the replicas of the other mode's roles drain, but only as far as the new
+    mode's ready replicas cover the desired count, so the switch never leaves the endpoint with less than it had."""
+    keep = {role, ReplicaRole.PREFILL} if role == ReplicaRole.DECODE else {role}
+    stale = [r for r in members if r.role not in keep]
+    if not stale:
+        return []
+    ready = sum(r.state == ReplicaState.READY for r in members if r.role == role)
+    stale_ready = sum(r.state == ReplicaState.READY for r in stale)
+    short = max(0, endpoint.desired_replicas - ready)  # what the new pool cannot serve yet: that many stay
+    spare = len(stale) - stale_ready + max(0, stale_ready - short)
+    return converge(endpoint, actuator, LaunchBudget(), want=0, members=stale, spare=spare)
 
 
 def converge(
@@ -192,15 +260,19 @@ def converge(
     members: list[Replica],
     hardware_profile: HardwareProfile | None = None,
     spare: int | None = None,
+    role: str | None = None,
 ) -> list[str]:
     """Bring one pool (``members``: its active serving replicas, oldest first) to ``want``: promote standbys, then
     launch; or cancel booting ones, then drain the ready ones with the least work (at most ``spare`` in all).
-    ``hardware_profile``: the spot pool's profile (its replicas launch on it; standbys are on-demand)."""
+    ``hardware_profile``: the spot pool's profile (its replicas launch on it; standbys are on-demand). ``role``: the
+    pool's role when it is not the endpoint's serving one (a prefill pool: no warm pool of its own)."""
     actions: list[str] = []
     missing = want - len(members)
     if missing > 0:
-        if hardware_profile is None:
-            standbys = endpoint.replicas.filter(is_standby=True, state=ReplicaState.READY).order_by("created_at")
+        if hardware_profile is None and role in (None, serving_role(endpoint)):
+            standbys = endpoint.replicas.filter(
+                is_standby=True, state=ReplicaState.READY, role=serving_role(endpoint)
+            ).order_by("created_at")
             for standby in standbys[:missing]:
                 try:
                     actuator.promote(standby)  # the proxy snapshot picks it up on this save
@@ -211,7 +283,12 @@ def converge(
                 missing -= 1
         if missing > 0:
             actions += launch_capped(
-                endpoint=endpoint, actuator=actuator, wanted=missing, budget=budget, hardware_profile=hardware_profile
+                endpoint=endpoint,
+                actuator=actuator,
+                wanted=missing,
+                budget=budget,
+                hardware_profile=hardware_profile,
+                role=role,
             )
     elif missing < 0:
         owned = [r for r in members if actuator.owns(r)]
@@ -239,8 +316,20 @@ def serving_replicas(endpoint: Endpoint):
 def keep_warm_pool(*, endpoint: Endpoint, actuator, budget: LaunchBudget | None = None) -> list[str]:
     if not getattr(actuator, "supports_standby", True):
         return []
-    standby = list(endpoint.replicas.filter(is_standby=True, state__in=ACTIVE, actuator=actuator.name))
+    standby = list(
+        endpoint.replicas.filter(
+            is_standby=True, state__in=ACTIVE, actuator=actuator.name, role=serving_role(endpoint)
+        )
+    )
     want = endpoint.warm_pool_size
+    other = list(
+        endpoint.replicas.filter(is_standby=True, state__in=ACTIVE, actuator=actuator.name).exclude(
+            role=serving_role(endpoint)
+        )
+    )
+    if other:  # the serving mode changed: a standby of the old role could never be promoted
+        safe_call(actuator.terminate, other, reason="warm pool: serving mode changed")
+        return [f"warm pool: stopped {len(other)} of another role"]
     if len(standby) < want:
         return launch_capped(
             endpoint=endpoint, actuator=actuator, wanted=want - len(standby), standby=True, budget=budget

@@ -13,6 +13,8 @@ from django.conf import settings
 
 DEMAND_KEY = "infercap:demand:{endpoint_id}"  # written by every proxy process, one field per process
 SAMPLES_KEY = "infercap:autoscale:samples:{endpoint_id}"
+PREFILL_SAMPLES_KEY = "infercap:autoscale:prefill-samples:{endpoint_id}"  # the prefill pool's prompt-token rate
+PREFILL_COUNTER_KEY = "infercap:autoscale:prefill-counter:{replica_id}"  # a prefill replica's last counter read
 HIST_KEY = "infercap:autoscale:hist:{replica_id}"
 LOCK_KEY = "infercap:autoscale:lock:{axis}:{endpoint_id}"
 WAKE_KEY = "infercap:activator:{endpoint_id}"
@@ -178,9 +180,10 @@ def demand_reports(endpoint_id: int) -> list[dict]:
     return reports
 
 
-def push_sample(endpoint_id: int, sample: dict) -> list[dict]:
-    """Append one demand sample to the endpoint's window and return the window (oldest first)."""
-    key = SAMPLES_KEY.format(endpoint_id=endpoint_id)
+def push_sample(endpoint_id: int, sample: dict, *, key_format: str = SAMPLES_KEY) -> list[dict]:
+    """Append one sample to the endpoint's window (demand; or the prefill pool's rate with ``PREFILL_SAMPLES_KEY``)
+    and return the window (oldest first)."""
+    key = key_format.format(endpoint_id=endpoint_id)
     c = client()
     c.rpush(key, json.dumps(sample))
     c.ltrim(key, -SAMPLES_KEPT, -1)

@@ -24,10 +24,12 @@ from billing.models import UsageMinute
 from capacity.autoscaling import horizontal, pins, predictive, replica_metrics, spot, store, vertical
 from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
 from capacity.autoscaling.limits import quota_ceiling
+from capacity.autoscaling.prefill_ticks import prefill_decision
 from capacity.autoscaling.services import (
     ACTIVE,
     SUSPENDED_REASON,
     actuator_or_none,
+    admission_pool,
     finish_drains,
     gpus_per_replica,
     owner_suspended,
@@ -36,7 +38,6 @@ from capacity.autoscaling.services import (
     rollout_active,
     safe_call,
     scrape_replica,
-    serving_replicas,
 )
 from capacity.models import AutoscalerDecision
 from capacity.unit_resolver import endpoint_coefficients
@@ -124,13 +125,20 @@ def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> Autos
                     desired_replicas=desired, desired_spot_replicas=desired_spot
                 )
         endpoint.desired_replicas, endpoint.desired_spot_replicas = desired, desired_spot
+        # A disaggregated endpoint's prefill pool: decided here, under this lock, so one reconcile converges both.
+        prefill_row = prefill_decision(endpoint, tick=tick, now=now, store_row=_store)
         actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
-        row.applied = actuator is not None
-        row.inputs = {**row.inputs, "actions": actions}
-        capped = [action for action in actions if "capped" in action]
-        if capped:
-            row.reason = "; ".join([row.reason, *capped])[:255]
-        row.save(update_fields=["applied", "inputs", "reason"])
+        for decided in (row, prefill_row):
+            if decided is None:
+                continue
+            decided.applied = actuator is not None
+            prefill_side = decided is prefill_row
+            own = [a for a in actions if a.startswith("prefill: ") == prefill_side]
+            decided.inputs = {**decided.inputs, "actions": own}
+            capped = [action for action in own if "capped" in action]
+            if capped:
+                decided.reason = "; ".join([decided.reason, *capped])[:255]
+            decided.save(update_fields=["applied", "inputs", "reason"])
         return row
 
 
@@ -199,7 +207,8 @@ def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.Ho
         ceiling, capped_by = 0, SUSPENDED_REASON
     window, fresh = _sample_demand(endpoint_id=endpoint.pk, now=now)
     # A noticed replica (terminate_at) may serve on for a while, but it is not capacity: its replacement is due now.
-    serving = serving_replicas(endpoint).filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)
+    # A disaggregated endpoint's decode pool (its prefill pool is ``prefill_ticks``' own decision).
+    serving = admission_pool(endpoint).filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)
     replicas = list(serving.values_list("state", flat=True))
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
     # The spot margin the last split added (replicas at risk, the safeguard) is not capacity the policy may count
