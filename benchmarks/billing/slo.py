@@ -29,6 +29,13 @@ OBJECTIVES = (0.99, 0.995, 0.999, 0.9995)
 TTFT_THRESHOLDS_MS = (1000, 2000, 3000)
 TPOT_THRESHOLDS_MS = (75, 100, 150)
 
+# The columns GENERATE_SQL fills itself; every other column gets its field's default (``_default_columns``), so a
+# column added later with no database default does not break the insert.
+GENERATED_COLUMNS = frozenset(
+    "request_id tenant_id endpoint_id priority input_tokens cached_tokens output_tokens mu queue_ms ttft_ms tpot_ms "
+    "e2e_ms status slo_met started_at finished_at created_at degradation adapter adapter_load_mu "
+    "platform_prompt_tokens".split()
+)
 # Server-side generation: 3 days of traffic over (endpoint, tenant) pairs, ids rising with time as in production
 # (a few seconds of jitter), late records at random over the last hours. Endpoints 0, 10, 20, … have a 20 %
 # error burst in the last 20 minutes (pages); endpoints 5, 15, … burn slowly at 0.3 % for 3 days (tickets).
@@ -38,14 +45,14 @@ GENERATE_SQL = """
 INSERT INTO billing_usagerecord (
     request_id, tenant_id, endpoint_id, priority, input_tokens, cached_tokens, output_tokens, mu,
     queue_ms, ttft_ms, tpot_ms, e2e_ms, status, slo_met, started_at, finished_at, created_at,
-    degradation, adapter, adapter_load_mu, platform_prompt_tokens
+    degradation, adapter, adapter_load_mu, platform_prompt_tokens{extra_columns}
 )
 SELECT
     %(prefix)s || lpad(g::text, 10, '0'), (%(tenant_ids)s::bigint[])[1 + g %% %(pairs)s %% %(n_tenants)s],
     (%(endpoint_ids)s::bigint[])[1 + g %% %(pairs)s %% %(n_endpoints)s], 'standard',
     500, 100, 200, 2.4, 1.0, x.ttft, x.tpot, x.ttft + 199 * x.tpot, x.status,
     x.status = 'ok' AND x.ttft <= 2000 AND x.tpot <= 100, x.ts - interval '10 seconds', x.ts, x.ts,
-    '', '', 0.0, 0
+    '', '', 0.0, 0{extra_values}
 FROM generate_series(%(first)s, %(last)s) AS g
 CROSS JOIN LATERAL (
     SELECT ts, ttft, tpot,
@@ -157,9 +164,15 @@ def _make_world(n_endpoints: int, n_tenants: int) -> _World:
 
 def _insert(cursor, world: _World, *, finished_at: str, prefix: str, first: int, last: int) -> None:
     """Rows ``first``..``last`` of GENERATE_SQL, finishing at ``finished_at`` (IN_ORDER or LATE)."""
+    extra = _default_columns()
     cursor.execute(
-        GENERATE_SQL.format(finished_at=finished_at),
+        GENERATE_SQL.format(
+            finished_at=finished_at,
+            extra_columns="".join(f", {column}" for column, _, _ in extra),
+            extra_values="".join(f", %(default_{column})s::{db_type}" for column, db_type, _ in extra),
+        ),
         {
+            **{f"default_{column}": value for column, _, value in extra},
             "prefix": prefix,
             "tenant_ids": [t.pk for t in world.tenants],
             "endpoint_ids": [e.pk for e in world.endpoints],
@@ -171,6 +184,15 @@ def _insert(cursor, world: _World, *, finished_at: str, prefix: str, first: int,
             "now": world.now,
         },
     )
+
+
+def _default_columns() -> list[tuple[str, str, object]]:
+    """(column, SQL type, default) of every usage column GENERATE_SQL does not fill itself."""
+    return [
+        (f.column, f.db_type(connection), f.get_default())
+        for f in UsageRecord._meta.concrete_fields
+        if not f.primary_key and f.column not in GENERATED_COLUMNS
+    ]
 
 
 def _generate(world: _World, rows: int, progress) -> float:
