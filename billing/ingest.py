@@ -22,7 +22,15 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, connection
+from django.db import (
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    models,
+    transaction,
+)
 from django.utils import timezone
 
 from billing.models import UsageRecord
@@ -35,6 +43,8 @@ DRAIN_BATCH = 500
 _DB_DOWN_ERRORS = (OperationalError, InterfaceError)
 _FK_FIELDS = ("replica_id", "api_key_id", "endpoint_id")
 _TIME_FIELDS = ("started_at", "finished_at")
+STAGING_TABLE = "billing_usage_staging"
+_MISSING = object()
 
 
 def _to_model(record: dict):
@@ -52,11 +62,66 @@ def insert_records(records: list[dict]) -> None:
     if not records:
         return
     try:
-        UsageRecord.objects.bulk_create([_to_model(r) for r in records], ignore_conflicts=True)
+        with transaction.atomic():  # a savepoint: the lenient path below still runs inside a caller's transaction
+            if not _insert_columnar(records):
+                UsageRecord.objects.bulk_create([_to_model(r) for r in records], ignore_conflicts=True)
     except IntegrityError:
         # A replica, key or endpoint was deleted since the request ran: keep the record, drop the dangling link.
         for record in records:
             _insert_one_lenient(record)
+
+
+def _insert_columnar(records: list[dict]) -> bool:
+    """PostgreSQL: the batch COPied into this session's staging table, then one ``INSERT … SELECT … ON CONFLICT
+    DO NOTHING`` from it, with no model instance built: about four times ``bulk_create``'s rate (``bench scale``,
+    benchmarks/README.md). False, having done nothing, on another database or when a record names something that
+    is not a column."""
+    if connection.vendor != "postgresql":
+        return False
+    fields = _insert_fields()
+    known = {f.attname for f in fields} | {f.name for f in fields}
+    if any(not known.issuperset(record) for record in records):
+        return False
+    # The defaults are taken once per batch (``created_at``: the batch's insert time).
+    plan = [(f.attname, f.name, f.get_default(), f.attname in _TIME_FIELDS) for f in fields]
+    quote = connection.ops.quote_name
+    names = ", ".join(quote(f.column) for f in fields)
+    table = quote(UsageRecord._meta.db_table)
+    with connection.cursor() as cursor:
+        # Per session, kept between batches; emptied after each (a caller's transaction may span several).
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {STAGING_TABLE} ON COMMIT DELETE ROWS AS "
+            f"SELECT {names} FROM {table} WITH NO DATA"
+        )
+        with cursor.cursor.copy(f"COPY {STAGING_TABLE} ({names}) FROM STDIN") as copy:
+            for record in records:
+                copy.write_row(_row(record, plan))
+        cursor.execute(
+            f"INSERT INTO {table} ({names}) SELECT {names} FROM {STAGING_TABLE} "
+            f"ON CONFLICT ({quote('request_id')}) DO NOTHING"
+        )
+        cursor.execute(f"DELETE FROM {STAGING_TABLE}")
+    return True
+
+
+def _row(record: dict, plan: list[tuple]) -> tuple:
+    """One record's values in column order: by column name (``tenant_id``) or field name (``tenant``, a model or
+    its key), else the field's default; unix-seconds times become aware datetimes."""
+    row = []
+    for attname, name, default, is_time in plan:
+        value = record.get(attname, _MISSING)
+        if value is _MISSING:
+            value = record.get(name, default)
+            if isinstance(value, models.Model):
+                value = value.pk
+        if is_time and isinstance(value, (int, float)):
+            value = datetime.fromtimestamp(value, tz=UTC)
+        row.append(value)
+    return tuple(row)
+
+
+def _insert_fields() -> list:
+    return [f for f in UsageRecord._meta.concrete_fields if not f.primary_key]
 
 
 def _insert_one_lenient(record: dict) -> None:
