@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 
 from capacity.hardware.profiles import PROFILES, get_profile
 from simulator.faults import parse_fault_flags
+from simulator.kv_transfer import parse_kv_transfer_config
 from simulator.server import ReplicaServer, serve_forever
 
 
@@ -46,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-loras", type=int, default=0, help="sim: LoRA adapter slots (0: no LoRA endpoints)")
     parser.add_argument("--max-lora-rank", type=int, default=16, help="sim: the highest adapter rank it loads")
     parser.add_argument("--lora-load-s", type=float, default=0.0, help="sim: simulated seconds an adapter load takes")
+    parser.add_argument(
+        "--kv-transfer-config",
+        default=None,
+        metavar="JSON",
+        help="vLLM's KV connector for prefill/decode disaggregation: ExampleConnector (shared_storage_path) or "
+        "NixlConnector (docs/disaggregation.md)",
+    )
 
 
 def _number(value: str):
@@ -81,6 +90,7 @@ def build_server(opts: dict) -> ReplicaServer:
         max_loras=opts.get("max_loras") or 0,
         max_lora_rank=opts.get("max_lora_rank") or 16,
         lora_load_s=opts.get("lora_load_s") or 0.0,
+        kv_transfer=parse_kv_transfer_config(opts["kv_transfer_config"]) if opts.get("kv_transfer_config") else None,
     )
 
 
@@ -98,6 +108,8 @@ async def _serve(server: ReplicaServer, host: str, port: int) -> None:
 def run(opts: dict) -> None:
     """Serve until SIGTERM/SIGINT."""
     server = build_server(opts)
+    if server.kv_connector is not None:  # the connector's lines, as vLLM logs them (External Cache Hit!, ...)
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     asyncio.run(_serve(server, opts["host"], opts["port"]))
 
 

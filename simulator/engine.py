@@ -66,6 +66,11 @@ class Sequence:
     cache_salt: str | None = None
     adapter: str | None = None  # the LoRA adapter it names (None: the base model)
     lora_rank: int = 0  # that adapter's rank: the step overhead (``lora.step_factor``)
+    # A KV connector's offer (docs/disaggregation.md): prompt tokens whose KV it can load at admission (None: the
+    # engine has no connector). What it did load beyond the local hit is ``external_hit``; those tokens cost
+    # blocks but no prefill time, as vLLM injects them into the paged memory before the step.
+    external_tokens: int | None = None
+    external_hit: int = 0
     # progress
     state: str = WAITING
     cached_tokens: int = 0  # prefix-cache hit at first scheduling (usage.prompt_tokens_details.cached_tokens)
@@ -145,6 +150,9 @@ class EngineStats:
         self.prefix_queries = 0  # tokens looked up at first admissions (vllm:prefix_cache_queries)
         self.prefix_hits = 0  # of which cached (vllm:prefix_cache_hits)
         self.prompt_cached = 0  # cached tokens of the prompts counted in prompt_tokens (vllm:prompt_tokens_cached)
+        self.external_queries = 0  # tokens asked of a KV connector (vllm:external_prefix_cache_queries)
+        self.external_hits = 0  # of which it loaded (vllm:external_prefix_cache_hits)
+        self.prompt_external = 0  # loaded tokens of the prompts counted in prompt_tokens (external_kv_transfer)
         self.preemptions = 0
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
         self.busy_s = 0.0
@@ -274,16 +282,20 @@ class Engine:
             tokens = seq.prompt_tokens + seq._gen
             hashes = seq.kv_hashes
             # vLLM recomputes at least the last token, so a fully cached prompt still prefills one block.
-            hit_blocks = min(kv.match(hashes), (tokens - 1) // block)
+            local_blocks = hit_blocks = min(kv.match(hashes), (tokens - 1) // block)
+            if seq.external_tokens and seq.scheduled_s is None:
+                # A connector's load (once, at the first admission): whole blocks beyond the local hit, never the
+                # last token; they are allocated below like a prefill chunk's and registered, without its time.
+                hit_blocks = max(local_blocks, min(seq.external_tokens, tokens - 1) // block)
             hit_tokens = hit_blocks * block
             take = min(tokens - hit_tokens, budget)
-            new_blocks = -(-(hit_tokens + take) // block) - hit_blocks
-            if new_blocks + kv.free_among(hashes[:hit_blocks]) > kv.free_blocks - reserve:
+            new_blocks = -(-(hit_tokens + take) // block) - local_blocks
+            if new_blocks + kv.free_among(hashes[:local_blocks]) > kv.free_blocks - reserve:
                 break  # head-of-line: wait for blocks to free up
             heapq.heappop(self._waiting)
-            kv.touch(hashes[:hit_blocks])
-            seq.held_hashed = list(hashes[:hit_blocks])
-            seq.held_blocks = seq.hashed_upto = hit_blocks
+            kv.touch(hashes[:local_blocks])
+            seq.held_hashed = list(hashes[:local_blocks])
+            seq.held_blocks = seq.hashed_upto = local_blocks
             seq.held_anon = 0
             self._hold_through(seq, hit_tokens + take)
             if seq.scheduled_s is None:
@@ -292,7 +304,11 @@ class Engine:
                 seq.cached_tokens = hit_tokens
                 seq.created_cache_tokens = max(0, len(hashes) * block - hit_tokens)
                 self.stats.prefix_queries += tokens
-                self.stats.prefix_hits += hit_tokens
+                self.stats.prefix_hits += local_blocks * block
+                if seq.external_tokens is not None:
+                    seq.external_hit = hit_tokens - local_blocks * block
+                    self.stats.external_queries += tokens - local_blocks * block
+                    self.stats.external_hits += seq.external_hit
             budget -= take
             prefill_tokens += take
             self._attended += take * (hit_tokens + take / 2)
@@ -485,6 +501,7 @@ class Engine:
                 # a request aborted while queued or during its prefill adds nothing to vllm:prompt_tokens_total.
                 self.stats.prompt_tokens += seq.prompt_tokens
                 self.stats.prompt_cached += seq.cached_tokens
+                self.stats.prompt_external += seq.external_hit
         batch = len(self.running)
         tick = self._tick[0] = self._tick[0] + steps
         self._ctx += batch * steps

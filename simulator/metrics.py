@@ -202,12 +202,12 @@ class _EngineCollector:
             (
                 "vllm:external_prefix_cache_queries",
                 "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
-                0,
+                stats.external_queries,
             ),
             (
                 "vllm:external_prefix_cache_hits",
                 "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
-                0,
+                stats.external_hits,
             ),
             ("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.", 0),
             ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", 0),
@@ -222,8 +222,8 @@ class _EngineCollector:
             "source",
             {
                 "local_compute": stats.prompt_tokens - stats.prompt_cached,
-                "local_cache_hit": stats.prompt_cached,
-                "external_kv_transfer": 0,
+                "local_cache_hit": stats.prompt_cached - stats.prompt_external,
+                "external_kv_transfer": stats.prompt_external,
             },
         )
         yield self._single(
@@ -239,7 +239,7 @@ class _EngineCollector:
             "DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
             "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
             "source",
-            {"device": hits, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": 0},
+            {"device": hits, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": stats.external_hits},
         )
         yield self._single(
             CounterMetricFamily,

@@ -168,11 +168,13 @@ def start_replica(
     cpus: float | str | None = None,
     via_manage: bool = False,
     die_with_parent: bool = True,
+    kv_transfer_config: dict | None = None,
 ) -> ReplicaProcess:
     """Start one simulated replica process; see the module docstring.
 
     ``cpus`` is the replica's CPU allotment: its thread pools (``OMP_NUM_THREADS`` and friends) are sized from it,
     or, without one, from what this process may use (affinity, cgroup quota), never from the host's core count.
+    ``kv_transfer_config``: vLLM's ``--kv-transfer-config`` (a prefill or decode replica, docs/disaggregation.md).
     """
     port = port or free_port(host)
     # The Django-free entry point starts in a fraction of the time; ``via_manage`` exercises manage.py's.
@@ -199,6 +201,8 @@ def start_replica(
         argv += ["--fault", f"{key}={value}"]
     for key, value in (profile_opts or {}).items():
         argv += ["--profile-opt", f"{key}={value}"]
+    if kv_transfer_config is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
     log = tempfile.NamedTemporaryFile(prefix="sim-replica-", suffix=".log", delete=False)
     proc = subprocess.Popen(
         argv,

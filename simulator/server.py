@@ -25,12 +25,14 @@ import time
 import uuid
 from collections import deque
 
+import aiohttp
 from aiohttp import web
 
 from capacity.hardware.profiles import EngineProfile
 from simulator.adapter_slots import AdapterSlots
 from simulator.engine import FINISHED, Engine
 from simulator.faults import Faults
+from simulator.kv_transfer import KVConnector, KVTransferConfig, remote_decode, remote_prefill
 from simulator.lora_http import LoraEndpoints, LoraInfoCollector
 from simulator.metrics import ReplicaMetrics
 from simulator.protocol import VLLM_VERSION, parse_request, tokenize_text
@@ -77,6 +79,7 @@ class ReplicaServer:
         max_lora_rank: int = 16,
         lora_load_s: float = 0.0,
         lora_overhead: float = 0.1,
+        kv_transfer: KVTransferConfig | None = None,
     ):
         if speed <= 0:
             raise ValueError("speed must be positive")
@@ -93,6 +96,10 @@ class ReplicaServer:
             self.engine.lora_overhead = lora_overhead
             self.metrics.registry.register(LoraInfoCollector(self.engine, max_loras))
         self.faults = faults or Faults()
+        # vLLM's --kv-transfer-config (kv_transfer.py, docs/disaggregation.md)
+        self.kv_connector = None
+        if kv_transfer is not None:
+            self.kv_connector = KVConnector(kv_transfer, block_size=profile.block_size, vocab_size=profile.vocab_size)
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
         self.created = int(time.time())
         self.received = 0
@@ -130,6 +137,8 @@ class ReplicaServer:
         app.router.add_post("/tokenize", self.tokenize)
         if self.lora is not None:
             self.lora.attach(app)
+        if self.kv_connector is not None and not self.kv_connector.shared_storage:
+            app.router.add_post("/kv_transfer/pull", self.kv_pull)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -190,6 +199,8 @@ class ReplicaServer:
                 if choice is None or seq.generated == 0:
                     continue
                 if seq.generated == 1:
+                    if self.kv_connector is not None and self.kv_connector.shared_storage:
+                        self.kv_connector.store(choice.prompt)  # its prefill is done: the KV exists
                     choice.first_token_s = now
                     arrival = choice.request.arrival_s
                     self.metrics.ttft.observe(now - arrival)
@@ -274,6 +285,9 @@ class ReplicaServer:
         if self.faults.hang:
             await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
         exchange = build_exchange(parsed, self.profile, self.now())
+        transfer = body.get("kv_transfer_params") if self.kv_connector is not None else None
+        if self.kv_connector is not None and (failed := await self._kv_offers(exchange, transfer)):
+            return failed
         adapter = parsed.model if parsed.model != self.model else None
         if adapter is not None:
             self._use_adapter(exchange, adapter)
@@ -303,7 +317,7 @@ class ReplicaServer:
                 exchange.event.clear()
                 if fail_at is not None and any(c.seq.generated >= fail_at for c in exchange.choices):
                     return error_response(BadRequest("simulated engine failure (fault injection)", status=500))
-            return json_response(full_body(exchange, int(time.time()), self.fingerprint))
+            return json_response(self._whole_answer(exchange, transfer))
         finally:
             self._live.discard(exchange)
             aborted = [c.seq for c in exchange.choices if c.seq.state != FINISHED]
@@ -312,6 +326,67 @@ class ReplicaServer:
             if aborted:
                 self._wake.set()
             self._release_adapter(adapter)
+
+    def _whole_answer(self, exchange: Exchange, transfer) -> dict:
+        """A non-streamed answer; a NIXL prefill for another replica names its blocks (``kv_transfer_params``)."""
+        answer = full_body(exchange, int(time.time()), self.fingerprint)
+        if self.kv_connector is not None and not self.kv_connector.shared_storage and remote_decode(transfer):
+            host, port = self.url.rsplit(":", 1)
+            parsed = exchange.parsed
+            params = self.kv_connector.prefill_params(
+                parsed.request_id, parsed.prompt_tokens, host.split("//", 1)[-1], int(port)
+            )
+            answer["kv_transfer_params"] = params
+        return answer
+
+    async def _kv_offers(self, exchange: Exchange, transfer) -> web.Response | None:
+        """What the connector loads for each choice (``Sequence.external_tokens``); an error response when a NIXL
+        pull fails under ``kv_load_failure_policy: fail``."""
+        connector = self.kv_connector
+        if connector.shared_storage:
+            offers: dict[int, int] = {}
+            for choice in exchange.choices:
+                key = id(choice.prompt)
+                if key not in offers:
+                    offers[key] = connector.offer(choice.prompt)
+                choice.seq.external_tokens = offers[key]
+            return None
+        tokens = 0
+        if (pull := remote_prefill(transfer)) is not None:
+            tokens = await self._pull(pull)
+            if tokens is None:
+                connector.pulls_failed += 1
+                if connector.config.load_failure_policy == "fail":
+                    message = f"KV transfer from {pull['remote_host']}:{pull['remote_port']} failed"
+                    return error_response(BadRequest(message, status=500, kind="InternalServerError"))
+                tokens = 0
+        for choice in exchange.choices:
+            choice.seq.external_tokens = tokens
+        return None
+
+    async def _pull(self, params: dict) -> int | None:
+        """Pull a NIXL prefill's blocks from the replica that holds them: their tokens, None when that failed."""
+        url = f"http://{params['remote_host']}:{params['remote_port']}/kv_transfer/pull"
+        try:
+            timeout = aiohttp.ClientTimeout(total=5.0)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.post(url, json={"request_id": params["remote_request_id"]}) as response:
+                    if response.status != 200:
+                        return None
+                    return int((await response.json())["tokens"])
+        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+            return None
+
+    async def kv_pull(self, request: web.Request) -> web.Response:
+        """The NIXL side channel: a decode replica takes a finished prefill's blocks (404 once gone or expired)."""
+        try:
+            body = await request.json()
+            tokens = self.kv_connector.release(str(body["request_id"]))
+        except (ValueError, KeyError, TypeError):
+            return json_response({"detail": 'expected {"request_id": ...}'}, status=400)
+        if tokens is None:
+            return json_response({"detail": "no KV held for that request"}, status=404)
+        return json_response({"tokens": tokens})
 
     def _use_adapter(self, exchange: Exchange, adapter: str) -> None:
         """The request runs with ``adapter``: its sequences carry the rank (step overhead); it is in use (no LRU

@@ -1,0 +1,191 @@
+"""The simulated replica's KV connectors (simulator/kv_transfer.py): a prefill on one replica, its decode on another,
+with what the real engine reports (tests/engine/test_pd_real_engine.py checks the same against vLLM)."""
+
+import json
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from capacity.hardware.profiles import get_profile
+from simulator.cli import build_server
+from simulator.kv_transfer import KV_FILE, lookup_tokens, parse_kv_transfer_config, prefix_key, store_tokens
+from simulator.protocol import Prompt
+from simulator.server import ThreadedReplica
+from simulator.tokens import filler_text, render_chat
+
+BLOCK = 128  # the CPU engine's block size
+
+
+def profile():
+    return get_profile("tiny", block_size=BLOCK, num_gpu_blocks=64, prefill_tokens_per_s=4000.0)
+
+
+def shared(tmp_path, role: str) -> dict:
+    config = {"kv_connector": "ExampleConnector", "kv_role": role}
+    return config | {"kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+
+
+def counters(url: str) -> dict:
+    found = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            source = sample.labels.get("source")
+            found[sample.name + (f"[{source}]" if source else "")] = sample.value
+    return found
+
+
+def rendered(text: str) -> str:
+    return render_chat([{"role": "user", "content": text}])
+
+
+def chat(url: str, text: str, **extra) -> dict:
+    body = {"messages": [{"role": "user", "content": text}], "temperature": 0, **extra}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture
+def pair(tmp_path):
+    producer = ThreadedReplica(
+        profile(), kv_transfer=parse_kv_transfer_config(json.dumps(shared(tmp_path, "kv_producer")))
+    )
+    consumer = ThreadedReplica(
+        profile(), kv_transfer=parse_kv_transfer_config(json.dumps(shared(tmp_path, "kv_consumer")))
+    )
+    with producer, consumer:
+        yield producer, consumer
+
+
+def test_the_consumer_loads_what_the_producer_stored_and_skips_its_prefill(pair, tmp_path):
+    producer, consumer = pair
+    text = filler_text(700, seed="pd")
+    prefill = chat(producer.url, text, max_tokens=1)
+    n = prefill["usage"]["prompt_tokens"]
+    assert prefill["usage"]["completion_tokens"] == 1
+    assert prefill["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert prefill["kv_transfer_params"] is None  # ExampleConnector says nothing in the response
+    folders = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(folders) == 1 and (folders[0] / KV_FILE).is_file()
+    assert json.loads((folders[0] / KV_FILE).read_text())["tokens"] == store_tokens(n, BLOCK)
+    assert folders[0].name == prefix_key(Prompt(rendered(text), n), store_tokens(n, BLOCK))
+    produced = counters(producer.url)
+
+    decode = chat(consumer.url, text, max_tokens=8)
+    hit = lookup_tokens(n, BLOCK)
+    assert hit == (n - 2) // BLOCK * BLOCK > 0
+    assert decode["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": hit,
+        "created_cache_tokens": n // BLOCK * BLOCK - hit,
+        "multimodal_tokens": None,
+    }
+    assert (
+        decode["choices"][0]["message"]["content"]
+        == chat(producer.url, text, max_tokens=8)["choices"][0]["message"]["content"]
+    )
+    seen = counters(consumer.url)
+    assert seen["vllm:external_prefix_cache_queries_total"] == n
+    assert seen["vllm:external_prefix_cache_hits_total"] == hit
+    assert seen["vllm:prefix_cache_hits_total"] == 0
+    assert seen["vllm:prompt_tokens_by_source_total[external_kv_transfer]"] == hit
+    assert seen["vllm:prompt_tokens_by_source_total[local_compute]"] == n - hit
+    assert seen["vllm:prompt_tokens_cached_by_source_total[external_unspecified]"] == hit
+    assert seen["vllm:prompt_tokens_cached_total"] == hit
+    # the loaded tokens cost no prefill time: the consumer computed n - hit tokens where the producer computed n
+    assert seen["vllm:request_prefill_time_seconds_sum"] < 0.5 * produced["vllm:request_prefill_time_seconds_sum"]
+    assert produced["vllm:external_prefix_cache_hits_total"] == 0
+
+
+def test_a_miss_is_computed_and_stored_by_either_role_and_short_prompts_never_hit(pair, tmp_path):
+    producer, consumer = pair
+    text = filler_text(400, seed="miss")
+    first = chat(consumer.url, text, max_tokens=2)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert len(list(tmp_path.iterdir())) == 1  # vLLM's ExampleConnector stores whatever kv_role says
+    again = chat(producer.url, text, max_tokens=2)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == lookup_tokens(
+        first["usage"]["prompt_tokens"], BLOCK
+    )
+    short = filler_text(60, seed="short")
+    chat(producer.url, short, max_tokens=1)
+    assert chat(consumer.url, short, max_tokens=2)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert counters(consumer.url)["vllm:external_prefix_cache_hits_total"] == 0
+
+
+def test_block_alignment_is_the_engines():
+    assert [lookup_tokens(n, 128) for n in (1, 129, 130, 1010, 524)] == [0, 0, 128, 896, 512]
+    assert [store_tokens(n, 128) for n in (1, 129, 130, 1010, 524)] == [0, 128, 128, 896, 512]
+
+
+def nixl(policy: str = "fail") -> str:
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": policy})
+
+
+def test_nixl_prefill_names_its_blocks_and_the_decode_pulls_them_once():
+    with (
+        ThreadedReplica(profile(), kv_transfer=parse_kv_transfer_config(nixl())) as prefill,
+        ThreadedReplica(profile(), kv_transfer=parse_kv_transfer_config(nixl())) as decode,
+        ThreadedReplica(profile(), kv_transfer=parse_kv_transfer_config(nixl("recompute"))) as lenient,
+    ):
+        text = filler_text(500, seed="nixl")
+        first = chat(prefill.url, text, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+        params = first["kv_transfer_params"]
+        n = first["usage"]["prompt_tokens"]
+        assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+        assert params["remote_port"] == int(prefill.url.rsplit(":", 1)[1]) and params["remote_num_tokens"] == n
+        assert {"remote_block_ids", "remote_engine_id", "remote_request_id", "tp_size"} <= set(params)
+        # a plain request on the same replica says nothing
+        assert chat(prefill.url, text, max_tokens=1)["kv_transfer_params"] is None
+
+        answer = chat(decode.url, text, max_tokens=4, kv_transfer_params=params)
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // BLOCK * BLOCK
+        assert counters(decode.url)["vllm:external_prefix_cache_hits_total"] == (n - 1) // BLOCK * BLOCK
+
+        # pulled once: the lease is gone; "fail" fails the request, "recompute" computes it here
+        failed = httpx.post(
+            f"{decode.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": text + " more"}], "kv_transfer_params": params},
+        )
+        assert failed.status_code == 500 and "KV transfer" in failed.json()["error"]["message"]
+        recomputed = chat(lenient.url, text + " more", max_tokens=2, kv_transfer_params=params)
+        assert recomputed["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{", "not JSON"),
+        ('{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}', "kv_connector"),
+        ('{"kv_connector": "ExampleConnector", "kv_role": "producer"}', "kv_role"),
+        ('{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "x"}', "policy"),
+    ],
+)
+def test_a_bad_config_says_what_is_wrong(text, problem):
+    with pytest.raises(ValueError, match=problem):
+        parse_kv_transfer_config(text)
+
+
+def test_the_command_line_takes_vllms_flag(tmp_path):
+    opts = {
+        "profile": "tiny",
+        "profile_opt": [],
+        "fault": [],
+        "speed": 1.0,
+        "served_model_name": None,
+        "scheduling_policy": "priority",
+        "kv_transfer_config": json.dumps(shared(tmp_path, "kv_consumer")),
+    }
+    server = build_server(opts)
+    assert server.kv_connector.config.role == "kv_consumer"
+    assert server.kv_connector.config.shared_storage_path == str(tmp_path)
+    assert build_server(opts | {"kv_transfer_config": None}).kv_connector is None
+
+
+def test_a_replica_process_takes_the_config(tmp_path):
+    from simulator.process import start_replica
+
+    config = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    with start_replica(profile="tiny", kv_transfer_config=config) as replica:
+        prefill = chat(replica.url, filler_text(200), max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+        assert prefill["kv_transfer_params"]["remote_port"] == replica.port
