@@ -80,6 +80,7 @@ class Flight:
         "upstream_span",
         "req",
         "resumed_after",
+        "pd",
     )
 
     def __init__(self, *, t0: float, task: asyncio.Task) -> None:
@@ -119,6 +120,8 @@ class Flight:
         self.upstream_span = None
         self.req = None  # the parsed request (request.ParsedRequest), once read: metering an unfinished one counts it
         self.resumed_after: list[int] = []  # tokens already streamed at each resume (the platform's prefill again)
+        # A disaggregated endpoint's split (``disaggregation.PDRoute``): prefill replica, route, prefill usage.
+        self.pd = None
 
     @property
     def degradation(self) -> str:

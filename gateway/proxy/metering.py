@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from capacity.units import MUCoefficients, usage_mu
 from gateway.proxy import metrics as m
+from gateway.proxy.disaggregation import SPLIT, split_mu, split_usage, usage_fields
 from gateway.proxy.flight import Flight
 from gateway.proxy.relay import Outcome
 from gateway.proxy.snapshot import EndpointInfo
@@ -39,8 +40,12 @@ def meter(state: ProxyState, flight: Flight) -> None:
     usage = outcome.usage if outcome is not None else None
     if usage is not None and flight.req is not None:
         usage = engine_usage(usage, flight.req.body.get("n"), streamed_block_size=_streamed_block_size(flight))
-    endpoint = flight.endpoint
-    mu_done = actual_mu(endpoint.coeffs, usage) if usage is not None and endpoint is not None else 0.0
+    endpoint, pd, prefill_mu = flight.endpoint, flight.pd, 0.0
+    if pd is not None and pd.route == SPLIT and usage is not None:
+        usage = split_usage(pd, usage)  # priced by phase (disaggregation.py)
+        mu_done, prefill_mu = split_mu(endpoint, usage)
+    else:
+        mu_done = actual_mu(endpoint.coeffs, usage) if usage is not None and endpoint is not None else 0.0
     if flight.adapter is not None:
         mu_done *= flight.adapter.mu_factor  # a LoRA adapter's overhead on its base endpoint (docs/lora-serving.md)
         mu_done += flight.adapter_load_mu  # and the replica time of the load this request caused, if it did
@@ -55,7 +60,10 @@ def meter(state: ProxyState, flight: Flight) -> None:
     slo_met = meets_slo(status, measured, endpoint)
     queue_s = admission.queue_s if admission is not None else None
     _observe(endpoint.name, key.tenant_slug, flight.priority, status, slo_met, measured, queue_s)
-    state.usage.submit(usage_record(flight, status=status, measured=measured, mu=mu_done, slo_met=slo_met))
+    record = usage_record(flight, status=status, measured=measured, mu=mu_done, slo_met=slo_met)
+    if pd is not None:
+        record.update(usage_fields(pd, prefill_mu))
+    state.usage.submit(record)
     if flight.charged:
         # Every bucket that took an estimate is settled to the real cost, the best-effort cap included.
         actual = {

@@ -83,6 +83,16 @@ STREAM_RESUMES = Counter(
     "Streams that broke mid-answer: resumed on another replica, or ended with an error event",
     ["endpoint", "outcome"],
 )
+# Prefill/decode disaggregation (docs/request-path.md): how a disaggregated endpoint served each request (split,
+# decode_only, fallback), and why a prefill fell back to the decode replica (no_prefill_slot, failed, timeout).
+PD_REQUESTS = Counter(
+    "infercap_proxy_pd_requests", "Requests to a disaggregated endpoint by how they were served", ["endpoint", "route"]
+)
+PD_PREFILL_FALLBACKS = Counter(
+    "infercap_proxy_pd_prefill_fallbacks",
+    "Prefills that the decode replica did instead (the prefill replica failed, timed out or had no slot)",
+    ["endpoint", "reason"],
+)
 LORA_LOADS = Counter("infercap_proxy_lora_loads", "LoRA adapters loaded on a replica by the proxy", ["endpoint"])
 LORA_UNLOADS = Counter(
     "infercap_proxy_lora_unloads", "LoRA adapters unloaded from a replica to free a slot", ["endpoint"]

@@ -12,6 +12,7 @@ import time
 from capacity.units import estimate_prompt_tokens
 from config.request_log import request_id as log_request_id
 from gateway.proxy.brownout import degrade, fall_back, mark_slot_share
+from gateway.proxy.disaggregation import DISAGGREGATED, prefill_phase
 from gateway.proxy.errors import ProxyError, send_error, sse_error_event
 from gateway.proxy.flight import Flight, Price
 from gateway.proxy.metering import meter
@@ -83,6 +84,7 @@ async def run_stages(state: ProxyState, flight: Flight, headers: dict[bytes, byt
                 raise  # a LoRA adapter is served by its base endpoint only: no fallback holds it
             # Shed, failing or no ready replica: the endpoint's fallback, if one may serve it (brownout.py).
             endpoint = fall_back(state, flight, err, visited)
+            flight.pd = None  # the named endpoint's prefill/decode split, if any, is not the fallback's
 
 
 async def serve(
@@ -129,6 +131,8 @@ async def serve(
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     routed(flight)
     mark_slot_share(flight, flight.admission)
+    if endpoint.serving_mode == DISAGGREGATED and adapter is None:
+        req = await prefill_phase(state, flight, req, cache_salt=cache_salt)  # disaggregation.py
     upstream = Upstream(
         req,
         request_id=flight.request_id,

@@ -134,10 +134,11 @@ class EndpointRuntime:
         if (info.routing_policy, info.routing_plan) != (self.info.routing_policy, self.info.routing_plan):
             self.router = self._make_router(info.routing_policy, info)
         self.info = info
-        self.kv_feeds.sync(info.replicas if info.routing_policy in PRECISE_POLICIES else ())
+        replicas = info.admission_replicas  # a disaggregated endpoint's decode pool (its prefill pool is apart)
+        self.kv_feeds.sync(replicas if info.routing_policy in PRECISE_POLICIES else ())
         mu_capacity = max(info.coeffs.mu_per_min / 60.0, 1e-6)
         seen = set()
-        for r in info.replicas:
+        for r in replicas:
             rid = str(r.id)
             seen.add(rid)
             limit = max(1, min(r.concurrency_limit, info.concurrency_limit))

@@ -108,6 +108,14 @@ class EndpointInfo:
     def disaggregated(self) -> bool:
         return self.serving_mode == "disaggregated"
 
+    @property
+    def admission_replicas(self) -> tuple[ReplicaInfo, ...]:
+        """The replicas requests are admitted to: all of them, or a disaggregated endpoint's all but its prefill
+        pool (``gateway.proxy.disaggregation.PrefillPool`` routes that)."""
+        if self.serving_mode != "disaggregated":
+            return self.replicas
+        return tuple(r for r in self.replicas if r.role != "prefill")
+
     def visible_to(self, tenant_id: int) -> bool:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
 

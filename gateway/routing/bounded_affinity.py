@@ -95,7 +95,10 @@ def replica_load(replica: ReplicaView, extra_mu: float = 0.0) -> float:
 # the routed-prompt index, for a replica without usable events or a request without token ids or engine hashes).
 PREFIX_SOURCE_KEY = "prefix_source"
 _PRECISE_ON = "_precise_on"  # the replicas the precise index scored for this request
-_MATCHES = "_prefix_matches"  # this pick's prefix match per allowed replica
+# RouteRequest.extra: this pick's prefix match per allowed replica (0–1). Read after the pick by the proxy's
+# prefill/decode split: the chosen decode replica's match says how much of the prompt it would prefill itself.
+PREFIX_MATCHES_KEY = "_prefix_matches"
+_MATCHES = PREFIX_MATCHES_KEY
 
 _MASK64 = (1 << 64) - 1
 HOME_KEY = "_home_key"

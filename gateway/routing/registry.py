@@ -38,3 +38,15 @@ def make_router(policy_name: str, **params) -> Router:
         return factory(**params)
     except TypeError as exc:
         raise TypeError(f"routing policy {policy_name!r}: {exc}") from exc
+
+
+# The prefill pool of a disaggregated endpoint (docs/request-path.md, "Prefill/decode disaggregation") is routed by
+# infercap's policy whatever the endpoint's own: its prefix affinity is the prefill replicas' cache, and its load is
+# what a prefill pool has, in-flight MU at the prefill pool's coefficients plus the uncached prompt tokens sent and
+# not yet answered (``prefill.PendingPrefill``).
+PREFILL_POOL_POLICY = "infercap"
+
+
+def make_prefill_router(**params) -> Router:
+    """A fresh router for a disaggregated endpoint's prefill pool (``params`` as ``make_router``'s)."""
+    return make_router(PREFILL_POOL_POLICY, **params)

@@ -1,0 +1,328 @@
+"""Prefill/decode disaggregation on the request path (docs/request-path.md, "Prefill/decode disaggregation").
+
+A disaggregated endpoint has two pools. Its runtime (``runtime.EndpointRuntime``) admits over the decode replicas,
+so priorities, queue-age shedding and 429 Retry-After hold for the pair as for any request. Once a decode replica
+is admitted, ``prefill_phase`` decides: a prompt whose estimated uncached part on that decode replica is under the
+endpoint's ``pd_min_uncached_tokens`` goes there alone (selective disaggregation, as llm-d does it); otherwise a
+prefill replica is picked (``PrefillPool``: infercap's prefix affinity and prefill load, in its own accounting) and
+sent the same request with ``max_tokens`` 1, not streamed, whose KV the connector hands to the decode replica (NIXL:
+through the ``kv_transfer_params`` the prefill answers). A prefill replica that fails, times out or has no free slot
+leaves the prefill to the decode replica: no client error, counted (``infercap_proxy_pd_prefill_fallbacks``) and
+written on the usage record. Metering prices a split request by phase (``phase_mu``).
+
+Nothing here runs for an aggregated endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from capacity.units import MUCoefficients, request_mu
+from gateway.admission import ENGINE_PRIORITY
+from gateway.proxy import metrics as m
+from gateway.proxy.isolation import STRIPPED_FIELDS
+from gateway.proxy.model_names import ModelRename, model_rename
+from gateway.proxy.relay import UpstreamFailed
+from gateway.proxy.request import ParsedRequest
+from gateway.proxy.snapshot import EndpointInfo
+from gateway.proxy.stages import UPSTREAM_PATH
+from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.bounded_affinity import PREFIX_MATCHES_KEY
+from gateway.routing.registry import make_prefill_router
+
+log = logging.getLogger(__name__)
+
+DISAGGREGATED = "disaggregated"
+PREFILL, DECODE = "prefill", "decode"
+# How a disaggregated endpoint served a request (``UsageRecord.pd_route``).
+SPLIT, DECODE_ONLY, FALLBACK = "split", "decode_only", "fallback"
+# Body fields the prefill does not carry: it is one sequence of one token, answered whole.
+_PREFILL_DROPPED = frozenset({"stream", "stream_options", "max_completion_tokens", "min_tokens", "n", "best_of"})
+# What vLLM's NixlConnector reads on the prefill request (its disaggregated-serving proxy sends the same): keep the
+# KV blocks for a remote decode; the answer's ``kv_transfer_params`` say where the decode replica pulls them from.
+NIXL_PREFILL_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+PREFILL_TIMEOUT_FLOOR_S = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class PDRoute:
+    """What the split stage decided for one request (``Flight.pd``), for metering and the usage record."""
+
+    route: str  # SPLIT, DECODE_ONLY or FALLBACK
+    prefill_replica_id: int | None = None
+    prefill_usage: dict | None = None  # the prefill replica's usage block (its cached/uncached prompt split)
+    reason: str = ""  # a fallback's: no_prefill_slot, failed, timeout
+
+
+@dataclass(eq=False)
+class PrefillSlot:
+    """One prefill replica as this process sees it."""
+
+    replica_id: int
+    name: str
+    url: str
+    view: ReplicaView
+    takes_priority: bool = True
+    rename: ModelRename | None = None
+    removed: bool = False
+
+
+class PrefillPool:
+    """The prefill replicas of one disaggregated endpoint, with this process's own load accounting (in-flight
+    prefills and their MU at the prefill pool's coefficients) and its own router (``make_prefill_router``)."""
+
+    def __init__(self, info: EndpointInfo, *, stale_after_s: float, clock=time.monotonic) -> None:
+        self.router = make_prefill_router(stale_after_s=stale_after_s)
+        self.clock = clock
+        self.slots: dict[str, PrefillSlot] = {}
+        self.info = info
+        self.update(info)
+
+    def update(self, info: EndpointInfo) -> None:
+        """Follow a new snapshot: add prefill replicas, retire those gone (once their prefills end)."""
+        self.info = info
+        coeffs = info.prefill_coeffs or info.coeffs
+        mu_capacity = max(coeffs.mu_per_min / 60.0, 1e-6)
+        seen = set()
+        for r in info.replicas:
+            if r.role != PREFILL:
+                continue
+            rid = str(r.id)
+            seen.add(rid)
+            limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
+            rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
+            slot = self.slots.get(rid)
+            if slot is None:
+                view = ReplicaView(replica_id=rid, concurrency_limit=limit, profile=r.hardware_profile)
+                slot = self.slots[rid] = PrefillSlot(replica_id=r.id, name=r.name, url=r.url, view=view)
+            slot.url, slot.removed, slot.takes_priority, slot.rename = r.url, False, r.takes_priority, rename
+            slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity * r.speed
+            slot.view.draining = False
+        for rid, slot in list(self.slots.items()):
+            if rid not in seen:
+                slot.removed = slot.view.draining = True
+                if slot.view.in_flight == 0:
+                    self._forget(rid)
+
+    def _forget(self, rid: str) -> None:
+        self.slots.pop(rid, None)
+        forget = getattr(self.router, "forget_replica", None)
+        if forget is not None:
+            forget(rid)
+
+    def take(self, route: RouteRequest) -> PrefillSlot | None:
+        """A prefill replica with a free slot for ``route`` (its ``mu`` the prefill's), taken; None if none."""
+        views = [s.view for s in self.slots.values() if not s.removed and s.view.in_flight < s.view.concurrency_limit]
+        if not views:
+            return None
+        now = self.clock()
+        rid = self.router.pick(route, views, now)
+        slot = self.slots.get(rid) if rid is not None else None
+        if slot is None or slot.view.in_flight >= slot.view.concurrency_limit:
+            slot = self.slots[min(views, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id]
+        slot.view.in_flight += 1
+        slot.view.in_flight_mu += route.mu
+        self.router.on_routed(route, slot.view.replica_id, now)
+        return slot
+
+    def release(self, slot: PrefillSlot, route: RouteRequest) -> None:
+        slot.view.in_flight -= 1
+        slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - route.mu)
+        try:
+            self.router.on_finished(route, slot.view.replica_id, self.clock())
+        except Exception:  # noqa: BLE001 - a router bug must not leak prefill slots
+            log.exception("prefill router on_finished failed")
+        if slot.removed and slot.view.in_flight == 0:
+            self._forget(slot.view.replica_id)
+
+
+def prefill_pool(runtime) -> PrefillPool:
+    """The runtime's prefill pool, made on its endpoint's first disaggregated request and kept in step with the
+    snapshot the runtime holds (an identity check per request)."""
+    pool = getattr(runtime, "prefill_pool", None)
+    if pool is None:
+        pool = runtime.prefill_pool = PrefillPool(runtime.info, stale_after_s=runtime.config.metrics_stale_s)
+    elif pool.info is not runtime.info:
+        pool.update(runtime.info)
+    return pool
+
+
+# -- the split ----------------------------------------------------------------------------------------------------
+def uncached_estimate(route: RouteRequest, decode_replica_id: str) -> float:
+    """The prompt tokens the admitted decode replica would have to prefill: the admission's estimate less the
+    share its router expects cached there (infercap's prefix match; other policies: none)."""
+    tokens = route.extra.get("prompt_tokens", 0)
+    matches = route.extra.get(PREFIX_MATCHES_KEY)
+    match = matches.get(decode_replica_id, 0.0) if matches else 0.0
+    return tokens * (1.0 - match)
+
+
+def prefill_timeout_s(ttft_timeout_s: float, endpoint: EndpointInfo) -> float:
+    """How long a prefill may take before the decode replica prefills instead: twice the endpoint's TTFT SLO (at
+    least a second), never more than half the proxy's first-token limit, so the decode keeps the other half."""
+    return min(ttft_timeout_s / 2, max(PREFILL_TIMEOUT_FLOOR_S, 2 * endpoint.ttft_slo_ms / 1000))
+
+
+def prefill_payload(
+    req: ParsedRequest, *, cache_salt: str, engine_priority: int | None, engine_model: str, kv_connector: str
+) -> bytes:
+    """The prefill request: the client's, as one sequence of one token answered whole, under the tenant's cache
+    salt, the admitted class's engine priority and the engine's model name (the decode request's own)."""
+    body = {k: v for k, v in req.body.items() if k not in _PREFILL_DROPPED and k not in STRIPPED_FIELDS}
+    body["model"] = engine_model
+    body["max_tokens"] = 1
+    body["stream"] = False
+    body["cache_salt"] = cache_salt
+    if engine_priority is not None:
+        body["priority"] = int(engine_priority)
+    else:
+        body.pop("priority", None)
+    if kv_connector == "nixl":
+        body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_request(req: ParsedRequest, answer: dict, kv_connector: str) -> ParsedRequest:
+    """The request the decode replica gets: the client's, plus (NIXL) the prefill answer's ``kv_transfer_params``,
+    which name where its KV blocks wait. The shared-storage connector finds them by the prompt itself."""
+    params = answer.get("kv_transfer_params")
+    if kv_connector != "nixl" or not isinstance(params, dict):
+        return req
+    body = {**req.body, "kv_transfer_params": params}
+    return dataclasses.replace(req, body=body, controlled=True)
+
+
+async def call_prefill(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    headers: dict,
+    *,
+    timeout_s: float,
+    connect_timeout_s: float,
+) -> dict:
+    """POST the prefill and return its JSON answer. Raises TimeoutError past ``timeout_s``, ``UpstreamFailed`` for
+    an unreachable replica or any answer but a 200 JSON object; a cancel (the client left) closes the connection,
+    which aborts the request in the engine."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+    async with asyncio.timeout(timeout_s):
+        try:
+            resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
+            async with resp:
+                body = await resp.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailed(f"prefill replica unreachable: {type(exc).__name__}") from exc
+    if resp.status != 200:
+        raise UpstreamFailed(f"prefill replica answered {resp.status}", status=resp.status)
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        raise UpstreamFailed("prefill replica answered no JSON") from None
+    if not isinstance(answer, dict):
+        raise UpstreamFailed("prefill replica answered no JSON object")
+    return answer
+
+
+def prefill_route(route: RouteRequest, coeffs: MUCoefficients) -> RouteRequest:
+    """What the prefill router sees: the decode route's prompt, salt and session, costed as a prefill alone (its
+    own ``extra``: the two routers' notes on one request must not mix)."""
+    tokens = route.extra.get("prompt_tokens", 0)
+    return RouteRequest(
+        request_id=route.request_id,
+        prompt_text=route.prompt_text,
+        mu=request_mu(coeffs, tokens, 0, 0),
+        session_id=route.session_id,
+        extra={"cache_salt": route.extra.get("cache_salt", ""), "prompt_tokens": tokens},
+    )
+
+
+async def prefill_phase(state, flight, req: ParsedRequest, *, cache_salt: str) -> ParsedRequest:
+    """Run the prefill of a request admitted on a disaggregated endpoint's decode replica, or decide it needs none;
+    returns the request the decode replica is sent. Never raises for the prefill's own failure: the decode replica
+    then prefills (``FALLBACK``). A cancel while it runs (the client left) aborts it and ends the request."""
+    admission, endpoint = flight.admission, flight.endpoint
+    if uncached_estimate(admission.route, admission.slot.view.replica_id) < endpoint.pd_min_uncached_tokens:
+        return _decided(flight, PDRoute(DECODE_ONLY), req)
+    pool = prefill_pool(admission.runtime)
+    route = prefill_route(admission.route, endpoint.prefill_coeffs or endpoint.coeffs)
+    slot = pool.take(route)
+    if slot is None:
+        return _decided(flight, PDRoute(FALLBACK, reason="no_prefill_slot"), req)
+    flight.pd = PDRoute(SPLIT, prefill_replica_id=slot.replica_id)
+    config = state.config
+    payload = prefill_payload(
+        req,
+        cache_salt=cache_salt,
+        engine_priority=ENGINE_PRIORITY[flight.priority] if slot.takes_priority else None,
+        engine_model=slot.rename.engine if slot.rename is not None else endpoint.name,
+        kv_connector=endpoint.kv_connector,
+    )
+    headers = {"content-type": "application/json", "x-request-id": flight.request_id}
+    try:
+        answer = await call_prefill(
+            state.session,
+            slot.url + UPSTREAM_PATH[req.kind],
+            payload,
+            headers,
+            timeout_s=prefill_timeout_s(config.ttft_timeout_s, endpoint),
+            connect_timeout_s=config.connect_timeout_s,
+        )
+    except (TimeoutError, UpstreamFailed) as exc:
+        reason = "timeout" if isinstance(exc, TimeoutError) else "failed"
+        log.warning("prefill on %s for %s: %s; the decode replica prefills", slot.name, endpoint.name, reason)
+        return _decided(flight, PDRoute(FALLBACK, prefill_replica_id=slot.replica_id, reason=reason), req)
+    finally:
+        pool.release(slot, route)
+    usage = answer.get("usage")
+    flight.pd.prefill_usage = usage if isinstance(usage, dict) else None
+    m.child(m.PD_REQUESTS, endpoint.name, SPLIT).inc()
+    return decode_request(req, answer, endpoint.kv_connector)
+
+
+def _decided(flight, pd: PDRoute, req: ParsedRequest) -> ParsedRequest:
+    flight.pd = pd
+    name = flight.endpoint.name
+    m.child(m.PD_REQUESTS, name, pd.route).inc()
+    if pd.route == FALLBACK:
+        m.child(m.PD_PREFILL_FALLBACKS, name, pd.reason).inc()
+    return req
+
+
+# -- metering -----------------------------------------------------------------------------------------------------
+def split_usage(pd: PDRoute, usage: dict) -> dict:
+    """A split request's usage as billed: the decode replica's, with the prompt's cached part as the prefill replica
+    counted it (the decode replica reports the transferred KV as cached; the prompt was computed on the prefill)."""
+    prefill = pd.prefill_usage or {}
+    cached = int((prefill.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    prompt = int(usage.get("prompt_tokens") or 0)
+    details = {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": min(max(cached, 0), prompt)}
+    return {**usage, "prompt_tokens_details": details}
+
+
+def split_mu(endpoint: EndpointInfo, usage: dict) -> tuple[float, float]:
+    """(the request's MU, its prefill part): the prompt at the prefill pool's alpha, alpha_cached and gamma, the
+    output at the decode pool's beta (``capacity.units.request_mu`` per phase)."""
+    prefill = endpoint.prefill_coeffs or endpoint.coeffs
+    prompt = max(int(usage.get("prompt_tokens") or 0), 0)
+    cached = min(int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0), prompt)
+    prefill_mu = request_mu(prefill, prompt - cached, max(cached, 0), 0)
+    return prefill_mu + endpoint.coeffs.beta * max(int(usage.get("completion_tokens") or 0), 0), prefill_mu
+
+
+def usage_fields(pd: PDRoute, prefill_mu: float) -> dict:
+    """The usage record's P/D columns (``billing.UsageRecord.pd_route``, ``prefill_replica``, ``prefill_mu``)."""
+    return {"pd_route": pd.route, "prefill_replica_id": pd.prefill_replica_id, "prefill_mu": round(prefill_mu, 6)}

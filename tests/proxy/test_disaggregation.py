@@ -1,0 +1,244 @@
+"""Prefill/decode disaggregation on the whole request path in process (``pipeline.completion`` over an in-memory
+snapshot and scripted replicas, as ``test_pipeline.py``): what the prefill and the decode replica are sent, what the
+client reads, how the request is metered, and what happens when the prefill is skipped, fails, stalls or its client
+leaves."""
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+from capacity.units import MUCoefficients
+from gateway.proxy import metrics as m
+from gateway.proxy.disaggregation import (
+    NIXL_PREFILL_PARAMS,
+    PrefillPool,
+    prefill_payload,
+    prefill_pool,
+    prefill_route,
+    prefill_timeout_s,
+    split_mu,
+    split_usage,
+)
+from gateway.proxy.request import parse_request
+from gateway.proxy.snapshot import ReplicaInfo
+from gateway.routing.base import RouteRequest
+from tests.proxy.snapshots import COEFFS, TENANT_A, endpoint, reservation, snapshot
+from tests.proxy.test_pipeline import Client, Session, State, run
+from tests.proxy.test_relay import DONE, TOKEN, Response, event
+
+PREFILL_COEFFS = MUCoefficients(alpha=0.002, alpha_cached=0.0002, beta=0.05, gamma=0.3, mu_per_min=6000.0)
+LONG = "tell me about the sea " * 40  # 880 characters: ~220 tokens by the proxy's estimate
+P0, P1, D0 = "http://prefill-0", "http://prefill-1", "http://decode-0"
+KV_PARAMS = {"remote_engine_id": "e1", "remote_block_ids": [1, 2], "remote_host": "10.0.0.5", "remote_port": 5600}
+
+
+def pd_endpoint(*, prefills=1, connector="shared_storage", min_uncached=64, **fields):
+    """A disaggregated endpoint: ``prefills`` prefill replicas (ids 200…) and one decode replica (id 300)."""
+    replicas = [
+        ReplicaInfo(id=200 + i, name=f"p{i}", url=f"http://prefill-{i}", concurrency_limit=4, role="prefill")
+        for i in range(prefills)
+    ]
+    replicas.append(ReplicaInfo(id=300, name="d0", url=D0, concurrency_limit=4, role="decode"))
+    return dataclasses.replace(
+        endpoint(replicas=0, **fields),
+        replicas=tuple(replicas),
+        serving_mode="disaggregated",
+        kv_connector=connector,
+        pd_min_uncached_tokens=min_uncached,
+        prefill_coeffs=PREFILL_COEFFS,
+    )
+
+
+def world(ep):
+    return snapshot(endpoints=[ep], reservations={(TENANT_A, ep.id): reservation(priority="standard")})
+
+
+def prefill_answer(*, prompt=220, cached=64, params=None):
+    body = {
+        "id": "cmpl-p",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": cached}},
+    }
+    if params is not None:
+        body["kv_transfer_params"] = params
+    return lambda: Response(body=json.dumps(body).encode())
+
+
+def decode_stream(*, prompt=220, cached=208, out=2):
+    usage = {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out,
+             "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+    return lambda: Response(chunks=[TOKEN, event({"id": "c1", "choices": [], "usage": usage}) + DONE])
+
+
+def chat(ep, content=LONG, **fields):
+    return {"model": ep.name, "messages": [{"role": "user", "content": content}], "stream": True, "max_tokens": 2,
+            "stream_options": {"include_usage": False}, **fields}  # fmt: skip
+
+
+def count(metric, *labels):
+    return m.child(metric, *labels)._value.get()
+
+
+async def test_a_long_prompt_is_prefilled_on_the_prefill_pool_then_streamed_from_the_decode_replica(monkeypatch):
+    ep = pd_endpoint()
+    session = Session({P0: prefill_answer(), D0: decode_stream()})
+    state, client = State(world(ep), session), Client(chat(ep, n=1, min_tokens=2, max_completion_tokens=2))
+    before = count(m.PD_REQUESTS, ep.name, "split")
+    await run(state, client, monkeypatch=monkeypatch)
+    assert client.status == 200 and client.body_bytes() == TOKEN + DONE, "the client's stream is the decode's"
+    [(p_url, prefill, p_headers), (d_url, decode, d_headers)] = session.posted
+    assert p_url == P0 + "/v1/chat/completions" and d_url == D0 + "/v1/chat/completions"
+    assert (prefill["max_tokens"], prefill["stream"]) == (1, False)
+    assert not {"stream_options", "max_completion_tokens", "min_tokens", "n", "kv_transfer_params"} & set(prefill)
+    assert prefill["messages"] == decode["messages"] and prefill["model"] == decode["model"] == ep.name
+    salt = state.cache_salts.for_tenant(TENANT_A)
+    assert prefill["cache_salt"] == decode["cache_salt"] == salt and prefill["priority"] == decode["priority"] == 1
+    assert (decode["max_tokens"], decode["stream"], decode["max_completion_tokens"]) == (2, True, 2)
+    assert "kv_transfer_params" not in decode, "shared storage: the decode finds the KV by the prompt"
+    assert p_headers["x-request-id"] == d_headers["x-request-id"]
+    [record] = state.usage.records
+    assert (record["pd_route"], record["prefill_replica_id"], record["replica_id"]) == ("split", 200, 300)
+    # Priced by phase: the prompt as the prefill replica computed it (64 of 220 cached there) at the prefill pool's
+    # coefficients, the output at the decode pool's beta; the decode's 208 "cached" (transferred) tokens are not.
+    prefill_mu = 0.002 * 156 + 0.0002 * 64 + 0.3
+    assert record["prefill_mu"] == pytest.approx(prefill_mu)
+    assert record["mu"] == pytest.approx(prefill_mu + COEFFS.beta * 2)
+    assert (record["input_tokens"], record["cached_tokens"], record["output_tokens"]) == (220, 64, 2)
+    assert count(m.PD_REQUESTS, ep.name, "split") == before + 1
+    pool = state.runtimes[ep.id].prefill_pool
+    assert [s.view.in_flight for s in pool.slots.values()] == [0] and state.runtimes[ep.id].in_flight == 0
+
+
+async def test_nixl_hands_the_prefills_transfer_params_to_the_decode(monkeypatch):
+    ep = pd_endpoint(connector="nixl")
+    session = Session({P0: prefill_answer(params=KV_PARAMS), D0: decode_stream()})
+    state, client = State(world(ep), session), Client(chat(ep))
+    await run(state, client, monkeypatch=monkeypatch)
+    assert client.status == 200
+    [(_, prefill, _), (_, decode, _)] = session.posted
+    assert prefill["kv_transfer_params"] == NIXL_PREFILL_PARAMS and prefill["kv_transfer_params"]["do_remote_decode"]
+    assert decode["kv_transfer_params"] == KV_PARAMS
+
+
+async def test_the_admission_set_is_the_decode_pool_and_a_short_prompt_skips_the_prefill(monkeypatch):
+    ep = pd_endpoint()
+    session = Session({P0: prefill_answer(), D0: decode_stream(prompt=3, cached=0)})
+    state, client = State(world(ep), session), Client(chat(ep, content="hi"))
+    await run(state, client, monkeypatch=monkeypatch)
+    assert client.status == 200 and [url for url, _, _ in session.posted] == [D0 + "/v1/chat/completions"]
+    assert list(state.runtimes[ep.id].slots) == ["300"], "prefill replicas take no admitted request"
+    [record] = state.usage.records
+    assert (record["pd_route"], record["prefill_replica_id"], record["prefill_mu"]) == ("decode_only", None, 0.0)
+    assert record["mu"] == pytest.approx(COEFFS.alpha * 3 + COEFFS.beta * 2 + COEFFS.gamma), "the decode pool's price"
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (lambda: Response(status=503), "failed"),
+        (lambda: Response(status=200, body=b"<html>"), "failed"),
+        (lambda: Stalled_read(), "timeout"),
+    ],
+)
+async def test_a_failing_or_stalled_prefill_falls_back_to_the_decode_replica(monkeypatch, answer, reason):
+    ep = pd_endpoint(name=f"pd-{reason}-{id(answer)}")
+    session = Session({P0: answer, D0: decode_stream(cached=0)})
+    state = State(world(ep), session, ttft_timeout_s=0.4)  # the prefill may take 0.2 s (half the first-token limit)
+    client = Client(chat(ep))
+    before = count(m.PD_PREFILL_FALLBACKS, ep.name, reason)
+    await asyncio.wait_for(run(state, client, monkeypatch=monkeypatch), 5)
+    assert client.status == 200 and client.body_bytes() == TOKEN + DONE, "no error reaches the client"
+    assert [url.split("/v1/")[0] for url, _, _ in session.posted] == [P0, D0]
+    [record] = state.usage.records
+    assert (record["pd_route"], record["prefill_replica_id"], record["status"]) == ("fallback", 200, "ok")
+    assert record["mu"] == pytest.approx(COEFFS.alpha * 220 + COEFFS.beta * 2 + COEFFS.gamma)
+    assert count(m.PD_PREFILL_FALLBACKS, ep.name, reason) == before + 1
+    assert state.runtimes[ep.id].prefill_pool.slots["200"].view.in_flight == 0
+
+
+class Stalled_read(Response):  # noqa: N801 - reads like the answer it scripts
+    """A prefill replica that accepted the request and never answers."""
+
+    async def read(self):
+        await asyncio.Event().wait()
+
+
+async def test_a_client_leaving_during_the_prefill_aborts_it_and_sends_no_decode(monkeypatch):
+    ep = pd_endpoint(name="pd-leave")
+    reads = []
+
+    class Hanging(Stalled_read):
+        async def read(self):
+            reads.append("started")
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                reads.append("aborted")  # the connection is closed under it: vLLM aborts the request
+                raise
+
+    session = Session({P0: Hanging, D0: decode_stream()})
+    state, client = State(world(ep), session), Client(chat(ep))
+    task = asyncio.create_task(run(state, client, monkeypatch=monkeypatch))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if reads:
+            break
+    client.left.set()
+    await asyncio.wait_for(task, 5)
+    assert reads == ["started", "aborted"]
+    assert [url.split("/v1/")[0] for url, _, _ in session.posted] == [P0], "the decode was never sent"
+    [record] = state.usage.records
+    assert (record["status"], record["pd_route"], record["prefill_replica_id"]) == ("client_cancelled", "split", 200)
+    runtime = state.runtimes[ep.id]
+    assert runtime.in_flight == 0 and runtime.prefill_pool.slots["200"].view.in_flight == 0
+
+
+async def test_no_free_prefill_slot_is_a_fallback_too(monkeypatch):
+    ep = pd_endpoint(name="pd-busy")
+    session = Session({P0: prefill_answer(), D0: decode_stream(cached=0)})
+    state = State(world(ep), session)
+    runtime = state.runtime_for(ep)
+    pool = prefill_pool(runtime)
+    pool.slots["200"].view.in_flight = pool.slots["200"].view.concurrency_limit
+    client = Client(chat(ep))
+    await run(state, client, monkeypatch=monkeypatch)
+    assert client.status == 200 and [url.split("/v1/")[0] for url, _, _ in session.posted] == [D0]
+    assert state.usage.records[0]["pd_route"] == "fallback" and state.usage.records[0]["prefill_replica_id"] is None
+
+
+def test_the_prefill_pool_routes_a_shared_prefix_to_one_replica_and_spreads_load():
+    ep = pd_endpoint(prefills=2)
+    pool = PrefillPool(ep, stale_after_s=5.0)
+
+    def route(i, text):
+        return prefill_route(
+            RouteRequest(request_id=f"r{i}", prompt_text=text, extra={"cache_salt": "s", "prompt_tokens": 500}),
+            PREFILL_COEFFS,
+        )
+
+    shared = "system prompt of the team " * 60
+    first = pool.take(route(0, shared + "q0"))
+    pool.release(first, route(0, shared + "q0"))
+    again = [pool.take(route(i, shared + f"q{i}")) for i in range(1, 3)]
+    assert {s.replica_id for s in again} == {first.replica_id}, "the prompt's prefix is cached there"
+    assert pool.slots[str(first.replica_id)].view.in_flight == 2
+    others = {pool.take(route(i, f"unrelated prompt {i} " * 40)).replica_id for i in range(3, 6)}
+    assert others - {first.replica_id}, "new prompts go where the load is lower"
+
+
+def test_phase_pricing_and_the_prefill_payload_are_pure():
+    ep = pd_endpoint()
+    usage = split_usage(
+        type("PD", (), {"prefill_usage": {"prompt_tokens_details": {"cached_tokens": 500}}})(),
+        {"prompt_tokens": 100, "completion_tokens": 10, "prompt_tokens_details": {"cached_tokens": 99}},
+    )
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 100, "never more cached than the prompt"
+    mu, prefill_mu = split_mu(ep, usage)
+    assert prefill_mu == pytest.approx(0.0002 * 100 + 0.3) and mu == pytest.approx(prefill_mu + 0.01 * 10)
+    req = parse_request("completions", json.dumps({"model": ep.name, "prompt": "abc", "max_tokens": 9}).encode())
+    body = json.loads(prefill_payload(req, cache_salt="s", engine_priority=None, engine_model="m", kv_connector="x"))
+    assert body == {"model": "m", "prompt": "abc", "max_tokens": 1, "stream": False, "cache_salt": "s"}
+    assert prefill_timeout_s(60.0, ep) == 1.0 and prefill_timeout_s(1.0, ep) == 0.5
