@@ -255,7 +255,10 @@ async def prefill_phase(state, flight, req: ParsedRequest, *, cache_salt: str) -
     returns the request the decode replica is sent. Never raises for the prefill's own failure: the decode replica
     then prefills (``FALLBACK``). A cancel while it runs (the client left) aborts it and ends the request."""
     admission, endpoint = flight.admission, flight.endpoint
-    if uncached_estimate(admission.route, admission.slot.view.replica_id) < endpoint.pd_min_uncached_tokens:
+    # A LoRA adapter is loaded on the decode replica only (the prefill pool holds none): its request stays there.
+    if flight.adapter is not None or (
+        uncached_estimate(admission.route, admission.slot.view.replica_id) < endpoint.pd_min_uncached_tokens
+    ):
         return _decided(flight, PDRoute(DECODE_ONLY), req)
     pool = prefill_pool(admission.runtime)
     route = prefill_route(admission.route, endpoint.prefill_coeffs or endpoint.coeffs)

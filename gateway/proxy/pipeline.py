@@ -131,7 +131,7 @@ async def serve(
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     routed(flight)
     mark_slot_share(flight, flight.admission)
-    if endpoint.serving_mode == DISAGGREGATED and adapter is None:
+    if endpoint.serving_mode == DISAGGREGATED:
         req = await prefill_phase(state, flight, req, cache_salt=cache_salt)  # disaggregation.py
     upstream = Upstream(
         req,

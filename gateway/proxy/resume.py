@@ -98,6 +98,9 @@ def continuation(req: ParsedRequest, done: Streamed) -> ParsedRequest | None:
     if remaining is not None and remaining < 1:
         return None
     new = dict(body)
+    # A disaggregated request's KV hand-over (NIXL's transfer params) was for the prompt it was sent with: the
+    # continuation's longer prompt is prefilled where it goes (docs/request-path.md, prefill/decode disaggregation).
+    new.pop("kv_transfer_params", None)
     if req.kind == "chat":
         messages = list(body["messages"])
         last = messages[-1]

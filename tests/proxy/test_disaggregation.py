@@ -14,6 +14,7 @@ from gateway.proxy import metrics as m
 from gateway.proxy.disaggregation import (
     NIXL_PREFILL_PARAMS,
     PrefillPool,
+    decode_request,
     prefill_payload,
     prefill_pool,
     prefill_route,
@@ -22,6 +23,7 @@ from gateway.proxy.disaggregation import (
     split_usage,
 )
 from gateway.proxy.request import parse_request
+from gateway.proxy.resume import continuation, streamed
 from gateway.proxy.snapshot import ReplicaInfo
 from gateway.routing.base import RouteRequest
 from tests.proxy.snapshots import COEFFS, TENANT_A, endpoint, reservation, snapshot
@@ -242,3 +244,12 @@ def test_phase_pricing_and_the_prefill_payload_are_pure():
     body = json.loads(prefill_payload(req, cache_salt="s", engine_priority=None, engine_model="m", kv_connector="x"))
     assert body == {"model": "m", "prompt": "abc", "max_tokens": 1, "stream": False, "cache_salt": "s"}
     assert prefill_timeout_s(60.0, ep) == 1.0 and prefill_timeout_s(1.0, ep) == 0.5
+
+
+def test_a_resumed_nixl_stream_does_not_replay_the_kv_hand_over():
+    req = parse_request("chat", json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode())
+    decode = decode_request(req, {"kv_transfer_params": KV_PARAMS}, "nixl")
+    assert decode.body["kv_transfer_params"] == KV_PARAMS and "kv_transfer_params" not in req.body
+    assert decode_request(req, {"kv_transfer_params": KV_PARAMS}, "shared_storage") is req
+    relayed = [b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}\n\n']
+    assert "kv_transfer_params" not in continuation(decode, streamed(relayed, "chat")).body
