@@ -86,6 +86,12 @@ TENANT_LAUNCH_OPTIONS: dict[str, Callable[[object], str | None]] = {
     "max_lora_rank": _choice(*LORA_RANKS),
     "lora_load_s": _number(0, 600),  # simulated replicas: seconds an adapter load takes
 }
+# Set by the platform alone, from the replica's role and the endpoint's kv_connector (docs/disaggregation.md): the
+# connector's configuration names directories and network peers, so no launch option may carry it.
+PLATFORM_LAUNCH_OPTIONS = {
+    "kv_transfer_config": "kv_transfer_config is set by the platform from the replica's role and the endpoint's "
+    "kv_connector",
+}
 # vLLM's --max-lora-rank default, used when an endpoint enables LoRA without naming one.
 DEFAULT_MAX_LORA_RANK = 16
 
@@ -117,10 +123,12 @@ def tenant_launch_option_errors(options: dict, *, current: dict | None = None) -
         key
         for key in set(options) | set(current)
         if key not in TENANT_LAUNCH_OPTIONS
+        and key not in PLATFORM_LAUNCH_OPTIONS
         and (key not in options or key not in current or options[key] != current[key])
     )
     if changed:
         errors.append(f"only operators may set {', '.join(changed)}")
+    errors += [message for key, message in PLATFORM_LAUNCH_OPTIONS.items() if key in options]
     for key, check in TENANT_LAUNCH_OPTIONS.items():
         if key in options and options[key] is not None and (problem := check(options[key])):
             errors.append(f"{key} {problem}")
@@ -128,12 +136,13 @@ def tenant_launch_option_errors(options: dict, *, current: dict | None = None) -
 
 
 def allowlisted_value_errors(options: dict) -> list[str]:
-    """The allowlist's value checks, for every principal: an operator's value goes through them too."""
+    """The allowlist's value checks, for every principal: an operator's value goes through them too; and no one
+    sets what the platform sets."""
     return [
         f"{key} {problem}"
         for key, check in TENANT_LAUNCH_OPTIONS.items()
         if options.get(key) is not None and (problem := check(options[key]))
-    ]
+    ] + [message for key, message in PLATFORM_LAUNCH_OPTIONS.items() if key in options]
 
 
 def argv_value(name: str, value) -> str:

@@ -64,11 +64,13 @@ def serve_command(
     kv_events_port: int | None = None,
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
+    kv_transfer_config: str | None = None,
 ) -> list[str]:
     """argv for ``vllm serve``, or with ``python`` for the API server module run by that interpreter (the same
     flags; the model goes in ``--model``); raises ValueError on options vLLM would refuse. With ``kv_events_port``
     the engine publishes its KV-cache events there (ZMQ PUB on ``host``, ``kv_events_config``), unless
-    ``extra_args`` already configure them."""
+    ``extra_args`` already configure them. ``kv_transfer_config`` (``kv_transfer_config()``: a prefill or decode
+    replica's connector, set by the platform) may not meet another in ``extra_args``."""
     if not model:
         raise ValueError("model is required")
     if not 0 < int(port) < 65536:
@@ -112,6 +114,12 @@ def serve_command(
         argv += ["--enable-lora", "--max-loras", str(int(max_loras))]
         argv += ["--max-lora-rank", str(int(max_lora_rank or DEFAULT_MAX_LORA_RANK))]
     extra = list(extra_args or [])
+    if kv_transfer_config:
+        if any(str(a).startswith("--kv-transfer-config") for a in extra):
+            raise ValueError(
+                "extra_args may not set --kv-transfer-config: the platform sets it from the replica's role"
+            )
+        argv += ["--kv-transfer-config", kv_transfer_config]
     if kv_events_port is not None and not any(str(a).startswith("--kv-events-config") for a in extra):
         argv += ["--kv-events-config", kv_events_config(host, kv_events_port)]
     return argv + extra
@@ -127,6 +135,35 @@ def kv_events_config(host: str, port: int) -> str:
     bind = "*" if host in ("0.0.0.0", "::", "") else host
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://{bind}:{int(port)}"}
     return json.dumps({**config, "topic": KV_EVENTS_TOPIC})
+
+
+# Prefill/decode disaggregation (docs/disaggregation.md): the connector each role of replica runs.
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+KV_CONNECTORS = ("shared_storage", "nixl")
+
+
+def kv_transfer_config(role: str, connector: str, *, storage_path: str | None = None) -> str | None:
+    """vLLM's ``--kv-transfer-config`` for a replica of ``role`` (mixed, prefill, decode) on an endpoint whose KV cache
+    moves by ``connector``: ``shared_storage`` is vLLM's ExampleConnector over ``storage_path`` (one host: a producer
+    writes the prompt's KV there, a consumer loads it), ``nixl`` its NixlConnector (GPUs over the network, both
+    roles ``kv_both``). None for a mixed replica, which runs none. ValueError on anything else."""
+    if role == "mixed":
+        return None
+    if role not in KV_ROLES:
+        raise ValueError(f"replica role must be mixed, prefill or decode, got {role!r}")
+    if connector == "nixl":
+        config: dict = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    elif connector == "shared_storage":
+        if not storage_path:
+            raise ValueError("the shared_storage connector needs a directory")
+        config = {
+            "kv_connector": "ExampleConnector",
+            "kv_role": KV_ROLES[role],
+            "kv_connector_extra_config": {"shared_storage_path": str(storage_path)},
+        }
+    else:
+        raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {connector!r}")
+    return json.dumps(config, separators=(",", ":"))
 
 
 def serve_command_line(**options) -> str:

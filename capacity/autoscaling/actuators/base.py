@@ -8,12 +8,15 @@ registered by hand (``static``) count as capacity but are left alone. Lifecycle 
 import copy
 import logging
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 import httpx
+from django.conf import settings
 
 from capacity.lifecycle import IllegalTransition, replica_transition
+from capacity.runtimes import vllm
 from capacity.runtimes.replica_http import replica_client
-from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState
+from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaRole, ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,34 @@ def launch_version_id(endpoint: Endpoint) -> int | None:
     """The version a launch starts: the one a rollout asked for (``version_endpoint``), else the endpoint's
     serving version (the autoscaler only ever scales that one)."""
     return getattr(endpoint, "launch_version_id", None) or endpoint.current_version_id
+
+
+def launch_role(endpoint: Endpoint) -> str:
+    """The role the replicas of this launch take (``services.pool_endpoint`` sets it: prefill or decode on a
+    disaggregated endpoint); mixed by default."""
+    return str(getattr(endpoint, "launch_role", None) or ReplicaRole.MIXED)
+
+
+def kv_storage_dir(endpoint: Endpoint) -> Path:
+    """Where a disaggregated endpoint's prefill replicas leave the prompts' KV for its decode replicas with the
+    shared-storage connector (one host: docs/disaggregation.md): a directory of its own under the var dir."""
+    return Path(settings.VAR_DIR) / "kv" / f"endpoint-{endpoint.pk}"
+
+
+def kv_transfer_flag(endpoint: Endpoint) -> str | None:
+    """The ``--kv-transfer-config`` JSON of a replica of this launch (``launch_role``), from the endpoint's
+    ``kv_connector``; None for a mixed replica. Creates the shared directory it names."""
+    role = launch_role(endpoint)
+    if role == ReplicaRole.MIXED:
+        return None
+    path = None
+    if endpoint.kv_connector == "shared_storage":
+        path = kv_storage_dir(endpoint)
+        path.mkdir(parents=True, exist_ok=True)
+    try:
+        return vllm.kv_transfer_config(role, endpoint.kv_connector, storage_path=str(path) if path else None)
+    except ValueError as exc:
+        raise ActuatorError(f"{endpoint.name}: {exc}") from exc
 
 
 class ActuatorError(Exception):
@@ -67,9 +98,13 @@ class Actuator(ABC):
         endpoint = replica.endpoint
         if replica.version_id and replica.version_id != endpoint.current_version_id:
             endpoint = version_endpoint(endpoint, replica.version)  # a replica of a rollout's new version
-        if replica.hardware_profile_id:
+        if replica.hardware_profile_id or replica.role != ReplicaRole.MIXED:
             endpoint = copy.copy(endpoint)
-            endpoint.launch_hardware_profile_id = replica.hardware_profile_id  # its replacement on the same pool
+            if replica.hardware_profile_id:
+                endpoint.launch_hardware_profile_id = replica.hardware_profile_id  # its replacement on the same pool
+            if replica.role == ReplicaRole.PREFILL:
+                endpoint.launch_options = dict(endpoint.prefill_launch_options or {})  # the prefill pool's
+            endpoint.launch_role = replica.role  # and in the same role (docs/disaggregation.md)
         return self.launch(endpoint, 1, standby=standby)
 
     def rollout_refusal(self, endpoint: Endpoint, from_version, to_version) -> str | None:

@@ -31,7 +31,13 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id
+from capacity.autoscaling.actuators.base import (
+    Actuator,
+    ActuatorError,
+    kv_transfer_flag,
+    launch_role,
+    launch_version_id,
+)
 from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import launch_env
 from capacity.runtimes.launch_options import argv_value
@@ -108,11 +114,13 @@ def replica_argv(
 ) -> list[str]:
     """The replica's command line: every launch option value is checked (``argv_value``: no flag, whitespace or
     control character) and passed as its own argv element; no shell ever reads it. The served model is the
-    endpoint's model profile, whatever the launch options say."""
+    endpoint's model profile, whatever the launch options say. A prefill or decode replica (``launch_role``) gets
+    the endpoint's KV connector (``--kv-transfer-config``, docs/disaggregation.md), the simulated one too."""
     options = dict(endpoint.launch_options or {})
+    kv_transfer = kv_transfer_flag(endpoint)
     if endpoint.runtime == Runtime.VLLM:
         allowed = set(inspect.signature(vllm.serve_command).parameters) - {"model", "port", "host", "executable"}
-        allowed -= {"served_model_name", "extra_args", "python", "kv_events_port"}
+        allowed -= {"served_model_name", "extra_args", "python", "kv_events_port", "kv_transfer_config"}
         extra = {k: v for k, v in options.items() if k in allowed and v is not None}
         for key, value in extra.items():
             if not isinstance(value, bool):
@@ -137,6 +145,7 @@ def replica_argv(
             served_model_name=argv_value("served model name", endpoint.name),
             extra_args=flags,
             kv_events_port=kv_events_port,
+            kv_transfer_config=kv_transfer,
             **launch,
             **extra,
         )
@@ -155,6 +164,8 @@ def replica_argv(
         for name, value in (options.get(key) or {}).items():
             value = str(value).lower() if isinstance(value, bool) else value
             argv += [flag, argv_value(f"{key}.{name}", f"{name}={argv_value(f'{key}.{name}', value)}")]
+    if kv_transfer:
+        argv += ["--kv-transfer-config", kv_transfer]
     return argv
 
 
@@ -209,6 +220,7 @@ class LocalActuator(Actuator):
                 concurrency_limit=endpoint.concurrency_limit,
                 version_id=launch_version_id(endpoint),
                 hardware_profile_id=getattr(endpoint, "launch_hardware_profile_id", None),  # a spot pool's
+                role=launch_role(endpoint),  # a disaggregated endpoint's prefill or decode pool
             )
             if endpoint.runtime == Runtime.VLLM:
                 # Third-party code: none of the platform's settings or credentials, and not the repository root as

@@ -1,0 +1,115 @@
+"""Prefill and decode replicas are launched with the endpoint's KV connector (``--kv-transfer-config``), which the
+platform sets from the replica's role and the endpoint's ``kv_connector``, never a launch option
+(docs/disaggregation.md); the local actuator records the role and starts real processes that hand the KV over."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from django.conf import settings
+
+from capacity.autoscaling.actuators.base import kv_storage_dir
+from capacity.autoscaling.actuators.local import LocalActuator, replica_argv
+from capacity.autoscaling.services import pool_endpoint
+from capacity.runtimes.launch_options import tenant_launch_option_errors
+from capacity.runtimes.vllm import kv_transfer_config, serve_command
+from endpoints.models import Endpoint, ReplicaRole, ReplicaState, Runtime, ServingMode
+from endpoints.validation import launch_option_errors
+from simulator.tokens import filler_text
+from tests.proxy.helpers import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def config_of(argv: list[str]) -> dict | None:
+    if "--kv-transfer-config" not in argv:
+        return None
+    assert argv.count("--kv-transfer-config") == 1
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_each_role_gets_its_connector():
+    assert kv_transfer_config("mixed", "shared_storage", storage_path="/d") is None
+    assert json.loads(kv_transfer_config("prefill", "shared_storage", storage_path="/d")) == {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/d"},
+    }
+    assert json.loads(kv_transfer_config("decode", "shared_storage", storage_path="/d"))["kv_role"] == "kv_consumer"
+    for role in ("prefill", "decode"):
+        assert json.loads(kv_transfer_config(role, "nixl")) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    for bad in (("both", "nixl", "/d"), ("prefill", "lmcache", "/d"), ("prefill", "shared_storage", None)):
+        with pytest.raises(ValueError):
+            kv_transfer_config(bad[0], bad[1], storage_path=bad[2])
+
+
+def test_serve_command_adds_it_once_and_refuses_a_second():
+    flag = kv_transfer_config("decode", "nixl")
+    assert config_of(serve_command(model="m", port=8000, kv_transfer_config=flag))["kv_connector"] == "NixlConnector"
+    assert config_of(serve_command(model="m", port=8000)) is None
+    with pytest.raises(ValueError, match="the platform sets it"):
+        serve_command(model="m", port=8000, kv_transfer_config=flag, extra_args=["--kv-transfer-config", "{}"])
+
+
+def test_no_launch_option_carries_it():
+    message = "kv_transfer_config is set by the platform from the replica's role and the endpoint's kv_connector"
+    assert tenant_launch_option_errors({"kv_transfer_config": "{}"}) == [message]
+    assert message in launch_option_errors({"kv_transfer_config": "{}"}, runtime="vllm")  # operators neither
+    assert tenant_launch_option_errors({"max_num_seqs": 8}) == []
+
+
+def disaggregated(endpoint, *, runtime=Runtime.SIM, connector="shared_storage", **prefill_options) -> Endpoint:
+    Endpoint.objects.filter(pk=endpoint.pk).update(
+        runtime=runtime,
+        serving_mode=ServingMode.DISAGGREGATED,
+        kv_connector=connector,
+        launch_options={"actuator": "local", "profile": "tiny", "profile_opts": {"block_size": 128}},
+        prefill_launch_options={"profile": "tiny", "profile_opts": {"block_size": 128}, **prefill_options},
+    )
+    return Endpoint.objects.get(pk=endpoint.pk)
+
+
+def test_the_local_actuators_command_lines_by_role(tenant_a):
+    endpoint = disaggregated(tenant_a.endpoint, runtime=Runtime.VLLM, max_num_seqs=4)
+    shared = str(Path(settings.VAR_DIR) / "kv" / f"endpoint-{endpoint.pk}")
+    prefill = replica_argv(pool_endpoint(endpoint, None, role=ReplicaRole.PREFILL), port=8001)
+    decode = replica_argv(pool_endpoint(endpoint, None, role=ReplicaRole.DECODE), port=8002)
+    assert config_of(prefill)["kv_role"] == "kv_producer" and config_of(decode)["kv_role"] == "kv_consumer"
+    assert config_of(prefill)["kv_connector_extra_config"] == {"shared_storage_path": shared}
+    assert Path(shared).is_dir()
+    assert prefill[prefill.index("--max-num-seqs") + 1] == "4"  # the prefill pool's own options
+    assert "--max-num-seqs" not in decode
+    assert config_of(replica_argv(pool_endpoint(endpoint, None, role=ReplicaRole.MIXED), port=8003)) is None
+    nixl = disaggregated(endpoint, runtime=Runtime.VLLM, connector="nixl")
+    assert config_of(replica_argv(pool_endpoint(nixl, None, role=ReplicaRole.PREFILL), port=8004))["kv_role"] == (
+        "kv_both"
+    )
+
+
+def test_a_local_prefill_replica_hands_its_kv_to_a_local_decode_replica(tenant_a, reap_local_replicas):
+    endpoint = disaggregated(tenant_a.endpoint)
+    actuator = LocalActuator()
+    (prefill,) = actuator.launch(pool_endpoint(endpoint, None, role=ReplicaRole.PREFILL), 1)
+    (decode,) = actuator.launch(pool_endpoint(endpoint, None, role=ReplicaRole.DECODE), 1)
+    assert (prefill.role, decode.role) == (ReplicaRole.PREFILL, ReplicaRole.DECODE)
+
+    def both_ready():
+        actuator.sync(endpoint)
+        return all(r.state == ReplicaState.READY for r in endpoint.replicas.filter(pk__in=[prefill.pk, decode.pk]))
+
+    wait_for(both_ready, 30)
+    body = {"model": endpoint.name, "messages": [{"role": "user", "content": filler_text(600, seed="launch")}]}
+    first = httpx.post(f"{prefill.url}/v1/chat/completions", json=body | {"max_tokens": 1}, timeout=30).json()
+    assert any(kv_storage_dir(endpoint).iterdir())  # the prompt's KV, left where the decode replica looks
+    second = httpx.post(f"{decode.url}/v1/chat/completions", json=body | {"max_tokens": 4}, timeout=30).json()
+    n = first["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 2) // 128 * 128 > 0
+
+    # a restarted decode replica comes back a decode replica, with the same connector
+    (again,) = actuator.restart(decode)
+    assert again.role == ReplicaRole.DECODE and again.pk != decode.pk
+    cmdline = Path(f"/proc/{again.actuator_ref}/cmdline").read_bytes().split(b"\0")
+    assert config_of([a.decode() for a in cmdline if a])["kv_role"] == "kv_consumer"
