@@ -75,6 +75,14 @@ TOP = {
         "fidelity.tpot_p50_err", "fidelity.prefix_hit_rate_err", "contract_divergences", "engine_startup_s",
         "calibration", "points",
     },
+    "pd": {
+        *(f"pd.{w}.{k}" for w in ("short_chat", "long_rag", "mix") for k in (
+            "goodput_per_gpu_ratio", "planner_choice", "choice_goodput_ratio", "ttft_p90_ratio", "tpot_p90_ratio",
+            "floor_ratio", "ceiling_ratio", "detail",
+        )),
+        "pd.real_engine.outputs_match", "pd.real_engine.external_hit_tokens", "pd.real_engine.fallbacks_without_error",
+        "pd.seeds", "pd.seed_set", "pd.wall_s",
+    },
 }  # fmt: skip
 PROXY_ROW = {
     "added_e2e_p50_ms", "added_ttft_p50_ci95_ms", "added_ttft_p50_ms", "added_ttft_p99_ms", "bare_passthrough",
@@ -216,6 +224,15 @@ def test_deploy(clean_redis):
         assert {"prometheus_error_ratio_5m", "platform_error_ratio_5m"} <= set(figures)
     if shutil.which("promtool") is not None:
         assert {"promtool_alert_steps_checked", "first_firing_minute"} <= set(figures)
+
+
+def test_pd(tmp_path):
+    figures = smoke("pd", plot=tmp_path / "pd.svg")
+    assert figures["pd.seed_set"] == "training" and figures["pd.real_engine.outputs_match"] is None
+    detail = figures["pd.long_rag.detail"][0]
+    assert set(detail["fleets"]) == {"aggregated", "round_robin", "disaggregated", "oracle"}
+    assert detail["gpus"] == detail["split"]["prefill"] + detail["split"]["decode"]
+    assert (tmp_path / "pd.svg").read_text().startswith("<svg")
 
 
 @pytest.mark.e2e

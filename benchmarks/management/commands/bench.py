@@ -25,7 +25,7 @@ from benchmarks.billing import metering, slo
 from benchmarks.capacity import autoscale, economics, planner
 from benchmarks.operations import deploy, reliability, security
 from benchmarks.routing import routing
-from benchmarks.serving import adapter_routing, fidelity, proxy, sim
+from benchmarks.serving import adapter_routing, fidelity, pd, proxy, sim
 from capacity.runtimes.processes import BENCH_MARK, processes_marked, stop_marked
 
 BENCHMARKS = {
@@ -42,6 +42,7 @@ BENCHMARKS = {
     "security": security,
     "metering": metering,
     "deploy": deploy,
+    "pd": pd,
 }
 
 

@@ -1,0 +1,318 @@
+"""``bench pd``: prefill/decode disaggregation against the best aggregated fleet at equal GPUs, in the discrete-event
+model (``simulator/pd_des.py``, the calibrated engine model of every replica).
+
+For each workload (short chat, long-context RAG with a strict TPOT, a mix) the planner
+(``capacity.planning.disaggregation``) sizes both designs for a target rate; the bench takes the GPUs of the design it
+recommends and simulates, on that many GPUs:
+
+* ``aggregated``: mixed replicas, the least-loaded router (pending prefill seconds plus running streams): the best
+  aggregated fleet;
+* ``round_robin``: the same replicas, round robin: the floor;
+* ``disaggregated``: the planner's prefill/decode split (scaled to the GPUs when it recommends aggregated), the
+  proxy's pairing (least pending prefill, then fewest running decode streams);
+* ``oracle``: every split of the GPUs with a pairing that knows each stream's remaining output: the ceiling.
+
+Goodput per GPU is DistServe's: the highest arrival rate at which ≥ 90 % of requests meet both the TTFT and TPOT SLO
+(bisection on the same requests, times scaled), times the share that met it, over GPUs. ``ttft_p90_ratio`` and
+``tpot_p90_ratio`` compare disaggregated with aggregated at one load: the aggregated fleet's own highest rate (where it
+still meets its SLO). ``planner_check``: the planner's two fleets simulated at the target rate, and one replica fewer.
+
+Last line keys: ``pd.<workload>.goodput_per_gpu_ratio`` (disaggregated ÷ aggregated), ``pd.<workload>.planner_choice``,
+``pd.<workload>.choice_goodput_ratio`` (the planner's choice ÷ aggregated: what infercap loses or gains),
+``pd.<workload>.ttft_p90_ratio``, ``pd.<workload>.tpot_p90_ratio``, ``pd.<workload>.detail``; ``pd.real_engine.*``
+(null here: tests/engine measures the two real engines), ``pd.seeds``, ``pd.seed_set``, ``pd.wall_s``.
+
+Options (``--opt``): ``requests`` per run (300 quick, 1000 full; chat twice that), ``steps`` of the bisection (6
+quick, 8 full), ``workloads`` (comma-separated names), ``seeds`` (comma-separated: training seeds only unless
+``--held-out``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from benchmarks import protocol
+from capacity.hardware.profiles import get_profile
+from capacity.planning.barriers import Hardware, ModelShape
+from capacity.planning.disaggregation import PDSLO, PDWorkload, StepModel, plan_disaggregation
+from simulator.pd_des import PDFleet, PDSimulation, pd_mix_requests
+from simulator.workloads import poisson_times
+
+HELD_OUT = True
+SMOKE = {"requests": "40", "steps": "2"}
+ATTAINMENT = 0.9
+# Llama 3.1 8B on one H100 (the roofline profile), its context raised for 16k-token prompts; KV 128 KiB per token.
+PROFILE = get_profile("llama-8b-h100").with_options(max_model_len=32768)
+MODEL = ModelShape(n_layers=32, n_kv_heads=8, d_head=128, dtype_bytes=2, weights_gb=16.06)
+HARDWARE = Hardware(gpu_memory_gb=80.0, overhead_gb=10.0, gpus_per_replica=1, usd_per_gpu_hour=0.0)
+LINK_GBPS = 400.0  # one 400 Gb/s NIC per GPU (InfiniBand NDR / RoCE), the KV connector's path
+LINK_LATENCY_S = 0.001
+
+
+@dataclass(frozen=True)
+class PDWorkloadSpec:
+    name: str
+    shapes: list  # (weight, prompt range, output range)
+    slo: PDSLO
+    rate: float  # the planner's target, requests per second
+
+    def requests(self, rate: float, count: int, seed: int):
+        times = [t / rate for t in poisson_times(1.0, count=count, seed=seed)]
+        return list(pd_mix_requests(times, shapes=self.shapes, seed=seed, prefix=self.name))
+
+    def planner_workload(self) -> PDWorkload:
+        total = sum(w for w, _, _ in self.shapes)
+        mean = sum(w * (p[0] + p[1]) / 2 for w, p, _ in self.shapes) / total
+        second = sum(w * ((p[1] - p[0]) ** 2 / 12 + ((p[0] + p[1]) / 2) ** 2) for w, p, _ in self.shapes) / total
+        out = sum(w * (o[0] + o[1]) / 2 for w, _, o in self.shapes) / total
+        # a stream's context weighted by how long it decodes (its output)
+        held = sum(w * (o[0] + o[1]) / 2 * ((p[0] + p[1]) / 2 + (o[0] + o[1]) / 4) for w, p, o in self.shapes)
+        return PDWorkload(self.rate, mean, out, max(0.0, second - mean**2) ** 0.5, held / total / out)
+
+
+WORKLOADS = {
+    "short_chat": PDWorkloadSpec("short_chat", [(1.0, (128, 1024), (64, 256))], PDSLO(ttft_s=1.0, tpot_s=0.05), 40.0),
+    "long_rag": PDWorkloadSpec("long_rag", [(1.0, (4096, 16384), (128, 512))], PDSLO(ttft_s=3.0, tpot_s=0.015), 8.0),
+    "mix": PDWorkloadSpec(
+        "mix",
+        [(0.7, (128, 1024), (64, 256)), (0.3, (4096, 16384), (128, 512))],
+        PDSLO(ttft_s=3.0, tpot_s=0.025),
+        16.0,
+    ),
+}
+
+
+def _simulate(spec: PDWorkloadSpec, fleet: PDFleet, rate: float, count: int, seed: int):
+    return PDSimulation(fleet).run(spec.requests(rate, count, seed))
+
+
+def _attainment(spec, result) -> float:
+    return result.slo_attainment(ttft_s=spec.slo.ttft_s, tpot_s=spec.slo.tpot_s)
+
+
+def max_goodput(spec: PDWorkloadSpec, fleet: PDFleet, *, count: int, seed: int, steps: int) -> dict:
+    """The highest rate (bisection, geometric) at which ≥ 90 % of the requests meet the SLO, and its goodput/GPU."""
+    lo, hi = 0.05 * spec.rate, 4.0 * spec.rate
+    best = None
+    for _ in range(steps):
+        mid = (lo * hi) ** 0.5
+        result = _simulate(spec, fleet, mid, count, seed)
+        if _attainment(spec, result) >= ATTAINMENT:
+            lo, best = mid, (mid, result)
+        else:
+            hi = mid
+    if best is None:
+        best = (lo, _simulate(spec, fleet, lo, count, seed))
+    rate, result = best
+    attainment = _attainment(spec, result)
+    return {
+        "rate": round(rate, 3),
+        "attainment": round(attainment, 4),
+        "goodput_per_gpu": round(rate * attainment / fleet.gpus, 4) if attainment >= ATTAINMENT else 0.0,
+        "gpus": fleet.gpus,
+    }
+
+
+def _latency(spec, result) -> dict:
+    return {
+        "attainment": round(_attainment(spec, result), 4),
+        "ttft_p90_s": _r(result.percentile("ttft_s", 90)),
+        "tpot_p90_s": _r(result.percentile("tpot_s", 90)),
+        "transfer_p90_s": _r(_p90([r.extra["transfer_s"] for r in result.requests if "transfer_s" in r.extra])),
+    }
+
+
+def _p90(values):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(0.9 * len(values)))] if values else None
+
+
+def _r(value):
+    return None if value is None else round(value, 4)
+
+
+def _fleets(plan, gpus: int) -> tuple[PDFleet, PDFleet, PDFleet, int]:
+    base = {"profile": PROFILE, "kv_bytes_per_token": plan.kv_bytes_per_token, "link_gbps": LINK_GBPS}
+    base["link_latency_s"] = LINK_LATENCY_S
+    if plan.prefill.replicas is not None and plan.decode.replicas is not None:
+        share = plan.prefill.replicas / (plan.prefill.replicas + plan.decode.replicas)
+    else:
+        share = 0.5
+    prefill = min(gpus - 1, max(1, round(gpus * share)))
+    aggregated = PDFleet(replicas=gpus, **base)
+    floor = PDFleet(replicas=gpus, router="round_robin", **base)
+    disaggregated = PDFleet(replicas=gpus - prefill, prefill_replicas=prefill, mode="disaggregated", **base)
+    return aggregated, floor, disaggregated, prefill
+
+
+def run_workload(spec: PDWorkloadSpec, *, count: int, steps: int, seed: int, oracle_span: int, progress) -> dict:
+    plan = plan_disaggregation(
+        model=MODEL,
+        hardware=HARDWARE,
+        step=StepModel.from_profile(PROFILE),
+        workload=spec.planner_workload(),
+        slo=spec.slo,
+        link_gbps=LINK_GBPS,
+        link_latency_s=LINK_LATENCY_S,
+    )
+    chosen_gpus = plan.disaggregated_gpus if plan.pays else plan.aggregated.gpus
+    gpus = max(2, chosen_gpus or plan.disaggregated_gpus or 2)
+    aggregated, floor, disaggregated, prefill = _fleets(plan, gpus)
+    runs = {}
+    for name, fleet in (("aggregated", aggregated), ("round_robin", floor), ("disaggregated", disaggregated)):
+        runs[name] = max_goodput(spec, fleet, count=count, seed=seed, steps=steps)
+        progress(f"pd {spec.name} seed {seed}: {name} on {gpus} GPUs: {runs[name]}")
+    oracle_best = None
+    for p in range(max(1, prefill - oracle_span), min(gpus - 1, prefill + oracle_span) + 1):
+        fleet = PDFleet(
+            profile=PROFILE, replicas=gpus - p, prefill_replicas=p, mode="disaggregated", router="oracle",
+            kv_bytes_per_token=plan.kv_bytes_per_token, link_gbps=LINK_GBPS, link_latency_s=LINK_LATENCY_S,
+        )  # fmt: skip
+        figures = {**max_goodput(spec, fleet, count=count, seed=seed, steps=steps), "prefill_replicas": p}
+        if oracle_best is None or figures["goodput_per_gpu"] > oracle_best["goodput_per_gpu"]:
+            oracle_best = figures
+    runs["oracle"] = oracle_best
+    progress(f"pd {spec.name} seed {seed}: oracle {oracle_best}")
+    at_rate = max(runs["aggregated"]["rate"], 0.05 * spec.rate)
+    same_load = {
+        "rate": at_rate,
+        "aggregated": _latency(spec, _simulate(spec, aggregated, at_rate, count, seed)),
+        "disaggregated": _latency(spec, _simulate(spec, disaggregated, at_rate, count, seed)),
+    }
+    return {
+        "plan": {
+            "recommended": plan.recommended,
+            "explanation": plan.explanation,
+            "aggregated_replicas": plan.aggregated.replicas,
+            "prefill_replicas": plan.prefill.replicas,
+            "decode_replicas": plan.decode.replicas,
+            "gpu_ratio": plan.gpu_ratio,
+        },
+        "gpus": gpus,
+        "split": {"prefill": prefill, "decode": gpus - prefill},
+        "fleets": runs,
+        "same_load": same_load,
+        "planner_check": _planner_check(spec, plan, count=count, seed=seed),
+    }
+
+
+def _planner_check(spec, plan, *, count: int, seed: int) -> dict:
+    """The planner's fleets at its target rate, and each with one replica fewer (the SLO should fail there)."""
+    base = {"profile": PROFILE, "kv_bytes_per_token": plan.kv_bytes_per_token, "link_gbps": LINK_GBPS}
+    base["link_latency_s"] = LINK_LATENCY_S
+    check = {}
+    n = plan.aggregated.replicas
+    if n:
+        check["aggregated"] = {
+            "replicas": n,
+            "attainment": round(
+                _attainment(spec, _simulate(spec, PDFleet(replicas=n, **base), spec.rate, count, seed)), 4
+            ),
+        }
+        if n > 1:
+            fewer = _simulate(spec, PDFleet(replicas=n - 1, **base), spec.rate, count, seed)
+            check["aggregated"]["attainment_one_fewer"] = round(_attainment(spec, fewer), 4)
+    p, d = plan.prefill.replicas, plan.decode.replicas
+    if p and d:
+        fleet = PDFleet(replicas=d, prefill_replicas=p, mode="disaggregated", **base)
+        check["disaggregated"] = {
+            "replicas": [p, d],
+            "attainment": round(_attainment(spec, _simulate(spec, fleet, spec.rate, count, seed)), 4),
+        }
+    return check
+
+
+def _summarise(name: str, per_seed: list[dict]) -> dict:
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return round(sum(values) / len(values), 4) if values else None
+
+    def ratio(block, a, b):
+        x, y = block["fleets"][a]["goodput_per_gpu"], block["fleets"][b]["goodput_per_gpu"]
+        return x / y if y else None
+
+    choice = per_seed[0]["plan"]["recommended"]
+    chosen = "disaggregated" if choice == "disaggregated" else "aggregated"
+    same = [b["same_load"] for b in per_seed]
+    return {
+        f"pd.{name}.goodput_per_gpu_ratio": mean([ratio(b, "disaggregated", "aggregated") for b in per_seed]),
+        f"pd.{name}.planner_choice": choice,
+        f"pd.{name}.choice_goodput_ratio": mean([ratio(b, chosen, "aggregated") for b in per_seed]),
+        f"pd.{name}.ttft_p90_ratio": mean(
+            [
+                s["disaggregated"]["ttft_p90_s"] / s["aggregated"]["ttft_p90_s"]
+                for s in same
+                if s["aggregated"]["ttft_p90_s"]
+            ]
+        ),
+        f"pd.{name}.tpot_p90_ratio": mean(
+            [
+                s["disaggregated"]["tpot_p90_s"] / s["aggregated"]["tpot_p90_s"]
+                for s in same
+                if s["aggregated"]["tpot_p90_s"]
+            ]
+        ),
+        f"pd.{name}.floor_ratio": mean([ratio(b, "round_robin", "aggregated") for b in per_seed]),
+        f"pd.{name}.ceiling_ratio": mean([ratio(b, "oracle", "aggregated") for b in per_seed]),
+        f"pd.{name}.detail": per_seed,
+    }
+
+
+def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, held_out: bool = False, **opts):
+    started = time.perf_counter()
+    count = int(opts.get("requests", 300 if quick else 1000))
+    steps = int(opts.get("steps", 6 if quick else 8))
+    names = opts.get("workloads", ",".join(WORKLOADS)).split(",")
+    if unknown := set(names) - set(WORKLOADS):
+        raise ValueError(f"unknown workloads {sorted(unknown)}; expected {', '.join(WORKLOADS)}")
+    seeds = protocol.seeds_for("pd", held_out=held_out)
+    if "seeds" in opts:
+        seeds = tuple(int(s) for s in str(opts["seeds"]).split(","))
+        if not held_out and any(protocol.is_held_out("pd", s) for s in seeds):
+            raise ValueError("held-out seeds run only with --held-out (benchmarks/protocol.py)")
+    elif quick:
+        seeds = seeds[:1]
+    figures: dict = {}
+    for name in names:
+        spec = WORKLOADS[name]
+        n = count * 2 if name == "short_chat" else count
+        per_seed = [
+            run_workload(spec, count=n, steps=steps, seed=s, oracle_span=1 if quick else 3, progress=progress)
+            for s in seeds
+        ]
+        figures.update(_summarise(name, per_seed))
+    figures["pd.real_engine.outputs_match"] = None
+    figures["pd.real_engine.external_hit_tokens"] = None
+    figures["pd.real_engine.fallbacks_without_error"] = None
+    figures["pd.real_engine.note"] = "not measured by this bench: tests/engine's two-engine test fills these keys"
+    figures["pd.seeds"] = list(seeds)
+    figures["pd.seed_set"] = "held_out" if held_out else "training"
+    figures["pd.wall_s"] = round(time.perf_counter() - started, 1)
+    if plot:
+        with open(plot, "w") as out:
+            out.write(_svg(figures, names))
+    return figures
+
+
+def _svg(figures: dict, names: list[str]) -> str:
+    """Goodput per GPU of each fleet, per workload, relative to aggregated (first seed)."""
+    fleets = ("round_robin", "aggregated", "disaggregated", "oracle")
+    colors = ("#bbb", "#4c72b0", "#dd8452", "#55a868")
+    width, height, bar = 160 * len(names) + 80, 260, 28
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-size="11">']
+    for i, name in enumerate(names):
+        runs = figures[f"pd.{name}.detail"][0]["fleets"]
+        ref = runs["aggregated"]["goodput_per_gpu"] or 1.0
+        for j, fleet in enumerate(fleets):
+            value = runs[fleet]["goodput_per_gpu"] / ref
+            h = min(200.0, 100 * value)
+            x = 60 + 160 * i + j * (bar + 4)
+            parts.append(f'<rect x="{x}" y="{230 - h:.1f}" width="{bar}" height="{h:.1f}" fill="{colors[j]}"/>')
+            parts.append(f'<text x="{x}" y="{225 - h:.1f}">{value:.2f}</text>')
+        parts.append(f'<text x="{60 + 160 * i}" y="250">{name}</text>')
+    parts.append(
+        '<text x="10" y="15">goodput per GPU ÷ aggregated: round robin, aggregated, disaggregated, oracle</text>'
+    )
+    parts.append("</svg>")
+    return "\n".join(parts)
