@@ -8,8 +8,16 @@ from django.utils import timezone
 
 from capacity.autoscaling.pins import DEFAULT_PIN_MINUTES, MAX_PIN_MINUTES
 from capacity.models import HardwareProfile, ModelProfile
-from endpoints.models import Endpoint, Runtime
+from endpoints.models import Endpoint, ReplicaRole, Runtime
 from tenants.models import ApiKeyScope, CapacityReservation, PriorityClass, Tenant
+
+PD_DEFAULTED = (
+    "serving_mode",
+    "kv_connector",
+    "pd_min_uncached_tokens",
+    "prefill_min_replicas",
+    "prefill_max_replicas",
+)
 
 
 class EndpointCreateForm(forms.ModelForm):
@@ -29,9 +37,27 @@ class EndpointCreateForm(forms.ModelForm):
             "routing_policy",
             "ttft_slo_ms",
             "tpot_slo_ms",
+            "serving_mode",
+            "kv_connector",
+            "pd_min_uncached_tokens",
+            "prefill_hardware_profile",
+            "prefill_min_replicas",
+            "prefill_max_replicas",
         ]
-        help_texts = {"name": "The OpenAI “model” name tenants call.", "owner_tenant": "Empty = shared endpoint."}
-        labels = {"ttft_slo_ms": "TTFT SLO (ms)", "tpot_slo_ms": "TPOT SLO (ms)"}
+        help_texts = {
+            "name": "The OpenAI “model” name tenants call.",
+            "owner_tenant": "Empty = shared endpoint.",
+            "serving_mode": "Disaggregated: a prefill pool and a decode pool (the replica fields above), KV handed over.",
+        }
+        labels = {
+            "ttft_slo_ms": "TTFT SLO (ms)",
+            "tpot_slo_ms": "TPOT SLO (ms)",
+            "kv_connector": "KV connector",
+            "pd_min_uncached_tokens": "Prefill pool from (uncached prompt tokens)",
+            "prefill_hardware_profile": "Prefill hardware",
+            "prefill_min_replicas": "Prefill min replicas",
+            "prefill_max_replicas": "Prefill max replicas",
+        }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -41,6 +67,9 @@ class EndpointCreateForm(forms.ModelForm):
             capacity_type=HardwareProfile.CapacityType.SPOT
         ).order_by("name")
         self.fields["spot_hardware_profile"].label = "Spot pool"
+        self.fields["prefill_hardware_profile"].queryset = HardwareProfile.objects.order_by("name")
+        for name in PD_DEFAULTED:  # an aggregated endpoint's form need not mention them
+            self.fields[name].required = False
         self.fields["owner_tenant"].queryset = Tenant.objects.filter(is_active=True)
         self.fields["runtime"].initial = Runtime.SIM
 
@@ -49,6 +78,12 @@ class EndpointCreateForm(forms.ModelForm):
         low, high, desired = (cleaned.get(k) for k in ("min_replicas", "max_replicas", "desired_replicas"))
         if None not in (low, high, desired) and not low <= desired <= high:
             self.add_error("desired_replicas", f"must lie within [min_replicas, max_replicas] = [{low}, {high}]")
+        for name in PD_DEFAULTED:
+            if cleaned.get(name) in (None, ""):
+                cleaned[name] = Endpoint._meta.get_field(name).default
+        low, high = cleaned.get("prefill_min_replicas"), cleaned.get("prefill_max_replicas")
+        if low is not None and high is not None and low > high:
+            self.add_error("prefill_min_replicas", "must not exceed the prefill max replicas")
         return cleaned
 
 
@@ -90,6 +125,11 @@ class ReplicaAttachForm(forms.Form):
     name = forms.CharField(max_length=120, required=False, help_text="empty: attached-<host>-<port>")
     concurrency_limit = forms.IntegerField(
         min_value=1, max_value=100_000, required=False, help_text="empty: the endpoint's concurrency limit"
+    )
+    role = forms.ChoiceField(
+        choices=[("", "the endpoint's serving pool"), *ReplicaRole.choices],
+        required=False,
+        help_text="a disaggregated endpoint: prefill or decode (a server started with that KV connector role)",
     )
 
 

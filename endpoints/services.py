@@ -13,7 +13,15 @@ from capacity.autoscaling import pins
 from capacity.lifecycle import replica_transition
 from capacity.runtimes import vllm
 from capacity.runtimes.launch_options import tenant_launch_option_errors
-from endpoints.models import ROLLOUT_ACTIVE_STATES, VERSIONED_FIELDS, Endpoint, Replica, ReplicaState
+from endpoints.models import (
+    ROLLOUT_ACTIVE_STATES,
+    VERSIONED_FIELDS,
+    Endpoint,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    ServingMode,
+)
 from endpoints.rollouts.services import apply_versioned_changes, ensure_current_version
 from endpoints.validation import NAME_TAKEN, endpoint_validate, quota_errors
 from gateway.routing.kv_events import endpoint_problem
@@ -54,6 +62,15 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
         "fallback_classes",
         "degrade_max_tokens",
         "degrade_slot_share",
+        # Prefill/decode disaggregation (docs/disaggregation.md): the mode and the prefill pool's settings.
+        "serving_mode",
+        "kv_connector",
+        "pd_min_uncached_tokens",
+        "prefill_hardware_profile",
+        "prefill_pinned_benchmark",
+        "prefill_launch_options",
+        "prefill_min_replicas",
+        "prefill_max_replicas",
     }
 )
 
@@ -66,13 +83,14 @@ def _check_quota_locked(endpoint: Endpoint) -> None:
         raise ValidationError(errors)
 
 
-def _refuse_operator_launch_options(actor, options, *, current: dict) -> None:
+def _refuse_operator_launch_options(actor, options, *, current: dict, field: str = "launch_options") -> None:
     """A tenant principal (user or API key) sets only the allowlisted launch options; operators and the platform
-    itself (no actor) set any. The API serializer says the same first, with the same messages."""
+    itself (no actor) set any. The API serializer says the same first, with the same messages. The prefill pool's
+    options (``field`` prefill_launch_options) are held to the same list."""
     if actor is None or isinstance(actor, str) or not isinstance(options, dict) or principal_is_operator(actor):
         return
     if errors := tenant_launch_option_errors(options, current=current):
-        raise ValidationError({"launch_options": errors})
+        raise ValidationError({field: errors})
 
 
 def _audit(*, actor, action: str, endpoint: Endpoint, detail: dict) -> None:
@@ -85,9 +103,13 @@ def endpoint_create(*, actor=None, **fields) -> Endpoint:
     if unknown:
         raise ValidationError({name: ["not a settable endpoint field"] for name in sorted(unknown)})
     _refuse_operator_launch_options(actor, fields.get("launch_options"), current={})
+    _refuse_operator_launch_options(
+        actor, fields.get("prefill_launch_options"), current={}, field="prefill_launch_options"
+    )
     endpoint = Endpoint(**fields)
     if "desired_replicas" not in fields:
         endpoint.desired_replicas = endpoint.min_replicas
+    endpoint.prefill_desired_replicas = endpoint.prefill_min_replicas
     endpoint_validate(endpoint)
     _desired_within_bounds(endpoint, endpoint.desired_replicas)
     with transaction.atomic():
@@ -113,6 +135,13 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
         raise ValidationError({name: ["not changeable here"] for name in sorted(unknown)})
     if "launch_options" in changes:
         _refuse_operator_launch_options(actor, changes["launch_options"], current=endpoint.launch_options or {})
+    if "prefill_launch_options" in changes:
+        _refuse_operator_launch_options(
+            actor,
+            changes["prefill_launch_options"],
+            current=endpoint.prefill_launch_options or {},
+            field="prefill_launch_options",
+        )
     versioned = {name: changes.pop(name) for name in VERSIONED_FIELDS if name in changes}
     if versioned:
         with transaction.atomic():
@@ -123,6 +152,9 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
     for name, value in changes.items():
         setattr(endpoint, name, value)
     endpoint.desired_replicas = min(max(endpoint.desired_replicas, endpoint.min_replicas), endpoint.max_replicas)
+    endpoint.prefill_desired_replicas = min(
+        max(endpoint.prefill_desired_replicas, endpoint.prefill_min_replicas), endpoint.prefill_max_replicas
+    )
     endpoint_validate(endpoint)
     diff = {name: [before[name], _plain(value)] for name, value in changes.items() if before[name] != _plain(value)}
     with transaction.atomic():
@@ -131,7 +163,9 @@ def endpoint_update(*, endpoint: Endpoint, actor=None, **changes) -> Endpoint:
         # as loaded, undoing a rollout's promotion that happened meanwhile.
         try:
             with transaction.atomic():
-                endpoint.save(update_fields=sorted({*changes, "desired_replicas", "updated_at"}))
+                endpoint.save(
+                    update_fields=sorted({*changes, "desired_replicas", "prefill_desired_replicas", "updated_at"})
+                )
         except IntegrityError:
             raise ValidationError({"name": [NAME_TAKEN]}) from None
         if diff:
@@ -239,6 +273,18 @@ def _attach_names(served_model_name: str, kv_events_endpoint: str) -> tuple[str,
     return served_model_name, kv_events_endpoint
 
 
+def _attach_role(endpoint: Endpoint, role: str) -> str:
+    """The attached replica's role: decode by default on a disaggregated endpoint, mixed on an aggregated one; a
+    role that the endpoint's mode has no pool for is a field error."""
+    disaggregated = endpoint.serving_mode == ServingMode.DISAGGREGATED
+    role = (role or "").strip() or (ReplicaRole.DECODE if disaggregated else ReplicaRole.MIXED)
+    allowed = (ReplicaRole.PREFILL, ReplicaRole.DECODE) if disaggregated else (ReplicaRole.MIXED,)
+    if role not in allowed:
+        mode = "a disaggregated" if disaggregated else "an aggregated"
+        raise ValidationError({"role": [f"must be one of {', '.join(allowed)} on {mode} endpoint"]})
+    return role
+
+
 def replica_attach(
     *,
     endpoint: Endpoint,
@@ -247,6 +293,7 @@ def replica_attach(
     concurrency_limit: int | None = None,
     served_model_name: str = "",
     kv_events_endpoint: str = "",
+    role: str = "",
     actor=None,
     check_server=None,
 ) -> Replica:
@@ -258,14 +305,16 @@ def replica_attach(
     ``--served-model-name``), else the endpoint's; it is recorded on the row, and the proxy sends it as ``model``
     and writes the endpoint's name back into the answers. ``kv_events_endpoint``: where the server publishes its
     KV-cache events (``tcp://host:port``, its ``--kv-events-config``), which the proxy subscribes to. It is a
-    ``static`` replica: counted as capacity, never started or stopped by an actuator. ``check_server``: the check,
-    replaceable in tests."""
+    ``static`` replica: counted as capacity, never started or stopped by an actuator. ``role``: its pool on a
+    disaggregated endpoint (prefill or decode, default decode: a server started with the matching KV connector
+    role), mixed on an aggregated one. ``check_server``: the check, replaceable in tests."""
     url = (url or "").strip().rstrip("/")
     if problem := vllm.base_url_problem(url) or (len(url) > 255 and "must be at most 255 characters"):
         raise ValidationError({"url": [problem]})
     name = (name or "").strip() or _attached_name(url)
     if not ATTACHED_NAME.match(name):
         raise ValidationError({"name": ["letters, digits, '.', '_' or '-', starting with a letter or digit"]})
+    role = _attach_role(endpoint, role)
     named = (served_model_name or "").strip()
     served_model_name, kv_events_endpoint = _attach_names(named or endpoint.name, kv_events_endpoint)
     if concurrency_limit is not None and (
@@ -297,6 +346,7 @@ def replica_attach(
                     kv_events_endpoint=kv_events_endpoint,
                     actuator="static",
                     concurrency_limit=concurrency_limit or endpoint.concurrency_limit,
+                    role=role,
                 )
         except IntegrityError:
             raise ValidationError({"name": ["is already a replica name of this endpoint"]}) from None

@@ -15,7 +15,7 @@ REPLICA_URL_FIELD = {models.URLField: {"assume_scheme": "http"}}
 class ReplicaInline(admin.TabularInline):
     model = Replica
     formfield_overrides = REPLICA_URL_FIELD
-    fields = ["name", "url", "state", "state_changed_at", "concurrency_limit", "last_probe_ok", "is_standby"]
+    fields = ["name", "url", "role", "state", "state_changed_at", "concurrency_limit", "last_probe_ok", "is_standby"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -45,8 +45,10 @@ class EndpointAdmin(OperatorAdmin):
         "model_profile",
         "hardware_profile",
         "runtime",
+        "serving_mode",
         "min_replicas",
         "desired_replicas",
+        "prefill_desired_replicas",
         "max_replicas",
         "concurrency_limit",
         "routing_policy",
@@ -56,7 +58,7 @@ class EndpointAdmin(OperatorAdmin):
         "degrade_max_tokens",
         "degrade_slot_share",
     ]
-    list_filter = ["runtime", "routing_policy", "hardware_profile", "model_profile", "owner_tenant"]
+    list_filter = ["runtime", "serving_mode", "routing_policy", "hardware_profile", "model_profile", "owner_tenant"]
     search_fields = ["name", "owner_tenant__name", "model_profile__name", "hardware_profile__name"]
     list_select_related = ["owner_tenant", "model_profile", "hardware_profile", "fallback"]
     raw_id_fields = ["fallback"]
@@ -86,6 +88,7 @@ class ReplicaAdmin(OperatorAdmin):
     list_display = [
         "name",
         "endpoint",
+        "role",
         "state",
         "state_changed_at",
         "url",
@@ -95,7 +98,7 @@ class ReplicaAdmin(OperatorAdmin):
         "consecutive_probe_failures",
         "is_standby",
     ]
-    list_filter = ["state", "actuator", "is_standby", "endpoint"]
+    list_filter = ["state", "role", "actuator", "is_standby", "endpoint"]
     search_fields = ["name", "url", "endpoint__name", "actuator_ref"]
     list_select_related = ["endpoint"]
     formfield_overrides = REPLICA_URL_FIELD

@@ -15,6 +15,7 @@ from capacity.runtimes.launch_options import launch_options_shown_to_non_owners,
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
     Endpoint,
+    ReplicaRole,
     ReplicaState,
     Rollout,
     model_name_validator,
@@ -55,6 +56,19 @@ class EndpointSerializer(serializers.ModelSerializer):
         queryset=CapacityBenchmark.objects.all(), required=False, allow_null=True
     )
     launch_options = serializers.DictField(required=False, help_text="runtime launch options (JSON object)")
+    prefill_hardware_profile = IdOrNameRelatedField(
+        queryset=HardwareProfile.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="disaggregated mode: the prefill pool's hardware (empty: the endpoint's)",
+    )
+    prefill_pinned_benchmark = serializers.PrimaryKeyRelatedField(
+        queryset=CapacityBenchmark.objects.all(), required=False, allow_null=True
+    )
+    prefill_launch_options = serializers.DictField(
+        required=False, help_text="disaggregated mode: the prefill pool's launch options (same allowlist)"
+    )
+    ready_prefill_replicas = serializers.IntegerField(read_only=True, default=0)
     fallback = IdOrNameRelatedField(
         scope=endpoints_visible_to,
         queryset=Endpoint.objects.all(),
@@ -92,12 +106,16 @@ class EndpointSerializer(serializers.ModelSerializer):
             "desired_spot_replicas", "ready_replicas", "scale_pin", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
             "routing_policy", "routing_plan", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes",
-            "degrade_max_tokens", "degrade_slot_share", "current_version", "active_rollout", "created_at",
-            "updated_at",
+            "degrade_max_tokens", "degrade_slot_share", "current_version", "active_rollout",
+            "serving_mode", "kv_connector", "pd_min_uncached_tokens", "prefill_hardware_profile",
+            "prefill_pinned_benchmark", "prefill_launch_options", "prefill_min_replicas", "prefill_max_replicas",
+            "prefill_desired_replicas", "ready_prefill_replicas", "created_at", "updated_at",
         ]  # fmt: skip
-        # desired_replicas moves only through the scale action (or the autoscaler), within [min, max].
+        # desired_replicas moves only through the scale action (or the autoscaler), within [min, max]; the prefill
+        # pool's count only through the autoscaler, within [prefill_min, prefill_max].
         read_only_fields = [
-            "id", "desired_replicas", "desired_spot_replicas", "current_version", "created_at", "updated_at",
+            "id", "desired_replicas", "desired_spot_replicas", "prefill_desired_replicas", "current_version",
+            "created_at", "updated_at",
         ]  # fmt: skip
         # Uniqueness is the services' (endpoints.services.NAME_TAKEN): DRF's validator would say "endpoint with
         # this name already exists" about another tenant's endpoint.
@@ -116,6 +134,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             # Where and how the operators run a shared endpoint (actuator, Deployment, namespace, CPU placement) is
             # none of a reserving tenant's business; the allowlisted tuning, such as max_model_len, is.
             data["launch_options"] = launch_options_shown_to_non_owners(data["launch_options"])
+            data["prefill_launch_options"] = launch_options_shown_to_non_owners(data.get("prefill_launch_options"))
             # The fleet's GPU types and prices behind a shared endpoint are the operators' too.
             data["routing_plan"] = {}
             data["spot_hardware_profile"] = None
@@ -140,6 +159,10 @@ class EndpointSerializer(serializers.ModelSerializer):
                 current = (self.instance.launch_options or {}) if self.instance is not None else {}
                 if errors := tenant_launch_option_errors(attrs["launch_options"], current=current):
                     raise serializers.ValidationError({"launch_options": errors})
+            if "prefill_launch_options" in attrs:
+                current = (self.instance.prefill_launch_options or {}) if self.instance is not None else {}
+                if errors := tenant_launch_option_errors(attrs["prefill_launch_options"], current=current):
+                    raise serializers.ValidationError({"prefill_launch_options": errors})
         return attrs
 
 
@@ -158,7 +181,9 @@ class ScaleSerializer(serializers.Serializer):
 class EndpointViewSet(ScopedModelViewSet):
     model = Endpoint
     serializer_class = EndpointSerializer
-    filterset_fields = ["name", "owner_tenant", "runtime", "routing_policy", "model_profile", "hardware_profile"]
+    filterset_fields = [
+        "name", "owner_tenant", "runtime", "routing_policy", "model_profile", "hardware_profile", "serving_mode",
+    ]  # fmt: skip
     ordering_fields = ["name", "created_at", "desired_replicas"]
 
     def visible_queryset(self, principal):
@@ -167,7 +192,12 @@ class EndpointViewSet(ScopedModelViewSet):
             endpoints_visible_to(principal)
             .select_related("scale_pin")
             .annotate(
-                ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+                ready_replicas=Count(
+                    "replicas", filter=Q(replicas__state=ReplicaState.READY) & ~Q(replicas__role=ReplicaRole.PREFILL)
+                ),
+                ready_prefill_replicas=Count(
+                    "replicas", filter=Q(replicas__state=ReplicaState.READY, replicas__role=ReplicaRole.PREFILL)
+                ),
                 active_rollout=Subquery(active),
             )
         )

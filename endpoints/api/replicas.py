@@ -18,7 +18,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.autoscaling.services import MAX_NOTICE_S, replica_interruption_notice
-from endpoints.models import Endpoint, Replica, ReplicaTransition
+from endpoints.models import Endpoint, Replica, ReplicaRole, ReplicaTransition
 from endpoints.selectors import (
     replica_placement_redacted,
     replica_placement_visible,
@@ -44,8 +44,8 @@ class ReplicaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Replica
         fields = [
-            "id", "endpoint", "endpoint_name", "name", "url", "served_model_name", "kv_events_endpoint", "state",
-            "state_changed_at",
+            "id", "endpoint", "endpoint_name", "name", "url", "served_model_name", "kv_events_endpoint", "role",
+            "state", "state_changed_at",
             "is_standby", "actuator", "concurrency_limit", "last_probe_at", "last_probe_ok",
             "consecutive_probe_failures", "failure_reason", "terminate_at", "created_at",
         ]  # fmt: skip
@@ -92,6 +92,11 @@ class ReplicaAttachSerializer(serializers.Serializer):
         allow_blank=True,
         help_text="where the server publishes its KV-cache events (tcp://host:port, its --kv-events-config)",
     )
+    role = serializers.ChoiceField(
+        choices=ReplicaRole.choices,
+        required=False,
+        help_text="its pool: prefill or decode on a disaggregated endpoint (default decode), mixed on an aggregated one",
+    )
 
     def to_representation(self, replica):
         return ReplicaSerializer(replica, context=self.context).data
@@ -116,7 +121,7 @@ class ReplicaViewSet(
     model = Replica
     serializer_class = ReplicaSerializer
     write_access = WRITE.OPERATORS  # tenants read their replicas; only operators attach one
-    filterset_fields = ["endpoint", "state", "is_standby", "actuator"]
+    filterset_fields = ["endpoint", "state", "is_standby", "actuator", "role"]
     ordering_fields = ["name", "state_changed_at", "created_at"]
 
     def visible_queryset(self, principal):

@@ -246,3 +246,36 @@ def test_audit_page_shows_console_actions_to_the_right_people(client, operator, 
     client.force_login(operator)
     everything = client.get(reverse("console:audit"), {"page": "999", "action": "api_key."}).content.decode()
     assert everything.count("<code>api_key.create</code>") == 3  # an out-of-range page shows the last one
+
+
+def test_endpoint_create_with_a_prefill_pool_shows_both_pools(client, operator, tenant_a):
+    client.force_login(operator)
+    url = reverse("console:endpoint-create")
+    inverted = client.post(
+        url, _endpoint_data(tenant_a, serving_mode="disaggregated", prefill_min_replicas=3, prefill_max_replicas=1)
+    )
+    assert inverted.status_code == 400 and "prefill_min_replicas" in inverted.context["form"].errors
+    data = _endpoint_data(
+        tenant_a,
+        serving_mode="disaggregated",
+        kv_connector="shared_storage",
+        pd_min_uncached_tokens=512,
+        prefill_min_replicas=2,
+        prefill_max_replicas=3,
+    )
+    assert _post_confirmed(client, url, data).status_code == 302
+    endpoint = Endpoint.objects.get(name="llama-new")
+    assert (endpoint.serving_mode, endpoint.prefill_min_replicas, endpoint.prefill_desired_replicas) == (
+        "disaggregated",
+        2,
+        2,
+    )
+    ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, role="prefill", name="p-1")
+    page = client.get(reverse("console:endpoint", args=[endpoint.pk])).content.decode()
+    assert "decode 1–4, desired 2; prefill on" in page and "prompts under 512 uncached tokens" in page
+    assert "<td>p-1</td>\n        <td>prefill</td>" in page
+    # An aggregated endpoint's form needs none of the pool fields; its page says nothing of pools.
+    assert _post_confirmed(client, url, _endpoint_data(tenant_a, name="plain-new")).status_code == 302
+    plain = Endpoint.objects.get(name="plain-new")
+    assert plain.serving_mode == "aggregated"
+    assert "pd-pools" not in client.get(reverse("console:endpoint", args=[plain.pk])).content.decode()
