@@ -41,6 +41,8 @@ MIDDLEWARE = [
     "config.request_log.RequestIdMiddleware",
     # A span per view while tracing is on; a pass-through otherwise (config/tracing.py).
     "config.tracing.TracingMiddleware",
+    # /api/ paths answer with or without their trailing slash; one that names nothing is a JSON 404 (config/api_paths.py).
+    "config.api_paths.ApiPathsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

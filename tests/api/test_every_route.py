@@ -95,3 +95,37 @@ def test_api_root_links_every_resource(world):
     for _, prefix in CREATE_ROUTES:
         assert body[prefix].endswith(f"/api/v1/{prefix}/"), prefix
     assert {"usage", "replicas", "audit", "me", "schema", "docs"} <= set(body)
+
+
+def _other_form(url: str) -> str:
+    return url[:-1] if url.endswith("/") else url + "/"
+
+
+@pytest.mark.parametrize("basename", LIST_ROUTES)
+def test_every_list_answers_with_and_without_its_trailing_slash(world, basename):
+    client = world.client("a_admin")
+    url = reverse(f"{basename}-list")
+    canonical = client.get(url)
+    other = client.get(_other_form(url))
+    assert other.status_code == canonical.status_code == 200, other.content[:200]
+    assert other.json() == canonical.json()
+
+
+@pytest.mark.parametrize("name", [*POST_VIEWS, "capacity-ledger", "me", "statement"])
+def test_every_plain_view_answers_in_both_forms_and_a_post_keeps_its_body(world, name):
+    client = world.client("operator")
+    url = reverse(name)
+    for path in (url, _other_form(url)):
+        response = client.post(path, {"x": {"deep": [1]}}, format="json")
+        # The body arrived (a validation error on it, or a method the view does not take), never a 404 or redirect.
+        assert response.status_code in (400, 405), (path, response.status_code, response.content[:200])
+        assert response["Content-Type"].startswith("application/json")
+
+
+def test_a_path_that_names_nothing_is_a_json_404(world):
+    for path in ("/api/v1/nothing-here/", "/api/v1/nothing-here", "/api/v1/endpoints/999999/nope"):
+        response = world.client("a_admin").get(path)
+        assert response.status_code == 404 and response["Content-Type"].startswith("application/json"), path
+        assert "/api/v1/" in response.json()["detail"]
+    detail = world.client("a_admin").get(reverse("endpoint-detail", args=[world.a.endpoint.pk]).rstrip("/"))
+    assert detail.status_code == 200 and detail.json()["id"] == world.a.endpoint.pk
