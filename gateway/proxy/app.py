@@ -51,7 +51,11 @@ async def application(scope, receive, send) -> None:
     elif path == "/metrics" and method == "GET":
         await _metrics(scope, send)
     else:
-        await _plain_error(send, 404, f"Unknown path {path}.", "not_found")
+        await _plain_error(send, 404, f"Unknown path {path}. {SERVED}", "not_found")
+
+
+# What an OpenAI client that calls another endpoint (/v1/responses, /v1/embeddings) is told is here.
+SERVED = "This proxy serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models."
 
 
 async def _state_loaded(send) -> bool:

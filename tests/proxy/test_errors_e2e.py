@@ -70,6 +70,9 @@ def test_auth_failures_and_bad_input_are_clean_4xx(procs, clean_redis, tenant_a,
     assert_openai_error(post(base, key, {**good, "model": tenant_b.endpoint.name}), 404)
     assert_openai_error(httpx.get(base + "/v1/chat/completions"), 405)
     assert_openai_error(httpx.get(base + "/v1/nothing-here"), 404)
+    # An OpenAI endpoint this proxy does not serve is told what it does serve, OpenAI-shaped.
+    err = assert_openai_error(post(base, key, {"model": model, "input": "hi"}, path="/v1/responses"), 404)
+    assert err["code"] == "not_found" and "POST /v1/chat/completions" in err["message"]
     assert_openai_error(httpx.get(base + "/v1/models"), 401)
 
     # Only authenticated, admitted requests are metered: 1 + the revoked key's successes, all served by the
