@@ -37,6 +37,13 @@ class HardwareProfile(models.Model):
         validators=[MinValueValidator(0.0)],
         help_text="per replica, memory neither weights nor KV cache get (activations, CUDA graphs); the planner's M_overhead",
     )
+    kv_link_gbps = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001)],
+        help_text="gigabits per second a replica's KV connector can send to another (its NIC or NVLink); the P/D "
+        "planner's transfer time; unset: no KV link measured",
+    )
 
     class Meta:
         ordering = ["name"]

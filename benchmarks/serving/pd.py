@@ -10,7 +10,8 @@ recommends and simulates, on that many GPUs:
 * ``round_robin``: the same replicas, round robin: the floor;
 * ``disaggregated``: the planner's prefill/decode split (scaled to the GPUs when it recommends aggregated), the
   proxy's pairing (least pending prefill, then fewest running decode streams);
-* ``oracle``: every split of the GPUs with a pairing that knows each stream's remaining output: the ceiling.
+* ``oracle``: the best over the splits of the GPUs near the planner's (all of them in a full run) and two pairings,
+  the proxy's and one that knows each stream's remaining output (fewest remaining tokens): the ceiling.
 
 Goodput per GPU is DistServe's: the highest arrival rate at which ≥ 90 % of requests meet both the TTFT and TPOT SLO
 (bisection on the same requests, times scaled), times the share that met it, over GPUs. ``ttft_p90_ratio`` and
@@ -22,8 +23,8 @@ Last line keys: ``pd.<workload>.goodput_per_gpu_ratio`` (disaggregated ÷ aggreg
 ``pd.<workload>.ttft_p90_ratio``, ``pd.<workload>.tpot_p90_ratio``, ``pd.<workload>.detail``; ``pd.real_engine.*``
 (null here: tests/engine measures the two real engines), ``pd.seeds``, ``pd.seed_set``, ``pd.wall_s``.
 
-Options (``--opt``): ``requests`` per run (300 quick, 1000 full; chat twice that), ``steps`` of the bisection (6
-quick, 8 full), ``workloads`` (comma-separated names), ``seeds`` (comma-separated: training seeds only unless
+Options (``--opt``): ``duration_s`` of arrivals per run (45 quick, 180 full; the first third is warm-up and not
+counted), ``steps`` of the bisection (6 quick, 8 full), ``workloads`` (comma-separated names), ``seeds`` (comma-separated: training seeds only unless
 ``--held-out``).
 """
 
@@ -40,7 +41,7 @@ from simulator.pd_des import PDFleet, PDSimulation, pd_mix_requests
 from simulator.workloads import poisson_times
 
 HELD_OUT = True
-SMOKE = {"requests": "40", "steps": "2"}
+SMOKE = {"duration_s": "6", "steps": "2"}
 ATTAINMENT = 0.9
 # Llama 3.1 8B on one H100 (the roofline profile), its context raised for 16k-token prompts; KV 128 KiB per token.
 PROFILE = get_profile("llama-8b-h100").with_options(max_model_len=32768)
@@ -57,7 +58,10 @@ class PDWorkloadSpec:
     slo: PDSLO
     rate: float  # the planner's target, requests per second
 
-    def requests(self, rate: float, count: int, seed: int):
+    def requests(self, rate: float, duration_s: float, seed: int):
+        """Arrivals over ``duration_s`` at ``rate``: the same unit-rate draw scaled, so every rate sees the same
+        request sizes in the same order."""
+        count = max(20, round(rate * duration_s))
         times = [t / rate for t in poisson_times(1.0, count=count, seed=seed)]
         return list(pd_mix_requests(times, shapes=self.shapes, seed=seed, prefix=self.name))
 
@@ -83,27 +87,30 @@ WORKLOADS = {
 }
 
 
-def _simulate(spec: PDWorkloadSpec, fleet: PDFleet, rate: float, count: int, seed: int):
-    return PDSimulation(fleet).run(spec.requests(rate, count, seed))
+def _simulate(spec: PDWorkloadSpec, fleet: PDFleet, rate: float, duration_s: float, seed: int):
+    """One run; the figures count the requests that arrived after the first third (the fleet warmed up), so an
+    overloaded fleet's growing queue shows instead of hiding in a short run's start."""
+    result = PDSimulation(fleet).run(spec.requests(rate, duration_s, seed))
+    return result.subset(lambda r: r.arrival_s >= duration_s / 3)
 
 
 def _attainment(spec, result) -> float:
     return result.slo_attainment(ttft_s=spec.slo.ttft_s, tpot_s=spec.slo.tpot_s)
 
 
-def max_goodput(spec: PDWorkloadSpec, fleet: PDFleet, *, count: int, seed: int, steps: int) -> dict:
+def max_goodput(spec: PDWorkloadSpec, fleet: PDFleet, *, duration_s: float, seed: int, steps: int) -> dict:
     """The highest rate (bisection, geometric) at which ≥ 90 % of the requests meet the SLO, and its goodput/GPU."""
     lo, hi = 0.05 * spec.rate, 4.0 * spec.rate
     best = None
     for _ in range(steps):
         mid = (lo * hi) ** 0.5
-        result = _simulate(spec, fleet, mid, count, seed)
+        result = _simulate(spec, fleet, mid, duration_s, seed)
         if _attainment(spec, result) >= ATTAINMENT:
             lo, best = mid, (mid, result)
         else:
             hi = mid
     if best is None:
-        best = (lo, _simulate(spec, fleet, lo, count, seed))
+        best = (lo, _simulate(spec, fleet, lo, duration_s, seed))
     rate, result = best
     attainment = _attainment(spec, result)
     return {
@@ -146,7 +153,9 @@ def _fleets(plan, gpus: int) -> tuple[PDFleet, PDFleet, PDFleet, int]:
     return aggregated, floor, disaggregated, prefill
 
 
-def run_workload(spec: PDWorkloadSpec, *, count: int, steps: int, seed: int, oracle_span: int, progress) -> dict:
+def run_workload(
+    spec: PDWorkloadSpec, *, duration_s: float, steps: int, seed: int, oracle_span: int, progress
+) -> dict:
     plan = plan_disaggregation(
         model=MODEL,
         hardware=HARDWARE,
@@ -161,24 +170,29 @@ def run_workload(spec: PDWorkloadSpec, *, count: int, steps: int, seed: int, ora
     aggregated, floor, disaggregated, prefill = _fleets(plan, gpus)
     runs = {}
     for name, fleet in (("aggregated", aggregated), ("round_robin", floor), ("disaggregated", disaggregated)):
-        runs[name] = max_goodput(spec, fleet, count=count, seed=seed, steps=steps)
+        runs[name] = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
         progress(f"pd {spec.name} seed {seed}: {name} on {gpus} GPUs: {runs[name]}")
     oracle_best = None
     for p in range(max(1, prefill - oracle_span), min(gpus - 1, prefill + oracle_span) + 1):
-        fleet = PDFleet(
-            profile=PROFILE, replicas=gpus - p, prefill_replicas=p, mode="disaggregated", router="oracle",
-            kv_bytes_per_token=plan.kv_bytes_per_token, link_gbps=LINK_GBPS, link_latency_s=LINK_LATENCY_S,
-        )  # fmt: skip
-        figures = {**max_goodput(spec, fleet, count=count, seed=seed, steps=steps), "prefill_replicas": p}
-        if oracle_best is None or figures["goodput_per_gpu"] > oracle_best["goodput_per_gpu"]:
-            oracle_best = figures
+        for router in ("oracle", "least_loaded"):
+            if p == prefill and router == "least_loaded":
+                figures = {**runs["disaggregated"], "prefill_replicas": p, "router": router}
+            else:
+                fleet = PDFleet(
+                    profile=PROFILE, replicas=gpus - p, prefill_replicas=p, mode="disaggregated", router=router,
+                    kv_bytes_per_token=plan.kv_bytes_per_token, link_gbps=LINK_GBPS, link_latency_s=LINK_LATENCY_S,
+                )  # fmt: skip
+                figures = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
+                figures.update(prefill_replicas=p, router=router)
+            if oracle_best is None or figures["goodput_per_gpu"] > oracle_best["goodput_per_gpu"]:
+                oracle_best = figures
     runs["oracle"] = oracle_best
     progress(f"pd {spec.name} seed {seed}: oracle {oracle_best}")
     at_rate = max(runs["aggregated"]["rate"], 0.05 * spec.rate)
     same_load = {
         "rate": at_rate,
-        "aggregated": _latency(spec, _simulate(spec, aggregated, at_rate, count, seed)),
-        "disaggregated": _latency(spec, _simulate(spec, disaggregated, at_rate, count, seed)),
+        "aggregated": _latency(spec, _simulate(spec, aggregated, at_rate, duration_s, seed)),
+        "disaggregated": _latency(spec, _simulate(spec, disaggregated, at_rate, duration_s, seed)),
     }
     return {
         "plan": {
@@ -193,11 +207,11 @@ def run_workload(spec: PDWorkloadSpec, *, count: int, steps: int, seed: int, ora
         "split": {"prefill": prefill, "decode": gpus - prefill},
         "fleets": runs,
         "same_load": same_load,
-        "planner_check": _planner_check(spec, plan, count=count, seed=seed),
+        "planner_check": _planner_check(spec, plan, duration_s=duration_s, seed=seed),
     }
 
 
-def _planner_check(spec, plan, *, count: int, seed: int) -> dict:
+def _planner_check(spec, plan, *, duration_s: float, seed: int) -> dict:
     """The planner's fleets at its target rate, and each with one replica fewer (the SLO should fail there)."""
     base = {"profile": PROFILE, "kv_bytes_per_token": plan.kv_bytes_per_token, "link_gbps": LINK_GBPS}
     base["link_latency_s"] = LINK_LATENCY_S
@@ -207,18 +221,18 @@ def _planner_check(spec, plan, *, count: int, seed: int) -> dict:
         check["aggregated"] = {
             "replicas": n,
             "attainment": round(
-                _attainment(spec, _simulate(spec, PDFleet(replicas=n, **base), spec.rate, count, seed)), 4
+                _attainment(spec, _simulate(spec, PDFleet(replicas=n, **base), spec.rate, duration_s, seed)), 4
             ),
         }
         if n > 1:
-            fewer = _simulate(spec, PDFleet(replicas=n - 1, **base), spec.rate, count, seed)
+            fewer = _simulate(spec, PDFleet(replicas=n - 1, **base), spec.rate, duration_s, seed)
             check["aggregated"]["attainment_one_fewer"] = round(_attainment(spec, fewer), 4)
     p, d = plan.prefill.replicas, plan.decode.replicas
     if p and d:
         fleet = PDFleet(replicas=d, prefill_replicas=p, mode="disaggregated", **base)
         check["disaggregated"] = {
             "replicas": [p, d],
-            "attainment": round(_attainment(spec, _simulate(spec, fleet, spec.rate, count, seed)), 4),
+            "attainment": round(_attainment(spec, _simulate(spec, fleet, spec.rate, duration_s, seed)), 4),
         }
     return check
 
@@ -261,7 +275,7 @@ def _summarise(name: str, per_seed: list[dict]) -> dict:
 
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, held_out: bool = False, **opts):
     started = time.perf_counter()
-    count = int(opts.get("requests", 300 if quick else 1000))
+    duration_s = float(opts.get("duration_s", 45 if quick else 180))
     steps = int(opts.get("steps", 6 if quick else 8))
     names = opts.get("workloads", ",".join(WORKLOADS)).split(",")
     if unknown := set(names) - set(WORKLOADS):
@@ -276,9 +290,10 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     figures: dict = {}
     for name in names:
         spec = WORKLOADS[name]
-        n = count * 2 if name == "short_chat" else count
         per_seed = [
-            run_workload(spec, count=n, steps=steps, seed=s, oracle_span=1 if quick else 3, progress=progress)
+            run_workload(
+                spec, duration_s=duration_s, steps=steps, seed=s, oracle_span=1 if quick else 3, progress=progress
+            )
             for s in seeds
         ]
         figures.update(_summarise(name, per_seed))

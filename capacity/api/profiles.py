@@ -12,7 +12,7 @@ class HardwareProfileSerializer(serializers.ModelSerializer):
         model = HardwareProfile
         fields = [
             "id", "name", "gpu_type", "gpus_per_replica", "gpu_memory_gb", "memory_bandwidth_gbps", "usd_per_gpu_hour",
-            "capacity_type", "max_replicas",
+            "capacity_type", "max_replicas", "kv_link_gbps",
         ]  # fmt: skip
         read_only_fields = ["id"]
 
