@@ -56,6 +56,8 @@ NIXL_PREFILL_PARAMS = {
     "remote_port": None,
 }
 PREFILL_TIMEOUT_FLOOR_S = 1.0
+PREFILL_ATTEMPTS = 2  # a prefill replica that fails fast: one more, on another, within the same time budget
+PREFILL_COOLDOWN_S = 5.0
 
 
 @dataclass(slots=True, eq=False)
@@ -65,7 +67,7 @@ class PDRoute:
     route: str  # SPLIT, DECODE_ONLY or FALLBACK
     prefill_replica_id: int | None = None
     prefill_usage: dict | None = None  # the prefill replica's usage block (its cached/uncached prompt split)
-    reason: str = ""  # a fallback's: no_prefill_slot, failed, timeout
+    reason: str = ""  # a fallback's: no_prefill_slot, failed, timeout, refused
 
 
 @dataclass(eq=False)
@@ -79,6 +81,7 @@ class PrefillSlot:
     takes_priority: bool = True
     rename: ModelRename | None = None
     removed: bool = False
+    cool_until: float = 0.0  # after a failed prefill: no prefill goes there before this (``PrefillPool.cool_down``)
 
 
 class PrefillPool:
@@ -124,12 +127,20 @@ class PrefillPool:
         if forget is not None:
             forget(rid)
 
-    def take(self, route: RouteRequest) -> PrefillSlot | None:
-        """A prefill replica with a free slot for ``route`` (its ``mu`` the prefill's), taken; None if none."""
-        views = [s.view for s in self.slots.values() if not s.removed and s.view.in_flight < s.view.concurrency_limit]
+    def take(self, route: RouteRequest, exclude: set[str] | None = None) -> PrefillSlot | None:
+        """A prefill replica with a free slot for ``route`` (its ``mu`` the prefill's), not in ``exclude`` and not
+        cooling down, taken; None if none."""
+        now = self.clock()
+        views = [
+            s.view
+            for rid, s in self.slots.items()
+            if not s.removed
+            and s.view.in_flight < s.view.concurrency_limit
+            and s.cool_until <= now
+            and not (exclude and rid in exclude)
+        ]
         if not views:
             return None
-        now = self.clock()
         rid = self.router.pick(route, views, now)
         slot = self.slots.get(rid) if rid is not None else None
         if slot is None or slot.view.in_flight >= slot.view.concurrency_limit:
@@ -138,6 +149,11 @@ class PrefillPool:
         slot.view.in_flight_mu += route.mu
         self.router.on_routed(route, slot.view.replica_id, now)
         return slot
+
+    def cool_down(self, slot: PrefillSlot) -> None:
+        """The replica failed a prefill (unreachable, 5xx): no prefill goes there for ``PREFILL_COOLDOWN_S``, after
+        which one request tries it again (the health prober takes a dead one out of the snapshot meanwhile)."""
+        slot.cool_until = self.clock() + PREFILL_COOLDOWN_S
 
     def release(self, slot: PrefillSlot, route: RouteRequest) -> None:
         slot.view.in_flight -= 1
@@ -252,8 +268,10 @@ def prefill_route(route: RouteRequest, coeffs: MUCoefficients) -> RouteRequest:
 
 async def prefill_phase(state, flight, req: ParsedRequest, *, cache_salt: str) -> ParsedRequest:
     """Run the prefill of a request admitted on a disaggregated endpoint's decode replica, or decide it needs none;
-    returns the request the decode replica is sent. Never raises for the prefill's own failure: the decode replica
-    then prefills (``FALLBACK``). A cancel while it runs (the client left) aborts it and ends the request."""
+    returns the request the decode replica is sent. A prefill replica that cannot be reached or answers 5xx is given
+    a cooldown and the prefill tried once more on another, within the same time budget; past that, a timeout or a
+    refusal, the decode replica prefills (``FALLBACK``): never an error for the client. A cancel while it runs (the
+    client left) aborts it and ends the request."""
     admission, endpoint = flight.admission, flight.endpoint
     # A LoRA adapter is loaded on the decode replica only (the prefill pool holds none): its request stays there.
     if flight.adapter is not None or (
@@ -262,11 +280,41 @@ async def prefill_phase(state, flight, req: ParsedRequest, *, cache_salt: str) -
         return _decided(flight, PDRoute(DECODE_ONLY), req)
     pool = prefill_pool(admission.runtime)
     route = prefill_route(admission.route, endpoint.prefill_coeffs or endpoint.coeffs)
-    slot = pool.take(route)
-    if slot is None:
-        return _decided(flight, PDRoute(FALLBACK, reason="no_prefill_slot"), req)
-    flight.pd = PDRoute(SPLIT, prefill_replica_id=slot.replica_id)
-    config = state.config
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + prefill_timeout_s(state.config.ttft_timeout_s, endpoint)
+    tried: set[str] = set()
+    reason = "no_prefill_slot"
+    for _ in range(PREFILL_ATTEMPTS):
+        slot = pool.take(route, exclude=tried)
+        if slot is None:
+            break
+        tried.add(slot.view.replica_id)
+        flight.pd = PDRoute(SPLIT, prefill_replica_id=slot.replica_id)
+        try:
+            answer = await _prefill_on(state, flight, slot, req, cache_salt, timeout_s=deadline - loop.time())
+        except TimeoutError:
+            reason = "timeout"
+            break  # the budget is spent: no time for another prefill before the decode's own
+        except UpstreamFailed as failed:
+            reason = "refused" if 400 <= failed.status < 500 else "failed"
+            if reason == "refused":
+                break  # the request, not the replica: the decode replica answers it (a 4xx passes through)
+            pool.cool_down(slot)
+            continue
+        finally:
+            pool.release(slot, route)
+        usage = answer.get("usage")
+        flight.pd.prefill_usage = usage if isinstance(usage, dict) else None
+        m.child(m.PD_REQUESTS, endpoint.name, SPLIT).inc()
+        return decode_request(req, answer, endpoint.kv_connector)
+    prefill_replica = flight.pd.prefill_replica_id if flight.pd is not None else None
+    log.warning("prefill for %s: %s; the decode replica prefills", endpoint.name, reason)
+    return _decided(flight, PDRoute(FALLBACK, prefill_replica_id=prefill_replica, reason=reason), req)
+
+
+async def _prefill_on(state, flight, slot: PrefillSlot, req: ParsedRequest, cache_salt: str, *, timeout_s: float):
+    """One prefill on ``slot`` (``call_prefill``), as the decode request would be sent but one token long."""
+    endpoint, config = flight.endpoint, state.config
     payload = prefill_payload(
         req,
         cache_salt=cache_salt,
@@ -275,25 +323,10 @@ async def prefill_phase(state, flight, req: ParsedRequest, *, cache_salt: str) -
         kv_connector=endpoint.kv_connector,
     )
     headers = {"content-type": "application/json", "x-request-id": flight.request_id}
-    try:
-        answer = await call_prefill(
-            state.session,
-            slot.url + UPSTREAM_PATH[req.kind],
-            payload,
-            headers,
-            timeout_s=prefill_timeout_s(config.ttft_timeout_s, endpoint),
-            connect_timeout_s=config.connect_timeout_s,
-        )
-    except (TimeoutError, UpstreamFailed) as exc:
-        reason = "timeout" if isinstance(exc, TimeoutError) else "failed"
-        log.warning("prefill on %s for %s: %s; the decode replica prefills", slot.name, endpoint.name, reason)
-        return _decided(flight, PDRoute(FALLBACK, prefill_replica_id=slot.replica_id, reason=reason), req)
-    finally:
-        pool.release(slot, route)
-    usage = answer.get("usage")
-    flight.pd.prefill_usage = usage if isinstance(usage, dict) else None
-    m.child(m.PD_REQUESTS, endpoint.name, SPLIT).inc()
-    return decode_request(req, answer, endpoint.kv_connector)
+    url = slot.url + UPSTREAM_PATH[req.kind]
+    return await call_prefill(
+        state.session, url, payload, headers, timeout_s=timeout_s, connect_timeout_s=config.connect_timeout_s
+    )
 
 
 def _decided(flight, pd: PDRoute, req: ParsedRequest) -> ParsedRequest:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -323,12 +324,14 @@ class Upstream:
         self.transform: Continued | None = None  # a resumed stream's (``continued``)
         self._payloads: dict[tuple[bool, str | None], bytes] = {}
 
-    def continued(self, req: ParsedRequest, streamed_tokens: int) -> Upstream:
+    def continued(self, req: ParsedRequest, streamed_tokens: int, *, resume: bool = True) -> Upstream:
         """The same exchange for ``req``, the continuation of a broken stream (``resume.continuation``): same
-        request id (so the same completion id), class, salt and model; its SSE goes through ``resume.Continued``."""
+        request id (so the same completion id), class, salt and model; its SSE goes through ``resume.Continued``.
+        ``resume`` False: ``req`` replaces the request before anything was relayed (no transform)."""
         other = copy.copy(self)
         other.req, other._payloads = req, {}
-        other.transform = Continued(streamed_tokens)
+        if resume:
+            other.transform = Continued(streamed_tokens)
         return other
 
     def payload(self, takes_priority: bool, engine_model: str | None = None) -> bytes:
@@ -437,9 +440,24 @@ async def relay(state: ProxyState, flight: Flight, upstream: Upstream, send) -> 
                     failed.status, f"Upstream replica failed: {failed}", type="server_error", code="upstream_error"
                 ) from None
             retried = True
-            m.child(m.UPSTREAM_RETRIES, flight.endpoint.name).inc()
+            upstream = first = for_retry(flight, upstream)
             flight.dispatched_at = time.perf_counter()
         outcome.first_token_at = outcome.last_read_at = None
+
+
+def for_retry(flight: Flight, upstream: Upstream) -> Upstream:
+    """Count the retry on another replica; the exchange it sends. A NIXL decode whose replica failed goes without its
+    KV hand-over (the blocks it was to pull may be gone): the next replica prefills the prompt itself."""
+    m.child(m.UPSTREAM_RETRIES, flight.endpoint.name).inc()
+    if "kv_transfer_params" not in upstream.req.body:
+        return upstream
+    return upstream.continued(without_kv_transfer(upstream.req), 0, resume=False)
+
+
+def without_kv_transfer(req: ParsedRequest) -> ParsedRequest:
+    """``req`` without the KV hand-over the proxy put in it (docs/request-path.md, prefill/decode disaggregation)."""
+    body = {k: v for k, v in req.body.items() if k != "kv_transfer_params"}
+    return dataclasses.replace(req, body=body, controlled=True)
 
 
 def resumed(upstream: Upstream, outcome: Outcome) -> Upstream | None:

@@ -32,17 +32,19 @@ from tests.proxy.test_relay import DONE, TOKEN, Response, event
 
 PREFILL_COEFFS = MUCoefficients(alpha=0.002, alpha_cached=0.0002, beta=0.05, gamma=0.3, mu_per_min=6000.0)
 LONG = "tell me about the sea " * 40  # 880 characters: ~220 tokens by the proxy's estimate
-P0, P1, D0 = "http://prefill-0", "http://prefill-1", "http://decode-0"
+P0, P1, D0, D1 = "http://prefill-0", "http://prefill-1", "http://decode-0", "http://decode-1"
 KV_PARAMS = {"remote_engine_id": "e1", "remote_block_ids": [1, 2], "remote_host": "10.0.0.5", "remote_port": 5600}
 
 
-def pd_endpoint(*, prefills=1, connector="shared_storage", min_uncached=64, **fields):
-    """A disaggregated endpoint: ``prefills`` prefill replicas (ids 200…) and one decode replica (id 300)."""
+def pd_endpoint(*, prefills=1, decodes=1, connector="shared_storage", min_uncached=64, **fields):
+    """A disaggregated endpoint: ``prefills`` prefill replicas (ids 200…) and ``decodes`` decode replicas (300…)."""
     replicas = [
         ReplicaInfo(id=200 + i, name=f"p{i}", url=f"http://prefill-{i}", concurrency_limit=4, role="prefill")
         for i in range(prefills)
+    ] + [
+        ReplicaInfo(id=300 + i, name=f"d{i}", url=f"http://decode-{i}", concurrency_limit=4, role="decode")
+        for i in range(decodes)
     ]
-    replicas.append(ReplicaInfo(id=300, name="d0", url=D0, concurrency_limit=4, role="decode"))
     return dataclasses.replace(
         endpoint(replicas=0, **fields),
         replicas=tuple(replicas),
@@ -253,3 +255,43 @@ def test_a_resumed_nixl_stream_does_not_replay_the_kv_hand_over():
     assert decode_request(req, {"kv_transfer_params": KV_PARAMS}, "shared_storage") is req
     relayed = [b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}\n\n']
     assert "kv_transfer_params" not in continuation(decode, streamed(relayed, "chat")).body
+
+
+def first_by_id(route, views, now):
+    return min(v.replica_id for v in views)
+
+
+async def test_a_failing_prefill_replica_cools_down_and_another_prefills(monkeypatch):
+    ep = pd_endpoint(name="pd-two", prefills=2)
+    session = Session({P0: lambda: Response(status=503), P1: prefill_answer(), D0: decode_stream()})
+    state = State(world(ep), session)
+    pool = prefill_pool(state.runtime_for(ep))
+    pool.router.pick = first_by_id  # prefill-0 first whenever it is offered
+    for _ in range(2):
+        client = Client(chat(ep))
+        await run(state, client, monkeypatch=monkeypatch)
+        assert client.status == 200
+    assert [url.split("/v1/")[0] for url, _, _ in session.posted] == [P0, P1, D0, P1, D0], "prefill-0 cools down"
+    assert [(r["pd_route"], r["prefill_replica_id"]) for r in state.usage.records] == [("split", 201)] * 2
+    pool.slots["200"].cool_until = 0.0  # the cooldown over: it is tried again
+    session.by_url[P0] = lambda: Response(status=400, body=b'{"error": {"message": "bad"}}')
+    refused = Client(chat(ep))
+    before = count(m.PD_PREFILL_FALLBACKS, ep.name, "refused")
+    await run(state, refused, monkeypatch=monkeypatch)
+    assert refused.status == 200 and [url.split("/v1/")[0] for url, _, _ in session.posted][-2:] == [P0, D0]
+    assert state.usage.records[-1]["pd_route"] == "fallback"
+    assert count(m.PD_PREFILL_FALLBACKS, ep.name, "refused") == before + 1
+    assert pool.slots["200"].cool_until == 0.0, "a request the engine refuses says nothing of the replica"
+
+
+async def test_a_nixl_decode_retried_on_another_replica_prefills_there(monkeypatch):
+    ep = pd_endpoint(name="pd-nixl-retry", decodes=2, connector="nixl")
+    session = Session({P0: prefill_answer(params=KV_PARAMS), D0: lambda: Response(status=503), D1: decode_stream()})
+    state = State(world(ep), session)
+    state.runtime_for(ep).router.pick = first_by_id  # decode-0 first
+    client = Client(chat(ep))
+    await run(state, client, monkeypatch=monkeypatch)
+    assert client.status == 200 and client.body_bytes() == TOKEN + DONE
+    [(_, _, _), (d0, first, _), (d1, second, _)] = session.posted
+    assert (d0.split("/v1/")[0], d1.split("/v1/")[0]) == (D0, D1)
+    assert first["kv_transfer_params"] == KV_PARAMS and "kv_transfer_params" not in second
