@@ -3,6 +3,7 @@ one simulated prefill replica and one simulated decode replica. What each replic
 reads, how the request is metered (once, priced by phase), and what a short prompt, a client that leaves during
 the prefill and a prefill replica that is gone do."""
 
+import json
 import re
 
 import httpx
@@ -42,9 +43,17 @@ def proxy_counter(base: str, name: str, **labels) -> float:
     return found
 
 
-def disaggregated(procs, tenant_a, *, ttft_slo_ms=2000):
-    """Tenant A's endpoint split in two pools, each one simulated replica; the prefill pool on its own hardware
-    profile with a benchmark of its own (its coefficients differ from the decode pool's profile defaults)."""
+def kv_config(role: str, directory) -> list[str]:
+    """The launch flag the actuators give a replica of the shared-storage connector (docs/disaggregation.md)."""
+    config = {"kv_connector": "ExampleConnector", "kv_role": role,
+              "kv_connector_extra_config": {"shared_storage_path": str(directory)}}  # fmt: skip
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
+def disaggregated(procs, tenant_a, kv_dir, *, ttft_slo_ms=2000):
+    """Tenant A's endpoint split in two pools, each one simulated replica over one KV directory; the prefill pool on
+    its own hardware profile with a benchmark of its own (its coefficients differ from the decode pool's profile
+    defaults)."""
     endpoint = tenant_a.endpoint
     prefill_hw = HardwareProfileFactory(name="prefill-hw", memory_bandwidth_gbps=3350)
     CapacityBenchmark.objects.create(
@@ -61,17 +70,18 @@ def disaggregated(procs, tenant_a, *, ttft_slo_ms=2000):
     )
     endpoint.prefill_hardware_profile, endpoint.ttft_slo_ms = prefill_hw, ttft_slo_ms
     endpoint.save()
-    prefill_proc, prefill, p_port = spawn_replica(procs, endpoint=endpoint, name="p0", speed=1.0)
+    producer, consumer = kv_config("kv_producer", kv_dir), kv_config("kv_consumer", kv_dir)
+    prefill_proc, prefill, p_port = spawn_replica(procs, endpoint=endpoint, name="p0", speed=1.0, extra=producer)
     Replica.objects.filter(pk=prefill.pk).update(role="prefill", hardware_profile=prefill_hw)
-    _, decode, d_port = spawn_replica(procs, endpoint=endpoint, name="d0")
+    _, decode, d_port = spawn_replica(procs, endpoint=endpoint, name="d0", extra=consumer)
     Replica.objects.filter(pk=decode.pk).update(role="decode")
     return endpoint, (prefill_proc, prefill, p_port), (decode, d_port)
 
 
 def test_the_prefill_replica_prefills_and_the_decode_replica_streams_metered_once_by_phase(
-    procs, clean_redis, tenant_a
+    procs, clean_redis, tenant_a, tmp_path
 ):
-    endpoint, (_, prefill, p_port), (decode, d_port) = disaggregated(procs, tenant_a)
+    endpoint, (_, prefill, p_port), (decode, d_port) = disaggregated(procs, tenant_a, tmp_path)
     base = spawn_proxy(procs)
     key = tenant_a.raw_key
 
@@ -88,6 +98,9 @@ def test_the_prefill_replica_prefills_and_the_decode_replica_streams_metered_onc
     assert "stream_options" not in p_seen["fields"] and "stream_options" in d_seen["fields"]
     assert engine_counter(p_port, "vllm:generation_tokens_total") == 1, "the prefill asks one token"
     assert engine_counter(d_port, "vllm:generation_tokens_total") == 6
+    # The decode replica loaded the prompt the prefill replica stored, and says so as the engine does: as cached.
+    loaded = events[-2]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert loaded > 0 and engine_counter(d_port, "vllm:external_prefix_cache_hits_total") == loaded
 
     [record] = wait_usage(1, tenant=tenant_a.tenant, status="ok")
     assert (record.pd_route, record.prefill_replica_id, record.replica_id) == ("split", prefill.pk, decode.pk)
@@ -95,6 +108,7 @@ def test_the_prefill_replica_prefills_and_the_decode_replica_streams_metered_onc
     decode_beta = read_snapshot().endpoints_by_name[endpoint.name].coeffs.beta
     uncached, cached = record.input_tokens - record.cached_tokens, record.cached_tokens
     prefill_mu = PREFILL["alpha"] * uncached + PREFILL["alpha_cached"] * cached + PREFILL["gamma"]
+    assert record.cached_tokens == 0, "billed as the prefill replica computed it: the transfer is no cache hit"
     assert record.input_tokens > 64 and record.prefill_mu == pytest.approx(prefill_mu, rel=1e-4)
     assert record.mu == pytest.approx(prefill_mu + decode_beta * 6, rel=1e-4)
 
@@ -106,8 +120,12 @@ def test_the_prefill_replica_prefills_and_the_decode_replica_streams_metered_onc
     assert proxy_counter(base, "infercap_proxy_pd_requests_total", endpoint=endpoint.name) == 2
 
 
-def test_a_client_leaving_aborts_the_prefill_and_a_dead_prefill_replica_falls_back(procs, clean_redis, tenant_a):
-    endpoint, (prefill_proc, prefill, p_port), (decode, d_port) = disaggregated(procs, tenant_a, ttft_slo_ms=10_000)
+def test_a_client_leaving_aborts_the_prefill_and_a_dead_prefill_replica_falls_back(
+    procs, clean_redis, tenant_a, tmp_path
+):
+    endpoint, (prefill_proc, prefill, p_port), (decode, d_port) = disaggregated(
+        procs, tenant_a, tmp_path, ttft_slo_ms=10_000
+    )
     base = spawn_proxy(procs)
     key = tenant_a.raw_key
     # A slow prefill replica (each engine step 500 times longer): the client gives up while it prefills.
