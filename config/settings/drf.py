@@ -39,6 +39,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Tags from the path segment after /api/v1/ (endpoints, replicas, capacity, usage, …): one group per resource in
+    # the docs, not every path under one "v1" tag.
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",
     # Swagger UI from the installed sidecar package, not a CDN: the docs work offline.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -52,3 +52,13 @@ def test_schema_and_docs_are_served(client, operator):
     client.force_login(operator)
     assert client.get("/api/schema/").status_code == 200
     assert client.get("/api/docs/").status_code == 200
+
+
+def test_each_resource_has_its_own_tag_in_the_docs(db):
+    schema, _ = _generate()
+    tags = {
+        tag for path in schema["paths"].values() for operation in path.values() for tag in operation.get("tags", [])
+    }
+    assert "v1" not in tags and "api" not in tags
+    assert {"endpoints", "replicas", "usage", "capacity", "api-keys", "statements"} <= tags, sorted(tags)
+    assert schema["paths"]["/api/v1/endpoints/"]["get"]["tags"] == ["endpoints"]

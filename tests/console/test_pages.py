@@ -69,7 +69,13 @@ def test_anonymous_is_sent_to_login(client):
     response = client.get(reverse("console:fleet"))
     assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
     assert client.get("/").status_code == 302
-    assert client.get("/accounts/login/").status_code == 200
+    login = client.get("/accounts/login/")
+    assert login.status_code == 200
+    page = login.content.decode()
+    # A forgotten password has a way back (the reset-by-email flow), and the tab has an icon.
+    assert f'href="{reverse("password_reset")}"' in page
+    assert client.get(reverse("password_reset")).status_code == 200
+    assert 'rel="icon" href="/static/console/favicon.svg"' in page
 
 
 def test_operator_sees_every_page_and_every_endpoint(client, operator, tenant_a, tenant_b):
