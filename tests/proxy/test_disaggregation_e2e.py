@@ -148,3 +148,29 @@ def test_a_client_leaving_aborts_the_prefill_and_a_dead_prefill_replica_falls_ba
     assert (
         proxy_counter(base, "infercap_proxy_pd_prefill_fallbacks_total", endpoint=endpoint.name, reason="failed") == 1
     )
+
+
+def test_nixl_the_decode_replica_pulls_what_the_prefill_replica_holds_for_it(procs, clean_redis, tenant_a, tmp_path):
+    endpoint = tenant_a.endpoint
+    endpoint.serving_mode, endpoint.kv_connector, endpoint.pd_min_uncached_tokens = "disaggregated", "nixl", 64
+    endpoint.save()
+    nixl = ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
+    _, prefill, p_port = spawn_replica(procs, endpoint=endpoint, name="p0", extra=nixl)
+    _, decode, d_port = spawn_replica(procs, endpoint=endpoint, name="d0", extra=nixl)
+    Replica.objects.filter(pk=prefill.pk).update(role="prefill")
+    Replica.objects.filter(pk=decode.pk).update(role="decode")
+    base = spawn_proxy(procs)
+
+    answer = post(base, tenant_a.raw_key, chat_body(endpoint.name, max_tokens=5, content=LONG, stream=False))
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    assert usage["completion_tokens"] == 5 and answer.json().get("kv_transfer_params") is None, "no peer named"
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0, "the decode replica pulled the prompt's blocks"
+    assert (
+        engine_counter(d_port, "vllm:external_prefix_cache_hits_total")
+        == usage["prompt_tokens_details"]["cached_tokens"]
+    )
+    [p_seen], [d_seen] = received(p_port), received(d_port)
+    assert "kv_transfer_params" in p_seen["fields"] and "kv_transfer_params" in d_seen["fields"]
+    [record] = wait_usage(1, tenant=tenant_a.tenant)
+    assert (record.status, record.pd_route, record.prefill_replica_id) == ("ok", "split", prefill.pk)
