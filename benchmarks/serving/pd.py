@@ -100,7 +100,7 @@ def _attainment(spec, result) -> float:
 
 def max_goodput(spec: PDWorkloadSpec, fleet: PDFleet, *, duration_s: float, seed: int, steps: int) -> dict:
     """The highest rate (bisection, geometric) at which ≥ 90 % of the requests meet the SLO, and its goodput/GPU."""
-    lo, hi = 0.05 * spec.rate, 4.0 * spec.rate
+    lo, hi = 0.25 * spec.rate, 4.0 * spec.rate
     best = None
     for _ in range(steps):
         mid = (lo * hi) ** 0.5

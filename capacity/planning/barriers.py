@@ -2,8 +2,11 @@
 
 Barriers (docs/algorithms.md#capacity-planner): memory ``N_mem = ⌈L·ctx·kv_tok / M_KV⌉``, throughput
 ``N_thr = ⌈λ·ō / T_dec(B_max)⌉`` and latency ``N_lat = ⌈L / B_max⌉`` with ``L = λ·W`` (Little) and
-``W = TTFT + ō / stream_rate``. Then headroom, an Erlang-C queue-wait estimate, dollars per 1M tokens, and a
-load-spike scenario. 1 GB = 1e9 bytes throughout.
+``W = TTFT + ō / stream_rate``. With a TTFT SLO, a fourth: ``N_ttft``, the fewest replicas whose wait for a
+decode slot at the SLO's percentile (M/M/c over N·B_max slots, each held ō / stream_rate: Erlang C with its
+exponential tail) plus the TTFT p95 measured at B_max fits the SLO; near ρ = 1 the slots are rarely free and
+prompts queue behind them (docs/algorithms.md#capacity-planner). Then headroom, an Erlang-C queue-wait estimate,
+dollars per 1M tokens, and a load-spike scenario. 1 GB = 1e9 bytes throughout.
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class PlanResult:
     n_mem: int | None = None
     n_thr: int | None = None
     n_lat: int | None = None
+    n_ttft: int | None = None  # with a TTFT SLO: the fewest replicas whose slot wait p95 + TTFT p95 fits it
+    ttft_p95_at_n_base: float | None = None
     n_base: int | None = None
     headroom: float = 0.0
     n_with_headroom: int | None = None
@@ -170,6 +175,23 @@ def mmc_wait_s(*, servers: int, arrival_rate: float, service_s: float) -> tuple[
         return 1.0, math.inf
     p_wait = erlang_c(servers, offered)
     return p_wait, p_wait / (servers / service_s - arrival_rate)
+
+
+def wait_at_percentile(
+    *, servers: int, arrival_rate: float, mean_s: float, percentile: float, cs2: float = 1.0
+) -> float:
+    """The queue wait at the percentile of M/G/c (Allen-Cunneen): P(wait > t) ≈ C·exp(−t·(c/S − λ)·2/(1 + c_s²)),
+    C the Erlang-C probability of waiting; 0 when fewer than (100 − percentile) % wait; inf when unstable."""
+    offered = arrival_rate * mean_s
+    if arrival_rate <= 0:
+        return 0.0
+    if offered >= servers:
+        return math.inf
+    c_wait = erlang_c(servers, offered)
+    tail = 1 - percentile / 100
+    if c_wait <= tail:
+        return 0.0
+    return math.log(c_wait / tail) / ((servers / mean_s - arrival_rate) * 2 / (1 + cs2))
 
 
 def validate(model: ModelShape, hardware: Hardware, workload: Workload, slo: SLO, table: list[ThroughputRow]) -> None:
@@ -276,6 +298,8 @@ def plan(
         else workload.input_tokens + workload.output_tokens
     )
     _size_barriers(result, row, workload, ctx=ctx, ttft_s=ttft_s)
+    if slo.ttft_s is not None:
+        _ttft_barrier(result, row, workload, slo)
     _queue_waits(result, workload)
     _costs_at_plan(result, hardware, workload)
     result.explanation = _explain(result, workload, slo, ctx)
@@ -349,6 +373,35 @@ def _size_barriers(result: PlanResult, row: ThroughputRow, workload: Workload, *
     result.rho_at_n = lam * out / (n * t_dec) if n else 0.0
     barriers = {"memory": n_mem, "throughput": n_thr, "latency": n_lat}
     result.binding_barriers = [name for name, value in barriers.items() if value == n_base and n_base > 0]
+
+
+TTFT_PERCENTILE = 95  # the sweep chooses B_max on TTFT p95; the slot wait is taken at the same percentile
+
+
+def _ttft_barrier(result: PlanResult, row: ThroughputRow, workload: Workload, slo: SLO) -> None:
+    """``N_ttft``: the fewest replicas whose slot wait at p95 plus the TTFT p95 at B_max fits the TTFT
+    SLO; it replaces N_base (and N with headroom) when larger, and joins the binding barriers."""
+    lam = workload.arrival_rate_per_s
+    service_s = workload.output_tokens / row.per_stream_tok_s
+    ttft_p95 = row.ttft_p95_s if row.ttft_p95_s is not None else result.ttft_s
+    n = int(lam * service_s / row.batch) + 1 if lam > 0 else 0  # the fewest replicas whose slots are stable
+    while n and n < max(64, 16 * result.n_base):
+        wait = wait_at_percentile(
+            servers=n * row.batch, arrival_rate=lam, mean_s=service_s, percentile=TTFT_PERCENTILE
+        )
+        if wait + ttft_p95 <= slo.ttft_s:
+            result.ttft_p95_at_n_base = wait + ttft_p95
+            break
+        n += 1
+    result.n_ttft = n
+    if n > result.n_base:
+        result.n_base = n
+        result.n_with_headroom = _ceil(n * (1 + result.headroom))
+        result.rho_at_n_base = lam * workload.output_tokens / (n * result.t_dec_tok_s)
+        result.rho_at_n = lam * workload.output_tokens / (result.n_with_headroom * result.t_dec_tok_s)
+        result.binding_barriers = ["ttft"]
+    elif n == result.n_base and n > 0:
+        result.binding_barriers.append("ttft")
 
 
 def _queue_waits(result: PlanResult, workload: Workload) -> None:
@@ -432,6 +485,8 @@ def _explain(r: PlanResult, workload: Workload, slo: SLO, ctx: float) -> str:
         "throughput": f"throughput (N_thr = ⌈λ·ō / T_dec(B_max)⌉ = ⌈{workload.arrival_rate_per_s:g}·"
         f"{workload.output_tokens:g} / {r.t_dec_tok_s:,.0f}⌉ = {r.n_thr})",
         "latency": f"latency (N_lat = ⌈L / B_max⌉ = ⌈{r.l_in_flight:.1f} / {r.b_max}⌉ = {r.n_lat})",
+        "ttft": f"TTFT (N_ttft = {r.n_ttft}: slot wait p95 + TTFT p95 at B_max = "
+        f"{(r.ttft_p95_at_n_base or 0.0):.2f} s within {slo.ttft_s if slo.ttft_s is not None else 0:g} s)",
     }
     binding = " and ".join(names[b] for b in r.binding_barriers)
     verb = "binds" if len(r.binding_barriers) == 1 else "bind together"

@@ -36,10 +36,10 @@ from capacity.planning.barriers import (
     PlannerInputError,
     ThroughputRow,
     Workload,
-    erlang_c,
     kv_bytes_per_token,
     kv_memory_gb,
     plan,
+    wait_at_percentile,
 )
 
 _Z = {50: 0.0, 90: 1.2816, 95: 1.6449, 99: 2.3263}
@@ -178,17 +178,10 @@ def _service_moments(workload: PDWorkload, service) -> tuple[float, float]:
 
 
 def mgc_wait_s(*, servers: int, arrival_rate: float, mean_s: float, cs2: float, percentile: int) -> float:
-    """Queue wait at the percentile of M/G/c (Allen-Cunneen): P(wait > t) ≈ C·exp(−t·(c/S − λ)·2/(1 + c_s²));
-    inf when unstable."""
-    offered = arrival_rate * mean_s
-    if offered >= servers:
-        return math.inf
-    c_wait = erlang_c(servers, offered)
-    tail = 1 - percentile / 100
-    if c_wait <= tail:
-        return 0.0
-    decay = (servers / mean_s - arrival_rate) * 2 / (1 + cs2)
-    return math.log(c_wait / tail) / decay
+    """Queue wait at the percentile of M/G/c (``barriers.wait_at_percentile``); inf when unstable."""
+    return wait_at_percentile(
+        servers=servers, arrival_rate=arrival_rate, mean_s=mean_s, cs2=cs2, percentile=percentile
+    )
 
 
 def _price(hw: Hardware, replicas: int) -> float | None:

@@ -139,4 +139,6 @@ def planner_view(request):
         return render(request, "console/planner.html", context, status=400)
     context["result"] = result
     context["barriers"] = [("memory", result.n_mem), ("throughput", result.n_thr), ("latency", result.n_lat)]
+    if result.n_ttft is not None:
+        context["barriers"].append(("ttft", result.n_ttft))
     return render(request, "console/planner.html", context)

@@ -17,6 +17,7 @@ from capacity.planning.barriers import (
     plan,
     spike_scenario,
     table_from_dicts,
+    wait_at_percentile,
 )
 
 
@@ -159,3 +160,49 @@ def test_table_from_dicts_rejects_garbage():
         table_from_dicts([{"batch": 4}])
     with pytest.raises(PlannerInputError):
         table_from_dicts([{"batch": "x", "per_stream_tok_s": 1}])
+
+
+# The 13B profile's table for 2,048-token prompts and 128-token answers (bench planner's RAG row, measured closed-loop
+# on the simulated engine): TTFT p95 doubles from batch 4 on, where prompts start to meet each other's chunks.
+RAG_TABLE = [
+    ThroughputRow(batch=1, per_stream_tok_s=59.5, aggregate_tok_s=51.0, ttft_p50_s=0.363, ttft_p95_s=0.363),
+    ThroughputRow(batch=4, per_stream_tok_s=38.9, aggregate_tok_s=128.0, ttft_p50_s=0.386, ttft_p95_s=0.727),
+    ThroughputRow(batch=6, per_stream_tok_s=30.8, aggregate_tok_s=170.0, ttft_p50_s=0.388, ttft_p95_s=0.727),
+    ThroughputRow(batch=8, per_stream_tok_s=26.0, aggregate_tok_s=182.0, ttft_p50_s=0.390, ttft_p95_s=0.754),
+]
+
+
+def test_a_ttft_slo_adds_the_slot_wait_of_long_prefills():
+    # Given 6 req/s of 2,048/128 at ≥ 30 tok/s per stream: the throughput barrier asks 5 replicas (ρ = 0.90)
+    without = plan(
+        model=WORKED_EXAMPLE["model"], hardware=WORKED_EXAMPLE["hardware"], workload=Workload(6.0, 2048, 128),
+        slo=SLO(min_stream_tok_s=30.0), throughput_table=RAG_TABLE,
+    )  # fmt: skip
+    assert (without.b_max, without.n_base, without.n_ttft) == (6, 5, None)
+    # With a 2 s TTFT SLO, 30 slots held 4.2 s each at 6 req/s are often all busy: the p95 wait (1.3 s) plus the TTFT
+    # p95 at B_max (0.73 s) exceeds 2 s at 5 replicas (the simulation measured 2.38 s), so the plan takes 6
+    result = plan(
+        model=WORKED_EXAMPLE["model"], hardware=WORKED_EXAMPLE["hardware"], workload=Workload(6.0, 2048, 128),
+        slo=SLO(min_stream_tok_s=30.0, ttft_s=2.0), throughput_table=RAG_TABLE, headroom=0.5,
+    )  # fmt: skip
+    assert (result.n_thr, result.n_ttft, result.n_base, result.n_with_headroom) == (5, 6, 6, 9)
+    assert result.binding_barriers == ["ttft"] and "N_ttft = 6" in result.explanation
+    assert result.ttft_p95_at_n_base <= 2.0
+    assert result.rho_at_n_base == pytest.approx(6 * 128 / (6 * 170.0))
+    # A looser TTFT is met as soon as the slots are stable (4 replicas' 24 slots are not: 25 Erlangs offered), so it
+    # binds together with throughput
+    loose = plan(
+        model=WORKED_EXAMPLE["model"], hardware=WORKED_EXAMPLE["hardware"], workload=Workload(6.0, 2048, 128),
+        slo=SLO(min_stream_tok_s=30.0, ttft_s=5.0), throughput_table=RAG_TABLE,
+    )  # fmt: skip
+    assert (loose.n_base, loose.n_ttft) == (5, 5) and loose.binding_barriers == ["throughput", "latency", "ttft"]
+
+
+def test_wait_at_percentile_is_mm1_exactly():
+    # M/M/1: P(wait > t) = ρ·exp(−(μ − λ)·t)
+    lam, mu = 0.8, 1.0
+    assert wait_at_percentile(servers=1, arrival_rate=lam, mean_s=1 / mu, percentile=95) == pytest.approx(
+        math.log(0.8 / 0.05) / (mu - lam)
+    )
+    assert wait_at_percentile(servers=1, arrival_rate=0.04, mean_s=1.0, percentile=95) == 0.0  # few ever wait
+    assert wait_at_percentile(servers=2, arrival_rate=2.0, mean_s=1.0, percentile=95) == math.inf
