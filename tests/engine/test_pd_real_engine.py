@@ -35,7 +35,9 @@ from tests.engine.engine import INSTALL_HINT, engine_installed, launch_engine, s
 from tests.proxy.conftest import spawn_proxy
 from tests.proxy.helpers import METRICS_AUTH, chat_body, post, sse_events, wait_usage
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# All of one kind for pytest-django, which runs transactional tests after the others: the order here holds, and the
+# test that kills the prefill engine runs last.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 BLOCK = 128  # the CPU engine's KV block
 
@@ -238,7 +240,6 @@ def own_answer(url: str, content: str, shared) -> str:
     return answer["choices"][0]["message"]["content"]
 
 
-@pytest.mark.django_db(transaction=True)
 def test_the_proxy_splits_over_the_two_engines_and_falls_back_when_the_prefill_engine_dies(
     pd_engines, procs, clean_redis, tenant_a
 ):
