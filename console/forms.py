@@ -207,6 +207,47 @@ class PeriodForm(forms.Form):
     hours = forms.IntegerField(min_value=1, max_value=24 * 90, initial=24)
 
 
+class StatementPeriodForm(forms.Form):
+    """A statement's period: a calendar month (UTC), or a start and end date; empty: this month to date."""
+
+    month = forms.RegexField(regex=r"^\d{4}-(0[1-9]|1[0-2])$", required=False, help_text="YYYY-MM")
+    start = forms.DateField(required=False, help_text="YYYY-MM-DD (UTC, from midnight)")
+    end = forms.DateField(required=False, help_text="YYYY-MM-DD (UTC, up to midnight after it)")
+
+    MAX_DAYS = 366
+
+    def clean(self):
+        cleaned = super().clean()
+        start, end = cleaned.get("start"), cleaned.get("end")
+        if (start is None) != (end is None):
+            raise ValidationError("give both a start and an end date, or a month")
+        if start is not None and end is not None:
+            if end < start:
+                self.add_error("end", "must not be before the start")
+            elif (end - start).days >= self.MAX_DAYS:
+                self.add_error("end", f"a statement covers at most {self.MAX_DAYS} days")
+        return cleaned
+
+    def period(self, now):
+        """(start, end, label) as aware UTC datetimes; the end never later than now."""
+        import datetime as dt
+
+        cleaned = self.cleaned_data
+        if cleaned.get("start"):
+            start = dt.datetime.combine(cleaned["start"], dt.time(), tzinfo=dt.UTC)
+            end = dt.datetime.combine(cleaned["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
+            label = f"{cleaned['start']:%Y-%m-%d} – {cleaned['end']:%Y-%m-%d}"
+        else:
+            if cleaned.get("month"):
+                year, month = (int(part) for part in cleaned["month"].split("-"))
+            else:
+                year, month = now.year, now.month
+            start = dt.datetime(year, month, 1, tzinfo=dt.UTC)
+            end = dt.datetime(year + month // 12, month % 12 + 1, 1, tzinfo=dt.UTC)
+            label = f"{start:%B %Y}"
+        return start, min(end, now), label
+
+
 class RolloutStartForm(forms.Form):
     """Roll an endpoint out to one of its versions, or to a new one made here from a changed model / launch options."""
 

@@ -1,18 +1,21 @@
 """Tenant pages: their endpoints and SLO status, usage over time, API keys (shown once), statement."""
 
+import csv
 from datetime import timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
+from django.utils.text import slugify
 
 from billing.statements import statement_for
 from console import charts
 from console.access import tenant_admin_required, user_tenant
-from console.forms import ApiKeyCreateForm
+from console.forms import ApiKeyCreateForm, StatementPeriodForm
 from console.selectors import budgets_by_endpoint, replica_state_counts, tenant_usage_by_hour
 from console.views.common import confirm_then_run
 from endpoints.selectors import endpoints_visible_to
@@ -120,8 +123,52 @@ def api_key_revoke_view(request, key_id: int):
 
 @login_required
 def statement(request):
+    """The tenant's statement for a month or a date range (``StatementPeriodForm``), as a page or as CSV
+    (``?format=csv``: one row per endpoint, then the total)."""
     tenant = user_tenant(request.user)
     now = timezone.now()
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    statement = statement_for(tenant=tenant, start=start, end=now, now=now)
-    return render(request, "console/statement.html", {"tenant": tenant, "statement": statement})
+    form = StatementPeriodForm(request.GET)
+    form_errors = None
+    if not form.is_valid():  # said next to the picker; the statement shown is this month's
+        form_errors, form = form.errors, StatementPeriodForm({})
+        form.is_valid()
+    start, end, label = form.period(now)
+    context = {"tenant": tenant, "form": form, "form_errors": form_errors, "label": label, "statement": None}
+    if start >= now:
+        return render(request, "console/statement.html", context)  # a period that has not begun: nothing yet
+    statement = statement_for(tenant=tenant, start=start, end=end, now=now)
+    if request.GET.get("format") == "csv" and form_errors is None:
+        return statement_csv(statement)
+    return render(request, "console/statement.html", {**context, "statement": statement})
+
+
+STATEMENT_COLUMNS = [
+    "endpoint", "reserved_mu_per_min", "reserved_mu", "used_mu", "overage_mu", "requests", "output_tokens",
+    "good_output_tokens", "reserved_usd", "overage_usd", "total_usd",
+]  # fmt: skip
+
+
+def statement_csv(statement) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    name = f"statement-{slugify(statement.tenant)}-{statement.start:%Y%m%d}-{statement.end:%Y%m%d}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    writer = csv.writer(response)
+    writer.writerow(["period_start", "period_end", "currency", *STATEMENT_COLUMNS])
+    period = [statement.start.isoformat(), statement.end.isoformat(), "USD"]
+    for line in statement.lines:
+        row = [_cell(getattr(line, column)) for column in STATEMENT_COLUMNS]
+        row[0] = _safe_text(row[0])
+        writer.writerow([*period, *row])
+    totals = {"reserved_mu": statement.reserved_mu, "used_mu": statement.used_mu}
+    totals |= {"overage_mu": statement.overage_mu, "total_usd": statement.total_usd}
+    writer.writerow([*period, "TOTAL", *[_cell(totals.get(c, "")) for c in STATEMENT_COLUMNS[1:]]])
+    return response
+
+
+def _cell(value):
+    return round(value, 6) if isinstance(value, float) else value
+
+
+def _safe_text(value: str) -> str:
+    """A cell a spreadsheet would run as a formula (=, +, -, @) is written as text (OWASP CSV injection)."""
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
