@@ -4,11 +4,11 @@ A disaggregated endpoint has two pools. Its runtime (``runtime.EndpointRuntime``
 so priorities, queue-age shedding and 429 Retry-After hold for the pair as for any request. Once a decode replica
 is admitted, ``prefill_phase`` decides: a prompt whose estimated uncached part on that decode replica is under the
 endpoint's ``pd_min_uncached_tokens`` goes there alone (selective disaggregation, as llm-d does it); otherwise a
-prefill replica is picked (``PrefillPool``: infercap's prefix affinity and prefill load, in its own accounting) and
+prefill replica is picked (``prefill_pool.PrefillPool``: infercap's prefix affinity and prefill load) and
 sent the same request with ``max_tokens`` 1, not streamed, whose KV the connector hands to the decode replica (NIXL:
 through the ``kv_transfer_params`` the prefill answers). A prefill replica that fails, times out or has no free slot
 leaves the prefill to the decode replica: no client error, counted (``infercap_proxy_pd_prefill_fallbacks``) and
-written on the usage record. Metering prices a split request by phase (``phase_mu``).
+written on the usage record. Metering prices a split request by phase (``split_mu``).
 
 Nothing here runs for an aggregated endpoint.
 """
@@ -19,7 +19,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import time
 from dataclasses import dataclass
 
 import aiohttp
@@ -28,19 +27,16 @@ from capacity.units import MUCoefficients, request_mu
 from gateway.admission import ENGINE_PRIORITY
 from gateway.proxy import metrics as m
 from gateway.proxy.isolation import STRIPPED_FIELDS
-from gateway.proxy.model_names import ModelRename, model_rename
+from gateway.proxy.prefill_pool import PrefillSlot, prefill_pool
 from gateway.proxy.relay import UpstreamFailed
 from gateway.proxy.request import ParsedRequest
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.proxy.stages import UPSTREAM_PATH
-from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.base import RouteRequest
 from gateway.routing.bounded_affinity import PREFIX_MATCHES_KEY
-from gateway.routing.registry import make_prefill_router
 
 log = logging.getLogger(__name__)
 
-DISAGGREGATED = "disaggregated"
-PREFILL, DECODE = "prefill", "decode"
 # How a disaggregated endpoint served a request (``UsageRecord.pd_route``).
 SPLIT, DECODE_ONLY, FALLBACK = "split", "decode_only", "fallback"
 # Body fields the prefill does not carry: it is one sequence of one token, answered whole.
@@ -57,7 +53,6 @@ NIXL_PREFILL_PARAMS = {
 }
 PREFILL_TIMEOUT_FLOOR_S = 1.0
 PREFILL_ATTEMPTS = 2  # a prefill replica that fails fast: one more, on another, within the same time budget
-PREFILL_COOLDOWN_S = 5.0
 
 
 @dataclass(slots=True, eq=False)
@@ -68,113 +63,6 @@ class PDRoute:
     prefill_replica_id: int | None = None
     prefill_usage: dict | None = None  # the prefill replica's usage block (its cached/uncached prompt split)
     reason: str = ""  # a fallback's: no_prefill_slot, failed, timeout, refused
-
-
-@dataclass(eq=False)
-class PrefillSlot:
-    """One prefill replica as this process sees it."""
-
-    replica_id: int
-    name: str
-    url: str
-    view: ReplicaView
-    takes_priority: bool = True
-    rename: ModelRename | None = None
-    removed: bool = False
-    cool_until: float = 0.0  # after a failed prefill: no prefill goes there before this (``PrefillPool.cool_down``)
-
-
-class PrefillPool:
-    """The prefill replicas of one disaggregated endpoint, with this process's own load accounting (in-flight
-    prefills and their MU at the prefill pool's coefficients) and its own router (``make_prefill_router``)."""
-
-    def __init__(self, info: EndpointInfo, *, stale_after_s: float, clock=time.monotonic) -> None:
-        self.router = make_prefill_router(stale_after_s=stale_after_s)
-        self.clock = clock
-        self.slots: dict[str, PrefillSlot] = {}
-        self.info = info
-        self.update(info)
-
-    def update(self, info: EndpointInfo) -> None:
-        """Follow a new snapshot: add prefill replicas, retire those gone (once their prefills end)."""
-        self.info = info
-        coeffs = info.prefill_coeffs or info.coeffs
-        mu_capacity = max(coeffs.mu_per_min / 60.0, 1e-6)
-        seen = set()
-        for r in info.replicas:
-            if r.role != PREFILL:
-                continue
-            rid = str(r.id)
-            seen.add(rid)
-            limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
-            rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
-            slot = self.slots.get(rid)
-            if slot is None:
-                view = ReplicaView(replica_id=rid, concurrency_limit=limit, profile=r.hardware_profile)
-                slot = self.slots[rid] = PrefillSlot(replica_id=r.id, name=r.name, url=r.url, view=view)
-            slot.url, slot.removed, slot.takes_priority, slot.rename = r.url, False, r.takes_priority, rename
-            slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity * r.speed
-            slot.view.draining = False
-        for rid, slot in list(self.slots.items()):
-            if rid not in seen:
-                slot.removed = slot.view.draining = True
-                if slot.view.in_flight == 0:
-                    self._forget(rid)
-
-    def _forget(self, rid: str) -> None:
-        self.slots.pop(rid, None)
-        forget = getattr(self.router, "forget_replica", None)
-        if forget is not None:
-            forget(rid)
-
-    def take(self, route: RouteRequest, exclude: set[str] | None = None) -> PrefillSlot | None:
-        """A prefill replica with a free slot for ``route`` (its ``mu`` the prefill's), not in ``exclude`` and not
-        cooling down, taken; None if none."""
-        now = self.clock()
-        views = [
-            s.view
-            for rid, s in self.slots.items()
-            if not s.removed
-            and s.view.in_flight < s.view.concurrency_limit
-            and s.cool_until <= now
-            and not (exclude and rid in exclude)
-        ]
-        if not views:
-            return None
-        rid = self.router.pick(route, views, now)
-        slot = self.slots.get(rid) if rid is not None else None
-        if slot is None or slot.view.in_flight >= slot.view.concurrency_limit:
-            slot = self.slots[min(views, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id]
-        slot.view.in_flight += 1
-        slot.view.in_flight_mu += route.mu
-        self.router.on_routed(route, slot.view.replica_id, now)
-        return slot
-
-    def cool_down(self, slot: PrefillSlot) -> None:
-        """The replica failed a prefill (unreachable, 5xx): no prefill goes there for ``PREFILL_COOLDOWN_S``, after
-        which one request tries it again (the health prober takes a dead one out of the snapshot meanwhile)."""
-        slot.cool_until = self.clock() + PREFILL_COOLDOWN_S
-
-    def release(self, slot: PrefillSlot, route: RouteRequest) -> None:
-        slot.view.in_flight -= 1
-        slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - route.mu)
-        try:
-            self.router.on_finished(route, slot.view.replica_id, self.clock())
-        except Exception:  # noqa: BLE001 - a router bug must not leak prefill slots
-            log.exception("prefill router on_finished failed")
-        if slot.removed and slot.view.in_flight == 0:
-            self._forget(slot.view.replica_id)
-
-
-def prefill_pool(runtime) -> PrefillPool:
-    """The runtime's prefill pool, made on its endpoint's first disaggregated request and kept in step with the
-    snapshot the runtime holds (an identity check per request)."""
-    pool = getattr(runtime, "prefill_pool", None)
-    if pool is None:
-        pool = runtime.prefill_pool = PrefillPool(runtime.info, stale_after_s=runtime.config.metrics_stale_s)
-    elif pool.info is not runtime.info:
-        pool.update(runtime.info)
-    return pool
 
 
 # -- the split ----------------------------------------------------------------------------------------------------

@@ -12,10 +12,11 @@ import time
 from capacity.units import estimate_prompt_tokens
 from config.request_log import request_id as log_request_id
 from gateway.proxy.brownout import degrade, fall_back, mark_slot_share
-from gateway.proxy.disaggregation import DISAGGREGATED, prefill_phase
+from gateway.proxy.disaggregation import prefill_phase
 from gateway.proxy.errors import ProxyError, send_error, sse_error_event
 from gateway.proxy.flight import Flight, Price
 from gateway.proxy.metering import meter
+from gateway.proxy.prefill_pool import DISAGGREGATED
 from gateway.proxy.relay import Outcome
 from gateway.proxy.request import ParsedRequest, requested_priority
 from gateway.proxy.snapshot import EndpointInfo

@@ -18,6 +18,7 @@ from gateway.admission.shares import spread_queue
 from gateway.proxy import metrics as m
 from gateway.proxy.kv_feeds import KVFeeds
 from gateway.proxy.model_names import ModelRename, model_rename
+from gateway.proxy.prefill_pool import PrefillPool, sync_prefill_pool
 from gateway.proxy.replica_adapters import ReplicaAdapters, note_engine_lora, routers_eviction
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.routing import make_router
@@ -101,6 +102,7 @@ class EndpointRuntime:
         # their engine names (``AdapterInfo.engine_name``; docs/lora-serving.md).
         self.adapter_infos: dict = {}
         self._gauges_dirty: set[str] = set()
+        self.prefill_pool: PrefillPool | None = None  # a disaggregated endpoint's (docs/request-path.md)
         self.update(info)
 
     # -- config ---------------------------------------------------------------------------------------
@@ -135,6 +137,7 @@ class EndpointRuntime:
             self.router = self._make_router(info.routing_policy, info)
         self.info = info
         replicas = info.admission_replicas  # a disaggregated endpoint's decode pool (its prefill pool is apart)
+        self.prefill_pool = sync_prefill_pool(self, info)
         self.kv_feeds.sync(replicas if info.routing_policy in PRECISE_POLICIES else ())
         mu_capacity = max(info.coeffs.mu_per_min / 60.0, 1e-6)
         seen = set()
@@ -249,7 +252,8 @@ class EndpointRuntime:
                     m.child(m.PENDING_PREFILL, self.info.name, slot.name).set(pending.tokens(rid))
 
     def scrape_targets(self) -> dict[str, str]:
-        return {rid: s.url for rid, s in self.slots.items() if not s.removed}
+        targets = {rid: s.url for rid, s in self.slots.items() if not s.removed}
+        return targets if self.prefill_pool is None else {**targets, **self.prefill_pool.scrape_targets()}
 
     @property
     def has_replicas(self) -> bool:

@@ -9,21 +9,23 @@ import json
 
 import pytest
 
+from capacity.runtimes.vllm_metrics import ReplicaMetrics
 from capacity.units import MUCoefficients
 from gateway.proxy import metrics as m
+from gateway.proxy.config import ProxyConfig
 from gateway.proxy.disaggregation import (
     NIXL_PREFILL_PARAMS,
-    PrefillPool,
     decode_request,
     prefill_payload,
-    prefill_pool,
     prefill_route,
     prefill_timeout_s,
     split_mu,
     split_usage,
 )
+from gateway.proxy.prefill_pool import PrefillPool, prefill_pool
 from gateway.proxy.request import parse_request
 from gateway.proxy.resume import continuation, streamed
+from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.snapshot import ReplicaInfo
 from gateway.routing.base import RouteRequest
 from tests.proxy.snapshots import COEFFS, TENANT_A, endpoint, reservation, snapshot
@@ -295,3 +297,29 @@ async def test_a_nixl_decode_retried_on_another_replica_prefills_there(monkeypat
     [(_, _, _), (d0, first, _), (d1, second, _)] = session.posted
     assert (d0.split("/v1/")[0], d1.split("/v1/")[0]) == (D0, D1)
     assert first["kv_transfer_params"] == KV_PARAMS and "kv_transfer_params" not in second
+
+
+class OneScraped:
+    """The scraper's read side: prefill replica 200 was scraped just now, the other never (it does not answer)."""
+
+    def latest(self, replica_id: str):
+        return ReplicaMetrics(scraped_at=100.0, num_waiting=3) if replica_id == "200" else None
+
+
+def test_the_runtime_holds_the_prefill_pool_scrapes_it_and_routes_away_from_a_silent_replica():
+    ep = pd_endpoint(name="pd-scraped", prefills=2)
+    runtime = EndpointRuntime(ep, config=ProxyConfig(), scraper=OneScraped(), clock=lambda: 100.0)
+    assert set(runtime.slots) == {"300"}, "admission is over the decode pool"
+    assert runtime.scrape_targets() == {"300": D0, "200": P0, "201": P1}, "both pools' engines are scraped"
+    pool = runtime.prefill_pool
+    pool.clock = lambda: 100.0
+    pool.router.pick = lambda route, views, now: max(v.replica_id for v in views if v.metrics_age_s < 2.0)
+    taken = pool.take(prefill_route(RouteRequest(request_id="r", prompt_text=LONG), PREFILL_COEFFS))
+    assert taken.replica_id == 200 and taken.view.num_waiting == 3
+    assert pool.slots["201"].view.metrics_age_s == float("inf")
+    runtime.update(dataclasses.replace(ep, serving_mode="aggregated"))
+    assert runtime.prefill_pool is pool, "kept while a prefill it sent runs"
+    pool.release(taken, RouteRequest(request_id="r", prompt_text=LONG, mu=taken.view.in_flight_mu))
+    assert pool.slots == {}, "an aggregated endpoint's replicas are no prefill pool's"
+    runtime.update(dataclasses.replace(ep, serving_mode="aggregated"))
+    assert runtime.prefill_pool is None and set(runtime.slots) == {"200", "201", "300"}

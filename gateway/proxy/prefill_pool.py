@@ -1,0 +1,163 @@
+"""A disaggregated endpoint's prefill pool as one proxy process sees it (docs/request-path.md, "Prefill/decode
+disaggregation"): its prefill replicas, this process's own load accounting on them (in-flight prefills and their MU
+at the prefill pool's coefficients, a cooldown after a failed prefill), the metrics scraper's latest view of each,
+and the router that picks one (``gateway.routing.registry.make_prefill_router``). Held by the endpoint's runtime
+(``EndpointRuntime.prefill_pool``), kept in step with each snapshot by ``sync_prefill_pool``; used by
+``disaggregation.prefill_phase``. Runs on the event loop, never touches the database."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from gateway.proxy.model_names import ModelRename, model_rename
+from gateway.proxy.snapshot import EndpointInfo
+from gateway.routing.base import ReplicaView, RouteRequest
+from gateway.routing.registry import make_prefill_router
+
+log = logging.getLogger(__name__)
+
+DISAGGREGATED = "disaggregated"
+PREFILL = "prefill"
+PREFILL_COOLDOWN_S = 5.0
+
+
+@dataclass(eq=False)
+class PrefillSlot:
+    """One prefill replica as this process sees it."""
+
+    replica_id: int
+    name: str
+    url: str
+    view: ReplicaView
+    takes_priority: bool = True
+    rename: ModelRename | None = None
+    removed: bool = False
+    cool_until: float = 0.0  # after a failed prefill: no prefill goes there before this (``PrefillPool.cool_down``)
+
+
+class PrefillPool:
+    """The prefill replicas of one disaggregated endpoint, with this process's own load accounting (in-flight
+    prefills and their MU at the prefill pool's coefficients) and its own router (``make_prefill_router``)."""
+
+    def __init__(self, info: EndpointInfo, *, stale_after_s: float, scraper=None, clock=time.monotonic) -> None:
+        self.router = make_prefill_router(stale_after_s=stale_after_s)
+        self.scraper = scraper
+        self.clock = clock
+        self.slots: dict[str, PrefillSlot] = {}
+        self.info = info
+        self.update(info)
+
+    def update(self, info: EndpointInfo) -> None:
+        """Follow a new snapshot: add prefill replicas, retire those gone (once their prefills end)."""
+        self.info = info
+        coeffs = info.prefill_coeffs or info.coeffs
+        mu_capacity = max(coeffs.mu_per_min / 60.0, 1e-6)
+        seen = set()
+        for r in info.replicas if info.serving_mode == DISAGGREGATED else ():  # aggregated: every replica admits
+            if r.role != PREFILL:
+                continue
+            rid = str(r.id)
+            seen.add(rid)
+            limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
+            rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
+            slot = self.slots.get(rid)
+            if slot is None:
+                view = ReplicaView(replica_id=rid, concurrency_limit=limit, profile=r.hardware_profile)
+                slot = self.slots[rid] = PrefillSlot(replica_id=r.id, name=r.name, url=r.url, view=view)
+            slot.url, slot.removed, slot.takes_priority, slot.rename = r.url, False, r.takes_priority, rename
+            slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity * r.speed
+            slot.view.draining = False
+        for rid, slot in list(self.slots.items()):
+            if rid not in seen:
+                slot.removed = slot.view.draining = True
+                if slot.view.in_flight == 0:
+                    self._forget(rid)
+
+    def _forget(self, rid: str) -> None:
+        self.slots.pop(rid, None)
+        forget = getattr(self.router, "forget_replica", None)
+        if forget is not None:
+            forget(rid)
+
+    def take(self, route: RouteRequest, exclude: set[str] | None = None) -> PrefillSlot | None:
+        """A prefill replica with a free slot for ``route`` (its ``mu`` the prefill's), not in ``exclude`` and not
+        cooling down, taken; None if none."""
+        now = self.clock()
+        views = [
+            s.view
+            for rid, s in self.slots.items()
+            if not s.removed
+            and s.view.in_flight < s.view.concurrency_limit
+            and s.cool_until <= now
+            and not (exclude and rid in exclude)
+        ]
+        if not views:
+            return None
+        if self.scraper is not None:
+            self._scraped(views, now)
+        rid = self.router.pick(route, views, now)
+        slot = self.slots.get(rid) if rid is not None else None
+        if slot is None or slot.view.in_flight >= slot.view.concurrency_limit:
+            slot = self.slots[min(views, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id]
+        slot.view.in_flight += 1
+        slot.view.in_flight_mu += route.mu
+        self.router.on_routed(route, slot.view.replica_id, now)
+        return slot
+
+    def _scraped(self, views: list[ReplicaView], now: float) -> None:
+        """The scraper's latest engine figures on each view; a replica never scraped reads as stale (the routers'
+        filter passes over it while another is fresh, and fails open when none is)."""
+        for view in views:
+            latest = self.scraper.latest(view.replica_id)
+            if latest is None:
+                view.metrics_age_s = float("inf")
+                continue
+            view.metrics_age_s = now - latest.scraped_at
+            view.num_running, view.num_waiting, view.kv_usage = latest.num_running, latest.num_waiting, latest.kv_usage
+            if latest.block_size:
+                view.block_size = latest.block_size
+            if latest.num_gpu_blocks:
+                view.num_gpu_blocks = latest.num_gpu_blocks
+
+    def scrape_targets(self) -> dict[str, str]:
+        return {rid: s.url for rid, s in self.slots.items() if not s.removed}
+
+    def cool_down(self, slot: PrefillSlot) -> None:
+        """The replica failed a prefill (unreachable, 5xx): no prefill goes there for ``PREFILL_COOLDOWN_S``, after
+        which one request tries it again (the health prober takes a dead one out of the snapshot meanwhile)."""
+        slot.cool_until = self.clock() + PREFILL_COOLDOWN_S
+
+    def release(self, slot: PrefillSlot, route: RouteRequest) -> None:
+        slot.view.in_flight -= 1
+        slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - route.mu)
+        try:
+            self.router.on_finished(route, slot.view.replica_id, self.clock())
+        except Exception:  # noqa: BLE001 - a router bug must not leak prefill slots
+            log.exception("prefill router on_finished failed")
+        if slot.removed and slot.view.in_flight == 0:
+            self._forget(slot.view.replica_id)
+
+
+def sync_prefill_pool(runtime, info: EndpointInfo) -> PrefillPool | None:
+    """The runtime's prefill pool after a new snapshot (``EndpointRuntime.update``): made when the endpoint turns
+    disaggregated, kept while it has prefills in flight, dropped after."""
+    pool = runtime.prefill_pool
+    if info.serving_mode == DISAGGREGATED:
+        if pool is None:
+            return PrefillPool(info, stale_after_s=runtime.config.metrics_stale_s, scraper=runtime.scraper)
+        pool.update(info)
+        return pool
+    if pool is not None and any(s.view.in_flight for s in pool.slots.values()):
+        pool.update(info)  # no prefill replica in it any more: each is retired as its prefill ends
+        return pool
+    return None
+
+
+def prefill_pool(runtime) -> PrefillPool:
+    """The runtime's prefill pool (a disaggregated endpoint's runtime always holds one)."""
+    pool = runtime.prefill_pool
+    if pool is None:  # the endpoint was disaggregated when the request was admitted: the snapshot changed since
+        pool = runtime.prefill_pool = PrefillPool(runtime.info, stale_after_s=runtime.config.metrics_stale_s)
+    return pool
