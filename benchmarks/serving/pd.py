@@ -229,11 +229,16 @@ def _planner_check(spec, plan, *, duration_s: float, seed: int) -> dict:
             check["aggregated"]["attainment_one_fewer"] = round(_attainment(spec, fewer), 4)
     p, d = plan.prefill.replicas, plan.decode.replicas
     if p and d:
-        fleet = PDFleet(replicas=d, prefill_replicas=p, mode="disaggregated", **base)
-        check["disaggregated"] = {
-            "replicas": [p, d],
-            "attainment": round(_attainment(spec, _simulate(spec, fleet, spec.rate, duration_s, seed)), 4),
-        }
+        check["disaggregated"] = {"replicas": [p, d]}
+        for key, (pp, dd) in (
+            ("attainment", (p, d)),
+            ("one_fewer_prefill", (p - 1, d)),
+            ("one_fewer_decode", (p, d - 1)),
+        ):
+            if pp and dd:
+                fleet = PDFleet(replicas=dd, prefill_replicas=pp, mode="disaggregated", **base)
+                result = _simulate(spec, fleet, spec.rate, duration_s, seed)
+                check["disaggregated"][key] = round(_attainment(spec, result), 4)
     return check
 
 
