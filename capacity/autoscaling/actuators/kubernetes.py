@@ -51,7 +51,13 @@ from django.conf import settings
 from django.db.models import Q
 from lightkube.config.client_adapter import ConnectionParams
 
-from capacity.autoscaling.actuators.base import Actuator, ActuatorError, launch_version_id, version_endpoint
+from capacity.autoscaling.actuators.base import (
+    Actuator,
+    ActuatorError,
+    launch_role,
+    launch_version_id,
+    version_endpoint,
+)
 from capacity.autoscaling.actuators.kubernetes_objects import (
     CAPACITY,
     DELETION_COST,
@@ -59,6 +65,7 @@ from capacity.autoscaling.actuators.kubernetes_objects import (
     ENDPOINT_NAME,
     LIVE,
     MERGE_PATCH,
+    PD_ROLE,
     PROMOTED,
     ROLE,
     SPOT_SCHEDULING_GRACE_S,
@@ -68,16 +75,39 @@ from capacity.autoscaling.actuators.kubernetes_objects import (
     deployment_name,
     is_promoted,
     kube_config,
+    role_deployment_name,
     spot_deployment_name,
     spot_scheduling,
     standby_deployment_name,
     unschedulable_for,
     version_deployment_name,
+    with_kv_transfer,
 )
+from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import kubernetes_container_patch
-from endpoints.models import Endpoint, EndpointVersion, Replica, ReplicaState, RolloutState, active_rollout
+from endpoints.models import (
+    Endpoint,
+    EndpointVersion,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    RolloutState,
+    ServingMode,
+    active_rollout,
+)
 
 log = logging.getLogger(__name__)
+
+
+def kv_transfer_flag(endpoint: Endpoint, role: str) -> str:
+    """A prefill or decode pod's ``--kv-transfer-config``: NIXL only, the shared-storage connector being one host's
+    (vLLM's ExampleConnector over a local directory; docs/disaggregation.md)."""
+    if endpoint.kv_connector != "nixl":
+        raise ActuatorError(
+            f"{endpoint.name}: kv_connector {endpoint.kv_connector!r} moves KV through one host's directory; "
+            "a disaggregated endpoint on Kubernetes moves it with nixl"
+        )
+    return vllm.kv_transfer_config(role, "nixl")
 
 
 class KubernetesActuator(Actuator):
@@ -193,20 +223,26 @@ class KubernetesActuator(Actuator):
             return endpoint, None
         return version_endpoint(endpoint, version), version.number
 
-    def deployment_for(self, endpoint: Endpoint, version_id: int | None, *, spot: bool = False) -> str:
+    def deployment_for(
+        self, endpoint: Endpoint, version_id: int | None, *, spot: bool = False, role: str = ReplicaRole.MIXED
+    ) -> str:
         view, number = self._version(endpoint, version_id)
-        name = version_deployment_name(view, number)
+        name = role_deployment_name(version_deployment_name(view, number), role)
         return spot_deployment_name(name) if spot else name
 
-    def ensure_version_deployment(self, endpoint: Endpoint, number: int | None, *, spot: bool = False) -> str:
-        """Version ``number``'s Deployment (its spot pool's with ``spot``), created from its template (0 replicas)
-        when it does not exist yet."""
+    def ensure_version_deployment(
+        self, endpoint: Endpoint, number: int | None, *, spot: bool = False, role: str = ReplicaRole.MIXED
+    ) -> str:
+        """Version ``number``'s Deployment (its spot pool's with ``spot``, a disaggregated pool's with ``role``:
+        labelled ``infercap/pd-role``, its engine given the role's ``--kv-transfer-config``), created from its
+        template (0 replicas) when it does not exist yet."""
         name, template_name = version_deployment_name(endpoint, number), deployment_name(endpoint)
         versioned = name != template_name
+        name = role_deployment_name(name, role)
         if spot:
             name = spot_deployment_name(name)
             node_selector, tolerations = spot_scheduling(endpoint.launch_options or {})
-        elif not versioned:
+        elif not versioned and role == ReplicaRole.MIXED:
             return name
         try:
             self._request("GET", self._deployment_path(endpoint, name))
@@ -217,6 +253,7 @@ class KubernetesActuator(Actuator):
         template = self._request("GET", self._deployment_path(endpoint, template_name))
         spec = template.get("spec") or {}
         added = ({VERSION: str(number)} if versioned else {}) | ({CAPACITY: "spot"} if spot else {})
+        added |= {PD_ROLE: role} if role != ReplicaRole.MIXED else {}
         selector = copy.deepcopy(spec.get("selector") or {})
         selector.setdefault("matchLabels", {}).update(added)
         pod = copy.deepcopy(spec.get("template") or {})
@@ -225,6 +262,8 @@ class KubernetesActuator(Actuator):
             pod_spec = pod.setdefault("spec", {})
             pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **node_selector}
             pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *tolerations]
+        if role != ReplicaRole.MIXED:
+            with_kv_transfer(pod, kv_transfer_flag(endpoint, role))
         labels = {
             **((template.get("metadata") or {}).get("labels") or {}),
             **added,
@@ -254,10 +293,11 @@ class KubernetesActuator(Actuator):
                 raise
         return name
 
-    def _deployments(self, endpoint: Endpoint) -> dict[str, tuple[int | None, bool]]:
-        """Deployment name → (the version its pods run, spot), for every version that may have pods: the serving
-        one, those with live replicas, and both sides of an active rollout; their spot pools' Deployments too when
-        the endpoint has a pool or spot replicas are left."""
+    def _deployments(self, endpoint: Endpoint) -> dict[str, tuple[int | None, bool, str]]:
+        """Deployment name → (the version its pods run, spot, role), for every version that may have pods: the
+        serving one, those with live replicas, and both sides of an active rollout; their spot pools' Deployments
+        too when the endpoint has a pool or spot replicas are left, and their prefill and decode pools' when it is
+        disaggregated or role replicas are left."""
         spot_ids = set(
             endpoint.replicas.filter(actuator=self.name, hardware_profile__isnull=False)
             .exclude(state=ReplicaState.STOPPED)
@@ -274,12 +314,22 @@ class KubernetesActuator(Actuator):
         rollout = active_rollout(endpoint)
         if rollout is not None:
             ids |= {rollout.from_version_id, rollout.to_version_id}
-        out: dict[str, tuple[int | None, bool]] = {}
+        out: dict[str, tuple[int | None, bool, str]] = {}
         for version_id in sorted(ids | spot_ids, key=lambda v: (v is None, v or 0)):
             if version_id in ids:
-                out.setdefault(self.deployment_for(endpoint, version_id), (version_id, False))
+                out.setdefault(self.deployment_for(endpoint, version_id), (version_id, False, ReplicaRole.MIXED))
             if version_id in spot_ids:
-                out.setdefault(self.deployment_for(endpoint, version_id, spot=True), (version_id, True))
+                out.setdefault(self.deployment_for(endpoint, version_id, spot=True), (version_id, True, "mixed"))
+        roles = set(
+            endpoint.replicas.filter(actuator=self.name, is_standby=False)
+            .exclude(state=ReplicaState.STOPPED)
+            .exclude(role=ReplicaRole.MIXED)
+            .values_list("version_id", "role")
+        )
+        if endpoint.serving_mode == ServingMode.DISAGGREGATED:
+            roles |= {(endpoint.current_version_id, ReplicaRole.PREFILL), (endpoint.current_version_id, "decode")}
+        for version_id, role in sorted(roles, key=lambda vr: (vr[0] is None, vr[0] or 0, vr[1])):
+            out.setdefault(self.deployment_for(endpoint, version_id, role=role), (version_id, False, role))
         return out
 
     def _retire(self, endpoint: Endpoint, version_ids: set) -> None:
@@ -296,7 +346,8 @@ class KubernetesActuator(Actuator):
             ).exists():
                 continue  # a draining pod still finishes its requests
             # The template Deployment stays (at 0 replicas); a version's own and every spot pool's go.
-            for gone in [spot_deployment_name(name)] + ([name] if name != deployment_name(view) else []):
+            pools = [spot_deployment_name(name), *(role_deployment_name(name, r) for r in ("prefill", "decode"))]
+            for gone in pools + ([name] if name != deployment_name(view) else []):
                 try:
                     self._request(
                         "DELETE", self._deployment_path(view, gone), params={"propagationPolicy": "Background"}
@@ -324,6 +375,9 @@ class KubernetesActuator(Actuator):
 
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
         pool_id = getattr(endpoint, "launch_hardware_profile_id", None)  # a spot pool's (services.pool_endpoint)
+        role = launch_role(endpoint)
+        if role != ReplicaRole.MIXED:
+            endpoint, pool_id = self._role_view(endpoint, role, pool_id, standby)
         if pool_id and standby:
             raise ActuatorError("the warm pool is on-demand: a standby never launches on a spot pool")
         if pool_id and (shortage := self.spot_shortage.pop(endpoint.pk, None)):
@@ -341,11 +395,11 @@ class KubernetesActuator(Actuator):
         if not standby:
             version_id = launch_version_id(endpoint)
             view, number = self._version(endpoint, version_id)
-            name = self.ensure_version_deployment(view, number, spot=bool(pool_id))
+            name = self.ensure_version_deployment(view, number, spot=bool(pool_id), role=role)
             mine = Q(version_id__in=[version_id] if version_id else [])
             if version_deployment_name(view, number) == deployment_name(view):
                 mine |= Q(version__isnull=True)  # registered before versions existed
-            registered = registered.filter(mine, hardware_profile__isnull=not pool_id)
+            registered = registered.filter(mine, hardware_profile__isnull=not pool_id, role=role)
         registered = registered.count()
         if not standby and not pool_id and self._uses_warm_pool(endpoint):
             # Promoted standbys are serving replicas, but not the serving Deployment's pods.
@@ -356,6 +410,20 @@ class KubernetesActuator(Actuator):
                 self.apply_launch_env(view, deployment=name)
             self.set_scale(endpoint, registered + count, standby=standby, deployment=name)
         return []
+
+    @staticmethod
+    def _role_view(endpoint: Endpoint, role: str, pool_id, standby: bool) -> tuple[Endpoint, int | None]:
+        """A prefill or decode pool's launch: the endpoint's own placement (namespace, template Deployment) under
+        the prefill pool's options; its hardware is the template's (no spot pool, no warm pool for a role)."""
+        if role == ReplicaRole.PREFILL:
+            own = Endpoint.objects.filter(pk=endpoint.pk).values_list("launch_options", flat=True).first() or {}
+            endpoint = copy.copy(endpoint)
+            endpoint.launch_options = {**own, **(endpoint.launch_options or {})}
+            if pool_id == endpoint.prefill_hardware_profile_id:
+                pool_id = None
+        if pool_id or standby:
+            raise ActuatorError(f"{endpoint.name}: a {role} pool runs neither on spot nor from a warm pool here")
+        return endpoint, None
 
     def promote(self, replica: Replica) -> None:
         """Relabel the standby pod into the serving set, then count it as capacity (see the module docstring)."""
@@ -409,7 +477,11 @@ class KubernetesActuator(Actuator):
                 by_deployment: dict[str | None, list[Replica]] = {}
                 for replica in owned:
                     spot = replica.hardware_profile_id is not None
-                    name = None if standby else self.deployment_for(endpoint, replica.version_id, spot=spot)
+                    name = (
+                        None
+                        if standby
+                        else self.deployment_for(endpoint, replica.version_id, spot=spot, role=replica.role)
+                    )
                     by_deployment.setdefault(name, []).append(replica)
                 for name, rows in by_deployment.items():
                     current, _ = self.get_scale(endpoint, standby=standby, deployment=name)
@@ -424,10 +496,11 @@ class KubernetesActuator(Actuator):
         self.stop_row(replica, "restart: pod deleted, the deployment replaces it")
         return []
 
-    def _listed_pods(self, endpoint: Endpoint) -> tuple[dict, dict, set, set]:
-        """Every pod of the endpoint's Deployments: name → pod, name → version, the spot pool's and the standby ones."""
-        pods, version_of, on_spot = {}, {}, set()
-        for deployment, (version_id, spot) in self._deployments(endpoint).items():
+    def _listed_pods(self, endpoint: Endpoint) -> tuple[dict, dict, set, set, dict]:
+        """Every pod of the endpoint's Deployments: name → pod, name → version, the spot pool's and the standby ones,
+        name → role (a disaggregated pool's pods)."""
+        pods, version_of, on_spot, role_of = {}, {}, set(), {}
+        for deployment, (version_id, spot, role) in self._deployments(endpoint).items():
             view, number = self._version(endpoint, version_id)
             template = deployment == deployment_name(view)
             versioned = version_deployment_name(view, number) != deployment_name(view)
@@ -441,8 +514,11 @@ class KubernetesActuator(Actuator):
                 labels = pod.get("metadata", {}).get("labels") or {}
                 if (not versioned and VERSION in labels) or (not spot and CAPACITY in labels):
                     continue  # a -v<N> or -spot Deployment's pod: this one's selector matches it too
+                if labels.get(PD_ROLE, ReplicaRole.MIXED) != role:
+                    continue  # a -prefill or -decode Deployment's pod, listed by its own
                 pods[pod["metadata"]["name"]] = pod
                 version_of[pod["metadata"]["name"]] = version_id
+                role_of[pod["metadata"]["name"]] = role
                 if spot:
                     on_spot.add(pod["metadata"]["name"])
         standby_pods = set()
@@ -457,7 +533,7 @@ class KubernetesActuator(Actuator):
                 if name not in pods:  # a pod being promoted can show in both listings for a moment
                     pods[name] = pod
                     standby_pods.add(name)
-        return pods, version_of, on_spot, standby_pods
+        return pods, version_of, on_spot, standby_pods, role_of
 
     def _give_back_unplaced(self, endpoint: Endpoint, unplaced: list[tuple[Replica, float]]) -> None:
         """No spot node to be had: give the pods back (the spot Deployment shrinks) and let the next spot launch fail,
@@ -469,7 +545,7 @@ class KubernetesActuator(Actuator):
 
     def sync(self, endpoint: Endpoint) -> None:
         port = int((endpoint.launch_options or {}).get("port", 8000))
-        pods, version_of, on_spot, standby_pods = self._listed_pods(endpoint)
+        pods, version_of, on_spot, standby_pods, role_of = self._listed_pods(endpoint)
         now, unplaced = time.time(), []
         rows = {r.name: r for r in endpoint.replicas.filter(actuator=self.name).exclude(state=ReplicaState.STOPPED)}
         # A pod we stopped can stay listed for a while (terminating); it must not come back as a new replica.
@@ -497,6 +573,7 @@ class KubernetesActuator(Actuator):
                     is_standby=name in standby_pods,
                     # A spot pod is priced on the pool's profile (none named any more: the endpoint's own).
                     hardware_profile_id=endpoint.spot_hardware_profile_id if name in on_spot else None,
+                    role=role_of.get(name, ReplicaRole.MIXED),  # a disaggregated pool's pod
                 )
                 self.move(row, ReplicaState.STARTING, f"pod {status.get('phase', 'Pending')}")
             if ip and not row.url:

@@ -46,6 +46,10 @@ ENDPOINT_NAME = "infercap/endpoint-name"
 CAPACITY = "infercap/capacity-type"
 
 
+# A disaggregated endpoint's pools (docs/disaggregation.md): prefill and decode pods carry their role.
+PD_ROLE = "infercap/pd-role"
+
+
 SPOT_NODE_SELECTOR = {"karpenter.sh/capacity-type": "spot"}
 
 
@@ -95,6 +99,23 @@ def version_deployment_name(endpoint: Endpoint, number: int | None) -> str:
     if not number or number == 1:
         return base
     return f"{base[: 62 - len(str(number))].rstrip('-')}-v{number}"
+
+
+def role_deployment_name(base: str, role: str) -> str:
+    """The Deployment of a disaggregated endpoint's ``role`` pool beside ``base`` (a version's); ``base`` for mixed."""
+    return base if role == "mixed" else f"{base[:55].rstrip('-')}-{role}"
+
+
+def with_kv_transfer(pod: dict, flag: str) -> None:
+    """Add vLLM's ``--kv-transfer-config`` to the pod template's first container (the engine), which must not have
+    one of its own: the platform sets it from the role."""
+    containers = pod.get("spec", {}).get("containers") or []
+    if not containers:
+        raise ActuatorError("the template Deployment's pod has no container to give --kv-transfer-config")
+    args = list(containers[0].get("args") or [])
+    if any(str(a).startswith("--kv-transfer-config") for a in args):
+        raise ActuatorError("the template Deployment sets --kv-transfer-config: the platform sets it from the role")
+    containers[0]["args"] = [*args, f"--kv-transfer-config={flag}"]
 
 
 def spot_deployment_name(base: str) -> str:
