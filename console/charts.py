@@ -71,6 +71,16 @@ def format_number(value: float) -> str:
     return f"{value:.2g}"
 
 
+OFF_SCALE = 2.0
+
+
+def _exact(value: float) -> str:
+    """A value as the hover shows it: whole numbers with separators, others to three significant digits."""
+    if float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.1f}"
+
+
 def _format_x(x: float, is_time: bool) -> str:
     if is_time:
         return datetime.fromtimestamp(x).astimezone().strftime("%H:%M") if x > 1e8 else f"{x:g}"
@@ -83,7 +93,11 @@ def line_chart(chart: LineChart) -> str:
     plot_w, plot_h = chart.width - left - right, chart.height - top - bottom
     xs = [x for s in chart.series for x, y in s.points if y is not None] + [m.x for m in chart.markers]
     ys = [y for s in chart.series for _, y in s.points if y is not None]
-    if chart.threshold is not None:
+    # The SLO line scales the axis only while it is near the data: a 50–100 ms TTFT under a 2,000 ms SLO would
+    # read as a flat line at the bottom. Far above (more than OFF_SCALE × the data's peak) it is drawn at the top
+    # edge with its value and an arrow instead.
+    off_scale = chart.threshold is not None and bool(ys) and chart.threshold > OFF_SCALE * max(max(ys), 1e-12)
+    if chart.threshold is not None and not off_scale:
         ys.append(chart.threshold)
     parts = [_svg_open(chart.width, chart.height, chart.title, natural=not xs or not ys)]
     parts.append(f'<text x="{left}" y="16" class="chart-title">{escape(chart.title)}</text>')
@@ -123,11 +137,15 @@ def line_chart(chart: LineChart) -> str:
             f'<text x="{x:.1f}" y="{top - 2}" text-anchor="middle" class="marker-label">▾</text>'
         )
     if chart.threshold is not None:
-        y = sy(chart.threshold)
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="threshold"/>')
+        y = top if off_scale else sy(chart.threshold)
+        label = chart.threshold_label or "SLO"
+        if off_scale:
+            label = f"{label} ↑ above this axis"
+        kind = "threshold off-scale" if off_scale else "threshold"
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="{kind}"/>')
         parts.append(
-            f'<text x="{left + plot_w - 2}" y="{y - 4:.1f}" text-anchor="end" class="threshold-label">'
-            f"{escape(chart.threshold_label or 'SLO')}</text>"
+            f'<text x="{left + plot_w - 2}" y="{(y + 12) if off_scale else (y - 4):.1f}" text-anchor="end" '
+            f'class="threshold-label">{escape(label)}</text>'
         )
     for i, series in enumerate(chart.series):
         colour, dash = PALETTE[i % len(PALETTE)], DASHES[i % len(DASHES)]
@@ -141,6 +159,14 @@ def line_chart(chart: LineChart) -> str:
                 parts.append(
                     f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"{dash_attr} '
                     f'class="series"><title>{escape(series.label)}</title></polyline>'
+                )
+        # Exact values on hover: a target per point, with its time and value as the tooltip.
+        for x, y in series.points:
+            if y is not None:
+                parts.append(
+                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" class="hover-point"><title>'
+                    f"{escape(series.label)} at {escape(_format_x(x, chart.x_is_time))}: {escape(_exact(y))}"
+                    "</title></circle>"
                 )
     parts.append(_legend([s.label for s in chart.series], left, chart.height - 8))
     parts.append("</svg>")

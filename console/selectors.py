@@ -145,11 +145,11 @@ def bucket_quantile(q: float, bounds: tuple[int, ...], cumulative: list[float], 
 @dataclass
 class EndpointSeries:
     minutes: list[float]  # epoch seconds of each bucket
-    requests_per_s: list[float]
-    errors_per_s: list[float]
+    requests_per_s: list[float | None]  # None: the minute still running (not drawn)
+    errors_per_s: list[float | None]
     ttft_p95_ms: list[float | None]
     tpot_p95_ms: list[float | None]
-    mu_per_min: list[float]
+    mu_per_min: list[float | None]
     ready_replicas: list[float]
 
 
@@ -174,6 +174,13 @@ def endpoint_series(
     series = EndpointSeries([b.timestamp() for b in buckets], [], [], [], [], [], [])
     for bucket in buckets:
         row = by_minute.get(bucket)
+        if bucket + timedelta(minutes=1) > now:
+            # The minute still running: its rollup holds part of a minute, which would draw as a drop. Not drawn.
+            for values in (series.requests_per_s, series.errors_per_s, series.mu_per_min):
+                values.append(None)
+            series.ttft_p95_ms.append(None)
+            series.tpot_p95_ms.append(None)
+            continue
         if row is None:
             series.requests_per_s.append(0.0)
             series.errors_per_s.append(0.0)

@@ -84,3 +84,38 @@ def test_bar_chart_scales_bars_and_sizes_margins_to_labels():
     widths = [float(r.get("width")) for r in root.findall(f"{SVG}rect")]
     assert widths[0] == pytest.approx(2 * widths[1], abs=0.2) == pytest.approx(4 * widths[2], abs=0.4)
     assert float(root.find(f"{SVG}rect").get("x")) > 6.6 * len("a-very-long-label")
+
+
+def _y_axis_top(root) -> float:
+    ticks = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "tick" and t.get("text-anchor") == "end"]
+    return max(float(t.rstrip("k")) * (1000 if t.endswith("k") else 1) for t in ticks if t)
+
+
+def test_a_far_slo_is_drawn_at_the_edge_and_does_not_squash_the_data():
+    # TTFT 50–100 ms under a 2,000 ms SLO: the axis reads the data, the SLO sits on the edge.
+    points = [(float(i), 50.0 + 5 * i) for i in range(11)]
+    far = _parse(
+        charts.line_chart(
+            charts.LineChart(
+                "TTFT", [charts.Series("p95", points)], threshold=2000, threshold_label="SLO 2000 ms", x_is_time=False
+            )
+        )
+    )
+    assert _y_axis_top(far) <= 200  # not the 2,000+ the SLO line would force
+    edge = far.find(f"{SVG}line[@class='threshold off-scale']")
+    assert edge is not None
+    coords = [tuple(map(float, p.split(","))) for p in far.find(f"{SVG}polyline").get("points").split()]
+    assert float(edge.get("y1")) <= min(y for _, y in coords)  # above every point
+    assert "SLO 2000 ms ↑ above this axis" in ET.tostring(far, encoding="unicode")
+    # Near the data (under 2× its peak) the SLO line scales the axis as before and sits at its value.
+    near = _parse(
+        charts.line_chart(charts.LineChart("TTFT", [charts.Series("p95", points)], threshold=180, x_is_time=False))
+    )
+    assert near.find(f"{SVG}line[@class='threshold']") is not None and _y_axis_top(near) >= 180
+
+
+def test_every_point_carries_its_exact_value_on_hover():
+    points = [(0.0, 1234.0), (1.0, None), (2.0, 0.125)]
+    root = _parse(charts.line_chart(charts.LineChart("x", [charts.Series("used", points)], x_is_time=False)))
+    titles = [c.find(f"{SVG}title").text for c in root.iter(f"{SVG}circle") if c.get("class") == "hover-point"]
+    assert titles == ["used at 0: 1,234", "used at 2: 0.125"]  # no target for the gap

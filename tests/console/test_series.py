@@ -49,6 +49,9 @@ def test_endpoint_series_from_rollups(tenant_a):
     assert series.mu_per_min[index] == pytest.approx(240.0)
     assert 100 < series.ttft_p95_ms[index] <= 200 and TTFT_BOUNDS_MS[1] == 100
     assert series.ttft_p95_ms[index - 1] is None and series.requests_per_s[index - 1] == 0
+    # The minute still running is not drawn (its partial rollup would read as a drop), unlike a quiet minute (0).
+    assert series.requests_per_s[-1] is None and series.mu_per_min[-1] is None and series.ttft_p95_ms[-1] is None
+    assert series.requests_per_s[-2] == 0.0
     assert series.ready_replicas[-1] == 1 and series.ready_replicas[0] == 0
 
 
