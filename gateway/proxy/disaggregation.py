@@ -32,6 +32,7 @@ from gateway.proxy.relay import UpstreamFailed
 from gateway.proxy.request import ParsedRequest
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.proxy.stages import UPSTREAM_PATH
+from gateway.proxy.tracing import prefilled
 from gateway.routing.base import RouteRequest
 from gateway.routing.bounded_affinity import PREFIX_MATCHES_KEY
 
@@ -155,6 +156,14 @@ def prefill_route(route: RouteRequest, coeffs: MUCoefficients) -> RouteRequest:
 
 
 async def prefill_phase(state, flight, req: ParsedRequest, *, cache_salt: str) -> ParsedRequest:
+    """The request the admitted decode replica is sent, after its prefill phase (``split``), which is a span of the
+    request's trace when tracing is on (``tracing.prefilled``)."""
+    req = await split(state, flight, req, cache_salt=cache_salt)
+    prefilled(flight)
+    return req
+
+
+async def split(state, flight, req: ParsedRequest, *, cache_salt: str) -> ParsedRequest:
     """Run the prefill of a request admitted on a disaggregated endpoint's decode replica, or decide it needs none;
     returns the request the decode replica is sent. A prefill replica that cannot be reached or answers 5xx is given
     a cooldown and the prefill tried once more on another, within the same time budget; past that, a timeout or a

@@ -7,7 +7,7 @@ its ``traceparent``), the stages stamp ``flight.marks`` with ``perf_counter`` as
 (after metering, once the client has its answer) builds every span from the stamps with its real start and end
 times and those ids: the root ``proxy.request``; ``proxy.authenticate``, ``proxy.parse``, ``proxy.price``,
 ``proxy.limits``, ``proxy.admit`` (routing: the chosen replica and the candidates' load signals; a
-``proxy.queue_wait`` child when it queued), ``proxy.upstream`` (``proxy.upstream.first_token`` and
+``proxy.queue_wait`` child when it queued), ``proxy.prefill`` (a disaggregated endpoint's), ``proxy.upstream`` (``proxy.upstream.first_token`` and
 ``proxy.upstream.stream`` children) and ``proxy.meter``."""
 
 from __future__ import annotations
@@ -78,6 +78,23 @@ def routed(flight: Flight) -> None:
             "infercap.route.num_waiting": [v.num_waiting for v in views],
             "infercap.route.kv_usage": [float(v.kv_usage) for v in views],
             "infercap.route.metrics_age_s": [round(float(v.metrics_age_s), 3) for v in views],
+        },
+    )
+
+
+def prefilled(flight: Flight) -> None:
+    """A disaggregated request's prefill phase's end (``disaggregation.prefill_phase``; docs/request-path.md): how
+    it was served, the prefill replica and, for a fallback, why."""
+    if flight.marks is None:
+        return
+    pd = flight.pd
+    mark(
+        flight,
+        "prefill",
+        {
+            "infercap.pd.route": pd.route,
+            "infercap.pd.prefill_replica.id": "" if pd.prefill_replica_id is None else str(pd.prefill_replica_id),
+            "infercap.pd.fallback_reason": pd.reason,
         },
     )
 

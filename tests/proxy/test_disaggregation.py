@@ -8,9 +8,11 @@ import dataclasses
 import json
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from capacity.runtimes.vllm_metrics import ReplicaMetrics
 from capacity.units import MUCoefficients
+from config import tracing
 from gateway.proxy import metrics as m
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.disaggregation import (
@@ -323,3 +325,22 @@ def test_the_runtime_holds_the_prefill_pool_scrapes_it_and_routes_away_from_a_si
     assert pool.slots == {}, "an aggregated endpoint's replicas are no prefill pool's"
     runtime.update(dataclasses.replace(ep, serving_mode="aggregated"))
     assert runtime.prefill_pool is None and set(runtime.slots) == {"200", "201", "300"}
+
+
+async def test_the_prefill_phase_is_a_span_between_admission_and_the_decode(monkeypatch):
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter, batch=False, service_name="test")
+    try:
+        ep = pd_endpoint(name="pd-traced")
+        session = Session({P0: prefill_answer(), D0: decode_stream()})
+        await run(State(world(ep), session), Client(chat(ep)), monkeypatch=monkeypatch)
+    finally:
+        tracing.disable()
+    spans = sorted(exporter.get_finished_spans(), key=lambda s: s.start_time)
+    names = [s.name for s in spans if s.name in ("proxy.admit", "proxy.prefill", "proxy.upstream")]
+    assert names == ["proxy.admit", "proxy.prefill", "proxy.upstream"]
+    prefill = next(s for s in spans if s.name == "proxy.prefill")
+    assert prefill.attributes["infercap.pd.route"] == "split"
+    assert prefill.attributes["infercap.pd.prefill_replica.id"] == "200"
+    [(_, _, p_headers), (_, _, d_headers)] = session.posted
+    assert "traceparent" in d_headers and "traceparent" not in p_headers
