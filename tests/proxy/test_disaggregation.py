@@ -30,8 +30,8 @@ from gateway.proxy.resume import continuation, streamed
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.snapshot import ReplicaInfo
 from gateway.routing.base import RouteRequest
-from tests.proxy.snapshots import COEFFS, TENANT_A, endpoint, reservation, snapshot
-from tests.proxy.test_pipeline import Client, Session, State, run
+from tests.proxy.snapshots import COEFFS, TENANT_A, bearer, endpoint, reservation, snapshot
+from tests.proxy.test_pipeline import Client, Session, State, run, silent_after
 from tests.proxy.test_relay import DONE, TOKEN, Response, event
 
 PREFILL_COEFFS = MUCoefficients(alpha=0.002, alpha_cached=0.0002, beta=0.05, gamma=0.3, mu_per_min=6000.0)
@@ -344,3 +344,25 @@ async def test_the_prefill_phase_is_a_span_between_admission_and_the_decode(monk
     assert prefill.attributes["infercap.pd.prefill_replica.id"] == "200"
     [(_, _, p_headers), (_, _, d_headers)] = session.posted
     assert "traceparent" in d_headers and "traceparent" not in p_headers
+
+
+async def test_admission_holds_for_the_pair_a_shed_request_costs_no_prefill(monkeypatch):
+    ep = pd_endpoint(name="pd-shed", limit=1)  # one decode slot
+    session = Session({P0: prefill_answer(), D0: silent_after(TOKEN)})  # the first stream holds the slot
+    state = State(world(ep), session, max_age_sheddable_s=0.2, idle_timeout_s=30.0)
+    holder = Client(chat(ep))
+    held = asyncio.create_task(run(state, holder, monkeypatch=monkeypatch))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if len(session.posted) == 2:
+            break
+    shed = Client(chat(ep))
+    headers = {**bearer(), b"x-infercap-priority": b"sheddable"}
+    await asyncio.wait_for(run(state, shed, headers=headers, monkeypatch=monkeypatch), 5)
+    assert shed.status == 429 and shed.error()["code"] in ("queue_age", "overloaded")
+    assert int(dict(shed.sent[0]["headers"])[b"retry-after"]) >= 1
+    assert [url.split("/v1/")[0] for url, _, _ in session.posted] == [P0, D0], "no prefill for a shed request"
+    holder.left.set()
+    await asyncio.wait_for(held, 5)
+    assert [r["status"] for r in state.usage.records] == ["shed", "client_cancelled"]
+    assert state.runtimes[ep.id].in_flight == 0
