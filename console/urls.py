@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.views import adapters, audit, fleet, operations, planner, planner_mix, rollouts, tenant
+from console.views import adapters, audit, fleet, operations, planner, planner_mix, planner_pd, rollouts, tenant
 
 app_name = "console"
 
@@ -31,6 +31,7 @@ urlpatterns = [
     path("cost/", operations.cost, name="cost"),
     path("planner/", planner.planner_view, name="planner"),
     path("planner/mix/", planner_mix.planner_mix_view, name="planner-mix"),
+    path("planner/disaggregation/", planner_pd.planner_pd_view, name="planner-pd"),
     path("audit/", audit.audit, name="audit"),
     path("adapters/", adapters.adapters, name="adapters"),
     path("tenant/", tenant.tenant_home, name="tenant-home"),

@@ -26,6 +26,7 @@ OPERATOR_PAGES = [
     "console:cost",
     "console:planner",
     "console:planner-mix",
+    "console:planner-pd",
 ]
 TENANT_PAGES = ["console:tenant-home", "console:api-keys", "console:statement"]
 
