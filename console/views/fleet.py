@@ -16,6 +16,7 @@ from console import charts
 from console.access import endpoint_for, operator_required
 from console.actions import endpoint_create_action, endpoint_scale_action, replica_attach_action, replica_drain_action
 from console.adapter_churn import replica_lora
+from console.fleet_summary import SORTS, fleet_totals, shows_table, table_page
 from console.forms import DrainForm, EndpointCreateForm, ReplicaAttachForm, ScaleForm
 from console.queue_history import queue_history
 from console.selectors import (
@@ -46,22 +47,40 @@ def home(request):
 
 @operator_required
 def fleet(request):
+    """Totals over the whole fleet, then the endpoints: cards while there are few, else a compact table sorted by
+    any column (``?sort=used&dir=desc``), one page at a time; ``?view=cards`` or ``?view=table`` chooses."""
     now = timezone.now()
     rows = fleet_rows(user=request.user, endpoints=endpoints_visible_to(request.user), now=now)
-    for row in rows:
-        row.chart = mark_safe(
-            charts.bar_chart(
-                f"{row.endpoint.name} capacity",
-                [
-                    charts.Bar("have", row.ledger.have_mu_per_min),
-                    charts.Bar("sold", row.ledger.sold_mu_per_min, _sold_note(row.ledger)),
-                    charts.Bar("used (1 h)", row.ledger.used_mu_per_min_1h),
-                ],
-                unit="MU/min",
-                width=340,
+    table = shows_table(request.GET.get("view"), len(rows))
+    sort = request.GET.get("sort") if request.GET.get("sort") in SORTS else "name"
+    descending = request.GET.get("dir") == "desc"
+    page = table_page(rows, sort=sort, descending=descending, page=request.GET.get("page"))
+    if not table:
+        for row in page:
+            row.chart = mark_safe(
+                charts.bar_chart(
+                    f"{row.endpoint.name} capacity",
+                    [
+                        charts.Bar("have", row.ledger.have_mu_per_min),
+                        charts.Bar("sold", row.ledger.sold_mu_per_min, _sold_note(row.ledger)),
+                        charts.Bar("used (1 h)", row.ledger.used_mu_per_min_1h),
+                    ],
+                    unit="MU/min",
+                    width=340,
+                )
             )
-        )
-    return render(request, "console/fleet.html", {"rows": rows, "states": ReplicaState, "now": now})
+    context = {
+        "rows": list(page),
+        "page": page,
+        "table": table,
+        "sort": sort,
+        "descending": descending,
+        "sorts": {name: label for name, (label, _) in SORTS.items()},
+        "totals": fleet_totals(rows),
+        "states": ReplicaState,
+        "now": now,
+    }
+    return render(request, "console/fleet.html", context)
 
 
 def _sold_note(ledger) -> str:
