@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's KV connector for prefill/decode disaggregation: ExampleConnector (shared_storage_path) or "
         "NixlConnector (docs/disaggregation.md)",
     )
+    parser.add_argument("--kv-link-gbps", type=float, default=0.0, help="sim: the KV link's bandwidth (0: instant)")
+    parser.add_argument("--kv-bytes-per-token", type=float, default=0.0, help="sim: KV bytes a token moves")
 
 
 def _number(value: str):
@@ -91,6 +93,8 @@ def build_server(opts: dict) -> ReplicaServer:
         max_lora_rank=opts.get("max_lora_rank") or 16,
         lora_load_s=opts.get("lora_load_s") or 0.0,
         kv_transfer=parse_kv_transfer_config(opts["kv_transfer_config"]) if opts.get("kv_transfer_config") else None,
+        kv_link_gbps=opts.get("kv_link_gbps") or 0.0,
+        kv_bytes_per_token=opts.get("kv_bytes_per_token") or 0.0,
     )
 
 

@@ -16,10 +16,17 @@ Two connectors, as vLLM 0.32 behaves with them (tests/engine/test_pd_real_engine
   ``kv_transfer_params.do_remote_prefill`` pulls them from ``remote_host:remote_port`` (here the prefill
   replica's own HTTP port, ``POST /kv_transfer/pull``) and decodes without computing them; a failed pull follows
   ``kv_load_failure_policy`` (``fail``: the request fails; ``recompute``: it is computed here).
+
+The transfer takes time when the replica is given a link (``--kv-link-gbps`` and ``--kv-bytes-per-token``): a
+``Link`` moves ``tokens · bytes_per_token`` at its bandwidth, shared equally among the transfers in flight on it
+(processor sharing, the planner's model of a contended link). NIXL pulls use the prefill replica's link (its answer
+to the pull waits for the transfer); shared-storage loads the decode replica's (the request waits before it is
+scheduled). Either way the time counts in the request's TTFT.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -192,3 +199,63 @@ def remote_prefill(params) -> dict | None:
 def remote_decode(params) -> bool:
     """Whether a request is a prefill whose decode runs elsewhere (``do_remote_decode``)."""
     return isinstance(params, dict) and bool(params.get("do_remote_decode"))
+
+
+class Link:
+    """One replica's KV link: ``gbps`` gigabits per second shared equally by the transfers in flight (processor
+    sharing), on the replica's simulated clock (``clock()`` in simulated seconds, ``speed`` of them a wall second)."""
+
+    def __init__(self, gbps: float, *, clock, speed: float = 1.0):
+        if gbps <= 0:
+            raise ValueError("the KV link needs a positive bandwidth")
+        self.rate = gbps * 1e9 / 8  # bytes per simulated second
+        self.clock, self.speed = clock, speed
+        self.active: list[list] = []  # [bytes left, future]
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.transfers = 0
+        self.busy_bytes = 0.0
+
+    async def transfer(self, nbytes: float) -> None:
+        """Until ``nbytes`` have crossed the link beside whatever else crosses it."""
+        if nbytes <= 0:
+            return
+        self._advance()
+        entry = [float(nbytes), asyncio.get_running_loop().create_future()]
+        self.active.append(entry)
+        self.transfers += 1
+        self.busy_bytes += nbytes
+        self._reschedule()
+        try:
+            await entry[1]
+        finally:
+            if entry in self.active:  # given up (the client left): the others get its share
+                self._advance()
+                self.active.remove(entry)
+                self._reschedule()
+
+    def _advance(self) -> None:
+        now = self.clock()
+        if self.active:
+            share = self.rate * max(0.0, now - self._last) / len(self.active)
+            for entry in self.active:
+                entry[0] -= share
+        self._last = now
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.active:
+            left = max(0.0, min(entry[0] for entry in self.active))
+            wait_s = left * len(self.active) / self.rate / self.speed
+            self._timer = asyncio.get_running_loop().call_later(wait_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._advance()
+        for entry in [e for e in self.active if e[0] <= 1e-6 * self.rate]:  # a microsecond's bytes: done
+            self.active.remove(entry)
+            if not entry[1].done():
+                entry[1].set_result(None)
+        self._reschedule()

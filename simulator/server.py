@@ -32,7 +32,7 @@ from capacity.hardware.profiles import EngineProfile
 from simulator.adapter_slots import AdapterSlots
 from simulator.engine import FINISHED, Engine
 from simulator.faults import Faults
-from simulator.kv_transfer import KVConnector, KVTransferConfig, remote_decode, remote_prefill
+from simulator.kv_transfer import KVConnector, KVTransferConfig, Link, remote_decode, remote_prefill
 from simulator.lora_http import LoraEndpoints, LoraInfoCollector
 from simulator.metrics import ReplicaMetrics
 from simulator.protocol import VLLM_VERSION, parse_request, tokenize_text
@@ -80,6 +80,8 @@ class ReplicaServer:
         lora_load_s: float = 0.0,
         lora_overhead: float = 0.1,
         kv_transfer: KVTransferConfig | None = None,
+        kv_link_gbps: float = 0.0,
+        kv_bytes_per_token: float = 0.0,
     ):
         if speed <= 0:
             raise ValueError("speed must be positive")
@@ -100,6 +102,9 @@ class ReplicaServer:
         self.kv_connector = None
         if kv_transfer is not None:
             self.kv_connector = KVConnector(kv_transfer, block_size=profile.block_size, vocab_size=profile.vocab_size)
+        # The link the KV crosses (kv_transfer.Link): none, the transfer takes no time.
+        self.kv_link = Link(kv_link_gbps, clock=self.now, speed=speed) if kv_link_gbps > 0 else None
+        self.kv_bytes_per_token = kv_bytes_per_token
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
         self.created = int(time.time())
         self.received = 0
@@ -350,6 +355,7 @@ class ReplicaServer:
                 if key not in offers:
                     offers[key] = connector.offer(choice.prompt)
                 choice.seq.external_tokens = offers[key]
+            await self._kv_cross(sum(offers.values()))  # read from the shared directory
             return None
         tokens = 0
         if (pull := remote_prefill(transfer)) is not None:
@@ -386,7 +392,12 @@ class ReplicaServer:
             return json_response({"detail": 'expected {"request_id": ...}'}, status=400)
         if tokens is None:
             return json_response({"detail": "no KV held for that request"}, status=404)
+        await self._kv_cross(tokens)  # over this replica's link
         return json_response({"tokens": tokens})
+
+    async def _kv_cross(self, tokens: int) -> None:
+        if self.kv_link is not None and tokens > 0:
+            await self.kv_link.transfer(tokens * self.kv_bytes_per_token)
 
     def _use_adapter(self, exchange: Exchange, adapter: str) -> None:
         """The request runs with ``adapter``: its sequences carry the rank (step overhead); it is in use (no LRU

@@ -1,7 +1,9 @@
 """The simulated replica's KV connectors (simulator/kv_transfer.py): a prefill on one replica, its decode on another,
 with what the real engine reports (tests/engine/test_pd_real_engine.py checks the same against vLLM)."""
 
+import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -9,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.hardware.profiles import get_profile
 from simulator.cli import build_server
-from simulator.kv_transfer import KV_FILE, lookup_tokens, parse_kv_transfer_config, prefix_key, store_tokens
+from simulator.kv_transfer import KV_FILE, Link, lookup_tokens, parse_kv_transfer_config, prefix_key, store_tokens
 from simulator.protocol import Prompt
 from simulator.server import ThreadedReplica
 from simulator.tokens import filler_text, render_chat
@@ -189,3 +191,41 @@ def test_a_replica_process_takes_the_config(tmp_path):
     with start_replica(profile="tiny", kv_transfer_config=config) as replica:
         prefill = chat(replica.url, filler_text(200), max_tokens=1, kv_transfer_params={"do_remote_decode": True})
         assert prefill["kv_transfer_params"]["remote_port"] == replica.port
+
+
+async def test_a_link_shares_its_bandwidth_among_the_transfers_in_flight():
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    link = Link(8.0, clock=lambda: (loop.time() - start) * 10, speed=10)  # 1 GB per simulated second, 10x fast
+
+    async def took(nbytes: float) -> float:
+        began = loop.time()
+        await link.transfer(nbytes)
+        return (loop.time() - began) * 10  # simulated seconds
+
+    alone = await took(1e9)
+    both = await asyncio.gather(took(1e9), took(1e9))
+    small_first = await asyncio.gather(took(1e9), took(0.5e9))
+    assert alone == pytest.approx(1.0, abs=0.15)
+    assert both == [pytest.approx(2.0, abs=0.2)] * 2  # half the bandwidth each
+    assert small_first == [pytest.approx(1.5, abs=0.2), pytest.approx(1.0, abs=0.2)]
+    assert link.transfers == 5 and not link.active
+
+
+def test_a_nixl_pull_crosses_the_prefill_replicas_link():
+    config = parse_kv_transfer_config(nixl())
+    link = {"kv_link_gbps": 8.0, "kv_bytes_per_token": 2e6}  # a 500-token prompt: 1 GB, one simulated second
+    with (
+        ThreadedReplica(profile(), speed=5.0, kv_transfer=config, **link) as prefill,
+        ThreadedReplica(profile(), speed=5.0, kv_transfer=config) as decode,
+    ):
+        text = filler_text(500, seed="link")
+        params = chat(prefill.url, text, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+            "kv_transfer_params"
+        ]
+        began = time.monotonic()
+        chat(decode.url, text, max_tokens=1, kv_transfer_params=params)
+        waited = (time.monotonic() - began) * 5.0
+        moved = params["remote_num_tokens"] * 2e6 / 1e9
+        assert moved <= waited < moved + 3.0, (moved, waited)  # the transfer, then a short prefill (a busy host)
+        assert prefill.server.kv_link.transfers == 1
