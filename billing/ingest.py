@@ -236,6 +236,7 @@ class UsageWriter:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usage-writer")
         self._spooled = _quick_spool_check(self.spool)
         self._task: asyncio.Task | None = None
+        self._closing = False
         self._wake = asyncio.Event()
         self.written = 0
         self.spooled_total = 0
@@ -251,7 +252,9 @@ class UsageWriter:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="usage-writer")
 
     async def _run(self) -> None:
-        while True:
+        # Python 3.11's ``wait_for`` swallows a cancellation that lands as the event it waits on fires (a full
+        # batch submitted just before ``close``): the flag still ends the loop, where the cancel alone hung close.
+        while not self._closing:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.flush_s)
             except TimeoutError:
@@ -291,6 +294,7 @@ class UsageWriter:
             self._spooled = True
 
     async def close(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             try:

@@ -3,13 +3,14 @@
 a dangling link and a caller's own transaction must all store each request exactly once (a dangling link is found
 at commit, as the foreign keys are deferred: in the writer thread, which commits each batch)."""
 
+import asyncio
 import time
 import uuid
 
 import pytest
 from django.db import connection, transaction
 
-from billing.ingest import STAGING_TABLE, insert_records
+from billing.ingest import STAGING_TABLE, UsageWriter, insert_records
 from billing.models import UsageRecord
 from tests.factories import ReplicaFactory
 
@@ -69,3 +70,22 @@ def test_a_record_naming_an_unknown_field_is_refused_as_before(tenant_a):
     with pytest.raises(TypeError):
         insert_records([record(tenant_a, no_such_field=1)])
     assert not UsageRecord.objects.exists()
+
+
+def test_close_right_after_a_full_batch_returns_and_stores_it(tenant_a):
+    # A full batch wakes the writer as close() cancels it: the cancel alone could be swallowed and close() hang.
+    records = [record(tenant_a) for _ in range(12)]
+
+    async def submit_then_close():
+        writer = UsageWriter(batch=5, redis_url="")
+        writer.start()
+        for item in records:
+            writer.submit(item)
+        await asyncio.sleep(0)
+        started = time.perf_counter()
+        await asyncio.wait_for(writer.close(), timeout=10)
+        return writer.written, time.perf_counter() - started
+
+    written, close_s = asyncio.run(submit_then_close())
+    assert written == 12 and close_s < 5
+    assert UsageRecord.objects.filter(request_id__in=[r["request_id"] for r in records]).count() == 12
