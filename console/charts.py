@@ -137,16 +137,7 @@ def line_chart(chart: LineChart) -> str:
             f'<text x="{x:.1f}" y="{top - 2}" text-anchor="middle" class="marker-label">▾</text>'
         )
     if chart.threshold is not None:
-        y = top if off_scale else sy(chart.threshold)
-        label = chart.threshold_label or "SLO"
-        if off_scale:
-            label = f"{label} ↑ above this axis"
-        kind = "threshold off-scale" if off_scale else "threshold"
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="{kind}"/>')
-        parts.append(
-            f'<text x="{left + plot_w - 2}" y="{(y + 12) if off_scale else (y - 4):.1f}" text-anchor="end" '
-            f'class="threshold-label">{escape(label)}</text>'
-        )
+        parts.extend(_threshold(chart, top if off_scale else sy(chart.threshold), left, plot_w, off_scale=off_scale))
     for i, series in enumerate(chart.series):
         colour, dash = PALETTE[i % len(PALETTE)], DASHES[i % len(DASHES)]
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
@@ -161,16 +152,28 @@ def line_chart(chart: LineChart) -> str:
                     f'class="series"><title>{escape(series.label)}</title></polyline>'
                 )
         # Exact values on hover: a target per point, with its time and value as the tooltip.
-        for x, y in series.points:
-            if y is not None:
-                parts.append(
-                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" class="hover-point"><title>'
-                    f"{escape(series.label)} at {escape(_format_x(x, chart.x_is_time))}: {escape(_exact(y))}"
-                    "</title></circle>"
-                )
+        parts.extend(
+            f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" class="hover-point"><title>'
+            f"{escape(series.label)} at {escape(_format_x(x, chart.x_is_time))}: {escape(_exact(y))}</title></circle>"
+            for x, y in series.points
+            if y is not None
+        )
     parts.append(_legend([s.label for s in chart.series], left, chart.height - 8))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _threshold(chart: LineChart, y: float, left: float, plot_w: float, *, off_scale: bool) -> list[str]:
+    """The SLO line at ``y``: at its value, or on the top edge with an arrow when it lies far above the data."""
+    label = chart.threshold_label or "SLO"
+    if off_scale:
+        label = f"{label} ↑ above this axis"
+    kind = "threshold off-scale" if off_scale else "threshold"
+    return [
+        f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="{kind}"/>',
+        f'<text x="{left + plot_w - 2}" y="{(y + 12) if off_scale else (y - 4):.1f}" text-anchor="end" '
+        f'class="threshold-label">{escape(label)}</text>',
+    ]
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django import forms
 from django.core.exceptions import ValidationError
 from django.utils import timezone
@@ -230,8 +232,6 @@ class StatementPeriodForm(forms.Form):
 
     def period(self, now):
         """(start, end, label) as aware UTC datetimes; the end never later than now."""
-        import datetime as dt
-
         cleaned = self.cleaned_data
         if cleaned.get("start"):
             start = dt.datetime.combine(cleaned["start"], dt.time(), tzinfo=dt.UTC)
