@@ -50,6 +50,10 @@ KV_FILE = "sim.kv.json"
 LEASE_S = 480.0  # how long a NIXL prefill keeps its blocks for a pull (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
 
 
+class KVLoadError(RuntimeError):
+    """The shared directory has the prompt's folder but not its KV (the engine core dies of it)."""
+
+
 @dataclass(frozen=True)
 class KVTransferConfig:
     connector: str
@@ -125,11 +129,16 @@ class KVConnector:
         return Path(self.config.shared_storage_path) / prefix_key(prompt, tokens)
 
     def offer(self, prompt: Prompt) -> int:
-        """Tokens the shared directory holds for this prompt (0: none), looked up as the engine does at admission."""
+        """Tokens the shared directory holds for this prompt (0: none), looked up as the engine does at admission.
+        A folder without its file is one the engine would find and fail to read: ``KVLoadError``, which stops the
+        engine (docs/disaggregation.md, Limits)."""
         tokens = lookup_tokens(prompt.tokens, self.block_size)
-        if not (self._folder(prompt, tokens) / KV_FILE).is_file():
+        folder = self._folder(prompt, tokens)
+        if not folder.is_dir():
             return 0
         logger.info("External Cache Hit!")
+        if not (folder / KV_FILE).is_file():
+            raise KVLoadError(f"No such file or directory: {folder / KV_FILE}")
         if tokens:
             logger.info("Inject KV cache of %d tokens to the paged memory", tokens)
         return tokens

@@ -32,7 +32,14 @@ from capacity.hardware.profiles import EngineProfile
 from simulator.adapter_slots import AdapterSlots
 from simulator.engine import FINISHED, Engine
 from simulator.faults import Faults
-from simulator.kv_transfer import KVConnector, KVTransferConfig, Link, remote_decode, remote_prefill
+from simulator.kv_transfer import (
+    KVConnector,
+    KVLoadError,
+    KVTransferConfig,
+    Link,
+    remote_decode,
+    remote_prefill,
+)
 from simulator.lora_http import LoraEndpoints, LoraInfoCollector
 from simulator.metrics import ReplicaMetrics
 from simulator.protocol import VLLM_VERSION, parse_request, tokenize_text
@@ -353,7 +360,13 @@ class ReplicaServer:
             for choice in exchange.choices:
                 key = id(choice.prompt)
                 if key not in offers:
-                    offers[key] = connector.offer(choice.prompt)
+                    try:
+                        offers[key] = connector.offer(choice.prompt)
+                    except KVLoadError as exc:  # as the engine: the worker raises, the engine core exits
+                        logger.error("EngineCore encountered a fatal error: %s", exc)
+                        asyncio.get_running_loop().call_later(0.05, self.crash)  # after this answer
+                        message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+                        return error_response(BadRequest(message, status=500, kind="InternalServerError"))
                 choice.seq.external_tokens = offers[key]
             await self._kv_cross(sum(offers.values()))  # read from the shared directory
             return None

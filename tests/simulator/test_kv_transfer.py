@@ -15,6 +15,7 @@ from simulator.kv_transfer import KV_FILE, Link, lookup_tokens, parse_kv_transfe
 from simulator.protocol import Prompt
 from simulator.server import ThreadedReplica
 from simulator.tokens import filler_text, render_chat
+from tests.waiting import wait_for
 
 BLOCK = 128  # the CPU engine's block size
 
@@ -229,3 +230,15 @@ def test_a_nixl_pull_crosses_the_prefill_replicas_link():
         moved = params["remote_num_tokens"] * 2e6 / 1e9
         assert moved <= waited < moved + 3.0, (moved, waited)  # the transfer, then a short prefill (a busy host)
         assert prefill.server.kv_link.transfers == 1
+
+
+def test_a_folder_without_its_kv_stops_the_replica_as_it_stops_the_engine(pair, tmp_path):
+    producer, consumer = pair
+    text = filler_text(500, seed="half")
+    chat(producer.url, text, max_tokens=1)
+    [folder] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    (folder / KV_FILE).unlink()  # as a prefill engine killed between two layer files leaves it
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2}
+    failed = httpx.post(f"{consumer.url}/v1/chat/completions", json=body, timeout=10)
+    assert failed.status_code == 500 and "EngineCore" in failed.json()["error"]["message"]
+    assert wait_for(lambda: consumer.server.crashed, 5)
