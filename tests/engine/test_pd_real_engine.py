@@ -28,6 +28,7 @@ from billing.models import UsageRecord
 from capacity.hardware.profiles import get_profile
 from capacity.runtimes.vllm import kv_transfer_config
 from endpoints.services import replica_attach
+from simulator.contract import shape_diff, shape_of
 from simulator.kv_transfer import KVTransferConfig, lookup_tokens
 from simulator.server import ThreadedReplica
 from tests.engine.conftest import SERVED_MODEL_NAME
@@ -118,15 +119,6 @@ def token_logprobs(answer: dict) -> list[tuple[str, float]]:
     return [(t["token"], round(t["logprob"], 3)) for t in answer["choices"][0]["logprobs"]["content"]]
 
 
-def shape(value):
-    """A JSON value's shape: its keys, nested, without values (lists by their first item)."""
-    if isinstance(value, dict):
-        return {key: shape(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [shape(value[0])] if value else []
-    return type(value).__name__ if value is not None else None
-
-
 def pd_flow(producer_url: str, consumer_url: str, content: str) -> tuple[dict, dict, dict, dict]:
     """The proxy's two phases by hand: the prefill (max_tokens 1, whole) on the producer, the request streamed on
     the consumer; returns the prefill answer, the stream's usage chunk and the consumer's counter deltas, with the
@@ -196,7 +188,7 @@ def test_the_simulator_answers_the_two_phases_in_the_engines_shapes(pd_engines, 
         assert moved["vllm:external_prefix_cache_queries_total"] == n and moved["vllm:prefix_cache_hits_total"] == 0
     # What the proxy reads: the prefill answer, the decode's usage chunk and first chunk, key for key
     for index in (0, 1, 3):
-        assert shape(sim[index]) == shape(engine[index]), index
+        assert shape_diff(shape_of(engine[index]), shape_of(sim[index])) == [], index
 
 
 def disaggregated_endpoint(tenant, producer, consumer):
