@@ -28,7 +28,7 @@ from gateway.admission import ENGINE_PRIORITY
 from gateway.proxy import metrics as m
 from gateway.proxy.isolation import STRIPPED_FIELDS
 from gateway.proxy.prefill_pool import PrefillSlot, prefill_pool
-from gateway.proxy.relay import UpstreamFailed
+from gateway.proxy.relay import PriorityRefused, UpstreamFailed
 from gateway.proxy.request import ParsedRequest
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.proxy.stages import UPSTREAM_PATH
@@ -119,9 +119,11 @@ async def call_prefill(
     *,
     timeout_s: float,
     connect_timeout_s: float,
+    priority_sent: bool = False,
 ) -> dict:
-    """POST the prefill and return its JSON answer. Raises TimeoutError past ``timeout_s``, ``UpstreamFailed`` for
-    an unreachable replica or any answer but a 200 JSON object; a cancel (the client left) closes the connection,
+    """POST the prefill and return its JSON answer. Raises TimeoutError past ``timeout_s``, ``PriorityRefused`` for
+    a 400 naming the ``priority`` it was sent, ``UpstreamFailed`` for an unreachable replica or any other answer but
+    a 200 JSON object; a cancel (the client left) closes the connection,
     which aborts the request in the engine."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
     async with asyncio.timeout(timeout_s):
@@ -131,6 +133,8 @@ async def call_prefill(
                 body = await resp.read()
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailed(f"prefill replica unreachable: {type(exc).__name__}") from exc
+    if priority_sent and resp.status == 400 and b"priority" in body.lower():
+        raise PriorityRefused()
     if resp.status != 200:
         raise UpstreamFailed(f"prefill replica answered {resp.status}", status=resp.status)
     try:
@@ -210,20 +214,35 @@ async def split(state, flight, req: ParsedRequest, *, cache_salt: str) -> Parsed
 
 
 async def _prefill_on(state, flight, slot: PrefillSlot, req: ParsedRequest, cache_salt: str, *, timeout_s: float):
-    """One prefill on ``slot`` (``call_prefill``), as the decode request would be sent but one token long."""
+    """One prefill on ``slot`` (``call_prefill``), as the decode request would be sent but one token long. A replica
+    that refuses ``priority`` (vLLM's fcfs scheduler) is remembered and sent the prefill again without it."""
     endpoint, config = flight.endpoint, state.config
-    payload = prefill_payload(
-        req,
-        cache_salt=cache_salt,
-        engine_priority=ENGINE_PRIORITY[flight.priority] if slot.takes_priority else None,
-        engine_model=slot.rename.engine if slot.rename is not None else endpoint.name,
-        kv_connector=endpoint.kv_connector,
-    )
     headers = {"content-type": "application/json", "x-request-id": flight.request_id}
     url = slot.url + UPSTREAM_PATH[req.kind]
-    return await call_prefill(
-        state.session, url, payload, headers, timeout_s=timeout_s, connect_timeout_s=config.connect_timeout_s
-    )
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        sends_priority = slot.takes_priority
+        payload = prefill_payload(
+            req,
+            cache_salt=cache_salt,
+            engine_priority=ENGINE_PRIORITY[flight.priority] if sends_priority else None,
+            engine_model=slot.rename.engine if slot.rename is not None else endpoint.name,
+            kv_connector=endpoint.kv_connector,
+        )
+        left_s = deadline - asyncio.get_running_loop().time()
+        try:
+            return await call_prefill(
+                state.session,
+                url,
+                payload,
+                headers,
+                timeout_s=left_s,
+                connect_timeout_s=config.connect_timeout_s,
+                priority_sent=sends_priority,
+            )
+        except PriorityRefused:
+            log.warning("prefill replica %s refuses 'priority' (fcfs scheduler); sending it none", slot.name)
+            slot.refused_priority = True
 
 
 def _decided(flight, pd: PDRoute, req: ParsedRequest) -> ParsedRequest:

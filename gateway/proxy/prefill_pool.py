@@ -31,10 +31,15 @@ class PrefillSlot:
     name: str
     url: str
     view: ReplicaView
-    takes_priority: bool = True
+    configured_priority: bool = True  # launched with the priority scheduler (``ReplicaInfo.takes_priority``)
+    refused_priority: bool = False  # answered a 400 naming ``priority``: it runs fcfs whatever its options say
     rename: ModelRename | None = None
     removed: bool = False
     cool_until: float = 0.0  # after a failed prefill: no prefill goes there before this (``PrefillPool.cool_down``)
+
+    @property
+    def takes_priority(self) -> bool:
+        return self.configured_priority and not self.refused_priority
 
 
 class PrefillPool:
@@ -66,7 +71,7 @@ class PrefillPool:
             if slot is None:
                 view = ReplicaView(replica_id=rid, concurrency_limit=limit, profile=r.hardware_profile)
                 slot = self.slots[rid] = PrefillSlot(replica_id=r.id, name=r.name, url=r.url, view=view)
-            slot.url, slot.removed, slot.takes_priority, slot.rename = r.url, False, r.takes_priority, rename
+            slot.url, slot.removed, slot.configured_priority, slot.rename = r.url, False, r.takes_priority, rename
             slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity * r.speed
             slot.view.draining = False
         for rid, slot in list(self.slots.items()):

@@ -59,21 +59,34 @@ def _keys() -> dict[str, KeyInfo]:
         "max_priority",
         "expires_at",
         "tenant__accepts_fallback",
+        "rpm_limit",
+        "tpm_limit",
+        "mu_per_min_limit",
+        "allowed_models",
+        "budget_usd",
+        "budget_period",
+        "tenant__budget_usd",
+        "tenant__budget_hard_stop",
     )
     return {
-        key_hash: KeyInfo(
-            id=pk,
-            prefix=prefix,
-            tenant_id=tenant_id,
-            tenant_slug=slug,
-            scopes=frozenset(scopes or ()),
-            max_priority=max_priority,
-            expires_at=expires_at.timestamp() if expires_at else None,
-            accepts_fallback=accepts_fallback,
+        row[0]: KeyInfo(
+            id=row[1],
+            prefix=row[2],
+            tenant_id=row[3],
+            tenant_slug=row[4],
+            scopes=frozenset(row[5] or ()),
+            max_priority=row[6],
+            expires_at=row[7].timestamp() if row[7] else None,
+            accepts_fallback=row[8],
+            rpm_limit=row[9],
+            tpm_limit=row[10],
+            mu_per_min_limit=row[11],
+            allowed_models=frozenset(row[12] or ()),
+            budget_usd=row[13],
+            budget_period=row[14],
+            tenant_budget_usd=row[15] if row[16] else None,
         )
-        for key_hash, pk, prefix, tenant_id, slug, scopes, max_priority, expires_at, accepts_fallback in rows.iterator(
-            chunk_size=5000
-        )
+        for row in rows.iterator(chunk_size=5000)
     }
 
 
@@ -140,6 +153,8 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
     current_version = {e.pk: e.current_version_id for e in endpoints}
     endpoint_name = {e.pk: e.name for e in endpoints}
     priority_by_endpoint = {e.pk: takes_priority(e.launch_options) for e in endpoints}
+    # A prefill replica runs its pool's launch options (``Endpoint.prefill_launch_options``), not its version's.
+    prefill_priority = {e.pk: takes_priority(e.prefill_launch_options) for e in endpoints}
     priority_by_version = {
         pk: takes_priority(options) for pk, options in EndpointVersion.objects.values_list("pk", "launch_options")
     }
@@ -173,7 +188,9 @@ def _ready_replicas(endpoints: list[Endpoint]) -> dict[int, list[ReplicaInfo]]:
                 url=r.url.rstrip("/"),
                 concurrency_limit=r.concurrency_limit,
                 version_id=version_id,
-                takes_priority=priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
+                takes_priority=prefill_priority.get(r.endpoint_id, True)
+                if r.role == "prefill"
+                else priority_by_version.get(version_id, priority_by_endpoint.get(r.endpoint_id, True)),
                 served_model_name=r.served_model_name or endpoint_name.get(r.endpoint_id, ""),
                 kv_events_endpoint=r.kv_events_endpoint,
                 hardware_profile=r.profile_name or "",

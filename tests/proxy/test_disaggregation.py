@@ -366,3 +366,19 @@ async def test_admission_holds_for_the_pair_a_shed_request_costs_no_prefill(monk
     await asyncio.wait_for(held, 5)
     assert [r["status"] for r in state.usage.records] == ["shed", "client_cancelled"]
     assert state.runtimes[ep.id].in_flight == 0
+
+
+async def test_a_prefill_replica_on_fcfs_is_sent_no_priority_after_its_first_refusal(monkeypatch):
+    ep = pd_endpoint(name="pd-fcfs")
+    refusal = b'{"error": {"message": "priority scheduling is not enabled", "code": 400}}'
+    answers = iter([Response(status=400, body=refusal), prefill_answer()(), prefill_answer()()])
+    session = Session({P0: lambda: next(answers), D0: decode_stream()})
+    state = State(world(ep), session)
+    for _ in range(2):
+        client = Client(chat(ep))
+        await run(state, client, monkeypatch=monkeypatch)
+        assert client.status == 200
+    prefills = [body for url, body, _ in session.posted if url.startswith(P0)]
+    assert ["priority" in body for body in prefills] == [True, False, False], "refused once, then never sent"
+    assert [r["pd_route"] for r in state.usage.records] == ["split", "split"]
+    assert all("priority" in body for url, body, _ in session.posted if url.startswith(D0)), "the decode's own"

@@ -75,3 +75,12 @@ def test_inconsistent_pools_are_field_errors():
     endpoint.clean()
     aggregated = EndpointFactory.build(kv_connector="")
     aggregated.clean()  # an aggregated endpoint moves no KV: no connector needed
+
+
+@pytest.mark.django_db
+def test_a_prefill_replica_takes_priority_by_its_pools_launch_options():
+    endpoint = EndpointFactory(serving_mode="disaggregated", prefill_launch_options={"scheduling_policy": "fcfs"})
+    prefill = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, role="prefill")
+    decode = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, role="decode")
+    info = read_snapshot().endpoints_by_name[endpoint.name]
+    assert {r.id: r.takes_priority for r in info.replicas} == {prefill.pk: False, decode.pk: True}
