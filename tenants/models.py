@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -41,6 +41,12 @@ class Tenant(models.Model):
     quota_max_replicas = _quota_field("serving replicas across its endpoints")
     quota_max_gpus = _quota_field("GPUs across its replicas, warm pool included (replicas × GPUs per replica)")
     quota_max_warm_pool = _quota_field("standby (warm pool) replicas across its endpoints")
+    # A monthly dollar budget (docs/security.md, "Budgets"): spend is the MU used priced at the usage rate; past
+    # ``budget_alert_fraction`` of it an alert is raised, and with ``budget_hard_stop`` the proxies refuse requests
+    # (429 budget_exceeded) until the month ends. Empty: no budget.
+    budget_usd = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0)])
+    budget_hard_stop = models.BooleanField(default=False)
+    budget_alert_fraction = models.FloatField(default=0.8, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
 
     class Meta:
         ordering = ["name"]
@@ -80,6 +86,11 @@ def default_scopes() -> list[str]:
     return [ApiKeyScope.INFERENCE]
 
 
+class BudgetPeriod(models.TextChoices):
+    DAY = "day", "Per UTC day"
+    MONTH = "month", "Per UTC month"
+
+
 class ApiKey(models.Model):
     """Stored as a SHA-256 digest: keys are 256-bit random, so a slow hash would buy nothing but proxy latency."""
 
@@ -94,6 +105,15 @@ class ApiKey(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Per-key controls, on top of the tenant's reservations (docs/security.md, "Per-key controls"): limits shared by
+    # every endpoint the key calls, an allowlist of model names (endpoints or adapters; empty: all the tenant may
+    # use), and a dollar budget per period that refuses requests once spent.
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    mu_per_min_limit = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.001)])
+    allowed_models = models.JSONField(default=list, blank=True)
+    budget_usd = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0)])
+    budget_period = models.CharField(max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH)
 
     class Meta:
         ordering = ["-created_at"]

@@ -99,8 +99,13 @@ class Bucket:
     refill_per_s: float
     cost: float
     # Whose bucket among the tenant's on the endpoint: "" for its base-model reservation (or best effort),
-    # "adapter<id>" for a LoRA adapter's reservation, so the two never share tokens.
+    # "adapter<id>" for a LoRA adapter's reservation, so the two never share tokens; "key:<id>" for an API key's own.
     scope: str = ""
+
+    @property
+    def label(self) -> str:
+        """The limit's name as a refusal states it: ``rpm``, or ``key rpm`` for the API key's own."""
+        return f"key {self.name}" if self.scope.startswith("key:") else self.name
 
 
 BEST_EFFORT_BURST_MINUTES = 1.0
@@ -127,6 +132,20 @@ def buckets_for(*, reservation, mu: float, tokens: int, best_effort_mu_per_min: 
     return out
 
 
+def key_buckets(key, *, mu: float, tokens: int) -> list[Bucket]:
+    """The API key's own limits (docs/security.md, "Per-key controls"), taken with the tenant's buckets, all or
+    none: a minute's worth of burst each, like a reservation's, and scoped to the key across every endpoint."""
+    scope = f"key:{key.id}"
+    out = []
+    if key.mu_per_min_limit:
+        out.append(Bucket("mu", float(key.mu_per_min_limit), key.mu_per_min_limit / 60.0, mu, scope))
+    if key.rpm_limit:
+        out.append(Bucket("rpm", float(key.rpm_limit), key.rpm_limit / 60.0, 1.0, scope))
+    if key.tpm_limit:
+        out.append(Bucket("tpm", float(key.tpm_limit), key.tpm_limit / 60.0, float(tokens), scope))
+    return out
+
+
 class LimiterUnavailable(Exception):
     """Redis is down and the fail mode is "closed"."""
 
@@ -149,7 +168,7 @@ class LocalBuckets:
             if tokens < need:
                 w = (need - tokens) / b.refill_per_s
                 if w > wait:
-                    wait, which = w, b.name
+                    wait, which = w, b.label
         if wait > 0:
             return wait, which
         for key, b, tokens in zip(keys, buckets, levels, strict=True):
@@ -212,7 +231,13 @@ class RateLimiter:
     @staticmethod
     def keys(tenant_id: int, endpoint_id: int, buckets: list[Bucket]) -> list[str]:
         prefix = f"infercap:rl:{tenant_id}:{endpoint_id}:"
-        return [f"{prefix}{b.scope}:{b.name}" if b.scope else f"{prefix}{b.name}" for b in buckets]
+        # A key's own buckets ("key:<id>") are one across every endpoint the key calls.
+        return [
+            f"infercap:rl:{b.scope}:{b.name}"
+            if b.scope.startswith("key:")
+            else (f"{prefix}{b.scope}:{b.name}" if b.scope else f"{prefix}{b.name}")
+            for b in buckets
+        ]
 
     def _redis_usable(self) -> bool:
         return self._redis is not None and time.monotonic() >= self._down_until
@@ -298,7 +323,7 @@ class RateLimiter:
         idx, _, extras = rest.partition(":")
         if wait > 0:
             self._restore(taken)  # nothing was charged; the lapsed leases did land in the bucket
-            return wait, buckets[int(idx) - 1].name
+            return wait, buckets[int(idx) - 1].label
         self._grant(keys, buckets, [float(x) for x in extras.split(",")])
         return 0.0, ""
 

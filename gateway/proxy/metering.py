@@ -64,6 +64,8 @@ def meter(state: ProxyState, flight: Flight) -> None:
     if pd is not None:
         record.update(usage_fields(pd, prefill_mu))
     state.usage.submit(record)
+    if (key.budget_usd is not None or key.tenant_budget_usd is not None) and record["mu"] > 0:
+        state.spawn(state.budgets.add(key, record["mu"]))  # spend against the key's and tenant's budgets
     if flight.charged:
         # Every bucket that took an estimate is settled to the real cost, the best-effort cap included.
         actual = {

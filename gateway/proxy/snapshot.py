@@ -22,9 +22,22 @@ class KeyInfo:
     max_priority: str
     expires_at: float | None  # unix seconds
     accepts_fallback: bool = False  # its tenant's opt-in (``Tenant.accepts_fallback``)
+    # Per-key controls (docs/security.md, "Per-key controls"): limits over every endpoint the key calls, on top of
+    # the tenant's reservation; the model names it may call (empty: all its tenant may); a dollar budget per period.
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    mu_per_min_limit: float | None = None
+    allowed_models: frozenset = frozenset()
+    budget_usd: float | None = None
+    budget_period: str = "month"
+    # The tenant's monthly budget when it stops requests (``Tenant.budget_hard_stop``); None: no hard stop.
+    tenant_budget_usd: float | None = None
 
     def usable(self, now: float) -> bool:
         return self.expires_at is None or self.expires_at > now
+
+    def may_call(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
 
 
 @dataclass(frozen=True)

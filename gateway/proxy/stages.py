@@ -25,7 +25,14 @@ from gateway.proxy import metrics as m
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
 from gateway.proxy.flight import Admission, Flight, Price
-from gateway.proxy.limits import Bucket, LimiterUnavailable, RateLimiter, buckets_for, retry_after_from_wait
+from gateway.proxy.limits import (
+    Bucket,
+    LimiterUnavailable,
+    RateLimiter,
+    buckets_for,
+    key_buckets,
+    retry_after_from_wait,
+)
 from gateway.proxy.model_names import ModelRename
 from gateway.proxy.relay import (
     AdapterMissing,
@@ -128,6 +135,15 @@ def resolve_model(snapshot: Snapshot, key: KeyInfo, req: ParsedRequest) -> tuple
         adapter, found = resolved
     if found is None or not found.visible_to(key.tenant_id):
         raise ProxyError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
+    if not key.may_call(req.model):
+        # The key's allowlist (docs/security.md, "Per-key controls"): its own tenant's model, so no secret to keep.
+        raise ProxyError(
+            403,
+            f"This API key may not call `{req.model}`; its models: {', '.join(sorted(key.allowed_models))}.",
+            type="permission_error",
+            param="model",
+            code="model_not_allowed",
+        )
     if req.max_tokens is not None and req.max_tokens > found.max_model_len:
         # Refused here rather than by the replica: it is neither charged to the tenant's limits nor dispatched.
         raise ProxyError(
@@ -168,7 +184,7 @@ def price_request(
         mu=cost.charge_mu * mu_factor,
         tokens=cost.charge_tokens,
         best_effort_mu_per_min=best_effort_mu_per_min,
-    )
+    ) + key_buckets(key, mu=cost.charge_mu * mu_factor, tokens=cost.charge_tokens)
     # Fair pain weighs the tenant's whole load on the endpoint, so against everything it reserved there.
     reserved_mu_per_s = snapshot.reserved_mu_per_min(key.tenant_id, endpoint.id) / 60.0
     return Price(
@@ -196,9 +212,10 @@ async def charge_limits(limiter: RateLimiter, *, key: KeyInfo, endpoint: Endpoin
         ) from None
     if wait_s > 0:
         m.child(m.RATE_LIMITED, endpoint.name, key.tenant_slug, limit_name).inc()
+        whose = "this API key" if limit_name.startswith("key ") else f"this tenant on `{endpoint.name}`"
         raise ProxyError(
             429,
-            f"Rate limit exceeded for this tenant on `{endpoint.name}` ({limit_name}); retry after the Retry-After delay.",
+            f"Rate limit exceeded for {whose} ({limit_name}); retry after the Retry-After delay.",
             type="rate_limit_error",
             code="rate_limit_exceeded",
             retry_after=retry_after_from_wait(wait_s),

@@ -24,9 +24,11 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from billing.ingest import UsageWriter
+from billing.statements import prices
 from endpoints.config_version import VERSION_CHANNEL, VERSION_KEY
 from gateway.admission.shares import Member, allocate, fair_share
 from gateway.metrics_scraper import MetricsScraper
+from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
@@ -137,6 +139,7 @@ class ProxyState:
         self.session: aiohttp.ClientSession | None = None
         self.redis = None
         self.limiter: RateLimiter | None = None
+        self.budgets: Budgets | None = None
         self.usage = None
         self.scraper = None
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-snapshot")
@@ -172,6 +175,8 @@ class ProxyState:
             )
             self.redis = aioredis.Redis(connection_pool=pool)
         self.limiter = RateLimiter(self.redis, fail_mode=self.config.rate_limit_fail_mode)
+        # Spend is MU at the usage (overage) price, the rate a statement charges beyond a reservation.
+        self.budgets = Budgets(self.redis, usd_per_mu=prices()[1] / 1000.0, spawn=self.spawn)
         # The snapshot first: if the database is unreachable this raises before anything else is started.
         version = await self._read_version()
         self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
@@ -367,17 +372,17 @@ class ProxyState:
         in_flight: dict[str, int] = {}
         limits: dict[str, int] = {}
         demand: dict[str, tuple[int, ...]] = {}
-        for runtime in self.runtimes.values():
-            in_flight.update(runtime.in_flight_by_replica())
-            limits.update(runtime.replica_limits())
-            demand.update(runtime.demand_by_replica())
+        for pool in self._slot_pools():
+            in_flight.update(pool.in_flight_by_replica())
+            limits.update(pool.replica_limits())
+            demand.update(pool.demand_by_replica())
         view = dict(self.members or {})
         me = view.get(self.process_id)
         if me is not None:
             view[self.process_id] = replace(me, in_flight=in_flight, demand=demand)
         allocation = allocate(self.process_id, view, limits)
-        for runtime in self.runtimes.values():
-            runtime.lower_caps(allocation)
+        for pool in self._slot_pools():
+            pool.lower_caps(allocation)
         want = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
         raw = await self._heartbeat(
             keys=[MEMBERS_KEY],
@@ -407,7 +412,7 @@ class ProxyState:
         held_by_anyone = {rid for m in self.members.values() for rid, n in m.holdings.items() if n > 0}
         ids = list(self.members) if mine is not None else [*self.members, self.process_id]
         missing = False
-        for rt in [runtime] if runtime is not None else list(self.runtimes.values()):
+        for rt in self._slot_pools(runtime):
             caps = {}
             for rid, slot in rt.slots.items():
                 if rid in holdings:
@@ -420,6 +425,16 @@ class ProxyState:
             missing = missing or any(rid not in holdings for rid in rt.replica_limits())
         if missing and self.redis is not None and not self._beat_failing and not self._beat_lock.locked():
             self.spawn(self._beat_soon())
+
+    def _slot_pools(self, runtime: EndpointRuntime | None = None) -> list:
+        """What holds replica slots shared by the heartbeat: each runtime (its admission replicas) and a
+        disaggregated endpoint's prefill pool (docs/request-path.md); ``runtime``: that one's only."""
+        pools = []
+        for rt in [runtime] if runtime is not None else list(self.runtimes.values()):
+            pools.append(rt)
+            if rt.prefill_pool is not None:
+                pools.append(rt.prefill_pool)
+        return pools
 
     async def _beat_soon(self) -> None:
         try:

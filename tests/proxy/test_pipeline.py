@@ -11,6 +11,7 @@ from config.request_log import RequestIdFilter
 from gateway.proxy import pipeline
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.isolation import CacheSalts
+from gateway.proxy.budgets import Budgets
 from gateway.proxy.limits import RateLimiter
 from gateway.proxy.runtime import EndpointRuntime
 from tests.proxy.snapshots import TENANT_A, bearer, endpoint, reservation, snapshot
@@ -52,6 +53,7 @@ class State:
         self.config = ProxyConfig(**config)
         self.snapshot, self.session = snap, session
         self.limiter = RateLimiter(None)
+        self.budgets = Budgets(None, usd_per_mu=0.00005, spawn=self.spawn)
         self.cache_salts = CacheSalts("test-secret")
         self.redis = None
         self.usage = Usage()
