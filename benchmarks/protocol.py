@@ -34,6 +34,7 @@ SEEDS = {
     "lora": Seeds(training=(1, 2, 3, 101), held_out=(3001, 3002, 3003, 3004, 3005)),
     "economics": Seeds(training=(0, 1), held_out=(4001, 4002, 4003)),
     "pd": Seeds(training=(1, 2, 3), held_out=(5001, 5002, 5003)),
+    "placement": Seeds(training=(1, 2, 3), held_out=(6001, 6002, 6003)),
 }
 
 
