@@ -118,8 +118,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     if flight.watcher is None:  # from here on the body is read: a disconnect cancels whatever we are waiting for
         flight.watcher = loop.create_task(watch_disconnect(receive, flight))
-    cache_salt = state.cache_salts.for_tenant(key.tenant_id)
-    adapter = flight.adapter
+    cache_salt, adapter = state.cache_salts.for_tenant(key.tenant_id), flight.adapter
     route = routing_request(
         flight.request_id,
         key=key,
