@@ -83,6 +83,13 @@ TOP = {
         "pd.real_engine.outputs_match", "pd.real_engine.external_hit_tokens", "pd.real_engine.fallbacks_without_error",
         "pd.seeds", "pd.seed_set", "pd.wall_s",
     },
+    "scale": {
+        f"scale.{loop}.{key}"
+        for loop in (
+            "burn_tick", "autoscaler_tick", "snapshot_build", "key_lookup", "ingestion", "cost_reports", "console_fleet"
+        )
+        for key in ("sizes", "seconds", "exponent", "goal_met", "goal", "at_goal", "breaks_at")
+    } | {"scale.mode", "scale.wall_s"},
 }  # fmt: skip
 PROXY_ROW = {
     "added_e2e_p50_ms", "added_ttft_p50_ci95_ms", "added_ttft_p50_ms", "added_ttft_p99_ms", "bare_passthrough",
@@ -165,6 +172,15 @@ def test_autoscale(tmp_path):
 def test_slo(tmp_path):
     figures = smoke("slo", plot=tmp_path / "slo.svg")
     assert figures["scaling"] and (tmp_path / "slo.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.django_db(transaction=True)  # the usage writer inserts on its own thread and connection
+def test_scale(clean_redis, tmp_path):
+    figures = smoke("scale", plot=tmp_path / "scale.svg")
+    assert all(len(figures[f"scale.{loop}.sizes"]) == 3 for loop in ("burn_tick", "ingestion", "console_fleet"))
+    assert figures["scale.ingestion.lost"] == figures["scale.ingestion.duplicated"] == [0, 0, 0]
+    assert figures["scale.autoscaler_tick.decisions_stored"] == figures["scale.autoscaler_tick.sizes"]
+    assert (tmp_path / "scale.svg").read_text().startswith("<svg")
 
 
 @pytest.mark.e2e

@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from benchmarks import protocol
 from benchmarks.billing import metering, slo
 from benchmarks.capacity import autoscale, economics, planner
-from benchmarks.operations import deploy, reliability, security
+from benchmarks.operations import deploy, reliability, scale, security
 from benchmarks.routing import routing
 from benchmarks.serving import adapter_routing, fidelity, pd, proxy, sim
 from capacity.runtimes.processes import BENCH_MARK, processes_marked, stop_marked
@@ -42,6 +42,7 @@ BENCHMARKS = {
     "security": security,
     "metering": metering,
     "deploy": deploy,
+    "scale": scale,
     "pd": pd,
 }
 
