@@ -63,7 +63,8 @@ class Budgets:
         if key.budget_usd is not None:
             counter = spend_key("key", key.id, period_label(key.budget_period, now))
             if self._spent(counter, now) >= key.budget_usd:
-                raise _refusal(f"This API key's {key.budget_period}ly budget", key.budget_usd, key.budget_period, now)
+                whose = f"This API key's {'daily' if key.budget_period == 'day' else 'monthly'} budget"
+                raise _refusal(whose, key.budget_usd, key.budget_period, now)
         if key.tenant_budget_usd is not None:
             counter = spend_key("tenant", key.tenant_id, period_label("month", now))
             if self._spent(counter, now) >= key.tenant_budget_usd:
