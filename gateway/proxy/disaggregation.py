@@ -27,7 +27,7 @@ from capacity.units import MUCoefficients, request_mu
 from gateway.admission import ENGINE_PRIORITY
 from gateway.proxy import metrics as m
 from gateway.proxy.isolation import STRIPPED_FIELDS
-from gateway.proxy.prefill_pool import PrefillSlot, prefill_pool
+from gateway.proxy.prefill_pool import CLASS_KEY, STANDARD_CLASS, PrefillSlot, prefill_pool
 from gateway.proxy.relay import PriorityRefused, UpstreamFailed
 from gateway.proxy.request import ParsedRequest
 from gateway.proxy.snapshot import EndpointInfo
@@ -155,7 +155,11 @@ def prefill_route(route: RouteRequest, coeffs: MUCoefficients) -> RouteRequest:
         prompt_text=route.prompt_text,
         mu=request_mu(coeffs, tokens, 0, 0),
         session_id=route.session_id,
-        extra={"cache_salt": route.extra.get("cache_salt", ""), "prompt_tokens": tokens},
+        extra={
+            "cache_salt": route.extra.get("cache_salt", ""),
+            "prompt_tokens": tokens,
+            CLASS_KEY: route.extra.get(CLASS_KEY, STANDARD_CLASS),  # its class, for the slots' shares
+        },
     )
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gateway.admission.classes import CLASSES
 from gateway.proxy.model_names import ModelRename, model_rename
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.routing.base import ReplicaView, RouteRequest
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 DISAGGREGATED = "disaggregated"
 PREFILL = "prefill"
 PREFILL_COOLDOWN_S = 5.0
+CLASS_KEY = "priority_class"  # RouteRequest.extra: the request's class index, set at admission (``runtime``)
+STANDARD_CLASS = CLASSES.index("standard")
 
 
 @dataclass(eq=False)
@@ -36,6 +39,8 @@ class PrefillSlot:
     rename: ModelRename | None = None
     removed: bool = False
     cool_until: float = 0.0  # after a failed prefill: no prefill goes there before this (``PrefillPool.cool_down``)
+    limit: int = 0  # the replica's concurrency limit; view.concurrency_limit is this process's cap of it
+    class_flight: list[int] = field(default_factory=lambda: [0] * len(CLASSES))  # running prefills per class
 
     @property
     def takes_priority(self) -> bool:
@@ -51,6 +56,9 @@ class PrefillPool:
         self.scraper = scraper
         self.clock = clock
         self.slots: dict[str, PrefillSlot] = {}
+        # This process's share of each prefill replica's limit when several proxy processes run (replica id → cap;
+        # ``gateway.admission.shares``, through ``ProxyState``'s heartbeat as for the decode pool); None: the whole.
+        self.caps: dict[str, int] | None = None
         self.info = info
         self.update(info)
 
@@ -72,7 +80,9 @@ class PrefillPool:
                 view = ReplicaView(replica_id=rid, concurrency_limit=limit, profile=r.hardware_profile)
                 slot = self.slots[rid] = PrefillSlot(replica_id=r.id, name=r.name, url=r.url, view=view)
             slot.url, slot.removed, slot.configured_priority, slot.rename = r.url, False, r.takes_priority, rename
-            slot.view.concurrency_limit, slot.view.mu_capacity = limit, mu_capacity * r.speed
+            slot.limit = limit
+            slot.view.concurrency_limit = limit if self.caps is None else min(limit, self.caps.get(rid, 0))
+            slot.view.mu_capacity = mu_capacity * r.speed
             slot.view.draining = False
         for rid, slot in list(self.slots.items()):
             if rid not in seen:
@@ -108,6 +118,7 @@ class PrefillPool:
             slot = self.slots[min(views, key=lambda v: (v.in_flight / v.concurrency_limit, v.in_flight_mu)).replica_id]
         slot.view.in_flight += 1
         slot.view.in_flight_mu += route.mu
+        slot.class_flight[route.extra.get(CLASS_KEY, STANDARD_CLASS)] += 1
         self.router.on_routed(route, slot.view.replica_id, now)
         return slot
 
@@ -129,12 +140,38 @@ class PrefillPool:
     def scrape_targets(self) -> dict[str, str]:
         return {rid: s.url for rid, s in self.slots.items() if not s.removed}
 
+    # -- sharing the prefill replicas' limits between proxy processes (``ProxyState._beat``) ----------------------
+    def in_flight_by_replica(self) -> dict[str, int]:
+        return {rid: s.view.in_flight for rid, s in self.slots.items() if s.view.in_flight}
+
+    def replica_limits(self) -> dict[str, int]:
+        return {rid: s.limit for rid, s in self.slots.items() if not s.removed}
+
+    def demand_by_replica(self) -> dict[str, tuple[int, ...]]:
+        """Running prefills per class on each serving replica (a prefill waits in no queue: without a free slot
+        the decode replica prefills)."""
+        return {rid: tuple(s.class_flight) for rid, s in self.slots.items() if not s.removed}
+
+    def apply_caps(self, caps: dict[str, int] | None) -> None:
+        self.caps = caps
+        for rid, slot in self.slots.items():
+            slot.view.concurrency_limit = slot.limit if caps is None else min(slot.limit, caps.get(rid, 0))
+
+    def lower_caps(self, allocation: dict[str, int]) -> None:
+        """Before a heartbeat gives slots back: take nothing beyond this process's new allocation."""
+        for rid, slot in self.slots.items():
+            if rid in allocation and self.caps is not None:
+                cap = self.caps[rid] = min(slot.view.concurrency_limit, allocation[rid])
+                slot.view.concurrency_limit = cap
+
     def cool_down(self, slot: PrefillSlot) -> None:
         """The replica failed a prefill (unreachable, 5xx): no prefill goes there for ``PREFILL_COOLDOWN_S``, after
         which one request tries it again (the health prober takes a dead one out of the snapshot meanwhile)."""
         slot.cool_until = self.clock() + PREFILL_COOLDOWN_S
 
     def release(self, slot: PrefillSlot, route: RouteRequest) -> None:
+        klass = route.extra.get(CLASS_KEY, STANDARD_CLASS)
+        slot.class_flight[klass] = max(0, slot.class_flight[klass] - 1)
         slot.view.in_flight -= 1
         slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - route.mu)
         try:

@@ -18,7 +18,7 @@ from gateway.admission.shares import spread_queue
 from gateway.proxy import metrics as m
 from gateway.proxy.kv_feeds import KVFeeds
 from gateway.proxy.model_names import ModelRename, model_rename
-from gateway.proxy.prefill_pool import PrefillPool, sync_prefill_pool
+from gateway.proxy.prefill_pool import CLASS_KEY, PrefillPool, sync_prefill_pool
 from gateway.proxy.replica_adapters import ReplicaAdapters, note_engine_lora, routers_eviction
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.routing import make_router
@@ -28,7 +28,6 @@ from gateway.routing.cost_aware import plan_figures
 
 log = logging.getLogger(__name__)
 
-CLASS_KEY = "priority_class"  # RouteRequest.extra: the request's class index, set at admission
 # RouteRequest.extra: the endpoint's slot share when the request took its slot under it (it was degraded).
 SLOT_SHARE_KEY = "slot_share"
 _CRITICAL = CLASSES.index("critical")

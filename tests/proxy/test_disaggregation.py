@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from capacity.runtimes.vllm_metrics import ReplicaMetrics
 from capacity.units import MUCoefficients
 from config import tracing
+from gateway.admission.shares import Member
 from gateway.proxy import metrics as m
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.disaggregation import (
@@ -29,6 +30,7 @@ from gateway.proxy.request import parse_request
 from gateway.proxy.resume import continuation, streamed
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.snapshot import ReplicaInfo
+from gateway.proxy.state import ProxyState
 from gateway.routing.base import RouteRequest
 from tests.proxy.snapshots import COEFFS, TENANT_A, bearer, endpoint, reservation, snapshot
 from tests.proxy.test_pipeline import Client, Session, State, run, silent_after
@@ -382,3 +384,29 @@ async def test_a_prefill_replica_on_fcfs_is_sent_no_priority_after_its_first_ref
     assert ["priority" in body for body in prefills] == [True, False, False], "refused once, then never sent"
     assert [r["pd_route"] for r in state.usage.records] == ["split", "split"]
     assert all("priority" in body for url, body, _ in session.posted if url.startswith(D0)), "the decode's own"
+
+
+def test_the_heartbeat_shares_the_prefill_replicas_limits_between_proxy_processes():
+    state = ProxyState(ProxyConfig())
+    ep = pd_endpoint(name="pd-shared")  # prefill replica 200 and decode replica 300, each a limit of 4
+    rt = state.runtimes[ep.id] = EndpointRuntime(ep, config=ProxyConfig(), clock=lambda: 0.0)
+    pool = rt.prefill_pool
+    assert [p.replica_limits() for p in state._slot_pools()] == [{"300": 4}, {"200": 4}], "both pools are shared"
+    state.members = {
+        state.process_id: Member(joined=0.0, seen_at=1.0, holdings={"300": 2, "200": 1}),
+        "other": Member(joined=0.0, seen_at=1.0, holdings={"200": 3}),
+    }
+    state._allocation = {"200": 1, "300": 2}
+    state._apply_caps()
+    assert (rt.caps, pool.caps) == ({"300": 2}, {"200": 1})
+
+    def route(i, klass):
+        extra = {"prompt_tokens": 300, "priority_class": klass}
+        return prefill_route(RouteRequest(request_id=f"r{i}", prompt_text=LONG, extra=extra), PREFILL_COEFFS)
+
+    first = pool.take(route(0, 0))
+    assert first is not None and pool.take(route(1, 0)) is None, "the other process holds the rest"
+    assert pool.demand_by_replica() == {"200": (1, 0, 0)} and pool.in_flight_by_replica() == {"200": 1}
+    pool.lower_caps({"200": 0})
+    pool.release(first, route(0, 0))
+    assert pool.demand_by_replica() == {"200": (0, 0, 0)} and pool.take(route(2, 1)) is None
