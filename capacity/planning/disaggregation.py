@@ -75,7 +75,14 @@ class StepModel:
     def decode_step_s(self, batch: float, ctx: float) -> float:
         return self.decode_t0_s + batch * (self.decode_per_seq_s + self.decode_per_ctx_token_s * ctx)
 
-    def prefill_s(self, tokens: float) -> float:
+    def prefill_s(self, tokens: float, *, shared: bool = False) -> float:
+        """A prompt's prefill: its chunks, each a step's fixed cost (overhead and the decode step it rides on), and its
+        tokens. ``shared``: under load a step's budget is filled by several prompts, which share its fixed cost."""
+        steps = max(tokens, 1) / self.chunk_tokens if shared else math.ceil(max(tokens, 1) / self.chunk_tokens)
+        return steps * (self.prefill_overhead_s + self.decode_t0_s) + tokens / self.prefill_tokens_per_s
+
+    def chunk_extra_s(self, tokens: float) -> float:
+        """What a prompt adds to the decode steps its chunks ride on in an aggregated replica."""
         return (
             math.ceil(max(tokens, 1) / self.chunk_tokens) * self.prefill_overhead_s
             + tokens / self.prefill_tokens_per_s
@@ -317,7 +324,7 @@ def prefill_pool(
 ) -> tuple[PoolFigures, float | None]:  # fmt: skip
     """The fewest prefill replicas whose TTFT at the percentile (queue, prefill, transfer, first decode step) fits."""
     lam = workload.arrival_rate_per_s
-    mean_s, cs2 = _service_moments(workload, step.prefill_s)
+    mean_s, cs2 = _service_moments(workload, lambda p: step.prefill_s(p, shared=True))
     p_q = _prompt_at(workload, z)
     link_bps = link_gbps * 1e9 / 8
     start = max(1, math.ceil(lam * mean_s))
@@ -345,7 +352,7 @@ def aggregated_pool(*, model, hardware, step: StepModel, workload: PDWorkload, s
     z = _Z[slo.percentile]
     ctx_mean = workload.decode_context
     k = step.decode_per_seq_s + step.decode_per_ctx_token_s * ctx_mean
-    prefill_mean, prefill_cs2 = _service_moments(workload, step.prefill_s)
+    prefill_mean, prefill_cs2 = _service_moments(workload, step.chunk_extra_s)
     prefill_second = prefill_mean**2 * (1 + prefill_cs2)
     p_q = _prompt_at(workload, z)
     kv_tokens = kv_memory_gb(model, hardware) * 1e9 / kv_bytes_per_token(model)
@@ -364,7 +371,7 @@ def aggregated_pool(*, model, hardware, step: StepModel, workload: PDWorkload, s
         step_s = step.decode_step_s(batch, ctx_mean)
 
         def service(p, step_s=step_s):
-            return step.prefill_s(p) + math.ceil(p / step.chunk_tokens) * step_s
+            return step.chunk_extra_s(p) + math.ceil(p / step.chunk_tokens) * step_s
 
         mean_s, cs2 = _service_moments(workload, service)
         wait = mgc_wait_s(servers=n, arrival_rate=lam, mean_s=mean_s, cs2=cs2, percentile=slo.percentile)

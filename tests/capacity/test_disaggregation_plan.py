@@ -54,6 +54,9 @@ def test_short_uniform_chat_stays_aggregated():
     assert result.recommended == "aggregated" and not result.pays
     assert result.aggregated.gpus <= result.disaggregated_gpus
     assert "recommend aggregated" in result.explanation
+    # one prefill replica takes 40 short prompts a second only because they share its steps' fixed cost
+    assert result.prefill.replicas == 1 and 0.7 < result.prefill.detail["rho"] < 0.9
+    assert STEP.prefill_s(576, shared=True) < STEP.prefill_s(576) - 0.01
 
 
 def test_a_slow_kv_link_takes_the_gain_away():
