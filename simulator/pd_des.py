@@ -356,7 +356,7 @@ class PDSimulation:
     def _transfer_progress(self, node: _Node) -> None:
         link = node.link
         link.advance(self.now)
-        # Done: what is left is rounding (a millionth of a byte per byte sent at most).
+        # Done: what is left is rounding (less than a microsecond of the link at its full rate).
         done = [key for key, left in link.active.items() if left <= 1e-6 * link.rate]
         if not done:  # float noise put the end a hair later: finish the smallest
             done = [min(link.active, key=link.active.__getitem__)]
