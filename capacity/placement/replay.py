@@ -33,6 +33,7 @@ class Replay:
     allocated_gpu_s: float = 0.0
     demanded_gpu_s: float = 0.0
     pending_s: list[float] = field(default_factory=list)
+    pending_by_size: dict[int, list[float]] = field(default_factory=dict)
     capacity_gpu_s: float = 0.0
 
     def figures(self) -> dict:
@@ -49,7 +50,12 @@ class Replay:
             "started": len(self.started),
             "pending_p50_s": percentile(self.pending_s, 50),
             "pending_p99_s": percentile(self.pending_s, 99),
+            "pending_max_s_by_size": {size: max(w) for size, w in sorted(self.pending_by_size.items())},
         }
+
+    def waited(self, request: Request, seconds: float) -> None:
+        self.pending_s.append(seconds)
+        self.pending_by_size.setdefault(request.size, []).append(seconds)
 
 
 def fluid_allocation(requests: list[Request], gpus: int) -> float:
@@ -89,7 +95,7 @@ def replay(nodes: list[Node], requests: list[Request], policy: str) -> Replay:
             cluster.release(rid)
             if rid in pending:
                 pending.remove(rid)
-                result.pending_s.append(request.release_s - request.arrive_s)
+                result.waited(request, request.release_s - request.arrive_s)
         else:
             pending.append(rid)
             result.demanded_gpu_s += request.size * (request.release_s - request.arrive_s)
@@ -113,7 +119,7 @@ def replay(nodes: list[Node], requests: list[Request], policy: str) -> Replay:
 def _start(cluster: Cluster, result: Replay, request: Request, time_s: float) -> None:
     gpus = cluster.held[request.id]
     result.started[request.id] = time_s
-    result.pending_s.append(time_s - request.arrive_s)
+    result.waited(request, time_s - request.arrive_s)
     result.allocated_gpu_s += request.size * (request.release_s - time_s)
     result.groups_across_domains += len(cluster.domains_of(gpus)) > 1
     result.multi_node_groups += len({g.node for g in gpus}) > 1

@@ -90,6 +90,11 @@ TOP = {
         )
         for key in ("sizes", "seconds", "exponent", "goal_met", "goal", "at_goal", "breaks_at")
     } | {"scale.mode", "scale.wall_s"},
+    "placement": {
+        f"placement.{policy}.{key}"
+        for policy in ("naive", "gang", "infercap", "bound")
+        for key in ("deadlocks", "gpu_allocation", "groups_across_domains", "pending_p99_s", "detail")
+    } | {"placement.goals", "placement.setup", "placement.seeds", "placement.seed_set", "placement.wall_s"},
 }  # fmt: skip
 PROXY_ROW = {
     "added_e2e_p50_ms", "added_ttft_p50_ci95_ms", "added_ttft_p50_ms", "added_ttft_p99_ms", "bare_passthrough",
@@ -181,6 +186,14 @@ def test_scale(clean_redis, tmp_path):
     assert figures["scale.ingestion.lost"] == figures["scale.ingestion.duplicated"] == [0, 0, 0]
     assert figures["scale.autoscaler_tick.decisions_stored"] == figures["scale.autoscaler_tick.sizes"]
     assert (tmp_path / "scale.svg").read_text().startswith("<svg")
+
+
+def test_placement(tmp_path):
+    figures = smoke("placement", plot=tmp_path / "placement.svg")
+    assert figures["placement.seed_set"] == "training" and figures["placement.infercap.groups_across_domains"] == 0
+    assert figures["placement.infercap.deadlocks"] == 0 and figures["placement.bound.groups_across_domains"] is None
+    assert figures["placement.bound.gpu_allocation"] >= figures["placement.infercap.gpu_allocation"]
+    assert (tmp_path / "placement.svg").read_text().startswith("<svg")
 
 
 @pytest.mark.e2e

@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import protocol
 from benchmarks.billing import metering, slo
-from benchmarks.capacity import autoscale, economics, planner
+from benchmarks.capacity import autoscale, economics, placement, planner
 from benchmarks.operations import deploy, reliability, scale, security
 from benchmarks.routing import routing
 from benchmarks.serving import adapter_routing, fidelity, pd, proxy, sim
@@ -44,6 +44,7 @@ BENCHMARKS = {
     "deploy": deploy,
     "scale": scale,
     "pd": pd,
+    "placement": placement,
 }
 
 
