@@ -5,6 +5,8 @@ the prefill and a prefill replica that is gone do."""
 
 import json
 import re
+import threading
+import time
 
 import httpx
 import pytest
@@ -16,6 +18,7 @@ from gateway.proxy.snapshot_loader import read_snapshot
 from tests.factories import HardwareProfileFactory
 from tests.proxy.conftest import spawn_proxy, spawn_replica
 from tests.proxy.helpers import METRICS_AUTH, assert_openai_error, chat_body, post, sse_events, wait_for, wait_usage
+from tests.proxy.test_shared_slots_e2e import _members
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -174,3 +177,53 @@ def test_nixl_the_decode_replica_pulls_what_the_prefill_replica_holds_for_it(pro
     assert "kv_transfer_params" in p_seen["fields"] and "kv_transfer_params" in d_seen["fields"]
     [record] = wait_usage(1, tenant=tenant_a.tenant)
     assert (record.status, record.pd_route, record.prefill_replica_id) == ("ok", "split", prefill.pk)
+
+
+def test_two_proxy_processes_never_send_a_prefill_replica_more_than_its_limit(procs, clean_redis, tenant_a, tmp_path):
+    endpoint = tenant_a.endpoint
+    endpoint.serving_mode, endpoint.pd_min_uncached_tokens, endpoint.ttft_slo_ms = "disaggregated", 64, 10_000
+    endpoint.save()
+    producer, consumer = kv_config("kv_producer", tmp_path), kv_config("kv_consumer", tmp_path)
+    _, prefill, p_port = spawn_replica(
+        procs, endpoint=endpoint, name="p0", speed=1.0, concurrency_limit=2, extra=producer
+    )
+    spawn_replica(procs, endpoint=endpoint, name="d0", concurrency_limit=16, extra=consumer)
+    Replica.objects.filter(pk=prefill.pk).update(role="prefill")
+    Replica.objects.exclude(pk=prefill.pk).filter(endpoint=endpoint).update(role="decode")
+    bases = [spawn_proxy(procs), spawn_proxy(procs)]
+    for base in bases:  # each process joins the group on its first request (short: no prefill)
+        assert post(base, tenant_a.raw_key, chat_body(endpoint.name, max_tokens=2, content="hi")).status_code == 200
+    rid = str(prefill.pk)
+    wait_for(lambda: sorted(m["h"].get(rid, 0) for m in _members(clean_redis)) == [1, 1], timeout=10)
+    httpx.post(f"http://127.0.0.1:{p_port}/admin/faults", json={"slow_factor": 50}, timeout=5).raise_for_status()
+
+    peak, results, stop = [0], [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            running = engine_counter(p_port, "vllm:num_requests_running")
+            peak[0] = max(peak[0], int(running + engine_counter(p_port, "vllm:num_requests_waiting")))
+            time.sleep(0.01)
+
+    def fire(i):
+        body = chat_body(endpoint.name, max_tokens=2, content=f"question {i}: " + LONG)
+        results.append(post(bases[i % 2], tenant_a.raw_key, body, timeout=60).status_code)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    threads = [threading.Thread(target=fire, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    stop.set()
+    watcher.join(5)
+    assert results == [200] * 8, "past the prefill replica's limit the decode replica prefills: no client error"
+    assert peak[0] == 2, peak[0]  # each process alone would send it 2: together they stay within its limit
+    records = wait_usage(10, tenant=tenant_a.tenant, status="ok")
+    routes = sorted(r.pd_route for r in records if r.pd_route != "decode_only")
+    assert len(routes) == 8 and 1 <= routes.count("split") <= 8
+    fallbacks = sum(
+        proxy_counter(base, "infercap_proxy_pd_prefill_fallbacks_total", reason="no_prefill_slot") for base in bases
+    )
+    assert fallbacks == routes.count("fallback")
