@@ -2,7 +2,8 @@
 (docs/disaggregation.md#planning)
 
 Body: ``workload`` (``arrival_rate_per_s``, ``input_tokens``, ``output_tokens``, optional ``input_tokens_sd`` and
-``context_tokens``), ``slo`` (``ttft_s``, ``tpot_s`` or ``tpot_ms``, ``percentile`` 50/90/95/99), the model (a stored
+``context_tokens``), an ``endpoint`` the caller can see (its model, hardware and prefill hardware profiles and its
+SLO, each unless given), ``slo`` (``ttft_s``, ``tpot_s`` or ``tpot_ms``, ``percentile`` 50/90/95/99), the model (a stored
 ``model_profile`` or explicit ``model`` shape), the hardware (a stored ``hardware_profile``, whose ``kv_link_gbps``
 is the link, or explicit ``hardware`` figures; ``prefill_hardware_profile`` for a prefill pool on other GPUs), the
 step times (``engine_profile``: a calibrated simulator profile by name, or explicit ``step_model``) and
@@ -20,6 +21,7 @@ from capacity.hardware.profiles import PROFILES
 from capacity.models import HardwareProfile, ModelProfile
 from capacity.planning.barriers import Hardware, ModelShape, PlannerInputError
 from capacity.planning.disaggregation import PDSLO, PDWorkload, StepModel, plan_disaggregation
+from endpoints.selectors import endpoints_visible_to
 from tenants.api.base import IdOrNameRelatedField
 
 
@@ -76,6 +78,7 @@ class PDSloSerializer(serializers.Serializer):
 
 
 class PlanPDRequestSerializer(serializers.Serializer):
+    endpoint = IdOrNameRelatedField(queryset=endpoints_visible_to(None), required=False)
     model_profile = IdOrNameRelatedField(queryset=ModelProfile.objects.all(), required=False)
     hardware_profile = IdOrNameRelatedField(queryset=HardwareProfile.objects.all(), required=False)
     prefill_hardware_profile = IdOrNameRelatedField(queryset=HardwareProfile.objects.all(), required=False)
@@ -84,11 +87,28 @@ class PlanPDRequestSerializer(serializers.Serializer):
     engine_profile = serializers.ChoiceField(choices=sorted(PROFILES), required=False)
     step_model = PDStepSerializer(required=False)
     workload = PDWorkloadSerializer()
-    slo = PDSloSerializer()
+    slo = PDSloSerializer(required=False)
     link_latency_s = _float(min_value=0, max_value=10, default=0.0)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        # A tenant plans only on endpoints it can see; another tenant's endpoint "does not exist".
+        self.fields["endpoint"].queryset = endpoints_visible_to(request.user if request else None)
+
     def validate(self, attrs):
+        endpoint = attrs.get("endpoint")
+        if endpoint is not None:  # its profiles and SLO, unless given
+            attrs.setdefault("model_profile", endpoint.model_profile)
+            attrs.setdefault("hardware_profile", endpoint.hardware_profile)
+            if endpoint.prefill_hardware_profile is not None:
+                attrs.setdefault("prefill_hardware_profile", endpoint.prefill_hardware_profile)
+            attrs.setdefault(
+                "slo", {"ttft_s": endpoint.ttft_slo_ms / 1000, "tpot_s": endpoint.tpot_slo_ms / 1000, "percentile": 90}
+            )
         errors = {}
+        if "slo" not in attrs:
+            errors["slo"] = ["give slo (ttft_s, tpot_s) or an endpoint"]
         if "model" not in attrs and "model_profile" not in attrs:
             errors["model"] = ["give model_profile or model (n_layers, n_kv_heads, d_head)"]
         if "hardware" not in attrs and "hardware_profile" not in attrs:
@@ -123,7 +143,7 @@ def _hardware(profile: HardwareProfile | None, given: dict | None) -> tuple[Hard
 class PlanPDView(APIView):
     @extend_schema(request=PlanPDRequestSerializer, responses={200: dict})
     def post(self, request):
-        serializer = PlanPDRequestSerializer(data=request.data)
+        serializer = PlanPDRequestSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         hardware, link = _hardware(data.get("hardware_profile"), data.get("hardware"))

@@ -166,3 +166,21 @@ def test_api_bad_input_is_a_400_naming_the_field(tenant_a, change, field):
     response = client_for(tenant_a.member).post(PD_URL, {**RAG_BODY, **change}, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()
+
+
+@pytest.mark.django_db
+def test_api_plans_for_an_endpoint_its_tenant_can_see(tenant_a, tenant_b):
+    endpoint = tenant_a.endpoint
+    endpoint.hardware_profile.kv_link_gbps = 200
+    endpoint.hardware_profile.save()
+    endpoint.ttft_slo_ms, endpoint.tpot_slo_ms = 3000, 15
+    endpoint.save()
+    body = {"endpoint": endpoint.pk, "engine_profile": "llama-8b-h100", "workload": RAG_BODY["workload"]}
+    response = client_for(tenant_a.member).post(PD_URL, body, format="json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    # the endpoint's profiles, link and SLO: the TTFT and TPOT figures are held to 3 s and 15 ms
+    assert data["kv_link_gbps"] == 200 and data["recommended"] in ("aggregated", "disaggregated")
+    assert data["prefill"]["ttft_s"] <= 3.0 and data["decode"]["tpot_s"] <= 0.015
+    other = client_for(tenant_b.member).post(PD_URL, body, format="json")
+    assert other.status_code == 400 and "endpoint" in other.json()
