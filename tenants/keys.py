@@ -53,6 +53,32 @@ def key_grant_excess(*, holder, scopes: list[str], max_priority: str, expires_at
     return excess
 
 
+CONTROL_LIMITS = ("rpm_limit", "tpm_limit", "mu_per_min_limit")
+
+
+def control_excess(*, holder, controls: dict) -> dict[str, str]:
+    """What per-key controls would lift beyond the ``holder`` key's own (docs/security.md, "Per-key controls"): a
+    limit it has must be kept and not raised, its allowlist narrowed, not widened, and its budget not exceeded,
+    so a leaked key cannot mint or make a key that spends or calls more than it may."""
+    excess = {}
+    for field in CONTROL_LIMITS:
+        own, asked = getattr(holder, field), controls.get(field)
+        if own is not None and (asked is None or asked > own):
+            excess[field] = f"your key is limited to {own:g}; this one must be too"
+    own_models = set(holder.allowed_models or ())
+    asked_models = set(controls.get("allowed_models") or ())
+    if own_models and (not asked_models or not asked_models <= own_models):
+        excess["allowed_models"] = f"your key may call only: {', '.join(sorted(own_models))}"
+    if holder.budget_usd is not None:
+        asked = controls.get("budget_usd")
+        if asked is None or asked > holder.budget_usd or controls.get("budget_period") != holder.budget_period:
+            excess["budget_usd"] = (
+                f"your key has a {holder.budget_period} budget of ${holder.budget_usd:g}; this one must have one "
+                "no larger, per the same period"
+            )
+    return excess
+
+
 @dataclass
 class ApiKeyPrincipal:
     """request.user for key-authenticated API calls: a tenant member (or admin with the write scope)."""

@@ -52,6 +52,11 @@ def tenant_create(*, name: str, slug: str, actor=None) -> Tenant:
     return tenant
 
 
+KEY_CONTROLS = frozenset(
+    {"rpm_limit", "tpm_limit", "mu_per_min_limit", "allowed_models", "budget_usd", "budget_period"}
+)
+
+
 @transaction.atomic
 def api_key_create(
     *,
@@ -61,10 +66,15 @@ def api_key_create(
     max_priority: str = PriorityClass.STANDARD,
     expires_at: datetime | None = None,
     actor=None,
+    **controls,
 ) -> tuple[ApiKey, str]:
-    """Create a key and return it with the full secret, which is never retrievable again."""
+    """Create a key and return it with the full secret, which is never retrievable again. ``controls``: the key's
+    own limits, allowlist and budget (``ApiKey.rpm_limit`` … ``budget_period``)."""
+    unknown = set(controls) - KEY_CONTROLS
+    if unknown:
+        raise ValidationError({name: ["not a key setting"] for name in sorted(unknown)})
     raw, prefix, digest = generate_key()
-    key = ApiKey.objects.create(
+    key = ApiKey(
         tenant=tenant,
         name=name,
         prefix=prefix,
@@ -73,7 +83,10 @@ def api_key_create(
         max_priority=max_priority,
         expires_at=expires_at,
         created_by=actor if getattr(actor, "role", None) else None,
+        **controls,
     )
+    key.full_clean(exclude=["created_by"])
+    key.save()
     audit_log(actor=actor, action="api_key.create", obj=key, detail={"prefix": prefix, "scopes": key.scopes})
     return key, raw
 

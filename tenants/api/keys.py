@@ -1,5 +1,7 @@
 """/api/v1/api-keys/: create (the full key is in that one response only), list by prefix, revoke."""
 
+import math
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -13,11 +15,14 @@ from tenants.api.base import (
     default_tenant,
     principal_from,
 )
-from tenants.keys import key_grant_excess
-from tenants.models import ApiKey, ApiKeyScope, PriorityClass, Tenant
+from tenants.keys import CONTROL_LIMITS, control_excess, key_grant_excess
+from tenants.models import ApiKey, ApiKeyScope, BudgetPeriod, PriorityClass, Tenant
 from tenants.operator_tokens import token_of
 from tenants.selectors import api_keys_visible_to, principal_is_api_key, tenants_visible_to
 from tenants.services import api_key_create, api_key_revoke, api_key_update
+
+# A model name as endpoints and adapters take them (endpoints.models.model_name_validator, one layer up).
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$"
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -26,14 +31,34 @@ class ApiKeySerializer(serializers.ModelSerializer):
         child=serializers.ChoiceField(choices=ApiKeyScope.choices), allow_empty=False, required=False
     )
     is_usable = serializers.SerializerMethodField()
+    allowed_models = serializers.ListField(
+        child=serializers.RegexField(MODEL_NAME, max_length=100),
+        max_length=100,
+        required=False,
+        help_text="model names (endpoints or adapters) this key may call; empty: every one its tenant may",
+    )
 
     class Meta:
         model = ApiKey
         fields = [
             "id", "tenant", "name", "prefix", "scopes", "max_priority", "expires_at", "revoked_at", "is_usable",
+            "rpm_limit", "tpm_limit", "mu_per_min_limit", "allowed_models", "budget_usd", "budget_period",
             "created_at", "last_used_at",
         ]  # fmt: skip
         read_only_fields = ["id", "prefix", "revoked_at", "created_at", "last_used_at"]
+
+    def validate_allowed_models(self, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+    def validate_mu_per_min_limit(self, value):
+        if value is not None and not math.isfinite(value):
+            raise serializers.ValidationError("must be a finite number")
+        return value
+
+    def validate_budget_usd(self, value):
+        if value is not None and not math.isfinite(value):
+            raise serializers.ValidationError("must be a finite number")
+        return value
 
     def get_is_usable(self, obj: ApiKey) -> bool:
         return obj.is_usable()
@@ -72,15 +97,29 @@ class ApiKeySerializer(serializers.ModelSerializer):
             if holder.expires_at is not None:
                 attrs.setdefault("expires_at", holder.expires_at)
         current = self.instance
+        if self.instance is None:
+            # A key minted by a key starts with its holder's controls unless it asks for tighter ones.
+            for field in (*CONTROL_LIMITS, "allowed_models", "budget_usd", "budget_period"):
+                if getattr(holder, field) not in (None, []):
+                    attrs.setdefault(field, getattr(holder, field))
         excess = key_grant_excess(
             holder=holder,
             scopes=attrs.get("scopes", current.scopes if current else [ApiKeyScope.INFERENCE]),
             max_priority=attrs.get("max_priority", current.max_priority if current else PriorityClass.STANDARD),
             expires_at=attrs.get("expires_at", current.expires_at if current else None),
         )
+        excess |= control_excess(holder=holder, controls=_controls(attrs, current))
         if excess:
             raise serializers.ValidationError({field: [message] for field, message in excess.items()})
         return attrs
+
+
+def _controls(attrs: dict, current: ApiKey | None) -> dict:
+    """The controls a key would have after this write: the new values, else its current ones."""
+    fields = (*CONTROL_LIMITS, "allowed_models", "budget_usd", "budget_period")
+    return {f: attrs.get(f, getattr(current, f) if current is not None else None) for f in fields} | {
+        "budget_period": attrs.get("budget_period", current.budget_period if current else BudgetPeriod.MONTH)
+    }
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):
@@ -109,8 +148,12 @@ class ApiKeyViewSet(ScopedCreateReadUpdateViewSet):
         return Response(body, status=201, headers={"Cache-Control": "no-store"})
 
     def may_change(self, principal, obj) -> bool:
-        if principal_is_api_key(principal) and key_grant_excess(
-            holder=principal.api_key, scopes=obj.scopes, max_priority=obj.max_priority, expires_at=obj.expires_at
+        holder = principal.api_key if principal_is_api_key(principal) else None
+        if holder is not None and (
+            key_grant_excess(
+                holder=holder, scopes=obj.scopes, max_priority=obj.max_priority, expires_at=obj.expires_at
+            )
+            or control_excess(holder=holder, controls=_controls({}, obj))
         ):
             # Else a weak key could lift a stronger key's expiry, or revoke the keys production runs on.
             raise PermissionDenied("your key cannot change or revoke a key that holds more than it does")

@@ -1,5 +1,7 @@
 """/api/v1/tenants/: operators manage tenants; a tenant's users read their own."""
 
+import math
+
 from rest_framework import serializers
 
 from tenants.api.base import WRITE, ScopedModelViewSet
@@ -9,9 +11,20 @@ from tenants.services import tenant_create, tenant_delete, tenant_update
 
 
 class TenantSerializer(serializers.ModelSerializer):
+    """A tenant; its monthly dollar budget (operators set it): an alert past ``budget_alert_fraction`` of it, and
+    with ``budget_hard_stop`` the proxies refuse its requests once it is spent (docs/security.md, "Budgets")."""
+
+    def validate_budget_usd(self, value):
+        if value is not None and not math.isfinite(value):
+            raise serializers.ValidationError("must be a finite number")
+        return value
+
     class Meta:
         model = Tenant
-        fields = ["id", "name", "slug", "is_active", "accepts_fallback", "created_at"]
+        fields = [
+            "id", "name", "slug", "is_active", "accepts_fallback", "budget_usd", "budget_hard_stop",
+            "budget_alert_fraction", "created_at",
+        ]  # fmt: skip
         read_only_fields = ["id", "created_at"]
 
 

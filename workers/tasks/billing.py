@@ -15,6 +15,7 @@ from billing.cost import cost_reports_store
 from billing.models import CostReport
 from billing.notifiers import notifications_deliver_due
 from billing.rollups import usage_retention_cleanup, usage_rollup_run
+from billing.spend import budget_counters_sync
 
 
 @shared_task(name="billing.usage_rollup", soft_time_limit=50, time_limit=58)
@@ -50,7 +51,14 @@ def usage_retention() -> int:
     return usage_retention_cleanup()
 
 
+@shared_task(name="billing.budget_sync", soft_time_limit=50, time_limit=58)
+def budget_sync() -> dict:
+    """Budget counters back to the records' spend after a Redis loss; tenants' soft alerts (billing/spend.py)."""
+    return budget_counters_sync()
+
+
 BEAT_SCHEDULE = {
+    "billing-budget-sync": {"task": "billing.budget_sync", "schedule": 60.0, "options": {"expires": 55}},
     "billing-usage-rollup": {"task": "billing.usage_rollup", "schedule": 60.0, "options": {"expires": 55}},
     "billing-slo-evaluate": {"task": "billing.slo_evaluate", "schedule": 60.0, "options": {"expires": 55}},
     "billing-notifications-deliver": {
