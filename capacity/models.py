@@ -1,10 +1,13 @@
 """Hardware and model profiles, their model-unit calibrations, autoscaler decisions and operators' scale pins."""
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
+from capacity.placement.cluster import Cluster, Node
+from capacity.placement.policies import Fit, group_fit
 from endpoints.models import Endpoint
 
 
@@ -44,12 +47,47 @@ class HardwareProfile(models.Model):
         help_text="gigabits per second a replica's KV connector can send to another (its NIC or NVLink); the P/D "
         "planner's transfer time; unset: no KV link measured",
     )
+    # The shape placement keeps (docs/placement.md): a replica's GPUs all inside one interconnect domain.
+    gpus_per_node = models.PositiveIntegerField(default=8, validators=[MinValueValidator(1)])
+    interconnect_domain_gpus = models.PositiveIntegerField(
+        default=8,
+        validators=[MinValueValidator(1)],
+        help_text="GPUs in one NVLink domain: 8 on an HGX node, 72 on an NVL72 rack, 2 on a PCIe node with NVLink "
+        "pairs; divides the node's GPUs or is a multiple of them",
+    )
+    domain_node_label = models.CharField(
+        max_length=120,
+        default="kubernetes.io/hostname",
+        validators=[RegexValidator(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")],
+        help_text="the node label whose value names a node's domain (nvidia.com/gpu.clique on NVL72; the hostname "
+        "where the node is the domain)",
+    )
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self):
+        super().clean()
+        per_node, domain = self.gpus_per_node, self.interconnect_domain_gpus
+        if per_node and domain and per_node % domain and domain % per_node:
+            raise ValidationError(
+                {"interconnect_domain_gpus": f"must divide the node's {per_node} GPUs or be a multiple of them"}
+            )
+
+    def domain_shape(self) -> Cluster:
+        """One interconnect domain of this hardware: a node of NVLink islands, or the nodes of a rack-scale domain."""
+        per_node, domain = self.gpus_per_node, self.interconnect_domain_gpus
+        if domain <= per_node:
+            return Cluster([Node("node", per_node, island=domain if per_node % domain == 0 else None)])
+        return Cluster([Node(f"node-{i}", per_node, domain="domain") for i in range(max(1, domain // per_node))])
+
+    def replica_fit(self, gpus: int | None = None) -> Fit:
+        """Whether a replica of ``gpus`` (default: this profile's gpus_per_replica) fits one domain, and on how many
+        nodes: the topology the planner's "fits" assumes."""
+        return group_fit(self.domain_shape(), gpus or self.gpus_per_replica)
 
 
 class ModelProfile(models.Model):
