@@ -43,7 +43,9 @@ from simulator.tokens import CHARS_PER_TOKEN
 logger = logging.getLogger(__name__)
 
 EXAMPLE, NIXL = "ExampleConnector", "NixlConnector"
-CONNECTORS = (EXAMPLE, NIXL)
+# The platform's shared-storage connector (capacity/runtimes/engine_plugins): ExampleConnector keyed by cache_salt too.
+SALTED = "InfercapSharedStorageConnector"
+CONNECTORS = (EXAMPLE, SALTED, NIXL)
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 FAILURE_POLICIES = ("fail", "recompute")
 KV_FILE = "sim.kv.json"
@@ -80,7 +82,7 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
     if not isinstance(extra, dict):
         raise ValueError("kv_connector_extra_config must be a JSON object")
     path = extra.get("shared_storage_path")
-    if connector == EXAMPLE:
+    if connector in (EXAMPLE, SALTED):
         path = str(path or "/tmp")  # vLLM's default
     policy = raw.get("kv_load_failure_policy", "fail")
     if policy not in FAILURE_POLICIES:
@@ -100,13 +102,16 @@ def store_tokens(prompt_tokens: int, block_size: int) -> int:
     return max(0, (prompt_tokens - 1) // block_size * block_size)
 
 
-def prefix_key(prompt: Prompt, tokens: int) -> str:
+def prefix_key(prompt: Prompt, tokens: int, salt: str | None = None) -> str:
     """The directory name of a prompt's first ``tokens`` tokens: md5 of their ids (the simulator's stand-ins for
-    a text prompt: 4 characters a token), as vLLM names it from the token ids' bytes."""
+    a text prompt: 4 characters a token), as vLLM names it from the token ids' bytes; with the request's
+    ``cache_salt`` too for the platform's connector."""
     if prompt.token_ids is not None:
         data = json.dumps(prompt.token_ids[:tokens]).encode()
     else:
         data = prompt.text[: tokens * CHARS_PER_TOKEN].encode()
+    if salt:
+        data += b"\0" + salt.encode()
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
@@ -122,18 +127,19 @@ class KVConnector:
 
     @property
     def shared_storage(self) -> bool:
-        return self.config.connector == EXAMPLE
+        return self.config.connector in (EXAMPLE, SALTED)
 
-    # -- ExampleConnector ----------------------------------------------------------------------------
-    def _folder(self, prompt: Prompt, tokens: int) -> Path:
-        return Path(self.config.shared_storage_path) / prefix_key(prompt, tokens)
+    # -- ExampleConnector (and the platform's, keyed by cache_salt too) ---------------------------------------------
+    def _folder(self, prompt: Prompt, tokens: int, salt: str | None) -> Path:
+        salt = salt if self.config.connector == SALTED else None
+        return Path(self.config.shared_storage_path) / prefix_key(prompt, tokens, salt)
 
-    def offer(self, prompt: Prompt) -> int:
+    def offer(self, prompt: Prompt, salt: str | None = None) -> int:
         """Tokens the shared directory holds for this prompt (0: none), looked up as the engine does at admission.
         A folder without its file is one the engine would find and fail to read: ``KVLoadError``, which stops the
         engine (docs/disaggregation.md, Limits)."""
         tokens = lookup_tokens(prompt.tokens, self.block_size)
-        folder = self._folder(prompt, tokens)
+        folder = self._folder(prompt, tokens, salt)
         if not folder.is_dir():
             return 0
         logger.info("External Cache Hit!")
@@ -143,14 +149,14 @@ class KVConnector:
             logger.info("Inject KV cache of %d tokens to the paged memory", tokens)
         return tokens
 
-    def store(self, prompt: Prompt) -> None:
+    def store(self, prompt: Prompt, salt: str | None = None) -> None:
         """Write the prompt's whole blocks once its prefill is done, unless the lookup key is there already."""
-        if (self._folder(prompt, lookup_tokens(prompt.tokens, self.block_size)) / KV_FILE).is_file():
+        if (self._folder(prompt, lookup_tokens(prompt.tokens, self.block_size), salt) / KV_FILE).is_file():
             return
         tokens = store_tokens(prompt.tokens, self.block_size)
         if tokens <= 0:
             return
-        folder = self._folder(prompt, tokens)
+        folder = self._folder(prompt, tokens, salt)
         ids = prompt.token_ids[:tokens] if prompt.token_ids is not None else None
         if ids is None:
             ids = prompt_token_ids(prompt.text[: tokens * CHARS_PER_TOKEN], self.vocab_size)

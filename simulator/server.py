@@ -212,7 +212,7 @@ class ReplicaServer:
                     continue
                 if seq.generated == 1:
                     if self.kv_connector is not None and self.kv_connector.shared_storage:
-                        self.kv_connector.store(choice.prompt)  # its prefill is done: the KV exists
+                        self.kv_connector.store(choice.prompt, choice.request.parsed.cache_salt)  # KV computed
                     choice.first_token_s = now
                     arrival = choice.request.arrival_s
                     self.metrics.ttft.observe(now - arrival)
@@ -361,7 +361,7 @@ class ReplicaServer:
                 key = id(choice.prompt)
                 if key not in offers:
                     try:
-                        offers[key] = connector.offer(choice.prompt)
+                        offers[key] = connector.offer(choice.prompt, exchange.parsed.cache_salt)
                     except KVLoadError as exc:  # as the engine: the worker raises, the engine core exits
                         logger.error("EngineCore encountered a fatal error: %s", exc)
                         asyncio.get_running_loop().call_later(0.05, self.crash)  # after this answer

@@ -142,11 +142,19 @@ KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 KV_CONNECTORS = ("shared_storage", "nixl")
 
 
+# The platform's shared-storage connector (vLLM's ExampleConnector keyed by cache_salt too, its folders published
+# whole): a module vLLM imports from ENGINE_PLUGINS_DIR, which ``kv_transfer_env`` puts on the engine's import path.
+SHARED_STORAGE_CONNECTOR = "InfercapSharedStorageConnector"
+ENGINE_PLUGIN_MODULE = "infercap_kv_connector"
+ENGINE_PLUGINS_DIR = Path(__file__).resolve().parent / "engine_plugins"
+
+
 def kv_transfer_config(role: str, connector: str, *, storage_path: str | None = None) -> str | None:
     """vLLM's ``--kv-transfer-config`` for a replica of ``role`` (mixed, prefill, decode) on an endpoint whose KV cache
-    moves by ``connector``: ``shared_storage`` is vLLM's ExampleConnector over ``storage_path`` (one host: a producer
-    writes the prompt's KV there, a consumer loads it), ``nixl`` its NixlConnector (GPUs over the network, both
-    roles ``kv_both``). None for a mixed replica, which runs none. ValueError on anything else."""
+    moves by ``connector``: ``shared_storage`` is the platform's connector over ``storage_path`` (one host: a producer
+    writes the prompt's KV there, a consumer loads it; engine_plugins/infercap_kv_connector.py), ``nixl`` vLLM's
+    NixlConnector (GPUs over the network, both roles ``kv_both``). None for a mixed replica, which runs none.
+    ValueError on anything else."""
     if role == "mixed":
         return None
     if role not in KV_ROLES:
@@ -157,13 +165,22 @@ def kv_transfer_config(role: str, connector: str, *, storage_path: str | None = 
         if not storage_path:
             raise ValueError("the shared_storage connector needs a directory")
         config = {
-            "kv_connector": "ExampleConnector",
+            "kv_connector": SHARED_STORAGE_CONNECTOR,
+            "kv_connector_module_path": ENGINE_PLUGIN_MODULE,
             "kv_role": KV_ROLES[role],
             "kv_connector_extra_config": {"shared_storage_path": str(storage_path)},
         }
     else:
         raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {connector!r}")
     return json.dumps(config, separators=(",", ":"))
+
+
+def kv_transfer_env(config: str | None) -> dict[str, str]:
+    """What a replica's environment needs for its ``--kv-transfer-config``: the platform's connector module on the
+    engine's import path (that directory alone, never the repository root, whose packages would shadow others)."""
+    if config and ENGINE_PLUGIN_MODULE in config:
+        return {"PYTHONPATH": str(ENGINE_PLUGINS_DIR)}
+    return {}
 
 
 def serve_command_line(**options) -> str:

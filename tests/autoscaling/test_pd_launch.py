@@ -12,10 +12,10 @@ import pytest
 from django.conf import settings
 
 from capacity.autoscaling.actuators.base import kv_storage_dir
-from capacity.autoscaling.actuators.local import LocalActuator, replica_argv
+from capacity.autoscaling.actuators.local import LocalActuator, replica_argv, replica_env
 from capacity.autoscaling.services import pool_endpoint
 from capacity.runtimes.launch_options import tenant_launch_option_errors
-from capacity.runtimes.vllm import kv_transfer_config, serve_command
+from capacity.runtimes.vllm import kv_transfer_config, kv_transfer_env, serve_command
 from endpoints.models import Endpoint, ReplicaRole, ReplicaState, Runtime, ServingMode
 from endpoints.validation import launch_option_errors
 from simulator.tokens import filler_text
@@ -33,11 +33,17 @@ def config_of(argv: list[str]) -> dict | None:
 
 def test_each_role_gets_its_connector():
     assert kv_transfer_config("mixed", "shared_storage", storage_path="/d") is None
-    assert json.loads(kv_transfer_config("prefill", "shared_storage", storage_path="/d")) == {
-        "kv_connector": "ExampleConnector",
+    shared = kv_transfer_config("prefill", "shared_storage", storage_path="/d")
+    assert json.loads(shared) == {
+        "kv_connector": "InfercapSharedStorageConnector",  # vLLM's ExampleConnector, keyed by cache_salt too
+        "kv_connector_module_path": "infercap_kv_connector",
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": "/d"},
     }
+    # the engine imports it from the plugins directory, and from nothing else of the repository
+    plugins = Path(kv_transfer_env(shared)["PYTHONPATH"])
+    assert [p.name for p in plugins.iterdir() if p.suffix == ".py"] == ["infercap_kv_connector.py"]
+    assert kv_transfer_env(kv_transfer_config("prefill", "nixl")) == {} == kv_transfer_env(None)
     assert json.loads(kv_transfer_config("decode", "shared_storage", storage_path="/d"))["kv_role"] == "kv_consumer"
     for role in ("prefill", "decode"):
         assert json.loads(kv_transfer_config(role, "nixl")) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
@@ -80,6 +86,8 @@ def test_the_local_actuators_command_lines_by_role(tenant_a):
     assert config_of(prefill)["kv_role"] == "kv_producer" and config_of(decode)["kv_role"] == "kv_consumer"
     assert config_of(prefill)["kv_connector_extra_config"] == {"shared_storage_path": shared}
     assert Path(shared).is_dir()
+    assert replica_env(pool_endpoint(endpoint, None, role=ReplicaRole.DECODE))["PYTHONPATH"].endswith("engine_plugins")
+    assert "PYTHONPATH" not in replica_env(pool_endpoint(endpoint, None, role=ReplicaRole.MIXED))
     assert prefill[prefill.index("--max-num-seqs") + 1] == "4"  # the prefill pool's own options
     assert "--max-num-seqs" not in decode
     assert config_of(replica_argv(pool_endpoint(endpoint, None, role=ReplicaRole.MIXED), port=8003)) is None

@@ -1,5 +1,6 @@
 """Prefill/decode disaggregation on two real vLLM engines (the CPU build, the tiny model): a producer and a consumer of
-vLLM's ExampleConnector over one directory, the platform's own ``--kv-transfer-config`` for each role
+the platform's shared-storage connector (vLLM's ExampleConnector keyed by ``cache_salt`` too, its folders published
+whole) over one directory, with the platform's own ``--kv-transfer-config`` for each role
 (``capacity.runtimes.vllm.kv_transfer_config``). The KV the producer computed for a prompt is what the consumer
 decodes from (same greedy tokens and logprobs as the producer's own), the consumer says so (usage, /metrics, log),
 the simulator answers in the same shapes, and the proxy's disaggregated path over the two engines streams the
@@ -26,10 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import UsageRecord
 from capacity.hardware.profiles import get_profile
-from capacity.runtimes.vllm import kv_transfer_config
+from capacity.runtimes.vllm import kv_transfer_config, kv_transfer_env
 from endpoints.services import replica_attach
 from simulator.contract import shape_diff, shape_of
-from simulator.kv_transfer import KVTransferConfig, lookup_tokens
+from simulator.kv_transfer import lookup_tokens, parse_kv_transfer_config
 from simulator.server import ThreadedReplica
 from tests.engine.conftest import SERVED_MODEL_NAME
 from tests.engine.engine import INSTALL_HINT, engine_installed, launch_engine, stop_engine, wait_ready
@@ -60,12 +61,12 @@ def pd_engines(tmp_path_factory):
     if not engine_installed():
         pytest.fail(f"the real vLLM engine is not installed: {INSTALL_HINT}", pytrace=False)
     shared = tmp_path_factory.mktemp("kv")
+    configs = [kv_transfer_config(role, "shared_storage", storage_path=str(shared)) for role in ("prefill", "decode")]
     engines = [
         launch_engine(
-            served_model_name=SERVED_MODEL_NAME,
-            extra=["--kv-transfer-config", kv_transfer_config(role, "shared_storage", storage_path=str(shared))],
+            served_model_name=SERVED_MODEL_NAME, extra=["--kv-transfer-config", config], env=kv_transfer_env(config)
         )
-        for role in ("prefill", "decode")
+        for config in configs
     ]
     try:
         for engine in engines:
@@ -159,6 +160,18 @@ def test_the_consumer_decodes_from_the_producers_kv_as_the_producer_itself_would
     log = open(consumer.log_path, errors="replace").read()
     assert "External Cache Hit!" in log and f"Inject KV cache of {hit} tokens to the paged memory" in log
 
+    assert not [p for p in shared.iterdir() if ".partial-" in p.name], "folders are renamed into place whole"
+
+    # Another tenant's identical prompt (its own cache_salt) is not loaded; the first tenant's is
+    salted = prompt_text(uuid.uuid4().hex)
+    chat(producer.url, salted, max_tokens=1, cache_salt="tenant-a")
+    other = chat(consumer.url, salted, max_tokens=1, cache_salt="tenant-b")
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    same = chat(consumer.url, salted, max_tokens=1, cache_salt="tenant-a")
+    assert same["usage"]["prompt_tokens_details"]["cached_tokens"] == lookup_tokens(
+        same["usage"]["prompt_tokens"], BLOCK
+    )
+
     # A prompt nobody prefilled is computed on the consumer, which stores it for the next one (whatever its role)
     fresh = prompt_text(uuid.uuid4().hex, words=60)
     stored = set(shared.iterdir())
@@ -171,7 +184,10 @@ def test_the_simulator_answers_the_two_phases_in_the_engines_shapes(pd_engines, 
     producer, consumer, _ = pd_engines
     engine = pd_flow(producer.url, consumer.url, prompt_text(uuid.uuid4().hex))
     profile = get_profile("tiny", block_size=BLOCK, num_gpu_blocks=64, max_model_len=2048)
-    configs = [KVTransferConfig("ExampleConnector", role, str(tmp_path)) for role in ("kv_producer", "kv_consumer")]
+    configs = [  # the platform's own, as the engines run it
+        parse_kv_transfer_config(kv_transfer_config(role, "shared_storage", storage_path=str(tmp_path)))
+        for role in ("prefill", "decode")
+    ]
     with (
         ThreadedReplica(profile, served_model_name=SERVED_MODEL_NAME, kv_transfer=configs[0]) as sim_producer,
         ThreadedReplica(profile, served_model_name=SERVED_MODEL_NAME, kv_transfer=configs[1]) as sim_consumer,

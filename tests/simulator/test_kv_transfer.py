@@ -242,3 +242,24 @@ def test_a_folder_without_its_kv_stops_the_replica_as_it_stops_the_engine(pair, 
     failed = httpx.post(f"{consumer.url}/v1/chat/completions", json=body, timeout=10)
     assert failed.status_code == 500 and "EngineCore" in failed.json()["error"]["message"]
     assert wait_for(lambda: consumer.server.crashed, 5)
+
+
+def test_the_platforms_connector_keys_by_cache_salt_where_vllms_example_does_not(tmp_path):
+    def replicas(connector: str, path):
+        config = {
+            "kv_connector": connector,
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": str(path)},
+        }
+        parsed = parse_kv_transfer_config(json.dumps(config))
+        return ThreadedReplica(profile(), kv_transfer=parsed), ThreadedReplica(profile(), kv_transfer=parsed)
+
+    text = filler_text(500, seed="salt")
+    for connector, other_tenant_hits in (("ExampleConnector", True), ("InfercapSharedStorageConnector", False)):
+        producer, consumer = replicas(connector, tmp_path / connector)
+        with producer, consumer:
+            chat(producer.url, text, max_tokens=1, cache_salt="tenant-a")
+            other = chat(consumer.url, text, max_tokens=1, cache_salt="tenant-b")
+            assert (other["usage"]["prompt_tokens_details"]["cached_tokens"] > 0) is other_tenant_hits, connector
+            same = chat(consumer.url, text, max_tokens=1, cache_salt="tenant-a")
+            assert same["usage"]["prompt_tokens_details"]["cached_tokens"] > 0

@@ -174,7 +174,7 @@ def replica_env(endpoint: Endpoint) -> dict[str, str]:
     for vLLM also its own variables (``vllm.serve_env``)."""
     options = endpoint.launch_options or {}
     if endpoint.runtime == Runtime.VLLM:
-        return vllm.serve_env(options)
+        return vllm.serve_env(options) | vllm.kv_transfer_env(kv_transfer_flag(endpoint))
     return launch_env(options, runtime=endpoint.runtime)
 
 
