@@ -210,6 +210,8 @@ async def split(state, flight, req: ParsedRequest, *, cache_salt: str) -> Parsed
             pool.release(slot, route)
         usage = answer.get("usage")
         flight.pd.prefill_usage = usage if isinstance(usage, dict) else None
+        # The prompt is computed: no prefill of it waits on the decode replica (its router's pending prefill).
+        admission.runtime.first_token(admission.slot, admission.route)
         m.child(m.PD_REQUESTS, endpoint.name, SPLIT).inc()
         return decode_request(req, answer, endpoint.kv_connector)
     prefill_replica = flight.pd.prefill_replica_id if flight.pd is not None else None

@@ -410,3 +410,20 @@ def test_the_heartbeat_shares_the_prefill_replicas_limits_between_proxy_processe
     pool.lower_caps({"200": 0})
     pool.release(first, route(0, 0))
     assert pool.demand_by_replica() == {"200": (0, 0, 0)} and pool.take(route(2, 1)) is None
+
+
+async def test_after_a_split_the_decode_router_counts_no_prefill_waiting_on_the_decode_replica(monkeypatch):
+    ep = dataclasses.replace(pd_endpoint(name="pd-pending"), routing_policy="infercap")
+    session = Session({P0: prefill_answer(), D0: silent_after()})  # the decode has not answered yet
+    state = State(world(ep), session, ttft_timeout_s=1.0)  # then the watchdog ends the silent decode
+    client = Client(chat(ep))
+    task = asyncio.create_task(run(state, client, monkeypatch=monkeypatch))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if len(session.posted) == 2:
+            break
+    runtime = state.runtimes[ep.id]
+    assert [url.split("/v1/")[0] for url, _, _ in session.posted] == [P0, D0]
+    assert runtime.in_flight == 1 and runtime.router.pending_prefill.tokens("300") == 0
+    await asyncio.wait_for(task, 5)
+    assert client.status == 504 and runtime.in_flight == 0
