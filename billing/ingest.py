@@ -28,7 +28,6 @@ from django.db import (
     OperationalError,
     close_old_connections,
     connection,
-    models,
     transaction,
 )
 from django.utils import timezone
@@ -44,7 +43,6 @@ _DB_DOWN_ERRORS = (OperationalError, InterfaceError)
 _FK_FIELDS = ("replica_id", "api_key_id", "endpoint_id")
 _TIME_FIELDS = ("started_at", "finished_at")
 STAGING_TABLE = "billing_usage_staging"
-_MISSING = object()
 
 
 def _to_model(record: dict):
@@ -82,8 +80,6 @@ def _insert_columnar(records: list[dict]) -> bool:
     known = {f.attname for f in fields} | {f.name for f in fields}
     if any(not known.issuperset(record) for record in records):
         return False
-    # The defaults are taken once per batch (``created_at``: the batch's insert time).
-    plan = [(f.attname, f.name, f.get_default(), f.attname in _TIME_FIELDS) for f in fields]
     quote = connection.ops.quote_name
     names = ", ".join(quote(f.column) for f in fields)
     table = quote(UsageRecord._meta.db_table)
@@ -94,8 +90,8 @@ def _insert_columnar(records: list[dict]) -> bool:
             f"SELECT {names} FROM {table} WITH NO DATA"
         )
         with cursor.cursor.copy(f"COPY {STAGING_TABLE} ({names}) FROM STDIN") as copy:
-            for record in records:
-                copy.write_row(_row(record, plan))
+            for row in _rows(records, fields):
+                copy.write_row(row)
         cursor.execute(
             f"INSERT INTO {table} ({names}) SELECT {names} FROM {STAGING_TABLE} "
             f"ON CONFLICT ({quote('request_id')}) DO NOTHING"
@@ -104,20 +100,23 @@ def _insert_columnar(records: list[dict]) -> bool:
     return True
 
 
-def _row(record: dict, plan: list[tuple]) -> tuple:
-    """One record's values in column order: by column name (``tenant_id``) or field name (``tenant``, a model or
-    its key), else the field's default; unix-seconds times become aware datetimes."""
-    row = []
-    for attname, name, default, is_time in plan:
-        value = record.get(attname, _MISSING)
-        if value is _MISSING:
-            value = record.get(name, default)
-            if isinstance(value, models.Model):
-                value = value.pk
-        if is_time and isinstance(value, (int, float)):
-            value = datetime.fromtimestamp(value, tz=UTC)
-        row.append(value)
-    return tuple(row)
+def _rows(records: list[dict], fields: list) -> list[tuple]:
+    """Each record's values in column order: by column name (``tenant_id``) or field name (``tenant``, a model or
+    its key), else the field's default (taken once per batch: ``created_at`` is the batch's insert time); unix
+    seconds become aware datetimes."""
+    by_column = [(f.attname, f.get_default()) for f in fields]
+    by_name = {f.name: f.attname for f in fields if f.name != f.attname}
+    times = [i for i, f in enumerate(fields) if f.attname in _TIME_FIELDS]
+    rows = []
+    for record in records:
+        if not by_name.keys().isdisjoint(record):
+            record = {by_name.get(k, k): getattr(v, "pk", v) if k in by_name else v for k, v in record.items()}
+        row = [record.get(attname, default) for attname, default in by_column]
+        for i in times:
+            if isinstance(row[i], (int, float)):
+                row[i] = datetime.fromtimestamp(row[i], tz=UTC)
+        rows.append(tuple(row))
+    return rows
 
 
 def _insert_fields() -> list:

@@ -54,12 +54,17 @@ def test_a_goal_past_the_measured_sizes_is_projected_and_says_where_it_breaks():
     assert out["scale.autoscaler_tick.decisions_stored"] == [20, 50, 100]
 
 
-def test_ingestion_is_judged_on_its_rate_and_on_nothing_lost():
+def test_ingestion_is_judged_on_its_rate_per_cpu_second_and_on_nothing_lost():
     loop = LOOPS["ingestion"]
-    fast = [{"seconds": n / 25_000, "records_per_s": 25_000, "lost": 0, "duplicated": 0} for n in (1_000, 10_000)]
+    fast = [
+        {"seconds": n / 9_000, "records_per_s": 9_000, "records_per_cpu_s": 25_000, "lost": 0, "duplicated": 0}
+        for n in (1_000, 10_000)
+    ]
     assert _judge("ingestion", loop, [1_000, 10_000], fast, lambda message: None)["scale.ingestion.goal_met"]
     lossy = [dict(fast[0]), dict(fast[1], lost=1)]
     assert not _judge("ingestion", loop, [1_000, 10_000], lossy, lambda message: None)["scale.ingestion.goal_met"]
+    slow = [dict(fast[0]), dict(fast[1], records_per_cpu_s=15_000)]
+    assert not _judge("ingestion", loop, [1_000, 10_000], slow, lambda message: None)["scale.ingestion.goal_met"]
 
 
 def test_the_snapshot_goal_needs_its_memory_too_and_the_look_up_must_stay_flat():
