@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.utils.text import slugify
 
+from billing.spend import key_spend, tenant_spend_usd
 from billing.statements import statement_for
 from console import charts
 from console.access import tenant_admin_required, user_tenant
@@ -59,9 +60,19 @@ def tenant_home(request):
 @login_required
 def api_keys(request):
     tenant = user_tenant(request.user)
-    keys = ApiKey.objects.filter(tenant=tenant).order_by("-created_at")
+    keys = list(ApiKey.objects.filter(tenant=tenant).order_by("-created_at"))
+    for spent in key_spend(keys):  # display rows: never saved
+        spent.key.spent = spent
     new_key = request.session.pop(SHOWN_KEY_SESSION, None)  # shown on this one response, then gone
-    context = {"tenant": tenant, "keys": keys, "new_key": new_key, "form": ApiKeyCreateForm(), "now": timezone.now()}
+    month_spend = tenant_spend_usd([tenant.pk]).get(tenant.pk, 0.0)
+    context = {
+        "tenant": tenant,
+        "keys": keys,
+        "new_key": new_key,
+        "form": ApiKeyCreateForm(),
+        "now": timezone.now(),
+        "month_spend": month_spend,
+    }
     return render(request, "console/api_keys.html", context)
 
 

@@ -279,3 +279,21 @@ def test_endpoint_create_with_a_prefill_pool_shows_both_pools(client, operator, 
     plain = Endpoint.objects.get(name="plain-new")
     assert plain.serving_mode == "aggregated"
     assert "pd-pools" not in client.get(reverse("console:endpoint", args=[plain.pk])).content.decode()
+
+
+def test_the_keys_page_shows_each_keys_limits_and_spend_beside_its_budget(client, tenant_a):
+    from billing.spend import usd_per_mu
+    from tenants.models import Tenant
+    from tests.factories import UsageRecordFactory
+
+    ApiKey.objects.filter(pk=tenant_a.key.pk).update(
+        rpm_limit=1200, allowed_models=[tenant_a.endpoint.name], budget_usd=0.01, budget_period="day"
+    )
+    Tenant.objects.filter(pk=tenant_a.tenant.pk).update(budget_usd=2500.0, budget_hard_stop=True)
+    UsageRecordFactory(tenant=tenant_a.tenant, endpoint=tenant_a.endpoint, api_key=tenant_a.key, mu=1000.0)
+    client.force_login(tenant_a.member)
+    page = client.get(reverse("console:api-keys")).content.decode()
+    spend = 1000.0 * usd_per_mu()
+    assert "1,200 req/min" in page and f"only {tenant_a.endpoint.name}" in page
+    assert f"${spend:,.2f} this day of $0.01" in page and '<span class="bad">spent</span>' in page
+    assert f"Spent this month: ${spend:,.2f} USD of a $2,500.00 budget (requests stop when it is spent)" in page
