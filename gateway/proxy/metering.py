@@ -42,7 +42,8 @@ def meter(state: ProxyState, flight: Flight) -> None:
         usage = engine_usage(usage, flight.req.body.get("n"), streamed_block_size=_streamed_block_size(flight))
     endpoint, pd, prefill_mu = flight.endpoint, flight.pd, 0.0
     if pd is not None and pd.route == SPLIT and usage is not None:
-        usage = split_usage(pd, usage)  # priced by phase (disaggregation.py)
+        # Priced by phase (disaggregation.py), the prompt once: the prefill replica computed it once for all n.
+        usage = split_usage(pd, outcome.usage)
         mu_done, prefill_mu = split_mu(endpoint, usage)
     else:
         mu_done = actual_mu(endpoint.coeffs, usage) if usage is not None and endpoint is not None else 0.0

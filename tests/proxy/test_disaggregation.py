@@ -427,3 +427,15 @@ async def test_after_a_split_the_decode_router_counts_no_prefill_waiting_on_the_
     assert runtime.in_flight == 1 and runtime.router.pending_prefill.tokens("300") == 0
     await asyncio.wait_for(task, 5)
     assert client.status == 504 and runtime.in_flight == 0
+
+
+async def test_a_split_request_of_n_sequences_pays_its_prompt_once(monkeypatch):
+    ep = pd_endpoint(name="pd-n")
+    session = Session({P0: prefill_answer(), D0: decode_stream(out=4)})
+    state = State(world(ep), session)
+    await run(state, Client(chat(ep, n=2, max_tokens=2)), monkeypatch=monkeypatch)
+    [(_, prefill, _), (_, decode, _)] = session.posted
+    assert "n" not in prefill and decode["n"] == 2
+    [record] = state.usage.records
+    assert (record["input_tokens"], record["cached_tokens"], record["output_tokens"]) == (220, 64, 4)
+    assert record["mu"] == pytest.approx(0.002 * 156 + 0.0002 * 64 + 0.3 + COEFFS.beta * 4)
