@@ -18,6 +18,7 @@ from benchmarks.serving.proxy import _OtlpSink, _pct
 from capacity.units import MUCoefficients
 from config import tracing
 from gateway.proxy import pipeline
+from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
@@ -96,6 +97,7 @@ class _State:
         self.config = ProxyConfig()
         self.session, self.usage, self.redis = _Session(), _Usage(), None
         self.limiter = RateLimiter(None)
+        self.budgets = Budgets(None, usd_per_mu=0.00005, spawn=self.spawn)
         self.cache_salts = CacheSalts("bench-secret")
         self.runtime = EndpointRuntime(info, config=self.config)
         self.background: set = set()

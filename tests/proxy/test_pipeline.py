@@ -9,9 +9,9 @@ import logging
 
 from config.request_log import RequestIdFilter
 from gateway.proxy import pipeline
+from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.isolation import CacheSalts
-from gateway.proxy.budgets import Budgets
 from gateway.proxy.limits import RateLimiter
 from gateway.proxy.runtime import EndpointRuntime
 from tests.proxy.snapshots import TENANT_A, bearer, endpoint, reservation, snapshot
