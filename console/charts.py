@@ -29,6 +29,7 @@ class Marker:
 
     x: float
     label: str
+    by_operator: bool = False  # an operator's scale or pin, told apart from the autoscaler's own moves
 
 
 @dataclass
@@ -131,10 +132,11 @@ def line_chart(chart: LineChart) -> str:
         )
     for marker in chart.markers:
         x = sx(marker.x)
+        kind, glyph = ("marker operator", "◆") if marker.by_operator else ("marker", "▾")
         parts.append(
-            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" class="marker">'
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" class="{kind}">'
             f"<title>{escape(marker.label)}</title></line>"
-            f'<text x="{x:.1f}" y="{top - 2}" text-anchor="middle" class="marker-label">▾</text>'
+            f'<text x="{x:.1f}" y="{top - 2}" text-anchor="middle" class="marker-label">{glyph}</text>'
         )
     if chart.threshold is not None:
         parts.extend(_threshold(chart, top if off_scale else sy(chart.threshold), left, plot_w, off_scale=off_scale))

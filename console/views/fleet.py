@@ -127,7 +127,9 @@ def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float, *, 
     xs = series.minutes
     markers = [
         charts.Marker(
-            d.at.timestamp(), f"{d.at:%H:%M:%S} {d.get_axis_display()}: {d.current:g} → {d.desired:g} ({d.reason})"
+            d.at.timestamp(),
+            f"{d.at:%H:%M:%S} {d.get_axis_display()}: {d.current:g} → {d.desired:g} ({d.reason})",
+            by_operator=d.tick.startswith(("manual-", "unpin-")),
         )
         for d in decisions
     ]
@@ -165,7 +167,7 @@ def _endpoint_charts(endpoint, series, decisions, replica_mu_per_min: float, *, 
             threshold_label=f"SLO {endpoint.tpot_slo_ms} ms",
         ),
         "replicas": charts.LineChart(
-            "Ready replicas (▾ autoscaler decisions)",
+            "Ready replicas (▾ autoscaler decisions, ◆ operator scales)",
             [charts.Series("ready replicas", list(zip(xs, series.ready_replicas, strict=True)))],
             y_label="replicas",
             markers=markers,

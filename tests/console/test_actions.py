@@ -297,3 +297,25 @@ def test_the_keys_page_shows_each_keys_limits_and_spend_beside_its_budget(client
     assert "1,200 req/min" in page and f"only {tenant_a.endpoint.name}" in page
     assert f"${spend:,.2f} this day of $0.01" in page and '<span class="bad">spent</span>' in page
     assert f"Spent this month: ${spend:,.2f} USD of a $2,500.00 budget (requests stop when it is spent)" in page
+
+
+def test_an_operator_scale_is_marked_apart_from_the_autoscalers_moves(client, operator, tenant_a):
+    import re
+
+    from capacity.models import AutoscalerDecision
+
+    client.force_login(operator)
+    url = reverse("console:endpoint-scale", args=[tenant_a.endpoint.pk])
+    assert (
+        _post_confirmed(client, url, {"min_replicas": 1, "max_replicas": 6, "desired_replicas": 3}).status_code == 302
+    )
+    AutoscalerDecision.objects.create(
+        endpoint=tenant_a.endpoint, axis="horizontal", tick="h-1", current=3, desired=4, reason="scale up: demand"
+    )
+    page = client.get(reverse("console:endpoint", args=[tenant_a.endpoint.pk])).content.decode()
+    chart = page[page.index('aria-label="Ready replicas') :]
+    chart = chart[: chart.index("</svg>")]
+    operator_marks = re.findall(r'<line [^>]*class="marker operator"><title>([^<]+)</title>', chart)
+    plain_marks = re.findall(r'<line [^>]*class="marker"><title>([^<]+)</title>', chart)
+    assert len(operator_marks) == 1 and "operator scale by operator" in operator_marks[0]
+    assert len(plain_marks) == 1 and "scale up: demand" in plain_marks[0]
