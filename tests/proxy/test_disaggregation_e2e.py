@@ -3,7 +3,6 @@ one simulated prefill replica and one simulated decode replica. What each replic
 reads, how the request is metered (once, priced by phase), and what a short prompt, a client that leaves during
 the prefill and a prefill replica that is gone do."""
 
-import json
 import re
 import threading
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from billing.models import UsageRecord
 from capacity.models import CapacityBenchmark
+from capacity.runtimes.vllm import kv_transfer_config
 from endpoints.models import Replica
 from gateway.proxy.snapshot_loader import read_snapshot
 from tests.factories import HardwareProfileFactory
@@ -46,11 +46,9 @@ def proxy_counter(base: str, name: str, **labels) -> float:
     return found
 
 
-def kv_config(role: str, directory) -> list[str]:
-    """The launch flag the actuators give a replica of the shared-storage connector (docs/disaggregation.md)."""
-    config = {"kv_connector": "ExampleConnector", "kv_role": role,
-              "kv_connector_extra_config": {"shared_storage_path": str(directory)}}  # fmt: skip
-    return ["--kv-transfer-config", json.dumps(config)]
+def kv_config(role: str, directory, connector: str = "shared_storage") -> list[str]:
+    """The launch flag the actuators give a replica of ``role`` (``vllm.kv_transfer_config``; docs/disaggregation.md)."""
+    return ["--kv-transfer-config", kv_transfer_config(role, connector, storage_path=str(directory))]
 
 
 def disaggregated(procs, tenant_a, kv_dir, *, ttft_slo_ms=2000):
@@ -73,7 +71,7 @@ def disaggregated(procs, tenant_a, kv_dir, *, ttft_slo_ms=2000):
     )
     endpoint.prefill_hardware_profile, endpoint.ttft_slo_ms = prefill_hw, ttft_slo_ms
     endpoint.save()
-    producer, consumer = kv_config("kv_producer", kv_dir), kv_config("kv_consumer", kv_dir)
+    producer, consumer = kv_config("prefill", kv_dir), kv_config("decode", kv_dir)
     prefill_proc, prefill, p_port = spawn_replica(procs, endpoint=endpoint, name="p0", speed=1.0, extra=producer)
     Replica.objects.filter(pk=prefill.pk).update(role="prefill", hardware_profile=prefill_hw)
     _, decode, d_port = spawn_replica(procs, endpoint=endpoint, name="d0", extra=consumer)
@@ -157,9 +155,10 @@ def test_nixl_the_decode_replica_pulls_what_the_prefill_replica_holds_for_it(pro
     endpoint = tenant_a.endpoint
     endpoint.serving_mode, endpoint.kv_connector, endpoint.pd_min_uncached_tokens = "disaggregated", "nixl", 64
     endpoint.save()
-    nixl = ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
-    _, prefill, p_port = spawn_replica(procs, endpoint=endpoint, name="p0", extra=nixl)
-    _, decode, d_port = spawn_replica(procs, endpoint=endpoint, name="d0", extra=nixl)
+    _, prefill, p_port = spawn_replica(
+        procs, endpoint=endpoint, name="p0", extra=kv_config("prefill", tmp_path, "nixl")
+    )
+    _, decode, d_port = spawn_replica(procs, endpoint=endpoint, name="d0", extra=kv_config("decode", tmp_path, "nixl"))
     Replica.objects.filter(pk=prefill.pk).update(role="prefill")
     Replica.objects.filter(pk=decode.pk).update(role="decode")
     base = spawn_proxy(procs)
@@ -183,7 +182,7 @@ def test_two_proxy_processes_never_send_a_prefill_replica_more_than_its_limit(pr
     endpoint = tenant_a.endpoint
     endpoint.serving_mode, endpoint.pd_min_uncached_tokens, endpoint.ttft_slo_ms = "disaggregated", 64, 10_000
     endpoint.save()
-    producer, consumer = kv_config("kv_producer", tmp_path), kv_config("kv_consumer", tmp_path)
+    producer, consumer = kv_config("prefill", tmp_path), kv_config("decode", tmp_path)
     _, prefill, p_port = spawn_replica(
         procs, endpoint=endpoint, name="p0", speed=1.0, concurrency_limit=2, extra=producer
     )
