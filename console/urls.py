@@ -2,7 +2,18 @@
 
 from django.urls import path
 
-from console.views import adapters, audit, fleet, operations, planner, planner_mix, planner_pd, rollouts, tenant
+from console.views import (
+    adapters,
+    audit,
+    fleet,
+    operations,
+    planner,
+    planner_apply,
+    planner_mix,
+    planner_pd,
+    rollouts,
+    tenant,
+)
 
 app_name = "console"
 
@@ -30,6 +41,7 @@ urlpatterns = [
     path("alerts/<int:alert_id>/ack/", operations.alert_ack_view, name="alert-ack"),
     path("cost/", operations.cost, name="cost"),
     path("planner/", planner.planner_view, name="planner"),
+    path("planner/apply/<int:endpoint_id>/", planner_apply.planner_apply_view, name="planner-apply"),
     path("planner/mix/", planner_mix.planner_mix_view, name="planner-mix"),
     path("planner/disaggregation/", planner_pd.planner_pd_view, name="planner-pd"),
     path("audit/", audit.audit, name="audit"),

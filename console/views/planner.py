@@ -9,6 +9,8 @@ from django.shortcuts import render
 from capacity.models import HardwareProfile, ModelProfile
 from capacity.planning import barriers
 from console.access import operator_required
+from console.views.planner_apply import apply_bounds, endpoint_initial
+from endpoints.models import Endpoint
 
 WORKED_TABLE = "16 105 1680\n64 68 4352\n128 44 5632"
 
@@ -39,6 +41,7 @@ class PlannerForm(forms.Form):
         initial=WORKED_TABLE,
         help_text="one row per line: batch, per-stream tok/s, optional aggregate tok/s",
     )
+    endpoint = forms.IntegerField(required=False, widget=forms.HiddenInput)  # planned for this live endpoint
 
     def clean_throughput_table(self):
         rows = []
@@ -69,6 +72,10 @@ def _field_for(key: str, form: PlannerForm) -> str | None:
     return name if name in form.fields else None
 
 
+def _int(value) -> int:
+    return int(value) if isinstance(value, str) and value.isdigit() else 0
+
+
 def _profile_initial(request) -> dict:
     initial = {}
     model = ModelProfile.objects.filter(pk=request.GET.get("model_profile") or 0).first()
@@ -92,9 +99,19 @@ def _profile_initial(request) -> dict:
 
 @operator_required
 def planner_view(request):
-    context = {"models": ModelProfile.objects.all(), "hardware": HardwareProfile.objects.all(), "result": None}
+    context = {
+        "models": ModelProfile.objects.all(),
+        "hardware": HardwareProfile.objects.all(),
+        "endpoints": Endpoint.objects.order_by("name").only("pk", "name")[:200],
+        "result": None,
+    }
     if request.method != "POST":
-        context["form"] = PlannerForm(initial=_profile_initial(request))
+        initial = _profile_initial(request)
+        endpoint = Endpoint.objects.filter(pk=_int(request.GET.get("endpoint"))).first()
+        if endpoint is not None:
+            initial.update(endpoint_initial(endpoint), endpoint=endpoint.pk)
+            context["endpoint"] = endpoint
+        context["form"] = PlannerForm(initial=initial)
         return render(request, "console/planner.html", context)
     form = PlannerForm(request.POST)
     context["form"] = form
@@ -138,6 +155,9 @@ def planner_view(request):
             form.add_error(_field_for(key, form), f"{key}: {message}" if _field_for(key, form) is None else message)
         return render(request, "console/planner.html", context, status=400)
     context["result"] = result
+    endpoint = Endpoint.objects.filter(pk=data.get("endpoint") or 0).first()
+    if endpoint is not None:
+        context["endpoint"], context["apply"] = endpoint, apply_bounds(result)
     context["barriers"] = [("memory", result.n_mem), ("throughput", result.n_thr), ("latency", result.n_lat)]
     if result.n_ttft is not None:
         context["barriers"].append(("ttft", result.n_ttft))

@@ -209,7 +209,7 @@ def test_planner_reproduces_worked_example_and_reports_field_errors(client, oper
     client.force_login(operator)
     url = reverse("console:planner")
     form = client.get(url).context["form"]
-    data = {name: field.initial for name, field in form.fields.items()}
+    data = {name: field.initial for name, field in form.fields.items() if field.initial is not None}
     result = client.post(url, data)
     assert result.status_code == 200
     plan = result.context["result"]
@@ -319,3 +319,45 @@ def test_an_operator_scale_is_marked_apart_from_the_autoscalers_moves(client, op
     plain_marks = re.findall(r'<line [^>]*class="marker"><title>([^<]+)</title>', chart)
     assert len(operator_marks) == 1 and "operator scale by operator" in operator_marks[0]
     assert len(plain_marks) == 1 and "scale up: demand" in plain_marks[0]
+
+
+def test_the_planner_plans_a_live_endpoint_and_applies_its_bounds(client, operator, tenant_a):
+    from datetime import timedelta
+
+    from billing.models import UsageMinute
+
+    endpoint = tenant_a.endpoint
+    Endpoint.objects.filter(pk=endpoint.pk).update(ttft_slo_ms=1500, tpot_slo_ms=50)
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
+    # The last hour served 7,200 requests: 2 req/s, 800 tokens in and 200 out each on average.
+    UsageMinute.objects.create(
+        endpoint=endpoint, tenant=tenant_a.tenant, start=start, requests=7200, input_tokens=7200 * 800,
+        output_tokens=7200 * 200,
+    )  # fmt: skip
+    client.force_login(operator)
+    url = reverse("console:planner")
+    page = client.get(url, {"endpoint": endpoint.pk})
+    initial = page.context["form"].initial
+    assert (initial["arrival_rate_per_s"], initial["input_tokens"], initial["output_tokens"]) == (2.0, 800.0, 200.0)
+    assert (initial["min_stream_tok_s"], initial["ttft_s"], initial["endpoint"]) == (20.0, 1.5, endpoint.pk)
+    assert "Planning for" in page.content.decode()
+    form = page.context["form"]
+    data = {name: initial.get(name, field.initial) for name, field in form.fields.items()}
+    data = {k: v for k, v in data.items() if v is not None}
+    result = client.post(url, data)
+    assert result.status_code == 200, result.context["form"].errors
+    plan, low_high = result.context["result"], result.context["apply"]
+    assert low_high == (plan.n_base, max(plan.n_with_headroom, plan.spike.replicas_needed))
+    assert 'id="plan-apply"' in result.content.decode()
+    apply = reverse("console:planner-apply", args=[endpoint.pk])
+    inverted = client.post(apply, {"min_replicas": 5, "max_replicas": 2, "confirmed": "yes"})
+    assert inverted.status_code == 400 and "min_replicas" in inverted.context["form"].errors
+    done = _post_confirmed(client, apply, {"min_replicas": low_high[0], "max_replicas": low_high[1]})
+    assert done.status_code == 302 and done["Location"] == reverse("console:endpoint", args=[endpoint.pk])
+    endpoint.refresh_from_db()
+    assert (endpoint.min_replicas, endpoint.max_replicas) == low_high
+    entry = AuditEntry.objects.filter(action="endpoint.update", object_id=str(endpoint.pk)).latest("at")
+    assert entry.actor == operator and "max_replicas" in entry.detail["changes"]
+    # Tenants cannot reach it.
+    client.force_login(tenant_a.admin)
+    assert client.post(apply, {"min_replicas": 1, "max_replicas": 1, "confirmed": "yes"}).status_code == 404
