@@ -10,7 +10,7 @@ import asyncio
 import logging
 import signal
 
-from capacity.hardware.profiles import PROFILES, get_profile
+from capacity.hardware.profiles import PROFILES, ROOFLINES, get_profile
 from simulator.faults import parse_fault_flags
 from simulator.kv_transfer import parse_kv_transfer_config
 from simulator.server import ReplicaServer, serve_forever
@@ -56,7 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "NixlConnector (docs/disaggregation.md)",
     )
     parser.add_argument("--kv-link-gbps", type=float, default=0.0, help="sim: the KV link's bandwidth (0: instant)")
-    parser.add_argument("--kv-bytes-per-token", type=float, default=0.0, help="sim: KV bytes a token moves")
+    parser.add_argument(
+        "--kv-bytes-per-token",
+        type=float,
+        default=0.0,
+        help="sim: KV bytes a token moves (default: the profile's model)",
+    )
 
 
 def _number(value: str):
@@ -94,8 +99,17 @@ def build_server(opts: dict) -> ReplicaServer:
         lora_load_s=opts.get("lora_load_s") or 0.0,
         kv_transfer=parse_kv_transfer_config(opts["kv_transfer_config"]) if opts.get("kv_transfer_config") else None,
         kv_link_gbps=opts.get("kv_link_gbps") or 0.0,
-        kv_bytes_per_token=opts.get("kv_bytes_per_token") or 0.0,
+        kv_bytes_per_token=_kv_bytes_per_token(profile, opts),
     )
+
+
+def _kv_bytes_per_token(profile, opts: dict) -> float:
+    """``--kv-bytes-per-token``, else (with a link) what a token of the profile's model holds in every layer."""
+    if opts.get("kv_bytes_per_token") or not opts.get("kv_link_gbps"):
+        return opts.get("kv_bytes_per_token") or 0.0
+    if (line := ROOFLINES.get(profile.name)) is None:
+        raise ValueError(f"--kv-link-gbps needs --kv-bytes-per-token: profile {profile.name} names no model shape")
+    return float(line.model.kv_bytes_per_token)
 
 
 async def _serve(server: ReplicaServer, host: str, port: int) -> None:

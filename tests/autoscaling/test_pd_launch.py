@@ -14,10 +14,12 @@ from django.conf import settings
 from capacity.autoscaling.actuators.base import kv_storage_dir
 from capacity.autoscaling.actuators.local import LocalActuator, replica_argv, replica_env
 from capacity.autoscaling.services import pool_endpoint
+from capacity.models import HardwareProfile
 from capacity.runtimes.launch_options import tenant_launch_option_errors
 from capacity.runtimes.vllm import kv_transfer_config, kv_transfer_env, serve_command
 from endpoints.models import Endpoint, ReplicaRole, ReplicaState, Runtime, ServingMode
 from endpoints.validation import launch_option_errors
+from simulator.cli import build_server
 from simulator.tokens import filler_text
 from tests.proxy.helpers import wait_for
 
@@ -95,6 +97,22 @@ def test_the_local_actuators_command_lines_by_role(tenant_a):
     assert config_of(replica_argv(pool_endpoint(nixl, None, role=ReplicaRole.PREFILL), port=8004))["kv_role"] == (
         "kv_both"
     )
+
+
+def test_a_simulated_role_replica_moves_its_kv_at_the_hardwares_link(tenant_a):
+    endpoint = disaggregated(tenant_a.endpoint)
+    HardwareProfile.objects.filter(pk=endpoint.hardware_profile_id).update(kv_link_gbps=100.0)
+    decode = pool_endpoint(endpoint, None, role=ReplicaRole.DECODE)
+    assert "--kv-link-gbps" not in replica_argv(decode, port=8001)  # the tiny profile names no model shape
+    decode.launch_options = {**decode.launch_options, "profile": "llama-13b-a100"}
+    argv = replica_argv(decode, port=8001)
+    assert argv[argv.index("--kv-link-gbps") + 1] == "100.0"
+    assert "--kv-link-gbps" not in replica_argv(pool_endpoint(endpoint, None, role=ReplicaRole.MIXED), port=8002)
+    opts = {"profile": "llama-13b-a100", "profile_opt": [], "fault": [], "speed": 1.0, "served_model_name": None}
+    opts |= {"scheduling_policy": "priority", "kv_link_gbps": 100.0}
+    assert build_server(opts).kv_bytes_per_token == 163_840  # the 13B model's K and V of a token (profiles.py)
+    with pytest.raises(ValueError, match="names no model shape"):
+        build_server(opts | {"profile": "tiny"})
 
 
 def test_a_local_prefill_replica_hands_its_kv_to_a_local_decode_replica(tenant_a, reap_local_replicas):

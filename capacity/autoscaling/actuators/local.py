@@ -38,6 +38,8 @@ from capacity.autoscaling.actuators.base import (
     launch_role,
     launch_version_id,
 )
+from capacity.hardware.profiles import DEFAULT_PROFILE, ROOFLINES
+from capacity.models import HardwareProfile
 from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import launch_env
 from capacity.runtimes.launch_options import argv_value
@@ -166,7 +168,16 @@ def replica_argv(
             argv += [flag, argv_value(f"{key}.{name}", f"{name}={argv_value(f'{key}.{name}', value)}")]
     if kv_transfer:
         argv += ["--kv-transfer-config", kv_transfer]
+        if (gbps := _kv_link_gbps(endpoint)) and (options.get("profile") or DEFAULT_PROFILE) in ROOFLINES:
+            argv += ["--kv-link-gbps", argv_value("kv_link_gbps", float(gbps))]  # the transfer's time, simulated
     return argv
+
+
+def _kv_link_gbps(endpoint: Endpoint) -> float | None:
+    """The launch hardware's KV link (``HardwareProfile.kv_link_gbps``), for a simulated prefill or decode replica:
+    the simulator moves its KV at that rate (simulator/kv_transfer.py), a token's bytes from its profile's model."""
+    hardware_id = getattr(endpoint, "launch_hardware_profile_id", None) or endpoint.hardware_profile_id
+    return HardwareProfile.objects.filter(pk=hardware_id).values_list("kv_link_gbps", flat=True).first()
 
 
 def replica_env(endpoint: Endpoint) -> dict[str, str]:
