@@ -36,7 +36,8 @@ class Fit:
 
 
 def group_fit(cluster: Cluster, size: int) -> Fit:
-    """The shape answer, free GPUs aside: inside one node's island, or across whole nodes of one rack domain."""
+    """The shape answer, free GPUs aside: inside one node's island, or as equal shares on nodes of one rack-scale
+    domain (whole nodes where the size allows)."""
     if size < 1:
         return Fit(False, 0, "a group has at least one GPU")
     islands = [len(gpus) for d, gpus in cluster.domain_gpus.items() if not cluster.is_multi_node(d)]
@@ -44,14 +45,13 @@ def group_fit(cluster: Cluster, size: int) -> Fit:
     if any(size <= island for island in islands) or any(size <= g for g in per_node):
         return Fit(True, 1, f"{size} GPUs inside one node's NVLink island")
     for domain, gpus in cluster.domain_gpus.items():
-        if not cluster.is_multi_node(domain):
+        if not cluster.is_multi_node(domain) or size > len(gpus):
             continue
-        node_gpus = {cluster.node[g.node].gpus for g in gpus}
-        for per in node_gpus:
-            whole = sum(1 for n in {g.node for g in gpus} if cluster.node[n].gpus == per)
-            if size % per == 0 and size // per <= whole:
-                return Fit(True, size // per, f"{size // per} whole nodes of {per} GPUs in domain {domain}")
-    return Fit(False, 0, f"no interconnect domain holds a group of {size} GPUs in whole nodes")
+        nodes = sorted({g.node for g in gpus})
+        per = next(p for p in range(max(cluster.node[n].gpus for n in nodes), 0, -1) if size % p == 0)
+        if size // per <= sum(cluster.node[n].gpus >= per for n in nodes):
+            return Fit(True, size // per, f"{size // per} nodes × {per} GPUs in domain {domain}")
+    return Fit(False, 0, f"no interconnect domain holds a group of {size} GPUs")
 
 
 def _single_node_candidates(cluster: Cluster, size: int):
@@ -74,23 +74,34 @@ def _single_node_candidates(cluster: Cluster, size: int):
 
 
 def _multi_node_candidates(cluster: Cluster, size: int):
-    """(score, gpus) per rack-scale domain with enough wholly free nodes: best fit on the count of free nodes."""
+    """(score, gpus) per rack-scale domain: the group as equal shares of ``per`` GPUs on ``size // per`` nodes (one
+    pod each), the largest share that fits (fewest pods), each on the node with the fewest free GPUs that holds it
+    (best fit). Inside a rack-scale domain every GPU reaches every other over NVLink, so a share need not be a whole
+    node; on whole nodes is the common case and the best fit among equals."""
     for domain, gpus in cluster.domain_gpus.items():
         if not cluster.is_multi_node(domain):
             continue
-        names = sorted({g.node for g in gpus})
-        empty = [n for n in names if all(Gpu(n, i) not in cluster.owner for i in range(cluster.node[n].gpus))]
-        for per in sorted({cluster.node[n].gpus for n in empty}, reverse=True):
-            whole = [n for n in empty if cluster.node[n].gpus == per]
-            if size % per or size // per > len(whole):
+        free: dict[str, int] = {}
+        for gpu in gpus:
+            free[gpu.node] = free.get(gpu.node, 0) + (gpu not in cluster.owner)
+        for per in range(max(free.values()), 0, -1):
+            if size % per or size // per < 2:
                 continue
-            chosen = whole[: size // per]
-            yield (len(whole), domain), tuple(Gpu(n, i) for n in chosen for i in range(per))
+            fits = sorted((n for n in free if free[n] >= per), key=lambda n: (free[n], n))
+            if len(fits) < size // per:
+                continue
+            chosen = fits[: size // per]
+            taken = tuple(
+                g for n in chosen for g in [Gpu(n, i) for i in range(cluster.node[n].gpus)] if g not in cluster.owner
+            )
+            picked = tuple(g for n in chosen for g in [x for x in taken if x.node == n][:per])
+            yield (-per, sum(free[n] - per for n in chosen), len(fits), domain), picked
+            break
 
 
 def infercap_best_fit(cluster: Cluster, size: int) -> tuple[Gpu, ...] | None:
-    """Gang, inside one domain, best-fit bin packing that keeps whole domains free for large groups; a group larger
-    than any node's island takes whole nodes of one rack-scale domain (a leader and its workers)."""
+    """Gang, inside one domain, best-fit bin packing that keeps whole domains free for large groups; a group that no
+    node's island holds takes equal shares on nodes of one rack-scale domain (a leader and its workers)."""
     best = min(_single_node_candidates(cluster, size), default=None, key=lambda c: c[0])
     if best is None:
         best = min(_multi_node_candidates(cluster, size), default=None, key=lambda c: c[0])

@@ -173,13 +173,22 @@ def test_the_schemas_catch_a_wrong_field():
     ("gpus", "shape", "why"),
     [
         (16, {}, "larger than the 8-GPU domain"),  # HGX boards: no domain spans nodes
-        (6, NVL72, "whole 4-GPU nodes"),
+        (4, {"domain_gpus": 2}, "larger than the 2-GPU domain"),  # NVLink pairs on a PCIe node
         (76, NVL72, "larger than the 72-GPU domain"),
     ],
 )
 def test_a_group_no_domain_holds_is_refused(gpus, shape, why):
     with pytest.raises(ActuatorError, match=why):
         replica_objects(name="x", namespace="infer", labels=LABELS, pod=POD, gpus=gpus, gang=Gang(**shape))
+
+
+def test_a_group_that_is_no_multiple_of_a_node_takes_equal_shares_of_nodes():
+    lws = leader_worker_set(name="x", namespace="infer", labels=LABELS, pod=POD, gpus=6, gang=Gang(**NVL72))
+    _valid(lws)
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert (
+        template["size"] == 2 and template["workerTemplate"]["spec"]["containers"][0]["resources"]["limits"][GPU] == 3
+    )
 
 
 def test_the_wrong_kind_for_the_size_and_an_unknown_scheduler_are_refused():

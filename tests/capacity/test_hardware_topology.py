@@ -25,7 +25,8 @@ def test_an_nvl72_profile_spans_whole_nodes_of_its_rack():
     profile.full_clean()
     profile.refresh_from_db()
     assert profile.replica_fit(16).nodes == 4 and profile.replica_fit(4).nodes == 1
-    assert not profile.replica_fit(76).fits and not profile.replica_fit(6).fits  # not whole nodes
+    assert not profile.replica_fit(76).fits
+    assert profile.replica_fit(6).nodes == 2  # 3 GPUs on each of two nodes: the rack's NVLink reaches them all
 
 
 def test_nvlink_pairs_on_a_pcie_node_hold_tp2_and_not_tp4():

@@ -104,3 +104,17 @@ def test_infercap_never_crosses_a_domain_nor_deadlocks_on_a_random_stream(seed):
     assert gang.groups_across_domains > 0  # the stream does stress topology
     assert infercap.multi_node_groups > 0  # and the 16-GPU groups ran on the rack
     assert replay(nodes, requests, "bound").allocated_gpu_s <= fluid_allocation(requests, 40) * infercap.demanded_gpu_s
+
+
+def test_inside_a_rack_a_group_takes_equal_shares_of_partly_used_nodes():
+    # Given a rack of four 4-GPU nodes, each with 2 GPUs held: no node is free, 8 GPUs are
+    cluster = _cluster(
+        rack("nvl", nodes=4, gpus=4), [(f"r{i}", [Gpu(f"nvl-{i:02d}", 0), Gpu(f"nvl-{i:02d}", 1)]) for i in range(4)]
+    )
+    gpus = infercap_best_fit(cluster, 8)
+    # then a TP-8 group runs as 2 GPUs on each node, inside the one NVLink domain
+    assert len(gpus) == 8 and len({g.node for g in gpus}) == 4 and cluster.domains_of(gpus) == {"nvl"}
+    # and where a whole node is free it takes whole nodes first (fewest pods)
+    cluster.release("r0")
+    cluster.release("r1")
+    assert {g.node for g in infercap_best_fit(cluster, 8)} == {"nvl-00", "nvl-01"}

@@ -40,15 +40,16 @@ class Gang:
         if self.scheduler not in GANG_SCHEDULERS:
             raise ActuatorError(f"gang scheduler {self.scheduler!r} is not one of {', '.join(GANG_SCHEDULERS)}")
 
-    def nodes_for(self, gpus: int) -> int:
-        """Nodes one replica of ``gpus`` spans, or an ActuatorError saying why no domain holds it."""
+    def shares(self, gpus: int) -> tuple[int, int]:
+        """(pods, GPUs per pod) of one replica of ``gpus``: one pod where a node's NVLink island holds it, else equal
+        shares on nodes of the rack-scale domain (whole nodes where the size allows); an ActuatorError where no
+        domain holds it."""
         if gpus <= min(self.gpus_per_node, self.domain_gpus):
-            return 1
+            return 1, gpus
         if gpus > self.domain_gpus:
             raise ActuatorError(f"a replica of {gpus} GPUs is larger than the {self.domain_gpus}-GPU domain")
-        if gpus % self.gpus_per_node:
-            raise ActuatorError(f"a replica of {gpus} GPUs across nodes needs whole {self.gpus_per_node}-GPU nodes")
-        return gpus // self.gpus_per_node
+        per = next(p for p in range(self.gpus_per_node, 0, -1) if gpus % p == 0)
+        return gpus // per, per
 
 
 def _node_affinity(domain_label: str) -> dict:
@@ -98,7 +99,7 @@ def _schedule(pod: dict, gang: Gang, *, group: str | None) -> None:
 
 def single_node_template(pod: dict, *, gpus: int, gang: Gang) -> dict:
     """A Deployment's pod template for replicas that fit one node: all ``gpus`` asked by one pod, on labelled nodes."""
-    if gang.nodes_for(gpus) != 1:
+    if gang.shares(gpus)[0] != 1:
         raise ActuatorError(f"a replica of {gpus} GPUs spans nodes: it is a LeaderWorkerSet")
     pod = _with_gpus(pod, gpus)
     _schedule(pod, gang, group=None)
@@ -128,14 +129,14 @@ def _multi_node_args(pod: dict, *, nodes: int, worker: bool) -> dict:
 def leader_worker_set(
     *, name: str, namespace: str, labels: dict, pod: dict, gpus: int, gang: Gang, replicas: int = 1
 ) -> dict:
-    """A LeaderWorkerSet for replicas larger than a node: each group ``gpus // gpus_per_node`` pods of a whole node's
-    GPUs, recreated together when one fails, all inside one domain."""
-    nodes = gang.nodes_for(gpus)
+    """A LeaderWorkerSet for replicas larger than a node: each group a pod per node with an equal share of the GPUs
+    (a whole node's where the size allows), recreated together when one fails, all inside one domain."""
+    nodes, per_pod = gang.shares(gpus)
     if nodes < 2:
         raise ActuatorError(f"a replica of {gpus} GPUs fits one node: it is a Deployment's pod")
     templates = {}
     for role in ("leader", "worker"):
-        template = _multi_node_args(_with_gpus(pod, gang.gpus_per_node), nodes=nodes, worker=role == "worker")
+        template = _multi_node_args(_with_gpus(pod, per_pod), nodes=nodes, worker=role == "worker")
         template["spec"]["affinity"] = {"podAffinity": _group_affinity(gang.domain_label)}
         _schedule(template, gang, group=name if gang.scheduler == "volcano" else "replica")
         templates[role] = template
@@ -174,7 +175,7 @@ def replica_objects(*, name: str, namespace: str, labels: dict, pod: dict, gpus:
     PodGroup its pods name (one replica, one gang: scaling adds and removes these objects, never part of one)."""
     objects = [leader_worker_set(name=name, namespace=namespace, labels=labels, pod=pod, gpus=gpus, gang=gang)]
     if gang.scheduler == "volcano":
-        nodes = gang.nodes_for(gpus)
+        nodes, _ = gang.shares(gpus)
         group = volcano_pod_group(
             name=name, namespace=namespace, labels=labels, members=nodes, gpus=gpus, queue=gang.queue
         )
