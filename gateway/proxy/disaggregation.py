@@ -123,8 +123,7 @@ async def call_prefill(
 ) -> dict:
     """POST the prefill and return its JSON answer. Raises TimeoutError past ``timeout_s``, ``PriorityRefused`` for
     a 400 naming the ``priority`` it was sent, ``UpstreamFailed`` for an unreachable replica or any other answer but
-    a 200 JSON object; a cancel (the client left) closes the connection,
-    which aborts the request in the engine."""
+    a 200 JSON object; a cancel (the client left) closes the connection, which aborts the request in the engine."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
     async with asyncio.timeout(timeout_s):
         try:
@@ -201,7 +200,8 @@ async def split(state, flight, req: ParsedRequest, *, cache_salt: str) -> Parsed
             reason = "timeout"
             break  # the budget is spent: no time for another prefill before the decode's own
         except UpstreamFailed as failed:
-            reason = "refused" if 400 <= failed.status < 500 else "failed"
+            # A 404 is the replica's (it does not serve the model it is sent): cooled down like a failure.
+            reason = "refused" if 400 <= failed.status < 500 and failed.status != 404 else "failed"
             if reason == "refused":
                 break  # the request, not the replica: the decode replica answers it (a 4xx passes through)
             pool.cool_down(slot)
@@ -215,7 +215,10 @@ async def split(state, flight, req: ParsedRequest, *, cache_salt: str) -> Parsed
         m.child(m.PD_REQUESTS, endpoint.name, SPLIT).inc()
         return decode_request(req, answer, endpoint.kv_connector)
     prefill_replica = flight.pd.prefill_replica_id if flight.pd is not None else None
-    log.warning("prefill for %s: %s; the decode replica prefills", endpoint.name, reason)
+    # A busy pool is routine under load (counted, not logged per request); a failure is worth a line.
+    (log.debug if reason == "no_prefill_slot" else log.warning)(
+        "prefill for %s: %s; the decode replica prefills", endpoint.name, reason
+    )
     return _decided(flight, PDRoute(FALLBACK, prefill_replica_id=prefill_replica, reason=reason), req)
 
 

@@ -288,6 +288,10 @@ async def test_a_failing_prefill_replica_cools_down_and_another_prefills(monkeyp
     assert state.usage.records[-1]["pd_route"] == "fallback"
     assert count(m.PD_PREFILL_FALLBACKS, ep.name, "refused") == before + 1
     assert pool.slots["200"].cool_until == 0.0, "a request the engine refuses says nothing of the replica"
+    session.by_url[P0] = lambda: Response(status=404, body=b'{"error": {"message": "model not found"}}')
+    await run(state, Client(chat(ep)), monkeypatch=monkeypatch)
+    assert state.usage.records[-1]["pd_route"] == "split", "prefill-1 answered it"
+    assert pool.slots["200"].cool_until > 0.0, "a replica that does not serve the model is cooled down"
 
 
 async def test_a_nixl_decode_retried_on_another_replica_prefills_there(monkeypatch):
