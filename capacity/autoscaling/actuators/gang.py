@@ -127,11 +127,25 @@ def _multi_node_args(pod: dict, *, nodes: int, worker: bool) -> dict:
 
 
 def leader_worker_set(
-    *, name: str, namespace: str, labels: dict, pod: dict, gpus: int, gang: Gang, replicas: int = 1
+    *,
+    name: str,
+    namespace: str,
+    labels: dict,
+    pod: dict,
+    gpus: int,
+    gang: Gang,
+    replicas: int = 1,
+    per_pod: int | None = None,
 ) -> dict:
     """A LeaderWorkerSet for replicas larger than a node: each group a pod per node with an equal share of the GPUs
-    (a whole node's where the size allows), recreated together when one fails, all inside one domain."""
-    nodes, per_pod = gang.shares(gpus)
+    (a whole node's where the size allows, or ``per_pod``), recreated together when one fails, all inside one
+    domain."""
+    nodes, whole = gang.shares(gpus)
+    if per_pod is not None:  # a smaller share, chosen by who knows the nodes' free GPUs (docs/placement.md)
+        if per_pod < 1 or per_pod > whole or gpus % per_pod:
+            raise ActuatorError(f"{per_pod} GPUs per pod does not split a replica of {gpus} on {whole}-GPU shares")
+        nodes = gpus // per_pod
+    per_pod = per_pod or whole
     if nodes < 2:
         raise ActuatorError(f"a replica of {gpus} GPUs fits one node: it is a Deployment's pod")
     templates = {}
