@@ -5,6 +5,7 @@ then walks each SLO's four window pairs through pending → firing → resolved.
 console's ``post_save`` listener sees each change; notifications are queued once per alert event.
 """
 
+import json
 import logging
 import time
 from collections import defaultdict
@@ -32,6 +33,7 @@ from billing.slo import (
     pair_condition,
     sli_counts,
 )
+from endpoints.models import Endpoint
 from tenants.services import audit_log
 
 logger = logging.getLogger("infercap.billing")
@@ -122,9 +124,19 @@ class _AlertChanges:
     events: list[tuple[Alert, str]] = field(default_factory=list)  # (alert, "firing" | "resolved") to notify
 
 
+def _enabled_slos() -> list[SLO]:
+    """Enabled SLOs with their endpoints, each endpoint built once (not once per SLO, as a join would)."""
+    slos = list(SLO.objects.filter(enabled=True))
+    endpoints = Endpoint.objects.in_bulk({slo.endpoint_id for slo in slos})
+    slos = [slo for slo in slos if slo.endpoint_id in endpoints]  # an endpoint deleted in between takes its SLOs
+    for slo in slos:
+        slo.endpoint = endpoints[slo.endpoint_id]
+    return slos
+
+
 def _evaluate(now: datetime) -> dict[str, int]:
     end = _evaluation_end(now)
-    slos = list(SLO.objects.filter(enabled=True).select_related("endpoint"))
+    slos = _enabled_slos()
     if not slos:
         changes = _AlertChanges()
         _resolve_orphans(changes, now)
@@ -152,38 +164,14 @@ def _evaluate(now: datetime) -> dict[str, int]:
             window_counts[label] = [good, valid]
         period_good, period_valid = sli_counts(spec, periods[slo.period_days].for_slo(slo))
         remaining = budget_remaining(period_good, period_valid, spec.objective)
-        statuses.append(
-            SLOStatus(
-                slo=slo,
-                evaluated_at=now,
-                burn_rates=burns,
-                window_counts=window_counts,
-                period_good=period_good,
-                period_valid=period_valid,
-                budget_remaining=remaining,
-                exhausts_at=exhaustion_at(
-                    remaining=remaining, burn=burns[PROJECTION_WINDOW], period_s=slo.period_days * 86400, now=now
-                ),
-            )
+        exhausts = exhaustion_at(
+            remaining=remaining, burn=burns[PROJECTION_WINDOW], period_s=slo.period_days * 86400, now=now
         )
+        statuses.append((slo.pk, now, burns, window_counts, period_good, period_valid, remaining, exhausts))
         for pair in WINDOW_PAIRS:
             alert = open_alerts.get((slo.id, pair.long_window, pair.short_window))
             _advance_alert(slo, pair, alert, burns, now, changes)
-    SLOStatus.objects.bulk_create(
-        statuses,
-        update_conflicts=True,
-        unique_fields=["slo"],
-        update_fields=[
-            "evaluated_at",
-            "burn_rates",
-            "window_counts",
-            "period_good",
-            "period_valid",
-            "budget_remaining",
-            "exhausts_at",
-        ],  # fmt: skip
-        batch_size=500,
-    )
+    _write_statuses(statuses)
     _resolve_orphans(changes, now)
     _apply(changes, now)
     fired = sum(1 for _, event in changes.events if event == "firing")
@@ -193,6 +181,43 @@ def _evaluate(now: datetime) -> dict[str, int]:
         "fired": fired,
         "resolved": sum(1 for a in changes.transitioned if a.state == Alert.State.RESOLVED),
     }
+
+
+STATUS_COLUMNS = (
+    "slo_id", "evaluated_at", "burn_rates", "window_counts", "period_good", "period_valid", "budget_remaining",
+    "exhausts_at",
+)  # fmt: skip
+STATUS_STAGING = "billing_slostatus_staging"
+
+
+def _write_statuses(statuses: list[tuple]) -> None:
+    """Upsert every SLO's status (rows in STATUS_COLUMNS order). On PostgreSQL the rows are COPied into a staging
+    table and upserted from it in one statement: at 10,000 SLOs, ``bulk_create(update_conflicts=True)`` spent about
+    half the tick building model instances and quoting JSON arrays client-side."""
+    if connection.vendor != "postgresql":
+        SLOStatus.objects.bulk_create(
+            [SLOStatus(**dict(zip(STATUS_COLUMNS, row, strict=True))) for row in statuses],
+            update_conflicts=True,
+            unique_fields=["slo"],
+            update_fields=list(STATUS_COLUMNS[1:]),
+            batch_size=500,
+        )
+        return
+    names = ", ".join(STATUS_COLUMNS)
+    updates = ", ".join(f"{name} = EXCLUDED.{name}" for name in STATUS_COLUMNS[1:])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {STATUS_STAGING} ON COMMIT DELETE ROWS AS "
+            f"SELECT {names} FROM billing_slostatus WITH NO DATA"
+        )
+        with cursor.cursor.copy(f"COPY {STATUS_STAGING} ({names}) FROM STDIN") as copy:
+            for slo_id, at, burns, counts, good, valid, remaining, exhausts in statuses:
+                copy.write_row((slo_id, at, json.dumps(burns), json.dumps(counts), good, valid, remaining, exhausts))
+        cursor.execute(
+            f"INSERT INTO billing_slostatus ({names}) SELECT {names} FROM {STATUS_STAGING} "
+            f"ON CONFLICT (slo_id) DO UPDATE SET {updates}"
+        )
+        cursor.execute(f"DELETE FROM {STATUS_STAGING}")
 
 
 def _advance_alert(slo: SLO, pair, alert: Alert | None, burns: dict[str, float], now: datetime, changes) -> None:

@@ -7,6 +7,7 @@ No Django here. Windows and thresholds follow the Google SRE workbook's multiwin
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import lru_cache
 
 # Latency histogram bounds (cumulative "le" buckets, like Prometheus). A latency SLO's threshold is
 # evaluated at the largest bound not above it, so thresholds taken from these lists give exact SLIs.
@@ -45,6 +46,7 @@ ALERT_FOR_S: dict[str, int] = {"page": 60, "ticket": 300}
 SLI_KINDS = ("availability", "ttft", "tpot", "goodput")
 
 
+@lru_cache(maxsize=4096)  # called per SLO and window on every tick, over a handful of distinct thresholds
 def snap_bound(threshold_ms: float, bounds: tuple[int, ...]) -> int:
     """The histogram bound an SLO threshold is evaluated at: the largest bound ≤ threshold (the smallest if none)."""
     eligible = [b for b in bounds if b <= threshold_ms]
