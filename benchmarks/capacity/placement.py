@@ -11,7 +11,7 @@ the endpoint's newest replica, placed or still waiting. The stream is the same f
 
 Policies: ``naive`` (each rank of a replica takes a free GPU in turn; a replica starts once it holds its group),
 ``gang`` (all or nothing, first fit, no topology), ``infercap`` (all or nothing inside one domain, best fit keeping
-whole nodes and the rack free), and ``bound`` (the oracle: the whole stream scheduled on the cluster relaxed to one
+whole nodes and the rack free, equal shares on rack nodes for a group no node holds), and ``bound`` (the oracle: the whole stream scheduled on the cluster relaxed to one
 pool, with no topology and no fragmentation; ``fluid_gpu_allocation`` is the ceiling min(cluster, demand) no policy
 passes). Every policy serves waiting replicas in arrival order and starts any that fits (backfill).
 
