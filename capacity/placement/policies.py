@@ -110,3 +110,23 @@ def infercap_best_fit(cluster: Cluster, size: int) -> tuple[Gpu, ...] | None:
 
 GANG_POLICIES = {"gang": gang_first_fit, "infercap": infercap_best_fit, "bound": pooled}
 POLICIES = ("naive", *GANG_POLICIES)
+
+
+def groups_that_fit(cluster: Cluster, size: int) -> int:
+    """How many more groups of ``size`` infercap would place now, one after another: capacity in whole groups (a
+    node with 3 free GPUs has no room for a TP-4 replica). The cluster is left as it was."""
+    placed = 0
+    while (gpus := infercap_best_fit(cluster, size)) is not None:
+        cluster.take(("groups_that_fit", placed), gpus)
+        placed += 1
+    for i in range(placed):
+        cluster.release(("groups_that_fit", i))
+    return placed
+
+
+def visible_devices(gpus: tuple[Gpu, ...]) -> dict[str, str]:
+    """Per node, the ``CUDA_VISIBLE_DEVICES`` value of a group's share on it."""
+    by_node: dict[str, list[int]] = {}
+    for gpu in sorted(gpus):
+        by_node.setdefault(gpu.node, []).append(gpu.index)
+    return {node: ",".join(map(str, indices)) for node, indices in by_node.items()}

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from capacity.placement.cluster import Cluster, Gpu, Node, hgx_nodes, rack
-from capacity.placement.policies import gang_first_fit, group_fit, infercap_best_fit
+from capacity.placement.policies import gang_first_fit, group_fit, groups_that_fit, infercap_best_fit, visible_devices
 from capacity.placement.replay import Request, fluid_allocation, replay
 
 
@@ -118,3 +118,12 @@ def test_inside_a_rack_a_group_takes_equal_shares_of_partly_used_nodes():
     cluster.release("r0")
     cluster.release("r1")
     assert {g.node for g in infercap_best_fit(cluster, 8)} == {"nvl-00", "nvl-01"}
+
+
+def test_capacity_in_whole_groups():
+    # Given two boards with 3 and 5 free GPUs (8 free in all): room for one TP-4 replica, not two, and no TP-8
+    holds = [("r", [Gpu("hgx-00", i) for i in range(5)]), ("s", [Gpu("hgx-01", i) for i in range(3)])]
+    cluster = _cluster(hgx_nodes(2), holds)
+    assert (groups_that_fit(cluster, 4), groups_that_fit(cluster, 8), groups_that_fit(cluster, 1)) == (1, 0, 8)
+    assert cluster.free_count() == 8  # the count leaves the cluster as it was
+    assert visible_devices(infercap_best_fit(cluster, 4)) == {"hgx-01": "3,4,5,6"}
