@@ -118,10 +118,14 @@ def test_an_attached_server_joins_the_pool_it_names(world):
     endpoint = world.a.endpoint
     post = world.client("operator").post
     with fake_server("vllm", model=endpoint.name) as url:
-        refused = post(reverse("replica-list"), {"endpoint": endpoint.pk, "url": url, "role": "prefill"}, format="json")
+        refused = post(
+            reverse("replica-list"), {"endpoint": endpoint.pk, "url": url, "role": "prefill"}, format="json"
+        )
         assert refused.status_code == 400 and "role" in refused.json()  # an aggregated endpoint has no prefill pool
         Endpoint.objects.filter(pk=endpoint.pk).update(serving_mode="disaggregated")
-        created = post(reverse("replica-list"), {"endpoint": endpoint.pk, "url": url, "role": "prefill"}, format="json")
+        created = post(
+            reverse("replica-list"), {"endpoint": endpoint.pk, "url": url, "role": "prefill"}, format="json"
+        )
         assert created.status_code == 201, created.content
         assert created.json()["role"] == "prefill"
     with fake_server("vllm", model=endpoint.name) as url:
