@@ -8,7 +8,6 @@ ingestion writer inserts on its own thread and connection, so its rows are commi
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from dataclasses import replace
@@ -18,7 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from benchmarks.billing import slo as slo_bench
-from benchmarks.operations.scale_rows import analyze, insert_series, timed
+from benchmarks.operations.scale_rows import analyze, cpu_seconds, insert_series, timed, timed_cpu
 from billing.alerts import slo_evaluate_all
 from billing.cost import cost_lines
 from billing.ingest import UsageWriter
@@ -59,9 +58,9 @@ def burn_tick(slos: int, *, rows_per_slo: int, progress) -> dict:
                     first=1,
                     last=per_minute,
                 )
-            rollup_s, _ = timed(usage_rollup_run, now=now)
-            evaluated = slo_evaluate_all(now=now + timedelta(seconds=5))
-            ticks.append((rollup_s + evaluated.seconds, rollup_s, evaluated.seconds))
+            rollup_s, rollup_cpu, _ = timed_cpu(usage_rollup_run, now=now)
+            _, evaluate_cpu, evaluated = timed_cpu(slo_evaluate_all, now=now + timedelta(seconds=5))
+            ticks.append((rollup_s + evaluated.seconds, rollup_s, evaluated.seconds, rollup_cpu + evaluate_cpu))
         transaction.set_rollback(True)
     steady = min(ticks[1:])
     progress(
@@ -70,6 +69,7 @@ def burn_tick(slos: int, *, rows_per_slo: int, progress) -> dict:
     )
     return {
         "seconds": steady[0],
+        "cpu_s": round(steady[3], 3),
         "rows": rows,
         "rollup_s": round(steady[1], 3),
         "evaluate_s": round(steady[2], 3),
@@ -111,6 +111,7 @@ def ingestion(records: int, *, progress) -> dict:
     )
     return {
         "seconds": elapsed,
+        "cpu_s": round(cpu_s, 3),
         "records_per_s": round(rate),
         "records_per_cpu_s": round(records / cpu_s),
         "lost": lost,
@@ -118,28 +119,6 @@ def ingestion(records: int, *, progress) -> dict:
         "tokens_match": tokens == records * 7,
         "records_written": written,
     }
-
-
-def _cpu_seconds(database: str) -> float:
-    """CPU seconds used so far by this process and by the PostgreSQL backends serving ``database`` (found by their
-    process titles in /proc: the server is local in the bench's setting). On a machine shared with other work the
-    wall-clock rate measures the others too; records per CPU-second do not."""
-    total = time.process_time()
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
-                title = handle.read()
-            if not title.startswith(b"postgres: ") or f" {database} ".encode() not in title:
-                continue
-            with open(f"/proc/{entry.name}/stat", encoding="ascii") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
 
 
 def _ingest_world():
@@ -159,7 +138,7 @@ async def _ingest(
 ) -> tuple[float, int, float]:
     """Seconds until the last record is stored, records written, CPU seconds (this process and its backends)."""
     database = connection.settings_dict["NAME"]
-    cpu_before = _cpu_seconds(database)
+    cpu_before = cpu_seconds(database)
     writer = UsageWriter()
     writer.start()
     started = time.perf_counter()
@@ -173,7 +152,7 @@ async def _ingest(
         await asyncio.sleep(0)  # the proxy's loop serves requests between records: the writer's flush runs too
     await writer.flush()  # after any flush in progress (one writer thread): every record is stored
     elapsed = time.perf_counter() - started
-    cpu_s = _cpu_seconds(database) - cpu_before  # before close() ends the writer's backend
+    cpu_s = cpu_seconds(database) - cpu_before  # before close() ends the writer's backend
     await writer.close()
     return elapsed, writer.written, cpu_s
 
@@ -220,8 +199,10 @@ def cost_reports(tenants: int, *, progress) -> dict:
         end = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
         start = end - timedelta(days=30)
         tenant_rows, endpoint_ids = _cost_world(tenants, start)
-        report_s, lines = timed(cost_lines, start=start, end=end, now=timezone.now(), split_usage_by_record=False)
-        statements_s, billed = timed(
+        report_s, report_cpu, lines = timed_cpu(
+            cost_lines, start=start, end=end, now=timezone.now(), split_usage_by_record=False
+        )
+        statements_s, statements_cpu, billed = timed_cpu(
             lambda: sum(1 for t in tenant_rows if statement_for(tenant=t, start=start, end=end).lines)
         )
         transaction.set_rollback(True)
@@ -231,6 +212,7 @@ def cost_reports(tenants: int, *, progress) -> dict:
     )
     return {
         "seconds": report_s + statements_s,
+        "cpu_s": round(report_cpu + statements_cpu, 3),
         "report_s": round(report_s, 3),
         "statements_s": round(statements_s, 3),
         "lines": len(lines),

@@ -20,7 +20,7 @@ from django.test import Client
 from django.urls import reverse
 
 from benchmarks.operations.scale_billing import _profiles
-from benchmarks.operations.scale_rows import analyze, insert_series, timed
+from benchmarks.operations.scale_rows import analyze, insert_series, timed_cpu
 from capacity.autoscaling.ticks import horizontal_tick
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, Replica, ReplicaState
@@ -78,17 +78,20 @@ def autoscaler_tick(endpoints: int, *, progress) -> dict:
         ticks = []
         for tick in range(3):  # the first writes each endpoint's first decision; the later ones are steady
             label = f"h-scale-{stamp}-{tick}"
-            seconds, decided = timed(lambda label=label: [horizontal_tick(endpoint_id=pk, tick=label) for pk in ids])
+            seconds, cpu, decided = timed_cpu(
+                lambda label=label: [horizontal_tick(endpoint_id=pk, tick=label) for pk in ids]
+            )
             stored = AutoscalerDecision.objects.filter(tick=label, endpoint_id__in=ids).count()
-            ticks.append((seconds, sum(d is not None for d in decided), stored))
+            ticks.append((seconds, cpu, stored))
         transaction.set_rollback(True)
-    seconds, decided, stored = min(ticks[1:])
+    seconds, cpu, stored = min(ticks[1:])
     progress(
         f"  autoscaler: {endpoints:,} endpoints × {REPLICAS_PER_ENDPOINT} replicas: {seconds:.2f} s a tick "
         f"({seconds / endpoints * 1000:.1f} ms an endpoint; {stored:,} decisions stored)"
     )
     return {
         "seconds": seconds,
+        "cpu_s": round(cpu, 3),
         "replicas": endpoints * REPLICAS_PER_ENDPOINT,
         "ms_per_endpoint": round(seconds / endpoints * 1000, 2),
         "decisions_stored": stored,
@@ -104,7 +107,7 @@ def snapshot(keys: int, *, progress) -> dict:
         endpoints = max(1, keys // KEYS_PER_ENDPOINT)
         _fleet(endpoints, replicas=REPLICAS_PER_ENDPOINT, actuator="local")
         raw_keys = _keys(keys)
-        build_s, snap = timed(read_snapshot, "scale")
+        build_s, build_cpu, snap = timed_cpu(read_snapshot, "scale")
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         held = read_snapshot("scale-traced")
@@ -117,7 +120,13 @@ def snapshot(keys: int, *, progress) -> dict:
         f"  snapshot: {keys:,} keys, {endpoints:,} endpoints: build {build_s:.2f} s, {memory_mb:.0f} MB held, "
         f"look-up {lookup_us:.2f} µs a request"
     )
-    return {"seconds": build_s, "memory_mb": round(memory_mb, 1), "lookup_us": lookup_us, "endpoints": endpoints}
+    return {
+        "seconds": build_s,
+        "cpu_s": round(build_cpu, 3),
+        "memory_mb": round(memory_mb, 1),
+        "lookup_us": lookup_us,
+        "endpoints": endpoints,
+    }
 
 
 def _keys(count: int) -> list[str]:
@@ -185,10 +194,10 @@ def console_fleet(endpoints: int, *, progress) -> dict:
         client.force_login(operator)
         url = reverse("console:fleet")
         client.get(url)  # templates compiled, sessions warm
-        seconds, response = min((timed(client.get, url) for _ in range(2)), key=lambda timing: timing[0])
+        seconds, cpu, response = min((timed_cpu(client.get, url) for _ in range(2)), key=lambda timing: timing[0])
         size_kb = len(response.content) / 1000
         transaction.set_rollback(True)
     if response.status_code != 200:
         raise RuntimeError(f"the fleet page answered {response.status_code}")
     progress(f"  console: fleet page with {endpoints:,} endpoints: {seconds:.2f} s, {size_kb:,.0f} kB")
-    return {"seconds": seconds, "page_kb": round(size_kb)}
+    return {"seconds": seconds, "cpu_s": round(cpu, 3), "page_kb": round(size_kb)}

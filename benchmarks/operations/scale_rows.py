@@ -5,6 +5,7 @@ model, so a column added later needs no change here. Also the growth-exponent fi
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from django.db import connection, models
@@ -45,6 +46,46 @@ def timed(fn, *args, **kwargs) -> tuple[float, object]:
     started = time.perf_counter()
     result = fn(*args, **kwargs)
     return time.perf_counter() - started, result
+
+
+def backend_cpu_seconds(database: str) -> float:
+    """CPU seconds used so far by the PostgreSQL backends serving ``database`` (found by their process titles in
+    /proc: the server is local in the bench's setting)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                title = handle.read()
+            if not title.startswith(b"postgres: ") or f" {database} ".encode() not in title:
+                continue
+            with open(f"/proc/{entry.name}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def cpu_seconds(database: str) -> float:
+    """This process's CPU seconds and its database's backends': on a machine shared with other work the wall
+    clock measures the others too; this does not."""
+    return backend_cpu_seconds(database) + time.process_time()
+
+
+def timed_cpu(fn, *args, **kwargs) -> tuple[float, float, object]:
+    """(wall seconds, CPU seconds of this process and its database's backends, result) of one call. The loops are
+    synchronous round trips, so on a quiet machine the wall clock is about the CPU figure."""
+    database = connection.settings_dict["NAME"]
+    backends = backend_cpu_seconds(database)
+    process = time.process_time()
+    started = time.perf_counter()
+    result = fn(*args, **kwargs)
+    wall = time.perf_counter() - started
+    process = time.process_time() - process  # before the /proc scan below, which is not the call's
+    return wall, process + backend_cpu_seconds(database) - backends, result
 
 
 def growth_exponent(sizes: list[float], seconds: list[float]) -> float | None:
