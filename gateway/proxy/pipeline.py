@@ -112,8 +112,7 @@ async def serve(
     req, price = degrade(runtime, flight, req, price, reprice=reprice)
     flight.price = price
     mark(flight, "price")
-    state.budgets.check(key)  # a spent dollar budget refuses before any bucket is charged (budgets.py)
-    flight.charged = await charge_limits(state.limiter, key=key, endpoint=endpoint, price=price)
+    flight.charged = await charge_limits(state.limiter, key=key, endpoint=endpoint, price=price, budgets=state.budgets)
     mark(flight, "limits")
     loop = asyncio.get_running_loop()
     if flight.watcher is None:  # from here on the body is read: a disconnect cancels whatever we are waiting for

@@ -22,6 +22,7 @@ from capacity.units import estimate_prompt_tokens
 from endpoints.rollouts.keys import FAILED_ATTEMPTS_KEY, FAILED_ATTEMPTS_RETENTION_S
 from gateway.admission import ENGINE_PRIORITY, effective_priority
 from gateway.proxy import metrics as m
+from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.errors import ProxyError
 from gateway.proxy.flight import Admission, Flight, Price
@@ -63,7 +64,7 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 SHED_MESSAGES = {
     "queue_full": "`{model}` is saturated and its queue is full; retry after the Retry-After delay.",
     "queue_age": "The request waited longer than its priority class allows for `{model}`; retry after the Retry-After delay.",
@@ -193,9 +194,14 @@ def price_request(
 
 
 # -- limit ------------------------------------------------------------------------------------------------------
-async def charge_limits(limiter: RateLimiter, *, key: KeyInfo, endpoint: EndpointInfo, price: Price) -> list[Bucket]:
+async def charge_limits(
+    limiter: RateLimiter, *, key: KeyInfo, endpoint: EndpointInfo, price: Price, budgets: Budgets | None = None
+) -> list[Bucket]:
     """Take the estimate from the tenant's buckets, all or none; returns the buckets charged (metering settles
-    them to the real cost). Over a limit: 429 with the bucket's wait as Retry-After."""
+    them to the real cost). Over a limit: 429 with the bucket's wait as Retry-After. A spent dollar budget
+    (``budgets``) refuses first, before any bucket is charged."""
+    if budgets is not None:
+        budgets.check(key)
     if not price.buckets:
         return []
     try:
