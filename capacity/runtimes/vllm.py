@@ -153,8 +153,8 @@ def kv_transfer_config(role: str, connector: str, *, storage_path: str | None = 
     """vLLM's ``--kv-transfer-config`` for a replica of ``role`` (mixed, prefill, decode) on an endpoint whose KV cache
     moves by ``connector``: ``shared_storage`` is the platform's connector over ``storage_path`` (one host: a producer
     writes the prompt's KV there, a consumer loads it; engine_plugins/infercap_kv_connector.py), ``nixl`` vLLM's
-    NixlConnector (GPUs over the network, both roles ``kv_both``). None for a mixed replica, which runs none.
-    ValueError on anything else."""
+    NixlConnector (GPUs over the network, both roles ``kv_both``); a failed load is recomputed. None for a mixed
+    replica, which runs none. ValueError on anything else."""
     if role == "mixed":
         return None
     if role not in KV_ROLES:
@@ -172,6 +172,9 @@ def kv_transfer_config(role: str, connector: str, *, storage_path: str | None = 
         }
     else:
         raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {connector!r}")
+    # A load that fails (the prefill replica gone before the pull) recomputes the prompt on the decode replica:
+    # vLLM's default, "fail", would end the client's request with an error.
+    config["kv_load_failure_policy"] = "recompute"
     return json.dumps(config, separators=(",", ":"))
 
 

@@ -28,7 +28,8 @@ def test_each_pool_runs_in_its_own_deployment_with_its_role(db, clean_store, clu
         assert spec["template"]["metadata"]["labels"][PD_ROLE] == role
         args = spec["template"]["spec"]["containers"][0]["args"]
         assert args[:3] == ["meta-llama/Llama-2-13b-chat-hf", "--served-model-name=llama-13b", "--port=8000"]
-        assert args[3:] == ['--kv-transfer-config={"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+        nixl = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"recompute"}'
+        assert args[3:] == [f"--kv-transfer-config={nixl}"]
     assert (cluster.replicas("llama-13b-prefill"), cluster.replicas("llama-13b-decode")) == (1, 2)
 
     k8s.sync(endpoint)

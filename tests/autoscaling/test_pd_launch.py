@@ -41,6 +41,7 @@ def test_each_role_gets_its_connector():
         "kv_connector_module_path": "infercap_kv_connector",
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": "/d"},
+        "kv_load_failure_policy": "recompute",  # not vLLM's "fail": the client would get the error
     }
     # the engine imports it from the plugins directory, and from nothing else of the repository
     plugins = Path(kv_transfer_env(shared)["PYTHONPATH"])
@@ -48,7 +49,8 @@ def test_each_role_gets_its_connector():
     assert kv_transfer_env(kv_transfer_config("prefill", "nixl")) == {} == kv_transfer_env(None)
     assert json.loads(kv_transfer_config("decode", "shared_storage", storage_path="/d"))["kv_role"] == "kv_consumer"
     for role in ("prefill", "decode"):
-        assert json.loads(kv_transfer_config(role, "nixl")) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
+        assert json.loads(kv_transfer_config(role, "nixl")) == nixl
     for bad in (("both", "nixl", "/d"), ("prefill", "lmcache", "/d"), ("prefill", "shared_storage", None)):
         with pytest.raises(ValueError):
             kv_transfer_config(bad[0], bad[1], storage_path=bad[2])
