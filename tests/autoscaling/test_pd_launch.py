@@ -117,6 +117,7 @@ def test_a_simulated_role_replica_moves_its_kv_at_the_hardwares_link(tenant_a):
         build_server(opts | {"profile": "tiny"})
 
 
+@pytest.mark.e2e  # two replica processes
 def test_a_local_prefill_replica_hands_its_kv_to_a_local_decode_replica(tenant_a, reap_local_replicas):
     endpoint = disaggregated(tenant_a.endpoint)
     actuator = LocalActuator()
