@@ -17,6 +17,7 @@ disconnects aborts its request (blocks freed, ``finished_reason="abort"`` counte
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -30,9 +31,11 @@ from aiohttp import web
 
 from capacity.hardware.profiles import EngineProfile
 from simulator.adapter_slots import AdapterSlots
+from simulator.embeddings import embeddings as serve_embeddings
 from simulator.engine import FINISHED, Engine
 from simulator.faults import Faults
 from simulator.kv_transfer import (
+    LEASE_S,
     KVConnector,
     KVLoadError,
     KVTransferConfig,
@@ -89,9 +92,13 @@ class ReplicaServer:
         kv_transfer: KVTransferConfig | None = None,
         kv_link_gbps: float = 0.0,
         kv_bytes_per_token: float = 0.0,
+        runner: str = "generate",
     ):
         if speed <= 0:
             raise ValueError("speed must be positive")
+        if runner not in ("generate", "pooling"):  # vLLM's --runner: completions or embeddings (embeddings.py)
+            raise ValueError("runner must be generate or pooling")
+        self.runner = runner
         self.profile = profile
         self.speed = speed
         self.model = served_model_name or profile.model_name
@@ -112,6 +119,7 @@ class ReplicaServer:
         # The link the KV crosses (kv_transfer.Link): none, the transfer takes no time.
         self.kv_link = Link(kv_link_gbps, clock=self.now, speed=speed) if kv_link_gbps > 0 else None
         self.kv_bytes_per_token = kv_bytes_per_token
+        self._leased: dict[str, int] = {}  # NIXL prefills' blocks held for a pull (request id -> blocks)
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
         self.created = int(time.time())
         self.received = 0
@@ -133,8 +141,11 @@ class ReplicaServer:
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_fastapi_errors])
         app.on_response_prepare.append(_request_id_header)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        app.router.add_post("/v1/completions", self.completions)
+        if self.runner == "pooling":
+            app.router.add_post("/v1/embeddings", functools.partial(serve_embeddings, self))
+        else:
+            app.router.add_post("/v1/chat/completions", self.chat_completions)
+            app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_route("*", "/ping", self.health)
@@ -253,6 +264,10 @@ class ReplicaServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
 
+    def log_received(self, parsed, body: dict) -> None:
+        fields = {"request_id": parsed.request_id, "priority": parsed.priority, "cache_salt": parsed.cache_salt}
+        self.received_log.append({**fields, "fields": sorted(body)})
+
     async def _read_body(self, request: web.Request):
         raw = await request.read()
         if not raw.strip():
@@ -286,14 +301,7 @@ class ReplicaServer:
             )
         except BadRequest as exc:
             return error_response(exc)
-        self.received_log.append(
-            {
-                "request_id": parsed.request_id,
-                "priority": parsed.priority,
-                "cache_salt": parsed.cache_salt,
-                "fields": sorted(body),
-            }
-        )
+        self.log_received(parsed, body)
         if self.faults.hang:
             await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
         exchange = build_exchange(parsed, self.profile, self.now())
@@ -349,7 +357,23 @@ class ReplicaServer:
                 parsed.request_id, parsed.prompt_tokens, host.split("//", 1)[-1], int(port)
             )
             answer["kv_transfer_params"] = params
+            self._hold_lease(parsed.request_id, parsed.prompt_tokens)
         return answer
+
+    def _hold_lease(self, request_id: str, tokens: int) -> None:
+        """A NIXL prefill keeps its prompt's blocks until the decode replica pulls them or the lease ends (vLLM's
+        delayed free): they count in this replica's KV usage meanwhile."""
+        kv = self.engine.kv
+        blocks = min(-(-tokens // self.profile.block_size), kv.free_blocks)
+        if blocks > 0:
+            kv.grow(blocks)
+            self._leased[request_id] = blocks
+            asyncio.get_running_loop().call_later(LEASE_S / self.speed, self._free_lease, request_id)
+
+    def _free_lease(self, request_id: str) -> None:
+        if blocks := self._leased.pop(request_id, 0):
+            self.engine.kv.release([], blocks)
+            self._wake.set()
 
     async def _kv_offers(self, exchange: Exchange, transfer) -> web.Response | None:
         """What the connector loads for each choice (``Sequence.external_tokens``); an error response when a NIXL
@@ -406,6 +430,7 @@ class ReplicaServer:
         if tokens is None:
             return json_response({"detail": "no KV held for that request"}, status=404)
         await self._kv_cross(tokens)  # over this replica's link
+        self._free_lease(str(body["request_id"]))  # sent: the blocks are free
         return json_response({"tokens": tokens})
 
     async def _kv_cross(self, tokens: int) -> None:

@@ -141,7 +141,10 @@ def test_nixl_prefill_names_its_blocks_and_the_decode_pulls_them_once():
         # a plain request on the same replica says nothing
         assert chat(prefill.url, text, max_tokens=1)["kv_transfer_params"] is None
 
+        # the prompt's blocks wait for the pull in the prefill replica's KV cache, and are freed by it
+        assert prefill.call(lambda: prefill.server.engine.kv.usage) == pytest.approx(-(-n // BLOCK) / 64)
         answer = chat(decode.url, text, max_tokens=4, kv_transfer_params=params)
+        assert prefill.call(lambda: prefill.server.engine.kv.usage) == 0.0
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // BLOCK * BLOCK
         assert counters(decode.url)["vllm:external_prefix_cache_hits_total"] == (n - 1) // BLOCK * BLOCK
 
