@@ -64,19 +64,19 @@ LOOPS: dict[str, Loop] = {
     ),
     "autoscaler_tick": Loop(
         scale_fleet.autoscaler_tick, "endpoints", "< 1 s a tick at 1,000 endpoints × 10 replicas", 1_000, 1.0,
-        (100, 300, 1_000), (20, 50, 100),
+        (100, 300, 1_000), (10, 30, 100),
     ),
     "snapshot_build": Loop(
         scale_fleet.snapshot, "API keys", "build < 2 s and < 200 MB held at 100,000 keys", 100_000, 2.0,
-        (100, 1_000, 10_000, 100_000), (100, 1_000, 10_000, 100_000),
+        (100, 1_000, 10_000, 100_000), (100, 1_000, 10_000, 30_000),
     ),
     "ingestion": Loop(
         scale_billing.ingestion, "records", "≥ 20,000 records/s, none lost or duplicated", 500_000, 25.0,
-        (20_000, 100_000, 500_000), (10_000, 30_000, 100_000),
+        (20_000, 100_000, 500_000), (5_000, 15_000, 50_000),
     ),
     "cost_reports": Loop(
         scale_billing.cost_reports, "tenants", "< 30 s for 1,000 tenants' month", 1_000, 30.0,
-        (100, 300, 1_000), (30, 100, 300),
+        (100, 300, 1_000), (10, 30, 100),
     ),
     "console_fleet": Loop(
         scale_fleet.console_fleet, "endpoints", "< 1 s at 1,000 endpoints", 1_000, 1.0,
