@@ -9,7 +9,8 @@ Two connectors, as vLLM 0.32 behaves with them (tests/engine/test_pd_real_engine
   {source="external_kv_transfer"}``); not found, the request stores its first ``store_tokens(n)`` tokens once its
   prefill is done. vLLM's connector does both whatever ``kv_role`` says, and keys on the token ids alone (no
   ``cache_salt``). The engine writes one safetensors file per layer under ``<dir>/<md5 of the ids>/``; the
-  simulator writes one small JSON file there (its token count and stand-in ids).
+  simulator writes one small JSON file there (its token count and stand-in ids). ``InfercapSharedStorageConnector``
+  (the platform's, capacity/runtimes/engine_plugins) is the same with the request's ``cache_salt`` in the key.
 - ``NixlConnector`` (GPUs, KV pulled over the network). A request with ``kv_transfer_params.do_remote_decode``
   is a prefill for another replica: its response carries ``kv_transfer_params`` naming this replica, the request
   and its blocks (``remote_*``), and this replica keeps a lease on them until pulled or expired. A request with
