@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="priority")
     parser.add_argument(
+        "--runner",
+        choices=["generate", "pooling"],
+        default="generate",
+        help="as vLLM's: generate serves completions, pooling serves /v1/embeddings",
+    )
+    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -100,6 +106,7 @@ def build_server(opts: dict) -> ReplicaServer:
         kv_transfer=parse_kv_transfer_config(opts["kv_transfer_config"]) if opts.get("kv_transfer_config") else None,
         kv_link_gbps=opts.get("kv_link_gbps") or 0.0,
         kv_bytes_per_token=_kv_bytes_per_token(profile, opts),
+        runner=opts.get("runner") or "generate",
     )
 
 

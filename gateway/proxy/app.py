@@ -1,5 +1,5 @@
-"""The proxy's ASGI application: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /metrics`` and vLLM's probes (``GET /health``, ``GET|POST /ping``, ``GET /version``).
+"""The proxy's ASGI application: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+``GET /v1/models``, ``GET /metrics`` and vLLM's probes (``GET /health``, ``GET|POST /ping``, ``GET /version``).
 
 This module only dispatches. A completion is ``pipeline.completion``: the stages of ``stages.py`` in order,
 authenticate (the key against the in-process snapshot) → parse (body, endpoint) → price (class, MU estimate) →
@@ -26,7 +26,7 @@ from gateway.proxy.state import get_state
 
 log = logging.getLogger(__name__)
 
-_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
 
 async def application(scope, receive, send) -> None:
@@ -55,7 +55,7 @@ async def application(scope, receive, send) -> None:
 
 
 # What an OpenAI client that calls another endpoint (/v1/responses, /v1/embeddings) is told is here.
-SERVED = "This proxy serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models."
+SERVED = "This proxy serves POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings and GET /v1/models."
 
 
 async def _state_loaded(send) -> bool:

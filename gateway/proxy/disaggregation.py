@@ -177,9 +177,12 @@ async def split(state, flight, req: ParsedRequest, *, cache_salt: str) -> Parsed
     refusal, the decode replica prefills (``FALLBACK``): never an error for the client. A cancel while it runs (the
     client left) aborts it and ends the request."""
     admission, endpoint = flight.admission, flight.endpoint
-    # A LoRA adapter is loaded on the decode replica only (the prefill pool holds none): its request stays there.
-    if flight.adapter is not None or (
-        uncached_estimate(admission.route, admission.slot.view.replica_id) < endpoint.pd_min_uncached_tokens
+    # A LoRA adapter is loaded on the decode replica only (the prefill pool holds none): its request stays there;
+    # an embedding is one prefill with nothing to decode.
+    if (
+        flight.adapter is not None
+        or req.kind == "embeddings"
+        or (uncached_estimate(admission.route, admission.slot.view.replica_id) < endpoint.pd_min_uncached_tokens)
     ):
         return _decided(flight, PDRoute(DECODE_ONLY), req)
     pool = prefill_pool(admission.runtime)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from gateway.proxy.errors import sse_error_event
+from gateway.proxy.errors import error_body, sse_error_event
 from gateway.proxy.model_names import ModelRename
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
@@ -20,6 +20,9 @@ _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 # long streams cost the proxy at most a GiB; a longer answer that breaks ends with an error event.
 RELAYED_BYTES_KEPT = 1 << 20
 _ERROR_MARKERS = (b'data: {"error"', b'data: {"object":"error"')
+
+
+ROUTE_MISSING = b'{"detail":"Not Found"}'  # FastAPI's 404 for a route the engine does not serve
 
 
 class UpstreamFailed(Exception):
@@ -287,6 +290,13 @@ async def plain_exchange(
     outcome.first_token_at = outcome.finished_at = time.perf_counter()
     if rename is not None:
         body = rename.to_client(body)
+    if resp.status == 404 and body.strip() == ROUTE_MISSING:
+        # The engine has no such route (a generating model asked for embeddings, or a pooling one for completions):
+        # said in OpenAI's shape, not FastAPI's.
+        path = url.split("/v1/", 1)[-1]
+        body = error_body(
+            f"This model's replicas do not serve /v1/{path}.", type="invalid_request_error", code="unsupported_api"
+        )
     if resp.status == 200:
         try:
             usage = json.loads(body).get("usage")

@@ -16,7 +16,7 @@ PRIORITY_HEADER = b"x-infercap-priority"
 
 @dataclass
 class ParsedRequest:
-    kind: str  # "chat" or "completions"
+    kind: str  # "chat", "completions" or "embeddings"
     body: dict
     raw: bytes
     model: str
@@ -105,8 +105,14 @@ def parse_request(kind: str, raw: bytes, *, max_n: int = 8) -> ParsedRequest:
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string.", "model")
     stream, stream_options = _stream_fields(body)
-    prompt_chars, max_tokens, prompts = _chat_fields(body) if kind == "chat" else _completion_fields(body)
-    completions = _completions(body, prompts=prompts, max_n=max_n)
+    if kind == "embeddings":
+        if stream:
+            raise _bad("Embeddings do not stream; leave 'stream' out.", "stream")
+        prompt_chars, max_tokens, prompts = _embedding_fields(body)
+        completions = 1
+    else:
+        prompt_chars, max_tokens, prompts = _chat_fields(body) if kind == "chat" else _completion_fields(body)
+        completions = _completions(body, prompts=prompts, max_n=max_n)
     try:
         engine_field_errors(body)
     except FieldRefused as refused:
@@ -202,6 +208,42 @@ def _completion_fields(body: dict) -> tuple[int, int, int]:
     if max_tokens is None:
         max_tokens = 16  # vLLM's and OpenAI's default for completions
     return prompt_chars, max_tokens, prompts
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on an embeddings batch
+
+
+def _embedding_fields(body: dict) -> tuple[int, int, int]:
+    """(prompt characters, 0 tokens out, inputs) of an embeddings request: a string, strings, token ids or arrays of
+    token ids, as OpenAI and vLLM take them; each input its own prompt."""
+    inp = body.get("input")
+    if isinstance(inp, str) and inp:
+        chars, inputs = len(inp), 1
+    elif isinstance(inp, list) and inp and all(isinstance(p, str) and p for p in inp):
+        chars, inputs = sum(len(p) for p in inp), len(inp)
+    elif isinstance(inp, list) and inp and all(_token_ids(p) for p in inp):
+        chars, inputs = 4 * sum(len(p) for p in inp), len(inp)
+    elif _token_ids(inp):
+        chars, inputs = 4 * len(inp), 1
+    else:
+        raise _bad(
+            "'input' is required: a non-empty string, an array of non-empty strings, an array of token ids or an "
+            "array of such arrays.",
+            "input",
+        )
+    if inputs > MAX_EMBEDDING_INPUTS:
+        raise _bad(f"'input' holds {inputs} items; at most {MAX_EMBEDDING_INPUTS} per request.", "input")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise _bad("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
+    _opt_int(body, "dimensions", minimum=1)
+    return chars, 0, inputs
+
+
+def _token_ids(value) -> bool:
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def _completions(body: dict, *, prompts: int, max_n: int) -> int:

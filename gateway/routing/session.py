@@ -20,7 +20,7 @@ def prompt_text_of(body: Mapping) -> str:
                 content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
             parts.append(f"<|{message.get('role', '')}|>{content if isinstance(content, str) else ''}")
         return "".join(parts)
-    prompt = body.get("prompt")
+    prompt = body.get("prompt", body.get("input"))  # a completion's prompt, or an embedding's input
     if isinstance(prompt, list):
         return "".join(p for p in prompt if isinstance(p, str))
     return prompt if isinstance(prompt, str) else ""
