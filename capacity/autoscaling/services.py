@@ -154,7 +154,8 @@ def pool_endpoint(
     view = copy.copy(endpoint)
     view.launch_role = role
     if role == ReplicaRole.PREFILL:
-        view.launch_options = dict(endpoint.prefill_launch_options or {})
+        # The endpoint's launch options with the prefill pool's laid over them (its profile, speed, CPUs stay).
+        view.launch_options = {**(endpoint.launch_options or {}), **(endpoint.prefill_launch_options or {})}
         hardware_profile_id = endpoint.prefill_hardware_profile_id
         if hardware_profile_id and hardware_profile_id != endpoint.hardware_profile_id:
             view.launch_hardware_profile_id = hardware_profile_id

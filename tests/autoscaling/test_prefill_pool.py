@@ -100,6 +100,7 @@ def disaggregated(tenant_a):
         prefill_min_replicas=1,
         prefill_max_replicas=6,
         prefill_desired_replicas=1,
+        launch_options={"cpus": 1, "speed": 1.0},
         prefill_launch_options={"speed": 2.0},
         ttft_slo_ms=1000,
         max_replicas=4,
@@ -136,8 +137,9 @@ def test_one_tick_scales_the_prefill_pool_on_its_prompt_rate(clean_store, actuat
     assert up.inputs["actions"] and all(a.startswith("prefill: ") for a in up.inputs["actions"])
     endpoint.refresh_from_db()
     assert endpoint.prefill_desired_replicas == 3
-    # Two prefill replicas launched in their role, with the prefill pool's own launch options; no decode launch.
-    assert [(role, n, opts) for role, n, _, opts in actuator.launched] == [(ReplicaRole.PREFILL, 2, {"speed": 2.0})]
+    # Two prefill replicas launched in their role, the prefill pool's options over the endpoint's; no decode launch.
+    expected = {"cpus": 1, "speed": 2.0}
+    assert [(role, n, opts) for role, n, _, opts in actuator.launched] == [(ReplicaRole.PREFILL, 2, expected)]
     assert Replica.objects.filter(endpoint=endpoint, role=ReplicaRole.PREFILL).count() == 3
     # The decode pool's decision does not count the prefill replicas.
     decode = AutoscalerDecision.objects.filter(endpoint=endpoint, axis="horizontal").order_by("-at").first()
