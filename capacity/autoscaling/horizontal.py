@@ -31,6 +31,11 @@ class HorizontalConfig:
     # Between two scale-downs: batches on the remaining replicas grow and lengthen requests, so in-flight demand
     # rises after each step; the next step must see that before it removes more.
     scale_down_cooldown_s: float = 30.0
+    # A scale-down leaves this share of headroom over the 5-min peak's need: on fewer replicas each runs a larger
+    # batch, a request stays in flight longer, and the demand in flight rises by about as much (10-20 % a step on
+    # the A100 profile), so a fleet shrunk to ceil(need) was back over the tolerance band, and ordering a replica,
+    # minutes later (docs/experiments/autoscaling.md, 2026-12-06).
+    scale_down_margin: float = 0.15
     # Ignore demand/capacity ratios within ±tolerance of 1 (AIBrix APA uses 0.1 both ways).
     tolerance: float = 0.1
 
@@ -41,6 +46,8 @@ class HorizontalConfig:
             raise ValueError("scale steps must be at least 1")
         if not 0 <= self.max_scale_down_fraction < 1:
             raise ValueError("max_scale_down_fraction must be in [0, 1)")
+        if not 0 <= self.scale_down_margin < 1:
+            raise ValueError("scale_down_margin must be in [0, 1)")
         if not 0 <= self.tolerance < 1:
             raise ValueError("tolerance must be in [0, 1)")
 
@@ -190,7 +197,7 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
         return result(current, "hold: starting replicas cover the demand")
 
     # Scale down: only on the 5-minute maximum, only after the delay, one bounded step at a time.
-    target_down = max(math.ceil(down_need), floor)
+    target_down = max(math.ceil(down_need * (1 + cfg.scale_down_margin)), floor)
     if target_down < current and down_need < current * (1 - cfg.tolerance):
         if not inputs.demand_reported:
             return result(current, "hold: no fresh demand report (proxies silent or Redis unreachable)")

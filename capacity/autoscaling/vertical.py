@@ -20,18 +20,26 @@ class VerticalConfig:
     kv_low: float = 0.75
     queue_high: float = 4.0  # requests waiting inside a replica (vLLM's own queue), per replica
     queue_low: float = 1.0
-    # Raise the limit only on evidence from a loaded fleet: replicas running at least this share of the limit (a
-    # quiet night is "healthy" at any limit). On the engine simulator's A100 profile, without it a night at one
-    # replica walks the limit up to its maximum; the next spike then finds replicas (and a predictive floor) sized
-    # for sequences a loaded replica cannot run within the TPOT SLO (prefill stalls decode), and SLO attainment on
-    # the bursty trace fell to 98.3%.
-    increase_min_busy: float = 0.3
+    # Raise the limit only on evidence from a loaded fleet: replicas running at least this share of the limit. A
+    # fleet healthy at a batch well below its limit says nothing of the limit itself, yet the horizontal axis sizes the
+    # fleet to run target_utilization of whatever the limit becomes. At 0.3 (chosen on compressed days, against a
+    # night at one replica walking the limit to its maximum), a real-length day walked the limit 64 → 232 on replicas
+    # running 40 % of it; the fleet was then shrunk to run batches no replica had shown it could, overloaded within a
+    # cold start, cut, and grew again: a saw-tooth that missed the SLO through the plateau hours
+    # (docs/experiments/autoscaling.md, 2026-12-06, training seed 1: 0.914 attainment outside the spikes).
+    increase_min_busy: float = 0.7
     # Cut after three overloaded cycles (90 s), not two: in a spike the replicas run at their limit, over the SLO,
     # until the replicas ordered for it start (60-120 s); cutting on that overload, which the horizontal axis is
     # already fixing, left the limit low for the rest of the day and the fleet sized for too few sequences a replica
     # (docs/algorithms.md#autoscaling-evaluation: on trace seeds 2-6's held-out days, never seed 1's, 52.2 GPU-hours
     # at a mean attainment of 0.880 against 57.9 at 0.870 with two cycles).
     overload_cycles: int = 3
+    # An overload that replica-side TTFT alone shows needs 4 min (more than the longest cold start): a replica
+    # fresh from its cold start is handed the proxy's backlog at once, a limit's worth of prompts prefilled back to
+    # back (91 × 0.16 s ≈ 15 s on the A100 profile), while replicas running too many sequences show it in TPOT, the
+    # KV cache or their own queue. Cutting on the backlog left the limit at 45-64 for hours after a spike, or after a
+    # scale-up on a plateau (docs/experiments/autoscaling.md, 2026-12-06).
+    ttft_only_overload_cycles: int = 8
     healthy_cycles: int = 3
     decrease_factor: float = 0.7
     increase_fraction: float = 0.125
@@ -40,7 +48,7 @@ class VerticalConfig:
     def __post_init__(self) -> None:
         if not 0 < self.decrease_factor < 1:
             raise ValueError("decrease_factor must be in (0, 1)")
-        if self.overload_cycles < 1 or self.healthy_cycles < 1:
+        if min(self.overload_cycles, self.healthy_cycles, self.ttft_only_overload_cycles) < 1:
             raise ValueError("cycle counts must be at least 1")
 
 
@@ -105,6 +113,11 @@ def classify(inputs: VerticalInputs, cfg: VerticalConfig) -> tuple[str, list[str
     return "healthy", ["all signals below their low marks"]
 
 
+def _ttft_only(signals: list[str]) -> bool:
+    """Whether the overload is replica-side TTFT alone (no TPOT, KV-cache or queue signal)."""
+    return all(s.startswith("ttft ") for s in signals)
+
+
 def decide(inputs: VerticalInputs, cfg: VerticalConfig = VerticalConfig()) -> VerticalDecision:
     if inputs.min_limit < 1 or inputs.min_limit > inputs.max_limit:
         raise ValueError("need 1 <= min_limit <= max_limit")
@@ -131,7 +144,8 @@ def decide(inputs: VerticalInputs, cfg: VerticalConfig = VerticalConfig()) -> Ve
     }
     max_change = max(1, math.floor(current * cfg.max_change_fraction))
     desired, reason = current, f"hold: {verdict} ({'; '.join(signals)})"
-    if verdict == "overload" and state.overload_streak >= cfg.overload_cycles:
+    needed = cfg.ttft_only_overload_cycles if verdict == "overload" and _ttft_only(signals) else cfg.overload_cycles
+    if verdict == "overload" and state.overload_streak >= needed:
         cut = min(current - math.floor(current * cfg.decrease_factor), max_change)
         desired = max(inputs.min_limit, current - max(1, cut))
         reason = f"decrease: {'; '.join(signals)}"

@@ -229,3 +229,16 @@ def test_demand_beyond_max_replicas_holds_with_that_reason():
     decision = decide(inputs(series([70] * 20), ready=4, max_replicas=4))
     assert (decision.current, decision.desired) == (4, 4)
     assert decision.reason == "hold: at max replicas (demand needs 10.00)"
+
+
+def test_a_scale_down_leaves_room_for_the_batch_to_grow_on_fewer_replicas():
+    # The 5-min peak needs 2.9 replicas of 4 (20.3 in flight at 7 a replica). Down to 3, each runs a larger batch,
+    # requests stay in flight longer and the demand rises past 3 × 1.1: a replica would be ordered back within
+    # minutes. With the default margin (15 %) it holds at 4...
+    decision = decide(inputs(series([20.3] * 300), ready=4))
+    assert decision.desired == 4 and decision.inputs["down_need"] == pytest.approx(2.9)
+    assert decide(inputs(series([20.3] * 300), ready=4), HorizontalConfig(scale_down_margin=0.0)).desired == 3
+    # ...and goes down to 3 once the peak needs 2.5 (2.5 × 1.15 = 2.875 fits 3)
+    assert decide(inputs(series([17.5] * 300), ready=4)).desired == 3
+    with pytest.raises(ValueError):
+        HorizontalConfig(scale_down_margin=1.0)

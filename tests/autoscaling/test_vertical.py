@@ -16,7 +16,8 @@ def run_cycles(n, limit=64, **signals):
 
 
 HEALTHY = dict(ttft_p95_ms=300, tpot_p95_ms=30, kv_usage=0.3, waiting_per_replica=0)
-OVERLOADED = dict(ttft_p95_ms=3000, tpot_p95_ms=30, kv_usage=0.3, waiting_per_replica=0)
+OVERLOADED = dict(ttft_p95_ms=300, tpot_p95_ms=130, kv_usage=0.3, waiting_per_replica=0)  # decode too slow
+TTFT_ONLY = dict(ttft_p95_ms=3000, tpot_p95_ms=30, kv_usage=0.3, waiting_per_replica=0)
 
 
 def test_an_overload_shorter_than_a_cold_start_does_not_move_the_limit():
@@ -24,6 +25,17 @@ def test_an_overload_shorter_than_a_cold_start_does_not_move_the_limit():
     assert first.desired == second.desired == 64 and second.reason.startswith("hold")
     # the third consecutive overloaded cycle (90 s) cuts fast: ×0.7, bounded to 30% per cycle
     assert third.desired == 45 and third.reason.startswith("decrease")
+
+
+def test_replica_ttft_alone_waits_out_a_backlog_handed_to_a_fresh_replica():
+    # A replica fresh from its cold start gets the proxy's backlog at once and its TTFT p95 is far over the SLO
+    # while decode, KV cache and its queue are fine: that is the horizontal axis catching up, not too many
+    # sequences. Three such cycles (90 s, shorter than a cold start) must not cut the limit...
+    assert [d.desired for d in run_cycles(7, **TTFT_ONLY)] == [64] * 7
+    # ...eight (4 min, longer than any cold start) do
+    assert run_cycles(8, **TTFT_ONLY)[-1].desired == 45
+    # and TTFT beside another signal is an overload like any other
+    assert run_cycles(3, ttft_p95_ms=3000, tpot_p95_ms=30, kv_usage=0.97)[-1].desired == 45
 
 
 def test_increase_is_slow_and_needs_three_healthy_cycles():
@@ -105,4 +117,11 @@ def test_increase_can_require_a_loaded_fleet():
 def test_a_quiet_fleet_does_not_raise_the_limit_by_default():
     # A night at one replica is "healthy" at any limit: by default that is no evidence for more sequences
     assert [d.desired for d in run_cycles(6, busy_fraction=0.05, **HEALTHY)] == [64] * 6
-    assert run_cycles(3, busy_fraction=0.6, **HEALTHY)[-1].desired == 72
+    assert run_cycles(3, busy_fraction=0.75, **HEALTHY)[-1].desired == 72
+
+
+def test_a_fleet_healthy_well_below_its_limit_does_not_raise_it():
+    # Replicas running 40 % of their limit, healthy, through a plateau hour: healthy at that batch says nothing of
+    # the limit, and the horizontal axis would shrink the fleet to run most of whatever the limit became (a
+    # real-length day walked it 64 -> 232 this way and missed the SLO all afternoon).
+    assert [d.desired for d in run_cycles(120, busy_fraction=0.4, **HEALTHY)] == [64] * 120
