@@ -259,14 +259,16 @@ def test_vertical_tick_cuts_the_limit_after_three_overloaded_cycles(clean_store,
     endpoint = tenant_a.endpoint
     Endpoint.objects.filter(pk=endpoint.pk).update(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
     replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=metrics_server.url, concurrency_limit=64)
-    metrics_server.running = 32  # half the limit in use: a loaded replica, whose health is evidence
+    metrics_server.running = 48  # three quarters of the limit in use: a loaded replica, whose health is evidence
     # Long ago the replica was fast: those counts must not count in today's p95 (the tick diffs scrapes)
     metrics_server.ttft = [1000, 0, 0, 0, 0, 0]
     metrics_server.tpot = [0, 1000, 0, 0, 0]
     first = ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-1")
     assert first.desired == 64 and first.inputs["verdict"] == "healthy"
-    # Now 40% of first tokens take 2.5–5 s: p95 TTFT 5 s against a 2 s SLO
+    # Now 40% of first tokens take 2.5–5 s: p95 TTFT 5 s against a 2 s SLO, and the KV cache is nearly full (TTFT
+    # alone would wait longer: docs/algorithms.md#vertical)
     metrics_server.ttft = [1060, 0, 0, 0, 40, 0]
+    metrics_server.kv = 0.95
     metrics_server.tpot = [0, 1100, 0, 0, 0]
     second = ticks.vertical_tick(endpoint_id=endpoint.pk, tick="v-2")
     # p95 interpolated in the (2.5, 5] s bucket as Prometheus does: 2.5 + 2.5 × (95 − 60) / 40
