@@ -27,6 +27,7 @@ from tests.engine.engine import INSTALL_HINT, engine_installed, launch_engine, s
 
 SERVED_MODEL_NAME = "tiny-llama"
 SECOND_MODEL = "tiny-llama-one-seq"
+EMBED_MODEL = "tiny-embed"
 KV_NUM_BLOCKS = 24
 # The second and the KV-events engines also serve LoRA adapters: two slots of rank up to 8, loaded at run time
 # (test_lora_real_engine)
@@ -80,6 +81,8 @@ def _specs() -> dict[str, tuple[EngineSpec, str]]:
             "",
         ),
         "kv_engine": _kv_engine_spec(),
+        # The tiny model as vLLM's pooling runner: /v1/embeddings (test_embeddings_real_engine)
+        "embed_engine": (EngineSpec(EMBED_MODEL, ("--runner", "pooling", "--enforce-eager")), ""),
     }
 
 
@@ -158,7 +161,7 @@ def engine_pool(request):
         pool.stop()
 
 
-_POOLED = ("engine", "second_engine", "kv_engine")
+_POOLED = ("engine", "second_engine", "kv_engine", "embed_engine")
 
 
 @pytest.fixture(scope="package")
@@ -171,6 +174,12 @@ def second_engine(engine_pool) -> Engine:
     """A second engine that runs one sequence at a time, under another model name, and serves LoRA adapters
     (``LORA_SLOTS`` of rank up to ``LORA_MAX_RANK``, loaded and unloaded at run time)."""
     return engine_pool.get("second_engine")
+
+
+@pytest.fixture(scope="package")
+def embed_engine(engine_pool) -> Engine:
+    """The tiny model served by vLLM's pooling runner (``--runner pooling``): /v1/embeddings, no completions."""
+    return engine_pool.get("embed_engine")
 
 
 @pytest.fixture(scope="package")
