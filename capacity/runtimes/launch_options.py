@@ -85,6 +85,7 @@ TENANT_LAUNCH_OPTIONS: dict[str, Callable[[object], str | None]] = {
     "max_loras": _whole(0, 256),
     "max_lora_rank": _choice(*LORA_RANKS),
     "lora_load_s": _number(0, 600),  # simulated replicas: seconds an adapter load takes
+    "runner": _choice("generate", "pooling"),  # vLLM's --runner: pooling serves /v1/embeddings
 }
 # Set by the platform alone, from the replica's role and the endpoint's kv_connector (docs/disaggregation.md): the
 # connector's configuration names directories and network peers, so no launch option may carry it.

@@ -65,6 +65,7 @@ def serve_command(
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
     kv_transfer_config: str | None = None,
+    runner: str | None = None,
 ) -> list[str]:
     """argv for ``vllm serve``, or with ``python`` for the API server module run by that interpreter (the same
     flags; the model goes in ``--model``); raises ValueError on options vLLM would refuse. With ``kv_events_port``
@@ -77,6 +78,8 @@ def serve_command(
         raise ValueError(f"port out of range: {port}")
     if scheduling_policy not in ("fcfs", "priority"):
         raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+    if runner not in (None, "generate", "pooling"):
+        raise ValueError("runner must be 'generate' or 'pooling'")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise ValueError("gpu_memory_utilization must be in (0, 1]")
     for name, value in (
@@ -98,6 +101,8 @@ def serve_command(
     argv += ["--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"]
     argv += ["--enable-prompt-tokens-details", "--enable-request-id-headers"]
     argv += ["--scheduling-policy", scheduling_policy]
+    if runner == "pooling":  # an embedding model: /v1/embeddings and no completions (docs/request-path.md)
+        argv += ["--runner", "pooling"]
     for flag, value in (
         ("--max-num-seqs", max_num_seqs),
         ("--max-num-batched-tokens", max_num_batched_tokens),

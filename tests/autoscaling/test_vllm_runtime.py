@@ -219,3 +219,22 @@ def test_an_operator_may_name_the_interpreter_per_endpoint_and_it_passes_the_arg
     with pytest.raises(ValueError, match="python"):
         replica_argv(endpoint, port=8001)
     assert tenant_launch_option_errors({"python": "/x"}) == ["only operators may set python"]
+
+
+@pytest.mark.django_db
+def test_an_embedding_endpoint_launches_the_pooling_runner():
+    pooling = vllm.serve_command(model="m", port=8001, runner="pooling")
+    assert pooling[pooling.index("--runner") + 1] == "pooling"
+    assert "--runner" not in vllm.serve_command(model="m", port=8001)  # vLLM's own default: generate
+    with pytest.raises(ValueError):
+        vllm.serve_command(model="m", port=8001, runner="embed; rm -rf /")
+    assert tenant_launch_option_errors({"runner": "pooling"}) == []
+    assert tenant_launch_option_errors({"runner": "transcription"})
+    endpoint = Endpoint(
+        name="e", model_profile=ModelProfileFactory(), runtime="vllm", launch_options={"runner": "pooling"}
+    )
+    argv = replica_argv(endpoint, port=9000)
+    assert argv[argv.index("--runner") + 1] == "pooling"
+    sim = Endpoint(name="e", model_profile=endpoint.model_profile, runtime="sim", launch_options={"runner": "pooling"})
+    sim_argv = replica_argv(sim, port=9000)
+    assert sim_argv[sim_argv.index("--runner") + 1] == "pooling"

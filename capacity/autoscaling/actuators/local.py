@@ -157,6 +157,8 @@ def replica_argv(
     if options.get("profile"):
         argv += ["--profile", argv_value("profile", options["profile"])]
     argv += ["--speed", argv_value("speed", float(options.get("speed", 1.0)))]
+    if options.get("runner"):
+        argv += ["--runner", argv_value("runner", options["runner"])]
     slots, rank = endpoint.lora  # the simulator serves adapters as vLLM does with --enable-lora (docs/lora.md)
     if slots:
         argv += ["--max-loras", str(slots), "--max-lora-rank", str(rank)]
