@@ -90,17 +90,25 @@ def _targets(webhook: Webhook) -> list[tuple[httpx.URL, dict[str, str], dict]]:
 
 def _send(client: httpx.Client, notification: AlertNotification) -> str | None:
     """POST one notification; returns None on a 2xx answer, else the error to record."""
-    body = json.dumps(alert_payload(notification.alert, notification.event), sort_keys=True).encode()
+    payload = alert_payload(notification.alert, notification.event)
+    # Receivers can drop a retry of something they already processed (the Idempotency-Key).
+    return post_event(
+        client, notification.webhook, payload, idempotency_key=f"infercap-notification-{notification.id}"
+    )
+
+
+def post_event(client: httpx.Client, webhook: Webhook, payload: dict, *, idempotency_key: str) -> str | None:
+    """POST one signed JSON event to ``webhook`` through the egress checks; None on a 2xx answer, else the error."""
+    body = json.dumps(payload, sort_keys=True).encode()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "infercap-alerts/1",
-        # Receivers can drop a retry of something they already processed.
-        "Idempotency-Key": f"infercap-notification-{notification.id}",
+        "Idempotency-Key": idempotency_key,
     }
-    if notification.webhook.secret:
-        headers["X-Infercap-Signature"] = sign(notification.webhook.secret, body)
+    if webhook.secret:
+        headers["X-Infercap-Signature"] = sign(webhook.secret, body)
     try:
-        targets = _targets(notification.webhook)
+        targets = _targets(webhook)
     except (egress.EgressRefused, httpx.InvalidURL, OSError, UnicodeError) as exc:
         return f"refused: {exc}"[:500]
     error = "no address"

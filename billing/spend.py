@@ -4,7 +4,7 @@ Spend is the MU the usage records hold, priced at the usage rate (``statements.p
 1,000 MU), over the budget's period: the key's UTC day or month, the tenant's month. The proxies count the same
 figure in Redis as they serve (``gateway.proxy.budgets``); ``budget_counters_sync`` (every minute) raises each
 counter to what the records say, so a counter Redis lost is back within a minute, and raises a tenant's soft alert
-(an audit entry, once a month) when its spend passes ``budget_alert_fraction`` of its budget.
+(an audit entry and its webhooks, once a month) when its spend passes ``budget_alert_fraction`` of its budget.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import httpx
 import redis
 from django.conf import settings
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from billing.models import UsageRecord
+from billing.models import UsageRecord, Webhook
+from billing.notifiers import TIMEOUT_S, post_event
 from billing.statements import prices
 from tenants.models import ApiKey, AuditEntry, BudgetPeriod, Tenant
 from tenants.services import audit_log
@@ -112,7 +114,7 @@ def tenant_spend_usd(tenant_ids, *, now: datetime | None = None) -> dict[int, fl
     return {row["tenant_id"]: (row["mu"] or 0.0) * rate for row in rows}
 
 
-def budget_counters_sync(*, now: datetime | None = None, client=None) -> dict:
+def budget_counters_sync(*, now: datetime | None = None, client=None, http: httpx.Client | None = None) -> dict:
     """Raise every budgeted key's and hard-stopped tenant's Redis counter to the records' spend, and raise each
     tenant's soft alert once a month when its spend passes the alert fraction. Returns what it did."""
     now = now or timezone.now()
@@ -138,21 +140,38 @@ def budget_counters_sync(*, now: datetime | None = None, client=None) -> dict:
             )
             synced += 1
         if spend >= tenant.budget_alert_fraction * tenant.budget_usd and _not_alerted(tenant, now):
-            audit_log(
-                actor=None,
-                action=ALERT_ACTION,
-                obj=tenant,
-                tenant=tenant,
-                detail={
-                    "month": period_label("month", now),
-                    "spend_usd": round(spend, 2),
-                    "budget_usd": tenant.budget_usd,
-                    "fraction": tenant.budget_alert_fraction,
-                    "hard_stop": tenant.budget_hard_stop,
-                },
-            )
+            detail = {
+                "month": period_label("month", now),
+                "spend_usd": round(spend, 2),
+                "budget_usd": tenant.budget_usd,
+                "fraction": tenant.budget_alert_fraction,
+                "hard_stop": tenant.budget_hard_stop,
+            }
+            detail["deliveries"] = budget_alert_deliver(tenant, detail, http=http)
+            audit_log(actor=None, action=ALERT_ACTION, obj=tenant, tenant=tenant, detail=detail)
             alerted.append(tenant.slug)
     return {"counters": synced, "alerted": alerted}
+
+
+def budget_alert_deliver(tenant: Tenant, detail: dict, *, http: httpx.Client | None = None) -> dict[str, str]:
+    """POST the soft alert to the tenant's enabled webhooks and the operators' (severity ``ticket``), signed and
+    through the egress checks as SLO alerts are (``notifiers.post_event``); one attempt each, whose outcome the
+    audit entry keeps (webhook name → "sent" or the error)."""
+    hooks = Webhook.objects.filter(enabled=True).filter(Q(tenant=tenant) | Q(tenant__isnull=True))
+    payload = {"event": "budget_alert", "tenant": tenant.slug, **detail}
+    client = http or httpx.Client(timeout=TIMEOUT_S, follow_redirects=False)
+    outcomes = {}
+    try:
+        for hook in hooks:
+            if hook.severities and "ticket" not in hook.severities:
+                continue
+            key = f"infercap-budget-{tenant.pk}-{detail['month']}-{hook.pk}"
+            error = post_event(client, hook, payload, idempotency_key=key)
+            outcomes[hook.name] = "sent" if error is None else error
+    finally:
+        if http is None:
+            client.close()
+    return outcomes
 
 
 def _not_alerted(tenant: Tenant, now: datetime) -> bool:

@@ -3,12 +3,16 @@ with field errors for nonsense; a key minting or changing keys gives no more tha
 period, for its own tenant only; tenants' budgets are the operators'; the minute's sync raises the proxies' Redis
 counters to the records' spend and raises a tenant's soft alert once a month."""
 
+import json
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.models import Webhook
+from billing.notifiers import sign
 from billing.spend import budget_counters_sync, usd_per_mu
 from tenants.models import ApiKey, AuditEntry, Tenant
 from tests.factories import UsageRecordFactory
@@ -132,10 +136,28 @@ def test_the_sync_raises_counters_to_the_records_and_alerts_once(world, clean_re
     UsageRecordFactory(tenant=world.a.tenant, endpoint=world.a.endpoint, api_key=key, mu=1000.0, finished_at=now)
     month = f"{now.astimezone(UTC):%Y-%m}"
     clean_redis.set(f"infercap:spend:tenant:{world.a.tenant.pk}:{month}", "999")  # counted ahead of the records
-    done = budget_counters_sync(now=now, client=clean_redis)
+    received = []
+
+    def hook(request):
+        received.append((request.headers.get("X-Infercap-Signature"), json.loads(request.content)))
+        return httpx.Response(204)
+
+    Webhook.objects.create(name="ops", url="http://127.0.0.1:9/hooks", secret="s3")  # the operators' own
+    Webhook.objects.create(name="a-internal", url="http://127.0.0.1:9/a", tenant=world.a.tenant)  # SSRF: refused
+    Webhook.objects.create(name="b-hook", url="http://127.0.0.1:9/b", tenant=world.b.tenant)  # not A's business
+    http = httpx.Client(transport=httpx.MockTransport(hook))
+    done = budget_counters_sync(now=now, client=clean_redis, http=http)
     assert done["alerted"] == [world.a.tenant.slug] and done["counters"] == 2
     assert float(clean_redis.get(f"infercap:spend:key:{key.pk}:{month}")) == pytest.approx(1000.0 * usd_per_mu())
     assert float(clean_redis.get(f"infercap:spend:tenant:{world.a.tenant.pk}:{month}")) == 999.0  # never lowered
     entry = AuditEntry.objects.get(action="tenant.budget_alert")
     assert entry.tenant_id == world.a.tenant.pk and entry.detail["hard_stop"] is True
-    assert budget_counters_sync(now=now, client=clean_redis)["alerted"] == []  # once a month
+    [(signature, payload)] = received  # the operators' hook only
+    assert payload["event"] == "budget_alert" and payload["tenant"] == world.a.tenant.slug
+    assert signature == sign("s3", json.dumps(payload, sort_keys=True).encode())
+    assert entry.detail["deliveries"]["ops"] == "sent" and entry.detail["deliveries"]["a-internal"].startswith(
+        "refused"
+    )
+    assert "b-hook" not in entry.detail["deliveries"]
+    assert budget_counters_sync(now=now, client=clean_redis, http=http)["alerted"] == []  # once a month
+    assert len(received) == 1
