@@ -40,6 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 from django.core.management.base import CommandError
 
 from benchmarks import protocol
+from benchmarks.capacity import autoscale_day
 from benchmarks.capacity import autoscale_runs as runs
 from benchmarks.capacity.autoscale_runs import SLO_TARGET, DayInput, Spec
 from benchmarks.capacity.baselines import fit_schedule
@@ -79,6 +80,8 @@ def options(quick: bool, opts: dict) -> dict:
         "warm_pool": 0,  # stand-bys every main row runs with
         "frontier_warm_pool": 2,  # stand-bys of each policy's warm-pool point on the frontier
         "jobs": max(1, min(8, (os.cpu_count() or 1) - 1)),
+        "day": "",  # one test day by name (weekday-5): infercap and the oracle on it alone (autoscale_day)
+        "target_utilization": 0.75,  # infercap's in the one-day mode (docs/experiments/autoscaling.md, 2026-12-06)
     }
     for key, value in opts.items():
         if key not in o:
@@ -122,7 +125,7 @@ def _grids(quick: bool) -> dict:
         hpa += [("scale_down", [(20.0, 60.0)]), ("stabilization_s", [120.0])]
         kpa += [("stable_window_s", [180.0]), ("panic_threshold", [1.5])]
     # Ours is tuned the same way, on the same history days.
-    ours = [("target_utilization", [0.85])]
+    ours = [("target_utilization", [0.85] if quick else [0.75, 0.85])]
     if not quick:
         ours += [("scale_down_fraction", [0.5]), ("demand_signal", ["queue"])]
     return {"hpa": hpa, "kpa": kpa, "infercap": ours}
@@ -285,6 +288,8 @@ def run(
             )
     started = time.perf_counter()
     o = options(quick, opts)
+    if o["day"]:  # one real-length training day (autoscale_day)
+        return autoscale_day.run_one_day(o, build_days, progress, held_out=held_out)
     seeds = trace_seeds(quick, o, held_out=held_out)
     block = "held_out" if held_out else "training"
     runner, history_days, test_days, static_n, w = _prepare(o, seeds, progress)

@@ -33,6 +33,7 @@ REFERENCE = (960, 715)
 # The model profile's default MU coefficients (capacity.models.ModelProfile).
 COEFFS = MUCoefficients(alpha=0.001, alpha_cached=0.0001, beta=0.01, gamma=0.05, mu_per_min=1000.0)
 BASE_LIMIT = 64  # the baselines' fixed per-replica concurrency (and ours' starting limit)
+PROXY_WAIT_S = 1.0  # a TTFT miss that waited this long at the proxy: no replica had a free concurrency slot
 
 
 @dataclass(frozen=True)
@@ -196,14 +197,19 @@ def sim_requests(requests: list):
         )
 
 
-def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: dict) -> dict:
-    """One run: the figures of ``spec`` over ``day``'s scored period [0, period)."""
+def run_day(
+    spec: Spec, day: DayInput, *, profile, max_replicas: int, context: dict, progress=None, detail: bool = False
+) -> dict:
+    """One run: the figures of ``spec`` over ``day``'s scored period [0, period). ``progress(t)`` is called every
+    simulated hour; ``detail`` adds ``misses_by_hour``."""
     started = time.perf_counter()
     seed = day.seed
     policy = build_policy(spec, day, profile=profile, max_replicas=max_replicas, context=context)
-    scaler = EngineSimAutoscaler(
+    scaler = (_ReportingAutoscaler if progress else EngineSimAutoscaler)(
         policy, cold_start_s=day.cold_start_s, seed=seed, warm_pool=spec.warm_pool, warm_start_s=day.warm_start_s
     )
+    if progress:
+        scaler.progress = progress
     initial = spec.knob("replicas", 1) if spec.policy == "static" else 1
     sim = Simulation(
         router=LeastRequestRouter(seed=seed),
@@ -226,7 +232,7 @@ def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: d
     )
     gpu_s += scaler.standby_gpu_s(start=0.0, end=period)
     decisions = getattr(policy, "decisions", [])
-    return {
+    row = {
         "spec": spec.label(),
         "day": day.name,
         "gpu_hours": gpu_s / 3600.0,
@@ -240,6 +246,46 @@ def run_day(spec: Spec, day: DayInput, *, profile, max_replicas: int, context: d
         "reasons": _reason_counts(decisions),
         "wall_s": round(time.perf_counter() - started, 2),
     }
+    if detail:
+        row["misses_by_hour"] = misses_by_hour(scored, period)
+    return row
+
+
+class _ReportingAutoscaler(EngineSimAutoscaler):
+    """The adapter, calling ``progress(t)`` once every simulated hour (a real-length day runs for minutes)."""
+
+    progress = None
+    next_report_s = 3600.0
+
+    def tick(self, fleet, actions, now: float) -> None:
+        super().tick(fleet, actions, now)
+        if now >= self.next_report_s:
+            self.next_report_s += 3600.0
+            self.progress(now)
+
+
+def misses_by_hour(scored: list, period_s: float) -> list[dict]:
+    """Per hour of the day (a 24th of the period, at any time scale): requests, misses, which SLO each broke,
+    whether a TTFT miss waited at the proxy, rejections."""
+    hours, length = 24, period_s / 24
+    out = [
+        {"hour": h, "requests": 0, "miss": 0, "ttft": 0, "tpot": 0, "proxy_wait": 0, "rejected": 0}
+        for h in range(hours)
+    ]
+    for r in scored:
+        h = out[min(hours - 1, max(0, int(r.arrival_s // length)))]
+        h["requests"] += 1
+        if r.status != "ok":
+            h["miss"] += 1
+            h["rejected"] += r.status == "rejected"
+            continue
+        ttft, tpot = r.ttft_s > SLO["ttft_s"], (r.tpot_s or 0.0) > SLO["tpot_s"]
+        if ttft or tpot:
+            h["miss"] += 1
+            h["ttft"] += ttft
+            h["tpot"] += tpot
+            h["proxy_wait"] += ttft and r.dispatch_s is not None and r.dispatch_s - r.arrival_s >= PROXY_WAIT_S
+    return out
 
 
 def _reason_counts(decisions: list) -> dict:

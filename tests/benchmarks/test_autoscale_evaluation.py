@@ -316,3 +316,26 @@ def test_equal_attainment_interpolates_the_policys_own_frontier():
     # below the cheapest point: that point, flagged
     below = cost_at_attainment(frontier, 0.5)
     assert below["reached"] and below["gpu_hours"] == 10 and below["cheapest_point_above"]
+
+
+def test_one_day_mode_runs_infercap_and_the_oracle_on_one_training_day_and_says_where_it_missed():
+    lines = []
+    small = {"time_scale": "72", "peak_rps": "1", "history_days": "2", "test_days": "weekday", "jobs": "1"}
+    figures = autoscale.run(quick=False, progress=lines.append, day="weekday-2", seeds="2", **small)
+    day = figures["one_day"]
+    assert (day["seed"], day["day"], day["day_length_s"]) == (2, "weekday-2", 1200.0)
+    ours, oracle = day["policies"]["infercap"], day["policies"]["oracle"]
+    assert ours["spec"] == "infercap(target_utilization=0.75)" and oracle["spec"].startswith("oracle(")
+    assert day["gpu_hours_vs_oracle"] == pytest.approx(ours["gpu_hours"] / oracle["gpu_hours"], abs=1e-3)
+    hours = ours["misses_by_hour"]
+    assert len(hours) == 24 and sum(h["requests"] for h in hours) == day["requests"]
+    missed = sum(h["miss"] for h in hours)
+    assert missed == round((1 - ours["slo_attainment"]) * day["requests"])
+    assert all(h["ttft"] + h["tpot"] + h["rejected"] >= h["miss"] >= h["proxy_wait"] for h in hours)
+    assert any("simulating" in line for line in lines)
+    with pytest.raises(CommandError):  # training seeds only, one at a time, a day the seed has
+        autoscale.run(quick=False, progress=lines.append, day="weekday-2", seeds="2001", **small)
+    with pytest.raises(CommandError):
+        autoscale.run(quick=False, progress=lines.append, day="weekday-9", seeds="2", **small)
+    with pytest.raises(CommandError):
+        autoscale.run(quick=False, progress=lines.append, day="weekday-2", held_out=True, **small)
