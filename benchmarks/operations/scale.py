@@ -92,6 +92,7 @@ SMOKE = {
     "console_fleet": "2,4,8",
 }
 RATE_GOAL = 20_000  # usage records per second
+BURN_GOAL_ROWS = 100_000_000
 SNAPSHOT_MB_GOAL = 200
 LOOKUP_FLAT = 1.5  # the largest size's look-up over the smallest's
 LOOKUP_ADDED_S = 10e-6
@@ -170,6 +171,9 @@ def _judge(name: str, loop: Loop, sizes: list[int], results: list[dict], progres
         out[f"{prefix}.goal_size"] = sizes[-1]  # the rate must hold at every size measured
         out[f"{prefix}.goal_judged"] = "measured, records per CPU-second"
         out[f"{prefix}.breaks_at"] = None  # a rate, not a size: the writer's rate holds or it does not
+    if name == "burn_tick" and results[-1]["rows"] < BURN_GOAL_ROWS:
+        # The goal's 10,000 SLOs measured over fewer rows than its 100 M: say so rather than "measured".
+        out[f"{prefix}.goal_judged"] = f"{judged} over {results[-1]['rows']:,} rows (the goal's: 100 M), CPU seconds"
     if name == "snapshot_build":
         memory = [r["memory_mb"] for r in results]
         memory_k = growth_exponent(sizes, memory)

@@ -92,3 +92,11 @@ def test_the_snapshot_goal_needs_its_memory_too_and_the_look_up_must_stay_flat()
     assert _lookup(sizes, cache_misses, lambda message: None)["scale.key_lookup.goal_met"]
     growing = [dict(heavy[0]), dict(heavy[1], lookup_us=40.0)]
     assert not _lookup(sizes, growing, lambda message: None)["scale.key_lookup.goal_met"]
+
+
+def test_the_burn_tick_says_when_its_goal_size_had_fewer_rows_than_the_goal():
+    loop = LOOPS["burn_tick"]
+    results = [{"seconds": n / 1_000, "cpu_s": n / 2_000, "rows": n * 100} for n in (100, 1_000, 10_000)]
+    out = _judge("burn_tick", loop, [100, 1_000, 10_000], results, lambda message: None)
+    assert out["scale.burn_tick.goal_judged"] == "measured over 1,000,000 rows (the goal's: 100 M), CPU seconds"
+    assert out["scale.burn_tick.at_goal"] == 5.0 and out["scale.burn_tick.goal_met"]
