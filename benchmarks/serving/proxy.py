@@ -34,14 +34,21 @@ this process that answers 200 and counts them, as a collector would) joins the o
 on and off see the same replica and background load, request by request; the ``streams_1`` row then has a
 ``tracing`` entry and the result a top-level ``tracing_added_ttft_p50_ms`` (traced − untraced proxy TTFT p50, ms,
 with its 95% bootstrap interval) and the batches and bytes the sink received. Only level 1 uses it.
+
+``--opt profile=FILE``: the proxy worker runs under cProfile (``INFERCAP_PROXY_PROFILE``,
+``gateway/proxy/profiling.py``) and writes FILE as it exits; the bench prints and returns each module's share of
+the worker's CPU time (``profile.by_module``: the request path's stages are its files) and writes the sorted
+listing to FILE.txt. The profiler slows the worker, so a profiled run's latency figures are not the proxy's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import os
+import pstats
 import random
 import secrets
 import threading
@@ -394,6 +401,7 @@ class _Options:
     ramp_s: float
     proxy_log: str
     tracing: bool = False
+    profile: str = ""  # --opt profile=FILE: the proxy worker's cProfile stats (gateway/proxy/profiling.py)
 
     @classmethod
     def parse(cls, opts: dict, *, quick: bool) -> _Options:
@@ -414,6 +422,7 @@ class _Options:
             ramp_s=float(opts.get("ramp_s", 1.0)),
             proxy_log=opts.get("proxy_log", os.devnull),
             tracing=str(opts.get("tracing", "0")) in ("1", "true", "yes"),
+            profile=str(opts.get("profile", "")),
         )
 
     def tokens_for(self, level: int) -> int:
@@ -469,9 +478,41 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
     finally:
         group.kill_all()  # first: a failing clean-up below must not leave the processes running
         Replica.objects.filter(endpoint__name=ENDPOINT).delete()  # their processes are gone
+    if options.profile:
+        results["profile"] = profile_summary(options.profile, progress=progress)
     if plot:
         _svg(results, plot)
     return results
+
+
+def profile_summary(path: str, *, progress=print, top: int = 15) -> dict:
+    """The proxy worker's profile (written as it exited) summed per module, the request path's stages by file:
+    where its CPU time goes (under the profiler, which slows every call: shares, not costs). The sorted listing is
+    written beside it as FILE.txt."""
+    stats = pstats.Stats(path)
+    by_module: dict[str, float] = {}
+    for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():
+        by_module[_module_of(filename)] = by_module.get(_module_of(filename), 0.0) + tottime
+    total = sum(by_module.values()) or 1.0
+    listing = io.StringIO()
+    pstats.Stats(path, stream=listing).sort_stats("tottime").print_stats(60)
+    with open(path + ".txt", "w") as out:
+        out.write(listing.getvalue())
+    ranked = sorted(by_module.items(), key=lambda kv: -kv[1])[:top]
+    for name, seconds in ranked:
+        progress(f"profile: {name:<40} {seconds:8.3f} s  {seconds / total:6.1%}")
+    return {"file": path, "total_s": round(total, 3), "by_module": {k: round(v / total, 4) for k, v in ranked}}
+
+
+def _module_of(filename: str) -> str:
+    """``gateway/proxy/relay.py`` for the platform's files, the package for a library's, ``~`` for built-ins."""
+    parts = filename.replace("\\", "/").split("/")
+    for anchor in ("gateway", "billing", "capacity", "config", "tenants", "endpoints"):
+        if anchor in parts and "site-packages" not in parts:
+            return "/".join(parts[parts.index(anchor) :])
+    if "site-packages" in parts:
+        return parts[parts.index("site-packages") + 1]
+    return parts[-1] if filename not in ("~", "") else "~ (built-ins)"
 
 
 def _start(group: ProcessGroup, options: _Options) -> _Paths:
@@ -503,9 +544,10 @@ def _start(group: ProcessGroup, options: _Options) -> _Paths:
         DJANGO_SECURE_SSL_REDIRECT="0",
         INFERCAP_QUIET="1",
     )
+    profiled = {"INFERCAP_PROXY_PROFILE": os.path.abspath(options.profile)} if options.profile else {}
     proxy = group.spawn(
         uvicorn_argv("config.asgi:application", proxy_port),
-        env=proxy_env,
+        env={**proxy_env, **profiled},
         port=proxy_port,
         stderr=options.proxy_log,
         timeout=60,

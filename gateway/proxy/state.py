@@ -28,6 +28,7 @@ from billing.statements import prices
 from endpoints.config_version import VERSION_CHANNEL, VERSION_KEY
 from gateway.admission.shares import Member, allocate, fair_share
 from gateway.metrics_scraper import MetricsScraper
+from gateway.proxy import profiling
 from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
@@ -177,6 +178,9 @@ class ProxyState:
         self.limiter = RateLimiter(self.redis, fail_mode=self.config.rate_limit_fail_mode)
         # Spend is MU at the usage (overage) price, the rate a statement charges beyond a reservation.
         self.budgets = Budgets(self.redis, usd_per_mu=prices()[1] / 1000.0, spawn=self.spawn)
+        profile = profiling.start_from_env()  # INFERCAP_PROXY_PROFILE: an operator's CPU profile of this worker
+        if profile is not None:
+            self._tasks.append(loop.create_task(profiling.keep_writing(profile), name="proxy-profile"))
         # The snapshot first: if the database is unreachable this raises before anything else is started.
         version = await self._read_version()
         self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
