@@ -59,6 +59,7 @@ class _Session:
     """A replica that answers every request at once with a two-chunk stream."""
 
     async def post(self, url, *, data, headers, timeout):
+        url = str(url)  # the proxy hands aiohttp a parsed yarl.URL
         return _Response()
 
 

@@ -28,7 +28,7 @@ from gateway.admission import ENGINE_PRIORITY
 from gateway.proxy import metrics as m
 from gateway.proxy.isolation import STRIPPED_FIELDS
 from gateway.proxy.prefill_pool import CLASS_KEY, STANDARD_CLASS, PrefillSlot, prefill_pool
-from gateway.proxy.relay import PriorityRefused, UpstreamFailed
+from gateway.proxy.relay import PriorityRefused, UpstreamFailed, upstream_url
 from gateway.proxy.request import ParsedRequest
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.proxy.stages import UPSTREAM_PATH
@@ -127,7 +127,7 @@ async def call_prefill(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
     async with asyncio.timeout(timeout_s):
         try:
-            resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
+            resp = await session.post(upstream_url(url), data=payload, headers=headers, timeout=timeout)
             async with resp:
                 body = await resp.read()
         except (aiohttp.ClientError, OSError) as exc:

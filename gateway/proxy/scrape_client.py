@@ -12,6 +12,8 @@ from __future__ import annotations
 import aiohttp
 import httpx
 
+from gateway.proxy.relay import upstream_url
+
 
 class _Response:
     __slots__ = ("status_code", "content", "url")
@@ -42,7 +44,7 @@ class AiohttpScrapeClient:
                 skip_auto_headers=("User-Agent",),
             )
         try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with self._session.get(upstream_url(url), timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 return _Response(resp.status, await resp.read(), url)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # The scraper counts httpx errors as failed scrapes (the replica's snapshot just ages).

@@ -104,6 +104,7 @@ class Engine:
         self.loaded, self.calls = set(loaded), []
 
     async def post(self, url, *, data, headers, timeout):
+        url = str(url)  # the proxy hands aiohttp a parsed yarl.URL
         body = json.loads(data)
         path = "/v1/" + url.split("/v1/", 1)[1]
         self.calls.append((path, body.get("lora_name") or body.get("model")))

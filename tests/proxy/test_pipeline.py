@@ -34,6 +34,7 @@ class Session:
         self.by_url, self.posted = by_url, []
 
     async def post(self, url, *, data, headers, timeout):
+        url = str(url)  # the proxy hands aiohttp a parsed yarl.URL
         self.posted.append((url, json.loads(data), headers))
         return self.by_url[url.split("/v1/")[0]]()
 

@@ -58,6 +58,7 @@ class Session:
         self.response, self.posted = response, []
 
     async def post(self, url, *, data, headers, timeout):
+        url = str(url)  # the proxy hands aiohttp a parsed yarl.URL
         self.posted.append((url, data))
         if isinstance(self.response, Exception):
             raise self.response
