@@ -72,25 +72,18 @@ def serve_command(
     the engine publishes its KV-cache events there (ZMQ PUB on ``host``, ``kv_events_config``), unless
     ``extra_args`` already configure them. ``kv_transfer_config`` (``kv_transfer_config()``: a prefill or decode
     replica's connector, set by the platform) may not meet another in ``extra_args``."""
-    if not model:
-        raise ValueError("model is required")
-    if not 0 < int(port) < 65536:
-        raise ValueError(f"port out of range: {port}")
-    if scheduling_policy not in ("fcfs", "priority"):
-        raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
-    if runner not in (None, "generate", "pooling"):
-        raise ValueError("runner must be 'generate' or 'pooling'")
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise ValueError("gpu_memory_utilization must be in (0, 1]")
-    for name, value in (
-        ("max_num_seqs", max_num_seqs),
-        ("max_num_batched_tokens", max_num_batched_tokens),
-        ("max_model_len", max_model_len),
-        ("tensor_parallel_size", tensor_parallel_size),
-        ("block_size", block_size),
-    ):
-        if value is not None and int(value) < 1:
-            raise ValueError(f"{name} must be a positive integer")
+    _check_serve_options(
+        model=model,
+        port=port,
+        scheduling_policy=scheduling_policy,
+        runner=runner,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        block_size=block_size,
+    )
     if python:
         argv = [python, "-m", API_SERVER_MODULE, "--model", model]
     else:
@@ -131,6 +124,23 @@ def serve_command(
 
 
 KV_EVENTS_TOPIC = "kv"
+
+
+def _check_serve_options(*, model, port, scheduling_policy, runner, gpu_memory_utilization, **counts) -> None:
+    """``serve_command``'s refusals: what vLLM would refuse, before a process is started."""
+    if not model:
+        raise ValueError("model is required")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"port out of range: {port}")
+    if scheduling_policy not in ("fcfs", "priority"):
+        raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+    if runner not in (None, "generate", "pooling"):
+        raise ValueError("runner must be 'generate' or 'pooling'")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise ValueError("gpu_memory_utilization must be in (0, 1]")
+    for name, value in counts.items():
+        if value is not None and int(value) < 1:
+            raise ValueError(f"{name} must be a positive integer")
 
 
 def kv_events_config(host: str, port: int) -> str:
