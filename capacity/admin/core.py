@@ -17,6 +17,8 @@ class HardwareProfileAdmin(OperatorAdmin):
         "usd_per_gpu_hour",
         "capacity_type",
         "max_replicas",
+        "gpus_per_node",
+        "interconnect_domain_gpus",
     ]
     list_filter = ["gpu_type", "gpus_per_replica", "capacity_type"]
     search_fields = ["name", "gpu_type"]

@@ -8,13 +8,23 @@ from tenants.api.base import WRITE, ScopedModelViewSet
 
 
 class HardwareProfileSerializer(serializers.ModelSerializer):
+    replica_fit = serializers.SerializerMethodField(
+        help_text="whether a replica of gpus_per_replica fits one interconnect domain, on how many nodes, and why "
+        "(docs/placement.md)"
+    )
+
     class Meta:
         model = HardwareProfile
         fields = [
             "id", "name", "gpu_type", "gpus_per_replica", "gpu_memory_gb", "memory_bandwidth_gbps", "usd_per_gpu_hour",
-            "capacity_type", "max_replicas", "kv_link_gbps",
+            "capacity_type", "max_replicas", "kv_link_gbps", "gpus_per_node", "interconnect_domain_gpus",
+            "domain_node_label", "replica_fit",
         ]  # fmt: skip
-        read_only_fields = ["id"]
+        read_only_fields = ["id", "replica_fit"]
+
+    def get_replica_fit(self, obj: HardwareProfile) -> dict:
+        fit = obj.replica_fit()
+        return {"fits": fit.fits, "nodes": fit.nodes, "reason": fit.reason}
 
 
 class ModelProfileSerializer(serializers.ModelSerializer):

@@ -75,3 +75,28 @@ class TestCapacityBenchmarks(APIResourceCase):
         response = client.post(self.run_url(), {"endpoint": world.a.endpoint.pk, "replica": replica.pk}, format="json")
         assert response.status_code == 400 and "replica" in response.json(), response.content
         assert client.post(self.run_url(), {"endpoint": 10**9}, format="json").json().keys() == {"endpoint"}
+
+
+def test_hardware_profiles_say_their_shape_and_refuse_an_impossible_one(world):
+    from django.urls import reverse
+
+    url = reverse("hardware-profile-list")
+    body = {
+        "name": "nvl72-b200",
+        "gpu_type": "B200",
+        "gpus_per_replica": 16,
+        "gpu_memory_gb": 180,
+        "memory_bandwidth_gbps": 8000,
+        "gpus_per_node": 4,
+        "interconnect_domain_gpus": 72,
+        "domain_node_label": "nvidia.com/gpu.clique",
+    }
+    created = world.client("operator").post(url, body, format="json")
+    assert created.status_code == 201, created.content
+    fit = created.json()["replica_fit"]
+    assert fit["fits"] is True and fit["nodes"] == 4  # 16 GPUs as equal shares of four 4-GPU nodes in the rack
+    bad = world.client("operator").post(
+        url, {**body, "name": "odd", "gpus_per_node": 8, "interconnect_domain_gpus": 3}, format="json"
+    )
+    assert bad.status_code == 400 and "interconnect_domain_gpus" in bad.json()
+    assert world.client("a_admin").post(url, {**body, "name": "mine"}, format="json").status_code == 403
