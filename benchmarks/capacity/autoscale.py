@@ -13,6 +13,8 @@ Azure day has the Azure LLM inference trace's published length medians and burst
 Seeds follow benchmarks/protocol.py: a plain run uses training trace seeds (``--opt seeds=1,2``, training seeds only;
 quick: the first, full: all) and prints its figures under ``training``; ``--held-out`` runs the held-out seeds, prints
 them under ``held_out`` and the command logs the look. Each seed brings its own history and test days.
+``--opt day=weekday-5 --opt seeds=N`` runs infercap and the oracle alone on that one test day of one training seed
+(``autoscale_day``: a real-length day in minutes, with where the misses fall).
 
 What learns, learns on history only: HPA-like, KPA-like and ours are tuned on each seed's two most recent history
 days by a coordinate search over their knobs (``autoscale.better``: meet the 99% SLO target at the least cost, else
