@@ -28,12 +28,15 @@ class KeySpendSerializer(serializers.Serializer):
 class KeySpendView(GenericAPIView):
     serializer_class = KeySpendSerializer
 
+    def get_queryset(self):
+        return api_keys_visible_to(self.request.user).order_by("pk")
+
     @extend_schema(
         parameters=[OpenApiParameter("api_key", OpenApiTypes.INT, description="one key's id")],
         responses=KeySpendSerializer(many=True),
     )
     def get(self, request):
-        keys = api_keys_visible_to(request.user).order_by("pk")
+        keys = self.get_queryset()
         wanted = request.query_params.get("api_key")
         if wanted is not None:
             if not wanted.isdigit():

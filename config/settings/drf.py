@@ -51,6 +51,8 @@ SPECTACULAR_SETTINGS = {
         "OperatorTokenScopeEnum": "tenants.models.OperatorTokenScope",
         "ScopesEnum": "tenants.models.ApiKeyScope",  # its name before operator tokens had scopes too
         "ReplicaStateEnum": "endpoints.models.ReplicaState",
+        "ReplicaRoleEnum": "endpoints.models.ReplicaRole",  # a replica's pool (not a user's role)
+        "UserRoleEnum": "tenants.models.Role",
         "RolloutStateEnum": "endpoints.models.RolloutState",
     },
 }
