@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from capacity.runtimes.processes import child_django_env, processes_marked, stop_marked
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "INFERCAP_TEST_ORPHAN_MARK"
@@ -21,7 +22,8 @@ def test_a_marked_process_reparented_to_init_is_found_and_stopped():
     mark = f"{MARK}={uuid.uuid4().hex}"
     # The shell starts a sleeper in the background and exits: the sleeper's parent is no longer us.
     subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 &"], env={**os.environ, MARK: mark.split("=", 1)[1]})
-    left = processes_marked(mark)
+    # The shell has returned, but its child may still be inside execve, when /proc hides its environment.
+    left = wait_for(lambda: processes_marked(mark), timeout=5, message="the sleeper")
     try:
         assert len(left) == 1
         assert Path(f"/proc/{left[0]}/stat").read_text().split()[3] != str(os.getpid())  # not our child
