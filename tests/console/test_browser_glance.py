@@ -8,7 +8,9 @@ import pytest
 from django.utils import timezone
 
 from billing.rollups import usage_rollup_run
+from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
+from tenants.models import ApiKey
 from tests.console.browser import login, screenshot
 from tests.console.png import read_png, rows_with
 from tests.factories import EndpointFactory, ReplicaFactory, UsageRecordFactory
@@ -80,3 +82,39 @@ def test_the_statement_picks_its_period(page, tenant_a):
     assert f"{last:%B %Y}" in page.locator("h1").inner_text()
     assert page.locator("#statement-csv").get_attribute("href").endswith("format=csv")
     screenshot(page, "glance-statement")
+
+
+OPERATOR_PINK = (0xCC, 0x79, 0xA7)  # console.css: an operator's mark on the replicas chart
+
+
+def test_an_operator_scale_is_a_mark_of_its_own_on_the_replicas_chart(page, operator, tenant_a):
+    endpoint = tenant_a.endpoint
+    now = timezone.now()
+    AutoscalerDecision.objects.create(
+        endpoint=endpoint, axis="horizontal", tick="manual-x", current=1, desired=3, reason="operator scale by ops",
+        applied=True, at=now - timedelta(minutes=20),
+    )  # fmt: skip
+    AutoscalerDecision.objects.create(
+        endpoint=endpoint, axis="horizontal", tick="h-1", current=3, desired=4, reason="scale up: demand",
+        applied=True, at=now - timedelta(minutes=10),
+    )  # fmt: skip
+    login(page, operator.username)
+    page.goto(f"/console/endpoints/{endpoint.pk}/")
+    chart = page.locator("svg[aria-label^='Ready replicas']")
+    chart.scroll_into_view_if_needed()
+    assert chart.locator("line.marker.operator").count() == 1 and chart.locator("line.marker").count() == 2
+    _, _, rows = read_png(chart.screenshot())
+    screenshot(page, "glance-operator-mark")
+    assert rows_with(rows, OPERATOR_PINK, tolerance=25), "the operator's mark is not drawn in its colour"
+
+
+def test_the_keys_page_shows_a_spent_budget(page, tenant_a):
+    ApiKey.objects.filter(pk=tenant_a.key.pk).update(rpm_limit=1200, budget_usd=0.001, budget_period="day")
+    UsageRecordFactory(tenant=tenant_a.tenant, endpoint=tenant_a.endpoint, api_key=tenant_a.key, mu=1000.0)
+    login(page, tenant_a.admin.username)
+    page.goto("/console/tenant/keys/")
+    row = page.locator("tr", has_text=tenant_a.key.prefix)
+    assert "1,200 req/min" in row.locator(".key-limits").inner_text()
+    assert "spent" in row.locator(".key-spend").inner_text()
+    assert "Spent this month" in page.locator("#tenant-spend").inner_text()
+    screenshot(page, "glance-keys")
