@@ -142,6 +142,9 @@ INFERCAP = {
     # name a path relative to it), and the share of MU an adapter request costs above its base endpoint's.
     "LORA_ROOT": env("INFERCAP_LORA_ROOT", str(VAR_DIR / "lora")),
     "LORA_MU_OVERHEAD": float(env("INFERCAP_LORA_MU_OVERHEAD", "0.1")),
+    # Disaggregated endpoints' shared-storage KV hand-off (docs/disaggregation.md): a prompt's KV no decode replica
+    # consumed is removed by the minutely sweep once it is this many seconds old.
+    "KV_HANDOFF_TTL_S": float(env("INFERCAP_KV_HANDOFF_TTL_S", "300")),
     # Console and admin logins: locked for the rest of the window after this many failures per username and
     # address, or per address across usernames (tenants.throttling).
     "LOGIN_THROTTLE": {

@@ -9,6 +9,13 @@ ExampleConnector with two changes a disaggregated endpoint needs (docs/disaggreg
   and a lookup that finds the folder loads every layer: a folder caught half-written (a prefill engine killed
   mid-step, or the same prompt looked up while it is being stored) made the reading engine exit. Here a step's
   layers are written into a private folder beside it, renamed into place once the step has saved them all.
+- **A folder is claimed before it is read, and a decode replica consumes it.** The worker renames a folder it is
+  about to load to a private name (atomic), checks that every layer's file is there, loads, and then deletes it (a
+  ``kv_consumer``: the hand-off is done) or renames it back (any other role: it may be handed on). A folder gone
+  before the claim (another replica consumed it, the platform's sweep removed it) or found incomplete is reported
+  as a failed load (``get_block_ids_with_load_errors``): vLLM's ``kv_load_failure_policy`` "recompute" computes the
+  prompt, where ExampleConnector's worker raised and the engine exited. What nobody consumes is removed after a TTL
+  by the platform (docs/disaggregation.md, "Cleaning the hand-off folders").
 
 vLLM loads it by ``kv_connector_module_path`` (``capacity.runtimes.vllm.kv_transfer_config``); the launch environment
 puts this directory on the engine's import path.
@@ -38,6 +45,9 @@ class InfercapSharedStorageConnector(ExampleConnector):
         self._salts: dict[str, str] = {}  # scheduler side: request id -> its cache_salt
         self._saving = False  # worker side: inside save_kv_layer
         self._partial: dict[str, str] = {}  # worker side: this step's private folder -> its final name
+        self._claimed: dict[str, str] = {}  # worker side: a folder being loaded -> the private name it was claimed as
+        self._load_errors: set[int] = set()  # worker side: blocks whose KV could not be loaded this step
+        self._consume = self._kv_transfer_config.kv_role == "kv_consumer"
 
     # -- scheduler side: the salt joins the key -------------------------------------------------------------
     def _tags(self, request) -> list[str]:
@@ -92,7 +102,7 @@ class InfercapSharedStorageConnector(ExampleConnector):
     def _generate_foldername_debug(self, token_ids, mm_hashes, create_folder=False) -> str:
         final = super()._generate_foldername_debug(token_ids, mm_hashes, create_folder=False)
         if not self._saving:
-            return final
+            return self._claimed.get(final, final)
         partial = next((p for p, f in self._partial.items() if f == final), None)
         if partial is None:
             partial = f"{final}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -108,3 +118,60 @@ class InfercapSharedStorageConnector(ExampleConnector):
             except OSError:
                 shutil.rmtree(partial, ignore_errors=True)
         self._partial.clear()
+
+    # -- worker side: a folder is claimed, loaded whole or not at all, then consumed ------------------------
+    def _layer_files(self, forward_context) -> set[str]:
+        layers = forward_context.no_compile_layers
+        return {
+            f"{name}.safetensors" for name, layer in layers.items() if getattr(layer, "kv_cache", None) is not None
+        }
+
+    def _claim(self, request, expected: set[str]) -> bool:
+        """Rename the request's folder to a private name; False (nothing claimed) when it is gone or incomplete."""
+        final = super()._generate_foldername_debug(request.token_ids, request.mm_hashes, create_folder=False)
+        claimed = f"{final}.loading-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(final, claimed)
+        except OSError:
+            return False
+        try:
+            complete = expected <= set(os.listdir(claimed))
+        except OSError:
+            complete = False
+        if not complete:
+            shutil.rmtree(claimed, ignore_errors=True)  # it would fail every reader: remove it
+            return False
+        self._claimed[final] = claimed
+        return True
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        metadata = self._get_connector_metadata()
+        if forward_context.attn_metadata is None:
+            return super().start_load_kv(forward_context, **kwargs)
+        expected = self._layer_files(forward_context)
+        kept = []
+        for request in metadata.requests:
+            if request.is_store or self._claim(request, expected):
+                kept.append(request)
+            else:
+                self._load_errors.update((request.slot_mapping // self._block_size).tolist())
+        metadata.requests = kept
+        try:
+            super().start_load_kv(forward_context, **kwargs)
+        finally:
+            self._release_claims()
+
+    def _release_claims(self) -> None:
+        for final, claimed in self._claimed.items():
+            if self._consume:
+                shutil.rmtree(claimed, ignore_errors=True)
+                continue
+            try:
+                os.rename(claimed, final)  # handed on; a folder stored there meanwhile stays
+            except OSError:
+                shutil.rmtree(claimed, ignore_errors=True)
+        self._claimed.clear()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self._load_errors = self._load_errors, set()
+        return failed
