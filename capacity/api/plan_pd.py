@@ -7,7 +7,8 @@ SLO, each unless given), ``slo`` (``ttft_s``, ``tpot_s`` or ``tpot_ms``, ``perce
 ``model_profile`` or explicit ``model`` shape), the hardware (a stored ``hardware_profile``, whose ``kv_link_gbps``
 is the link, or explicit ``hardware`` figures; ``prefill_hardware_profile`` for a prefill pool on other GPUs), the
 step times (``engine_profile``: a calibrated simulator profile by name, or explicit ``step_model``) and
-``link_latency_s``. The answer names the recommended design with both designs' replicas, GPUs, dollars and latencies
+``link_latency_s``; ``min_uncached_tokens`` (the endpoint's ``pd_min_uncached_tokens`` unless given, else 0): prompts
+under it skip the prefill pool, and the answer's ``threshold`` recommends one. The answer names the recommended design with both designs' replicas, GPUs, dollars and latencies
 at the percentile. Bad input is a 400 naming the field; a workload neither design can serve is a 200 saying so.
 """
 
@@ -89,6 +90,7 @@ class PlanPDRequestSerializer(serializers.Serializer):
     workload = PDWorkloadSerializer()
     slo = PDSloSerializer(required=False)
     link_latency_s = _float(min_value=0, max_value=10, default=0.0)
+    min_uncached_tokens = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -100,6 +102,7 @@ class PlanPDRequestSerializer(serializers.Serializer):
         endpoint = attrs.get("endpoint")
         if endpoint is not None:  # its profiles and SLO, unless given
             attrs.setdefault("model_profile", endpoint.model_profile)
+            attrs.setdefault("min_uncached_tokens", endpoint.pd_min_uncached_tokens)
             attrs.setdefault("hardware_profile", endpoint.hardware_profile)
             if endpoint.prefill_hardware_profile is not None:
                 attrs.setdefault("prefill_hardware_profile", endpoint.prefill_hardware_profile)
@@ -168,6 +171,7 @@ class PlanPDView(APIView):
                 slo=PDSLO(**data["slo"]),
                 link_gbps=link,
                 link_latency_s=data["link_latency_s"],
+                min_uncached_tokens=data.get("min_uncached_tokens", 0),
             )
         except PlannerInputError as exc:
             raise serializers.ValidationError({field: [message] for field, message in exc.errors.items()}) from exc

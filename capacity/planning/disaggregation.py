@@ -19,6 +19,12 @@ output length) and an SLO (TTFT at a percentile, TPOT):
   ``S``); TTFT is the same M/G/c wait with each prompt's chunks also paying the decode step they ride on.
   N is the smallest meeting both SLOs and the memory barrier.
 
+* **Selective disaggregation**: the proxy sends a prompt whose uncached part is under ``min_uncached_tokens``
+  straight to a decode replica. That share of the traffic leaves the prefill pool (sized on the prompts above the
+  threshold) and its prefills ride the decode pool's steps (its TPOT stretched by them, as an aggregated
+  replica's), with their own TTFT on the decode replicas. The plan reports the share and the threshold that needs
+  the fewest GPUs (``threshold``).
+
 Disaggregation pays when its pools meet the SLO with fewer GPUs (or fewer dollars, when both pools have a price)
 than the best aggregated fleet; on a tie, or without a saving, the plan recommends aggregated: a second pool, the
 KV link and the pairing are complexity a tie does not buy.
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from capacity.planning.barriers import (
     SLO,
@@ -98,6 +105,9 @@ class PDWorkload:
     # The context a running stream holds, averaged over stream time (a mix's long prompts decode longer and weigh
     # more); None: input + output / 2.
     context_tokens: float | None = None
+    # The prompts' lengths as uniform ranges (weight, lowest, highest): what the share under a threshold is read
+    # from. None: one uniform range of the mean and spread above.
+    prompt_ranges: tuple[tuple[float, float, float], ...] | None = None
 
     @property
     def decode_context(self) -> float:
@@ -106,6 +116,42 @@ class PDWorkload:
     @classmethod
     def uniform(cls, rate: float, prompt: tuple[int, int], output: tuple[int, int]) -> PDWorkload:
         return cls(rate, (prompt[0] + prompt[1]) / 2, (output[0] + output[1]) / 2, (prompt[1] - prompt[0]) / 12**0.5)
+
+    def ranges(self) -> list[tuple[float, float, float]]:
+        if self.prompt_ranges:
+            return [(float(w), float(lo), float(hi)) for w, lo, hi in self.prompt_ranges]
+        half = 3**0.5 * self.input_tokens_sd
+        return [(1.0, max(1.0, self.input_tokens - half), self.input_tokens + half)]
+
+    def split_at(self, threshold: float) -> tuple[float, PDWorkload | None, PDWorkload | None]:
+        """The share of prompts under ``threshold`` tokens, and the workloads of those under it (straight to decode)
+        and of those at or above it (through the prefill pool); None for an empty side."""
+        sides = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # weight, Σ w·mean, Σ w·second moment
+        ranges = self.ranges()
+        total = sum(w for w, _, _ in ranges)
+        for w, lo, hi in ranges:
+            pieces = [(lo, min(hi, threshold), True), (max(lo, threshold), hi, False)] if hi > lo else []
+            if not pieces:
+                pieces = [(lo, hi, lo < threshold)]
+            for a, b, below in pieces:
+                share = w / total * ((b - a) / (hi - lo) if hi > lo else 1.0)
+                if share <= 0 or b < a:
+                    continue
+                side = sides[below]
+                side[0] += share
+                side[1] += share * (a + b) / 2
+                side[2] += share * (a * a + a * b + b * b) / 3
+        out = []
+        for below in (True, False):
+            weight, first, second = sides[below]
+            if weight <= 1e-12:
+                out.append(None)
+                continue
+            mean = first / weight
+            sd = max(0.0, second / weight - mean**2) ** 0.5
+            rate = self.arrival_rate_per_s * weight
+            out.append(PDWorkload(rate, max(1.0, mean), self.output_tokens, sd, self.context_tokens))
+        return sides[True][0], out[0], out[1]
 
 
 @dataclass(frozen=True)
@@ -138,6 +184,11 @@ class PDPlan:
     gpu_ratio: float | None  # aggregated GPUs ÷ disaggregated GPUs (> 1: disaggregation needs fewer)
     kv_bytes_per_token: float
     transfer_s_at_percentile: float | None
+    # Selective disaggregation: the threshold planned with, the share of requests under it (straight to decode),
+    # and the threshold that needs the fewest GPUs among the candidates (``recommend_threshold``).
+    min_uncached_tokens: int = 0
+    bypass_share: float = 0.0
+    threshold: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -214,34 +265,32 @@ def plan_disaggregation(
     prefill_hardware: Hardware | None = None,
     prefill_step: StepModel | None = None,
     link_latency_s: float = 0.0,
+    min_uncached_tokens: int = 0,
 ) -> PDPlan:
-    """Size both pools and the best aggregated fleet for the same SLO; recommend the cheaper (aggregated on a tie)."""
+    """Size both pools and the best aggregated fleet for the same SLO; recommend the cheaper (aggregated on a tie).
+    Prompts under ``min_uncached_tokens`` skip the prefill pool (the proxy's selective disaggregation)."""
     _validate(workload, slo, step, link_gbps)
-    prefill_hardware = prefill_hardware or hardware
-    prefill_step = prefill_step or step
-    z = _Z[slo.percentile]
+    if not isinstance(min_uncached_tokens, int) or min_uncached_tokens < 0:
+        raise PlannerInputError({"min_uncached_tokens": "must be a non-negative integer"})
     kv_tok = kv_bytes_per_token(model)
     agg = aggregated_pool(model=model, hardware=hardware, step=step, workload=workload, slo=slo)
-    decode = decode_pool(model=model, hardware=hardware, step=step, workload=workload, slo=slo)
-    prefill = PoolFigures(None, None, None)
-    transfer_q = None
-    if decode.replicas is not None:
-        prefill, transfer_q = prefill_pool(
-            hardware=prefill_hardware, step=prefill_step, workload=workload, slo=slo, kv_tok=kv_tok,
-            link_gbps=link_gbps, link_latency_s=link_latency_s, decode_replicas=decode.replicas, z=z,
-            first_step_s=decode.tpot_s,
-        )  # fmt: skip
-    pd_gpus = pd_usd = None
-    if prefill.replicas is not None and decode.replicas is not None:
-        pd_gpus = prefill.gpus + decode.gpus
-        if prefill.usd_per_hour is not None and decode.usd_per_hour is not None:
-            pd_usd = prefill.usd_per_hour + decode.usd_per_hour
+    design = partial(
+        disaggregated_design, model=model, hardware=hardware, step=step, workload=workload, slo=slo,
+        link_gbps=link_gbps, prefill_hardware=prefill_hardware or hardware, prefill_step=prefill_step or step,
+        link_latency_s=link_latency_s,
+    )  # fmt: skip
+    chosen = design(min_uncached_tokens)
+    prefill, decode, transfer_q = chosen["prefill"], chosen["decode"], chosen["transfer_s"]
+    pd_gpus, pd_usd = chosen["gpus"], chosen["usd_per_hour"]
     ratio = agg.gpus / pd_gpus if agg.gpus and pd_gpus else None
     pays, why = _verdict(agg, pd_gpus, pd_usd)
+    threshold = recommend_threshold(workload, design, given=chosen)
     return PDPlan(
         recommended="disaggregated" if pays else "aggregated",
         pays=pays,
-        explanation=why + " " + _figures(agg, prefill, decode, transfer_q, slo),
+        explanation=" ".join(
+            [why, _figures(agg, prefill, decode, transfer_q, slo), _threshold_note(chosen, threshold)]
+        ).strip(),
         aggregated=agg,
         prefill=prefill,
         decode=decode,
@@ -250,7 +299,90 @@ def plan_disaggregation(
         gpu_ratio=ratio,
         kv_bytes_per_token=kv_tok,
         transfer_s_at_percentile=transfer_q,
+        min_uncached_tokens=min_uncached_tokens,
+        bypass_share=chosen["bypass_share"],
+        threshold=threshold,
     )
+
+
+def disaggregated_design(
+    threshold: int, *, model, hardware, step, workload: PDWorkload, slo: PDSLO, link_gbps, prefill_hardware,
+    prefill_step, link_latency_s,
+) -> dict:  # fmt: skip
+    """Both pools when prompts under ``threshold`` tokens go straight to the decode pool."""
+    share, direct, through = workload.split_at(threshold) if threshold > 0 else (0.0, None, workload)
+    decode = decode_pool(model=model, hardware=hardware, step=step, workload=workload, slo=slo, direct=direct)
+    prefill, transfer_q = PoolFigures(None, None, None), None
+    if decode.replicas is not None and through is None:  # every prompt bypasses it: the pool's one replica idles
+        prefill, transfer_q = PoolFigures(1, prefill_hardware.gpus_per_replica, _price(prefill_hardware, 1)), 0.0
+        prefill.ttft_s, prefill.detail = decode.detail.get("direct_ttft_s"), {"reason": "every prompt bypasses it"}
+    elif decode.replicas is not None:
+        prefill, transfer_q = prefill_pool(
+            hardware=prefill_hardware, step=prefill_step, workload=through, slo=slo, kv_tok=kv_bytes_per_token(model),
+            link_gbps=link_gbps, link_latency_s=link_latency_s, decode_replicas=decode.replicas,
+            z=_Z[slo.percentile], first_step_s=decode.tpot_s,
+        )  # fmt: skip
+    gpus = usd = None
+    if prefill.replicas is not None and decode.replicas is not None:
+        gpus = prefill.gpus + decode.gpus
+        if prefill.usd_per_hour is not None and decode.usd_per_hour is not None:
+            usd = prefill.usd_per_hour + decode.usd_per_hour
+    return {"threshold": threshold, "bypass_share": share, "prefill": prefill, "decode": decode, "gpus": gpus,
+            "usd_per_hour": usd, "transfer_s": transfer_q}  # fmt: skip
+
+
+def threshold_candidates(workload: PDWorkload) -> list[int]:
+    """0 (every prompt through the prefill pool) and powers of two from 64 tokens, while some prompts remain above."""
+    longest = max(hi for _, _, hi in workload.ranges())
+    return [0] + [2**k for k in range(6, 24) if 2**k <= longest]
+
+
+def recommend_threshold(workload: PDWorkload, design, *, given: dict) -> dict:
+    """The candidate threshold whose pools cost least (dollars when priced, else GPUs); on a tie the lower
+    threshold, whose decode pool carries fewer prefills."""
+    rows = {t: design(t) for t in threshold_candidates(workload) if t != given["threshold"]}
+    rows[given["threshold"]] = given
+
+    def cost(row):
+        return row["usd_per_hour"] if row["usd_per_hour"] is not None else row["gpus"]
+
+    feasible = sorted((t for t, r in rows.items() if r["gpus"] is not None), key=lambda t: (cost(rows[t]), t))
+    best = rows[feasible[0]] if feasible else None
+    return {
+        "recommended_min_uncached_tokens": best["threshold"] if best else None,
+        "bypass_share": best["bypass_share"] if best else None,
+        "gpus": best["gpus"] if best else None,
+        "usd_per_hour": best["usd_per_hour"] if best else None,
+        "candidates": [
+            {
+                "min_uncached_tokens": t,
+                "bypass_share": round(r["bypass_share"], 4),
+                "gpus": r["gpus"],
+                "prefill_replicas": r["prefill"].replicas,
+                "decode_replicas": r["decode"].replicas,
+            }  # fmt: skip
+            for t, r in sorted(rows.items())
+        ],
+    }
+
+
+def _threshold_note(chosen: dict, threshold: dict) -> str:
+    parts = []
+    if chosen["threshold"] > 0:
+        parts.append(
+            f"{chosen['bypass_share']:.0%} of prompts (under {chosen['threshold']} uncached tokens) skip the prefill pool."
+        )
+    best = threshold.get("recommended_min_uncached_tokens")
+    if (
+        best is not None
+        and best != chosen["threshold"]
+        and (chosen["gpus"] is None or threshold["gpus"] < chosen["gpus"])
+    ):
+        parts.append(
+            f"A pd_min_uncached_tokens of {best} ({threshold['bypass_share']:.0%} straight to decode) needs "
+            f"{threshold['gpus']} GPUs."
+        )
+    return " ".join(parts)
 
 
 def _verdict(agg: PoolFigures, pd_gpus: int | None, pd_usd: float | None) -> tuple[str, str]:
@@ -287,10 +419,14 @@ def _figures(agg, prefill, decode, transfer_q, slo: PDSLO) -> str:
     return " ".join(parts)
 
 
-def decode_pool(*, model, hardware, step: StepModel, workload: PDWorkload, slo: PDSLO) -> PoolFigures:
+def decode_pool(
+    *, model, hardware, step: StepModel, workload: PDWorkload, slo: PDSLO, direct: PDWorkload | None = None
+) -> PoolFigures:
     """The decode pool: the three barriers at the SLO's per-stream rate, then as many more replicas as the batch's
     swings need. Continuous batching queues no stream, it slows them all: the running streams of a replica are
-    M/G/∞ (Poisson, mean m = λ·ō·TPOT / D by Little), and TPOT at the percentile is the step at m + z·√m streams."""
+    M/G/∞ (Poisson, mean m = λ·ō·TPOT / D by Little), and TPOT at the percentile is the step at m + z·√m streams.
+    ``direct``: the prompts that skip the prefill pool; their prefills ride these replicas' steps as in an aggregated
+    replica (the TPOT stretched by their share of time, with the stalls' spread), and their TTFT is met here."""
     lam, out = workload.arrival_rate_per_s, workload.output_tokens
     ctx_mean = workload.decode_context
     result = plan(
@@ -305,17 +441,39 @@ def decode_pool(*, model, hardware, step: StepModel, workload: PDWorkload, slo: 
         return PoolFigures(None, None, None, detail={"reason": result.explanation})
     k = step.decode_per_seq_s + step.decode_per_ctx_token_s * ctx_mean
     z = _Z[slo.percentile]
+    lam_d = direct.arrival_rate_per_s if direct is not None else 0.0
+    d_mean, d_cs2 = _service_moments(direct, step.chunk_extra_s) if direct is not None else (0.0, 0.0)
     for n in range(max(1, result.n_base), min(_MAX_REPLICAS, 4 * max(1, result.n_base) + 16)):
-        slack = 1 - k * lam * out / n
+        rho_d = lam_d / n * d_mean
+        slack = 1 - rho_d - k * lam * out / n
         if slack <= 0:
             continue
-        mean_batch = lam * out * step.decode_t0_s / slack / n
-        tpot_q = step.decode_step_s(mean_batch + z * math.sqrt(mean_batch), ctx_mean)
-        if tpot_q <= slo.tpot_s:
+        tpot_mean = step.decode_t0_s / slack
+        mean_batch = lam * out * tpot_mean / n
+        stall_sd = math.sqrt(lam_d / n * tpot_mean * d_mean**2 * (1 + d_cs2) / out)
+        tpot_q = step.decode_step_s(mean_batch + z * math.sqrt(mean_batch), ctx_mean) / (1 - rho_d) + z * stall_sd
+        direct_ttft = _direct_ttft(step, direct, n, mean_batch, ctx_mean, slo) if direct is not None else 0.0
+        if tpot_q <= slo.tpot_s and direct_ttft <= slo.ttft_s:
             detail = {"b_max": result.b_max, "binding": result.binding_barriers, "n_base": result.n_base,
-                      "mean_batch": mean_batch, "tpot_mean_s": step.decode_t0_s / slack}  # fmt: skip
+                      "mean_batch": mean_batch, "tpot_mean_s": tpot_mean, "rho_direct": rho_d}  # fmt: skip
+            if direct is not None:
+                detail["direct_ttft_s"] = direct_ttft
             return PoolFigures(n, n * hardware.gpus_per_replica, _price(hardware, n), tpot_s=tpot_q, detail=detail)
     return PoolFigures(None, None, None, detail={"reason": "the batch's swings exceed the TPOT at every pool size"})
+
+
+def _direct_ttft(step: StepModel, direct: PDWorkload, n: int, batch: float, ctx: float, slo: PDSLO) -> float:
+    """TTFT at the percentile of a prompt prefilled on a decode replica: its chunks, each riding a decode step."""
+    step_s = step.decode_step_s(batch, ctx)
+
+    def service(p):
+        return step.chunk_extra_s(p) + math.ceil(p / step.chunk_tokens) * step_s
+
+    mean_s, cs2 = _service_moments(direct, service)
+    wait = mgc_wait_s(
+        servers=n, arrival_rate=direct.arrival_rate_per_s, mean_s=mean_s, cs2=cs2, percentile=slo.percentile
+    )
+    return wait + service(_prompt_at(direct, _Z[slo.percentile]))
 
 
 def prefill_pool(
