@@ -19,8 +19,10 @@ ride in the decode steps of every running stream and stretch them (the interfere
   prefill request); when its prefill step ends, the prompt's KV (``kv_bytes_per_token`` × prompt tokens) leaves
   over that prefill replica's link: ``link_gbps`` gigabits per second shared equally by the transfers under way
   (processor sharing: contention stretches each one), plus ``link_latency_s``. On arrival a decode replica is
-  picked (fewest running streams, then KV use; ``router="oracle"`` knows every stream's remaining output tokens and
-  picks the least remaining work) and the KV lands in its cache as prefix blocks; the request then joins the engine,
+  picked (fewest running streams, then KV use; two clairvoyant pairings know every stream's remaining output tokens:
+  ``router="oracle"`` picks the least remaining work, ``"oracle_overlap"`` the fewest stream-steps shared with the
+  new stream over its life, Σ min(remaining, its output), which is also what it adds to the others' steps) and the
+  KV lands in its cache as prefix blocks; the request then joins the engine,
   which recomputes only the last partial block (vLLM recomputes at least one token) and streams every output token.
   The client's first token is the decode replica's first token, so TTFT holds prefill queue, prefill, transfer and
   the decode admission. When the decode replica has no free blocks for the arriving KV, it prefills the prompt
@@ -47,7 +49,7 @@ from simulator.results import ReplicaRecord, RequestResult, SimResult
 _ARRIVAL, _STEP_END, _TRANSFER, _DELIVER = range(4)
 _MANY_STEPS = 1 << 30
 _HASH_GRAIN = 16  # tokens per prompt hash (simulator.tokens.BLOCK_SIZE_TOKENS)
-_ROUTERS = ("least_loaded", "round_robin", "oracle")
+_ROUTERS = ("least_loaded", "round_robin", "oracle", "oracle_overlap")
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,10 @@ class _Node:
     def remaining_output_tokens(self) -> int:
         return sum(seq.remaining for _, _, seq in self.in_flight.values())
 
+    def overlap_tokens(self, output_tokens: int) -> int:
+        """The steps the streams here share with a new stream of ``output_tokens`` over its life."""
+        return sum(min(seq.remaining, output_tokens) for _, _, seq in self.in_flight.values())
+
 
 class PDSimulation:
     def __init__(self, fleet: PDFleet):
@@ -246,7 +252,7 @@ class PDSimulation:
             return
         if fleet.mode == "disaggregated":
             result.extra["path"] = "direct"
-        node = self._pick_decode()
+        node = self._pick_decode(request)
         seq = Sequence(request.request_id, request.prompt_tokens, request.output_tokens, hashes)
         self._send(node, request, result, seq)
 
@@ -279,12 +285,15 @@ class PDSimulation:
             return self.prefill[next(self._rr) % len(self.prefill)]
         return min(self.prefill, key=lambda n: (n.pending_prefill_tokens(), len(n.in_flight)))
 
-    def _pick_decode(self) -> _Node:
+    def _pick_decode(self, request: PDRequest) -> _Node:
         nodes, router = self.decode, self.fleet.router
         if router == "round_robin":
             return nodes[next(self._rr) % len(nodes)]
         if router == "oracle":
             return min(nodes, key=lambda n: (n.remaining_output_tokens(), n.engine.kv_usage))
+        if router == "oracle_overlap":
+            out = request.output_tokens
+            return min(nodes, key=lambda n: (n.overlap_tokens(out), n.engine.kv_usage))
         if self.fleet.mode == "aggregated":
             rate, t0 = self.fleet.profile.prefill_tokens_per_s, self.fleet.profile.decode_t0_s
             return min(nodes, key=lambda n: n.pending_prefill_tokens() / rate + t0 * len(n.in_flight))
@@ -368,7 +377,7 @@ class PDSimulation:
     def _deliver(self, prefill_node: _Node, request_id: str) -> None:
         request, result, hashes = self._transfers.pop(request_id)
         result.extra["transfer_s"] = self.now - result.extra["prefill_done_s"]
-        node = self._pick_decode()
+        node = self._pick_decode(request)
         kv, stride = node.engine.kv, node.engine.profile.block_size // _HASH_GRAIN
         blocks = hashes[stride - 1 :: stride]  # the engine's own blocks (Engine.add)
         if len(blocks) <= kv.free_blocks:

@@ -10,8 +10,14 @@ recommends and simulates, on that many GPUs:
 * ``round_robin``: the same replicas, round robin: the floor;
 * ``disaggregated``: the planner's prefill/decode split (scaled to the GPUs when it recommends aggregated), the
   proxy's pairing (least pending prefill, then fewest running decode streams);
-* ``oracle``: the best over the splits of the GPUs near the planner's (all of them in a full run) and two pairings,
-  the proxy's and one that knows each stream's remaining output (fewest remaining tokens): the ceiling.
+* ``oracle``: the ceiling, from oracles only: the best over every split of the GPUs (1 to G − 1 prefill replicas,
+  whatever the planner chose) with clairvoyant pairings that know each stream's remaining output (the fewest
+  stream-steps shared with the new stream, ``oracle_overlap``; in a full run also the least remaining work,
+  ``oracle``). Neither the planner's split nor the proxy's pairing is in it, so the planner's fleet is judged
+  against it (``planner_vs_ceiling``), not part of it;
+* ``bound``: an analytic capacity bound over the same splits: the rate at which the busier pool saturates (prefill
+  compute or its link, or the decode pool at the largest batch within the TPOT), per GPU. A bound on the
+  pools' throughput, not a simulation: a finite run can pass it a little near saturation.
 
 Goodput per GPU is DistServe's: the highest arrival rate at which ≥ 90 % of requests meet both the TTFT and TPOT SLO
 (bisection on the same requests, times scaled), times the share that met it, over GPUs. ``ttft_p90_ratio`` and
@@ -20,7 +26,11 @@ still meets its SLO). ``planner_check``: the planner's two fleets simulated at t
 
 Last line keys: ``pd.<workload>.goodput_per_gpu_ratio`` (disaggregated ÷ aggregated), ``pd.<workload>.planner_choice``,
 ``pd.<workload>.choice_goodput_ratio`` (the planner's choice ÷ aggregated: what infercap loses or gains),
-``pd.<workload>.ttft_p90_ratio``, ``pd.<workload>.tpot_p90_ratio``, ``pd.<workload>.detail``; ``pd.real_engine.*``
+``pd.<workload>.ttft_p90_ratio``, ``pd.<workload>.tpot_p90_ratio``, ``pd.<workload>.ceiling_ratio`` (the oracle
+search ÷ aggregated), ``pd.<workload>.planner_vs_ceiling`` (the planner's split ÷ the ceiling),
+``pd.<workload>.bound_ratio``, ``pd.<workload>.planner_threshold`` (the ``pd_min_uncached_tokens`` the planner
+recommends, with its share straight to decode and its GPUs; ``planner_check.threshold`` simulates its pools at the
+target rate with and without it), ``pd.<workload>.detail``; ``pd.real_engine.*``
 (null here: tests/engine measures the two real engines), ``pd.seeds``, ``pd.seed_set``, ``pd.wall_s``.
 
 Options (``--opt``): ``duration_s`` of arrivals per run (45 quick, 180 full; the first third is warm-up and not
@@ -49,6 +59,8 @@ MODEL = ModelShape(n_layers=32, n_kv_heads=8, d_head=128, dtype_bytes=2, weights
 HARDWARE = Hardware(gpu_memory_gb=80.0, overhead_gb=10.0, gpus_per_replica=1, usd_per_gpu_hour=0.0)
 LINK_GBPS = 400.0  # one 400 Gb/s NIC per GPU (InfiniBand NDR / RoCE), the KV connector's path
 LINK_LATENCY_S = 0.001
+# The ceiling's clairvoyant pairings (simulator/pd_des.py): the quick run tries the first only.
+CEILING_ROUTERS = ("oracle_overlap", "oracle")
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,9 @@ class PDWorkloadSpec:
         out = sum(w * (o[0] + o[1]) / 2 for w, _, o in self.shapes) / total
         # a stream's context weighted by how long it decodes (its output)
         held = sum(w * (o[0] + o[1]) / 2 * ((p[0] + p[1]) / 2 + (o[0] + o[1]) / 4) for w, p, o in self.shapes)
-        return PDWorkload(self.rate, mean, out, max(0.0, second - mean**2) ** 0.5, held / total / out)
+        ranges = tuple((w, p[0], p[1]) for w, p, _ in self.shapes)
+        sd = max(0.0, second - mean**2) ** 0.5
+        return PDWorkload(self.rate, mean, out, sd, held / total / out, prompt_ranges=ranges)
 
 
 WORKLOADS = {
@@ -153,9 +167,7 @@ def _fleets(plan, gpus: int) -> tuple[PDFleet, PDFleet, PDFleet, int]:
     return aggregated, floor, disaggregated, prefill
 
 
-def run_workload(
-    spec: PDWorkloadSpec, *, duration_s: float, steps: int, seed: int, oracle_span: int, progress
-) -> dict:
+def run_workload(spec: PDWorkloadSpec, *, duration_s: float, steps: int, seed: int, routers, progress) -> dict:
     plan = plan_disaggregation(
         model=MODEL,
         hardware=HARDWARE,
@@ -172,22 +184,9 @@ def run_workload(
     for name, fleet in (("aggregated", aggregated), ("round_robin", floor), ("disaggregated", disaggregated)):
         runs[name] = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
         progress(f"pd {spec.name} seed {seed}: {name} on {gpus} GPUs: {runs[name]}")
-    oracle_best = None
-    for p in range(max(1, prefill - oracle_span), min(gpus - 1, prefill + oracle_span) + 1):
-        for router in ("oracle", "least_loaded"):
-            if p == prefill and router == "least_loaded":
-                figures = {**runs["disaggregated"], "prefill_replicas": p, "router": router}
-            else:
-                fleet = PDFleet(
-                    profile=PROFILE, replicas=gpus - p, prefill_replicas=p, mode="disaggregated", router=router,
-                    kv_bytes_per_token=plan.kv_bytes_per_token, link_gbps=LINK_GBPS, link_latency_s=LINK_LATENCY_S,
-                )  # fmt: skip
-                figures = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
-                figures.update(prefill_replicas=p, router=router)
-            if oracle_best is None or figures["goodput_per_gpu"] > oracle_best["goodput_per_gpu"]:
-                oracle_best = figures
-    runs["oracle"] = oracle_best
-    progress(f"pd {spec.name} seed {seed}: oracle {oracle_best}")
+    runs["oracle"] = _ceiling(spec, plan, gpus, routers=routers, duration_s=duration_s, seed=seed, steps=steps)
+    runs["bound"] = _capacity_bound(spec, plan, gpus)
+    progress(f"pd {spec.name} seed {seed}: ceiling {runs['oracle']}, bound {runs['bound']}")
     at_rate = max(runs["aggregated"]["rate"], 0.05 * spec.rate)
     same_load = {
         "rate": at_rate,
@@ -202,6 +201,7 @@ def run_workload(
             "prefill_replicas": plan.prefill.replicas,
             "decode_replicas": plan.decode.replicas,
             "gpu_ratio": plan.gpu_ratio,
+            "threshold": {k: v for k, v in plan.threshold.items() if k != "candidates"},
         },
         "gpus": gpus,
         "split": {"prefill": prefill, "decode": gpus - prefill},
@@ -209,6 +209,45 @@ def run_workload(
         "same_load": same_load,
         "planner_check": _planner_check(spec, plan, duration_s=duration_s, seed=seed),
     }
+
+
+def _ceiling(spec, plan, gpus: int, *, routers, duration_s: float, seed: int, steps: int) -> dict:
+    """The best disaggregated fleet on ``gpus`` GPUs over every split and the clairvoyant pairings ``routers``."""
+    best = None
+    for p in range(1, gpus):
+        fleet_args = {"replicas": gpus - p, "prefill_replicas": p, "mode": "disaggregated", "profile": PROFILE}
+        fleet_args |= {"kv_bytes_per_token": plan.kv_bytes_per_token, "link_gbps": LINK_GBPS}
+        for router in routers:
+            fleet = PDFleet(router=router, link_latency_s=LINK_LATENCY_S, **fleet_args)
+            figures = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
+            figures.update(prefill_replicas=p, router=router)
+            if best is None or figures["goodput_per_gpu"] > best["goodput_per_gpu"]:
+                best = figures
+    return best
+
+
+def _capacity_bound(spec, plan, gpus: int) -> dict:
+    """The highest rate any split of ``gpus`` can carry without a pool saturating, per GPU: the prefill pool's compute
+    (a prompt's shared-step prefill time, linear in its length, so its mean at the mean prompt) or its links, against
+    the decode pool's streams at the largest batch within the TPOT (and the KV memory) at the stream-weighted
+    context."""
+    work, step = spec.planner_workload(), StepModel.from_profile(PROFILE)
+    per_prefill = min(
+        1 / step.prefill_s(work.input_tokens, shared=True),
+        LINK_GBPS * 1e9 / 8 / (work.input_tokens * plan.kv_bytes_per_token),
+    )
+    ctx = work.decode_context
+    kv_tokens = PROFILE.num_gpu_blocks * PROFILE.block_size
+    batch = max(
+        (b for b in range(1, step.max_batch + 1) if step.decode_step_s(b, ctx) <= spec.slo.tpot_s),
+        default=0,
+    )
+    batch = min(batch, int(kv_tokens // (ctx + work.output_tokens / 2)))
+    per_decode = batch / (work.output_tokens * step.decode_step_s(batch, ctx)) if batch else 0.0
+    rates = {p: min(p * per_prefill, (gpus - p) * per_decode) for p in range(1, gpus)}
+    p = max(rates, key=rates.get)
+    return {"rate": round(rates[p], 3), "goodput_per_gpu": round(rates[p] / gpus, 4), "prefill_replicas": p,
+            "decode_batch": batch, "gpus": gpus}  # fmt: skip
 
 
 def _planner_check(spec, plan, *, duration_s: float, seed: int) -> dict:
@@ -239,6 +278,16 @@ def _planner_check(spec, plan, *, duration_s: float, seed: int) -> dict:
                 fleet = PDFleet(replicas=dd, prefill_replicas=pp, mode="disaggregated", **base)
                 result = _simulate(spec, fleet, spec.rate, duration_s, seed)
                 check["disaggregated"][key] = round(_attainment(spec, result), 4)
+    best = plan.threshold.get("recommended_min_uncached_tokens")
+    if best:  # selective disaggregation: the threshold's pools, with it and without it
+        [row] = [c for c in plan.threshold["candidates"] if c["min_uncached_tokens"] == best]
+        pp, dd = row["prefill_replicas"], row["decode_replicas"]
+        check["threshold"] = {"min_uncached_tokens": best, "bypass_share": row["bypass_share"], "replicas": [pp, dd]}
+        for key, threshold in (("attainment", best), ("attainment_without", 0)):
+            fleet = PDFleet(
+                replicas=dd, prefill_replicas=pp, mode="disaggregated", min_uncached_tokens=threshold, **base
+            )
+            check["threshold"][key] = round(_attainment(spec, _simulate(spec, fleet, spec.rate, duration_s, seed)), 4)
     return check
 
 
@@ -272,8 +321,11 @@ def _summarise(name: str, per_seed: list[dict]) -> dict:
                 if s["aggregated"]["tpot_p90_s"]
             ]
         ),
+        f"pd.{name}.planner_threshold": per_seed[0]["plan"]["threshold"],
         f"pd.{name}.floor_ratio": mean([ratio(b, "round_robin", "aggregated") for b in per_seed]),
         f"pd.{name}.ceiling_ratio": mean([ratio(b, "oracle", "aggregated") for b in per_seed]),
+        f"pd.{name}.planner_vs_ceiling": mean([ratio(b, "disaggregated", "oracle") for b in per_seed]),
+        f"pd.{name}.bound_ratio": mean([ratio(b, "bound", "aggregated") for b in per_seed]),
         f"pd.{name}.detail": per_seed,
     }
 
@@ -297,7 +349,12 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         spec = WORKLOADS[name]
         per_seed = [
             run_workload(
-                spec, duration_s=duration_s, steps=steps, seed=s, oracle_span=1 if quick else 3, progress=progress
+                spec,
+                duration_s=duration_s,
+                steps=steps,
+                seed=s,
+                routers=CEILING_ROUTERS[: 1 if quick else 2],
+                progress=progress,
             )
             for s in seeds
         ]

@@ -78,7 +78,7 @@ TOP = {
     "pd": {
         *(f"pd.{w}.{k}" for w in ("short_chat", "long_rag", "mix") for k in (
             "goodput_per_gpu_ratio", "planner_choice", "choice_goodput_ratio", "ttft_p90_ratio", "tpot_p90_ratio",
-            "floor_ratio", "ceiling_ratio", "detail",
+            "floor_ratio", "ceiling_ratio", "planner_vs_ceiling", "bound_ratio", "planner_threshold", "detail",
         )),
         "pd.real_engine.outputs_match", "pd.real_engine.external_hit_tokens", "pd.real_engine.fallbacks_without_error",
         "pd.seeds", "pd.seed_set", "pd.wall_s",
@@ -259,7 +259,10 @@ def test_pd(tmp_path):
     figures = smoke("pd", plot=tmp_path / "pd.svg")
     assert figures["pd.seed_set"] == "training" and figures["pd.real_engine.outputs_match"] is None
     detail = figures["pd.long_rag.detail"][0]
-    assert set(detail["fleets"]) == {"aggregated", "round_robin", "disaggregated", "oracle"}
+    assert set(detail["fleets"]) == {"aggregated", "round_robin", "disaggregated", "oracle", "bound"}
+    # The ceiling comes from oracles alone: every split, clairvoyant pairings, never the proxy's pairing
+    assert detail["fleets"]["oracle"]["router"].startswith("oracle")
+    assert 1 <= detail["fleets"]["bound"]["prefill_replicas"] < detail["gpus"]
     assert detail["gpus"] == detail["split"]["prefill"] + detail["split"]["decode"]
     assert (tmp_path / "pd.svg").read_text().startswith("<svg")
 

@@ -3,6 +3,7 @@
 import pytest
 
 from capacity.hardware.profiles import get_profile
+from simulator.engine import Sequence
 from simulator.pd_des import PDFleet, PDRequest, PDSimulation, pd_mix_requests, pd_requests
 from simulator.workloads import poisson_times
 
@@ -93,6 +94,21 @@ def test_same_inputs_same_results_and_oracle_router():
     assert runs[0].digest() == runs[1].digest()
     assert {r.replica_id for r in runs[0].requests} == {"decode-0", "decode-1"}  # both decode replicas took streams
     assert {r.extra["prefill_replica"] for r in runs[0].requests} == {"prefill-0", "prefill-1"}
+
+
+@pytest.mark.parametrize(
+    ("router", "expected"),
+    [("least_loaded", "decode-0"), ("oracle", "decode-1"), ("oracle_overlap", "decode-0")],
+)
+def test_the_clairvoyant_pairings_weigh_what_the_streams_have_left(router, expected):
+    """decode-0 holds one stream with 1,000 tokens to go, decode-1 three with 200 each; a new stream of 100 tokens
+    shares 100 stream-steps with decode-0 and 300 with decode-1 over its life."""
+    sim = PDSimulation(pd_fleet(decode=2, router=router))
+    for node, outputs in zip(sim.decode, ([1000], [200, 200, 200]), strict=True):
+        for i, out in enumerate(outputs):
+            node.in_flight[f"{node.replica_id}-{i}"] = (None, None, Sequence(f"{node.replica_id}-{i}", 64, out, []))
+    new = PDRequest("new", 0.0, prompt_tokens=4096, output_tokens=100)
+    assert sim._pick_decode(new).replica_id == expected
 
 
 def test_bad_fleets_are_refused():
