@@ -31,7 +31,8 @@ search ÷ aggregated), ``pd.<workload>.planner_vs_ceiling`` (the planner's split
 ``pd.<workload>.bound_ratio``, ``pd.<workload>.planner_threshold`` (the ``pd_min_uncached_tokens`` the planner
 recommends, with its share straight to decode and its GPUs; ``planner_check.threshold`` simulates its pools at the
 target rate with and without it), ``pd.<workload>.detail``; ``pd.real_engine.*``
-(null here: tests/engine measures the two real engines), ``pd.seeds``, ``pd.seed_set``, ``pd.wall_s``.
+(what tests/engine/test_pd_real_engine.py measured on the two real engines at its last run here, with its time and
+commit in ``pd.real_engine.source``; null if it has not run), ``pd.seeds``, ``pd.seed_set``, ``pd.wall_s``.
 
 Options (``--opt``): ``duration_s`` of arrivals per run (45 quick, 180 full; the first third is warm-up and not
 counted), ``steps`` of the bisection (6 quick, 8 full), ``workloads`` (comma-separated names), ``seeds`` (comma-separated: training seeds only unless
@@ -40,8 +41,13 @@ counted), ``steps`` of the bisection (6 quick, 8 full), ``workloads`` (comma-sep
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
 
 from benchmarks import protocol
 from capacity.hardware.profiles import get_profile
@@ -359,16 +365,63 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
             for s in seeds
         ]
         figures.update(_summarise(name, per_seed))
-    figures["pd.real_engine.outputs_match"] = None
-    figures["pd.real_engine.external_hit_tokens"] = None
-    figures["pd.real_engine.fallbacks_without_error"] = None
-    figures["pd.real_engine.note"] = "not measured by this bench: tests/engine's two-engine test fills these keys"
+    figures.update(real_engine_figures())
     figures["pd.seeds"] = list(seeds)
     figures["pd.seed_set"] = "held_out" if held_out else "training"
     figures["pd.wall_s"] = round(time.perf_counter() - started, 1)
     if plot:
         with open(plot, "w") as out:
             out.write(_svg(figures, names))
+    return figures
+
+
+REAL_ENGINE_KEYS = ("outputs_match", "external_hit_tokens", "fallbacks_without_error")
+
+
+def _head() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=protocol.ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def real_engine_record() -> Path:
+    """Where tests/engine/test_pd_real_engine.py leaves what it measured on the two real engines."""
+    return Path(settings.VAR_DIR) / "bench" / "pd_real_engine.json"
+
+
+def write_real_engine_record(measured: dict) -> Path:
+    """The two-engine test's figures (``REAL_ENGINE_KEYS``), with when and at which commit, for this bench."""
+    path = real_engine_record()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {key: measured.get(key) for key in REAL_ENGINE_KEYS}
+    record |= {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _head()}
+    path.write_text(json.dumps(record))
+    return path
+
+
+def real_engine_figures() -> dict:
+    """``pd.real_engine.*`` from the two-engine test's last run in this checkout (starting two CPU engines here would
+    cost minutes): null when it has not run; ``stale`` when it ran at another commit than this one."""
+    path = real_engine_record()
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        figures = {f"pd.real_engine.{key}": None for key in REAL_ENGINE_KEYS}
+        figures["pd.real_engine.note"] = (
+            f"tests/engine/test_pd_real_engine.py has not left {path}: run it to fill these"
+        )
+        return figures
+    figures = {f"pd.real_engine.{key}": record.get(key) for key in REAL_ENGINE_KEYS}
+    figures["pd.real_engine.source"] = {
+        "test": "tests/engine/test_pd_real_engine.py",
+        "measured_at": record.get("measured_at"),
+        "commit": record.get("commit"),
+        "stale": record.get("commit") != _head(),
+    }
     return figures
 
 

@@ -23,6 +23,7 @@ from benchmarks.management.commands.bench import BENCHMARKS
 from benchmarks.operations import prometheus_check
 from benchmarks.routing import routing_suite
 from benchmarks.serving import fidelity
+from benchmarks.serving import pd as pd_bench
 from benchmarks.serving.adapter_routing import POLICIES as LORA_POLICIES
 from capacity.planning.presets import WORKLOADS as ECONOMICS_WORKLOADS
 from workers import manifests
@@ -255,9 +256,15 @@ def test_deploy(clean_redis):
         assert {"promtool_alert_steps_checked", "first_firing_minute"} <= set(figures)
 
 
-def test_pd(tmp_path):
+def test_pd(tmp_path, settings):
+    settings.VAR_DIR = tmp_path
+    assert pd_bench.real_engine_figures()["pd.real_engine.outputs_match"] is None  # the two-engine test has not run
+    measured = {"outputs_match": True, "external_hit_tokens": 896, "fallbacks_without_error": 1}
+    pd_bench.write_real_engine_record(measured)  # as tests/engine/test_pd_real_engine.py leaves it
     figures = smoke("pd", plot=tmp_path / "pd.svg")
-    assert figures["pd.seed_set"] == "training" and figures["pd.real_engine.outputs_match"] is None
+    assert figures["pd.seed_set"] == "training"
+    assert {k: figures[f"pd.real_engine.{k}"] for k in measured} == measured
+    assert figures["pd.real_engine.source"]["stale"] is False
     detail = figures["pd.long_rag.detail"][0]
     assert set(detail["fleets"]) == {"aggregated", "round_robin", "disaggregated", "oracle", "bound"}
     # The ceiling comes from oracles alone: every split, clairvoyant pairings, never the proxy's pairing
