@@ -167,6 +167,11 @@ INFERCAP = {
     "KUBECONFIG": env("INFERCAP_KUBECONFIG", ""),
     # Where endpoints' Deployments live unless their launch options say; empty: the credentials' (a pod's own).
     "KUBERNETES_NAMESPACE": env("INFERCAP_KUBERNETES_NAMESPACE", ""),
+    # Gang placement (docs/placement.md): the cluster's gang scheduler (none, kueue, volcano) and its queue; this
+    # host's GPUs for the local actuator ("8", "8/2" for NVLink pairs; empty or 0: none, as on a CPU-only host).
+    "GANG_SCHEDULER": env("INFERCAP_GANG_SCHEDULER", "none"),
+    "GANG_QUEUE": env("INFERCAP_GANG_QUEUE", "infercap"),
+    "LOCAL_GPUS": env("INFERCAP_LOCAL_GPUS", ""),
     # The autoscaler starts at most this many replicas per endpoint per reconcile, and per 5 s tick fleet-wide.
     "AUTOSCALE_MAX_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_LAUNCHES_PER_TICK", 8),
     "AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", 32),

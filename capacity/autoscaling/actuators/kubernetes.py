@@ -36,20 +36,19 @@ launch option ``spot_tolerations``. Its pods are registered on the endpoint's sp
 Deployments' listings, whose selectors match them too. The two pools scale apart; a reclaimed node's pod is
 replaced by its ReplicaSet, once the market has capacity again.
 
-The API server comes from ``INFERCAP["KUBERNETES_API_URL"]``, else from the environment as kubectl reads it (the pod's
-service account, a kubeconfig with its exec plugins), through lightkube's configuration (``KubernetesActuator``). The
-actuator never waits on the API server: each tick reads what is there and asks for what it wants, so it needs no
-watch.
+Gang placement (docs/placement.md, "In the actuators"): replicas of several GPUs ask for their whole group inside one
+interconnect domain, through the cluster's gang scheduler; a replica larger than a node is a LeaderWorkerSet
+(``kubernetes_gang.py``).
+
+The API client is ``kubernetes_api.py`` (the API server as kubectl finds it); the Deployments of versions, spot and
+disaggregated pools are made in ``kubernetes_versions.py``.
 """
 
 import copy
 import logging
 import time
 
-import httpx
-from django.conf import settings
 from django.db.models import Q
-from lightkube.config.client_adapter import ConnectionParams
 
 from capacity.autoscaling.actuators.base import (
     Actuator,
@@ -58,11 +57,10 @@ from capacity.autoscaling.actuators.base import (
     launch_version_id,
     version_endpoint,
 )
+from capacity.autoscaling.actuators.kubernetes_gang import GROUP_OF, GangReplicas
 from capacity.autoscaling.actuators.kubernetes_objects import (
     CAPACITY,
     DELETION_COST,
-    ENDPOINT_ID,
-    ENDPOINT_NAME,
     LIVE,
     MERGE_PATCH,
     PD_ROLE,
@@ -70,291 +68,25 @@ from capacity.autoscaling.actuators.kubernetes_objects import (
     ROLE,
     SPOT_SCHEDULING_GRACE_S,
     STRATEGIC_PATCH,
-    TEMPLATE,
     VERSION,
     deployment_name,
     is_promoted,
-    kube_config,
-    role_deployment_name,
-    spot_deployment_name,
-    spot_scheduling,
     standby_deployment_name,
     unschedulable_for,
     version_deployment_name,
-    with_kv_transfer,
 )
-from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import kubernetes_container_patch
-from endpoints.models import (
-    Endpoint,
-    EndpointVersion,
-    Replica,
-    ReplicaRole,
-    ReplicaState,
-    RolloutState,
-    ServingMode,
-    active_rollout,
-)
+from endpoints.models import Endpoint, Replica, ReplicaRole, ReplicaState
 
 log = logging.getLogger(__name__)
 
 
-def kv_transfer_flag(endpoint: Endpoint, role: str) -> str:
-    """A prefill or decode pod's ``--kv-transfer-config``: NIXL only, the shared-storage connector being one host's
-    (vLLM's ExampleConnector over a local directory; docs/disaggregation.md)."""
-    if endpoint.kv_connector != "nixl":
-        raise ActuatorError(
-            f"{endpoint.name}: kv_connector {endpoint.kv_connector!r} moves KV through one host's directory; "
-            "a disaggregated endpoint on Kubernetes moves it with nixl"
-        )
-    return vllm.kv_transfer_config(role, "nixl")
-
-
-class KubernetesActuator(Actuator):
+class KubernetesActuator(GangReplicas, Actuator):
     name = "kubernetes"
     supports_standby = True
 
-    def __init__(
-        self,
-        *,
-        api_url: str | None = None,
-        token: str | None = None,
-        verify: bool | str = True,
-        transport: httpx.BaseTransport | None = None,
-        kubeconfig: str | None = None,
-    ) -> None:
-        """The API server and credentials: ``api_url`` (or ``INFERCAP["KUBERNETES_API_URL"]``) with ``token`` when
-        given, an API server named explicitly (``kubectl proxy``, a test double); otherwise lightkube's reading of the
-        environment, as kubectl's: in a pod the service account (its token file re-read when the kubelet rotates
-        it), else ``kubeconfig`` (``INFERCAP["KUBECONFIG"]``), ``$KUBECONFIG`` or ``~/.kube/config``, with its
-        current context's client certificates, tokens or exec plugins (cloud IAM logins). One client, its
-        connections reused, for the actuator's life."""
-        conf = getattr(settings, "INFERCAP", {})
-        url = (api_url or conf.get("KUBERNETES_API_URL") or "").rstrip("/")
-        timeout = httpx.Timeout(5.0)
-        namespace = "default"
-        if url:
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            params = {
-                "base_url": url,
-                "headers": headers,
-                "verify": verify,
-                "timeout": timeout,
-                "transport": transport,
-            }
-        else:
-            config = kube_config(kubeconfig or conf.get("KUBECONFIG") or None)
-            namespace = config.namespace  # the context's, or in a pod its service account's
-            # The transport is set after: lightkube's dataclasses.asdict would hand httpx a deep copy of it.
-            params = ConnectionParams(timeout=timeout, trust_env=False).httpx_params(config)
-            params["transport"] = transport
-        # Where an endpoint's Deployments live unless its launch options say: the setting, else the credentials'.
-        self.namespace = conf.get("KUBERNETES_NAMESPACE") or namespace
-        self.api_url = str(params["base_url"]).rstrip("/")
-        self.client = httpx.Client(**params)
-        self.spot_shortage: dict[int, str] = {}  # endpoint id → why its last sync found no spot capacity
-
-    # -- API calls ----------------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, **kwargs) -> dict:
-        try:
-            response = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ActuatorError(f"kubernetes API {method} {path}: {exc}") from exc
-        if response.status_code >= 400:
-            try:
-                message = response.json().get("message", response.text)
-            except ValueError:
-                message = response.text
-            error = ActuatorError(f"kubernetes API {method} {path}: {response.status_code} {message}")
-            error.status_code = response.status_code
-            raise error
-        return response.json() if response.content else {}
-
-    def _ns(self, endpoint: Endpoint) -> str:
-        return str((endpoint.launch_options or {}).get("namespace") or self.namespace)
-
-    def _deployment_path(self, endpoint: Endpoint, name: str | None = None) -> str:
-        return f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{name or deployment_name(endpoint)}"
-
-    def _scale_path(self, endpoint: Endpoint, *, standby: bool = False, deployment: str | None = None) -> str:
-        name = standby_deployment_name(endpoint) if standby else (deployment or deployment_name(endpoint))
-        return f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments/{name}/scale"
-
-    def get_scale(
-        self, endpoint: Endpoint, *, standby: bool = False, deployment: str | None = None
-    ) -> tuple[int, str]:
-        scale = self._request("GET", self._scale_path(endpoint, standby=standby, deployment=deployment))
-        return int(scale.get("spec", {}).get("replicas") or 0), scale.get("status", {}).get("selector", "")
-
-    def set_scale(
-        self, endpoint: Endpoint, replicas: int, *, standby: bool = False, deployment: str | None = None
-    ) -> None:
-        self._request(
-            "PATCH",
-            self._scale_path(endpoint, standby=standby, deployment=deployment),
-            json={"spec": {"replicas": max(0, replicas)}},
-            headers=MERGE_PATCH,
-        )
-
-    def pods(self, endpoint: Endpoint, *, standby: bool = False, deployment: str | None = None) -> list[dict]:
-        _, selector = self.get_scale(endpoint, standby=standby, deployment=deployment)
-        if not selector:
-            name = standby_deployment_name(endpoint) if standby else (deployment or deployment_name(endpoint))
-            raise ActuatorError(f"deployment {name} reports no selector")
-        listing = self._request(
-            "GET", f"/api/v1/namespaces/{self._ns(endpoint)}/pods", params={"labelSelector": selector}
-        )
-        return listing.get("items", [])
-
-    def _pod_path(self, endpoint: Endpoint, replica: Replica) -> str:
-        return f"/api/v1/namespaces/{self._ns(endpoint)}/pods/{replica.actuator_ref or replica.name}"
-
     def _uses_warm_pool(self, endpoint: Endpoint) -> bool:
         return endpoint.warm_pool_size > 0 or endpoint.replicas.filter(actuator=self.name, is_standby=True).exists()
-
-    # -- versions -----------------------------------------------------------------------------------------
-    @staticmethod
-    def _version(endpoint: Endpoint, version_id: int | None) -> tuple[Endpoint, int | None]:
-        """The endpoint as ``version_id`` launches it (its launch options name the template) and its number."""
-        version = (
-            EndpointVersion.objects.filter(pk=version_id, endpoint_id=endpoint.pk).first() if version_id else None
-        )
-        if version is None:
-            return endpoint, None
-        return version_endpoint(endpoint, version), version.number
-
-    def deployment_for(
-        self, endpoint: Endpoint, version_id: int | None, *, spot: bool = False, role: str = ReplicaRole.MIXED
-    ) -> str:
-        view, number = self._version(endpoint, version_id)
-        name = role_deployment_name(version_deployment_name(view, number), role)
-        return spot_deployment_name(name) if spot else name
-
-    def ensure_version_deployment(
-        self, endpoint: Endpoint, number: int | None, *, spot: bool = False, role: str = ReplicaRole.MIXED
-    ) -> str:
-        """Version ``number``'s Deployment (its spot pool's with ``spot``, a disaggregated pool's with ``role``:
-        labelled ``infercap/pd-role``, its engine given the role's ``--kv-transfer-config``), created from its
-        template (0 replicas) when it does not exist yet."""
-        name, template_name = version_deployment_name(endpoint, number), deployment_name(endpoint)
-        versioned = name != template_name
-        name = role_deployment_name(name, role)
-        if spot:
-            name = spot_deployment_name(name)
-            node_selector, tolerations = spot_scheduling(endpoint.launch_options or {})
-        elif not versioned and role == ReplicaRole.MIXED:
-            return name
-        try:
-            self._request("GET", self._deployment_path(endpoint, name))
-            return name
-        except ActuatorError as exc:
-            if getattr(exc, "status_code", None) != 404:
-                raise
-        template = self._request("GET", self._deployment_path(endpoint, template_name))
-        spec = template.get("spec") or {}
-        added = ({VERSION: str(number)} if versioned else {}) | ({CAPACITY: "spot"} if spot else {})
-        added |= {PD_ROLE: role} if role != ReplicaRole.MIXED else {}
-        selector = copy.deepcopy(spec.get("selector") or {})
-        selector.setdefault("matchLabels", {}).update(added)
-        pod = copy.deepcopy(spec.get("template") or {})
-        pod.setdefault("metadata", {}).setdefault("labels", {}).update(added)
-        if spot:
-            pod_spec = pod.setdefault("spec", {})
-            pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **node_selector}
-            pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *tolerations]
-        if role != ReplicaRole.MIXED:
-            with_kv_transfer(pod, kv_transfer_flag(endpoint, role))
-        labels = {
-            **((template.get("metadata") or {}).get("labels") or {}),
-            **added,
-            ENDPOINT_ID: str(endpoint.pk),
-        }
-        body = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {
-                "name": name,
-                "namespace": self._ns(endpoint),
-                "labels": labels,
-                # The endpoint's name for humans: an annotation, as names may hold characters labels refuse.
-                "annotations": {TEMPLATE: template_name, ENDPOINT_NAME: endpoint.name},
-            },
-            "spec": {
-                **{k: v for k, v in spec.items() if k in ("strategy", "minReadySeconds", "revisionHistoryLimit")},
-                "replicas": 0,
-                "selector": selector,
-                "template": pod,
-            },
-        }
-        try:
-            self._request("POST", f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments", json=body)
-        except ActuatorError as exc:
-            if getattr(exc, "status_code", None) != 409:  # another worker created it first
-                raise
-        return name
-
-    def _deployments(self, endpoint: Endpoint) -> dict[str, tuple[int | None, bool, str]]:
-        """Deployment name → (the version its pods run, spot, role), for every version that may have pods: the
-        serving one, those with live replicas, and both sides of an active rollout; their spot pools' Deployments
-        too when the endpoint has a pool or spot replicas are left, and their prefill and decode pools' when it is
-        disaggregated or role replicas are left."""
-        spot_ids = set(
-            endpoint.replicas.filter(actuator=self.name, hardware_profile__isnull=False)
-            .exclude(state=ReplicaState.STOPPED)
-            .values_list("version_id", flat=True)
-        )
-        if endpoint.spot_hardware_profile_id:
-            spot_ids.add(endpoint.current_version_id)
-        ids = {endpoint.current_version_id}
-        ids |= set(
-            endpoint.replicas.filter(actuator=self.name, is_standby=False)
-            .exclude(state=ReplicaState.STOPPED)
-            .values_list("version_id", flat=True)
-        )
-        rollout = active_rollout(endpoint)
-        if rollout is not None:
-            ids |= {rollout.from_version_id, rollout.to_version_id}
-        out: dict[str, tuple[int | None, bool, str]] = {}
-        for version_id in sorted(ids | spot_ids, key=lambda v: (v is None, v or 0)):
-            if version_id in ids:
-                out.setdefault(self.deployment_for(endpoint, version_id), (version_id, False, ReplicaRole.MIXED))
-            if version_id in spot_ids:
-                out.setdefault(self.deployment_for(endpoint, version_id, spot=True), (version_id, True, "mixed"))
-        roles = set(
-            endpoint.replicas.filter(actuator=self.name, is_standby=False)
-            .exclude(state=ReplicaState.STOPPED)
-            .exclude(role=ReplicaRole.MIXED)
-            .values_list("version_id", "role")
-        )
-        if endpoint.serving_mode == ServingMode.DISAGGREGATED:
-            roles |= {(endpoint.current_version_id, ReplicaRole.PREFILL), (endpoint.current_version_id, "decode")}
-        for version_id, role in sorted(roles, key=lambda vr: (vr[0] is None, vr[0] or 0, vr[1])):
-            out.setdefault(self.deployment_for(endpoint, version_id, role=role), (version_id, False, role))
-        return out
-
-    def _retire(self, endpoint: Endpoint, version_ids: set) -> None:
-        """Delete the ``-v<N>`` Deployments of versions that no longer serve, once none of their replicas is left."""
-        keep = {endpoint.current_version_id}
-        rollout = active_rollout(endpoint)
-        if rollout is not None and rollout.state not in (RolloutState.PROMOTING, RolloutState.ROLLING_BACK):
-            keep |= {rollout.from_version_id, rollout.to_version_id}
-        for version_id in version_ids - keep - {None}:
-            view, number = self._version(endpoint, version_id)
-            name = version_deployment_name(view, number)
-            if endpoint.replicas.filter(
-                actuator=self.name, version_id=version_id, state__in=(*LIVE, ReplicaState.DRAINING)
-            ).exists():
-                continue  # a draining pod still finishes its requests
-            # The template Deployment stays (at 0 replicas); a version's own and every spot pool's go.
-            pools = [spot_deployment_name(name), *(role_deployment_name(name, r) for r in ("prefill", "decode"))]
-            for gone in pools + ([name] if name != deployment_name(view) else []):
-                try:
-                    self._request(
-                        "DELETE", self._deployment_path(view, gone), params={"propagationPolicy": "Background"}
-                    )
-                except ActuatorError as exc:
-                    if getattr(exc, "status_code", None) != 404:
-                        raise
 
     # -- the actuator interface ---------------------------------------------------------------------------
     def rollout_refusal(self, endpoint: Endpoint, from_version, to_version) -> str | None:
@@ -401,13 +133,20 @@ class KubernetesActuator(Actuator):
                 mine |= Q(version__isnull=True)  # registered before versions existed
             registered = registered.filter(mine, hardware_profile__isnull=not pool_id, role=role)
         registered = registered.count()
+        if self.multi_node(view, strict=True):  # one LeaderWorkerSet a replica (kubernetes_gang.py)
+            if standby:
+                raise ActuatorError(f"{endpoint.name}: replicas larger than a node have no warm pool")
+            self.launch_groups(view, name, registered + count)
+            return []
         if not standby and not pool_id and self._uses_warm_pool(endpoint):
             # Promoted standbys are serving replicas, but not the serving Deployment's pods.
             registered -= sum(1 for pod in self.pods(endpoint) if is_promoted(pod))
         current, _ = self.get_scale(endpoint, standby=standby, deployment=name)
         if registered + count > current:
-            if current == 0 and not standby:
-                self.apply_launch_env(view, deployment=name)
+            if current == 0:  # no pod to roll: the template may change
+                self.place_pod_template(view, name or standby_deployment_name(endpoint))
+                if not standby:
+                    self.apply_launch_env(view, deployment=name)
             self.set_scale(endpoint, registered + count, standby=standby, deployment=name)
         return []
 
@@ -458,11 +197,14 @@ class KubernetesActuator(Actuator):
             by_endpoint.setdefault(replica.endpoint_id, []).append(replica)
         for group in by_endpoint.values():
             endpoint = group[0].endpoint
+            gangs = [r for r in group if not r.is_standby and self._in_group(endpoint, r)]
+            for replica in gangs:  # a replica larger than a node: its LeaderWorkerSet goes whole
+                self.delete_group(endpoint, replica)
             promoted = set()
             if self._uses_warm_pool(endpoint):
                 promoted = {p["metadata"]["name"] for p in self.pods(endpoint) if is_promoted(p)}
             for standby in (True, False):
-                members = [r for r in group if r.is_standby == standby]
+                members = [r for r in group if r.is_standby == standby and r not in gangs]
                 owned = [r for r in members if (r.actuator_ref or r.name) not in promoted]
                 for replica in members:
                     if replica not in owned:  # a promoted pod has no ReplicaSet: delete it
@@ -490,8 +232,15 @@ class KubernetesActuator(Actuator):
                 self.stop_row(replica, reason)
             self._retire(endpoint, {r.version_id for r in group if not r.is_standby})
 
+    def _in_group(self, endpoint: Endpoint, replica: Replica) -> bool:
+        """Whether the replica is a LeaderWorkerSet's leader (its version's replicas are larger than a node)."""
+        return self.multi_node(self._version(endpoint, replica.version_id)[0])
+
     def restart(self, replica: Replica) -> list[Replica]:
         endpoint = replica.endpoint
+        if self._in_group(endpoint, replica):
+            # Its group is replaced whole, under a new name: a pod recreated under its old name keeps no row.
+            return Actuator.restart(self, replica)
         self._request("DELETE", f"/api/v1/namespaces/{self._ns(endpoint)}/pods/{replica.actuator_ref or replica.name}")
         self.stop_row(replica, "restart: pod deleted, the deployment replaces it")
         return []
@@ -504,8 +253,11 @@ class KubernetesActuator(Actuator):
             view, number = self._version(endpoint, version_id)
             template = deployment == deployment_name(view)
             versioned = version_deployment_name(view, number) != deployment_name(view)
+            grouped = self.multi_node(view)  # its replicas are LeaderWorkerSets' leaders
             try:
-                listing = self.pods(endpoint, deployment=deployment)
+                listing = (
+                    self.group_pods(endpoint, deployment) if grouped else self.pods(endpoint, deployment=deployment)
+                )
             except ActuatorError as exc:
                 if template or getattr(exc, "status_code", None) != 404:
                     raise
@@ -514,6 +266,8 @@ class KubernetesActuator(Actuator):
                 labels = pod.get("metadata", {}).get("labels") or {}
                 if (not versioned and VERSION in labels) or (not spot and CAPACITY in labels):
                     continue  # a -v<N> or -spot Deployment's pod: this one's selector matches it too
+                if (GROUP_OF in labels) != grouped:
+                    continue  # a LeaderWorkerSet's pod, which the Deployment's selector matches too
                 if labels.get(PD_ROLE, ReplicaRole.MIXED) != role:
                     continue  # a -prefill or -decode Deployment's pod, listed by its own
                 pods[pod["metadata"]["name"]] = pod
