@@ -11,6 +11,11 @@ A ``vllm`` replica serves the endpoint's model profile (a directory of that name
 outside the repository root and without the platform's environment, and is ready when ``GET /health`` answers 200
 (it binds its port long before the model is loaded). The ready transition records the cold start.
 
+On a host with GPUs (``INFERCAP["LOCAL_GPUS"]``) a replica gets its whole tensor-parallel group inside one NVLink
+domain, all or none, as its ``CUDA_VISIBLE_DEVICES`` (``local_gpus.py``, docs/placement.md); a launch that finds no
+whole group free starts nothing more and fails with "capped at <n> of <count>: <why>". Without GPUs nothing is
+allotted.
+
 A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
 signal does not take them down; the worker that started one reaps it, any other finds it by pid.
 """
@@ -38,6 +43,8 @@ from capacity.autoscaling.actuators.base import (
     launch_role,
     launch_version_id,
 )
+from capacity.autoscaling.actuators.local_gpus import GpuLedger, NoWholeGroup, inventory
+from capacity.autoscaling.actuators.replica_shape import engine_gpus, launch_hardware
 from capacity.hardware.profiles import DEFAULT_PROFILE, ROOFLINES
 from capacity.models import HardwareProfile
 from capacity.runtimes import vllm
@@ -69,6 +76,18 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def runs(pid: int, port: int) -> bool:
+    """Whether ``pid`` still runs the replica serving ``port`` (pids get reused: a stranger is not it)."""
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return pid_alive(pid)  # no /proc (not Linux): trust the pid
+    return str(port).encode() in argv and pid_alive(pid)
 
 
 def _leads_group(pid: int) -> bool:
@@ -208,62 +227,94 @@ class LocalActuator(Actuator):
         started = []
         log_dir = Path(settings.INFERCAP.get("SPOOL_DIR", BASE_DIR / "var")).parent / "replicas"
         log_dir.mkdir(parents=True, exist_ok=True)
+        ledger = self.gpu_ledger()
+        size = engine_gpus(endpoint, launch_hardware(endpoint)) if ledger else 0
         for _ in range(count):
             port = free_port()
             name = f"local-{uuid.uuid4().hex[:8]}"
-            # vLLM publishes its KV-cache events on a port of its own; the proxy subscribes (the live precise index).
-            events_port = free_port() if endpoint.runtime == Runtime.VLLM else None
-            try:
-                argv = replica_argv(endpoint, port=port, kv_events_port=events_port)
-                launch_vars = replica_env(endpoint)
-            except (TypeError, ValueError) as exc:
-                raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
-            if endpoint.runtime == Runtime.VLLM and shutil.which(argv[0]) is None:
-                raise ActuatorError(f"cannot start {argv[0]!r}: {vllm.ENGINE_MISSING}")
-            replica = Replica.objects.create(
-                endpoint=endpoint,
-                name=name,
-                url=f"http://127.0.0.1:{port}",
-                served_model_name=endpoint.name,  # its --served-model-name (replica_argv): a later rename keeps it
-                kv_events_endpoint=f"tcp://127.0.0.1:{events_port}"
-                if events_port and "--kv-events-config" in argv
-                else "",
-                actuator=self.name,
-                is_standby=standby,
-                concurrency_limit=endpoint.concurrency_limit,
-                version_id=launch_version_id(endpoint),
-                hardware_profile_id=getattr(endpoint, "launch_hardware_profile_id", None),  # a spot pool's
-                role=launch_role(endpoint),  # a disaggregated endpoint's prefill or decode pool
-            )
-            if endpoint.runtime == Runtime.VLLM:
-                # Third-party code: none of the platform's settings or credentials, and not the repository root as
-                # its working directory (``python -m`` puts that first on the import path, where this repository's
-                # top-level packages, ``platform`` among them, would shadow the standard library's).
-                env, cwd = {**vllm.engine_base_env(), **launch_vars}, log_dir
-            else:
-                env, cwd = {**os.environ, **self._child_env(), **launch_vars}, BASE_DIR
-            # Named by id: the endpoint name is the tenant's choice (two names could map to one file).
-            with open(log_dir / f"endpoint-{endpoint.pk}-{name}.log", "ab") as out:
+            devices = None
+            if ledger is not None:
                 try:
-                    proc = subprocess.Popen(
-                        argv,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        cwd=str(cwd),
-                        env=env,
-                        start_new_session=True,
-                    )
-                except OSError as exc:
-                    self.move(replica, ReplicaState.FAILED, f"could not start: {exc}")
-                    self.move(replica, ReplicaState.STOPPED, "start failed")
-                    raise ActuatorError(f"could not start {argv[0]}: {exc}") from exc
-            _CHILDREN[proc.pid] = proc
-            replica.actuator_ref = str(proc.pid)
-            replica.save(update_fields=["actuator_ref"])
-            self.move(replica, ReplicaState.STARTING, f"pid {proc.pid} on port {port}")
+                    devices = ledger.allot(name, size, port=port)
+                except NoWholeGroup as exc:
+                    # All or nothing: no part of a group is held, nothing more starts (docs/placement.md).
+                    raise ActuatorError(f"capped at {len(started)} of {count}: {exc}") from exc
+            try:
+                replica = self._start(endpoint, name, port=port, standby=standby, log_dir=log_dir, devices=devices)
+            except BaseException:
+                if ledger is not None:
+                    ledger.release(name)
+                raise
+            if ledger is not None:
+                ledger.started(name, int(replica.actuator_ref))
             started.append(replica)
         return started
+
+    @staticmethod
+    def gpu_ledger() -> GpuLedger | None:
+        """This host's GPUs and their holders (``INFERCAP["LOCAL_GPUS"]``); None on a host without GPUs."""
+        nodes = inventory(settings.INFERCAP.get("LOCAL_GPUS"))
+        return GpuLedger(nodes, Path(settings.VAR_DIR), alive=runs) if nodes else None
+
+    def _start(
+        self, endpoint: Endpoint, name: str, *, port: int, standby: bool, log_dir: Path, devices: str | None
+    ) -> Replica:
+        """Register one replica and start its process; ``devices``: its GPUs' ``CUDA_VISIBLE_DEVICES``."""
+        # vLLM publishes its KV-cache events on a port of its own; the proxy subscribes (the live precise index).
+        events_port = free_port() if endpoint.runtime == Runtime.VLLM else None
+        try:
+            argv = replica_argv(endpoint, port=port, kv_events_port=events_port)
+            launch_vars = replica_env(endpoint)
+        except (TypeError, ValueError) as exc:
+            raise ActuatorError(f"bad launch options for {endpoint.name}: {exc}") from exc
+        if devices is not None:
+            launch_vars["CUDA_VISIBLE_DEVICES"] = devices
+        if endpoint.runtime == Runtime.VLLM and shutil.which(argv[0]) is None:
+            raise ActuatorError(f"cannot start {argv[0]!r}: {vllm.ENGINE_MISSING}")
+        replica = Replica.objects.create(
+            endpoint=endpoint,
+            name=name,
+            url=f"http://127.0.0.1:{port}",
+            served_model_name=endpoint.name,  # its --served-model-name (replica_argv): a later rename keeps it
+            kv_events_endpoint=f"tcp://127.0.0.1:{events_port}"
+            if events_port and "--kv-events-config" in argv
+            else "",
+            actuator=self.name,
+            is_standby=standby,
+            concurrency_limit=endpoint.concurrency_limit,
+            version_id=launch_version_id(endpoint),
+            hardware_profile_id=getattr(endpoint, "launch_hardware_profile_id", None),  # a spot pool's
+            role=launch_role(endpoint),  # a disaggregated endpoint's prefill or decode pool
+        )
+        if endpoint.runtime == Runtime.VLLM:
+            # Third-party code: none of the platform's settings or credentials, and not the repository root as
+            # its working directory (``python -m`` puts that first on the import path, where this repository's
+            # top-level packages, ``platform`` among them, would shadow the standard library's).
+            env, cwd = {**vllm.engine_base_env(), **launch_vars}, log_dir
+        else:
+            env, cwd = {**os.environ, **self._child_env(), **launch_vars}, BASE_DIR
+        # Named by id: the endpoint name is the tenant's choice (two names could map to one file).
+        with open(log_dir / f"endpoint-{endpoint.pk}-{name}.log", "ab") as out:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=str(cwd),
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self.move(replica, ReplicaState.FAILED, f"could not start: {exc}")
+                self.move(replica, ReplicaState.STOPPED, "start failed")
+                raise ActuatorError(f"could not start {argv[0]}: {exc}") from exc
+        _CHILDREN[proc.pid] = proc
+        replica.actuator_ref = str(proc.pid)
+        replica.save(update_fields=["actuator_ref"])
+        gpus = f", GPUs {devices}" if devices is not None else ""
+        self.move(replica, ReplicaState.STARTING, f"pid {proc.pid} on port {port}{gpus}")
+        return replica
 
     @staticmethod
     def _child_env() -> dict:
