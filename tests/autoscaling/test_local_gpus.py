@@ -5,10 +5,11 @@ held as long as its replica's process runs; a host without GPUs launches as it a
 
 import os
 import subprocess
+import time
 
 import pytest
 
-from capacity.autoscaling import services
+from capacity.autoscaling import services, ticks
 from capacity.autoscaling.actuators import ActuatorError, local
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import STARTING_GRACE_S, GpuLedger, NoWholeGroup, inventory
@@ -150,3 +151,17 @@ def test_a_host_without_gpus_launches_as_it_always_did(
     assert child_envs[-1].get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
     assert "GPUs" not in replica.transitions.order_by("at", "pk").last().reason
     assert not (tmp_path / "local-gpus.json").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_horizontal_decision_says_why_no_group_started(
+    tenant_a, host_gpus, child_envs, reap_local_replicas, clean_store, monkeypatch
+):
+    host_gpus("3")  # three GPUs: no TP-4 group, ever
+    monkeypatch.setattr(services, "get_actuator", lambda endpoint: LocalActuator())
+    endpoint = tp(tenant_a.endpoint, 4)
+    Endpoint.objects.filter(pk=endpoint.pk).update(min_replicas=1, max_replicas=2, desired_replicas=1)
+    decision = ticks.horizontal_tick(endpoint_id=endpoint.pk, tick="h-tp4", now=time.time())
+    assert "capped at 0 of 1" in decision.reason
+    assert "no interconnect domain on this host holds a TP-4 group (the largest has 3 GPUs)" in decision.reason
+    assert not endpoint.replicas.exists() and not child_envs
