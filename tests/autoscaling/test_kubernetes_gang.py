@@ -320,3 +320,15 @@ def test_a_bad_gang_setting_fails_launches_but_not_the_sync_of_what_runs(db, ten
     (row,) = endpoint.replicas.all()
     k8s.terminate([row], reason="scale-in")
     assert server.deployments[DEPLOY]["spec"]["replicas"] == 0
+
+
+def test_a_deployments_listing_leaves_leader_worker_set_pods_to_their_groups(db, tenant_a, gang):
+    gang("none")
+    endpoint = gang_endpoint(tenant_a, gpus=4)  # fits a tray: the Deployment's pods are the replicas
+    server = ApiServer(endpoint.pk)
+    template = server.deployments[DEPLOY]["spec"]["template"]
+    server._pod("ep-abc", template, {})
+    # A set's pods carry the template's labels, which the Deployment's selector matches
+    server._pod("ep-g123456-0", template, {GROUP_OF: DEPLOY, LWS_NAME: "ep-g123456", LWS_WORKER_INDEX: "0"})
+    actuator(server).sync(endpoint)
+    assert [r.name for r in endpoint.replicas.all()] == ["ep-abc"]
