@@ -9,6 +9,7 @@ probes (which cost about 21 ms per replica on the dev machine, each building its
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -21,13 +22,17 @@ from django.urls import reverse
 
 from benchmarks.operations.scale_billing import _profiles
 from benchmarks.operations.scale_rows import analyze, insert_series, timed_cpu
-from capacity.autoscaling.ticks import horizontal_tick
+from capacity.autoscaling import store, tick_reads
+from capacity.autoscaling.demand import DemandSample
+from capacity.autoscaling.tick_reads import append_samples
+from capacity.autoscaling.ticks import horizontal_ticks
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, Replica, ReplicaState
 from gateway.proxy.request import ParsedRequest
 from gateway.proxy.snapshot_loader import read_snapshot
 from gateway.proxy.stages import authenticate, resolve_endpoint
 from tenants.models import ApiKey, Tenant, User
+from workers.tasks.autoscaling import TICK_BATCH
 
 REPLICAS_PER_ENDPOINT = 10
 KEYS_PER_ENDPOINT = 100  # the snapshot goal's 100,000 keys over 1,000 endpoints
@@ -70,33 +75,105 @@ def _fleet(endpoints: int, *, replicas: int, actuator: str = "static") -> tuple[
 
 
 # -- autoscaler ------------------------------------------------------------------------------------------------
+HISTORY_PER_ENDPOINT = 2_000  # past decisions per endpoint (2.8 hours of 5-s ticks; retention keeps two weeks)
+MOVE_EVERY = 50  # one applied move in that many, alternately up and down
+
+
 def autoscaler_tick(endpoints: int, *, progress) -> dict:
-    """Seconds of one horizontal tick over ``endpoints`` endpoints of 10 replicas, run one after another in this
-    process (the beat fans them out as one task each: the figure is the CPU a tick costs the workers together)."""
+    """Seconds of one horizontal tick over ``endpoints`` endpoints of 10 replicas, in the beat's batches
+    (``workers.tasks.autoscaling.TICK_BATCH``) one after another in this process: the CPU a tick costs the workers
+    together. Steady state as a live fleet has it: each endpoint's demand window full (``store.SAMPLES_KEPT``
+    samples, as the 1-s sampler keeps it) and a history of decisions with moves up and down; the demand sampler's
+    own second (every endpoint's sample appended) timed beside it."""
     with transaction.atomic():
         stamp, ids = _fleet(endpoints, replicas=REPLICAS_PER_ENDPOINT)
-        ticks = []
-        for tick in range(3):  # the first writes each endpoint's first decision; the later ones are steady
-            label = f"h-scale-{stamp}-{tick}"
-            seconds, cpu, decided = timed_cpu(
-                lambda label=label: [horizontal_tick(endpoint_id=pk, tick=label) for pk in ids]
-            )
-            stored = AutoscalerDecision.objects.filter(tick=label, endpoint_id__in=ids).count()
-            ticks.append((seconds, cpu, stored))
+        _decision_history(ids)
+        _full_windows(ids)
+        try:
+            ticks = []
+            for tick in range(3):  # the first writes each endpoint's first decision; the later ones are steady
+                label = f"h-scale-{stamp}-{tick}"
+                seconds, cpu, _ = timed_cpu(_tick_in_batches, ids, label)
+                stored = AutoscalerDecision.objects.filter(tick=label, endpoint_id__in=ids).count()
+                ticks.append((seconds, cpu, stored))
+            # A worker process that has not read these windows before (a restart, or a batch new to it) reads each
+            # whole once: the same tick with the windows' cache emptied.
+            tick_reads.forget_windows()
+            cold_s, cold_cpu, _ = timed_cpu(_tick_in_batches, ids, f"h-scale-{stamp}-cold")
+            sampler_s, sampler_cpu, _ = timed_cpu(append_samples, ids, now=time.time())
+        finally:
+            _drop_windows(ids)
         transaction.set_rollback(True)
     seconds, cpu, stored = min(ticks[1:])
     progress(
         f"  autoscaler: {endpoints:,} endpoints × {REPLICAS_PER_ENDPOINT} replicas: {seconds:.2f} s a tick "
-        f"({seconds / endpoints * 1000:.1f} ms an endpoint; {stored:,} decisions stored)"
+        f"({seconds / endpoints * 1000:.2f} ms an endpoint; {stored:,} decisions stored; {cold_s:.2f} s with the "
+        f"windows read whole); the 1-s demand sampler {sampler_s * 1000:.0f} ms"
     )
     return {
         "seconds": seconds,
         "cpu_s": round(cpu, 3),
         "replicas": endpoints * REPLICAS_PER_ENDPOINT,
-        "ms_per_endpoint": round(seconds / endpoints * 1000, 2),
+        "ms_per_endpoint": round(seconds / endpoints * 1000, 3),
         "decisions_stored": stored,
         "first_tick_s": round(ticks[0][0], 3),
+        "cold_windows_s": round(cold_s, 3),
+        "cold_windows_cpu_s": round(cold_cpu, 3),
+        "history_decisions": endpoints * HISTORY_PER_ENDPOINT,
+        "sampler_s": round(sampler_s, 4),
+        "sampler_cpu_s": round(sampler_cpu, 4),
     }
+
+
+def _tick_in_batches(ids: list[int], label: str) -> None:
+    for first in range(0, len(ids), TICK_BATCH):
+        horizontal_ticks(endpoint_ids=ids[first : first + TICK_BATCH], tick=label)
+
+
+def _decision_history(ids: list[int]) -> None:
+    """``HISTORY_PER_ENDPOINT`` applied decisions per endpoint, one every 5 s back from now, holds at 10 replicas
+    with a move up or down every ``MOVE_EVERY``."""
+    insert_series(
+        AutoscalerDecision,
+        len(ids) * HISTORY_PER_ENDPOINT,
+        {
+            "endpoint_id": "(%(ids)s::bigint[])[1 + (g - 1) %% %(n)s]",
+            "at": "now() - ((1 + (g - 1) / %(n)s) * interval '5 seconds')",
+            "axis": "'horizontal'",
+            "current": "10",
+            "desired": "CASE WHEN ((g - 1) / %(n)s) %% %(every)s = 0 THEN 10 + (((g - 1) / %(n)s / %(every)s) %% 2) * 2 - 1 "
+            "ELSE 10 END",
+            "reason": "'hold'",
+            "inputs": "'{}'::jsonb",
+            "applied": "true",
+            "tick": "'h-past-' || g",
+        },
+        {"ids": ids, "n": len(ids), "every": MOVE_EVERY},
+    )
+    analyze(AutoscalerDecision)
+
+
+def _full_windows(ids: list[int]) -> None:
+    """Each endpoint's demand window as the sampler leaves it: ``store.SAMPLES_KEPT`` samples a second apart."""
+    c, now = store.client(), time.time()
+    for first in range(0, len(ids), TICK_BATCH):
+        pipe = c.pipeline(transaction=False)
+        for endpoint_id in ids[first : first + TICK_BATCH]:
+            key = store.SAMPLES_KEY.format(endpoint_id=endpoint_id)
+            samples = [
+                json.dumps(DemandSample(t=now - store.SAMPLES_KEPT + i, in_flight=40.0 + i % 7).__dict__)
+                for i in range(store.SAMPLES_KEPT)
+            ]
+            pipe.delete(key)
+            pipe.rpush(key, *samples)
+        pipe.execute()
+
+
+def _drop_windows(ids: list[int]) -> None:
+    pipe = store.client().pipeline(transaction=False)
+    for endpoint_id in ids:
+        pipe.delete(store.SAMPLES_KEY.format(endpoint_id=endpoint_id))
+    pipe.execute()
 
 
 # -- the proxy's snapshot --------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 
 @dataclass(frozen=True)
@@ -28,13 +29,15 @@ class DemandSample:
 
 def window(samples: Iterable[DemandSample], *, now: float, seconds: float) -> list[DemandSample]:
     """The samples taken in the last ``seconds`` (inclusive of ``now``)."""
-    start = now - seconds
-    return [s for s in samples if start < s.t <= now + 1e-9]
+    start, end = now - seconds, now + 1e-9
+    return [s for s in samples if start < s.t <= end]
 
 
 def window_max(samples: Sequence[DemandSample], *, attr: str = "requests") -> float:
-    """The largest finite value (a non-finite one, e.g. a corrupt stored sample, is ignored)."""
-    return max((v for s in samples if math.isfinite(v := getattr(s, attr))), default=0.0)
+    """The largest finite value (a non-finite one, e.g. a corrupt stored sample, is ignored). Mapped in C: the
+    horizontal tick takes several over a 420-sample window per endpoint
+    (docs/architecture.md#the-horizontal-tick-at-fleet-scale)."""
+    return max(filter(math.isfinite, map(attrgetter(attr), samples)), default=0.0)
 
 
 def window_mean(samples: Sequence[DemandSample], *, attr: str = "requests") -> float:

@@ -115,6 +115,30 @@ class _MemoryStore:
                 return 1
             return 0
 
+    def pipeline(self, transaction=True):
+        return _MemoryPipeline(self)
+
+
+class _MemoryPipeline:
+    """redis-py's pipeline over the in-memory store: the calls queue up and run in order at ``execute``."""
+
+    def __init__(self, store: _MemoryStore) -> None:
+        self.store = store
+        self.calls: list = []
+
+    def __getattr__(self, name):
+        method = getattr(self.store, name)
+
+        def queue(*args, **kwargs):
+            self.calls.append((method, args, kwargs))
+            return self
+
+        return queue
+
+    def execute(self):
+        calls, self.calls = self.calls, []
+        return [method(*args, **kwargs) for method, args, kwargs in calls]
+
 
 def client():
     global _client
@@ -166,6 +190,36 @@ class TickLock:
     def __exit__(self, *exc) -> None:
         if self.held:
             release_lock(client(), self.key, self.token)  # else the TTL frees it; the tick's outcome is what matters
+
+
+class TickLocks:
+    """``TickLock`` for a batch of endpoints, taken and released in one round trip each; ``held``: the endpoints
+    whose lock this holder took (another worker ticks the rest)."""
+
+    def __init__(self, *, axis: str, endpoint_ids, ttl_s: int = 60) -> None:
+        self.locks = {pk: TickLock(axis=axis, endpoint_id=pk, ttl_s=ttl_s) for pk in endpoint_ids}
+        self.held: list[int] = []
+
+    def __enter__(self) -> "TickLocks":
+        pipe = client().pipeline(transaction=False)
+        for lock in self.locks.values():
+            pipe.set(lock.key, lock.token, nx=True, ex=lock.ttl_s)
+        for (pk, lock), taken in zip(self.locks.items(), pipe.execute(), strict=True):
+            lock.held = bool(taken)
+            if lock.held:
+                self.held.append(pk)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pipe = client().pipeline(transaction=False)
+        held = [self.locks[pk] for pk in self.held]
+        for lock in held:
+            pipe.eval(_RELEASE, 1, lock.key, lock.token)
+        try:
+            pipe.execute()
+        except RedisError:
+            for lock in held:  # one at a time, each retried; else their TTL frees them
+                release_lock(client(), lock.key, lock.token)
 
 
 def demand_reports(endpoint_id: int) -> list[dict]:

@@ -14,35 +14,33 @@ split between on-demand and spot from ``capacity.autoscaling.spot``.
 import logging
 import math
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Min, Sum
+from django.db.models import Max, Min
 from django.utils import timezone
 
-from billing.models import UsageMinute
-from capacity.autoscaling import horizontal, pins, predictive, replica_metrics, spot, store, vertical
+from capacity.autoscaling import horizontal, pins, replica_metrics, spot, store, tick_reads, vertical
 from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
-from capacity.autoscaling.limits import quota_ceiling
+from capacity.autoscaling.limits import QuotaLeft, quota_ceiling
 from capacity.autoscaling.prefill_ticks import prefill_decision
 from capacity.autoscaling.services import (
     ACTIVE,
     SUSPENDED_REASON,
     actuator_or_none,
-    admission_pool,
     finish_drains,
-    gpus_per_replica,
     owner_suspended,
-    quota_left,
     reconcile,
-    rollout_active,
     safe_call,
     scrape_replica,
+    serving_role,
 )
+from capacity.autoscaling.tick_reads import TickReads, predicted_floor
 from capacity.models import AutoscalerDecision
 from capacity.unit_resolver import endpoint_coefficients
-from capacity.units import REFERENCE_REQUEST, estimate_request_mu
-from endpoints.models import Endpoint, ReplicaState
+from capacity.units import REFERENCE_REQUEST, MUCoefficients, estimate_request_mu
+from endpoints.models import Endpoint, ReplicaState, ServingMode
 
 log = logging.getLogger(__name__)
 
@@ -53,93 +51,192 @@ HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
 VERTICAL = AutoscalerDecision.Axis.VERTICAL
 
 
-DEFAULT_SECONDS_PER_REQUEST = 10.0
-
-
-PREDICTIVE = predictive.PredictiveConfig()
-
-
 # -- horizontal ---------------------------------------------------------------------------------------------
 def horizontal_tick(*, endpoint_id: int, tick: str, now: float | None = None) -> AutoscalerDecision | None:
-    """Decide and apply the replica count for one endpoint; None when another worker owns this tick, or when Redis
-    (lock, demand window) cannot be reached: no decision then, rather than one on a demand read as zero."""
+    """Decide and apply the replica count for one endpoint (a wake-up: the activator, an interruption notice); None
+    when another worker owns this tick, or when Redis (lock, demand window) cannot be reached: no decision then,
+    rather than one on a demand read as zero."""
+    return horizontal_ticks(endpoint_ids=[endpoint_id], tick=tick, now=now).get(endpoint_id)
+
+
+def horizontal_ticks(*, endpoint_ids, tick: str, now: float | None = None) -> dict[int, AutoscalerDecision | None]:
+    """The horizontal tick for a batch of endpoints (the beat's shards): one batch of reads (``tick_reads``), the
+    pure policy per endpoint, the decisions written together, and the actuators called only where an endpoint's
+    replicas must change (docs/architecture.md#the-horizontal-tick-at-fleet-scale). Endpoints another worker holds,
+    or already decided for this tick, are left out."""
     try:
-        return _horizontal_tick(endpoint_id=endpoint_id, tick=tick, now=now)
+        return _horizontal_ticks(list(dict.fromkeys(endpoint_ids)), tick=tick, now=now)
     except store.RedisError as exc:
-        log.warning("autoscaler: horizontal tick %s for endpoint %s skipped: Redis: %s", tick, endpoint_id, exc)
-        return None
+        log.warning("autoscaler: horizontal tick %s for %d endpoints skipped: Redis: %s", tick, len(endpoint_ids), exc)
+        return {}
 
 
-def _horizontal_tick(*, endpoint_id: int, tick: str, now: float | None) -> AutoscalerDecision | None:
-    with store.TickLock(axis=HORIZONTAL, endpoint_id=endpoint_id) as lock:
-        if not lock.held or _decided(endpoint_id, HORIZONTAL, tick):
-            return None
-        endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
-        if endpoint is None:
-            return None
-        now = time.time() if now is None else now
-        actuator = actuator_or_none(endpoint)
-        if actuator is not None:
-            safe_call(actuator.sync, endpoint)
-        pinned = pins.pin_state(endpoint, now=now)
-        inputs, capped_by = _horizontal_inputs(endpoint, now=now)
-        decision = horizontal.decide(inputs)
-        if capped_by and _quota_binds(decision, endpoint):
-            decision = horizontal.HorizontalDecision(
-                current=decision.current,
-                desired=decision.desired,
-                reason=f"{decision.reason}; {capped_by} (max_replicas {endpoint.max_replicas})",
-                inputs={**decision.inputs, "quota_ceiling": inputs.max_replicas},
-            )
-        if not owner_suspended(endpoint):  # a suspension holds the endpoint at zero, pin or not
-            decision = pins.pinned_decision(
-                decision, pinned, min_replicas=inputs.min_replicas, max_replicas=inputs.max_replicas
-            )
-        row = _store(
-            endpoint, HORIZONTAL, tick, decision.current, decision.desired, decision.reason, decision.inputs, at=now
+@dataclass
+class _Plan:
+    """One endpoint's decision before it is stored; ``steady``: its replicas already match, nothing to call."""
+
+    endpoint: Endpoint
+    actuator: object | None
+    decision: horizontal.HorizontalDecision
+    pinned: pins.PinState
+    steady: bool
+
+
+def _horizontal_ticks(ids: list[int], *, tick: str, now: float | None) -> dict[int, AutoscalerDecision | None]:
+    with store.TickLocks(axis=HORIZONTAL, endpoint_ids=ids) as locks:
+        todo = set(locks.held) - _decided_many(locks.held, HORIZONTAL, tick)
+        endpoints = list(
+            Endpoint.objects.filter(pk__in=todo).select_related("owner_tenant", "hardware_profile").order_by("pk")
         )
-        if row is None:
-            return None
-        if rollout_active(endpoint):
-            # The rollout owns the replicas until it ends: record what demand asked for, change nothing, and keep
-            # the decision out of the cooldowns (they read applied decisions only).
-            actions = finish_drains(endpoint=endpoint, actuator=actuator) if actuator is not None else []
-            row.inputs = {**row.inputs, "actions": actions + ["rollout in progress: not applied"]}
-            row.save(update_fields=["inputs"])
-            return row
-        desired, desired_spot = decision.desired, 0
-        split = spot_split(endpoint, decision.desired, now=now)
-        if split is not None:
-            desired, desired_spot = split.on_demand + split.spot, split.spot
-            row.inputs = {**row.inputs, "spot": spot_record(split)}
-        with transaction.atomic():
-            # The endpoint's row, as an operator's scale takes it: a scale that landed while this tick decided wins
-            # (its pin is newer than the one read above) and this tick converges on its count instead.
-            current = Endpoint.objects.select_for_update().values("desired_replicas", "desired_spot_replicas")
-            row_now = current.get(pk=endpoint.pk)
-            if pins.pin_stamp(endpoint.pk) != pinned.stamp:
-                desired, desired_spot = row_now["desired_replicas"], row_now["desired_spot_replicas"]
-                row.reason = f"{row.reason}; an operator scaled meanwhile: {desired} kept"[:255]
-            elif (desired, desired_spot) != (row_now["desired_replicas"], row_now["desired_spot_replicas"]):
-                Endpoint.objects.filter(pk=endpoint.pk).update(
-                    desired_replicas=desired, desired_spot_replicas=desired_spot
-                )
-        endpoint.desired_replicas, endpoint.desired_spot_replicas = desired, desired_spot
-        # A disaggregated endpoint's prefill pool: decided here, under this lock, so one reconcile converges both.
-        prefill_row = prefill_decision(endpoint, tick=tick, now=now, store_row=_store)
-        actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
-        for decided in (row, prefill_row):
-            if decided is None:
+        now = time.time() if now is None else now
+        actuators = {e.pk: actuator_or_none(e) for e in endpoints}
+        for endpoint in endpoints:
+            if actuators[endpoint.pk] is not None:
+                safe_call(actuators[endpoint.pk].sync, endpoint)
+        reads = TickReads(endpoints, now=now)
+        plans = [_plan(e, actuators[e.pk], reads, now=now) for e in endpoints]
+        rows = _store_plans(plans, tick=tick, now=now)
+        for plan in plans:
+            row = rows.get(plan.endpoint.pk)
+            if row is None or plan.steady:
                 continue
-            decided.applied = actuator is not None
-            prefill_side = decided is prefill_row
-            own = [a for a in actions if a.startswith("prefill: ") == prefill_side]
-            decided.inputs = {**decided.inputs, "actions": own}
-            capped = [action for action in own if "capped" in action]
-            if capped:
-                decided.reason = "; ".join([decided.reason, *capped])[:255]
-            decided.save(update_fields=["applied", "inputs", "reason"])
+            try:
+                _apply(plan, row, rollout=plan.endpoint.pk in reads.rollouts, tick=tick, now=now)
+            except Exception:
+                if len(plans) == 1:
+                    raise
+                # One endpoint's failure (its actuator, a lock timeout) must not cost the batch's others their tick.
+                log.exception("autoscaler: applying tick %s to endpoint %s failed", tick, plan.endpoint.pk)
+        return rows
+
+
+def _plan(endpoint: Endpoint, actuator, reads: TickReads, *, now: float) -> _Plan:
+    pin = reads.pins.get(endpoint.pk)
+    if pin is None:
+        pinned = pins.PinState()
+    elif pin.until.timestamp() > now:
+        pinned = pins.PinState(pin=pin)
+    else:
+        pinned = pins.pin_state(endpoint, now=now)  # ran out: deleted and audited there
+    inputs, capped_by = _inputs(endpoint, reads, now=now)
+    decision = horizontal.decide(inputs)
+    if capped_by and _quota_binds(decision, endpoint):
+        decision = horizontal.HorizontalDecision(
+            current=decision.current,
+            desired=decision.desired,
+            reason=f"{decision.reason}; {capped_by} (max_replicas {endpoint.max_replicas})",
+            inputs={**decision.inputs, "quota_ceiling": inputs.max_replicas},
+        )
+    if not owner_suspended(endpoint):  # a suspension holds the endpoint at zero, pin or not
+        decision = pins.pinned_decision(
+            decision, pinned, min_replicas=inputs.min_replicas, max_replicas=inputs.max_replicas
+        )
+    steady = actuator is not None and _converged(endpoint, actuator, reads, desired=decision.desired)
+    return _Plan(endpoint, actuator, decision, pinned, steady)
+
+
+def _converged(endpoint: Endpoint, actuator, reads: TickReads, *, desired: int) -> bool:
+    """Whether ``reconcile`` would find nothing to do: the count unchanged, as many serving replicas as desired and
+    standbys as the warm pool, none draining or under notice, and none of the cases reconcile treats apart (a spot
+    pool, a prefill pool, a rollout, a suspended owner)."""
+    if (
+        desired != endpoint.desired_replicas
+        or endpoint.spot_hardware_profile_id is not None
+        or endpoint.serving_mode == ServingMode.DISAGGREGATED
+        or endpoint.pk in reads.rollouts
+        or owner_suspended(endpoint)
+    ):
+        return False
+    rows = reads.replicas.get(endpoint.pk, [])
+    if any(r.state == ReplicaState.DRAINING or r.terminate_at is not None for r in rows):
+        return False
+    role = serving_role(endpoint)
+    serving = [r for r in reads.serving(endpoint) if r.state in ACTIVE and not r.is_standby]
+    if len(serving) != desired or any(r.role != role for r in serving):
+        return False
+    if not getattr(actuator, "supports_standby", True):
+        return True
+    standby = [r for r in rows if r.is_standby and r.actuator == actuator.name]
+    return len(standby) == endpoint.warm_pool_size and all(r.role == role for r in standby)
+
+
+def _store_plans(plans: list[_Plan], *, tick: str, now: float) -> dict[int, AutoscalerDecision | None]:
+    """Every plan's decision in one insert; a steady one is stored applied, with no actions. Should another worker
+    have stored one meanwhile (the unique tick constraint), each is stored alone and that endpoint skipped."""
+    at = datetime.fromtimestamp(now, tz=UTC)
+    rows = [
+        AutoscalerDecision(
+            endpoint=p.endpoint,
+            axis=HORIZONTAL,
+            tick=tick,
+            current=p.decision.current,
+            desired=p.decision.desired,
+            reason=p.decision.reason[:255],
+            inputs={**p.decision.inputs, "actions": []} if p.steady else p.decision.inputs,
+            applied=p.steady,
+            at=at,
+        )
+        for p in plans
+    ]
+    try:
+        with transaction.atomic():
+            AutoscalerDecision.objects.bulk_create(rows)
+        return {row.endpoint_id: row for row in rows}
+    except IntegrityError:
+        stored = {}
+        for p, row in zip(plans, rows, strict=True):
+            stored[p.endpoint.pk] = _store(
+                p.endpoint, HORIZONTAL, tick, row.current, row.desired, row.reason, row.inputs, at=now
+            )
+            if stored[p.endpoint.pk] is not None and p.steady:
+                AutoscalerDecision.objects.filter(pk=stored[p.endpoint.pk].pk).update(applied=True)
+        return stored
+
+
+def _apply(plan: _Plan, row: AutoscalerDecision, *, rollout: bool, tick: str, now: float) -> AutoscalerDecision:
+    """Apply one endpoint's stored decision: its count (and spot split) on the endpoint's row, its prefill pool's
+    decision, then ``reconcile``; the actions go on the decision."""
+    endpoint, actuator, decision = plan.endpoint, plan.actuator, plan.decision
+    if rollout:
+        # The rollout owns the replicas until it ends: record what demand asked for, change nothing, and keep
+        # the decision out of the cooldowns (they read applied decisions only).
+        actions = finish_drains(endpoint=endpoint, actuator=actuator) if actuator is not None else []
+        row.inputs = {**row.inputs, "actions": actions + ["rollout in progress: not applied"]}
+        row.save(update_fields=["inputs"])
         return row
+    desired, desired_spot = decision.desired, 0
+    split = spot_split(endpoint, decision.desired, now=now)
+    if split is not None:
+        desired, desired_spot = split.on_demand + split.spot, split.spot
+        row.inputs = {**row.inputs, "spot": spot_record(split)}
+    with transaction.atomic():
+        # The endpoint's row, as an operator's scale takes it: a scale that landed while this tick decided wins
+        # (its pin is newer than the one read above) and this tick converges on its count instead.
+        current = Endpoint.objects.select_for_update().values("desired_replicas", "desired_spot_replicas")
+        row_now = current.get(pk=endpoint.pk)
+        if pins.pin_stamp(endpoint.pk) != plan.pinned.stamp:
+            desired, desired_spot = row_now["desired_replicas"], row_now["desired_spot_replicas"]
+            row.reason = f"{row.reason}; an operator scaled meanwhile: {desired} kept"[:255]
+        elif (desired, desired_spot) != (row_now["desired_replicas"], row_now["desired_spot_replicas"]):
+            Endpoint.objects.filter(pk=endpoint.pk).update(
+                desired_replicas=desired, desired_spot_replicas=desired_spot
+            )
+    endpoint.desired_replicas, endpoint.desired_spot_replicas = desired, desired_spot
+    # A disaggregated endpoint's prefill pool: decided here, under this lock, so one reconcile converges both.
+    prefill_row = prefill_decision(endpoint, tick=tick, now=now, store_row=_store)
+    actions = reconcile(endpoint=endpoint) if actuator is not None else ["no actuator"]
+    for decided in (row, prefill_row):
+        if decided is None:
+            continue
+        decided.applied = actuator is not None
+        prefill_side = decided is prefill_row
+        own = [a for a in actions if a.startswith("prefill: ") == prefill_side]
+        decided.inputs = {**decided.inputs, "actions": own}
+        capped = [action for action in own if "capped" in action]
+        if capped:
+            decided.reason = "; ".join([decided.reason, *capped])[:255]
+        decided.save(update_fields=["applied", "inputs", "reason"])
+    return row
 
 
 def scale_apply(*, endpoint_id: int, decision_id: int | None = None) -> list[str] | None:
@@ -193,23 +290,27 @@ def _sample_demand(*, endpoint_id: int, now: float) -> tuple[list[DemandSample],
 
 
 def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:
-    return _horizontal_inputs(endpoint, now=now)[0]
+    """The policy's inputs for one endpoint, as its tick reads them (this tick's demand sample appended)."""
+    return _inputs(endpoint, TickReads([endpoint], now=now), now=now)[0]
 
 
-def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.HorizontalInputs, str]:
+def _inputs(endpoint: Endpoint, reads: TickReads, *, now: float) -> tuple[horizontal.HorizontalInputs, str]:
     """The policy's inputs, with max replicas lowered to what the owner's quota has left (and why, when it is)."""
     ceiling, capped_by = quota_ceiling(
         max_replicas=endpoint.max_replicas,
-        left=quota_left(endpoint, exclude_own_serving=True),
-        gpus_per_replica=gpus_per_replica(endpoint),
+        left=reads.quota_left.get(endpoint.pk, QuotaLeft()),
+        gpus_per_replica=max(1, int(getattr(endpoint.hardware_profile, "gpus_per_replica", 1) or 1)),
     )
     if owner_suspended(endpoint):
         ceiling, capped_by = 0, SUSPENDED_REASON
-    window, fresh = _sample_demand(endpoint_id=endpoint.pk, now=now)
     # A noticed replica (terminate_at) may serve on for a while, but it is not capacity: its replacement is due now.
     # A disaggregated endpoint's decode pool (its prefill pool is ``prefill_ticks``' own decision).
-    serving = admission_pool(endpoint).filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)
-    replicas = list(serving.values_list("state", flat=True))
+    role = serving_role(endpoint)
+    replicas = [
+        r.state
+        for r in reads.serving(endpoint)
+        if r.role == role and r.state in ACTIVE and not r.is_standby and r.terminate_at is None
+    ]
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
     # The spot margin the last split added (replicas at risk, the safeguard) is not capacity the policy may count
     # on: counted, every hold would add it again (docs/algorithms.md#spot-capacity).
@@ -217,25 +318,24 @@ def _horizontal_inputs(endpoint: Endpoint, *, now: float) -> tuple[horizontal.Ho
     booting = len(replicas) - ready
     ready -= max(0, margin - booting)
     replicas = replicas[: len(replicas) - margin]
-    floor, _ = predicted_floor_for(endpoint, now=now)
-    last_up, last_down = _last_moves(endpoint)
+    floor, _ = predicted_floor(reads.floors.get(endpoint.pk), concurrency_limit=endpoint.concurrency_limit, now=now)
     inputs = horizontal.HorizontalInputs(
         now=now,
-        samples=window,
+        samples=reads.windows.get(endpoint.pk, []),
         ready=ready,
         starting=len(replicas) - ready,
         min_replicas=min(endpoint.min_replicas, ceiling),
         max_replicas=ceiling,
         target_concurrency=float(max(1, endpoint.concurrency_limit)),  # 0 slips past the model's validator in SQL
-        mu_capacity_per_replica=mu_capacity_for(endpoint),
+        mu_capacity_per_replica=mu_capacity_for(endpoint, reads.coefficients.get(endpoint.pk)),
         provisioned_concurrency=endpoint.provisioned_concurrency,
         scale_to_zero=endpoint.scale_to_zero,
         predicted_floor=floor,
-        last_scale_up_at=last_up,
-        last_scale_down_at=last_down,
+        last_scale_up_at=reads.last_up.get(endpoint.pk),
+        last_scale_down_at=reads.last_down.get(endpoint.pk),
         # No fresh report with a live proxy: it has not served this endpoint since it started (zero demand). No
         # report and no live proxy: unknown demand (proxies down or cut off from Redis), which removes nothing.
-        demand_reported=fresh > 0 or store.proxies_alive(),
+        demand_reported=reads.fresh.get(endpoint.pk, 0) > 0 or reads.proxies_alive,
     )
     return inputs, capped_by
 
@@ -293,12 +393,12 @@ def _last_spot_extra(endpoint: Endpoint) -> int:
     return int(((inputs or {}).get("spot") or {}).get("extra", 0))
 
 
-def mu_capacity_for(endpoint: Endpoint) -> float | None:
+def mu_capacity_for(endpoint: Endpoint, coeffs: MUCoefficients | None = None) -> float | None:
     """In-flight MU one replica holds at the endpoint's concurrency limit: that many reference requests priced with
-    the endpoint's MU coefficients (the ones its proxies price demand with). None when they cannot be resolved:
-    the horizontal policy then scales on requests."""
+    the endpoint's MU coefficients (the ones its proxies price demand with; ``coeffs`` when already read). None
+    when they cannot be resolved: the horizontal policy then scales on requests."""
     try:
-        coeffs = endpoint_coefficients(endpoint)
+        coeffs = coeffs or endpoint_coefficients(endpoint)
         reference = estimate_request_mu(coeffs, prompt_tokens=REFERENCE_REQUEST[0], max_tokens=REFERENCE_REQUEST[1])
         return horizontal.mu_capacity_per_replica(float(endpoint.concurrency_limit), reference)
     except (ValueError, AttributeError) as exc:
@@ -308,52 +408,8 @@ def mu_capacity_for(endpoint: Endpoint) -> float | None:
 
 def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
     """The predictive floor from per-minute request counts of the usage rollups (yesterday and the last minutes)."""
-    cfg = PREDICTIVE
-    at = datetime.fromtimestamp(now, tz=UTC)
-    yesterday_end = cfg.period_s - cfg.lead_s - cfg.lookahead_margin_s - cfg.bucket_s
-    windows = [
-        (at - timedelta(seconds=cfg.period_s + cfg.trend_window_s), at - timedelta(seconds=yesterday_end), False),
-        (at - timedelta(seconds=cfg.trend_window_s + cfg.bucket_s), at, True),
-    ]
-    history: dict[int, float] = {}
-    recent = {"ok": 0, "ttft": 0.0, "tpot": 0.0, "out": 0}
-    for start, end, is_recent in windows:
-        rows = (
-            UsageMinute.objects.filter(endpoint=endpoint, start__gte=start, start__lt=end)
-            .values("start")
-            .annotate(
-                n=Sum("requests"),
-                ok=Sum("ok"),
-                ttft=Sum("ttft_sum_ms"),
-                tpot=Sum("tpot_sum_ms"),
-                out=Sum("output_tokens"),
-            )
-        )
-        for row in rows:
-            history[predictive.bucket_of(row["start"].timestamp(), cfg)] = (row["n"] or 0) / cfg.bucket_s
-            if is_recent:
-                for key in recent:
-                    recent[key] += row[key] or 0
-    seconds = DEFAULT_SECONDS_PER_REQUEST
-    if recent["ok"]:
-        # Little's law needs how long a request is in flight: mean TTFT plus mean output × mean TPOT.
-        seconds = (recent["ttft"] + recent["tpot"] * recent["out"] / recent["ok"]) / recent["ok"] / 1000.0
-        seconds = max(seconds, 0.1)
-    floor, detail = predictive.predicted_floor(
-        history,
-        now=now,
-        target_concurrency=float(max(1, endpoint.concurrency_limit)),
-        seconds_per_request=seconds,
-        cfg=cfg,
-    )
-    return floor, {**detail, "seconds_per_request": round(seconds, 3)}
-
-
-def _last_moves(endpoint: Endpoint) -> tuple[float | None, float | None]:
-    applied = AutoscalerDecision.objects.filter(endpoint=endpoint, axis=HORIZONTAL, applied=True)
-    up = applied.filter(desired__gt=F("current")).order_by("-at").values_list("at", flat=True).first()
-    down = applied.filter(desired__lt=F("current")).order_by("-at").values_list("at", flat=True).first()
-    return (up.timestamp() if up else None), (down.timestamp() if down else None)
+    rows = tick_reads.floor_rows([endpoint.pk], now=now).get(endpoint.pk)
+    return predicted_floor(rows, concurrency_limit=endpoint.concurrency_limit, now=now)
 
 
 # -- vertical ---------------------------------------------------------------------------------------------
@@ -469,6 +525,13 @@ def decisions_prune(*, keep_days: int = 14, batch: int = 5000) -> int:
 # -- shared -----------------------------------------------------------------------------------------------
 def _decided(endpoint_id: int, axis: str, tick: str) -> bool:
     return AutoscalerDecision.objects.filter(endpoint_id=endpoint_id, axis=axis, tick=tick).exists()
+
+
+def _decided_many(endpoint_ids, axis: str, tick: str) -> set[int]:
+    if not endpoint_ids:
+        return set()
+    decided = AutoscalerDecision.objects.filter(endpoint_id__in=endpoint_ids, axis=axis, tick=tick)
+    return set(decided.values_list("endpoint_id", flat=True))
 
 
 def _store(

@@ -2,15 +2,16 @@
 
 import pytest
 
-from capacity.autoscaling import store
+from capacity.autoscaling import store, tick_reads
 from capacity.autoscaling.actuators import local
 from endpoints.models import Replica
 
 
 @pytest.fixture
 def clean_store(clean_redis):
-    """A clean Redis namespace and a fresh client in the autoscaler's store."""
+    """A clean Redis namespace, a fresh client in the autoscaler's store, and no demand window kept from before."""
     store.reset_client()
+    tick_reads.forget_windows()
     return clean_redis
 
 

@@ -9,11 +9,12 @@ import logging
 import time
 
 from celery import shared_task
+from django.conf import settings
 
 from capacity.autoscaling.actuators import actuator_name
 from capacity.autoscaling.store import RedisError
-from capacity.autoscaling.ticks import decisions_prune, horizontal_tick, vertical_tick
-from capacity.autoscaling.ticks import sample_demand as sample
+from capacity.autoscaling.tick_reads import append_samples
+from capacity.autoscaling.ticks import decisions_prune, horizontal_tick, horizontal_ticks, vertical_tick
 from capacity.autoscaling.ticks import scale_apply as apply_scale
 from endpoints.models import Endpoint
 
@@ -23,6 +24,8 @@ HORIZONTAL_S = 5.0
 VERTICAL_S = 30.0
 
 SAMPLE_S = 1.0
+SAMPLE_BATCH = 500  # endpoints per Redis pipeline in the sampler's second
+TICK_BATCH = 100  # endpoints per horizontal batch task (INFERCAP["AUTOSCALE_TICK_BATCH"])
 
 BEAT_SCHEDULE = {
     "autoscale-sample-demand": {"task": "autoscale.sample_demand", "schedule": SAMPLE_S, "options": {"expires": 1}},
@@ -50,26 +53,36 @@ def autoscaled_endpoint_ids() -> list[int]:
 def sample_demand() -> int:
     """One demand sample per autoscaled endpoint per second (the proxies report every second; ticks every 5 s)."""
     ids = autoscaled_endpoint_ids()
-    for endpoint_id in ids:
-        try:
-            sample(endpoint_id=endpoint_id)
-        except RedisError as exc:  # Redis away: no sample this second (the ticks skip too); no traceback per second
-            log.warning("autoscaler: demand sampling skipped: Redis: %s", exc)
-            return 0
+    try:
+        for first in range(0, len(ids), SAMPLE_BATCH):
+            append_samples(ids[first : first + SAMPLE_BATCH], now=time.time())
+    except RedisError as exc:  # Redis away: no sample this second (the ticks skip too); no traceback per second
+        log.warning("autoscaler: demand sampling skipped: Redis: %s", exc)
+        return 0
     return len(ids)
 
 
 @shared_task(name="autoscale.horizontal_all", ignore_result=True)
 def horizontal_all() -> int:
+    """Fan the tick out in batches of ``AUTOSCALE_TICK_BATCH`` endpoints: each batch's reads cost a fixed number of
+    queries (``capacity.autoscaling.tick_reads``), and the workers share the batches."""
     tick = f"h-{int(time.time() // HORIZONTAL_S)}"
     ids = autoscaled_endpoint_ids()
-    for endpoint_id in ids:
-        horizontal_one.apply_async(args=[endpoint_id, tick], expires=HORIZONTAL_S * 2)
+    size = max(1, int(getattr(settings, "INFERCAP", {}).get("AUTOSCALE_TICK_BATCH", TICK_BATCH)))
+    for first in range(0, len(ids), size):
+        horizontal_batch.apply_async(args=[ids[first : first + size], tick], expires=HORIZONTAL_S * 2)
     return len(ids)
+
+
+@shared_task(name="autoscale.horizontal_batch", ignore_result=True, soft_time_limit=20, time_limit=30)
+def horizontal_batch(endpoint_ids: list[int], tick: str) -> int:
+    decisions = horizontal_ticks(endpoint_ids=endpoint_ids, tick=tick)
+    return sum(1 for decision in decisions.values() if decision is not None)
 
 
 @shared_task(name="autoscale.horizontal_one", ignore_result=True, soft_time_limit=20, time_limit=30)
 def horizontal_one(endpoint_id: int, tick: str) -> int | None:
+    """One endpoint's tick at once (the activator's wake-up, an interruption notice), beside the beat's batches."""
     decision = horizontal_tick(endpoint_id=endpoint_id, tick=tick)
     return decision.pk if decision else None
 
