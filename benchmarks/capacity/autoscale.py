@@ -84,6 +84,11 @@ def options(quick: bool, opts: dict) -> dict:
         "jobs": max(1, min(8, (os.cpu_count() or 1) - 1)),
         "day": "",  # one test day by name (weekday-5): infercap and the oracle on it alone (autoscale_day)
         "target_utilization": 0.75,  # infercap's in the one-day mode (docs/experiments/autoscaling.md, 2026-12-06)
+        "onset": "on",  # the one-day mode: infercap's spike-onset floor, "off" turns it off
+        "onset_max_growth": 2.0,  # the one-day mode: the onset's projection bound (horizontal.OnsetConfig)
+        "policies": "",  # the one-day mode: which rows to run (autoscale_day.POLICIES; training: infercap,oracle)
+        "tune": 0,  # the one-day mode on a training seed: 1 runs the baselines' coordinate search on that day
+        "frontier": 0,  # the one-day mode, held out: 1 adds each policy's frontier points (autoscale_day)
     }
     for key, value in opts.items():
         if key not in o:
@@ -290,8 +295,16 @@ def run(
             )
     started = time.perf_counter()
     o = options(quick, opts)
-    if o["day"]:  # one real-length training day (autoscale_day)
-        return autoscale_day.run_one_day(o, build_days, progress, held_out=held_out)
+    if o["day"]:  # one real-length day of a training seed, or of each held-out seed (autoscale_day)
+        kit = {
+            "build_days": build_days,
+            "schedules": _schedules,
+            "runner": _Runner,
+            "tune": tune,
+            "grids": _grids,
+            "aggregate": _aggregate,
+        }
+        return autoscale_day.run_one_day(o, kit, progress, held_out=held_out)
     seeds = trace_seeds(quick, o, held_out=held_out)
     block = "held_out" if held_out else "training"
     runner, history_days, test_days, static_n, w = _prepare(o, seeds, progress)
@@ -363,18 +376,7 @@ def _prepare(o: dict, seeds: tuple[int, ...], progress) -> tuple:
         days.update(seed_days)
         history_days += [(_key(seed) + d.name, d) for d in hist]
         test_days += [(_key(seed) + d.name, d) for d in tests]
-        hist_times = [[t for t, _, _ in reqs] for reqs in hist_requests]
-        schedules[seed] = {
-            stat: fit_schedule(
-                hist_times,
-                period_s=o["period_s"],
-                slots=24,
-                seconds_per_request=w,
-                per_replica=per_replica,
-                statistic=stat,
-            )  # fmt: skip
-            for stat in ("median", "max")
-        }
+        schedules[seed] = _schedules(o, hist_requests)
     # Sized on the history days' peak: what an operator provisioning for the peak knows; the test days may top it.
     static_n = min(o["max_replicas"], runs.static_replicas([d for _, d in history_days], profile=profile))
     runner = _Runner(o, days, {"schedules": schedules}, progress)
@@ -385,6 +387,24 @@ def _prepare(o: dict, seeds: tuple[int, ...], progress) -> tuple:
         f"{test_requests} requests); static peak (history days) = {static_n} replicas"
     )
     return runner, history_days, test_days, static_n, w
+
+
+def _schedules(o: dict, hist_requests: list) -> dict:
+    """The cron schedules (median and max statistic) fitted on one seed's history days' arrivals."""
+    per_replica = runs.BASE_LIMIT * 0.7
+    w = runs.seconds_per_request(get_profile(runs.PROFILE), per_replica)
+    hist_times = [[t for t, _, _ in reqs] for reqs in hist_requests]
+    return {
+        stat: fit_schedule(
+            hist_times,
+            period_s=o["period_s"],
+            slots=24,
+            seconds_per_request=w,
+            per_replica=per_replica,
+            statistic=stat,
+        )
+        for stat in ("median", "max")
+    }
 
 
 def _tune_all(runner: _Runner, quick: bool, o: dict, tuning_names: list[str], progress) -> tuple[dict, dict]:

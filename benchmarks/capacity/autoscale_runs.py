@@ -8,12 +8,12 @@ policy gets. Billed: every replica from launch (cold start included) to removal,
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from benchmarks.capacity import baselines, oracle
 from benchmarks.capacity.fleetsim import count_flaps
 from benchmarks.capacity.two_axis import InfercapPolicy
-from capacity.autoscaling.horizontal import HorizontalConfig
+from capacity.autoscaling.horizontal import HorizontalConfig, OnsetConfig
 from capacity.units import MUCoefficients, estimate_request_mu
 from gateway.admission import CRITICAL
 from gateway.routing.baselines import LeastRequestRouter
@@ -143,6 +143,7 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
     horizontal_config = HorizontalConfig(
         target_utilization=knob("target_utilization", 0.7),
         max_scale_down_fraction=knob("scale_down_fraction", 0.2),
+        onset=_onset_config(spec, day),
     )
     policy = InfercapPolicy(
         name=spec.policy,
@@ -163,6 +164,20 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
     for t, prompt, _ in day.history:
         policy.remember(t=t, mu=request_mu(prompt))
     return policy
+
+
+def _onset_config(spec: Spec, day: DayInput) -> OnsetConfig | None:
+    """Ours' spike-onset detection: on by default, ``onset=False`` turns it off, ``onset_max_growth`` and
+    ``onset_ratio`` change its bound and threshold; its look-ahead is the day's longest cold start."""
+    if not spec.knob("onset", True):
+        return None
+    default = OnsetConfig()
+    return replace(
+        default,
+        lead_s=day.cold_start_s[1],
+        max_growth=spec.knob("onset_max_growth", default.max_growth),
+        ratio=spec.knob("onset_ratio", default.ratio),
+    )
 
 
 def _hpa(spec: Spec, max_replicas: int):
@@ -296,6 +311,8 @@ def _reason_counts(decisions: list) -> dict:
             key = d.reason.split(":")[0].split(" (")[0]
             if "predictive floor" in d.reason:
                 key += " (predictive floor)"
+            elif "spike_onset" in d.reason:
+                key += " (spike onset)"
             counts[key] = counts.get(key, 0) + 1
     return counts
 

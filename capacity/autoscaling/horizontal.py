@@ -6,14 +6,80 @@ in model units when the replica's MU capacity is known (docs/algorithms.md#horiz
 in requests otherwise (no coefficients, or proxies that report no MU). Requests are always recorded. Scale up on the
 last 20 s with a bounded step, counting starting replicas as capacity; scale down on the maximum of the last 5 min, one
 bounded step at a time and never within the scale-down delay of a scale-up; floors from min replicas, provisioned
-concurrency and the predictive floor; a ceiling at max replicas; optional scale to zero.
+concurrency, the predictive floor and the spike-onset floor (``onset``: a rate rising fast orders replicas for the
+rate it projects one cold start ahead, docs/algorithms.md#spike-onset); a ceiling at max replicas; optional scale to
+zero.
 """
 
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from capacity.autoscaling.demand import DemandSample, window, window_max
+from capacity.autoscaling.demand import DemandSample, window, window_max, window_mean
+
+
+@dataclass(frozen=True)
+class OnsetConfig:
+    """Spike-onset detection in the arrival rate (docs/algorithms.md#spike-onset)."""
+
+    short_window_s: float = 20.0  # the recent rate, read as two halves (the earlier and the later)
+    long_window_s: float = 300.0  # the rate the recent one is compared with
+    ratio: float = 1.5  # an onset: the recent rate at least this × the long window's,
+    # ... more arrivals than the long rate explains by at least this many standard deviations (Poisson: the
+    # square root of the expected count), so a quiet hour's noise is not read as one,
+    min_z: float = 4.0
+    rise: float = 1.2  # ... and still rising: the later half at least this × the earlier half
+    lead_s: float = 120.0  # the rate is projected this far ahead (a cold start)
+    max_growth: float = 2.0  # the projection at most this × the later half's rate
+
+    def __post_init__(self) -> None:
+        if not 0 < self.short_window_s < self.long_window_s:
+            raise ValueError("need 0 < short_window_s < long_window_s")
+        if self.ratio <= 1 or self.min_z < 0 or self.rise < 1 or self.max_growth < 1 or self.lead_s < 0:
+            raise ValueError("need ratio > 1, min_z >= 0, rise >= 1, max_growth >= 1 and lead_s >= 0")
+
+
+@dataclass(frozen=True)
+class Onset:
+    """A spike's onset as read from the arrivals: the rates seen and the one projected one lead time ahead."""
+
+    long_rate: float
+    earlier_rate: float
+    later_rate: float
+    projected_rate: float
+
+    @property
+    def growth(self) -> float:
+        """The projected rate over the long window's: what the long window's demand is multiplied by."""
+        return self.projected_rate / self.long_rate
+
+
+def onset(samples: Sequence[DemandSample], *, now: float, cfg: OnsetConfig) -> Onset | None:
+    """The onset of a spike in ``samples``' arrivals at ``now``, or None (docs/algorithms.md#spike-onset).
+
+    An onset is the recent rate (``short_window_s``) at least ``ratio`` × the long window's and ``min_z`` Poisson
+    standard deviations above it, with its later half at least ``rise`` × its earlier half (still climbing, not a
+    plateau). The
+    projection extends the halves' slope by ``lead_s``, bounded to ``max_growth`` × the later half's rate. Needs the
+    long window covered by samples (no onset read from a cold start of the policy itself)."""
+    long = window(samples, now=now, seconds=cfg.long_window_s)
+    if not long or now - min(s.t for s in long) < cfg.long_window_s * 0.9:
+        return None
+    half = cfg.short_window_s / 2
+    later = sum(s.arrivals for s in window(long, now=now, seconds=half))
+    recent = sum(s.arrivals for s in window(long, now=now, seconds=cfg.short_window_s))
+    earlier = recent - later
+    long_rate = sum(s.arrivals for s in long) / cfg.long_window_s
+    recent_rate = recent / cfg.short_window_s
+    expected = long_rate * cfg.short_window_s
+    if expected <= 0 or recent_rate < cfg.ratio * long_rate or recent - expected < cfg.min_z * math.sqrt(expected):
+        return None
+    if later < cfg.rise * earlier:
+        return None
+    earlier_rate, later_rate = earlier / half, later / half
+    slope = (later_rate - earlier_rate) / half
+    projected = min(later_rate + slope * cfg.lead_s, cfg.max_growth * later_rate)
+    return Onset(long_rate=long_rate, earlier_rate=earlier_rate, later_rate=later_rate, projected_rate=projected)
 
 
 @dataclass(frozen=True)
@@ -38,6 +104,8 @@ class HorizontalConfig:
     scale_down_margin: float = 0.15
     # Ignore demand/capacity ratios within ±tolerance of 1 (AIBrix APA uses 0.1 both ways).
     tolerance: float = 0.1
+    # Spike-onset detection in the samples' arrivals (None: off); its need is a floor, taken in one step.
+    onset: OnsetConfig | None = field(default_factory=OnsetConfig)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilization <= 1:
@@ -122,11 +190,26 @@ def mu_capacity_per_replica(target_concurrency: float, reference_request_mu: flo
     return target_concurrency * reference_request_mu
 
 
-def floor_for(inputs: HorizontalInputs, *, recent_demand: bool) -> tuple[int, str]:
+def onset_need(inputs: HorizontalInputs, cfg: HorizontalConfig) -> tuple[float, Onset | None]:
+    """Fractional replicas a spike's onset projects one lead time ahead (0 without one): the long window's mean
+    demand scaled by the projected rate over the long window's rate (Little's law: in flight = rate × time in
+    flight, the time in flight as the long window measured it)."""
+    if cfg.onset is None:
+        return 0.0, None
+    seen = onset(inputs.samples, now=inputs.now, cfg=cfg.onset)
+    if seen is None:
+        return 0.0, None
+    long = window(inputs.samples, now=inputs.now, seconds=cfg.onset.long_window_s)
+    need, _, _, _ = _needs(window_mean(long) * seen.growth, window_mean(long, attr="mu") * seen.growth, inputs, cfg)
+    return need, seen
+
+
+def floor_for(inputs: HorizontalInputs, *, recent_demand: bool, onset_floor: int = 0) -> tuple[int, str]:
     floors = {
         "min_replicas": inputs.min_replicas,
         "provisioned_concurrency": math.ceil(inputs.provisioned_concurrency / inputs.target_concurrency),
         "predictive_floor": inputs.predicted_floor,
+        "spike_onset": onset_floor,
     }
     name, value = max(floors.items(), key=lambda kv: kv[1])
     # Without scale-to-zero an endpoint always keeps a replica; with it, only while there is demand.
@@ -148,7 +231,8 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
         window_max(down_window), window_max(down_window, attr="mu"), inputs, cfg
     )
     recent_demand = down_need > 0
-    floor, floor_reason = floor_for(inputs, recent_demand=recent_demand)
+    spike_need, spike = onset_need(inputs, cfg)
+    floor, floor_reason = floor_for(inputs, recent_demand=recent_demand, onset_floor=math.ceil(spike_need))
     ceiling = max(inputs.max_replicas, 0)
     record = {
         "ready": inputs.ready,
@@ -166,6 +250,7 @@ def decide(inputs: HorizontalInputs, cfg: HorizontalConfig = HorizontalConfig())
         "mu_capacity_per_replica": usable_mu_capacity(inputs),
         "floor": floor,
         "floor_reason": floor_reason,
+        "onset": None if spike is None else {**asdict(spike), "need": round(spike_need, 3)},
         "max_replicas": ceiling,
         "samples_up": len(up_window),
         "samples_down": len(down_window),

@@ -337,5 +337,36 @@ def test_one_day_mode_runs_infercap_and_the_oracle_on_one_training_day_and_says_
         autoscale.run(quick=False, progress=lines.append, day="weekday-2", seeds="2001", **small)
     with pytest.raises(CommandError):
         autoscale.run(quick=False, progress=lines.append, day="weekday-9", seeds="2", **small)
+    with pytest.raises(CommandError):  # held out: every held-out seed, knobs fixed beforehand
+        autoscale.run(quick=False, progress=lines.append, day="weekday-2", held_out=True, seeds="2", **small)
+    # The onset floor can be turned off for a comparison; its label says so
+    off = autoscale.run(quick=False, progress=lines.append, day="weekday-2", seeds="2", onset="off",
+                        policies="infercap", **small)["one_day"]  # fmt: skip
+    assert list(off["policies"]) == ["infercap"] and "onset=False" in off["policies"]["infercap"]["spec"]
+
+
+def test_one_day_held_out_mode_runs_each_held_out_seeds_day_and_compares_at_equal_attainment(monkeypatch):
+    # Stand-in held-out seeds (training ones), so the test looks at no held-out day
+    monkeypatch.setitem(protocol.SEEDS, "autoscale", protocol.Seeds(training=(1, 2, 3, 4, 5, 6), held_out=(4, 5)))
+    lines = []
+    small = {"time_scale": "72", "peak_rps": "1", "history_days": "2", "test_days": "weekday", "jobs": "1"}
+    figures = autoscale.run(
+        quick=False, progress=lines.append, day="weekday-2", held_out=True, frontier="1",
+        policies="infercap,oracle,static,hpa_tuned", **small,
+    )  # fmt: skip
+    block = figures["held_out"]
+    assert block["seeds"] == [4, 5] and block["days"] == ["4:weekday-2", "5:weekday-2"]
+    assert block["day_length_s"] == 1200.0 and "interpolated" in block["equal_attainment_method"]
+    ours, oracle, static = (block["policies"][n] for n in ("infercap", "oracle", "static"))
+    # Summed over the seeds' days: each row's requests are both days', and per seed rows add up to it
+    assert ours["requests"] == sum(r["requests"] for r in (block["per_seed"]["infercap"][s] for s in ("4", "5")))
+    assert block["infercap_vs_oracle"] == pytest.approx(ours["gpu_hours"] / oracle["gpu_hours"], abs=1e-3)
+    # Static is sized on history days and its frontier sweeps the size; the baselines not asked for are said
+    assert static["knobs"] == f"static(replicas={block['static_replicas']})"
+    assert static["knobs"] in [p["knobs"] for p in block["frontier"]["static"]]
+    assert len(block["frontier"]["hpa_tuned"]) == 2 and len(block["frontier"]["infercap"]) == 2
+    assert set(block["not_run"]) == {"kpa_tuned", "scheduled", "infercap_reactive"}
+    assert set(block["at_equal_slo"]) == {"hpa_tuned", "static"}
+    assert set(block["goals"]) >= {"slo_ge_99pct", "le_1_5x_oracle", "no_flaps"}
     with pytest.raises(CommandError):
-        autoscale.run(quick=False, progress=lines.append, day="weekday-2", held_out=True, **small)
+        autoscale.run(quick=False, progress=lines.append, day="weekday-2", held_out=True, policies="nope", **small)
