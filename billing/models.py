@@ -257,6 +257,9 @@ class RollupCursor(models.Model):
     name = models.CharField(max_length=32, unique=True)
     last_id = models.BigIntegerField(default=0)
     previous_id = models.BigIntegerField(default=0)
+    # The sum of the ids the last run rolled up among the re-read ones (after previous_id, at most the last 100,000
+    # ids): the next run finds a late commit by that sum having changed (docs/algorithms.md, SLOs and burn rates).
+    ids_sum = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:

@@ -41,6 +41,7 @@ HOUR_ROLLUP_RETENTION = timedelta(days=120)
 MAX_RANGES = 64
 CURSOR_NAME = "usage"
 REREAD_MAX_IDS = 100_000
+WINDOW_SUMS_MEM = "64MB"  # work_mem of the window sums' statements
 
 
 @dataclass(frozen=True)
@@ -148,12 +149,14 @@ def _truncate(moment: datetime, step: timedelta) -> datetime:
     return moment.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def recompute_minutes(ranges: list[tuple[datetime, datetime]]) -> int:
-    """Recompute every (endpoint, tenant) minute row inside the given minute-aligned ranges from raw usage."""
+def recompute_minutes(ranges: list[tuple[datetime, datetime]], *, max_id: int | None = None) -> int:
+    """Recompute every (endpoint, tenant) minute row inside the given minute-aligned ranges from raw usage (the
+    records up to ``max_id``, when given)."""
     if not ranges:
         return 0
+    records = UsageRecord.objects.all() if max_id is None else UsageRecord.objects.filter(id__lte=max_id)
     source = (
-        UsageRecord.objects.filter(_ranges_q("finished_at", ranges), endpoint__isnull=False)
+        records.filter(_ranges_q("finished_at", ranges), endpoint__isnull=False)
         .annotate(bucket=TruncMinute("finished_at"))
         .values("endpoint_id", "tenant_id", "bucket")
         .annotate(**_raw_aggregates())
@@ -176,9 +179,11 @@ def recompute_coarser(target: type[models.Model], ranges: list[tuple[datetime, d
 
 
 def usage_rollup_run(*, now: datetime | None = None) -> RollupResult:
-    """Roll up the usage records inserted since the previous run (and the run before it, for late commits)."""
+    """Roll up the usage records inserted since the previous run: their sums are added to the minute, hour and day
+    rows they fall in, so a run reads only its new records. A run that finds the previous run's records changed
+    (a batch that committed after it, with lower ids) recomputes the minutes those records touch from raw usage
+    instead, as every run did before (docs/algorithms.md, SLOs and burn rates)."""
     now = now or timezone.now()
-    raw_horizon = _truncate(now - timedelta(days=usage_retention_days()), MINUTE)
     with transaction.atomic():
         if connection.vendor == "postgresql":
             # A backfill groups millions of rows by minute: let the hash aggregate stay in memory.
@@ -187,39 +192,119 @@ def usage_rollup_run(*, now: datetime | None = None) -> RollupResult:
         cursor, _ = RollupCursor.objects.get_or_create(name=CURSOR_NAME)
         # Serializes concurrent runs (a beat tick overlapping a slow previous tick).
         cursor = RollupCursor.objects.select_for_update().get(pk=cursor.pk)
-        upper = UsageRecord.objects.aggregate(top=Max("id"))["top"] or 0
-        # Re-reading the previous run's ids catches batches that committed after it; those ids sit just below its
-        # cursor, so after a big backfill only the last REREAD_MAX_IDS of them are read again.
+        upper = max(UsageRecord.objects.aggregate(top=Max("id"))["top"] or 0, cursor.last_id)
+        # The previous run's ids sit just below its cursor; after a big backfill only the last REREAD_MAX_IDS of
+        # them are checked (and, when changed, read again).
         reread_from = max(cursor.previous_id, cursor.last_id - REREAD_MAX_IDS)
-        fresh = UsageRecord.objects.filter(id__gt=reread_from, id__lte=upper, endpoint__isnull=False)
-        touched = list(
-            fresh.annotate(bucket=TruncMinute("finished_at")).values_list("bucket", flat=True).distinct().order_by()
-        )
-        # Minutes older than raw retention may have lost rows already; recomputing them would undercount.
-        touched = [m for m in touched if m >= raw_horizon]
-        minute_ranges = _merge_ranges(touched, MINUTE)
-        minute_rows = recompute_minutes(minute_ranges)
-        # A coarser row is rebuilt from finer rows only while all of its finer rows are still kept.
-        hours = {_truncate(m, HOUR) for m in touched}
-        hour_ranges = _merge_ranges((h for h in hours if h >= now - MINUTE_ROLLUP_RETENTION), HOUR)
-        hour_rows = recompute_coarser(UsageHour, hour_ranges)
-        days = {_truncate(m, DAY) for m in touched}
-        day_ranges = _merge_ranges((d for d in days if d >= now - HOUR_ROLLUP_RETENTION), DAY)
-        day_rows = recompute_coarser(UsageDay, day_ranges)
-        scanned = max(0, upper - reread_from)
+        checked_from = max(cursor.last_id, upper - REREAD_MAX_IDS)  # this run's ids that the next run checks
+        # Adding is PostgreSQL's (a temporary table, date_trunc); embedded SQLite recomputes every run.
+        if connection.vendor == "postgresql" and _ids_sum(reread_from, cursor.last_id) == cursor.ids_sum:
+            ids_sum, counts = _add_new(cursor.last_id, upper, checked_from, now)
+            scanned = upper - cursor.last_id
+        else:
+            # Summed before the recompute: a record committing in between makes the next run recompute again.
+            ids_sum = _ids_sum(checked_from, upper)
+            counts = _recompute_touched(reread_from, upper, now)
+            scanned = upper - reread_from
         RollupCursor.objects.filter(pk=cursor.pk).update(
-            previous_id=max(cursor.last_id, cursor.previous_id), last_id=max(upper, cursor.last_id), updated_at=now
+            previous_id=max(cursor.last_id, cursor.previous_id), last_id=upper, ids_sum=ids_sum, updated_at=now
         )
-    result = RollupResult(
-        records_scanned=scanned,
-        minutes=len(touched),
-        minute_rows=minute_rows,
-        hour_rows=hour_rows,
-        day_rows=day_rows,
-        last_id=upper,
-    )
+    result = RollupResult(records_scanned=max(0, scanned), last_id=upper, **counts)
     logger.info("usage rollup: %s", result)
     return result
+
+
+def _ids_sum(after: int, upto: int) -> int:
+    """The sum of the usage ids in (after, upto] (every record's, with or without an endpoint)."""
+    if upto <= after:
+        return 0
+    with connection.cursor() as db:
+        db.execute("SELECT coalesce(sum(id), 0) FROM billing_usagerecord WHERE id > %s AND id <= %s", [after, upto])
+        return int(db.fetchone()[0])
+
+
+def _horizons(now: datetime) -> tuple[datetime, datetime]:
+    """Minutes older than raw retention may have lost rows already (recomputing them would undercount), and a
+    coarser row follows its finer rows only while all of them are still kept: the oldest minute a run changes, and
+    the oldest hour whose hour and day rows it changes."""
+    return _truncate(now - timedelta(days=usage_retention_days()), MINUTE), now - MINUTE_ROLLUP_RETENTION
+
+
+def _recompute_touched(after: int, upto: int, now: datetime) -> dict[str, int]:
+    """Recompute every minute touched by the records with ids in (after, upto] from raw usage (records up to
+    ``upto`` only: later ones are the next run's to add), then the hours and days containing them."""
+    raw_horizon, hour_horizon = _horizons(now)
+    fresh = UsageRecord.objects.filter(id__gt=after, id__lte=upto, endpoint__isnull=False)
+    touched = list(
+        fresh.annotate(bucket=TruncMinute("finished_at")).values_list("bucket", flat=True).distinct().order_by()
+    )
+    touched = [m for m in touched if m >= raw_horizon]
+    minute_rows = recompute_minutes(_merge_ranges(touched, MINUTE), max_id=upto)
+    hours = {_truncate(m, HOUR) for m in touched}
+    hour_rows = recompute_coarser(UsageHour, _merge_ranges((h for h in hours if h >= hour_horizon), HOUR))
+    days = {_truncate(m, DAY) for m in touched}
+    day_ranges = _merge_ranges((d for d in days if d >= now - HOUR_ROLLUP_RETENTION), DAY)
+    day_rows = recompute_coarser(UsageDay, day_ranges)
+    return {"minutes": len(touched), "minute_rows": minute_rows, "hour_rows": hour_rows, "day_rows": day_rows}
+
+
+DELTA_TABLE = "billing_rollup_delta"
+
+
+def _add_new(after: int, upto: int, checked_from: int, now: datetime) -> tuple[int, dict[str, int]]:
+    """Add the records with ids in (after, upto] to their minute, hour and day rows. One statement groups them by
+    (endpoint, tenant, minute) into a temporary table and sums the ids after ``checked_from`` from the same
+    snapshot, so the sum covers exactly the records added. Returns that sum and the run's counts."""
+    raw_horizon, hour_horizon = _horizons(now)
+    source = (
+        UsageRecord.objects.filter(id__gt=after, id__lte=upto)
+        .annotate(bucket=TruncMinute("finished_at"))
+        .values("endpoint_id", "tenant_id", "bucket")
+        .annotate(**_raw_aggregates(), agg_ids=Coalesce(Sum("id", filter=Q(id__gt=checked_from)), 0))
+        .order_by()
+    )
+    select_sql, params = source.query.sql_with_params()
+    zone = timezone.get_current_timezone_name()
+    kept = "endpoint_id IS NOT NULL AND bucket >= %s"
+    with connection.cursor() as db:
+        db.execute(f"DROP TABLE IF EXISTS {DELTA_TABLE}")
+        db.execute(f"CREATE TEMP TABLE {DELTA_TABLE} ON COMMIT DROP AS {select_sql}", params)
+        db.execute(
+            f"SELECT coalesce(sum(agg_ids), 0), count(DISTINCT bucket) FILTER (WHERE {kept}) FROM {DELTA_TABLE}",
+            [raw_horizon],
+        )
+        ids_sum, minutes = db.fetchone()
+        rows = {}
+        for target, bucket in ((UsageMinute, "bucket"), (UsageHour, "hour"), (UsageDay, "day")):
+            trunc = (
+                "bucket" if bucket == "bucket" else f"date_trunc('{bucket}', bucket AT TIME ZONE %s) AT TIME ZONE %s"
+            )
+            trunc_params = [] if bucket == "bucket" else [zone, zone]
+            where, where_params = kept, [raw_horizon]
+            if target is not UsageMinute:
+                where += " AND date_trunc('hour', bucket AT TIME ZONE %s) AT TIME ZONE %s >= %s"
+                where_params += [zone, zone, hour_horizon]
+            rows[target] = _add_to(target, trunc, trunc_params, where, where_params, db)
+        db.execute(f"DROP TABLE {DELTA_TABLE}")
+    counts = {"minute_rows": rows[UsageMinute], "hour_rows": rows[UsageHour], "day_rows": rows[UsageDay]}
+    return int(ids_sum), {"minutes": minutes, **counts}
+
+
+def _add_to(target: type[models.Model], trunc: str, trunc_params: list, where: str, where_params: list, db) -> int:
+    """INSERT the delta table's sums, grouped by ``trunc`` of its minute, into ``target``, adding them to the
+    rows already there."""
+    quote = connection.ops.quote_name
+    table = quote(target._meta.db_table)
+    names = ["endpoint_id", "tenant_id", "start", *ROLLUP_COUNTERS]
+    sums = ", ".join(f"SUM({quote('agg_' + n)})" for n in ROLLUP_COUNTERS)
+    adds = ", ".join(f"{quote(n)} = {table}.{quote(n)} + EXCLUDED.{quote(n)}" for n in ROLLUP_COUNTERS)
+    db.execute(
+        f"INSERT INTO {table} ({', '.join(quote(n) for n in names)}) "
+        f"SELECT endpoint_id, tenant_id, {trunc}, {sums} FROM {DELTA_TABLE} WHERE {where} GROUP BY 1, 2, 3 "
+        f"ON CONFLICT ({quote('endpoint_id')}, {quote('tenant_id')}, {quote('start')}) DO UPDATE SET {adds}",
+        trunc_params + where_params,
+    )
+    return max(db.rowcount, 0)
 
 
 def usage_retention_days() -> int:
@@ -316,47 +401,26 @@ def windows_sums(
 ) -> dict[str, dict[Key, dict[str, float]]]:
     """Summed counters per (endpoint, tenant) for several (possibly overlapping) windows at once.
 
-    One grouped query per tier, whatever the number of windows: each window's sums are ``SUM(…) FILTER (WHERE
-    start in its pieces)``, and the scan reads only the rows of some window's pieces (index range scans).
+    One statement per tier, whatever the number of windows: the rows of every window's pieces (index range scans)
+    are summed once per (endpoint, tenant, segment), where the segments are the disjoint spans between the pieces'
+    edges, and each window's sums add up the segments it covers (``SUM(…) FILTER``) over those few grouped rows, so
+    the per-row work is one sum per field however many windows overlap (docs/algorithms.md, SLOs and burn rates).
     """
     now = now or timezone.now()
     fields = [f for f in fields if f in ROLLUP_COUNTERS]  # names are interpolated into SQL: only known columns
-    labels = list(windows)
     pieces_by_tier: dict[type[models.Model], dict[str, list[tuple[datetime, datetime]]]] = {}
     for label, (start, end) in windows.items():
         for tier, lo, hi in split_range(start, end, now=now):
             pieces_by_tier.setdefault(tier, {}).setdefault(label, []).append((lo, hi))
-    result: dict[str, dict[Key, dict[str, float]]] = {label: {} for label in labels}
-    quote = connection.ops.quote_name
+    filters = [(column, None if ids is None else [int(i) for i in ids]) for column, ids in
+               (("endpoint_id", endpoint_ids), ("tenant_id", tenant_ids))]  # fmt: skip
+    result: dict[str, dict[Key, dict[str, float]]] = {label: {} for label in windows}
+    if any(ids == [] for _, ids in filters):
+        return result
     for tier, by_label in pieces_by_tier.items():
-        select_sql, select_params = [], []
         tier_labels = list(by_label)
-        for label in tier_labels:
-            condition = " OR ".join(f"({quote('start')} >= %s AND {quote('start')} < %s)" for _ in by_label[label])
-            bounds = [moment for piece in by_label[label] for moment in piece]
-            for field in fields:
-                select_sql.append(f"SUM({quote(field)}) FILTER (WHERE {condition})")
-                select_params += bounds
-        all_pieces = [piece for label in tier_labels for piece in by_label[label]]
-        where = " OR ".join(f"({quote('start')} >= %s AND {quote('start')} < %s)" for _ in all_pieces)
-        where_params = [moment for piece in all_pieces for moment in piece]
-        for column, ids in (("endpoint_id", endpoint_ids), ("tenant_id", tenant_ids)):
-            if ids is not None:
-                ids = [int(i) for i in ids]
-                if not ids:
-                    where = "1 = 0"
-                    continue
-                where = f"({where}) AND {quote(column)} IN ({', '.join(['%s'] * len(ids))})"
-                where_params += ids
-        sql = (
-            f"SELECT {quote('endpoint_id')}, {quote('tenant_id')}, {', '.join(select_sql)} "
-            f"FROM {quote(tier._meta.db_table)} WHERE {where} GROUP BY {quote('endpoint_id')}, {quote('tenant_id')}"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, select_params + where_params)
-            rows = cursor.fetchall()
         width = len(fields)
-        for row in rows:
+        for row in _tier_window_rows(tier, by_label, fields, filters):
             key = (row[0], row[1])
             for index, label in enumerate(tier_labels):
                 values = row[2 + index * width : 2 + (index + 1) * width]
@@ -367,3 +431,58 @@ def windows_sums(
                     if value is not None:
                         bucket[field] += float(value)
     return result
+
+
+def _tier_window_rows(
+    tier: type[models.Model],
+    by_label: dict[str, list[tuple[datetime, datetime]]],
+    fields: list[str],
+    filters: list[tuple[str, list[int] | None]],
+) -> list[tuple]:
+    """(endpoint_id, tenant_id, then each label's sums in ``by_label`` order) from one tier.
+
+    The inner query groups by segment: segment i is [edges[i-1], edges[i]), and every piece is a run of whole
+    segments because its ends are edges.
+    """
+    quote = connection.ops.quote_name
+    edges = sorted({moment for pieces in by_label.values() for piece in pieces for moment in piece})
+    segments_of = {
+        label: [i for i in range(1, len(edges)) if any(lo <= edges[i - 1] and edges[i] <= hi for lo, hi in pieces)]
+        for label, pieces in by_label.items()
+    }
+    start = quote("start")
+    segment = f"CASE {' '.join(f'WHEN {start} < %s THEN {i}' for i in range(1, len(edges)))} END"
+    all_pieces = sorted({piece for pieces in by_label.values() for piece in pieces})
+    where = " OR ".join(f"({start} >= %s AND {start} < %s)" for _ in all_pieces)
+    where_params: list = [moment for piece in all_pieces for moment in piece]
+    for column, ids in filters:
+        if ids is not None:
+            where = f"({where}) AND {quote(column)} IN ({', '.join(['%s'] * len(ids))})"
+            where_params += ids
+    inner = ", ".join(f"CAST(SUM({quote(field)}) AS DOUBLE PRECISION) AS {quote(field)}" for field in fields)
+    outer = [
+        f"SUM({quote(field)}) FILTER (WHERE segment IN ({', '.join(str(i) for i in segments_of[label])}))"
+        for label in by_label
+        for field in fields
+    ]
+    sql = (
+        f"SELECT {quote('endpoint_id')}, {quote('tenant_id')}, {', '.join(outer)} FROM ("
+        f"SELECT {quote('endpoint_id')}, {quote('tenant_id')}, {segment} AS segment, {inner} "
+        f"FROM {quote(tier._meta.db_table)} WHERE {where} GROUP BY 1, 2, 3"
+        f") AS segments GROUP BY 1, 2"
+    )
+    params = [*edges[1:], *where_params]
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Many aggregates over a few hundred thousand rows: compiling the statement (JIT) cost more than it saved,
+        # and the grouped segments fit in memory. The caller's settings are put back after.
+        cursor.execute("SELECT current_setting('jit'), current_setting('work_mem')")
+        jit, work_mem = cursor.fetchone()
+        cursor.execute("SELECT set_config('jit', 'off', true), set_config('work_mem', %s, true)", [WINDOW_SUMS_MEM])
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        cursor.execute("SELECT set_config('jit', %s, true), set_config('work_mem', %s, true)", [jit, work_mem])
+        return rows
