@@ -89,6 +89,7 @@ def options(quick: bool, opts: dict) -> dict:
         "policies": "",  # the one-day mode: which rows to run (autoscale_day.POLICIES; training: infercap,oracle)
         "tune": 0,  # the one-day mode on a training seed: 1 runs the baselines' coordinate search on that day
         "frontier": 0,  # the one-day mode, held out: 1 adds each policy's frontier points (autoscale_day)
+        "budget_s": 0.0,  # the one-day mode, held out: no frontier point starts after this many wall seconds (0: all)
     }
     for key, value in opts.items():
         if key not in o:

@@ -368,5 +368,13 @@ def test_one_day_held_out_mode_runs_each_held_out_seeds_day_and_compares_at_equa
     assert set(block["not_run"]) == {"kpa_tuned", "scheduled", "infercap_reactive"}
     assert set(block["at_equal_slo"]) == {"hpa_tuned", "static"}
     assert set(block["goals"]) >= {"slo_ge_99pct", "le_1_5x_oracle", "no_flaps"}
+    assert block["frontier_skipped"] == []
+    # A wall budget spent: the rows still run, the frontier points beyond them are left out and named
+    cut = autoscale.run(
+        quick=False, progress=lines.append, day="weekday-2", held_out=True, frontier="1", budget_s="1e-9",
+        policies="infercap,static", **small,
+    )["held_out"]  # fmt: skip
+    assert set(cut["policies"]) == {"infercap", "static"} and cut["frontier_skipped"]
+    assert all(len(points) == 1 for points in cut["frontier"].values())
     with pytest.raises(CommandError):
         autoscale.run(quick=False, progress=lines.append, day="weekday-2", held_out=True, policies="nope", **small)
