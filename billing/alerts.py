@@ -154,19 +154,13 @@ def _evaluate(now: datetime) -> dict[str, int]:
     }
     statuses = []
     changes = _AlertChanges()
+    figures: dict[tuple, tuple] = {}  # SLOs of one (endpoint, tenant) with the same SLI and period: computed once
     for slo in slos:
         spec = slo_spec(slo)
-        burns: dict[str, float] = {}
-        window_counts: dict[str, list[float]] = {}
-        for label, totals in windows.items():
-            good, valid = sli_counts(spec, totals.for_slo(slo))
-            burns[label] = round(burn_rate(good, valid, spec.objective), 6)
-            window_counts[label] = [good, valid]
-        period_good, period_valid = sli_counts(spec, periods[slo.period_days].for_slo(slo))
-        remaining = budget_remaining(period_good, period_valid, spec.objective)
-        exhausts = exhaustion_at(
-            remaining=remaining, burn=burns[PROJECTION_WINDOW], period_s=slo.period_days * 86400, now=now
-        )
+        signature = (slo.endpoint_id, slo.tenant_id, spec, slo.period_days)
+        if signature not in figures:
+            figures[signature] = _slo_figures(slo, spec, windows, periods[slo.period_days], now)
+        burns, window_counts, period_good, period_valid, remaining, exhausts = figures[signature]
         statuses.append((slo.pk, now, burns, window_counts, period_good, period_valid, remaining, exhausts))
         for pair in WINDOW_PAIRS:
             alert = open_alerts.get((slo.id, pair.long_window, pair.short_window))
@@ -181,6 +175,22 @@ def _evaluate(now: datetime) -> dict[str, int]:
         "fired": fired,
         "resolved": sum(1 for a in changes.transitioned if a.state == Alert.State.RESOLVED),
     }
+
+
+def _slo_figures(slo: SLO, spec: SliSpec, windows: dict[str, _WindowTotals], period: _WindowTotals, now) -> tuple:
+    """(burn rates, [good, valid] per window, period good and valid, budget remaining, projected exhaustion)."""
+    burns: dict[str, float] = {}
+    window_counts: dict[str, list[float]] = {}
+    for label, totals in windows.items():
+        good, valid = sli_counts(spec, totals.for_slo(slo))
+        burns[label] = round(burn_rate(good, valid, spec.objective), 6)
+        window_counts[label] = [good, valid]
+    period_good, period_valid = sli_counts(spec, period.for_slo(slo))
+    remaining = budget_remaining(period_good, period_valid, spec.objective)
+    exhausts = exhaustion_at(
+        remaining=remaining, burn=burns[PROJECTION_WINDOW], period_s=slo.period_days * 86400, now=now
+    )
+    return burns, window_counts, period_good, period_valid, remaining, exhausts
 
 
 STATUS_COLUMNS = (
