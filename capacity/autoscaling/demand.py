@@ -75,3 +75,32 @@ def sum_fresh_reports(reports: Iterable[dict], *, now: float, fresh_s: float = 5
             if math.isfinite(value) and value > 0:
                 totals[key] += value
     return DemandSample(t=now, **totals), fresh
+
+
+def arrivals_since(
+    reports: dict[str, dict], seen: dict[str, list[float]], *, now: float, fresh_s: float = 5.0
+) -> tuple[float, float, dict[str, list[float]]]:
+    """Requests (and their MU) that reached the proxies' admission since ``seen``: each fresh report carries its
+    process's cumulative ``arrived`` and ``arrived_mu``; ``seen`` holds each process's figures at the previous
+    sample. Returns the arrivals, their MU, and the figures to keep for the next sample (fresh processes only).
+
+    A process seen for the first time counts from its next report (its earlier arrivals belong to samples already
+    taken); a counter that went back (the process restarted under its name) counts from zero."""
+    arrivals = arrivals_mu = 0.0
+    keep: dict[str, list[float]] = {}
+    for process, report in reports.items():
+        try:
+            t = float(report.get("t", 0.0))
+            count, mu = float(report["arrived"]), float(report.get("arrived_mu", 0.0))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            continue
+        if not (math.isfinite(t) and abs(now - t) <= fresh_s and math.isfinite(count) and math.isfinite(mu)):
+            continue
+        keep[process] = [count, mu]
+        before = seen.get(process)
+        if before is None:
+            continue
+        restarted = count < before[0]
+        arrivals += count if restarted else count - before[0]
+        arrivals_mu += max(0.0, mu if restarted else mu - before[1])
+    return arrivals, arrivals_mu, keep

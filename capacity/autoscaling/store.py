@@ -13,6 +13,7 @@ from django.conf import settings
 
 DEMAND_KEY = "infercap:demand:{endpoint_id}"  # written by every proxy process, one field per process
 SAMPLES_KEY = "infercap:autoscale:samples:{endpoint_id}"
+ARRIVALS_SEEN_KEY = "infercap:autoscale:arrivals-seen:{endpoint_id}"  # each proxy's arrival counters, last sample
 PREFILL_SAMPLES_KEY = "infercap:autoscale:prefill-samples:{endpoint_id}"  # the prefill pool's prompt-token rate
 PREFILL_COUNTER_KEY = "infercap:autoscale:prefill-counter:{replica_id}"  # a prefill replica's last counter read
 HIST_KEY = "infercap:autoscale:hist:{replica_id}"

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from django.db.models import F, Q, Sum
 
 from billing.models import UsageMinute
 from capacity.autoscaling import predictive, store
-from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
+from capacity.autoscaling.demand import DemandSample, arrivals_since, sum_fresh_reports
 from capacity.autoscaling.limits import QuotaLeft
 from capacity.models import AutoscalerDecision, ScalePin
 from capacity.unit_resolver import coefficients_by_endpoint
@@ -204,6 +204,7 @@ def _quota_left(endpoints: list[Endpoint]) -> dict[int, QuotaLeft]:
 # and the window parsed): a later tick reads only the tail pushed since, found by that newest sample. A window holds
 # up to ``store.SAMPLES_KEPT`` samples; read and parsed whole on every tick, it cost a tick most of its time.
 _WINDOWS: dict[int, tuple[bytes, list[DemandSample]]] = {}
+ARRIVALS_SEEN_TTL_S = 600  # the sampler's counters of a stopped beat outlive no restart of it
 _TAIL_SLACK = 8  # samples beyond the sampler's one a second (ticks, wake-ups) a tail read allows for
 
 
@@ -270,21 +271,29 @@ def append_samples(ids: list[int], *, now: float) -> dict[int, int]:
 
 
 def _append(ids: list[int], *, now: float, tails: dict[int, int] | None) -> tuple[dict[int, int], list]:
-    """Append each endpoint's sample; with ``tails``, read back that many of its newest samples."""
+    """Append each endpoint's sample; with ``tails`` (a tick), read back that many of its newest samples. Without
+    (the sampler, the arrivals' one writer), the sample carries the arrivals since the sampler's previous one."""
     if not ids:
         return {}, []
     c = store.client()
-    reads = c.pipeline(transaction=False)
+    reads, stride = c.pipeline(transaction=False), 2 if tails is not None else 3
     for endpoint_id in ids:
         reads.hgetall(store.DEMAND_KEY.format(endpoint_id=endpoint_id))
         reads.get(store.WAKE_KEY.format(endpoint_id=endpoint_id))
+        if tails is None:
+            reads.hgetall(store.ARRIVALS_SEEN_KEY.format(endpoint_id=endpoint_id))
     replies = reads.execute()
     writes = c.pipeline(transaction=False)
     fresh = {}
     for i, endpoint_id in enumerate(ids):
-        sample, fresh[endpoint_id] = sum_fresh_reports(_reports(replies[2 * i]), now=now)
-        if replies[2 * i + 1] is not None and sample.requests == 0:
-            sample = DemandSample(t=now, queued=1)  # the activator saw a request waiting for a first replica
+        reports, woken = _reports(replies[stride * i]), replies[stride * i + 1]
+        sample, fresh[endpoint_id] = sum_fresh_reports(reports.values(), now=now)
+        if woken is not None and sample.requests == 0:
+            sample = replace(sample, queued=1)  # the activator saw a request waiting for a first replica
+        if tails is None:
+            arrivals, arrivals_mu, keep = arrivals_since(reports, _reports(replies[stride * i + 2]), now=now)
+            sample = replace(sample, arrivals=arrivals, arrivals_mu=arrivals_mu)
+            _keep_seen(writes, store.ARRIVALS_SEEN_KEY.format(endpoint_id=endpoint_id), keep)
         key = store.SAMPLES_KEY.format(endpoint_id=endpoint_id)
         writes.rpush(key, json.dumps(sample.__dict__))
         writes.ltrim(key, -store.SAMPLES_KEPT, -1)
@@ -293,15 +302,23 @@ def _append(ids: list[int], *, now: float, tails: dict[int, int] | None) -> tupl
     return fresh, writes.execute()
 
 
-def _reports(raw: dict) -> list[dict]:
-    reports = []
-    for value in (raw or {}).values():
+def _keep_seen(pipe, key: str, keep: dict[str, list[float]]) -> None:
+    pipe.delete(key)
+    for process, figures in keep.items():
+        pipe.hset(key, process, json.dumps(figures))
+    pipe.expire(key, ARRIVALS_SEEN_TTL_S)
+
+
+def _reports(raw: dict) -> dict:
+    """A Redis hash of JSON values by field (a proxy process's report, or its counters last seen), the unreadable
+    ones left out."""
+    reports = {}
+    for field, value in (raw or {}).items():
         try:
             report = json.loads(value)
         except (TypeError, ValueError):
             continue
-        if isinstance(report, dict):
-            reports.append(report)
+        reports[field.decode() if isinstance(field, bytes) else str(field)] = report
     return reports
 
 

@@ -22,7 +22,7 @@ from django.db.models import Max, Min
 from django.utils import timezone
 
 from capacity.autoscaling import horizontal, pins, replica_metrics, spot, store, tick_reads, vertical
-from capacity.autoscaling.demand import DemandSample, sum_fresh_reports
+from capacity.autoscaling.demand import DemandSample
 from capacity.autoscaling.limits import QuotaLeft, quota_ceiling
 from capacity.autoscaling.prefill_ticks import prefill_decision
 from capacity.autoscaling.services import (
@@ -269,24 +269,12 @@ def _quota_binds(decision: horizontal.HorizontalDecision, endpoint: Endpoint) ->
 def sample_demand(*, endpoint_id: int, now: float | None = None) -> list[DemandSample]:
     """Sum the proxies' fresh demand reports into one sample, append it to the endpoint's window, return the window.
 
-    Runs every second from beat (``autoscale.sample_demand``) and once more at each decision tick."""
-    return _sample_demand(endpoint_id=endpoint_id, now=time.time() if now is None else now)[0]
-
-
-def _sample_demand(*, endpoint_id: int, now: float) -> tuple[list[DemandSample], int]:
-    """The window after this sample, and how many proxy reports were fresh for it."""
-    sample, fresh = sum_fresh_reports(store.demand_reports(endpoint_id), now=now)
-    if store.woken(endpoint_id) and sample.requests == 0:
-        sample = DemandSample(t=now, queued=1)  # the activator saw a request waiting for a first replica
-    window = []
-    for s in store.push_sample(endpoint_id, sample.__dict__):
-        try:
-            window.append(
-                DemandSample(**{k: float(v) for k, v in s.items() if k in DemandSample.__dataclass_fields__})
-            )
-        except (TypeError, ValueError, AttributeError):
-            continue  # a corrupt stored sample is skipped, not a crashed tick
-    return window, fresh
+    The beat's sampler does this for every autoscaled endpoint each second (``tick_reads.append_samples``); each
+    decision tick appends one more."""
+    now = time.time() if now is None else now
+    tick_reads.append_samples([endpoint_id], now=now)
+    raws = store.client().lrange(store.SAMPLES_KEY.format(endpoint_id=endpoint_id), 0, -1)
+    return tick_reads.parse_window(raws)
 
 
 def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.HorizontalInputs:

@@ -87,6 +87,10 @@ class EndpointRuntime:
         self.slots: dict[str, Slot] = {}
         self.in_flight = 0
         self.in_flight_mu = 0.0
+        # Requests that reached admission (served, queued or shed), and their MU at the expected cost: cumulative,
+        # for the autoscaler's spike-onset floor (docs/algorithms.md#spike-onset; the sampler takes differences)
+        self.arrivals_total = 0
+        self.arrivals_mu_total = 0.0
         # What finished requests actually cost over what admission reserved for them (EWMA). Admission charges
         # max_tokens as the output (an upper bound a reservation must not under-count); the autoscaler wants the
         # expected cost, or a client sending max_tokens=4096 for 300-token answers would buy 10x the replicas.
@@ -477,6 +481,8 @@ class EndpointRuntime:
     async def acquire(self, route: RouteRequest, *, tenant: str, priority: str, mu: float) -> tuple[Slot, float]:
         """A slot for this request, now or after queueing; returns (slot, seconds queued). Raises Shed."""
         route.extra[CLASS_KEY] = CLASSES.index(priority)  # counted per class while it runs (shared slots)
+        self.arrivals_total += 1
+        self.arrivals_mu_total += mu * self.cost_ratio
         self._engine_route(route)
         if self.admission.may_skip_queue():
             slot = self.try_take(route, mu)
@@ -571,6 +577,8 @@ class EndpointRuntime:
             "queued_mu_reserved": round(self.queue.queued_mu, 4),
             "cost_ratio": round(self.cost_ratio, 4),
             "queued_by_class": self.queue.depth_by_class(),
+            "arrived": self.arrivals_total,
+            "arrived_mu": round(self.arrivals_mu_total, 4),
         }
 
 

@@ -37,3 +37,16 @@ def test_failed_requests_do_not_teach_a_zero_cost_and_overruns_are_capped():
     assert rt.cost_ratio == 1.0
     finish(rt, 500, reserved=1.0, done=100.0)  # far past the typical output it was charged for
     assert rt.cost_ratio == pytest.approx(MAX_COST_RATIO, rel=0.01)
+
+
+async def test_every_request_that_reaches_admission_is_counted_as_an_arrival():
+    rt = runtime()
+    for i in range(3):
+        slot, waited = await rt.acquire(
+            RouteRequest(request_id=f"a{i}", prompt_text="hi"), tenant="t", priority="standard", mu=2.0
+        )
+        assert waited == 0.0
+    demand = rt.demand()
+    assert (demand["arrived"], demand["arrived_mu"]) == (3, pytest.approx(6.0))
+    rt.release(slot, RouteRequest(request_id="a2", prompt_text="hi"), 2.0, 2.0)
+    assert rt.demand()["arrived"] == 3  # cumulative: the sampler takes the differences

@@ -12,7 +12,7 @@ from celery import shared_task
 from django.conf import settings
 
 from capacity.autoscaling.actuators import actuator_name
-from capacity.autoscaling.store import RedisError
+from capacity.autoscaling.store import RedisError, TickLock
 from capacity.autoscaling.tick_reads import append_samples
 from capacity.autoscaling.ticks import decisions_prune, horizontal_tick, horizontal_ticks, vertical_tick
 from capacity.autoscaling.ticks import scale_apply as apply_scale
@@ -54,8 +54,12 @@ def sample_demand() -> int:
     """One demand sample per autoscaled endpoint per second (the proxies report every second; ticks every 5 s)."""
     ids = autoscaled_endpoint_ids()
     try:
-        for first in range(0, len(ids), SAMPLE_BATCH):
-            append_samples(ids[first : first + SAMPLE_BATCH], now=time.time())
+        # One sampler at a time: it is the arrivals' one writer (each sample counts those since the last).
+        with TickLock(axis="sampler", endpoint_id=0, ttl_s=5) as turn:
+            if not turn.held:
+                return 0
+            for first in range(0, len(ids), SAMPLE_BATCH):
+                append_samples(ids[first : first + SAMPLE_BATCH], now=time.time())
     except RedisError as exc:  # Redis away: no sample this second (the ticks skip too); no traceback per second
         log.warning("autoscaler: demand sampling skipped: Redis: %s", exc)
         return 0
