@@ -4,9 +4,9 @@
 #   engine  tests/engine/ (~10 minutes, most of it vLLM start-ups that import torch in three processes), at a
 #           lower CPU priority (nice 10): on two cores the other two, whose end-to-end tests keep time, get the CPU
 #           when both want it, and the engines take what it leaves;
-#   serve   the request path's tests and the autoscaler's (tests/proxy, billing, security, reliability, console,
-#           autoscaling), about half of the suite's time without tests/engine;
-#   rest    everything else.
+#   serve   the request path's tests (tests/proxy, billing, benchmarks, reliability, console), the longest of the
+#           three (about 25 minutes with the autoscaler's tests in it, so those moved to the rest);
+#   rest    everything else, the autoscaler's tests included.
 # The suite waits more than it computes (real-time replicas, Celery ticks, timeouts): with the rest in one process
 # beside tests/engine, the two cores were 43 % busy over the 31-minute run, so a second process for it mostly fills
 # idle time. Output: the rest live, then the other two.
@@ -17,7 +17,7 @@ PY=.venv/bin/python
 db=${DATABASE_URL_TEST:-postgres://postgres@127.0.0.1:5432/infercap}
 redis=${REDIS_URL_TEST:-redis://127.0.0.1:6379/15}
 pytest=("$PY" -m pytest -q -p no:cacheprovider)
-SERVE=(tests/proxy tests/billing tests/benchmarks tests/reliability tests/console tests/autoscaling)
+SERVE=(tests/proxy tests/billing tests/benchmarks tests/reliability tests/console)
 
 if [ $# -gt 0 ]; then
   DATABASE_URL=$db REDIS_URL=$redis exec "${pytest[@]}" "$@"
