@@ -2,7 +2,9 @@
 
 Give a workload and either explicit model/hardware/throughput-table figures or stored objects (endpoint, model and
 hardware profiles, benchmark); explicit figures win. Bad input is a 400 naming the field; an SLO no measured batch
-meets is a 200 with ``feasible: false`` and the reason, since that is an answer, not an error.
+meets is a 200 with ``feasible: false`` and the reason, since that is an answer, not an error. ``topology`` says the shape the plan assumed (GPUs per node,
+interconnect domain, where one replica's GPUs go); with ``choose_tp`` the planner sizes every TP size (1, 2, 4, 8)
+and plans at the one needing the fewest GPUs (``tensor_parallel``: each size's figures and why).
 """
 
 from django.urls import path
@@ -37,6 +39,11 @@ class HardwareSerializer(serializers.Serializer):
     overhead_gb = _float(min_value=0, required=False)
     gpus_per_replica = serializers.IntegerField(min_value=1, required=False)
     usd_per_gpu_hour = _float(min_value=0, required=False)
+    # The shape and links TP groups are placed on (the hardware profile's where one is given).
+    gpus_per_node = serializers.IntegerField(min_value=1, required=False)
+    interconnect_domain_gpus = serializers.IntegerField(min_value=1, required=False)
+    domain_link_gb_s = _float(min_value=0.001, required=False)
+    cross_link_gb_s = _float(min_value=0.001, required=False)
 
 
 class WorkloadSerializer(serializers.Serializer):
@@ -82,6 +89,7 @@ class PlanRequestSerializer(serializers.Serializer):
     headroom = _float(min_value=0, max_value=10, default=0.0)
     ttft_s = _float(min_value=0, required=False)
     spike = SpikeSerializer(required=False)
+    choose_tp = serializers.BooleanField(default=False)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -105,7 +113,8 @@ class PlanView(APIView):
             result, sources = plan_from_request(PlanRequest(**data))
         except PlannerInputError as exc:
             raise serializers.ValidationError({field: [message] for field, message in exc.errors.items()}) from exc
-        return Response({**result.as_dict(), "sources": sources})
+        answer = {key: sources.pop(key) for key in ("topology", "tensor_parallel") if key in sources}
+        return Response({**result.as_dict(), "sources": sources, **answer})
 
 
 urlpatterns = [path("capacity/plan", PlanView.as_view(), name="capacity-plan")]

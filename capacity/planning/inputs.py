@@ -23,6 +23,7 @@ from capacity.planning.barriers import (
     plan,
     table_from_dicts,
 )
+from capacity.planning.tensor_parallel import Topology, choose_tp, topology_answer
 from capacity.unit_resolver import endpoint_benchmark, latest_benchmark_for
 
 
@@ -42,6 +43,15 @@ class PlanRequest:
     headroom: float = 0.0
     ttft_s: float | None = None
     spike: dict | None = None
+    choose_tp: bool = False  # plan at the TP size needing the fewest GPUs (capacity.planning.tensor_parallel)
+
+
+TOPOLOGY_FIELDS = {
+    "gpus_per_node": "gpus_per_node",
+    "interconnect_domain_gpus": "domain_gpus",
+    "domain_link_gb_s": "domain_link_gb_s",
+    "cross_link_gb_s": "cross_link_gb_s",
+}
 
 
 def _model_shape(req: PlanRequest) -> ModelShape:
@@ -58,8 +68,19 @@ def _model_shape(req: PlanRequest) -> ModelShape:
     )
 
 
+def _topology(req: PlanRequest) -> Topology:
+    """The shape and links a replica is placed on: the hardware profile's, with explicit ``hardware`` fields winning."""
+    given = {TOPOLOGY_FIELDS[k]: v for k, v in (req.hardware or {}).items() if k in TOPOLOGY_FIELDS}
+    profile = req.hardware_profile or (req.endpoint.hardware_profile if req.endpoint else None)
+    if profile is not None:
+        given.setdefault("gpus_per_node", profile.gpus_per_node)
+        given.setdefault("domain_gpus", profile.interconnect_domain_gpus)
+        given.setdefault("domain_node_label", profile.domain_node_label)
+    return Topology(**given)
+
+
 def _hardware(req: PlanRequest) -> Hardware:
-    given = dict(req.hardware or {})
+    given = {k: v for k, v in (req.hardware or {}).items() if k not in TOPOLOGY_FIELDS}
     profile = req.hardware_profile or (req.endpoint.hardware_profile if req.endpoint else None)
     if profile is not None:
         given.setdefault("gpu_memory_gb", profile.gpu_memory_gb)
@@ -115,7 +136,9 @@ def table_for_workload(benchmark: CapacityBenchmark, workload: dict) -> tuple[li
 
 
 def plan_from_request(req: PlanRequest) -> tuple[PlanResult, dict]:
-    """Run the planner; returns the result and where each input came from."""
+    """Run the planner; returns the result and where each input came from, with the topology the plan assumed
+    (``topology``) and, when the request asks the planner to choose the TP size, every size's figures
+    (``tensor_parallel``)."""
     benchmark = None
     table = req.throughput_table
     if table is None:
@@ -130,21 +153,34 @@ def plan_from_request(req: PlanRequest) -> tuple[PlanResult, dict]:
     shape_label = None
     if benchmark is not None:
         table, shape_label = table_for_workload(benchmark, workload)
-    result = plan(
-        model=_model_shape(req),
-        hardware=_hardware(req),
-        workload=Workload(**workload),
-        slo=_slo(req),
-        throughput_table=table_from_dicts(table),
-        headroom=req.headroom,
-        ttft_s=req.ttft_s,
-        spike=SpikeInput(**req.spike) if req.spike is not None else None,
-    )
+    hardware, topology = _hardware(req), _topology(req)
+    args = {
+        "model": _model_shape(req),
+        "workload": Workload(**workload),
+        "slo": _slo(req),
+        "throughput_table": table_from_dicts(table),
+        "headroom": req.headroom,
+        "ttft_s": req.ttft_s,
+        "spike": SpikeInput(**req.spike) if req.spike is not None else None,
+    }
+    extra = {}
+    if req.choose_tp:
+        choice = choose_tp(hardware=hardware, topology=topology, **args)
+        result = choice.chosen_plan or PlanResult(feasible=False, explanation=choice.explanation)
+        if choice.chosen is not None:
+            result.explanation = f"{choice.explanation} {result.explanation}"
+        extra["tensor_parallel"] = choice.as_dict()
+        tp = choice.chosen or hardware.gpus_per_replica
+    else:
+        result = plan(hardware=hardware, **args)
+        tp = hardware.gpus_per_replica
+    extra["topology"] = topology_answer(topology, tp)
     sources = {
         "endpoint": req.endpoint.name if req.endpoint else None,
         "throughput_table": f"benchmark:{benchmark.pk} v{benchmark.version} shape {shape_label}"
         if benchmark
         else "given",
+        **extra,
     }
     return result, sources
 

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import render
 
 from capacity.models import HardwareProfile, ModelProfile
-from capacity.planning import barriers
+from capacity.planning import barriers, tensor_parallel
 from console.access import operator_required
 from console.views.planner_apply import apply_bounds, endpoint_initial
 from endpoints.models import Endpoint
@@ -27,6 +27,13 @@ class PlannerForm(forms.Form):
     overhead_gb = forms.FloatField(min_value=0, initial=10, label="Overhead (GB)")
     gpus_per_replica = forms.IntegerField(min_value=1, initial=1, label="GPUs per replica")
     usd_per_gpu_hour = forms.FloatField(min_value=0, initial=2.5, label="USD per GPU-hour")
+    gpus_per_node = forms.IntegerField(min_value=1, initial=8, required=False, label="GPUs per node")
+    interconnect_domain_gpus = forms.IntegerField(
+        min_value=1, initial=8, required=False, label="GPUs per NVLink domain"
+    )
+    choose_tp = forms.BooleanField(
+        required=False, label="Choose the TP size", help_text="plan at 1, 2, 4 or 8 GPUs: the fewest GPUs that fit"
+    )
     arrival_rate_per_s = forms.FloatField(min_value=0, initial=20, label="Arrival rate λ (req/s)")
     input_tokens = forms.FloatField(min_value=0, initial=500, label="Input tokens (mean)")
     output_tokens = forms.FloatField(min_value=1, initial=300, label="Output tokens (mean)")
@@ -93,6 +100,8 @@ def _profile_initial(request) -> dict:
             gpu_memory_gb=hardware.gpu_memory_gb,
             gpus_per_replica=hardware.gpus_per_replica,
             usd_per_gpu_hour=hardware.usd_per_gpu_hour,
+            gpus_per_node=hardware.gpus_per_node,
+            interconnect_domain_gpus=hardware.interconnect_domain_gpus,
         )
     return initial
 
@@ -117,48 +126,69 @@ def planner_view(request):
     context["form"] = form
     if not form.is_valid():
         return render(request, "console/planner.html", context, status=400)
+    try:
+        result, context["tp"], context["topology"] = _plan(form.cleaned_data)
+    except barriers.PlannerInputError as exc:
+        for key, message in exc.errors.items():
+            form.add_error(_field_for(key, form), f"{key}: {message}" if _field_for(key, form) is None else message)
+        return render(request, "console/planner.html", context, status=400)
     data = form.cleaned_data
+    context["result"] = result
+    endpoint = Endpoint.objects.filter(pk=data.get("endpoint") or 0).first()
+    if endpoint is not None:
+        context["endpoint"] = endpoint
+        # Replicas of another TP size are not the endpoint's replicas: their bounds are not offered.
+        if context["tp"] is None or context["tp"].chosen == data["gpus_per_replica"]:
+            context["apply"] = apply_bounds(result)
+    context["barriers"] = [("memory", result.n_mem), ("throughput", result.n_thr), ("latency", result.n_lat)]
+    if result.n_ttft is not None:
+        context["barriers"].append(("ttft", result.n_ttft))
+    return render(request, "console/planner.html", context)
+
+
+def _plan(data: dict):
+    """(result, the TP choice or None, the topology answer): the three barriers at the form's GPUs per replica, or,
+    with "choose the TP size", at the size needing the fewest GPUs (capacity.planning.tensor_parallel)."""
     spike = None
     if data.get("spike_multiplier"):
         spike = barriers.SpikeInput(
             load_multiplier=data["spike_multiplier"], cold_start_s=data.get("cold_start_s") or 0.0
         )
-    try:
-        result = barriers.plan(
-            model=barriers.ModelShape(
-                n_layers=data["n_layers"],
-                n_kv_heads=data["n_kv_heads"],
-                d_head=data["d_head"],
-                dtype_bytes=data["dtype_bytes"],
-                weights_gb=data["weights_gb"],
-            ),
-            hardware=barriers.Hardware(
-                gpu_memory_gb=data["gpu_memory_gb"],
-                overhead_gb=data["overhead_gb"],
-                gpus_per_replica=data["gpus_per_replica"],
-                usd_per_gpu_hour=data["usd_per_gpu_hour"],
-            ),
-            workload=barriers.Workload(
-                arrival_rate_per_s=data["arrival_rate_per_s"],
-                input_tokens=data["input_tokens"],
-                output_tokens=data["output_tokens"],
-                context_tokens=data.get("context_tokens"),
-            ),
-            slo=barriers.SLO(min_stream_tok_s=data["min_stream_tok_s"]),
-            throughput_table=data["throughput_table"],
-            headroom=data["headroom"],
-            ttft_s=data.get("ttft_s"),
-            spike=spike,
-        )
-    except barriers.PlannerInputError as exc:
-        for key, message in exc.errors.items():
-            form.add_error(_field_for(key, form), f"{key}: {message}" if _field_for(key, form) is None else message)
-        return render(request, "console/planner.html", context, status=400)
-    context["result"] = result
-    endpoint = Endpoint.objects.filter(pk=data.get("endpoint") or 0).first()
-    if endpoint is not None:
-        context["endpoint"], context["apply"] = endpoint, apply_bounds(result)
-    context["barriers"] = [("memory", result.n_mem), ("throughput", result.n_thr), ("latency", result.n_lat)]
-    if result.n_ttft is not None:
-        context["barriers"].append(("ttft", result.n_ttft))
-    return render(request, "console/planner.html", context)
+    args = {
+        "model": barriers.ModelShape(
+            n_layers=data["n_layers"],
+            n_kv_heads=data["n_kv_heads"],
+            d_head=data["d_head"],
+            dtype_bytes=data["dtype_bytes"],
+            weights_gb=data["weights_gb"],
+        ),
+        "hardware": barriers.Hardware(
+            gpu_memory_gb=data["gpu_memory_gb"],
+            overhead_gb=data["overhead_gb"],
+            gpus_per_replica=data["gpus_per_replica"],
+            usd_per_gpu_hour=data["usd_per_gpu_hour"],
+        ),
+        "workload": barriers.Workload(
+            arrival_rate_per_s=data["arrival_rate_per_s"],
+            input_tokens=data["input_tokens"],
+            output_tokens=data["output_tokens"],
+            context_tokens=data.get("context_tokens"),
+        ),
+        "slo": barriers.SLO(min_stream_tok_s=data["min_stream_tok_s"]),
+        "throughput_table": data["throughput_table"],
+        "headroom": data["headroom"],
+        "ttft_s": data.get("ttft_s"),
+        "spike": spike,
+    }
+    topology = tensor_parallel.Topology(
+        gpus_per_node=data.get("gpus_per_node") or 8, domain_gpus=data.get("interconnect_domain_gpus") or 8
+    )
+    if not data.get("choose_tp"):
+        result = barriers.plan(**args)
+        return result, None, tensor_parallel.topology_answer(topology, data["gpus_per_replica"])
+    choice = tensor_parallel.choose_tp(topology=topology, **args)
+    result = choice.chosen_plan or barriers.PlanResult(feasible=False, explanation=choice.explanation)
+    if choice.chosen is not None:
+        result.explanation = f"{choice.explanation} {result.explanation}"
+    tp = choice.chosen or data["gpus_per_replica"]
+    return result, choice, tensor_parallel.topology_answer(topology, tp)
