@@ -5,6 +5,9 @@ have = ready (non-standby) replicas × the replica's MU/min; sold = Σ reservati
 alike: both are MU/min sold on the endpoint); used = MU actually consumed,
 read from the per-minute usage rollups (``billing.UsageMinute``) through ``usage_aggregate``, the one place that
 knows where usage lives, so raw usage rows are only scanned where rollups do not exist.
+
+Given the free GPUs (a ``capacity.placement`` cluster: this host's, read by the local actuator), each endpoint's row
+also says how many more whole replicas of its TP size fit in them (docs/placement.md, "In the ledger").
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from capacity.percentiles import percentile
+from capacity.placement.cluster import Cluster
+from capacity.placement.policies import groups_that_fit
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Endpoint, ReplicaState
 from tenants.models import CapacityReservation
@@ -130,6 +135,8 @@ class EndpointLedger:
     utilization_1h: float | None  # used (1 h) / have
     throttled_1h: int = 0
     shed_1h: int = 0
+    replica_gpus: int = 1  # one replica's TP group
+    whole_replicas_free: int | None = None  # more whole groups the free GPUs hold; None where they are not known
 
 
 @dataclass
@@ -162,17 +169,19 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: int | None = None) -> Ledger:
+def capacity_ledger(
+    *, now: datetime | None = None, endpoints=None, tenant_id: int | None = None, free_gpus: Cluster | None = None
+) -> Ledger:
     """The ledger over ``endpoints`` (default: all). With ``tenant_id`` only that tenant's rows are computed, and
     the per-endpoint and total sections are left empty: they aggregate other tenants' reservations and use."""
     now = now or timezone.now()
     minute_end = now.replace(second=0, microsecond=0)  # the last complete minute ends here
     day_start = minute_end - DAY_MINUTES * MINUTE
-    hour_start = minute_end - 60 * MINUTE
-    last_minute = minute_end - MINUTE
+    hour_start, last_minute = minute_end - 60 * MINUTE, minute_end - MINUTE
     queryset = endpoints if endpoints is not None else Endpoint.objects.all()
     endpoint_list = list(
         queryset.select_related(None)
+        .select_related("hardware_profile")  # replica_gpus
         .annotate(
             ready_count=Count(
                 "replicas", filter=Q(replicas__state=ReplicaState.READY, replicas__is_standby=False), distinct=True
@@ -238,8 +247,34 @@ def capacity_ledger(*, now: datetime | None = None, endpoints=None, tenant_id: i
                 shed_1h=counts[endpoint.pk][1],
             )
         )
-    ledger.total = _totals(ledger.endpoints, per_minute)
+    ledger.total = _totals(ledger.endpoints, per_minute) | _whole_groups(ledger, endpoint_list, free_gpus)
     return ledger
+
+
+def replica_gpus(endpoint: Endpoint) -> int:
+    """One replica's GPUs, as the local actuator allots them: the engine's ``tensor_parallel_size`` where the launch
+    options set it, else the hardware profile's ``gpus_per_replica``."""
+    tp = (endpoint.launch_options or {}).get("tensor_parallel_size")
+    hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
+    try:
+        return max(1, int(tp if tp is not None else (hardware.gpus_per_replica if hardware else 1)))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _whole_groups(ledger: Ledger, endpoint_list: list[Endpoint], free_gpus: Cluster | None) -> dict:
+    """Each row's TP size and whole replicas free, one placement per size (3 free GPUs hold no TP-4 group); the
+    total's free GPUs."""
+    for row, endpoint in zip(ledger.endpoints, endpoint_list, strict=True):
+        row.replica_gpus = replica_gpus(endpoint)
+    if free_gpus is None:
+        return {"free_gpus": None}
+    by_size: dict[int, int] = {}
+    for row in ledger.endpoints:
+        if row.replica_gpus not in by_size:
+            by_size[row.replica_gpus] = groups_that_fit(free_gpus, row.replica_gpus)
+        row.whole_replicas_free = by_size[row.replica_gpus]
+    return {"free_gpus": free_gpus.free_count()}
 
 
 def _totals(rows: list[EndpointLedger], per_minute: dict[int, dict[datetime, float]]) -> dict:

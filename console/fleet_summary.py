@@ -30,6 +30,8 @@ SORTS = {
     "sold": ("Sold MU/min", lambda row: row.ledger.sold_mu_per_min),
     "used": ("Used MU/min (1 h)", lambda row: row.ledger.used_mu_per_min_1h),
     "utilization": ("Utilization (1 h)", lambda row: row.ledger.utilization_1h),
+    # More whole replicas of the endpoint's TP size the free GPUs hold (docs/placement.md, "In the ledger").
+    "room": ("Room (whole replicas)", lambda row: row.ledger.whole_replicas_free),
     "budget": ("Budget left", lambda row: row.worst_budget),
     "burn": ("Burn (1 h)", lambda row: row.max_burn_1h),
 }

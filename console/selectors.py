@@ -18,6 +18,7 @@ from django.db.models.functions import TruncHour
 from billing.models import Degradation, UsageMinute, UsageRecord, UsageStatus
 from billing.selectors import SLOBudget, slo_budgets
 from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
+from capacity.autoscaling.actuators.free_gpus import local_free_gpus
 from capacity.ledger import EndpointLedger, TenantLedgerRow, capacity_ledger
 from capacity.models import AutoscalerDecision, ScalePin
 from console.live import redis_client
@@ -99,7 +100,9 @@ def fleet_rows(*, user, endpoints, now: datetime) -> list[FleetRow]:
     ids = [e.pk for e in endpoints]
     ledger = {
         row.endpoint_id: row
-        for row in capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk__in=ids)).endpoints
+        for row in capacity_ledger(
+            now=now, endpoints=Endpoint.objects.filter(pk__in=ids), free_gpus=local_free_gpus()
+        ).endpoints
     }
     counts = replica_state_counts(ids)
     budgets = budgets_by_endpoint(user)
@@ -111,7 +114,8 @@ def fleet_rows(*, user, endpoints, now: datetime) -> list[FleetRow]:
 
 
 def endpoint_ledger(*, endpoint: Endpoint, now: datetime) -> EndpointLedger:
-    return capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk=endpoint.pk)).endpoints[0]
+    ledger = capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk=endpoint.pk), free_gpus=local_free_gpus())
+    return ledger.endpoints[0]
 
 
 def tenant_endpoint_ledger(*, endpoint: Endpoint, tenant_id: int, now: datetime) -> TenantLedgerRow | None:
