@@ -267,7 +267,7 @@ def _add_new(after: int, upto: int, checked_from: int, now: datetime) -> tuple[i
     zone = timezone.get_current_timezone_name()
     kept = "endpoint_id IS NOT NULL AND bucket >= %s"
     with connection.cursor() as db:
-        db.execute(f"DROP TABLE IF EXISTS {DELTA_TABLE}")
+        db.execute(f"DROP TABLE IF EXISTS pg_temp.{DELTA_TABLE}")
         db.execute(f"CREATE TEMP TABLE {DELTA_TABLE} ON COMMIT DROP AS {select_sql}", params)
         db.execute(
             f"SELECT coalesce(sum(agg_ids), 0), count(DISTINCT bucket) FILTER (WHERE {kept}) FROM {DELTA_TABLE}",
@@ -285,7 +285,7 @@ def _add_new(after: int, upto: int, checked_from: int, now: datetime) -> tuple[i
                 where += " AND date_trunc('hour', bucket AT TIME ZONE %s) AT TIME ZONE %s >= %s"
                 where_params += [zone, zone, hour_horizon]
             rows[target] = _add_to(target, trunc, trunc_params, where, where_params, db)
-        db.execute(f"DROP TABLE {DELTA_TABLE}")
+        db.execute(f"DROP TABLE pg_temp.{DELTA_TABLE}")
     counts = {"minute_rows": rows[UsageMinute], "hour_rows": rows[UsageHour], "day_rows": rows[UsageDay]}
     return int(ids_sum), {"minutes": minutes, **counts}
 
