@@ -25,7 +25,7 @@ VERTICAL_S = 30.0
 
 SAMPLE_S = 1.0
 SAMPLE_BATCH = 500  # endpoints per Redis pipeline in the sampler's second
-TICK_BATCH = 100  # endpoints per horizontal batch task (INFERCAP["AUTOSCALE_TICK_BATCH"])
+TICK_BATCH = 250  # endpoints per horizontal batch task (INFERCAP["AUTOSCALE_TICK_BATCH"])
 
 BEAT_SCHEDULE = {
     "autoscale-sample-demand": {"task": "autoscale.sample_demand", "schedule": SAMPLE_S, "options": {"expires": 1}},
