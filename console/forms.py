@@ -31,6 +31,7 @@ class EndpointCreateForm(forms.ModelForm):
             "model_profile",
             "hardware_profile",
             "spot_hardware_profile",
+            "fallback_hardware_profile",
             "runtime",
             "min_replicas",
             "max_replicas",
@@ -69,6 +70,8 @@ class EndpointCreateForm(forms.ModelForm):
             capacity_type=HardwareProfile.CapacityType.SPOT
         ).order_by("name")
         self.fields["spot_hardware_profile"].label = "Spot pool"
+        self.fields["fallback_hardware_profile"].queryset = HardwareProfile.objects.order_by("name")
+        self.fields["fallback_hardware_profile"].label = "Fallback hardware"
         self.fields["prefill_hardware_profile"].queryset = HardwareProfile.objects.order_by("name")
         for name in PD_DEFAULTED:  # an aggregated endpoint's form need not mention them
             self.fields[name].required = False

@@ -82,6 +82,17 @@ class Endpoint(models.Model):
         help_text="a spot pool (capacity type spot, the same GPU type) for the replicas above the on-demand floor; "
         "empty: on-demand only",
     )
+    # Placement (docs/placement.md, "Falling back to another hardware profile"): when a scale-up finds no whole TP
+    # group of ``hardware_profile`` free, the replicas it could not place start on this profile instead.
+    fallback_hardware_profile = models.ForeignKey(
+        "capacity.HardwareProfile",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="hardware the replicas a scale-up cannot place whole on the endpoint's own start on instead (its "
+        "own GPUs per replica; it must hold the model); empty: a scale-up that finds no whole group waits",
+    )
     runtime = models.CharField(max_length=8, choices=Runtime.choices, default=Runtime.SIM)
     launch_options = models.JSONField(default=dict, blank=True)
     min_replicas = models.PositiveIntegerField(default=1)
@@ -204,8 +215,33 @@ class Endpoint(models.Model):
             errors["kv_connector"] = "a disaggregated endpoint needs a KV connector"
         if self.prefill_min_replicas > self.prefill_max_replicas:
             errors["prefill_min_replicas"] = "must not exceed prefill_max_replicas"
+        if problems := self.fallback_hardware_problems():
+            errors["fallback_hardware_profile"] = problems
         if errors:
             raise ValidationError(errors)
+
+    def fallback_hardware_problems(self) -> list[str]:
+        """A fallback profile is another profile that serves the same model with its own GPUs per replica: the
+        weights and its overhead leave room for a KV cache, and one replica fits one of its interconnect domains."""
+        if self.fallback_hardware_profile_id is None:
+            return []
+        fallback = self.fallback_hardware_profile
+        if fallback.pk == self.hardware_profile_id:
+            return ["is the endpoint's own hardware profile"]
+        problems = []
+        if self.model_profile_id is not None:
+            weights = self.model_profile.weights_gb
+            room = fallback.gpu_memory_gb * fallback.gpus_per_replica - weights - fallback.memory_overhead_gb
+            if room <= 0:
+                problems.append(
+                    f"{fallback.name} cannot hold {self.model_profile.name}: {fallback.gpus_per_replica} × "
+                    f"{fallback.gpu_memory_gb:g} GB − weights {weights:g} GB − overhead "
+                    f"{fallback.memory_overhead_gb:g} GB leaves no KV cache"
+                )
+        fit = fallback.replica_fit()
+        if not fit.fits:
+            problems.append(f"{fallback.name}: {fit.reason}")
+        return problems
 
 
 class Adapter(models.Model):

@@ -43,6 +43,7 @@ ENDPOINT_EDITABLE_FIELDS = frozenset(
         "model_profile",
         "hardware_profile",
         "spot_hardware_profile",
+        "fallback_hardware_profile",
         "pinned_benchmark",
         "runtime",
         "launch_options",

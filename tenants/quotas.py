@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 
 from capacity.models import HardwareProfile
 from endpoints.models import Endpoint, Replica
@@ -175,7 +176,9 @@ def live_usage(tenant_id: int, *, exclude_serving_of: int | None = None) -> Live
             Q(endpoint_id=exclude_serving_of, is_standby=False) & ~Q(state="draining"),
         )
     serving = standby = gpus = 0
-    for is_standby, per_replica in rows.values_list("is_standby", "endpoint__hardware_profile__gpus_per_replica"):
+    # A replica on another profile than its endpoint's (a spot pool, a fallback) holds that profile's GPUs.
+    per_profile = Coalesce("hardware_profile__gpus_per_replica", "endpoint__hardware_profile__gpus_per_replica")
+    for is_standby, per_replica in rows.values_list("is_standby", per_profile):
         if is_standby:
             standby += 1
         else:

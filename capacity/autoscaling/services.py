@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from capacity.autoscaling import replica_metrics, spot, store
 from capacity.autoscaling.actuators import ActuatorError, get_actuator
+from capacity.autoscaling.actuators.local_gpus import NoWholeGroup
 from capacity.autoscaling.limits import QuotaLeft, launch_allowance
 from capacity.models import HardwareProfile
 from capacity.runtimes.replica_http import replica_client
@@ -127,6 +128,7 @@ def launch_capped(
         if allowed <= 0:
             return actions
         budget.left -= allowed
+        before = endpoint.replicas.count()
         try:
             started = actuator.launch(pool_endpoint(endpoint, hardware_profile, role=role), allowed, standby=standby)
         except ActuatorError as exc:
@@ -136,9 +138,43 @@ def launch_capped(
                     store.mark_spot_unavailable(endpoint.pk, spot.SpotConfig().unavailable_backoff_s)
                 except store.RedisError as redis_exc:
                     log.warning("autoscaler: spot back-off not recorded: %s", redis_exc)
-            return [*actions, f"{label}launch failed: {exc}"]
+            failed = f"{label}launch failed: {exc}"
+            if hardware_profile is None and role != ReplicaRole.PREFILL and isinstance(exc.__cause__, NoWholeGroup):
+                rest = allowed - (endpoint.replicas.count() - before)
+                failed += fall_back(endpoint=endpoint, actuator=actuator, wanted=rest, standby=standby, role=role)
+            return [*actions, failed]
     names = f": {', '.join(r.name for r in started)}" if started else ""
     return [*actions, f"{label}{'started' if standby else 'launched'} {allowed}{names}"]
+
+
+def fall_back(*, endpoint: Endpoint, actuator, wanted: int, standby: bool, role: str) -> str:
+    """The replicas a launch could not place as whole TP groups on the endpoint's hardware, launched on its
+    ``fallback_hardware_profile`` (docs/placement.md, "Falling back to another hardware profile"), within the owner's
+    GPU quota counted in the fallback's GPUs per replica. What happened, to append to the capped action."""
+    fallback = endpoint.fallback_hardware_profile if endpoint.fallback_hardware_profile_id else None
+    if fallback is None or wanted <= 0:
+        return ""
+    allowed, notes = launch_allowance(
+        wanted=wanted,
+        standby=standby,
+        left=quota_left(endpoint, exclude_own_serving=False),
+        gpus_per_replica=max(1, fallback.gpus_per_replica),
+        per_tick_left=wanted,  # within the launches already counted against the per-tick caps
+    )
+    said = f"; fell back to {fallback.name}: "
+    if allowed <= 0:
+        return said + f"launched 0 of {wanted} ({', '.join(notes)})"
+    view = pool_endpoint(endpoint, fallback, role=role)
+    if "tensor_parallel_size" in (view.launch_options or {}):  # the fallback's own group size
+        view.launch_options = {**view.launch_options, "tensor_parallel_size": max(1, fallback.gpus_per_replica)}
+    try:
+        started = actuator.launch(view, allowed, standby=standby)
+    except ActuatorError as exc:
+        log.warning("autoscaler: fallback to %s: %s", fallback.name, exc)
+        return said + f"launch failed: {exc}"
+    capped = f" of {wanted} ({', '.join(notes)})" if notes else ""
+    names = f": {', '.join(r.name for r in started)}" if started else ""
+    return said + f"launched {len(started)}{capped}{names}"
 
 
 def pool_endpoint(

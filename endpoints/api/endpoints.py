@@ -52,6 +52,13 @@ class EndpointSerializer(serializers.ModelSerializer):
         help_text="a spot pool (capacity type spot, the endpoint's GPU type) for the replicas above the on-demand "
         "floor; empty: on-demand only",
     )
+    fallback_hardware_profile = IdOrNameRelatedField(
+        queryset=HardwareProfile.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="hardware the replicas a scale-up cannot place as whole TP groups on the endpoint's own start on "
+        "instead (its own GPUs per replica; it must hold the model); empty: such a scale-up waits",
+    )
     pinned_benchmark = serializers.PrimaryKeyRelatedField(
         queryset=CapacityBenchmark.objects.all(), required=False, allow_null=True
     )
@@ -102,7 +109,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         model = Endpoint
         fields = [
             "id", "name", "owner_tenant", "model_profile", "hardware_profile", "spot_hardware_profile",
-            "pinned_benchmark", "runtime", "launch_options", "min_replicas", "max_replicas", "desired_replicas",
+            "fallback_hardware_profile", "pinned_benchmark", "runtime", "launch_options", "min_replicas", "max_replicas", "desired_replicas",
             "desired_spot_replicas", "ready_replicas", "scale_pin", "scale_to_zero",
             "provisioned_concurrency", "concurrency_min", "concurrency_max", "concurrency_limit", "warm_pool_size",
             "routing_policy", "routing_plan", "ttft_slo_ms", "tpot_slo_ms", "fallback", "fallback_classes",
@@ -138,6 +145,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             # The fleet's GPU types and prices behind a shared endpoint are the operators' too.
             data["routing_plan"] = {}
             data["spot_hardware_profile"] = None
+            data["fallback_hardware_profile"] = None
             data["scale_pin"] = None  # which operator pinned a shared endpoint, and why, is the operators' own
         return data
 
