@@ -1,9 +1,11 @@
-"""Usage rollups: per-minute aggregates by (endpoint, tenant) recomputed from raw usage, then hours and days on top.
+"""Usage rollups: per-minute aggregates by (endpoint, tenant) of raw usage, then hours and days on top.
 
-Correct for late records and idempotent: each run finds the minutes touched by records inserted since the previous
-run (by primary key, which is taken at insert time, so a record spooled for hours still counts as new) and
-recomputes those minutes wholesale from the raw rows with one INSERT … SELECT … ON CONFLICT DO UPDATE, then the
-hours and days that contain them. Re-running recomputes the same numbers.
+Correct for late records and idempotent: each run adds the records inserted since the previous run (by primary key,
+which is taken at insert time, so a record spooled for hours still counts as new) to the minute, hour and day rows
+they fall in, reading only those records. When the previous run's records changed since (a batch that committed
+after it, with lower ids), the run instead recomputes every minute they touch wholesale from the raw rows, then the
+hours and days that contain them. A re-run with nothing new changes nothing (docs/algorithms.md, SLOs and burn
+rates).
 """
 
 import logging
