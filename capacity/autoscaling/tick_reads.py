@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from django.db.models import F, Q, Sum
+from django.db.models.functions import Coalesce
 
 from billing.models import UsageMinute
 from capacity.autoscaling import predictive, store
@@ -169,15 +170,11 @@ def _quota_left(endpoints: list[Endpoint]) -> dict[int, QuotaLeft]:
     owned = [e for e in endpoints if e.owner_tenant_id is not None]
     if not owned:
         return {}
+    # A replica on another profile than its endpoint's (a spot pool, a fallback) holds that profile's GPUs.
+    per_profile = Coalesce("hardware_profile__gpus_per_replica", "endpoint__hardware_profile__gpus_per_replica")
     rows = Replica.objects.filter(
         endpoint__owner_tenant_id__in={e.owner_tenant_id for e in owned}, state__in=LIVE_STATES
-    ).values_list(
-        "endpoint__owner_tenant_id",
-        "endpoint_id",
-        "is_standby",
-        "state",
-        "endpoint__hardware_profile__gpus_per_replica",
-    )
+    ).values_list("endpoint__owner_tenant_id", "endpoint_id", "is_standby", "state", per_profile)
     totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
     own: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for tenant_id, endpoint_id, is_standby, state, per_replica in rows:

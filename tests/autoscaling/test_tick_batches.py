@@ -11,10 +11,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from capacity.autoscaling import services, store, tick_reads, ticks
+from capacity.autoscaling.limits import QuotaLeft
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
 from tests.autoscaling.test_ticks import RecordingActuator, report
-from tests.factories import EndpointFactory, ReplicaFactory
+from tests.factories import EndpointFactory, HardwareProfileFactory, ReplicaFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,3 +150,30 @@ def test_a_corrupt_stored_sample_is_skipped():
     raws = [b'{"t": "x"}', b"nope", b'{"t": 1.0, "in_flight": "3"}', b'{"t": NaN}', b"[1]", b'{"t": 2, "extra": 1}']
     window = tick_reads.parse_window(raws)
     assert [(s.t, s.in_flight) for s in window] == [(1.0, 3.0), (2.0, 0.0)]
+
+
+def test_a_batchs_quota_reads_agree_with_one_endpoints(clean_store, tenant_a, tenant_b):
+    """What each owner may still start, read for the batch at once, equals ``services.quota_left`` per endpoint:
+    standbys, draining replicas and a replica on another profile than its endpoint's (a spot or fallback one holds
+    its own profile's GPUs) included."""
+    four = HardwareProfileFactory(name="tp4", gpus_per_replica=4)
+    two = HardwareProfileFactory(name="tp2", gpus_per_replica=2)
+    endpoints = [EndpointFactory(owner_tenant=t.tenant, hardware_profile=four) for t in (tenant_a, tenant_a, tenant_b)]
+    endpoints.append(EndpointFactory(owner_tenant=None))  # shared: no quota
+    first, second, other, _ = endpoints
+    ReplicaFactory(endpoint=first, state=ReplicaState.READY)
+    ReplicaFactory(endpoint=first, state=ReplicaState.DRAINING)
+    ReplicaFactory(endpoint=first, state=ReplicaState.READY, is_standby=True)
+    ReplicaFactory(endpoint=second, state=ReplicaState.STARTING, hardware_profile=two)
+    ReplicaFactory(endpoint=second, state=ReplicaState.STOPPED)
+    ReplicaFactory(endpoint=other, state=ReplicaState.READY)
+    reads = tick_reads.TickReads(
+        list(Endpoint.objects.filter(pk__in=[e.pk for e in endpoints]).select_related("owner_tenant")), now=time.time()
+    )
+    for endpoint in Endpoint.objects.filter(pk__in=[e.pk for e in endpoints]).select_related("owner_tenant"):
+        one = services.quota_left(endpoint, exclude_own_serving=True)
+        assert reads.quota_left.get(endpoint.pk, QuotaLeft()) == one, endpoint.name
+    # first's own ready replica left out: 4 draining + 4 standby + 2 (second's, on its 2-GPU profile) held;
+    # second's own left out: 4 + 4 + 4 held.
+    quota = tenant_a.tenant.quota_max_gpus or services.quota_for(tenant_a.tenant).max_gpus
+    assert (reads.quota_left[first.pk].gpus, reads.quota_left[second.pk].gpus) == (quota - 10, quota - 12)
