@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import F, Q, Sum
+from django.db.models import F, Max, Q, Sum
 from django.db.models.functions import Coalesce
 
 from billing.models import UsageMinute
@@ -101,13 +101,14 @@ def _replicas(ids: list[int]) -> dict[int, list[ReplicaRow]]:
 
 
 def _last_move(ids: list[int], direction: Q) -> dict[int, float]:
-    """Each endpoint's newest applied horizontal move in ``direction`` (an index-only walk: ``decision_last_up`` and
-    ``decision_last_down``)."""
+    """Each endpoint's newest applied horizontal move in ``direction`` (on PostgreSQL a walk of the partial indexes
+    ``decision_last_up`` and ``decision_last_down``, which hold only the moves)."""
     rows = (
         AutoscalerDecision.objects.filter(direction, endpoint_id__in=ids, axis=HORIZONTAL, applied=True)
-        .order_by("endpoint_id", "-at")
-        .distinct("endpoint_id")
-        .values_list("endpoint_id", "at")
+        .order_by()
+        .values("endpoint_id")
+        .annotate(last=Max("at"))
+        .values_list("endpoint_id", "last")
     )
     return {endpoint_id: at.timestamp() for endpoint_id, at in rows}
 

@@ -2,6 +2,7 @@
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -140,6 +141,17 @@ def test_run_platform_serves_a_completion_and_a_plain_kill_stops_every_process(t
         )  # fmt: skip
         assert response.status_code == 200, response.text
         assert response.text.rstrip().endswith("data: [DONE]")
+        # The worker's control loops run on the embedded database too: the autoscaler's beat ticks store decisions
+        # (a PostgreSQL-only query there once failed every tick while completions still streamed).
+        deadline, decided = time.monotonic() + 60, 0
+        while not decided and time.monotonic() < deadline:
+            time.sleep(1.0)
+            with sqlite3.connect(var_dir / "infercap.sqlite3", timeout=10) as db:
+                decided = db.execute(
+                    "SELECT count(*) FROM capacity_autoscalerdecision WHERE tick LIKE 'h-%'"
+                ).fetchone()[0]
+        assert decided, log.read_text()[-4000:]
+        assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
         started = _processes_of(var_dir) - {platform.pid}
         assert len(started) >= 3, started  # web, the Celery worker (and its pool), a replica
 
