@@ -116,13 +116,16 @@ def tenant_spend_usd(tenant_ids, *, now: datetime | None = None) -> dict[int, fl
 
 def budget_counters_sync(*, now: datetime | None = None, client=None, http: httpx.Client | None = None) -> dict:
     """Raise every budgeted key's and hard-stopped tenant's Redis counter to the records' spend, and raise each
-    tenant's soft alert once a month when its spend passes the alert fraction. Returns what it did."""
+    tenant's soft alert once a month when its spend passes the alert fraction. Returns what it did.
+
+    Without Redis (the embedded default: one process, no shared counters) only the soft alerts are sent."""
     now = now or timezone.now()
-    client = client or redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
-    raise_counter = client.register_script(_RAISE)
+    if client is None and settings.REDIS_URL:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+    raise_counter = client.register_script(_RAISE) if client is not None else None
     keys = ApiKey.objects.filter(budget_usd__isnull=False, revoked_at__isnull=True)
     synced = 0
-    for spent in key_spend(keys, now=now):
+    for spent in key_spend(keys, now=now) if raise_counter is not None else []:
         raise_counter(
             keys=[f"infercap:spend:key:{spent.key.pk}:{period_label(spent.period, now)}"],
             args=[repr(spent.spend_usd), COUNTER_TTL_S],
@@ -133,7 +136,7 @@ def budget_counters_sync(*, now: datetime | None = None, client=None, http: http
     alerted = []
     for tenant in tenants:
         spend = spends.get(tenant.pk, 0.0)
-        if tenant.budget_hard_stop:
+        if tenant.budget_hard_stop and raise_counter is not None:
             raise_counter(
                 keys=[f"infercap:spend:tenant:{tenant.pk}:{period_label('month', now)}"],
                 args=[repr(spend), COUNTER_TTL_S],

@@ -161,3 +161,13 @@ def test_the_sync_raises_counters_to_the_records_and_alerts_once(world, clean_re
     assert "b-hook" not in entry.detail["deliveries"]
     assert budget_counters_sync(now=now, client=clean_redis, http=http)["alerted"] == []  # once a month
     assert len(received) == 1
+
+
+def test_without_redis_the_sync_sends_the_soft_alert_and_raises_no_counter(tenant_a, settings):
+    """The embedded default has no Redis: the minute's sync must not fail there (it did, every minute, in
+    ``make run``), and the soft alert still goes out."""
+    settings.REDIS_URL = ""
+    Tenant.objects.filter(pk=tenant_a.tenant.pk).update(budget_usd=0.0001, budget_alert_fraction=0.5)
+    UsageRecordFactory(tenant=tenant_a.tenant, endpoint=tenant_a.endpoint, mu=10.0)
+    done = budget_counters_sync(http=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200))))
+    assert done == {"counters": 0, "alerted": [tenant_a.tenant.slug]}
