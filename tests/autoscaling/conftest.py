@@ -1,4 +1,7 @@
-"""Fixtures for the autoscaling tests: a clean Redis namespace and no replica process left behind."""
+"""Fixtures for the autoscaling tests: a clean Redis namespace, no replica process left behind, this host's GPUs
+and the environments replicas were started with."""
+
+import subprocess
 
 import pytest
 
@@ -24,3 +27,28 @@ def reap_local_replicas():
     }
     for pid in pids | set(local._CHILDREN):
         local.stop_pid(pid, grace_s=2.0)
+
+
+@pytest.fixture
+def host_gpus(settings, tmp_path):
+    """Set this host's GPUs for the local actuator (``INFERCAP_LOCAL_GPUS``: ``8``, ``8/2``, empty)."""
+
+    def use(spec: str) -> None:
+        settings.INFERCAP = {**settings.INFERCAP, "LOCAL_GPUS": spec}
+        settings.VAR_DIR = tmp_path
+
+    return use
+
+
+@pytest.fixture
+def child_envs(monkeypatch):
+    """The environment every replica process was started with, in order."""
+    envs: list[dict] = []
+    real = subprocess.Popen
+
+    def popen(argv, **kwargs):
+        envs.append(kwargs.get("env") or {})
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    return envs

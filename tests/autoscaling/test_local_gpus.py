@@ -4,13 +4,12 @@ capacity.placement's best fit; a launch that finds no whole group starts nothing
 held as long as its replica's process runs; a host without GPUs launches as it always did."""
 
 import os
-import subprocess
 import time
 
 import pytest
 
 from capacity.autoscaling import services, ticks
-from capacity.autoscaling.actuators import ActuatorError, local
+from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import STARTING_GRACE_S, GpuLedger, NoWholeGroup, inventory
 from capacity.placement.cluster import Node
@@ -78,29 +77,6 @@ def test_a_holding_lasts_as_long_as_its_process(tmp_path):
 
 
 # -- the local actuator, with real simulated replica processes ------------------------------------------------
-@pytest.fixture
-def host_gpus(settings, tmp_path):
-    def use(spec: str) -> None:
-        settings.INFERCAP = {**settings.INFERCAP, "LOCAL_GPUS": spec}
-        settings.VAR_DIR = tmp_path
-
-    return use
-
-
-@pytest.fixture
-def child_envs(monkeypatch):
-    """The environment every replica process was started with, in order."""
-    envs: list[dict] = []
-    real = subprocess.Popen
-
-    def popen(argv, **kwargs):
-        envs.append(kwargs.get("env") or {})
-        return real(argv, **kwargs)
-
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
-    return envs
-
-
 def tp(endpoint, size: int | None) -> Endpoint:
     options = {"actuator": "local", "profile": "tiny"} | ({"tensor_parallel_size": size} if size else {})
     Endpoint.objects.filter(pk=endpoint.pk).update(launch_options=options)

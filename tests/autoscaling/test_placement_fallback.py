@@ -3,41 +3,17 @@ scale-up whose TP group the local actuator cannot place whole starts nothing on 
 the endpoint names a ``fallback_hardware_profile``, starts the rest on that profile's own group size, within the
 owner's GPU quota counted in the fallback's GPUs; the decision's record says both; without a fallback nothing starts."""
 
-import subprocess
 import time
 
 import pytest
 
 from capacity.autoscaling import services, ticks
-from capacity.autoscaling.actuators import ActuatorError, local
+from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import NoWholeGroup
 from endpoints.models import Endpoint
 from tenants.quotas import live_usage
 from tests.factories import HardwareProfileFactory
-
-
-@pytest.fixture
-def host_gpus(settings, tmp_path):
-    def use(spec: str) -> None:
-        settings.INFERCAP = {**settings.INFERCAP, "LOCAL_GPUS": spec}
-        settings.VAR_DIR = tmp_path
-
-    return use
-
-
-@pytest.fixture
-def child_envs(monkeypatch):
-    """The environment every replica process was started with, in order."""
-    envs: list[dict] = []
-    real = subprocess.Popen
-
-    def popen(argv, **kwargs):
-        envs.append(kwargs.get("env") or {})
-        return real(argv, **kwargs)
-
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
-    return envs
 
 
 def tp4_endpoint(tenant_a, *, fallback: bool, tensor_parallel_size: int | None = None) -> Endpoint:
