@@ -124,8 +124,10 @@ class FaultRelay:
                     self.resets += 1
                     conn.reset()
                     break
-                conn.client.sendall(data)
+                # counted before it is sent: once the client has it, it may send its next request, whose count
+                # starts at 0 in the other thread and must not then get this answer's events added
                 conn.events += events
+                conn.client.sendall(data)
         except OSError:
             pass
         self._forget(conn)
