@@ -161,7 +161,7 @@ def _full_windows(ids: list[int]) -> None:
         for endpoint_id in ids[first : first + TICK_BATCH]:
             key = store.SAMPLES_KEY.format(endpoint_id=endpoint_id)
             samples = [
-                json.dumps(DemandSample(t=now - store.SAMPLES_KEPT + i, in_flight=40.0 + i % 7).__dict__)
+                json.dumps(DemandSample(t=now - store.SAMPLES_KEPT + i, in_flight=40.0 + i % 7).as_dict())
                 for i in range(store.SAMPLES_KEPT)
             ]
             pipe.delete(key)

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DemandSample:
-    """One sample of an endpoint's demand: requests in flight at replicas plus requests queued at the proxy."""
+    """One sample of an endpoint's demand: requests in flight at replicas plus requests queued at the proxy. Slotted:
+    an autoscaler worker keeps minutes of these per endpoint (``tick_reads``)."""
 
     t: float  # unix seconds (or virtual seconds in the simulator)
     in_flight: float = 0.0
@@ -25,6 +26,10 @@ class DemandSample:
     @property
     def mu(self) -> float:
         return self.in_flight_mu + self.queued_mu
+
+    def as_dict(self) -> dict[str, float]:
+        """The fields by name, as the sample is stored (``json.dumps`` of this)."""
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 def window(samples: Iterable[DemandSample], *, now: float, seconds: float) -> list[DemandSample]:

@@ -34,6 +34,9 @@ DEFAULT_SECONDS_PER_REQUEST = 10.0
 PREDICTIVE = predictive.PredictiveConfig()
 _SAMPLE_FIELDS = tuple(DemandSample.__dataclass_fields__)
 _SAMPLE_KEYS = frozenset(_SAMPLE_FIELDS)
+# Counts (requests in flight, queued, arrived) are whole numbers: samples share one float object per value instead of
+# each holding its own, about a third of a kept window's memory.
+_WHOLE = {float(n): float(n) for n in range(4096)}
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,7 @@ def _append(ids: list[int], *, now: float, tails: dict[int, int] | None) -> tupl
             sample = replace(sample, arrivals=arrivals, arrivals_mu=arrivals_mu)
             _keep_seen(writes, store.ARRIVALS_SEEN_KEY.format(endpoint_id=endpoint_id), keep)
         key = store.SAMPLES_KEY.format(endpoint_id=endpoint_id)
-        writes.rpush(key, json.dumps(sample.__dict__))
+        writes.rpush(key, json.dumps(sample.as_dict()))
         writes.ltrim(key, -store.SAMPLES_KEPT, -1)
         if tails is not None:
             writes.lrange(key, -tails[endpoint_id], -1)
@@ -342,9 +345,10 @@ def _sample(s) -> DemandSample | None:
         return None
     try:
         if s.keys() <= _SAMPLE_KEYS and all(type(v) is float or type(v) is int for v in s.values()):
-            sample = DemandSample(**s)  # as the tick and the sampler store them: json.dumps of the dataclass
+            # as the tick and the sampler store them: json.dumps of the sample's fields
+            sample = DemandSample(**{k: _WHOLE.get(v, v) for k, v in s.items()})
         else:
-            sample = DemandSample(*(float(s.get(k, 0.0)) for k in _SAMPLE_FIELDS))
+            sample = DemandSample(*(_WHOLE.get(v, v) for v in (float(s.get(k, 0.0)) for k in _SAMPLE_FIELDS)))
     except (TypeError, ValueError):
         return None
     return sample if math.isfinite(sample.t) else None

@@ -11,6 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from capacity.autoscaling import services, store, tick_reads, ticks
+from capacity.autoscaling.demand import DemandSample
 from capacity.autoscaling.limits import QuotaLeft
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
@@ -150,6 +151,20 @@ def test_a_corrupt_stored_sample_is_skipped():
     raws = [b'{"t": "x"}', b"nope", b'{"t": 1.0, "in_flight": "3"}', b'{"t": NaN}', b"[1]", b'{"t": 2, "extra": 1}']
     window = tick_reads.parse_window(raws)
     assert [(s.t, s.in_flight) for s in window] == [(1.0, 3.0), (2.0, 0.0)]
+
+
+def test_kept_samples_share_their_whole_number_counts_and_store_as_they_parse():
+    """A worker keeps minutes of samples per endpoint: equal counts are one float object, not one each, and a sample
+    stored with ``as_dict`` parses back equal."""
+    stored = [
+        DemandSample(t=1.0 + i, in_flight=float(i % 3), queued=1.0, in_flight_mu=0.5 * i, arrivals=2.0).as_dict()
+        for i in range(9)
+    ]
+    window = tick_reads.parse_window([json.dumps(s).encode() for s in stored])
+    assert [s.as_dict() for s in window] == stored
+    assert len({id(s.in_flight) for s in window}) == 3 and len({id(s.queued) for s in window}) == 1
+    assert len({id(s.t) for s in window}) == 9  # timestamps and MU are not whole numbers: their own
+    assert not hasattr(window[0], "__dict__")
 
 
 def test_a_batchs_quota_reads_agree_with_one_endpoints(clean_store, tenant_a, tenant_b):
