@@ -6,8 +6,9 @@ alike: both are MU/min sold on the endpoint); used = MU actually consumed,
 read from the per-minute usage rollups (``billing.UsageMinute``) through ``usage_aggregate``, the one place that
 knows where usage lives, so raw usage rows are only scanned where rollups do not exist.
 
-Given the free GPUs (a ``capacity.placement`` cluster: this host's, read by the local actuator), each endpoint's row
-also says how many more whole replicas of its TP size fit in them (docs/placement.md, "In the ledger").
+Given the free GPUs (a ``capacity.placement`` cluster: a Kubernetes cluster's GPU nodes, or this host's as the local
+actuator allots them), each endpoint's row also says how many more whole replicas of its TP size fit in them
+(docs/placement.md, "In the ledger").
 """
 
 from __future__ import annotations
@@ -252,9 +253,13 @@ def capacity_ledger(
 
 
 def replica_gpus(endpoint: Endpoint) -> int:
-    """One replica's GPUs, as the local actuator allots them: the engine's ``tensor_parallel_size`` where the launch
-    options set it, else the hardware profile's ``gpus_per_replica``."""
-    tp = (endpoint.launch_options or {}).get("tensor_parallel_size")
+    """One replica's GPUs, as its actuator asks for them: on Kubernetes the hardware profile's ``gpus_per_replica``
+    (what its pod requests); locally the engine's ``tensor_parallel_size`` where the launch options set it, else the
+    profile's."""
+    options = endpoint.launch_options or {}
+    default = getattr(settings, "INFERCAP", {}).get("AUTOSCALE_ACTUATOR", "local")
+    on_kubernetes = (options.get("actuator") or default) == "kubernetes"
+    tp = None if on_kubernetes else options.get("tensor_parallel_size")
     hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
     try:
         return max(1, int(tp if tp is not None else (hardware.gpus_per_replica if hardware else 1)))

@@ -18,7 +18,7 @@ from django.db.models.functions import TruncHour
 from billing.models import Degradation, UsageMinute, UsageRecord, UsageStatus
 from billing.selectors import SLOBudget, slo_budgets
 from billing.slo import TPOT_BOUNDS_MS, TTFT_BOUNDS_MS
-from capacity.autoscaling.actuators.free_gpus import local_free_gpus
+from capacity.autoscaling.actuators.free_gpus import free_gpus
 from capacity.ledger import EndpointLedger, TenantLedgerRow, capacity_ledger
 from capacity.models import AutoscalerDecision, ScalePin
 from console.live import redis_client
@@ -101,7 +101,7 @@ def fleet_rows(*, user, endpoints, now: datetime) -> list[FleetRow]:
     ledger = {
         row.endpoint_id: row
         for row in capacity_ledger(
-            now=now, endpoints=Endpoint.objects.filter(pk__in=ids), free_gpus=local_free_gpus()
+            now=now, endpoints=Endpoint.objects.filter(pk__in=ids), free_gpus=free_gpus()
         ).endpoints
     }
     counts = replica_state_counts(ids)
@@ -114,7 +114,7 @@ def fleet_rows(*, user, endpoints, now: datetime) -> list[FleetRow]:
 
 
 def endpoint_ledger(*, endpoint: Endpoint, now: datetime) -> EndpointLedger:
-    ledger = capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk=endpoint.pk), free_gpus=local_free_gpus())
+    ledger = capacity_ledger(now=now, endpoints=Endpoint.objects.filter(pk=endpoint.pk), free_gpus=free_gpus())
     return ledger.endpoints[0]
 
 

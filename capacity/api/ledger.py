@@ -1,7 +1,8 @@
 """GET /api/v1/capacity/ledger: have / sold / used per endpoint and in total (operators), reserved vs used per
-tenant (operators see every tenant, anyone else only their own tenant's rows). On a host whose GPUs the local
-actuator allots, each endpoint's ``whole_replicas_free`` is how many more whole replicas of its TP size fit in the free
-GPUs (``total.free_gpus``); null where the free GPUs are not known."""
+tenant (operators see every tenant, anyone else only their own tenant's rows). For operators each endpoint's
+``whole_replicas_free`` is how many more whole replicas of its TP size fit in the free GPUs (``total.free_gpus``): a
+Kubernetes cluster's GPU nodes as the room task last read them, or this host's as the local actuator allots them; null
+where the free GPUs are not known (no GPU, or the cluster's nodes could not be read)."""
 
 from django.urls import path
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -9,7 +10,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from capacity.autoscaling.actuators.free_gpus import local_free_gpus
+from capacity.autoscaling.actuators.free_gpus import free_gpus
 from capacity.ledger import capacity_ledger
 from endpoints.selectors import endpoints_visible_to
 from tenants.selectors import principal_is_operator, principal_tenant_id
@@ -28,7 +29,7 @@ class LedgerView(APIView):
                 raise ValidationError({"endpoint": ["must be an endpoint id"]})
             endpoints = endpoints.filter(pk=int(endpoint_id))
         if principal_is_operator(principal):
-            ledger = capacity_ledger(endpoints=endpoints, free_gpus=local_free_gpus())
+            ledger = capacity_ledger(endpoints=endpoints, free_gpus=free_gpus())
         else:
             tenant_id = principal_tenant_id(principal)
             if tenant_id is None:

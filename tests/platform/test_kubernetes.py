@@ -51,8 +51,14 @@ def test_overlays_set_namespace_image_and_scale(rendered):
     for overlay, namespace, tag, web_replicas in (("overlays/dev", "infercap-dev", "dev", 1),
                                                   ("overlays/prod", "infercap", "0.1.0", 3)):  # fmt: skip
         objects = rendered[overlay].objects
-        namespaced = [o for o in objects if o["kind"] != "Namespace"]
+        cluster_scoped = ("Namespace", "ClusterRole", "ClusterRoleBinding")
+        namespaced = [o for o in objects if o["kind"] not in cluster_scoped]
         assert {o["metadata"].get("namespace") for o in namespaced} == {namespace}
+        (binding,) = _by_kind(objects, "ClusterRoleBinding").values()
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "infercap-autoscaler", "namespace": namespace}
+        ]
+        assert binding["metadata"]["name"].endswith(namespace), "two installs in one cluster keep both bindings"
         assert namespace in _by_kind(objects, "Namespace"), "created by the same apply"
         assert _by_kind(objects, "Job")["infercap-migrate"]["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
             "python", "manage.py", "migrate"]  # fmt: skip
@@ -118,6 +124,13 @@ def test_the_role_grants_what_the_actuator_calls(rendered):
     needed = {("deployments", v) for v in ("get", "create", "delete", "patch")}
     needed |= {("deployments/scale", v) for v in ("get", "patch")} | {("pods", v) for v in ("list", "patch", "delete")}
     assert needed <= grants
+    # The room task (docs/placement.md, "In the ledger"): every node and every namespace's pods.
+    room = _by_kind(rendered["base"].objects, "ClusterRole")["infercap-autoscaler-room"]
+    assert {("nodes", "list"), ("pods", "list")} <= {(r, v) for rule in room["rules"] for r in rule["resources"]
+                                                     for v in rule["verbs"]}  # fmt: skip
+    (binding,) = _by_kind(rendered["base"].objects, "ClusterRoleBinding").values()
+    assert binding["roleRef"]["name"] == room["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == role["metadata"]["name"]
     worker = _by_kind(rendered["base"].objects, "Deployment")["infercap-worker"]
     assert worker["spec"]["template"]["spec"]["serviceAccountName"] == role["metadata"]["name"]
 

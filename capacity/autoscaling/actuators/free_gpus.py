@@ -1,10 +1,18 @@
-"""This host's GPUs as a placement cluster, held and free, for the capacity ledger's whole-group figures
-(docs/placement.md, "In the ledger"). None where no GPU is known: a host without GPUs, or a Kubernetes cluster, whose
-nodes' free GPUs the actuator does not read."""
+"""The free GPUs as a placement cluster, held and free, for the capacity ledger's whole-group figures
+(docs/placement.md, "In the ledger"): a Kubernetes cluster's nodes where the room beat task publishes them
+(``kubernetes_room.py``), else this host's, as the local actuator allots them. None where no GPU is known."""
 
+from capacity.autoscaling.actuators.kubernetes_room import kubernetes_room
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import HOST
 from capacity.placement.cluster import Cluster, Gpu
+
+
+def free_gpus() -> Cluster | None:
+    """The cluster's GPU nodes with what live pods hold taken, where endpoints run on Kubernetes (None while they
+    cannot be read); else this host's."""
+    published, cluster = kubernetes_room()
+    return cluster if published else local_free_gpus()
 
 
 def local_free_gpus() -> Cluster | None:

@@ -17,6 +17,9 @@ from capacity.autoscaling.actuators.kubernetes_objects import (
 )
 from endpoints.models import Endpoint, Replica
 
+LIST_PAGE = 500
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
 
 class KubernetesApi:
     """The client: the API server and credentials, and the requests every part of the actuator makes."""
@@ -117,3 +120,26 @@ class KubernetesApi:
 
     def _pod_path(self, endpoint: Endpoint, replica: Replica) -> str:
         return f"/api/v1/namespaces/{self._ns(endpoint)}/pods/{replica.actuator_ref or replica.name}"
+
+    # -- the cluster's nodes, for the ledger's room (kubernetes_room.py) --------------------------------------
+    def _list_all(self, path: str, **params) -> list[dict]:
+        """Every item of a collection, page by page (``limit`` and ``continue``), so a large cluster's listing does not
+        arrive as one reply the API server has to build whole."""
+        items: list[dict] = []
+        params = {"limit": LIST_PAGE, **params}
+        while True:
+            page = self._request("GET", path, params=params)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            params = {**params, "continue": token}
+
+    def nodes(self) -> list[dict]:
+        """Every node of the cluster (needs ``list`` on ``nodes``: a ClusterRole)."""
+        return self._list_all("/api/v1/nodes")
+
+    def running_pods(self) -> list[dict]:
+        """Every pod of every namespace that is not terminated (phase neither Succeeded nor Failed): those hold
+        the GPUs they requested on their node, whoever started them."""
+        return self._list_all("/api/v1/pods", fieldSelector=LIVE_PODS)

@@ -1,0 +1,155 @@
+"""Room on a Kubernetes cluster for the capacity ledger (docs/placement.md, "In the ledger"): the GPU nodes and the GPUs
+that live pods request on each, as a placement ``Cluster``, so the ledger counts whole replicas there as it does on a
+host of the local actuator.
+
+A beat task (``workers/tasks/room.py``) reads the nodes and pods through the actuator's API client every
+``REFRESH_S`` and keeps the result in the shared store for ``ROOM_TTL_S``. The ledger's readers (the console and the
+REST API, which run in the web pods, without the worker's service account) read that snapshot, one store read, and
+never the API server. A read that fails (403, API server down) publishes "unknown", logged once until it reads again.
+"""
+
+import json
+import logging
+
+from django.conf import settings
+
+from capacity.autoscaling import store
+from capacity.autoscaling.actuators.base import ActuatorError
+from capacity.autoscaling.actuators.kubernetes_api import KubernetesApi
+from capacity.models import HardwareProfile
+from capacity.placement.cluster import Cluster, Gpu, Node
+from endpoints.models import Endpoint
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # the node is its own domain: no label to read
+ROOM_KEY = "infercap:room:kubernetes"
+REFRESH_S = 30.0
+ROOM_TTL_S = 90  # three refreshes missed (the beat or the worker gone): unknown rather than stale
+
+_unreadable: str | None = None  # why the last read failed, so a failing cluster is logged once, not every refresh
+
+
+def _count(value) -> int:
+    """A GPU quantity as the API writes it ("8"); anything else (a fraction, garbage) counts as none."""
+    try:
+        return max(0, int(str(value)))
+    except (TypeError, ValueError):
+        return 0
+
+
+def node_gpus(node: dict) -> int:
+    """The GPUs a node offers new pods: its allocatable ``nvidia.com/gpu``, none while cordoned or not Ready."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    if spec.get("unschedulable") or not ready:
+        return 0
+    return _count((status.get("allocatable") or {}).get(GPU_RESOURCE))
+
+
+def _container_gpus(container: dict) -> int:
+    resources = container.get("resources") or {}
+    # An extended resource's request equals its limit; a limit alone sets both.
+    return max(
+        _count((resources.get("requests") or {}).get(GPU_RESOURCE)),
+        _count((resources.get("limits") or {}).get(GPU_RESOURCE)),
+    )
+
+
+def pod_gpus(pod: dict) -> int:
+    """The GPUs the scheduler counts for a pod: its containers' sum, or its largest init container's if larger."""
+    spec = pod.get("spec") or {}
+    running = sum(_container_gpus(c) for c in spec.get("containers") or [])
+    return max([running] + [_container_gpus(c) for c in spec.get("initContainers") or []])
+
+
+def snapshot(nodes: list[dict], pods: list[dict], *, domain_labels: list[str]) -> dict:
+    """The GPU nodes (name, GPUs, domain: the value of the first of ``domain_labels`` the node carries, else none,
+    the node its own domain) and the GPUs held on each by pods bound there, at most the node's."""
+    shape = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        gpus = node_gpus(node)
+        if gpus and meta.get("name"):
+            labels = meta.get("labels") or {}
+            domain = next((f"{label}={labels[label]}" for label in domain_labels if labels.get(label)), None)
+            shape[meta["name"]] = {"name": meta["name"], "gpus": gpus, "domain": domain}
+    held: dict[str, int] = {}
+    for pod in pods:
+        name = (pod.get("spec") or {}).get("nodeName")
+        if name in shape and (gpus := pod_gpus(pod)):
+            held[name] = min(shape[name]["gpus"], held.get(name, 0) + gpus)
+    return {"nodes": sorted(shape.values(), key=lambda n: n["name"]), "held": held}
+
+
+def cluster_from(room: dict) -> Cluster | None:
+    """The snapshot as a placement cluster with the held GPUs taken; None for no GPU node."""
+    if not room.get("nodes"):
+        return None
+    cluster = Cluster(Node(n["name"], int(n["gpus"]), domain=n.get("domain")) for n in room["nodes"])
+    for name, count in (room.get("held") or {}).items():
+        if name in cluster.node:
+            cluster.take(("pods", name), [Gpu(name, i) for i in range(min(int(count), cluster.node[name].gpus))])
+    return cluster
+
+
+def domain_labels() -> list[str]:
+    """The node labels the hardware profiles name as their domain (the hostname left out: that node is its own)."""
+    labels = HardwareProfile.objects.exclude(domain_node_label__in=["", HOSTNAME_LABEL]).values_list(
+        "domain_node_label", flat=True
+    )
+    return sorted(set(labels))
+
+
+def kubernetes_in_use() -> bool:
+    """Whether any endpoint's replicas run on Kubernetes: the default actuator's, or some endpoint's own choice."""
+    if getattr(settings, "INFERCAP", {}).get("AUTOSCALE_ACTUATOR") == "kubernetes":
+        return True
+    return Endpoint.objects.filter(launch_options__actuator="kubernetes").exists()
+
+
+def _publish(room: dict) -> None:
+    try:
+        store.client().set(ROOM_KEY, json.dumps(room), ex=ROOM_TTL_S)
+    except store.RedisError as exc:
+        log.warning("room on Kubernetes not published: %s", exc)
+
+
+def refresh_room(*, api: KubernetesApi | None = None) -> dict | None:
+    """Read the nodes and live pods and publish the snapshot; on a failed read publish ``{"unknown": why}``. None
+    where no endpoint runs on Kubernetes (nothing published: the readers fall back to the local actuator's GPUs)."""
+    global _unreadable
+    if api is None and not kubernetes_in_use():
+        return None
+    try:
+        api = api or KubernetesApi()
+        room = snapshot(api.nodes(), api.running_pods(), domain_labels=domain_labels())
+    except (ActuatorError, ValueError) as exc:
+        if _unreadable is None:
+            log.warning("room on Kubernetes unknown: cannot read the nodes and pods: %s", exc)
+        _unreadable = str(exc)
+        room = {"unknown": str(exc)}
+    else:
+        if _unreadable is not None:
+            log.info("room on Kubernetes readable again")
+        _unreadable = None
+    _publish(room)
+    return room
+
+
+def kubernetes_room() -> tuple[bool, Cluster | None]:
+    """(whether a Kubernetes snapshot is published, its cluster): (True, None) where the last read failed or found no
+    GPU node, (False, None) where none is published, or the store cannot be read."""
+    try:
+        raw = store.client().get(ROOM_KEY)
+        room = json.loads(raw) if raw else None
+    except (store.RedisError, ValueError) as exc:
+        log.warning("room on Kubernetes: the store cannot be read: %s", exc)
+        return False, None
+    if not isinstance(room, dict):
+        return False, None
+    try:
+        return True, None if "unknown" in room else cluster_from(room)
+    except (KeyError, TypeError, ValueError):
+        return True, None
