@@ -47,6 +47,10 @@ class Tenant(models.Model):
     budget_usd = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0)])
     budget_hard_stop = models.BooleanField(default=False)
     budget_alert_fraction = models.FloatField(default=0.8, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    # When a field its keys carry into the proxy's snapshot last changed (slug, is_active, accepts_fallback, the
+    # budget): set by a database trigger on every write, ``QuerySet.update`` included (migration 0007), so the
+    # proxies re-read this tenant's keys (docs/request-path.md, "The key table").
+    changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -114,6 +118,10 @@ class ApiKey(models.Model):
     allowed_models = models.JSONField(default=list, blank=True)
     budget_usd = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0)])
     budget_period = models.CharField(max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH)
+    # When a field the proxy's snapshot reads last changed (not the name or ``last_used_at``): set by a database
+    # trigger on every write, ``QuerySet.update`` included (migration 0007). The proxies read the keys changed since
+    # their last read instead of all of them (docs/request-path.md, "The key table").
+    changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,13 +1,14 @@
 """In-process config snapshot: keys, endpoints, replicas, reservations and MU coefficients.
 
-The hot path reads only this object, never the database. It is rebuilt (in a worker thread, by
-``snapshot_loader``) when the version stamp in Redis changes; ``gateway.proxy.signals`` bumps the stamp when an
-admin edits any of these models.
+The hot path reads only this object, never the database. A new one replaces it (built in a worker thread by
+``snapshot_refresh``) when the version stamps in Redis change; ``gateway.proxy.signals`` bumps them when an admin
+edits any of these models. A key change carries the key table over with only the changed keys read again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from capacity.units import MUCoefficients
 
@@ -159,6 +160,20 @@ class AdapterInfo:
 
 
 @dataclass(frozen=True)
+class KeyCursor:
+    """Where a snapshot's key table stands (docs/request-path.md, "The key table"): the newest ``changed_at`` read
+    of keys and of tenants (the next read takes what changed since, less a look-back), the table's size and the sum
+    of its key ids (the checksum compared with the database's, which a deleted key moves), and when the whole table
+    was last read (unix seconds)."""
+
+    key_changed_at: datetime | None
+    tenant_changed_at: datetime | None
+    count: int
+    id_sum: int
+    read_at: float
+
+
+@dataclass(frozen=True)
 class Snapshot:
     version: str
     loaded_at: float
@@ -168,6 +183,13 @@ class Snapshot:
     reservations: dict[tuple[int, int], ReservationInfo] = field(default_factory=dict)
     adapters_by_name: dict[str, AdapterInfo] = field(default_factory=dict)
     adapter_reservations: dict[tuple[int, int, str], ReservationInfo] = field(default_factory=dict)
+    # The key table's watermark (None: built by hand, so the next refresh reads every key); the Redis stamps of the
+    # last rebuild of everything but the keys, and of the last read of everything (``endpoints.config_version``);
+    # when everything but the keys was last read (unix seconds).
+    keys_cursor: KeyCursor | None = None
+    config_stamp: str = ""
+    all_stamp: str = ""
+    config_loaded_at: float = 0.0
     # Derived: a tenant's MU/min reserved on an endpoint, base model and adapters together (fair pain weighs its
     # offered load there against all of it).
     _reserved_totals: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)

@@ -1,5 +1,6 @@
 """Reads the proxy's config snapshot (``snapshot.Snapshot``) from the database in a fixed number of queries,
-whatever the number of keys, endpoints and replicas. Synchronous: the proxy calls it from a worker thread."""
+whatever the number of keys, endpoints and replicas; the key table is read by ``snapshot_keys``, or carried over.
+Synchronous: the proxy calls it from a worker thread."""
 
 from __future__ import annotations
 
@@ -20,74 +21,45 @@ from endpoints.rollouts.selectors import traffic_weights_by_endpoint
 from gateway.proxy.snapshot import (
     AdapterInfo,
     EndpointInfo,
+    KeyCursor,
     KeyInfo,
     ReplicaInfo,
     ReservationInfo,
     Snapshot,
     takes_priority,
 )
-from tenants.models import ApiKey, CapacityReservation
+from gateway.proxy.snapshot_keys import read_keys
+from tenants.models import CapacityReservation
 
 log = logging.getLogger(__name__)
 
 
-def read_snapshot(version: str = "") -> Snapshot:
-    keys = _keys()
+def read_snapshot(
+    version: str = "",
+    *,
+    keys: tuple[dict[str, KeyInfo], KeyCursor] | None = None,
+    config_stamp: str = "",
+    all_stamp: str = "",
+) -> Snapshot:
+    """Everything read from the database; ``keys``: a key table (and its cursor) to use instead of reading every
+    key again (``snapshot_refresh``). The stamps are the Redis ones this read answers (``endpoints.config_version``)."""
+    keys_by_hash, cursor = keys if keys is not None else read_keys()
     by_name = _endpoints(list(Endpoint.objects.select_related("model_profile")))
     reservations, adapter_reservations = _reservations()
+    now = time.time()
     return Snapshot(
         version=version,
-        loaded_at=time.time(),
-        keys_by_hash=keys,
+        loaded_at=now,
+        keys_by_hash=keys_by_hash,
         endpoints_by_name=by_name,
         reservations=reservations,
         adapters_by_name=_adapters(by_name),
         adapter_reservations=adapter_reservations,
+        keys_cursor=cursor,
+        config_stamp=config_stamp,
+        all_stamp=all_stamp,
+        config_loaded_at=now,
     )
-
-
-def _keys() -> dict[str, KeyInfo]:
-    """Usable keys of active tenants, by the SHA-256 the proxy computes from the bearer token. Read as tuples, not
-    model instances: at 100,000 keys building the instances was most of the snapshot's time."""
-    rows = ApiKey.objects.filter(revoked_at__isnull=True, tenant__is_active=True).values_list(
-        "key_hash",
-        "pk",
-        "prefix",
-        "tenant_id",
-        "tenant__slug",
-        "scopes",
-        "max_priority",
-        "expires_at",
-        "tenant__accepts_fallback",
-        "rpm_limit",
-        "tpm_limit",
-        "mu_per_min_limit",
-        "allowed_models",
-        "budget_usd",
-        "budget_period",
-        "tenant__budget_usd",
-        "tenant__budget_hard_stop",
-    )
-    return {
-        row[0]: KeyInfo(
-            id=row[1],
-            prefix=row[2],
-            tenant_id=row[3],
-            tenant_slug=row[4],
-            scopes=frozenset(row[5] or ()),
-            max_priority=row[6],
-            expires_at=row[7].timestamp() if row[7] else None,
-            accepts_fallback=row[8],
-            rpm_limit=row[9],
-            tpm_limit=row[10],
-            mu_per_min_limit=row[11],
-            allowed_models=frozenset(row[12] or ()),
-            budget_usd=row[13],
-            budget_period=row[14],
-            tenant_budget_usd=row[15] if row[16] else None,
-        )
-        for row in rows.iterator(chunk_size=5000)
-    }
 
 
 def _endpoints(endpoints: list[Endpoint]) -> dict[str, EndpointInfo]:

@@ -25,7 +25,7 @@ from django.db import close_old_connections
 
 from billing.ingest import UsageWriter
 from billing.statements import prices
-from endpoints.config_version import VERSION_CHANNEL, VERSION_KEY
+from endpoints.config_version import ALL, ALL_KEY, CONFIG_KEY, VERSION_CHANNEL, VERSION_KEY
 from gateway.admission.shares import Member, allocate, fair_share
 from gateway.metrics_scraper import MetricsScraper
 from gateway.proxy import profiling
@@ -38,7 +38,7 @@ from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_en
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.scrape_client import AiohttpScrapeClient
 from gateway.proxy.snapshot import Snapshot
-from gateway.proxy.snapshot_loader import read_snapshot
+from gateway.proxy.snapshot_refresh import Stamps, refresh, refresh_plan, refresh_times
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +119,10 @@ def _parse_members(raw: list) -> dict:
     return members
 
 
-def _load_in_thread(version: str) -> Snapshot:
+def _refresh_in_thread(snap: Snapshot | None, kind: str, stamps: Stamps | None) -> Snapshot:
     close_old_connections()
     try:
-        return read_snapshot(version)
+        return refresh(snap, kind, stamps)
     finally:
         close_old_connections()
 
@@ -151,6 +151,7 @@ class ProxyState:
         self._tasks: list[asyncio.Task] = []
         self.background: set[asyncio.Task] = set()
         self._config_changed = asyncio.Event()  # set by a published config change: reload without waiting the poll
+        self._refresh_times = refresh_times(config.snapshot_fallback_reload_s)
         self.members: dict | None = None  # the last heartbeat read (None: no Redis, this process has whole limits)
         self._heartbeat = None
         self._beat_lock = asyncio.Lock()
@@ -182,8 +183,8 @@ class ProxyState:
         if profile is not None:
             self._tasks.append(loop.create_task(profiling.keep_writing(profile), name="proxy-profile"))
         # The snapshot first: if the database is unreachable this raises before anything else is started.
-        version = await self._read_version()
-        self.snapshot = await loop.run_in_executor(self._db, _load_in_thread, version or "")
+        stamps = await self._read_stamps()
+        self.snapshot = await loop.run_in_executor(self._db, _refresh_in_thread, None, ALL, stamps)
         # The data-plane client is aiohttp: httpx collapsed at 256 streams where aiohttp held (docs/request-path.md).
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
@@ -219,16 +220,20 @@ class ProxyState:
         self.scraper.start()
 
     # -- snapshot ------------------------------------------------------------------------------------
-    async def _read_version(self) -> str | None:
+    async def _read_stamps(self) -> Stamps | None:
+        """The config counters (``endpoints.config_version``); None without Redis or while it is unreachable."""
         if self.redis is None:
             return None
         try:
-            raw = await self.redis.get(VERSION_KEY)
+            raw = await self.redis.mget(VERSION_KEY, CONFIG_KEY, ALL_KEY)
         except Exception:  # noqa: BLE001
             return None
-        return raw.decode() if raw else "0"
+        return Stamps(*(value.decode() if value else "0" for value in raw))
 
     async def _poll_snapshot(self) -> None:
+        """Refresh the snapshot as ``snapshot_refresh.refresh_plan`` says: on a published change (or one the poll
+        finds), and periodically as a safety net; with Redis unreachable, from PostgreSQL every
+        ``snapshot_fallback_reload_s``."""
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -237,14 +242,10 @@ class ProxyState:
                 pass
             self._config_changed.clear()
             try:
-                version = await self._read_version()
-                stale = time.time() - self.snapshot.loaded_at
-                if (
-                    (version is not None and version != self.snapshot.version)
-                    or (version is None and stale > self.config.snapshot_fallback_reload_s)
-                    or stale > 60
-                ):
-                    snap = await loop.run_in_executor(self._db, _load_in_thread, version or "")
+                stamps = await self._read_stamps()
+                kind = refresh_plan(self.snapshot, stamps, now=time.time(), times=self._refresh_times)
+                if kind is not None:
+                    snap = await loop.run_in_executor(self._db, _refresh_in_thread, self.snapshot, kind, stamps)
                     self.apply_snapshot(snap)
             except asyncio.CancelledError:
                 raise
@@ -275,7 +276,13 @@ class ProxyState:
                     pass
 
     def apply_snapshot(self, snap: Snapshot) -> None:
-        self.snapshot = snap
+        before, self.snapshot = self.snapshot, snap
+        if (
+            before is not None
+            and snap.endpoints_by_name is before.endpoints_by_name
+            and snap.adapters_by_name is before.adapters_by_name
+        ):
+            return  # only keys changed (``snapshot_refresh``): the runtimes and scrape targets stand
         by_id = {e.id: e for e in snap.endpoints_by_name.values()}
         for eid, runtime in list(self.runtimes.items()):
             info = by_id.get(eid)
