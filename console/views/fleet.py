@@ -18,6 +18,7 @@ from console.actions import endpoint_create_action, endpoint_scale_action, repli
 from console.adapter_churn import replica_lora
 from console.fleet_summary import SORTS, fleet_totals, shows_table, table_page
 from console.forms import DrainForm, EndpointCreateForm, ReplicaAttachForm, ScaleForm
+from console.pd_threshold import endpoint_threshold
 from console.queue_history import queue_history
 from console.selectors import (
     budgets_by_endpoint,
@@ -118,6 +119,8 @@ def endpoint_detail(request, endpoint_id: int):
         "queue": queue_depth(endpoint.pk) if whole else {},
         "charts": _endpoint_charts(endpoint, series, decisions, ledger.replica_mu_per_min, whole=whole),
         "rollouts": rollout_panel(endpoint=endpoint, user=request.user),
+        # The last hour's prompts are every tenant's: only for those who see the whole endpoint.
+        "pd": endpoint_threshold(endpoint=endpoint, now=now) if whole else None,
         "now": now,
     }
     return render(request, "console/endpoint_detail.html", context)

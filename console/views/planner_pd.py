@@ -1,14 +1,22 @@
 """P/D planner page: does prefill/decode disaggregation pay for a workload? A form over
-capacity.planning.disaggregation (docs/disaggregation.md#planning), both designs side by side, and the verdict."""
+capacity.planning.disaggregation (docs/disaggregation.md#planning), both designs side by side, the verdict, and the
+prompt-length threshold: the one planned with (an endpoint's own) and the one the planner recommends. Opened from an
+endpoint (``?endpoint=<id>``), the form starts from its profiles, SLOs, last hour's prompts and threshold, and the
+recommendation is kept for the endpoint's page."""
 
 from django import forms
+from django.http import Http404
 from django.shortcuts import render
+from django.utils import timezone
 
 from capacity.hardware.profiles import PROFILES
 from capacity.models import HardwareProfile, ModelProfile
 from capacity.planning.barriers import Hardware, ModelShape, PlannerInputError
 from capacity.planning.disaggregation import PDSLO, PDWorkload, StepModel, plan_disaggregation
 from console.access import operator_required
+from console.pd_threshold import prompt_mix, remember_recommendation
+from endpoints.models import Endpoint
+from endpoints.selectors import endpoints_visible_to
 
 
 class PDPlannerForm(forms.Form):
@@ -37,6 +45,40 @@ class PDPlannerForm(forms.Form):
     ttft_s = forms.FloatField(min_value=0.001, max_value=3600, initial=3.0, label="TTFT SLO (s)")
     tpot_ms = forms.FloatField(min_value=0.1, max_value=60_000, initial=15, label="TPOT SLO (ms)")
     percentile = forms.TypedChoiceField(choices=[(90, "p90"), (95, "p95"), (99, "p99")], coerce=int, initial=90)
+    min_uncached_tokens = forms.IntegerField(
+        min_value=0, max_value=10_000_000, required=False, label="Prefill pool from (uncached prompt tokens)",
+        help_text="prompts with fewer go straight to decode; empty: the endpoint's own, else 0 (every prompt)",
+    )  # fmt: skip
+    endpoint = forms.ModelChoiceField(
+        queryset=Endpoint.objects.none(), required=False, label="Endpoint",
+        help_text="planned for this endpoint: its threshold is the default, and the recommendation shows on its page",
+    )  # fmt: skip
+
+    def __init__(self, *args, user=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["endpoint"].queryset = endpoints_visible_to(user)
+
+
+def endpoint_initial(endpoint: Endpoint, *, now) -> dict:
+    """The form's start for a live endpoint: its profiles, SLOs and threshold, and its last hour's prompts (their rate,
+    uncached tokens' mean and spread, output), left at the defaults when it served none."""
+    initial = {
+        "endpoint": endpoint.pk,
+        "model_profile": endpoint.model_profile_id,
+        "hardware_profile": endpoint.hardware_profile_id,
+        "ttft_s": endpoint.ttft_slo_ms / 1000,
+        "tpot_ms": endpoint.tpot_slo_ms,
+        "min_uncached_tokens": endpoint.pd_min_uncached_tokens,
+    }
+    mix = prompt_mix(endpoint=endpoint, now=now)
+    if mix.prompts:
+        initial.update(
+            arrival_rate_per_s=round(max(mix.arrival_rate_per_s, 0.0001), 4),
+            input_tokens=round(max(1.0, mix.uncached_mean or 1.0), 1),
+            input_tokens_sd=round(mix.uncached_sd or 0.0, 1),
+            output_tokens=round(max(1.0, mix.output_mean or 1.0), 1),
+        )
+    return initial
 
 
 def _inputs(data) -> tuple[ModelShape, Hardware, float | None]:
@@ -57,12 +99,24 @@ def _inputs(data) -> tuple[ModelShape, Hardware, float | None]:
     )
 
 
+def _start(request) -> dict:
+    """The form's initial values: its defaults, or the endpoint's named by ``?endpoint=`` (404 where it is not one
+    this user sees)."""
+    raw = request.GET.get("endpoint")
+    if not raw:
+        return {}
+    endpoint = endpoints_visible_to(request.user).filter(pk=int(raw)).first() if raw.isdigit() else None
+    if endpoint is None:
+        raise Http404("No such endpoint")
+    return endpoint_initial(endpoint, now=timezone.now())
+
+
 @operator_required
 def planner_pd_view(request):
-    context = {"form": PDPlannerForm(), "result": None}
+    context = {"form": PDPlannerForm(initial=_start(request), user=request.user), "result": None}
     if request.method != "POST":
         return render(request, "console/planner_pd.html", context)
-    form = context["form"] = PDPlannerForm(request.POST)
+    form = context["form"] = PDPlannerForm(request.POST, user=request.user)
     if not form.is_valid():
         return render(request, "console/planner_pd.html", context, status=400)
     data = form.cleaned_data
@@ -70,8 +124,12 @@ def planner_pd_view(request):
     if not link:
         form.add_error("hardware_profile", "this hardware profile has no KV link bandwidth (kv_link_gbps)")
         return render(request, "console/planner_pd.html", context, status=400)
+    endpoint = data.get("endpoint")
+    threshold = data.get("min_uncached_tokens")
+    if threshold is None:
+        threshold = endpoint.pd_min_uncached_tokens if endpoint else 0
     try:
-        context["result"] = plan_disaggregation(
+        result = plan_disaggregation(
             model=model,
             hardware=hardware,
             step=StepModel.from_profile(PROFILES[data["engine_profile"]]),
@@ -80,9 +138,14 @@ def planner_pd_view(request):
             ),
             slo=PDSLO(ttft_s=data["ttft_s"], tpot_s=data["tpot_ms"] / 1000, percentile=data["percentile"]),
             link_gbps=link,
+            min_uncached_tokens=threshold,
         )
     except PlannerInputError as exc:
         form.add_error(None, "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
         return render(request, "console/planner_pd.html", context, status=400)
-    context["percentile"] = data["percentile"]
+    context.update(result=result, percentile=data["percentile"], endpoint=endpoint)
+    if endpoint is not None:
+        remember_recommendation(
+            endpoint_id=endpoint.pk, plan=result, engine_profile=data["engine_profile"], at=timezone.now()
+        )
     return render(request, "console/planner_pd.html", context)
