@@ -86,10 +86,8 @@ def api(server: ApiServer) -> KubernetesApi:
 @pytest.fixture
 def room_store(clean_store):
     """A clean store, and no published room left for the tests after this one."""
-    kubernetes_room._unreadable = None
     yield clean_store
     clean_store.delete(ROOM_KEY)
-    kubernetes_room._unreadable = None
 
 
 @pytest.fixture
@@ -179,7 +177,9 @@ def test_a_refused_read_is_unknown_logged_once_and_no_500(
     assert response.json()["total"]["free_gpus"] is None
     assert all(row["whole_replicas_free"] is None for row in response.json()["endpoints"])
     two_nodes.forbid = False
-    refresh_room(api=api(two_nodes))
+    with caplog.at_level(logging.INFO, logger=kubernetes_room.__name__):
+        refresh_room(api=api(two_nodes))
+    assert "room on Kubernetes readable again: 2 GPU nodes" in caplog.messages
     assert free_gpus().free_count() == 7, "readable again"
 
 

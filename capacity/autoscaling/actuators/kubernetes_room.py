@@ -28,8 +28,6 @@ ROOM_KEY = "infercap:room:kubernetes"
 REFRESH_S = 30.0
 ROOM_TTL_S = 90  # three refreshes missed (the beat or the worker gone): unknown rather than stale
 
-_unreadable: str | None = None  # why the last read failed, so a failing cluster is logged once, not every refresh
-
 
 def _count(value) -> int:
     """A GPU quantity as the API writes it ("8"); anything else (a fraction, garbage) counts as none."""
@@ -109,6 +107,15 @@ def kubernetes_in_use() -> bool:
     return Endpoint.objects.filter(launch_options__actuator="kubernetes").exists()
 
 
+def _published() -> dict | None:
+    try:
+        raw = store.client().get(ROOM_KEY)
+        room = json.loads(raw) if raw else None
+    except (store.RedisError, ValueError):
+        return None
+    return room if isinstance(room, dict) else None
+
+
 def _publish(room: dict) -> None:
     try:
         store.client().set(ROOM_KEY, json.dumps(room), ex=ROOM_TTL_S)
@@ -118,22 +125,22 @@ def _publish(room: dict) -> None:
 
 def refresh_room(*, api: KubernetesApi | None = None) -> dict | None:
     """Read the nodes and live pods and publish the snapshot; on a failed read publish ``{"unknown": why}``. None
-    where no endpoint runs on Kubernetes (nothing published: the readers fall back to the local actuator's GPUs)."""
-    global _unreadable
+    where no endpoint runs on Kubernetes (nothing published: the readers fall back to the local actuator's GPUs).
+    A failure is logged when the published room was not unknown already, so a cluster that stays unreadable is
+    logged once, whichever worker process runs the task."""
     if api is None and not kubernetes_in_use():
         return None
+    was_unknown = "unknown" in (_published() or {})
     try:
         api = api or KubernetesApi()
         room = snapshot(api.nodes(), api.running_pods(), domain_labels=domain_labels())
     except (ActuatorError, ValueError) as exc:
-        if _unreadable is None:
+        if not was_unknown:
             log.warning("room on Kubernetes unknown: cannot read the nodes and pods: %s", exc)
-        _unreadable = str(exc)
         room = {"unknown": str(exc)}
     else:
-        if _unreadable is not None:
-            log.info("room on Kubernetes readable again")
-        _unreadable = None
+        if was_unknown:
+            log.info("room on Kubernetes readable again: %d GPU nodes", len(room["nodes"]))
     _publish(room)
     return room
 
@@ -141,13 +148,8 @@ def refresh_room(*, api: KubernetesApi | None = None) -> dict | None:
 def kubernetes_room() -> tuple[bool, Cluster | None]:
     """(whether a Kubernetes snapshot is published, its cluster): (True, None) where the last read failed or found no
     GPU node, (False, None) where none is published, or the store cannot be read."""
-    try:
-        raw = store.client().get(ROOM_KEY)
-        room = json.loads(raw) if raw else None
-    except (store.RedisError, ValueError) as exc:
-        log.warning("room on Kubernetes: the store cannot be read: %s", exc)
-        return False, None
-    if not isinstance(room, dict):
+    room = _published()
+    if room is None:
         return False, None
     try:
         return True, None if "unknown" in room else cluster_from(room)
