@@ -161,13 +161,12 @@ class AdapterInfo:
 
 @dataclass(frozen=True)
 class KeyCursor:
-    """Where a snapshot's key table stands (docs/request-path.md, "The key table"): the newest ``changed_at`` read
-    of keys and of tenants (the next read takes what changed since, less a look-back), the table's size and the sum
-    of its key ids (the checksum compared with the database's, which a deleted key moves), and when the whole table
-    was last read (unix seconds)."""
+    """Where a snapshot's key table stands (docs/request-path.md, "The key table"): the database's time when it was
+    last read (the next read takes the keys and tenants changed since, less a look-back; None: every row), the
+    table's size and the sum of its key ids (the checksum compared with the database's, which a deleted key moves),
+    and when the whole table was last read (unix seconds)."""
 
-    key_changed_at: datetime | None
-    tenant_changed_at: datetime | None
+    since: datetime | None
     count: int
     id_sum: int
     read_at: float

@@ -1,10 +1,11 @@
 """The snapshot's key table: read whole, or carried over with only the keys changed since its last read applied
 (docs/request-path.md, "The key table"). Synchronous: the proxy calls it from a worker thread.
 
-``ApiKey.changed_at`` and ``Tenant.changed_at`` are the watermark (a trigger stamps them on every write of a field
-read here). A read takes the rows stamped after the newest stamp it saw, less ``LOOKBACK``: a writer stamps before
-it commits, so a row can become visible with a stamp older than one already read. A deleted key leaves no row, so
-the table's size and id sum are compared with the database's (``key_checksum``) on every rebuild of the rest."""
+``ApiKey.changed_at`` and ``Tenant.changed_at`` are the watermark (a trigger stamps them with the database's clock
+on every write of a field read here). A read takes the rows stamped after the database's time at the last read,
+less ``LOOKBACK``: a writer stamps before it commits, so a row can become visible after a read that started later
+than its stamp. A deleted key leaves no row, so the table's size and id sum are compared with the database's
+(``key_checksum``) on every rebuild of the rest."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Q, Sum
+from django.db.models.functions import Now
 
 from gateway.proxy.snapshot import KeyCursor, KeyInfo
 from tenants.models import ApiKey, Tenant
@@ -35,10 +37,7 @@ _COLUMNS = (
     "budget_period",
     "tenant__budget_usd",
     "tenant__budget_hard_stop",
-    "changed_at",
-    "tenant__changed_at",
 )
-_CHANGED, _TENANT_CHANGED = len(_COLUMNS) - 2, len(_COLUMNS) - 1
 # What a changed row adds: whether it is usable now.
 _DELTA_COLUMNS = (*_COLUMNS, "revoked_at", "tenant__is_active")
 _REVOKED, _ACTIVE = len(_COLUMNS), len(_COLUMNS) + 1
@@ -70,39 +69,33 @@ def _key_info(row: tuple) -> KeyInfo:
 
 def read_keys() -> tuple[dict[str, KeyInfo], KeyCursor]:
     """Usable keys of active tenants, by the SHA-256 the proxy computes from the bearer token, and the table's
-    cursor, in one query. Read as tuples, not model instances: at 100,000 keys building the instances was most of
-    the snapshot's time. The watermarks are the newest stamps among the rows read: a row stamped later (a revoked
-    key, a tenant with no usable key) is read by the next ``read_key_changes``, once."""
-    keys, key_mark, tenant_mark, id_sum = {}, None, None, 0
+    cursor. Read as tuples, not model instances: at 100,000 keys building the instances was most of the
+    snapshot's time. The database's clock is read first: what changes after it is read by the next
+    ``read_key_changes``."""
+    since = _database_now()
+    keys, id_sum = {}, 0
     for row in _usable().values_list(*_COLUMNS).iterator(chunk_size=5000):
         keys[row[0]] = _key_info(row)
         id_sum += row[1]
-        if key_mark is None or row[_CHANGED] > key_mark:
-            key_mark = row[_CHANGED]
-        if tenant_mark is None or row[_TENANT_CHANGED] > tenant_mark:
-            tenant_mark = row[_TENANT_CHANGED]
-    return keys, KeyCursor(
-        key_changed_at=key_mark, tenant_changed_at=tenant_mark, count=len(keys), id_sum=id_sum, read_at=time.time()
-    )
+    return keys, KeyCursor(since=since, count=len(keys), id_sum=id_sum, read_at=time.time())
 
 
 def read_key_changes(keys: dict[str, KeyInfo], cursor: KeyCursor) -> tuple[dict[str, KeyInfo], KeyCursor]:
     """``keys`` with the keys changed since ``cursor`` applied: each changed key's row read again (added or
-    replaced if usable, removed if not), and every key of a tenant changed since. Two queries (tenants, then
-    keys); ``keys`` itself is never modified (a request may hold it): the changes go into a copy, and with none
-    ``keys`` is returned as it is."""
-    tenants = Tenant.objects.all()
-    if cursor.tenant_changed_at is not None:
-        tenants = tenants.filter(changed_at__gt=cursor.tenant_changed_at - LOOKBACK)
-    changed_tenants = dict(tenants.values_list("pk", "changed_at"))
+    replaced if usable, removed if not), and every key of a tenant changed since. Three small queries (the clock,
+    the changed tenants, the changed keys); ``keys`` itself is never modified (a request may hold it): the changes
+    go into a copy, and with none ``keys`` is returned as it is."""
+    since = _database_now()
     rows = ApiKey.objects.all()
-    if cursor.key_changed_at is not None:
-        changed = Q(changed_at__gt=cursor.key_changed_at - LOOKBACK)
-        rows = rows.filter(changed | Q(tenant_id__in=changed_tenants) if changed_tenants else changed)
+    if cursor.since is not None:
+        after = cursor.since - LOOKBACK
+        tenants = list(Tenant.objects.filter(changed_at__gt=after).values_list("pk", flat=True))
+        changed = Q(changed_at__gt=after)
+        rows = rows.filter(changed | Q(tenant_id__in=tenants) if tenants else changed)
     rows = list(rows.values_list(*_DELTA_COLUMNS))
-    tenant_mark = _newest(cursor.tenant_changed_at, changed_tenants.values())
+    moved = {"since": since or cursor.since}
     if not rows:
-        return keys, _moved(cursor, tenant_changed_at=tenant_mark)
+        return keys, _moved(cursor, **moved)
     table, count, id_sum = dict(keys), cursor.count, cursor.id_sum
     for row in rows:
         before = table.pop(row[0], None)
@@ -111,8 +104,7 @@ def read_key_changes(keys: dict[str, KeyInfo], cursor: KeyCursor) -> tuple[dict[
         if row[_REVOKED] is None and row[_ACTIVE]:
             table[row[0]] = _key_info(row)
             count, id_sum = count + 1, id_sum + row[1]
-    key_mark = _newest(cursor.key_changed_at, (row[_CHANGED] for row in rows))
-    return table, _moved(cursor, key_changed_at=key_mark, tenant_changed_at=tenant_mark, count=count, id_sum=id_sum)
+    return table, _moved(cursor, count=count, id_sum=id_sum, **moved)
 
 
 def key_checksum() -> tuple[int, int]:
@@ -121,11 +113,10 @@ def key_checksum() -> tuple[int, int]:
     return found["n"], found["s"] or 0
 
 
-def _newest(mark: datetime | None, stamps) -> datetime | None:
-    for stamp in stamps:
-        if stamp is not None and (mark is None or stamp > mark):
-            mark = stamp
-    return mark
+def _database_now() -> datetime | None:
+    """The database's clock, which stamps ``changed_at`` (None while there is no tenant, hence no key, to read it
+    with: the next read then takes every row)."""
+    return Tenant.objects.annotate(now=Now()).values_list("now", flat=True).first()
 
 
 def _moved(cursor: KeyCursor, **changes) -> KeyCursor:
