@@ -8,6 +8,9 @@ Generates its fleet and history in PostgreSQL (``generate_series``) and Redis, i
   size = SLOs, over SLOs × 10,000 usage rows (quick: × 100); goal < 10 s at 10,000 SLOs (100 M rows).
 - ``autoscaler_tick``: ``horizontal_tick`` over every endpoint (10 ready replicas each, the static actuator: no
   network probe), decision records written; goal < 1 s at 1,000 endpoints (10,000 replicas).
+- ``vertical_tick``: the vertical tick (per-replica concurrency) over every endpoint, each of its 10 ready replicas'
+  ``/metrics`` scraped from local servers answering the simulator's vLLM exposition; goal < 1 CPU-s a 30-s tick at
+  1,000 endpoints (10,000 replicas).
 - ``snapshot_build``: the proxy's ``read_snapshot()``, size = API keys (100 per endpoint); goal < 2 s and < 200 MB
   held at 100,000 keys.
 - ``key_lookup``: one request's key and model look-up in that snapshot, keys drawn uniformly; goal O(1): at the
@@ -42,7 +45,7 @@ from html import escape
 from django.db import connection
 
 from benchmarks.harness.throwaway_database import throwaway_database
-from benchmarks.operations import scale_billing, scale_fleet
+from benchmarks.operations import scale_billing, scale_fleet, scale_vertical
 from benchmarks.operations.scale_rows import breaks_at, growth_exponent, projected
 
 
@@ -66,6 +69,10 @@ LOOPS: dict[str, Loop] = {
         scale_fleet.autoscaler_tick, "endpoints", "< 1 s a tick at 1,000 endpoints × 10 replicas", 1_000, 1.0,
         (100, 300, 1_000), (10, 30, 100),
     ),
+    "vertical_tick": Loop(
+        scale_vertical.vertical_tick, "endpoints", "< 1 CPU-s a 30-s tick at 1,000 endpoints × 10 replicas", 1_000,
+        1.0, (100, 300, 1_000), (10, 30, 100),
+    ),
     "snapshot_build": Loop(
         scale_fleet.snapshot, "API keys", "build < 2 s and < 200 MB held at 100,000 keys", 100_000, 2.0,
         (100, 1_000, 10_000, 100_000), (100, 1_000, 10_000, 30_000),
@@ -86,6 +93,7 @@ LOOPS: dict[str, Loop] = {
 SMOKE = {
     "burn_tick": "5,10,20",
     "autoscaler_tick": "2,4,8",
+    "vertical_tick": "2,4,8",
     "snapshot_build": "20,100,200",
     "ingestion": "300,600,1200",
     "cost_reports": "3,6,12",
