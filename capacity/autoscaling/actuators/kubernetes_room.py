@@ -123,6 +123,16 @@ def _publish(room: dict) -> None:
         log.warning("room on Kubernetes not published: %s", exc)
 
 
+def _read(api: KubernetesApi | None) -> dict:
+    """The snapshot, through ``api`` or a client made for this read (and closed after: the task runs every 30 s)."""
+    client = api or KubernetesApi()
+    try:
+        return snapshot(client.nodes(), client.running_pods(), domain_labels=domain_labels())
+    finally:
+        if api is None:
+            client.client.close()
+
+
 def refresh_room(*, api: KubernetesApi | None = None) -> dict | None:
     """Read the nodes and live pods and publish the snapshot; on a failed read publish ``{"unknown": why}``. None
     where no endpoint runs on Kubernetes (nothing published: the readers fall back to the local actuator's GPUs).
@@ -132,8 +142,7 @@ def refresh_room(*, api: KubernetesApi | None = None) -> dict | None:
         return None
     was_unknown = "unknown" in (_published() or {})
     try:
-        api = api or KubernetesApi()
-        room = snapshot(api.nodes(), api.running_pods(), domain_labels=domain_labels())
+        room = _read(api)
     except (ActuatorError, ValueError) as exc:
         if not was_unknown:
             log.warning("room on Kubernetes unknown: cannot read the nodes and pods: %s", exc)
