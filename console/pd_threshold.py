@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Avg, Count, F, IntegerField, Q, StdDev
+from django.db.models import Avg, Count, F, IntegerField, Max, Q, StdDev
 from django.db.models.functions import Cast
 
 from billing.models import UsageRecord
@@ -20,6 +20,9 @@ from endpoints.models import Endpoint
 log = logging.getLogger(__name__)
 
 WINDOW = timedelta(hours=1)
+# The bounds of the prompt-length ranges: the planner's candidate thresholds (0 and powers of two from 64), so the
+# share it reads under each of them from the ranges is the share measured.
+RANGE_BOUNDS = tuple(2**k for k in range(6, 24))
 RECOMMENDATION_KEY = "infercap:console:pd-threshold:{endpoint_id}"
 RECOMMENDATION_TTL_S = 7 * 24 * 3600  # a week: a plan on a workload older than that is worth making again
 
@@ -35,6 +38,8 @@ class PromptMix:
     uncached_mean: float | None = None
     uncached_sd: float | None = None
     output_mean: float | None = None
+    # (prompts, lowest, highest) per range of uncached tokens between the bounds, for ``PDWorkload.prompt_ranges``
+    ranges: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def under_share(self) -> float | None:
@@ -49,12 +54,15 @@ def prompt_mix(*, endpoint: Endpoint, now: datetime, threshold: int | None = Non
     rows = UsageRecord.objects.filter(
         endpoint=endpoint, finished_at__gte=now - WINDOW, finished_at__lt=now, input_tokens__gt=0
     ).annotate(uncached=uncached)
+    bounds = sorted(set(RANGE_BOUNDS) | ({threshold} if threshold > 0 else set()))
     figures = rows.aggregate(
         prompts=Count("id"),
         under=Count("id", filter=Q(uncached__lt=threshold)),
         uncached_mean=Avg("uncached"),
         uncached_sd=StdDev("uncached"),
+        uncached_max=Max("uncached"),
         output_mean=Avg("output_tokens"),
+        **{f"under_{b}": Count("id", filter=Q(uncached__lt=b)) for b in bounds},
     )
     prompts = figures["prompts"] or 0
     return PromptMix(
@@ -65,7 +73,28 @@ def prompt_mix(*, endpoint: Endpoint, now: datetime, threshold: int | None = Non
         uncached_mean=figures["uncached_mean"],
         uncached_sd=figures["uncached_sd"],
         output_mean=figures["output_mean"],
+        ranges=_ranges(figures, bounds, prompts),
     )
+
+
+def _ranges(figures: dict, bounds: list[int], prompts: int) -> list[tuple[int, int, int]]:
+    """The prompts between consecutive bounds (the last range up to the longest prompt), empty ranges left out."""
+    out, below, low = [], 0, 0
+    longest = max(0, figures["uncached_max"] or 0)
+    for bound in bounds:
+        count = (figures[f"under_{bound}"] or 0) - below
+        if count:
+            out.append((count, low, min(bound, longest)))
+        below, low = below + count, bound
+        if below >= prompts:
+            return out
+    out.append((prompts - below, low, max(low, longest)))
+    return out
+
+
+def ranges_text(ranges: list[tuple[int, int, int]]) -> str:
+    """The ranges as the planner form takes them: one ``prompts lowest highest`` a line."""
+    return "\n".join(f"{count} {low} {high}" for count, low, high in ranges)
 
 
 def remember_recommendation(*, endpoint_id: int, plan, engine_profile: str, at: datetime) -> dict:

@@ -14,7 +14,7 @@ from capacity.models import HardwareProfile, ModelProfile
 from capacity.planning.barriers import Hardware, ModelShape, PlannerInputError
 from capacity.planning.disaggregation import PDSLO, PDWorkload, StepModel, plan_disaggregation
 from console.access import operator_required
-from console.pd_threshold import prompt_mix, remember_recommendation
+from console.pd_threshold import prompt_mix, ranges_text, remember_recommendation
 from endpoints.models import Endpoint
 from endpoints.selectors import endpoints_visible_to
 
@@ -45,6 +45,11 @@ class PDPlannerForm(forms.Form):
     ttft_s = forms.FloatField(min_value=0.001, max_value=3600, initial=3.0, label="TTFT SLO (s)")
     tpot_ms = forms.FloatField(min_value=0.1, max_value=60_000, initial=15, label="TPOT SLO (ms)")
     percentile = forms.TypedChoiceField(choices=[(90, "p90"), (95, "p95"), (99, "p99")], coerce=int, initial=90)
+    prompt_ranges = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4}), label="Prompt lengths (uncached tokens)",
+        help_text="one range a line: prompts, lowest, highest (from an endpoint: its last hour, split at the thresholds "
+        "tried, so each one's share straight to decode is the measured one); empty: one range of the mean and spread",
+    )  # fmt: skip
     min_uncached_tokens = forms.IntegerField(
         min_value=0, max_value=10_000_000, required=False, label="Prefill pool from (uncached prompt tokens)",
         help_text="prompts with fewer go straight to decode; empty: the endpoint's own, else 0 (every prompt)",
@@ -57,6 +62,20 @@ class PDPlannerForm(forms.Form):
     def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["endpoint"].queryset = endpoints_visible_to(user)
+
+    def clean_prompt_ranges(self) -> tuple[tuple[float, float, float], ...] | None:
+        ranges = []
+        for number, line in enumerate(self.cleaned_data["prompt_ranges"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                weight, low, high = (float(x) for x in line.split())
+            except ValueError:
+                raise forms.ValidationError(f"line {number}: three numbers, prompts lowest highest") from None
+            if not (weight > 0 and 0 <= low <= high < 1e7):
+                raise forms.ValidationError(f"line {number}: prompts > 0 and 0 ≤ lowest ≤ highest < 10,000,000")
+            ranges.append((weight, low, high))
+        return tuple(ranges) or None
 
 
 def endpoint_initial(endpoint: Endpoint, *, now) -> dict:
@@ -77,6 +96,7 @@ def endpoint_initial(endpoint: Endpoint, *, now) -> dict:
             input_tokens=round(max(1.0, mix.uncached_mean or 1.0), 1),
             input_tokens_sd=round(mix.uncached_sd or 0.0, 1),
             output_tokens=round(max(1.0, mix.output_mean or 1.0), 1),
+            prompt_ranges=ranges_text(mix.ranges),
         )
     return initial
 
@@ -134,7 +154,11 @@ def planner_pd_view(request):
             hardware=hardware,
             step=StepModel.from_profile(PROFILES[data["engine_profile"]]),
             workload=PDWorkload(
-                data["arrival_rate_per_s"], data["input_tokens"], data["output_tokens"], data["input_tokens_sd"]
+                data["arrival_rate_per_s"],
+                data["input_tokens"],
+                data["output_tokens"],
+                data["input_tokens_sd"],
+                prompt_ranges=data["prompt_ranges"],
             ),
             slo=PDSLO(ttft_s=data["ttft_s"], tpot_s=data["tpot_ms"] / 1000, percentile=data["percentile"]),
             link_gbps=link,

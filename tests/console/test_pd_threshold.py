@@ -52,6 +52,8 @@ def test_the_planner_plans_with_the_endpoints_threshold_and_shows_the_recommende
     # The last hour's 10 prompts: their rate, and their uncached tokens' mean (7 × 500 + 3 × 8,000) / 10 and spread.
     assert form.initial["arrival_rate_per_s"] == round(10 / 3600, 4)
     assert form.initial["input_tokens"] == 2750.0 and form.initial["input_tokens_sd"] > 3000
+    # Their lengths as ranges split at the thresholds tried: 7 prompts of 500 uncached tokens, 3 of 8,000.
+    assert form.initial["prompt_ranges"] == "7 256 512\n3 4096 8000"
     data = {name: field.initial for name, field in form.fields.items() if field.initial is not None}
     data |= {k: v for k, v in form.initial.items() if v is not None}
     data |= {"engine_profile": "llama-13b-a100", "model_profile": disaggregated.model_profile_id}
@@ -59,11 +61,12 @@ def test_the_planner_plans_with_the_endpoints_threshold_and_shows_the_recommende
     planned = client.post(url, data)
     assert planned.status_code == 200, planned.context["form"].errors
     plan = planned.context["result"]
-    assert plan.min_uncached_tokens == 1024 and 0 < plan.bypass_share < 1
+    # Planned on the measured lengths: the share under 1,024 tokens is the measured 7 of 10, not a uniform range's.
+    assert plan.min_uncached_tokens == 1024 and plan.bypass_share == pytest.approx(0.7)
     best = plan.threshold
     page = planned.content.decode()
     assert f"{disaggregated.name} is configured with" in page
-    assert f"1024 uncached tokens: {_pct(plan.bypass_share)} of prompts go straight to decode" in page
+    assert "1024 uncached tokens: 70% of prompts go straight to decode" in page
     assert (
         f"{best['recommended_min_uncached_tokens']} uncached tokens: {_pct(best['bypass_share'])} of prompts go "
         f"straight to decode ({best['gpus']} GPUs" in page
@@ -88,8 +91,12 @@ def test_a_threshold_given_in_the_form_wins_and_a_bad_one_is_a_field_error(clien
     given = client.post(url, {**data, "min_uncached_tokens": 0})
     assert given.context["result"].min_uncached_tokens == 0
     assert "0 uncached tokens: every prompt goes through the prefill pool" in given.content.decode()
-    bad = client.post(url, {**data, "min_uncached_tokens": -5})
-    assert bad.status_code == 400 and "min_uncached_tokens" in bad.context["form"].errors
+    bad = client.post(url, {**data, "min_uncached_tokens": -5, "prompt_ranges": "7 256 512\n3 4096"})
+    assert bad.status_code == 400 and {"min_uncached_tokens", "prompt_ranges"} <= set(bad.context["form"].errors)
+    assert "line 2: three numbers" in bad.content.decode()
+    # Without ranges the share is a uniform range's of the mean and spread.
+    uniform = client.post(url, {**data, "prompt_ranges": ""}).context["result"]
+    assert uniform.bypass_share != pytest.approx(0.7)
     assert client.get(url, {"endpoint": "abc"}).status_code == 404
     assert client.get(url, {"endpoint": 999_999}).status_code == 404
 
