@@ -13,6 +13,8 @@ Generates its fleet and history in PostgreSQL (``generate_series``) and Redis, i
   1,000 endpoints (10,000 replicas).
 - ``snapshot_build``: the proxy's ``read_snapshot()``, size = API keys (100 per endpoint); goal < 2 s and < 200 MB
   held at 100,000 keys.
+- ``key_change``: one key change applied to a proxy's snapshot (the changed keys read, the rest carried over),
+  size = API keys; goal < 10 ms at 100,000 keys (the whole read's and a rebuild of the rest's beside it).
 - ``key_lookup``: one request's key and model look-up in that snapshot, keys drawn uniformly; goal O(1): at the
   largest size ≤ 1.5× the smallest, or less than 10 µs added per request.
 - ``ingestion``: usage records through the proxy's ``UsageWriter`` into PostgreSQL, 1 % re-delivered; goal
@@ -45,7 +47,7 @@ from html import escape
 from django.db import connection
 
 from benchmarks.harness.throwaway_database import throwaway_database
-from benchmarks.operations import scale_billing, scale_fleet, scale_vertical
+from benchmarks.operations import scale_billing, scale_fleet, scale_snapshot, scale_vertical
 from benchmarks.operations.scale_rows import breaks_at, growth_exponent, projected
 
 
@@ -77,6 +79,10 @@ LOOPS: dict[str, Loop] = {
         scale_fleet.snapshot, "API keys", "build < 2 s and < 200 MB held at 100,000 keys", 100_000, 2.0,
         (100, 1_000, 10_000, 100_000), (100, 1_000, 10_000, 30_000),
     ),
+    "key_change": Loop(
+        scale_snapshot.key_change, "API keys", "< 10 ms a key change at 100,000 keys", 100_000, 0.01,
+        (1_000, 10_000, 100_000), (1_000, 3_000, 10_000),
+    ),
     "ingestion": Loop(
         scale_billing.ingestion, "records", "≥ 20,000 records/s, none lost or duplicated", 500_000, 25.0,
         (20_000, 100_000, 500_000), (5_000, 15_000, 50_000),
@@ -95,6 +101,7 @@ SMOKE = {
     "autoscaler_tick": "2,4,8",
     "vertical_tick": "2,4,8",
     "snapshot_build": "20,100,200",
+    "key_change": "20,100,200",
     "ingestion": "300,600,1200",
     "cost_reports": "3,6,12",
     "console_fleet": "2,4,8",
