@@ -20,9 +20,10 @@ from django.db import connection, transaction
 from benchmarks.operations.scale_fleet import REPLICAS_PER_ENDPOINT, _fleet
 from benchmarks.operations.scale_rows import timed_cpu
 from capacity.autoscaling import store
-from capacity.autoscaling.ticks import vertical_tick as vertical_tick_one
+from capacity.autoscaling.vertical_ticks import STREAK_KEY, vertical_ticks
 from capacity.models import AutoscalerDecision
 from endpoints.models import Replica
+from workers.tasks.autoscaling import VERTICAL_BATCH
 
 SERVER_PROCESSES = 2
 PORTS_PER_PROCESS = 2
@@ -66,8 +67,10 @@ def vertical_tick(endpoints: int, *, progress) -> dict:
 
 
 def _tick_in_batches(ids: list[int], label: str) -> None:
-    for endpoint_id in ids:
-        vertical_tick_one(endpoint_id=endpoint_id, tick=label)
+    """The beat's batches (``workers.tasks.autoscaling.VERTICAL_BATCH``) one after another in this process: the CPU a
+    tick costs the workers together."""
+    for first in range(0, len(ids), VERTICAL_BATCH):
+        vertical_ticks(endpoint_ids=ids[first : first + VERTICAL_BATCH], tick=label)
 
 
 def _point_at(ids: list[int], ports: list[int]) -> list[int]:
@@ -94,6 +97,7 @@ def _drop_state(ids: list[int], replica_ids: list[int]) -> None:
     for replica_id in replica_ids:
         pipe.delete(store.HIST_KEY.format(replica_id=replica_id))
     for endpoint_id in ids:
+        pipe.delete(STREAK_KEY.format(endpoint_id=endpoint_id))
         pipe.delete(store.LOCK_KEY.format(axis=AutoscalerDecision.Axis.VERTICAL, endpoint_id=endpoint_id))
     pipe.execute()
 

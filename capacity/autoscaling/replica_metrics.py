@@ -11,8 +11,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)")
-_LE = re.compile(r'le="([^"]+)"')
 TTFT = ("vllm:time_to_first_token_seconds",)
 TPOT = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 _GAUGES = {
@@ -27,6 +25,22 @@ _COUNTERS = {
     "vllm:prompt_tokens_total": "prompt_tokens",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
 }
+_HISTOGRAMS = (*TTFT, *TPOT)
+# Every series read, by sample name: what a scrape asks the replica for (``name[]``) and all the parser looks at.
+SERIES = (*_GAUGES, *_COUNTERS, *(f"{name}_bucket" for name in _HISTOGRAMS))
+
+
+# Two searches over the text for the lines of those series (vLLM's exposition holds ~520 lines, of which these are
+# ~50), the regex engine skipping from one line's ``vllm:`` to the next, a bucket's bound read by the same search:
+# a Python loop over every line cost 0.68 ms a scrape, 7 CPU-s a tick at 10,000 replicas. A name must be followed
+# by its labels or the value (``…_waiting`` is not ``…_waiting_by_reason``).
+def _names(names) -> str:
+    return "|".join(re.escape(name.removeprefix("vllm:")) for name in sorted(names, key=len, reverse=True))
+
+
+_VALUE_LINE = re.compile(r"\nvllm:(" + _names([*_GAUGES, *_COUNTERS]) + r")(?:\{[^}\n]*\})?[ \t]+(\S+)")
+_BUCKET_LINE = re.compile(r"\nvllm:(" + _names(_HISTOGRAMS) + r')_bucket\{[^}\n]*?\ble="([^"]*)"[^}\n]*\}[ \t]+(\S+)')
+_FIELDS = {name.removeprefix("vllm:"): attr for name, attr in {**_GAUGES, **_COUNTERS}.items()}
 
 
 @dataclass
@@ -47,32 +61,34 @@ class Scrape:
 
 
 def parse(text: str) -> Scrape:
-    scrape = Scrape()
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        name, labels, raw = m.group(1), m.group(2) or "", m.group(3)
+    scrape, sums, text = Scrape(), {}, "\n" + text
+    # A NaN or infinite gauge or count (a confused exporter) crashed the drain's int() and made the vertical
+    # decision's JSON unstorable; these series are never negative either: such a line is skipped.
+    for short, raw in _VALUE_LINE.findall(text):
+        value = _count(raw)
+        if value is not None:
+            attr = _FIELDS[short]
+            sums[attr] = sums.get(attr, 0.0) + value
+    for attr, value in sums.items():
+        setattr(scrape, attr, value)
+    for short, le, raw in _BUCKET_LINE.findall(text):
+        value = _count(raw)
         try:
-            value = float(raw)
+            bound = float(le)  # "+Inf" reads as infinity
         except ValueError:
             continue
-        if not math.isfinite(value) or value < 0:
-            # A NaN or infinite gauge or count (a confused exporter) crashed the drain's int() and made the vertical
-            # decision's JSON unstorable; these series are never negative either
-            continue
-        if name in _GAUGES or name in _COUNTERS:
-            attr = _GAUGES.get(name) or _COUNTERS[name]
-            setattr(scrape, attr, getattr(scrape, attr) + value)
-        elif name.endswith("_bucket"):
-            le = _LE.search(labels)
-            if le:
-                bound = math.inf if le.group(1) in ("+Inf", "inf") else float(le.group(1))
-                hist = scrape.histograms.setdefault(name[: -len("_bucket")], {})
-                hist[bound] = hist.get(bound, 0.0) + value
+        if value is not None and not math.isnan(bound):
+            counts = scrape.histograms.setdefault(f"vllm:{short}", {})
+            counts[bound] = counts.get(bound, 0.0) + value
     return scrape
+
+
+def _count(raw: str) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if 0.0 <= value < math.inf else None
 
 
 def computed_prompt_tokens(scrape: Scrape) -> float:

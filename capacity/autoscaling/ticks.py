@@ -7,12 +7,11 @@ second writer gets IntegrityError and stops.
 
 Sources: demand from the proxies' Redis reports; replica counts from ``Replica`` rows; the predictive floor's
 history from the per-minute usage rollups (``billing.UsageMinute``: requests per minute, a day back); the
-vertical policy's p95s, KV usage and queue from the replicas' own ``/metrics`` histograms, diffed per cycle; the
-split between on-demand and spot from ``capacity.autoscaling.spot``.
+split between on-demand and spot from ``capacity.autoscaling.spot``. The vertical tick (per-replica concurrency,
+from the replicas' own ``/metrics``) is ``capacity.autoscaling.vertical_ticks``, re-exported here.
 """
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Min
 from django.utils import timezone
 
-from capacity.autoscaling import horizontal, pins, replica_metrics, spot, store, tick_reads, vertical
+from capacity.autoscaling import horizontal, pins, spot, store, tick_reads
 from capacity.autoscaling.demand import DemandSample
 from capacity.autoscaling.limits import QuotaLeft, quota_ceiling
 from capacity.autoscaling.prefill_ticks import prefill_decision
@@ -33,10 +32,10 @@ from capacity.autoscaling.services import (
     owner_suspended,
     reconcile,
     safe_call,
-    scrape_replica,
     serving_role,
 )
 from capacity.autoscaling.tick_reads import TickReads, predicted_floor
+from capacity.autoscaling.vertical_ticks import vertical_tick, vertical_ticks  # noqa: F401 - both axes through one module
 from capacity.models import AutoscalerDecision
 from capacity.unit_resolver import endpoint_coefficients
 from capacity.units import REFERENCE_REQUEST, MUCoefficients, estimate_request_mu
@@ -46,9 +45,6 @@ log = logging.getLogger(__name__)
 
 
 HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
-
-
-VERTICAL = AutoscalerDecision.Axis.VERTICAL
 
 
 # -- horizontal ---------------------------------------------------------------------------------------------
@@ -400,94 +396,6 @@ def predicted_floor_for(endpoint: Endpoint, *, now: float) -> tuple[int, dict]:
     return predicted_floor(rows, concurrency_limit=endpoint.concurrency_limit, now=now)
 
 
-# -- vertical ---------------------------------------------------------------------------------------------
-def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
-    """Adjust the per-replica concurrency limit for one endpoint; None when another worker owns this tick or Redis
-    (lock, histogram snapshots) cannot be reached."""
-    try:
-        return _vertical_tick(endpoint_id=endpoint_id, tick=tick)
-    except store.RedisError as exc:
-        log.warning("autoscaler: vertical tick %s for endpoint %s skipped: Redis: %s", tick, endpoint_id, exc)
-        return None
-
-
-def _vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
-    with store.TickLock(axis=VERTICAL, endpoint_id=endpoint_id) as lock:
-        if not lock.held or _decided(endpoint_id, VERTICAL, tick):
-            return None
-        endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
-        if endpoint is None:
-            return None
-        inputs = vertical_inputs(endpoint)
-        decision = vertical.decide(inputs)
-        record = {
-            **decision.inputs,
-            "overload_streak": decision.state.overload_streak,
-            "healthy_streak": decision.state.healthy_streak,
-        }
-        row = _store(endpoint, VERTICAL, tick, decision.current, decision.desired, decision.reason, record)
-        if row is None:
-            return None
-        if decision.desired != endpoint.concurrency_limit:
-            with transaction.atomic():
-                endpoint.concurrency_limit = decision.desired
-                endpoint.save(update_fields=["concurrency_limit", "updated_at"])  # bumps the proxies' snapshot
-                endpoint.replicas.filter(state__in=ACTIVE).update(concurrency_limit=decision.desired)
-        row.applied = True
-        row.save(update_fields=["applied"])
-        return row
-
-
-def vertical_inputs(endpoint: Endpoint) -> vertical.VerticalInputs:
-    ttft, tpot, kv, waiting, running, seen = [], [], [], [], [], 0
-    for replica in endpoint.replicas.filter(state=ReplicaState.READY, is_standby=False):
-        scrape = scrape_replica(replica)
-        if scrape is None:
-            continue
-        seen += 1
-        kv.append(scrape.kv_usage)
-        waiting.append(scrape.waiting)
-        running.append(scrape.running)
-        key = store.HIST_KEY.format(replica_id=replica.pk)
-        before = store.load_json(key) or {}
-        now_ttft, now_tpot = scrape.buckets(replica_metrics.TTFT), scrape.buckets(replica_metrics.TPOT)
-        ttft.append(replica_metrics.diff(now_ttft, _unjson(before.get("ttft"))))
-        tpot.append(replica_metrics.diff(now_tpot, _unjson(before.get("tpot"))))
-        store.save_json(key, {"ttft": _json(now_ttft), "tpot": _json(now_tpot)})
-    last = AutoscalerDecision.objects.filter(endpoint=endpoint, axis=VERTICAL).order_by("-at").first()
-    state = vertical.VerticalState(
-        overload_streak=int((last.inputs or {}).get("overload_streak", 0)) if last else 0,
-        healthy_streak=int((last.inputs or {}).get("healthy_streak", 0)) if last else 0,
-    )
-    p95_ttft = replica_metrics.quantile(replica_metrics.merge(ttft))
-    p95_tpot = replica_metrics.quantile(replica_metrics.merge(tpot))
-    return vertical.VerticalInputs(
-        current_limit=endpoint.concurrency_limit,
-        # Bounds a SQL update can leave inverted or at 0 (the model's validators only run on full_clean): decide()
-        # refuses them, which crashed the tick every 30 s; the maximum wins
-        min_limit=max(1, min(endpoint.concurrency_min, endpoint.concurrency_max)),
-        max_limit=max(1, endpoint.concurrency_max),
-        ttft_slo_ms=endpoint.ttft_slo_ms,
-        tpot_slo_ms=endpoint.tpot_slo_ms,
-        ttft_p95_ms=None if p95_ttft is None else p95_ttft * 1000,
-        tpot_p95_ms=None if p95_tpot is None else p95_tpot * 1000,
-        kv_usage=max(kv) if kv else None,
-        waiting_per_replica=sum(waiting) / seen if seen else None,
-        busy_fraction=sum(running) / (seen * max(1, endpoint.concurrency_limit)) if seen else None,
-        state=state,
-    )
-
-
-def _json(hist: dict[float, float]) -> list:
-    return [["inf" if math.isinf(b) else b, c] for b, c in hist.items()]
-
-
-def _unjson(rows) -> dict[float, float] | None:
-    if not rows:
-        return None
-    return {(math.inf if b == "inf" else float(b)): float(c) for b, c in rows}
-
-
 def decisions_prune(*, keep_days: int = 14, batch: int = 5000) -> int:
     """Delete decisions older than ``keep_days`` in batches (a tick every 5 s is 17,280 rows per endpoint a day).
 
@@ -511,10 +419,6 @@ def decisions_prune(*, keep_days: int = 14, batch: int = 5000) -> int:
 
 
 # -- shared -----------------------------------------------------------------------------------------------
-def _decided(endpoint_id: int, axis: str, tick: str) -> bool:
-    return AutoscalerDecision.objects.filter(endpoint_id=endpoint_id, axis=axis, tick=tick).exists()
-
-
 def _decided_many(endpoint_ids, axis: str, tick: str) -> set[int]:
     if not endpoint_ids:
         return set()

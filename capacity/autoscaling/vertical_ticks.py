@@ -1,0 +1,290 @@
+"""The vertical tick (per-replica concurrency) for a batch of endpoints: a fixed number of SQL statements and Redis
+round trips per batch whatever its size, every ready replica's ``/metrics`` scraped concurrently by the worker's one
+HTTP client (``replica_scrapes``), the pure policy (``vertical``) per endpoint, the decisions written in one insert
+(docs/algorithms.md#the-vertical-tick-at-fleet-scale).
+
+Per replica, the TTFT and TPOT histograms are diffed against the previous tick's snapshot (``store.HIST_KEY``), so
+the p95s cover the last cycle only. The policy's streaks (consecutive overloaded or healthy cycles) are kept in Redis
+beside them (``STREAK_KEY``); an endpoint without one there (a new endpoint, Redis emptied) reads them from its last
+vertical decision, as the tick always stored them there too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+
+from capacity.autoscaling import replica_metrics, replica_scrapes, store, vertical
+from capacity.autoscaling.services import ACTIVE
+from capacity.models import AutoscalerDecision
+from endpoints.models import Endpoint, Replica, ReplicaState
+
+log = logging.getLogger(__name__)
+
+VERTICAL = AutoscalerDecision.Axis.VERTICAL
+STREAK_KEY = "infercap:autoscale:vertical-streak:{endpoint_id}"
+STREAK_TTL_S = 86_400  # longer than any pause of the beat; past it the last decision answers
+HIST_TTL_S = 3600
+
+
+def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
+    """One endpoint's vertical tick (a batch of one); None when another worker owns this tick or Redis (lock,
+    histogram snapshots) cannot be reached."""
+    return vertical_ticks(endpoint_ids=[endpoint_id], tick=tick).get(endpoint_id)
+
+
+def vertical_ticks(*, endpoint_ids, tick: str) -> dict[int, AutoscalerDecision | None]:
+    """Adjust the concurrency limit of each endpoint of the batch. Endpoints another worker holds, already decided
+    for this tick, or whose decision failed (logged) are left out; one endpoint's failure leaves the others theirs."""
+    ids = list(dict.fromkeys(endpoint_ids))
+    try:
+        return _vertical_ticks(ids, tick=tick)
+    except store.RedisError as exc:
+        log.warning("autoscaler: vertical tick %s for %d endpoints skipped: Redis: %s", tick, len(ids), exc)
+        return {}
+
+
+@dataclass
+class _Plan:
+    endpoint: Endpoint
+    decision: vertical.VerticalDecision
+    record: dict
+
+
+def _vertical_ticks(ids: list[int], *, tick: str) -> dict[int, AutoscalerDecision | None]:
+    with store.TickLocks(axis=VERTICAL, endpoint_ids=ids) as locks:
+        if not locks.held:
+            return {}
+        decided = AutoscalerDecision.objects.filter(endpoint_id__in=locks.held, axis=VERTICAL, tick=tick)
+        todo = set(locks.held) - set(decided.values_list("endpoint_id", flat=True))
+        endpoints = list(Endpoint.objects.filter(pk__in=todo).order_by("pk"))
+        replicas = _ready_replicas([e.pk for e in endpoints])
+        scrapes = _scrapes(replicas)
+        streaks = _streaks([e.pk for e in endpoints])
+        plans = []
+        for endpoint in endpoints:
+            try:
+                inputs = vertical_inputs(endpoint, scrapes=scrapes.get(endpoint.pk, []), state=streaks[endpoint.pk])
+                plans.append(_plan(endpoint, inputs))
+            except Exception:
+                # One endpoint's bad row or signal must not cost the batch's others their tick.
+                log.exception("autoscaler: vertical tick %s for endpoint %s failed", tick, endpoint.pk)
+        rows = _store_plans(plans, tick=tick)
+        _save_streaks({p.endpoint.pk: p.decision.state for p in plans if rows.get(p.endpoint.pk) is not None})
+        applied = []
+        for plan in plans:
+            row = rows.get(plan.endpoint.pk)
+            if row is None or row.applied:
+                continue
+            try:
+                _apply(plan)
+                applied.append(row.pk)
+                row.applied = True
+            except Exception:
+                log.exception("autoscaler: applying vertical tick %s to endpoint %s failed", tick, plan.endpoint.pk)
+        if applied:
+            AutoscalerDecision.objects.filter(pk__in=applied).update(applied=True)
+        return rows
+
+
+def _plan(endpoint: Endpoint, inputs: vertical.VerticalInputs) -> _Plan:
+    decision = vertical.decide(inputs)
+    record = {
+        **decision.inputs,
+        "overload_streak": decision.state.overload_streak,
+        "healthy_streak": decision.state.healthy_streak,
+    }
+    return _Plan(endpoint, decision, record)
+
+
+@dataclass(frozen=True)
+class ReplicaScrape:
+    """One ready replica's scrape this tick: the gauges, and the TTFT and TPOT counts since its previous scrape."""
+
+    running: float
+    waiting: float
+    kv_usage: float
+    ttft: dict[float, float]
+    tpot: dict[float, float]
+
+
+def _ready_replicas(endpoint_ids: list[int]) -> list[tuple[int, int, str]]:
+    """(replica id, endpoint id, URL) of every ready serving replica, in each endpoint's replica order."""
+    if not endpoint_ids:
+        return []
+    rows = Replica.objects.filter(endpoint_id__in=endpoint_ids, state=ReplicaState.READY, is_standby=False)
+    return list(rows.order_by("endpoint_id", "name").values_list("pk", "endpoint_id", "url"))
+
+
+def _scrapes(replicas: list[tuple[int, int, str]]) -> dict[int, list[ReplicaScrape]]:
+    """Each endpoint's replicas that answered, scraped concurrently, diffed against their previous snapshots; the
+    new snapshots stored. Two Redis round trips for the batch."""
+    reachable = [r for r in replicas if r[2]]
+    texts = replica_scrapes.fetch_many([url for _, _, url in reachable])
+    c = store.client()
+    reads = c.pipeline(transaction=False)
+    for replica_id, _, _ in reachable:
+        reads.get(store.HIST_KEY.format(replica_id=replica_id))
+    before = reads.execute()
+    writes = c.pipeline(transaction=False)
+    out: dict[int, list[ReplicaScrape]] = {}
+    for (replica_id, endpoint_id, _), text, raw in zip(reachable, texts, before, strict=True):
+        if text is None:
+            continue  # did not answer: skipped this cycle, its snapshot kept for the next
+        scrape = replica_metrics.parse(text)
+        previous = _loads(raw)
+        now_ttft, now_tpot = scrape.buckets(replica_metrics.TTFT), scrape.buckets(replica_metrics.TPOT)
+        out.setdefault(endpoint_id, []).append(
+            ReplicaScrape(
+                running=scrape.running,
+                waiting=scrape.waiting,
+                kv_usage=scrape.kv_usage,
+                ttft=replica_metrics.diff(now_ttft, _unjson(previous.get("ttft"))),
+                tpot=replica_metrics.diff(now_tpot, _unjson(previous.get("tpot"))),
+            )
+        )
+        snapshot = json.dumps({"ttft": _json(now_ttft), "tpot": _json(now_tpot)})
+        writes.set(store.HIST_KEY.format(replica_id=replica_id), snapshot, ex=HIST_TTL_S)
+    writes.execute()
+    return out
+
+
+def vertical_inputs(
+    endpoint: Endpoint, *, scrapes: list[ReplicaScrape], state: vertical.VerticalState
+) -> vertical.VerticalInputs:
+    """The policy's inputs from the endpoint's row and its replicas' scrapes this tick (pure)."""
+    seen = len(scrapes)
+    kv = [s.kv_usage for s in scrapes]
+    p95_ttft = replica_metrics.quantile(replica_metrics.merge(s.ttft for s in scrapes))
+    p95_tpot = replica_metrics.quantile(replica_metrics.merge(s.tpot for s in scrapes))
+    return vertical.VerticalInputs(
+        current_limit=endpoint.concurrency_limit,
+        # Bounds a SQL update can leave inverted or at 0 (the model's validators only run on full_clean): decide()
+        # refuses them, which crashed the tick every 30 s; the maximum wins
+        min_limit=max(1, min(endpoint.concurrency_min, endpoint.concurrency_max)),
+        max_limit=max(1, endpoint.concurrency_max),
+        ttft_slo_ms=endpoint.ttft_slo_ms,
+        tpot_slo_ms=endpoint.tpot_slo_ms,
+        ttft_p95_ms=None if p95_ttft is None else p95_ttft * 1000,
+        tpot_p95_ms=None if p95_tpot is None else p95_tpot * 1000,
+        kv_usage=max(kv) if kv else None,
+        waiting_per_replica=sum(s.waiting for s in scrapes) / seen if seen else None,
+        busy_fraction=sum(s.running for s in scrapes) / (seen * max(1, endpoint.concurrency_limit)) if seen else None,
+        state=state,
+    )
+
+
+def _streaks(endpoint_ids: list[int]) -> dict[int, vertical.VerticalState]:
+    """Each endpoint's streaks: from Redis in one round trip; those missing there from their last vertical
+    decision (two queries, only when some are missing)."""
+    if not endpoint_ids:
+        return {}
+    pipe = store.client().pipeline(transaction=False)
+    for endpoint_id in endpoint_ids:
+        pipe.get(STREAK_KEY.format(endpoint_id=endpoint_id))
+    out, missing = {}, []
+    for endpoint_id, raw in zip(endpoint_ids, pipe.execute(), strict=True):
+        state = _state(_loads(raw))
+        if state is None:
+            missing.append(endpoint_id)
+        else:
+            out[endpoint_id] = state
+    if missing:
+        last = (
+            AutoscalerDecision.objects.filter(endpoint_id__in=missing, axis=VERTICAL)
+            .order_by()
+            .values("endpoint_id")
+            .annotate(last=Max("id"))
+            .values_list("last", flat=True)
+        )
+        rows = AutoscalerDecision.objects.filter(pk__in=list(last)).values_list("endpoint_id", "inputs")
+        stored = {endpoint_id: inputs or {} for endpoint_id, inputs in rows}
+        for endpoint_id in missing:
+            out[endpoint_id] = _state(stored.get(endpoint_id, {})) or vertical.VerticalState()
+    return out
+
+
+def _state(record: dict) -> vertical.VerticalState | None:
+    try:
+        return vertical.VerticalState(
+            overload_streak=int(record["overload_streak"]), healthy_streak=int(record["healthy_streak"])
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _save_streaks(states: dict[int, vertical.VerticalState]) -> None:
+    if not states:
+        return
+    pipe = store.client().pipeline(transaction=False)
+    for endpoint_id, state in states.items():
+        value = {"overload_streak": state.overload_streak, "healthy_streak": state.healthy_streak}
+        pipe.set(STREAK_KEY.format(endpoint_id=endpoint_id), json.dumps(value), ex=STREAK_TTL_S)
+    pipe.execute()
+
+
+def _store_plans(plans: list[_Plan], *, tick: str) -> dict[int, AutoscalerDecision | None]:
+    """Every plan's decision in one insert, a hold stored applied (nothing to change). Should another worker have
+    stored one meanwhile (the unique tick constraint), each is stored alone and that endpoint skipped."""
+    rows = [
+        AutoscalerDecision(
+            endpoint=p.endpoint,
+            axis=VERTICAL,
+            tick=tick,
+            current=p.decision.current,
+            desired=p.decision.desired,
+            reason=p.decision.reason[:255],
+            inputs=p.record,
+            applied=p.decision.desired == p.endpoint.concurrency_limit,
+        )
+        for p in plans
+    ]
+    try:
+        with transaction.atomic():
+            AutoscalerDecision.objects.bulk_create(rows)
+        return {row.endpoint_id: row for row in rows}
+    except IntegrityError:
+        stored = {}
+        for row in rows:
+            try:
+                with transaction.atomic():
+                    row.save(force_insert=True)
+                stored[row.endpoint_id] = row
+            except IntegrityError:
+                log.info("autoscaler: vertical decision for endpoint %s tick %s already stored", row.endpoint_id, tick)
+                stored[row.endpoint_id] = None
+        return stored
+
+
+def _apply(plan: _Plan) -> None:
+    endpoint, desired = plan.endpoint, plan.decision.desired
+    with transaction.atomic():
+        endpoint.concurrency_limit = desired
+        endpoint.save(update_fields=["concurrency_limit", "updated_at"])  # bumps the proxies' snapshot
+        endpoint.replicas.filter(state__in=ACTIVE).update(concurrency_limit=desired)
+
+
+def _loads(raw) -> dict:
+    try:
+        value = json.loads(raw) if raw else {}
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _json(hist: dict[float, float]) -> list:
+    return [["inf" if math.isinf(b) else b, c] for b, c in hist.items()]
+
+
+def _unjson(rows) -> dict[float, float] | None:
+    if not rows:
+        return None
+    try:
+        return {(math.inf if b == "inf" else float(b)): float(c) for b, c in rows}
+    except (TypeError, ValueError):
+        return None  # a corrupt snapshot: this cycle counts the replica's counts since it started
