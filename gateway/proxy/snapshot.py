@@ -7,6 +7,7 @@ edits any of these models. A key change carries the key table over with only the
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -159,6 +160,63 @@ class AdapterInfo:
         return self.owner_tenant_id is None or self.owner_tenant_id == tenant_id
 
 
+_ABSENT = object()
+
+
+class KeyTable(Mapping):
+    """Keys by hash as a large base shared by successive snapshots plus a small overlay of the changes since (a
+    ``KeyInfo``, or None for a key removed), so applying a key change copies the overlay, not 100,000 entries.
+    Immutable: ``with_changes`` returns a new table; past ``max(COMPACT_MIN, len(base) / COMPACT_SHARE)`` changes
+    the overlay is folded into a new base (one copy of the whole table every that many changes)."""
+
+    COMPACT_MIN = 1024
+    COMPACT_SHARE = 64
+    __slots__ = ("_base", "_overlay", "_len")
+
+    def __init__(self, base: dict[str, KeyInfo], overlay: dict[str, KeyInfo | None] | None = None) -> None:
+        self._base = base
+        self._overlay = overlay or {}
+        self._len = len(base) + sum((value is not None) - (key in base) for key, value in self._overlay.items())
+
+    def get(self, key: str, default=None):
+        found = self._overlay.get(key, _ABSENT)
+        if found is _ABSENT:
+            return self._base.get(key, default)
+        return default if found is None else found
+
+    def __getitem__(self, key: str) -> KeyInfo:
+        found = self.get(key, _ABSENT)
+        if found is _ABSENT:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key, _ABSENT) is not _ABSENT
+
+    def __iter__(self) -> Iterator[str]:
+        for key in self._base:
+            if key not in self._overlay:
+                yield key
+        for key, value in self._overlay.items():
+            if value is not None:
+                yield key
+
+    def __len__(self) -> int:
+        return self._len
+
+    def with_changes(self, changes: dict[str, KeyInfo | None]) -> KeyTable:
+        overlay = {**self._overlay, **changes}
+        if len(overlay) <= max(self.COMPACT_MIN, len(self._base) // self.COMPACT_SHARE):
+            return KeyTable(self._base, overlay)
+        base = dict(self._base)
+        for key, value in overlay.items():
+            if value is None:
+                base.pop(key, None)
+            else:
+                base[key] = value
+        return KeyTable(base)
+
+
 @dataclass(frozen=True)
 class KeyCursor:
     """Where a snapshot's key table stands (docs/request-path.md, "The key table"): the database's time when it was
@@ -176,7 +234,7 @@ class KeyCursor:
 class Snapshot:
     version: str
     loaded_at: float
-    keys_by_hash: dict[str, KeyInfo] = field(default_factory=dict)
+    keys_by_hash: Mapping[str, KeyInfo] = field(default_factory=dict)  # a ``KeyTable`` once refreshed
     endpoints_by_name: dict[str, EndpointInfo] = field(default_factory=dict)
     # Base-model reservations by (tenant id, endpoint id); adapter reservations by (tenant id, endpoint id, adapter name).
     reservations: dict[tuple[int, int], ReservationInfo] = field(default_factory=dict)

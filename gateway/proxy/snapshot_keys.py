@@ -10,12 +10,13 @@ than its stamp. A deleted key leaves no row, so the table's size and id sum are 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Now
 
-from gateway.proxy.snapshot import KeyCursor, KeyInfo
+from gateway.proxy.snapshot import KeyCursor, KeyInfo, KeyTable
 from tenants.models import ApiKey, Tenant
 
 LOOKBACK = timedelta(seconds=15)  # longer than a transaction that writes a key takes from its UPDATE to its COMMIT
@@ -67,7 +68,7 @@ def _key_info(row: tuple) -> KeyInfo:
     )
 
 
-def read_keys() -> tuple[dict[str, KeyInfo], KeyCursor]:
+def read_keys() -> tuple[KeyTable, KeyCursor]:
     """Usable keys of active tenants, by the SHA-256 the proxy computes from the bearer token, and the table's
     cursor. Read as tuples, not model instances: at 100,000 keys building the instances was most of the
     snapshot's time. The database's clock is read first: what changes after it is read by the next
@@ -77,14 +78,14 @@ def read_keys() -> tuple[dict[str, KeyInfo], KeyCursor]:
     for row in _usable().values_list(*_COLUMNS).iterator(chunk_size=5000):
         keys[row[0]] = _key_info(row)
         id_sum += row[1]
-    return keys, KeyCursor(since=since, count=len(keys), id_sum=id_sum, read_at=time.time())
+    return KeyTable(keys), KeyCursor(since=since, count=len(keys), id_sum=id_sum, read_at=time.time())
 
 
-def read_key_changes(keys: dict[str, KeyInfo], cursor: KeyCursor) -> tuple[dict[str, KeyInfo], KeyCursor]:
+def read_key_changes(keys: Mapping[str, KeyInfo], cursor: KeyCursor) -> tuple[Mapping[str, KeyInfo], KeyCursor]:
     """``keys`` with the keys changed since ``cursor`` applied: each changed key's row read again (added or
     replaced if usable, removed if not), and every key of a tenant changed since. Three small queries (the clock,
     the changed tenants, the changed keys); ``keys`` itself is never modified (a request may hold it): the changes
-    go into a copy, and with none ``keys`` is returned as it is."""
+    go into a new ``KeyTable`` sharing its base, and with none ``keys`` is returned as it is."""
     since = _database_now()
     rows = ApiKey.objects.all()
     if cursor.since is not None:
@@ -96,15 +97,18 @@ def read_key_changes(keys: dict[str, KeyInfo], cursor: KeyCursor) -> tuple[dict[
     moved = {"since": since or cursor.since}
     if not rows:
         return keys, _moved(cursor, **moved)
-    table, count, id_sum = dict(keys), cursor.count, cursor.id_sum
+    changes, count, id_sum = {}, cursor.count, cursor.id_sum
     for row in rows:
-        before = table.pop(row[0], None)
+        before = changes[row[0]] if row[0] in changes else keys.get(row[0])
         if before is not None:
             count, id_sum = count - 1, id_sum - before.id
         if row[_REVOKED] is None and row[_ACTIVE]:
-            table[row[0]] = _key_info(row)
+            changes[row[0]] = _key_info(row)
             count, id_sum = count + 1, id_sum + row[1]
-    return table, _moved(cursor, count=count, id_sum=id_sum, **moved)
+        else:
+            changes[row[0]] = None
+    table = keys if isinstance(keys, KeyTable) else KeyTable(dict(keys))
+    return table.with_changes(changes), _moved(cursor, count=count, id_sum=id_sum, **moved)
 
 
 def key_checksum() -> tuple[int, int]:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
 
 from django.conf import settings
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 def read_snapshot(
     version: str = "",
     *,
-    keys: tuple[dict[str, KeyInfo], KeyCursor] | None = None,
+    keys: tuple[Mapping[str, KeyInfo], KeyCursor] | None = None,
     config_stamp: str = "",
     all_stamp: str = "",
 ) -> Snapshot:

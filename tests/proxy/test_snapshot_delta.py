@@ -10,6 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from endpoints.config_version import ALL, ALL_KEY, CONFIG, CONFIG_KEY, KEYS, VERSION_KEY
+from gateway.proxy.snapshot import KeyInfo, KeyTable
 from gateway.proxy.snapshot_keys import key_checksum, read_key_changes, read_keys
 from gateway.proxy.snapshot_refresh import LOADS, RefreshTimes, Stamps, refresh, refresh_plan
 from tenants.keys import hash_key
@@ -175,3 +176,26 @@ def test_the_plan_reads_as_little_as_is_right(tenant_a):
     # A refresh while Redis is away keeps the stamps it had, so what was announced meanwhile is acted on later.
     kept = refresh(snap, CONFIG, None)
     assert (kept.version, kept.config_stamp, kept.all_stamp) == ("7", "3", "1")
+
+
+def test_the_key_table_behaves_as_the_dict_it_stands_for(monkeypatch):
+    monkeypatch.setattr(KeyTable, "COMPACT_MIN", 8)  # fold the overlay often
+    rng = random.Random(5)
+    info = lambda i: KeyInfo(i, f"p{i}", 1, "t", frozenset(), "standard", None)  # noqa: E731
+    reference = {f"h{i}": info(i) for i in range(50)}
+    table, tables = KeyTable(dict(reference)), []
+    for step in range(300):
+        changes = {f"h{rng.randrange(80)}": (info(step) if rng.random() < 0.6 else None) for _ in range(3)}
+        before, held = table, dict(table)
+        table = table.with_changes(changes)
+        assert dict(before) == held, "a table a snapshot holds never changes"
+        for key, value in changes.items():
+            if value is None:
+                reference.pop(key, None)
+            else:
+                reference[key] = value
+        assert table == reference and len(table) == len(reference) and sorted(table) == sorted(reference)
+        assert all(table.get(f"h{i}") == reference.get(f"h{i}") for i in range(80))
+        assert ("h79" in table) == ("h79" in reference)
+        tables.append(len(table._overlay))
+    assert max(tables) <= 8 + 3 and min(tables) == 0, "the overlay is folded into the base as it grows"
