@@ -92,6 +92,8 @@ async def _fetch_all(state: _Loop, urls: list[str], timeout_s: float) -> list[st
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(url: str) -> str | None:
+        if not url:
+            return None  # a replica without an address yet
         async with gate:
             try:
                 split = urlsplit(url.rstrip("/"))
