@@ -12,6 +12,7 @@ from django.utils import timezone
 from endpoints.config_version import ALL, ALL_KEY, CONFIG, CONFIG_KEY, KEYS, VERSION_KEY
 from gateway.proxy.snapshot import KeyInfo, KeyTable
 from gateway.proxy.snapshot_keys import key_checksum, read_key_changes, read_keys
+from gateway.proxy.snapshot_loader import read_snapshot
 from gateway.proxy.snapshot_refresh import LOADS, RefreshTimes, Stamps, refresh, refresh_plan
 from tenants.keys import hash_key
 from tenants.models import ApiKey, Tenant
@@ -76,6 +77,26 @@ def test_the_table_with_changes_applied_equals_a_fresh_read(seed):
         assert before == held, "the table a request may hold is never modified"
         assert (cursor.count, cursor.id_sum) == key_checksum()
     assert {"create", "revoke", "edit", "bulk", "tenant", "tenant_bulk"} <= done
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_refreshed_snapshots_equal_a_fresh_full_read(seed):
+    """Through ``refresh`` as the proxy calls it, ``keys`` and ``config`` refreshes at random, keys deleted now
+    and then without the ``all`` their signal would announce: the checksum must catch those."""
+    rng = random.Random(seed)
+    tenants = [TenantFactory() for _ in range(3)]
+    for tenant in tenants:
+        api_key_create(tenant=tenant, name="first")
+    snap = refresh(None, ALL, Stamps("0", "0", "0"))
+    for step in range(40):
+        if rng.random() < 0.1 and ApiKey.objects.exists():
+            ApiKey.objects.filter(pk=rng.choice(list(ApiKey.objects.values_list("pk", flat=True)))).delete()
+            kind = CONFIG
+        else:
+            _step(rng, tenants)
+            kind = rng.choice([KEYS, KEYS, CONFIG])
+        snap = refresh(snap, kind, Stamps(str(step + 1), "0", "0"))
+        assert snap.keys_by_hash == read_snapshot().keys_by_hash
 
 
 def test_a_deactivated_tenant_loses_its_keys_and_gets_them_back():
