@@ -1,9 +1,11 @@
 """When the proxy refreshes its snapshot and how much it reads (docs/request-path.md, "The key table").
 
-Three kinds of refresh (``endpoints.config_version``): ``keys`` carries everything over but the keys changed since
-the last read; ``config`` reads everything but the key table again, applies the changed keys and checks the table's
-size and id sum against the database's (a deleted key leaves no row to read); ``all`` reads everything.
-``refresh_plan`` is pure (clock injected); ``refresh`` runs in the proxy's worker thread."""
+Kinds of refresh: ``keys`` carries everything over but the keys changed since the last read; ``config`` reads
+everything but the key table again and applies the changed keys; ``check`` is a ``config`` refresh that also
+compares the table's size and id sum with the database's (a key deleted with no announcement leaves no row to
+read), run when nothing announced a change (the periodic safety net, Redis unreachable); ``all`` reads everything.
+The first three answer the kinds of change ``endpoints.config_version`` announces. ``refresh_plan`` is pure (clock
+injected); ``refresh`` runs in the proxy's worker thread."""
 
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ from gateway.proxy.snapshot import Snapshot
 from gateway.proxy.snapshot_keys import key_checksum, read_key_changes, read_keys
 from gateway.proxy.snapshot_loader import read_snapshot
 
-LOADS = Counter("infercap_proxy_snapshot_loads", "Snapshot refreshes by what they read (keys, config, all)", ["kind"])
+CHECK = "check"
+LOADS = Counter(
+    "infercap_proxy_snapshot_loads", "Snapshot refreshes by what they read (keys, config, check, all)", ["kind"]
+)
 
 
 @dataclass(frozen=True)
@@ -33,8 +38,8 @@ class Stamps:
 
 @dataclass(frozen=True)
 class RefreshTimes:
-    fallback_s: float  # Redis unreachable (or none): a ``config`` refresh this often, as changes go unannounced
-    config_s: float = 60.0  # with Redis: a ``config`` refresh at least this often (a bump lost with its writer)
+    fallback_s: float  # Redis unreachable (or none): a ``check`` refresh this often, as changes go unannounced
+    config_s: float = 60.0  # with Redis: a ``check`` refresh at least this often (a bump lost with its writer)
     all_s: float = 600.0  # everything read at least this often, whatever the stamps and checksums say
 
 
@@ -58,15 +63,18 @@ def refresh_times(fallback_s: float) -> RefreshTimes:
 
 
 def refresh_plan(snap: Snapshot | None, stamps: Stamps | None, *, now: float, times: RefreshTimes) -> str | None:
-    """What to read now: ``ALL``, ``CONFIG``, ``KEYS`` or nothing (None). ``stamps`` None: Redis unreachable."""
+    """What to read now: ``ALL``, ``CHECK``, ``CONFIG``, ``KEYS`` or nothing (None). ``stamps`` None: Redis
+    unreachable."""
     if snap is None or snap.keys_cursor is None or now - snap.keys_cursor.read_at > times.all_s:
         return ALL
     if stamps is None:
-        return CONFIG if now - snap.config_loaded_at > times.fallback_s else None
+        return CHECK if now - snap.config_loaded_at > times.fallback_s else None
     if stamps.all != snap.all_stamp:
         return ALL
-    if stamps.config != snap.config_stamp or now - snap.config_loaded_at > times.config_s:
+    if stamps.config != snap.config_stamp:
         return CONFIG
+    if now - snap.config_loaded_at > times.config_s:
+        return CHECK
     return KEYS if stamps.version != snap.version else None
 
 
@@ -81,10 +89,12 @@ def refresh(snap: Snapshot | None, kind: str, stamps: Stamps | None) -> Snapshot
     marks = {"config_stamp": stamps.config, "all_stamp": stamps.all}
     if kind == ALL:
         fresh = read_snapshot(stamps.version, **marks)
-    elif kind == CONFIG:
-        table = _checked(*read_key_changes(snap.keys_by_hash, snap.keys_cursor))
-        if table is None:
-            kind, table = ALL, read_keys()
+    elif kind in (CONFIG, CHECK):
+        table = read_key_changes(snap.keys_by_hash, snap.keys_cursor)
+        if kind == CHECK:
+            table = _checked(*table)
+            if table is None:
+                kind, table = ALL, read_keys()
         fresh = read_snapshot(stamps.version, keys=table, **marks)
     else:
         keys, cursor = read_key_changes(snap.keys_by_hash, snap.keys_cursor)
@@ -94,8 +104,8 @@ def refresh(snap: Snapshot | None, kind: str, stamps: Stamps | None) -> Snapshot
 
 
 def _checked(keys: dict, cursor) -> tuple[dict, object] | None:
-    """The table if its size and id sum match the database's, else None (a key deleted, or a change the look-back
-    missed: read it whole). A key written between the two reads also mismatches, so the changes are read once
+    """The table if its size and id sum match the database's (one aggregate query over the usable keys: 0.1 CPU-s of
+    PostgreSQL at 100,000), else None (a key deleted, or a change the look-back missed: read it whole). A key written between the two reads also mismatches, so the changes are read once
     more before giving up."""
     for attempt in range(2):
         if key_checksum() == (cursor.count, cursor.id_sum):

@@ -13,7 +13,7 @@ from endpoints.config_version import ALL, ALL_KEY, CONFIG, CONFIG_KEY, KEYS, VER
 from gateway.proxy.snapshot import KeyInfo, KeyTable
 from gateway.proxy.snapshot_keys import key_checksum, read_key_changes, read_keys
 from gateway.proxy.snapshot_loader import read_snapshot
-from gateway.proxy.snapshot_refresh import LOADS, RefreshTimes, Stamps, refresh, refresh_plan
+from gateway.proxy.snapshot_refresh import CHECK, LOADS, RefreshTimes, Stamps, refresh, refresh_plan
 from tenants.keys import hash_key
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_create, api_key_revoke, api_key_update, tenant_update
@@ -82,7 +82,7 @@ def test_the_table_with_changes_applied_equals_a_fresh_read(seed):
 @pytest.mark.parametrize("seed", [4, 5])
 def test_refreshed_snapshots_equal_a_fresh_full_read(seed):
     """Through ``refresh`` as the proxy calls it, ``keys`` and ``config`` refreshes at random, keys deleted now
-    and then without the ``all`` their signal would announce: the checksum must catch those."""
+    and then without the ``all`` their signal would announce: the next ``check`` refresh must catch those."""
     rng = random.Random(seed)
     tenants = [TenantFactory() for _ in range(3)]
     for tenant in tenants:
@@ -91,7 +91,7 @@ def test_refreshed_snapshots_equal_a_fresh_full_read(seed):
     for step in range(40):
         if rng.random() < 0.1 and ApiKey.objects.exists():
             ApiKey.objects.filter(pk=rng.choice(list(ApiKey.objects.values_list("pk", flat=True)))).delete()
-            kind = CONFIG
+            kind = CHECK
         else:
             _step(rng, tenants)
             kind = rng.choice([KEYS, KEYS, CONFIG])
@@ -157,8 +157,9 @@ def test_a_deletion_nobody_announced_is_caught_by_the_checksum(tenant_a):
     with connection.cursor() as cursor:  # no signal, no stamp: only the table's size and id sum say it
         cursor.execute("DELETE FROM tenants_apikey WHERE id = %s", [other.pk])
     assert hash_key(raw) in refresh(snap, KEYS, Stamps("2", "0", "0")).keys_by_hash  # a keys refresh cannot see it
+    assert hash_key(raw) in refresh(snap, CONFIG, Stamps("2", "1", "0")).keys_by_hash  # nor a config one
     full = _loads(ALL)
-    fresh = refresh(snap, CONFIG, Stamps("2", "1", "0"))
+    fresh = refresh(snap, CHECK, Stamps("2", "1", "0"))
     assert hash_key(raw) not in fresh.keys_by_hash and hash_key(tenant_a.raw_key) in fresh.keys_by_hash
     assert _loads(ALL) == full + 1, "the mismatch falls back to reading every key"
 
@@ -189,13 +190,13 @@ def test_the_plan_reads_as_little_as_is_right(tenant_a):
     assert plan(Stamps("8", "3", "1")) == KEYS
     assert plan(Stamps("8", "4", "1")) == CONFIG
     assert plan(Stamps("8", "4", "2")) == ALL
-    assert plan(Stamps("7", "3", "1"), now + 61) == CONFIG  # the safety net for a lost bump
+    assert plan(Stamps("7", "3", "1"), now + 61) == CHECK  # the safety net for a lost bump
     assert plan(Stamps("7", "3", "1"), now + 601) == ALL
-    # Redis unreachable: the rest and the changed keys from PostgreSQL every fallback_s.
+    # Redis unreachable: the rest and the changed keys from PostgreSQL every fallback_s, the table checked.
     assert plan(None, now + 1) is None
-    assert plan(None, now + 6) == CONFIG
+    assert plan(None, now + 6) == CHECK
     # A refresh while Redis is away keeps the stamps it had, so what was announced meanwhile is acted on later.
-    kept = refresh(snap, CONFIG, None)
+    kept = refresh(snap, CHECK, None)
     assert (kept.version, kept.config_stamp, kept.all_stamp) == ("7", "3", "1")
 
 

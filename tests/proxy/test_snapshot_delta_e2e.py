@@ -80,6 +80,6 @@ def test_a_change_while_redis_is_unreachable_is_picked_up_by_the_poll(procs, cle
         api_key_revoke(api_key=key)
         _refused_within(base, raw, model, 3.0)
         loads = _loads(base)
-        assert loads.get("all") == 1.0 and loads.get("config", 0) >= 1
+        assert loads.get("all") == 1.0 and loads.get("check", 0) >= 1
     finally:
         relay.close()
