@@ -1,10 +1,12 @@
 """The vertical tick in batches (docs/algorithms.md#the-vertical-tick-at-fleet-scale): decisions identical to one
 endpoint's tick, one endpoint's failure kept from the others, a fixed number of queries per batch whatever its size,
 a replica that does not answer skipped, the streaks kept in Redis (or read back from the last decision), the
-in-memory store of the embedded default, and the parser reading the same from a restricted exposition."""
+in-memory store of the embedded default, the parser reading the same from a restricted exposition, and a scrape
+reading a whole 200 response or nothing."""
 
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -12,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
-from capacity.autoscaling import replica_metrics, store, vertical_ticks
+from capacity.autoscaling import replica_metrics, replica_scrapes, store, vertical_ticks
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
 from tests.autoscaling.test_ticks import MetricsServer
@@ -174,3 +176,51 @@ def test_a_restricted_exposition_reads_as_the_whole_one():
     assert whole.buckets(replica_metrics.TTFT) == {0.1: 1.0, 1.0: 2.0, float("inf"): 3.0}
     # The first line of a body counts too
     assert replica_metrics.parse('vllm:num_requests_running{engine="0"} 2\n').running == 2
+
+
+class CannedServer:
+    """Answers every connection with the same raw bytes, then closes it (an HTTP/1.0 exchange)."""
+
+    def __init__(self, raw: bytes):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.requests: list[bytes] = []
+        threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: bytes) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.requests.append(conn.recv(65536))
+                conn.sendall(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", "hello"),
+        (b"HTTP/1.0 200 OK\r\n\r\nto the end", "to the end"),  # no length: the body runs to the close
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\ncut short", None),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", None),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\n\x1f\x8b", None),
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found", None),
+        (b"garbage", None),
+    ],
+)
+def test_a_scrape_reads_a_whole_200_or_nothing(raw, text):
+    server = CannedServer(raw)
+    try:
+        assert replica_scrapes.fetch_many([server.url]) == [text]
+        request = server.requests[0].decode()
+        # HTTP/1.0, unencoded, and only the policy's series asked for
+        assert (
+            request.startswith("GET /metrics?name%5B%5D=vllm%3Anum_requests_running&") and " HTTP/1.0\r\n" in request
+        )
+        assert "Accept-Encoding: identity" in request
+    finally:
+        server.sock.close()
