@@ -222,12 +222,14 @@ class KeyCursor:
     """Where a snapshot's key table stands (docs/request-path.md, "The key table"): the database's time when it was
     last read (the next read takes the keys and tenants changed since, less a look-back; None: every row), the
     table's size and the sum of its key ids (the checksum compared with the database's, which a deleted key moves),
-    and when the whole table was last read (unix seconds)."""
+    when the whole table was last read (unix seconds), and the tenants changed within the look-back whose keys
+    were read with their change (id, ``changed_at``), so they are not read again."""
 
     since: datetime | None
     count: int
     id_sum: int
     read_at: float
+    tenant_stamps: frozenset = frozenset()
 
 
 @dataclass(frozen=True)

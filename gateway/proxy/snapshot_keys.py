@@ -4,8 +4,8 @@
 ``ApiKey.changed_at`` and ``Tenant.changed_at`` are the watermark (a trigger stamps them with the database's clock
 on every write of a field read here). A read takes the rows stamped after the database's time at the last read,
 less ``LOOKBACK``: a writer stamps before it commits, so a row can become visible after a read that started later
-than its stamp. A deleted key leaves no row, so the table's size and id sum are compared with the database's
-(``key_checksum``) on every rebuild of the rest."""
+than its stamp. A deleted key leaves no row, so the table's size and id sum can be compared with the database's
+(``key_checksum``, which ``snapshot_refresh`` runs when no change was announced)."""
 
 from __future__ import annotations
 
@@ -87,14 +87,17 @@ def read_key_changes(keys: Mapping[str, KeyInfo], cursor: KeyCursor) -> tuple[Ma
     the changed tenants, the changed keys); ``keys`` itself is never modified (a request may hold it): the changes
     go into a new ``KeyTable`` sharing its base, and with none ``keys`` is returned as it is."""
     since = _database_now()
-    rows = ApiKey.objects.all()
+    rows, tenant_stamps = ApiKey.objects.all(), frozenset()
     if cursor.since is not None:
         after = cursor.since - LOOKBACK
-        tenants = list(Tenant.objects.filter(changed_at__gt=after).values_list("pk", flat=True))
+        tenant_stamps = frozenset(Tenant.objects.filter(changed_at__gt=after).values_list("pk", "changed_at"))
+        # A tenant change already applied is not read again for as long as the look-back shows it: a tenant's
+        # keys are all read with it, and a big tenant's would otherwise be read again at every change for 15 s.
+        tenants = [pk for pk, _ in tenant_stamps - cursor.tenant_stamps]
         changed = Q(changed_at__gt=after)
         rows = rows.filter(changed | Q(tenant_id__in=tenants) if tenants else changed)
     rows = list(rows.values_list(*_DELTA_COLUMNS))
-    moved = {"since": since or cursor.since}
+    moved = {"since": since or cursor.since, "tenant_stamps": tenant_stamps}
     if not rows:
         return keys, _moved(cursor, **moved)
     changes, count, id_sum = {}, cursor.count, cursor.id_sum

@@ -113,6 +113,22 @@ def test_a_deactivated_tenant_loses_its_keys_and_gets_them_back():
     assert hash_key(raw) in keys
 
 
+def test_a_tenant_change_reads_its_keys_once():
+    tenant = TenantFactory()
+    raws = [api_key_create(tenant=tenant, name=f"k{i}")[1] for i in range(5)]
+    _age_stamps()
+    keys, cursor = read_keys()
+    Tenant.objects.filter(pk=tenant.pk).update(budget_usd=50.0, budget_hard_stop=True)
+    keys, cursor = read_key_changes(keys, cursor)
+    assert all(keys[hash_key(raw)].tenant_budget_usd == 50.0 for raw in raws)
+    api_key_create(tenant=TenantFactory(), name="unrelated")  # a change within the look-back of the tenant's
+    later, _ = read_key_changes(keys, cursor)
+    assert all(later[hash_key(raw)] is keys[hash_key(raw)] for raw in raws), "the tenant's keys were not read again"
+    Tenant.objects.filter(pk=tenant.pk).update(accepts_fallback=True)  # a new change of the tenant is, of course
+    later, _ = read_key_changes(keys, cursor)
+    assert all(later[hash_key(raw)].accepts_fallback for raw in raws)
+
+
 def test_last_used_bookkeeping_does_not_move_the_watermark():
     key, _ = api_key_create(tenant=TenantFactory(), name="busy")
     stamped = ApiKey.objects.get(pk=key.pk).changed_at
