@@ -57,7 +57,8 @@ def key_change(keys: int, *, progress) -> dict:
     change_cpu = statistics.mean(cpus)
     progress(
         f"  key change: {keys:,} keys: {change_cpu * 1e3:.1f} CPU-ms a change (mean of {CHANGES}), "
-        f"whole read {full_cpu:.2f} CPU-s, rest rebuilt {config_cpu:.3f} CPU-s ({check_cpu:.3f} with the table checked)"
+        f"whole read {full_cpu:.2f} CPU-s, rest rebuilt {config_cpu:.3f} CPU-s "
+        f"({check_cpu:.3f} with the table checked)"
     )
     return {
         "seconds": statistics.median(walls),

@@ -43,7 +43,8 @@ def read_snapshot(
     all_stamp: str = "",
 ) -> Snapshot:
     """Everything read from the database; ``keys``: a key table (and its cursor) to use instead of reading every
-    key again (``snapshot_refresh``). The stamps are the Redis ones this read answers (``endpoints.config_version``)."""
+    key again (``snapshot_refresh``). The stamps are the Redis ones this read answers
+    (``endpoints.config_version``)."""
     keys_by_hash, cursor = keys if keys is not None else read_keys()
     by_name = _endpoints(list(Endpoint.objects.select_related("model_profile")))
     reservations, adapter_reservations = _reservations()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from django.conf import settings
 from prometheus_client import Counter
 
 from endpoints.config_version import ALL, CONFIG, KEYS
-from gateway.proxy.snapshot import Snapshot
+from gateway.proxy.snapshot import KeyCursor, Snapshot
 from gateway.proxy.snapshot_keys import key_checksum, read_key_changes, read_keys
 from gateway.proxy.snapshot_loader import read_snapshot
 
@@ -103,10 +104,11 @@ def refresh(snap: Snapshot | None, kind: str, stamps: Stamps | None) -> Snapshot
     return fresh
 
 
-def _checked(keys: dict, cursor) -> tuple[dict, object] | None:
-    """The table if its size and id sum match the database's (one aggregate query over the usable keys: 0.1 CPU-s of
-    PostgreSQL at 100,000), else None (a key deleted, or a change the look-back missed: read it whole). A key written between the two reads also mismatches, so the changes are read once
-    more before giving up."""
+def _checked(keys: Mapping, cursor: KeyCursor) -> tuple[Mapping, KeyCursor] | None:
+    """The table if its size and id sum match the database's (one aggregate query over the usable keys: about
+    0.1 CPU-s of PostgreSQL at 100,000), else None (a key deleted, or a change the look-back missed: read it
+    whole). A key written between the two reads also mismatches, so the changes are read once more before giving
+    up."""
     for attempt in range(2):
         if key_checksum() == (cursor.count, cursor.id_sum):
             return keys, cursor
