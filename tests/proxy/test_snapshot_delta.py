@@ -2,7 +2,9 @@
 table"): the result equals a fresh read whatever the writes, the rest of the snapshot is reused, a change nobody
 announced (a deletion) is caught by the checksum, and the refresh plan picks the cheapest read that is right."""
 
+import importlib
 import random
+import sqlite3
 from datetime import timedelta
 
 import pytest
@@ -237,3 +239,22 @@ def test_the_key_table_behaves_as_the_dict_it_stands_for(monkeypatch):
         assert ("h79" in table) == ("h79" in reference)
         tables.append(len(table._overlay))
     assert max(tables) <= 8 + 3 and min(tables) == 0, "the overlay is folded into the base as it grows"
+
+
+def test_the_embedded_sqlite_trigger_stamps_what_the_snapshot_reads():
+    """The embedded default's SQLite gets its own trigger (migration 0007): checked here on a real SQLite table."""
+    migration = importlib.import_module("tenants.migrations.0007_key_change_watermark")
+    db = sqlite3.connect(":memory:")
+    columns = ", ".join(f"{c} TEXT" for c in migration.KEY_COLUMNS)
+    db.execute(
+        f"CREATE TABLE tenants_apikey (id INTEGER PRIMARY KEY, name TEXT, last_used_at TEXT, {columns}, changed_at TEXT)"
+    )
+    for statement in migration._sqlite("tenants_apikey", migration.KEY_COLUMNS):
+        db.execute(statement)
+    db.execute("INSERT INTO tenants_apikey (id, name, revoked_at, changed_at) VALUES (1, 'a', NULL, '2000-01-01')")
+    stamp = lambda: db.execute("SELECT changed_at FROM tenants_apikey").fetchone()[0]  # noqa: E731
+    db.execute("UPDATE tenants_apikey SET name = 'b', last_used_at = '2026-01-01'")
+    db.execute("UPDATE tenants_apikey SET revoked_at = NULL")  # written, not changed
+    assert stamp() == "2000-01-01"
+    db.execute("UPDATE tenants_apikey SET revoked_at = '2026-01-01'")
+    assert stamp() > "2026"
