@@ -22,6 +22,12 @@ _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 # long streams cost the proxy at most a GiB; a longer answer that breaks ends with an error event.
 RELAYED_BYTES_KEPT = 1 << 20
 _ERROR_MARKERS = (b'data: {"error"', b'data: {"object":"error"')
+# Token chunks (and the role and usage chunks: all of vLLM's JSON events open with their id), the stream's end.
+_TOKEN_EVENT = b'data: {"id"'
+# Role chunks come first (one per choice) and carry no token: a read of one event is searched for one only
+# until a token came.
+_ROLE_MARKER = b'"role":"assistant"'
+_DONE_EVENT = b"data: [DONE]"
 
 
 ROUTE_MISSING = b'{"detail":"Not Found"}'  # FastAPI's 404 for a route the engine does not serve
@@ -199,8 +205,8 @@ async def _relay_events(
 ) -> tuple[bytes, bool, bool]:
     """Forward whole SSE events as they arrive; the response head goes out with the first ones, so until then a
     failure is retryable (UpstreamFailed). Returns what is left: (incomplete event, [DONE] seen, response ended).
-    One loop with locals, no call per chunk (but the model name's rewrite, for a replica that needs one): this
-    runs for every token of every stream."""
+    Runs for every token: a read of one event (the usual case) is told by its start, with no call and one scan of
+    its bytes; a read of several goes through ``_read_events``."""
     buf = b""
     done = closed = False
     relayed = outcome.relayed
@@ -211,9 +217,7 @@ async def _relay_events(
                 break
             outcome.last_read_at = now = time.perf_counter()
             if outcome.first_token_at is None:
-                outcome.first_token_at = now
-                if outcome.on_first_token is not None:
-                    outcome.on_first_token()
+                _first_bytes(outcome, now)
             buf = buf + data if buf else data
             cut = buf.rfind(b"\n\n")
             if cut < 0:
@@ -225,14 +229,16 @@ async def _relay_events(
                 out = _split_usage(out, forward_usage, outcome)
             if rename is not None:
                 out = rename.to_client(out)
-            # Token chunks, for metering a stream that breaks before its usage chunk (role chunks carry none).
-            outcome.content_events += out.count(b'data: {"id"') - out.count(b'"role":"assistant"')
-            if b"data: [DONE]" in out:
-                done = True
-                outcome.finished_at = time.perf_counter()
-            if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
-                outcome.status = "upstream_error"
-                outcome.error = "replica reported an error mid-stream"
+            if out.find(b"\n\n") == len(out) - 2:  # one event: its start says what it is
+                if out.startswith(_TOKEN_EVENT):
+                    if outcome.content_events or _ROLE_MARKER not in out:
+                        outcome.content_events += 1
+                elif out.startswith(_DONE_EVENT):
+                    done, outcome.finished_at = True, time.perf_counter()
+                elif out.startswith(_ERROR_MARKERS):
+                    _errored(outcome)
+            elif out:
+                done = _read_events(out, outcome) or done
             if closed:
                 continue  # after [DONE]: only drain the upstream to EOF so its connection is reused
             if relayed is not None:
@@ -254,6 +260,29 @@ async def _relay_events(
         if not outcome.started_client:
             raise UpstreamFailed(f"replica connection failed: {type(exc).__name__}") from exc
     return buf, done, closed
+
+
+def _first_bytes(outcome: Outcome, now: float) -> None:
+    outcome.first_token_at = now
+    if outcome.on_first_token is not None:
+        outcome.on_first_token()
+
+
+def _read_events(out: bytes, outcome: Outcome) -> bool:
+    """What a read of several whole events carries: its token chunks (role chunks carry none), an error event;
+    whether [DONE] is among them."""
+    outcome.content_events += out.count(_TOKEN_EVENT) - out.count(_ROLE_MARKER)
+    if _ERROR_MARKERS[0] in out or _ERROR_MARKERS[1] in out:
+        _errored(outcome)
+    if _DONE_EVENT in out:
+        outcome.finished_at = time.perf_counter()
+        return True
+    return False
+
+
+def _errored(outcome: Outcome) -> None:
+    outcome.status = "upstream_error"
+    outcome.error = "replica reported an error mid-stream"
 
 
 async def end_stream(send, response_headers: list, outcome: Outcome, *, buf: bytes, done: bool) -> None:

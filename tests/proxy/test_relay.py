@@ -193,3 +193,23 @@ async def test_a_stream_keeps_what_it_relayed_up_to_a_bound(monkeypatch):
     # Past the bound nothing is kept: a break then cannot be resumed (stages.resumed), the stream ends as before.
     _, outcome = await stream(Response(chunks=[TOKEN, TOKEN, TOKEN, DONE]))
     assert outcome.relayed is None
+
+
+ROLE_1 = event({"id": "c1", "choices": [{"index": 1, "delta": {"role": "assistant"}}]})
+ERROR = b'data: {"error":{"message":"engine died","type":"server_error"}}\n\n'
+
+
+@pytest.mark.parametrize("reads", ["one-event-per-read", "all-in-one-read"])
+async def test_events_are_accounted_alike_whether_read_one_by_one_or_together(reads):
+    # Two choices: a role chunk each (no token), then three tokens; the accounting meters a stream that breaks.
+    events = [ROLE, ROLE_1, TOKEN, TOKEN, TOKEN, USAGE, DONE]
+    chunks = events if reads == "one-event-per-read" else [b"".join(events)]
+    sent, outcome = await stream(Response(chunks=chunks))
+    assert outcome.content_events == 3 and outcome.usage["completion_tokens"] == 2
+    assert outcome.done and outcome.status == "ok" and outcome.finished_at is not None
+    assert b"".join(body for body, _ in bodies(sent)) == b"".join([ROLE, ROLE_1, TOKEN, TOKEN, TOKEN, DONE])
+    # An engine's error event mid-stream marks the request failed, however it was read.
+    error_chunks = [TOKEN, ERROR, DONE] if reads == "one-event-per-read" else [TOKEN + ERROR + DONE]
+    _, outcome = await stream(Response(chunks=error_chunks))
+    assert outcome.status == "upstream_error" and outcome.error == "replica reported an error mid-stream"
+    assert outcome.content_events == 1 and outcome.done
