@@ -84,31 +84,39 @@ def fetch_many(urls: list[str], *, timeout_s: float = TIMEOUT_S) -> list[str | N
     if not urls:
         return []
     state = _current()
-    future = asyncio.run_coroutine_threadsafe(_fetch_all(state, urls, timeout_s), state.loop)
+    texts: list[str | None] = [None] * len(urls)  # filled as each scrape ends: a batch past its deadline keeps them
+    future = asyncio.run_coroutine_threadsafe(_fetch_all(state, urls, timeout_s, texts), state.loop)
     try:
-        return future.result(timeout=BATCH_DEADLINE_S)
+        future.result(timeout=BATCH_DEADLINE_S)
     except concurrent.futures.TimeoutError:
         future.cancel()
-        log.warning("autoscaler: %d replica scrapes still open after %.0f s: skipped", len(urls), BATCH_DEADLINE_S)
-        return [None] * len(urls)
+        answered = sum(text is not None for text in texts)
+        log.warning(
+            "autoscaler: %d of %d replica scrapes still open after %.0f s: skipped",
+            len(urls) - answered,
+            len(urls),
+            BATCH_DEADLINE_S,
+        )
+    return list(texts)
 
 
-async def _fetch_all(state: _Loop, urls: list[str], timeout_s: float) -> list[str | None]:
+async def _fetch_all(state: _Loop, urls: list[str], timeout_s: float, texts: list[str | None]) -> None:
     gate = asyncio.Semaphore(CONCURRENCY)
 
-    async def one(url: str) -> str | None:
+    async def one(i: int, url: str) -> None:
         if not url:
-            return None  # a replica without an address yet
+            return  # a replica without an address yet
         async with gate:
             try:
                 split = urlsplit(url.rstrip("/"))
                 if split.scheme == "http" and split.hostname:
-                    return await _get_plain(split, timeout_s)
-                return await _get_client(state, url, timeout_s)
+                    texts[i] = await _get_plain(split, timeout_s)
+                else:
+                    texts[i] = await _get_client(state, url, timeout_s)
             except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
-                return None  # down, slow, refused, or not a URL: skipped this cycle
+                pass  # down, slow, refused, or not a URL: skipped this cycle
 
-    return await asyncio.gather(*(one(url) for url in urls))
+    await asyncio.gather(*(one(i, url) for i, url in enumerate(urls)))
 
 
 class _Response(asyncio.Protocol):
@@ -140,8 +148,8 @@ class _Response(asyncio.Protocol):
 
 async def _get_plain(split, timeout_s: float) -> str | None:
     """``GET /metrics`` as HTTP/1.0 over a bare asyncio connection: 165 µs of CPU a scrape against aiohttp's 345 µs
-    on a fresh connection, on asyncio's own loop (docs/algorithms.md#the-vertical-tick-at-fleet-scale). HTTP/1.0 keeps the exchange simple:
-    the server sends the body whole (never chunked) and closes the connection after it."""
+    on a fresh connection, on asyncio's own loop (docs/algorithms.md#the-vertical-tick-at-fleet-scale). HTTP/1.0
+    keeps the exchange simple: the server sends the body whole (never chunked) and closes the connection after it."""
     loop = asyncio.get_running_loop()
     done, transport = loop.create_future(), None
     request = f"GET {split.path}/metrics{_QUERY} HTTP/1.0\r\nHost: {split.netloc}\r\nAccept-Encoding: identity\r\n\r\n"
@@ -176,9 +184,16 @@ def _body(raw: bytes) -> str | None:
 
 
 async def _get_client(state: _Loop, url: str, timeout_s: float) -> str | None:
-    """Any other URL (https, a proxy's prefix) through aiohttp."""
+    """Any other URL (https, a proxy's prefix) through aiohttp: no redirect followed (a replica's answer never sends
+    the worker to another address) and no more than ``MAX_BYTES`` read."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with state.http().get(f"{url.rstrip('/')}/metrics{_QUERY}", timeout=timeout) as response:
+    url = f"{url.rstrip('/')}/metrics{_QUERY}"
+    async with state.http().get(url, timeout=timeout, allow_redirects=False) as response:
         if response.status != 200:
             return None
-        return (await response.read()).decode("utf-8", "replace")
+        body = bytearray()
+        async for chunk in response.content.iter_any():
+            body += chunk
+            if len(body) > MAX_BYTES:
+                return None
+        return body.decode("utf-8", "replace")

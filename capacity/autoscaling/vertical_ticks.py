@@ -75,7 +75,12 @@ def _vertical_ticks(ids: list[int], *, tick: str) -> dict[int, AutoscalerDecisio
                 # One endpoint's bad row or signal must not cost the batch's others their tick.
                 log.exception("autoscaler: vertical tick %s for endpoint %s failed", tick, endpoint.pk)
         rows = _store_plans(plans, tick=tick)
-        _save_streaks({p.endpoint.pk: p.decision.state for p in plans if rows.get(p.endpoint.pk) is not None})
+        try:
+            _save_streaks({p.endpoint.pk: p.decision.state for p in plans if rows.get(p.endpoint.pk) is not None})
+        except store.RedisError as exc:
+            # The decisions are stored: apply them. The streaks Redis still holds are one tick old, which at worst
+            # delays the next move by a tick.
+            log.warning("autoscaler: vertical tick %s: streaks not saved: Redis: %s", tick, exc)
         applied = []
         for plan in plans:
             row = rows.get(plan.endpoint.pk)

@@ -125,7 +125,9 @@ def _start(request) -> dict:
     raw = request.GET.get("endpoint")
     if not raw:
         return {}
-    endpoint = endpoints_visible_to(request.user).filter(pk=int(raw)).first() if raw.isdigit() else None
+    endpoint = (
+        endpoints_visible_to(request.user).filter(pk=int(raw)).first() if raw.isascii() and raw.isdigit() else None
+    )
     if endpoint is None:
         raise Http404("No such endpoint")
     return endpoint_initial(endpoint, now=timezone.now())
@@ -168,8 +170,16 @@ def planner_pd_view(request):
         form.add_error(None, "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
         return render(request, "console/planner_pd.html", context, status=400)
     context.update(result=result, percentile=data["percentile"], endpoint=endpoint)
-    if endpoint is not None:
+    if endpoint is not None and _as_served(data, endpoint):  # a plan for other profiles is not the endpoint's
         remember_recommendation(
             endpoint_id=endpoint.pk, plan=result, engine_profile=data["engine_profile"], at=timezone.now()
         )
     return render(request, "console/planner_pd.html", context)
+
+
+def _as_served(data, endpoint) -> bool:
+    """Whether the form planned with the endpoint's own model and hardware profiles."""
+    model, hardware = data.get("model_profile"), data.get("hardware_profile")
+    return getattr(model, "pk", None) == endpoint.model_profile_id and getattr(hardware, "pk", None) == (
+        endpoint.hardware_profile_id
+    )

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from celery.exceptions import SoftTimeLimitExceeded
 from django.urls import reverse
 
 from capacity.autoscaling import store
@@ -191,6 +192,15 @@ def test_an_api_server_down_is_unknown(db, room_store, on_kubernetes, settings):
     assert free_gpus() is None
 
 
+def test_a_read_past_the_tasks_soft_limit_publishes_unknown(db, room_store, on_kubernetes, monkeypatch):
+    def slow():
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr("workers.tasks.room.refresh_room", slow)
+    assert room_refresh.delay().get()["unknown"].startswith("the nodes and pods were not read")
+    assert free_gpus() is None  # null, not this host's GPUs
+
+
 def test_without_kubernetes_endpoints_the_task_reads_nothing_and_the_host_counts(db, room_store, tenant_a, host_gpus):
     host_gpus("8")
     assert refresh_room() is None and room_refresh.delay().get() is None and store.client().get(ROOM_KEY) is None
@@ -201,8 +211,14 @@ def test_without_kubernetes_endpoints_the_task_reads_nothing_and_the_host_counts
 def test_the_autoscalers_cluster_role_lists_nodes_and_pods():
     rbac = Path(__file__).resolve().parents[2] / "platform/kubernetes/base/rbac.yaml"
     docs = {doc["kind"]: doc for doc in yaml.safe_load_all(rbac.read_text())}
-    grants = {(r, v) for rule in docs["ClusterRole"]["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    assert {("nodes", "list"), ("pods", "list")} <= grants
+    grants = {
+        (group, r, v)
+        for rule in docs["ClusterRole"]["rules"]
+        for group in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert grants == {("", "nodes", "list"), ("", "pods", "list")}  # nothing more, cluster-wide
     binding = docs["ClusterRoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": docs["ClusterRole"]["metadata"]["name"]}  # fmt: skip

@@ -4,10 +4,12 @@ a replica that does not answer skipped, the streaks kept in Redis (or read back 
 in-memory store of the embedded default, the parser reading the same from a restricted exposition, and a scrape
 reading a whole 200 response or nothing."""
 
+import asyncio
 import json
 import socket
 import threading
 import time
+from unittest import mock
 
 import pytest
 from django.db import connection
@@ -138,6 +140,23 @@ def test_the_streaks_live_in_redis_and_fall_back_to_the_last_decision(clean_stor
     assert third.desired == 45 and third.reason.startswith("decrease")  # the third overloaded cycle, still counted
 
 
+def test_streaks_that_cannot_be_saved_leave_the_decision_applied(clean_store, server, monkeypatch):
+    endpoint = fleet(1, server.url, tpot_slo_ms=10)[0]  # overloaded every cycle: the third cuts the limit
+    for cycle in range(3):
+        server.tpot = [0, 100 * (cycle + 1), 0, 0, 0]
+        if cycle == 2:
+
+            def redis_gone(states):
+                raise store.RedisError("connection refused")
+
+            monkeypatch.setattr(vertical_ticks, "_save_streaks", redis_gone)
+        row = vertical_ticks.vertical_tick(endpoint_id=endpoint.pk, tick=f"v-r{cycle}")
+    assert row.desired == 45 and row.reason.startswith("decrease")
+    row.refresh_from_db()
+    endpoint.refresh_from_db()
+    assert row.applied and endpoint.concurrency_limit == 45
+
+
 def test_the_embedded_default_ticks_on_the_in_memory_store(clean_store, server, settings):
     settings.REDIS_URL = ""
     store.reset_client()
@@ -155,7 +174,14 @@ def test_the_embedded_default_ticks_on_the_in_memory_store(clean_store, server, 
 def test_the_beat_fans_the_vertical_tick_out_in_batches(clean_store, server, settings):
     settings.INFERCAP = {**settings.INFERCAP, "AUTOSCALE_VERTICAL_BATCH": 2}
     endpoints = fleet(5, server.url)
-    assert tasks.vertical_all() >= 5  # eager in the tests: three batch tasks ran
+    sent = []
+    real = tasks.vertical_batch.apply_async
+    with mock.patch.object(
+        tasks.vertical_batch, "apply_async", lambda args, **kw: sent.append(args[0]) or real(args, **kw)
+    ):
+        assert tasks.vertical_all() >= 5  # eager in the tests: the batch tasks ran
+    mine = [[i for i in batch if i in {e.pk for e in endpoints}] for batch in sent]
+    assert sorted(len(batch) for batch in sent) == [1, 2, 2] and sorted(sum(mine, [])) == [e.pk for e in endpoints]
     assert AutoscalerDecision.objects.filter(endpoint__in=endpoints, axis="vertical").count() == 5
 
 
@@ -224,3 +250,53 @@ def test_a_scrape_reads_a_whole_200_or_nothing(raw, text):
         assert "Accept-Encoding: identity" in request
     finally:
         server.sock.close()
+
+
+class SilentServer:
+    """Accepts connections and never answers (a replica that hangs)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+
+def test_a_batch_past_its_deadline_keeps_the_scrapes_that_answered(monkeypatch):
+    answers, hangs = CannedServer(b"HTTP/1.0 200 OK\r\n\r\nup"), SilentServer()
+    monkeypatch.setattr(replica_scrapes, "BATCH_DEADLINE_S", 0.5)
+    try:
+        started = time.monotonic()
+        assert replica_scrapes.fetch_many([answers.url, hangs.url, answers.url], timeout_s=10) == ["up", None, "up"]
+        assert time.monotonic() - started < 5
+    finally:
+        answers.sock.close()
+        hangs.sock.close()
+
+
+def test_a_scrape_larger_than_the_limit_is_no_answer(monkeypatch):
+    monkeypatch.setattr(replica_scrapes, "MAX_BYTES", 1000)
+    big = CannedServer(b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 5000)
+    try:
+        assert replica_scrapes.fetch_many([big.url]) == [None]
+        assert client_get(big.url) is None  # the client path for https replicas reads no more either
+    finally:
+        big.sock.close()
+
+
+def test_the_client_path_follows_no_redirect():
+    moved = CannedServer(b"HTTP/1.0 302 Found\r\nLocation: http://169.254.169.254/\r\nContent-Length: 0\r\n\r\n")
+    fine = CannedServer(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    try:
+        assert client_get(moved.url) is None and len(moved.requests) == 1
+        assert client_get(fine.url) == "ok"
+    finally:
+        moved.sock.close()
+        fine.sock.close()
+
+
+def client_get(url: str) -> str | None:
+    """``_get_client`` (the path for https replicas), run on the scrapes' own loop against a plain server."""
+    state = replica_scrapes._current()
+    future = asyncio.run_coroutine_threadsafe(replica_scrapes._get_client(state, url, 2.0), state.loop)
+    return future.result(timeout=5)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from console.pd_threshold import RECOMMENDATION_KEY
 from endpoints.models import Endpoint
-from tests.factories import ReservationFactory, UsageRecordFactory
+from tests.factories import HardwareProfileFactory, ReservationFactory, UsageRecordFactory
 
 
 def _pct(share: float) -> str:
@@ -98,6 +98,7 @@ def test_a_threshold_given_in_the_form_wins_and_a_bad_one_is_a_field_error(clien
     uniform = client.post(url, {**data, "prompt_ranges": ""}).context["result"]
     assert uniform.bypass_share != pytest.approx(0.7)
     assert client.get(url, {"endpoint": "abc"}).status_code == 404
+    assert client.get(url, {"endpoint": "²"}).status_code == 404  # a digit to str.isdigit, not to int()
     assert client.get(url, {"endpoint": 999_999}).status_code == 404
 
 
@@ -109,6 +110,19 @@ def test_before_any_plan_the_endpoint_page_says_so_and_an_aggregated_one_shows_n
     assert 'id="pd-threshold"' in detail and "not planned yet" in detail and "plan it" in detail
     aggregated = client.get(reverse("console:endpoint", args=[tenant_b.endpoint.pk])).content.decode()
     assert 'id="pd-threshold"' not in aggregated
+
+
+def test_a_plan_on_other_hardware_is_not_kept_as_the_endpoints(client, operator, disaggregated):
+    client.force_login(operator)
+    url = reverse("console:planner-pd")
+    form = client.get(url, {"endpoint": disaggregated.pk}).context["form"]
+    data = {name: field.initial for name, field in form.fields.items() if field.initial is not None}
+    data |= {k: v for k, v in form.initial.items() if v is not None}
+    other = HardwareProfileFactory(name="h200-pd", kv_link_gbps=400)
+    planned = client.post(url, {**data, "engine_profile": "llama-13b-a100", "hardware_profile": other.pk})
+    assert planned.status_code == 200 and planned.context["result"] is not None
+    detail = client.get(reverse("console:endpoint", args=[disaggregated.pk])).content.decode()
+    assert "not planned yet" in detail  # the endpoint does not run on that hardware
 
 
 def test_no_tenant_sees_another_tenants_endpoint_or_its_prompts(client, tenant_a, tenant_b, disaggregated):

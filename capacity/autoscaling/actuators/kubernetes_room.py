@@ -133,6 +133,13 @@ def _read(api: KubernetesApi | None) -> dict:
             client.client.close()
 
 
+def publish_unknown(why: str) -> dict:
+    """Publish that the room is unknown (a read that could not finish): the readers show null, not this host's GPUs."""
+    room = {"unknown": why}
+    _publish(room)
+    return room
+
+
 def refresh_room(*, api: KubernetesApi | None = None) -> dict | None:
     """Read the nodes and live pods and publish the snapshot; on a failed read publish ``{"unknown": why}``. None
     where no endpoint runs on Kubernetes (nothing published: the readers fall back to the local actuator's GPUs).
