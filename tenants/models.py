@@ -48,9 +48,11 @@ class Tenant(models.Model):
     budget_hard_stop = models.BooleanField(default=False)
     budget_alert_fraction = models.FloatField(default=0.8, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
     # When a field its keys carry into the proxy's snapshot last changed (slug, is_active, accepts_fallback, the
-    # budget): set by a database trigger on every write, ``QuerySet.update`` included (migration 0007), so the
-    # proxies re-read this tenant's keys (docs/request-path.md, "The key table").
+    # budget): set by a database trigger on every write, ``QuerySet.update`` included (``tenants.change_triggers``),
+    # so the proxies re-read this tenant's keys (docs/request-path.md, "The key table"). ``changed_xid``: the
+    # writing transaction's id on PostgreSQL, a change counter on SQLite.
     changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
+    changed_xid = models.BigIntegerField(default=0, db_index=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -119,9 +121,11 @@ class ApiKey(models.Model):
     budget_usd = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0)])
     budget_period = models.CharField(max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH)
     # When a field the proxy's snapshot reads last changed (not the name or ``last_used_at``): set by a database
-    # trigger on every write, ``QuerySet.update`` included (migration 0007). The proxies read the keys changed since
-    # their last read instead of all of them (docs/request-path.md, "The key table").
+    # trigger on every write, ``QuerySet.update`` included (``tenants.change_triggers``). The proxies read the keys
+    # changed since their last read instead of all of them (docs/request-path.md, "The key table"). ``changed_xid``:
+    # the writing transaction's id on PostgreSQL, a change counter on SQLite.
     changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
+    changed_xid = models.BigIntegerField(default=0, db_index=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]

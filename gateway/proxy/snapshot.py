@@ -34,6 +34,9 @@ class KeyInfo:
     budget_period: str = "month"
     # The tenant's monthly budget when it stops requests (``Tenant.budget_hard_stop``); None: no hard stop.
     tenant_budget_usd: float | None = None
+    # This key's term of the table's checksum (``snapshot_keys.checksum_term``: its id and the change stamps of its
+    # row and its tenant's), so the proxy keeps the checksum as keys come and go.
+    stamp: int = 0
 
     def usable(self, now: float) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -220,16 +223,18 @@ class KeyTable(Mapping):
 @dataclass(frozen=True)
 class KeyCursor:
     """Where a snapshot's key table stands (docs/request-path.md, "The key table"): the database's time when it was
-    last read (the next read takes the keys and tenants changed since, less a look-back; None: every row), the
-    table's size and the sum of its key ids (the checksum compared with the database's, which a deleted key moves),
-    when the whole table was last read (unix seconds), and the tenants changed within the look-back whose keys
-    were read with their change (id, ``changed_at``), so they are not read again."""
+    last read and, on PostgreSQL, the oldest transaction still running then (``xmin``: the next read takes the keys
+    and tenants written by it or later; on SQLite, those stamped since ``since`` less a look-back; None: every row),
+    the table's size and checksum (the sum of its keys' ``stamp``, compared with the database's: a deleted key or
+    a missed change moves it), when the whole table was last read (unix seconds), and the tenants changed since the
+    watermark whose keys were read with their change (id, ``changed_at``), so they are not read again."""
 
     since: datetime | None
     count: int
-    id_sum: int
+    checksum: int
     read_at: float
     tenant_stamps: frozenset = frozenset()
+    xmin: int | None = None
 
 
 @dataclass(frozen=True)

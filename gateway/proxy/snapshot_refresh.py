@@ -2,10 +2,10 @@
 
 Kinds of refresh: ``keys`` carries everything over but the keys changed since the last read; ``config`` reads
 everything but the key table again and applies the changed keys; ``check`` is a ``config`` refresh that also
-compares the table's size and id sum with the database's (a key deleted with no announcement leaves no row to
-read), run when nothing announced a change (the periodic safety net, Redis unreachable); ``all`` reads everything.
-The first three answer the kinds of change ``endpoints.config_version`` announces. ``refresh_plan`` is pure (clock
-injected); ``refresh`` runs in the proxy's worker thread."""
+compares the table's size and checksum (over each key's id and change stamps) with the database's (a key deleted
+with no announcement leaves no row to read), run when nothing announced a change (the periodic safety net, Redis
+unreachable); ``all`` reads everything. The first three answer the kinds of change ``endpoints.config_version``
+announces. ``refresh_plan`` is pure (clock injected); ``refresh`` runs in the proxy's worker thread."""
 
 from __future__ import annotations
 
@@ -105,12 +105,11 @@ def refresh(snap: Snapshot | None, kind: str, stamps: Stamps | None) -> Snapshot
 
 
 def _checked(keys: Mapping, cursor: KeyCursor) -> tuple[Mapping, KeyCursor] | None:
-    """The table if its size and id sum match the database's (one aggregate query over the usable keys: about
-    0.1 CPU-s of PostgreSQL at 100,000), else None (a key deleted, or a change the look-back missed: read it
-    whole). A key written between the two reads also mismatches, so the changes are read once more before giving
-    up."""
+    """The table if its size and checksum match the database's (one aggregate query over the usable keys), else
+    None (a key deleted, or a change the watermark missed: read it whole). A key written between the two reads
+    also mismatches, so the changes are read once more before giving up."""
     for attempt in range(2):
-        if key_checksum() == (cursor.count, cursor.id_sum):
+        if key_checksum() == (cursor.count, cursor.checksum):
             return keys, cursor
         if attempt == 0:
             keys, cursor = read_key_changes(keys, cursor)
