@@ -52,7 +52,7 @@ class Tenant(models.Model):
     # so the proxies re-read this tenant's keys (docs/request-path.md, "The key table"). ``changed_xid``: the
     # writing transaction's id on PostgreSQL, a change counter on SQLite.
     changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
-    changed_xid = models.BigIntegerField(default=0, db_index=True, editable=False)
+    changed_xid = models.BigIntegerField(default=0, db_default=0, db_index=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -125,7 +125,7 @@ class ApiKey(models.Model):
     # changed since their last read instead of all of them (docs/request-path.md, "The key table"). ``changed_xid``:
     # the writing transaction's id on PostgreSQL, a change counter on SQLite.
     changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
-    changed_xid = models.BigIntegerField(default=0, db_index=True, editable=False)
+    changed_xid = models.BigIntegerField(default=0, db_default=0, db_index=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]

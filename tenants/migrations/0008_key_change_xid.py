@@ -27,12 +27,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="apikey",
             name="changed_xid",
-            field=models.BigIntegerField(db_index=True, default=0, editable=False),
+            field=models.BigIntegerField(db_default=0, db_index=True, default=0, editable=False),
         ),
         migrations.AddField(
             model_name="tenant",
             name="changed_xid",
-            field=models.BigIntegerField(db_index=True, default=0, editable=False),
+            field=models.BigIntegerField(db_default=0, db_index=True, default=0, editable=False),
         ),
         migrations.RunPython(create_triggers, restore_0007_triggers),
     ]
