@@ -174,7 +174,7 @@ def test_a_deletion_nobody_announced_is_caught_by_the_checksum(tenant_a):
     other, raw = api_key_create(tenant=tenant_a.tenant, name="deleted behind our back")
     snap = refresh(None, ALL, Stamps("1", "0", "0"))
     assert hash_key(raw) in snap.keys_by_hash
-    with connection.cursor() as cursor:  # no signal, no stamp: only the table's size and id sum say it
+    with connection.cursor() as cursor:  # no signal, no stamp: only the table's size and checksum say it
         cursor.execute("DELETE FROM tenants_apikey WHERE id = %s", [other.pk])
     assert hash_key(raw) in refresh(snap, KEYS, Stamps("2", "0", "0")).keys_by_hash  # a keys refresh cannot see it
     assert hash_key(raw) in refresh(snap, CONFIG, Stamps("2", "1", "0")).keys_by_hash  # nor a config one
