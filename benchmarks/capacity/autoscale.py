@@ -305,7 +305,11 @@ def run(
             "grids": _grids,
             "aggregate": _aggregate,
         }
-        return autoscale_day.run_one_day(o, kit, progress, held_out=held_out)
+        result = autoscale_day.run_one_day(o, kit, progress, held_out=held_out)
+        if plot and "frontier" in result.get("held_out", {}):
+            _write_frontier(plot, result["held_out"]["frontier"], "held_out")
+            progress(f"wrote {plot}")
+        return result
     seeds = trace_seeds(quick, o, held_out=held_out)
     block = "held_out" if held_out else "training"
     runner, history_days, test_days, static_n, w = _prepare(o, seeds, progress)

@@ -48,3 +48,17 @@ def test_the_held_out_frontier_brackets_ours_from_both_sides():
     for name, knob in (("hpa_tuned", "target"), ("kpa_tuned", "target_utilization")):
         values = sorted(dict(s.knobs)[knob] for s in frontier[name])
         assert values[0] < 0.5 < values[-1] and 0.5 in values and main[name] in frontier[name]
+
+
+def test_a_held_out_day_run_draws_its_frontiers(tmp_path, monkeypatch):
+    frontier = {
+        "infercap": [{"knobs": "infercap", "gpu_hours": 168.7, "slo_attainment": 0.995}],
+        "kpa_tuned": [{"knobs": "kpa", "gpu_hours": 179.0, "slo_attainment": 0.992}],
+    }
+    monkeypatch.setattr(
+        autoscale_day, "run_one_day", lambda o, kit, progress, held_out: {"held_out": {"frontier": frontier}}
+    )
+    path = tmp_path / "frontier.svg"
+    autoscale.run(quick=False, plot=str(path), progress=lambda *_: None, held_out=True, day="weekday-5")
+    svg = path.read_text()
+    assert svg.startswith("<svg") and "Held-out" in svg and "kpa_tuned" in svg
