@@ -4,8 +4,9 @@ at a size of API keys. One size at a time, in a transaction rolled back after it
 
 The keys are stamped an hour old before the first read, as on a platform whose keys were written long before; the
 changes then come one after the other (a key created, the previous one revoked, another's expiry moved), each
-applied by a ``keys`` refresh, so each refresh also reads again the changes of the look-back before it
-(``snapshot_keys.LOOKBACK``), as a proxy does under churn.
+applied by a ``keys`` refresh. The whole run is one transaction, still open at every read, so on PostgreSQL each
+refresh reads again every change the run has made (the watermark is the oldest open transaction,
+``snapshot_keys``): as a proxy does while a long writer is open, a little more than under plain churn.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def key_change(keys: int, *, progress) -> dict:
     """The mean CPU seconds (this process and its PostgreSQL backends) of a ``keys`` refresh after one key
     change, with ``keys`` keys over ``keys / 100`` endpoints; beside it the whole read's, a ``config`` refresh's
     (everything but the key table read again, the table carried over) and a ``check`` refresh's (the same, the
-    table's size and id sum compared with the database's), each the mean of three."""
+    table's size and checksum compared with the database's), each the mean of three."""
     rng = random.Random(11)
     with transaction.atomic():
         endpoints = max(1, keys // KEYS_PER_ENDPOINT)

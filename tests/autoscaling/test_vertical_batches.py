@@ -1,5 +1,5 @@
-"""The vertical tick in batches (docs/algorithms.md#the-vertical-tick-at-fleet-scale): decisions identical to one
-endpoint's tick, one endpoint's failure kept from the others, a fixed number of queries per batch whatever its size,
+"""The vertical tick in batches (docs/algorithms.md#the-vertical-tick-at-fleet-scale): a batch decides as its endpoints
+ticked one at a time do (the same code, batch size one), one endpoint's failure kept from the others, a fixed number of queries per batch whatever its size,
 a replica that does not answer skipped, the streaks kept in Redis (or read back from the last decision), the
 in-memory store of the embedded default, the parser reading the same from a restricted exposition, and a scrape
 reading a whole 200 response or nothing."""
