@@ -298,5 +298,34 @@ def test_the_client_path_follows_no_redirect():
 def client_get(url: str) -> str | None:
     """``_get_client`` (the path for https replicas), run on the scrapes' own loop against a plain server."""
     state = replica_scrapes._current()
-    future = asyncio.run_coroutine_threadsafe(replica_scrapes._get_client(state, url, 2.0), state.loop)
+    future = asyncio.run_coroutine_threadsafe(replica_scrapes._get_client(state, url, "", 2.0), state.loop)
     return future.result(timeout=5)
+
+
+class MultiprocessServer(CannedServer):
+    """vLLM with several API server processes: prometheus_client's multiprocess collector answers a ``name[]``
+    query with an empty exposition, and the whole one otherwise."""
+
+    def _serve(self, raw: bytes) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                request = conn.recv(65536)
+                self.requests.append(request)
+                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n" if b"name%5B%5D" in request else raw)
+
+
+def test_a_server_that_restricts_to_nothing_is_scraped_whole():
+    whole = 'vllm:num_requests_running{engine="0"} 3.0\n'
+    server = MultiprocessServer(b"HTTP/1.0 200 OK\r\n\r\n" + whole.encode())
+    try:
+        assert replica_scrapes.fetch_many([server.url]) == [whole]
+        assert replica_metrics.parse(whole).running == 3
+        assert [b"name%5B%5D" in r for r in server.requests] == [True, False]
+        assert replica_scrapes.fetch_many([server.url]) == [whole]  # from then on asked whole at once
+        assert [b"name%5B%5D" in r for r in server.requests] == [True, False, False]
+    finally:
+        server.sock.close()
