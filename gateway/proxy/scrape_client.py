@@ -42,6 +42,7 @@ class AiohttpScrapeClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max, keepalive_timeout=30),
                 skip_auto_headers=("User-Agent",),
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         try:
             async with self._session.get(upstream_url(url), timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

@@ -119,6 +119,18 @@ def _parse_members(raw: list) -> dict:
     return members
 
 
+def upstream_session() -> aiohttp.ClientSession:
+    """The data-plane client to the replicas. No cookie jar: a cookie one answer set would ride on every later
+    request to that replica, whichever tenant sent it (and filtering the jar cost CPU on every request)."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
 def _refresh_in_thread(snap: Snapshot | None, kind: str, stamps: Stamps | None) -> Snapshot:
     close_old_connections()
     try:
@@ -186,10 +198,7 @@ class ProxyState:
         stamps = await self._read_stamps()
         self.snapshot = await loop.run_in_executor(self._db, _refresh_in_thread, None, ALL, stamps)
         # The data-plane client is aiohttp: httpx collapsed at 256 streams where aiohttp held (docs/request-path.md).
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self.session = upstream_session()
         self.usage = UsageWriter(flush_s=self.config.usage_flush_s, batch=self.config.usage_batch)
         self.usage.start()
         self._scraper_start()
