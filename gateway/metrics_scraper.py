@@ -15,18 +15,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlencode
 
 import httpx
 
-from capacity.runtimes.vllm_metrics import RUNNING, SERIES, MetricsParseError, ReplicaMetrics, parse_vllm_metrics
+from capacity.runtimes.vllm_metrics import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
 from gateway.routing.base import ReplicaView
 
 log = logging.getLogger(__name__)
-
-# Only the series the router reads: at ten scrapes a second per replica, fetching and skipping vLLM's whole exposition
-# (~45 kB) was the proxy's largest background cost (docs/request-path.md, "What it costs, measured").
-_QUERY = "?" + urlencode([("name[]", name) for name in SERIES])
 
 
 # Gauges summed over data-parallel engines (label ``engine``); the older names are vLLM ≤ 0.9 aliases.
@@ -59,7 +54,6 @@ class MetricsScraper:
         self._latest: dict[str, ReplicaMetrics] = {}
         self._task: asyncio.Task | None = None
         self._outstanding: dict[str, asyncio.Task] = {}
-        self._unfiltered: set[str] = set()  # replicas asked for the whole exposition (see ``scrape_one``)
         self.stats = ScrapeStats()
 
     # -- the request path: reads only -------------------------------------------------------------
@@ -92,17 +86,12 @@ class MetricsScraper:
         self._targets = {rid: url.rstrip("/") for rid, url in targets.items() if url}
         for gone in set(self._latest) - set(self._targets):
             del self._latest[gone]
-        self._unfiltered &= set(self._targets.values())
 
     async def scrape_one(self, replica_id: str, base_url: str) -> bool:
         try:
-            text = await self._get(base_url, "" if base_url in self._unfiltered else _QUERY)
-            if RUNNING not in text and base_url not in self._unfiltered:
-                # A restricted answer without the series: vLLM with several API server processes, whose
-                # multiprocess collector cannot restrict itself, answers ``name[]`` with nothing. Ask it whole.
-                self._unfiltered.add(base_url)
-                text = await self._get(base_url, "")
-            metrics = parse_vllm_metrics(text)
+            response = await self._http().get(f"{base_url}/metrics", timeout=self.timeout_s)
+            response.raise_for_status()
+            metrics = parse_vllm_metrics(response.text)
         except (httpx.HTTPError, MetricsParseError) as exc:
             self.stats.failures += 1
             self.stats.errors[replica_id] = f"{type(exc).__name__}: {exc}"[:200]
@@ -113,11 +102,6 @@ class MetricsScraper:
         self.stats.scrapes += 1
         self.stats.errors.pop(replica_id, None)
         return True
-
-    async def _get(self, base_url: str, query: str) -> str:
-        response = await self._http().get(f"{base_url}/metrics{query}", timeout=self.timeout_s)
-        response.raise_for_status()
-        return response.text
 
     async def scrape_all(self) -> None:
         """One round, awaited to the end (tests, one-off refreshes)."""

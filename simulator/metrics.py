@@ -344,7 +344,5 @@ class ReplicaMetrics:
             tokens,
         )
 
-    def exposition(self, names: list[str] | None = None) -> bytes:
-        """The exposition, or (``names``: a scrape's ``name[]``) only the named series, as vLLM's ``/metrics``
-        (prometheus_client's) answers."""
-        return generate_latest(self.registry.restricted_registry(names) if names else self.registry)
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

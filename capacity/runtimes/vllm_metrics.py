@@ -21,10 +21,6 @@ _GAUGES = {
 _CACHE_INFO = "vllm:cache_config_info"
 # LoRA (docs/lora-serving.md): an info gauge whose value is the time it was set; the newest series is the current one.
 _LORA_INFO = "vllm:lora_requests_info"
-# The series this parser reads, for a scrape that asks only for them (``name[]``: prometheus_client's exposition,
-# which vLLM's ``/metrics`` serves, restricts itself to the named series; about a tenth of the whole body).
-SERIES = (*_GAUGES, _CACHE_INFO, _LORA_INFO)
-RUNNING = "vllm:num_requests_running"
 
 
 @dataclass

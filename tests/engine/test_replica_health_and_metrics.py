@@ -10,6 +10,7 @@ import signal
 import httpx
 import pytest
 
+from capacity.autoscaling import replica_metrics, replica_scrapes
 from endpoints.health import CYCLE_LOCK_KEY, HealthConfig, health_check_cycle
 from endpoints.models import ReplicaState
 from gateway.metrics_scraper import MetricsScraper
@@ -50,6 +51,17 @@ def test_the_metrics_scraper_reads_a_busy_real_replica(engine):
     assert view.num_running == busy.num_running and view.kv_usage == busy.kv_usage
     assert view.metrics_age_s < 60 and view.block_size == BLOCK_TOKENS and view.num_gpu_blocks == busy.num_gpu_blocks
     assert stats.failures == 0, stats.errors
+
+
+def test_the_vertical_ticks_scrape_reads_the_real_engine(engine):
+    """The vertical tick's own client (a bare HTTP/1.0 exchange) reads the engine's whole exposition, and the parser
+    finds its series there; a ``name[]`` query would not have shortened it: the engine answers the whole one."""
+    [text] = replica_scrapes.fetch_many([engine.url], timeout_s=5.0)
+    assert text is not None and "vllm:num_requests_running" in text
+    scrape = replica_metrics.parse(text)
+    assert scrape.buckets(replica_metrics.TTFT) and scrape.kv_usage >= 0.0
+    restricted = httpx.get(f"{engine.url}/metrics", params={"name[]": "vllm:num_requests_running"}, timeout=10).text
+    assert "vllm:kv_cache_usage_perc" in restricted  # the engine ignored the restriction
 
 
 async def _when(pending, predicate):

@@ -6,7 +6,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from capacity.runtimes.vllm_metrics import SERIES, MetricsParseError, parse_vllm_metrics
+from capacity.runtimes.vllm_metrics import MetricsParseError, parse_vllm_metrics
 from gateway.metrics_scraper import MetricsScraper
 from gateway.routing import ReplicaView, make_router
 from gateway.routing.base import RouteRequest
@@ -142,22 +142,3 @@ async def test_background_scraper_reads_real_replicas_and_isolates_a_hung_one():
 def test_interval_is_validated():
     with pytest.raises(ValueError):
         MetricsScraper(interval_s=0.0)
-
-
-async def test_the_scraper_asks_for_its_series_only_and_whole_where_that_gives_nothing():
-    restricting = await FakeReplica(vllm_metrics_body(running=(5,), waiting=(3,), kv=(0.6,))).start()
-    multiprocess = await FakeReplica(vllm_metrics_body(running=(2,)), restricts_to_nothing=True).start()
-    scraper = MetricsScraper()
-    try:
-        scraper.set_targets({"a": restricting.url, "b": multiprocess.url})
-        for _ in range(2):
-            await scraper.scrape_all()
-        assert scraper.latest("a").num_running == 5 and scraper.latest("b").num_running == 2
-        assert all(sorted(q) == sorted(SERIES) for q in restricting.queries) and len(restricting.queries) == 2
-        # b's first scrape is asked again whole; from then on it is asked whole at once
-        assert [bool(q) for q in multiprocess.queries] == [True, False, False]
-        assert scraper.stats.failures == 0
-    finally:
-        await scraper.stop()
-        await restricting.stop()
-        await multiprocess.stop()

@@ -49,21 +49,16 @@ def vllm_metrics_body(
 class FakeReplica:
     """Serves /metrics from a mutable body; ``hang`` makes every request wait until the server stops."""
 
-    def __init__(self, body: str, *, restricts_to_nothing: bool = False):
+    def __init__(self, body: str):
         self.body, self.hang, self.requests = body, False, 0
-        # vLLM with several API server processes: a ``name[]`` query answered with an empty exposition
-        self.restricts_to_nothing = restricts_to_nothing
-        self.queries: list[list[str]] = []  # each scrape's ``name[]``
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     async def _metrics(self, request):
         self.requests += 1
-        names = request.query.getall("name[]", [])
-        self.queries.append(names)
         if self.hang:
             await asyncio.sleep(3600)
-        return web.Response(text="" if names and self.restricts_to_nothing else self.body, content_type="text/plain")
+        return web.Response(text=self.body, content_type="text/plain")
 
     async def start(self) -> "FakeReplica":
         app = web.Application()

@@ -440,18 +440,3 @@ def test_a_chat_follow_up_reuses_the_previous_answer_from_the_cache(tiny):
     computed = first["usage"]["prompt_tokens"] + 64 - 1
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == computed // 16 * 16 and cached > first["usage"]["prompt_tokens"]
-
-
-def test_metrics_restricted_by_name_as_vllms_prometheus_exposition_is():
-    """A scrape naming series (``name[]``) gets only those, and the platform's parsers read the same from them."""
-    from capacity.autoscaling import replica_metrics
-    from capacity.runtimes.vllm_metrics import SERIES, parse_vllm_metrics
-
-    with ThreadedReplica(get_profile("tiny"), speed=4.0, max_loras=2) as replica:
-        whole = httpx.get(f"{replica.url}/metrics").text
-        router = httpx.get(f"{replica.url}/metrics", params=[("name[]", n) for n in SERIES]).text
-        vertical = httpx.get(f"{replica.url}/metrics", params=[("name[]", n) for n in replica_metrics.SERIES]).text
-    assert len(router) < len(whole) / 5 and "vllm:time_to_first_token_seconds" not in router
-    assert {line.split("{")[0].split(" ")[0] for line in router.splitlines() if line[:1] != "#"} <= set(SERIES)
-    assert parse_vllm_metrics(router) == parse_vllm_metrics(whole)
-    assert replica_metrics.parse(vertical) == replica_metrics.parse(whole)
