@@ -204,6 +204,17 @@ def settle(urls: list[str], key_id: int, sent: int, *, timeout_s: float = 8.0) -
         time.sleep(0.3)
 
 
+def _wait_until_served(proxy: str, key: str, *, timeout_s: float = 15.0) -> None:
+    """Until the proxy knows the phase's new key (its snapshot follows a key change within milliseconds, longer on
+    a starved machine): a phase's requests refused as an unknown key would read as lost records."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = httpx.get(f"{proxy}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+        if response.status_code != 401 or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
 # -- the run -----------------------------------------------------------------------------------------------------
 def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
     if settings.BACKENDS.embedded_database or settings.BACKENDS.embedded_redis:
@@ -318,6 +329,7 @@ def _phase(
     urls = world.fleet_replicas
     settle_s = 60.0 if world.live else 8.0  # live: a request its client left may run on to its end
     before = settle(urls, row.pk, 0, timeout_s=settle_s)
+    _wait_until_served(fleet.proxy, raw)
     window_start = time.time()
     if kind.faults:
         targets = fleet.shared_replicas[:1] if kind.fault_first_replica_only else fleet.shared_replicas

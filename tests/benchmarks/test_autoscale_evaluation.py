@@ -364,7 +364,8 @@ def test_one_day_held_out_mode_runs_each_held_out_seeds_day_and_compares_at_equa
     # Static is sized on history days and its frontier sweeps the size; the baselines not asked for are said
     assert static["knobs"] == f"static(replicas={block['static_replicas']})"
     assert static["knobs"] in [p["knobs"] for p in block["frontier"]["static"]]
-    assert len(block["frontier"]["hpa_tuned"]) == 2 and len(block["frontier"]["infercap"]) == 2
+    # The baseline's target moved both ways (0.4-0.7 around its tuned 0.5), ours once
+    assert len(block["frontier"]["hpa_tuned"]) == 4 and len(block["frontier"]["infercap"]) == 2
     assert set(block["not_run"]) == {"kpa_tuned", "scheduled", "infercap_reactive"}
     assert set(block["at_equal_slo"]) == {"hpa_tuned", "static"}
     assert set(block["goals"]) >= {"slo_ge_99pct", "le_1_5x_oracle", "no_flaps"}
