@@ -206,11 +206,13 @@ def snapshot(keys: int, *, progress) -> dict:
     }
 
 
-def _keys(count: int) -> list[str]:
-    """``count`` usable keys over ``count / 10`` tenants; returns the raw keys (their hashes are stored)."""
+def _keys(count: int, *, changed_at=None) -> list[str]:
+    """``count`` usable keys over ``count / 10`` tenants; returns the raw keys (their hashes are stored).
+    ``changed_at``: the keys' and tenants' change stamp (the insert's time by default)."""
     stamp = uuid.uuid4().hex[:8]
+    aged = {} if changed_at is None else {"changed_at": changed_at}
     tenants = Tenant.objects.bulk_create(
-        Tenant(name=f"scale keys {stamp} {i}", slug=f"scale-keys-{stamp}-{i}")
+        Tenant(name=f"scale keys {stamp} {i}", slug=f"scale-keys-{stamp}-{i}", **aged)
         for i in range(max(1, count // KEYS_PER_TENANT))
     )
     raw = [f"ic-scale-{stamp}-{i}" for i in range(1, count + 1)]
@@ -222,10 +224,17 @@ def _keys(count: int) -> list[str]:
             "name": "'scale ' || g",
             "prefix": "%(stamp)s || '-' || g",
             "key_hash": "encode(sha256(convert_to(%(raw)s || g, 'UTF8')), 'hex')",
+            **({"changed_at": "%(aged)s"} if aged else {}),
         },
-        {"tenants": [t.pk for t in tenants], "n": len(tenants), "stamp": stamp, "raw": f"ic-scale-{stamp}-"},
+        {
+            "tenants": [t.pk for t in tenants],
+            "n": len(tenants),
+            "stamp": stamp,
+            "raw": f"ic-scale-{stamp}-",
+            "aged": changed_at,
+        },
     )
-    analyze(ApiKey)
+    analyze(ApiKey, Tenant)
     return raw
 
 

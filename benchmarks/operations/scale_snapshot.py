@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import random
 import statistics
-import uuid
 from datetime import timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from benchmarks.operations.scale_fleet import KEYS_PER_ENDPOINT, KEYS_PER_TENANT, REPLICAS_PER_ENDPOINT, _fleet
-from benchmarks.operations.scale_rows import analyze, insert_series, timed_cpu
+from benchmarks.operations.scale_fleet import KEYS_PER_ENDPOINT, REPLICAS_PER_ENDPOINT, _fleet, _keys
+from benchmarks.operations.scale_rows import timed_cpu
 from endpoints.config_version import ALL, CONFIG, KEYS
 from gateway.proxy.snapshot_keys import read_keys
 from gateway.proxy.snapshot_refresh import CHECK, refresh
@@ -76,32 +75,14 @@ def key_change(keys: int, *, progress) -> dict:
 
 
 def _old_keys(count: int) -> None:
-    """``count`` usable keys over ``count / 10`` tenants (as ``scale_fleet._keys``), every stamp an hour old: the
+    """``count`` usable keys over ``count / 10`` tenants (``scale_fleet._keys``), every stamp an hour old: the
     trigger that stamps them is set aside for the inserts (``session_replication_role``), so the rows are written
     as a platform's long-standing keys are, with no dead versions left for the index scans to step over."""
-    stamp = uuid.uuid4().hex[:8]
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL session_replication_role = replica")
-    aged = timezone.now() - timedelta(hours=1)
-    tenants = Tenant.objects.bulk_create(
-        Tenant(name=f"scale keys {stamp} {i}", slug=f"scale-keys-{stamp}-{i}", changed_at=aged)
-        for i in range(max(1, count // KEYS_PER_TENANT))
-    )
-    insert_series(
-        ApiKey,
-        count,
-        {
-            "tenant_id": "(%(tenants)s::bigint[])[1 + (g - 1) %% %(n)s]",
-            "name": "'scale ' || g",
-            "prefix": "%(stamp)s || '-' || g",
-            "key_hash": "encode(sha256(convert_to(%(stamp)s || g, 'UTF8')), 'hex')",
-            "changed_at": "%(aged)s",
-        },
-        {"tenants": [t.pk for t in tenants], "n": len(tenants), "stamp": stamp, "aged": aged},
-    )
+    _keys(count, changed_at=timezone.now() - timedelta(hours=1))
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL session_replication_role = DEFAULT")
-    analyze(ApiKey, Tenant)
 
 
 def _change(i: int, rng: random.Random, tenants: list[int], existing: list[int], created):
