@@ -50,6 +50,7 @@ from pathlib import Path
 from django.conf import settings
 
 from benchmarks import protocol
+from benchmarks.serving.pd_tpot import ATTAINMENT, tpot_ceiling, tpot_ceiling_summary, tpot_ratios
 from capacity.hardware.profiles import get_profile
 from capacity.planning.barriers import Hardware, ModelShape
 from capacity.planning.disaggregation import PDSLO, PDWorkload, StepModel, plan_disaggregation
@@ -58,7 +59,6 @@ from simulator.workloads import poisson_times
 
 HELD_OUT = True
 SMOKE = {"duration_s": "6", "steps": "2"}
-ATTAINMENT = 0.9
 # Llama 3.1 8B on one H100 (the roofline profile), its context raised for 16k-token prompts; KV 128 KiB per token.
 PROFILE = get_profile("llama-8b-h100").with_options(max_model_len=32768)
 MODEL = ModelShape(n_layers=32, n_kv_heads=8, d_head=128, dtype_bytes=2, weights_gb=16.06)
@@ -138,6 +138,7 @@ def max_goodput(spec: PDWorkloadSpec, fleet: PDFleet, *, duration_s: float, seed
         "attainment": round(attainment, 4),
         "goodput_per_gpu": round(rate * attainment / fleet.gpus, 4) if attainment >= ATTAINMENT else 0.0,
         "gpus": fleet.gpus,
+        "tpot_p90_s": _r(result.percentile("tpot_s", 90)),  # at that rate: the fleet's own operating point
     }
 
 
@@ -190,15 +191,17 @@ def run_workload(spec: PDWorkloadSpec, *, duration_s: float, steps: int, seed: i
     for name, fleet in (("aggregated", aggregated), ("round_robin", floor), ("disaggregated", disaggregated)):
         runs[name] = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
         progress(f"pd {spec.name} seed {seed}: {name} on {gpus} GPUs: {runs[name]}")
-    runs["oracle"] = _ceiling(spec, plan, gpus, routers=routers, duration_s=duration_s, seed=seed, steps=steps)
-    runs["bound"] = _capacity_bound(spec, plan, gpus)
-    progress(f"pd {spec.name} seed {seed}: ceiling {runs['oracle']}, bound {runs['bound']}")
     at_rate = max(runs["aggregated"]["rate"], 0.05 * spec.rate)
     same_load = {
         "rate": at_rate,
         "aggregated": _latency(spec, _simulate(spec, aggregated, at_rate, duration_s, seed)),
         "disaggregated": _latency(spec, _simulate(spec, disaggregated, at_rate, duration_s, seed)),
     }
+    ceiling_args = {"routers": routers, "at_rate": at_rate, "duration_s": duration_s, "seed": seed, "steps": steps}
+    runs["oracle"], splits = _ceiling(spec, plan, gpus, **ceiling_args)
+    runs["bound"] = _capacity_bound(spec, plan, gpus)
+    progress(f"pd {spec.name} seed {seed}: ceiling {runs['oracle']}, bound {runs['bound']}")
+    splits = tpot_ratios(splits, aggregated=runs["aggregated"], same_load=same_load["aggregated"])
     return {
         "plan": {
             "recommended": plan.recommended,
@@ -213,23 +216,38 @@ def run_workload(spec: PDWorkloadSpec, *, duration_s: float, steps: int, seed: i
         "split": {"prefill": prefill, "decode": gpus - prefill},
         "fleets": runs,
         "same_load": same_load,
+        "splits": splits,
+        "tpot_ceiling": tpot_ceiling(splits),
         "planner_check": _planner_check(spec, plan, duration_s=duration_s, seed=seed),
     }
 
 
-def _ceiling(spec, plan, gpus: int, *, routers, duration_s: float, seed: int, steps: int) -> dict:
-    """The best disaggregated fleet on ``gpus`` GPUs over every split and the clairvoyant pairings ``routers``."""
-    best = None
-    for p in range(1, gpus):
-        fleet_args = {"replicas": gpus - p, "prefill_replicas": p, "mode": "disaggregated", "profile": PROFILE}
-        fleet_args |= {"kv_bytes_per_token": plan.kv_bytes_per_token, "link_gbps": LINK_GBPS}
-        for router in routers:
-            fleet = PDFleet(router=router, link_latency_s=LINK_LATENCY_S, **fleet_args)
-            figures = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
-            figures.update(prefill_replicas=p, router=router)
-            if best is None or figures["goodput_per_gpu"] > best["goodput_per_gpu"]:
-                best = figures
-    return best
+def _ceiling(spec, plan, gpus: int, *, routers, at_rate: float, duration_s: float, seed: int, steps: int):
+    """The best disaggregated fleet on ``gpus`` GPUs over every split and the clairvoyant pairings ``routers``, and
+    every one of those fleets (``oracle_fleets``) with its latencies at ``at_rate``, the comparison's load."""
+    best, rows = None, []
+    for fleet in oracle_fleets(plan, gpus, routers):
+        figures = max_goodput(spec, fleet, duration_s=duration_s, seed=seed, steps=steps)
+        figures.update(prefill_replicas=fleet.prefill_replicas, router=fleet.router)
+        if best is None or figures["goodput_per_gpu"] > best["goodput_per_gpu"]:
+            best = figures
+        same_load = _latency(spec, _simulate(spec, fleet, at_rate, duration_s, seed))
+        rows.append(figures | {"decode_replicas": fleet.replicas, "same_load": same_load})
+    return best, rows
+
+
+def oracle_fleets(plan, gpus: int, routers) -> list[PDFleet]:
+    """Every split of ``gpus`` (1 to G - 1 prefill replicas) with each clairvoyant pairing: oracles only, never the
+    planner's split nor the proxy's pairing."""
+    if any(not router.startswith("oracle") for router in routers):
+        raise ValueError(f"the ceiling takes clairvoyant pairings only, not {list(routers)}")
+    fleet_args = {"mode": "disaggregated", "profile": PROFILE, "kv_bytes_per_token": plan.kv_bytes_per_token}
+    fleet_args |= {"link_gbps": LINK_GBPS, "link_latency_s": LINK_LATENCY_S}
+    return [
+        PDFleet(replicas=gpus - p, prefill_replicas=p, router=router, **fleet_args)
+        for p in range(1, gpus)
+        for router in routers
+    ]
 
 
 def _capacity_bound(spec, plan, gpus: int) -> dict:
@@ -327,6 +345,14 @@ def _summarise(name: str, per_seed: list[dict]) -> dict:
                 if s["aggregated"]["tpot_p90_s"]
             ]
         ),
+        f"pd.{name}.tpot_p90_ratio_at_capacity": mean(
+            [
+                b["fleets"]["disaggregated"]["tpot_p90_s"] / b["fleets"]["aggregated"]["tpot_p90_s"]
+                for b in per_seed
+                if b["fleets"]["aggregated"]["tpot_p90_s"] and b["fleets"]["disaggregated"]["tpot_p90_s"] is not None
+            ]
+        ),
+        **tpot_ceiling_summary(name, per_seed),
         f"pd.{name}.planner_threshold": per_seed[0]["plan"]["threshold"],
         f"pd.{name}.floor_ratio": mean([ratio(b, "round_robin", "aggregated") for b in per_seed]),
         f"pd.{name}.ceiling_ratio": mean([ratio(b, "oracle", "aggregated") for b in per_seed]),
