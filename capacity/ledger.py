@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from capacity.percentiles import percentile
 from capacity.placement.cluster import Cluster
+from capacity.placement.node_requirements import Room, endpoint_requirements
 from capacity.placement.policies import groups_that_fit
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Endpoint, ReplicaState
@@ -269,13 +270,22 @@ def replica_gpus(endpoint: Endpoint) -> int:
 
 def _whole_groups(ledger: Ledger, endpoint_list: list[Endpoint], free_gpus: Cluster | None) -> dict:
     """Each row's TP size and whole replicas free, one placement per size (3 free GPUs hold no TP-4 group); the
-    total's free GPUs."""
+    total's free GPUs. On a Kubernetes ``Room`` a row counts only the nodes its pods may be bound to, one placement
+    per distinct (requirements, size): an endpoint whose launch options cannot be read is unknown."""
     for row, endpoint in zip(ledger.endpoints, endpoint_list, strict=True):
         row.replica_gpus = replica_gpus(endpoint)
     if free_gpus is None:
         return {"free_gpus": None}
     by_size: dict[int, int] = {}
-    for row in ledger.endpoints:
+    for row, endpoint in zip(ledger.endpoints, endpoint_list, strict=True):
+        if isinstance(free_gpus, Room):
+            hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
+            try:
+                needs = endpoint_requirements(endpoint.launch_options, hardware)
+            except ValueError:
+                continue  # stays None
+            row.whole_replicas_free = free_gpus.whole_groups(needs, row.replica_gpus)
+            continue
         if row.replica_gpus not in by_size:
             by_size[row.replica_gpus] = groups_that_fit(free_gpus, row.replica_gpus)
         row.whole_replicas_free = by_size[row.replica_gpus]

@@ -62,6 +62,23 @@ class HardwareProfile(models.Model):
         help_text="the node label whose value names a node's domain (nvidia.com/gpu.clique on NVL72; the hostname "
         "where the node is the domain)",
     )
+    # The GPU model a replica's pods ask for on Kubernetes, and the only nodes the ledger's room counts for them
+    # (docs/placement.md, "In the ledger"). Operators set it (profiles are operator-written); empty: any GPU node.
+    gpu_product = models.CharField(
+        max_length=63,
+        blank=True,
+        default="",
+        validators=[RegexValidator(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")],
+        help_text="Kubernetes: the GPU model's value on the node label gpu_product_label (GPU feature discovery "
+        "writes e.g. NVIDIA-H100-80GB-HBM3); empty: any GPU node",
+    )
+    gpu_product_label = models.CharField(
+        max_length=120,
+        default="nvidia.com/gpu.product",
+        validators=[RegexValidator(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")],
+        help_text="Kubernetes: the node label naming the GPU model (GPU feature discovery's nvidia.com/gpu.product; "
+        "GKE's cloud.google.com/gke-accelerator)",
+    )
 
     class Meta:
         ordering = ["name"]

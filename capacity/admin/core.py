@@ -19,6 +19,7 @@ class HardwareProfileAdmin(OperatorAdmin):
         "max_replicas",
         "gpus_per_node",
         "interconnect_domain_gpus",
+        "gpu_product",
     ]
     list_filter = ["gpu_type", "gpus_per_replica", "capacity_type"]
     search_fields = ["name", "gpu_type"]

@@ -13,9 +13,11 @@ gang scheduler and one GPU a replica, nothing here applies: the Deployment is sc
   Deployment's pod template; the Deployment itself stays at 0. Scaling creates and deletes whole LeaderWorkerSets,
   labelled ``infercap/group-of: <deployment>``; their leader pods (worker index 0, named ``<set>-0``) are the
   replicas, registered like a Deployment's pods. A warm pool of such replicas is refused.
+
+Either way the pods carry the launch's node requirements (``kubernetes_objects.launch_requirements``: the GPU model,
+the operators' node selector and tolerations), the same the ledger's room counts (``kubernetes_room.py``).
 """
 
-import copy
 import uuid
 
 from django.conf import settings
@@ -29,9 +31,10 @@ from capacity.autoscaling.actuators.gang import (
     replica_objects,
     single_node_template,
 )
-from capacity.autoscaling.actuators.kubernetes_objects import ENDPOINT_ID, MERGE_PATCH
+from capacity.autoscaling.actuators.kubernetes_objects import ENDPOINT_ID, MERGE_PATCH, launch_requirements
 from capacity.autoscaling.actuators.kubernetes_versions import KubernetesDeployments
 from capacity.autoscaling.actuators.replica_shape import launch_hardware, profile_gpus
+from capacity.placement.node_requirements import NodeRequirements, with_requirements
 from endpoints.models import Endpoint, Replica
 
 GROUP_OF = "infercap/group-of"  # on a LeaderWorkerSet and its pods: the Deployment whose replicas it runs
@@ -85,17 +88,26 @@ class GangReplicas(KubernetesDeployments):
             return False
 
     def place_pod_template(self, endpoint: Endpoint, deployment: str) -> None:
-        """A replica that fits one node: the Deployment's pod template asks for the whole group on labelled nodes,
-        through the gang scheduler. Called while the Deployment has no pods (a template change rolls none)."""
+        """The Deployment's pod template as this launch needs it: the node requirements (``launch_requirements``: GPU
+        model, node selector, tolerations) and, for a replica of several GPUs or under a gang scheduler, the whole
+        group on labelled nodes through the gang scheduler. Called while the Deployment has no pods (a template change
+        rolls none); nothing is written where there is nothing to add."""
         placed = self.placement(endpoint)
-        if placed is None:
+        needs = launch_requirements(endpoint)
+        if placed is None and needs == NodeRequirements():
             return
-        gang, gpus = placed
         path = self._deployment_path(endpoint, deployment)
         current = self._request("GET", path)
-        template = single_node_template((current.get("spec") or {}).get("template") or {}, gpus=gpus, gang=gang)
+        before = (current.get("spec") or {}).get("template") or {}
+        template = before
+        if placed is not None:
+            gang, gpus = placed
+            template = single_node_template(template, gpus=gpus, gang=gang)
+        template = with_requirements(template, needs)
+        if placed is None and template == before:
+            return  # the template carries the requirements already
         patch: dict = {"spec": {"template": template}}
-        if labels := deployment_labels(gang):
+        if placed is not None and (labels := deployment_labels(placed[0])):
             patch["metadata"] = {"labels": labels}
         self._request("PATCH", path, json=patch, headers=MERGE_PATCH)
 
@@ -123,13 +135,14 @@ class GangReplicas(KubernetesDeployments):
         """Create LeaderWorkerSets (and PodGroups) from ``deployment``'s pod template until ``wanted`` exist; returns
         how many were created."""
         gang, gpus = self.placement(endpoint)
+        needs = launch_requirements(endpoint)  # a bad option fails before anything is created
         existing = len(self.groups(endpoint, deployment))
         if existing >= wanted:
             return 0
         if existing == 0:
             self.apply_launch_env(endpoint, deployment=deployment)  # the CPU allotment, into the template
         template = self._request("GET", self._deployment_path(endpoint, deployment))
-        pod = copy.deepcopy((template.get("spec") or {}).get("template") or {})
+        pod = with_requirements((template.get("spec") or {}).get("template") or {}, needs)
         pod.setdefault("metadata", {}).setdefault("labels", {})[GROUP_OF] = deployment
         labels = {**((template.get("metadata") or {}).get("labels") or {}), ENDPOINT_ID: str(endpoint.pk)}
         labels[GROUP_OF] = deployment

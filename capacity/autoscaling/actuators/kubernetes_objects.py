@@ -1,8 +1,7 @@
 """The Kubernetes objects an endpoint owns, by name and label: its Deployments (one per version, a standby pool, a
-spot twin), the labels and annotations the actuator reads back from pods, and the scheduling a spot Deployment
-adds. The actuator that creates and scales them is ``capacity/autoscaling/actuators/kubernetes.py``."""
+spot twin), the labels and annotations the actuator reads back from pods, and what a launch's pods require of a node
+(GPU model, node selector, tolerations). The actuator that creates and scales them is ``capacity/autoscaling/actuators/kubernetes.py``."""
 
-import copy
 import re
 from datetime import datetime
 from pathlib import Path
@@ -11,6 +10,8 @@ from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core.exceptions import ConfigError
 
 from capacity.autoscaling.actuators.base import ActuatorError
+from capacity.autoscaling.actuators.replica_shape import launch_hardware
+from capacity.placement.node_requirements import NodeRequirements, endpoint_requirements
 from endpoints.models import Endpoint, ReplicaState
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -48,9 +49,6 @@ CAPACITY = "infercap/capacity-type"
 
 # A disaggregated endpoint's pools (docs/disaggregation.md): prefill and decode pods carry their role.
 PD_ROLE = "infercap/pd-role"
-
-
-SPOT_NODE_SELECTOR = {"karpenter.sh/capacity-type": "spot"}
 
 
 # A spot pod the scheduler cannot place for this long is taken as no spot to be had: a node autoscaler (Karpenter,
@@ -123,29 +121,22 @@ def spot_deployment_name(base: str) -> str:
     return f"{base[:58].rstrip('-')}-spot"
 
 
-def spot_scheduling(options: dict) -> tuple[dict, list]:
-    """The node selector and tolerations a spot pod gets, from the operators' launch options (checked: a bad shape
-    is an ActuatorError that names the option, not a pod the API server refuses later)."""
-    selector = options.get("spot_node_selector", SPOT_NODE_SELECTOR)
-    if (
-        not isinstance(selector, dict)
-        or not selector
-        or not all(
-            isinstance(k, str) and isinstance(v, str) and k and len(k) <= 253 and len(v) <= 63
-            for k, v in selector.items()
-        )
-    ):
-        raise ActuatorError("launch option spot_node_selector must be a non-empty object of node label strings")
-    tolerations = options.get("spot_tolerations", [])
-    if not isinstance(tolerations, list) or not all(
-        isinstance(t, dict) and t and all(k in ("key", "operator", "value", "effect", "tolerationSeconds") for k in t)
-        for t in tolerations
-    ):
-        raise ActuatorError(
-            "launch option spot_tolerations must be a list of tolerations (key, operator, value, effect, "
-            "tolerationSeconds)"
-        )
-    return dict(selector), copy.deepcopy(tolerations)
+def launch_is_spot(endpoint: Endpoint) -> bool:
+    """Whether this launch is of the endpoint's spot pool (``services.pool_endpoint`` on its spot profile)."""
+    pool = getattr(endpoint, "launch_hardware_profile_id", None)
+    return bool(pool) and pool == endpoint.spot_hardware_profile_id
+
+
+def launch_requirements(endpoint: Endpoint, *, spot: bool | None = None) -> NodeRequirements:
+    """What this launch's pods require of a node (``capacity.placement.node_requirements``, the same answer the
+    ledger's room uses): the launch hardware profile's GPU product, the operators' launch options ``node_selector``
+    and ``tolerations``, and on a spot pool ``spot_node_selector`` and ``spot_tolerations``. A bad shape is an
+    ActuatorError that names the option, not a pod the API server refuses later."""
+    spot = launch_is_spot(endpoint) if spot is None else spot
+    try:
+        return endpoint_requirements(endpoint.launch_options, launch_hardware(endpoint), spot=spot)
+    except ValueError as exc:
+        raise ActuatorError(f"{endpoint.name}: {exc}") from exc
 
 
 def unschedulable_for(status: dict, *, now: float) -> float | None:

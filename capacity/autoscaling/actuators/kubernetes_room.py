@@ -1,6 +1,8 @@
 """Room on a Kubernetes cluster for the capacity ledger (docs/placement.md, "In the ledger"): the GPU nodes and the GPUs
-that live pods request on each, as a placement ``Cluster``, so the ledger counts whole replicas there as it does on a
-host of the local actuator.
+that live pods request on each, as a placement ``Room``, so the ledger counts whole replicas there as it does on a
+host of the local actuator. Each endpoint's room is on the nodes its pods may be bound to: those whose labels match
+its requirements (GPU model, node selector) and whose NoSchedule/NoExecute taints its pods tolerate
+(``capacity.placement.node_requirements``, the same answer the actuator writes into the pods).
 
 A beat task (``workers/tasks/room.py``) reads the nodes and pods through the actuator's API client every
 ``REFRESH_S`` and keeps the result in the shared store for ``ROOM_TTL_S``. The ledger's readers (the console and the
@@ -17,7 +19,8 @@ from capacity.autoscaling import store
 from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.kubernetes_api import KubernetesApi
 from capacity.models import HardwareProfile
-from capacity.placement.cluster import Cluster, Gpu, Node
+from capacity.placement.cluster import Cluster
+from capacity.placement.node_requirements import BLOCKING_EFFECTS, Room, RoomNode, selector_label_keys
 from endpoints.models import Endpoint
 
 log = logging.getLogger(__name__)
@@ -62,9 +65,21 @@ def pod_gpus(pod: dict) -> int:
     return max([running] + [_container_gpus(c) for c in spec.get("initContainers") or []])
 
 
-def snapshot(nodes: list[dict], pods: list[dict], *, domain_labels: list[str]) -> dict:
+def blocking_taints(node: dict) -> list[dict]:
+    """The node's taints that keep off a pod that does not tolerate them (NoSchedule, NoExecute)."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return [
+        {"key": str(t.get("key") or ""), "value": str(t.get("value") or ""), "effect": t["effect"]}
+        for t in taints
+        if isinstance(t, dict) and t.get("effect") in BLOCKING_EFFECTS
+    ]
+
+
+def snapshot(nodes: list[dict], pods: list[dict], *, domain_labels: list[str], label_keys: list[str] = ()) -> dict:
     """The GPU nodes (name, GPUs, domain: the value of the first of ``domain_labels`` the node carries, else none,
-    the node its own domain) and the GPUs held on each by pods bound there, at most the node's."""
+    the node its own domain; the values of ``label_keys`` it carries, its blocking taints) and the GPUs held on each
+    by pods bound there, at most the node's. ``label_keys`` are the labels the endpoints' requirements select on
+    (``requirement_label_keys``): a node's other labels are not kept."""
     shape = {}
     for node in nodes:
         meta = node.get("metadata") or {}
@@ -72,24 +87,37 @@ def snapshot(nodes: list[dict], pods: list[dict], *, domain_labels: list[str]) -
         if gpus and meta.get("name"):
             labels = meta.get("labels") or {}
             domain = next((f"{label}={labels[label]}" for label in domain_labels if labels.get(label)), None)
-            shape[meta["name"]] = {"name": meta["name"], "gpus": gpus, "domain": domain}
+            shape[meta["name"]] = {
+                "name": meta["name"],
+                "gpus": gpus,
+                "domain": domain,
+                "labels": {key: labels[key] for key in label_keys if key in labels},
+                "taints": blocking_taints(node),
+            }
     held: dict[str, int] = {}
     for pod in pods:
         name = (pod.get("spec") or {}).get("nodeName")
         if name in shape and (gpus := pod_gpus(pod)):
             held[name] = min(shape[name]["gpus"], held.get(name, 0) + gpus)
-    return {"nodes": sorted(shape.values(), key=lambda n: n["name"]), "held": held}
+    nodes_out = sorted(shape.values(), key=lambda n: n["name"])
+    return {"nodes": nodes_out, "held": held, "label_keys": sorted(label_keys)}
 
 
-def cluster_from(room: dict) -> Cluster | None:
-    """The snapshot as a placement cluster with the held GPUs taken; None for no GPU node."""
+def cluster_from(room: dict) -> Room | None:
+    """The snapshot as a placement room with the held GPUs taken; None for no GPU node."""
     if not room.get("nodes"):
         return None
-    cluster = Cluster(Node(n["name"], int(n["gpus"]), domain=n.get("domain")) for n in room["nodes"])
-    for name, count in (room.get("held") or {}).items():
-        if name in cluster.node:
-            cluster.take(("pods", name), [Gpu(name, i) for i in range(min(int(count), cluster.node[name].gpus))])
-    return cluster
+    nodes = [
+        RoomNode(
+            n["name"],
+            int(n["gpus"]),
+            domain=n.get("domain"),
+            labels=dict(n.get("labels") or {}),
+            taints=list(n.get("taints") or []),
+        )
+        for n in room["nodes"]
+    ]
+    return Room(nodes, room.get("held") or {}, label_keys=room.get("label_keys") or [])
 
 
 def domain_labels() -> list[str]:
@@ -98,6 +126,15 @@ def domain_labels() -> list[str]:
         "domain_node_label", flat=True
     )
     return sorted(set(labels))
+
+
+def requirement_label_keys() -> list[str]:
+    """The node labels the endpoints' pods may select on: the GPU product label of every profile that names a
+    product, and the keys of the launch options' node selectors (spot's too)."""
+    keys = set(HardwareProfile.objects.exclude(gpu_product="").values_list("gpu_product_label", flat=True).distinct())
+    for options in Endpoint.objects.values_list("launch_options", flat=True).iterator(chunk_size=2000):
+        keys |= selector_label_keys(options)
+    return sorted(keys)
 
 
 def kubernetes_in_use() -> bool:
@@ -127,7 +164,9 @@ def _read(api: KubernetesApi | None) -> dict:
     """The snapshot, through ``api`` or a client made for this read (and closed after: the task runs every 30 s)."""
     client = api or KubernetesApi()
     try:
-        return snapshot(client.nodes(), client.running_pods(), domain_labels=domain_labels())
+        return snapshot(
+            client.nodes(), client.running_pods(), domain_labels=domain_labels(), label_keys=requirement_label_keys()
+        )
     finally:
         if api is None:
             client.client.close()
@@ -162,8 +201,8 @@ def refresh_room(*, api: KubernetesApi | None = None) -> dict | None:
 
 
 def kubernetes_room() -> tuple[bool, Cluster | None]:
-    """(whether a Kubernetes snapshot is published, its cluster): (True, None) where the last read failed or found no
-    GPU node, (False, None) where none is published, or the store cannot be read."""
+    """(whether a Kubernetes snapshot is published, its ``Room``): (True, None) where the last read failed or found
+    no GPU node, (False, None) where none is published, or the store cannot be read."""
     room = _published()
     if room is None:
         return False, None

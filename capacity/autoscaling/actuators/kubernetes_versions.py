@@ -15,12 +15,13 @@ from capacity.autoscaling.actuators.kubernetes_objects import (
     TEMPLATE,
     VERSION,
     deployment_name,
+    launch_requirements,
     role_deployment_name,
     spot_deployment_name,
-    spot_scheduling,
     version_deployment_name,
     with_kv_transfer,
 )
+from capacity.placement.node_requirements import with_requirements
 from capacity.runtimes import vllm
 from endpoints.models import (
     Endpoint,
@@ -68,15 +69,16 @@ class KubernetesDeployments(KubernetesApi):
     ) -> str:
         """Version ``number``'s Deployment (its spot pool's with ``spot``, a disaggregated pool's with ``role``:
         labelled ``infercap/pd-role``, its engine given the role's ``--kv-transfer-config``), created from its
-        template (0 replicas) when it does not exist yet."""
+        template (0 replicas) when it does not exist yet, its pods carrying the launch's node requirements
+        (``launch_requirements``: on a spot pool the spot node selector and tolerations too)."""
         name, template_name = version_deployment_name(endpoint, number), deployment_name(endpoint)
         versioned = name != template_name
         name = role_deployment_name(name, role)
         if spot:
             name = spot_deployment_name(name)
-            node_selector, tolerations = spot_scheduling(endpoint.launch_options or {})
         elif not versioned and role == ReplicaRole.MIXED:
             return name
+        needs = launch_requirements(endpoint, spot=spot)  # a bad option fails before anything is created
         try:
             self._request("GET", self._deployment_path(endpoint, name))
             return name
@@ -89,12 +91,8 @@ class KubernetesDeployments(KubernetesApi):
         added |= {PD_ROLE: role} if role != ReplicaRole.MIXED else {}
         selector = copy.deepcopy(spec.get("selector") or {})
         selector.setdefault("matchLabels", {}).update(added)
-        pod = copy.deepcopy(spec.get("template") or {})
+        pod = with_requirements(spec.get("template") or {}, needs)  # the GPU model, selector and tolerations
         pod.setdefault("metadata", {}).setdefault("labels", {}).update(added)
-        if spot:
-            pod_spec = pod.setdefault("spec", {})
-            pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **node_selector}
-            pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *tolerations]
         if role != ReplicaRole.MIXED:
             with_kv_transfer(pod, kv_transfer_flag(endpoint, role))
         labels = {
