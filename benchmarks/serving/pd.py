@@ -14,25 +14,34 @@ recommends and simulates, on that many GPUs:
   whatever the planner chose) with clairvoyant pairings that know each stream's remaining output (the fewest
   stream-steps shared with the new stream, ``oracle_overlap``; in a full run also the least remaining work,
   ``oracle``). Neither the planner's split nor the proxy's pairing is in it, so the planner's fleet is judged
-  against it (``planner_vs_ceiling``), not part of it;
+  against it (``planner_vs_ceiling``), not part of it. Each of those oracle fleets also runs at the comparison's
+  load (below), for the TPOT ceiling (``benchmarks/serving/pd_tpot.py``);
 * ``bound``: an analytic capacity bound over the same splits: the rate at which the busier pool saturates (prefill
   compute or its link, or the decode pool at the largest batch within the TPOT), per GPU. A bound on the
   pools' throughput, not a simulation: a finite run can pass it a little near saturation.
 
 Goodput per GPU is DistServe's: the highest arrival rate at which ≥ 90 % of requests meet both the TTFT and TPOT SLO
 (bisection on the same requests, times scaled), times the share that met it, over GPUs. ``ttft_p90_ratio`` and
-``tpot_p90_ratio`` compare disaggregated with aggregated at one load: the aggregated fleet's own highest rate (where it
-still meets its SLO). ``planner_check``: the planner's two fleets simulated at the target rate, and one replica fewer.
+``tpot_p90_ratio`` compare disaggregated with aggregated at one load, the comparison's: the aggregated fleet's own
+highest rate (where it still meets its SLO), both fleets on the same requests; each is the p90 over the requests counted
+of a request's TTFT, or of its mean time per output token after the first. ``tpot_p90_ratio_at_capacity`` compares
+them each at its own highest rate instead. ``planner_check``: the planner's two fleets simulated at the target rate,
+and one replica fewer.
 
 Last line keys: ``pd.<workload>.goodput_per_gpu_ratio`` (disaggregated ÷ aggregated), ``pd.<workload>.planner_choice``,
 ``pd.<workload>.choice_goodput_ratio`` (the planner's choice ÷ aggregated: what infercap loses or gains),
 ``pd.<workload>.ttft_p90_ratio``, ``pd.<workload>.tpot_p90_ratio``, ``pd.<workload>.ceiling_ratio`` (the oracle
 search ÷ aggregated), ``pd.<workload>.planner_vs_ceiling`` (the planner's split ÷ the ceiling),
-``pd.<workload>.bound_ratio``, ``pd.<workload>.planner_threshold`` (the ``pd_min_uncached_tokens`` the planner
-recommends, with its share straight to decode and its GPUs; ``planner_check.threshold`` simulates its pools at the
-target rate with and without it), ``pd.<workload>.detail``; ``pd.real_engine.*``
-(what tests/engine/test_pd_real_engine.py measured on the two real engines at its last run here, with its time and
-commit in ``pd.real_engine.source``; null if it has not run), ``pd.seeds``, ``pd.seed_set``, ``pd.wall_s``.
+``pd.<workload>.bound_ratio``, ``pd.<workload>.tpot_p90_ratio_at_capacity``, ``pd.<workload>.tpot_p90_ratio_ceiling``
+(each seed's lowest TPOT p90 ratio at the comparison's load of any oracle fleet that meets the SLO attainment there,
+averaged) with ``pd.<workload>.tpot_p90_ceiling_split`` (each seed's split), ``pd.<workload>.split_meeting_both`` (an
+oracle fleet's split with ≥ 1.5× goodput per GPU and TPOT p90 ≤ 0.7× at once, on its means over the seeds; null if
+none), ``pd.<workload>.oracle_splits`` (each oracle fleet's two means), ``pd.<workload>.planner_threshold`` (the
+``pd_min_uncached_tokens`` the planner recommends, with its share straight to decode and its GPUs;
+``planner_check.threshold`` simulates its pools at the target rate with and without it), ``pd.<workload>.detail``;
+``pd.real_engine.*`` (what tests/engine/test_pd_real_engine.py measured on the two real engines at its last run
+here, with its time and commit in ``pd.real_engine.source``; null if it has not run), ``pd.seeds``, ``pd.seed_set``,
+``pd.wall_s``.
 
 Options (``--opt``): ``duration_s`` of arrivals per run (45 quick, 180 full; the first third is warm-up and not
 counted), ``steps`` of the bisection (6 quick, 8 full), ``workloads`` (comma-separated names), ``seeds`` (comma-separated: training seeds only unless
