@@ -19,6 +19,7 @@ import random
 
 from capacity.autoscaling.demand import DemandSample
 from capacity.autoscaling.spot import NOTICE_DRAIN_LEAD_S, ON_DEMAND, SPOT
+from capacity.autoscaling.vertical import sample_replicas
 from capacity.percentiles import percentile
 
 
@@ -61,6 +62,7 @@ class EngineSimAutoscaler:
         self.next_decision_s = 0.0
         self.next_vertical_s = getattr(policy, "vertical_interval_s", math.inf)
         self.finished: list = []
+        self.vertical_read: set[str] = set()  # the replicas the previous vertical tick read
         self.decisions: list[tuple[float, int, int]] = []  # (t, current, desired)
         self.limits: list[tuple[float, int]] = []
         self.samples: list[tuple[float, float, float]] = []  # (t, demand in requests, demand in MU), every tick
@@ -185,6 +187,16 @@ class EngineSimAutoscaler:
 
     def _vertical(self, fleet, actions) -> None:
         window, self.finished = self.finished, []
+        ready = [r for r in fleet.replicas if r.state == "ready"]
+        size = getattr(self.policy, "vertical_sample", 0)
+        read = set(sample_replicas([r.replica_id for r in ready], size))
+        sampled = len(read) < len(ready)
+        ready = [r for r in ready if r.replica_id in read]
+        if sampled:
+            # As the live tick: a sampled replica's histograms count from its second read on (the first has no
+            # snapshot of the previous cycle to diff against); its gauges count at once.
+            window = [r for r in window if r.replica_id in read and r.replica_id in self.vertical_read]
+        self.vertical_read = read
         # Replica-side TTFT (dispatch → first token), as vLLM's histogram sees it: time queued at the proxy is the
         # horizontal axis's business, not a sign that replicas run too many sequences.
         ttfts = sorted(
@@ -193,7 +205,6 @@ class EngineSimAutoscaler:
             if r.first_token_s is not None and r.dispatch_s is not None
         )
         tpots = sorted(r.tpot_s * 1000 for r in window if r.tpot_s is not None)
-        ready = [r for r in fleet.replicas if r.state == "ready"]
         limit = self.policy.adjust_concurrency(
             ttft_p95_ms=percentile(ttfts, 95),
             tpot_p95_ms=percentile(tpots, 95),

@@ -85,6 +85,7 @@ def options(quick: bool, opts: dict) -> dict:
         "day": "",  # one test day by name (weekday-5): infercap and the oracle on it alone (autoscale_day)
         "target_utilization": 0.75,  # infercap's in the one-day mode (docs/experiments/autoscaling.md, 2026-12-06)
         "onset": "on",  # the one-day mode: infercap's spike-onset floor, "off" turns it off
+        "vertical_sample": 0,  # the one-day mode: replicas the vertical tick reads an endpoint (0: all)
         "onset_max_growth": 2.0,  # the one-day mode: the onset's projection bound (horizontal.OnsetConfig)
         "policies": "",  # the one-day mode: which rows to run (autoscale_day.POLICIES; training: infercap,oracle)
         "tune": 0,  # the one-day mode on a training seed: 1 runs the baselines' coordinate search on that day

@@ -141,6 +141,8 @@ def _ours_knobs(o: dict) -> tuple:
         knobs["onset"] = False
     elif o["onset_max_growth"] != 2.0:
         knobs["onset_max_growth"] = o["onset_max_growth"]
+    if o["vertical_sample"]:
+        knobs["vertical_sample"] = o["vertical_sample"]
     return tuple(sorted(knobs.items()))
 
 

@@ -160,6 +160,7 @@ def build_policy(spec: Spec, day: DayInput, *, profile, max_replicas: int, conte
         seconds_per_request=lambda c: seconds_per_request(profile, c),
         reference_request_mu=estimate_request_mu(COEFFS, prompt_tokens=REFERENCE[0]),
         demand_signal=knob("demand_signal", "rate"),
+        vertical_sample=knob("vertical_sample", 0),
     )
     for t, prompt, _ in day.history:
         policy.remember(t=t, mu=request_mu(prompt))

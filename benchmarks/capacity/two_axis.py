@@ -45,6 +45,9 @@ class InfercapPolicy:
     name: str = "infercap"
     interval_s: float = 5.0
     vertical_interval_s: float = 30.0
+    # Replicas an endpoint's vertical tick reads (vertical.sample_replicas; 0: all), as INFERCAP's
+    # AUTOSCALE_VERTICAL_SAMPLE sets it for the live tick.
+    vertical_sample: int = 0
 
     def __post_init__(self) -> None:
         self.samples: deque[DemandSample] = deque()

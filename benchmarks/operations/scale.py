@@ -32,7 +32,9 @@ that figure, while on a machine shared with other work the wall clock measures t
 was not measured, its figure is projected from the largest size along the CPU exponent (``goal_judged``:
 "projected"), and ``breaks_at`` is the size at which the cost reaches the goal's limit.
 
-Options (``--opt k=v``): ``loops=a,b`` (a subset), ``<loop>=n1,n2,n3`` (its sizes), ``rows_per_slo=N``.
+Options (``--opt k=v``): ``loops=a,b`` (a subset), ``<loop>=n1,n2,n3`` (its sizes), ``rows_per_slo=N``,
+``vertical_sample=N`` (replicas the vertical tick reads an endpoint; default the product's
+``AUTOSCALE_VERTICAL_SAMPLE``, 0 all).
 Figures, on the last line: ``scale.<loop>.{sizes,seconds,exponent,goal_met,goal,goal_size,at_goal,goal_judged,
 breaks_at}`` and each loop's own lists (e.g. ``scale.snapshot_build.memory_mb``), ``scale.mode``, ``scale.wall_s``.
 """
@@ -131,6 +133,8 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             sizes = _sizes(options.get(name), getattr(loop, mode))
             progress(f"{name}: sizes {', '.join(f'{s:,}' for s in sizes)} {loop.unit}")
             kwargs = {"rows_per_slo": rows_per_slo} if name == "burn_tick" else {}
+            if name == "vertical_tick" and options.get("vertical_sample") not in (None, ""):
+                kwargs = {"sample": int(options["vertical_sample"])}
             results[name] = [loop.measure(size, progress=progress, **kwargs) for size in sizes]
             figures |= _judge(name, loop, sizes, results[name], progress)
             if name == "snapshot_build":

@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from benchmarks.operations.scale_fleet import REPLICAS_PER_ENDPOINT, _fleet
 from benchmarks.operations.scale_rows import timed_cpu
 from capacity.autoscaling import store
+from capacity.autoscaling import vertical_ticks as vertical_ticks_module
 from capacity.autoscaling.vertical_ticks import STREAK_KEY, vertical_ticks
 from capacity.models import AutoscalerDecision
 from endpoints.models import Replica
@@ -30,9 +31,10 @@ PORTS_PER_PROCESS = 2
 TICKS = 3  # the first stores each replica's first histogram snapshot; the later ones are steady
 
 
-def vertical_tick(endpoints: int, *, progress) -> dict:
-    """CPU and wall seconds of one vertical tick over ``endpoints`` endpoints of 10 ready replicas, every replica
-    scraped; the best of the steady ticks."""
+def vertical_tick(endpoints: int, *, progress, sample: int | None = None) -> dict:
+    """CPU and wall seconds of one vertical tick over ``endpoints`` endpoints of 10 ready replicas, ``sample`` of
+    each read (None: the product's ``AUTOSCALE_VERTICAL_SAMPLE``; 0: all); the best of the steady ticks."""
+    sample = vertical_ticks_module._sample_size() if sample is None else sample
     with metrics_servers() as (ports, advance), transaction.atomic():
         stamp, ids = _fleet(endpoints, replicas=REPLICAS_PER_ENDPOINT)
         replica_ids = _point_at(ids, ports)
@@ -41,7 +43,7 @@ def vertical_tick(endpoints: int, *, progress) -> dict:
             for tick in range(TICKS):
                 advance()  # a cycle's worth of new latency observations on every replica
                 label = f"v-scale-{stamp}-{tick}"
-                seconds, cpu, _ = timed_cpu(_tick_in_batches, ids, label)
+                seconds, cpu, _ = timed_cpu(_tick_in_batches, ids, label, sample)
                 stored = AutoscalerDecision.objects.filter(tick=label, endpoint_id__in=ids).count()
                 ticks.append((seconds, cpu, stored))
             scraped = _snapshots_stored(replica_ids)
@@ -53,7 +55,7 @@ def vertical_tick(endpoints: int, *, progress) -> dict:
     progress(
         f"  vertical: {endpoints:,} endpoints × {REPLICAS_PER_ENDPOINT} replicas: {seconds:.2f} s, {cpu:.2f} CPU-s a "
         f"tick ({cpu / replicas * 1e6:.0f} CPU-µs a replica; {stored:,} decisions stored, {scraped:,} replicas "
-        f"scraped); the first tick {ticks[0][0]:.2f} s"
+        f"scraped, sample {sample or 'all'}); the first tick {ticks[0][0]:.2f} s"
     )
     return {
         "seconds": seconds,
@@ -62,15 +64,16 @@ def vertical_tick(endpoints: int, *, progress) -> dict:
         "cpu_us_per_replica": round(cpu / replicas * 1e6, 1),
         "decisions_stored": stored,
         "replicas_scraped": scraped,
+        "sample": sample,
         "first_tick_s": round(ticks[0][0], 3),
     }
 
 
-def _tick_in_batches(ids: list[int], label: str) -> None:
+def _tick_in_batches(ids: list[int], label: str, sample: int) -> None:
     """The beat's batches (``workers.tasks.autoscaling.VERTICAL_BATCH``) one after another in this process: the CPU a
     tick costs the workers together."""
     for first in range(0, len(ids), VERTICAL_BATCH):
-        vertical_ticks(endpoint_ids=ids[first : first + VERTICAL_BATCH], tick=label)
+        vertical_ticks(endpoint_ids=ids[first : first + VERTICAL_BATCH], tick=label, sample=sample)
 
 
 def _point_at(ids: list[int], ports: list[int]) -> list[int]:

@@ -66,6 +66,10 @@ class _MemoryStore:
         with self.lock:
             return self._live(key)
 
+    def mget(self, keys):
+        with self.lock:
+            return [self._live(key) for key in keys]
+
     def time(self):
         now = time.time()
         return int(now), int((now % 1) * 1e6)

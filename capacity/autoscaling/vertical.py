@@ -6,6 +6,7 @@ its threshold for several cycles (one noisy p95 must not move it), and never by 
 cycle. Its output is the horizontal policy's ``target_concurrency`` and the proxy's replica slots.
 """
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 
@@ -157,3 +158,21 @@ def decide(inputs: VerticalInputs, cfg: VerticalConfig = VerticalConfig()) -> Ve
     if current != inputs.current_limit:
         reason = f"clamped into bounds; {reason}"
     return VerticalDecision(current=inputs.current_limit, desired=desired, reason=reason, state=state, inputs=record)
+
+
+def sample_replicas(replica_ids, size: int) -> list:
+    """The replicas a vertical tick reads: every one when ``size`` is 0 or covers them, else ``size`` of them.
+
+    The sample is fixed, not rotated: each member's histograms are diffed against its own previous cycle, so the p95s
+    still cover the last cycle only, from a share of the traffic (the router spreads load, so the share speaks for the
+    endpoint). Members are the lowest ranks of a stable hash of the id (rendezvous style): a replica that leaves is
+    replaced by one other and the rest stay, where "the first k by name" would shift on every scale event.
+    """
+    ids = list(replica_ids)
+    if size <= 0 or len(ids) <= size:
+        return ids
+    return sorted(ids, key=_rank)[:size]
+
+
+def _rank(replica_id) -> bytes:
+    return hashlib.blake2b(str(replica_id).encode(), digest_size=8).digest()

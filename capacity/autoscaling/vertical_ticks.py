@@ -11,11 +11,14 @@ vertical decision, as the tick always stored them there too.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import math
+import struct
+import time
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
@@ -30,6 +33,19 @@ VERTICAL = AutoscalerDecision.Axis.VERTICAL
 STREAK_KEY = "infercap:autoscale:vertical-streak:{endpoint_id}"
 STREAK_TTL_S = 86_400  # longer than any pause of the beat; past it the last decision answers
 HIST_TTL_S = 3600
+# Replicas read an endpoint (INFERCAP["AUTOSCALE_VERTICAL_SAMPLE"]; 0: all): see vertical.sample_replicas and
+# docs/algorithms.md#the-vertical-tick-at-fleet-scale for the cost and what the sample changes.
+SAMPLE = 3
+SNAPSHOT_FRESH_S = 75.0
+# What the tick reads of an endpoint, and what saving a new limit sends to post_save's listeners (the console's
+# event: name, desired replicas, owner): the whole row, launch options and all, cost a third of the per-endpoint time.
+_ENDPOINT_FIELDS = (
+    "name", "owner_tenant_id", "desired_replicas", "concurrency_limit", "concurrency_min", "concurrency_max",
+    "ttft_slo_ms", "tpot_slo_ms", "updated_at",
+)  # fmt: skip
+_HEAD = struct.Struct(
+    "<dHH"
+)  # a snapshot's time and its two histograms' bucket counts  # a sampled replica's snapshot older than two and a half cycles is not its previous cycle
 
 
 def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
@@ -38,12 +54,13 @@ def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
     return vertical_ticks(endpoint_ids=[endpoint_id], tick=tick).get(endpoint_id)
 
 
-def vertical_ticks(*, endpoint_ids, tick: str) -> dict[int, AutoscalerDecision | None]:
+def vertical_ticks(*, endpoint_ids, tick: str, sample: int | None = None) -> dict[int, AutoscalerDecision | None]:
     """Adjust the concurrency limit of each endpoint of the batch. Endpoints another worker holds, already decided
-    for this tick, or whose decision failed (logged) are left out; one endpoint's failure leaves the others theirs."""
+    for this tick, or whose decision failed (logged) are left out; one endpoint's failure leaves the others theirs.
+    ``sample``: replicas read an endpoint (None: ``AUTOSCALE_VERTICAL_SAMPLE``; 0: all)."""
     ids = list(dict.fromkeys(endpoint_ids))
     try:
-        return _vertical_ticks(ids, tick=tick)
+        return _vertical_ticks(ids, tick=tick, sample=_sample_size() if sample is None else max(0, sample))
     except store.RedisError as exc:
         log.warning("autoscaler: vertical tick %s for %d endpoints skipped: Redis: %s", tick, len(ids), exc)
         return {}
@@ -56,15 +73,15 @@ class _Plan:
     record: dict
 
 
-def _vertical_ticks(ids: list[int], *, tick: str) -> dict[int, AutoscalerDecision | None]:
+def _vertical_ticks(ids: list[int], *, tick: str, sample: int) -> dict[int, AutoscalerDecision | None]:
     with store.TickLocks(axis=VERTICAL, endpoint_ids=ids) as locks:
         if not locks.held:
             return {}
         decided = AutoscalerDecision.objects.filter(endpoint_id__in=locks.held, axis=VERTICAL, tick=tick)
         todo = set(locks.held) - set(decided.values_list("endpoint_id", flat=True))
-        endpoints = list(Endpoint.objects.filter(pk__in=todo).order_by("pk"))
-        replicas = _ready_replicas([e.pk for e in endpoints])
-        scrapes = _scrapes(replicas)
+        endpoints = list(Endpoint.objects.filter(pk__in=todo).only(*_ENDPOINT_FIELDS).order_by("pk"))
+        replicas, sampled = _sample(_ready_replicas([e.pk for e in endpoints]), sample)
+        scrapes = _scrapes(replicas, sampled=sampled)
         streaks = _streaks([e.pk for e in endpoints])
         plans = []
         for endpoint in endpoints:
@@ -126,35 +143,59 @@ def _ready_replicas(endpoint_ids: list[int]) -> list[tuple[int, int, str]]:
     return list(rows.order_by("endpoint_id", "name").values_list("pk", "endpoint_id", "url"))
 
 
-def _scrapes(replicas: list[tuple[int, int, str]]) -> dict[int, list[ReplicaScrape]]:
+def _sample_size() -> int:
+    return max(0, int(getattr(settings, "INFERCAP", {}).get("AUTOSCALE_VERTICAL_SAMPLE", SAMPLE)))
+
+
+def _sample(replicas: list[tuple[int, int, str]], size: int) -> tuple[list[tuple[int, int, str]], set[int]]:
+    """The replicas this tick reads (each endpoint's ``vertical.sample_replicas``), and the endpoints that have more
+    ready replicas than that."""
+    by_endpoint: dict[int, list[tuple[int, int, str]]] = {}
+    for row in replicas:
+        by_endpoint.setdefault(row[1], []).append(row)
+    read, sampled = [], set()
+    for endpoint_id, rows in by_endpoint.items():
+        keep = set(vertical.sample_replicas([r[0] for r in rows], size))
+        if len(keep) < len(rows):
+            sampled.add(endpoint_id)
+        read.extend(r for r in rows if r[0] in keep)
+    return read, sampled
+
+
+def _scrapes(
+    replicas: list[tuple[int, int, str]], *, sampled: frozenset | set = frozenset()
+) -> dict[int, list[ReplicaScrape]]:
     """Each endpoint's replicas that answered, scraped concurrently, diffed against their previous snapshots; the
-    new snapshots stored. Two Redis round trips for the batch."""
+    new snapshots stored. Two Redis round trips for the batch. A replica of a ``sampled`` endpoint whose snapshot is
+    missing or older than ``SNAPSHOT_FRESH_S`` (it just joined the sample) gives its gauges only: its counts since
+    it started, or since it last left the sample, are not one cycle's."""
     reachable = [r for r in replicas if r[2]]
     texts = replica_scrapes.fetch_many([url for _, _, url in reachable])
     c = store.client()
-    reads = c.pipeline(transaction=False)
-    for replica_id, _, _ in reachable:
-        reads.get(store.HIST_KEY.format(replica_id=replica_id))
-    before = reads.execute()
+    # One MGET: a command per key costs the client about 10 µs to pack and parse, an argument under 1
+    before = (
+        c.mget([store.HIST_KEY.format(replica_id=replica_id) for replica_id, _, _ in reachable]) if reachable else []
+    )
     writes = c.pipeline(transaction=False)
+    now = time.time()
     out: dict[int, list[ReplicaScrape]] = {}
     for (replica_id, endpoint_id, _), text, raw in zip(reachable, texts, before, strict=True):
         if text is None:
             continue  # did not answer: skipped this cycle, its snapshot kept for the next
         scrape = replica_metrics.parse(text)
-        previous = _loads(raw)
+        at, before_ttft, before_tpot = _unpack(raw)
         now_ttft, now_tpot = scrape.buckets(replica_metrics.TTFT), scrape.buckets(replica_metrics.TPOT)
+        counted = endpoint_id not in sampled or (at is not None and 0 <= now - at <= SNAPSHOT_FRESH_S)
         out.setdefault(endpoint_id, []).append(
             ReplicaScrape(
                 running=scrape.running,
                 waiting=scrape.waiting,
                 kv_usage=scrape.kv_usage,
-                ttft=replica_metrics.diff(now_ttft, _unjson(previous.get("ttft"))),
-                tpot=replica_metrics.diff(now_tpot, _unjson(previous.get("tpot"))),
+                ttft=replica_metrics.diff(now_ttft, before_ttft) if counted else {},
+                tpot=replica_metrics.diff(now_tpot, before_tpot) if counted else {},
             )
         )
-        snapshot = json.dumps({"ttft": _json(now_ttft), "tpot": _json(now_tpot)})
-        writes.set(store.HIST_KEY.format(replica_id=replica_id), snapshot, ex=HIST_TTL_S)
+        writes.set(store.HIST_KEY.format(replica_id=replica_id), _pack(now, now_ttft, now_tpot), ex=HIST_TTL_S)
     writes.execute()
     return out
 
@@ -189,11 +230,9 @@ def _streaks(endpoint_ids: list[int]) -> dict[int, vertical.VerticalState]:
     decision (two queries, only when some are missing)."""
     if not endpoint_ids:
         return {}
-    pipe = store.client().pipeline(transaction=False)
-    for endpoint_id in endpoint_ids:
-        pipe.get(STREAK_KEY.format(endpoint_id=endpoint_id))
+    stored = store.client().mget([STREAK_KEY.format(endpoint_id=endpoint_id) for endpoint_id in endpoint_ids])
     out, missing = {}, []
-    for endpoint_id, raw in zip(endpoint_ids, pipe.execute(), strict=True):
+    for endpoint_id, raw in zip(endpoint_ids, stored, strict=True):
         state = _state(_loads(raw))
         if state is None:
             missing.append(endpoint_id)
@@ -282,14 +321,24 @@ def _loads(raw) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _json(hist: dict[float, float]) -> list:
-    return [["inf" if math.isinf(b) else b, c] for b, c in hist.items()]
+def _pack(now: float, ttft: dict[float, float], tpot: dict[float, float]) -> bytes:
+    """A replica's snapshot: when, then each histogram's (bound, cumulative count) pairs as doubles (infinity
+    included). Packed rather than JSON: 2 µs against 40 a replica each way, a tenth of the tick at 10,000 replicas."""
+    values = [*itertools.chain.from_iterable(ttft.items()), *itertools.chain.from_iterable(tpot.items())]
+    return _HEAD.pack(now, len(ttft), len(tpot)) + struct.pack(f"<{len(values)}d", *values)
 
 
-def _unjson(rows) -> dict[float, float] | None:
-    if not rows:
-        return None
+def _unpack(raw) -> tuple[float | None, dict[float, float] | None, dict[float, float] | None]:
+    """(when, TTFT, TPOT) of a stored snapshot; (None, None, None) for none, or one that is not ours (a value of
+    another shape, or an earlier release's JSON): the cycle then counts the replica's counts since it started, or,
+    sampled, its gauges only."""
     try:
-        return {(math.inf if b == "inf" else float(b)): float(c) for b, c in rows}
-    except (TypeError, ValueError):
-        return None  # a corrupt snapshot: this cycle counts the replica's counts since it started
+        at, n_ttft, n_tpot = _HEAD.unpack_from(raw)
+        pairs = 2 * (n_ttft + n_tpot)
+        if len(raw) != _HEAD.size + 8 * pairs:
+            return None, None, None
+        values = struct.unpack_from(f"<{pairs}d", raw, _HEAD.size)
+    except (struct.error, TypeError):
+        return None, None, None
+    pairs = list(zip(values[0::2], values[1::2], strict=True))
+    return at, dict(pairs[:n_ttft]), dict(pairs[n_ttft:])
