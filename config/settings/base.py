@@ -175,6 +175,9 @@ INFERCAP = {
     # The autoscaler starts at most this many replicas per endpoint per reconcile, and per 5 s tick fleet-wide.
     "AUTOSCALE_MAX_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_LAUNCHES_PER_TICK", 8),
     "AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", 32),
+    # Replicas of each endpoint whose /metrics the vertical tick reads (a fixed sample; 0: all):
+    # docs/algorithms.md#the-vertical-tick-at-fleet-scale
+    "AUTOSCALE_VERTICAL_SAMPLE": env_int("INFERCAP_AUTOSCALE_VERTICAL_SAMPLE", 3),
     # Blackbox health checks (endpoints.health.HealthConfig): probe a replica silent for idle_after_s,
     # fail it after failures_to_fail consecutive failed probes.
     "HEALTH": {
