@@ -61,6 +61,7 @@ import aiohttp
 import httpx
 
 from benchmarks.harness.bench_world import bench_world_create
+from benchmarks.serving import proxy_processes
 from capacity.percentiles import percentile
 from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 from endpoints.models import Replica
@@ -457,6 +458,8 @@ class _Paths:
 
 
 def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **opts) -> dict:
+    if "processes" in opts:  # several proxy processes acting as one: benchmarks/serving/proxy_processes.py
+        return proxy_processes.run(quick=quick, progress=progress, **opts)
     options = _Options.parse(opts, quick=quick)
     group = ProcessGroup()
     try:
