@@ -1,5 +1,5 @@
 """``bench placement``: replicas bigger than one GPU placed on a cluster of interconnect domains, under four
-policies (capacity/placement, docs/placement.md).
+policies and two oracles (capacity/placement, docs/placement.md).
 
 The cluster: 8 HGX nodes (8 GPUs each, one NVLink domain per node) and one NVL72 rack (18 nodes of 4 GPUs, one
 domain): 136 GPUs. The stream: 24 endpoints with tensor-parallel sizes 1, 2, 4 and 8, and one multi-node endpoint of
@@ -11,13 +11,17 @@ the endpoint's newest replica, placed or still waiting. The stream is the same f
 
 Policies: ``naive`` (each rank of a replica takes a free GPU in turn; a replica starts once it holds its group),
 ``gang`` (all or nothing, first fit, no topology), ``infercap`` (all or nothing inside one domain, best fit keeping
-whole nodes and the rack free, equal shares on rack nodes for a group no node holds), and ``bound`` (the oracle: the whole stream scheduled on the cluster relaxed to one
-pool, with no topology and no fragmentation; ``fluid_gpu_allocation`` is the ceiling min(cluster, demand) no policy
-passes). Every policy serves waiting replicas in arrival order and starts any that fits (backfill).
+whole nodes and the rack free, equal shares on rack nodes for a group no node holds), ``bound`` (the oracle: the whole stream scheduled on the
+cluster relaxed to one pool, with no topology and no fragmentation; ``fluid_gpu_allocation`` is the ceiling
+min(cluster, demand) no policy passes), and ``repack`` (the ceiling that keeps the topology: domains and gangs as infercap keeps them, but every
+running replica may be re-placed from scratch whenever the scheduler looks, free; ``repacks`` and ``moved`` in its
+detail count what that migration would cost). Every policy serves waiting replicas in arrival order and starts any
+that fits (backfill).
 
 Last line keys: ``placement.<policy>.{deadlocks,gpu_allocation,groups_across_domains,pending_p99_s}`` (allocation:
 GPU-seconds served over GPU-seconds asked for; pending: seconds from scale-up to start, or to withdrawal; its p99 over all seeds' replicas together), then
-``placement.<policy>.detail`` (per seed), ``placement.goals``, ``placement.setup``, ``placement.seeds``,
+``placement.<policy>.detail`` (per seed), ``placement.infercap.pending_p99_vs_repack``,
+``placement.repack.pending_p99_vs_bound``, ``placement.goals``, ``placement.setup``, ``placement.seeds``,
 ``placement.seed_set``, ``placement.wall_s``. Options (``--opt``): ``hours`` of stream (12 quick, 48 full),
 ``demand`` (0.9), ``seeds`` (training seeds unless ``--held-out``).
 """
@@ -32,6 +36,7 @@ from benchmarks import protocol
 from capacity.percentiles import percentile
 from capacity.placement.cluster import hgx_nodes, rack
 from capacity.placement.policies import POLICIES
+from capacity.placement.repack import repack_replay
 from capacity.placement.replay import Request, fluid_allocation, replay
 
 HELD_OUT = True
@@ -43,6 +48,7 @@ MULTI_NODE_GPUS = 16
 COMMON_SWING = 0.1  # the day all endpoints share (their users' daytime), as a fraction of their mean
 OWN_SWING = 0.2  # each endpoint's own diurnal swing, of a random phase
 DRAIN_S = (5.0, 60.0)  # a removed replica finishes its streams before its GPUs are free
+BENCH_POLICIES = (*POLICIES, "repack")  # repack: the ceiling that keeps the topology (capacity/placement/repack.py)
 
 
 def cluster_nodes():
@@ -109,9 +115,9 @@ def run_seed(*, seed: int, hours: float, demand: float, progress) -> dict:
         "fluid_gpu_allocation": round(fluid_allocation(requests, gpus), 4),
     }
     pending = {}
-    for policy in POLICIES:
+    for policy in BENCH_POLICIES:
         started = time.perf_counter()
-        result = replay(nodes, requests, policy)
+        result = repack_replay(nodes, requests) if policy == "repack" else replay(nodes, requests, policy)
         out[policy], pending[policy] = result.figures(), result.pending_s
         progress(
             f"seed {seed} {policy}: allocation {out[policy]['gpu_allocation']}, pending p99 "
@@ -138,7 +144,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     progress(f"placement: {len(seeds)} seed(s), {hours:g} h of stream each at {demand:.0%} demand")
     runs, pending = zip(*(run_seed(seed=s, hours=hours, demand=demand, progress=progress) for s in seeds), strict=True)
     figures: dict = {}
-    for policy in POLICIES:
+    for policy in BENCH_POLICIES:
         rows = [r[policy] for r in runs]
         figures[f"placement.{policy}.deadlocks"] = sum(r["deadlocks"] for r in rows)
         figures[f"placement.{policy}.gpu_allocation"] = _mean([r["gpu_allocation"] for r in rows])
@@ -147,6 +153,8 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         waits = [w for p in pending for w in p[policy]]
         figures[f"placement.{policy}.pending_p99_s"] = round(percentile(waits, 99), 1) if waits else None
         figures[f"placement.{policy}.detail"] = rows
+    figures["placement.infercap.pending_p99_vs_repack"] = _ratio(figures, "infercap", "repack")
+    figures["placement.repack.pending_p99_vs_bound"] = _ratio(figures, "repack", "bound")
     figures["placement.goals"] = _goals(figures)
     figures["placement.setup"] = {
         "cluster": "8 HGX nodes × 8 GPUs (a domain each) + 1 NVL72 rack (18 nodes × 4 GPUs, one domain)",
@@ -163,6 +171,12 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         with open(plot, "w") as out:
             out.write(_svg(figures))
     return figures
+
+
+def _ratio(figures: dict, policy: str, reference: str) -> float | None:
+    """One policy's pending p99 over another's (None where the reference waited for nothing)."""
+    reference_p99 = figures[f"placement.{reference}.pending_p99_s"]
+    return round(figures[f"placement.{policy}.pending_p99_s"] / reference_p99, 3) if reference_p99 else None
 
 
 def _mean(values):
@@ -191,11 +205,11 @@ def _goals(figures: dict) -> dict:
 
 def _svg(figures: dict) -> str:
     """Per policy: GPU allocation (bar, left scale) and pending p99 relative to the bound's (bar, right)."""
-    colors = {"naive": "#c44e52", "gang": "#8172b2", "infercap": "#55a868", "bound": "#4c72b0"}
+    colors = {"naive": "#c44e52", "gang": "#8172b2", "infercap": "#55a868", "bound": "#4c72b0", "repack": "#937860"}
     bound_p99 = figures["placement.bound.pending_p99_s"] or 1.0
-    parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="560" height="280" font-size="11">']
+    parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="690" height="280" font-size="11">']
     parts.append('<text x="10" y="15">GPU allocation (left) and pending p99 ÷ bound (right), per policy</text>')
-    for i, policy in enumerate(POLICIES):
+    for i, policy in enumerate(BENCH_POLICIES):
         allocation = figures[f"placement.{policy}.gpu_allocation"] or 0.0
         ratio = (figures[f"placement.{policy}.pending_p99_s"] or 0.0) / bound_p99
         for j, (value, label) in enumerate(
