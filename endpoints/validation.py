@@ -11,6 +11,7 @@ import re
 from django.core.exceptions import ValidationError
 
 from capacity.autoscaling import actuators
+from capacity.placement.node_requirements import endpoint_requirements
 from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import launch_env
 from capacity.runtimes.launch_options import allowlisted_value_errors, argv_value
@@ -64,6 +65,8 @@ def endpoint_validate(endpoint: Endpoint, *, check_launch_values: bool | None = 
     for field, messages in routing_plan_errors(endpoint).items():
         errors.setdefault(field, []).extend(messages)
     for field, messages in spot_pool_errors(endpoint).items():
+        errors.setdefault(field, []).extend(messages)
+    for field, messages in prefill_placement_errors(endpoint).items():
         errors.setdefault(field, []).extend(messages)
     benchmark = endpoint.pinned_benchmark if endpoint.pinned_benchmark_id else None
     if benchmark is not None:
@@ -193,6 +196,7 @@ def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
     tp = options.get("tensor_parallel_size")
     if tp is not None and not (whole(tp) and tp >= 1):
         errors.append("tensor_parallel_size must be a positive whole number")
+    errors += placement_option_errors(options)
     if errors:
         return errors
     try:
@@ -204,6 +208,39 @@ def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
         errors.append(str(exc))
     # The allowlist's ranges hold for operators' values too (after the launchers' own words, which say more).
     return errors + [e for e in allowlisted_value_errors(options) if e not in errors]
+
+
+# The launch options that say where an endpoint's pods land (capacity.placement.node_requirements).
+PLACEMENT_OPTIONS = ("node_selector", "tolerations", "spot_node_selector", "spot_tolerations")
+
+
+def placement_option_errors(options: dict) -> list[str]:
+    """What the Kubernetes actuator would refuse at scale-up in the node selectors and tolerations, each option on
+    its own: the check is the launch's own (``endpoint_requirements``), as for a spot pod, which reads all four."""
+    errors = []
+    for key in PLACEMENT_OPTIONS:
+        if key in options:
+            try:
+                endpoint_requirements({key: options[key]}, None, spot=True)
+            except ValueError as exc:
+                errors.append(str(exc))
+    return errors
+
+
+def prefill_placement_errors(endpoint: Endpoint) -> dict[str, list[str]]:
+    """The prefill pool's launch options are its pods' (docs/disaggregation.md): their placement options are held
+    to the same check, when the endpoint is new or they change (a live edit of another field leaves them alone)."""
+    options = endpoint.prefill_launch_options
+    if not isinstance(options, dict):
+        return {"prefill_launch_options": ["must be a JSON object"]}
+    if not any(key in options for key in PLACEMENT_OPTIONS):
+        return {}
+    if not endpoint._state.adding and endpoint.pk is not None:
+        stored = Endpoint.objects.filter(pk=endpoint.pk).values_list("prefill_launch_options", flat=True).first()
+        if stored == options:
+            return {}
+    errors = placement_option_errors(options)
+    return {"prefill_launch_options": errors} if errors else {}
 
 
 def fallback_errors(endpoint: Endpoint) -> dict[str, list[str]]:
