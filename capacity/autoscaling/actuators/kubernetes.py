@@ -29,16 +29,23 @@ old one would run the old model.
 Spot pools (docs/algorithms.md#spot-capacity): an endpoint's spot replicas run in ``<deployment>-spot`` (per version:
 ``<deployment>-v<N>-spot``), created on the first spot launch as a copy of the template like a version's, with
 ``infercap/capacity-type: spot`` added to its labels, selector and pod labels, and its pods scheduled on spot nodes:
-the pod template's ``nodeSelector`` gets the launch option ``spot_node_selector`` (default Karpenter's
-``karpenter.sh/capacity-type: spot``; GKE's is ``cloud.google.com/gke-spot: "true"``) and its tolerations the
-launch option ``spot_tolerations``. Its pods are registered on the endpoint's spot profile
-(``Replica.hardware_profile``: cost rows and statements price them as spot) and left out of the on-demand
-Deployments' listings, whose selectors match them too. The two pools scale apart; a reclaimed node's pod is
-replaced by its ReplicaSet, once the market has capacity again.
+besides the node requirements every pod of the endpoint carries (below), the pod template's ``nodeSelector`` gets the
+launch option ``spot_node_selector`` (default Karpenter's ``karpenter.sh/capacity-type: spot``; GKE's is
+``cloud.google.com/gke-spot: "true"``) and its tolerations the launch option ``spot_tolerations``. Its pods are
+registered on the endpoint's spot profile (``Replica.hardware_profile``: cost rows and statements price them as spot)
+and left out of the on-demand Deployments' listings, whose selectors match them too. The two pools scale apart; a
+reclaimed node's pod is replaced by its ReplicaSet, once the market has capacity again.
 
 Gang placement (docs/placement.md, "In the actuators"): replicas of several GPUs ask for their whole group inside one
 interconnect domain, through the cluster's gang scheduler; a replica larger than a node is a LeaderWorkerSet
-(``kubernetes_gang.py``).
+(``kubernetes_gang.py``). Whatever the shape, the pods carry the launch's node requirements
+(``kubernetes_objects.launch_requirements``, the answer the ledger's room counts with): a ``nodeSelector`` of the
+launch hardware profile's ``gpu_product`` on its ``gpu_product_label`` (default ``nvidia.com/gpu.product``; no
+product: any GPU node) merged with the launch option ``node_selector`` (the product wins its label), and the launch
+option ``tolerations``; on a spot pool the spot ones too. They are merged into the template's own (theirs win a key
+both name; no toleration twice): in the template Deployment's pod template while it has no pods (a change rolls
+none), in a version's, spot or disaggregated pool's Deployment when it is created, in each LeaderWorkerSet. A bad
+option shape is refused when the endpoint is written (``endpoints.validation``) and an ActuatorError at launch.
 
 The API client is ``kubernetes_api.py`` (the API server as kubectl finds it); the Deployments of versions, spot and
 disaggregated pools are made in ``kubernetes_versions.py``.
