@@ -6,24 +6,26 @@ Processes: ``replicas`` simulated replicas (``--max-num-seqs 1024``, limit 1,024
 workers (the same production-settings uvicorn command as ``bench proxy``, each its own process and port, sharing the
 one Redis and PostgreSQL), and the load generator in its own process (``proxy_loadgen.py``), which spreads its
 proxied streams over the N proxies round-robin, as a Service would, and runs a few direct streams to the replicas
-beside them (``max(4, streams / 4)``): the added TTFT is p50(proxied) − p50(direct) in the same phase.
+beside them (``max(8, streams / 4)``): the added TTFT is p50(proxied) − p50(direct) in the same phase.
 
-For each N of ``processes`` (``1,2`` compares them in one run): a capacity search, streams doubling from ``start``
-until a phase's added TTFT p50 passes ``bound_ms`` or any request fails, then ``refine`` bisections; the most streams
-that met the bound with 0 errors is ``proxy.processes.<N>.streams_at_bound``, with that phase's added TTFT p50,
-proxied tokens/s, proxy CPU per 1,000 tokens, each process's CPU (cores), the load generator's and the replicas'
-CPU, and Redis commands per second and per request (``INFO commandstats`` of the shared Redis, less the rate with
-the proxies idle). ``proxy.processes.scaling_2_over_1`` is the ratio of the two searches' streams.
+For each N of ``processes`` (``1,2`` compares them in one run; every count's proxies run at once, and the searches
+take turns level by level, so the counts see the same minutes of the machine's load): a capacity search, streams
+doubling from ``start`` until a phase's added TTFT p50 is above ``bound_ms`` (its 95 % bootstrap interval wholly
+above it) or any request fails, then ``refine`` bisections. The most streams that met the bound with 0 errors is
+``proxy.processes.<N>.streams_at_bound``, with that phase's added TTFT p50, proxied tokens/s, proxy CPU per 1,000
+tokens, each process's CPU (cores), the load generator's and the replicas' CPU, and Redis commands per second and
+per request (``INFO commandstats`` of the shared Redis, less the rate with every proxy idle); ``.stopped_by`` says
+what ended the doubling. ``proxy.processes.scaling_2_over_1`` is the ratio of the two counts' streams.
 
-The limits check (each N ≥ 2, ``limits=1``): an endpoint whose one replica has a concurrency limit of 4, driven with
-4 streams per slot spread over the N processes (each alone would fill the limit), the replica's requests in flight
-polled every 5 ms (``replica_max_in_flight`` ≤ 4); and an API key with an RPM limit of 120, sent three times that as
-fast as possible over the N processes (``rpm_admitted`` ≤ the bucket plus its refill over the burst).
-``shared_redis=0`` is the control: every process after the first gets its own private Redis, and the same check shows
-what N processes that do not share Redis let through.
+The limits check (across the largest N, if ≥ 2; ``limits=1``): an endpoint whose one replica has a concurrency limit
+of 4, driven with 4 streams per slot spread over the N processes (each alone would fill the limit), the replica's
+requests in flight polled every 5 ms (``replica_max_in_flight`` ≤ 4); and an API key with an RPM limit of 120, sent
+three times that as fast as possible over the N processes (``rpm_admitted`` ≤ the bucket plus its refill over the
+burst). ``shared_redis=0`` is the control: every process after the first gets its own private Redis, and the same
+check shows what N processes that do not share Redis let through.
 
 Options: ``processes=1,2``, ``bound_ms`` (10), ``start`` (8), ``max_streams`` (256 quick, 1,024 full), ``refine``
-(1 quick, 2 full), ``duration_s`` (each phase: 3 quick, 8 full), ``replicas`` (2), ``speed``, ``max_tokens`` (64),
+(1 quick, 2 full), ``duration_s`` (each phase: 3 quick, 8 full), ``replicas`` (4), ``speed``, ``max_tokens`` (64),
 ``prompt_chars`` (64), ``ramp_s``, ``limits=0|1``, ``shared_redis=0|1``, ``proxy_log=FILE``.
 """
 
@@ -37,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 from django.conf import settings
@@ -99,7 +101,7 @@ class Options:
             max_streams=int(opts.get("max_streams", 256 if quick else 1024)),
             refine=int(opts.get("refine", 1 if quick else 2)),
             duration_s=float(opts.get("duration_s", 3.0 if quick else 8.0)),
-            replicas=int(opts.get("replicas", 2)),
+            replicas=int(opts.get("replicas", 4)),
             speed=float(opts.get("speed", 1.0)),
             max_tokens=int(opts.get("max_tokens", 64)),
             prompt_chars=int(opts.get("prompt_chars", 64)),
@@ -115,17 +117,16 @@ class Options:
         return options
 
 
-@dataclass
+@dataclass(frozen=True)
 class Fleet:
-    """What one N's phases drive: the proxies (base url, pid), the replicas, the keys and the load generator."""
+    """What the phases drive besides the proxies: the load generator, the replicas and the keys."""
 
     loadgen: LoadGen
     replica_urls: list
     replica_pids: list
     limited_url: str
     key: str
-    proxies: list = field(default_factory=list)
-    rpm_key: str = ""
+    rpm_key: str
 
 
 class LoadGen:
@@ -163,11 +164,13 @@ def run(*, quick: bool, progress=print, **opts) -> dict:
         urls, pids = _start_replicas(group, options, model=ENDPOINT, count=options.replicas)
         limited = _start_replicas(group, options, model=LIMITED_ENDPOINT, count=1)[0][0]
         key = _world(urls, limited)
+        tenant = Tenant.objects.get(slug=TENANT_SLUG)
+        # Created before the proxies start, so their first snapshot holds it; its RPM bucket starts full.
+        _, rpm_key = api_key_create(tenant=tenant, name=f"rpm {time.time():.0f}", rpm_limit=RPM_LIMIT)
         loadgen = LoadGen()
-        fleet = Fleet(loadgen, urls, pids, limited, key)
+        fleet = Fleet(loadgen, urls, pids, limited, key, rpm_key=rpm_key)
         redis_urls = _redis_urls(group, max(options.processes), shared=options.shared_redis)
-        for n in options.processes:
-            results.update(_one_count(n, fleet, options, redis_urls, progress))
+        results.update(_measure(fleet, group, options, redis_urls, progress))
     finally:
         if loadgen is not None:
             loadgen.close()
@@ -242,31 +245,37 @@ def _start_proxies(group: ProcessGroup, n: int, options: Options, redis_urls: li
     return proxies
 
 
-def _one_count(n: int, fleet: Fleet, options: Options, redis_urls: list, progress) -> dict:
-    """Everything measured with N proxy processes: idle cost, the capacity search and (N ≥ 2) the limits check."""
-    tenant = Tenant.objects.get(slug=TENANT_SLUG)
-    # A fresh key a count: its RPM bucket starts full (created before the proxies, so their snapshot holds it).
-    _, fleet.rpm_key = api_key_create(tenant=tenant, name=f"rpm {n} {time.time():.0f}", rpm_limit=RPM_LIMIT)
-    group = ProcessGroup()
+def _measure(fleet: Fleet, group: ProcessGroup, options: Options, redis_urls: list, progress) -> dict:
+    """Every count's proxies started at once and their searches interleaved level by level (1 process at a level,
+    then 2, ...): the counts compared see the same minutes of this machine's load; then the limits check across the
+    largest count."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
         others_ops = _redis_rate(client, seconds=1.0)  # other clients of this Redis, before any proxy
-        fleet.proxies = _start_proxies(group, n, options, redis_urls)
-        _warm(fleet, options)
-        out = {f"{PREFIX}.{n}.load_average_before": [round(x, 2) for x in os.getloadavg()]}
-        idle = _idle(fleet, client, others_ops)
-        out[f"{PREFIX}.{n}.idle"] = idle
-        progress(f"{n} proxy process(es): idle {idle}")
-        best, steps = _search(fleet, options, client, idle["redis_ops_per_s"], progress)
-        out.update({f"{PREFIX}.{n}.{k}": v for k, v in best.items() if k != "streams"})
-        out[f"{PREFIX}.{n}.streams_at_bound"] = best.get("streams", 0)
-        out[f"{PREFIX}.{n}.search"] = steps
-        if n >= 2 and options.limits:
-            out.update({f"{PREFIX}.limits.{k}": v for k, v in _limits_check(fleet, options).items()})
-            progress(f"limits across {n} processes: {_limits_line(out)}")
-        out[f"{PREFIX}.{n}.load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+        sets = {n: _start_proxies(group, n, options, redis_urls) for n in options.processes}
+        for proxies in sets.values():
+            _warm(fleet, proxies)
+        out = {f"{PREFIX}.load_average_before": [round(x, 2) for x in os.getloadavg()]}
+        idle = _idle(sets, client, others_ops)
+        out[f"{PREFIX}.idle"] = idle
+        progress(f"idle: {idle}")
+        searches = {n: Search(options) for n in options.processes}
+        while any(search.next_level() for search in searches.values()):
+            for n, search in searches.items():
+                if level := search.next_level():
+                    search.record(_phase(fleet, sets[n], options, level, client, idle["redis_ops_per_s"]))
+                    progress(f"{n} process(es), {level} streams: {search.steps[-1]}")
+        for n, search in searches.items():
+            out.update({f"{PREFIX}.{n}.{k}": v for k, v in search.best.items() if k != "streams"})
+            out[f"{PREFIX}.{n}.streams_at_bound"] = search.best.get("streams", 0)
+            out[f"{PREFIX}.{n}.stopped_by"] = search.stopped_by
+            out[f"{PREFIX}.{n}.search"] = search.steps
+        most = max(options.processes)
+        if most >= 2 and options.limits:
+            out.update({f"{PREFIX}.limits.{k}": v for k, v in _limits_check(fleet, sets[most], options).items()})
+            progress(f"limits across {most} processes: {_limits_line(out)}")
+        out[f"{PREFIX}.load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
-        group.kill_all()
         client.close()
     return out
 
@@ -275,9 +284,9 @@ def _limits_line(out: dict) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[1]}={v}" for k, v in out.items() if k.startswith(f"{PREFIX}.limits."))
 
 
-def _warm(fleet: Fleet, options: Options) -> None:
+def _warm(fleet: Fleet, proxies: list) -> None:
     """Every proxy loads its snapshot and opens its upstream connections before anything is measured."""
-    proxied = [[base, fleet.key] for base, _ in fleet.proxies]
+    proxied = [[base, fleet.key] for base, _ in proxies]
     fleet.loadgen.ask(op="load", model=ENDPOINT, proxied=proxied, streams=2 * len(proxied), duration_s=1.0,
                       max_tokens=8, ramp_s=0.0)  # fmt: skip
 
@@ -299,10 +308,10 @@ def _redis_rate(client: redis.Redis, *, seconds: float) -> float:
     return (sum(_redis_calls(client).values()) - before - 1) / seconds  # less our own INFO
 
 
-def _idle(fleet: Fleet, client: redis.Redis, others_ops: float, seconds: float = 3.0) -> dict:
+def _idle(sets: dict, client: redis.Redis, others_ops: float, seconds: float = 3.0) -> dict:
     """The proxies' background with no request (scraper, heartbeat, lease sweep, snapshot poll, demand): CPU ms a
-    second per process and the Redis commands a second they add to the other clients' rate."""
-    pids = [pid for _, pid in fleet.proxies]
+    second per process and the Redis commands a second all of them add to the other clients' rate."""
+    pids = [pid for proxies in sets.values() for _, pid in proxies]
     cpu = [_cpu_s(pid) for pid in pids]
     calls = _redis_calls(client)
     time.sleep(seconds)
@@ -310,6 +319,7 @@ def _idle(fleet: Fleet, client: redis.Redis, others_ops: float, seconds: float =
     by_command = {c: round((after[c] - calls.get(c, 0)) / seconds, 1) for c in after if after[c] > calls.get(c, 0)}
     total = sum(by_command.values())
     return {
+        "processes": len(pids),
         "cpu_ms_per_s": [round((_cpu_s(pid) - c) * 1000 / seconds, 1) for pid, c in zip(pids, cpu, strict=True)],
         "redis_ops_per_s": round(max(0.0, total - others_ops), 1),
         "redis_other_clients_ops_per_s": round(others_ops, 1),
@@ -317,57 +327,72 @@ def _idle(fleet: Fleet, client: redis.Redis, others_ops: float, seconds: float =
     }
 
 
-def _search(fleet: Fleet, options: Options, client, idle_ops: float, progress) -> tuple[dict, list]:
-    """The most streams whose phase met the bound with 0 errors: doubling from ``start``, then bisections."""
-    steps, best, failed = [], {}, None
-    level = options.start
-    while level <= options.max_streams:
-        row = _phase(fleet, options, level, client, idle_ops)
-        steps.append(_step(row))
-        progress(f"{len(fleet.proxies)} process(es), {level} streams: {steps[-1]}")
-        if not _meets(row, options):
-            failed = level
-            break
-        best, level = row, level * 2
-    low = best.get("streams", 0)
-    for _ in range(options.refine if failed else 0):
-        mid = (low + failed) // 2
-        if mid <= low or mid >= failed:
-            break
-        row = _phase(fleet, options, mid, client, idle_ops)
-        steps.append(_step(row))
-        progress(f"{len(fleet.proxies)} process(es), {mid} streams: {steps[-1]}")
-        if _meets(row, options):
-            best, low = row, mid
+class Search:
+    """The capacity search of one count: streams doubling from ``start`` until a level fails the bound, then
+    ``refine`` bisections between the last level that met it and the first that did not."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.level, self.failed, self.refines_left = options.start, None, options.refine
+        self.best: dict = {}
+        self.steps: list = []
+        self.stopped_by = "max_streams"  # what ended the doubling: bound, errors or max_streams
+
+    def next_level(self) -> int | None:
+        if self.failed is None:
+            return self.level if self.level <= self.options.max_streams else None
+        low = self.best.get("streams", 0)
+        mid = (low + self.failed) // 2
+        return mid if self.refines_left > 0 and low < mid < self.failed else None
+
+    def record(self, row: dict) -> None:
+        self.steps.append(_step(row))
+        met = _meets(row, self.options)
+        if self.failed is None:
+            if met:
+                self.best, self.level = row, self.level * 2
+            else:
+                self.failed = row["streams"]
+                self.stopped_by = "errors" if row["errors"] or row["direct_errors"] else "bound"
+            return
+        self.refines_left -= 1
+        if met:
+            self.best = row
         else:
-            failed = mid
-    return best, steps
+            self.failed = row["streams"]
 
 
 def _meets(row: dict, options: Options) -> bool:
-    added = row["added_ttft_p50_ms"]
-    return row["errors"] == 0 and row["direct_errors"] == 0 and added is not None and added <= options.bound_ms
+    """0 errors, and the added TTFT p50 not above the bound beyond the phase's own noise: a level fails when its 95 %
+    interval lies wholly above the bound (the point figure when too few requests for an interval). One phase's p50
+    of a few dozen requests moves by a simulated batching step (tens of ms), so a lone noisy phase would end the
+    search early."""
+    added, interval = row["added_ttft_p50_ms"], row["added_ttft_p50_ci95_ms"]
+    if row["errors"] or row["direct_errors"] or added is None:
+        return False
+    return (interval[0] if interval else added) <= options.bound_ms
 
 
 def _step(row: dict) -> dict:
-    keys = ("streams", "added_ttft_p50_ms", "errors", "tokens_per_s", "cpu_ms_per_1k_tokens", "machine_cpu_cores")
+    keys = ("streams", "added_ttft_p50_ms", "direct_ttft_p50_ms", "errors", "tokens_per_s", "cpu_ms_per_1k_tokens")
+    keys += ("proxy_cpu_cores", "machine_cpu_cores")
     return {k: row[k] for k in keys}
 
 
-def _phase(fleet: Fleet, options: Options, level: int, client, idle_ops: float) -> dict:
-    """One phase of ``level`` proxied streams (and the direct baseline beside them), with every process's CPU and
-    the Redis commands it cost."""
-    pids = [pid for _, pid in fleet.proxies]
+def _phase(fleet: Fleet, proxies: list, options: Options, level: int, client, idle_ops: float) -> dict:
+    """One phase of ``level`` proxied streams over ``proxies`` (and the direct baseline beside them), with every
+    process's CPU and the Redis commands it cost."""
+    pids = [pid for _, pid in proxies]
     cpu = {pid: _cpu_s(pid) for pid in pids + fleet.replica_pids}
     calls = _redis_calls(client)
     started = time.perf_counter()
     result = fleet.loadgen.ask(
         op="load",
         model=ENDPOINT,
-        proxied=[[base, fleet.key] for base, _ in fleet.proxies],
+        proxied=[[base, fleet.key] for base, _ in proxies],
         direct=fleet.replica_urls,
         streams=level,
-        direct_streams=max(4, level // 4),
+        direct_streams=max(8, level // 4),
         duration_s=options.duration_s,
         max_tokens=options.max_tokens,
         prompt_chars=options.prompt_chars,
@@ -428,22 +453,22 @@ def _added_p50_interval(direct: list[float], proxied: list[float], *, resamples:
     return [round(percentile(diffs, 2.5) * 1000, 2), round(percentile(diffs, 97.5) * 1000, 2)]
 
 
-def _limits_check(fleet: Fleet, options: Options) -> dict:
-    """A replica's concurrency limit and a key's RPM limit, each driven through every process at once."""
-    proxied = [[base, fleet.key] for base, _ in fleet.proxies]
+def _limits_check(fleet: Fleet, proxies: list, options: Options) -> dict:
+    """A replica's concurrency limit and a key's RPM limit, each driven through every process of ``proxies``."""
+    proxied = [[base, fleet.key] for base, _ in proxies]
     streams = 4 * REPLICA_LIMIT
     slots = fleet.loadgen.ask(
         op="load", model=LIMITED_ENDPOINT, proxied=proxied, streams=streams, duration_s=max(3.0, options.duration_s),
         max_tokens=options.max_tokens, prompt_chars=options.prompt_chars, ramp_s=0.0, watch=[fleet.limited_url],
     )  # fmt: skip
     peak = slots["max_in_flight"].get(fleet.limited_url)
-    rpm_targets = [[base, fleet.rpm_key] for base, _ in fleet.proxies]
+    rpm_targets = [[base, fleet.rpm_key] for base, _ in proxies]
     burst = fleet.loadgen.ask(op="burst", model=ENDPOINT, proxied=rpm_targets, requests=3 * RPM_LIMIT, concurrency=16)
     admitted = burst["statuses"].get("200", 0)
     # The bucket holds a minute's worth and refills at RPM/60 a second over the burst; leases come out of it.
     allowed = RPM_LIMIT + int(RPM_LIMIT / 60 * burst["wall_s"]) + 1
     return {
-        "processes": len(fleet.proxies),
+        "processes": len(proxies),
         "replica_limit": REPLICA_LIMIT,
         "replica_streams": streams,
         "replica_max_in_flight": peak,

@@ -25,10 +25,14 @@ def bench(*opts: str) -> dict:
 @pytest.mark.django_db(transaction=True)  # the proxies are other processes: the world must be committed
 def test_two_processes_share_the_limits_through_redis(clean_redis):
     figures = bench()
-    for key in ("streams_at_bound", "added_ttft_p50_ms", "tokens_per_s", "cpu_ms_per_1k_tokens", "idle"):
+    for key in ("streams_at_bound", "stopped_by", "search"):
         assert f"{PREFIX}.2.{key}" in figures, key
+    if figures[f"{PREFIX}.2.streams_at_bound"]:  # the one level met the bound (a busy machine may say no)
+        for key in ("added_ttft_p50_ms", "tokens_per_s", "cpu_ms_per_1k_tokens", "redis_calls_per_request"):
+            assert f"{PREFIX}.2.{key}" in figures, key
+    assert len(figures[f"{PREFIX}.idle"]["cpu_ms_per_s"]) == 2
     assert figures[f"{PREFIX}.2.streams_at_bound"] in (0, 8)
-    assert len(figures[f"{PREFIX}.2.proxy_cpu_cores"]) == 2 or figures[f"{PREFIX}.2.streams_at_bound"] == 0
+    assert len(figures[f"{PREFIX}.2.search"][0]["proxy_cpu_cores"]) == 2
     limits = {k.removeprefix(f"{PREFIX}.limits."): v for k, v in figures.items() if k.startswith(f"{PREFIX}.limits.")}
     assert limits["processes"] == 2
     # 16 streams over two processes, each of which alone would fill the replica's 4 slots: together never more.
