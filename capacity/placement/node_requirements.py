@@ -6,6 +6,7 @@ cannot disagree (docs/placement.md, "In the ledger"). Pure: no Django."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,6 +21,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # admission (GKE enables it, and taints its GPU nodes nvidia.com/gpu=present:NoSchedule); where it is off, a template
 # that runs on nodes tainted so carries it already. Either way a GPU pod tolerates it.
 GPU_RESOURCE_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+# On a pod template: the node selector keys (with the values they replaced) and the tolerations ``with_requirements``
+# put in, as JSON, so that a later write, or a copy for another pool or version, takes them out before putting its own
+# in (a merge never removes a key).
+ADDED_ANNOTATION = "infercap/node-requirements"
 SPOT_NODE_SELECTOR = {"karpenter.sh/capacity-type": "spot"}
 # The taint effects that keep a pod off a node; PreferNoSchedule only steers the scheduler.
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -106,6 +111,8 @@ def _toleration_problem(item) -> str | None:
         return f"effect {item['effect']!r} must be empty or one of {', '.join(EFFECTS[1:])}"
     if operator == "Exists" and value:
         return "a toleration with operator Exists has no value"
+    if not _LABEL_VALUE.match(value):
+        return f"value {value!r} is not a label value (63 characters: letters, digits, -_.)"
     if not key and operator != "Exists":
         return "a toleration without a key must have operator Exists"
     if key and not _LABEL_KEY.match(key):
@@ -172,16 +179,77 @@ def selector_label_keys(options) -> set[str]:
     return keys
 
 
-def with_requirements(pod: dict, needs: NodeRequirements) -> dict:
-    """A copy of the pod template carrying ``needs``: its node selector merged into the template's (``needs`` wins a
-    key both name), its tolerations added after the template's (none twice)."""
+def _added_by_platform(pod: dict) -> dict:
+    """What ``with_requirements`` recorded it put into this template (its annotation; unreadable: nothing)."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ADDED_ANNOTATION)
+    try:
+        added = json.loads(raw) if isinstance(raw, str) else {}
+    except ValueError:
+        added = {}
+    added = added if isinstance(added, dict) else {}
+    return {
+        name: added[name] if isinstance(added.get(name), kind) else kind()
+        for name, kind in (("nodeSelector", dict), ("replaced", dict), ("tolerations", list))
+    }
+
+
+def without_requirements(pod: dict) -> dict:
+    """A copy of the pod template without what ``with_requirements`` put in (its annotation says what): a selector key
+    it set goes back to the template's own value, or away; a toleration it added goes. What an operator changed
+    since, the template's own, stays."""
     pod = copy.deepcopy(pod)
-    spec = pod.setdefault("spec", {})
-    if needs.node_selector:
-        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **dict(needs.node_selector)}
-    if needs.tolerations:
-        present = list(spec.get("tolerations") or [])
-        spec["tolerations"] = present + [t.spec for t in needs.tolerations if t.spec not in present]
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    if ADDED_ANNOTATION not in annotations:
+        return pod
+    added = _added_by_platform(pod)
+    del annotations[ADDED_ANNOTATION]
+    if not annotations:
+        del metadata["annotations"]
+    spec = pod.get("spec") or {}
+    selector, tolerations = spec.get("nodeSelector") or {}, spec.get("tolerations") or []
+    for key, value in added["nodeSelector"].items():
+        if selector.get(key) == value:
+            own = added["replaced"].get(key)
+            if isinstance(own, str):
+                selector[key] = own
+            else:
+                del selector[key]
+    for toleration in added["tolerations"]:
+        if toleration in tolerations:
+            tolerations.remove(toleration)
+    for name, now in (("nodeSelector", selector), ("tolerations", tolerations)):
+        if name in spec and not now and added[name]:
+            del spec[name]  # it held only what the platform added
+    return pod
+
+
+def with_requirements(pod: dict, needs: NodeRequirements) -> dict:
+    """A copy of the pod template carrying ``needs`` in place of what an earlier call put in (``without_requirements``:
+    a template copied for another pool, or a launch whose options dropped a key, keeps none of it): its node selector
+    merged into the template's own (``needs`` wins a key both name), its tolerations added after the template's (none
+    twice). What it adds is recorded in the ``infercap/node-requirements`` annotation, for the next call."""
+    pod = without_requirements(pod)
+    spec = pod.get("spec") or {}
+    selector = dict(spec.get("nodeSelector") or {})
+    set_keys = {key: value for key, value in needs.node_selector if selector.get(key) != value}
+    replaced = {key: selector[key] for key in set_keys if key in selector}
+    tolerations = list(spec.get("tolerations") or [])
+    added_tolerations = []
+    for toleration in (t.spec for t in needs.tolerations):
+        if toleration not in tolerations:
+            tolerations.append(toleration)
+            added_tolerations.append(toleration)
+    if not set_keys and not added_tolerations:
+        return pod
+    pod["spec"] = spec
+    if set_keys:
+        spec["nodeSelector"] = selector | set_keys
+    if added_tolerations:
+        spec["tolerations"] = tolerations
+    record = {"nodeSelector": set_keys, "replaced": replaced, "tolerations": added_tolerations}
+    annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations[ADDED_ANNOTATION] = json.dumps({k: v for k, v in record.items() if v}, sort_keys=True)
     return pod
 
 

@@ -31,10 +31,15 @@ from capacity.autoscaling.actuators.gang import (
     replica_objects,
     single_node_template,
 )
-from capacity.autoscaling.actuators.kubernetes_objects import ENDPOINT_ID, MERGE_PATCH, launch_requirements
+from capacity.autoscaling.actuators.kubernetes_objects import (
+    ENDPOINT_ID,
+    MERGE_PATCH,
+    launch_requirements,
+    merge_patch,
+)
 from capacity.autoscaling.actuators.kubernetes_versions import KubernetesDeployments
 from capacity.autoscaling.actuators.replica_shape import launch_hardware, profile_gpus
-from capacity.placement.node_requirements import NodeRequirements, with_requirements
+from capacity.placement.node_requirements import with_requirements
 from endpoints.models import Endpoint, Replica
 
 GROUP_OF = "infercap/group-of"  # on a LeaderWorkerSet and its pods: the Deployment whose replicas it runs
@@ -91,25 +96,30 @@ class GangReplicas(KubernetesDeployments):
         """The Deployment's pod template as this launch needs it: the node requirements (``launch_requirements``: GPU
         model, node selector, tolerations) and, for a replica of several GPUs or under a gang scheduler, the whole
         group on labelled nodes through the gang scheduler. Called while the Deployment has no pods (a template change
-        rolls none); nothing is written where there is nothing to add."""
+        rolls none). What an earlier launch wrote and this one does not need (a selector key its options dropped, another
+        GPU model) goes; nothing is written where nothing changes."""
         placed = self.placement(endpoint)
         needs = launch_requirements(endpoint)
-        if placed is None and needs == NodeRequirements():
-            return
+        if placed is None and self.created_with().pop(deployment, None) == needs:
+            return  # just created with them
         path = self._deployment_path(endpoint, deployment)
-        current = self._request("GET", path)
+        try:
+            current = self._request("GET", path)
+        except ActuatorError as exc:
+            if getattr(exc, "status_code", None) == 404:
+                return  # no Deployment to place: the scale that follows says so
+            raise
         before = (current.get("spec") or {}).get("template") or {}
         template = before
         if placed is not None:
             gang, gpus = placed
             template = single_node_template(template, gpus=gpus, gang=gang)
-        template = with_requirements(template, needs)
-        if placed is None and template == before:
-            return  # the template carries the requirements already
-        patch: dict = {"spec": {"template": template}}
+        template = with_requirements(template, needs)  # in place of those an earlier launch wrote
+        patch: dict = {"spec": {"template": changes}} if (changes := merge_patch(before, template)) else {}
         if placed is not None and (labels := deployment_labels(placed[0])):
             patch["metadata"] = {"labels": labels}
-        self._request("PATCH", path, json=patch, headers=MERGE_PATCH)
+        if patch:  # else the template carries the requirements already
+            self._request("PATCH", path, json=patch, headers=MERGE_PATCH)
 
     # -- replicas larger than a node: one LeaderWorkerSet each ---------------------------------------------
     def _collection(self, endpoint: Endpoint, kind: str) -> str:

@@ -2,6 +2,7 @@
 spot twin), the labels and annotations the actuator reads back from pods, and what a launch's pods require of a node
 (GPU model, node selector, tolerations). The actuator that creates and scales them is ``capacity/autoscaling/actuators/kubernetes.py``."""
 
+import copy
 import re
 from datetime import datetime
 from pathlib import Path
@@ -137,6 +138,21 @@ def launch_requirements(endpoint: Endpoint, *, spot: bool | None = None) -> Node
         return endpoint_requirements(endpoint.launch_options, launch_hardware(endpoint), spot=spot)
     except ValueError as exc:
         raise ActuatorError(f"{endpoint.name}: {exc}") from exc
+
+
+def merge_patch(before: dict, after: dict) -> dict:
+    """The JSON merge patch (RFC 7386, ``MERGE_PATCH``) that turns ``before`` into ``after``: what changed, and null
+    for each key ``after`` no longer has (sending ``after`` alone would keep them: a merge never removes a key);
+    lists go whole. Empty where nothing changed."""
+    patch: dict = {key: None for key in sorted(before.keys() - after.keys())}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            if inner := merge_patch(old, value):
+                patch[key] = inner
+        elif key not in before or old != value:
+            patch[key] = copy.deepcopy(value)
+    return patch
 
 
 def unschedulable_for(status: dict, *, now: float) -> float | None:

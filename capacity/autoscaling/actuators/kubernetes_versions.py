@@ -91,7 +91,9 @@ class KubernetesDeployments(KubernetesApi):
         added |= {PD_ROLE: role} if role != ReplicaRole.MIXED else {}
         selector = copy.deepcopy(spec.get("selector") or {})
         selector.setdefault("matchLabels", {}).update(added)
-        pod = with_requirements(spec.get("template") or {}, needs)  # the GPU model, selector and tolerations
+        # The GPU model, selector and tolerations, in place of those the template carries for its own pods (another
+        # profile's model, a selector key this version's options dropped).
+        pod = with_requirements(spec.get("template") or {}, needs)
         pod.setdefault("metadata", {}).setdefault("labels", {}).update(added)
         if role != ReplicaRole.MIXED:
             with_kv_transfer(pod, kv_transfer_flag(endpoint, role))
@@ -119,10 +121,16 @@ class KubernetesDeployments(KubernetesApi):
         }
         try:
             self._request("POST", f"/apis/apps/v1/namespaces/{self._ns(endpoint)}/deployments", json=body)
+            self.created_with()[name] = needs
         except ActuatorError as exc:
             if getattr(exc, "status_code", None) != 409:  # another worker created it first
                 raise
         return name
+
+    def created_with(self) -> dict:
+        """Deployment name → the node requirements this actuator created it with a moment ago (its pod template carries
+        them: ``place_pod_template`` need not read it back)."""
+        return self.__dict__.setdefault("_created_with", {})
 
     def _deployments(self, endpoint: Endpoint) -> dict[str, tuple[int | None, bool, str]]:
         """Deployment name → (the version its pods run, spot, role), for every version that may have pods: the
