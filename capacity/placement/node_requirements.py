@@ -1,7 +1,7 @@
 """What an endpoint's pods require of a node, and which nodes meet it: the GPU model (the hardware profile's product on
-the node label GPU feature discovery sets), the node selector and the tolerations its pods carry. One answer for the
-pod template the Kubernetes actuator emits and for the room the capacity ledger counts on the cluster, so the two
-cannot disagree (docs/placement.md, "In the ledger"). Pure: no Django."""
+the node label GPU feature discovery sets), the node selector and the tolerations its pods carry. One function for the
+pod template the Kubernetes actuator emits and for the room the capacity ledger counts on the cluster (where the two
+can still differ: docs/placement.md, "In the ledger", "Not matched"). Pure: no Django."""
 
 from __future__ import annotations
 
