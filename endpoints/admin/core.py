@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.db import models
 
 from endpoints.models import VERSIONED_FIELDS, Endpoint, Replica, ReplicaTransition
-from endpoints.validation import fallback_errors
+from endpoints.validation import fallback_errors, placement_option_errors, prefill_placement_errors
 from tenants.admin.base import OperatorAdmin, ReadOnlyOperatorAdmin
 
 # Replicas sit on the cluster network and speak plain http to the proxy.
@@ -34,6 +34,14 @@ class EndpointAdminForm(forms.ModelForm):
         # The service's fallback rules (no loop, bounded depth, a fallback every caller may reach) as field errors.
         for field, messages in fallback_errors(self.instance).items():
             self.add_error(field if field in self.fields else None, messages)
+        # The node selectors and tolerations, held to the Kubernetes launch's own check as on the REST API.
+        options = self.instance.launch_options
+        if "launch_options" in self.changed_data and isinstance(options, dict):
+            if errors := placement_option_errors(options):
+                self.add_error("launch_options", errors)
+        if "prefill_launch_options" in self.changed_data:
+            for field, messages in prefill_placement_errors(self.instance).items():
+                self.add_error(field, messages)
 
 
 @admin.register(Endpoint)

@@ -80,3 +80,24 @@ def test_a_slot_share_outside_zero_to_one_is_a_field_error_and_a_valid_one_reach
     assert patch(client, ep, degrade_slot_share=None).json()["degrade_slot_share"] is None
     form = modelform_factory(Endpoint, form=EndpointAdminForm, fields=["degrade_slot_share"])
     assert "degrade_slot_share" in form(data={"degrade_slot_share": "2"}, instance=ep).errors
+
+
+def test_the_admin_form_refuses_a_placement_option_the_launch_would_refuse():
+    ep = EndpointFactory(name="adm-placed")
+    form_class = modelform_factory(
+        Endpoint, form=EndpointAdminForm, fields=["launch_options", "prefill_launch_options"]
+    )
+    bad = form_class(
+        data={
+            "launch_options": '{"tolerations": [{"key": "k", "operator": "In"}]}',
+            "prefill_launch_options": '{"node_selector": ["not", "a", "mapping"]}',
+        },
+        instance=ep,
+    )
+    assert not bad.is_valid()
+    assert "tolerations" in bad.errors["launch_options"][0]
+    assert "node_selector" in bad.errors["prefill_launch_options"][0]
+    good = form_class(
+        data={"launch_options": '{"node_selector": {"pool": "a100"}}', "prefill_launch_options": "{}"}, instance=ep
+    )
+    assert good.is_valid(), good.errors
