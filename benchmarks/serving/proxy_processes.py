@@ -11,11 +11,12 @@ beside them (``max(8, streams / 4)``): the added TTFT is p50(proxied) − p50(di
 For each N of ``processes`` (``1,2`` compares them in one run; every count's proxies run at once, and the searches
 take turns level by level, so the counts see the same minutes of the machine's load): a capacity search, streams
 doubling from ``start`` until a phase's added TTFT p50 is above ``bound_ms`` (its 95 % bootstrap interval wholly
-above it) or any request fails, then ``refine`` bisections. The most streams that met the bound with 0 errors is
-``proxy.processes.<N>.streams_at_bound``, with that phase's added TTFT p50, proxied tokens/s, proxy CPU per 1,000
-tokens, each process's CPU (cores), the load generator's and the replicas' CPU, and Redis commands per second and
-per request (``INFO commandstats`` of the shared Redis, less the rate with every proxy idle); ``.stopped_by`` says
-what ended the doubling. ``proxy.processes.scaling_2_over_1`` is the ratio of the two counts' streams.
+above it), any request fails or the replicas' own TTFT p50 doubles (``Search``), then ``refine`` bisections. The
+most streams that met the bound with 0 errors is ``proxy.processes.<N>.streams_at_bound``, with that phase's added
+TTFT p50, proxied tokens/s, proxy CPU per 1,000 tokens, each process's CPU (cores), the load generator's and the
+replicas' CPU, and Redis commands per second and per request (``INFO commandstats`` of the shared Redis, less the
+rate with every proxy idle); ``.stopped_by`` says what ended the doubling. ``proxy.processes.scaling_2_over_1`` is
+the ratio of the two counts' streams.
 
 The limits check (across the largest N, if ≥ 2; ``limits=1``): an endpoint whose one replica has a concurrency limit
 of 4, driven with 4 streams per slot spread over the N processes (each alone would fill the limit), the replica's
@@ -328,15 +329,19 @@ def _idle(sets: dict, client: redis.Redis, others_ops: float, seconds: float = 3
 
 
 class Search:
-    """The capacity search of one count: streams doubling from ``start`` until a level fails the bound, then
-    ``refine`` bisections between the last level that met it and the first that did not."""
+    """The capacity search of one count: streams doubling from ``start`` until a level fails, then ``refine``
+    bisections between the last level that met the bound and the first that did not. A level fails on an error, on
+    its added TTFT (``_meets``) or when the replicas' own TTFT p50 (the direct streams') is over twice the first
+    level's: the replicas, or this machine's CPU starving them, are then the bottleneck, and the proxy routes to the
+    least-loaded replica where the direct streams keep theirs, so the difference no longer measures the proxy."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self.level, self.failed, self.refines_left = options.start, None, options.refine
         self.best: dict = {}
         self.steps: list = []
-        self.stopped_by = "max_streams"  # what ended the doubling: bound, errors or max_streams
+        self.direct_floor_ms: float | None = None  # the replicas' TTFT p50 at the first level
+        self.stopped_by = "max_streams"  # what ended the doubling: bound, errors, replicas or max_streams
 
     def next_level(self) -> int | None:
         if self.failed is None:
@@ -347,13 +352,18 @@ class Search:
 
     def record(self, row: dict) -> None:
         self.steps.append(_step(row))
-        met = _meets(row, self.options)
+        if self.direct_floor_ms is None:
+            self.direct_floor_ms = row["direct_ttft_p50_ms"]
+        direct, floor = row["direct_ttft_p50_ms"], self.direct_floor_ms
+        replicas_ok = direct is not None and (floor is None or direct <= 2 * floor)
+        met = replicas_ok and _meets(row, self.options)
         if self.failed is None:
             if met:
                 self.best, self.level = row, self.level * 2
             else:
                 self.failed = row["streams"]
-                self.stopped_by = "errors" if row["errors"] or row["direct_errors"] else "bound"
+                errored = row["errors"] or row["direct_errors"]
+                self.stopped_by = "errors" if errored else "bound" if replicas_ok else "replicas"
             return
         self.refines_left -= 1
         if met:
