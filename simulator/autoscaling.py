@@ -63,6 +63,7 @@ class EngineSimAutoscaler:
         self.next_vertical_s = getattr(policy, "vertical_interval_s", math.inf)
         self.finished: list = []
         self.vertical_read: set[str] = set()  # the replicas the previous vertical tick read
+        self.vertical_ready: set[str] = set()  # and those ready then
         self.decisions: list[tuple[float, int, int]] = []  # (t, current, desired)
         self.limits: list[tuple[float, int]] = []
         self.samples: list[tuple[float, float, float]] = []  # (t, demand in requests, demand in MU), every tick
@@ -190,12 +191,13 @@ class EngineSimAutoscaler:
         ready = [r for r in fleet.replicas if r.state == "ready"]
         size = getattr(self.policy, "vertical_sample", 0)
         read = set(sample_replicas([r.replica_id for r in ready], size))
-        sampled = len(read) < len(ready)
+        # As the live tick: a replica's latencies count when it was read in the previous cycle too, or became ready
+        # since (its counts since it started are this cycle's); one already serving that was not read then (new
+        # to the sample) gives its gauges only.
+        counted = {i for i in read if i in self.vertical_read or i not in self.vertical_ready}
+        self.vertical_ready = {r.replica_id for r in ready}
         ready = [r for r in ready if r.replica_id in read]
-        if sampled:
-            # As the live tick: a sampled replica's histograms count from its second read on (the first has no
-            # snapshot of the previous cycle to diff against); its gauges count at once.
-            window = [r for r in window if r.replica_id in read and r.replica_id in self.vertical_read]
+        window = [r for r in window if r.replica_id in counted]
         self.vertical_read = read
         # Replica-side TTFT (dispatch → first token), as vLLM's histogram sees it: time queued at the proxy is the
         # horizontal axis's business, not a sign that replicas run too many sequences.

@@ -17,10 +17,13 @@ import logging
 import struct
 import time
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from capacity.autoscaling import replica_metrics, replica_scrapes, store, vertical
 from capacity.autoscaling.services import ACTIVE
@@ -36,16 +39,17 @@ HIST_TTL_S = 3600
 # Replicas read an endpoint (INFERCAP["AUTOSCALE_VERTICAL_SAMPLE"]; 0: all): see vertical.sample_replicas and
 # docs/algorithms.md#the-vertical-tick-at-fleet-scale for the cost and what the sample changes.
 SAMPLE = 3
+# A snapshot older than two and a half cycles (workers.tasks.autoscaling.VERTICAL_S, 30 s) is not the replica's
+# previous cycle: it left the sample and came back, or the tick stopped for a while.
 SNAPSHOT_FRESH_S = 75.0
+YOUNG_S = 45.0  # ready for less than a cycle and a half: a replica's first read counts its histograms whole
 # What the tick reads of an endpoint, and what saving a new limit sends to post_save's listeners (the console's
 # event: name, desired replicas, owner): the whole row, launch options and all, cost a third of the per-endpoint time.
 _ENDPOINT_FIELDS = (
     "name", "owner_tenant_id", "desired_replicas", "concurrency_limit", "concurrency_min", "concurrency_max",
     "ttft_slo_ms", "tpot_slo_ms", "updated_at",
 )  # fmt: skip
-_HEAD = struct.Struct(
-    "<dHH"
-)  # a snapshot's time and its two histograms' bucket counts  # a sampled replica's snapshot older than two and a half cycles is not its previous cycle
+_HEAD = struct.Struct("<dHH")  # a snapshot's time and its two histograms' bucket counts
 
 
 def vertical_tick(*, endpoint_id: int, tick: str) -> AutoscalerDecision | None:
@@ -80,8 +84,7 @@ def _vertical_ticks(ids: list[int], *, tick: str, sample: int) -> dict[int, Auto
         decided = AutoscalerDecision.objects.filter(endpoint_id__in=locks.held, axis=VERTICAL, tick=tick)
         todo = set(locks.held) - set(decided.values_list("endpoint_id", flat=True))
         endpoints = list(Endpoint.objects.filter(pk__in=todo).only(*_ENDPOINT_FIELDS).order_by("pk"))
-        replicas, sampled = _sample(_ready_replicas([e.pk for e in endpoints]), sample)
-        scrapes = _scrapes(replicas, sampled=sampled)
+        scrapes = _scrapes(_sample(_ready_replicas([e.pk for e in endpoints]), sample))
         streaks = _streaks([e.pk for e in endpoints])
         plans = []
         for endpoint in endpoints:
@@ -135,57 +138,65 @@ class ReplicaScrape:
     tpot: dict[float, float]
 
 
-def _ready_replicas(endpoint_ids: list[int]) -> list[tuple[int, int, str]]:
-    """(replica id, endpoint id, URL) of every ready serving replica, in each endpoint's replica order."""
+class _Ready(NamedTuple):
+    pk: int
+    endpoint_id: int
+    url: str
+    role: str
+    young: bool  # ready for less than a cycle: its counts since it started are about one cycle's
+
+
+def _ready_replicas(endpoint_ids: list[int]) -> list[_Ready]:
+    """Every ready serving replica of the endpoints, in each endpoint's replica order."""
     if not endpoint_ids:
         return []
     rows = Replica.objects.filter(endpoint_id__in=endpoint_ids, state=ReplicaState.READY, is_standby=False)
-    return list(rows.order_by("endpoint_id", "name").values_list("pk", "endpoint_id", "url"))
+    since = timezone.now() - timedelta(seconds=YOUNG_S)
+    fields = ("pk", "endpoint_id", "url", "role", "state_changed_at")
+    return [
+        _Ready(pk, endpoint_id, url, role, changed >= since)
+        for pk, endpoint_id, url, role, changed in rows.order_by("endpoint_id", "name").values_list(*fields)
+    ]
 
 
 def _sample_size() -> int:
     return max(0, int(getattr(settings, "INFERCAP", {}).get("AUTOSCALE_VERTICAL_SAMPLE", SAMPLE)))
 
 
-def _sample(replicas: list[tuple[int, int, str]], size: int) -> tuple[list[tuple[int, int, str]], set[int]]:
-    """The replicas this tick reads (each endpoint's ``vertical.sample_replicas``), and the endpoints that have more
-    ready replicas than that."""
-    by_endpoint: dict[int, list[tuple[int, int, str]]] = {}
+def _sample(replicas: list[_Ready], size: int) -> list[_Ready]:
+    """The replicas this tick reads: ``vertical.sample_replicas`` of each endpoint's replicas of each role (a
+    disaggregated endpoint's prefill replicas run no decode, so a sample of them alone would say nothing of TPOT)."""
+    groups: dict[tuple[int, str], list[_Ready]] = {}
     for row in replicas:
-        by_endpoint.setdefault(row[1], []).append(row)
-    read, sampled = [], set()
-    for endpoint_id, rows in by_endpoint.items():
-        keep = set(vertical.sample_replicas([r[0] for r in rows], size))
-        if len(keep) < len(rows):
-            sampled.add(endpoint_id)
-        read.extend(r for r in rows if r[0] in keep)
-    return read, sampled
+        groups.setdefault((row.endpoint_id, row.role), []).append(row)
+    read = []
+    for rows in groups.values():
+        keep = set(vertical.sample_replicas([r.pk for r in rows], size))
+        read.extend(r for r in rows if r.pk in keep)
+    return read
 
 
-def _scrapes(
-    replicas: list[tuple[int, int, str]], *, sampled: frozenset | set = frozenset()
-) -> dict[int, list[ReplicaScrape]]:
+def _scrapes(replicas: list[_Ready]) -> dict[int, list[ReplicaScrape]]:
     """Each endpoint's replicas that answered, scraped concurrently, diffed against their previous snapshots; the
-    new snapshots stored. Two Redis round trips for the batch. A replica of a ``sampled`` endpoint whose snapshot is
-    missing or older than ``SNAPSHOT_FRESH_S`` (it just joined the sample) gives its gauges only: its counts since
-    it started, or since it last left the sample, are not one cycle's."""
-    reachable = [r for r in replicas if r[2]]
-    texts = replica_scrapes.fetch_many([url for _, _, url in reachable])
+    new snapshots stored. Two Redis round trips for the batch. A replica without a snapshot younger than
+    ``SNAPSHOT_FRESH_S`` gives its histograms only if it is young (its counts since it started are this cycle's);
+    any other (new to the sample, back in it after a while, an endpoint read whole again after its sample, a
+    snapshot lost) gives its gauges only this cycle."""
+    reachable = [r for r in replicas if r.url]
+    texts = replica_scrapes.fetch_many([r.url for r in reachable])
     c = store.client()
     # One MGET: a command per key costs the client about 10 µs to pack and parse, an argument under 1
-    before = (
-        c.mget([store.HIST_KEY.format(replica_id=replica_id) for replica_id, _, _ in reachable]) if reachable else []
-    )
+    before = c.mget([store.HIST_KEY.format(replica_id=r.pk) for r in reachable]) if reachable else []
     writes = c.pipeline(transaction=False)
     now = time.time()
     out: dict[int, list[ReplicaScrape]] = {}
-    for (replica_id, endpoint_id, _), text, raw in zip(reachable, texts, before, strict=True):
+    for (replica_id, endpoint_id, _, _, young), text, raw in zip(reachable, texts, before, strict=True):
         if text is None:
             continue  # did not answer: skipped this cycle, its snapshot kept for the next
         scrape = replica_metrics.parse(text)
         at, before_ttft, before_tpot = _unpack(raw)
         now_ttft, now_tpot = scrape.buckets(replica_metrics.TTFT), scrape.buckets(replica_metrics.TPOT)
-        counted = endpoint_id not in sampled or (at is not None and 0 <= now - at <= SNAPSHOT_FRESH_S)
+        counted = (at is None and young) or (at is not None and 0 <= now - at <= SNAPSHOT_FRESH_S)
         out.setdefault(endpoint_id, []).append(
             ReplicaScrape(
                 running=scrape.running,
@@ -195,7 +206,12 @@ def _scrapes(
                 tpot=replica_metrics.diff(now_tpot, before_tpot) if counted else {},
             )
         )
-        writes.set(store.HIST_KEY.format(replica_id=replica_id), _pack(now, now_ttft, now_tpot), ex=HIST_TTL_S)
+        try:
+            snapshot = _pack(now, now_ttft, now_tpot)
+        except struct.error:  # more than 65,535 bounds: not vLLM's exposition; no snapshot, so never counted
+            log.warning("autoscaler: replica %s: histograms too large to keep", replica_id)
+            continue
+        writes.set(store.HIST_KEY.format(replica_id=replica_id), snapshot, ex=HIST_TTL_S)
     writes.execute()
     return out
 
@@ -330,8 +346,7 @@ def _pack(now: float, ttft: dict[float, float], tpot: dict[float, float]) -> byt
 
 def _unpack(raw) -> tuple[float | None, dict[float, float] | None, dict[float, float] | None]:
     """(when, TTFT, TPOT) of a stored snapshot; (None, None, None) for none, or one that is not ours (a value of
-    another shape, or an earlier release's JSON): the cycle then counts the replica's counts since it started, or,
-    sampled, its gauges only."""
+    another shape, or an earlier release's JSON): the replica then gives its gauges only that cycle."""
     try:
         at, n_ttft, n_tpot = _HEAD.unpack_from(raw)
         pairs = 2 * (n_ttft + n_tpot)

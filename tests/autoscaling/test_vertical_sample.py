@@ -4,12 +4,14 @@ a replica that joins the sample giving its gauges but not its counts since it st
 axis reading the same sample."""
 
 import math
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from capacity.autoscaling import store, vertical, vertical_ticks
 from capacity.models import AutoscalerDecision
-from endpoints.models import Replica, ReplicaState
+from endpoints.models import Replica, ReplicaRole, ReplicaState
 from tests.autoscaling.test_ticks import MetricsServer
 from tests.factories import EndpointFactory, ReplicaFactory
 
@@ -24,14 +26,28 @@ def test_the_sample_moves_by_one_replica_when_one_leaves_or_joins():
     ids = list(range(100, 140))
     sample = vertical.sample_replicas(ids, 3)
     assert vertical.sample_replicas(list(reversed(ids)), 3) == sample  # the order the rows come in does not matter
-    # A non-member leaving, or a new replica that ranks below the sample, changes nothing
+    # A non-member leaving, or a new replica ranking after the sample's members, changes nothing
     outsider = next(i for i in ids if i not in sample)
     assert vertical.sample_replicas([i for i in ids if i != outsider], 3) == sample
+    newcomers = range(1000, 1100)
+    after = {n: vertical.sample_replicas([*ids, n], 3) for n in newcomers}
+    assert any(a == sample for a in after.values())
+    # One ranking among them takes one member's place, the other two stay
+    joined = [a for a in after.values() if a != sample]
+    assert joined and all(len(set(a) - set(sample)) == 1 and len(set(a) & set(sample)) == 2 for a in joined)
     # A member leaving is replaced by exactly one other; the two that stay stay
     after = vertical.sample_replicas([i for i in ids if i != sample[0]], 3)
     assert set(sample[1:]) <= set(after) and len(set(after) - set(sample)) == 1
-    # Samples of different endpoints are not all "the lowest ids": the rank is a hash, not the order
-    assert sorted(sample) != ids[:3] or sorted(vertical.sample_replicas(ids[3:], 3)) != ids[3:6]
+    # The rank is a hash, not the order: over many endpoints' ids the sample is not the lowest three
+    lowest = sum(
+        sorted(vertical.sample_replicas(range(b, b + 10), 3)) == list(range(b, b + 3)) for b in range(0, 500, 10)
+    )
+    assert lowest < 10
+
+
+def serving_for_an_hour(endpoint) -> None:
+    """Its replicas ready for an hour: a first read of one is not its first cycle."""
+    Replica.objects.filter(endpoint=endpoint).update(state_changed_at=timezone.now() - timedelta(hours=1))
 
 
 @pytest.fixture
@@ -83,6 +99,7 @@ def test_a_replica_joining_the_sample_gives_its_gauges_and_not_its_counts_since_
         server = servers(kv=0.3)
         replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url, concurrency_limit=64)
         by_replica[replica.pk] = server
+    serving_for_an_hour(endpoint)
     first, second = vertical.sample_replicas(list(by_replica), 2)
     for server in by_replica.values():
         server.ttft, server.tpot = [100, 0, 0, 0, 0, 0], [100, 0, 0, 0, 0]  # fast so far
@@ -121,6 +138,7 @@ def test_a_member_whose_snapshot_is_older_than_a_cycle_gives_its_gauges_only(cle
     for _ in range(3):
         server = servers(kv=0.3)
         replicas[ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url).pk] = server
+    serving_for_an_hour(endpoint)
     vertical_ticks.vertical_ticks(endpoint_ids=[endpoint.pk], tick="o-1", sample=1)
     for server in replicas.values():
         server.ttft = [0, 0, 0, 0, 50, 0]
@@ -163,14 +181,58 @@ def test_the_simulators_vertical_axis_reads_the_same_sample():
 
     policy = Policy()
     scaler = EngineSimAutoscaler(policy)
-    scaler.finished = [finished(i, 1.0) for i in ids]
+    scaler.finished = [finished(i, 1.0 if i in members else 9.0) for i in ids]
     scaler._vertical(fleet, actions)
-    # First read: the members' gauges, nobody's latencies (no previous cycle to diff against)
-    assert policy.calls[-1]["kv_usage"] == pytest.approx(0.2) and policy.calls[-1]["ttft_p95_ms"] is None
+    # The members' gauges and latencies (all just became ready: their counts since they started are this cycle's)
+    assert policy.calls[-1]["kv_usage"] == pytest.approx(0.2)
+    assert policy.calls[-1]["ttft_p95_ms"] == pytest.approx(1000.0)
     scaler.finished = [finished(i, 0.1 if i in members else 9.0) for i in ids]
     scaler._vertical(fleet, actions)
     assert policy.calls[-1]["ttft_p95_ms"] == pytest.approx(100.0)  # the members' requests alone
-    policy.vertical_sample = 0
-    scaler.finished = [finished(i, 0.1 if i in members else 9.0) for i in ids]
+    # A member leaves: the replica taking its place was serving, unread; its gauges count, its latencies not yet
+    gone = members[0]
+    fleet.replicas = [r for r in replicas if r.replica_id != gone]
+    [joined] = set(vertical.sample_replicas([r.replica_id for r in fleet.replicas], 2)) - set(members)
+    scaler.finished = [finished(i, 0.1 if i in members else 9.0) for i in ids if i != gone]
     scaler._vertical(fleet, actions)
-    assert policy.calls[-1]["kv_usage"] == pytest.approx(0.9) and policy.calls[-1]["ttft_p95_ms"] > 1000
+    assert policy.calls[-1]["kv_usage"] == pytest.approx(0.9) and policy.calls[-1]["ttft_p95_ms"] == pytest.approx(
+        100.0
+    )
+    scaler.finished = [finished(i, 0.1 if i in members else 9.0) for i in ids if i != gone]
+    scaler._vertical(fleet, actions)
+    assert policy.calls[-1]["ttft_p95_ms"] > 1000  # read twice in a row: counted
+    assert joined not in members
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_read_whole_again_counts_no_replica_without_a_fresh_snapshot(clean_store, servers):
+    # Four replicas, three sampled; one member leaves and the endpoint is read whole again: the replica that was
+    # outside the sample has no snapshot, so its slow first tokens since it started are not this cycle's
+    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
+    by_replica = {}
+    for _ in range(4):
+        server = servers(kv=0.3)
+        by_replica[ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url).pk] = server
+    serving_for_an_hour(endpoint)
+    members = vertical.sample_replicas(list(by_replica), 3)
+    [outsider] = [pk for pk in by_replica if pk not in members]
+    by_replica[outsider].ttft = [0, 0, 0, 0, 5000, 0]
+    vertical_ticks.vertical_ticks(endpoint_ids=[endpoint.pk], tick="w-1", sample=3)
+    Replica.objects.filter(pk=members[0]).update(state=ReplicaState.STOPPED)
+    for pk in members[1:]:
+        by_replica[pk].ttft = [100, 0, 0, 0, 0, 0]  # the cycle: fast first tokens
+    row = vertical_ticks.vertical_ticks(endpoint_ids=[endpoint.pk], tick="w-2", sample=3)[endpoint.pk]
+    assert row.inputs["ttft_p95_ms"] <= 100
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_disaggregated_endpoint_is_sampled_per_role(clean_store, servers):
+    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
+    roles = {}
+    for role in (ReplicaRole.PREFILL,) * 3 + (ReplicaRole.DECODE,) * 3:
+        server = servers(kv=0.3)
+        replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url, role=role)
+        roles[replica.pk] = (role, server)
+    vertical_ticks.vertical_ticks(endpoint_ids=[endpoint.pk], tick="r-1", sample=2)
+    read = [role for role, server in roles.values() if server.hits]
+    assert sorted(read) == sorted([ReplicaRole.PREFILL] * 2 + [ReplicaRole.DECODE] * 2)
