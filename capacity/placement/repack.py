@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from capacity.placement.cluster import Cluster, Gpu, Node
-from capacity.placement.replay import Replay, Request
+from capacity.placement.replay import Replay, Request, apply_event
 
 
 def fit_one(cluster: Cluster, size: int) -> tuple[Gpu, ...] | None:
@@ -85,15 +85,7 @@ def repack_replay(nodes: list[Node], requests: list[Request]) -> RepackReplay:
     events = sorted([(r.release_s, 0, r.id) for r in requests] + [(r.arrive_s, 1, r.id) for r in requests])
     pending: list[int] = []  # arrival order
     for i, (time_s, kind, rid) in enumerate(events):
-        request = by_id[rid]
-        if kind == 0:
-            cluster.release(rid)
-            if rid in pending:
-                pending.remove(rid)
-                result.waited(request, request.release_s - request.arrive_s)
-        else:
-            pending.append(rid)
-            result.demanded_gpu_s += request.size * (request.release_s - request.arrive_s)
+        apply_event(cluster, pending, by_id[rid], kind, result)
         if i + 1 < len(events) and events[i + 1][0] == time_s:
             continue
         for sid in _repack_pass(nodes, cluster, pending, by_id, result):

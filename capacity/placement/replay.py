@@ -91,14 +91,7 @@ def replay(nodes: list[Node], requests: list[Request], policy: str) -> Replay:
             result.held_idle_gpu_s += span * sum(len(cluster.held.get(p, ())) for p in pending)
             last = time_s
         request = by_id[rid]
-        if kind == 0:  # release: the replica leaves, or its request is withdrawn before it started
-            cluster.release(rid)
-            if rid in pending:
-                pending.remove(rid)
-                result.waited(request, request.release_s - request.arrive_s)
-        else:
-            pending.append(rid)
-            result.demanded_gpu_s += request.size * (request.release_s - request.arrive_s)
+        apply_event(cluster, pending, request, kind, result)
         if i + 1 < len(events) and events[i + 1][0] == time_s:
             continue  # everything that happens at one moment happens before the scheduler looks
         if policy == "naive":
@@ -114,6 +107,19 @@ def replay(nodes: list[Node], requests: list[Request], policy: str) -> Replay:
     if requests:
         result.capacity_gpu_s = cluster.size * (max(r.release_s for r in requests) - min(r.arrive_s for r in requests))
     return result
+
+
+def apply_event(cluster: Cluster, pending: list[int], request: Request, kind: int, result: Replay) -> None:
+    """Kind 0, a release: the replica leaves, or its request is withdrawn before it started (it waited until then);
+    kind 1, an arrival: it joins the queue, its GPU-seconds demanded."""
+    if kind == 0:
+        cluster.release(request.id)
+        if request.id in pending:
+            pending.remove(request.id)
+            result.waited(request, request.release_s - request.arrive_s)
+    else:
+        pending.append(request.id)
+        result.demanded_gpu_s += request.size * (request.release_s - request.arrive_s)
 
 
 def _start(cluster: Cluster, result: Replay, request: Request, time_s: float) -> None:
