@@ -49,7 +49,6 @@ import json
 import math
 import os
 import pstats
-import random
 import secrets
 import threading
 import time
@@ -62,6 +61,7 @@ import httpx
 
 from benchmarks.harness.bench_world import bench_world_create
 from benchmarks.serving import proxy_processes
+from benchmarks.serving.stats import added_p50_interval
 from capacity.percentiles import percentile
 from capacity.runtimes.processes import ProcessGroup, child_django_env, free_port, sim_replica_argv, uvicorn_argv
 from endpoints.models import Replica
@@ -310,25 +310,12 @@ def _client_row(out: dict) -> dict:
     }
 
 
-def _added_p50_interval(direct: list[float], proxied: list[float], *, resamples: int = 400) -> list[float] | None:
-    """95% bootstrap interval of p50(proxied) − p50(direct) in ms: how far the run's own sampling noise could move
-    the added p50 (fixed seed, so the same samples give the same interval)."""
-    if len(direct) < 20 or len(proxied) < 20:
-        return None
-    rng = random.Random(0)
-    diffs = sorted(
-        _pct(rng.choices(proxied, k=len(proxied)), 50) - _pct(rng.choices(direct, k=len(direct)), 50)
-        for _ in range(resamples)
-    )
-    return [round(_pct(diffs, 2.5) * 1000, 2), round(_pct(diffs, 97.5) * 1000, 2)]
-
-
 def _summary(direct: dict, proxied: dict, cpu_s: float) -> dict:
     d_tps = direct["tokens"] / direct["wall_s"] if direct["wall_s"] else 0.0
     p_tps = proxied["tokens"] / proxied["wall_s"] if proxied["wall_s"] else 0.0
     return {
         "added_ttft_p50_ms": round((_pct(proxied["ttft"], 50) - _pct(direct["ttft"], 50)) * 1000, 3),
-        "added_ttft_p50_ci95_ms": _added_p50_interval(direct["ttft"], proxied["ttft"]),
+        "added_ttft_p50_ci95_ms": added_p50_interval(direct["ttft"], proxied["ttft"]),
         "added_ttft_p99_ms": round((_pct(proxied["ttft"], 99) - _pct(direct["ttft"], 99)) * 1000, 3),
         "added_e2e_p50_ms": round((_pct(proxied["e2e"], 50) - _pct(direct["e2e"], 50)) * 1000, 3),
         "tokens_per_s_ratio": round(p_tps / d_tps, 4) if d_tps else None,

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import secrets
 import shutil
 import subprocess
@@ -46,6 +45,7 @@ import redis
 from django.conf import settings
 
 from benchmarks.harness.bench_world import bench_world_create
+from benchmarks.serving.stats import added_p50_interval
 from capacity.percentiles import percentile
 from capacity.runtimes.processes import (
     ROOT,
@@ -431,7 +431,7 @@ def _row(level: int, result: dict, wall: float, proxy_cpu: list, replica_cpu: fl
     return {
         "streams": level,
         "added_ttft_p50_ms": round(p50 - d50, 2) if p50 is not None and d50 is not None else None,
-        "added_ttft_p50_ci95_ms": _added_p50_interval(direct["ttft"], proxied["ttft"]),
+        "added_ttft_p50_ci95_ms": added_p50_interval(direct["ttft"], proxied["ttft"]),
         "proxied_ttft_p50_ms": p50,
         "direct_ttft_p50_ms": d50,
         "errors": proxied["errors"],
@@ -453,19 +453,6 @@ def _row(level: int, result: dict, wall: float, proxy_cpu: list, replica_cpu: fl
 def _p50_ms(values: list[float]) -> float | None:
     value = percentile(values, 50)
     return None if value is None else round(value * 1000, 2)
-
-
-def _added_p50_interval(direct: list[float], proxied: list[float], *, resamples: int = 400) -> list[float] | None:
-    """95 % bootstrap interval of p50(proxied) − p50(direct) in ms (fixed seed: the same samples, the same
-    interval), as ``bench proxy`` gives it."""
-    if len(direct) < 20 or len(proxied) < 20:
-        return None
-    rng = random.Random(0)
-    diffs = sorted(
-        percentile(rng.choices(proxied, k=len(proxied)), 50) - percentile(rng.choices(direct, k=len(direct)), 50)
-        for _ in range(resamples)
-    )
-    return [round(percentile(diffs, 2.5) * 1000, 2), round(percentile(diffs, 97.5) * 1000, 2)]
 
 
 def _limits_check(fleet: Fleet, proxies: list, options: Options) -> dict:

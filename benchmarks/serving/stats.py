@@ -1,7 +1,11 @@
-"""Small statistics the benchmarks share (pure): the 95 % confidence interval of a mean."""
+"""Small statistics the benchmarks share (pure): the 95 % confidence interval of a mean, and the bootstrap interval
+of a difference of medians."""
 
 import math
+import random
 import statistics
+
+from capacity.percentiles import percentile
 
 # Two-sided 95 % Student t quantiles by degrees of freedom (samples − 1); beyond 30, 2.0 (exact at 60 degrees,
 # within 2 % from 31 up and conservative past 60).
@@ -19,3 +23,17 @@ def interval(values: list[float]) -> list[float] | None:
     mean, half = statistics.fmean(values), _T95.get(len(values) - 1, 2.0) * statistics.stdev(values)
     half /= math.sqrt(len(values))
     return [round(mean - half, 4), round(mean + half, 4)]
+
+
+def added_p50_interval(direct: list[float], proxied: list[float], *, resamples: int = 400) -> list[float] | None:
+    """95 % bootstrap interval of p50(proxied) − p50(direct) in ms (seconds in): how far the run's own sampling
+    noise could move the added p50 (fixed seed, so the same samples give the same interval); None for fewer than
+    20 of either."""
+    if len(direct) < 20 or len(proxied) < 20:
+        return None
+    rng = random.Random(0)
+    diffs = sorted(
+        percentile(rng.choices(proxied, k=len(proxied)), 50) - percentile(rng.choices(direct, k=len(direct)), 50)
+        for _ in range(resamples)
+    )
+    return [round(percentile(diffs, 2.5) * 1000, 2), round(percentile(diffs, 97.5) * 1000, 2)]

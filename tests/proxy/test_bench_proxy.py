@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 
 from benchmarks.serving import proxy as bench
+from benchmarks.serving.stats import added_p50_interval
 
 
 def test_prompt_has_the_asked_length_and_is_unique_per_request():
@@ -28,17 +29,17 @@ def test_added_p50_interval_brackets_a_known_shift_and_narrows_with_more_samples
     def sample(n, shift):
         return [0.080 + shift + rng.gauss(0, 0.010) for _ in range(n)]
 
-    small = bench._added_p50_interval(sample(200, 0.0), sample(200, 0.003))
-    large = bench._added_p50_interval(sample(3000, 0.0), sample(3000, 0.003))
+    small = added_p50_interval(sample(200, 0.0), sample(200, 0.003))
+    large = added_p50_interval(sample(3000, 0.0), sample(3000, 0.003))
     assert small[0] < 3.0 < small[1]
     assert large[0] < 3.0 < large[1]
     assert (large[1] - large[0]) < (small[1] - small[0]) / 2
     # The interval holds the run's own point estimate.
     direct, proxied = sample(1000, 0.0), sample(1000, 0.0)
-    low, high = bench._added_p50_interval(direct, proxied)
+    low, high = added_p50_interval(direct, proxied)
     point = (bench._pct(proxied, 50) - bench._pct(direct, 50)) * 1000
     assert low <= point <= high
-    assert bench._added_p50_interval([0.1] * 5, [0.1] * 500) is None  # too few to say anything
+    assert added_p50_interval([0.1] * 5, [0.1] * 500) is None  # too few to say anything
 
 
 @pytest.mark.slow
