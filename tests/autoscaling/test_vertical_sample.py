@@ -45,6 +45,20 @@ def test_the_sample_moves_by_one_replica_when_one_leaves_or_joins():
     assert lowest < 10
 
 
+def endpoint_of(servers, kvs, roles=None) -> tuple:
+    """An endpoint with a ready replica per KV usage in ``kvs`` (of ``roles``, mixed by default), each answering from
+    its own server: the endpoint and {replica id: server}."""
+    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
+    by_replica = {}
+    for kv, role in zip(kvs, roles or [ReplicaRole.MIXED] * len(kvs), strict=True):
+        server = servers(kv=kv)
+        replica = ReplicaFactory(
+            endpoint=endpoint, state=ReplicaState.READY, url=server.url, concurrency_limit=64, role=role
+        )
+        by_replica[replica.pk] = server
+    return endpoint, by_replica
+
+
 def serving_for_an_hour(endpoint) -> None:
     """Its replicas ready for an hour: a first read of one is not its first cycle."""
     Replica.objects.filter(endpoint=endpoint).update(state_changed_at=timezone.now() - timedelta(hours=1))
@@ -74,12 +88,7 @@ def servers():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_live_tick_scrapes_the_sample_alone(clean_store, servers):
-    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
-    by_replica = {}
-    for i in range(6):
-        server = servers(kv=0.1 * (i + 1))
-        replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url, concurrency_limit=64)
-        by_replica[replica.pk] = server
+    endpoint, by_replica = endpoint_of(servers, [0.1 * (i + 1) for i in range(6)])
     members = vertical.sample_replicas(list(by_replica), 2)
     rows = vertical_ticks.vertical_ticks(endpoint_ids=[endpoint.pk], tick="s-1", sample=2)
     row = rows[endpoint.pk]
@@ -93,12 +102,7 @@ def test_the_live_tick_scrapes_the_sample_alone(clean_store, servers):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_replica_joining_the_sample_gives_its_gauges_and_not_its_counts_since_it_started(clean_store, servers):
-    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
-    by_replica = {}
-    for _ in range(4):
-        server = servers(kv=0.3)
-        replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url, concurrency_limit=64)
-        by_replica[replica.pk] = server
+    endpoint, by_replica = endpoint_of(servers, [0.3] * 4)
     serving_for_an_hour(endpoint)
     first, second = vertical.sample_replicas(list(by_replica), 2)
     for server in by_replica.values():
@@ -133,11 +137,7 @@ def test_a_snapshot_reads_back_as_written_and_anything_else_as_none():
 @pytest.mark.django_db(transaction=True)
 def test_a_member_whose_snapshot_is_older_than_a_cycle_gives_its_gauges_only(clean_store, servers, monkeypatch):
     # Left the sample and joined it again within the snapshot's hour: its counts span the time it was out
-    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
-    replicas = {}
-    for _ in range(3):
-        server = servers(kv=0.3)
-        replicas[ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url).pk] = server
+    endpoint, replicas = endpoint_of(servers, [0.3] * 3)
     serving_for_an_hour(endpoint)
     vertical_ticks.vertical_ticks(endpoint_ids=[endpoint.pk], tick="o-1", sample=1)
     for server in replicas.values():
@@ -208,11 +208,7 @@ def test_the_simulators_vertical_axis_reads_the_same_sample():
 def test_an_endpoint_read_whole_again_counts_no_replica_without_a_fresh_snapshot(clean_store, servers):
     # Four replicas, three sampled; one member leaves and the endpoint is read whole again: the replica that was
     # outside the sample has no snapshot, so its slow first tokens since it started are not this cycle's
-    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
-    by_replica = {}
-    for _ in range(4):
-        server = servers(kv=0.3)
-        by_replica[ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url).pk] = server
+    endpoint, by_replica = endpoint_of(servers, [0.3] * 4)
     serving_for_an_hour(endpoint)
     members = vertical.sample_replicas(list(by_replica), 3)
     [outsider] = [pk for pk in by_replica if pk not in members]
@@ -227,12 +223,8 @@ def test_an_endpoint_read_whole_again_counts_no_replica_without_a_fresh_snapshot
 
 @pytest.mark.django_db(transaction=True)
 def test_a_disaggregated_endpoint_is_sampled_per_role(clean_store, servers):
-    endpoint = EndpointFactory(concurrency_limit=64, ttft_slo_ms=2000, tpot_slo_ms=100)
-    roles = {}
-    for role in (ReplicaRole.PREFILL,) * 3 + (ReplicaRole.DECODE,) * 3:
-        server = servers(kv=0.3)
-        replica = ReplicaFactory(endpoint=endpoint, state=ReplicaState.READY, url=server.url, role=role)
-        roles[replica.pk] = (role, server)
+    roles = [ReplicaRole.PREFILL] * 3 + [ReplicaRole.DECODE] * 3
+    endpoint, by_replica = endpoint_of(servers, [0.3] * 6, roles)
     vertical_ticks.vertical_ticks(endpoint_ids=[endpoint.pk], tick="r-1", sample=2)
-    read = [role for role, server in roles.values() if server.hits]
+    read = [role for role, server in zip(roles, by_replica.values(), strict=True) if server.hits]
     assert sorted(read) == sorted([ReplicaRole.PREFILL] * 2 + [ReplicaRole.DECODE] * 2)

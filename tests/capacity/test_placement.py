@@ -90,14 +90,20 @@ def test_islands_inside_a_node_are_domains():
         Node("bad", 8, island=3)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_infercap_never_crosses_a_domain_nor_deadlocks_on_a_random_stream(seed):
+def random_stream(seed: int) -> tuple[list, list[Request]]:
+    """Three HGX boards and a 16-GPU rack, and 300 replicas of 1-16 GPUs arriving over 1,000 s."""
     rng = random.Random(seed)
     nodes = hgx_nodes(3) + rack("nvl", nodes=4, gpus=4)
     requests = []
     for i in range(300):
         arrive = rng.uniform(0, 1000)
         requests.append(Request(i, f"e{i % 7}", rng.choice([1, 2, 4, 8, 16]), arrive, arrive + rng.uniform(5, 120)))
+    return nodes, requests
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_infercap_never_crosses_a_domain_nor_deadlocks_on_a_random_stream(seed):
+    nodes, requests = random_stream(seed)
     infercap = replay(nodes, requests, "infercap")
     gang = replay(nodes, requests, "gang")
     assert infercap.groups_across_domains == 0 and infercap.deadlocks == 0

@@ -9,6 +9,7 @@ from capacity.placement import repack as repack_module
 from capacity.placement.cluster import Cluster, hgx_nodes, rack
 from capacity.placement.repack import pack, repack_replay
 from capacity.placement.replay import Request, replay
+from tests.capacity.test_placement import random_stream
 
 BENCH_NODES = hgx_nodes(8) + rack("nvl72-a", nodes=18, gpus=4)  # the bench's cluster: 136 GPUs
 
@@ -66,12 +67,7 @@ def test_a_packing_exists_exactly_when_the_pool_and_the_rack_hold_it(checked):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_on_a_random_stream_repack_admits_only_sets_that_pack_and_the_pool_holds(checked, seed):
-    rng = random.Random(seed)
-    nodes = hgx_nodes(3) + rack("nvl", nodes=4, gpus=4)
-    requests = []
-    for i in range(300):
-        arrive = rng.uniform(0, 1000)
-        requests.append(Request(i, f"e{i % 7}", rng.choice([1, 2, 4, 8, 16]), arrive, arrive + rng.uniform(5, 120)))
+    nodes, requests = random_stream(seed)
     result = repack_replay(nodes, requests)
     assert result.groups_across_domains == 0 and result.repacks > 0
     for time_s in set(result.started.values()):
