@@ -80,6 +80,8 @@ TOP = {
         *(f"pd.{w}.{k}" for w in ("short_chat", "long_rag", "mix") for k in (
             "goodput_per_gpu_ratio", "planner_choice", "choice_goodput_ratio", "ttft_p90_ratio", "tpot_p90_ratio",
             "floor_ratio", "ceiling_ratio", "planner_vs_ceiling", "bound_ratio", "planner_threshold", "detail",
+            "tpot_p90_ratio_ceiling", "tpot_p90_ceiling_split", "split_meeting_both", "oracle_splits",
+            "tpot_p90_ratio_at_capacity",
         )),
         "pd.real_engine.outputs_match", "pd.real_engine.external_hit_tokens", "pd.real_engine.fallbacks_without_error",
         "pd.seeds", "pd.seed_set", "pd.wall_s",
@@ -93,9 +95,10 @@ TOP = {
     } | {"scale.mode", "scale.wall_s"},
     "placement": {
         f"placement.{policy}.{key}"
-        for policy in ("naive", "gang", "infercap", "bound")
+        for policy in ("naive", "gang", "infercap", "bound", "repack")
         for key in ("deadlocks", "gpu_allocation", "groups_across_domains", "pending_p99_s", "detail")
-    } | {"placement.goals", "placement.setup", "placement.seeds", "placement.seed_set", "placement.wall_s"},
+    } | {"placement.goals", "placement.setup", "placement.seeds", "placement.seed_set", "placement.wall_s",
+         "placement.infercap.pending_p99_vs_repack", "placement.repack.pending_p99_vs_bound"},
 }  # fmt: skip
 PROXY_ROW = {
     "added_e2e_p50_ms", "added_ttft_p50_ci95_ms", "added_ttft_p50_ms", "added_ttft_p99_ms", "bare_passthrough",

@@ -2,7 +2,9 @@
 that live pods request on each, as a placement ``Room``, so the ledger counts whole replicas there as it does on a
 host of the local actuator. Each endpoint's room is on the nodes its pods may be bound to: those whose labels match
 its requirements (GPU model, node selector) and whose NoSchedule/NoExecute taints its pods tolerate
-(``capacity.placement.node_requirements``, the same answer the actuator writes into the pods).
+(``capacity.placement.node_requirements``, the answer the actuator writes into the pods of the endpoint's own
+profile and options; what a row does not stand for, such as a spot or prefill pool and Deployments whose pods predate
+an edit, is listed in docs/placement.md, "Not matched").
 
 A beat task (``workers/tasks/room.py``) reads the nodes and pods through the actuator's API client every
 ``REFRESH_S`` and keeps the result in the shared store for ``ROOM_TTL_S``. The ledger's readers (the console and the
