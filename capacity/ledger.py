@@ -28,7 +28,7 @@ from capacity.placement.cluster import Cluster
 from capacity.placement.node_requirements import Room, endpoint_requirements
 from capacity.placement.policies import groups_that_fit
 from capacity.unit_resolver import coefficients_by_endpoint
-from endpoints.models import Endpoint, ReplicaState
+from endpoints.models import Endpoint, ReplicaState, ServingMode
 from tenants.models import CapacityReservation
 
 MINUTE = timedelta(minutes=1)
@@ -139,6 +139,18 @@ class EndpointLedger:
     shed_1h: int = 0
     replica_gpus: int = 1  # one replica's TP group
     whole_replicas_free: int | None = None  # more whole groups the free GPUs hold; None where they are not known
+    pools: list[PoolRoom] = field(default_factory=list)  # the endpoint's other pools' room, where it has any
+
+
+@dataclass
+class PoolRoom:
+    """Room for one of an endpoint's other pools, whose pods run on another profile or other nodes than the row's
+    on-demand (decode) pods: its prefill pool, its spot pool, the profile a scale-up falls back to."""
+
+    pool: str  # "prefill", "spot" or "fallback"
+    hardware_profile: str
+    replica_gpus: int
+    whole_replicas_free: int | None = None
 
 
 @dataclass
@@ -171,6 +183,22 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def _endpoints(queryset) -> list[Endpoint]:
+    """The ledger's endpoints by name, each with its profiles and its count of ready serving replicas."""
+    return list(
+        queryset.select_related(None)
+        .select_related(  # replica_gpus, the pools' room
+            "hardware_profile", "prefill_hardware_profile", "spot_hardware_profile", "fallback_hardware_profile"
+        )
+        .annotate(
+            ready_count=Count(
+                "replicas", filter=Q(replicas__state=ReplicaState.READY, replicas__is_standby=False), distinct=True
+            )
+        )
+        .order_by("name")
+    )
+
+
 def capacity_ledger(
     *, now: datetime | None = None, endpoints=None, tenant_id: int | None = None, free_gpus: Cluster | None = None
 ) -> Ledger:
@@ -181,16 +209,7 @@ def capacity_ledger(
     day_start = minute_end - DAY_MINUTES * MINUTE
     hour_start, last_minute = minute_end - 60 * MINUTE, minute_end - MINUTE
     queryset = endpoints if endpoints is not None else Endpoint.objects.all()
-    endpoint_list = list(
-        queryset.select_related(None)
-        .select_related("hardware_profile")  # replica_gpus
-        .annotate(
-            ready_count=Count(
-                "replicas", filter=Q(replicas__state=ReplicaState.READY, replicas__is_standby=False), distinct=True
-            )
-        )
-        .order_by("name")
-    )
+    endpoint_list = _endpoints(queryset)
     ids = [e.pk for e in endpoint_list]
     reservations = CapacityReservation.objects.filter(endpoint_id__in=ids).select_related("tenant")
     if tenant_id is not None:
@@ -257,39 +276,78 @@ def replica_gpus(endpoint: Endpoint) -> int:
     """One replica's GPUs, as its actuator asks for them: on Kubernetes the hardware profile's ``gpus_per_replica``
     (what its pod requests); locally the engine's ``tensor_parallel_size`` where the launch options set it, else the
     profile's."""
-    options = endpoint.launch_options or {}
+    hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
+    return _launch_gpus(endpoint.launch_options, hardware)
+
+
+def _launch_gpus(options, hardware, *, engine_ranks: bool = True) -> int:
+    """A launch's GPUs a replica (``replica_gpus``); without ``engine_ranks`` the profile's alone, as a fallback
+    launch asks for (its ``tensor_parallel_size`` becomes the fallback's ``gpus_per_replica``)."""
+    options = options if isinstance(options, dict) else {}
     default = getattr(settings, "INFERCAP", {}).get("AUTOSCALE_ACTUATOR", "local")
     on_kubernetes = (options.get("actuator") or default) == "kubernetes"
-    tp = None if on_kubernetes else options.get("tensor_parallel_size")
-    hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
+    tp = None if on_kubernetes or not engine_ranks else options.get("tensor_parallel_size")
     try:
         return max(1, int(tp if tp is not None else (hardware.gpus_per_replica if hardware else 1)))
     except (TypeError, ValueError):
         return 1
 
 
+def _pool_launches(endpoint: Endpoint) -> list[tuple[str, object, dict, bool, bool]]:
+    """The endpoint's other pools as their actuators launch them (``capacity.autoscaling.services.pool_endpoint``
+    and ``fall_back``): (pool, hardware profile, launch options, spot, engine ranks count). A disaggregated
+    endpoint's prefill pool runs on its prefill profile (the endpoint's where it names none) with the prefill launch
+    options laid over the endpoint's; a spot pool on the spot profile with the spot selector and tolerations; a
+    fallback on the fallback profile's own GPUs per replica."""
+    options = endpoint.launch_options if isinstance(endpoint.launch_options, dict) else {}
+    own = endpoint.hardware_profile if endpoint.hardware_profile_id else None
+    pools = []
+    if endpoint.serving_mode == ServingMode.DISAGGREGATED:
+        prefill = endpoint.prefill_hardware_profile if endpoint.prefill_hardware_profile_id else own
+        prefill_options = endpoint.prefill_launch_options if isinstance(endpoint.prefill_launch_options, dict) else {}
+        pools.append(("prefill", prefill, {**options, **prefill_options}, False, True))
+    if endpoint.spot_hardware_profile_id:
+        pools.append(("spot", endpoint.spot_hardware_profile, options, True, True))
+    if endpoint.fallback_hardware_profile_id:
+        pools.append(("fallback", endpoint.fallback_hardware_profile, options, False, False))
+    return pools
+
+
 def _whole_groups(ledger: Ledger, endpoint_list: list[Endpoint], free_gpus: Cluster | None) -> dict:
-    """Each row's TP size and whole replicas free, one placement per size (3 free GPUs hold no TP-4 group); the
-    total's free GPUs. On a Kubernetes ``Room`` a row counts only the nodes its pods may be bound to, one placement
-    per distinct (requirements, size): an endpoint whose launch options cannot be read is unknown."""
+    """Each row's TP size and whole replicas free, and its other pools' (``PoolRoom``), one placement per size (3
+    free GPUs hold no TP-4 group); the total's free GPUs. On a Kubernetes ``Room`` a row or pool counts only the
+    nodes its pods may be bound to, one placement per distinct (requirements, size): one whose launch options cannot
+    be read is unknown."""
+    by_size: dict[int, int] = {}
+
+    def room(options, hardware, size: int, *, spot: bool = False) -> int | None:
+        if free_gpus is None:
+            return None
+        if isinstance(free_gpus, Room):
+            try:
+                needs = endpoint_requirements(options, hardware, spot=spot)
+            except ValueError:
+                return None
+            return free_gpus.whole_groups(needs, size)
+        if size not in by_size:
+            by_size[size] = groups_that_fit(free_gpus, size)
+        return by_size[size]
+
     for row, endpoint in zip(ledger.endpoints, endpoint_list, strict=True):
         row.replica_gpus = replica_gpus(endpoint)
-    if free_gpus is None:
-        return {"free_gpus": None}
-    by_size: dict[int, int] = {}
-    for row, endpoint in zip(ledger.endpoints, endpoint_list, strict=True):
-        if isinstance(free_gpus, Room):
-            hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
-            try:
-                needs = endpoint_requirements(endpoint.launch_options, hardware)
-            except ValueError:
-                continue  # stays None
-            row.whole_replicas_free = free_gpus.whole_groups(needs, row.replica_gpus)
-            continue
-        if row.replica_gpus not in by_size:
-            by_size[row.replica_gpus] = groups_that_fit(free_gpus, row.replica_gpus)
-        row.whole_replicas_free = by_size[row.replica_gpus]
-    return {"free_gpus": free_gpus.free_count()}
+        hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
+        row.whole_replicas_free = room(endpoint.launch_options, hardware, row.replica_gpus)
+        for pool, pool_hardware, options, spot, engine_ranks in _pool_launches(endpoint):
+            size = _launch_gpus(options, pool_hardware, engine_ranks=engine_ranks)
+            row.pools.append(
+                PoolRoom(
+                    pool=pool,
+                    hardware_profile=pool_hardware.name if pool_hardware else "",
+                    replica_gpus=size,
+                    whole_replicas_free=room(options, pool_hardware, size, spot=spot),
+                )
+            )
+    return {"free_gpus": None if free_gpus is None else free_gpus.free_count()}
 
 
 def _totals(rows: list[EndpointLedger], per_minute: dict[int, dict[datetime, float]]) -> dict:

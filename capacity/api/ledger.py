@@ -2,7 +2,9 @@
 tenant (operators see every tenant, anyone else only their own tenant's rows). For operators each endpoint's
 ``whole_replicas_free`` is how many more whole replicas of its TP size fit in the free GPUs (``total.free_gpus``): a
 Kubernetes cluster's GPU nodes as the room task last read them, or this host's as the local actuator allots them; null
-where the free GPUs are not known (no GPU, or the cluster's nodes could not be read)."""
+where the free GPUs are not known (no GPU, or the cluster's nodes could not be read). ``pools`` gives the same for
+the endpoint's other pools, each on its own profile and nodes: a disaggregated endpoint's prefill pool, its spot pool,
+the profile a scale-up falls back to (docs/placement.md, "In the ledger")."""
 
 from django.urls import path
 from drf_spectacular.utils import OpenApiParameter, extend_schema

@@ -6,6 +6,7 @@ used (capacity/placement/node_requirements.py, docs/placement.md "In the ledger"
 
 import kubernetes_validate
 import pytest
+from django.urls import reverse
 
 from capacity.autoscaling.actuators.free_gpus import free_gpus
 from capacity.autoscaling.actuators.kubernetes_objects import launch_requirements
@@ -210,3 +211,51 @@ def test_a_spot_pool_carries_its_own_profiles_model_and_the_spot_selector(
     assert template["spec"]["tolerations"][-1] == {"key": "spot", "operator": "Exists"}
     assert carries(template, launch_requirements(pool_endpoint(endpoint, spot_pool)))
     assert launch_requirements(endpoint) != launch_requirements(pool_endpoint(endpoint, spot_pool))
+
+
+def test_an_endpoints_other_pools_have_room_on_their_own_profiles_and_nodes(
+    db, room_store, mixed_cluster, endpoints, operator, client
+):
+    """A disaggregated endpoint's prefill pool (its own profile, its launch options laid over the endpoint's), its
+    spot pool (the spot profile and the default spot selector) and its fallback profile each count the nodes their
+    pods may use, in their own group size; the decode row keeps its own."""
+    spot_node = gpu_node("h100-spot", H100, labels={"karpenter.sh/capacity-type": "spot"})
+    mixed_cluster.items["/api/v1/nodes"].append(spot_node)
+    decode = endpoints["h100"]
+    tp2 = HardwareProfileFactory(name="h100-tp2", gpus_per_replica=2, gpu_product=H100)
+    l40s = endpoints["l40s"].hardware_profile
+    Endpoint.objects.filter(pk=decode.pk).update(
+        serving_mode="disaggregated",
+        kv_connector="nixl",
+        prefill_hardware_profile=tp2,
+        prefill_launch_options={"node_selector": {"pool": "batch"}},  # the prefill pool's own nodes
+        spot_hardware_profile=HardwareProfileFactory(name="h100-spot-tp4", gpus_per_replica=4, gpu_product=H100),
+        fallback_hardware_profile=l40s,
+    )
+    published = refresh_room(api=api(mixed_cluster))
+    assert "karpenter.sh/capacity-type" in published["label_keys"], "a spot pool selects on the default label"
+    ledger = capacity_ledger(endpoints=Endpoint.objects.filter(pk=decode.pk), free_gpus=free_gpus())
+    row = ledger.endpoints[0]
+    # decode: h100-a's 4 free, h100-gke's 8, h100-batch's 8, h100-spot's 8 in TP-4
+    assert (row.replica_gpus, row.whole_replicas_free) == (4, 1 + 2 + 2 + 2)
+    pools = {pool.pool: (pool.hardware_profile, pool.replica_gpus, pool.whole_replicas_free) for pool in row.pools}
+    assert pools == {
+        "prefill": ("h100-tp2", 2, 4),  # h100-batch only, in TP-2
+        "spot": ("h100-spot-tp4", 4, 2),  # h100-spot only
+        "fallback": ("l40s-tp1", 1, 6),  # the L40S node's 6 free
+    }
+    body = client_for(operator).get(LEDGER_URL, {"endpoint": decode.pk}).json()
+    assert {p["pool"]: p["whole_replicas_free"] for p in body["endpoints"][0]["pools"]} == {
+        "prefill": 4,
+        "spot": 2,
+        "fallback": 6,
+    }
+    # The pools' requirements are the ones their launches write into their pods.
+    prefill_view = pool_endpoint(Endpoint.objects.get(pk=decode.pk), None, role="prefill")
+    assert dict(launch_requirements(prefill_view, spot=False).node_selector) == {
+        "pool": "batch",
+        GPU_PRODUCT_LABEL: H100,
+    }
+    client.force_login(operator)
+    detail = client.get(reverse("console:endpoint", args=[decode.pk])).content.decode()
+    assert 'data-pool-room="prefill">4 more whole TP-2 replicas on h100-tp2<' in detail

@@ -74,3 +74,31 @@ def test_api_and_console_show_room_in_whole_groups_of_this_hosts_gpus(tp4_and_tp
     assert f'data-room="{tp4.pk}">0 × TP-4<' in table and f'data-room="{tp1.pk}">3 × TP-1<' in table
     detail = client.get(reverse("console:endpoint", args=[tp4.pk])).content.decode()
     assert "0 more whole TP-4 replicas in the free GPUs" in detail
+
+
+def test_prefill_and_fallback_pools_count_in_their_own_group_sizes_on_this_host(
+    tp4_and_tp1, local_gpus, operator, client
+):
+    """On this host (3 GPUs free): a prefill pool whose launch options run 2 ranks has room for one TP-2 replica; a
+    fallback profile of 2 GPUs a replica counts 2 whatever the endpoint's ``tensor_parallel_size`` (the fallback
+    launch replaces it with the profile's), so one; an aggregated endpoint without other profiles has no pools."""
+    tp4, tp1 = tp4_and_tp1
+    tp2 = HardwareProfileFactory(name="a100-tp2", gpus_per_replica=2)
+    Endpoint.objects.filter(pk=tp4.pk).update(
+        serving_mode="disaggregated",
+        kv_connector="nixl",
+        prefill_launch_options={"tensor_parallel_size": 2},
+        fallback_hardware_profile=tp2,
+        launch_options={"tensor_parallel_size": 4},
+    )
+    body = client_for(operator).get(LEDGER_URL).json()
+    rows = {row["endpoint_id"]: row for row in body["endpoints"]}
+    assert (rows[tp4.pk]["replica_gpus"], rows[tp4.pk]["whole_replicas_free"]) == (4, 0)
+    assert rows[tp4.pk]["pools"] == [
+        {"pool": "prefill", "hardware_profile": "h100-tp4", "replica_gpus": 2, "whole_replicas_free": 1},
+        {"pool": "fallback", "hardware_profile": "a100-tp2", "replica_gpus": 2, "whole_replicas_free": 1},
+    ]
+    assert rows[tp1.pk]["pools"] == []
+    client.force_login(operator)
+    cards = client.get(reverse("console:fleet")).content.decode()
+    assert f'data-pool-room="{tp4.pk}-fallback">1 × TP-2 on a100-tp2<' in cards

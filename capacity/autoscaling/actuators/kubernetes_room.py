@@ -22,7 +22,13 @@ from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.kubernetes_api import KubernetesApi
 from capacity.models import HardwareProfile
 from capacity.placement.cluster import Cluster
-from capacity.placement.node_requirements import BLOCKING_EFFECTS, Room, RoomNode, selector_label_keys
+from capacity.placement.node_requirements import (
+    BLOCKING_EFFECTS,
+    SPOT_NODE_SELECTOR,
+    Room,
+    RoomNode,
+    selector_label_keys,
+)
 from endpoints.models import Endpoint
 
 log = logging.getLogger(__name__)
@@ -132,10 +138,14 @@ def domain_labels() -> list[str]:
 
 def requirement_label_keys() -> list[str]:
     """The node labels the endpoints' pods may select on: the GPU product label of every profile that names a
-    product, and the keys of the launch options' node selectors (spot's too)."""
+    product, and the keys of the launch options' node selectors (spot's, and a prefill pool's own, too); the default
+    spot selector's where an endpoint has a spot pool."""
     keys = set(HardwareProfile.objects.exclude(gpu_product="").values_list("gpu_product_label", flat=True).distinct())
-    for options in Endpoint.objects.values_list("launch_options", flat=True).iterator(chunk_size=2000):
-        keys |= selector_label_keys(options)
+    rows = Endpoint.objects.values_list("launch_options", "prefill_launch_options")
+    for options, prefill_options in rows.iterator(chunk_size=2000):
+        keys |= selector_label_keys(options) | selector_label_keys(prefill_options)
+    if Endpoint.objects.filter(spot_hardware_profile__isnull=False).exists():
+        keys |= set(SPOT_NODE_SELECTOR)  # a spot pool that names no selector of its own selects on the default
     return sorted(keys)
 
 
