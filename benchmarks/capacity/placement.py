@@ -35,6 +35,8 @@ import time
 from benchmarks import protocol
 from capacity.percentiles import percentile
 from capacity.placement.cluster import hgx_nodes, rack
+from capacity.placement.defrag import DefragConfig
+from capacity.placement.defrag_replay import defrag_replay
 from capacity.placement.policies import POLICIES
 from capacity.placement.repack import repack_replay
 from capacity.placement.replay import Request, fluid_allocation, replay
@@ -103,7 +105,29 @@ def _request(rid: int, opened: tuple[int, float], sizes: list[int], release_s: f
     return Request(rid, f"tp{sizes[e]}-{e:02d}", sizes[e], arrive_s, release_s)
 
 
-def run_seed(*, seed: int, hours: float, demand: float, progress) -> dict:
+def defrag_config(opts: dict) -> DefragConfig | None:
+    """The defragmenting step infercap ships with (``--opt defrag=0``: the best fit alone), its knobs as options."""
+    if str(opts.get("defrag", "1")) == "0":
+        return None
+    default = DefragConfig()
+    return DefragConfig(
+        wait_s=float(opts.get("defrag_wait_s", default.wait_s)),
+        load_s=float(opts.get("move_load_s", default.load_s)),
+        max_moves_per_plan=int(opts.get("defrag_moves_per_plan", default.max_moves_per_plan)),
+        max_moves_per_hour=int(opts.get("defrag_moves_per_hour", default.max_moves_per_hour)),
+        max_moved_gpus=int(opts.get("defrag_max_moved_gpus", default.max_moved_gpus)),
+    )
+
+
+def _replay(policy: str, nodes, requests, defrag: DefragConfig | None):
+    if policy == "repack":
+        return repack_replay(nodes, requests)
+    if policy == "infercap" and defrag is not None:
+        return defrag_replay(nodes, requests, defrag)
+    return replay(nodes, requests, policy)
+
+
+def run_seed(*, seed: int, hours: float, demand: float, progress, defrag: DefragConfig | None = None) -> dict:
     nodes = cluster_nodes()
     gpus = sum(n.gpus for n in nodes)
     requests = stream(seed=seed, hours=hours, demand=demand, gpus=gpus)
@@ -117,7 +141,7 @@ def run_seed(*, seed: int, hours: float, demand: float, progress) -> dict:
     pending = {}
     for policy in BENCH_POLICIES:
         started = time.perf_counter()
-        result = repack_replay(nodes, requests) if policy == "repack" else replay(nodes, requests, policy)
+        result = _replay(policy, nodes, requests, defrag)
         out[policy], pending[policy] = result.figures(), result.pending_s
         progress(
             f"seed {seed} {policy}: allocation {out[policy]['gpu_allocation']}, pending p99 "
@@ -141,8 +165,11 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
     hours = float(opts.get("hours", 12 if quick else 48))
     demand = float(opts.get("demand", 0.9))
     seeds = _seeds(opts, quick=quick, held_out=held_out)
-    progress(f"placement: {len(seeds)} seed(s), {hours:g} h of stream each at {demand:.0%} demand")
-    runs, pending = zip(*(run_seed(seed=s, hours=hours, demand=demand, progress=progress) for s in seeds), strict=True)
+    defrag = defrag_config(opts)
+    progress(f"placement: {len(seeds)} seed(s), {hours:g} h of stream each at {demand:.0%} demand; defrag {defrag}")
+    runs, pending = zip(
+        *(run_seed(seed=s, hours=hours, demand=demand, progress=progress, defrag=defrag) for s in seeds), strict=True
+    )
     figures: dict = {}
     for policy in BENCH_POLICIES:
         rows = [r[policy] for r in runs]
@@ -152,7 +179,13 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         figures[f"placement.{policy}.groups_across_domains"] = None if None in across else sum(across)
         waits = [w for p in pending for w in p[policy]]
         figures[f"placement.{policy}.pending_p99_s"] = round(percentile(waits, 99), 1) if waits else None
+        worst: dict = {}
+        for row in rows:
+            for size, wait_s in row["pending_max_s_by_size"].items():
+                worst[size] = round(max(worst.get(size, 0.0), wait_s), 1)
+        figures[f"placement.{policy}.pending_max_s_by_size"] = worst
         figures[f"placement.{policy}.detail"] = rows
+    figures.update(_move_costs(runs, hours))
     figures["placement.infercap.pending_p99_vs_repack"] = _ratio(figures, "infercap", "repack")
     figures["placement.repack.pending_p99_vs_bound"] = _ratio(figures, "repack", "bound")
     figures["placement.goals"] = _goals(figures)
@@ -164,6 +197,7 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         "demand": demand,
         "runs": [{k: r[k] for k in ("seed", "requests", "mean_demand", "fluid_gpu_allocation")} for r in runs],
     }
+    figures["placement.setup"]["defrag"] = vars(defrag) if defrag else None
     figures["placement.seeds"] = list(seeds)
     figures["placement.seed_set"] = "held_out" if held_out else "training"
     figures["placement.wall_s"] = round(time.perf_counter() - started, 1)
@@ -171,6 +205,18 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         with open(plot, "w") as out:
             out.write(_svg(figures))
     return figures
+
+
+def _move_costs(runs, hours: float) -> dict:
+    """What infercap's defragmenting moves cost over every seed (zeros with ``defrag=0``)."""
+    rows = [r["infercap"] for r in runs]
+    moves = sum(r.get("moves", 0) for r in rows)
+    return {
+        "placement.infercap.moves": moves,
+        "placement.infercap.moves_per_hour": round(moves / (hours * len(rows)), 2) if rows else None,
+        "placement.infercap.copy_gpu_h": round(sum(r.get("copy_gpu_h", 0.0) for r in rows), 2),
+        "placement.infercap.reserved_gpu_h": round(sum(r.get("reserved_gpu_h", 0.0) for r in rows), 2),
+    }
 
 
 def _ratio(figures: dict, policy: str, reference: str) -> float | None:

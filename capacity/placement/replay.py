@@ -97,9 +97,9 @@ def replay(nodes: list[Node], requests: list[Request], policy: str) -> Replay:
         if policy == "naive":
             started = _naive_pass(cluster, pending, by_id)
         else:
-            started = _gang_pass(cluster, pending, by_id, GANG_POLICIES[policy])
+            started = gang_pass(cluster, pending, by_id, GANG_POLICIES[policy])
         for sid in started:
-            _start(cluster, result, by_id[sid], time_s)
+            record_start(cluster, result, by_id[sid], time_s)
             pending.remove(sid)
         now_deadlocked = policy == "naive" and _is_deadlock(cluster, pending, by_id)
         result.deadlocks += now_deadlocked and not deadlocked
@@ -122,7 +122,7 @@ def apply_event(cluster: Cluster, pending: list[int], request: Request, kind: in
         result.demanded_gpu_s += request.size * (request.release_s - request.arrive_s)
 
 
-def _start(cluster: Cluster, result: Replay, request: Request, time_s: float) -> None:
+def record_start(cluster: Cluster, result: Replay, request: Request, time_s: float) -> None:
     gpus = cluster.held[request.id]
     result.started[request.id] = time_s
     result.waited(request, time_s - request.arrive_s)
@@ -131,7 +131,7 @@ def _start(cluster: Cluster, result: Replay, request: Request, time_s: float) ->
     result.multi_node_groups += len({g.node for g in gpus}) > 1
 
 
-def _gang_pass(cluster: Cluster, pending: list[int], by_id, place) -> list[int]:
+def gang_pass(cluster: Cluster, pending: list[int], by_id, place) -> list[int]:
     """Every waiting replica in arrival order, each placed whole if its policy finds room (a later, smaller one may
     start before an earlier one that does not fit)."""
     started = []
