@@ -19,11 +19,11 @@ class DefragConfig:
     """The operator's knobs. ``load_s``: how long a moved replica's copy loads on its destination before the source
     is freed (make-before-break: both are held that long); the planner's default cold start."""
 
-    wait_s: float = 60.0  # a waiting group is helped only once it has waited this long
+    wait_s: float = 30.0  # a waiting group is helped only once it has waited this long
     load_s: float = 90.0
-    max_moves_per_plan: int = 3  # replicas moved to open one island
+    max_moves_per_plan: int = 3  # replicas moved to open room for one group
     max_moves_per_hour: int = 12  # over the cluster, a sliding hour
-    max_moved_gpus: int = 2  # the largest replica that may be moved (TP-1 and TP-2 by default)
+    max_moved_gpus: int = 1  # the largest replica that may be moved (TP-1: the cheapest copy)
 
 
 @dataclass(frozen=True)
@@ -104,42 +104,63 @@ def propose(
 
 
 def plan_for(cluster: Cluster, group: Waiting, *, max_moves: int, max_moved_gpus: int, pinned: set) -> Plan | None:
-    """The cheapest way to open one node's island for ``group``: the fewest GPUs moved, then the fewest moves, then
-    the tightest island; each moved replica held wholly on the island, no larger than ``max_moved_gpus``, and placed
-    whole elsewhere by infercap's best fit while the island's free GPUs are kept for the group."""
+    """The cheapest way to open room for ``group``, on one node's island or on whole nodes of a rack-scale domain:
+    the fewest GPUs moved, then the fewest moves, then the tightest room; each moved replica held wholly there, no
+    larger than ``max_moved_gpus``, and placed whole elsewhere by infercap's best fit while the room's free GPUs are
+    kept for the group."""
     if cluster.free_count() < group.size:
         return None
+
+    def movable(owner, room: set) -> bool:
+        held = cluster.held[owner]
+        return owner not in pinned and len(held) <= max_moved_gpus and set(held) <= room
+
     best = None
-    for island in islands(cluster):
-        if len(island) < group.size:
+    for room in [*islands(cluster), *rack_rooms(cluster, group.size, movable)]:
+        if len(room) < group.size:
             continue
-        free = tuple(g for g in island if g not in cluster.owner)
+        free = tuple(g for g in room if g not in cluster.owner)
         need = group.size - len(free)
         if need <= 0:
             continue
-        members = set(island)
-        movable = sorted(
-            {
-                owner
-                for g in island
-                if (owner := cluster.owner.get(g)) is not None
-                and owner not in pinned
-                and len(cluster.held[owner]) <= max_moved_gpus
-                and set(cluster.held[owner]) <= members
-            },
-            key=lambda o: (len(cluster.held[o]), str(o)),
-        )
-        for evict in _subsets(cluster, movable, need, max_moves):
+        members = set(room)
+        owners = {o for g in room if (o := cluster.owner.get(g)) is not None and movable(o, members)}
+        for evict in _subsets(cluster, sorted(owners, key=lambda o: (len(cluster.held[o]), str(o))), need, max_moves):
             moves = _copies(cluster, free, evict)
             if moves is None:
                 continue
             sources = [g for m in moves for g in m.source]
-            score = (len(sources), len(moves), len(island), island[0])
+            score = (len(sources), len(moves), len(room), room[0])
             if best is None or score < best[0]:
                 gpus = tuple(sorted(free + tuple(sources)))[: group.size]
                 best = (score, Plan(group.owner, gpus, free, moves))
             break
     return best[1] if best else None
+
+
+def rack_rooms(cluster: Cluster, size: int, movable) -> list[list[Gpu]]:
+    """For a group larger than one node of a rack-scale domain, per domain the ``size // node`` whole nodes that hold
+    the fewest GPUs, among those whose every replica may move: the group's equal shares once they are emptied."""
+    rooms = []
+    for domain, gpus in cluster.domain_gpus.items():
+        if not cluster.is_multi_node(domain):
+            continue
+        by_node: dict[str, list[Gpu]] = {}
+        for gpu in gpus:
+            by_node.setdefault(gpu.node, []).append(gpu)
+        per = max(len(node_gpus) for node_gpus in by_node.values())
+        if size <= per or size % per:
+            continue
+        clear = [
+            node_gpus
+            for node_gpus in by_node.values()
+            if len(node_gpus) == per
+            and all(movable(cluster.owner[g], set(node_gpus)) for g in node_gpus if g in cluster.owner)
+        ]
+        clear.sort(key=lambda node_gpus: (sum(g in cluster.owner for g in node_gpus), node_gpus[0]))
+        if len(clear) >= size // per:
+            rooms.append([g for node_gpus in clear[: size // per] for g in node_gpus])
+    return rooms
 
 
 def _subsets(cluster: Cluster, movable: list, need: int, max_moves: int):

@@ -61,6 +61,28 @@ def test_nothing_below_the_wait_threshold_nor_past_the_budget():
     assert propose(bigger, waiting, now_s=120.0, config=CONFIG, moves_left=12, pinned=set()) == []
 
 
+def test_a_tp8_gets_two_emptied_rack_nodes_when_no_board_can_be_opened():
+    # Given a board with 2 GPUs free and a rack of four 4-GPU nodes with 1, 1, 2 and 2 free: 8 free, but no board,
+    # no two free rack nodes and no four with 2 free each (equal shares) for a TP-8
+    cluster = Cluster(hgx_nodes(1) + rack("nvl", nodes=4, gpus=4))
+    cluster.take("six", _board("hgx-00", *range(6)))
+    for i in (0, 1):
+        cluster.take(f"r{i}", _board(f"nvl-{i:02d}", 0, 1))
+        cluster.take(f"one{i}", _board(f"nvl-{i:02d}", 2))
+    cluster.take("r2", _board("nvl-02", 0, 1))
+    cluster.take("a3", _board("nvl-03", 0))
+    cluster.take("b3", _board("nvl-03", 1))
+    assert infercap_best_fit(cluster, 8) is None and cluster.free_count() == 8
+    plan = propose(cluster, [Waiting("tp8", 8, 0.0)], now_s=60.0, config=CONFIG, moves_left=12, pinned=set())[0]
+    # then the two least-held rack nodes are emptied, their three replicas moved into the holes left elsewhere
+    assert set(plan.gpus) == set(_board("nvl-02", *range(4)) + _board("nvl-03", *range(4)))
+    assert {m.owner: {g.node for g in m.destination} for m in plan.moves} == {
+        "r2": {"hgx-00"},
+        "a3": {"nvl-00"},
+        "b3": {"nvl-01"},
+    }
+
+
 def test_the_budget_is_a_sliding_hour():
     budget = MoveBudget(3)
     budget.spend(2, 0.0)
@@ -84,7 +106,9 @@ def test_no_move_ever_crosses_a_domain():
         config = DefragConfig(wait_s=0.0, max_moved_gpus=4)
         for plan in propose(cluster, waiting, now_s=10.0, config=config, moves_left=12, pinned=set()):
             plans += 1
-            assert len(cluster.domains_of(plan.gpus)) == 1 and len({g.node for g in plan.gpus}) == 1
+            assert len(cluster.domains_of(plan.gpus)) == 1 and len(plan.gpus) == len(set(plan.gpus))
+            nodes = {g.node for g in plan.gpus}  # one node's island, or whole nodes of the rack
+            assert len(nodes) == 1 or all(sum(g.node == n for g in plan.gpus) == 4 for n in nodes)
             for move in plan.moves:
                 assert len(cluster.domains_of(move.destination)) == 1
                 assert cluster.domains_of(move.source) == cluster.domains_of(plan.gpus)  # off the group's island
@@ -120,7 +144,7 @@ def test_the_replay_holds_source_and_copy_for_the_load_then_frees_the_source(mon
     monkeypatch.setattr(defrag_replay_module, "Cluster", LoggedCluster)
     LoggedCluster.log = []
     nodes, requests = _two_boards_half_full()
-    result = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, load_s=90.0))
+    result = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, load_s=90.0, max_moved_gpus=2))
     # best fit alone waits for a board until 1000 s; the step moves the two TP-2 of one board to the other's hole
     assert replay(nodes, requests, "infercap").started[8] == 1000.0
     assert result.moves == 2 and result.plans == 1
@@ -139,7 +163,7 @@ def test_the_replay_holds_source_and_copy_for_the_load_then_frees_the_source(mon
 
 def test_moves_are_not_free():
     nodes, requests = _two_boards_half_full()
-    result = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, load_s=90.0))
+    result = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, load_s=90.0, max_moved_gpus=2))
     # two TP-2 copies loading 90 s each, and the TP-8's 4 GPUs free already held for it meanwhile
     assert result.copy_gpu_s == 2 * 2 * 90.0 and result.reserved_gpu_s == 4 * 90.0
     assert result.started[8] == 300.0 + 90.0 and max(result.pending_s) == 90.0
@@ -149,10 +173,10 @@ def test_moves_are_not_free():
 
 def test_a_replica_leaving_mid_copy_hands_its_gpus_to_the_waiting_group():
     nodes, requests = _two_boards_half_full()
-    first = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0))
+    first = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, max_moved_gpus=2))
     leaving = first.move_log[0][2]
     requests = [r if r.id != leaving else Request(r.id, r.endpoint, 2, 0.0, 330.0) for r in requests]
-    result = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0))
+    result = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, max_moved_gpus=2))
     # its copy is dropped at 330 s; its source is held for the TP-8, which starts with the other copy's load
     assert result.started[8] == 390.0 and (300.0, None, leaving) in result.move_log
     assert result.copy_gpu_s == 2 * 30.0 + 2 * 90.0 and result.reserved_gpu_s == 4 * 90.0 + 2 * 60.0
@@ -165,3 +189,19 @@ def test_on_a_random_stream_the_step_keeps_every_group_in_one_domain():
     result = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, max_moved_gpus=4))
     assert result.groups_across_domains == 0 and result.moves > 0
     assert len(result.started) == len(replay(nodes, requests, "infercap").started)
+
+
+def test_the_bench_ships_infercap_with_the_step_and_can_switch_it_off():
+    from benchmarks.capacity import placement
+
+    on = placement.run(quick=True, hours=4, seeds="1", progress=lambda _: None)
+    off = placement.run(quick=True, hours=4, seeds="1", defrag="0", progress=lambda _: None)
+    assert (
+        on["placement.setup"]["defrag"]["wait_s"] == DefragConfig().wait_s and off["placement.setup"]["defrag"] is None
+    )
+    assert on["placement.infercap.moves"] > 0 and on["placement.infercap.copy_gpu_h"] > 0
+    assert off["placement.infercap.moves"] == 0 and off["placement.infercap.copy_gpu_h"] == 0
+    assert on["placement.infercap.groups_across_domains"] == 0 and on["placement.infercap.deadlocks"] == 0
+    assert on["placement.infercap.moves_per_hour"] == round(on["placement.infercap.moves"] / 4, 2)
+    # the bound, repack and the others replay the same stream either way
+    assert on["placement.bound.pending_p99_s"] == off["placement.bound.pending_p99_s"]
