@@ -11,7 +11,9 @@ the endpoint's newest replica, placed or still waiting. The stream is the same f
 
 Policies: ``naive`` (each rank of a replica takes a free GPU in turn; a replica starts once it holds its group),
 ``gang`` (all or nothing, first fit, no topology), ``infercap`` (all or nothing inside one domain, best fit keeping
-whole nodes and the rack free, equal shares on rack nodes for a group no node holds), ``bound`` (the oracle: the whole stream scheduled on the
+whole nodes and the rack free, equal shares on rack nodes for a group no node holds, with the defragmenting step:
+a few TP-1 replicas moved, make-before-break, to open room for a group that has waited; ``--opt defrag=0``: best fit
+alone), ``bound`` (the oracle: the whole stream scheduled on the
 cluster relaxed to one pool, with no topology and no fragmentation; ``fluid_gpu_allocation`` is the ceiling
 min(cluster, demand) no policy passes), and ``repack`` (the ceiling that keeps the topology: domains and gangs as infercap keeps them, but every
 running replica may be re-placed from scratch whenever the scheduler looks, free; ``repacks`` and ``moved`` in its
@@ -22,8 +24,11 @@ Last line keys: ``placement.<policy>.{deadlocks,gpu_allocation,groups_across_dom
 GPU-seconds served over GPU-seconds asked for; pending: seconds from scale-up to start, or to withdrawal; its p99 over all seeds' replicas together), then
 ``placement.<policy>.detail`` (per seed), ``placement.infercap.pending_p99_vs_repack``,
 ``placement.repack.pending_p99_vs_bound``, ``placement.goals``, ``placement.setup``, ``placement.seeds``,
-``placement.seed_set``, ``placement.wall_s``. Options (``--opt``): ``hours`` of stream (12 quick, 48 full),
-``demand`` (0.9), ``seeds`` (training seeds unless ``--held-out``).
+``placement.seed_set``, ``placement.wall_s``, each policy's ``pending_max_s_by_size`` (worst wait per size, all
+seeds) and the step's cost: ``placement.infercap.{moves,moves_per_hour,copy_gpu_h,reserved_gpu_h}``. Options
+(``--opt``): ``hours`` of stream (12 quick, 48 full), ``demand`` (0.9), ``seeds`` (training seeds unless
+``--held-out``), ``defrag`` (1), ``defrag_wait_s``, ``move_load_s``, ``defrag_moves_per_plan``,
+``defrag_moves_per_hour``, ``defrag_max_moved_gpus`` (``DefragConfig``'s defaults).
 """
 
 from __future__ import annotations
