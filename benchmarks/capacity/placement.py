@@ -25,10 +25,12 @@ GPU-seconds served over GPU-seconds asked for; pending: seconds from scale-up to
 ``placement.<policy>.detail`` (per seed), ``placement.infercap.pending_p99_vs_repack``,
 ``placement.repack.pending_p99_vs_bound``, ``placement.goals``, ``placement.setup``, ``placement.seeds``,
 ``placement.seed_set``, ``placement.wall_s``, each policy's ``pending_max_s_by_size`` (worst wait per size, all
-seeds) and the step's cost: ``placement.infercap.{moves,moves_per_hour,copy_gpu_h,reserved_gpu_h}``. Options
+seeds) and the step's cost: ``placement.infercap.{moves,moves_per_hour,copy_gpu_h,reserved_gpu_h,
+lost_serving_gpu_h}``. Options
 (``--opt``): ``hours`` of stream (12 quick, 48 full), ``demand`` (0.9), ``seeds`` (training seeds unless
 ``--held-out``), ``defrag`` (1), ``defrag_wait_s``, ``move_load_s``, ``defrag_moves_per_plan``,
-``defrag_moves_per_hour``, ``defrag_max_moved_gpus`` (``DefragConfig``'s defaults).
+``defrag_moves_per_hour``, ``defrag_max_moved_gpus`` (``DefragConfig``'s defaults), ``move``
+(``make_before_break``, or ``break_before_make``: the source freed at once, its serving lost during the load).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ def defrag_config(opts: dict) -> DefragConfig | None:
         max_moves_per_plan=int(opts.get("defrag_moves_per_plan", default.max_moves_per_plan)),
         max_moves_per_hour=int(opts.get("defrag_moves_per_hour", default.max_moves_per_hour)),
         max_moved_gpus=int(opts.get("defrag_max_moved_gpus", default.max_moved_gpus)),
+        make_before_break=str(opts.get("move", "make_before_break")) != "break_before_make",
     )
 
 
@@ -221,6 +224,7 @@ def _move_costs(runs, hours: float) -> dict:
         "placement.infercap.moves_per_hour": round(moves / (hours * len(rows)), 2) if rows else None,
         "placement.infercap.copy_gpu_h": round(sum(r.get("copy_gpu_h", 0.0) for r in rows), 2),
         "placement.infercap.reserved_gpu_h": round(sum(r.get("reserved_gpu_h", 0.0) for r in rows), 2),
+        "placement.infercap.lost_serving_gpu_h": round(sum(r.get("lost_serving_gpu_h", 0.0) for r in rows), 2),
     }
 
 

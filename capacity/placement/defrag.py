@@ -16,14 +16,16 @@ from capacity.placement.policies import infercap_best_fit
 
 @dataclass(frozen=True)
 class DefragConfig:
-    """The operator's knobs. ``load_s``: how long a moved replica's copy loads on its destination before the source
-    is freed (make-before-break: both are held that long); the planner's default cold start."""
+    """The operator's knobs. ``load_s``: how long a moved replica's copy loads on its destination (the planner's
+    default cold start). Make-before-break (the default): the source keeps serving and is freed only once the copy
+    has loaded; break-before-make: the source is freed at once and the replica serves nothing until its copy has."""
 
     wait_s: float = 30.0  # a waiting group is helped only once it has waited this long
     load_s: float = 90.0
     max_moves_per_plan: int = 3  # replicas moved to open room for one group
     max_moves_per_hour: int = 12  # over the cluster, a sliding hour
     max_moved_gpus: int = 1  # the largest replica that may be moved (TP-1: the cheapest copy)
+    make_before_break: bool = True
 
 
 @dataclass(frozen=True)

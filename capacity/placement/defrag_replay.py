@@ -18,13 +18,15 @@ from capacity.placement.replay import Replay, Request, apply_event, gang_pass, r
 class DefragReplay(Replay):
     """A Replay with what the moves cost: ``moves`` (replicas moved), ``plans`` (groups opened by moving others),
     ``copy_gpu_s`` (GPU-seconds copies held while loading, serving nothing), ``reserved_gpu_s`` (GPU-seconds free
-    GPUs were held idle for a group waiting on its copies); ``move_log``: (copy started, source freed, replica) for
+    GPUs were held idle for a group waiting on its copies), ``lost_serving_gpu_s`` (break-before-make: GPU-seconds
+    moved replicas did not serve while their copies loaded, taken off the allocation); ``move_log``: (copy started, source freed, replica) for
     each move carried out, source freed None where the replica left during its copy."""
 
     moves: int = 0
     plans: int = 0
     copy_gpu_s: float = 0.0
     reserved_gpu_s: float = 0.0
+    lost_serving_gpu_s: float = 0.0
     hours: float = 0.0
     move_log: list[tuple[float, float | None, object]] = field(default_factory=list)
 
@@ -35,6 +37,7 @@ class DefragReplay(Replay):
             "moves_per_hour": round(self.moves / self.hours, 2) if self.hours else None,
             "copy_gpu_h": round(self.copy_gpu_s / 3600, 2),
             "reserved_gpu_h": round(self.reserved_gpu_s / 3600, 2),
+            "lost_serving_gpu_h": round(self.lost_serving_gpu_s / 3600, 2),
         }
 
 
@@ -43,6 +46,7 @@ class _InFlight:
     plan: Plan
     live: set = field(default_factory=set)  # moved replicas still running (one released mid-copy drops out)
     started_s: float = 0.0
+    done_s: float = 0.0
     target_live: bool = True  # the target still waits for this plan's GPUs
 
 
@@ -79,7 +83,7 @@ def defrag_replay(nodes: list[Node], requests: list[Request], config: DefragConf
             _, kind, rid = events[i]
             i += 1
             if kind == 0:
-                _release_mid_flight(cluster, flights, rid)
+                _release_mid_flight(cluster, result, flights, by_id[rid], now)
             if kind != 2:
                 apply_event(cluster, pending, by_id[rid], kind, result)
         for sid in gang_pass(cluster, pending, by_id, infercap_best_fit):
@@ -103,9 +107,11 @@ def _account(cluster: Cluster, result: DefragReplay, span_s: float) -> None:
                 result.reserved_gpu_s += span_s * len(gpus)
 
 
-def _release_mid_flight(cluster: Cluster, flights: dict, rid: int) -> None:
+def _release_mid_flight(cluster: Cluster, result: DefragReplay, flights: dict, request: Request, now: float) -> None:
     """A request leaving during a move: a waiting target drops its held GPUs; a moved replica drops its copy, and
-    its source GPUs go to the target's hold while the target still waits (they were promised to it)."""
+    its source GPUs go to the target's hold while the target still waits (they were promised to it). Broken before
+    made, it would not have served past its release anyway: the loss counted for the rest of the load is given back."""
+    rid = request.id
     if rid in flights:
         _drop_target(cluster, flights[rid])
     for flight in flights.values():
@@ -115,6 +121,10 @@ def _release_mid_flight(cluster: Cluster, flights: dict, rid: int) -> None:
             source = cluster.release(rid)
             if flight.target_live:
                 cluster.take(reserve_owner(flight.plan.target), source)
+            if not source:  # broken before made
+                unserved_s = request.size * (flight.done_s - now)
+                result.lost_serving_gpu_s -= unserved_s
+                result.allocated_gpu_s += unserved_s
 
 
 def _drop_target(cluster: Cluster, flight: _InFlight) -> None:
@@ -153,11 +163,21 @@ def _defrag(cluster, result: DefragReplay, budget: MoveBudget, config, flights, 
         if isinstance(o, tuple) or o in moving or now - result.started.get(o, float("-inf")) < config.load_s
     }
     for plan in propose(cluster, waiting, now_s=now, config=config, moves_left=left, pinned=pinned):
+        flight = flights[plan.target] = _InFlight(plan, {m.owner for m in plan.moves}, now, now + config.load_s)
         cluster.take(reserve_owner(plan.target), plan.reserved)
         for move in plan.moves:
             cluster.take(copy_owner(move.owner), move.destination)
-        flights[plan.target] = _InFlight(plan, {m.owner for m in plan.moves}, now)
-        heapq.heappush(done, (now + config.load_s, result.plans, plan.target))
+            if not config.make_before_break:
+                cluster.release(move.owner)
+                lost_s = len(move.source) * config.load_s
+                result.lost_serving_gpu_s += lost_s
+                result.allocated_gpu_s -= lost_s
+        if not config.make_before_break:  # the group's GPUs are all free now: it starts at once
+            _drop_target(cluster, flight)
+            cluster.take(plan.target, plan.gpus)
+            record_start(cluster, result, by_id[plan.target], now)
+            pending.remove(plan.target)
+        heapq.heappush(done, (flight.done_s, result.plans, plan.target))
         budget.spend(len(plan.moves), now)
         result.plans += 1
         result.moves += len(plan.moves)

@@ -205,3 +205,16 @@ def test_the_bench_ships_infercap_with_the_step_and_can_switch_it_off():
     assert on["placement.infercap.moves_per_hour"] == round(on["placement.infercap.moves"] / 4, 2)
     # the bound, repack and the others replay the same stream either way
     assert on["placement.bound.pending_p99_s"] == off["placement.bound.pending_p99_s"]
+
+
+def test_break_before_make_starts_the_group_at_once_and_counts_the_serving_lost():
+    nodes, requests = _two_boards_half_full()
+    config = DefragConfig(wait_s=0.0, load_s=90.0, max_moved_gpus=2, make_before_break=False)
+    result = defrag_replay(nodes, requests, config)
+    made = defrag_replay(nodes, requests, DefragConfig(wait_s=0.0, load_s=90.0, max_moved_gpus=2))
+    # the sources are freed at once: the TP-8 starts when the plan is made, nothing is held for it
+    assert result.started[8] == 300.0 and result.reserved_gpu_s == 0.0 and result.copy_gpu_s == 2 * 2 * 90.0
+    # and the two moved TP-2 serve nothing while their copies load: 360 GPU-seconds off the allocation
+    assert result.lost_serving_gpu_s == 2 * 2 * 90.0
+    assert result.allocated_gpu_s == made.allocated_gpu_s + 8 * 90.0 - 2 * 2 * 90.0
+    assert sorted(result.move_log)[0][:2] == (300.0, 390.0)
