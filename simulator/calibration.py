@@ -196,6 +196,16 @@ def prefill_fit(probes: Iterable[tuple[int, int, float]], *, token_budget: int) 
     }
 
 
+def with_probed_overhead(profile: EngineProfile, fixed_s: float, *, per_token_s: float = 0.0) -> EngineProfile:
+    """``profile`` with the prefill step's overhead that makes a prompt alone on an idle engine take the time the
+    prefill probes measured: ``prefill_fit``'s fixed part (``fixed_s``) is, in the simulator, that overhead, the
+    decode step the prefill rides on (``decode_t0_s``: nothing else runs) and the first token's way through the
+    API server (``per_token_s``, ``ApiServerCost``). Refined from a start near 0 instead, the overhead stayed near
+    0 and the simulator prefilled a lone prompt 4-5 ms faster than the probes measured it (docs/experiments/
+    simulator.md, 2026-12-06 night)."""
+    return profile.with_options(prefill_overhead_s=max(0.0, fixed_s - profile.decode_t0_s - per_token_s))
+
+
 def refine_profile(
     profile: EngineProfile,
     targets: list[dict[str, float | None]],

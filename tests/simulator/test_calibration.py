@@ -34,6 +34,7 @@ from simulator.calibration import (
     prefill_fit,
     refine_profile,
     step_cost_fit,
+    with_probed_overhead,
 )
 
 TRUTH = get_profile("tiny-cpu")
@@ -107,14 +108,34 @@ def test_prefill_probes_measure_the_prefill_rate_and_attention_term_that_the_ref
     # The fixed part: the step's overhead, the decode step it rides on and the first token's way to the client.
     fixed = truth.prefill_overhead_s + truth.decode_t0_s + API.per_token_s
     assert measured["fixed_s"] == pytest.approx(fixed, rel=0.05)
-    _, refined, _, _ = fidelity.calibrate(
+    _, refined, api, _ = fidelity.calibrate(
         TRUTH, sweep_runs, client_gap_s=GAP_S, evaluations=20, progress=lambda _m: None, probes=probes
     )
     assert all(getattr(refined, f) == pytest.approx(measured[f]) for f in PREFILL_FIELDS)
+    # The prefill overhead is what the fixed part leaves once the refined t0 and API server are known: the
+    # refined simulator prefills a lone prompt in the time the probes measured.
+    assert refined.prefill_overhead_s + refined.decode_t0_s + api.per_token_s == pytest.approx(measured["fixed_s"])
+    assert refined.prefill_overhead_s == pytest.approx(truth.prefill_overhead_s, rel=0.3)
     with pytest.raises(BenchmarkError, match="three shapes"):
         prefill_fit([(256, 0, 0.01), (256, 0, 0.011), (512, 0, 0.02)], token_budget=2048)
     with pytest.raises(ValueError, match="held"):
         refine_profile(TRUTH, [], lambda *a: {}, held=("decode_t1_s",))
+
+
+def test_the_probed_overhead_is_the_fixed_part_less_the_decode_step_and_the_first_token_s_way_out():
+    """``with_probed_overhead`` inverts what the simulator makes of a probe: a lone prompt's time from its headers to
+    its first token is the overhead, the t0 step it rides on and the API server's work for that token."""
+    truth = TRUTH.with_options(prefill_overhead_s=0.005, decode_t0_s=0.002)
+    api = ApiServerCost(per_token_s=3e-4)
+    probes = []
+    for shape in (Shape(256, 2), Shape(768, 2), Shape(1280, 2)):
+        for s in simulate_point(truth, LoadPoint(shape, 1, 2), run_id=f"probe-{shape.label}", api=api):
+            probes.append((s.prompt_tokens - s.cached_tokens, s.cached_tokens, s.first_token_s - s.accepted_s))
+    fixed = prefill_fit(probes, token_budget=truth.max_num_batched_tokens)["fixed_s"]
+    found = with_probed_overhead(truth.with_options(prefill_overhead_s=0.0), fixed, per_token_s=api.per_token_s)
+    assert found.prefill_overhead_s == pytest.approx(0.005, rel=0.01)
+    # A fixed part shorter than the step and the token's way out: no overhead, never a negative one.
+    assert with_probed_overhead(truth, 0.001, per_token_s=api.per_token_s).prefill_overhead_s == 0.0
 
 
 def test_a_request_reaches_a_busy_engine_s_scheduler_later():
@@ -149,6 +170,18 @@ def test_the_api_server_holds_requests_behind_the_tokens_it_streams():
     assert point_stats(long, simulate_point(TRUTH, long, run_id="p", api=slow_parse))["frontend_p50_s"] == (
         pytest.approx(2048 * 1e-5)
     )
+
+
+def test_a_request_sent_during_a_long_step_is_not_queued_behind_that_step_s_tokens():
+    """The API server's FIFO takes work in the order it comes: a request sent while the engine runs a 2,048-token
+    prefill (a quarter of a second at ``tiny-cpu``'s rate) gets its headers after its own parsing, not after the
+    tokens that step streams when it ends. Fed out of order, the long prompts' API-server delay came out 100 ms
+    long on the 2026-12-06 capture, and the fit made the engine faster to pay for it."""
+    point = LoadPoint(Shape(2048, 4), 2, 10)
+    samples = simulate_point(TRUTH, point, run_id="fifo", client_gap_s=GAP_S, api=ApiServerCost(per_request_s=1e-3))
+    delays = sorted(s.accepted_s - s.start_s for s in samples)
+    # Every request alone at the API server but the two sent together at the start (the second waits 1 ms).
+    assert delays[:-1] == pytest.approx([1e-3] * (len(delays) - 1)) and delays[-1] == pytest.approx(2e-3)
 
 
 def test_the_refinement_can_ignore_a_distorted_run():

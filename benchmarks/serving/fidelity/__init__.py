@@ -76,6 +76,7 @@ from simulator.calibration import (
     prefill_fit,
     profile_from_levels,
     refine_profile,
+    with_probed_overhead,
 )
 from simulator.process import start_replica
 
@@ -399,10 +400,11 @@ def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress, pr
     levels = [MeasuredLevel.from_samples(point.concurrency, samples) for point, _, samples in runs]
     fitted = profile_from_levels(base, levels, name=f"{BASE_PROFILE}-fitted")
     held: tuple[str, ...] = ()
+    fixed_s = None  # the probes' fixed part (``prefill_fit``): the prefill overhead follows from it
     if probes:
         measured = prefill_fit(probes, token_budget=base.max_num_batched_tokens)
         fitted = fitted.with_options(**{f: measured[f] for f in PREFILL_FIELDS})
-        held = PREFILL_FIELDS
+        held, fixed_s = (*PREFILL_FIELDS, "prefill_overhead_s"), measured["fixed_s"]
         progress(
             f"prefill probes ({len(probes)} requests): {measured['prefill_tokens_per_s']:.0f} tok/s, attention "
             f"{measured['prefill_per_ctx_token_s'] * 1e9:.4f} ns per u·(c + u/2), fixed {measured['fixed_s'] * 1e3:.2f} ms"
@@ -412,16 +414,22 @@ def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress, pr
         {m: v for m, v in point_stats(point, samples).items() if m in TRAINING_METRICS} for point, _, samples in runs
     ]
 
+    def tie(profile, extras: dict):
+        if fixed_s is None:  # no probes: the overhead is refined with the rest
+            return profile
+        return with_probed_overhead(profile, fixed_s, per_token_s=extras.get("per_token_s", 0.0))
+
     def simulate(profile, extras: dict, i: int) -> dict:
         point, run_id, _ = runs[i]
-        samples = simulate_point(profile, point, run_id=run_id, client_gap_s=client_gap_s, api=ApiServerCost(**extras))
+        api = ApiServerCost(**extras)
+        samples = simulate_point(tie(profile, extras), point, run_id=run_id, client_gap_s=client_gap_s, api=api)
         return point_stats(point, samples)
 
     extras = {name: (value, value) for name, value in API_START.items()}
     refined, found, rms = refine_profile(
-        fitted, targets, simulate, extras=extras, max_evaluations=evaluations, trim=TRIM, held=held
+        tie(fitted, API_START), targets, simulate, extras=extras, max_evaluations=evaluations, trim=TRIM, held=held
     )
-    api = ApiServerCost(**found)
+    refined, api = tie(refined, found), ApiServerCost(**found)
     progress(
         f"refined in the simulator (RMS log error {rms:.3f} over the best {1 - TRIM:.0%} of the figures): "
         f"{_constants(refined)}; API server {_api(api)}"

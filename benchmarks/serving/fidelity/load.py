@@ -155,8 +155,10 @@ def simulate_point(
     first_seen: dict[str, float] = {}
     samples: list[Sample] = []
     now = 0.0
-    while len(samples) < n:
-        while sent and sent[0][0] <= now:
+
+    def receive(until: float) -> None:
+        """The API server takes the requests sent by ``until``, in the order they were sent."""
+        while sent and sent[0][0] <= until:
             at, index = heapq.heappop(sent)
             ids = prompts[index] = prompt_ids(
                 shape, run_id=run_id, index=index, vocab_size=profile.vocab_size, prefix_groups=point.prefix_groups
@@ -165,6 +167,9 @@ def simulate_point(
             # The headers go out as the API server hands the request over; a busy engine takes it in later.
             busy = engine.running or engine.prefilling
             heapq.heappush(arrivals, (done + (api.busy_admit_s if busy else 0.0), index, at, done))
+
+    while len(samples) < n:
+        receive(now)
         while arrivals and arrivals[0][0] <= now:
             _, index, sent_s, at = heapq.heappop(arrivals)
             ids = prompts.pop(index)
@@ -178,6 +183,9 @@ def simulate_point(
                 raise BenchmarkError("the simulated engine went idle with requests outstanding")
             now = max(now, min(upcoming))
             continue
+        # Requests sent while the step runs reach the API server before the step's tokens do: its FIFO takes
+        # work in the order it comes, not after the step it overlaps.
+        receive(now + plan.duration())
         now += plan.duration()
         finished = engine.commit(plan, plan.steps, now)
         seen = server.run(now, api.per_token_s * len(plan.seqs))  # this step's tokens, at the client
