@@ -30,17 +30,28 @@ _HISTOGRAMS = (*TTFT, *TPOT)
 SERIES = (*_GAUGES, *_COUNTERS, *(f"{name}_bucket" for name in _HISTOGRAMS))
 
 
-# Two searches over the text for the lines of those series (vLLM's exposition holds ~520 lines, of which these are
+# One search over the text for the lines of those series (vLLM's exposition holds ~520 lines, of which these are
 # ~50), the regex engine skipping from one line's ``vllm:`` to the next, a bucket's bound read by the same search:
-# a Python loop over every line cost 0.68 ms a scrape, 7 CPU-s a tick at 10,000 replicas. A name must be followed
-# by its labels or the value (``…_waiting`` is not ``…_waiting_by_reason``).
+# a Python loop over every line cost 0.68 ms a scrape, 7 CPU-s a tick at 10,000 replicas; two searches (the values,
+# then the buckets) 85 µs. A name must be followed by its labels or the value (``…_waiting`` is not
+# ``…_waiting_by_reason``). The scrape's bytes are searched as they came when they are ASCII, as vLLM's are (a
+# search of bytes costs four fifths of one of text, and nothing is decoded); other text is decoded and searched
+# as text, where ``\S`` and ``\b`` know every script's spaces and letters.
 def _names(names) -> str:
     return "|".join(re.escape(name.removeprefix("vllm:")) for name in sorted(names, key=len, reverse=True))
 
 
-_VALUE_LINE = re.compile(r"\nvllm:(" + _names([*_GAUGES, *_COUNTERS]) + r")(?:\{[^}\n]*\})?[ \t]+(\S+)")
-_BUCKET_LINE = re.compile(r"\nvllm:(" + _names(_HISTOGRAMS) + r')_bucket\{[^}\n]*?\ble="([^"]*)"[^}\n]*\}[ \t]+(\S+)')
+_LINE = (
+    r"\nvllm:(?:(" + _names([*_GAUGES, *_COUNTERS]) + r")(?:\{[^}\n]*\})?[ \t]+(\S+)"
+    r"|(" + _names(_HISTOGRAMS) + r')_bucket\{[^}\n]*?\ble="([^"\n]*)"[^}\n]*\}[ \t]+(\S+))'
+)
+_TEXT_LINE, _BYTES_LINE = re.compile(_LINE), re.compile(_LINE.encode())
 _FIELDS = {name.removeprefix("vllm:"): attr for name, attr in {**_GAUGES, **_COUNTERS}.items()}
+_FIELDS |= {short.encode(): attr for short, attr in _FIELDS.items()}
+_HISTOGRAM_NAMES = {name.removeprefix("vllm:"): name for name in _HISTOGRAMS}
+_HISTOGRAM_NAMES |= {short.encode(): name for short, name in _HISTOGRAM_NAMES.items()}
+_BOUNDS: dict = {}  # a bucket's ``le`` → its bound or None (vLLM's bounds are the same on every scrape)
+_BOUNDS_KEPT = 4096
 
 
 @dataclass
@@ -60,30 +71,51 @@ class Scrape:
         return {}
 
 
-def parse(text: str) -> Scrape:
-    scrape, sums, text = Scrape(), {}, "\n" + text
+def parse(text: str | bytes) -> Scrape:
+    """The series the policies read from a ``/metrics`` exposition (text, or its bytes as a scrape received them)."""
+    scrape, sums, histograms = Scrape(), {}, {}
+    if isinstance(text, bytes) and text.isascii():
+        lines = _BYTES_LINE.findall(b"\n" + text)
+    else:
+        text = text.decode("utf-8", "replace") if isinstance(text, bytes | bytearray) else text
+        lines = _TEXT_LINE.findall("\n" + text)
     # A NaN or infinite gauge or count (a confused exporter) crashed the drain's int() and made the vertical
     # decision's JSON unstorable; these series are never negative either: such a line is skipped.
-    for short, raw in _VALUE_LINE.findall(text):
-        value = _count(raw)
-        if value is not None:
-            attr = _FIELDS[short]
-            sums[attr] = sums.get(attr, 0.0) + value
+    for short, raw, histogram, le, count in lines:
+        if short:
+            value = _count(raw)
+            if value is not None:
+                attr = _FIELDS[short]
+                sums[attr] = sums.get(attr, 0.0) + value
+            continue
+        value, bound = _count(count), _bound(le)
+        if value is not None and bound is not None:
+            counts = histograms.setdefault(_HISTOGRAM_NAMES[histogram], {})
+            counts[bound] = counts.get(bound, 0.0) + value
     for attr, value in sums.items():
         setattr(scrape, attr, value)
-    for short, le, raw in _BUCKET_LINE.findall(text):
-        value = _count(raw)
-        try:
-            bound = float(le)  # "+Inf" reads as infinity
-        except ValueError:
-            continue
-        if value is not None and not math.isnan(bound):
-            counts = scrape.histograms.setdefault(f"vllm:{short}", {})
-            counts[bound] = counts.get(bound, 0.0) + value
+    scrape.histograms = histograms
     return scrape
 
 
-def _count(raw: str) -> float | None:
+def _bound(le) -> float | None:
+    """A bucket's upper bound ("+Inf" reads as infinity); None for one that is not a number."""
+    try:
+        return _BOUNDS[le]
+    except KeyError:
+        pass
+    try:
+        bound = float(le)
+    except ValueError:
+        bound = None
+    if bound is not None and math.isnan(bound):
+        bound = None
+    if len(_BOUNDS) < _BOUNDS_KEPT:
+        _BOUNDS[le] = bound
+    return bound
+
+
+def _count(raw) -> float | None:
     try:
         value = float(raw)
     except ValueError:

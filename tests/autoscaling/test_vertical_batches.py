@@ -85,6 +85,40 @@ def test_one_endpoints_failure_leaves_the_batchs_others_decided(clean_store, ser
     }
 
 
+def test_a_decision_another_worker_stored_meanwhile_leaves_the_batchs_others_stored(clean_store, server, monkeypatch):
+    endpoints = fleet(3, server.url)
+    server.ttft, server.tpot = [10, 0, 0, 0, 0, 0], [10, 0, 0, 0, 0]
+    read_streaks = vertical_ticks._streaks
+
+    def racing(ids):  # another worker stores the second endpoint's decision after this one read what was decided
+        AutoscalerDecision.objects.create(
+            endpoint=endpoints[1], axis="vertical", tick="v-race", current=64, desired=64, reason="theirs"
+        )
+        return read_streaks(ids)
+
+    monkeypatch.setattr(vertical_ticks, "_streaks", racing)
+    rows = vertical_ticks.vertical_ticks(endpoint_ids=[e.pk for e in endpoints], tick="v-race")
+    assert rows[endpoints[1].pk] is None
+    stored = {row.endpoint_id: row for row in AutoscalerDecision.objects.filter(tick="v-race")}
+    assert stored[endpoints[1].pk].reason == "theirs"
+    for endpoint in (endpoints[0], endpoints[2]):
+        # The returned rows are the stored ones, ids and all
+        assert (
+            summary(rows[endpoint.pk]) == summary(stored[endpoint.pk])
+            and rows[endpoint.pk].pk == stored[endpoint.pk].pk
+        )
+
+
+def test_the_returned_decisions_carry_their_stored_ids(clean_store, server):
+    endpoints = fleet(4, server.url)
+    server.ttft, server.tpot = [10, 0, 0, 0, 0, 0], [10, 0, 0, 0, 0]
+    rows = vertical_ticks.vertical_ticks(endpoint_ids=[e.pk for e in endpoints], tick="v-ids")
+    for endpoint in endpoints:
+        stored = AutoscalerDecision.objects.get(pk=rows[endpoint.pk].pk)
+        assert stored.endpoint_id == endpoint.pk and summary(stored) == summary(rows[endpoint.pk])
+        assert stored.at == rows[endpoint.pk].at
+
+
 def tick_queries(ids: list[int], tick: str) -> int:
     with CaptureQueriesContext(connection) as queries:
         decided = vertical_ticks.vertical_ticks(endpoint_ids=ids, tick=tick)
@@ -99,7 +133,7 @@ def test_a_batch_costs_the_same_queries_whatever_its_size(clean_store, server):
     # The first tick reads the streaks from the last decisions (none in Redis yet); the next ones from Redis.
     assert tick_queries(small_ids, "v-q1") == tick_queries(large_ids, "v-q1")
     steady = tick_queries(small_ids, "v-q2")
-    # Already decided, the endpoints, their ready replicas; the insert (in a savepoint)
+    # Already decided, the endpoints, their ready replicas; the ids drawn for the rows (copied in, in a savepoint)
     assert steady == tick_queries(large_ids, "v-q2") and steady <= 6
     assert AutoscalerDecision.objects.filter(tick="v-q2", applied=True).count() == 10
 
@@ -288,13 +322,13 @@ def test_the_client_path_follows_no_redirect():
     fine = CannedServer(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
     try:
         assert client_get(moved.url) is None and len(moved.requests) == 1
-        assert client_get(fine.url) == "ok"
+        assert client_get(fine.url) == b"ok"
     finally:
         moved.sock.close()
         fine.sock.close()
 
 
-def client_get(url: str) -> str | None:
+def client_get(url: str) -> bytes | None:
     """``_get_client`` (the path for https replicas), run on the scrapes' own loop against a plain server."""
     state = replica_scrapes._current()
     future = asyncio.run_coroutine_threadsafe(replica_scrapes._get_client(state, url, 2.0), state.loop)
