@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +39,7 @@ from tenants.models import ApiKey
 log = logging.getLogger(__name__)
 
 STREAM_KEY = "infercap:usage:spool"
+TOUCH_EVERY_S = 30.0  # how stale a key's last_used_at may be (KeyTouches)
 DRAIN_BATCH = 500
 _DB_DOWN_ERRORS = (OperationalError, InterfaceError)
 _FK_FIELDS = ("replica_id", "api_key_id", "endpoint_id")
@@ -227,9 +229,18 @@ def drain_spool(*, redis_url: str | None = None) -> int:
 class UsageWriter:
     """Batches records from the event loop and writes them on one dedicated thread."""
 
-    def __init__(self, *, flush_s: float = 0.25, batch: int = 500, redis_url: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        flush_s: float = 0.25,
+        batch: int = 500,
+        redis_url: str | None = None,
+        touch_every_s: float = TOUCH_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.flush_s = flush_s
         self.batch = batch
+        self._touched = KeyTouches(every_s=touch_every_s, clock=clock)
         self.spool = Spool(redis_url=settings.REDIS_URL if redis_url is None else redis_url)
         self._buffer: list[dict] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usage-writer")
@@ -279,7 +290,7 @@ class UsageWriter:
             if batch:
                 insert_records(batch)
                 self.written += len(batch)
-                _touch_keys(batch)
+                self._touched.touch(batch)
         except _DB_DOWN_ERRORS as exc:
             connection.close_if_unusable_or_obsolete()
             try:
@@ -307,12 +318,28 @@ class UsageWriter:
         self._executor.shutdown(wait=True)
 
 
-def _touch_keys(records: list[dict]) -> None:
-    """Keys' ``last_used_at`` for the console, one UPDATE per batch (``update`` sends no signal, so the proxies'
-    config snapshot is not invalidated by traffic)."""
-    ids = {r["api_key_id"] for r in records if r.get("api_key_id")}
-    if ids:
-        ApiKey.objects.filter(pk__in=ids).update(last_used_at=timezone.now())
+class KeyTouches:
+    """Keys' ``last_used_at`` for the console: one UPDATE for a batch's keys, each key at most once every ``every_s``
+    per writer (every 0.25 s flush wrote one before, and a busy proxy's UPDATEs cost as much as its inserts). ``update``
+    sends no signal, so the proxies' config snapshot is not invalidated by traffic."""
+
+    def __init__(self, *, every_s: float, clock: Callable[[], float]) -> None:
+        self.every_s, self.clock = every_s, clock
+        self._at: dict[int, float] = {}
+        self.updates = 0
+
+    def touch(self, records: list[dict]) -> None:
+        now = self.clock()
+        ids = {r["api_key_id"] for r in records if r.get("api_key_id")}
+        due = sorted(i for i in ids if now - self._at.get(i, float("-inf")) >= self.every_s)
+        if not due:
+            return
+        ApiKey.objects.filter(pk__in=due).update(last_used_at=timezone.now())
+        self.updates += 1
+        for key_id in due:
+            self._at[key_id] = now
+        if len(self._at) > 100_000:  # keys long idle: forget them (they are touched again on their next use)
+            self._at = {k: at for k, at in self._at.items() if now - at < self.every_s}
 
 
 def _quick_spool_check(spool: Spool) -> bool:

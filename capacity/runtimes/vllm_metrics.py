@@ -6,6 +6,7 @@ parser and measures both). The proxy's scraper (``gateway/metrics_scraper.py``) 
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 
 _GAUGES = {
@@ -58,47 +59,50 @@ class MetricsParseError(ValueError):
     """The body is not Prometheus text with vLLM's series (a wrong URL, an HTML error page, …)."""
 
 
+# The lines the parser reads, found by one scan of the body: a 46 kB exposition has ~520 lines of which ~10 are
+# these. The pattern starts with a literal (a line starting ``vllm:``), which the regular-expression engine searches
+# for at C speed: 25 us a body, against 190 for a Python loop over its lines and 300 for a pattern anchored with
+# ``^`` (tried at every position). Groups: the name, the labels (between the first ``{`` and the last ``}`` on the
+# line), the value.
+_SERIES = re.compile(
+    r"\n(" + "|".join(re.escape(name) for name in (*_GAUGES, _CACHE_INFO, _LORA_INFO)) + r")(?:\{(.*)\})? +(\S+)"
+)
+
+
 def parse_vllm_metrics(text: str) -> ReplicaMetrics:
     """Read the router's series from a vLLM ``/metrics`` body; sums gauges over data-parallel engines."""
     sums: dict[str, float] = {}
     engines: set[str] = set()
     block_size = num_gpu_blocks = 0
-    lora_line, lora_at = None, float("-inf")
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        brace = line.find("{")
-        name_end = brace if brace != -1 else line.find(" ")
-        name = line[:name_end]
-        if name == _LORA_INFO and brace != -1:
-            with contextlib.suppress(ValueError, IndexError):
-                at = float(line[line.rfind("}") + 1 :].split()[0])
-                if at >= lora_at:
-                    lora_line, lora_at = line, at
+    lora_labels, lora_at = None, float("-inf")
+    for name, labels, raw in _SERIES.findall("\n" + text):  # the first line too
+        if name == _LORA_INFO:
+            with contextlib.suppress(ValueError):
+                at = float(raw)
+                if labels and at >= lora_at:
+                    lora_labels, lora_at = labels, at
             continue
         if name == _CACHE_INFO:
-            labels = _labels(line[brace + 1 : line.rfind("}")])
+            info = _labels(labels)
             with contextlib.suppress(ValueError):
-                block_size = int(labels.get("block_size", "0"))
+                block_size = int(info.get("block_size", "0"))
             with contextlib.suppress(ValueError):
                 # DP engines each hold their own blocks.
-                num_gpu_blocks += int(labels.get("num_gpu_blocks", "0"))
-            continue
-        field_name = _GAUGES.get(name)
-        if field_name is None:
+                num_gpu_blocks += int(info.get("num_gpu_blocks", "0"))
             continue
         try:
-            value = float(line[line.rfind(" ") + 1 :] if brace == -1 else line[line.rfind("}") + 1 :].split()[0])
-        except (ValueError, IndexError):
+            value = float(raw)
+        except ValueError:
             continue
+        field_name = _GAUGES[name]
         sums[field_name] = sums.get(field_name, 0.0) + value
-        if field_name == "num_running" and brace != -1:
-            engines.add(_labels(line[brace + 1 : line.rfind("}")]).get("engine", "0"))
+        if field_name == "num_running" and labels:
+            engines.add(_labels(labels).get("engine", "0"))
     if "num_running" not in sums and "num_waiting" not in sums:
         raise MetricsParseError("no vllm:num_requests_running / vllm:num_requests_waiting series in the body")
     n_engines = max(len(engines), 1)
     kv = sums.get("kv_usage", sums.get("kv_usage_legacy", 0.0))
-    lora_max, lora_active = _lora_info(lora_line)
+    lora_max, lora_active = _lora_info(lora_labels)
     return ReplicaMetrics(
         num_running=int(sums.get("num_running", 0)),
         num_waiting=int(sums.get("num_waiting", 0)),
@@ -113,11 +117,11 @@ def parse_vllm_metrics(text: str) -> ReplicaMetrics:
     )
 
 
-def _lora_info(line: str | None) -> tuple[int, frozenset]:
-    """(max_lora, adapters running or waiting) from the newest ``vllm:lora_requests_info`` series."""
-    if line is None:
+def _lora_info(labels_text: str | None) -> tuple[int, frozenset]:
+    """(max_lora, adapters running or waiting) from the newest ``vllm:lora_requests_info`` series' labels."""
+    if labels_text is None:
         return 0, frozenset()
-    labels = _labels(line[line.find("{") + 1 : line.rfind("}")])
+    labels = _labels(labels_text)
     names = ",".join((labels.get("running_lora_adapters", ""), labels.get("waiting_lora_adapters", "")))
     try:
         slots = int(float(labels.get("max_lora", "0")))

@@ -10,8 +10,9 @@ import uuid
 import pytest
 from django.db import connection, transaction
 
-from billing.ingest import STAGING_TABLE, UsageWriter, insert_records
+from billing.ingest import STAGING_TABLE, KeyTouches, UsageWriter, insert_records
 from billing.models import UsageRecord
+from tenants.models import ApiKey
 from tests.factories import ReplicaFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,3 +90,20 @@ def test_close_right_after_a_full_batch_returns_and_stores_it(tenant_a):
     written, close_s = asyncio.run(submit_then_close())
     assert written == 12 and close_s < 5
     assert UsageRecord.objects.filter(request_id__in=[r["request_id"] for r in records]).count() == 12
+
+
+def test_a_keys_last_used_at_is_written_at_most_once_per_interval(db, tenant_a):
+    """Every flush wrote an UPDATE of its keys' ``last_used_at``; now a key is touched when it was not within
+    ``every_s`` on this writer's clock, and a batch of keys that were all touched sends nothing."""
+    now = [100.0]
+    touches = KeyTouches(every_s=30.0, clock=lambda: now[0])
+    batch = [{"api_key_id": tenant_a.key.pk}, {"api_key_id": None}]
+    touches.touch(batch)
+    first = ApiKey.objects.get(pk=tenant_a.key.pk).last_used_at
+    assert first is not None and touches.updates == 1
+    now[0] += 29.0
+    touches.touch(batch)
+    assert touches.updates == 1, "touched 29 s ago: no UPDATE"
+    now[0] += 1.0
+    touches.touch(batch)
+    assert touches.updates == 2 and ApiKey.objects.get(pk=tenant_a.key.pk).last_used_at > first

@@ -142,3 +142,35 @@ async def test_background_scraper_reads_real_replicas_and_isolates_a_hung_one():
 def test_interval_is_validated():
     with pytest.raises(ValueError):
         MetricsScraper(interval_s=0.0)
+
+
+def test_values_are_read_after_the_name_and_labels_not_a_timestamp_or_a_longer_name():
+    """The exposition format allows a timestamp after the value and CRLF line ends; a series whose name only starts
+    with a read one (``..._running_x``) and comment lines naming one are not it."""
+    body = (
+        "# HELP vllm:num_requests_running Number of requests running\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 2 1700000000000\r\n'
+        "vllm:num_requests_running_x 50\n"
+        "vllm:num_requests_waiting 1 1700000000000\r\n"
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5'  # the last line, without a newline
+    )
+    parsed = parse_vllm_metrics(body)
+    assert (parsed.num_running, parsed.num_waiting, parsed.kv_usage, parsed.engines) == (2, 1, 0.5, 1)
+
+
+def test_a_real_sized_exposition_parses_in_a_fraction_of_a_line_loop():
+    """The simulator serves vLLM's whole exposition (~46 kB, ~520 lines); the parser finds its ~10 lines by one
+    scan. Compared, in the same run, with the plainest loop over every line that reads nothing."""
+    body = vllm_metrics_body() + "".join(
+        f'vllm:request_latency_bucket{{le="{i}",engine="0"}} {i}\n' for i in range(2000)
+    )
+
+    def timed(fn, rounds=100):
+        started = time.perf_counter()
+        for _ in range(rounds):
+            fn(body)
+        return time.perf_counter() - started
+
+    ours = min(timed(parse_vllm_metrics) for _ in range(3))
+    loop = min(timed(lambda b: [line for line in b.splitlines() if line.startswith("vllm:")]) for _ in range(3))
+    assert ours < loop, (ours, loop)
