@@ -6,6 +6,7 @@ its threshold for several cycles (one noisy p95 must not move it), and never by 
 cycle. Its output is the horizontal policy's ``target_concurrency`` and the proxy's replica slots.
 """
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
@@ -174,5 +175,6 @@ def sample_replicas(replica_ids, size: int) -> list:
     return sorted(ids, key=_rank)[:size]
 
 
+@functools.lru_cache(maxsize=65_536)  # a replica's rank never changes; hashed anew it cost the tick 1 µs a replica
 def _rank(replica_id) -> bytes:
     return hashlib.blake2b(str(replica_id).encode(), digest_size=8).digest()

@@ -210,7 +210,7 @@ def _scrapes(replicas: list[_Ready]) -> dict[int, list[ReplicaScrape]]:
     c = store.client()
     # One MGET: a command per key costs the client about 10 µs to pack and parse, an argument under 1
     before = c.mget([store.HIST_KEY.format(replica_id=r.pk) for r in reachable]) if reachable else []
-    writes = c.pipeline(transaction=False)
+    snapshots = {}
     now = time.time()
     out: dict[int, list[ReplicaScrape]] = {}
     for (replica_id, endpoint_id, _, _, young), text, raw in zip(reachable, texts, before, strict=True):
@@ -234,8 +234,8 @@ def _scrapes(replicas: list[_Ready]) -> dict[int, list[ReplicaScrape]]:
         except struct.error:  # more than 65,535 bounds: not vLLM's exposition; no snapshot, so never counted
             log.warning("autoscaler: replica %s: histograms too large to keep", replica_id)
             continue
-        writes.set(store.HIST_KEY.format(replica_id=replica_id), snapshot, ex=HIST_TTL_S)
-    writes.execute()
+        snapshots[store.HIST_KEY.format(replica_id=replica_id)] = snapshot
+    store.set_many(snapshots, ttl_s=HIST_TTL_S)
     return out
 
 
@@ -304,11 +304,13 @@ def _state(record: dict) -> vertical.VerticalState | None:
 def _save_streaks(states: dict[int, vertical.VerticalState]) -> None:
     if not states:
         return
-    pipe = store.client().pipeline(transaction=False)
-    for endpoint_id, state in states.items():
-        value = {"overload_streak": state.overload_streak, "healthy_streak": state.healthy_streak}
-        pipe.set(STREAK_KEY.format(endpoint_id=endpoint_id), json.dumps(value), ex=STREAK_TTL_S)
-    pipe.execute()
+    values = {
+        STREAK_KEY.format(endpoint_id=endpoint_id): json.dumps(
+            {"overload_streak": state.overload_streak, "healthy_streak": state.healthy_streak}
+        )
+        for endpoint_id, state in states.items()
+    }
+    store.set_many(values, ttl_s=STREAK_TTL_S)
 
 
 def _store_plans(plans: list[_Plan], *, tick: str) -> dict[int, AutoscalerDecision | None]:
