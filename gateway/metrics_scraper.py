@@ -86,6 +86,9 @@ class MetricsScraper:
         self._targets = {rid: url.rstrip("/") for rid, url in targets.items() if url}
         for gone in set(self._latest) - set(self._targets):
             del self._latest[gone]
+        forget = getattr(self._client, "forget", None)  # a client that keeps connections closes the others'
+        if forget is not None:
+            forget(f"{url}/metrics" for url in self._targets.values())
 
     async def scrape_one(self, replica_id: str, base_url: str) -> bool:
         try:

@@ -36,7 +36,7 @@ from gateway.proxy.limits import RateLimiter
 from gateway.proxy.prompt_tokens import TokenizerCache
 from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from gateway.proxy.runtime import EndpointRuntime
-from gateway.proxy.scrape_client import AiohttpScrapeClient
+from gateway.proxy.scrape_client import KeepAliveScrapeClient
 from gateway.proxy.snapshot import Snapshot
 from gateway.proxy.snapshot_refresh import Stamps, refresh, refresh_plan, refresh_times
 
@@ -224,7 +224,7 @@ class ProxyState:
             interval = 0.1
         if str(interval) != raw and raw != "0.1":
             log.warning("INFERCAP_PROXY_SCRAPE_INTERVAL_S=%r: using %s s (allowed 0.01–10)", raw, interval)
-        self._scrape_client = AiohttpScrapeClient()
+        self._scrape_client = KeepAliveScrapeClient()
         self.scraper = MetricsScraper(interval_s=interval, client=self._scrape_client)
         self.scraper.start()
 
