@@ -411,5 +411,6 @@ def _unpack(raw) -> tuple[float | None, dict[float, float] | None, dict[float, f
         values = struct.unpack_from(f"<{pairs}d", raw, _HEAD.size)
     except (struct.error, TypeError):
         return None, None, None
-    pairs = list(zip(values[0::2], values[1::2], strict=True))
-    return at, dict(pairs[:n_ttft]), dict(pairs[n_ttft:])
+    split = 2 * n_ttft  # the pairs are whole (the length is checked above)
+    ttft = dict(zip(values[0:split:2], values[1:split:2], strict=True))
+    return at, ttft, dict(zip(values[split::2], values[split + 1 :: 2], strict=True))
