@@ -240,6 +240,7 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     everyone = list(
         serving_replicas(endpoint)
         .filter(state__in=ACTIVE, is_standby=False, terminate_at__isnull=True)  # a noticed one is being replaced
+        .exclude(name__in=list(defrag_copies(actuator)))  # a move's copy replaces its source once ready
         .order_by("created_at")
     )
     role = serving_role(endpoint)
@@ -272,6 +273,24 @@ def reconcile(*, endpoint: Endpoint) -> list[str]:
     actions += retire_other_roles(endpoint, actuator, members=everyone, role=role)
     actions += keep_warm_pool(endpoint=endpoint, actuator=actuator, budget=budget)
     return actions
+
+
+def defrag_copies(actuator) -> dict[str, int]:
+    """The replicas a defragmenting move is copying onto other GPUs (name → endpoint id), still loading
+    (docs/placement.md, "Local"): not capacity, and not the autoscaler's to cancel; each replaces its source once
+    ready."""
+    copies = getattr(actuator, "defrag_copies", None)
+    return dict(copies()) if copies is not None else {}
+
+
+def defrag_copy_states(endpoint: Endpoint, actuator) -> list[str]:
+    """The states of the endpoint's serving replicas that are a move's copies (one query, only while it has some),
+    for the horizontal tick to leave out of its counts."""
+    names = [name for name, owner in defrag_copies(actuator).items() if owner == endpoint.pk]
+    if not names:
+        return []
+    copies = endpoint.replicas.filter(name__in=names, role=serving_role(endpoint), is_standby=False)
+    return list(copies.filter(state__in=ACTIVE, terminate_at__isnull=True).values_list("state", flat=True))
 
 
 def retire_other_roles(endpoint: Endpoint, actuator, *, members: list[Replica], role: str) -> list[str]:

@@ -28,6 +28,7 @@ from capacity.autoscaling.services import (
     ACTIVE,
     SUSPENDED_REASON,
     actuator_or_none,
+    defrag_copy_states,
     finish_drains,
     owner_suspended,
     reconcile,
@@ -114,7 +115,8 @@ def _plan(endpoint: Endpoint, actuator, reads: TickReads, *, now: float) -> _Pla
         pinned = pins.PinState(pin=pin)
     else:
         pinned = pins.pin_state(endpoint, now=now)  # ran out: deleted and audited there
-    inputs, capped_by = _inputs(endpoint, reads, now=now)
+    moving = defrag_copy_states(endpoint, actuator) if actuator is not None else []
+    inputs, capped_by = _inputs(endpoint, reads, now=now, moving=moving)
     decision = horizontal.decide(inputs)
     if capped_by and _quota_binds(decision, endpoint):
         decision = horizontal.HorizontalDecision(
@@ -278,8 +280,12 @@ def horizontal_inputs(endpoint: Endpoint, *, now: float) -> horizontal.Horizonta
     return _inputs(endpoint, TickReads([endpoint], now=now), now=now)[0]
 
 
-def _inputs(endpoint: Endpoint, reads: TickReads, *, now: float) -> tuple[horizontal.HorizontalInputs, str]:
-    """The policy's inputs, with max replicas lowered to what the owner's quota has left (and why, when it is)."""
+def _inputs(
+    endpoint: Endpoint, reads: TickReads, *, now: float, moving: list[str] | None = None
+) -> tuple[horizontal.HorizontalInputs, str]:
+    """The policy's inputs, with max replicas lowered to what the owner's quota has left (and why, when it is).
+    ``moving``: the states of copies a defragmenting move is loading (``defrag_copy_states``), which replace their
+    sources rather than add capacity."""
     ceiling, capped_by = quota_ceiling(
         max_replicas=endpoint.max_replicas,
         left=reads.quota_left.get(endpoint.pk, QuotaLeft()),
@@ -295,6 +301,9 @@ def _inputs(endpoint: Endpoint, reads: TickReads, *, now: float) -> tuple[horizo
         for r in reads.serving(endpoint)
         if r.role == role and r.state in ACTIVE and not r.is_standby and r.terminate_at is None
     ]
+    for state in moving or []:
+        if state in replicas:
+            replicas.remove(state)
     ready = sum(1 for s in replicas if s == ReplicaState.READY)
     # The spot margin the last split added (replicas at risk, the safeguard) is not capacity the policy may count
     # on: counted, every hold would add it again (docs/algorithms.md#spot-capacity).

@@ -172,6 +172,9 @@ INFERCAP = {
     "GANG_SCHEDULER": env("INFERCAP_GANG_SCHEDULER", "none"),
     "GANG_QUEUE": env("INFERCAP_GANG_QUEUE", "infercap"),
     "LOCAL_GPUS": env("INFERCAP_LOCAL_GPUS", ""),
+    # The defragmenting step on those GPUs (docs/placement.md, "Local"): small replicas moved, make-before-break, to
+    # open room for a group that has waited; on by default, off with 0.
+    "PLACEMENT_DEFRAG": env_bool("INFERCAP_PLACEMENT_DEFRAG", True),
     # The autoscaler starts at most this many replicas per endpoint per reconcile, and per 5 s tick fleet-wide.
     "AUTOSCALE_MAX_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_LAUNCHES_PER_TICK", 8),
     "AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK": env_int("INFERCAP_AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", 32),

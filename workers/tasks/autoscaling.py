@@ -18,6 +18,7 @@ from capacity.autoscaling.ticks import decisions_prune, horizontal_tick, horizon
 from capacity.autoscaling.ticks import scale_apply as apply_scale
 from capacity.autoscaling.vertical_ticks import vertical_tick, vertical_ticks
 from endpoints.models import Endpoint
+from workers.defrag import DEFRAG_S, defrag_pass
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ BEAT_SCHEDULE = {
     "autoscale-horizontal": {"task": "autoscale.horizontal_all", "schedule": HORIZONTAL_S, "options": {"expires": 5}},
     "autoscale-vertical": {"task": "autoscale.vertical_all", "schedule": VERTICAL_S, "options": {"expires": 30}},
     "autoscale-decisions-retention": {"task": "autoscale.decisions_retention", "schedule": 3600.0},
+    "autoscale-defrag": {"task": "autoscale.defrag", "schedule": DEFRAG_S, "options": {"expires": DEFRAG_S}},
 }
 
 
@@ -93,6 +95,12 @@ def horizontal_one(endpoint_id: int, tick: str) -> int | None:
     """One endpoint's tick at once (the activator's wake-up, an interruption notice), beside the beat's batches."""
     decision = horizontal_tick(endpoint_id=endpoint_id, tick=tick)
     return decision.pk if decision else None
+
+
+@shared_task(name="autoscale.defrag", ignore_result=True, soft_time_limit=20, time_limit=30)
+def defrag() -> int:
+    """The defragmenting step on this host's GPUs (docs/placement.md, "Local"): a no-op without GPUs or when off."""
+    return len(defrag_pass())
 
 
 @shared_task(

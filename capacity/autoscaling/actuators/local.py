@@ -214,6 +214,13 @@ def _setting(name: str):
     return settings.INFERCAP.get(name) or None
 
 
+def group_key(endpoint: Endpoint, size: int) -> str:
+    """A waiting group's key: the endpoint, the pool it launches in (role, hardware, version) and the group's
+    size; its capped launches and its reservation share it (``local_gpus.GpuLedger.allot``)."""
+    hardware = getattr(endpoint, "launch_hardware_profile_id", None) or "-"
+    return f"{endpoint.pk}/{launch_role(endpoint)}/{hardware}/{launch_version_id(endpoint) or '-'}/{size}"
+
+
 def cold_start_s(replica: Replica, *, now=None) -> float:
     """Seconds from the replica's launch (its row) to now: its cold start when it has just turned ready."""
     return ((now or timezone.now()) - replica.created_at).total_seconds()
@@ -225,30 +232,58 @@ class LocalActuator(Actuator):
 
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
         started = []
-        log_dir = Path(settings.INFERCAP.get("SPOOL_DIR", BASE_DIR / "var")).parent / "replicas"
-        log_dir.mkdir(parents=True, exist_ok=True)
         ledger = self.gpu_ledger()
         size = engine_gpus(endpoint, launch_hardware(endpoint)) if ledger else 0
         for _ in range(count):
-            port = free_port()
-            name = f"local-{uuid.uuid4().hex[:8]}"
-            devices = None
-            if ledger is not None:
-                try:
-                    devices = ledger.allot(name, size, port=port)
-                except NoWholeGroup as exc:
-                    # All or nothing: no part of a group is held, nothing more starts (docs/placement.md).
-                    raise ActuatorError(f"capped at {len(started)} of {count}: {exc}") from exc
             try:
-                replica = self._start(endpoint, name, port=port, standby=standby, log_dir=log_dir, devices=devices)
-            except BaseException:
-                if ledger is not None:
-                    ledger.release(name)
-                raise
-            if ledger is not None:
-                ledger.started(name, int(replica.actuator_ref))
+                replica = self._launch_one(
+                    endpoint,
+                    ledger,
+                    standby=standby,
+                    allot=lambda name, port: ledger.allot(name, size, port=port, group=group_key(endpoint, size)),
+                )
+            except NoWholeGroup as exc:
+                # All or nothing: no part of a group is held, nothing more starts (docs/placement.md).
+                raise ActuatorError(f"capped at {len(started)} of {count}: {exc}") from exc
             started.append(replica)
         return started
+
+    def launch_at(self, endpoint: Endpoint, gpus: list[int]) -> Replica:
+        """One replica on exactly ``gpus`` of this host (a defragmenting move's copy, docs/placement.md "Local");
+        ``ActuatorError`` caused by ``NoWholeGroup`` where any of them is held or reserved."""
+        ledger = self.gpu_ledger()
+        if ledger is None:
+            raise ActuatorError("this host names no GPUs (INFERCAP_LOCAL_GPUS)")
+        try:
+            return self._launch_one(
+                endpoint, ledger, standby=False, allot=lambda name, port: ledger.allot_at(name, gpus, port=port)
+            )
+        except NoWholeGroup as exc:
+            raise ActuatorError(f"copy not started: {exc}") from exc
+
+    def _launch_one(self, endpoint: Endpoint, ledger: GpuLedger | None, *, standby: bool, allot) -> Replica:
+        """Allot the replica's GPUs (``allot(name, port)``: its ``CUDA_VISIBLE_DEVICES``) and start it; its GPUs are
+        released when the start fails."""
+        log_dir = Path(settings.INFERCAP.get("SPOOL_DIR", BASE_DIR / "var")).parent / "replicas"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        name = f"local-{uuid.uuid4().hex[:8]}"
+        devices = allot(name, port) if ledger is not None else None
+        try:
+            replica = self._start(endpoint, name, port=port, standby=standby, log_dir=log_dir, devices=devices)
+        except BaseException:
+            if ledger is not None:
+                ledger.release(name)
+            raise
+        if ledger is not None:
+            ledger.started(name, int(replica.actuator_ref))
+        return replica
+
+    def defrag_copies(self) -> dict[str, int]:
+        """Replicas started as a defragmenting move's copy and still loading (name → endpoint id): not capacity
+        until their source drains (the autoscaler leaves them out of its counts)."""
+        ledger = self.gpu_ledger()
+        return ledger.moving() if ledger is not None else {}
 
     @staticmethod
     def gpu_ledger() -> GpuLedger | None:

@@ -11,6 +11,13 @@ The holdings are a small JSON file under the var dir, read and written under a f
 of one host share its GPUs. A holding lasts as long as its replica's process runs (``alive``: the pid still runs that
 replica's port), so a replica that exits or is stopped frees its GPUs without anyone writing it down; a holding whose
 process is not started yet lapses after ``STARTING_GRACE_S``.
+
+The defragmenting step (docs/placement.md, "Local") adds three things: ``allot_at`` (a move's copy on exactly the
+GPUs its plan chose), reservations (GPUs held for a waiting group until its moves are done: nobody else's best fit
+takes them, and the group's own launch does; each expires), and the waiting groups (a launch capped for want of a
+whole group records its key, size and when it was first capped), kept with the moves in flight and the move budget
+in ``local-defrag.json`` under the same lock. A reservation is a holding named ``reserved:<key>`` with an ``until``;
+a holdings file written before reservations existed reads as it did.
 """
 
 import fcntl
@@ -27,6 +34,10 @@ from capacity.placement.policies import infercap_best_fit, visible_devices
 
 HOST = "local"
 STARTING_GRACE_S = 120.0
+RESERVED = "reserved:"
+# A waiting group is asked for again at every horizontal tick (5 s) while its launch is capped; one not asked for
+# this long no longer waits (the endpoint scaled in, fell back to another profile, or found room).
+WAIT_STALE_S = 20.0
 
 
 class NoWholeGroup(Exception):
@@ -58,6 +69,7 @@ class GpuLedger:
     ) -> None:
         self.nodes, self.alive, self.clock = nodes, alive, clock
         self.path = Path(state_dir) / "local-gpus.json"
+        self.state_path = Path(state_dir) / "local-defrag.json"
 
     @contextmanager
     def _locked(self) -> Iterator[dict]:
@@ -68,50 +80,124 @@ class GpuLedger:
             try:
                 holdings = self._live(self._read())
                 yield holdings
-                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(holdings, sort_keys=True))
-                tmp.replace(self.path)
+                self._write(self.path, holdings)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _read(self) -> dict:
+    @contextmanager
+    def defrag_state(self) -> Iterator[tuple[dict, dict]]:
+        """The live holdings and the defragmenting step's state (``waiting``: key → size, since, last; ``moves``:
+        copy name → its move; ``spent``: when each move of the last hour started), both written back."""
+        with self._locked() as holdings:
+            state = self._read(self.state_path)
+            for part in ("waiting", "moves"):
+                state[part] = state.get(part) if isinstance(state.get(part), dict) else {}
+            state["spent"] = [float(t) for t in state.get("spent") or [] if isinstance(t, int | float)]
+            state["waiting"] = {
+                key: wait
+                for key, wait in state["waiting"].items()
+                if self.clock() - float(wait.get("last") or 0) < WAIT_STALE_S
+            }
+            yield holdings, state
+            self._write(self.state_path, state)
+
+    def _write(self, path: Path, data: dict) -> None:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, sort_keys=True))
+        tmp.replace(path)
+
+    def _read(self, path: Path | None = None) -> dict:
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads((path or self.path).read_text())
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
 
     def _live(self, holdings: dict) -> dict:
-        now = self.clock()
-        return {
-            name: held
-            for name, held in holdings.items()
-            if (held.get("pid") is not None and self.alive(int(held["pid"]), int(held.get("port") or 0)))
-            or (held.get("pid") is None and now - float(held.get("at") or 0) < STARTING_GRACE_S)
-        }
+        return {name: held for name, held in holdings.items() if self._lives(held, self.clock())}
 
-    def _cluster(self, holdings: dict) -> Cluster:
+    def _lives(self, held: dict, now: float) -> bool:
+        if held.get("until") is not None:  # a reservation
+            return now < float(held["until"])
+        if held.get("pid") is None:
+            return now - float(held.get("at") or 0) < STARTING_GRACE_S
+        return self.alive(int(held["pid"]), int(held.get("port") or 0))
+
+    def cluster(self, holdings: dict, *, without: str | None = None) -> Cluster:
+        """The host as a placement cluster: each holding's GPUs owned by its name, then each reservation's GPUs
+        that no replica holds (a reservation takes a moved replica's GPUs as they free) by ``reserved:<key>``.
+        ``without``: a reservation left out (the group's own launch)."""
         cluster = Cluster(self.nodes)
         known = set(cluster.gpus)
-        for name, held in holdings.items():
-            cluster.take(name, [g for g in (Gpu(HOST, int(i)) for i in held.get("gpus") or []) if g in known])
+        reservations = sorted(name for name in holdings if name.startswith(RESERVED))
+        for name in [*(n for n in holdings if not n.startswith(RESERVED)), *reservations]:
+            if name == without:
+                continue
+            gpus = (Gpu(HOST, int(i)) for i in holdings[name].get("gpus") or [])
+            cluster.take(name, [g for g in gpus if g in known and g not in cluster.owner])
         return cluster
 
-    def allot(self, name: str, size: int, *, port: int) -> str:
+    def allot(self, name: str, size: int, *, port: int, group: str | None = None) -> str:
         """Hold a whole group of ``size`` GPUs inside one domain for replica ``name``; its ``CUDA_VISIBLE_DEVICES``.
-        ``NoWholeGroup`` (nothing held) where none is free."""
-        with self._locked() as holdings:
-            cluster = self._cluster(holdings)
-            gpus = infercap_best_fit(cluster, size)
+        ``NoWholeGroup`` (nothing held) where none is free. ``group``: the waiting group's key (endpoint, pool,
+        size): its reservation's GPUs are taken first once all are free; a group that finds none waits (its first
+        capped time kept), and one that starts no longer waits and loses its reservation."""
+        with self.defrag_state() as (holdings, state):
+            reserved = f"{RESERVED}{group}" if group else None
+            own = self.cluster(holdings, without=reserved)
+            mine = [Gpu(HOST, int(i)) for i in (holdings.get(reserved) or {}).get("gpus") or []]
+            if len(mine) >= size and all(g in own.gpus and g not in own.owner for g in mine):
+                gpus = tuple(sorted(mine))[:size]
+            else:
+                gpus = infercap_best_fit(self.cluster(holdings), size)
             if gpus is None:
-                largest = max((len(g) for g in cluster.domain_gpus.values()), default=0)
-                if size > largest:
-                    raise NoWholeGroup(
-                        f"no interconnect domain on this host holds a TP-{size} group (the largest has {largest} GPUs)"
-                    )
-                raise NoWholeGroup(f"no whole TP-{size} group free in one domain ({cluster.free_count()} GPUs free)")
-            holdings[name] = {"gpus": [g.index for g in gpus], "pid": None, "port": port, "at": self.clock()}
-            return visible_devices(gpus)[HOST]
+                why = self._why_not(own, size)
+                if group:  # written back as the block ends; raised after
+                    now = self.clock()
+                    since = float((state["waiting"].get(group) or {}).get("since") or now)
+                    state["waiting"][group] = {"size": size, "since": since, "last": now}
+            else:
+                holdings[name] = {"gpus": [g.index for g in gpus], "pid": None, "port": port, "at": self.clock()}
+                if group:
+                    state["waiting"].pop(group, None)
+                    holdings.pop(reserved, None)
+        if gpus is None:
+            raise NoWholeGroup(why)
+        return visible_devices(gpus)[HOST]
+
+    @staticmethod
+    def _why_not(cluster: Cluster, size: int) -> str:
+        largest = max((len(g) for g in cluster.domain_gpus.values()), default=0)
+        if size > largest:
+            return f"no interconnect domain on this host holds a TP-{size} group (the largest has {largest} GPUs)"
+        return f"no whole TP-{size} group free in one domain ({cluster.free_count()} GPUs free)"
+
+    def allot_at(self, name: str, gpus: list[int], *, port: int) -> str:
+        """Hold exactly ``gpus`` for replica ``name`` (a move's copy on its planned destination); ``NoWholeGroup``
+        (nothing held) where any is held or reserved, or not this host's."""
+        with self._locked() as holdings:
+            cluster = self.cluster(holdings)
+            wanted = [Gpu(HOST, int(i)) for i in gpus]
+            taken = [g for g in wanted if g not in cluster.gpus or g in cluster.owner]
+            if taken or not wanted:
+                raise NoWholeGroup(f"GPUs {','.join(str(g.index) for g in taken)} are not free")
+            holdings[name] = {"gpus": sorted(int(i) for i in gpus), "pid": None, "port": port, "at": self.clock()}
+            return visible_devices(wanted)[HOST]
+
+    def reserve(self, group: str, gpus: list[int], *, for_s: float) -> None:
+        """Hold ``gpus`` for the waiting ``group`` for ``for_s`` seconds: those free now at once, those a moved
+        replica still holds as they free."""
+        with self._locked() as holdings:
+            holdings[f"{RESERVED}{group}"] = {
+                "gpus": sorted(int(i) for i in gpus),
+                "pid": None,
+                "port": 0,
+                "at": self.clock(),
+                "until": self.clock() + for_s,
+            }
+
+    def unreserve(self, group: str) -> None:
+        self.release(f"{RESERVED}{group}")
 
     def started(self, name: str, pid: int) -> None:
         """The replica's process runs: its holding now lasts as long as the process."""
@@ -124,6 +210,13 @@ class GpuLedger:
             holdings.pop(name, None)
 
     def held(self) -> dict[str, list[int]]:
-        """Replica name → the GPU indices it holds now."""
+        """Replica name (``reserved:<key>`` for a reservation) → the GPU indices it holds now."""
         with self._locked() as holdings:
             return {name: list(held["gpus"]) for name, held in holdings.items()}
+
+    def moving(self) -> dict[str, int]:
+        """The copies of moves in flight (name → endpoint id), read without the lock (the file is replaced whole)."""
+        moves = self._read(self.state_path).get("moves")
+        if not isinstance(moves, dict):
+            return {}
+        return {name: int(move.get("endpoint_id") or 0) for name, move in moves.items() if isinstance(move, dict)}
