@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from capacity.autoscaling import services
+from capacity.autoscaling import services, ticks
 from capacity.autoscaling.actuators import local
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.models import AutoscalerDecision
@@ -166,3 +166,13 @@ def test_a_copy_whose_gpus_were_taken_does_not_start(fragmented, monkeypatch):
     assert {r.name for r in serving(small)} == sources
     assert not any(n.startswith("reserved:") for n in LocalActuator.gpu_ledger().held())
     assert defrag_ticks.progress_moves(LocalActuator.gpu_ledger()) == []
+
+
+def test_the_horizontal_tick_counts_a_move_as_one_replica(fragmented):
+    small, big = fragmented
+    defrag_pass(now=time.time() + 31)
+    assert len(serving(small)) == 6  # four serving, two copies loading
+    decision = ticks.horizontal_tick(endpoint_id=small.pk, tick="h-defrag", now=time.time())
+    assert decision.current == 4 and decision.desired == 4
+    assert not any("launch" in a or "cancelled" in a for a in decision.inputs["actions"])
+    assert len(serving(small)) == 6 and Endpoint.objects.get(pk=small.pk).desired_replicas == 4
