@@ -43,10 +43,10 @@ from benchmarks import protocol
 from capacity.percentiles import percentile
 from capacity.placement.cluster import hgx_nodes, rack
 from capacity.placement.defrag import DefragConfig
-from capacity.placement.defrag_replay import defrag_replay
 from capacity.placement.policies import POLICIES
-from capacity.placement.repack import repack_replay
-from capacity.placement.replay import Request, fluid_allocation, replay
+from simulator.placement.defrag_replay import defrag_replay
+from simulator.placement.repack import repack_replay
+from simulator.placement.replay import Request, fluid_allocation, replay
 
 HELD_OUT = True
 SMOKE = {"hours": "1"}
@@ -57,7 +57,7 @@ MULTI_NODE_GPUS = 16
 COMMON_SWING = 0.1  # the day all endpoints share (their users' daytime), as a fraction of their mean
 OWN_SWING = 0.2  # each endpoint's own diurnal swing, of a random phase
 DRAIN_S = (5.0, 60.0)  # a removed replica finishes its streams before its GPUs are free
-BENCH_POLICIES = (*POLICIES, "repack")  # repack: the ceiling that keeps the topology (capacity/placement/repack.py)
+BENCH_POLICIES = (*POLICIES, "repack")  # repack: the ceiling that keeps the topology (simulator/placement/repack.py)
 
 
 def cluster_nodes():

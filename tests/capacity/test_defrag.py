@@ -4,12 +4,12 @@ within the wait threshold and the move budget, and each move costs a copy's load
 
 import random
 
-from capacity.placement import defrag_replay as defrag_replay_module
 from capacity.placement.cluster import Cluster, Gpu, hgx_nodes, rack
 from capacity.placement.defrag import DefragConfig, MoveBudget, Waiting, propose
-from capacity.placement.defrag_replay import defrag_replay
 from capacity.placement.policies import infercap_best_fit
-from capacity.placement.replay import Request, replay
+from simulator.placement import defrag_replay as defrag_replay_module
+from simulator.placement.defrag_replay import defrag_replay
+from simulator.placement.replay import Request, replay
 
 CONFIG = DefragConfig(wait_s=60.0, load_s=90.0, max_moves_per_plan=3, max_moves_per_hour=12, max_moved_gpus=2)
 

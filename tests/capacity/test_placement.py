@@ -8,7 +8,7 @@ import pytest
 
 from capacity.placement.cluster import Cluster, Gpu, Node, hgx_nodes, rack
 from capacity.placement.policies import gang_first_fit, group_fit, groups_that_fit, infercap_best_fit, visible_devices
-from capacity.placement.replay import Request, fluid_allocation, replay
+from simulator.placement.replay import Request, fluid_allocation, replay
 
 
 def _cluster(nodes, holds=()):

@@ -1,14 +1,14 @@
-"""The repack ceiling (capacity/placement/repack.py, docs/placement.md "The bench"): free migration, but every group
+"""The repack ceiling (simulator/placement/repack.py, docs/placement.md "The bench"): free migration, but every group
 whole inside one domain, no node past its GPUs, and never more admitted than the pooled bound could hold."""
 
 import random
 
 import pytest
 
-from capacity.placement import repack as repack_module
 from capacity.placement.cluster import Cluster, hgx_nodes, rack
-from capacity.placement.repack import pack, repack_replay
-from capacity.placement.replay import Request, replay
+from simulator.placement import repack as repack_module
+from simulator.placement.repack import pack, repack_replay
+from simulator.placement.replay import Request, replay
 from tests.capacity.test_placement import random_stream
 
 BENCH_NODES = hgx_nodes(8) + rack("nvl72-a", nodes=18, gpus=4)  # the bench's cluster: 136 GPUs

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from capacity.placement.cluster import Cluster, Node
 from capacity.placement.defrag import DefragConfig, MoveBudget, Plan, Waiting, propose
 from capacity.placement.policies import infercap_best_fit
-from capacity.placement.replay import Replay, Request, apply_event, gang_pass, record_start
+from simulator.placement.replay import Replay, Request, apply_event, gang_pass, record_start
 
 
 @dataclass

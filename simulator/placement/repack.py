@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from capacity.placement.cluster import Cluster, Gpu, Node
-from capacity.placement.replay import Replay, Request, apply_event
+from simulator.placement.replay import Replay, Request, apply_event
 
 
 def fit_one(cluster: Cluster, size: int) -> tuple[Gpu, ...] | None:
