@@ -8,7 +8,7 @@ import time
 import pytest
 
 from capacity.autoscaling import services, ticks
-from capacity.autoscaling.actuators import local
+from capacity.autoscaling.actuators import free_gpus, local
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
@@ -80,7 +80,8 @@ def test_moves_open_an_island_make_before_break_and_the_group_starts_there(fragm
     assert sorted(g for c in copies for g in held[c.name]) == other
     assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in child_envs[-2:]) == [str(g) for g in other]
     (reservation,) = [name for name in held if name.startswith("reserved:")]
-    assert held[reservation] == [g for g in range(8) if g // 4 == island[0] // 4]
+    room = [g for g in range(8) if g // 4 == island[0] // 4]
+    assert held[reservation] == [g for g in room if g not in island]  # the room's free GPUs; the rest as they free
     for name in moved:
         assert f"defrag: moving replica {name} (TP-1) from GPU {sources[name][0]} to GPU " in " ".join(actions)
         assert "to open room for a TP-4 replica of endpoint big" in " ".join(defrag_reasons(small))
@@ -110,11 +111,13 @@ def test_moves_open_an_island_make_before_break_and_the_group_starts_there(fragm
         every=lambda: services.finish_drains(endpoint=small, actuator=actuator),
     )
     assert [r.state for r in serving(small)] == [ReplicaState.READY] * 4
+    assert LocalActuator.gpu_ledger().held()[reservation] == room
+    assert free_gpus.local_free_gpus().free_count() == 0  # the ledger's room: the reserved island is not free
     # The waiting group's next launch takes the opened island
     (action,) = services.launch_capped(endpoint=big, actuator=actuator, wanted=1)
     assert action.startswith("launched 1")
     (group,) = serving(big)
-    assert gpus_of(group.name) == [g for g in range(8) if g // 4 == island[0] // 4]
+    assert gpus_of(group.name) == room
     assert not any(name.startswith("reserved:") for name in LocalActuator.gpu_ledger().held())
 
 

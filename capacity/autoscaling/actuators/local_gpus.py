@@ -210,9 +210,11 @@ class GpuLedger:
             holdings.pop(name, None)
 
     def held(self) -> dict[str, list[int]]:
-        """Replica name (``reserved:<key>`` for a reservation) → the GPU indices it holds now."""
+        """Replica name (``reserved:<key>`` for a reservation) → the GPU indices it holds now; each GPU once (a
+        reservation lists what no replica holds)."""
         with self._locked() as holdings:
-            return {name: list(held["gpus"]) for name, held in holdings.items()}
+            cluster = self.cluster(holdings)
+        return {name: sorted(g.index for g in cluster.held[name]) for name in holdings if name in cluster.held}
 
     def moving(self) -> dict[str, int]:
         """The copies of moves in flight (name → endpoint id), read without the lock (the file is replaced whole)."""
