@@ -37,8 +37,12 @@ HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
 
 
 def enabled() -> bool:
-    """``INFERCAP["PLACEMENT_DEFRAG"]`` (on by default) on a host whose GPUs ``INFERCAP_LOCAL_GPUS`` names."""
-    return bool(settings.INFERCAP.get("PLACEMENT_DEFRAG", True)) and LocalActuator.gpu_ledger() is not None
+    """``INFERCAP["PLACEMENT_DEFRAG"]`` (on by default) on a host whose GPUs ``INFERCAP_LOCAL_GPUS`` names (a bad
+    value is the launches' error to report, not every pass's)."""
+    try:
+        return bool(settings.INFERCAP.get("PLACEMENT_DEFRAG", True)) and LocalActuator.gpu_ledger() is not None
+    except ActuatorError:
+        return False
 
 
 def defrag_pass(*, now: float | None = None, config: DefragConfig | None = None) -> list[str]:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from capacity.autoscaling.actuators.local_gpus import WAIT_STALE_S, GpuLedger, NoWholeGroup, inventory
+from workers.defrag import defrag_pass
 
 
 class Clock:
@@ -92,3 +93,11 @@ def test_a_holdings_file_from_before_reservations_reads(tmp_path):
     assert gpus.held() == {"r1": [0, 1], "r2": [4]}
     assert gpus.allot("c", 2, port=3) == "2,3"
     assert gpus.moving() == {}
+
+
+def test_the_pass_does_nothing_without_gpus_or_with_a_bad_setting(settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    for spec in ("", "0", "eight"):
+        settings.INFERCAP = {**settings.INFERCAP, "LOCAL_GPUS": spec}
+        assert defrag_pass(now=1e12) == []
+    assert not (tmp_path / "local-defrag.json").exists()
