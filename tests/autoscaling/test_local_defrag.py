@@ -1,4 +1,4 @@
-"""The defragmenting step on the local actuator's host (workers/defrag.py, docs/placement.md
+"""The defragmenting step on the local actuator's host (capacity/autoscaling/defrag_ticks.py, docs/placement.md
 "In the actuators" > "Local"): a TP-4 group capped on a host whose free GPUs are split across two NVLink islands
 gets room by moving TP-1 replicas, make-before-break: a copy starts on the planned GPU, its source drains only once
 the copy is ready, the group starts on the opened island, and every step is a decision an operator can read."""
@@ -7,14 +7,13 @@ import time
 
 import pytest
 
-from capacity.autoscaling import services, ticks
+from capacity.autoscaling import defrag_ticks, services, ticks
 from capacity.autoscaling.actuators import free_gpus, local
 from capacity.autoscaling.actuators.local import LocalActuator
+from capacity.autoscaling.defrag_ticks import defrag_pass
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
 from tests.factories import EndpointFactory
-from workers import defrag as defrag_ticks
-from workers.defrag import defrag_pass
 
 
 def until(check, *, timeout_s: float = 30.0, every=None):

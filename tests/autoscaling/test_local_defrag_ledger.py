@@ -7,7 +7,7 @@ import json
 import pytest
 
 from capacity.autoscaling.actuators.local_gpus import WAIT_STALE_S, GpuLedger, NoWholeGroup, inventory
-from workers.defrag import defrag_pass
+from capacity.autoscaling.defrag_ticks import defrag_pass
 
 
 class Clock:

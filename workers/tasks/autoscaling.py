@@ -12,13 +12,13 @@ from celery import shared_task
 from django.conf import settings
 
 from capacity.autoscaling.actuators import actuator_name
+from capacity.autoscaling.defrag_ticks import DEFRAG_S, defrag_pass
 from capacity.autoscaling.store import RedisError, TickLock
 from capacity.autoscaling.tick_reads import append_samples
 from capacity.autoscaling.ticks import decisions_prune, horizontal_tick, horizontal_ticks
 from capacity.autoscaling.ticks import scale_apply as apply_scale
 from capacity.autoscaling.vertical_ticks import vertical_tick, vertical_ticks
 from endpoints.models import Endpoint
-from workers.defrag import DEFRAG_S, defrag_pass
 
 log = logging.getLogger(__name__)
 

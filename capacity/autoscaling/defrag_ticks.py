@@ -6,8 +6,7 @@ A move is make-before-break: a copy of the moved replica starts on the planned G
 same endpoint, version and pool, left out of the autoscaler's counts while it loads), and only once the copy is ready
 is the source drained (the router stops sending to it, its streams finish, the reconcile stops it and its GPUs
 free). The waiting group's GPUs are reserved meanwhile; its next capped launch takes them once all are free. Every
-step leaves an ``AutoscalerDecision`` whose reason starts with "defrag:". It spans the apps (the actuator's GPU
-ledger, the replicas' lifecycle, the autoscaler's decisions), so it sits with the beat task that runs it.
+step leaves an ``AutoscalerDecision`` whose reason starts with "defrag:".
 """
 
 import fcntl
