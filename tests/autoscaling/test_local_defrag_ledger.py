@@ -7,7 +7,8 @@ import json
 import pytest
 
 from capacity.autoscaling.actuators.local_gpus import WAIT_STALE_S, GpuLedger, NoWholeGroup, inventory
-from capacity.autoscaling.defrag_ticks import defrag_pass
+from capacity.autoscaling.defrag_ticks import defrag_pass, start_moves
+from capacity.placement.defrag import DefragConfig
 
 
 class Clock:
@@ -101,3 +102,19 @@ def test_the_pass_does_nothing_without_gpus_or_with_a_bad_setting(settings, tmp_
         settings.INFERCAP = {**settings.INFERCAP, "LOCAL_GPUS": spec}
         assert defrag_pass(now=1e12) == []
     assert not (tmp_path / "local-defrag.json").exists()
+
+
+def test_a_reservation_goes_once_its_group_no_longer_waits(tmp_path):
+    clock = Clock()
+    gpus = ledger(tmp_path, clock=clock)
+    gpus.allot_at("a", [0], port=1)
+    gpus.allot_at("c", [4, 5, 6, 7], port=3)
+    gpus.reserve("g", [0, 1, 2, 3], for_s=600)
+    with pytest.raises(NoWholeGroup):
+        gpus.allot("b", 4, port=2, group="g")  # GPU 0 not free yet: the group waits, its reservation stays
+    assert start_moves(gpus, now=clock.now, config=DefragConfig()) == []
+    assert gpus.held()["reserved:g"] == [1, 2, 3]
+    clock.now += WAIT_STALE_S  # the endpoint stopped asking (scaled in, fell back)
+    (action,) = start_moves(gpus, now=clock.now, config=DefragConfig())
+    assert action == "defrag: released GPUs 0,1,2,3 held for g: no longer waiting"
+    assert gpus.held() == {"a": [0], "c": [4, 5, 6, 7]}
