@@ -54,33 +54,30 @@ class Replica:
         return b"HTTP/1.1 200 OK\r\n" + close + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY
 
 
-@pytest.mark.parametrize("mode", ["length", "chunked"])
-def test_scrapes_share_one_kept_alive_connection(mode):
-    replica = Replica(mode)
+def scrapes(replica: Replica, n: int) -> list:
+    """``n`` scrapes of ``replica`` one after another through one client."""
 
     async def run():
         client = KeepAliveScrapeClient()
         async with replica as url:
-            answers = [await client.get(url, timeout=1.0) for _ in range(5)]
+            answers = [await client.get(url, timeout=1.0) for _ in range(n)]
             await client.aclose()
         return answers
 
-    answers = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["length", "chunked"])
+def test_scrapes_share_one_kept_alive_connection(mode):
+    replica = Replica(mode)
+    answers = scrapes(replica, 5)
     assert [a.status_code for a in answers] == [200] * 5 and {a.content for a in answers} == {BODY}
     assert (replica.connections, replica.requests) == (1, 5)
 
 
 def test_a_replica_that_closes_gets_a_new_connection_each_time():
     replica = Replica("close")
-
-    async def run():
-        client = KeepAliveScrapeClient()
-        async with replica as url:
-            answers = [await client.get(url, timeout=1.0) for _ in range(3)]
-            await client.aclose()
-        return answers
-
-    assert [a.content for a in asyncio.run(run())] == [BODY] * 3
+    assert [a.content for a in scrapes(replica, 3)] == [BODY] * 3
     assert (replica.connections, replica.requests) == (3, 3)
 
 
