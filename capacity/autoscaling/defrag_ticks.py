@@ -31,26 +31,32 @@ log = logging.getLogger(__name__)
 
 DEFRAG_S = 10.0  # the beat entry (workers.tasks.autoscaling)
 # A plan's reservation outlives its copies' start (the actuator's start timeout) and its sources' drain.
-RESERVE_S = LocalActuator.start_timeout_s + services.DRAIN_TIMEOUT_S + 60.0
+RESERVE_S = LocalActuator.defrag_move_s
 HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
 
 
 def enabled() -> bool:
-    """``INFERCAP["PLACEMENT_DEFRAG"]`` (on by default) on a host whose GPUs ``INFERCAP_LOCAL_GPUS`` names (a bad
-    value is the launches' error to report, not every pass's)."""
+    """``INFERCAP["PLACEMENT_DEFRAG"]`` (on by default): whether new moves start; the moves in flight finish
+    either way."""
+    return bool(settings.INFERCAP.get("PLACEMENT_DEFRAG", True))
+
+
+def _ledger() -> GpuLedger | None:
+    """This host's GPUs; None without any, or with a bad ``INFERCAP_LOCAL_GPUS`` (the launches' error to report,
+    not every pass's)."""
     try:
-        return bool(settings.INFERCAP.get("PLACEMENT_DEFRAG", True)) and LocalActuator.gpu_ledger() is not None
+        return LocalActuator.gpu_ledger()
     except ActuatorError:
-        return False
+        return None
 
 
 def defrag_pass(*, now: float | None = None, config: DefragConfig | None = None) -> list[str]:
-    """One pass: drain the sources whose copies are ready (or give up on copies that failed), then plan for the
-    groups that have waited and start their copies. What it did; [] when off, on a host without GPUs, or while
-    another pass runs."""
-    if not enabled():
+    """One pass: drain the sources whose copies are ready (or give up on copies that failed), then, when the step
+    is on, plan for the groups that have waited and start their copies. What it did; [] on a host without GPUs,
+    or while another pass runs."""
+    ledger = _ledger()
+    if ledger is None:
         return []
-    ledger = LocalActuator.gpu_ledger()
     now = time.time() if now is None else now
     config = config or DefragConfig()
     path = Path(settings.VAR_DIR) / "local-defrag.pass.lock"
@@ -61,7 +67,8 @@ def defrag_pass(*, now: float | None = None, config: DefragConfig | None = None)
         except BlockingIOError:
             return []
         try:
-            return progress_moves(ledger) + start_moves(ledger, now=now, config=config)
+            actions = progress_moves(ledger)
+            return actions + (start_moves(ledger, now=now, config=config) if enabled() else [])
         except store.RedisError as exc:
             log.warning("defrag: pass skipped: Redis: %s", exc)
             return []
@@ -72,30 +79,36 @@ def defrag_pass(*, now: float | None = None, config: DefragConfig | None = None)
 # -- the moves in flight --------------------------------------------------------------------------------------
 def progress_moves(ledger: GpuLedger) -> list[str]:
     """Each move whose copy is ready drains its source; one whose copy failed ends, its group's reservation
-    released and its source left serving; one whose source left during the copy stops the copy."""
+    released and its source left serving; one whose source left during the copy stops the copy. A move ends
+    (leaves the state) under its endpoint's tick lock, so no tick sees its source draining while its copy is
+    still left out of the counts."""
     with ledger.defrag_state() as (_, state):
         moves = dict(state["moves"])
     actions = []
     for copy_name, move in moves.items():
-        outcome = _progress(copy_name, move)
+        outcome = _progress(ledger, copy_name, move)
         if outcome is None:
             continue
         action, failed = outcome
-        with ledger.defrag_state() as (_, state):
-            state["moves"].pop(copy_name, None)
         if failed:
             ledger.unreserve(move["group"])
         actions.append(action)
     return actions
 
 
-def _progress(copy_name: str, move: dict) -> tuple[str, bool] | None:
-    """(what happened, whether the move failed), or None while the copy loads (or another worker holds the
-    endpoint's tick)."""
+def _end(ledger: GpuLedger, copy_name: str) -> None:
+    with ledger.defrag_state() as (_, state):
+        state["moves"].pop(copy_name, None)
+
+
+def _progress(ledger: GpuLedger, copy_name: str, move: dict) -> tuple[str, bool] | None:
+    """(what happened, whether the move failed), the move ended; or None while the copy loads (or another worker
+    holds the endpoint's tick)."""
     rows = {r.name: r for r in Replica.objects.filter(name__in=[copy_name, move["source"]])}
     copy, source = rows.get(copy_name), rows.get(move["source"])
     endpoint = Endpoint.objects.filter(pk=move["endpoint_id"]).first()
     if endpoint is None:
+        _end(ledger, copy_name)
         return f"defrag: move of {move['source']} ended: its endpoint is gone", True
     actuator = LocalActuator()
     with store.TickLock(axis=HORIZONTAL, endpoint_id=endpoint.pk) as lock:
@@ -106,25 +119,38 @@ def _progress(copy_name: str, move: dict) -> tuple[str, bool] | None:
             copy.refresh_from_db()
         if source is not None:
             source.refresh_from_db()
-        if copy is None or copy.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
-            state = copy.state if copy is not None else "gone"
-            reason = (
-                f"defrag: copy {copy_name} of {move['source']} did not start ({state}); {move['source']} keeps "
-                f"serving, GPUs held for a TP-{move['size']} group released"
-            )
-            _record(endpoint, f"defrag-{copy_name}-failed", reason, move)
-            return reason, True
-        if source is None or source.state != ReplicaState.READY:
-            services.safe_call(actuator.terminate, [copy], reason="defrag: its source left during the copy")
-            reason = f"defrag: stopped copy {copy_name}: its source {move['source']} left during the copy"
-            _record(endpoint, f"defrag-{copy_name}-orphan", reason, move)
-            return reason, False
-        if copy.state != ReplicaState.READY:
-            return None
-        reason = f"defrag: draining {source.name} after its copy {copy_name} became ready"
-        actuator.move(source, ReplicaState.DRAINING, reason)
-        _record(endpoint, f"defrag-{copy_name}-drain", reason, move)
+        outcome = _step(actuator, endpoint, copy_name, copy, source, move)
+        if outcome is not None:
+            _end(ledger, copy_name)
+        return outcome
+
+
+def _step(actuator, endpoint, copy_name: str, copy, source, move: dict) -> tuple[str, bool] | None:
+    """The move's next step, under the endpoint's tick lock: what happened and whether it failed; None while the
+    copy loads."""
+    if copy is None or copy.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
+        state = copy.state if copy is not None else "gone"
+        reason = (
+            f"defrag: copy {copy_name} of {move['source']} did not start ({state}); {move['source']} keeps "
+            f"serving, GPUs held for a TP-{move['size']} group released"
+        )
+        _record(endpoint, f"defrag-{copy_name}-failed", reason, move)
+        return reason, True
+    if copy.state == ReplicaState.READY and (source is None or source.state != ReplicaState.READY):
+        # The source already drains or left (an earlier pass drained it and stopped before ending the move): the
+        # ready copy is the replica now.
+        return f"defrag: move of {move['source']} to {copy_name} done", False
+    if source is None or source.state != ReplicaState.READY:
+        services.safe_call(actuator.terminate, [copy], reason="defrag: its source left during the copy")
+        reason = f"defrag: stopped copy {copy_name}: its source {move['source']} left during the copy"
+        _record(endpoint, f"defrag-{copy_name}-orphan", reason, move)
         return reason, False
+    if copy.state != ReplicaState.READY:
+        return None
+    reason = f"defrag: draining {source.name} after its copy {copy_name} became ready"
+    actuator.move(source, ReplicaState.DRAINING, reason)
+    _record(endpoint, f"defrag-{copy_name}-drain", reason, move)
+    return reason, False
 
 
 # -- new moves ----------------------------------------------------------------------------------------------
@@ -174,12 +200,24 @@ def _pinned(row: Replica | None, held: dict) -> bool:
 
 
 def carry_out(ledger: GpuLedger, plan: Plan, rows: dict[str, Replica], *, size: int, now: float) -> list[str]:
-    """Reserve the plan's GPUs for its group and start each move's copy on its destination. A copy that cannot
-    start releases the reservation (the copies already started finish their moves)."""
+    """Reserve the plan's GPUs for its group and start each move's copy on its destination. A plan whose room
+    changed since it was made (a GPU taken by other than the replicas it moves) is skipped; a copy that cannot
+    start, or a failure on the way, releases the reservation (the copies already started finish their moves)."""
     key = str(plan.target)
+    owners = {m.owner for m in plan.moves}
+    if not ledger.reserve(key, [g.index for g in plan.gpus], for_s=RESERVE_S, owners=owners):
+        log.info("defrag: plan for %s skipped: its GPUs changed hands since it was made", key)
+        return []
+    try:
+        return _carry_out(ledger, plan, rows, key=key, size=size, now=now)
+    except BaseException:
+        ledger.unreserve(key)
+        raise
+
+
+def _carry_out(ledger: GpuLedger, plan: Plan, rows: dict[str, Replica], *, key: str, size: int, now: float):
     target = Endpoint.objects.filter(pk=int(key.split("/")[0])).first()
     target_name = target.name if target is not None else key
-    ledger.reserve(key, [g.index for g in plan.gpus], for_s=RESERVE_S)
     actions = []
     for move in plan.moves:
         source = rows[move.owner]

@@ -38,7 +38,7 @@ def test_a_reservation_is_kept_from_others_and_taken_by_its_group(tmp_path):
     gpus = ledger(tmp_path, clock=clock)
     gpus.allot_at("small", [1], port=1)
     gpus.started("small", 101)
-    gpus.reserve("7/mixed/-/-/4", [0, 1, 2, 3], for_s=60)  # GPU 1 still held by the replica being moved
+    assert gpus.reserve("7/mixed/-/-/4", [0, 1, 2, 3], for_s=60, owners={"small"})  # GPU 1: the moved one
     # Nobody else's best fit takes a reserved GPU: a TP-2 goes to the other island, though island 0 fits tighter
     assert gpus.allot("x", 2, port=2) == "4,5"
     with pytest.raises(NoWholeGroup, match=r"no whole TP-4 group free in one domain"):
@@ -109,7 +109,7 @@ def test_a_reservation_goes_once_its_group_no_longer_waits(tmp_path):
     gpus = ledger(tmp_path, clock=clock)
     gpus.allot_at("a", [0], port=1)
     gpus.allot_at("c", [4, 5, 6, 7], port=3)
-    gpus.reserve("g", [0, 1, 2, 3], for_s=600)
+    assert gpus.reserve("g", [0, 1, 2, 3], for_s=600, owners={"a"})
     with pytest.raises(NoWholeGroup):
         gpus.allot("b", 4, port=2, group="g")  # GPU 0 not free yet: the group waits, its reservation stays
     assert start_moves(gpus, now=clock.now, config=DefragConfig()) == []

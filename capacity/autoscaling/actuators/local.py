@@ -229,6 +229,9 @@ def cold_start_s(replica: Replica, *, now=None) -> float:
 class LocalActuator(Actuator):
     name = "local"
     start_timeout_s = 600.0  # vLLM loading a large model takes minutes; past this a start counts as failed
+    # A defragmenting move's lifetime: its copy's start and its source's drain (services.DRAIN_TIMEOUT_S), and a
+    # minute; the reservation it opens room for lasts as long (defrag_ticks.RESERVE_S).
+    defrag_move_s = start_timeout_s + 120.0 + 60.0
 
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
         started = []
@@ -281,9 +284,14 @@ class LocalActuator(Actuator):
 
     def defrag_copies(self) -> dict[str, int]:
         """Replicas started as a defragmenting move's copy and still loading (name → endpoint id): not capacity
-        until their source drains (the autoscaler leaves them out of its counts)."""
-        ledger = self.gpu_ledger()
-        return ledger.moving() if ledger is not None else {}
+        until their source drains (the autoscaler leaves them out of its counts); a move older than its
+        reservation's lifetime no longer counts. None on a host without GPUs or with a bad ``INFERCAP_LOCAL_GPUS``
+        (the launches' error to report, not every tick's)."""
+        try:
+            ledger = self.gpu_ledger()
+        except ActuatorError:
+            return {}
+        return ledger.moving(max_age_s=self.defrag_move_s) if ledger is not None else {}
 
     @staticmethod
     def gpu_ledger() -> GpuLedger | None:

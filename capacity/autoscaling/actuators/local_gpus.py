@@ -89,14 +89,9 @@ class GpuLedger:
         """The live holdings and the defragmenting step's state (``waiting``: key → size, since, last; ``moves``:
         copy name → its move; ``spent``: when each move of the last hour started), both written back."""
         with self._locked() as holdings:
-            state = self._read(self.state_path)
-            for part in ("waiting", "moves"):
-                state[part] = state.get(part) if isinstance(state.get(part), dict) else {}
-            state["spent"] = [float(t) for t in state.get("spent") or [] if isinstance(t, int | float)]
+            state = _clean(self._read(self.state_path))
             state["waiting"] = {
-                key: wait
-                for key, wait in state["waiting"].items()
-                if self.clock() - float(wait.get("last") or 0) < WAIT_STALE_S
+                key: wait for key, wait in state["waiting"].items() if self.clock() - wait["last"] < WAIT_STALE_S
             }
             yield holdings, state
             self._write(self.state_path, state)
@@ -184,10 +179,18 @@ class GpuLedger:
             holdings[name] = {"gpus": sorted(int(i) for i in gpus), "pid": None, "port": port, "at": self.clock()}
             return visible_devices(wanted)[HOST]
 
-    def reserve(self, group: str, gpus: list[int], *, for_s: float) -> None:
+    def reserve(self, group: str, gpus: list[int], *, for_s: float, owners: set[str] = frozenset()) -> bool:
         """Hold ``gpus`` for the waiting ``group`` for ``for_s`` seconds: those free now at once, those a moved
-        replica still holds as they free."""
+        replica still holds as they free. Whether it did: not where any is held by other than ``owners`` (the
+        plan's moved replicas) now, or is not this host's (the plan was made from a snapshot since changed)."""
         with self._locked() as holdings:
+            cluster = self.cluster(holdings, without=f"{RESERVED}{group}")
+            wanted = [Gpu(HOST, int(i)) for i in gpus]
+            taken = [
+                g for g in wanted if g not in cluster.gpus or g in cluster.owner and cluster.owner[g] not in owners
+            ]
+            if taken or not wanted:
+                return False
             holdings[f"{RESERVED}{group}"] = {
                 "gpus": sorted(int(i) for i in gpus),
                 "pid": None,
@@ -195,6 +198,7 @@ class GpuLedger:
                 "at": self.clock(),
                 "until": self.clock() + for_s,
             }
+            return True
 
     def unreserve(self, group: str) -> None:
         self.release(f"{RESERVED}{group}")
@@ -216,9 +220,39 @@ class GpuLedger:
             cluster = self.cluster(holdings)
         return {name: sorted(g.index for g in cluster.held[name]) for name in holdings if name in cluster.held}
 
-    def moving(self) -> dict[str, int]:
-        """The copies of moves in flight (name → endpoint id), read without the lock (the file is replaced whole)."""
-        moves = self._read(self.state_path).get("moves")
-        if not isinstance(moves, dict):
-            return {}
-        return {name: int(move.get("endpoint_id") or 0) for name, move in moves.items() if isinstance(move, dict)}
+    def moving(self, *, max_age_s: float | None = None) -> dict[str, int]:
+        """The copies of moves in flight (name → endpoint id), read without the lock (the file is replaced whole);
+        ``max_age_s``: moves started longer ago are left out (a move that outlived its reservation is over)."""
+        moves = _clean(self._read(self.state_path))["moves"]
+        oldest = self.clock() - max_age_s if max_age_s is not None else float("-inf")
+        return {name: move["endpoint_id"] for name, move in moves.items() if move["started_at"] >= oldest}
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _clean(state: dict) -> dict:
+    """The defragmenting step's state with what does not read dropped (a hand-edited or truncated file): a waiting
+    group without a numeric size, since and last; a move without its source, endpoint, group, size and start."""
+    waiting, moves = state.get("waiting"), state.get("moves")
+    state["waiting"] = {
+        str(key): {part: float(w[part]) for part in ("size", "since", "last")}
+        for key, w in (waiting.items() if isinstance(waiting, dict) else ())
+        if isinstance(w, dict) and all(_number(w.get(part)) for part in ("size", "since", "last"))
+    }
+    for w in state["waiting"].values():
+        w["size"] = int(w["size"])
+    state["moves"] = {
+        str(name): m
+        for name, m in (moves.items() if isinstance(moves, dict) else ())
+        if isinstance(m, dict)
+        and isinstance(m.get("source"), str)
+        and isinstance(m.get("group"), str)
+        and isinstance(m.get("endpoint_id"), int)
+        and _number(m.get("size"))
+        and _number(m.get("started_at"))
+    }
+    spent = state.get("spent")
+    state["spent"] = [float(t) for t in (spent if isinstance(spent, list) else ()) if _number(t)]
+    return state
