@@ -180,23 +180,43 @@ def start_moves(ledger: GpuLedger, *, now: float, config: DefragConfig) -> list[
         r.name: r
         for r in Replica.objects.filter(name__in=list(held), actuator=LocalActuator.name).select_related("endpoint")
     }
-    pinned = {name for name in held if _pinned(rows.get(name), held[name])}
+    held_back: dict[tuple, str] = {}
+    pinned = {name for name in held if _pinned(rows.get(name), held[name], held_back)}
     pinned |= set(moves) | {m["source"] for m in moves.values()}
     for plan in propose(cluster, groups, now_s=now, config=config, moves_left=left, pinned=pinned):
         actions += carry_out(ledger, plan, rows, size=waiting[plan.target]["size"], now=now)
     return actions
 
 
-def _pinned(row: Replica | None, held: dict) -> bool:
+def _pinned(row: Replica | None, held: dict, held_back: dict[tuple, str]) -> bool:
     """Whether a holding may not move: a reservation, no replica row of ours, not ready (starting, draining), no
-    pid yet, a standby, or under an interruption notice."""
-    return (
-        row is None
-        or row.state != ReplicaState.READY
-        or held.get("pid") is None
-        or row.is_standby
-        or row.terminate_at is not None
-    )
+    pid yet, a standby, under an interruption notice, or its endpoint held back (``_held_back``, once per endpoint
+    and pool in ``held_back``)."""
+    if row is None or row.state != ReplicaState.READY or held.get("pid") is None:
+        return True
+    if row.is_standby or row.terminate_at is not None:
+        return True
+    key = (row.endpoint_id, row.hardware_profile_id, row.version_id, row.role)
+    if key not in held_back:
+        held_back[key] = _held_back(row)
+    return bool(held_back[key])
+
+
+def _held_back(source: Replica) -> str:
+    """Why the source's endpoint may not have a replica moved ("" where it may): its owner is suspended, a rollout
+    holds its replicas, or its tenant's quota has no room for one more replica of the source's pool (the copy
+    counts against it while it loads, so a move at the quota would lower the endpoint's ceiling, or a sibling's,
+    and scale a serving replica in)."""
+    endpoint = source.endpoint
+    if services.owner_suspended(endpoint):
+        return "its owner is suspended"
+    if services.rollout_active(endpoint):
+        return "a rollout holds its replicas"
+    left = services.quota_left(endpoint, exclude_own_serving=False)
+    gpus = services.gpus_per_replica(copy_view(source))
+    if (left.serving is not None and left.serving < 1) or (left.gpus is not None and left.gpus < gpus):
+        return "its tenant's quota has no room for the copy"
+    return ""
 
 
 def carry_out(ledger: GpuLedger, plan: Plan, rows: dict[str, Replica], *, size: int, now: float) -> list[str]:
@@ -252,6 +272,8 @@ def _start_copy(ledger: GpuLedger, source: Replica, gpus: list[int], record: dic
     with store.TickLock(axis=HORIZONTAL, endpoint_id=source.endpoint_id) as lock:
         if not lock.held:
             return None, "the endpoint's tick holds its replicas"
+        if why := _held_back(source):  # again, now: another move of the plan may have taken the quota's room
+            return None, why
         try:
             copy = LocalActuator().launch_at(copy_view(source), gpus)
         except ActuatorError as exc:

@@ -13,8 +13,10 @@ from capacity.autoscaling import defrag_ticks, services, store, ticks
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import GpuLedger, inventory
 from capacity.autoscaling.defrag_ticks import RESERVE_S, defrag_pass, progress_moves
-from endpoints.models import ReplicaState
+from endpoints.models import ReplicaState, Rollout, RolloutState
+from endpoints.rollouts.services import create_version, ensure_current_version
 from tests.autoscaling.test_local_defrag import endpoint, fragmented, serving, until
+from tests.factories import TenantFactory
 
 
 def ledger(tmp_path, now=1000.0) -> GpuLedger:
@@ -162,3 +164,41 @@ def test_a_malformed_state_file_drops_its_bad_entries(tmp_path):
         }
     assert gpus.allot("r", 1, port=1, group="h")  # a launch goes through the state: it reads
     assert gpus.moving() == {"copy": 7}
+
+
+def owned(ep, **tenant):
+    ep.owner_tenant = TenantFactory(**tenant)
+    ep.save(update_fields=["owner_tenant"])
+    return ep
+
+
+def test_replicas_of_a_tenant_at_its_quota_are_not_moved(fragmented):
+    small, big = fragmented
+    owned(small, quota_max_replicas=4)  # its four serving replicas: no room for a copy
+    assert defrag_pass(now=time.time() + 31) == []
+    assert len(serving(small)) == 4 and moves_of(small) == {}
+
+
+def test_a_plan_stops_where_the_quota_runs_out_between_its_moves(fragmented):
+    small, big = fragmented
+    owned(small, quota_max_replicas=5)  # room for one copy; the plan moves two
+    actions = defrag_pass(now=time.time() + 31)
+    assert len(serving(small)) == 5 and len(moves_of(small)) == 1
+    assert "no room for the copy" in actions[-1] and "GPUs held for a TP-4 replica of big released" in actions[-1]
+    assert not any(n.startswith("reserved:") for n in LocalActuator.gpu_ledger().held())
+
+
+def test_replicas_of_a_suspended_tenant_are_not_moved(fragmented):
+    small, big = fragmented
+    owned(small, is_active=False)
+    assert defrag_pass(now=time.time() + 31) == []
+    assert len(serving(small)) == 4
+
+
+def test_replicas_of_an_endpoint_under_a_rollout_are_not_moved(fragmented):
+    small, big = fragmented
+    current = ensure_current_version(small)
+    target = create_version(endpoint=small, launch_options={**small.launch_options, "speed": 2})
+    Rollout.objects.create(endpoint=small, from_version=current, to_version=target, state=RolloutState.PAUSED)
+    assert defrag_pass(now=time.time() + 31) == []
+    assert len(serving(small)) == 4
