@@ -102,3 +102,11 @@ def test_prefill_and_fallback_pools_count_in_their_own_group_sizes_on_this_host(
     client.force_login(operator)
     cards = client.get(reverse("console:fleet")).content.decode()
     assert f'data-pool-room="{tp4.pk}-fallback">1 × TP-2 on a100-tp2<' in cards
+
+
+def test_a_bad_local_gpus_setting_leaves_the_room_unknown_not_an_error(tp4_and_tp1, settings, monkeypatch, operator):
+    monkeypatch.setitem(settings.INFERCAP, "LOCAL_GPUS", "eight")
+    response = client_for(operator).get(LEDGER_URL)
+    assert response.status_code == 200
+    assert {row["whole_replicas_free"] for row in response.json()["endpoints"]} == {None}
+    assert response.json()["total"]["free_gpus"] is None

@@ -2,6 +2,7 @@
 (docs/placement.md, "In the ledger"): a Kubernetes cluster's nodes where the room beat task publishes them
 (``kubernetes_room.py``), else this host's, as the local actuator allots them. None where no GPU is known."""
 
+from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.kubernetes_room import kubernetes_room
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import HOST
@@ -16,8 +17,12 @@ def free_gpus() -> Cluster | None:
 
 
 def local_free_gpus() -> Cluster | None:
-    """The local actuator's inventory (``INFERCAP["LOCAL_GPUS"]``) with every live holding taken."""
-    ledger = LocalActuator.gpu_ledger()
+    """The local actuator's inventory (``INFERCAP["LOCAL_GPUS"]``) with every live holding taken; None (unknown)
+    where it names no GPUs or cannot be read (a bad value: launches say why, the ledger shows no figure)."""
+    try:
+        ledger = LocalActuator.gpu_ledger()
+    except ActuatorError:
+        return None
     if ledger is None:
         return None
     cluster = Cluster(ledger.nodes)
