@@ -14,17 +14,18 @@ from capacity.autoscaling.defrag_ticks import defrag_pass
 from capacity.models import AutoscalerDecision
 from endpoints.models import Endpoint, ReplicaState
 from tests.factories import EndpointFactory
+from tests.waiting import wait_for
 
 
 def until(check, *, timeout_s: float = 30.0, every=None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """``wait_for`` with ``every`` (a defrag pass, a sync) run before each look."""
+
+    def stepped():
         if every is not None:
             every()
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError("timed out")
+        return check()
+
+    return wait_for(stepped, timeout=timeout_s, interval=0.2)
 
 
 def endpoint(name: str, size: int, desired: int) -> Endpoint:
