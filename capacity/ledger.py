@@ -304,8 +304,7 @@ def _pool_launches(endpoint: Endpoint) -> list[tuple[str, object, dict, bool, bo
     pools = []
     if endpoint.serving_mode == ServingMode.DISAGGREGATED:
         prefill = endpoint.prefill_hardware_profile if endpoint.prefill_hardware_profile_id else own
-        prefill_options = endpoint.prefill_launch_options if isinstance(endpoint.prefill_launch_options, dict) else {}
-        pools.append(("prefill", prefill, {**options, **prefill_options}, False, True))
+        pools.append(("prefill", prefill, endpoint.prefill_pool_launch_options, False, True))
     if endpoint.spot_hardware_profile_id:
         pools.append(("spot", endpoint.spot_hardware_profile, options, True, True))
     if endpoint.fallback_hardware_profile_id:

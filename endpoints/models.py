@@ -203,6 +203,14 @@ class Endpoint(models.Model):
         ``max_lora_rank``; (0, 0): it serves no LoRA adapters. Launch options, so a change is a new version."""
         return lora_settings(self.launch_options)
 
+    @property
+    def prefill_pool_launch_options(self) -> dict:
+        """The launch options a disaggregated endpoint's prefill pool runs with: the endpoint's, with the prefill
+        pool's own laid over them (docs/disaggregation.md); what its launches and the ledger's room both read."""
+        own = self.launch_options if isinstance(self.launch_options, dict) else {}
+        prefill = self.prefill_launch_options if isinstance(self.prefill_launch_options, dict) else {}
+        return {**own, **prefill}
+
     def clean(self) -> None:
         errors = {}
         if self.min_replicas > self.max_replicas:

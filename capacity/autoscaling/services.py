@@ -191,7 +191,7 @@ def pool_endpoint(
     view.launch_role = role
     if role == ReplicaRole.PREFILL:
         # The endpoint's launch options with the prefill pool's laid over them (its profile, speed, CPUs stay).
-        view.launch_options = {**(endpoint.launch_options or {}), **(endpoint.prefill_launch_options or {})}
+        view.launch_options = endpoint.prefill_pool_launch_options
         hardware_profile_id = endpoint.prefill_hardware_profile_id
         if hardware_profile_id and hardware_profile_id != endpoint.hardware_profile_id:
             view.launch_hardware_profile_id = hardware_profile_id
