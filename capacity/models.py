@@ -6,6 +6,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
+from capacity.placement import mig
 from capacity.placement.cluster import Cluster, Node
 from capacity.placement.policies import Fit, group_fit
 from endpoints.models import Endpoint
@@ -80,6 +81,16 @@ class HardwareProfile(models.Model):
         "GKE's cloud.google.com/gke-accelerator)",
     )
 
+    # A slice of a MIG-partitioned GPU (capacity/placement/mig.py): memory, bandwidth and price are then the slice's.
+    mig_profile = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        validators=[RegexValidator(mig.PROFILE.pattern)],
+        help_text="a MIG slice a replica runs on (1g.10gb, 3g.40gb): gpu_memory_gb, memory_bandwidth_gbps and "
+        "usd_per_gpu_hour are then one slice's, and a replica is one slice (gpus_per_replica 1); empty: whole GPUs",
+    )
+
     class Meta:
         ordering = ["name"]
 
@@ -88,11 +99,29 @@ class HardwareProfile(models.Model):
 
     def clean(self):
         super().clean()
+        if self.mig_profile:
+            self._clean_mig()
         per_node, domain = self.gpus_per_node, self.interconnect_domain_gpus
         if per_node and domain and per_node % domain and domain % per_node:
             raise ValidationError(
                 {"interconnect_domain_gpus": f"must divide the node's {per_node} GPUs or be a multiple of them"}
             )
+
+    def _clean_mig(self) -> None:
+        try:
+            piece = mig.parse(self.mig_profile)
+        except ValueError as exc:
+            raise ValidationError({"mig_profile": str(exc)}) from exc
+        if self.gpus_per_replica != 1:
+            raise ValidationError({"gpus_per_replica": mig.not_tensor_parallel(self.gpus_per_replica)})
+        if self.gpu_memory_gb is not None and self.gpu_memory_gb > piece.memory_gb:
+            raise ValidationError(
+                {"gpu_memory_gb": f"a {piece.name} slice has {piece.memory_gb} GB: at most that, not more"}
+            )
+
+    @property
+    def mig_slice(self) -> mig.MigSlice | None:
+        return mig.parse(self.mig_profile) if self.mig_profile else None
 
     def domain_shape(self) -> Cluster:
         """One interconnect domain of this hardware: a node of NVLink islands, or the nodes of a rack-scale domain."""
@@ -103,8 +132,11 @@ class HardwareProfile(models.Model):
 
     def replica_fit(self, gpus: int | None = None) -> Fit:
         """Whether a replica of ``gpus`` (default: this profile's gpus_per_replica) fits one domain, and on how many
-        nodes: the topology the planner's "fits" assumes."""
-        return group_fit(self.domain_shape(), gpus or self.gpus_per_replica)
+        nodes: the topology the planner's "fits" assumes. A MIG profile's replica is one slice."""
+        gpus = gpus or self.gpus_per_replica
+        if self.mig_profile:
+            return mig.slice_fit(self.mig_profile, gpus)
+        return group_fit(self.domain_shape(), gpus)
 
 
 class ModelProfile(models.Model):

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.models import CapacityBenchmark, HardwareProfile, ModelProfile
+from capacity.placement import mig
 from capacity.planning.barriers import PlannerInputError
 from capacity.planning.inputs import PlanRequest, plan_from_request
 from endpoints.selectors import endpoints_visible_to
@@ -44,6 +45,9 @@ class HardwareSerializer(serializers.Serializer):
     interconnect_domain_gpus = serializers.IntegerField(min_value=1, required=False)
     domain_link_gb_s = _float(min_value=0.001, required=False)
     cross_link_gb_s = _float(min_value=0.001, required=False)
+    mig_profile = serializers.RegexField(
+        mig.PROFILE.pattern, required=False, allow_blank=True, help_text="a MIG slice (1g.10gb): one replica a slice"
+    )
 
 
 class WorkloadSerializer(serializers.Serializer):

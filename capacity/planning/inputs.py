@@ -51,6 +51,7 @@ TOPOLOGY_FIELDS = {
     "interconnect_domain_gpus": "domain_gpus",
     "domain_link_gb_s": "domain_link_gb_s",
     "cross_link_gb_s": "cross_link_gb_s",
+    "mig_profile": "mig_profile",
 }
 
 
@@ -76,6 +77,7 @@ def _topology(req: PlanRequest) -> Topology:
         given.setdefault("gpus_per_node", profile.gpus_per_node)
         given.setdefault("domain_gpus", profile.interconnect_domain_gpus)
         given.setdefault("domain_node_label", profile.domain_node_label)
+        given.setdefault("mig_profile", profile.mig_profile)
     return Topology(**given)
 
 

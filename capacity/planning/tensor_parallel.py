@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+from capacity.placement import mig
 from capacity.placement.cluster import Cluster, Node
-from capacity.placement.policies import group_fit
+from capacity.placement.policies import Fit, group_fit
 from capacity.planning.barriers import (
     SLO,
     Hardware,
@@ -52,6 +53,16 @@ class Topology:
     domain_latency_s: float = 8e-6
     cross_link_gb_s: float = 50.0
     cross_latency_s: float = 25e-6
+    mig_profile: str = ""  # a MIG slice (capacity/placement/mig.py): a replica is one slice, TP 1 only
+
+    def fit(self, tp: int) -> Fit:
+        """Where a TP-``tp`` group goes on this shape (one MIG slice where the hardware is sliced), or why nowhere."""
+        return mig.slice_fit(self.mig_profile, tp) if self.mig_profile else group_fit(self.shape(), tp)
+
+    def link_name(self, tp: int) -> str:
+        if tp <= 1:
+            return "none (one MIG slice)" if self.mig_profile else "none (one GPU)"
+        return self.link(tp)[0]
 
     def link(self, tp: int) -> tuple[str, float, float]:
         """(name, GB/s, latency s) of the link a TP group's all-reduces cross."""
@@ -165,11 +176,10 @@ def choose_tp(
         if workload.context_tokens is not None
         else workload.input_tokens + workload.output_tokens
     )
-    shape = topology.shape()
     choice = TpChoice(chosen=None, base_tp=base_tp, topology=asdict(topology))
     for tp in sorted(set(sizes) | {base_tp}):
         choice.candidates.append(
-            _candidate(tp, model, hardware, workload, slo, throughput_table, topology, shape, ctx,
+            _candidate(tp, model, hardware, workload, slo, throughput_table, topology, ctx,
                        headroom=headroom, ttft_s=ttft_s, spike=spike, hidden=hidden)
         )  # fmt: skip
     ok = [c for c in choice.candidates if c.placeable and c.fits_memory and c.meets_slo]
@@ -186,17 +196,19 @@ def choose_tp(
     return choice
 
 
-def _candidate(tp, model, hardware, workload, slo, table, topology, shape, ctx, **plan_args) -> TpCandidate:
+def _candidate(tp, model, hardware, workload, slo, table, topology, ctx, **plan_args) -> TpCandidate:
     hidden = plan_args.pop("hidden")
-    fit = group_fit(shape, tp)
+    fit = topology.fit(tp)
     per_gpu_overhead = hardware.overhead_gb / hardware.gpus_per_replica
     at_tp = replace(hardware, gpus_per_replica=tp, overhead_gb=per_gpu_overhead * tp)
     kv_gb = at_tp.gpu_memory_gb * tp - model.weights_gb - at_tp.overhead_gb
     need_gb = ctx * kv_bytes_per_token(model) / 1e9
     candidate = TpCandidate(
         tp=tp,
-        link=topology.link(tp)[0] if tp > 1 else "none (one GPU)",
-        placement=fit.reason if fit.fits else f"{fit.reason} (domains of {topology.domain_gpus} GPUs)",
+        link=topology.link_name(tp),
+        placement=fit.reason
+        if fit.fits or topology.mig_profile
+        else f"{fit.reason} (domains of {topology.domain_gpus} GPUs)",
         placeable=fit.fits,
         nodes=fit.nodes,
         kv_gb=kv_gb,
@@ -230,7 +242,7 @@ def _candidate(tp, model, hardware, workload, slo, table, topology, shape, ctx, 
 
 def topology_answer(topology: Topology, tp: int) -> dict:
     """What a plan's "fits" assumed: the shape, and where one replica of ``tp`` GPUs goes on it."""
-    fit = group_fit(topology.shape(), tp)
+    fit = topology.fit(tp)
     return {
         "gpus_per_node": topology.gpus_per_node,
         "interconnect_domain_gpus": topology.domain_gpus,
@@ -239,5 +251,6 @@ def topology_answer(topology: Topology, tp: int) -> dict:
         "fits": fit.fits,
         "nodes": fit.nodes,
         "reason": fit.reason,
-        "link": topology.link(tp)[0] if tp > 1 else "none (one GPU)",
+        "mig_profile": topology.mig_profile,
+        "link": topology.link_name(tp),
     }

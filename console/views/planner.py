@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import render
 
 from capacity.models import HardwareProfile, ModelProfile
+from capacity.placement import mig
 from capacity.planning import barriers, tensor_parallel
 from console.access import operator_required
 from console.views.planner_apply import apply_bounds, endpoint_initial
@@ -30,6 +31,12 @@ class PlannerForm(forms.Form):
     gpus_per_node = forms.IntegerField(min_value=1, initial=8, required=False, label="GPUs per node")
     interconnect_domain_gpus = forms.IntegerField(
         min_value=1, initial=8, required=False, label="GPUs per NVLink domain"
+    )
+    mig_profile = forms.RegexField(
+        regex=mig.PROFILE.pattern,
+        required=False,
+        label="MIG slice",
+        help_text="e.g. 1g.10gb: a replica is one slice (memory and price then the slice's); empty: whole GPUs",
     )
     choose_tp = forms.BooleanField(
         required=False, label="Choose the TP size", help_text="plan at 1, 2, 4 or 8 GPUs: the fewest GPUs that fit"
@@ -102,6 +109,7 @@ def _profile_initial(request) -> dict:
             usd_per_gpu_hour=hardware.usd_per_gpu_hour,
             gpus_per_node=hardware.gpus_per_node,
             interconnect_domain_gpus=hardware.interconnect_domain_gpus,
+            mig_profile=hardware.mig_profile,
         )
     return initial
 
@@ -181,7 +189,9 @@ def _plan(data: dict):
         "spike": spike,
     }
     topology = tensor_parallel.Topology(
-        gpus_per_node=data.get("gpus_per_node") or 8, domain_gpus=data.get("interconnect_domain_gpus") or 8
+        gpus_per_node=data.get("gpus_per_node") or 8,
+        domain_gpus=data.get("interconnect_domain_gpus") or 8,
+        mig_profile=data.get("mig_profile") or "",
     )
     if not data.get("choose_tp"):
         result = barriers.plan(**args)

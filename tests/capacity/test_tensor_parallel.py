@@ -160,5 +160,6 @@ def test_api_takes_the_topology_from_the_hardware_profile(tenant_a):
         "fits": True,
         "nodes": 4,
         "reason": "4 nodes × 4 GPUs in domain domain",
+        "mig_profile": "",
         "link": "NVLink inside one domain",
     }
