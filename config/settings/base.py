@@ -172,6 +172,11 @@ INFERCAP = {
     "GANG_SCHEDULER": env("INFERCAP_GANG_SCHEDULER", "none"),
     "GANG_QUEUE": env("INFERCAP_GANG_QUEUE", "infercap"),
     "LOCAL_GPUS": env("INFERCAP_LOCAL_GPUS", ""),
+    # MIG slices (capacity/placement/mig.py): this host's MIG devices per profile for the local actuator
+    # ("1g.10gb=MIG-<uuid>,MIG-<uuid>;3g.40gb=MIG-<uuid>"), and on Kubernetes the NVIDIA device plugin's MIG strategy
+    # (mixed: one resource per profile, nvidia.com/mig-1g.10gb; single: nvidia.com/gpu on nodes cut one way).
+    "LOCAL_MIG": env("INFERCAP_LOCAL_MIG", ""),
+    "KUBERNETES_MIG_STRATEGY": env("INFERCAP_KUBERNETES_MIG_STRATEGY", "mixed"),
     # The defragmenting step on those GPUs (docs/placement.md, "Local"): small replicas moved, make-before-break, to
     # open room for a group that has waited; on by default, off with 0.
     "PLACEMENT_DEFRAG": env_bool("INFERCAP_PLACEMENT_DEFRAG", True),
