@@ -26,6 +26,7 @@ from capacity.autoscaling.actuators.local_gpus import RESERVED, GpuLedger
 from capacity.models import AutoscalerDecision
 from capacity.placement.defrag import DefragConfig, MoveBudget, Plan, Waiting, propose
 from endpoints.models import Endpoint, Replica, ReplicaState
+from tenants.quotas import lock_tenant
 
 log = logging.getLogger(__name__)
 
@@ -268,16 +269,20 @@ def _carry_out(ledger: GpuLedger, plan: Plan, rows: dict[str, Replica], *, key: 
 
 def _start_copy(ledger: GpuLedger, source: Replica, gpus: list[int], record: dict) -> tuple[Replica | None, str]:
     """The copy of ``source`` on ``gpus``, started under the endpoint's tick lock and recorded as a move in flight
-    (with the budget spent) before the lock is let go, so no tick counts it as capacity."""
+    (with the budget spent) before the lock is let go, so no tick counts it as capacity. The owner's row is locked
+    while its quota is read and the copy registered, as a launch does (``services.launch_capped``): a launch of
+    another of its endpoints at the same moment cannot take the same last slot."""
     with store.TickLock(axis=HORIZONTAL, endpoint_id=source.endpoint_id) as lock:
         if not lock.held:
             return None, "the endpoint's tick holds its replicas"
-        if why := _held_back(source):  # again, now: another move of the plan may have taken the quota's room
-            return None, why
-        try:
-            copy = LocalActuator().launch_at(copy_view(source), gpus)
-        except ActuatorError as exc:
-            return None, str(exc)
+        with transaction.atomic():
+            lock_tenant(source.endpoint.owner_tenant_id)
+            if why := _held_back(source):  # again, now: another move of the plan may have taken the quota's room
+                return None, why
+            try:
+                copy = LocalActuator().launch_at(copy_view(source), gpus)
+            except ActuatorError as exc:
+                return None, str(exc)
         with ledger.defrag_state() as (_, state):
             state["moves"][copy.name] = record
             state["spent"].append(record["started_at"])

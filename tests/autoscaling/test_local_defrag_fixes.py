@@ -5,16 +5,19 @@ step turned off, a move ends under its endpoint's tick lock and a ready copy is 
 source, a plan whose room changed is skipped, a failure unreserves, and a malformed state file reads."""
 
 import json
+import threading
 import time
 
 import pytest
+from django.db import connection, transaction
 
 from capacity.autoscaling import defrag_ticks, services, store, ticks
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import GpuLedger, inventory
 from capacity.autoscaling.defrag_ticks import RESERVE_S, defrag_pass, progress_moves
-from endpoints.models import ReplicaState, Rollout, RolloutState
+from endpoints.models import Replica, ReplicaState, Rollout, RolloutState
 from endpoints.rollouts.services import create_version, ensure_current_version
+from tenants.quotas import live_usage, lock_tenant
 from tests.autoscaling.test_local_defrag import endpoint, fragmented, serving, until
 from tests.factories import TenantFactory
 
@@ -202,3 +205,33 @@ def test_replicas_of_an_endpoint_under_a_rollout_are_not_moved(fragmented):
     Rollout.objects.create(endpoint=small, from_version=current, to_version=target, state=RolloutState.PAUSED)
     assert defrag_pass(now=time.time() + 31) == []
     assert len(serving(small)) == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_copy_waits_for_a_launch_holding_the_tenants_quota_and_then_sees_it(fragmented):
+    """Another launch of the tenant holds its row (``services.launch_capped``) and registers a replica that takes the
+    quota's last slot; the copy's quota check waits for it and finds no room, where reading without the lock would
+    have found the slot free and gone past the quota."""
+    small, big = fragmented
+    owned(small, quota_max_replicas=5)  # room for one copy
+    locked, done = threading.Event(), threading.Event()
+
+    def racing_launch():
+        try:
+            with transaction.atomic():
+                lock_tenant(small.owner_tenant_id)
+                locked.set()
+                time.sleep(1.0)
+                Replica.objects.create(endpoint=small, name="racer", url="http://127.0.0.1:9", actuator="static")
+        finally:
+            connection.close()
+            done.set()
+
+    thread = threading.Thread(target=racing_launch)
+    thread.start()
+    assert locked.wait(10)
+    actions = defrag_pass(now=time.time() + 31)
+    thread.join(10)
+    assert done.is_set() and moves_of(small) == {}
+    assert "its tenant's quota has no room for the copy" in actions[-1]
+    assert live_usage(small.owner_tenant_id).serving_replicas == 5  # four replicas and the racer: at the quota
