@@ -14,7 +14,9 @@ outside the repository root and without the platform's environment, and is ready
 On a host with GPUs (``INFERCAP["LOCAL_GPUS"]``) a replica gets its whole tensor-parallel group inside one NVLink
 domain, all or none, as its ``CUDA_VISIBLE_DEVICES`` (``local_gpus.py``, docs/placement.md); a launch that finds no
 whole group free starts nothing more and fails with "capped at <n> of <count>: <why>". Without GPUs nothing is
-allotted.
+allotted. A MIG profile's replica gets one of this host's slices of that profile (``INFERCAP["LOCAL_MIG"]``), named
+by its UUID; on a host that lists slices, a launch finds none of its profile, or a whole-GPU launch finds only slices,
+is an error, not a replica that sees every device.
 
 A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
 signal does not take them down; the worker that started one reaps it, any other finds it by pid.
@@ -43,10 +45,11 @@ from capacity.autoscaling.actuators.base import (
     launch_role,
     launch_version_id,
 )
-from capacity.autoscaling.actuators.local_gpus import GpuLedger, NoWholeGroup, inventory
+from capacity.autoscaling.actuators.local_gpus import HOST, GpuLedger, NoWholeGroup, inventory, mig_inventory
 from capacity.autoscaling.actuators.replica_shape import engine_gpus, launch_hardware
 from capacity.hardware.profiles import DEFAULT_PROFILE, ROOFLINES
 from capacity.models import HardwareProfile
+from capacity.placement.cluster import Node
 from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import launch_env
 from capacity.runtimes.launch_options import argv_value
@@ -235,15 +238,20 @@ class LocalActuator(Actuator):
 
     def launch(self, endpoint: Endpoint, count: int, *, standby: bool = False) -> list[Replica]:
         started = []
-        ledger = self.gpu_ledger()
-        size = engine_gpus(endpoint, launch_hardware(endpoint)) if ledger else 0
+        hardware = launch_hardware(endpoint)
+        ledger = self.gpu_ledger(hardware)
+        if ledger is None and mig_inventory():
+            raise ActuatorError("this host lists only MIG slices (INFERCAP_LOCAL_MIG): no whole GPU for this profile")
+        size = engine_gpus(endpoint, hardware) if ledger else 0
+        # A slice's group never waits for the defragmenting step: every slice is a domain of its own.
+        group = group_key(endpoint, size) if ledger is not None and ledger.devices is None else None
         for _ in range(count):
             try:
                 replica = self._launch_one(
                     endpoint,
                     ledger,
                     standby=standby,
-                    allot=lambda name, port: ledger.allot(name, size, port=port, group=group_key(endpoint, size)),
+                    allot=lambda name, port: ledger.allot(name, size, port=port, group=group),
                 )
             except NoWholeGroup as exc:
                 # All or nothing: no part of a group is held, nothing more starts (docs/placement.md).
@@ -294,10 +302,26 @@ class LocalActuator(Actuator):
         return ledger.moving(max_age_s=self.defrag_move_s) if ledger is not None else {}
 
     @staticmethod
-    def gpu_ledger() -> GpuLedger | None:
-        """This host's GPUs and their holders (``INFERCAP["LOCAL_GPUS"]``); None on a host without GPUs."""
+    def gpu_ledger(hardware: HardwareProfile | None = None) -> GpuLedger | None:
+        """This host's GPUs and their holders (``INFERCAP["LOCAL_GPUS"]``); None on a host without GPUs. For a MIG
+        profile, this host's slices of that profile (``INFERCAP["LOCAL_MIG"]``), each a domain of one: an
+        ActuatorError where the host lists GPUs or slices but none of that profile."""
         nodes = inventory(settings.INFERCAP.get("LOCAL_GPUS"))
-        return GpuLedger(nodes, Path(settings.VAR_DIR), alive=runs) if nodes else None
+        if hardware is None or not hardware.mig_profile:
+            return GpuLedger(nodes, Path(settings.VAR_DIR), alive=runs) if nodes else None
+        slices = mig_inventory()
+        if not slices and not nodes:
+            return None  # a host without GPUs: replicas run as they always did
+        devices = slices.get(hardware.mig_profile)
+        if not devices:
+            raise ActuatorError(f"this host has no MIG {hardware.mig_profile} slice (INFERCAP_LOCAL_MIG)")
+        return LocalActuator.mig_ledger(hardware.mig_profile, devices)
+
+    @staticmethod
+    def mig_ledger(profile: str, devices: list[str]) -> GpuLedger:
+        """The holders of this host's MIG slices of ``profile`` (``devices``: their UUIDs)."""
+        nodes = [Node(HOST, len(devices), island=1)]
+        return GpuLedger(nodes, Path(settings.VAR_DIR), alive=runs, name=f"local-mig-{profile}", devices=devices)
 
     def _start(
         self, endpoint: Endpoint, name: str, *, port: int, standby: bool, log_dir: Path, devices: str | None

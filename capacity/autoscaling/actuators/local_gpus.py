@@ -18,6 +18,10 @@ takes them, and the group's own launch does; each expires), and the waiting grou
 whole group records its key, size and when it was first capped), kept with the moves in flight and the move budget
 in ``local-defrag.json`` under the same lock. A reservation is a holding named ``reserved:<key>`` with an ``until``;
 a holdings file written before reservations existed reads as it did.
+
+MIG slices (``INFERCAP["LOCAL_MIG"]``, capacity/placement/mig.py) are held the same way, one ledger per profile
+(``local-mig-<profile>.json``): each slice a domain of one, its index standing for its UUID, which is what
+``CUDA_VISIBLE_DEVICES`` gets. A slice's group is always one, so the defragmenting step never looks at them.
 """
 
 import fcntl
@@ -28,7 +32,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from django.conf import settings
+
 from capacity.autoscaling.actuators.base import ActuatorError
+from capacity.placement import mig
 from capacity.placement.cluster import Cluster, Gpu, Node
 from capacity.placement.policies import infercap_best_fit, visible_devices
 
@@ -61,15 +68,33 @@ def inventory(value: str | int | None) -> list[Node]:
         ) from exc
 
 
+def mig_inventory(value: str | None = None) -> dict[str, list[str]]:
+    """This host's MIG slices (``INFERCAP["LOCAL_MIG"]``, or ``value``): profile → device UUIDs; {} for none."""
+    text = settings.INFERCAP.get("LOCAL_MIG") if value is None else value
+    try:
+        return mig.local_slices(text)
+    except ValueError as exc:
+        raise ActuatorError(f"INFERCAP_LOCAL_MIG {text!r}: {exc}") from exc
+
+
 class GpuLedger:
     """The host's GPUs and their holders; ``allot`` and ``started`` change it, each under the file lock."""
 
     def __init__(
-        self, nodes: list[Node], state_dir: Path, *, alive: Callable[[int, int], bool], clock=time.time
+        self,
+        nodes: list[Node],
+        state_dir: Path,
+        *,
+        alive: Callable[[int, int], bool],
+        clock=time.time,
+        name: str = "local-gpus",
+        devices: list[str] | None = None,
     ) -> None:
-        self.nodes, self.alive, self.clock = nodes, alive, clock
-        self.path = Path(state_dir) / "local-gpus.json"
-        self.state_path = Path(state_dir) / "local-defrag.json"
+        """``name``: the holdings file's; ``devices``: what ``CUDA_VISIBLE_DEVICES`` calls each index (a MIG slice's
+        UUID; None: the index itself)."""
+        self.nodes, self.alive, self.clock, self.devices = nodes, alive, clock, devices
+        self.path = Path(state_dir) / f"{name}.json"
+        self.state_path = Path(state_dir) / ("local-defrag.json" if name == "local-gpus" else f"{name}-defrag.json")
 
     @contextmanager
     def _locked(self) -> Iterator[dict]:
@@ -158,10 +183,18 @@ class GpuLedger:
                     holdings.pop(reserved, None)
         if gpus is None:
             raise NoWholeGroup(why)
-        return visible_devices(gpus)[HOST]
+        return self._visible(gpus)
 
-    @staticmethod
-    def _why_not(cluster: Cluster, size: int) -> str:
+    def _visible(self, gpus) -> str:
+        if self.devices is None:
+            return visible_devices(gpus)[HOST]
+        return ",".join(self.devices[g.index] for g in sorted(gpus))
+
+    def _why_not(self, cluster: Cluster, size: int) -> str:
+        if self.devices is not None:
+            if size > 1:
+                return f"a MIG slice holds no TP-{size} group: a replica on a MIG profile is one slice"
+            return f"no MIG slice of this profile free ({len(self.devices)} on this host, all held)"
         largest = max((len(g) for g in cluster.domain_gpus.values()), default=0)
         if size > largest:
             return f"no interconnect domain on this host holds a TP-{size} group (the largest has {largest} GPUs)"
@@ -177,7 +210,7 @@ class GpuLedger:
             if taken or not wanted:
                 raise NoWholeGroup(f"GPUs {','.join(str(g.index) for g in taken)} are not free")
             holdings[name] = {"gpus": sorted(int(i) for i in gpus), "pid": None, "port": port, "at": self.clock()}
-            return visible_devices(wanted)[HOST]
+            return self._visible(wanted)
 
     def reserve(self, group: str, gpus: list[int], *, for_s: float, owners: set[str] = frozenset()) -> bool:
         """Hold ``gpus`` for the waiting ``group`` for ``for_s`` seconds: those free now at once, those a moved
