@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from capacity.placement import mig
 from capacity.placement.cluster import Cluster, Gpu, Node
 from capacity.placement.policies import groups_that_fit
 
@@ -63,16 +64,23 @@ IMPLIED_GPU_TOLERATION = Toleration(tuple(GPU_RESOURCE_TOLERATION.items()))
 
 @dataclass(frozen=True)
 class NodeRequirements:
-    """The node labels a pod selects (``nodeSelector``: every one must match) and the taints it tolerates. Hashable:
+    """The node labels a pod selects (``nodeSelector``: every one must match), the taints it tolerates and the
+    extended resource it asks for (``nvidia.com/gpu``, or a MIG slice's: ``mig.resource_name``). Hashable:
     endpoints with equal requirements share one room computation."""
 
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    resource: str = GPU_RESOURCE
 
     def tolerates(self, taint: dict) -> bool:
         if taint.get("effect") not in BLOCKING_EFFECTS:
             return True
-        return any(t.tolerates(taint) for t in (*self.tolerations, IMPLIED_GPU_TOLERATION))
+        # ExtendedResourceToleration gives a pod that asks for a slice the slice resource's toleration; the
+        # nvidia.com/gpu one stays implied (a template for nodes tainted so carries it: docs/placement.md).
+        implied = (IMPLIED_GPU_TOLERATION,)
+        if self.resource != GPU_RESOURCE:
+            implied += (Toleration(tuple({**GPU_RESOURCE_TOLERATION, "key": self.resource}.items())),)
+        return any(t.tolerates(taint) for t in (*self.tolerations, *implied))
 
     def admits(self, labels: dict, taints: Iterable[dict]) -> bool:
         """Whether a GPU pod with these requirements may be bound to a node of ``labels`` and ``taints``."""
@@ -136,7 +144,12 @@ def tolerations_of(value, *, option: str) -> list[dict]:
 
 
 def requirements(
-    *, gpu_product: str = "", gpu_product_label: str = GPU_PRODUCT_LABEL, node_selector=None, tolerations=()
+    *,
+    gpu_product: str = "",
+    gpu_product_label: str = GPU_PRODUCT_LABEL,
+    node_selector=None,
+    tolerations=(),
+    resource: str = GPU_RESOURCE,
 ) -> NodeRequirements:
     """The requirements of a pod on hardware of ``gpu_product`` (empty: any GPU node) with the operator's
     ``node_selector`` and ``tolerations`` (checked already); the product overrides a selector on its label."""
@@ -146,14 +159,40 @@ def requirements(
     return NodeRequirements(
         node_selector=tuple(sorted(selector.items())),
         tolerations=tuple(Toleration(tuple(t.items())) for t in tolerations),
+        resource=resource,
     )
 
 
-def endpoint_requirements(options, hardware, *, spot: bool = False) -> NodeRequirements:
+def slice_product(hardware, mig_strategy: str) -> tuple[str, str]:
+    """(the product label value a launch on ``hardware`` selects, the resource one replica asks for): the profile's
+    own product and ``nvidia.com/gpu`` for whole GPUs; for a MIG profile the slice's resource under the device
+    plugin's ``mig_strategy`` and, under ``single``, the slice's product label value (GPU feature discovery's
+    ``<product>-MIG-<profile>``), without which a slice could not be told from a whole GPU. ValueError for an unknown
+    strategy, or a MIG profile naming no product under ``single``."""
+    product = str(getattr(hardware, "gpu_product", "") or "")
+    profile = str(getattr(hardware, "mig_profile", "") or "")
+    if not profile:
+        return product, GPU_RESOURCE
+    try:
+        resource = mig.resource_name(profile, mig_strategy)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the cluster's KUBERNETES_MIG_STRATEGY setting)") from exc
+    if mig_strategy == "mixed":
+        return product, resource
+    if not product:
+        raise ValueError(
+            f"MIG profile {profile} under the single strategy: its hardware profile must name its gpu_product, as "
+            f"its slices are nvidia.com/gpu on nodes whose product label says -MIG-{profile}"
+        )
+    return mig.product_label_value(product, profile), resource
+
+
+def endpoint_requirements(options, hardware, *, spot: bool = False, mig_strategy: str = "mixed") -> NodeRequirements:
     """An endpoint's pods' requirements, from its launch options (``node_selector`` and ``tolerations`` on every pod;
     a spot pod adds ``spot_node_selector``, default Karpenter's spot label, and ``spot_tolerations``) and the
     hardware profile it launches on (its ``gpu_product`` on its ``gpu_product_label``; None or no product: any GPU
-    node). Bad option shapes are a ValueError naming the option."""
+    node; a MIG profile's under the cluster's ``mig_strategy``: ``slice_product``). Bad option shapes are a
+    ValueError naming the option."""
     options = options if isinstance(options, dict) else {}
     selector = node_selector_of(options.get("node_selector", {}), option="node_selector")
     tolerations = tolerations_of(options.get("tolerations", []), option="tolerations")
@@ -161,11 +200,13 @@ def endpoint_requirements(options, hardware, *, spot: bool = False) -> NodeRequi
         spot_selector = options.get("spot_node_selector", SPOT_NODE_SELECTOR)
         selector |= node_selector_of(spot_selector, option="spot_node_selector", allow_empty=False)
         tolerations += tolerations_of(options.get("spot_tolerations", []), option="spot_tolerations")
+    product, resource = slice_product(hardware, mig_strategy)
     return requirements(
-        gpu_product=str(getattr(hardware, "gpu_product", "") or ""),
+        gpu_product=product,
         gpu_product_label=str(getattr(hardware, "gpu_product_label", "") or GPU_PRODUCT_LABEL),
         node_selector=selector,
         tolerations=tolerations,
+        resource=resource,
     )
 
 
@@ -264,7 +305,8 @@ def carries(pod: dict, needs: NodeRequirements) -> bool:
 
 @dataclass
 class RoomNode:
-    """A schedulable GPU node as the room read it: its GPUs, domain, the label values the requirements may select on
+    """A schedulable GPU node as the room read it: its whole GPUs, its MIG slices per profile (the device plugin's
+    ``nvidia.com/mig-<profile>`` under the mixed strategy), domain, the label values the requirements may select on
     and its taints that keep pods off (NoSchedule, NoExecute)."""
 
     name: str
@@ -272,25 +314,44 @@ class RoomNode:
     domain: str | None = None
     labels: dict = field(default_factory=dict)
     taints: list = field(default_factory=list)
+    slices: dict = field(default_factory=dict)
 
 
 class Room(Cluster):
     """A cluster's GPU nodes with what live pods hold, where each endpoint has room only on the nodes its pods'
-    requirements admit. As a Cluster it is every schedulable GPU node (the ledger's total free GPUs)."""
+    requirements admit. As a Cluster it is every schedulable node with whole GPUs (the ledger's total free GPUs);
+    ``held_slices`` (node → profile → slices live pods ask for) is None where the read counted no slices (a room
+    published before it did: slices unknown)."""
 
-    def __init__(self, nodes: Iterable[RoomNode], held: dict[str, int], *, label_keys: Iterable[str]):
+    def __init__(
+        self,
+        nodes: Iterable[RoomNode],
+        held: dict[str, int],
+        *,
+        label_keys: Iterable[str],
+        held_slices: dict[str, dict[str, int]] | None = None,
+    ):
         self.room_nodes = tuple(nodes)
         self.room_held = {name: int(count) for name, count in held.items()}
+        self.room_held_slices = held_slices
         self.label_keys = frozenset(label_keys)
-        super().__init__(Node(n.name, n.gpus, domain=n.domain) for n in self.room_nodes)
+        super().__init__(Node(n.name, n.gpus, domain=n.domain) for n in self.room_nodes if n.gpus)
         self._take_held(self)
         self._groups: dict[tuple[NodeRequirements, int], int | None] = {}
         self.computations = 0  # distinct (requirements, size) placements run: one per set, however many endpoints
+        if held_slices is not None:
+            for node in self.room_nodes:
+                for profile in node.slices:
+                    self.mig_free[profile] = self.mig_free.get(profile, 0) + self._free_slices(node, profile)
 
     def _take_held(self, cluster: Cluster) -> None:
         for name, count in self.room_held.items():
             if name in cluster.node:
                 cluster.take(("pods", name), [Gpu(name, i) for i in range(min(count, cluster.node[name].gpus))])
+
+    def _free_slices(self, node: RoomNode, profile: str) -> int:
+        held = ((self.room_held_slices or {}).get(node.name) or {}).get(profile, 0)
+        return max(0, int(node.slices.get(profile, 0)) - int(held))
 
     def admitting(self, needs: NodeRequirements) -> Cluster | None:
         """The nodes ``needs`` admits, with their holdings; None where it selects on a label the room did not read
@@ -298,7 +359,9 @@ class Room(Cluster):
         if not needs.label_keys <= self.label_keys:
             return None
         cluster = Cluster(
-            Node(n.name, n.gpus, domain=n.domain) for n in self.room_nodes if needs.admits(n.labels, n.taints)
+            Node(n.name, n.gpus, domain=n.domain)
+            for n in self.room_nodes
+            if n.gpus and needs.admits(n.labels, n.taints)
         )
         self._take_held(cluster)
         return cluster
@@ -311,3 +374,20 @@ class Room(Cluster):
             cluster = self.admitting(needs)
             self._groups[key] = None if cluster is None else (groups_that_fit(cluster, size) if cluster.nodes else 0)
         return self._groups[key]
+
+    def slices_free(self, needs: NodeRequirements, mig_profile: str, strategy: str = "mixed") -> int | None:
+        """How many more one-slice replicas of ``mig_profile`` with ``needs`` fit (None: unknown). Under the
+        ``mixed`` strategy: the nodes' allocatable ``nvidia.com/mig-<profile>`` less what live pods ask of it, on
+        the nodes ``needs`` admits; under ``single`` each slice is an ``nvidia.com/gpu`` of a node whose product
+        label names the slice, which ``needs`` selects already (``slice_product``): its free GPUs. ValueError for an
+        unknown strategy."""
+        mig.resource_name(mig_profile, strategy)
+        if strategy == "single":
+            return self.whole_groups(needs, 1)
+        if self.room_held_slices is None or not needs.label_keys <= self.label_keys:
+            return None
+        return sum(
+            self._free_slices(n, mig_profile)
+            for n in self.room_nodes
+            if n.slices.get(mig_profile) and needs.admits(n.labels, n.taints)
+        )

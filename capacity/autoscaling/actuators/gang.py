@@ -3,7 +3,9 @@
 scheduler binds a pod whole, so it cannot hold part of a group) with node affinity on the domain label; a replica
 larger than a node is a LeaderWorkerSet of one group (a leader and workers, one pod per node, all in one domain),
 admitted whole by the cluster's gang scheduler: Kueue (its queue label and topology-aware scheduling annotations)
-or Volcano (a PodGroup the pods name), chosen by a setting. Pure: objects in, objects out."""
+or Volcano (a PodGroup the pods name), chosen by a setting. A MIG profile's replica is one pod asking for one slice
+(``Gang.resource``: the slice's extended resource under the device plugin's strategy, capacity/placement/mig.py).
+Pure: objects in, objects out."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from capacity.autoscaling.actuators.base import ActuatorError
 
 GPU = "nvidia.com/gpu"
+MIG_RESOURCE = "nvidia.com/mig-"  # + the profile: a MIG slice under the device plugin's mixed strategy
 GANG_SCHEDULERS = ("none", "kueue", "volcano")
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
@@ -35,6 +38,8 @@ class Gang:
     gpus_per_node: int = 8
     domain_gpus: int = 8
     domain_label: str = HOSTNAME
+    # What one of a replica's GPUs is asked as: nvidia.com/gpu, or a MIG slice's resource (mig.resource_name).
+    resource: str = GPU
 
     def __post_init__(self):
         if self.scheduler not in GANG_SCHEDULERS:
@@ -71,16 +76,42 @@ def _group_affinity(domain_label: str) -> dict:
     }
 
 
-def _with_gpus(pod: dict, gpus: int) -> dict:
+def is_device(resource) -> bool:
+    """Whether an extended resource is a GPU's or a MIG slice's (what ``_with_gpus`` writes)."""
+    return resource == GPU or (isinstance(resource, str) and resource.startswith(MIG_RESOURCE))
+
+
+def _with_gpus(pod: dict, gpus: int, resource: str = GPU) -> dict:
+    """The engine container asking for ``gpus`` of ``resource`` (requests too where the template requests GPUs), and
+    for no other GPU or slice resource: a template an earlier launch wrote for another profile asks for this one's
+    only (a slice under the mixed strategy is not also an nvidia.com/gpu)."""
     pod = copy.deepcopy(pod)
     containers = pod.setdefault("spec", {}).get("containers") or []
     if not containers:
         raise ActuatorError("the pod template has no container")
     resources = containers[0].setdefault("resources", {})
-    resources.setdefault("limits", {})[GPU] = gpus
-    if GPU in resources.get("requests", {}):
-        resources["requests"][GPU] = gpus
+    limits, requests = resources.setdefault("limits", {}), resources.get("requests") or {}
+    requested = any(is_device(key) for key in requests)
+    for table in (limits, requests):
+        for key in [key for key in table if is_device(key)]:
+            del table[key]
+    limits[resource] = gpus
+    if requested:
+        resources["requests"][resource] = gpus
     return pod
+
+
+def carries_slice(pod: dict) -> bool:
+    """Whether the pod template's engine container asks for a MIG slice's resource (an earlier MIG launch's)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    resources = (containers[0].get("resources") or {}) if containers else {}
+    return any(is_device(key) and key != GPU for table in ("limits", "requests") for key in resources.get(table) or {})
+
+
+def whole_gpu_template(pod: dict) -> dict:
+    """The pod template asking for one whole GPU where an earlier MIG launch left it a slice's resource (a profile
+    that is no longer a MIG one, launched with no gang scheduler); else as it is."""
+    return _with_gpus(pod, 1) if carries_slice(pod) else pod
 
 
 def _schedule(pod: dict, gang: Gang, *, group: str | None) -> None:
@@ -98,10 +129,11 @@ def _schedule(pod: dict, gang: Gang, *, group: str | None) -> None:
 
 
 def single_node_template(pod: dict, *, gpus: int, gang: Gang) -> dict:
-    """A Deployment's pod template for replicas that fit one node: all ``gpus`` asked by one pod, on labelled nodes."""
+    """A Deployment's pod template for replicas that fit one node: all ``gpus`` asked by one pod (as
+    ``gang.resource``: one MIG slice's for a MIG profile), on labelled nodes."""
     if gang.shares(gpus)[0] != 1:
         raise ActuatorError(f"a replica of {gpus} GPUs spans nodes: it is a LeaderWorkerSet")
-    pod = _with_gpus(pod, gpus)
+    pod = _with_gpus(pod, gpus, gang.resource)
     _schedule(pod, gang, group=None)
     return pod
 
@@ -150,7 +182,7 @@ def leader_worker_set(
         raise ActuatorError(f"a replica of {gpus} GPUs fits one node: it is a Deployment's pod")
     templates = {}
     for role in ("leader", "worker"):
-        template = _multi_node_args(_with_gpus(pod, per_pod), nodes=nodes, worker=role == "worker")
+        template = _multi_node_args(_with_gpus(pod, per_pod, gang.resource), nodes=nodes, worker=role == "worker")
         template["spec"]["affinity"] = {"podAffinity": _group_affinity(gang.domain_label)}
         _schedule(template, gang, group=name if gang.scheduler == "volcano" else "replica")
         templates[role] = template
@@ -174,13 +206,16 @@ def leader_worker_set(
     }
 
 
-def volcano_pod_group(*, name: str, namespace: str, labels: dict, members: int, gpus: int, queue: str) -> dict:
-    """Volcano's gang: none of the ``members`` pods binds until all can, with ``gpus`` GPUs free for them."""
+def volcano_pod_group(
+    *, name: str, namespace: str, labels: dict, members: int, gpus: int, queue: str, resource: str = GPU
+) -> dict:
+    """Volcano's gang: none of the ``members`` pods binds until all can, with ``gpus`` of ``resource`` (GPUs, or a
+    MIG profile's slices) free for them."""
     return {
         "apiVersion": VOLCANO_API,
         "kind": "PodGroup",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-        "spec": {"minMember": members, "minResources": {GPU: str(gpus)}, "queue": queue},
+        "spec": {"minMember": members, "minResources": {resource: str(gpus)}, "queue": queue},
     }
 
 
@@ -191,7 +226,13 @@ def replica_objects(*, name: str, namespace: str, labels: dict, pod: dict, gpus:
     if gang.scheduler == "volcano":
         nodes, _ = gang.shares(gpus)
         group = volcano_pod_group(
-            name=name, namespace=namespace, labels=labels, members=nodes, gpus=gpus, queue=gang.queue
+            name=name,
+            namespace=namespace,
+            labels=labels,
+            members=nodes,
+            gpus=gpus,
+            queue=gang.queue,
+            resource=gang.resource,
         )
         objects.insert(0, group)
     return objects

@@ -38,14 +38,16 @@ reclaimed node's pod is replaced by its ReplicaSet, once the market has capacity
 
 Gang placement (docs/placement.md, "In the actuators"): replicas of several GPUs ask for their whole group inside one
 interconnect domain, through the cluster's gang scheduler; a replica larger than a node is a LeaderWorkerSet
-(``kubernetes_gang.py``). Whatever the shape, the pods carry the launch's node requirements
-(``kubernetes_objects.launch_requirements``, the answer the ledger's room counts with): a ``nodeSelector`` of the
-launch hardware profile's ``gpu_product`` on its ``gpu_product_label`` (default ``nvidia.com/gpu.product``; no
-product: any GPU node) merged with the launch option ``node_selector`` (the product wins its label), and the launch
-option ``tolerations``; on a spot pool the spot ones too. They are merged into the template's own (theirs win a key
-both name; no toleration twice): in the template Deployment's pod template while it has no pods (a change rolls
-none), in a version's, spot or disaggregated pool's Deployment when it is created, in each LeaderWorkerSet. A bad
-option shape is refused when the endpoint is written (``endpoints.validation``) and an ActuatorError at launch.
+(``kubernetes_gang.py``); a MIG profile's replica is one pod asking for one slice, as the cluster's
+``INFERCAP["KUBERNETES_MIG_STRATEGY"]`` names it (docs/placement.md, "MIG slices"). Whatever the shape, the pods carry
+the launch's node requirements (``kubernetes_objects.launch_requirements``, the answer the ledger's room counts with):
+a ``nodeSelector`` of the launch hardware profile's ``gpu_product`` on its ``gpu_product_label`` (default
+``nvidia.com/gpu.product``; no product: any GPU node) merged with the launch option ``node_selector`` (the product
+wins its label), and the launch option ``tolerations``; on a spot pool the spot ones too. They are merged into the
+template's own (theirs win a key both name; no toleration twice): in the template Deployment's pod template while it
+has no pods (a change rolls none), in a version's, spot or disaggregated pool's Deployment when it is created, in each
+LeaderWorkerSet. A bad option shape is refused when the endpoint is written (``endpoints.validation``) and an
+ActuatorError at launch.
 
 The API client is ``kubernetes_api.py`` (the API server as kubectl finds it); the Deployments of versions, spot and
 disaggregated pools are made in ``kubernetes_versions.py``.

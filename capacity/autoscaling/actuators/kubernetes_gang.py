@@ -14,6 +14,12 @@ gang scheduler and one GPU a replica, nothing here applies: the Deployment is sc
   labelled ``infercap/group-of: <deployment>``; their leader pods (worker index 0, named ``<set>-0``) are the
   replicas, registered like a Deployment's pods. A warm pool of such replicas is refused.
 
+* A MIG profile's replica (``HardwareProfile.mig_profile``) is always one pod asking for one slice: the resource of
+  ``mig.resource_name`` under ``INFERCAP["KUBERNETES_MIG_STRATEGY"]`` (``nvidia.com/mig-<profile>`` under mixed, where
+  the pod then asks for no ``nvidia.com/gpu``; ``nvidia.com/gpu`` under single, on nodes whose product label names the
+  slice), written into the Deployment's pod template like a group's, whatever the gang scheduler. Never a
+  LeaderWorkerSet: a slice is a domain of one. An unknown strategy fails the launch (``ActuatorError``), not a sync.
+
 Either way the pods carry the launch's node requirements (``kubernetes_objects.launch_requirements``: the GPU model,
 the operators' node selector and tolerations), the same the ledger's room counts (``kubernetes_room.py``).
 """
@@ -30,15 +36,18 @@ from capacity.autoscaling.actuators.gang import (
     deployment_labels,
     replica_objects,
     single_node_template,
+    whole_gpu_template,
 )
 from capacity.autoscaling.actuators.kubernetes_objects import (
     ENDPOINT_ID,
     MERGE_PATCH,
     launch_requirements,
     merge_patch,
+    mig_strategy,
 )
 from capacity.autoscaling.actuators.kubernetes_versions import KubernetesDeployments
 from capacity.autoscaling.actuators.replica_shape import launch_hardware, profile_gpus
+from capacity.placement import mig
 from capacity.placement.node_requirements import with_requirements
 from endpoints.models import Endpoint, Replica
 
@@ -50,6 +59,15 @@ COLLECTIONS = {"LeaderWorkerSet": (LWS_API, "leaderworkersets"), "PodGroup": (VO
 def gang_settings() -> tuple[str, str]:
     conf = getattr(settings, "INFERCAP", {})
     return str(conf.get("GANG_SCHEDULER") or "none"), str(conf.get("GANG_QUEUE") or "infercap")
+
+
+def slice_resource(hardware) -> str:
+    """The extended resource a MIG profile's pod asks for one slice as; an ActuatorError naming the setting where the
+    strategy is unknown."""
+    try:
+        return mig.resource_name(hardware.mig_profile, mig_strategy())
+    except ValueError as exc:
+        raise ActuatorError(f"INFERCAP['KUBERNETES_MIG_STRATEGY']: {exc}") from exc
 
 
 def group_name(deployment: str) -> str:
@@ -65,9 +83,13 @@ def leader_group(replica: Replica) -> str:
 class GangReplicas(KubernetesDeployments):
     def placement(self, endpoint: Endpoint) -> tuple[Gang, int] | None:
         """The gang and one replica's GPUs for this launch, or None where nothing is to be placed (no gang scheduler
-        and one GPU a replica: today's Deployment as it is)."""
+        and one GPU a replica: today's Deployment as it is). A MIG profile's replica is one slice, a pod that is its
+        own domain, whatever the gang scheduler."""
         scheduler, queue = gang_settings()
         hardware = launch_hardware(endpoint)
+        if hardware is not None and hardware.mig_profile:
+            resource = slice_resource(hardware)
+            return Gang(scheduler=scheduler, queue=queue, gpus_per_node=1, domain_gpus=1, resource=resource), 1
         gpus = profile_gpus(hardware)
         if scheduler == "none" and gpus == 1:
             return None
@@ -114,6 +136,8 @@ class GangReplicas(KubernetesDeployments):
         if placed is not None:
             gang, gpus = placed
             template = single_node_template(template, gpus=gpus, gang=gang)
+        else:
+            template = whole_gpu_template(template)  # no slice left from a MIG launch on this template
         template = with_requirements(template, needs)  # in place of those an earlier launch wrote
         patch: dict = {"spec": {"template": changes}} if (changes := merge_patch(before, template)) else {}
         if placed is not None and (labels := deployment_labels(placed[0])):

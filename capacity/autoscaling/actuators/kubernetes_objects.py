@@ -7,6 +7,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from django.conf import settings
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core.exceptions import ConfigError
 
@@ -128,14 +129,23 @@ def launch_is_spot(endpoint: Endpoint) -> bool:
     return bool(pool) and pool == endpoint.spot_hardware_profile_id
 
 
+def mig_strategy() -> str:
+    """How the cluster's NVIDIA device plugin advertises MIG slices (``INFERCAP["KUBERNETES_MIG_STRATEGY"]``:
+    ``mixed``, ``single``; capacity/placement/mig.py), checked where a MIG profile's launch reads it."""
+    return str(getattr(settings, "INFERCAP", {}).get("KUBERNETES_MIG_STRATEGY") or "mixed")
+
+
 def launch_requirements(endpoint: Endpoint, *, spot: bool | None = None) -> NodeRequirements:
     """What this launch's pods require of a node (``capacity.placement.node_requirements``, the same answer the
-    ledger's room uses): the launch hardware profile's GPU product, the operators' launch options ``node_selector``
-    and ``tolerations``, and on a spot pool ``spot_node_selector`` and ``spot_tolerations``. A bad shape is an
-    ActuatorError that names the option, not a pod the API server refuses later."""
+    ledger's room uses): the launch hardware profile's GPU product (a MIG slice's under the cluster's strategy), the
+    operators' launch options ``node_selector`` and ``tolerations``, and on a spot pool ``spot_node_selector`` and
+    ``spot_tolerations``. A bad shape, or an unknown MIG strategy, is an ActuatorError that names it, not a pod the
+    API server refuses later."""
     spot = launch_is_spot(endpoint) if spot is None else spot
     try:
-        return endpoint_requirements(endpoint.launch_options, launch_hardware(endpoint), spot=spot)
+        return endpoint_requirements(
+            endpoint.launch_options, launch_hardware(endpoint), spot=spot, mig_strategy=mig_strategy()
+        )
     except ValueError as exc:
         raise ActuatorError(f"{endpoint.name}: {exc}") from exc
 

@@ -1,6 +1,7 @@
 """Room on a Kubernetes cluster for the capacity ledger (docs/placement.md, "In the ledger"): the GPU nodes and the GPUs
 that live pods request on each, as a placement ``Room``, so the ledger counts whole replicas there as it does on a
-host of the local actuator. Each endpoint's room is on the nodes its pods may be bound to: those whose labels match
+host of the local actuator; and the MIG slices each node offers (``nvidia.com/mig-<profile>``) less those live pods
+request, for a MIG profile's endpoints (``Room.slices_free``, docs/placement.md, "MIG slices"). Each endpoint's room is on the nodes its pods may be bound to: those whose labels match
 its requirements (GPU model, node selector) and whose NoSchedule/NoExecute taints its pods tolerate
 (``capacity.placement.node_requirements``, the answer the actuator writes into the pods of the endpoint's own
 profile and options; what a row does not stand for, such as a spot or prefill pool and Deployments whose pods predate
@@ -34,6 +35,7 @@ from endpoints.models import Endpoint
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE = "nvidia.com/mig-"  # + the profile: one MIG slice under the device plugin's mixed strategy
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # the node is its own domain: no label to read
 ROOM_KEY = "infercap:room:kubernetes"
 REFRESH_S = 30.0
@@ -48,29 +50,61 @@ def _count(value) -> int:
         return 0
 
 
-def node_gpus(node: dict) -> int:
-    """The GPUs a node offers new pods: its allocatable ``nvidia.com/gpu``, none while cordoned or not Ready."""
+def _schedulable(node: dict) -> bool:
     spec, status = node.get("spec") or {}, node.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    if spec.get("unschedulable") or not ready:
+    return ready and not spec.get("unschedulable")
+
+
+def node_gpus(node: dict) -> int:
+    """The GPUs a node offers new pods: its allocatable ``nvidia.com/gpu``, none while cordoned or not Ready."""
+    if not _schedulable(node):
         return 0
-    return _count((status.get("allocatable") or {}).get(GPU_RESOURCE))
+    return _count(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
 
 
-def _container_gpus(container: dict) -> int:
+def node_slices(node: dict) -> dict[str, int]:
+    """The MIG slices a node offers new pods, per profile: its allocatable ``nvidia.com/mig-<profile>`` (the device
+    plugin's mixed strategy; under single they are its ``nvidia.com/gpu``), none while cordoned or not Ready."""
+    if not _schedulable(node):
+        return {}
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    slices = {key[len(MIG_RESOURCE) :]: _count(value) for key, value in allocatable.items() if _is_slice(key)}
+    return {profile: count for profile, count in slices.items() if count}
+
+
+def _is_slice(resource) -> bool:
+    return isinstance(resource, str) and resource.startswith(MIG_RESOURCE)
+
+
+def _container_devices(container: dict) -> dict[str, int]:
     resources = container.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
     # An extended resource's request equals its limit; a limit alone sets both.
-    return max(
-        _count((resources.get("requests") or {}).get(GPU_RESOURCE)),
-        _count((resources.get("limits") or {}).get(GPU_RESOURCE)),
-    )
+    return {
+        key: max(_count(requests.get(key)), _count(limits.get(key)))
+        for key in {*requests, *limits}
+        if key == GPU_RESOURCE or _is_slice(key)
+    }
+
+
+def pod_devices(pod: dict) -> dict[str, int]:
+    """The GPUs and MIG slices (by resource) the scheduler counts for a pod: per resource, its containers' sum, or
+    its largest init container's if larger."""
+    spec = pod.get("spec") or {}
+    counts: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        for key, count in _container_devices(container).items():
+            counts[key] = counts.get(key, 0) + count
+    for container in spec.get("initContainers") or []:
+        for key, count in _container_devices(container).items():
+            counts[key] = max(counts.get(key, 0), count)
+    return {key: count for key, count in counts.items() if count}
 
 
 def pod_gpus(pod: dict) -> int:
     """The GPUs the scheduler counts for a pod: its containers' sum, or its largest init container's if larger."""
-    spec = pod.get("spec") or {}
-    running = sum(_container_gpus(c) for c in spec.get("containers") or [])
-    return max([running] + [_container_gpus(c) for c in spec.get("initContainers") or []])
+    return pod_devices(pod).get(GPU_RESOURCE, 0)
 
 
 def blocking_taints(node: dict) -> list[dict]:
@@ -83,37 +117,63 @@ def blocking_taints(node: dict) -> list[dict]:
     ]
 
 
+def _node_entry(node: dict, *, domain_labels: list[str], label_keys) -> dict | None:
+    meta = node.get("metadata") or {}
+    gpus, slices = node_gpus(node), node_slices(node)
+    if not meta.get("name") or not (gpus or slices):
+        return None
+    labels = meta.get("labels") or {}
+    domain = next((f"{label}={labels[label]}" for label in domain_labels if labels.get(label)), None)
+    entry = {
+        "name": meta["name"],
+        "gpus": gpus,
+        "domain": domain,
+        "labels": {key: labels[key] for key in label_keys if key in labels},
+        "taints": blocking_taints(node),
+    }
+    return entry | ({"slices": slices} if slices else {})
+
+
 def snapshot(nodes: list[dict], pods: list[dict], *, domain_labels: list[str], label_keys: list[str] = ()) -> dict:
     """The GPU nodes (name, GPUs, domain: the value of the first of ``domain_labels`` the node carries, else none,
-    the node its own domain; the values of ``label_keys`` it carries, its blocking taints) and the GPUs held on each
-    by pods bound there, at most the node's. ``label_keys`` are the labels the endpoints' requirements select on
-    (``requirement_label_keys``): a node's other labels are not kept."""
+    the node its own domain; the values of ``label_keys`` it carries, its blocking taints; its MIG slices per
+    profile where it has some) and the GPUs and slices held on each by pods bound there, at most the node's.
+    ``label_keys`` are the labels the endpoints' requirements select on (``requirement_label_keys``): a node's other
+    labels are not kept. Nodes with whole GPUs are ``nodes`` (what a room published before slices were read holds);
+    nodes with only slices (every GPU cut, mixed strategy) are ``slice_nodes``."""
     shape = {}
     for node in nodes:
-        meta = node.get("metadata") or {}
-        gpus = node_gpus(node)
-        if gpus and meta.get("name"):
-            labels = meta.get("labels") or {}
-            domain = next((f"{label}={labels[label]}" for label in domain_labels if labels.get(label)), None)
-            shape[meta["name"]] = {
-                "name": meta["name"],
-                "gpus": gpus,
-                "domain": domain,
-                "labels": {key: labels[key] for key in label_keys if key in labels},
-                "taints": blocking_taints(node),
-            }
+        if entry := _node_entry(node, domain_labels=domain_labels, label_keys=label_keys):
+            shape[entry["name"]] = entry
     held: dict[str, int] = {}
+    held_slices: dict[str, dict[str, int]] = {}
     for pod in pods:
         name = (pod.get("spec") or {}).get("nodeName")
-        if name in shape and (gpus := pod_gpus(pod)):
-            held[name] = min(shape[name]["gpus"], held.get(name, 0) + gpus)
-    nodes_out = sorted(shape.values(), key=lambda n: n["name"])
-    return {"nodes": nodes_out, "held": held, "label_keys": sorted(label_keys)}
+        if name not in shape:
+            continue
+        node, devices = shape[name], pod_devices(pod)
+        if node["gpus"] and (gpus := devices.get(GPU_RESOURCE)):
+            held[name] = min(node["gpus"], held.get(name, 0) + gpus)
+        for key, count in devices.items():
+            profile = key[len(MIG_RESOURCE) :] if _is_slice(key) else None
+            if profile in node.get("slices", {}):
+                on_node = held_slices.setdefault(name, {})
+                on_node[profile] = min(node["slices"][profile], on_node.get(profile, 0) + count)
+    ordered = sorted(shape.values(), key=lambda n: n["name"])
+    return {
+        "nodes": [n for n in ordered if n["gpus"]],
+        "slice_nodes": [n for n in ordered if not n["gpus"]],
+        "held": held,
+        "held_slices": held_slices,
+        "label_keys": sorted(label_keys),
+    }
 
 
 def cluster_from(room: dict) -> Room | None:
-    """The snapshot as a placement room with the held GPUs taken; None for no GPU node."""
-    if not room.get("nodes"):
+    """The snapshot as a placement room with the held GPUs taken; None for no GPU node. A room published before
+    slices were read (no ``held_slices``) reads as before, its slices unknown."""
+    listed = [*(room.get("nodes") or []), *(room.get("slice_nodes") or [])]
+    if not listed:
         return None
     nodes = [
         RoomNode(
@@ -122,10 +182,17 @@ def cluster_from(room: dict) -> Room | None:
             domain=n.get("domain"),
             labels=dict(n.get("labels") or {}),
             taints=list(n.get("taints") or []),
+            slices={str(p): int(c) for p, c in (n.get("slices") or {}).items()},
         )
-        for n in room["nodes"]
+        for n in listed
     ]
-    return Room(nodes, room.get("held") or {}, label_keys=room.get("label_keys") or [])
+    held_slices = room.get("held_slices")
+    return Room(
+        nodes,
+        room.get("held") or {},
+        label_keys=room.get("label_keys") or [],
+        held_slices=dict(held_slices) if isinstance(held_slices, dict) else None,
+    )
 
 
 def domain_labels() -> list[str]:
