@@ -339,6 +339,7 @@ class Room(Cluster):
         self._take_held(self)
         self._groups: dict[tuple[NodeRequirements, int], int | None] = {}
         self.computations = 0  # distinct (requirements, size) placements run: one per set, however many endpoints
+        self.mig_free: dict[str, int] = {}  # every schedulable node's free slices per profile, where read
         if held_slices is not None:
             for node in self.room_nodes:
                 for profile in node.slices:
