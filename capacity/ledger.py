@@ -139,6 +139,7 @@ class EndpointLedger:
     shed_1h: int = 0
     replica_gpus: int = 1  # one replica's TP group
     whole_replicas_free: int | None = None  # more whole groups the free GPUs hold; None where they are not known
+    mig_slice: str = ""  # the MIG profile a replica is one slice of; "" for whole GPUs (room then counts slices)
     pools: list[PoolRoom] = field(default_factory=list)  # the endpoint's other pools' room, where it has any
 
 
@@ -151,6 +152,7 @@ class PoolRoom:
     hardware_profile: str
     replica_gpus: int
     whole_replicas_free: int | None = None
+    mig_slice: str = ""
 
 
 @dataclass
@@ -319,15 +321,22 @@ def _whole_groups(ledger: Ledger, endpoint_list: list[Endpoint], free_gpus: Clus
     be read is unknown."""
     by_size: dict[int, int] = {}
 
+    strategy = settings.INFERCAP.get("KUBERNETES_MIG_STRATEGY", "mixed")
+
     def room(options, hardware, size: int, *, spot: bool = False) -> int | None:
         if free_gpus is None:
             return None
+        profile = hardware.mig_profile if hardware is not None else ""
         if isinstance(free_gpus, Room):
             try:
-                needs = endpoint_requirements(options, hardware, spot=spot)
-            except ValueError:
+                needs = endpoint_requirements(options, hardware, spot=spot, mig_strategy=strategy)
+                if profile:
+                    return free_gpus.slices_free(needs, profile, strategy) if size == 1 else 0
+            except ValueError:  # launch options or a MIG strategy that do not read: the launch says why
                 return None
             return free_gpus.whole_groups(needs, size)
+        if profile:  # a slice is a domain of one: room is the free slices of the profile, and no TP group fits one
+            return free_gpus.mig_free.get(profile, 0) if size == 1 else 0
         if size not in by_size:
             by_size[size] = groups_that_fit(free_gpus, size)
         return by_size[size]
@@ -336,6 +345,7 @@ def _whole_groups(ledger: Ledger, endpoint_list: list[Endpoint], free_gpus: Clus
         row.replica_gpus = replica_gpus(endpoint)
         hardware = endpoint.hardware_profile if endpoint.hardware_profile_id else None
         row.whole_replicas_free = room(endpoint.launch_options, hardware, row.replica_gpus)
+        row.mig_slice = hardware.mig_profile if hardware is not None else ""
         for pool, pool_hardware, options, spot, engine_ranks in _pool_launches(endpoint):
             size = _launch_gpus(options, pool_hardware, engine_ranks=engine_ranks)
             row.pools.append(
@@ -344,9 +354,13 @@ def _whole_groups(ledger: Ledger, endpoint_list: list[Endpoint], free_gpus: Clus
                     hardware_profile=pool_hardware.name if pool_hardware else "",
                     replica_gpus=size,
                     whole_replicas_free=room(options, pool_hardware, size, spot=spot),
+                    mig_slice=pool_hardware.mig_profile if pool_hardware is not None else "",
                 )
             )
-    return {"free_gpus": None if free_gpus is None else free_gpus.free_count()}
+    if free_gpus is None:
+        return {"free_gpus": None}
+    slices = free_gpus.mig_free
+    return {"free_gpus": free_gpus.free_count(), **({"free_mig_slices": dict(slices)} if slices else {})}
 
 
 def _totals(rows: list[EndpointLedger], per_minute: dict[int, dict[datetime, float]]) -> dict:

@@ -119,9 +119,13 @@ class HardwareProfile(models.Model):
                 {"gpu_memory_gb": f"a {piece.name} slice has {piece.memory_gb} GB: at most that, not more"}
             )
 
-    @property
-    def mig_slice(self) -> mig.MigSlice | None:
-        return mig.parse(self.mig_profile) if self.mig_profile else None
+    def launch_problem(self, launch_options) -> str:
+        """Why an endpoint's launch options cannot run on this profile ("" where they can): a replica on a MIG
+        profile is one slice, so its engine may not ask for a TP group."""
+        tp = launch_options.get("tensor_parallel_size") if isinstance(launch_options, dict) else None
+        if not self.mig_profile or not isinstance(tp, int) or tp <= 1:
+            return ""
+        return f"tensor_parallel_size {tp} on {self.name}: a MIG {self.mig_profile} replica is one slice"
 
     def domain_shape(self) -> Cluster:
         """One interconnect domain of this hardware: a node of NVLink islands, or the nodes of a rack-scale domain."""

@@ -225,18 +225,10 @@ class Endpoint(models.Model):
             errors["prefill_min_replicas"] = "must not exceed prefill_max_replicas"
         if problems := self.fallback_hardware_problems():
             errors["fallback_hardware_profile"] = problems
-        if problem := self.mig_launch_problem():
+        if self.hardware_profile_id and (problem := self.hardware_profile.launch_problem(self.launch_options)):
             errors["launch_options"] = problem
         if errors:
             raise ValidationError(errors)
-
-    def mig_launch_problem(self) -> str:
-        """A replica on a MIG profile is one slice: launch options may not ask its engine for a TP group."""
-        hardware = self.hardware_profile if self.hardware_profile_id else None
-        tp = (self.launch_options or {}).get("tensor_parallel_size") if isinstance(self.launch_options, dict) else None
-        if hardware is None or not hardware.mig_profile or not isinstance(tp, int) or tp <= 1:
-            return ""
-        return f"tensor_parallel_size {tp} on {hardware.name}: a MIG {hardware.mig_profile} replica is one slice"
 
     def fallback_hardware_problems(self) -> list[str]:
         """A fallback profile is another profile that serves the same model with its own GPUs per replica: the

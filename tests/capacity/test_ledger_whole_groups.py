@@ -95,8 +95,20 @@ def test_prefill_and_fallback_pools_count_in_their_own_group_sizes_on_this_host(
     rows = {row["endpoint_id"]: row for row in body["endpoints"]}
     assert (rows[tp4.pk]["replica_gpus"], rows[tp4.pk]["whole_replicas_free"]) == (4, 0)
     assert rows[tp4.pk]["pools"] == [
-        {"pool": "prefill", "hardware_profile": "h100-tp4", "replica_gpus": 2, "whole_replicas_free": 1},
-        {"pool": "fallback", "hardware_profile": "a100-tp2", "replica_gpus": 2, "whole_replicas_free": 1},
+        {
+            "pool": "prefill",
+            "hardware_profile": "h100-tp4",
+            "replica_gpus": 2,
+            "whole_replicas_free": 1,
+            "mig_slice": "",
+        },
+        {
+            "pool": "fallback",
+            "hardware_profile": "a100-tp2",
+            "replica_gpus": 2,
+            "whole_replicas_free": 1,
+            "mig_slice": "",
+        },
     ]
     assert rows[tp1.pk]["pools"] == []
     client.force_login(operator)

@@ -5,7 +5,7 @@
 from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.kubernetes_room import kubernetes_room
 from capacity.autoscaling.actuators.local import LocalActuator
-from capacity.autoscaling.actuators.local_gpus import HOST
+from capacity.autoscaling.actuators.local_gpus import HOST, mig_inventory
 from capacity.placement.cluster import Cluster, Gpu
 
 
@@ -17,16 +17,21 @@ def free_gpus() -> Cluster | None:
 
 
 def local_free_gpus() -> Cluster | None:
-    """The local actuator's inventory (``INFERCAP["LOCAL_GPUS"]``) with every live holding taken; None (unknown)
-    where it names no GPUs or cannot be read (a bad value: launches say why, the ledger shows no figure)."""
+    """The local actuator's inventory (``INFERCAP["LOCAL_GPUS"]``) with every live holding taken, and its free MIG
+    slices per profile (``INFERCAP["LOCAL_MIG"]``); None (unknown) where it names neither or cannot be read (a bad
+    value: launches say why, the ledger shows no figure)."""
     try:
         ledger = LocalActuator.gpu_ledger()
+        slices = mig_inventory()
     except ActuatorError:
         return None
-    if ledger is None:
+    if ledger is None and not slices:
         return None
-    cluster = Cluster(ledger.nodes)
+    cluster = Cluster(ledger.nodes if ledger is not None else [])
     known = set(cluster.gpus)
-    for name, indices in ledger.held().items():
+    for name, indices in (ledger.held() if ledger is not None else {}).items():
         cluster.take(name, [gpu for gpu in (Gpu(HOST, int(i)) for i in indices) if gpu in known])
+    for profile, devices in slices.items():
+        held = LocalActuator.mig_ledger(profile, devices).held()
+        cluster.mig_free[profile] = len(devices) - sum(len(indices) for indices in held.values())
     return cluster
