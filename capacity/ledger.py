@@ -6,7 +6,7 @@ alike: both are MU/min sold on the endpoint); used = MU actually consumed,
 read from the per-minute usage rollups (``billing.UsageMinute``) through ``usage_aggregate``, the one place that
 knows where usage lives, so raw usage rows are only scanned where rollups do not exist.
 
-Given the free GPUs (a ``capacity.placement`` cluster: a Kubernetes cluster's GPU nodes, or this host's as the local
+Given the free GPUs (a ``placement`` cluster: a Kubernetes cluster's GPU nodes, or this host's as the local
 actuator allots them), each endpoint's row also says how many more whole replicas of its TP size fit in them
 (docs/placement.md, "In the ledger").
 """
@@ -24,11 +24,11 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from capacity.percentiles import percentile
-from capacity.placement.cluster import Cluster
-from capacity.placement.node_requirements import Room, endpoint_requirements
-from capacity.placement.policies import groups_that_fit
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Endpoint, ReplicaState, ServingMode
+from placement.cluster import Cluster
+from placement.node_requirements import Room, endpoint_requirements
+from placement.policies import groups_that_fit
 from tenants.models import CapacityReservation
 
 MINUTE = timedelta(minutes=1)

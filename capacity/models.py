@@ -6,10 +6,10 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from capacity.placement import mig
-from capacity.placement.cluster import Cluster, Node
-from capacity.placement.policies import Fit, group_fit
 from endpoints.models import Endpoint
+from placement import mig
+from placement.cluster import Cluster, Node
+from placement.policies import Fit, group_fit
 
 
 class HardwareProfile(models.Model):
@@ -81,7 +81,7 @@ class HardwareProfile(models.Model):
         "GKE's cloud.google.com/gke-accelerator)",
     )
 
-    # A slice of a MIG-partitioned GPU (capacity/placement/mig.py): memory, bandwidth and price are then the slice's.
+    # A slice of a MIG-partitioned GPU (placement/mig.py): memory, bandwidth and price are then the slice's.
     mig_profile = models.CharField(
         max_length=16,
         blank=True,

@@ -11,7 +11,6 @@ import re
 from django.core.exceptions import ValidationError
 
 from capacity.autoscaling import actuators
-from capacity.placement.node_requirements import endpoint_requirements
 from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import launch_env
 from capacity.runtimes.launch_options import allowlisted_value_errors, argv_value
@@ -19,6 +18,7 @@ from endpoints.models import Adapter, Endpoint, RoutingPolicy
 from gateway.admission.brownout import MAX_FALLBACK_DEPTH, fallback_chain_error
 from gateway.admission.classes import CLASSES
 from gateway.routing import cost_aware
+from placement.node_requirements import endpoint_requirements
 from tenants.quotas import Commitment, endpoint_quota_errors
 
 # Endpoint names are one namespace (the proxy resolves the OpenAI ``model`` by name alone), so a taken name must be
@@ -210,7 +210,7 @@ def launch_option_errors(options: dict, *, runtime: str) -> list[str]:
     return errors + [e for e in allowlisted_value_errors(options) if e not in errors]
 
 
-# The launch options that say where an endpoint's pods land (capacity.placement.node_requirements).
+# The launch options that say where an endpoint's pods land (placement.node_requirements).
 PLACEMENT_OPTIONS = ("node_selector", "tolerations", "spot_node_selector", "spot_tolerations")
 
 

@@ -15,7 +15,7 @@ import grimp
 from config.celery_app import app as celery_app
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("billing", "capacity", "config", "console", "endpoints", "gateway", "tenants", "workers")
+PRODUCT = ("billing", "capacity", "config", "console", "endpoints", "gateway", "placement", "tenants", "workers")
 LAB = ("benchmarks", "simulator")
 PACKAGES = PRODUCT + LAB
 MAX_APP_SHARE = 0.35

@@ -1,5 +1,5 @@
 """``bench placement``: replicas bigger than one GPU placed on a cluster of interconnect domains, under four
-policies and two oracles (capacity/placement, docs/placement.md).
+policies and two oracles (placement, docs/placement.md).
 
 The cluster: 8 HGX nodes (8 GPUs each, one NVLink domain per node) and one NVL72 rack (18 nodes of 4 GPUs, one
 domain): 136 GPUs. The stream: 24 endpoints with tensor-parallel sizes 1, 2, 4 and 8, and one multi-node endpoint of
@@ -41,9 +41,9 @@ import time
 
 from benchmarks import protocol
 from capacity.percentiles import percentile
-from capacity.placement.cluster import hgx_nodes, rack
-from capacity.placement.defrag import DefragConfig
-from capacity.placement.policies import POLICIES
+from placement.cluster import hgx_nodes, rack
+from placement.defrag import DefragConfig
+from placement.policies import POLICIES
 from simulator.placement.defrag_replay import defrag_replay
 from simulator.placement.repack import repack_replay
 from simulator.placement.replay import Request, fluid_allocation, replay

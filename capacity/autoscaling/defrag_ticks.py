@@ -1,6 +1,6 @@
 """The defragmenting step, carried out on this host's GPUs by the local actuator (docs/placement.md, "In the
 actuators" > "Local"): a pass (the beat, every ``DEFRAG_S``) finishes the moves in flight and plans new ones with
-``capacity.placement.defrag.propose``, the pure step the placement bench judges.
+``placement.defrag.propose``, the pure step the placement bench judges.
 
 A move is make-before-break: a copy of the moved replica starts on the planned GPUs (a normal replica row of the
 same endpoint, version and pool, left out of the autoscaler's counts while it loads), and only once the copy is ready
@@ -24,8 +24,8 @@ from capacity.autoscaling.actuators.base import version_endpoint
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import RESERVED, GpuLedger
 from capacity.models import AutoscalerDecision
-from capacity.placement.defrag import DefragConfig, MoveBudget, Plan, Waiting, propose
 from endpoints.models import Endpoint, Replica, ReplicaState
+from placement.defrag import DefragConfig, MoveBudget, Plan, Waiting, propose
 from tenants.quotas import lock_tenant
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from capacity.placement import mig
-from capacity.placement.cluster import Cluster, Node
-from capacity.placement.policies import Fit, group_fit
 from capacity.planning.barriers import (
     SLO,
     Hardware,
@@ -36,6 +33,9 @@ from capacity.planning.barriers import (
     kv_bytes_per_token,
     plan,
 )
+from placement import mig
+from placement.cluster import Cluster, Node
+from placement.policies import Fit, group_fit
 
 TP_SIZES = (1, 2, 4, 8)
 STEP_OVERHEAD_S = 0.0005  # per decode step, whatever the TP size (capacity/hardware/roofline.py's Efficiency)
@@ -53,7 +53,7 @@ class Topology:
     domain_latency_s: float = 8e-6
     cross_link_gb_s: float = 50.0
     cross_latency_s: float = 25e-6
-    mig_profile: str = ""  # a MIG slice (capacity/placement/mig.py): a replica is one slice, TP 1 only
+    mig_profile: str = ""  # a MIG slice (placement/mig.py): a replica is one slice, TP 1 only
 
     def fit(self, tp: int) -> Fit:
         """Where a TP-``tp`` group goes on this shape (one MIG slice where the hardware is sliced), or why nowhere."""

@@ -172,7 +172,7 @@ INFERCAP = {
     "GANG_SCHEDULER": env("INFERCAP_GANG_SCHEDULER", "none"),
     "GANG_QUEUE": env("INFERCAP_GANG_QUEUE", "infercap"),
     "LOCAL_GPUS": env("INFERCAP_LOCAL_GPUS", ""),
-    # MIG slices (capacity/placement/mig.py): this host's MIG devices per profile for the local actuator
+    # MIG slices (placement/mig.py): this host's MIG devices per profile for the local actuator
     # ("1g.10gb=MIG-<uuid>,MIG-<uuid>;3g.40gb=MIG-<uuid>"), and on Kubernetes the NVIDIA device plugin's MIG strategy
     # (mixed: one resource per profile, nvidia.com/mig-1g.10gb; single: nvidia.com/gpu on nodes cut one way).
     "LOCAL_MIG": env("INFERCAP_LOCAL_MIG", ""),

@@ -7,11 +7,11 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import render
 
 from capacity.models import HardwareProfile, ModelProfile
-from capacity.placement import mig
 from capacity.planning import barriers, tensor_parallel
 from console.access import operator_required
 from console.views.planner_apply import apply_bounds, endpoint_initial
 from endpoints.models import Endpoint
+from placement import mig
 
 WORKED_TABLE = "16 105 1680\n64 68 4352\n128 44 5632"
 

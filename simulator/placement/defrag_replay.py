@@ -8,9 +8,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from capacity.placement.cluster import Cluster, Node
-from capacity.placement.defrag import DefragConfig, MoveBudget, Plan, Waiting, propose
-from capacity.placement.policies import infercap_best_fit
+from placement.cluster import Cluster, Node
+from placement.defrag import DefragConfig, MoveBudget, Plan, Waiting, propose
+from placement.policies import infercap_best_fit
 from simulator.placement.replay import Replay, Request, apply_event, gang_pass, record_start
 
 

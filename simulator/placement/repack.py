@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from capacity.placement.cluster import Cluster, Gpu, Node
+from placement.cluster import Cluster, Gpu, Node
 from simulator.placement.replay import Replay, Request, apply_event
 
 

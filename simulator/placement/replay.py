@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from capacity.percentiles import percentile
-from capacity.placement.cluster import Cluster, Node
-from capacity.placement.policies import GANG_POLICIES, POLICIES, naive_next_gpu
+from placement.cluster import Cluster, Node
+from placement.policies import GANG_POLICIES, POLICIES, naive_next_gpu
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ launch that fails later nor a 500, and nothing is stored (docs/placement.md, "In
 import pytest
 from django.urls import reverse
 
-from capacity.placement.node_requirements import endpoint_requirements
 from endpoints.models import Endpoint
+from placement.node_requirements import endpoint_requirements
 from tests.factories import HardwareProfileFactory, ModelProfileFactory
 
 pytestmark = pytest.mark.django_db

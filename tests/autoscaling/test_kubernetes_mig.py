@@ -1,5 +1,5 @@
 # ruff: noqa: F811 - the fixtures imported from the other Kubernetes tests are parameters here
-"""MIG slices on Kubernetes (capacity/placement/mig.py, docs/placement.md "MIG slices"): a MIG profile's pod asks for
+"""MIG slices on Kubernetes (placement/mig.py, docs/placement.md "MIG slices"): a MIG profile's pod asks for
 one slice as the device plugin's strategy names it (``nvidia.com/mig-<profile>`` and no ``nvidia.com/gpu`` under
 mixed; ``nvidia.com/gpu`` on nodes whose product label names the slice under single), is never a LeaderWorkerSet,
 and validates strictly; the room counts each node's allocatable slices less what live pods ask of them, on the nodes
@@ -16,8 +16,8 @@ from capacity.autoscaling.actuators.free_gpus import free_gpus
 from capacity.autoscaling.actuators.gang import GPU, Gang, replica_objects, single_node_template, volcano_pod_group
 from capacity.autoscaling.actuators.kubernetes_room import cluster_from, kubernetes_room, refresh_room, snapshot
 from capacity.ledger import capacity_ledger
-from capacity.placement.node_requirements import GPU_PRODUCT_LABEL, endpoint_requirements
 from endpoints.models import Endpoint, ReplicaState
+from placement.node_requirements import GPU_PRODUCT_LABEL, endpoint_requirements
 from tests.autoscaling.test_gang_objects import POD, POD_GROUP_SCHEMA, _valid_pod_template
 from tests.autoscaling.test_kubernetes_gang import (
     DEPLOY,

@@ -2,7 +2,7 @@
 """The requirements the actuator writes into the template Deployment when it scales from zero do not leak into the
 Deployments copied from it (a spot pool, a version), and a from-zero write takes out what the launch no longer needs:
 each Deployment's pods carry exactly its own launch's requirements, the ones the room counts
-(capacity/placement/node_requirements.py, docs/placement.md "In the ledger")."""
+(placement/node_requirements.py, docs/placement.md "In the ledger")."""
 
 import httpx
 import kubernetes_validate
@@ -11,9 +11,9 @@ from capacity.autoscaling.actuators.base import version_endpoint
 from capacity.autoscaling.actuators.kubernetes_objects import launch_requirements
 from capacity.autoscaling.services import pool_endpoint
 from capacity.models import HardwareProfile
-from capacity.placement.node_requirements import ADDED_ANNOTATION, GPU_PRODUCT_LABEL, NodeRequirements
 from endpoints.models import Endpoint, EndpointVersion
 from endpoints.rollouts import services as versions
+from placement.node_requirements import ADDED_ANNOTATION, GPU_PRODUCT_LABEL, NodeRequirements
 from tests.autoscaling.test_kubernetes_gang import DEPLOY, NS, actuator, gang, gang_endpoint  # noqa: F401 - a fixture
 from tests.autoscaling.test_kubernetes_gang import ApiServer as GangServer
 from tests.factories import HardwareProfileFactory

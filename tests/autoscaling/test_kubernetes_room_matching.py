@@ -2,7 +2,7 @@
 """Room on Kubernetes per endpoint: against an API server double with mixed nodes (two GPU models, a tainted node, a
 cordoned one, a GKE GPU taint, a preference taint), each endpoint counts only the nodes its pods may be bound to,
 one computation per distinct requirement set; the pod templates the actuator emits carry the requirements the room
-used (capacity/placement/node_requirements.py, docs/placement.md "In the ledger")."""
+used (placement/node_requirements.py, docs/placement.md "In the ledger")."""
 
 import kubernetes_validate
 import pytest
@@ -14,8 +14,8 @@ from capacity.autoscaling.actuators.kubernetes_room import refresh_room
 from capacity.autoscaling.services import pool_endpoint
 from capacity.ledger import capacity_ledger
 from capacity.models import HardwareProfile
-from capacity.placement.node_requirements import GPU_PRODUCT_LABEL, Room, carries
 from endpoints.models import Endpoint
+from placement.node_requirements import GPU_PRODUCT_LABEL, Room, carries
 from tests.autoscaling.test_kubernetes_gang import (
     DEPLOY,
     LWS_PATH,

@@ -8,7 +8,7 @@ import pytest
 
 from capacity.autoscaling.actuators.local_gpus import WAIT_STALE_S, GpuLedger, NoWholeGroup, inventory
 from capacity.autoscaling.defrag_ticks import defrag_pass, start_moves
-from capacity.placement.defrag import DefragConfig
+from placement.defrag import DefragConfig
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """Whole tensor-parallel groups on the local actuator's host (capacity/autoscaling/actuators/local_gpus.py,
 docs/placement.md "In the actuators"): a replica gets its group's GPUs inside one NVLink domain, all or none, by
-capacity.placement's best fit; a launch that finds no whole group starts nothing and says "capped" and why; a GPU is
+placement's best fit; a launch that finds no whole group starts nothing and says "capped" and why; a GPU is
 held as long as its replica's process runs; a host without GPUs launches as it always did."""
 
 import os
@@ -12,8 +12,8 @@ from capacity.autoscaling import services, ticks
 from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import STARTING_GRACE_S, GpuLedger, NoWholeGroup, inventory
-from capacity.placement.cluster import Node
 from endpoints.models import Endpoint, ReplicaState
+from placement.cluster import Node
 
 
 class Clock:

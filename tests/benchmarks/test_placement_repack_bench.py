@@ -1,4 +1,4 @@
-"""``bench placement`` reports the repack ceiling beside the policies (benchmarks/capacity/placement.py)."""
+"""``bench placement`` reports the repack ceiling beside the policies (benchmarks/placement.py)."""
 
 from benchmarks.capacity import placement
 

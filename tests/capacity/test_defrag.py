@@ -1,12 +1,12 @@
-"""The defragmenting step (capacity/placement/defrag.py) and its replay (defrag_replay.py), docs/placement.md
+"""The defragmenting step (placement/defrag.py) and its replay (defrag_replay.py), docs/placement.md
 "Defragmenting": a few small replicas moved off one island open room for a waiting group, never across a domain,
 within the wait threshold and the move budget, and each move costs a copy's load (make-before-break)."""
 
 import random
 
-from capacity.placement.cluster import Cluster, Gpu, hgx_nodes, rack
-from capacity.placement.defrag import DefragConfig, MoveBudget, Waiting, propose
-from capacity.placement.policies import infercap_best_fit
+from placement.cluster import Cluster, Gpu, hgx_nodes, rack
+from placement.defrag import DefragConfig, MoveBudget, Waiting, propose
+from placement.policies import infercap_best_fit
 from simulator.placement import defrag_replay as defrag_replay_module
 from simulator.placement.defrag_replay import defrag_replay
 from simulator.placement.replay import Request, replay

@@ -8,8 +8,8 @@ import pytest
 from django.urls import reverse
 
 from capacity.ledger import capacity_ledger, replica_gpus
-from capacity.placement.cluster import Cluster, Gpu, Node
 from endpoints.models import Endpoint
+from placement.cluster import Cluster, Gpu, Node
 from tests.conftest import client_for
 from tests.factories import EndpointFactory, HardwareProfileFactory
 

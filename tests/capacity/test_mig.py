@@ -1,14 +1,14 @@
-"""MIG slices (capacity/placement/mig.py, docs/placement.md "MIG slices"): a hardware profile that names a slice
+"""MIG slices (placement/mig.py, docs/placement.md "MIG slices"): a hardware profile that names a slice
 describes one replica on one slice; the planner plans TP 1 on it and says why no TP group places; an endpoint on it
 may not ask for a TP group; the names reaching CUDA_VISIBLE_DEVICES are MIG device UUIDs and nothing else."""
 
 import pytest
 from django.urls import reverse
 
-from capacity.placement import mig
 from capacity.planning.barriers import SLO, Hardware, ModelShape, ThroughputRow, Workload
 from capacity.planning.tensor_parallel import Topology, choose_tp, topology_answer
 from endpoints.models import Endpoint
+from placement import mig
 from tests.conftest import client_for
 from tests.factories import HardwareProfileFactory
 

@@ -1,4 +1,4 @@
-"""What an endpoint's pods require of a node (capacity/placement/node_requirements.py), as pure functions: Kubernetes'
+"""What an endpoint's pods require of a node (placement/node_requirements.py), as pure functions: Kubernetes'
 toleration and node selector matching with its edge cases, the checks on the operators' launch options, and the pod
 template that carries exactly those requirements."""
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from capacity.placement.node_requirements import (
+from placement.node_requirements import (
     GPU_PRODUCT_LABEL,
     NodeRequirements,
     Room,

@@ -1,13 +1,13 @@
 """A pod template the platform wrote requirements into keeps a record of them, so the next write, or a copy for
 another pool or version, replaces them instead of adding to them; a toleration's value is checked as the API server
-checks it (capacity/placement/node_requirements.py, docs/placement.md "In the ledger")."""
+checks it (placement/node_requirements.py, docs/placement.md "In the ledger")."""
 
 import copy
 
 import pytest
 
 from capacity.autoscaling.actuators.kubernetes_objects import merge_patch
-from capacity.placement.node_requirements import (
+from placement.node_requirements import (
     ADDED_ANNOTATION,
     GPU_PRODUCT_LABEL,
     NodeRequirements,

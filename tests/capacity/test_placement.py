@@ -1,4 +1,4 @@
-"""The placement policies and their replay (capacity/placement, docs/placement.md): a per-GPU scheduler deadlocks
+"""The placement policies and their replay (placement, docs/placement.md): a per-GPU scheduler deadlocks
 where gang placement does not, infercap never puts a group across interconnect domains, and its best fit keeps whole
 nodes and racks free for the large groups."""
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from capacity.placement.cluster import Cluster, Gpu, Node, hgx_nodes, rack
-from capacity.placement.policies import gang_first_fit, group_fit, groups_that_fit, infercap_best_fit, visible_devices
+from placement.cluster import Cluster, Gpu, Node, hgx_nodes, rack
+from placement.policies import gang_first_fit, group_fit, groups_that_fit, infercap_best_fit, visible_devices
 from simulator.placement.replay import Request, fluid_allocation, replay
 
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from capacity.placement.cluster import Cluster, hgx_nodes, rack
+from placement.cluster import Cluster, hgx_nodes, rack
 from simulator.placement import repack as repack_module
 from simulator.placement.repack import pack, repack_replay
 from simulator.placement.replay import Request, replay

@@ -6,7 +6,7 @@ from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.kubernetes_room import kubernetes_room
 from capacity.autoscaling.actuators.local import LocalActuator
 from capacity.autoscaling.actuators.local_gpus import HOST, mig_inventory
-from capacity.placement.cluster import Cluster, Gpu
+from placement.cluster import Cluster, Gpu
 
 
 def free_gpus() -> Cluster | None:

@@ -4,7 +4,7 @@ scheduler binds a pod whole, so it cannot hold part of a group) with node affini
 larger than a node is a LeaderWorkerSet of one group (a leader and workers, one pod per node, all in one domain),
 admitted whole by the cluster's gang scheduler: Kueue (its queue label and topology-aware scheduling annotations)
 or Volcano (a PodGroup the pods name), chosen by a setting. A MIG profile's replica is one pod asking for one slice
-(``Gang.resource``: the slice's extended resource under the device plugin's strategy, capacity/placement/mig.py).
+(``Gang.resource``: the slice's extended resource under the device plugin's strategy, placement/mig.py).
 Pure: objects in, objects out."""
 
 from __future__ import annotations

@@ -47,9 +47,9 @@ from capacity.autoscaling.actuators.kubernetes_objects import (
 )
 from capacity.autoscaling.actuators.kubernetes_versions import KubernetesDeployments
 from capacity.autoscaling.actuators.replica_shape import launch_hardware, profile_gpus
-from capacity.placement import mig
-from capacity.placement.node_requirements import with_requirements
 from endpoints.models import Endpoint, Replica
+from placement import mig
+from placement.node_requirements import with_requirements
 
 GROUP_OF = "infercap/group-of"  # on a LeaderWorkerSet and its pods: the Deployment whose replicas it runs
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"

@@ -13,8 +13,8 @@ from lightkube.core.exceptions import ConfigError
 
 from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.replica_shape import launch_hardware
-from capacity.placement.node_requirements import NodeRequirements, endpoint_requirements
 from endpoints.models import Endpoint, ReplicaState
+from placement.node_requirements import NodeRequirements, endpoint_requirements
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -131,12 +131,12 @@ def launch_is_spot(endpoint: Endpoint) -> bool:
 
 def mig_strategy() -> str:
     """How the cluster's NVIDIA device plugin advertises MIG slices (``INFERCAP["KUBERNETES_MIG_STRATEGY"]``:
-    ``mixed``, ``single``; capacity/placement/mig.py), checked where a MIG profile's launch reads it."""
+    ``mixed``, ``single``; placement/mig.py), checked where a MIG profile's launch reads it."""
     return str(getattr(settings, "INFERCAP", {}).get("KUBERNETES_MIG_STRATEGY") or "mixed")
 
 
 def launch_requirements(endpoint: Endpoint, *, spot: bool | None = None) -> NodeRequirements:
-    """What this launch's pods require of a node (``capacity.placement.node_requirements``, the same answer the
+    """What this launch's pods require of a node (``placement.node_requirements``, the same answer the
     ledger's room uses): the launch hardware profile's GPU product (a MIG slice's under the cluster's strategy), the
     operators' launch options ``node_selector`` and ``tolerations``, and on a spot pool ``spot_node_selector`` and
     ``spot_tolerations``. A bad shape, or an unknown MIG strategy, is an ActuatorError that names it, not a pod the

@@ -3,7 +3,7 @@ that live pods request on each, as a placement ``Room``, so the ledger counts wh
 host of the local actuator; and the MIG slices each node offers (``nvidia.com/mig-<profile>``) less those live pods
 request, for a MIG profile's endpoints (``Room.slices_free``, docs/placement.md, "MIG slices"). Each endpoint's room is on the nodes its pods may be bound to: those whose labels match
 its requirements (GPU model, node selector) and whose NoSchedule/NoExecute taints its pods tolerate
-(``capacity.placement.node_requirements``, the answer the actuator writes into the pods of the endpoint's own
+(``placement.node_requirements``, the answer the actuator writes into the pods of the endpoint's own
 profile and options; what a row does not stand for, such as a spot or prefill pool and Deployments whose pods predate
 an edit, is listed in docs/placement.md, "Not matched").
 
@@ -22,15 +22,15 @@ from capacity.autoscaling import store
 from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.kubernetes_api import KubernetesApi
 from capacity.models import HardwareProfile
-from capacity.placement.cluster import Cluster
-from capacity.placement.node_requirements import (
+from endpoints.models import Endpoint
+from placement.cluster import Cluster
+from placement.node_requirements import (
     BLOCKING_EFFECTS,
     SPOT_NODE_SELECTOR,
     Room,
     RoomNode,
     selector_label_keys,
 )
-from endpoints.models import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from capacity.autoscaling.actuators.kubernetes_objects import (
     version_deployment_name,
     with_kv_transfer,
 )
-from capacity.placement.node_requirements import with_requirements
 from capacity.runtimes import vllm
 from endpoints.models import (
     Endpoint,
@@ -32,6 +31,7 @@ from endpoints.models import (
     ServingMode,
     active_rollout,
 )
+from placement.node_requirements import with_requirements
 
 
 def kv_transfer_flag(endpoint: Endpoint, role: str) -> str:

@@ -49,12 +49,12 @@ from capacity.autoscaling.actuators.local_gpus import HOST, GpuLedger, NoWholeGr
 from capacity.autoscaling.actuators.replica_shape import engine_gpus, launch_hardware
 from capacity.hardware.profiles import DEFAULT_PROFILE, ROOFLINES
 from capacity.models import HardwareProfile
-from capacity.placement.cluster import Node
 from capacity.runtimes import vllm
 from capacity.runtimes.launch_env import launch_env
 from capacity.runtimes.launch_options import argv_value
 from capacity.runtimes.ports import free_port
 from endpoints.models import Endpoint, Replica, ReplicaState, Runtime
+from placement.cluster import Node
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """This host's GPUs for the local actuator (docs/placement.md, "In the actuators"): the inventory, and who holds
-which. A replica of a TP-k group gets k GPUs inside one interconnect domain, all or none, by ``capacity.placement``'s
+which. A replica of a TP-k group gets k GPUs inside one interconnect domain, all or none, by ``placement``'s
 best fit (``infercap_best_fit``: the tightest island, whole domains kept free for larger groups); its
 ``CUDA_VISIBLE_DEVICES`` names them.
 
@@ -19,7 +19,7 @@ whole group records its key, size and when it was first capped), kept with the m
 in ``local-defrag.json`` under the same lock. A reservation is a holding named ``reserved:<key>`` with an ``until``;
 a holdings file written before reservations existed reads as it did.
 
-MIG slices (``INFERCAP["LOCAL_MIG"]``, capacity/placement/mig.py) are held the same way, one ledger per profile
+MIG slices (``INFERCAP["LOCAL_MIG"]``, placement/mig.py) are held the same way, one ledger per profile
 (``local-mig-<profile>.json``): each slice a domain of one, its index standing for its UUID, which is what
 ``CUDA_VISIBLE_DEVICES`` gets. A slice's group is always one, so the defragmenting step never looks at them.
 """
@@ -35,9 +35,9 @@ from pathlib import Path
 from django.conf import settings
 
 from capacity.autoscaling.actuators.base import ActuatorError
-from capacity.placement import mig
-from capacity.placement.cluster import Cluster, Gpu, Node
-from capacity.placement.policies import infercap_best_fit, visible_devices
+from placement import mig
+from placement.cluster import Cluster, Gpu, Node
+from placement.policies import infercap_best_fit, visible_devices
 
 HOST = "local"
 STARTING_GRACE_S = 120.0

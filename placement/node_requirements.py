@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from capacity.placement import mig
-from capacity.placement.cluster import Cluster, Gpu, Node
-from capacity.placement.policies import groups_that_fit
+from placement import mig
+from placement.cluster import Cluster, Gpu, Node
+from placement.policies import groups_that_fit
 
 # NVIDIA GPU feature discovery's label: the product name with spaces as dashes ("NVIDIA-H100-80GB-HBM3").
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -64,7 +64,7 @@ class Cluster:
             self.domain_gpus.setdefault(self.domain[gpu], []).append(gpu)
         self.owner: dict[Gpu, object] = {}
         self.held: dict[object, list[Gpu]] = {}
-        # Free MIG slices per profile beside the whole GPUs, where a host lists them (capacity/placement/mig.py).
+        # Free MIG slices per profile beside the whole GPUs, where a host lists them (placement/mig.py).
         self.mig_free: dict[str, int] = {}
 
     @property

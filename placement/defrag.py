@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import combinations
 
-from capacity.placement.cluster import Cluster, Gpu
-from capacity.placement.policies import infercap_best_fit
+from placement.cluster import Cluster, Gpu
+from placement.policies import infercap_best_fit
 
 
 @dataclass(frozen=True)

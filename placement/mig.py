@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from capacity.placement.policies import Fit
+from placement.policies import Fit
 
 # The profiles NVIDIA's tools name: compute slices (of 7) and memory in GB, "+me" for the media extensions.
 PROFILE = re.compile(r"^(?P<compute>[1-7])g\.(?P<memory>[1-9][0-9]{0,3})gb(?P<media>\+me)?$")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capacity.placement.cluster import Cluster, Gpu
+from placement.cluster import Cluster, Gpu
 
 
 def naive_next_gpu(cluster: Cluster) -> Gpu | None:
