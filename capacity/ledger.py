@@ -26,6 +26,7 @@ from django.utils import timezone
 from capacity.percentiles import percentile
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Endpoint, ReplicaState, ServingMode
+from placement import mig
 from placement.cluster import Cluster
 from placement.node_requirements import Room, endpoint_requirements
 from placement.policies import groups_that_fit
@@ -321,7 +322,7 @@ def _whole_groups(ledger: Ledger, endpoint_list: list[Endpoint], free_gpus: Clus
     be read is unknown."""
     by_size: dict[int, int] = {}
 
-    strategy = settings.INFERCAP.get("KUBERNETES_MIG_STRATEGY", "mixed")
+    strategy = mig.strategy_of(settings.INFERCAP.get("KUBERNETES_MIG_STRATEGY"))
 
     def room(options, hardware, size: int, *, spot: bool = False) -> int | None:
         if free_gpus is None:

@@ -123,7 +123,11 @@ class HardwareProfile(models.Model):
         """Why an endpoint's launch options cannot run on this profile ("" where they can): a replica on a MIG
         profile is one slice, so its engine may not ask for a TP group."""
         tp = launch_options.get("tensor_parallel_size") if isinstance(launch_options, dict) else None
-        if not self.mig_profile or not isinstance(tp, int) or tp <= 1:
+        try:
+            tp = int(tp) if tp is not None else 1  # as the launch reads it (replica_shape.engine_gpus)
+        except (TypeError, ValueError):
+            return ""  # launch option validation refuses it with its own message
+        if not self.mig_profile or tp <= 1:
             return ""
         return f"tensor_parallel_size {tp} on {self.name}: a MIG {self.mig_profile} replica is one slice"
 

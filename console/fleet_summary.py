@@ -42,6 +42,7 @@ class FleetTotals:
     endpoints: int = 0
     states: Counter = field(default_factory=Counter)
     gpus: int = 0
+    mig_slices: int = 0  # MIG slices held: a slice is not a GPU (its price is the slice's)
     usd_per_hour: float = 0.0
     unpriced_gpus: int = 0  # GPUs on a profile with no list price: not in the dollar figure
     have_mu_per_min: float = 0.0
@@ -65,7 +66,10 @@ def fleet_totals(rows) -> FleetTotals:
     counts = {entry["profile_id"]: entry["n"] for entry in held}
     for profile in HardwareProfile.objects.filter(pk__in=counts):
         gpus = counts[profile.pk] * profile.gpus_per_replica
-        totals.gpus += gpus
+        if profile.mig_profile:
+            totals.mig_slices += gpus
+        else:
+            totals.gpus += gpus
         if profile.usd_per_gpu_hour is None:
             totals.unpriced_gpus += gpus
         else:

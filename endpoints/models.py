@@ -225,8 +225,12 @@ class Endpoint(models.Model):
             errors["prefill_min_replicas"] = "must not exceed prefill_max_replicas"
         if problems := self.fallback_hardware_problems():
             errors["fallback_hardware_profile"] = problems
-        if self.hardware_profile_id and (problem := self.hardware_profile.launch_problem(self.launch_options)):
-            errors["launch_options"] = problem
+        own = self.hardware_profile if self.hardware_profile_id else None
+        pools = [(own, self.launch_options), (self.spot_hardware_profile, self.launch_options)]
+        if self.serving_mode == ServingMode.DISAGGREGATED:  # a MIG profile's replica is one slice, in every pool
+            pools.append((self.prefill_hardware_profile or own, self.prefill_pool_launch_options))
+        if problems := [p for hw, opts in pools if hw and (p := hw.launch_problem(opts))]:
+            errors["launch_options"] = problems
         if errors:
             raise ValidationError(errors)
 

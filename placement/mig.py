@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from placement.policies import Fit
 
 # The profiles NVIDIA's tools name: compute slices (of 7) and memory in GB, "+me" for the media extensions.
-PROFILE = re.compile(r"^(?P<compute>[1-7])g\.(?P<memory>[1-9][0-9]{0,3})gb(?P<media>\+me)?$")
+PROFILE = re.compile(r"^(?P<compute>[1-7])g\.(?P<memory>[1-9][0-9]{0,3})gb(?P<media>\+me)?\Z")
 # What nvidia-smi -L prints for a MIG device: "MIG-<uuid>" (R470 and later) or "MIG-GPU-<uuid>/<gi>/<ci>".
-DEVICE = re.compile(r"^MIG-[0-9A-Za-z][0-9A-Za-z/-]{7,99}$")
+DEVICE = re.compile(r"^MIG-[0-9A-Za-z][0-9A-Za-z/-]{7,99}\Z")
 STRATEGIES = ("mixed", "single")
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE = "nvidia.com/mig-"
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,28 @@ def resource_name(name: str, strategy: str) -> str:
     if strategy not in STRATEGIES:
         raise ValueError(f"MIG strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     parse(name)
-    return f"nvidia.com/mig-{name}" if strategy == "mixed" else GPU_RESOURCE
+    return f"{MIG_RESOURCE}{name.replace('+', '.')}" if strategy == "mixed" else GPU_RESOURCE
+
+
+def profile_of_resource(resource: str) -> str:
+    """The profile a mixed-strategy resource names, ``resource_name``'s inverse: the device plugin spells a
+    profile's ``+`` as ``.`` (a resource name takes no ``+``), so ``nvidia.com/mig-1g.10gb.me`` is ``1g.10gb+me``."""
+    name = resource.removeprefix(MIG_RESOURCE)
+    return name[: -len(".me")] + "+me" if name.endswith(".me") else name
 
 
 def product_label_value(gpu_product: str, name: str) -> str:
     """The product label GPU feature discovery writes on a node whose GPUs are all cut into ``name`` slices (the
-    ``single`` strategy); "" where the profile names no product."""
-    parse(name)
+    ``single`` strategy); "" where the profile names no product. ValueError for a media-extension profile: a label
+    value takes no ``+``, and how feature discovery spells it there is not known here (the mixed strategy names it)."""
+    if parse(name).name.endswith("+me"):
+        raise ValueError(f"MIG profile {name}: under the single strategy use a profile without +me, or run mixed")
     return f"{gpu_product}-MIG-{name}" if gpu_product else ""
+
+
+def strategy_of(value) -> str:
+    """``INFERCAP["KUBERNETES_MIG_STRATEGY"]`` as the actuator and the ledger both read it: empty is ``mixed``."""
+    return str(value or "mixed")
 
 
 def local_slices(text: str | None) -> dict[str, list[str]]:

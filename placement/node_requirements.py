@@ -380,11 +380,9 @@ class Room(Cluster):
         """How many more one-slice replicas of ``mig_profile`` with ``needs`` fit (None: unknown). Under the
         ``mixed`` strategy: the nodes' allocatable ``nvidia.com/mig-<profile>`` less what live pods ask of it, on
         the nodes ``needs`` admits; under ``single`` each slice is an ``nvidia.com/gpu`` of a node whose product
-        label names the slice, which ``needs`` selects already (``slice_product``): its free GPUs. ValueError for an
-        unknown strategy."""
+        label names the slice (the room read them as that node's slices: ``single_strategy_slice``), which ``needs``
+        selects already. ValueError for an unknown strategy."""
         mig.resource_name(mig_profile, strategy)
-        if strategy == "single":
-            return self.whole_groups(needs, 1)
         if self.room_held_slices is None or not needs.label_keys <= self.label_keys:
             return None
         return sum(

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from capacity.autoscaling import services, store
 from capacity.autoscaling.actuators import ActuatorError
@@ -34,6 +34,8 @@ DEFRAG_S = 10.0  # the beat entry (workers.tasks.autoscaling)
 # A plan's reservation outlives its copies' start (the actuator's start timeout) and its sources' drain.
 RESERVE_S = LocalActuator.defrag_move_s
 HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
+TENANT_LOCK_WAIT_S = 5.0  # a copy waits this long for its owner's row (another launch's quota check) at most
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available: the wait above ran out
 
 
 def enabled() -> bool:
@@ -275,18 +277,32 @@ def _start_copy(ledger: GpuLedger, source: Replica, gpus: list[int], record: dic
     with store.TickLock(axis=HORIZONTAL, endpoint_id=source.endpoint_id) as lock:
         if not lock.held:
             return None, "the endpoint's tick holds its replicas"
-        with transaction.atomic():
-            lock_tenant(source.endpoint.owner_tenant_id)
-            if why := _held_back(source):  # again, now: another move of the plan may have taken the quota's room
-                return None, why
-            try:
-                copy = LocalActuator().launch_at(copy_view(source), gpus)
-            except ActuatorError as exc:
-                return None, str(exc)
+        try:
+            with transaction.atomic():
+                _bound_lock_wait()
+                lock_tenant(source.endpoint.owner_tenant_id)
+                if why := _held_back(source):  # again: another move of the plan may have taken the quota's room
+                    return None, why
+                try:
+                    copy = LocalActuator().launch_at(copy_view(source), gpus)
+                except ActuatorError as exc:
+                    return None, str(exc)
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            return None, "another launch of its tenant holds the quota; the next pass tries again"
         with ledger.defrag_state() as (_, state):
             state["moves"][copy.name] = record
             state["spent"].append(record["started_at"])
         return copy, ""
+
+
+def _bound_lock_wait() -> None:
+    """Wait at most ``TENANT_LOCK_WAIT_S`` for the owner's row (PostgreSQL's lock_timeout, this transaction only):
+    the endpoint's tick lock lapses after a minute, and a move that waits that long would outlive it."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{int(TENANT_LOCK_WAIT_S * 1000)}ms'")
 
 
 def copy_view(source: Replica) -> Endpoint:

@@ -17,6 +17,7 @@ from capacity.autoscaling.actuators.gang import GPU, Gang, replica_objects, sing
 from capacity.autoscaling.actuators.kubernetes_room import cluster_from, kubernetes_room, refresh_room, snapshot
 from capacity.ledger import capacity_ledger
 from endpoints.models import Endpoint, ReplicaState
+from placement import mig
 from placement.node_requirements import GPU_PRODUCT_LABEL, endpoint_requirements
 from tests.autoscaling.test_gang_objects import POD, POD_GROUP_SCHEMA, _valid_pod_template
 from tests.autoscaling.test_kubernetes_gang import (
@@ -293,3 +294,37 @@ def test_the_ledger_counts_a_mig_rows_room_in_its_profiles_free_slices(
     settings.INFERCAP = {**settings.INFERCAP, "KUBERNETES_MIG_STRATEGY": "both"}
     (row,) = capacity_ledger(endpoints=Endpoint.objects.filter(pk=small.pk), free_gpus=free_gpus()).endpoints
     assert row.whole_replicas_free is None
+
+
+def test_a_media_extension_slice_is_named_as_the_device_plugin_spells_it(db, room_store, tenant_a):
+    """A resource name takes no "+": the device plugin advertises 1g.10gb+me as nvidia.com/mig-1g.10gb.me, and the
+    room reads it back as the profile's own name."""
+    small = mig_endpoint(tenant_a, profile="1g.10gb+me")
+    assert mig.resource_name("1g.10gb+me", "mixed") == "nvidia.com/mig-1g.10gb.me"
+    assert mig.profile_of_resource("nvidia.com/mig-1g.10gb.me") == "1g.10gb+me"
+    refresh_room(api=api(RoomServer([mig_node("a100-me", slices={"1g.10gb.me": 7})], [])))
+    _, room = kubernetes_room()
+    needs = endpoint_requirements(small.launch_options, small.hardware_profile, mig_strategy="mixed")
+    assert room.slices_free(needs, "1g.10gb+me") == 7 and room.mig_free == {"1g.10gb+me": 7}
+    with pytest.raises(ValueError, match="single strategy"):
+        endpoint_requirements({}, small.hardware_profile, mig_strategy="single")
+
+
+def test_under_single_a_sliced_nodes_gpus_are_never_whole_gpus(db, room_store, tenant_a, settings):
+    """A node cut under the single strategy advertises its slices as nvidia.com/gpu: a whole-GPU profile naming no
+    product would otherwise count them as free GPUs and place TP groups on them."""
+    nodes = [
+        node("a100-single", 56, labels={GPU_PRODUCT_LABEL: SINGLE_PRODUCT}),  # 8 GPUs of 7 slices each
+        node("a100-whole", 8, labels={GPU_PRODUCT_LABEL: A100}),
+    ]
+    whole = HardwareProfileFactory(name="any-gpu-tp8", gpus_per_replica=8)
+    small = mig_endpoint(tenant_a)  # before the room's read: it reads the product label its profile names
+    refresh_room(api=api(RoomServer(nodes, [pod("small-a", "a100-single", 3)])))
+    _, room = kubernetes_room()
+    assert room.free_count() == 8 and room.mig_free == {"1g.10gb": 53}
+    assert room.whole_groups(endpoint_requirements({}, whole), 8) == 1
+    assert room.whole_groups(endpoint_requirements({}, whole), 1) == 8
+    # An empty strategy setting reads as mixed, in the ledger as in the actuator.
+    settings.INFERCAP = {**settings.INFERCAP, "AUTOSCALE_ACTUATOR": "kubernetes", "KUBERNETES_MIG_STRATEGY": ""}
+    (row,) = capacity_ledger(endpoints=Endpoint.objects.filter(pk=small.pk), free_gpus=free_gpus()).endpoints
+    assert row.whole_replicas_free == 0, "mixed: no nvidia.com/mig-1g.10gb on these nodes"

@@ -235,3 +235,33 @@ def test_a_copy_waits_for_a_launch_holding_the_tenants_quota_and_then_sees_it(fr
     assert done.is_set() and moves_of(small) == {}
     assert "its tenant's quota has no room for the copy" in actions[-1]
     assert live_usage(small.owner_tenant_id).serving_replicas == 5  # four replicas and the racer: at the quota
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_copy_waits_a_bounded_time_for_the_tenants_row_and_then_gives_up(fragmented, monkeypatch):
+    """A launch holding the owner's row longer than the bound: the copy gives up with a reason and the next pass
+    tries again, rather than wait past its endpoint's tick lock."""
+    small, big = fragmented
+    owned(small, quota_max_replicas=50)
+    monkeypatch.setattr(defrag_ticks, "TENANT_LOCK_WAIT_S", 0.3)
+    locked, release = threading.Event(), threading.Event()
+
+    def slow_launch():
+        try:
+            with transaction.atomic():
+                lock_tenant(small.owner_tenant_id)
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=slow_launch)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        actions = defrag_pass(now=time.time() + 31)
+    finally:
+        release.set()
+        thread.join(10)
+    assert moves_of(small) == {} and "another launch of its tenant holds the quota" in actions[-1]
+    assert defrag_pass(now=time.time() + 32) and moves_of(small), "the next pass moves"

@@ -11,7 +11,9 @@ from django.urls import reverse
 from capacity.autoscaling import services
 from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.local import LocalActuator
+from capacity.autoscaling.actuators.local_gpus import HOST, GpuLedger
 from endpoints.models import Endpoint
+from placement.cluster import Node
 from tests.conftest import client_for
 from tests.factories import EndpointFactory, HardwareProfileFactory
 
@@ -92,5 +94,23 @@ def test_the_ledger_counts_room_in_free_slices_of_the_rows_profile(
     client.force_login(operator)
     table = client.get(reverse("console:fleet"), {"view": "table"}).content.decode()
     assert f'data-room="{sliced.pk}">1 × MIG 1g.10gb slice<' in table
+    assert 'data-total="gpus">0 <small data-total="mig-slices">and 1 MIG slice<' in table, "a slice is not a GPU"
     detail = client.get(reverse("console:endpoint", args=[sliced.pk])).content.decode()
     assert "1 more whole MIG 1g.10gb replica in the free slices" in detail
+
+
+def test_a_slice_stays_held_by_its_uuid_when_the_list_of_slices_is_edited(tmp_path):
+    """Holdings name their slices by UUID: an operator who adds a slice ahead of a held one, or drops one, while
+    replicas run does not get one slice lent twice, nor a slice nobody holds counted as held."""
+    a, b, c = UUIDS
+
+    def ledger(devices):
+        nodes = [Node(HOST, len(devices), island=1)]
+        return GpuLedger(nodes, tmp_path, alive=lambda pid, port: True, name="local-mig-1g.10gb", devices=devices)
+
+    assert ledger([a, b]).allot("r1", 1, port=1) == a
+    edited = ledger([c, a, b])
+    assert edited.allot("r2", 1, port=2) != a
+    assert edited.held()["r1"] == [1]  # a, at its new place in the list
+    shrunk = ledger([b])
+    assert "r1" not in shrunk.held(), "a is no longer this host's: nobody here holds it"

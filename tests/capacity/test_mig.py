@@ -20,7 +20,7 @@ def test_profile_names_read_as_compute_sevenths_and_memory():
     assert mig.parse("1g.10gb") == mig.MigSlice("1g.10gb", 1, 10)
     assert mig.parse("3g.40gb").describe() == "one MIG 3g.40gb slice (3/7 of a GPU's compute, 40 GB)"
     assert mig.parse("1g.10gb+me").memory_gb == 10
-    for bad in ("8g.80gb", "1g.0gb", "1g10gb", "a100", "", "1g.10gb;rm"):
+    for bad in ("8g.80gb", "1g.0gb", "1g10gb", "a100", "", "1g.10gb;rm", "1g.10gb\n"):
         with pytest.raises(ValueError, match="expected <compute>g.<memory>gb"):
             mig.parse(bad)
 
@@ -31,6 +31,10 @@ def test_the_device_plugins_resource_per_strategy():
     assert mig.product_label_value("NVIDIA-A100-SXM4-80GB", "1g.10gb") == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
     with pytest.raises(ValueError, match="strategy 'none'"):
         mig.resource_name("1g.10gb", "none")
+    assert mig.strategy_of("") == "mixed" and mig.strategy_of(None) == "mixed"
+    # A label value takes no "+", and feature discovery's spelling of it there is not known: refused, not guessed.
+    with pytest.raises(ValueError, match="single strategy"):
+        mig.product_label_value("NVIDIA-A100-SXM4-80GB", "1g.10gb+me")
 
 
 def test_local_slices_take_uuids_only_each_once():
@@ -80,6 +84,11 @@ def test_an_endpoint_on_a_slice_may_not_ask_its_engine_for_a_tp_group(tenant_a, 
     assert "a MIG 1g.10gb replica is one slice" in str(refused.json()["launch_options"])
     allowed = client_for(operator).patch(url, {"launch_options": {"tensor_parallel_size": 1}}, format="json")
     assert allowed.status_code == 200, allowed.content
+    # A spot pool on slices runs the endpoint's launch options too: TP 2 there is refused the same way.
+    whole = HardwareProfileFactory(name="h100-whole", gpus_per_replica=2)
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(hardware_profile=whole, spot_hardware_profile=piece)
+    spot = client_for(operator).patch(url, {"launch_options": {"tensor_parallel_size": 2}}, format="json")
+    assert spot.status_code == 400 and "h100-1g: a MIG 1g.10gb replica is one slice" in str(spot.json())
 
 
 # 3 GB of weights, 2 layers: KV per token 2·2·8·128·2 = 8,192 B. A 10 GB slice less 2 GB overhead holds 5 GB of KV.

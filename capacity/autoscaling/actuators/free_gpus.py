@@ -33,5 +33,5 @@ def local_free_gpus() -> Cluster | None:
         cluster.take(name, [gpu for gpu in (Gpu(HOST, int(i)) for i in indices) if gpu in known])
     for profile, devices in slices.items():
         held = LocalActuator.mig_ledger(profile, devices).held()
-        cluster.mig_free[profile] = len(devices) - sum(len(indices) for indices in held.values())
+        cluster.mig_free[profile] = max(0, len(devices) - sum(len(indices) for indices in held.values()))
     return cluster

@@ -14,6 +14,7 @@ from lightkube.core.exceptions import ConfigError
 from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.replica_shape import launch_hardware
 from endpoints.models import Endpoint, ReplicaState
+from placement import mig
 from placement.node_requirements import NodeRequirements, endpoint_requirements
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -132,7 +133,7 @@ def launch_is_spot(endpoint: Endpoint) -> bool:
 def mig_strategy() -> str:
     """How the cluster's NVIDIA device plugin advertises MIG slices (``INFERCAP["KUBERNETES_MIG_STRATEGY"]``:
     ``mixed``, ``single``; placement/mig.py), checked where a MIG profile's launch reads it."""
-    return str(getattr(settings, "INFERCAP", {}).get("KUBERNETES_MIG_STRATEGY") or "mixed")
+    return mig.strategy_of(getattr(settings, "INFERCAP", {}).get("KUBERNETES_MIG_STRATEGY"))
 
 
 def launch_requirements(endpoint: Endpoint, *, spot: bool | None = None) -> NodeRequirements:

@@ -23,9 +23,11 @@ from capacity.autoscaling.actuators.base import ActuatorError
 from capacity.autoscaling.actuators.kubernetes_api import KubernetesApi
 from capacity.models import HardwareProfile
 from endpoints.models import Endpoint
+from placement import mig
 from placement.cluster import Cluster
 from placement.node_requirements import (
     BLOCKING_EFFECTS,
+    GPU_PRODUCT_LABEL,
     SPOT_NODE_SELECTOR,
     Room,
     RoomNode,
@@ -69,7 +71,7 @@ def node_slices(node: dict) -> dict[str, int]:
     if not _schedulable(node):
         return {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
-    slices = {key[len(MIG_RESOURCE) :]: _count(value) for key, value in allocatable.items() if _is_slice(key)}
+    slices = {mig.profile_of_resource(key): _count(value) for key, value in allocatable.items() if _is_slice(key)}
     return {profile: count for profile, count in slices.items() if count}
 
 
@@ -117,12 +119,23 @@ def blocking_taints(node: dict) -> list[dict]:
     ]
 
 
+def single_strategy_slice(labels: dict) -> str | None:
+    """The MIG profile a node's GPUs are all cut into under the device plugin's single strategy, from the product
+    label GPU feature discovery writes then (``NVIDIA-A100-SXM4-80GB-MIG-1g.10gb``); None for whole GPUs."""
+    product = str(labels.get(GPU_PRODUCT_LABEL) or "")
+    profile = product.rsplit("-MIG-", 1)[1] if "-MIG-" in product else ""
+    return profile if mig.PROFILE.match(profile) else None
+
+
 def _node_entry(node: dict, *, domain_labels: list[str], label_keys) -> dict | None:
     meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
     gpus, slices = node_gpus(node), node_slices(node)
+    single = single_strategy_slice(labels)
+    if single and gpus:  # its nvidia.com/gpu are slices: never a whole GPU for a TP group or the free total
+        gpus, slices = 0, {**slices, single: gpus}
     if not meta.get("name") or not (gpus or slices):
         return None
-    labels = meta.get("labels") or {}
     domain = next((f"{label}={labels[label]}" for label in domain_labels if labels.get(label)), None)
     entry = {
         "name": meta["name"],
@@ -131,7 +144,7 @@ def _node_entry(node: dict, *, domain_labels: list[str], label_keys) -> dict | N
         "labels": {key: labels[key] for key in label_keys if key in labels},
         "taints": blocking_taints(node),
     }
-    return entry | ({"slices": slices} if slices else {})
+    return entry | ({"slices": slices} if slices else {}) | ({"single_slice": single} if single else {})
 
 
 def snapshot(nodes: list[dict], pods: list[dict], *, domain_labels: list[str], label_keys: list[str] = ()) -> dict:
@@ -155,7 +168,9 @@ def snapshot(nodes: list[dict], pods: list[dict], *, domain_labels: list[str], l
         if node["gpus"] and (gpus := devices.get(GPU_RESOURCE)):
             held[name] = min(node["gpus"], held.get(name, 0) + gpus)
         for key, count in devices.items():
-            profile = key[len(MIG_RESOURCE) :] if _is_slice(key) else None
+            profile = mig.profile_of_resource(key) if _is_slice(key) else None
+            if key == GPU_RESOURCE and node.get("single_slice"):
+                profile = node["single_slice"]  # a slice of a node cut under the single strategy
             if profile in node.get("slices", {}):
                 on_node = held_slices.setdefault(name, {})
                 on_node[profile] = min(node["slices"][profile], on_node.get(profile, 0) + count)

@@ -153,9 +153,21 @@ class GpuLedger:
         for name in [*(n for n in holdings if not n.startswith(RESERVED)), *reservations]:
             if name == without:
                 continue
-            gpus = (Gpu(HOST, int(i)) for i in holdings[name].get("gpus") or [])
+            gpus = (Gpu(HOST, i) for i in self._indices(holdings[name]))
             cluster.take(name, [g for g in gpus if g in known and g not in cluster.owner])
         return cluster
+
+    def _indices(self, held: dict) -> list[int]:
+        """A holding's GPU indices; on a MIG ledger from the UUIDs it holds, as the list of slices may have been
+        edited since (a slice no longer listed is held by nobody here)."""
+        if self.devices is None or "devices" not in held:
+            return [int(i) for i in held.get("gpus") or []]
+        return [self.devices.index(d) for d in held.get("devices") or [] if d in self.devices]
+
+    def _holding(self, gpus, *, port: int) -> dict:
+        indices = sorted(int(i) for i in gpus)
+        named = {"devices": [self.devices[i] for i in indices]} if self.devices is not None else {}
+        return {"gpus": indices, "pid": None, "port": port, "at": self.clock(), **named}
 
     def allot(self, name: str, size: int, *, port: int, group: str | None = None) -> str:
         """Hold a whole group of ``size`` GPUs inside one domain for replica ``name``; its ``CUDA_VISIBLE_DEVICES``.
@@ -177,7 +189,7 @@ class GpuLedger:
                     since = float((state["waiting"].get(group) or {}).get("since") or now)
                     state["waiting"][group] = {"size": size, "since": since, "last": now}
             else:
-                holdings[name] = {"gpus": [g.index for g in gpus], "pid": None, "port": port, "at": self.clock()}
+                holdings[name] = self._holding((g.index for g in gpus), port=port)
                 if group:
                     state["waiting"].pop(group, None)
                     holdings.pop(reserved, None)
@@ -209,7 +221,7 @@ class GpuLedger:
             taken = [g for g in wanted if g not in cluster.gpus or g in cluster.owner]
             if taken or not wanted:
                 raise NoWholeGroup(f"GPUs {','.join(str(g.index) for g in taken)} are not free")
-            holdings[name] = {"gpus": sorted(int(i) for i in gpus), "pid": None, "port": port, "at": self.clock()}
+            holdings[name] = self._holding(gpus, port=port)
             return self._visible(wanted)
 
     def reserve(self, group: str, gpus: list[int], *, for_s: float, owners: set[str] = frozenset()) -> bool:
