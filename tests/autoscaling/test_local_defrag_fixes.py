@@ -7,6 +7,7 @@ source, a plan whose room changed is skipped, a failure unreserves, and a malfor
 import json
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection, transaction
@@ -207,32 +208,48 @@ def test_replicas_of_an_endpoint_under_a_rollout_are_not_moved(fragmented):
     assert len(serving(small)) == 4
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_copy_waits_for_a_launch_holding_the_tenants_quota_and_then_sees_it(fragmented):
-    """Another launch of the tenant holds its row (``services.launch_capped``) and registers a replica that takes the
-    quota's last slot; the copy's quota check waits for it and finds no room, where reading without the lock would
-    have found the slot free and gone past the quota."""
-    small, big = fragmented
-    owned(small, quota_max_replicas=5)  # room for one copy
-    locked, done = threading.Event(), threading.Event()
+@contextmanager
+def tenant_row_held(tenant_id: int, *, release: threading.Event, then=None):
+    """Another launch of the tenant, on its own connection: it locks the owner's row (as ``services.launch_capped``
+    does), runs ``then`` once ``release`` is set or 1 s has passed, and commits; the block runs while it holds."""
+    locked = threading.Event()
 
-    def racing_launch():
+    def launch():
         try:
             with transaction.atomic():
-                lock_tenant(small.owner_tenant_id)
+                lock_tenant(tenant_id)
                 locked.set()
-                time.sleep(1.0)
-                Replica.objects.create(endpoint=small, name="racer", url="http://127.0.0.1:9", actuator="static")
+                release.wait(1.0 if then else 10)
+                if then:
+                    then()
         finally:
             connection.close()
-            done.set()
 
-    thread = threading.Thread(target=racing_launch)
+    thread = threading.Thread(target=launch)
     thread.start()
-    assert locked.wait(10)
-    actions = defrag_pass(now=time.time() + 31)
-    thread.join(10)
-    assert done.is_set() and moves_of(small) == {}
+    try:
+        assert locked.wait(10)
+        yield
+    finally:
+        release.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_copy_waits_for_a_launch_holding_the_tenants_quota_and_then_sees_it(fragmented):
+    """Another launch of the tenant holds its row and registers a replica that takes the quota's last slot; the
+    copy's quota check waits for it and finds no room, where reading without the lock would have found the slot free
+    and gone past the quota."""
+    small, big = fragmented
+    owned(small, quota_max_replicas=5)  # room for one copy
+
+    def register():
+        Replica.objects.create(endpoint=small, name="racer", url="http://127.0.0.1:9", actuator="static")
+
+    with tenant_row_held(small.owner_tenant_id, release=threading.Event(), then=register):
+        actions = defrag_pass(now=time.time() + 31)
+    assert moves_of(small) == {}
     assert "its tenant's quota has no room for the copy" in actions[-1]
     assert live_usage(small.owner_tenant_id).serving_replicas == 5  # four replicas and the racer: at the quota
 
@@ -244,24 +261,7 @@ def test_a_copy_waits_a_bounded_time_for_the_tenants_row_and_then_gives_up(fragm
     small, big = fragmented
     owned(small, quota_max_replicas=50)
     monkeypatch.setattr(defrag_ticks, "TENANT_LOCK_WAIT_S", 0.3)
-    locked, release = threading.Event(), threading.Event()
-
-    def slow_launch():
-        try:
-            with transaction.atomic():
-                lock_tenant(small.owner_tenant_id)
-                locked.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=slow_launch)
-    thread.start()
-    try:
-        assert locked.wait(10)
+    with tenant_row_held(small.owner_tenant_id, release=threading.Event()):
         actions = defrag_pass(now=time.time() + 31)
-    finally:
-        release.set()
-        thread.join(10)
     assert moves_of(small) == {} and "another launch of its tenant holds the quota" in actions[-1]
     assert defrag_pass(now=time.time() + 32) and moves_of(small), "the next pass moves"
