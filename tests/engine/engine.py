@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = ENGINE_STAMP.parent
 MODEL_DIR = ENGINE_MODEL_DIR
 INSTALL_HINT = "run scripts/install_engine.sh (or set INFERCAP_SKIP_ENGINE=1 to skip the engine tests)"
-STARTUP_TIMEOUT_S = float(os.environ.get("INFERCAP_ENGINE_STARTUP_TIMEOUT_S", "420"))
+# A start takes 60-80 s on an idle 2-core machine; CI runs this stage at nice 10 beside two others, where one start
+# once took over 420 s (a background bench shared the cores too), so the bound leaves room for that.
+STARTUP_TIMEOUT_S = float(os.environ.get("INFERCAP_ENGINE_STARTUP_TIMEOUT_S", "600"))
 
 
 class EngineMissing(RuntimeError):
