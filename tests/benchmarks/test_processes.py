@@ -6,11 +6,15 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import uuid
+import weakref
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 
+from benchmarks.management.commands import bench as bench_command
 from capacity.runtimes.processes import child_django_env, processes_marked, stop_marked
 from tests.waiting import wait_for
 
@@ -32,6 +36,29 @@ def test_a_marked_process_reparented_to_init_is_found_and_stopped():
     finally:
         stop_marked(left, grace_s=0)
     assert processes_marked(f"{MARK}=nobody") == []
+
+
+def test_a_signal_whose_interrupt_python_swallows_still_stops_the_bench_with_130(monkeypatch):
+    # A signal that lands while a weakref callback runs raises KeyboardInterrupt there, and Python only prints
+    # "Exception ignored in ...": the run goes on to return its figures. The command must still answer 130.
+    finished = []
+
+    class Owner:
+        pass
+
+    def run(**options):
+        owner = Owner()
+        watch = weakref.ref(owner, lambda ref: bench_command._stop_on_signal(signal.SIGTERM, None))  # noqa: F841
+        del owner  # the callback runs now, inside the interpreter's weakref machinery
+        finished.append(True)
+        return {"figure": 1}
+
+    monkeypatch.setitem(bench_command.BENCHMARKS, "swallowed", types.SimpleNamespace(run=run))
+    with pytest.raises(CommandError, match="interrupted") as caught:
+        call_command("bench", "swallowed")
+    assert finished == [True]  # the interrupt really was swallowed: run() went on to its end
+    assert caught.value.returncode == 130
+    assert signal.getsignal(signal.SIGTERM) is not bench_command._stop_on_signal  # the handlers were put back
 
 
 @pytest.mark.slow

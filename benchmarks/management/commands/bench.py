@@ -52,10 +52,16 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+# Set by the handler: Python swallows an exception raised while a weakref callback or a finalizer runs, so a
+# signal landing there would let the bench finish as if never stopped; the command reads this flag as well.
+_stopped = threading.Event()
+
+
 def _stop_on_signal(signum, frame):
     # Once: a second signal must not cut the clean-up short.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    _stopped.set()
     raise KeyboardInterrupt
 
 
@@ -94,6 +100,7 @@ class Command(BaseCommand):
         progress(f"bench {name}{' (smoke)' if smoke else ' (quick)' if quick else ''} starting")
         os.environ[BENCH_MARK] = mark = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         previous = {}
+        _stopped.clear()
         if threading.current_thread() is threading.main_thread():  # only there can Python take signals
             previous = {
                 sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -112,6 +119,8 @@ class Command(BaseCommand):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             os.environ.pop(BENCH_MARK, None)
+        if _stopped.is_set():  # the KeyboardInterrupt was raised where Python ignores exceptions
+            raise CommandError(f"bench {name} interrupted", returncode=130)
         progress(f"bench {name} finished in {time.perf_counter() - started:.1f} s")
         if held_out:
             entry = protocol.record_look(name, argv=sys.argv[1:], figures=figures)
