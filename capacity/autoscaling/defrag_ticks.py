@@ -278,7 +278,7 @@ def _start_copy(ledger: GpuLedger, source: Replica, gpus: list[int], record: dic
         if not lock.held:
             return None, "the endpoint's tick holds its replicas"
         try:
-            with transaction.atomic():
+            with LocalActuator().launches_undone_on_error(), transaction.atomic():
                 _bound_lock_wait()
                 lock_tenant(source.endpoint.owner_tenant_id)
                 if why := _held_back(source):  # again: another move of the plan may have taken the quota's room

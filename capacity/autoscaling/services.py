@@ -6,6 +6,7 @@ Launch caps hold whatever demand or a bad setting asks: per endpoint in one reco
 horizontal tick window (a shared Redis counter), so one tick can never start hundreds of replicas.
 """
 
+import contextlib
 import copy
 import logging
 import time
@@ -104,7 +105,9 @@ def launch_capped(
     label = "warm pool: " if standby else ("spot: " if hardware_profile is not None else "")
     label = "prefill: " + label if role == ReplicaRole.PREFILL else label
     actions: list[str] = []
-    with transaction.atomic():
+    # What the launch starts and cannot register is stopped (an actuator without processes of its own has none).
+    undone_on_error = getattr(actuator, "launches_undone_on_error", contextlib.nullcontext)
+    with undone_on_error(), transaction.atomic():
         lock_tenant(endpoint.owner_tenant_id)
         allowed, notes = launch_allowance(
             wanted=wanted,

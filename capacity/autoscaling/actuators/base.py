@@ -5,6 +5,7 @@ registered by hand (``static``) count as capacity but are left alone. Lifecycle 
 ``capacity.lifecycle.replica_transition`` so every change is recorded and the proxy's snapshot follows.
 """
 
+import contextlib
 import copy
 import logging
 from abc import ABC, abstractmethod
@@ -87,6 +88,11 @@ class Actuator(ABC):
     @abstractmethod
     def sync(self, endpoint: Endpoint) -> None:
         """Bring rows in line with reality: starting → ready once healthy, dead ones → failed → stopped."""
+
+    def launches_undone_on_error(self):
+        """A context manager around a caller's transaction that launches: what the block started and could not
+        register is stopped when it raises. Nothing to undo by default (the local actuator's processes have)."""
+        return contextlib.nullcontext()
 
     def restart(self, replica: Replica) -> list[Replica]:
         """Replace a failed or hung replica: stop it, start another of the same kind (for the health checker)."""

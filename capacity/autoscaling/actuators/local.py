@@ -19,9 +19,12 @@ by its UUID; on a host that lists slices, a launch finds none of its profile, or
 is an error, not a replica that sees every device.
 
 A replica's pid is its ``actuator_ref``. Processes are started in their own session so a worker's shutdown
-signal does not take them down; the worker that started one reaps it, any other finds it by pid.
+signal does not take them down; the worker that started one reaps it, any other finds it by pid. A process whose
+row does not commit is stopped and its GPUs released: a failed write after the start does it at once, and a caller
+that registers launches in a transaction of its own encloses it in ``launches_undone_on_error``.
 """
 
+import contextlib
 import inspect
 import logging
 import os
@@ -29,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -63,6 +67,8 @@ BASE_DIR = Path(__file__).resolve().parents[3]
 ENGINE_PYTHON = BASE_DIR / ".venv-engine" / "bin" / "python"
 # Popen objects of the processes this Python process started, so exits are reaped (no zombies counted alive).
 _CHILDREN: dict[int, subprocess.Popen] = {}
+# This thread's open ``launches_undone_on_error`` block: (replica name, pid, GPU ledger) of each process it started.
+_UNDO = threading.local()
 
 
 def pid_alive(pid: int) -> bool:
@@ -272,6 +278,28 @@ class LocalActuator(Actuator):
         except NoWholeGroup as exc:
             raise ActuatorError(f"copy not started: {exc}") from exc
 
+    @contextlib.contextmanager
+    def launches_undone_on_error(self):
+        """Every replica process started inside the block is stopped, and its GPUs released, when the block raises:
+        its row rolls back with the caller's transaction, and a process without a row serves nobody while holding
+        its GPUs. Enter it outside the ``atomic`` block, so that a failed commit counts too."""
+        outer = getattr(_UNDO, "started", None)
+        _UNDO.started = started = []
+        try:
+            yield
+        except BaseException:
+            for name, pid, ledger in started:
+                log.warning("local actuator: stopping %s (pid %s), whose launch did not commit", name, pid)
+                stop_pid(pid)
+                if ledger is not None:
+                    ledger.release(name)
+            raise
+        else:
+            if outer is not None:  # an enclosing block still owns them
+                outer.extend(started)
+        finally:
+            _UNDO.started = outer
+
     def _launch_one(self, endpoint: Endpoint, ledger: GpuLedger | None, *, standby: bool, allot) -> Replica:
         """Allot the replica's GPUs (``allot(name, port)``: its ``CUDA_VISIBLE_DEVICES``) and start it; its GPUs are
         released when the start fails."""
@@ -288,6 +316,9 @@ class LocalActuator(Actuator):
             raise
         if ledger is not None:
             ledger.started(name, int(replica.actuator_ref))
+        started = getattr(_UNDO, "started", None)
+        if started is not None:
+            started.append((name, int(replica.actuator_ref), ledger))
         return replica
 
     def defrag_copies(self) -> dict[str, int]:
@@ -377,10 +408,14 @@ class LocalActuator(Actuator):
                 self.move(replica, ReplicaState.STOPPED, "start failed")
                 raise ActuatorError(f"could not start {argv[0]}: {exc}") from exc
         _CHILDREN[proc.pid] = proc
-        replica.actuator_ref = str(proc.pid)
-        replica.save(update_fields=["actuator_ref"])
-        gpus = f", GPUs {devices}" if devices is not None else ""
-        self.move(replica, ReplicaState.STARTING, f"pid {proc.pid} on port {port}{gpus}")
+        try:
+            replica.actuator_ref = str(proc.pid)
+            replica.save(update_fields=["actuator_ref"])
+            gpus = f", GPUs {devices}" if devices is not None else ""
+            self.move(replica, ReplicaState.STARTING, f"pid {proc.pid} on port {port}{gpus}")
+        except BaseException:  # the row goes with the transaction: the process must not stay behind
+            stop_pid(proc.pid)
+            raise
         return replica
 
     @staticmethod
