@@ -27,7 +27,7 @@ from capacity.percentiles import percentile
 from capacity.unit_resolver import coefficients_by_endpoint
 from endpoints.models import Endpoint, ReplicaState, ServingMode
 from placement import mig
-from placement.cluster import Cluster
+from placement.cluster import Cluster, replica_gpu_count
 from placement.node_requirements import Room, endpoint_requirements
 from placement.policies import groups_that_fit
 from tenants.models import CapacityReservation
@@ -289,11 +289,10 @@ def _launch_gpus(options, hardware, *, engine_ranks: bool = True) -> int:
     options = options if isinstance(options, dict) else {}
     default = getattr(settings, "INFERCAP", {}).get("AUTOSCALE_ACTUATOR", "local")
     on_kubernetes = (options.get("actuator") or default) == "kubernetes"
-    tp = None if on_kubernetes or not engine_ranks else options.get("tensor_parallel_size")
-    try:
-        return max(1, int(tp if tp is not None else (hardware.gpus_per_replica if hardware else 1)))
-    except (TypeError, ValueError):
-        return 1
+    size = hardware.gpus_per_replica if hardware else None
+    return replica_gpu_count(
+        options.get("tensor_parallel_size"), size, engine_ranks=engine_ranks and not on_kubernetes
+    )
 
 
 def _pool_launches(endpoint: Endpoint) -> list[tuple[str, object, dict, bool, bool]]:

@@ -39,6 +39,18 @@ class Node:
         return f"{self.name}/island-{index // self.island}"
 
 
+def replica_gpu_count(tensor_parallel_size, gpus_per_replica: int | None, *, engine_ranks: bool = True) -> int:
+    """One replica's GPUs: the engine's ranks (a launch option's ``tensor_parallel_size``) where they count and are
+    set, else the hardware profile's ``gpus_per_replica`` (1 without a profile). Ranks do not count on Kubernetes,
+    where a pod requests its profile's GPUs (ranks alone may be a CPU node's), nor for a fallback launch, which runs
+    on the fallback profile's own group size. A value that is not a count reads as 1 (the launch refuses it)."""
+    value = tensor_parallel_size if engine_ranks and tensor_parallel_size is not None else gpus_per_replica
+    try:
+        return max(1, int(value if value is not None else 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def hgx_nodes(count: int, *, gpus: int = 8, prefix: str = "hgx") -> list[Node]:
     """Nodes whose GPUs form one NVLink domain each (an 8-GPU HGX board)."""
     return [Node(f"{prefix}-{i:02d}", gpus) for i in range(count)]

@@ -122,3 +122,20 @@ def test_a_bad_local_gpus_setting_leaves_the_room_unknown_not_an_error(tp4_and_t
     assert response.status_code == 200
     assert {row["whole_replicas_free"] for row in response.json()["endpoints"]} == {None}
     assert response.json()["total"]["free_gpus"] is None
+
+
+@pytest.mark.parametrize("tp", [None, 1, 2, "8", "x", 0])
+@pytest.mark.parametrize("profile_size", [None, 1, 4])
+@pytest.mark.parametrize("actuator", ["local", "kubernetes"])
+def test_the_ledger_counts_a_replica_as_its_actuator_launches_it(db, tp, profile_size, actuator):
+    from capacity.autoscaling.actuators.replica_shape import engine_gpus, profile_gpus
+
+    hardware = HardwareProfileFactory(gpus_per_replica=profile_size) if profile_size else None
+    options = {"actuator": actuator, **({"tensor_parallel_size": tp} if tp is not None else {})}
+    endpoint = Endpoint(
+        hardware_profile=hardware, launch_options=options
+    )  # unsaved: an endpoint needs no profile here
+    launched = engine_gpus(endpoint, hardware) if actuator == "local" else profile_gpus(hardware)
+    assert replica_gpus(endpoint) == launched
+    expected = profile_size or 1 if actuator == "kubernetes" or tp is None else {"8": 8, "x": 1, 0: 1}.get(tp, tp)
+    assert launched == expected

@@ -3,6 +3,7 @@ actuators")."""
 
 from capacity.models import HardwareProfile
 from endpoints.models import Endpoint
+from placement.cluster import replica_gpu_count
 
 
 def launch_hardware(endpoint: Endpoint) -> HardwareProfile | None:
@@ -15,16 +16,11 @@ def launch_hardware(endpoint: Endpoint) -> HardwareProfile | None:
 def profile_gpus(hardware: HardwareProfile | None) -> int:
     """A pod's GPUs on Kubernetes: the hardware profile's ``gpus_per_replica``, what the planner and the quota count
     (a launch option's ``tensor_parallel_size`` alone may be CPU ranks, on a cluster of CPU nodes)."""
-    return max(1, int(hardware.gpus_per_replica)) if hardware is not None else 1
+    return replica_gpu_count(None, hardware.gpus_per_replica if hardware is not None else None, engine_ranks=False)
 
 
 def engine_gpus(endpoint: Endpoint, hardware: HardwareProfile | None) -> int:
     """A local replica's GPUs on a host that has some: the engine's ranks (``tensor_parallel_size``) where the
     launch options set it, else the hardware profile's ``gpus_per_replica``."""
     tp = (endpoint.launch_options or {}).get("tensor_parallel_size")
-    if tp is None:
-        return profile_gpus(hardware)
-    try:
-        return max(1, int(tp))
-    except (TypeError, ValueError):
-        return 1  # launch_env refuses it with its own message
+    return replica_gpu_count(tp, hardware.gpus_per_replica if hardware is not None else None)
