@@ -63,6 +63,6 @@ echo "==================== tests/engine (real vLLM) and ${AFTER_ENGINE[*]}, run 
 cat "$logs/engine"
 rm -rf "$logs"
 if [ "$rest" -ne 0 ] || [ "$serve" -ne 0 ] || [ "$engine" -ne 0 ]; then
-  echo "make test: FAILED (rest: exit $rest; ${SERVE[*]}: exit $serve; tests/engine: exit $engine)" >&2
+  echo "make test: FAILED (rest: exit $rest; ${SERVE[*]}: exit $serve; tests/engine ${AFTER_ENGINE[*]}: exit $engine)" >&2
   exit 1
 fi

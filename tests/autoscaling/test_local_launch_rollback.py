@@ -4,7 +4,7 @@ process and gives its GPUs back. Without it the process would serve nobody and h
 """
 
 import pytest
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
 from capacity.autoscaling import services
 from capacity.autoscaling.actuators.local import LocalActuator, pid_alive
@@ -41,6 +41,11 @@ def gone(pids):
     return wait_for(lambda: not any(pid_alive(pid) for pid in pids), timeout=10, message="the processes stopped")
 
 
+def holders() -> set[str]:
+    """The names the GPU ledger's file holds GPUs for, dead processes' included (``held`` leaves those out)."""
+    return set(LocalActuator.gpu_ledger()._read())
+
+
 def test_a_write_failing_after_the_start_stops_the_process_and_frees_its_gpus(tp2, launched_pids, monkeypatch):
     def broken(self, replica, state, reason):
         raise DatabaseError("connection lost")
@@ -50,25 +55,25 @@ def test_a_write_failing_after_the_start_stops_the_process_and_frees_its_gpus(tp
         LocalActuator().launch(tp2, 1)
     assert len(launched_pids) == 1
     gone(launched_pids)
-    assert LocalActuator.gpu_ledger().held() == {}
+    assert holders() == set()
 
 
-def test_a_launch_whose_transaction_fails_after_it_stops_what_it_started(tp2, launched_pids, monkeypatch):
-    real_launch = LocalActuator.launch
+def test_a_launch_whose_commit_fails_stops_what_it_started(tp2, launched_pids, monkeypatch):
+    seen = {}
 
-    def launch_then_fail(self, endpoint, count, *, standby=False):
-        started = real_launch(self, endpoint, count, standby=standby)
-        assert all(pid_alive(int(r.actuator_ref)) for r in started)
-        assert sum(len(g) for g in LocalActuator.gpu_ledger().held().values()) == 2 * count
-        raise DatabaseError("could not serialize access")  # e.g. the commit of the launch's transaction
+    def failing_commit(wrapper):
+        seen["holders"] = holders()
+        seen["alive"] = [pid_alive(pid) for pid in launched_pids]
+        raise DatabaseError("could not serialize access")
 
-    monkeypatch.setattr(LocalActuator, "launch", launch_then_fail)
-    with pytest.raises(DatabaseError):
+    with monkeypatch.context() as patch, pytest.raises(DatabaseError):
+        patch.setattr(type(connections["default"]), "commit", failing_commit)
         services.launch_capped(endpoint=tp2, actuator=LocalActuator(), wanted=2)
-    assert len(launched_pids) == 2
+    assert len(launched_pids) == 2 and seen["alive"] == [True, True]  # both were running when the commit failed
+    assert len(seen["holders"]) == 2
     gone(launched_pids)
     assert not Replica.objects.filter(endpoint=tp2).exists()  # rolled back with the transaction
-    assert LocalActuator.gpu_ledger().held() == {}
+    assert holders() == set()  # released, not left to lapse
 
 
 def test_a_block_that_commits_keeps_its_replicas_and_a_nested_one_defers_to_the_outer(tp2, launched_pids):
@@ -76,10 +81,11 @@ def test_a_block_that_commits_keeps_its_replicas_and_a_nested_one_defers_to_the_
     with actuator.launches_undone_on_error(), transaction.atomic():
         (kept,) = actuator.launch(tp2, 1)
     assert pid_alive(int(kept.actuator_ref))
-    with pytest.raises(RuntimeError), actuator.launches_undone_on_error():
-        with actuator.launches_undone_on_error(), transaction.atomic():
+    with pytest.raises(RuntimeError), actuator.launches_undone_on_error(), transaction.atomic():
+        with actuator.launches_undone_on_error(), transaction.atomic():  # a savepoint of the outer transaction
             (inner,) = actuator.launch(tp2, 1)
-        raise RuntimeError("the outer block fails after the inner one committed")
+        raise RuntimeError("the outer block fails after the inner one succeeded")
     gone([int(inner.actuator_ref)])
+    assert not Replica.objects.filter(pk=inner.pk).exists()  # its row went with the outer transaction
     assert pid_alive(int(kept.actuator_ref))  # started before the failing block: not its to undo
-    assert set(LocalActuator.gpu_ledger().held()) == {kept.name}
+    assert holders() == {kept.name}

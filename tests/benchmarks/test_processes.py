@@ -38,25 +38,30 @@ def test_a_marked_process_reparented_to_init_is_found_and_stopped():
     assert processes_marked(f"{MARK}=nobody") == []
 
 
-def test_a_signal_whose_interrupt_python_swallows_still_stops_the_bench_with_130(monkeypatch):
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed interrupt, on purpose
+@pytest.mark.parametrize("reports_progress", [True, False])
+def test_a_signal_whose_interrupt_python_swallows_still_stops_the_bench_with_130(monkeypatch, reports_progress):
     # A signal that lands while a weakref callback runs raises KeyboardInterrupt there, and Python only prints
-    # "Exception ignored in ...": the run goes on to return its figures. The command must still answer 130.
+    # "Exception ignored in ...": the run would go on with its signals ignored. It stops at its next progress line,
+    # and a run that reports none still ends with 130.
     finished = []
 
     class Owner:
         pass
 
-    def run(**options):
+    def run(*, progress, **options):
         owner = Owner()
         watch = weakref.ref(owner, lambda ref: bench_command._stop_on_signal(signal.SIGTERM, None))  # noqa: F841
         del owner  # the callback runs now, inside the interpreter's weakref machinery
+        if reports_progress:
+            progress("the next step")
         finished.append(True)
         return {"figure": 1}
 
     monkeypatch.setitem(bench_command.BENCHMARKS, "swallowed", types.SimpleNamespace(run=run))
     with pytest.raises(CommandError, match="interrupted") as caught:
         call_command("bench", "swallowed")
-    assert finished == [True]  # the interrupt really was swallowed: run() went on to its end
+    assert finished == ([] if reports_progress else [True])
     assert caught.value.returncode == 130
     assert signal.getsignal(signal.SIGTERM) is not bench_command._stop_on_signal  # the handlers were put back
 

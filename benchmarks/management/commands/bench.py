@@ -50,11 +50,17 @@ BENCHMARKS = {
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    if _running.is_set() and _stopped.is_set() and threading.current_thread() is threading.main_thread():
+        # A stop whose KeyboardInterrupt was swallowed: every bench reports progress, so it ends at its next line
+        # rather than running on with its signals ignored.
+        _running.clear()
+        raise KeyboardInterrupt
 
 
 # Set by the handler: Python swallows an exception raised while a weakref callback or a finalizer runs, so a
 # signal landing there would let the bench finish as if never stopped; the command reads this flag as well.
 _stopped = threading.Event()
+_running = threading.Event()  # the bench's run() is under way (progress may stop it)
 
 
 def _stop_on_signal(signum, frame):
@@ -107,11 +113,13 @@ class Command(BaseCommand):
             }
         if held_out:
             extra["held_out"] = True  # only then: a suite without held-out data takes no such argument
+        _running.set()
         try:
             figures = module.run(quick=quick, plot=plot, live=live, progress=progress, **extra)
         except KeyboardInterrupt:
             raise CommandError(f"bench {name} interrupted", returncode=130) from None
         finally:
+            _running.clear()
             left = processes_marked(f"{BENCH_MARK}={mark}")
             if left:
                 progress(f"stopping {len(left)} process(es) bench {name} left running: {left}")

@@ -99,6 +99,19 @@ def runs(pid: int, port: int) -> bool:
     return str(port).encode() in argv and pid_alive(pid)
 
 
+def _undo(name: str, pid: int, ledger: GpuLedger | None) -> None:
+    """Stop a replica's process and give its GPUs back, as far as each step goes (the caller is already failing)."""
+    try:
+        stop_pid(pid)
+    except Exception:
+        log.exception("local actuator: could not stop %s (pid %s)", name, pid)
+    if ledger is not None:
+        try:
+            ledger.release(name)
+        except Exception:
+            log.exception("local actuator: could not release the GPUs of %s", name)
+
+
 def _leads_group(pid: int) -> bool:
     try:
         return os.getpgid(pid) == pid
@@ -290,9 +303,7 @@ class LocalActuator(Actuator):
         except BaseException:
             for name, pid, ledger in started:
                 log.warning("local actuator: stopping %s (pid %s), whose launch did not commit", name, pid)
-                stop_pid(pid)
-                if ledger is not None:
-                    ledger.release(name)
+                _undo(name, pid, ledger)
             raise
         else:
             if outer is not None:  # an enclosing block still owns them
@@ -314,11 +325,16 @@ class LocalActuator(Actuator):
             if ledger is not None:
                 ledger.release(name)
             raise
-        if ledger is not None:
-            ledger.started(name, int(replica.actuator_ref))
+        pid = int(replica.actuator_ref)
         started = getattr(_UNDO, "started", None)
         if started is not None:
-            started.append((name, int(replica.actuator_ref), ledger))
+            started.append((name, pid, ledger))
+        if ledger is not None:
+            try:
+                ledger.started(name, pid)
+            except BaseException:  # its holding would lapse while the process runs on its GPUs
+                _undo(name, pid, ledger)
+                raise
         return replica
 
     def defrag_copies(self) -> dict[str, int]:
