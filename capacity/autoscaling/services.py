@@ -69,11 +69,10 @@ def quota_left(endpoint: Endpoint, *, exclude_own_serving: bool) -> QuotaLeft:
 
 
 def gpus_per_replica(endpoint: Endpoint) -> int:
-    value = (
-        HardwareProfile.objects.filter(pk=endpoint.hardware_profile_id)
-        .values_list("gpus_per_replica", flat=True)
-        .first()
-    )
+    """A replica's GPUs as the owner's quota counts them: on the launch's own profile (a spot or prefill pool's, set
+    by ``pool_endpoint``), else the endpoint's."""
+    hardware_id = getattr(endpoint, "launch_hardware_profile_id", None) or endpoint.hardware_profile_id
+    value = HardwareProfile.objects.filter(pk=hardware_id).values_list("gpus_per_replica", flat=True).first()
     return max(1, int(value or 1))
 
 
@@ -105,6 +104,7 @@ def launch_capped(
     label = "warm pool: " if standby else ("spot: " if hardware_profile is not None else "")
     label = "prefill: " + label if role == ReplicaRole.PREFILL else label
     actions: list[str] = []
+    view = pool_endpoint(endpoint, hardware_profile, role=role)
     # What the launch starts and cannot register is stopped (an actuator without processes of its own has none).
     undone_on_error = getattr(actuator, "launches_undone_on_error", contextlib.nullcontext)
     with undone_on_error(), transaction.atomic():
@@ -113,7 +113,7 @@ def launch_capped(
             wanted=wanted,
             standby=standby,
             left=quota_left(endpoint, exclude_own_serving=False),
-            gpus_per_replica=gpus_per_replica(endpoint),
+            gpus_per_replica=gpus_per_replica(view),  # the pool's own profile: a spot or prefill pool's may be larger
             per_tick_left=budget.left,
         )
         if allowed > 0:
@@ -133,7 +133,7 @@ def launch_capped(
         budget.left -= allowed
         before = endpoint.replicas.count()
         try:
-            started = actuator.launch(pool_endpoint(endpoint, hardware_profile, role=role), allowed, standby=standby)
+            started = actuator.launch(view, allowed, standby=standby)
         except ActuatorError as exc:
             log.warning("autoscaler: %s", exc)
             if hardware_profile is not None:  # no spot to be had: on-demand only for the back-off

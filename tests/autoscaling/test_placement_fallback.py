@@ -122,3 +122,43 @@ def test_the_horizontal_decision_records_the_fallback(
     assert "fell back to a100-tp2: launched 1" in decision.reason
     (replica,) = endpoint.replicas.all()
     assert replica.hardware_profile.name == "a100-tp2" and child_envs[0]["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+class Recording:
+    """An actuator that starts nothing and records each launch's pool profile and count."""
+
+    name = "stub"
+
+    def __init__(self):
+        self.launched: list[tuple[int | None, int]] = []
+
+    def launch(self, endpoint, count, *, standby=False):
+        self.launched.append((getattr(endpoint, "launch_hardware_profile_id", None), count))
+        return []
+
+
+@pytest.mark.parametrize("pool", ["spot", "prefill"])
+def test_a_pool_on_a_larger_profile_is_held_to_the_gpu_quota_in_its_own_gpus(db, tenant_a, clean_store, pool):
+    # The endpoint's own replicas take one GPU, its spot or prefill pool's eight: a launch of that pool counts eight a
+    # replica, or a tenant could name a small profile for the endpoint and start 8-GPU replicas quota-free.
+    small = HardwareProfileFactory(name="l4-one", gpus_per_replica=1)
+    big = HardwareProfileFactory(name="h100-tp8", gpus_per_replica=8)
+    fields = {"hardware_profile": small, "launch_options": {"actuator": "local", "profile": "tiny"}}
+    if pool == "spot":
+        fields["spot_hardware_profile"] = big
+    else:
+        fields |= {"serving_mode": "disaggregated", "prefill_hardware_profile": big}
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(**fields)
+    endpoint = Endpoint.objects.get(pk=tenant_a.endpoint.pk)
+    tenant_a.tenant.quota_max_gpus = 16
+    tenant_a.tenant.save(update_fields=["quota_max_gpus"])
+    actuator = Recording()
+    options = {"hardware_profile": big} if pool == "spot" else {"role": "prefill"}
+    actions = services.launch_capped(endpoint=endpoint, actuator=actuator, wanted=3, **options)
+    assert actions[0] == f"{pool}: launch capped at 2 of 3: tenant GPU quota allows 2"
+    assert actuator.launched == [(big.pk, 2)]
+    # The endpoint's own pool still counts its own size: one GPU a replica, all three fit
+    own = Recording()
+    actions = services.launch_capped(endpoint=endpoint, actuator=own, wanted=3)
+    assert not any("capped" in action for action in actions)
+    assert own.launched == [(None, 3)]
