@@ -15,6 +15,7 @@ from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.free_gpus import free_gpus
 from capacity.autoscaling.actuators.gang import GPU, Gang, replica_objects, single_node_template, volcano_pod_group
 from capacity.autoscaling.actuators.kubernetes_room import cluster_from, kubernetes_room, refresh_room, snapshot
+from capacity.autoscaling.services import pool_endpoint
 from capacity.ledger import capacity_ledger
 from endpoints.models import Endpoint, ReplicaState
 from placement import mig
@@ -31,6 +32,7 @@ from tests.autoscaling.test_kubernetes_gang import (
 )
 from tests.autoscaling.test_kubernetes_room import ApiServer as RoomServer
 from tests.autoscaling.test_kubernetes_room import api, node, pod, room_store  # noqa: F401
+from tests.autoscaling.test_kubernetes_versions import cluster, endpoint, k8s  # noqa: F401
 from tests.factories import HardwareProfileFactory
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -135,6 +137,30 @@ def test_a_template_a_mig_launch_wrote_asks_for_a_whole_gpu_again_once_the_profi
     limits = engine(server.deployments[DEPLOY])["limits"]
     assert limits[GPU] == 1 and SLICE not in limits
     kubernetes_validate.validate(server.deployments[DEPLOY], "1.32", strict=True)
+
+
+@pytest.mark.parametrize("pool", ["spot", "prefill"])
+def test_a_whole_gpu_pool_copied_from_a_template_a_mig_launch_wrote_asks_for_a_whole_gpu(
+    db, clean_store, cluster, k8s, endpoint, settings, pool
+):
+    # The endpoint's own replicas are slices; its spot or prefill pool is on whole GPUs. The pool's Deployment is
+    # copied from the template the endpoint's MIG launch wrote: it must not keep the slice's resource.
+    use_strategy(settings, "mixed")
+    sliced = HardwareProfileFactory(name="a100-slice", gpus_per_replica=1, gpu_product=A100, mig_profile="1g.10gb")
+    whole = HardwareProfileFactory(name="a100-whole", gpus_per_replica=1, gpu_product=A100)
+    pools = {"spot_hardware_profile": whole} if pool == "spot" else {"serving_mode": "disaggregated",
+             "kv_connector": "nixl", "prefill_hardware_profile": whole}  # fmt: skip
+    Endpoint.objects.filter(pk=endpoint.pk).update(hardware_profile=sliced, **pools)
+    endpoint.refresh_from_db()
+    template = cluster.deployments["llama-13b"]  # as the endpoint's own MIG launch left it
+    template["spec"]["template"] = single_node_template(
+        template["spec"]["template"], gpus=1, gang=Gang(gpus_per_node=1, domain_gpus=1, resource=SLICE)
+    )
+    k8s.launch(pool_endpoint(endpoint, whole if pool == "spot" else None, role=pool if pool == "prefill" else None), 1)
+    ((name, body),) = [(b["metadata"]["name"], b) for m, _, b in cluster.requests if m == "POST"]
+    limits = engine(body)["limits"]
+    assert limits[GPU] == 1 and SLICE not in limits, (name, limits)
+    kubernetes_validate.validate(body, "1.32", strict=True)
 
 
 def test_an_unknown_strategy_fails_the_launch_by_name_but_not_the_sync(db, tenant_a, gang, settings):
