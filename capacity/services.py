@@ -12,7 +12,7 @@ from celery import signature
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from capacity.ledger import endpoint_sellable_mu_per_min, endpoint_sold_mu_per_min
@@ -26,7 +26,7 @@ from capacity.runtimes.lora_artifacts import (
     owner_root,
     resolve_under_root,
 )
-from endpoints.models import Adapter, Endpoint, Replica, ReplicaState, Runtime
+from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState, Runtime, ServingMode
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import audit_log, field_changes, validated_save
 
@@ -455,7 +455,11 @@ def profile_create(*, model: type[HardwareProfile] | type[ModelProfile], actor=N
 
 @transaction.atomic
 def profile_update(*, profile: Profile, actor=None, **changes) -> Profile:
+    was_mig = getattr(profile, "mig_profile", "")
     field_changes(profile, changes)
+    if isinstance(profile, HardwareProfile) and profile.mig_profile != was_mig:
+        if problems := slice_change_problems(profile):
+            raise ValidationError({"mig_profile": problems})
     validated_save(profile)
     audit_log(
         actor=actor,
@@ -465,6 +469,37 @@ def profile_update(*, profile: Profile, actor=None, **changes) -> Profile:
         detail={"fields": sorted(changes)},
     )
     return profile
+
+
+def slice_change_problems(hardware: HardwareProfile) -> list[str]:
+    """Why ``hardware`` may not turn from whole GPUs into a MIG slice, or back, now (docs/placement.md "MIG slices"):
+    a replica keeps the GPU or slice it started with while the ledger, the quota and the costs would count the new
+    shape at once; and every launch on it (an endpoint's own, spot or prefill pool, a version) must still be able
+    to start (a slice runs no TP group)."""
+    problems = []
+    running = Replica.objects.exclude(state=ReplicaState.STOPPED).filter(
+        Q(hardware_profile=hardware) | Q(hardware_profile__isnull=True, endpoint__hardware_profile=hardware)
+    )
+    if count := running.count():
+        problems.append(
+            f"{count} replica(s) run on {hardware.name}: stop them first (each keeps what it started with)"
+        )
+    launches = []
+    for e in Endpoint.objects.filter(
+        Q(hardware_profile=hardware) | Q(spot_hardware_profile=hardware) | Q(prefill_hardware_profile=hardware)
+    ):
+        if hardware.pk in (e.hardware_profile_id, e.spot_hardware_profile_id):
+            launches.append((e.name, e.launch_options))
+        if e.serving_mode == ServingMode.DISAGGREGATED and hardware.pk == (
+            e.prefill_hardware_profile_id or e.hardware_profile_id
+        ):
+            launches.append((f"{e.name}'s prefill pool", e.prefill_pool_launch_options))
+    launches += [
+        (f"{v.endpoint.name} version {v.number}", v.launch_options)
+        for v in EndpointVersion.objects.filter(hardware_profile=hardware).select_related("endpoint")
+    ]
+    problems += [f"{name}: {why}" for name, options in launches if (why := hardware.launch_problem(options))]
+    return problems
 
 
 @transaction.atomic

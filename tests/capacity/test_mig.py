@@ -7,10 +7,10 @@ from django.urls import reverse
 
 from capacity.planning.barriers import SLO, Hardware, ModelShape, ThroughputRow, Workload
 from capacity.planning.tensor_parallel import Topology, choose_tp, topology_answer
-from endpoints.models import Endpoint
+from endpoints.models import Endpoint, ReplicaState
 from placement import mig
 from tests.conftest import client_for
-from tests.factories import HardwareProfileFactory
+from tests.factories import HardwareProfileFactory, ReplicaFactory
 
 UUID_A = "MIG-4f8a1c2e-0b7d-5e3a-9c61-2d4b8e7f0a13"
 UUID_B = "MIG-9b2c7d1e-4a6f-5b8c-8d2e-1f3a5c7e9b24"
@@ -89,6 +89,36 @@ def test_an_endpoint_on_a_slice_may_not_ask_its_engine_for_a_tp_group(tenant_a, 
     Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(hardware_profile=whole, spot_hardware_profile=piece)
     spot = client_for(operator).patch(url, {"launch_options": {"tensor_parallel_size": 2}}, format="json")
     assert spot.status_code == 400 and "h100-1g: a MIG 1g.10gb replica is one slice" in str(spot.json())
+
+
+@pytest.mark.django_db
+def test_a_profile_turns_into_a_slice_or_back_only_with_nothing_running_or_asking_for_a_tp_group(tenant_a, operator):
+    whole = HardwareProfileFactory(name="h100-one", gpus_per_replica=1, gpu_memory_gb=80)
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(
+        hardware_profile=whole, launch_options={"tensor_parallel_size": 2}
+    )
+    url = reverse("hardware-profile-detail", args=[whole.pk])
+    client = client_for(operator)
+    cut = {"mig_profile": "1g.10gb", "gpu_memory_gb": 10}
+    refused = client.patch(url, cut, format="json")
+    assert refused.status_code == 400, refused.content
+    assert "tensor_parallel_size 2 on h100-one: a MIG 1g.10gb replica is one slice" in str(
+        refused.json()["mig_profile"]
+    )
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(launch_options={})
+    running = ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.READY)
+    refused = client.patch(url, cut, format="json")
+    assert refused.status_code == 400 and "1 replica(s) run on h100-one" in str(refused.json()["mig_profile"])
+    running.state = ReplicaState.STOPPED
+    running.save(update_fields=["state"])
+    assert client.patch(url, cut, format="json").status_code == 200
+    whole.refresh_from_db()
+    assert whole.mig_profile == "1g.10gb"
+    # Any other change goes through whatever runs: a price
+    ReplicaFactory(endpoint=tenant_a.endpoint, state=ReplicaState.READY)
+    assert client.patch(url, {"usd_per_gpu_hour": 0.4}, format="json").status_code == 200
+    back = client.patch(url, {"mig_profile": ""}, format="json")
+    assert back.status_code == 400 and "run on h100-one" in str(back.json()["mig_profile"])
 
 
 # 3 GB of weights, 2 layers: KV per token 2·2·8·128·2 = 8,192 B. A 10 GB slice less 2 GB overhead holds 5 GB of KV.
