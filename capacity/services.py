@@ -26,7 +26,18 @@ from capacity.runtimes.lora_artifacts import (
     owner_root,
     resolve_under_root,
 )
-from endpoints.models import Adapter, Endpoint, EndpointVersion, Replica, ReplicaState, Runtime, ServingMode
+from endpoints.models import (
+    ROLLOUT_ACTIVE_STATES,
+    Adapter,
+    Endpoint,
+    EndpointVersion,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    Rollout,
+    Runtime,
+    ServingMode,
+)
 from tenants.models import CapacityReservation, Tenant
 from tenants.services import audit_log, field_changes, validated_save
 
@@ -477,8 +488,12 @@ def slice_change_problems(hardware: HardwareProfile) -> list[str]:
     shape at once; and every launch on it (an endpoint's own, spot or prefill pool, a version) must still be able
     to start (a slice runs no TP group)."""
     problems = []
+    unrecorded = Q(hardware_profile__isnull=True)  # on its pool's, version's or endpoint's profile
     running = Replica.objects.exclude(state=ReplicaState.STOPPED).filter(
-        Q(hardware_profile=hardware) | Q(hardware_profile__isnull=True, endpoint__hardware_profile=hardware)
+        Q(hardware_profile=hardware)
+        | unrecorded & Q(role=ReplicaRole.PREFILL, endpoint__prefill_hardware_profile=hardware)
+        | unrecorded & Q(version__hardware_profile=hardware)
+        | unrecorded & Q(endpoint__hardware_profile=hardware)
     )
     if count := running.count():
         problems.append(
@@ -494,9 +509,13 @@ def slice_change_problems(hardware: HardwareProfile) -> list[str]:
             e.prefill_hardware_profile_id or e.hardware_profile_id
         ):
             launches.append((f"{e.name}'s prefill pool", e.prefill_pool_launch_options))
+    # A version launches while a rollout moves to it or back from it; an old one, never again, holds nothing back.
+    rolling = Rollout.objects.filter(state__in=ROLLOUT_ACTIVE_STATES)
+    versions = EndpointVersion.objects.filter(hardware_profile=hardware).filter(
+        Q(pk__in=rolling.values("to_version")) | Q(pk__in=rolling.values("from_version"))
+    )
     launches += [
-        (f"{v.endpoint.name} version {v.number}", v.launch_options)
-        for v in EndpointVersion.objects.filter(hardware_profile=hardware).select_related("endpoint")
+        (f"{v.endpoint.name} version {v.number}", v.launch_options) for v in versions.select_related("endpoint")
     ]
     problems += [f"{name}: {why}" for name, options in launches if (why := hardware.launch_problem(options))]
     return problems

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, Q, When
 from django.db.models.functions import Coalesce
 
 from capacity.models import HardwareProfile
-from endpoints.models import Endpoint, Replica
+from endpoints.models import Endpoint, Replica, ReplicaRole
 from tenants.models import Tenant
 from tenants.services import audit_log
 
@@ -167,6 +167,18 @@ class LiveUsage:
     gpus: int
 
 
+def replica_gpus_held():
+    """A replica's GPUs as the quota counts them, as an expression over ``Replica`` rows: the profile the replica
+    was launched on where it records one (a spot pool, a fallback, a local prefill pool), else its pool's or
+    version's (a Kubernetes prefill pod, a rollout's new version on another profile), else its endpoint's."""
+    return Coalesce(
+        "hardware_profile__gpus_per_replica",
+        Case(When(role=ReplicaRole.PREFILL, then="endpoint__prefill_hardware_profile__gpus_per_replica")),
+        "version__hardware_profile__gpus_per_replica",
+        "endpoint__hardware_profile__gpus_per_replica",
+    )
+
+
 def live_usage(tenant_id: int, *, exclude_serving_of: int | None = None) -> LiveUsage:
     """Replicas and GPUs the tenant's endpoints hold now (pending to draining). ``exclude_serving_of``: leave out
     that endpoint's non-draining serving replicas (the ones its autoscaler decision counts itself)."""
@@ -176,9 +188,7 @@ def live_usage(tenant_id: int, *, exclude_serving_of: int | None = None) -> Live
             Q(endpoint_id=exclude_serving_of, is_standby=False) & ~Q(state="draining"),
         )
     serving = standby = gpus = 0
-    # A replica on another profile than its endpoint's (a spot pool, a fallback) holds that profile's GPUs.
-    per_profile = Coalesce("hardware_profile__gpus_per_replica", "endpoint__hardware_profile__gpus_per_replica")
-    for is_standby, per_replica in rows.values_list("is_standby", per_profile):
+    for is_standby, per_replica in rows.values_list("is_standby", replica_gpus_held()):
         if is_standby:
             standby += 1
         else:

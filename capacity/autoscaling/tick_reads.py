@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from django.db.models import F, Max, Q, Sum
-from django.db.models.functions import Coalesce
 
 from billing.models import UsageMinute
 from capacity.autoscaling import predictive, store
@@ -26,7 +25,7 @@ from capacity.models import AutoscalerDecision, ScalePin
 from capacity.unit_resolver import coefficients_by_endpoint
 from capacity.units import MUCoefficients
 from endpoints.models import ROLLOUT_ACTIVE_STATES, Endpoint, Replica, ReplicaState, Rollout
-from tenants.quotas import LIVE_STATES, quota_for
+from tenants.quotas import LIVE_STATES, quota_for, replica_gpus_held
 
 HORIZONTAL = AutoscalerDecision.Axis.HORIZONTAL
 ACTIVE = (ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY)
@@ -174,11 +173,9 @@ def _quota_left(endpoints: list[Endpoint]) -> dict[int, QuotaLeft]:
     owned = [e for e in endpoints if e.owner_tenant_id is not None]
     if not owned:
         return {}
-    # A replica on another profile than its endpoint's (a spot pool, a fallback) holds that profile's GPUs.
-    per_profile = Coalesce("hardware_profile__gpus_per_replica", "endpoint__hardware_profile__gpus_per_replica")
     rows = Replica.objects.filter(
         endpoint__owner_tenant_id__in={e.owner_tenant_id for e in owned}, state__in=LIVE_STATES
-    ).values_list("endpoint__owner_tenant_id", "endpoint_id", "is_standby", "state", per_profile)
+    ).values_list("endpoint__owner_tenant_id", "endpoint_id", "is_standby", "state", replica_gpus_held())
     totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
     own: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for tenant_id, endpoint_id, is_standby, state, per_replica in rows:

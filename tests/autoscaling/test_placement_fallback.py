@@ -162,3 +162,30 @@ def test_a_pool_on_a_larger_profile_is_held_to_the_gpu_quota_in_its_own_gpus(db,
     actions = services.launch_capped(endpoint=endpoint, actuator=own, wanted=3)
     assert not any("capped" in action for action in actions)
     assert own.launched == [(None, 3)]
+
+
+def test_a_replica_without_a_recorded_profile_counts_its_pools_or_versions_gpus(db, tenant_a, clean_store):
+    # The Kubernetes actuator records no profile on a prefill pod, the local one none on a version's replica: the
+    # quota counts the prefill pool's profile and the version's, not the endpoint's one GPU.
+    from endpoints.models import EndpointVersion
+    from tests.factories import ReplicaFactory
+
+    small = HardwareProfileFactory(name="l4-one", gpus_per_replica=1)
+    big = HardwareProfileFactory(name="h100-tp8", gpus_per_replica=8)
+    four = HardwareProfileFactory(name="h100-tp4", gpus_per_replica=4)
+    Endpoint.objects.filter(pk=tenant_a.endpoint.pk).update(
+        hardware_profile=small, serving_mode="disaggregated", prefill_hardware_profile=big
+    )
+    endpoint = Endpoint.objects.get(pk=tenant_a.endpoint.pk)
+    tenant_a.tenant.quota_max_gpus = 20
+    tenant_a.tenant.save(update_fields=["quota_max_gpus"])
+    version = EndpointVersion.objects.create(
+        endpoint=endpoint, number=7, model_profile=endpoint.model_profile, hardware_profile=four
+    )
+    ReplicaFactory(endpoint=endpoint, role="prefill")  # 8
+    ReplicaFactory(endpoint=endpoint, role="decode")  # 1
+    ReplicaFactory(endpoint=endpoint, role="decode", version=version)  # 4
+    ReplicaFactory(endpoint=endpoint, role="prefill", hardware_profile=small)  # recorded: 1
+    assert live_usage(tenant_a.tenant.pk).gpus == 8 + 1 + 4 + 1
+    left = services.quota_left(endpoint, exclude_own_serving=False)
+    assert left.gpus == 20 - 14

@@ -121,6 +121,32 @@ def test_a_profile_turns_into_a_slice_or_back_only_with_nothing_running_or_askin
     assert back.status_code == 400 and "run on h100-one" in str(back.json()["mig_profile"])
 
 
+@pytest.mark.django_db
+def test_only_a_version_a_rollout_moves_to_or_from_holds_a_profiles_change_back(tenant_a, operator):
+    from endpoints.models import EndpointVersion, Rollout
+
+    whole = HardwareProfileFactory(name="h100-one", gpus_per_replica=1, gpu_memory_gb=80)
+    endpoint = tenant_a.endpoint
+    old = EndpointVersion.objects.create(endpoint=endpoint, number=1, model_profile=endpoint.model_profile,
+                                         hardware_profile=whole, launch_options={"tensor_parallel_size": 2})  # fmt: skip
+    url = reverse("hardware-profile-detail", args=[whole.pk])
+    client = client_for(operator)
+    cut = {"mig_profile": "1g.10gb", "gpu_memory_gb": 10}
+    assert client.patch(url, cut, format="json").status_code == 200  # a retired version launches nothing again
+    assert client.patch(url, {"mig_profile": "", "gpu_memory_gb": 80}, format="json").status_code == 200
+    current = EndpointVersion.objects.create(endpoint=endpoint, number=2, model_profile=endpoint.model_profile,
+                                             hardware_profile=endpoint.hardware_profile)  # fmt: skip
+    Rollout.objects.create(endpoint=endpoint, from_version=current, to_version=old)
+    refused = client.patch(url, cut, format="json")
+    assert refused.status_code == 400 and "version 1: tensor_parallel_size 2" in str(refused.json()["mig_profile"])
+    # A replica of that version, on the version's profile, holds it back too
+    Rollout.objects.all().delete()
+    ReplicaFactory(endpoint=endpoint, version=old, state=ReplicaState.STARTING)
+    EndpointVersion.objects.filter(pk=old.pk).update(launch_options={})
+    refused = client.patch(url, cut, format="json")
+    assert refused.status_code == 400 and "1 replica(s) run on h100-one" in str(refused.json()["mig_profile"])
+
+
 # 3 GB of weights, 2 layers: KV per token 2·2·8·128·2 = 8,192 B. A 10 GB slice less 2 GB overhead holds 5 GB of KV.
 SMALL = ModelShape(n_layers=2, n_kv_heads=8, d_head=128, dtype_bytes=2, weights_gb=3.0)
 TABLE = [ThroughputRow(batch=8, per_stream_tok_s=40.0), ThroughputRow(batch=16, per_stream_tok_s=30.0)]
