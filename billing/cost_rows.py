@@ -91,6 +91,7 @@ def profiles_by_id(ids) -> dict[int, Profile]:
             capacity_type=h.capacity_type,
             gpus_per_replica=h.gpus_per_replica,
             usd_per_gpu_hour=h.usd_per_gpu_hour,
+            gpu_share=h.gpu_share(),
         )
         for h in HardwareProfile.objects.filter(pk__in=set(ids))
     }

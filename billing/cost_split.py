@@ -27,6 +27,17 @@ class Profile:
     capacity_type: str  # "on_demand" or "spot" (capacity.models.HardwareProfile.CapacityType)
     gpus_per_replica: int
     usd_per_gpu_hour: float | None  # None: no price yet, costs nothing
+    # The GPUs one priced unit is: 1 for a whole GPU, a MIG slice's compute sevenths over 7 (a 1g.10gb slice is
+    # 1/7). A slice's price is per slice-hour, so dollars count units and GPU-hours count this share of them.
+    gpu_share: float = 1.0
+
+    def unit_hours(self, billed_s: float) -> float:
+        """Priced hours (GPU-hours, or MIG slice-hours) of ``billed_s`` replica-seconds."""
+        return billed_s / 3600 * self.gpus_per_replica
+
+    def gpu_hours(self, billed_s: float) -> float:
+        """Whole-GPU hours of ``billed_s`` replica-seconds: a slice-hour counts its share of a GPU."""
+        return self.unit_hours(billed_s) * self.gpu_share
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,7 @@ def gpu_hours_mix(seconds: Iterable[ProfileSeconds], profiles: Mapping[int, Prof
     """Per endpoint, billed GPU-hours per profile (the weights for usage no record attributes)."""
     mix: dict[int, dict[int, float]] = defaultdict(dict)
     for row in seconds:
-        gpu_hours = row.billed_s / 3600 * profiles[row.profile_id].gpus_per_replica
+        gpu_hours = profiles[row.profile_id].gpu_hours(row.billed_s)
         if gpu_hours > 0:
             mix[row.endpoint_id][row.profile_id] = mix[row.endpoint_id].get(row.profile_id, 0.0) + gpu_hours
     return dict(mix)
@@ -184,9 +195,8 @@ def endpoint_profile_costs(
     for s in seconds:
         profile = profiles[s.profile_id]
         cost = rows[s.endpoint_id].setdefault(s.profile_id, _blank(profile))
-        gpu_hours = s.billed_s / 3600 * profile.gpus_per_replica
-        cost.gpu_hours += gpu_hours
-        cost.usd += gpu_hours * (profile.usd_per_gpu_hour or 0.0)
+        cost.gpu_hours += profile.gpu_hours(s.billed_s)
+        cost.usd += profile.unit_hours(s.billed_s) * (profile.usd_per_gpu_hour or 0.0)
     for (endpoint_id, _), by_profile in usage.items():
         for profile_id, sums in by_profile.items():
             _add_usage(rows[endpoint_id].setdefault(profile_id, _blank(profiles[profile_id])), sums)

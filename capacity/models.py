@@ -101,6 +101,19 @@ class HardwareProfile(models.Model):
         super().clean()
         if self.mig_profile:
             self._clean_mig()
+        memory = (self.gpu_memory_gb or 0) * (self.gpus_per_replica or 1)
+        if (
+            (self.gpu_memory_gb or 0) >= 1
+            and self.memory_overhead_gb is not None
+            and self.memory_overhead_gb >= memory
+        ):
+            # A 1g.10gb slice with the default 10 GB would plan no replica at all, for any model.
+            raise ValidationError(
+                {
+                    "memory_overhead_gb": f"{self.memory_overhead_gb:g} GB of a replica's {memory:g} GB leaves "
+                    "nothing for weights or KV cache: set what the engine really keeps (1-2 GB on a small slice)"
+                }
+            )
         per_node, domain = self.gpus_per_node, self.interconnect_domain_gpus
         if per_node and domain and per_node % domain and domain % per_node:
             raise ValidationError(
@@ -118,6 +131,11 @@ class HardwareProfile(models.Model):
             raise ValidationError(
                 {"gpu_memory_gb": f"a {piece.name} slice has {piece.memory_gb} GB: at most that, not more"}
             )
+
+    def gpu_share(self) -> float:
+        """The GPUs one of this profile's priced units is: 1, or a MIG slice's compute sevenths over 7 (cost reports
+        count a 1g.10gb slice-hour as 1/7 of a GPU-hour, at the slice's own price)."""
+        return mig.parse(self.mig_profile).compute_sevenths / 7 if self.mig_profile else 1.0
 
     def launch_problem(self, launch_options) -> str:
         """Why an endpoint's launch options cannot run on this profile ("" where they can): a replica on a MIG

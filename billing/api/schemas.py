@@ -80,8 +80,14 @@ class StatementSerializer(serializers.Serializer):
 class CostFiguresSerializer(serializers.Serializer):
     """GPU-hours, dollars and the work served of one part of a cost line (billing/cost_split.py: CostFigures)."""
 
-    gpu_hours = serializers.FloatField(help_text="billed replica-hours on this profile × its GPUs per replica")
-    usd = serializers.FloatField(help_text="gpu_hours × this profile's usd_per_gpu_hour")
+    gpu_hours = serializers.FloatField(
+        help_text="billed replica-hours on this profile × its GPUs per replica; a MIG slice-hour counts its share of "
+        "a GPU (a 1g.10gb slice 1/7)"
+    )
+    usd = serializers.FloatField(
+        help_text="billed replica-hours × GPUs per replica × this profile's usd_per_gpu_hour (a MIG profile's price "
+        "is per slice-hour)"
+    )
     requests = serializers.IntegerField()
     good_requests = serializers.IntegerField(help_text="requests that met every latency SLO")
     output_tokens = serializers.IntegerField()

@@ -17,7 +17,8 @@ class HardwareProfileSerializer(serializers.ModelSerializer):
         model = HardwareProfile
         fields = [
             "id", "name", "gpu_type", "gpus_per_replica", "gpu_memory_gb", "memory_bandwidth_gbps", "usd_per_gpu_hour",
-            "capacity_type", "max_replicas", "kv_link_gbps", "gpus_per_node", "interconnect_domain_gpus",
+            "memory_overhead_gb", "capacity_type", "max_replicas", "kv_link_gbps", "gpus_per_node",
+            "interconnect_domain_gpus",
             "domain_node_label", "gpu_product", "gpu_product_label", "mig_profile", "replica_fit",
         ]  # fmt: skip
         read_only_fields = ["id", "replica_fit"]

@@ -145,3 +145,34 @@ def test_console_pages_show_the_hardware_tables(client, mixed, tenant_a, tenant_
     statement = client.get(reverse("console:statement")).content.decode()
     table = statement[statement.index('id="by-hardware"') :]
     assert "mixed-13b" in table and "h100-spot" in table
+
+
+def test_a_mig_slice_hour_is_its_share_of_a_gpu_hour_at_the_slice_price(tenant_a):
+    """Two 1g.10gb replicas and one whole A100, each ready for two hours: dollars at each profile's own price (a
+    slice's per slice-hour), GPU-hours counting a slice as 1/7 of a GPU, so seven slices of one GPU are one GPU."""
+    now = timezone.now().replace(microsecond=0)
+    whole = HardwareProfile.objects.create(
+        name="a100-whole", gpu_type="A100", gpus_per_replica=1, gpu_memory_gb=80, memory_bandwidth_gbps=2039,
+        usd_per_gpu_hour=2.8,
+    )  # fmt: skip
+    slice_ = HardwareProfile.objects.create(
+        name="a100-1g", gpu_type="A100", gpus_per_replica=1, gpu_memory_gb=10, memory_bandwidth_gbps=255,
+        usd_per_gpu_hour=0.45, mig_profile="1g.10gb",
+    )  # fmt: skip
+    assert (whole.gpu_share(), slice_.gpu_share()) == (1.0, pytest.approx(1 / 7))
+    endpoint = EndpointFactory(name="small-on-slices", hardware_profile=slice_)
+    v1, v2 = (
+        EndpointVersion.objects.create(endpoint=endpoint, number=n, model_profile=endpoint.model_profile, hardware_profile=hw)
+        for n, hw in ((1, whole), (2, slice_))
+    )  # fmt: skip
+    replicas = [ReplicaFactory(endpoint=endpoint, version=v, state=ReplicaState.READY) for v in (v1, v2, v2)]
+    for replica in replicas:
+        ReplicaTransition.objects.create(
+            replica=replica, from_state="starting", to_state="ready", at=now - timedelta(hours=2)
+        )
+    line = cost_lines(start=now - timedelta(hours=2), end=now, endpoints=[endpoint], now=now)[0]
+    rows = _by_name(line.by_hardware)
+    assert rows["a100-1g"].usd == pytest.approx(2 * 2 * 0.45)  # 4 slice-hours at the slice's price
+    assert rows["a100-1g"].gpu_hours == pytest.approx(4 / 7)
+    assert rows["a100-whole"].usd == pytest.approx(5.6) and rows["a100-whole"].gpu_hours == pytest.approx(2.0)
+    assert line.gpu_hours == pytest.approx(2 + 4 / 7) and line.usd == pytest.approx(5.6 + 1.8)

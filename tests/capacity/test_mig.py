@@ -59,6 +59,10 @@ def test_a_mig_profile_is_one_slice_a_replica_and_no_more_memory_than_its_name(o
     body = {"name": "a100-1g", "gpu_type": "A100-80GB", "gpu_memory_gb": 10, "memory_bandwidth_gbps": 255,
             "usd_per_gpu_hour": 0.55, "mig_profile": "1g.10gb"}  # fmt: skip
     client = client_for(operator)
+    # The default 10 GB of overhead would leave a 10 GB slice nothing for weights or KV: refused, not planned empty.
+    no_room = client.post(url, body, format="json")
+    assert no_room.status_code == 400 and "leaves nothing for weights" in no_room.json()["memory_overhead_gb"][0]
+    body["memory_overhead_gb"] = 1.5
     created = client.post(url, body, format="json")
     assert created.status_code == 201, created.content
     assert created.json()["replica_fit"] == {
@@ -99,7 +103,7 @@ def test_a_profile_turns_into_a_slice_or_back_only_with_nothing_running_or_askin
     )
     url = reverse("hardware-profile-detail", args=[whole.pk])
     client = client_for(operator)
-    cut = {"mig_profile": "1g.10gb", "gpu_memory_gb": 10}
+    cut = {"mig_profile": "1g.10gb", "gpu_memory_gb": 10, "memory_overhead_gb": 1.5}
     refused = client.patch(url, cut, format="json")
     assert refused.status_code == 400, refused.content
     assert "tensor_parallel_size 2 on h100-one: a MIG 1g.10gb replica is one slice" in str(
@@ -131,7 +135,7 @@ def test_only_a_version_a_rollout_moves_to_or_from_holds_a_profiles_change_back(
                                          hardware_profile=whole, launch_options={"tensor_parallel_size": 2})  # fmt: skip
     url = reverse("hardware-profile-detail", args=[whole.pk])
     client = client_for(operator)
-    cut = {"mig_profile": "1g.10gb", "gpu_memory_gb": 10}
+    cut = {"mig_profile": "1g.10gb", "gpu_memory_gb": 10, "memory_overhead_gb": 1.5}
     assert client.patch(url, cut, format="json").status_code == 200  # a retired version launches nothing again
     assert client.patch(url, {"mig_profile": "", "gpu_memory_gb": 80}, format="json").status_code == 200
     current = EndpointVersion.objects.create(endpoint=endpoint, number=2, model_profile=endpoint.model_profile,
