@@ -8,6 +8,7 @@ on the next tick from the recorded state. Celery beat runs ``tick_active_rollout
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import replace
 from datetime import datetime
@@ -18,7 +19,8 @@ from django.utils import timezone
 
 from capacity.autoscaling import actuators, store
 from capacity.autoscaling.actuators.base import version_endpoint
-from capacity.autoscaling.services import finish_drains
+from capacity.autoscaling.limits import launch_allowance
+from capacity.autoscaling.services import finish_drains, gpus_per_replica, quota_left
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
     Replica,
@@ -36,6 +38,7 @@ from endpoints.rollouts.services import (
     record_event,
     replicas_of,
 )
+from tenants.quotas import lock_tenant
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +137,45 @@ def _tick(rollout: Rollout, now: datetime) -> Rollout:
 
 
 def _launch(rollout: Rollout, actuator, version, count: int, what: str, data: dict) -> None:
-    """Start ``count`` replicas of ``version`` and record it; ActuatorError propagates (callers differ on it)."""
-    started = actuator.launch(version_endpoint(rollout.endpoint, version), count)
-    record_event(
-        rollout,
-        "launched",
-        rollout.state,
-        rollout.state,
-        f"started {count} {what}",
-        {"replicas": [r.name for r in started], **data},
-    )
+    """Start ``count`` replicas of ``version`` and record it; ActuatorError propagates (callers differ on it).
+
+    Each batch is a launch like the autoscaler's: with the owner's row locked, it starts only what the tenant's
+    quota has left now (the surge was checked when the rollout began, but a sibling endpoint may have taken the
+    room since). What does not fit waits: the decision launches the shortfall again next tick, and the capped
+    launch is an event saying which limit bound, as a Deployment's rollout stalls on a ResourceQuota."""
+    view = version_endpoint(rollout.endpoint, version)
+    undone_on_error = getattr(actuator, "launches_undone_on_error", contextlib.nullcontext)
+    with undone_on_error(), transaction.atomic():
+        allowed = count
+        if rollout.endpoint.owner_tenant_id is not None:
+            lock_tenant(rollout.endpoint.owner_tenant_id)
+            allowed, notes = launch_allowance(
+                wanted=count,
+                standby=False,
+                left=quota_left(rollout.endpoint, exclude_own_serving=False),
+                gpus_per_replica=gpus_per_replica(view),
+                per_tick_left=count,
+            )
+            if allowed < count:
+                record_event(
+                    rollout,
+                    "launch_capped",
+                    rollout.state,
+                    rollout.state,
+                    f"started {allowed} of {count} {what}: {', '.join(notes)}; the rest wait for quota",
+                    {"wanted": count, "allowed": allowed, **data},
+                )
+        if allowed <= 0:
+            return
+        started = actuator.launch(view, allowed)
+        record_event(
+            rollout,
+            "launched",
+            rollout.state,
+            rollout.state,
+            f"started {allowed} {what}",
+            {"replicas": [r.name for r in started], **data},
+        )
 
 
 def _config(rollout: Rollout) -> machine.RolloutConfig:

@@ -251,3 +251,27 @@ def test_a_horizontal_tick_during_a_rollout_is_recorded_but_not_applied(clean_st
     assert row.applied is True and row.desired == 3
     endpoint.refresh_from_db()
     assert endpoint.desired_replicas == 3
+
+
+def test_each_batch_starts_only_what_the_quota_has_left_now(clean_store, fake, endpoint, tenant_a):
+    """The surge fitted when the rollout began; a sibling endpoint's replicas took the room since. The tick starts
+    what fits, says why the rest waits, and starts the rest once the sibling's replicas are gone."""
+    tenant = tenant_a.tenant
+    tenant.quota_max_replicas = 4
+    tenant.save()
+    v2 = services.create_version(endpoint=endpoint, launch_options={"actuator": "fake", "speed": 2.0})
+    rollout = services.start_rollout(endpoint=endpoint, to_version=v2, max_surge=2)
+    assert rollout.max_surge == 2  # 2 ready + 2 surge = 4: fits at the start
+    sibling = ReplicaFactory(endpoint__owner_tenant=tenant, state=ReplicaState.READY, actuator="fake")
+    ticks.rollout_tick(rollout_id=rollout.pk)
+    assert fake.launched == [(v2.pk, 1)]  # 2 wanted, 1 left under the quota of 4
+    capped = rollout.events.get(kind="launch_capped")
+    assert capped.data == {"wanted": 2, "allowed": 1}
+    assert "started 1 of 2 new-version replica(s): tenant replica quota allows 1" in capped.message
+    ticks.rollout_tick(rollout_id=rollout.pk)  # still full: nothing started, nothing over the quota
+    assert fake.launched == [(v2.pk, 1)]
+    base.Actuator.stop_row(sibling, "test: the sibling scaled down")
+    ticks.rollout_tick(rollout_id=rollout.pk)
+    assert fake.launched == [(v2.pk, 1), (v2.pk, 1)]
+    rollout.refresh_from_db()
+    assert rollout.state in (RolloutState.SURGING, RolloutState.SHIFTING)
