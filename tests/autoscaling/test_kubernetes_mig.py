@@ -163,6 +163,38 @@ def test_a_whole_gpu_pool_copied_from_a_template_a_mig_launch_wrote_asks_for_a_w
     kubernetes_validate.validate(body, "1.32", strict=True)
 
 
+@pytest.mark.parametrize("pool", ["spot", "prefill"])
+def test_a_one_gpu_pool_copied_from_a_gang_placed_8_gpu_template_asks_for_one_gpu_and_no_gang(
+    db, clean_store, cluster, k8s, endpoint, pool
+):
+    # A TP-8 endpoint's template, as a launch under Volcano on an NVL72 rack placed it; its spot or prefill pool is
+    # one GPU a replica with no gang scheduler now. The copy must not ask for 8 GPUs (7 paid for and idle, and the
+    # ledger counting 1) nor keep the rack's affinity and Volcano's scheduler; an operator's own affinity stays.
+    eight = HardwareProfileFactory(name="h100x8", gpus_per_replica=8, gpu_product="NVIDIA-H100-80GB-HBM3")
+    one = HardwareProfileFactory(name="h100x1", gpus_per_replica=1, gpu_product="NVIDIA-H100-80GB-HBM3")
+    pools = {"spot_hardware_profile": one} if pool == "spot" else {"serving_mode": "disaggregated",
+             "kv_connector": "nixl", "prefill_hardware_profile": one}  # fmt: skip
+    Endpoint.objects.filter(pk=endpoint.pk).update(hardware_profile=eight, **pools)
+    endpoint.refresh_from_db()
+    template = cluster.deployments["llama-13b"]
+    placed = single_node_template(
+        template["spec"]["template"], gpus=8, gang=Gang(scheduler="volcano", domain_label="nvidia.com/gpu.clique")
+    )
+    own = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": {"app": "llama"}}}}]}}  # fmt: skip
+    placed["spec"]["affinity"].update(own)
+    template["spec"]["template"] = placed
+    assert engine(template)["limits"][GPU] == 8 and placed["spec"]["schedulerName"] == "volcano"
+    k8s.launch(pool_endpoint(endpoint, one if pool == "spot" else None, role=pool if pool == "prefill" else None), 1)
+    ((name, body),) = [(b["metadata"]["name"], b) for m, _, b in cluster.requests if m == "POST"]
+    pod = body["spec"]["template"]
+    assert engine(body)["limits"][GPU] == 1, name
+    assert pod["spec"]["affinity"] == own and "schedulerName" not in pod["spec"]
+    assert not set(pod["metadata"].get("annotations") or {}) & {"scheduling.volcano.sh/queue-name"}
+    kubernetes_validate.validate(body, "1.32", strict=True)
+
+
 def test_an_unknown_strategy_fails_the_launch_by_name_but_not_the_sync(db, tenant_a, gang, settings):
     gang("none")
     use_strategy(settings, "mixed")

@@ -108,10 +108,49 @@ def carries_slice(pod: dict) -> bool:
     return any(is_device(key) and key != GPU for table in ("limits", "requests") for key in resources.get(table) or {})
 
 
-def whole_gpu_template(pod: dict) -> dict:
-    """The pod template asking for one whole GPU where an earlier MIG launch left it a slice's resource (a profile
-    that is no longer a MIG one, launched with no gang scheduler); else as it is."""
-    return _with_gpus(pod, 1) if carries_slice(pod) else pod
+def asked_devices(pod: dict) -> dict:
+    """The GPUs and MIG slices the pod template's engine container asks for, by resource (its limits)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    limits = ((containers[0].get("resources") or {}).get("limits") or {}) if containers else {}
+    return {key: value for key, value in limits.items() if is_device(key)}
+
+
+def one_gpu_template(pod: dict) -> dict:
+    """The pod template for a replica of one whole GPU that nothing but the scheduler places (no gang scheduler):
+    where the template was written for another shape (a MIG launch's slice, or a copy of an 8-GPU endpoint's
+    template for its 1-GPU spot or prefill pool), it asks for one GPU and loses the gang's node affinity and
+    annotations that ``_schedule`` wrote; a template asking for no GPU (CPU replicas) or for one already is kept."""
+    asked = asked_devices(pod)
+    if asked and asked != {GPU: 1}:
+        pod = _with_gpus(pod, 1)
+    return _unscheduled(pod)
+
+
+def _unscheduled(pod: dict) -> dict:
+    """``pod`` without what ``_schedule`` wrote: the domain label's node affinity (an operator's own, of another
+    shape, stays), the Kueue topology and Volcano annotations, Volcano as the scheduler."""
+    spec, annotations = pod.get("spec") or {}, (pod.get("metadata") or {}).get("annotations") or {}
+    affinity = spec.get("affinity") or {}
+    terms = ((affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
+        "nodeSelectorTerms"
+    ) or [{}]
+    label = next(iter(terms[0].get("matchExpressions") or [{}])).get("key")
+    ours = label and affinity.get("nodeAffinity") == _node_affinity(label)
+    volcano = VOLCANO_QUEUE in annotations and spec.get("schedulerName") == "volcano"
+    written = {KUEUE_REQUIRED_TOPOLOGY, KUEUE_PODSET_GROUP, VOLCANO_GROUP, VOLCANO_QUEUE} & set(annotations)
+    if not (ours or volcano or written):
+        return pod
+    pod = copy.deepcopy(pod)
+    spec, meta = pod["spec"], pod["metadata"] if written else pod.get("metadata")
+    if ours:
+        del spec["affinity"]["nodeAffinity"]
+        if not spec["affinity"]:
+            del spec["affinity"]
+    if volcano:
+        del spec["schedulerName"]
+    for key in written:
+        del meta["annotations"][key]
+    return pod
 
 
 def _schedule(pod: dict, gang: Gang, *, group: str | None) -> None:

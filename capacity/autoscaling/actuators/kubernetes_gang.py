@@ -34,9 +34,9 @@ from capacity.autoscaling.actuators.gang import (
     VOLCANO_API,
     Gang,
     deployment_labels,
+    one_gpu_template,
     replica_objects,
     single_node_template,
-    whole_gpu_template,
 )
 from capacity.autoscaling.actuators.kubernetes_objects import (
     ENDPOINT_ID,
@@ -137,7 +137,7 @@ class GangReplicas(KubernetesDeployments):
             gang, gpus = placed
             template = single_node_template(template, gpus=gpus, gang=gang)
         else:
-            template = whole_gpu_template(template)  # no slice left from a MIG launch on this template
+            template = one_gpu_template(template)  # no slice or 8-GPU ask left by another shape's launch
         template = with_requirements(template, needs)  # in place of those an earlier launch wrote
         patch: dict = {"spec": {"template": changes}} if (changes := merge_patch(before, template)) else {}
         if placed is not None and (labels := deployment_labels(placed[0])):

@@ -5,7 +5,7 @@ use and deleted once a retired version has no replica left."""
 import copy
 
 from capacity.autoscaling.actuators.base import ActuatorError, version_endpoint
-from capacity.autoscaling.actuators.gang import whole_gpu_template
+from capacity.autoscaling.actuators.gang import one_gpu_template
 from capacity.autoscaling.actuators.kubernetes_api import KubernetesApi
 from capacity.autoscaling.actuators.kubernetes_objects import (
     CAPACITY,
@@ -95,9 +95,10 @@ class KubernetesDeployments(KubernetesApi):
         # The GPU model, selector and tolerations, in place of those the template carries for its own pods (another
         # profile's model, a selector key this version's options dropped).
         pod = with_requirements(spec.get("template") or {}, needs)
-        # One whole GPU where the template holds the slice an earlier MIG launch of the endpoint wrote: this pool may
-        # be on whole GPUs (a MIG launch of it puts its own slice back, as it places the template).
-        pod = whole_gpu_template(pod)
+        # One whole GPU where the template holds another shape's ask (the slice an earlier MIG launch of the endpoint
+        # wrote, the 8 GPUs and gang affinity of a TP-8 endpoint's template): this pool may be one whole GPU; a pool
+        # of another shape gets its own back as its launch places the template.
+        pod = one_gpu_template(pod)
         pod.setdefault("metadata", {}).setdefault("labels", {}).update(added)
         if role != ReplicaRole.MIXED:
             with_kv_transfer(pod, kv_transfer_flag(endpoint, role))
