@@ -35,6 +35,8 @@ SEEDS = {
     "economics": Seeds(training=(0, 1), held_out=(4001, 4002, 4003)),
     "pd": Seeds(training=(1, 2, 3), held_out=(5001, 5002, 5003)),
     "placement": Seeds(training=(1, 2, 3), held_out=(6001, 6002, 6003)),
+    # Fidelity's training points are fixed (benchmarks/serving/fidelity POINTS); a held-out seed draws load points.
+    "fidelity": Seeds(training=(), held_out=(7001, 7002, 7003, 7004)),
 }
 
 

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from django.core.management.base import CommandError
 
+from benchmarks import protocol
 from benchmarks.serving import fidelity
 from benchmarks.serving.fidelity import CALIBRATION, POINTS
 from benchmarks.serving.fidelity.load import (
@@ -349,3 +351,22 @@ def test_the_held_out_points_are_off_the_calibration_grid(size):
         patch.setitem(POINTS, size, (touching,))
         problems = fidelity.off_grid_problems(size)
     assert any("prompt length" in p for p in problems) and any("calibration level" in p for p in problems)
+
+
+@pytest.mark.parametrize("size", list(CALIBRATION))
+def test_held_out_points_are_drawn_off_the_grid_per_seed_inside_the_training_envelope(size):
+    """``--held-out`` measures points drawn from the protocol's held-out seeds: none is a training point or touches
+    the calibration grid, each seed's draw is its own (dropping a seed leaves the others' points as they were), and
+    every point stays where the sweep's KV held its runs."""
+    seeds = protocol.seeds_for("fidelity", held_out=True)
+    points = fidelity.held_out_points(size, seeds)
+    assert len(points) == len(set(points)) >= 1 and fidelity.off_grid_problems(size, points) == []
+    assert not set(points) & set(POINTS[size])
+    assert fidelity.held_out_points(size, seeds) == points  # the same seeds, the same points
+    per_seed = len(points) // min(len(seeds), len(points))
+    assert fidelity.held_out_points(size, seeds[1:])[: len(points) - per_seed] == points[per_seed:]
+    for p in points:
+        assert 3 <= p.concurrency <= 24 and 64 <= p.shape.input_tokens <= 2048 + 640 and 24 <= p.shape.output_tokens
+        assert p.concurrency * (p.shape.input_tokens + p.shape.output_tokens) <= 32_768 and p.requests >= 36
+    with pytest.raises(CommandError, match="takes no --opt replay"):
+        fidelity.run(quick=True, progress=lambda *a: None, held_out=True, replay="any.json")

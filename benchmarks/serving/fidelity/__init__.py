@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import statistics
 import time
 
 import httpx
 from django.core.management.base import CommandError
 
+from benchmarks.protocol import seeds_for
 from benchmarks.serving.fidelity import capture
 from benchmarks.serving.fidelity.load import (
     METRICS,
@@ -80,6 +82,7 @@ from simulator.calibration import (
 )
 from simulator.process import start_replica
 
+HELD_OUT = True  # bench fidelity --held-out: load points drawn from benchmarks/protocol.py's held-out seeds
 GOAL = 0.15  # each figure's mean |error| over the held-out points
 GOAL_P90 = 0.25  # and the 90th percentile of the points' |errors| (nearest rank: with few points, the worst)
 # What the refinement matches: the client's figures and the API server's part of the TTFT (from the send to the
@@ -174,9 +177,10 @@ POINTS = {
 }
 
 
-def off_grid_problems(size: str) -> list[str]:
-    """How ``POINTS[size]`` touch the calibration (none when every point is off its grid): a prompt, output or
-    prefix length the sweep or the prefill probes ran, or a concurrency that is one of the sweep's levels."""
+def off_grid_problems(size: str, points=None) -> list[str]:
+    """How ``points`` (``POINTS[size]`` by default) touch the calibration (none when every point is off its grid):
+    a prompt, output or prefix length the sweep or the prefill probes ran, or a concurrency that is one of the
+    sweep's levels."""
     config = CALIBRATION[size]
     shapes = [config["reference_shape"], *config["fit_shapes"], *config["held_out_shapes"]]
     shapes += [shape for shape, _ in PROBES[size]]
@@ -184,7 +188,7 @@ def off_grid_problems(size: str) -> list[str]:
     outputs = {s.output_tokens for s in shapes if s.output_tokens > 2}  # a probe's 2 tokens are not an answer
     prefixes = {s.shared_prefix_tokens for s in shapes if s.shared_prefix_tokens}
     problems = []
-    for point in POINTS[size]:
+    for point in POINTS[size] if points is None else points:
         shape = point.shape
         if shape.input_tokens in prompts:
             problems.append(f"{point.label}: prompt length {shape.input_tokens} was calibrated")
@@ -195,6 +199,51 @@ def off_grid_problems(size: str) -> list[str]:
         if point.concurrency in config["levels"]:
             problems.append(f"{point.label}: {point.concurrency} streams is a calibration level")
     return problems
+
+
+# Held-out points (``bench fidelity --held-out``): drawn from the seeds benchmarks/protocol.py holds out, never from
+# a point any diagnosis looked at (``POINTS`` are training points: they steered the calibration's changes). Each
+# seed draws ``_HELD_OUT_PER_SEED[size]`` points inside the envelope the training points span (prompts 64-2,048
+# tokens, answers 24-224, 3-24 streams; a mix of 2-4 shared prefixes of 512-1,536 tokens in about a third), off
+# the calibration grid (``off_grid_problems``) and within the KV the sweep's largest runs held (32 k tokens in
+# flight).
+_HELD_OUT_PER_SEED = {"smoke": 1, "quick": 1, "full": 2}
+_HELD_OUT_SEEDS_USED = {"smoke": 1, "quick": 3, "full": 4}
+_IN_FLIGHT_TOKENS_MAX = 32_768
+
+
+def held_out_points(size: str, seeds) -> tuple[LoadPoint, ...]:
+    """The held-out load points of ``seeds`` (the first ``_HELD_OUT_SEEDS_USED[size]``), each drawn by its own
+    ``random.Random(seed)`` until it is off the grid, so a seed's points never change with the others."""
+    points: list[LoadPoint] = []
+    for seed in list(seeds)[: _HELD_OUT_SEEDS_USED[size]]:
+        rng = random.Random(f"fidelity-held-out-{seed}")
+        drawn = 0
+        while drawn < _HELD_OUT_PER_SEED[size]:
+            point = _draw_point(rng, size)
+            if off_grid_problems(size, [point]) or point in points:
+                continue
+            points.append(point)
+            drawn += 1
+    return tuple(points)
+
+
+def _draw_point(rng: random.Random, size: str) -> LoadPoint:
+    levels = CALIBRATION[size]["levels"]
+    if rng.random() < 1 / 3:  # conversations behind their system prompts
+        concurrency = rng.choice([c for c in range(3, 13) if c not in levels])
+        prefix = 64 * rng.randint(8, 24)
+        shape = Shape(prefix + 16 * rng.randint(8, 40), 8 * rng.randint(3, 12), shared_prefix_tokens=prefix)
+        groups = rng.randint(2, 4)
+    else:
+        concurrency = rng.choice([c for c in range(3, 25) if c not in levels])
+        prompt = 16 * max(4, round(math.exp(rng.uniform(math.log(64), math.log(2048))) / 16))
+        output = 8 * max(3, round(math.exp(rng.uniform(math.log(24), math.log(224))) / 8))
+        shape, groups = Shape(prompt, output), 1
+    while concurrency > 3 and concurrency * (shape.input_tokens + shape.output_tokens) > _IN_FLIGHT_TOKENS_MAX:
+        concurrency -= 1
+    requests = max(36, min(10 * concurrency, 96))
+    return LoadPoint(shape, concurrency, requests, prefix_groups=groups)
 
 
 # Prefill probes: requests one at a time on the idle engine, 2 output tokens each (``calibration.prefill_fit``):
@@ -232,10 +281,15 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     return (predicted - measured) / measured
 
 
-def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=print, **opts) -> dict:
+def run(
+    *, quick: bool, plot: str | None = None, live: bool = False, progress=print, held_out: bool = False, **opts
+) -> dict:
     size = opts.get("size") or ("quick" if quick else "full")
     if size not in CALIBRATION:
         raise CommandError(f"--opt size= takes {', '.join(CALIBRATION)}, not {size!r}")
+    if held_out and opts.get("replay"):
+        raise CommandError("--held-out measures fresh points on the engine: it takes no --opt replay=")
+    points = held_out_points(size, seeds_for("fidelity", held_out=True)) if held_out else POINTS[size]
     try:
         repeats = int(opts.get("repeats", 1 if quick else 3))
         client_gap_s = float(opts.get("client_gap_s", 0.002))
@@ -256,11 +310,14 @@ def run(*, quick: bool, plot: str | None = None, live: bool = False, progress=pr
         driver = TokenPromptDriver(url, model=info["id"], vocab_size=base.vocab_size)
         meta = {"real_vllm_version": version, "size": size, "model": info["id"], "model_path": info.get("root") or "",
                 "engine_startup_s": None if startup_s is None else round(startup_s, 1), "cpu_layout": engine.layout}  # fmt: skip
-        runs: dict[LoadPoint, list] = {point: [] for point in POINTS[size]}
+        meta["points"] = "held_out" if held_out else "training"
+        runs: dict[LoadPoint, list] = {point: [] for point in points}
         captures, cycles = [], []
         for r in range(repeats):
             progress(f"vLLM {version} at {url}: repeat {r + 1} of {repeats}, calibrating ({size} sweep)")
-            captures.append(_measure(driver, size=size, repeat=r, opts=opts, pgid=pgid, progress=progress))
+            captures.append(
+                _measure(driver, size=size, points=points, repeat=r, opts=opts, pgid=pgid, progress=progress)
+            )
             if save:  # after every repeat: a run stopped halfway keeps what it measured
                 _write(save, capture.dump(captures, meta=meta))
             cycles.append(
@@ -457,7 +514,7 @@ def _constants(profile) -> dict:
     }
 
 
-def _measure(driver, *, size: str, repeat: int, opts: dict, pgid, progress) -> capture.RepeatCapture:
+def _measure(driver, *, size: str, points, repeat: int, opts: dict, pgid, progress) -> capture.RepeatCapture:
     """One repeat's measurements on the engine: the calibration sweep, the prefill probes, and every held-out point
     (measured twice unless ``again=0``). Each repeat measures anew: on a shared machine the neighbours' load
     drifts, and a profile fitted in a quiet quarter of an hour mispredicts a busy one (the repeats' spread says
@@ -471,7 +528,7 @@ def _measure(driver, *, size: str, repeat: int, opts: dict, pgid, progress) -> c
             probes = probe_prefill(driver, size, f"fidelity-probe-{repeat}-{time.time_ns()}")
     fit = {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma", "held_out_relative_error")}
     rep = capture.RepeatCapture(recorder.runs, probes, sweep_fit=fit, cpu=calibration_cpu.figures)
-    for point in POINTS[size]:
+    for point in points:
         run_id = f"fidelity-{point.label}-{repeat}-{time.time_ns()}"  # fresh prefixes: no run warms the next
         with CpuMeter(pgid) as meter:
             samples = driver.run(point.shape, point.concurrency, point.requests, run_id, **_g(point))
