@@ -142,7 +142,9 @@ def _launch(rollout: Rollout, actuator, version, count: int, what: str, data: di
     Each batch is a launch like the autoscaler's: with the owner's row locked, it starts only what the tenant's
     quota has left now (the surge was checked when the rollout began, but a sibling endpoint may have taken the
     room since). What does not fit waits: the decision launches the shortfall again next tick, and the capped
-    launch is an event saying which limit bound, as a Deployment's rollout stalls on a ResourceQuota."""
+    launch is an event saying which limit bound (once, not every tick it stays so), as a Deployment's rollout
+    stalls on a ResourceQuota. A rollback's old-version launches are held to the quota the same way, while the
+    new version's draining replicas still count against it."""
     view = version_endpoint(rollout.endpoint, version)
     undone_on_error = getattr(actuator, "launches_undone_on_error", contextlib.nullcontext)
     with undone_on_error(), transaction.atomic():
@@ -156,13 +158,17 @@ def _launch(rollout: Rollout, actuator, version, count: int, what: str, data: di
                 gpus_per_replica=gpus_per_replica(view),
                 per_tick_left=count,
             )
-            if allowed < count:
+            message = f"started {allowed} of {count} {what}: {', '.join(notes)}; the rest wait for quota"
+            last = rollout.events.filter(kind__in=("launch_capped", "launched")).order_by("-pk").first()
+            # Once until something starts or the cap changes: a rollout waiting on a full quota asks again every
+            # tick, and says so once.
+            if allowed < count and not (last and last.kind == "launch_capped" and last.message == message):
                 record_event(
                     rollout,
                     "launch_capped",
                     rollout.state,
                     rollout.state,
-                    f"started {allowed} of {count} {what}: {', '.join(notes)}; the rest wait for quota",
+                    message,
                     {"wanted": count, "allowed": allowed, **data},
                 )
         if allowed <= 0:

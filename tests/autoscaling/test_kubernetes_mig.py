@@ -13,7 +13,14 @@ import pytest
 
 from capacity.autoscaling.actuators import ActuatorError
 from capacity.autoscaling.actuators.free_gpus import free_gpus
-from capacity.autoscaling.actuators.gang import GPU, Gang, replica_objects, single_node_template, volcano_pod_group
+from capacity.autoscaling.actuators.gang import (
+    GPU,
+    Gang,
+    one_gpu_template,
+    replica_objects,
+    single_node_template,
+    volcano_pod_group,
+)
 from capacity.autoscaling.actuators.kubernetes_room import cluster_from, kubernetes_room, refresh_room, snapshot
 from capacity.autoscaling.services import pool_endpoint
 from capacity.ledger import capacity_ledger
@@ -193,6 +200,23 @@ def test_a_one_gpu_pool_copied_from_a_gang_placed_8_gpu_template_asks_for_one_gp
     assert pod["spec"]["affinity"] == own and "schedulerName" not in pod["spec"]
     assert not set(pod["metadata"].get("annotations") or {}) & {"scheduling.volcano.sh/queue-name"}
     kubernetes_validate.validate(body, "1.32", strict=True)
+
+
+def test_one_gpu_template_takes_out_only_what_the_gang_placement_wrote():
+    """An operator's own template of the same shape (a GPU-presence affinity, Volcano as their scheduler) is not the
+    platform's to undo; a quantity the API server answers as a string is already one GPU."""
+    own = copy.deepcopy(POD)
+    own["spec"]["containers"][0]["resources"] = {"limits": {GPU: "1"}}
+    own["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "Exists"}]}]}}}  # fmt: skip
+    own["spec"]["schedulerName"] = "volcano"
+    own.setdefault("metadata", {})["annotations"] = {"scheduling.volcano.sh/queue-name": "team-x"}
+    assert one_gpu_template(own) is own  # nothing to change: no PATCH
+    placed = single_node_template(own, gpus=4, gang=Gang(scheduler="volcano", domain_label="nvidia.com/gpu.clique"))
+    back = one_gpu_template(placed)
+    assert back["spec"]["containers"][0]["resources"]["limits"] == {GPU: 1}
+    assert "affinity" not in back["spec"] and "schedulerName" not in back["spec"]
+    assert back["metadata"]["annotations"] == {}
 
 
 def test_an_unknown_strategy_fails_the_launch_by_name_but_not_the_sync(db, tenant_a, gang, settings):

@@ -269,7 +269,11 @@ def test_each_batch_starts_only_what_the_quota_has_left_now(clean_store, fake, e
     assert capped.data == {"wanted": 2, "allowed": 1}
     assert "started 1 of 2 new-version replica(s): tenant replica quota allows 1" in capped.message
     ticks.rollout_tick(rollout_id=rollout.pk)  # still full: nothing started, nothing over the quota
+    ticks.rollout_tick(rollout_id=rollout.pk)
     assert fake.launched == [(v2.pk, 1)]
+    capped = list(rollout.events.filter(kind="launch_capped").values_list("data", flat=True))
+    # said once per change: 1 of 2, then 0 of 1 (however many ticks it waits)
+    assert capped == [{"wanted": 2, "allowed": 1}, {"wanted": 1, "allowed": 0}]
     base.Actuator.stop_row(sibling, "test: the sibling scaled down")
     ticks.rollout_tick(rollout_id=rollout.pk)
     assert fake.launched == [(v2.pk, 1), (v2.pk, 1)]

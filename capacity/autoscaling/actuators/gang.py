@@ -26,6 +26,9 @@ LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 HOSTNAME = "kubernetes.io/hostname"
+# What ``_schedule`` wrote into a pod template (its domain label), so that a later launch of another shape takes out
+# exactly that and never an operator's own affinity, scheduler or annotations.
+PLACED_ANNOTATION = "infercap/gang-placed"
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,6 @@ def _with_gpus(pod: dict, gpus: int, resource: str = GPU) -> dict:
     return pod
 
 
-def carries_slice(pod: dict) -> bool:
-    """Whether the pod template's engine container asks for a MIG slice's resource (an earlier MIG launch's)."""
-    containers = (pod.get("spec") or {}).get("containers") or []
-    resources = (containers[0].get("resources") or {}) if containers else {}
-    return any(is_device(key) and key != GPU for table in ("limits", "requests") for key in resources.get(table) or {})
-
-
 def asked_devices(pod: dict) -> dict:
     """The GPUs and MIG slices the pod template's engine container asks for, by resource (its limits)."""
     containers = (pod.get("spec") or {}).get("containers") or []
@@ -115,41 +111,43 @@ def asked_devices(pod: dict) -> dict:
     return {key: value for key, value in limits.items() if is_device(key)}
 
 
+def _one_gpu(asked: dict) -> bool:
+    # The API server answers quantities as strings ("1"); a template written here holds integers.
+    return list(asked) == [GPU] and str(asked[GPU]).strip() == "1"
+
+
 def one_gpu_template(pod: dict) -> dict:
     """The pod template for a replica of one whole GPU that nothing but the scheduler places (no gang scheduler):
     where the template was written for another shape (a MIG launch's slice, or a copy of an 8-GPU endpoint's
-    template for its 1-GPU spot or prefill pool), it asks for one GPU and loses the gang's node affinity and
-    annotations that ``_schedule`` wrote; a template asking for no GPU (CPU replicas) or for one already is kept."""
+    template for its 1-GPU spot or prefill pool), it asks for one GPU and loses what ``_schedule`` wrote for the
+    gang (``PLACED_ANNOTATION`` says what); a template asking for no GPU (CPU replicas) or for one already is
+    kept as it is."""
     asked = asked_devices(pod)
-    if asked and asked != {GPU: 1}:
+    if asked and not _one_gpu(asked):
         pod = _with_gpus(pod, 1)
     return _unscheduled(pod)
 
 
 def _unscheduled(pod: dict) -> dict:
-    """``pod`` without what ``_schedule`` wrote: the domain label's node affinity (an operator's own, of another
-    shape, stays), the Kueue topology and Volcano annotations, Volcano as the scheduler."""
-    spec, annotations = pod.get("spec") or {}, (pod.get("metadata") or {}).get("annotations") or {}
-    affinity = spec.get("affinity") or {}
-    terms = ((affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
-        "nodeSelectorTerms"
-    ) or [{}]
-    label = next(iter(terms[0].get("matchExpressions") or [{}])).get("key")
-    ours = label and affinity.get("nodeAffinity") == _node_affinity(label)
-    volcano = VOLCANO_QUEUE in annotations and spec.get("schedulerName") == "volcano"
-    written = {KUEUE_REQUIRED_TOPOLOGY, KUEUE_PODSET_GROUP, VOLCANO_GROUP, VOLCANO_QUEUE} & set(annotations)
-    if not (ours or volcano or written):
+    """``pod`` without what ``_schedule`` wrote into it (``PLACED_ANNOTATION``: the domain label its node affinity
+    named): that node affinity, the Kueue topology and Volcano annotations, Volcano as the scheduler. A template
+    without the annotation (never placed here, or written by an operator) is returned as it is."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if PLACED_ANNOTATION not in annotations:
         return pod
     pod = copy.deepcopy(pod)
-    spec, meta = pod["spec"], pod["metadata"] if written else pod.get("metadata")
-    if ours:
-        del spec["affinity"]["nodeAffinity"]
-        if not spec["affinity"]:
-            del spec["affinity"]
-    if volcano:
+    annotations = pod["metadata"]["annotations"]
+    label = annotations.pop(PLACED_ANNOTATION)
+    spec = pod.get("spec") or {}
+    affinity = spec.get("affinity") or {}
+    if affinity.get("nodeAffinity") == _node_affinity(label):
+        del affinity["nodeAffinity"]
+        if not affinity:
+            spec.pop("affinity", None)
+    if annotations.pop(VOLCANO_QUEUE, None) is not None and spec.get("schedulerName") == "volcano":
         del spec["schedulerName"]
-    for key in written:
-        del meta["annotations"][key]
+    for key in (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PODSET_GROUP, VOLCANO_GROUP):
+        annotations.pop(key, None)
     return pod
 
 
@@ -157,6 +155,7 @@ def _schedule(pod: dict, gang: Gang, *, group: str | None) -> None:
     meta, spec = pod.setdefault("metadata", {}), pod["spec"]
     spec.setdefault("affinity", {})["nodeAffinity"] = _node_affinity(gang.domain_label)
     annotations = meta.setdefault("annotations", {})
+    annotations[PLACED_ANNOTATION] = gang.domain_label
     if gang.scheduler == "kueue" and group is not None:
         annotations[KUEUE_REQUIRED_TOPOLOGY] = gang.domain_label
         annotations[KUEUE_PODSET_GROUP] = "replica"
