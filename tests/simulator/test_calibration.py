@@ -363,10 +363,27 @@ def test_held_out_points_are_drawn_off_the_grid_per_seed_inside_the_training_env
     assert len(points) == len(set(points)) >= 1 and fidelity.off_grid_problems(size, points) == []
     assert not set(points) & set(POINTS[size])
     assert fidelity.held_out_points(size, seeds) == points  # the same seeds, the same points
-    per_seed = len(points) // min(len(seeds), len(points))
-    assert fidelity.held_out_points(size, seeds[1:])[: len(points) - per_seed] == points[per_seed:]
+    used = fidelity.held_out_seeds_used(size, seeds)
+    per_seed = len(points) // len(used)
+    for i, seed in enumerate(used):  # each seed's points alone, as when it is drawn with no other
+        assert fidelity.held_out_points(size, (seed,))[:per_seed] == points[i * per_seed : (i + 1) * per_seed]
     for p in points:
         assert 3 <= p.concurrency <= 24 and 64 <= p.shape.input_tokens <= 2048 + 640 and 24 <= p.shape.output_tokens
         assert p.concurrency * (p.shape.input_tokens + p.shape.output_tokens) <= 32_768 and p.requests >= 36
-    with pytest.raises(CommandError, match="takes no --opt replay"):
-        fidelity.run(quick=True, progress=lambda *a: None, held_out=True, replay="any.json")
+
+
+def test_a_capture_of_held_out_points_replays_only_as_a_logged_look(tmp_path):
+    """A held-out run's saved measurements are held-out data: a plain replay (a diagnosis nobody logs) is refused,
+    and ``--held-out`` replays no training capture."""
+    from benchmarks.serving.fidelity import capture
+
+    point = fidelity.held_out_points("smoke", protocol.seeds_for("fidelity", held_out=True))[0]
+    samples = [Sample(0.0, 1.0, 0.1, point.shape.input_tokens, 0, point.shape.output_tokens)] * point.requests
+    rep = capture.RepeatCapture([(point, "r0", samples)], None, sweep_fit={}, cpu={})
+    rep.points.append(capture.PointCapture(point, "r", samples, None, {}))
+    for kind in ("held_out", "training"):
+        (tmp_path / f"{kind}.json").write_text(capture.dump([rep], meta={"size": "smoke", "evaluation_points": kind}))
+    with pytest.raises(CommandError, match="holds held-out points: replay it with --held-out"):
+        fidelity.run(quick=True, progress=lambda *a: None, replay=str(tmp_path / "held_out.json"))
+    with pytest.raises(CommandError, match="replays a capture of held-out points only"):
+        fidelity.run(quick=True, progress=lambda *a: None, held_out=True, replay=str(tmp_path / "training.json"))

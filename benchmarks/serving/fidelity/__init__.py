@@ -10,8 +10,10 @@ not calibrated.
    the runs in the simulator (``refine_profile``), on top of the ``tiny-cpu`` profile's limits. Prefill's rate
    and attention's term are measured apart first, by probes sent one at a time to the idle engine
    (``probe_prefill``, ``calibration.prefill_fit``), and held while the rest is refined.
-3. Predicts held-out load points (other concurrencies, prompt and output lengths, a mix of shared prefixes) with
-   the simulator's engine in virtual time and measures them on the engine; reports per point and overall the
+3. Predicts load points held out of the calibration (other concurrencies, prompt and output lengths, a mix of
+   shared prefixes: the fixed training points ``POINTS``, which earlier diagnoses looked at, or with ``--held-out``
+   points drawn from the protocol's held-out seeds, ``held_out_points``) with the simulator's engine in virtual
+   time and measures them on the engine; reports per point and overall the
    relative error of throughput, TTFT p50 and p90, TPOT p50 and prefix-cache hit rate; each point is measured
    twice, and the second measurement's error is the engine's own. Steps 2 and 3 are one repeat; ``repeats`` of
    them (the machine is shared and noisy) give 95 % intervals.
@@ -216,16 +218,19 @@ def held_out_points(size: str, seeds) -> tuple[LoadPoint, ...]:
     """The held-out load points of ``seeds`` (the first ``_HELD_OUT_SEEDS_USED[size]``), each drawn by its own
     ``random.Random(seed)`` until it is off the grid, so a seed's points never change with the others."""
     points: list[LoadPoint] = []
-    for seed in list(seeds)[: _HELD_OUT_SEEDS_USED[size]]:
+    for seed in held_out_seeds_used(size, seeds):
         rng = random.Random(f"fidelity-held-out-{seed}")
-        drawn = 0
-        while drawn < _HELD_OUT_PER_SEED[size]:
+        own: list[LoadPoint] = []
+        while len(own) < _HELD_OUT_PER_SEED[size]:
             point = _draw_point(rng, size)
-            if off_grid_problems(size, [point]) or point in points:
-                continue
-            points.append(point)
-            drawn += 1
+            if not off_grid_problems(size, [point]) and point not in own and point not in POINTS[size]:
+                own.append(point)
+        points += own
     return tuple(points)
+
+
+def held_out_seeds_used(size: str, seeds) -> tuple[int, ...]:
+    return tuple(seeds)[: _HELD_OUT_SEEDS_USED[size]]
 
 
 def _draw_point(rng: random.Random, size: str) -> LoadPoint:
@@ -287,9 +292,8 @@ def run(
     size = opts.get("size") or ("quick" if quick else "full")
     if size not in CALIBRATION:
         raise CommandError(f"--opt size= takes {', '.join(CALIBRATION)}, not {size!r}")
-    if held_out and opts.get("replay"):
-        raise CommandError("--held-out measures fresh points on the engine: it takes no --opt replay=")
-    points = held_out_points(size, seeds_for("fidelity", held_out=True)) if held_out else POINTS[size]
+    seeds = seeds_for("fidelity", held_out=True)
+    points = held_out_points(size, seeds) if held_out else POINTS[size]
     try:
         repeats = int(opts.get("repeats", 1 if quick else 3))
         client_gap_s = float(opts.get("client_gap_s", 0.002))
@@ -298,7 +302,9 @@ def run(
     if repeats < 1 or not 0 <= client_gap_s < 10:
         raise CommandError("--opt repeats= must be at least 1 and client_gap_s= in [0, 10) seconds")
     if opts.get("replay"):
-        return _replay(opts["replay"], client_gap_s=client_gap_s, plot=plot, opts=opts, progress=progress)
+        return _replay(
+            opts["replay"], client_gap_s=client_gap_s, plot=plot, opts=opts, progress=progress, held_out=held_out
+        )
     save = opts.get("save")
     engine = _engine(opts.get("url"), progress, cpus=opts.get("cpus", "1"), pin=opts.get("pin", "1") != "0")
     with engine as (url, startup_s, pgid):
@@ -310,7 +316,10 @@ def run(
         driver = TokenPromptDriver(url, model=info["id"], vocab_size=base.vocab_size)
         meta = {"real_vllm_version": version, "size": size, "model": info["id"], "model_path": info.get("root") or "",
                 "engine_startup_s": None if startup_s is None else round(startup_s, 1), "cpu_layout": engine.layout}  # fmt: skip
-        meta["points"] = "held_out" if held_out else "training"
+        # Not "points": the figures' per-point rows go by that name.
+        meta["evaluation_points"] = "held_out" if held_out else "training"
+        if held_out:
+            meta["held_out_seeds_used"] = list(held_out_seeds_used(size, seeds))
         runs: dict[LoadPoint, list] = {point: [] for point in points}
         captures, cycles = [], []
         for r in range(repeats):
@@ -338,9 +347,10 @@ def run(
     return _close(figures, plot, progress)
 
 
-def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, progress) -> dict:
+def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, progress, held_out: bool) -> dict:
     """The figures of a saved run (``--opt save=``) fitted and predicted again, with this checkout's simulator and
-    calibration, from the engine's measurements in the file: no engine, nothing measured."""
+    calibration, from the engine's measurements in the file: no engine, nothing measured. A capture of held-out
+    points replays only with ``--held-out``, so that every look at them is logged."""
     try:
         with open(path) as fh:
             meta, captures = capture.load(fh.read())
@@ -348,6 +358,12 @@ def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, pro
         raise CommandError(f"--opt replay= cannot read {path}: {exc.strerror or exc}") from None
     except capture.CaptureError as exc:
         raise CommandError(f"--opt replay={path}: {exc}") from None
+    if (meta.get("evaluation_points") == "held_out") != held_out:
+        raise CommandError(
+            f"--opt replay={path} holds held-out points: replay it with --held-out, which logs the look"
+            if not held_out
+            else f"--held-out replays a capture of held-out points only; {path} holds training points"
+        )
     size = meta.get("size") if meta.get("size") in CALIBRATION else "full"
     base = get_profile(BASE_PROFILE, model_name=str(meta.get("model") or "tiny-llama"),
                        model_path=str(meta.get("model_path") or ""))  # fmt: skip
@@ -514,7 +530,7 @@ def _constants(profile) -> dict:
     }
 
 
-def _measure(driver, *, size: str, points, repeat: int, opts: dict, pgid, progress) -> capture.RepeatCapture:
+def _measure(driver, *, size: str, repeat: int, opts: dict, pgid, progress, points=None) -> capture.RepeatCapture:
     """One repeat's measurements on the engine: the calibration sweep, the prefill probes, and every held-out point
     (measured twice unless ``again=0``). Each repeat measures anew: on a shared machine the neighbours' load
     drifts, and a profile fitted in a quiet quarter of an hour mispredicts a busy one (the repeats' spread says
@@ -528,7 +544,7 @@ def _measure(driver, *, size: str, points, repeat: int, opts: dict, pgid, progre
             probes = probe_prefill(driver, size, f"fidelity-probe-{repeat}-{time.time_ns()}")
     fit = {k: sweep["fit"][k] for k in ("alpha", "alpha_cached", "beta", "gamma", "held_out_relative_error")}
     rep = capture.RepeatCapture(recorder.runs, probes, sweep_fit=fit, cpu=calibration_cpu.figures)
-    for point in points:
+    for point in POINTS[size] if points is None else points:
         run_id = f"fidelity-{point.label}-{repeat}-{time.time_ns()}"  # fresh prefixes: no run warms the next
         with CpuMeter(pgid) as meter:
             samples = driver.run(point.shape, point.concurrency, point.requests, run_id, **_g(point))
