@@ -387,3 +387,29 @@ def test_a_capture_of_held_out_points_replays_only_as_a_logged_look(tmp_path):
         fidelity.run(quick=True, progress=lambda *a: None, replay=str(tmp_path / "held_out.json"))
     with pytest.raises(CommandError, match="replays a capture of held-out points only"):
         fidelity.run(quick=True, progress=lambda *a: None, held_out=True, replay=str(tmp_path / "training.json"))
+
+
+def test_the_merging_api_server_sends_fewer_larger_events_when_busy():
+    """``load._simulate_merging``: with a stream's cost split into processing a step's output and sending its event,
+    an idle API server streams as the FIFO with the same total cost does, while one with more streams than it can
+    serve a step merges their tokens into fewer events and keeps up with the engine, where the FIFO falls behind by
+    a token a stream a step (vLLM's RequestOutputCollector)."""
+    fifo = ApiServerCost(per_request_s=0.002, per_prompt_token_s=4e-6, per_token_s=3e-4)
+    merging = ApiServerCost(per_request_s=0.002, per_prompt_token_s=4e-6, per_token_s=5e-5, per_event_s=2.5e-4)
+    # A step (2.5 ms at 24 streams) shorter than 24 streams' events; prefill quick enough not to be the limit.
+    fast = TRUTH.with_options(
+        decode_t0_s=0.002, decode_per_seq_s=2e-5, prefill_overhead_s=0.001, prefill_tokens_per_s=200_000.0
+    )
+    figures = {}
+    for name, api in (("fifo", fifo), ("merging", merging)):
+        for streams in (1, 24):
+            point = LoadPoint(Shape(96, 128), streams, 4 * streams)
+            samples = simulate_point(fast, point, run_id="merge", client_gap_s=GAP_S, api=api)
+            assert len(samples) == point.requests and all(s.ok for s in samples)
+            figures[name, streams] = point_stats(point, samples)
+    one_fifo, one_merging = figures["fifo", 1], figures["merging", 1]
+    assert one_merging["tpot_p50_s"] == pytest.approx(one_fifo["tpot_p50_s"], rel=0.05)
+    busy_fifo, busy_merging = figures["fifo", 24], figures["merging", 24]
+    # 24 streams × 0.3 ms = 7.2 ms a step of tokens against a 2.5 ms step: the FIFO is the bottleneck
+    assert busy_fifo["tpot_p50_s"] > 2.5 * (0.002 + 24 * 2e-5)
+    assert busy_merging["throughput_tok_s"] > 1.5 * busy_fifo["throughput_tok_s"]

@@ -31,7 +31,8 @@ server), ``again=0`` (measure each point once: no engine-against-itself figures)
 comparison), ``save=FILE`` (keep every measurement: the sweep's runs, the probes and each held-out point's
 requests, as JSON, ``capture.py``), ``replay=FILE`` (no engine: fit and predict again from a saved run's
 measurements, with this checkout's simulator and calibration; a change to either is judged on the very
-measurements an earlier run took, not on a new and differently noisy one). The goal is each figure's mean |error|
+measurements an earlier run took, not on a new and differently noisy one), ``drop_level=N[,M]`` (with
+``replay``: calibrate without the sweep's runs at those concurrencies). The goal is each figure's mean |error|
 over the held-out points within 15 % (``fidelity.<figure>_err``) and their 90th percentile within 25 %
 (``fidelity.<figure>_err_p90``; ``point_errors`` has every point's signed error); the held-out points are off the
 calibration grid (``off_grid_problems``); ``engine_again_err`` says how close the engine comes to itself (the floor no model can be expected to
@@ -41,6 +42,7 @@ disturbed it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -93,6 +95,13 @@ TRAINING_METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "frontend_p5
 # The API server's costs (``load.ApiServerCost``) the refinement searches beside the step times: starting values
 # (a CPU's few milliseconds per request, microseconds per prompt token, a fraction of a millisecond per token).
 API_START = {"per_request_s": 2e-3, "per_prompt_token_s": 5e-6, "per_token_s": 2e-4, "busy_admit_s": 2e-3}
+# The merging API server (``--opt api=merging``, ``load._simulate_merging``): the per-token cost split into a
+# stream's share of processing a step and its SSE event, half each to start.
+API_START_MERGING = {**API_START, "per_token_s": 1e-4, "per_event_s": 1e-4}
+API_MODELS = ("fifo", "merging")
+# The merging model by default since 2026-12-07: on three training captures its fit to the sweep is closer and so
+# are the points' figures, on one capture every figure (docs/experiments/simulator.md).
+DEFAULT_API = "merging"
 # The share of the worst-matched figures the refinement ignores (``refine_profile``'s ``trim``). 0, none: a host's
 # disturbances only ever slow the engine, so a fit that ignores the runs they slowed predicts an engine faster than
 # the one measured (2026-12-05, 10 % trimmed: throughput 14-16 % high and TPOT 13-16 % short in two runs of four;
@@ -131,6 +140,8 @@ CALIBRATION = {
         grid_multipliers=(0.5,),
     ),
     "full": dict(
+        # Not 32: a sweep up to 32 streams (2026-12-07, docs/data/fidelity/2026-12-07-training-levels32.json) fitted
+        # the training points worse than the same runs without its 32-stream ones (--opt drop_level=32).
         levels=(1, 2, 4, 8, 16),
         reference_shape=Shape(256, 64),
         fit_shapes=(
@@ -299,6 +310,8 @@ def run(
         client_gap_s = float(opts.get("client_gap_s", 0.002))
     except ValueError as exc:
         raise CommandError(f"--opt repeats= takes a whole number and client_gap_s= seconds: {exc}") from None
+    if opts.get("api", DEFAULT_API) not in API_MODELS:
+        raise CommandError(f"--opt api= takes {', '.join(API_MODELS)}, not {opts.get('api')!r}")
     if repeats < 1 or not 0 <= client_gap_s < 10:
         raise CommandError("--opt repeats= must be at least 1 and client_gap_s= in [0, 10) seconds")
     if opts.get("replay"):
@@ -369,8 +382,14 @@ def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, pro
                        model_path=str(meta.get("model_path") or ""))  # fmt: skip
     runs: dict[LoadPoint, list] = {}
     cycles = []
+    try:
+        dropped = {int(c) for c in str(opts.get("drop_level", "")).split(",") if c.strip()}
+    except ValueError:
+        raise CommandError("--opt drop_level= takes concurrencies, e.g. 32 or 16,32") from None
     for r, rep in enumerate(captures):
         progress(f"replaying {path}: repeat {r + 1} of {len(captures)} (vLLM {meta.get('real_vllm_version')})")
+        if dropped:  # the calibration as if the sweep had not run those levels (its grid and fit runs there too)
+            rep = dataclasses.replace(rep, runs=[run for run in rep.runs if run[0].concurrency not in dropped])
         for pc in rep.points:
             runs.setdefault(pc.point, [])
         cycles.append(_evaluate(base, rep, runs, size=size, client_gap_s=client_gap_s, opts=opts, progress=progress))
@@ -466,7 +485,9 @@ def probe_prefill(driver, size: str, run_id: str) -> list[tuple[int, int, float]
     return out
 
 
-def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress, probes=None) -> tuple:
+def calibrate(
+    base, runs, *, client_gap_s: float, evaluations: int, progress, probes=None, api_model: str = "fifo"
+) -> tuple:
     """(the closed-form profile fit, that profile refined in the simulator, the API server's costs found, the
     refined fit's RMS log error over the runs) from the calibration sweep's runs; with ``probes``
     (``probe_prefill``), prefill's rate and attention term are measured from them and held while refining."""
@@ -490,7 +511,9 @@ def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress, pr
     def tie(profile, extras: dict):
         if fixed_s is None:  # no probes: the overhead is refined with the rest
             return profile
-        return with_probed_overhead(profile, fixed_s, per_token_s=extras.get("per_token_s", 0.0))
+        # A lone probe's first token goes through the API server once: processed, and (merging) its event sent.
+        through = extras.get("per_token_s", 0.0) + extras.get("per_event_s", 0.0)
+        return with_probed_overhead(profile, fixed_s, per_token_s=through)
 
     def simulate(profile, extras: dict, i: int) -> dict:
         point, run_id, _ = runs[i]
@@ -498,9 +521,10 @@ def calibrate(base, runs, *, client_gap_s: float, evaluations: int, progress, pr
         samples = simulate_point(tie(profile, extras), point, run_id=run_id, client_gap_s=client_gap_s, api=api)
         return point_stats(point, samples)
 
-    extras = {name: (value, value) for name, value in API_START.items()}
+    start = API_START if api_model == "fifo" else API_START_MERGING
+    extras = {name: (value, value) for name, value in start.items()}
     refined, found, rms = refine_profile(
-        tie(fitted, API_START), targets, simulate, extras=extras, max_evaluations=evaluations, trim=TRIM, held=held
+        tie(fitted, start), targets, simulate, extras=extras, max_evaluations=evaluations, trim=TRIM, held=held
     )
     refined, api = tie(refined, found), ApiServerCost(**found)
     progress(
@@ -515,6 +539,7 @@ def _api(api: ApiServerCost) -> dict:
         "per_request_ms": round(api.per_request_s * 1e3, 3),
         "per_prompt_token_us": round(api.per_prompt_token_s * 1e6, 3),
         "per_token_us": round(api.per_token_s * 1e6, 2),
+        "per_event_us": round(api.per_event_s * 1e6, 2),
         "busy_admit_ms": round(api.busy_admit_s * 1e3, 3),
     }
 
@@ -570,6 +595,7 @@ def _evaluate(base, rep: capture.RepeatCapture, runs: dict, *, size: str, client
         evaluations=REFINE_EVALUATIONS[size],
         progress=progress,
         probes=rep.probes,
+        api_model=opts.get("api", DEFAULT_API),
     )
     if opts.get("refine", "1") == "0":
         profile, api = fitted, ApiServerCost()

@@ -118,6 +118,10 @@ class ApiServerCost:
     # worker's results, and here the two processes share one core; the delay is fitted, its cause not isolated.
     # An idle engine takes a request at once (the prefill probes see none of it).
     busy_admit_s: float = 0.0
+    # With ``per_event_s`` the API server is modelled as vLLM's runs (``simulate_point``'s merging loop): a step's
+    # outputs cost ``per_token_s`` a stream to process, and each stream's SSE event ``per_event_s``, once for all
+    # the tokens processed since its last event. Without it, every token costs ``per_token_s`` in one FIFO.
+    per_event_s: float = 0.0
 
 
 class _Fifo:
@@ -144,6 +148,8 @@ def simulate_point(
     server does its work for it (``api``: one FIFO of CPU work shared with every streamed token, so a request waits
     behind the tokens of the others), and the scheduler takes it in at its next step after that. Each step's tokens
     reach the client once the API server has done their work; TTFT counts from the send, as the client's does."""
+    if api.per_event_s > 0:
+        return _simulate_merging(profile, point, run_id=run_id, client_gap_s=client_gap_s, api=api)
     engine = Engine(profile)
     shape, n = point.shape, point.requests
     outputs = output_lengths(shape, n, run_id)
@@ -203,6 +209,106 @@ def simulate_point(
             if issued < n:
                 heapq.heappush(sent, (seen + client_gap_s, issued))
                 issued += 1
+    return samples
+
+
+def _simulate_merging(
+    profile: EngineProfile, point: LoadPoint, *, run_id: str, client_gap_s: float, api: ApiServerCost
+) -> list[Sample]:
+    """``simulate_point`` with vLLM's API server as it runs (vllm/v1/engine/async_llm.py, output_processor.py): one
+    event loop whose output handler processes every engine step's outputs as soon as they are queued, without
+    yielding while more are (``per_token_s`` a stream a step: detokenizing, the request's output), and puts each
+    stream's output in its ``RequestOutputCollector``, which merges it into one not yet taken. The streams' own
+    tasks, woken by that, send one SSE event each (``per_event_s``) with every token merged since their last one;
+    new requests' HTTP handling comes after them in the loop. So the loop runs in phases: process the steps that
+    came, send the woken streams' events, take the requests that came; a busy server sends fewer, larger events
+    instead of falling behind by a token a stream a step."""
+    engine = Engine(profile)
+    shape, n = point.shape, point.requests
+    outputs = output_lengths(shape, n, run_id)
+    prompts: dict[int, list[int]] = {}
+    sent: list[tuple[float, int]] = [(0.0, i) for i in range(min(point.concurrency, n))]  # the client's sends
+    arrivals: list[tuple[float, int, float, float]] = []  # (at the scheduler, index, sent, handed over)
+    steps: list[tuple[float, list, list, list]] = []  # engine steps not processed yet: (end, seqs, admitted, finished)
+    woken: dict[str, tuple[Sequence, bool, bool]] = {}  # streams with tokens processed, not sent yet
+    first_seen: dict[str, float] = {}
+    samples: list[Sample] = []
+    issued = len(sent)
+    server_t = 0.0  # when the API server's loop is free
+    now = 0.0
+
+    def next_work() -> float | None:
+        times = [t for t in (steps[0][0] if steps else None, sent[0][0] if sent else None) if t is not None]
+        if woken:
+            times.append(server_t)
+        return max(server_t, min(times)) if times else None
+
+    def serve(until: float) -> None:
+        """Every phase of the loop that starts by ``until``."""
+        nonlocal server_t, issued
+        while (start := next_work()) is not None and start <= until:
+            t = start
+            while steps and steps[0][0] <= t:  # the output handler drains what is queued before it yields
+                _, seqs, admitted, finished = steps.pop(0)
+                # Every stream that got a token: the decoding ones, those whose prefill ended, those that finished.
+                streams = {seq.request_id: seq for seq in (*seqs, *admitted, *finished)}
+                t += api.per_token_s * len(streams)
+                done = {seq.request_id for seq in finished}
+                firsts = {seq.request_id for seq in admitted if seq.first_token_s is not None}
+                for seq in streams.values():
+                    _, first, end = woken.get(seq.request_id, (seq, False, False))
+                    woken[seq.request_id] = (seq, first or seq.request_id in firsts, end or seq.request_id in done)
+            for request_id, (seq, first, end) in list(woken.items()):  # the woken streams' events
+                t += api.per_event_s
+                if first:
+                    first_seen.setdefault(request_id, t)
+                if end:
+                    samples.append(
+                        Sample(
+                            seq.arrival_s,
+                            t,
+                            first_seen.pop(request_id, t),
+                            seq.prompt_tokens,
+                            seq.cached_tokens,
+                            seq.generated,
+                            accepted_s=seq.tag,
+                        )  # fmt: skip
+                    )
+                    if issued < n:
+                        heapq.heappush(sent, (t + client_gap_s, issued))
+                        issued += 1
+            woken.clear()
+            intake = t
+            while sent and sent[0][0] <= intake:  # requests whose bytes came by the time the loop polls
+                sent_at, index = heapq.heappop(sent)
+                ids = prompts[index] = prompt_ids(
+                    shape, run_id=run_id, index=index, vocab_size=profile.vocab_size, prefix_groups=point.prefix_groups
+                )
+                t += api.per_request_s + api.per_prompt_token_s * len(ids)
+                busy = engine.running or engine.prefilling
+                heapq.heappush(arrivals, (t + (api.busy_admit_s if busy else 0.0), index, sent_at, t))
+            server_t = t
+
+    while len(samples) < n:
+        serve(now)
+        if len(samples) >= n:
+            break
+        while arrivals and arrivals[0][0] <= now:
+            _, index, sent_s, at = heapq.heappop(arrivals)
+            ids = prompts.pop(index)
+            seq = Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent_s)
+            seq.tag = at  # when the API server handed it over
+            engine.add(seq)
+        plan = engine.plan(now, 1)
+        if plan is None:
+            upcoming = [t for t in (arrivals[0][0] if arrivals else None, next_work()) if t is not None]
+            if not upcoming:
+                raise BenchmarkError("the simulated engine went idle with requests outstanding")
+            now = max(now, min(upcoming))
+            continue
+        now += plan.duration()
+        finished = engine.commit(plan, plan.steps, now)
+        steps.append((now, list(plan.seqs), list(plan.admitted), list(finished)))
     return samples
 
 
