@@ -18,20 +18,21 @@ from tests.conftest import client_for
 from tests.factories import EndpointFactory, ReplicaFactory, ReservationFactory, UsageRecordFactory
 
 
+def _profile(name: str, gpu: str, memory_gb: float, bandwidth_gbps: float, usd: float, **extra) -> HardwareProfile:
+    return HardwareProfile.objects.create(
+        name=name, gpu_type=gpu, gpus_per_replica=1, gpu_memory_gb=memory_gb, memory_bandwidth_gbps=bandwidth_gbps,
+        usd_per_gpu_hour=usd, **extra,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def mixed(tenant_a, tenant_b):
     """A shared endpoint mid-rollout from on-demand A100s (v1) to spot H100s (v2): one replica of each, ready for
     the last two hours; tenant A's requests ran on both, tenant B's on the spot one (plus one that named no replica).
     """
     now = timezone.now().replace(microsecond=0)
-    od = HardwareProfile.objects.create(
-        name="a100-od", gpu_type="A100", gpus_per_replica=1, gpu_memory_gb=80, memory_bandwidth_gbps=2039,
-        usd_per_gpu_hour=2.5,
-    )  # fmt: skip
-    spot = HardwareProfile.objects.create(
-        name="h100-spot", gpu_type="H100", gpus_per_replica=1, gpu_memory_gb=80, memory_bandwidth_gbps=3350,
-        usd_per_gpu_hour=1.2, capacity_type=HardwareProfile.CapacityType.SPOT,
-    )  # fmt: skip
+    od = _profile("a100-od", "A100", 80, 2039, 2.5)
+    spot = _profile("h100-spot", "H100", 80, 3350, 1.2, capacity_type=HardwareProfile.CapacityType.SPOT)
     endpoint = EndpointFactory(name="mixed-13b", hardware_profile=spot)
     v1, v2 = (
         EndpointVersion.objects.create(endpoint=endpoint, number=n, model_profile=endpoint.model_profile, hardware_profile=hw)
@@ -151,14 +152,8 @@ def test_a_mig_slice_hour_is_its_share_of_a_gpu_hour_at_the_slice_price(tenant_a
     """Two 1g.10gb replicas and one whole A100, each ready for two hours: dollars at each profile's own price (a
     slice's per slice-hour), GPU-hours counting a slice as 1/7 of a GPU, so seven slices of one GPU are one GPU."""
     now = timezone.now().replace(microsecond=0)
-    whole = HardwareProfile.objects.create(
-        name="a100-whole", gpu_type="A100", gpus_per_replica=1, gpu_memory_gb=80, memory_bandwidth_gbps=2039,
-        usd_per_gpu_hour=2.8,
-    )  # fmt: skip
-    slice_ = HardwareProfile.objects.create(
-        name="a100-1g", gpu_type="A100", gpus_per_replica=1, gpu_memory_gb=10, memory_bandwidth_gbps=255,
-        usd_per_gpu_hour=0.45, mig_profile="1g.10gb",
-    )  # fmt: skip
+    whole = _profile("a100-whole", "A100", 80, 2039, 2.8)
+    slice_ = _profile("a100-1g", "A100", 10, 255, 0.45, mig_profile="1g.10gb")
     assert (whole.gpu_share(), slice_.gpu_share()) == (1.0, pytest.approx(1 / 7))
     endpoint = EndpointFactory(name="small-on-slices", hardware_profile=slice_)
     v1, v2 = (

@@ -176,12 +176,7 @@ def simulate_point(
 
     while len(samples) < n:
         receive(now)
-        while arrivals and arrivals[0][0] <= now:
-            _, index, sent_s, at = heapq.heappop(arrivals)
-            ids = prompts.pop(index)
-            seq = Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent_s)
-            seq.tag = at  # when the API server handed it over
-            engine.add(seq)
+        _admit(engine, arrivals, prompts, outputs, run_id=run_id, now=now)
         plan = engine.plan(now, 1)
         if plan is None:
             upcoming = [q[0][0] for q in (sent, arrivals) if q]
@@ -212,104 +207,138 @@ def simulate_point(
     return samples
 
 
+def _admit(engine: Engine, arrivals: list, prompts: dict, outputs: list, *, run_id: str, now: float) -> None:
+    """The requests the API server handed over by ``now`` into the engine's queue, as vLLM's scheduler takes them."""
+    while arrivals and arrivals[0][0] <= now:
+        _, index, sent_s, at = heapq.heappop(arrivals)
+        ids = prompts.pop(index)
+        seq = Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent_s)
+        seq.tag = at  # when the API server handed it over
+        engine.add(seq)
+
+
 def _simulate_merging(
     profile: EngineProfile, point: LoadPoint, *, run_id: str, client_gap_s: float, api: ApiServerCost
 ) -> list[Sample]:
-    """``simulate_point`` with vLLM's API server as it runs (vllm/v1/engine/async_llm.py, output_processor.py): one
-    event loop whose output handler processes every engine step's outputs as soon as they are queued, without
-    yielding while more are (``per_token_s`` a stream a step: detokenizing, the request's output), and puts each
-    stream's output in its ``RequestOutputCollector``, which merges it into one not yet taken. The streams' own
-    tasks, woken by that, send one SSE event each (``per_event_s``) with every token merged since their last one;
-    new requests' HTTP handling comes after them in the loop. So the loop runs in phases: process the steps that
-    came, send the woken streams' events, take the requests that came; a busy server sends fewer, larger events
-    instead of falling behind by a token a stream a step."""
+    """``simulate_point`` with vLLM's API server as it runs (``_MergingServer``); the engine's loop is the same."""
     engine = Engine(profile)
-    shape, n = point.shape, point.requests
-    outputs = output_lengths(shape, n, run_id)
-    prompts: dict[int, list[int]] = {}
-    sent: list[tuple[float, int]] = [(0.0, i) for i in range(min(point.concurrency, n))]  # the client's sends
-    arrivals: list[tuple[float, int, float, float]] = []  # (at the scheduler, index, sent, handed over)
-    steps: list[tuple[float, list, list, list]] = []  # engine steps not processed yet: (end, seqs, admitted, finished)
-    woken: dict[str, tuple[Sequence, bool, bool]] = {}  # streams with tokens processed, not sent yet
-    first_seen: dict[str, float] = {}
-    samples: list[Sample] = []
-    issued = len(sent)
-    server_t = 0.0  # when the API server's loop is free
+    server = _MergingServer(engine, profile, point, run_id=run_id, client_gap_s=client_gap_s, api=api)
+    outputs = output_lengths(point.shape, point.requests, run_id)
     now = 0.0
-
-    def next_work() -> float | None:
-        times = [t for t in (steps[0][0] if steps else None, sent[0][0] if sent else None) if t is not None]
-        if woken:
-            times.append(server_t)
-        return max(server_t, min(times)) if times else None
-
-    def serve(until: float) -> None:
-        """Every phase of the loop that starts by ``until``."""
-        nonlocal server_t, issued
-        while (start := next_work()) is not None and start <= until:
-            t = start
-            while steps and steps[0][0] <= t:  # the output handler drains what is queued before it yields
-                _, seqs, admitted, finished = steps.pop(0)
-                # Every stream that got a token: the decoding ones, those whose prefill ended, those that finished.
-                streams = {seq.request_id: seq for seq in (*seqs, *admitted, *finished)}
-                t += api.per_token_s * len(streams)
-                done = {seq.request_id for seq in finished}
-                firsts = {seq.request_id for seq in admitted if seq.first_token_s is not None}
-                for seq in streams.values():
-                    _, first, end = woken.get(seq.request_id, (seq, False, False))
-                    woken[seq.request_id] = (seq, first or seq.request_id in firsts, end or seq.request_id in done)
-            for request_id, (seq, first, end) in list(woken.items()):  # the woken streams' events
-                t += api.per_event_s
-                if first:
-                    first_seen.setdefault(request_id, t)
-                if end:
-                    samples.append(
-                        Sample(
-                            seq.arrival_s,
-                            t,
-                            first_seen.pop(request_id, t),
-                            seq.prompt_tokens,
-                            seq.cached_tokens,
-                            seq.generated,
-                            accepted_s=seq.tag,
-                        )  # fmt: skip
-                    )
-                    if issued < n:
-                        heapq.heappush(sent, (t + client_gap_s, issued))
-                        issued += 1
-            woken.clear()
-            intake = t
-            while sent and sent[0][0] <= intake:  # requests whose bytes came by the time the loop polls
-                sent_at, index = heapq.heappop(sent)
-                ids = prompts[index] = prompt_ids(
-                    shape, run_id=run_id, index=index, vocab_size=profile.vocab_size, prefix_groups=point.prefix_groups
-                )
-                t += api.per_request_s + api.per_prompt_token_s * len(ids)
-                busy = engine.running or engine.prefilling
-                heapq.heappush(arrivals, (t + (api.busy_admit_s if busy else 0.0), index, sent_at, t))
-            server_t = t
-
-    while len(samples) < n:
-        serve(now)
-        if len(samples) >= n:
-            break
-        while arrivals and arrivals[0][0] <= now:
-            _, index, sent_s, at = heapq.heappop(arrivals)
-            ids = prompts.pop(index)
-            seq = Sequence(f"{run_id}-{index}", len(ids), outputs[index], grain_hashes(ids), arrival_s=sent_s)
-            seq.tag = at  # when the API server handed it over
-            engine.add(seq)
+    while True:
+        server.serve(now)
+        if server.done():
+            return server.samples
+        _admit(engine, server.arrivals, server.prompts, outputs, run_id=run_id, now=now)
         plan = engine.plan(now, 1)
         if plan is None:
-            upcoming = [t for t in (arrivals[0][0] if arrivals else None, next_work()) if t is not None]
+            upcoming = [t for t in (server.arrivals[0][0] if server.arrivals else None, server.next_work())]
+            upcoming = [t for t in upcoming if t is not None]
             if not upcoming:
                 raise BenchmarkError("the simulated engine went idle with requests outstanding")
             now = max(now, min(upcoming))
             continue
         now += plan.duration()
         finished = engine.commit(plan, plan.steps, now)
-        steps.append((now, list(plan.seqs), list(plan.admitted), list(finished)))
-    return samples
+        server.steps.append((now, list(plan.seqs), list(plan.admitted), list(finished)))
+
+
+class _MergingServer:
+    """vLLM's API server as it runs (vllm/v1/engine/async_llm.py, output_processor.py): one event loop whose output
+    handler processes every engine step's outputs as soon as they are queued, without yielding while more are
+    (``per_token_s`` a stream a step: detokenizing, the request's output), and puts each stream's output in its
+    ``RequestOutputCollector``, which merges it into one not yet taken. The streams' own tasks, woken by that, send
+    one SSE event each (``per_event_s``) with every token merged since their last one; new requests' HTTP handling
+    comes after them in the loop. So the loop runs in phases: process the steps that came, send the woken streams'
+    events, take the requests that came; a busy server sends fewer, larger events instead of falling behind by a
+    token a stream a step."""
+
+    def __init__(self, engine, profile, point: LoadPoint, *, run_id: str, client_gap_s: float, api: ApiServerCost):
+        self.engine, self.profile, self.point, self.run_id, self.gap, self.api = (
+            engine, profile, point, run_id, client_gap_s, api
+        )  # fmt: skip
+        self.n = point.requests
+        self.sent: list[tuple[float, int]] = [(0.0, i) for i in range(min(point.concurrency, self.n))]
+        self.issued = len(self.sent)
+        self.arrivals: list[tuple[float, int, float, float]] = []  # (at the scheduler, index, sent, handed over)
+        self.prompts: dict[int, list[int]] = {}
+        self.steps: list[
+            tuple[float, list, list, list]
+        ] = []  # steps not processed yet: (end, seqs, admitted, finished)
+        self.woken: dict[str, tuple[Sequence, bool, bool]] = {}  # streams with tokens processed, not sent yet
+        self.first_seen: dict[str, float] = {}
+        self.samples: list[Sample] = []
+        self.free_at = 0.0  # when the loop is free
+
+    def done(self) -> bool:
+        return len(self.samples) >= self.n
+
+    def next_work(self) -> float | None:
+        """When the loop's next phase starts (None: nothing to do until the engine steps)."""
+        times = [queue[0][0] for queue in (self.steps, self.sent) if queue]
+        return max(self.free_at, min(times)) if times else None
+
+    def serve(self, until: float) -> None:
+        """Every phase of the loop that starts by ``until``."""
+        while (start := self.next_work()) is not None and start <= until:
+            t = self._process(start)
+            t = self._send_events(t)
+            self.free_at = self._take_requests(t)
+
+    def _process(self, t: float) -> float:
+        """The output handler drains the steps queued by ``t``: every stream that got a token (decoding, prefill
+        ended, finished) is woken, with whether the token is its first and whether it finished."""
+        while self.steps and self.steps[0][0] <= t:
+            _, seqs, admitted, finished = self.steps.pop(0)
+            streams = {seq.request_id: seq for seq in (*seqs, *admitted, *finished)}
+            t += self.api.per_token_s * len(streams)
+            done = {seq.request_id for seq in finished}
+            firsts = {seq.request_id for seq in admitted if seq.first_token_s is not None}
+            for request_id, seq in streams.items():
+                _, first, end = self.woken.get(request_id, (seq, False, False))
+                self.woken[request_id] = (seq, first or request_id in firsts, end or request_id in done)
+        return t
+
+    def _send_events(self, t: float) -> float:
+        """One SSE event a woken stream, with every token merged since its last; a finished stream's successor is
+        sent by the client ``client_gap_s`` after its last event."""
+        for request_id, (seq, first, end) in self.woken.items():
+            t += self.api.per_event_s
+            if first:
+                self.first_seen.setdefault(request_id, t)
+            if end:
+                first_at = self.first_seen.pop(request_id, t)
+                self.samples.append(
+                    Sample(
+                        seq.arrival_s,
+                        t,
+                        first_at,
+                        seq.prompt_tokens,
+                        seq.cached_tokens,
+                        seq.generated,
+                        accepted_s=seq.tag,
+                    )  # fmt: skip
+                )
+                if self.issued < self.n:
+                    heapq.heappush(self.sent, (t + self.gap, self.issued))
+                    self.issued += 1
+        self.woken.clear()
+        return t
+
+    def _take_requests(self, t: float) -> float:
+        """The requests whose bytes came by the time the loop polls: parsed, handed to the engine (a busy one takes
+        them ``busy_admit_s`` later)."""
+        polled, point, api = t, self.point, self.api
+        while self.sent and self.sent[0][0] <= polled:
+            sent_at, index = heapq.heappop(self.sent)
+            ids = self.prompts[index] = prompt_ids(
+                point.shape, run_id=self.run_id, index=index, vocab_size=self.profile.vocab_size,
+                prefix_groups=point.prefix_groups,
+            )  # fmt: skip
+            t += api.per_request_s + api.per_prompt_token_s * len(ids)
+            busy = self.engine.running or self.engine.prefilling
+            heapq.heappush(self.arrivals, (t + (api.busy_admit_s if busy else 0.0), index, sent_at, t))
+        return t
 
 
 METRICS = ("throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "prefix_hit_rate")
