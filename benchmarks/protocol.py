@@ -72,7 +72,10 @@ def record_look(bench: str, *, argv: list[str], figures: dict, log: Path | None 
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": _commit(),
         "argv": argv,
-        "held_out_seeds": list(SEEDS[bench].held_out) if bench in SEEDS else [],
+        # The seeds the run used where it says (a quick run may use some of them), else the bench's held-out set.
+        "held_out_seeds": list(
+            figures.get("held_out_seeds_used") or (SEEDS[bench].held_out if bench in SEEDS else [])
+        ),
         "figures": figures,
     }
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -48,3 +48,23 @@ def test_a_held_out_run_is_logged_with_its_commit_and_figures(monkeypatch, tmp_p
     assert entry["bench"] == "routing" and entry["figures"]["ratio"] == 1.23
     assert entry["figures"]["seeds"] == list(protocol.SEEDS["routing"].held_out) == entry["held_out_seeds"]
     assert len(entry["commit"].split("+")[0]) == 40 and entry["time"].endswith("Z")
+
+
+def test_a_held_out_run_that_ends_early_is_logged_and_a_partial_one_names_its_seeds(monkeypatch, tmp_path):
+    """A held-out run that fails or is stopped may have printed held-out figures on its progress lines: it is a
+    look, logged as ending early; a run that used only some held-out seeds logs those."""
+    log = tmp_path / "held_out_log.jsonl"
+    monkeypatch.setattr(protocol, "HELD_OUT_LOG", log)
+
+    def failing(**_):
+        raise RuntimeError("the engine died")
+
+    monkeypatch.setitem(bench.BENCHMARKS, "routing", types.SimpleNamespace(HELD_OUT=True, SMOKE={}, run=failing))
+    with pytest.raises(RuntimeError, match="engine died"):
+        call_command("bench", "routing", "--quick", "--held-out")
+    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["figures"] == {"ended_early": "RuntimeError"}
+    partial = types.SimpleNamespace(HELD_OUT=True, SMOKE={}, run=lambda **_: {"held_out_seeds_used": [1001, 1002]})
+    monkeypatch.setitem(bench.BENCHMARKS, "routing", partial)
+    call_command("bench", "routing", "--quick", "--held-out")
+    assert json.loads(log.read_text().splitlines()[-1])["held_out_seeds"] == [1001, 1002]

@@ -116,8 +116,12 @@ class Command(BaseCommand):
         _running.set()
         try:
             figures = module.run(quick=quick, plot=plot, live=live, progress=progress, **extra)
-        except KeyboardInterrupt:
-            raise CommandError(f"bench {name} interrupted", returncode=130) from None
+        except BaseException as exc:
+            if held_out:  # its progress lines may have shown held-out figures: a look all the same
+                protocol.record_look(name, argv=sys.argv[1:], figures={"ended_early": type(exc).__name__})
+            if isinstance(exc, KeyboardInterrupt):
+                raise CommandError(f"bench {name} interrupted", returncode=130) from None
+            raise
         finally:
             _running.clear()
             left = processes_marked(f"{BENCH_MARK}={mark}")

@@ -52,7 +52,7 @@ import time
 import httpx
 from django.core.management.base import CommandError
 
-from benchmarks.protocol import seeds_for
+from benchmarks.protocol import is_held_out, seeds_for
 from benchmarks.serving.fidelity import capture
 from benchmarks.serving.fidelity.load import (
     METRICS,
@@ -71,7 +71,7 @@ from benchmarks.serving.fidelity.plot import fidelity_svg
 from benchmarks.serving.stats import interval
 from capacity.hardware.profiles import get_profile
 from capacity.percentiles import percentile
-from capacity.replica_benchmark.sweep import Shape, SweepConfig, run_sweep
+from capacity.replica_benchmark.sweep import BenchmarkError, Shape, SweepConfig, run_sweep
 from capacity.runtimes import processes
 from capacity.runtimes.launch_env import parse_cpu_quantity
 from capacity.runtimes.vllm import server_problems
@@ -217,7 +217,8 @@ def off_grid_problems(size: str, points=None) -> list[str]:
 # Held-out points (``bench fidelity --held-out``): drawn from the seeds benchmarks/protocol.py holds out, never from
 # a point any diagnosis looked at (``POINTS`` are training points: they steered the calibration's changes). Each
 # seed draws ``_HELD_OUT_PER_SEED[size]`` points inside the envelope the training points span (prompts 64-2,048
-# tokens, answers 24-224, 3-24 streams; a mix of 2-4 shared prefixes of 512-1,536 tokens in about a third), off
+# tokens, answers 24-224, 3-24 streams; in about a third, a mix of 2-4 shared prefixes of 512-1,536 tokens with
+# 128-640 tokens of their own after them, 3-12 streams), off
 # the calibration grid (``off_grid_problems``) and within the KV the sweep's largest runs held (32 k tokens in
 # flight).
 _HELD_OUT_PER_SEED = {"smoke": 1, "quick": 1, "full": 2}
@@ -331,6 +332,7 @@ def run(
                 "engine_startup_s": None if startup_s is None else round(startup_s, 1), "cpu_layout": engine.layout}  # fmt: skip
         # Not "points": the figures' per-point rows go by that name.
         meta["evaluation_points"] = "held_out" if held_out else "training"
+        meta["api_model"] = opts.get("api", DEFAULT_API)
         if held_out:
             meta["held_out_seeds_used"] = list(held_out_seeds_used(size, seeds))
         runs: dict[LoadPoint, list] = {point: [] for point in points}
@@ -371,7 +373,12 @@ def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, pro
         raise CommandError(f"--opt replay= cannot read {path}: {exc.strerror or exc}") from None
     except capture.CaptureError as exc:
         raise CommandError(f"--opt replay={path}: {exc}") from None
-    if (meta.get("evaluation_points") == "held_out") != held_out:
+    # Held out by its label, or by its seeds still being held out (a label is only text in a file).
+    seeds_used = meta.get("held_out_seeds_used") or meta.get("seeds_used") or []
+    captured_held_out = meta.get("evaluation_points") == "held_out" or any(
+        is_held_out("fidelity", int(seed)) for seed in seeds_used if str(seed).isdigit()
+    )
+    if captured_held_out != held_out:
         raise CommandError(
             f"--opt replay={path} holds held-out points: replay it with --held-out, which logs the look"
             if not held_out
@@ -392,7 +399,16 @@ def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, pro
             rep = dataclasses.replace(rep, runs=[run for run in rep.runs if run[0].concurrency not in dropped])
         for pc in rep.points:
             runs.setdefault(pc.point, [])
-        cycles.append(_evaluate(base, rep, runs, size=size, client_gap_s=client_gap_s, opts=opts, progress=progress))
+        try:
+            cycles.append(
+                _evaluate(base, rep, runs, size=size, client_gap_s=client_gap_s, opts=opts, progress=progress)
+            )
+        except BenchmarkError as exc:
+            if not dropped:
+                raise
+            raise CommandError(
+                f"--opt drop_level={opts['drop_level']} leaves too little to calibrate: {exc}"
+            ) from None
     figures = _figures([_point_row(point, point_runs) for point, point_runs in runs.items()], len(captures))
     figures.update(
         {
@@ -403,8 +419,12 @@ def _replay(path: str, *, client_gap_s: float, plot: str | None, opts: dict, pro
             "real_vllm_version": meta.get("real_vllm_version"),
             "engine_startup_s": meta.get("engine_startup_s"),
             "cpu_layout": meta.get("cpu_layout"),
+            "evaluation_points": "held_out" if captured_held_out else "training",
+            "api_model": opts.get("api", DEFAULT_API),
         }
     )
+    if captured_held_out:
+        figures["held_out_seeds_used"] = seeds_used
     return _close(figures, plot, progress)
 
 
@@ -486,7 +506,7 @@ def probe_prefill(driver, size: str, run_id: str) -> list[tuple[int, int, float]
 
 
 def calibrate(
-    base, runs, *, client_gap_s: float, evaluations: int, progress, probes=None, api_model: str = "fifo"
+    base, runs, *, client_gap_s: float, evaluations: int, progress, probes=None, api_model: str = DEFAULT_API
 ) -> tuple:
     """(the closed-form profile fit, that profile refined in the simulator, the API server's costs found, the
     refined fit's RMS log error over the runs) from the calibration sweep's runs; with ``probes``

@@ -290,7 +290,9 @@ class _MergingServer:
         ended, finished) is woken, with whether the token is its first and whether it finished."""
         while self.steps and self.steps[0][0] <= t:
             _, seqs, admitted, finished = self.steps.pop(0)
-            streams = {seq.request_id: seq for seq in (*seqs, *admitted, *finished)}
+            # A sequence admitted and preempted in the same step got no token (its first_token_s stays unset).
+            got_first = [seq for seq in admitted if seq.first_token_s is not None]
+            streams = {seq.request_id: seq for seq in (*seqs, *got_first, *finished)}
             t += self.api.per_token_s * len(streams)
             done = {seq.request_id for seq in finished}
             firsts = {seq.request_id for seq in admitted if seq.first_token_s is not None}
