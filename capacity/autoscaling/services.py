@@ -76,6 +76,22 @@ def gpus_per_replica(endpoint: Endpoint) -> int:
     return max(1, int(value or 1))
 
 
+def quota_allowance(
+    endpoint: Endpoint, view: Endpoint, *, wanted: int, standby: bool, per_tick_left: int
+) -> tuple[int, list[str]]:
+    """How many of ``wanted`` replicas of ``view`` (the launch: a pool's or a version's profile, whose GPUs it
+    counts) the owner's quota lets start now, and why fewer. Locks the owner's row until the caller's transaction
+    ends, so that the launch and its registration happen before another launch of the tenant reads the quota."""
+    lock_tenant(endpoint.owner_tenant_id)
+    return launch_allowance(
+        wanted=wanted,
+        standby=standby,
+        left=quota_left(endpoint, exclude_own_serving=False),
+        gpus_per_replica=gpus_per_replica(view),
+        per_tick_left=per_tick_left,
+    )
+
+
 class LaunchBudget:
     """Launches one reconcile of one endpoint may still make (serving and warm pool together)."""
 
@@ -108,14 +124,7 @@ def launch_capped(
     # What the launch starts and cannot register is stopped (an actuator without processes of its own has none).
     undone_on_error = getattr(actuator, "launches_undone_on_error", contextlib.nullcontext)
     with undone_on_error(), transaction.atomic():
-        lock_tenant(endpoint.owner_tenant_id)
-        allowed, notes = launch_allowance(
-            wanted=wanted,
-            standby=standby,
-            left=quota_left(endpoint, exclude_own_serving=False),
-            gpus_per_replica=gpus_per_replica(view),  # the pool's own profile: a spot or prefill pool's may be larger
-            per_tick_left=budget.left,
-        )
+        allowed, notes = quota_allowance(endpoint, view, wanted=wanted, standby=standby, per_tick_left=budget.left)
         if allowed > 0:
             cap = _limit("AUTOSCALE_MAX_FLEET_LAUNCHES_PER_TICK", DEFAULT_MAX_FLEET_LAUNCHES_PER_TICK)
             try:

@@ -19,8 +19,7 @@ from django.utils import timezone
 
 from capacity.autoscaling import actuators, store
 from capacity.autoscaling.actuators.base import version_endpoint
-from capacity.autoscaling.limits import launch_allowance
-from capacity.autoscaling.services import finish_drains, gpus_per_replica, quota_left
+from capacity.autoscaling.services import finish_drains, quota_allowance
 from endpoints.models import (
     ROLLOUT_ACTIVE_STATES,
     Replica,
@@ -38,7 +37,6 @@ from endpoints.rollouts.services import (
     record_event,
     replicas_of,
 )
-from tenants.quotas import lock_tenant
 
 log = logging.getLogger(__name__)
 
@@ -148,21 +146,13 @@ def _launch(rollout: Rollout, actuator, version, count: int, what: str, data: di
     view = version_endpoint(rollout.endpoint, version)
     undone_on_error = getattr(actuator, "launches_undone_on_error", contextlib.nullcontext)
     with undone_on_error(), transaction.atomic():
-        allowed = count
-        if rollout.endpoint.owner_tenant_id is not None:
-            lock_tenant(rollout.endpoint.owner_tenant_id)
-            allowed, notes = launch_allowance(
-                wanted=count,
-                standby=False,
-                left=quota_left(rollout.endpoint, exclude_own_serving=False),
-                gpus_per_replica=gpus_per_replica(view),
-                per_tick_left=count,
-            )
+        allowed, notes = quota_allowance(rollout.endpoint, view, wanted=count, standby=False, per_tick_left=count)
+        if allowed < count:
             message = f"started {allowed} of {count} {what}: {', '.join(notes)}; the rest wait for quota"
             last = rollout.events.filter(kind__in=("launch_capped", "launched")).order_by("-pk").first()
             # Once until something starts or the cap changes: a rollout waiting on a full quota asks again every
             # tick, and says so once.
-            if allowed < count and not (last and last.kind == "launch_capped" and last.message == message):
+            if not (last and last.kind == "launch_capped" and last.message == message):
                 record_event(
                     rollout,
                     "launch_capped",

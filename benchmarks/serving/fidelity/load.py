@@ -8,6 +8,7 @@ exact on both sides whatever the model's tokenizer; every request is streamed, s
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import os
 import random
@@ -262,9 +263,8 @@ class _MergingServer:
         self.issued = len(self.sent)
         self.arrivals: list[tuple[float, int, float, float]] = []  # (at the scheduler, index, sent, handed over)
         self.prompts: dict[int, list[int]] = {}
-        self.steps: list[
-            tuple[float, list, list, list]
-        ] = []  # steps not processed yet: (end, seqs, admitted, finished)
+        # Engine steps not processed yet, in time order: (end, seqs, admitted, finished).
+        self.steps: collections.deque[tuple[float, list, list, list]] = collections.deque()
         self.woken: dict[str, tuple[Sequence, bool, bool]] = {}  # streams with tokens processed, not sent yet
         self.first_seen: dict[str, float] = {}
         self.samples: list[Sample] = []
@@ -289,13 +289,13 @@ class _MergingServer:
         """The output handler drains the steps queued by ``t``: every stream that got a token (decoding, prefill
         ended, finished) is woken, with whether the token is its first and whether it finished."""
         while self.steps and self.steps[0][0] <= t:
-            _, seqs, admitted, finished = self.steps.pop(0)
+            _, seqs, admitted, finished = self.steps.popleft()
             # A sequence admitted and preempted in the same step got no token (its first_token_s stays unset).
             got_first = [seq for seq in admitted if seq.first_token_s is not None]
             streams = {seq.request_id: seq for seq in (*seqs, *got_first, *finished)}
             t += self.api.per_token_s * len(streams)
             done = {seq.request_id for seq in finished}
-            firsts = {seq.request_id for seq in admitted if seq.first_token_s is not None}
+            firsts = {seq.request_id for seq in got_first}
             for request_id, seq in streams.items():
                 _, first, end = self.woken.get(request_id, (seq, False, False))
                 self.woken[request_id] = (seq, first or request_id in firsts, end or request_id in done)
