@@ -52,12 +52,17 @@ def test_embeddings_are_routed_limited_and_metered(procs, clean_redis, tenant_a,
     # The key's controls hold here as on completions.
     ApiKey.objects.filter(pk=tenant_a.key.pk).update(allowed_models=[tenant_a.endpoint.name])
     endpoint.save()  # republish the snapshot
-    wait_for(
-        lambda: (
-            post(base, tenant_a.raw_key, {"model": "a-embedder", "input": "hi"}, path="/v1/embeddings").status_code
-            == 403
-        ),
-        timeout=15,
-        message="the allowlist",
-    )
-    assert UsageRecord.objects.filter(endpoint=endpoint, status="ok").count() == 1
+    answered = []  # until the proxy has the new snapshot, a poll is still served (and billed)
+
+    def refused_now() -> bool:
+        status = post(
+            base, tenant_a.raw_key, {"model": "a-embedder", "input": "hi"}, path="/v1/embeddings"
+        ).status_code
+        answered.append(status)
+        return status == 403
+
+    wait_for(refused_now, timeout=15, message="the allowlist")
+    assert set(answered[:-1]) <= {200}
+    # Every answered embedding is billed once, none of the refused ones.
+    wait_usage(1 + answered.count(200), endpoint=endpoint, status="ok")
+    assert UsageRecord.objects.filter(endpoint=endpoint, status="ok").count() == 1 + answered.count(200)
