@@ -22,7 +22,8 @@ pytestmark = [
 def test_every_panel_query_returns_data_from_the_shipped_scrape_config(clean_redis, tenant_a, tenant_b):
     # Given a shared endpoint both tenants reserve (B with a small per-minute request limit, so its bursts are
     # refused), an availability SLO, and the autoscaler's last decision.
-    endpoint = EndpointFactory(name="shared-chat")
+    # Latency SLOs no loaded machine misses: the panels need good tokens (the cost per good token), not a race.
+    endpoint = EndpointFactory(name="shared-chat", ttft_slo_ms=60_000, tpot_slo_ms=10_000)
     ReservationFactory(tenant=tenant_a.tenant, endpoint=endpoint, mu_per_min=1e6)
     ReservationFactory(tenant=tenant_b.tenant, endpoint=endpoint, mu_per_min=1e6, rpm_limit=20)
     SLOFactory(endpoint=endpoint, objective=0.99, name="availability")
