@@ -11,6 +11,13 @@ Generates its fleet and history in PostgreSQL (``generate_series``) and Redis, i
 - ``vertical_tick``: the vertical tick (per-replica concurrency) over every endpoint, each of its 10 ready replicas'
   ``/metrics`` scraped from local servers answering the simulator's vLLM exposition; goal < 1 CPU-s a 30-s tick at
   1,000 endpoints (10,000 replicas).
+- ``proxy_scrape``: one proxy process's replica metrics scraper holding size replicas, 20 of them taking traffic
+  (``scale_scrape.py``); goal < 0.1 CPU-s a second at 10,000 replicas: the cost follows the traffic, not the fleet.
+- ``proxy_scrape_busy``: the same with every replica taking traffic; goal < 0.3 CPU-s a second at 1,000 replicas
+  (the scraper's budget bounds it; the cadence stretches instead).
+- ``heartbeat``: one proxy process's membership heartbeat (the replica slots shared between processes) with size
+  replicas and 4 processes (``scale_heartbeat.py``); goal < 0.1 CPU-s a second a process at 10,000 replicas, with
+  Redis's time for all of them beside it.
 - ``snapshot_build``: the proxy's ``read_snapshot()``, size = API keys (100 per endpoint); goal < 2 s and < 200 MB
   held at 100,000 keys.
 - ``key_change``: one key change applied to a proxy's snapshot (the changed keys read, the rest carried over),
@@ -34,7 +41,7 @@ was not measured, its figure is projected from the largest size along the CPU ex
 
 Options (``--opt k=v``): ``loops=a,b`` (a subset), ``<loop>=n1,n2,n3`` (its sizes), ``rows_per_slo=N``,
 ``vertical_sample=N`` (replicas the vertical tick reads an endpoint; default the product's
-``AUTOSCALE_VERTICAL_SAMPLE``, 0 all).
+``AUTOSCALE_VERTICAL_SAMPLE``, 0 all), ``scrape_budget=N`` and ``scrape_idle=S`` (the scrape loops' scraper).
 Figures, on the last line: ``scale.<loop>.{sizes,seconds,exponent,goal_met,goal,goal_size,at_goal,goal_judged,
 breaks_at}`` and each loop's own lists (e.g. ``scale.snapshot_build.memory_mb``), ``scale.mode``, ``scale.wall_s``.
 """
@@ -49,7 +56,14 @@ from html import escape
 from django.db import connection
 
 from benchmarks.harness.throwaway_database import throwaway_database
-from benchmarks.operations import scale_billing, scale_fleet, scale_snapshot, scale_vertical
+from benchmarks.operations import (
+    scale_billing,
+    scale_fleet,
+    scale_heartbeat,
+    scale_scrape,
+    scale_snapshot,
+    scale_vertical,
+)
 from benchmarks.operations.scale_rows import breaks_at, growth_exponent, projected
 
 
@@ -77,6 +91,18 @@ LOOPS: dict[str, Loop] = {
         scale_vertical.vertical_tick, "endpoints", "< 1 CPU-s a 30-s tick at 1,000 endpoints × 10 replicas", 1_000,
         1.0, (100, 300, 1_000), (10, 30, 100),
     ),
+    "proxy_scrape": Loop(
+        scale_scrape.proxy_scrape, "replicas", "< 0.1 CPU-s a second at 10,000 replicas, 20 taking traffic", 10_000,
+        0.1, (100, 1_000, 10_000), (100, 1_000, 3_000),
+    ),
+    "proxy_scrape_busy": Loop(
+        scale_scrape.proxy_scrape_busy, "replicas", "< 0.3 CPU-s a second at 1,000 replicas, all taking traffic",
+        1_000, 0.3, (100, 300, 1_000), (50, 100, 300),
+    ),
+    "heartbeat": Loop(
+        scale_heartbeat.heartbeat, "replicas", "< 0.1 CPU-s a second a proxy process at 10,000 replicas, 4 processes",
+        10_000, 0.1, (100, 1_000, 10_000), (100, 1_000, 3_000),
+    ),
     "snapshot_build": Loop(
         scale_fleet.snapshot, "API keys", "build < 2 s and < 200 MB held at 100,000 keys", 100_000, 2.0,
         (100, 1_000, 10_000, 100_000), (100, 1_000, 10_000, 30_000),
@@ -102,6 +128,11 @@ SMOKE = {
     "burn_tick": "5,10,20",
     "autoscaler_tick": "2,4,8",
     "vertical_tick": "2,4,8",
+    "proxy_scrape": "30,60",
+    "proxy_scrape_busy": "4,8",
+    "heartbeat": "20,40",
+    "scrape_idle": "0.3",
+    "scrape_measure": "0.5",
     "snapshot_build": "20,100,200",
     "key_change": "20,100,200",
     "ingestion": "300,600,1200",
@@ -135,6 +166,9 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             kwargs = {"rows_per_slo": rows_per_slo} if name == "burn_tick" else {}
             if name == "vertical_tick" and options.get("vertical_sample") not in (None, ""):
                 kwargs = {"sample": int(options["vertical_sample"])}
+            if name.startswith("proxy_scrape"):
+                knobs = (("budget", "scrape_budget"), ("idle_s", "scrape_idle"), ("measure_s", "scrape_measure"))
+                kwargs = {k: float(options[o]) for k, o in knobs if options.get(o)}
             results[name] = [loop.measure(size, progress=progress, **kwargs) for size in sizes]
             figures |= _judge(name, loop, sizes, results[name], progress)
             if name == "snapshot_build":

@@ -106,20 +106,22 @@ def _drop_state(ids: list[int], replica_ids: list[int]) -> None:
 
 
 @contextlib.contextmanager
-def metrics_servers():
-    """Start the servers; yields their ports and a function moving every replica one cycle on."""
-    ports = _free_ports(SERVER_PROCESSES * PORTS_PER_PROCESS)
+def metrics_servers(ports: int = SERVER_PROCESSES * PORTS_PER_PROCESS):
+    """Start the servers (``ports`` ports over ``SERVER_PROCESSES`` processes); yields their ports and a function
+    moving every replica one cycle on."""
+    ports = _free_ports(ports)
+    per_process = -(-len(ports) // SERVER_PROCESSES)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     processes = []
     try:
-        for first in range(0, len(ports), PORTS_PER_PROCESS):
+        for first in range(0, len(ports), per_process):
             argv = [sys.executable, "-m", "benchmarks.operations.metrics_servers"]
-            argv += [str(p) for p in ports[first : first + PORTS_PER_PROCESS]]
+            argv += [str(p) for p in ports[first : first + per_process]]
             processes.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
         for process in processes:
             if process.stdout.readline().strip() != "ready":
                 raise RuntimeError("a metrics server did not start")
-        heads = ports[::PORTS_PER_PROCESS]  # one port of each process
+        heads = ports[::per_process]  # one port of each process
 
         def advance() -> None:
             for port in heads:

@@ -99,28 +99,41 @@ def spread_queue(queued: tuple[int, ...], limits: Mapping[str, int]) -> dict[str
 
 
 def allocate(me: str, members: Mapping[str, Member], limits: Mapping[str, int]) -> dict[str, int]:
-    """How many requests ``me`` may run on each replica, from one heartbeat read (see the module docstring)."""
+    """How many requests ``me`` may run on each replica, from one heartbeat read (see the module docstring).
+
+    Only ``me``'s part of each replica's split is worked out: a class whose demand the slots left cover gives every
+    member its demand, so the max-min fill runs only for the class that runs out (it takes all that is left), and
+    the even split of the rest is ``me``'s share alone. A heartbeat covers every replica of the fleet, so this is per
+    replica and member (``bench scale``'s ``heartbeat`` loop)."""
     if me not in members:
         return dict(limits)  # not a member yet: ask for everything; the grant gives what is free
-    ids = list(members)
+    ids = sorted(members)  # the id order every process uses (``fair_share``, ``max_min_fill``'s ties)
+    n, rank = len(ids), ids.index(me)
+    demand_maps = [members[mid].demand for mid in ids]
+    classes = range(len(CLASSES))
     out = {}
     for rid, limit in limits.items():
-        alloc = dict.fromkeys(members, 0)
-        left = limit
-        for c in range(len(CLASSES)):
-            if left <= 0:
-                break
-            got = max_min_fill(left, {mid: _demand(m, rid, c) for mid, m in members.items()})
-            for mid, n in got.items():
-                alloc[mid] += n
-            left -= sum(got.values())
+        rows = [d.get(rid) for d in demand_maps]
+        mine, left = 0, limit
+        if any(row and any(row) for row in rows):
+            for c in classes:
+                if left <= 0:
+                    break
+                wanted = [_count(row, c) for row in rows]
+                total = sum(wanted)
+                if total <= left:  # everyone's demand in this class fits
+                    mine += wanted[rank]
+                    left -= total
+                    continue
+                mine += max_min_fill(left, dict(zip(ids, wanted, strict=True)))[me]
+                left = 0
         if left > 0:
-            for mid in ids:
-                alloc[mid] += fair_share(left, ids, mid)
-        out[rid] = alloc[me]
+            base, extra = divmod(left, n)
+            mine += base + (1 if rank < extra else 0)
+        out[rid] = mine
     return out
 
 
-def _demand(member: Member, replica_id: str, klass: int) -> int:
-    counts = member.demand.get(replica_id, ())
-    return max(0, int(counts[klass])) if klass < len(counts) else 0
+def _count(row, klass: int) -> int:
+    """One member's demand on a replica in a class (running plus queued), as its heartbeat reported it."""
+    return max(0, int(row[klass])) if row and klass < len(row) else 0

@@ -19,7 +19,8 @@ Priority: the reservation's class capped by the key's ``max_priority``; a reques
 Knobs (``settings.INFERCAP["PROXY"]`` or ``INFERCAP_PROXY_<NAME>`` environment variables, see ``config.py``):
 ``max_queue`` per endpoint and process, ``max_age_{critical,standard,sheddable}_s`` (queue-age shedding),
 ``ttft_timeout_s`` and ``idle_timeout_s`` (no total timeout), ``max_body_bytes``. The replica metrics
-scrape interval is ``INFERCAP_PROXY_SCRAPE_INTERVAL_S`` (default 0.1 s).
+scrape interval is ``INFERCAP_PROXY_SCRAPE_INTERVAL_S`` (default 0.1 s); a replica is scraped while requests
+consider it (``scrape_idle_s``, 30 s) and at most ``scrape_budget_per_s`` (1,000) scrapes start a second.
 
 Redis is used for four things, and each degrades on its own when Redis is unreachable:
 

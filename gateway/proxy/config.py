@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from gateway.metrics_scraper import BUDGET_PER_S as SCRAPE_BUDGET_PER_S
+from gateway.metrics_scraper import IDLE_AFTER_S as SCRAPE_IDLE_AFTER_S
 from gateway.routing.filters import METRICS_STALE_AFTER_S
 
 
@@ -27,6 +29,11 @@ class ProxyConfig:
     # A replica whose metrics are older than this counts as saturated for routing (llm-d's saturation detector; the
     # scraper polls every INFERCAP_PROXY_SCRAPE_INTERVAL_S). Raise it where scrapes are slow, e.g. on busy CPU hosts.
     metrics_stale_s: float = METRICS_STALE_AFTER_S
+    # The scraper's cost follows the traffic, not the fleet (docs/request-path.md, "The replica metrics scraper"): a
+    # replica is scraped while requests were routed to it within scrape_idle_s, and at most scrape_budget_per_s
+    # scrapes start a second in a process (over it each wanted replica's cadence stretches).
+    scrape_idle_s: float = SCRAPE_IDLE_AFTER_S
+    scrape_budget_per_s: float = SCRAPE_BUDGET_PER_S
     snapshot_poll_s: float = 0.5
     snapshot_fallback_reload_s: float = 5.0  # when Redis is down, reload from the database this often
     demand_interval_s: float = 1.0
@@ -82,6 +89,8 @@ def load_config() -> ProxyConfig:
         cfg = ProxyConfig(**{**cfg.__dict__, **overrides})
     if cfg.metrics_stale_s <= 0:
         raise ValueError("metrics_stale_s must be positive")
+    if cfg.scrape_idle_s <= 0 or cfg.scrape_budget_per_s <= 0:
+        raise ValueError("scrape_idle_s and scrape_budget_per_s must be positive")
     if not 0 < cfg.lora_tenant_slot_share:
         raise ValueError("lora_tenant_slot_share must be positive")
     if cfg.max_n < 1:

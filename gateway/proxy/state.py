@@ -112,7 +112,7 @@ def _parse_members(raw: list) -> dict:
             seen_at=float(entry["t"]),
             in_flight=ints(entry.get("f")),
             holdings=ints(entry.get("h")),
-            demand={str(k): tuple(int(n) for n in v) for k, v in demand.items() if isinstance(v, list)}
+            demand={k: tuple(v) for k, v in demand.items() if isinstance(v, list)}  # ``allocate`` reads them as ints
             if isinstance(demand, dict)
             else {},
         )
@@ -147,6 +147,7 @@ class ProxyState:
             getattr(settings, "INFERCAP", {}).get("CACHE_SALT_SECRET") or settings.SECRET_KEY
         )
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.members_key = MEMBERS_KEY  # the membership hash (a bench gives its own)
         self.snapshot: Snapshot | None = None
         self.runtimes: dict[int, EndpointRuntime] = {}
         self.session: aiohttp.ClientSession | None = None
@@ -225,7 +226,13 @@ class ProxyState:
         if str(interval) != raw and raw != "0.1":
             log.warning("INFERCAP_PROXY_SCRAPE_INTERVAL_S=%r: using %s s (allowed 0.01–10)", raw, interval)
         self._scrape_client = KeepAliveScrapeClient()
-        self.scraper = MetricsScraper(interval_s=interval, client=self._scrape_client)
+        self.scraper = MetricsScraper(
+            interval_s=interval,
+            client=self._scrape_client,
+            idle_after_s=self.config.scrape_idle_s,
+            budget_per_s=self.config.scrape_budget_per_s,
+        )
+        self.scraper.warn_cadence_s = self.config.metrics_stale_s / 2
         self.scraper.start()
 
     # -- snapshot ------------------------------------------------------------------------------------
@@ -405,7 +412,7 @@ class ProxyState:
             pool.lower_caps(allocation)
         want = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
         raw = await self._heartbeat(
-            keys=[MEMBERS_KEY],
+            keys=[self.members_key],
             args=[
                 self.process_id,
                 json.dumps(in_flight, separators=(",", ":")),
@@ -467,7 +474,7 @@ class ProxyState:
         so the others take over this share now rather than after the TTL."""
         try:
             client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
-            client.hdel(MEMBERS_KEY, self.process_id)
+            client.hdel(self.members_key, self.process_id)
             client.close()
         except Exception:  # noqa: BLE001 - the TTL removes it anyway
             pass
@@ -550,7 +557,7 @@ class ProxyState:
             await self.session.close()
         if self.redis is not None:
             try:
-                await self.redis.hdel(MEMBERS_KEY, self.process_id)
+                await self.redis.hdel(self.members_key, self.process_id)
             except Exception:  # noqa: BLE001 - the TTL removes it anyway
                 pass
             await self.redis.aclose()

@@ -89,7 +89,8 @@ TOP = {
     "scale": {
         f"scale.{loop}.{key}"
         for loop in (
-            "burn_tick", "autoscaler_tick", "snapshot_build", "key_lookup", "ingestion", "cost_reports", "console_fleet"
+            "burn_tick", "autoscaler_tick", "snapshot_build", "key_lookup", "ingestion", "cost_reports", "console_fleet",
+            "proxy_scrape", "proxy_scrape_busy", "heartbeat",
         )
         for key in ("sizes", "seconds", "exponent", "goal_met", "goal", "at_goal", "breaks_at")
     } | {"scale.mode", "scale.wall_s"},
@@ -189,6 +190,11 @@ def test_scale(clean_redis, tmp_path):
     assert all(len(figures[f"scale.{loop}.sizes"]) == 3 for loop in ("burn_tick", "ingestion", "console_fleet"))
     assert figures["scale.ingestion.lost"] == figures["scale.ingestion.duplicated"] == [0, 0, 0]
     assert figures["scale.autoscaler_tick.decisions_stored"] == figures["scale.autoscaler_tick.sizes"]
+    # The scraper follows the traffic: of 30 and 60 replicas only the 20 read are scraped once their warm-up is over,
+    # every interval; with every replica read, every one is.
+    assert figures["scale.proxy_scrape.wanted"] == [20, 20] and figures["scale.proxy_scrape.failures"] == [0, 0]
+    assert all(rate < 20 / 0.1 * 1.1 for rate in figures["scale.proxy_scrape.scrapes_per_s"])
+    assert figures["scale.proxy_scrape_busy.wanted"] == figures["scale.proxy_scrape_busy.sizes"]
     assert (tmp_path / "scale.svg").read_text().startswith("<svg")
 
 

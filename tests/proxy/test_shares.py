@@ -109,6 +109,55 @@ def test_allocations_sum_to_the_limit_and_meet_all_demand_that_fits():
             assert all(got[mid] >= critical[mid] for mid in members)
 
 
+def reference_allocate(me, members, limits):
+    """The split as the module docstring states it, worked out for every member: each class max-min filled in turn,
+    the rest split evenly; ``me``'s part of it."""
+    if me not in members:
+        return dict(limits)
+    out = {}
+    for rid, limit in limits.items():
+        alloc, left = dict.fromkeys(members, 0), limit
+        for c in range(3):
+            if left <= 0:
+                break
+            demand = {mid: max(0, int(m.demand.get(rid, ())[c])) if c < len(m.demand.get(rid, ())) else 0
+                      for mid, m in members.items()}  # fmt: skip
+            got = max_min_fill(left, demand)
+            for mid, count in got.items():
+                alloc[mid] += count
+            left -= sum(got.values())
+        if left > 0:
+            for mid in members:
+                alloc[mid] += fair_share(left, list(members), mid)
+        out[rid] = alloc[me]
+    return out
+
+
+def test_each_process_works_out_its_own_part_of_the_split_as_the_whole_split_gives_it():
+    rng = random.Random(29)
+    for _ in range(400):
+        ids = rng.sample(["p0", "p1", "p2", "p3", "p4", "zz"], rng.randint(1, 6))
+        rids = [f"r{i}" for i in range(rng.randint(1, 5))]
+        members = {
+            mid: Member(
+                joined=0.0,
+                seen_at=1.0,
+                demand={
+                    rid: tuple(rng.choice([0, 0, 1, 2, 5, 9]) for _ in range(rng.choice([0, 1, 3])))
+                    for rid in rids
+                    if rng.random() < 0.7
+                },
+            )
+            for mid in ids
+        }
+        limits = {rid: rng.randint(0, 12) for rid in rids}
+        for me in ids:
+            assert allocate(me, members, limits) == reference_allocate(me, members, limits)
+        # Every process's part together is the whole limit.
+        for rid in rids:
+            assert sum(allocate(me, members, limits)[rid] for me in ids) == limits[rid]
+
+
 @pytest.fixture
 def members_redis():
     client = redis.Redis.from_url(settings.REDIS_URL)

@@ -174,3 +174,116 @@ def test_a_real_sized_exposition_parses_in_a_fraction_of_a_line_loop():
     ours = min(timed(parse_vllm_metrics) for _ in range(3))
     loop = min(timed(lambda b: [line for line in b.splitlines() if line.startswith("vllm:")]) for _ in range(3))
     assert ours < loop, (ours, loop)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _tick(scraper: MetricsScraper, clock: _Clock, at: float) -> None:
+    """One scrape round at ``at`` on the injected clock, its scrapes awaited."""
+    clock.now = at
+    scraper.tick()
+    await asyncio.gather(*scraper._outstanding.values())
+
+
+async def test_a_replica_is_scraped_while_requests_read_it_and_not_once_they_stop():
+    busy = await FakeReplica(vllm_metrics_body()).start()
+    idle = await FakeReplica(vllm_metrics_body()).start()
+    clock = _Clock()
+    scraper = MetricsScraper(interval_s=0.1, idle_after_s=5.0, clock=clock)
+    try:
+        scraper.set_targets({"busy": busy.url, "idle": idle.url})
+        await _tick(scraper, clock, 0.0)
+        assert (busy.requests, idle.requests) == (1, 1)  # new targets: scraped unread, for the first requests
+        await _tick(scraper, clock, 4.9)
+        assert (busy.requests, idle.requests) == (2, 2)
+        scraper.latest("busy")  # a request routed over "busy" (the routers read every replica they consider)
+        for at in (5.1, 5.2, 9.0, 10.0):
+            await _tick(scraper, clock, at)
+        assert (busy.requests, idle.requests) == (6, 2)  # "idle" went unread for 5 s: no scrape since
+        assert scraper.stats.wanted == 1
+        await _tick(scraper, clock, 10.2)  # "busy" read last at 5.1: past 10.1 it is not wanted either
+        assert busy.requests == 6 and scraper.stats.wanted == 0
+        # A read wakes a replica up at the next tick; until then the router sees its figures stale.
+        view = scraper.apply(ReplicaView(replica_id="idle"), now=clock.now)
+        assert view.metrics_age_s > 2.0
+        await _tick(scraper, clock, 10.3)
+        assert idle.requests == 3
+        assert scraper.apply(ReplicaView(replica_id="idle"), now=10.3).metrics_age_s == 0.0
+        # A replica leaving the targets leaves the wanted set with them.
+        scraper.set_targets({"busy": busy.url})
+        await _tick(scraper, clock, 10.5)
+        assert idle.requests == 3 and scraper.stats.wanted == 0
+    finally:
+        await scraper.stop()
+        await busy.stop()
+        await idle.stop()
+
+
+class _CountingClient:
+    """The scraper's client (any ``get(url, timeout=)``): answers every replica's /metrics, counting each."""
+
+    def __init__(self) -> None:
+        self.body = vllm_metrics_body()
+        self.calls: dict[str, int] = {}
+
+    async def get(self, url: str, timeout: float):
+        self.calls[url] = self.calls.get(url, 0) + 1
+        return _Answer(self.body)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _Answer:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def raise_for_status(self) -> None:
+        pass
+
+
+async def test_over_the_budget_every_wanted_replica_is_scraped_in_turn_at_a_stretched_cadence():
+    clock, client = _Clock(), _CountingClient()
+    # 100 scrapes a second; 30 replicas requests read get one every 0.3 s each.
+    scraper = MetricsScraper(interval_s=0.1, budget_per_s=100.0, idle_after_s=60.0, clock=clock, client=client)
+    scraper.set_targets({f"r{i}": f"http://replica-{i}" for i in range(30)})
+    started = []
+    for tick in range(48):  # 1.2 s of ticks, four an interval
+        for i in range(30):
+            scraper.latest(f"r{i}")
+        before = sum(client.calls.values())
+        await _tick(scraper, clock, tick * scraper.tick_s)
+        started.append(sum(client.calls.values()) - before)
+    assert max(started) <= 5  # never more than two ticks' worth (2.5 a tick) at once
+    assert sum(started) <= 100 * 1.2 + 5  # the budget over the 1.2 s, and the first tick's bucket
+    counts = sorted(client.calls.values())
+    assert len(counts) == 30 and counts[0] >= 3 and counts[-1] - counts[0] <= 1  # in turn: none starved or ahead
+    assert scraper.stats.interval_s == pytest.approx(0.3)
+    # Under the budget the cadence is the interval itself: 5 replicas, each scraped every 0.1 s.
+    few = MetricsScraper(interval_s=0.1, budget_per_s=100.0, clock=clock, client=_CountingClient())
+    few.set_targets({f"r{i}": f"http://replica-{i}" for i in range(5)})
+    for tick in range(16):
+        await _tick(few, clock, 10 + tick * few.tick_s)
+    assert sorted(few._client.calls.values()) == [4] * 5 and few.stats.interval_s == 0.1
+
+
+async def test_replicas_requests_read_keep_their_cadence_through_a_burst_of_new_targets():
+    clock, client = _Clock(), _CountingClient()
+    scraper = MetricsScraper(interval_s=0.1, budget_per_s=100.0, idle_after_s=1.0, clock=clock, client=client)
+    scraper.set_targets({"a": "http://a", "b": "http://b"})
+    await _tick(scraper, clock, 0.0)
+    # 200 replicas join (a snapshot with a new fleet): they warm up for 1 s on what the budget leaves.
+    scraper.set_targets({"a": "http://a", "b": "http://b", **{f"r{i}": f"http://r{i}" for i in range(200)}})
+    for tick in range(1, 121):
+        scraper.latest("a"), scraper.latest("b")  # requests keep reading both
+        await _tick(scraper, clock, tick * scraper.tick_s)
+    assert client.calls["http://a/metrics"] == client.calls["http://b/metrics"] == 31  # every 0.1 s, burst or not
+    warmed = sum(n for url, n in client.calls.items() if url.startswith("http://r"))
+    assert 75 <= warmed <= 85  # the budget's 100 a second less a's and b's 20, for the 1 s they were wanted unread
+    assert scraper.stats.wanted == 2 and scraper.stats.interval_s == 0.1
