@@ -3,8 +3,9 @@ shares every replica's concurrency limit between the proxy processes (docs/reque
 processes"), as the fleet grows.
 
 One ``ProxyState`` (not started: no scraper, no snapshot poller) holds ``size`` replicas in endpoints of 10 with
-nothing in flight; ``MEMBERS - 1`` other processes beat on the same hash in turn, through the same script, each with
-a critical request on every replica and asking for its even share. Measured over ``BEATS`` rounds: this process's
+nothing in flight; ``MEMBERS - 1`` other processes beat on the same hash in turn, through the same script, each
+running and queueing a critical request on ``busy_share`` of the replicas (``--opt heartbeat_busy=``, 1: every
+one) and holding its even share of all (asked for once: a steady fleet). Measured over ``BEATS`` rounds: this process's
 CPU a beat (the allocation over every member and replica, the JSON both ways, the caps applied) and Redis's (``INFO
 commandstats``: the script's time in the server, which runs one command at a time for every process). A process beats every ``member_interval_s`` (0.25 s), so
 the judged figure is this process's CPU-seconds a second; ``redis_cpu_s_per_s`` is Redis's for all ``MEMBERS``
@@ -25,45 +26,51 @@ from django.conf import settings
 from capacity.units import MUCoefficients
 from gateway.admission.shares import fair_share
 from gateway.proxy.config import ProxyConfig
+from gateway.proxy.membership import HEARTBEAT
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.snapshot import EndpointInfo, ReplicaInfo
-from gateway.proxy.state import _HEARTBEAT, ProxyState
+from gateway.proxy.state import ProxyState
 
 MEMBERS = 4  # proxy processes sharing the replicas
 REPLICAS_PER_ENDPOINT = 10
 LIMIT = 8  # each replica's concurrency limit
 BEATS = 20
+BUSY_SHARE = 1.0  # the share of the replicas the other processes run and queue requests on (1: every one)
 
 
-def heartbeat(replicas: int, *, progress) -> dict:
-    return asyncio.run(_measure(replicas, progress))
+def heartbeat(replicas: int, *, progress, busy_share: float = BUSY_SHARE) -> dict:
+    return asyncio.run(_measure(replicas, progress, busy_share))
 
 
-async def _measure(replicas: int, progress) -> dict:
+async def _measure(replicas: int, progress, busy_share: float) -> dict:
     config = ProxyConfig()
     state = ProxyState(config)
     state.members_key = f"infercap:bench:members:{uuid.uuid4().hex[:8]}"
     state.redis = aioredis.Redis.from_url(settings.REDIS_URL)
-    state._heartbeat = state.redis.register_script(_HEARTBEAT)
+    state._heartbeat = state.redis.register_script(HEARTBEAT)
     sync = redis.Redis.from_url(settings.REDIS_URL)
     others = [f"bench-other-{i}" for i in range(MEMBERS - 1)]
-    other_beat = sync.register_script(_HEARTBEAT)
+    other_beat = sync.register_script(HEARTBEAT)
     try:
         rids = _runtimes(state, config, replicas)
-        limits = json.dumps(dict.fromkeys(rids, LIMIT), separators=(",", ":"))
         ids = sorted([*others, state.process_id])
+        busy = rids[: round(len(rids) * busy_share)]
+        running = json.dumps(dict.fromkeys(busy, 1), separators=(",", ":"))
+        queued = json.dumps({rid: [1, 0, 0] for rid in busy}, separators=(",", ":"))
+        asked = set()
 
         def beat_others() -> None:
-            for other in others:
-                share = {rid: fair_share(LIMIT, ids, other) for rid in rids}
-                queued = {rid: [1, 0, 0] for rid in rids}
-                running = json.dumps(dict.fromkeys(rids, 1), separators=(",", ":"))
-                args = [other, running, json.dumps(share), json.dumps(queued), repr(config.member_ttl_s), limits]
+            for other in others:  # each asks for its even share once, then holds it (no change to ask for)
+                share = {} if other in asked else {rid: fair_share(LIMIT, ids, other) for rid in rids}
+                limits = json.dumps(dict.fromkeys(share, LIMIT), separators=(",", ":"))
+                args = [other, running, json.dumps(share), queued, repr(config.member_ttl_s), limits]
                 other_beat(keys=[state.members_key], args=args)
+                asked.add(other)
 
         beat_others()
-        await state._beat()  # joins: the first read of the others
+        await state._beat()  # joins: the first read of the others, and every replica asked for
         beat_others()
+        await state._beat()
         redis_before, calls_before = _script_usec(sync)
         python_s = 0.0
         for _ in range(BEATS):
@@ -74,7 +81,7 @@ async def _measure(replicas: int, progress) -> dict:
         redis_usec, calls = (a - b for a, b in zip(_script_usec(sync), (redis_before, calls_before), strict=True))
         held = sum((state.members[state.process_id].holdings or {}).values())
     finally:
-        sync.delete(state.members_key)
+        sync.delete(state.members_key, *sync.keys(f"{state.members_key}:h:*"))
         sync.close()
         await state.redis.aclose()
     beats_per_s = 1.0 / config.member_interval_s
@@ -90,6 +97,7 @@ async def _measure(replicas: int, progress) -> dict:
         "redis_ms_per_beat": round(redis_per_beat * 1e3, 3),
         "redis_cpu_s_per_s": round(redis_per_beat * beats_per_s * MEMBERS, 4),
         "slots_held": held,
+        "busy_share": busy_share,
     }
     progress(
         f"  heartbeat: {replicas:,} replicas, {MEMBERS} processes: {out['process_ms_per_beat']} CPU-ms a beat in the "

@@ -27,7 +27,10 @@ endpoint's replicas in proportion to their limits (``spread_queue``).
 Trade-offs: a member that dies keeps its holdings until its entry expires after the heartbeat TTL; a member
 whose heartbeat stalls past the TTL (event loop blocked for seconds) is counted out by the others while it may
 still run streams, so the TTL must stay well above the interval; while Redis is unreachable every process keeps
-its last caps (nobody can take, so nobody exceeds).
+its last caps (nobody can take, so nobody exceeds), except on a replica it was never granted anything of (new to
+it since its last beat), which it gives its even share: another process granted more of it before Redis went away
+can then run it over its limit by that share. Each process knows only its own holdings; the others' are read in
+Redis, by the heartbeat, for the replicas whose holding a process asks to change.
 """
 
 from __future__ import annotations
@@ -110,11 +113,20 @@ def allocate(me: str, members: Mapping[str, Member], limits: Mapping[str, int]) 
     ids = sorted(members)  # the id order every process uses (``fair_share``, ``max_min_fill``'s ties)
     n, rank = len(ids), ids.index(me)
     demand_maps = [members[mid].demand for mid in ids]
+    demanded = set().union(*demand_maps)  # replicas some member reports demand on; the rest split evenly
     classes = range(len(CLASSES))
+    even: dict[int, int] = {}  # limit → ``me``'s even share of it
     out = {}
     for rid, limit in limits.items():
-        rows = [d.get(rid) for d in demand_maps]
+        if rid not in demanded:  # the usual replica of a large fleet: nobody's requests on it
+            mine = even.get(limit)
+            if mine is None:
+                base, extra = divmod(max(0, limit), n)
+                mine = even[limit] = base + (1 if rank < extra else 0)
+            out[rid] = mine
+            continue
         mine, left = 0, limit
+        rows = [d.get(rid) for d in demand_maps]
         if any(row and any(row) for row in rows):
             for c in classes:
                 if left <= 0:

@@ -148,9 +148,9 @@ class PrefillPool:
         return {rid: s.limit for rid, s in self.slots.items() if not s.removed}
 
     def demand_by_replica(self) -> dict[str, tuple[int, ...]]:
-        """Running prefills per class on each serving replica (a prefill waits in no queue: without a free slot
-        the decode replica prefills)."""
-        return {rid: tuple(s.class_flight) for rid, s in self.slots.items() if not s.removed}
+        """Running prefills per class on each serving replica that has some (a prefill waits in no queue: without a
+        free slot the decode replica prefills)."""
+        return {rid: tuple(s.class_flight) for rid, s in self.slots.items() if not s.removed and any(s.class_flight)}
 
     def apply_caps(self, caps: dict[str, int] | None) -> None:
         self.caps = caps

@@ -232,14 +232,23 @@ class EndpointRuntime:
 
     def demand_by_replica(self) -> dict[str, tuple[int, ...]]:
         """Per serving replica and priority class: the requests running there plus this endpoint's queued ones,
-        the queue spread over the replicas in proportion to their limits (what the heartbeat reports)."""
+        the queue spread over the replicas in proportion to their limits (what the heartbeat reports); only the
+        replicas with some (the heartbeat covers the fleet: an idle endpoint costs it nothing here)."""
+        if not len(self.queue):
+            slots = self.slots
+            return {
+                rid: tuple(f)
+                for rid, f in self._class_flight.items()
+                if any(f) and rid in slots and not slots[rid].removed
+            }
         depth = self.queue.depth_by_class()
         limits = self.replica_limits()
         queued = spread_queue(tuple(int(depth.get(c, 0)) for c in CLASSES), limits)
-        return {
+        rows = {
             rid: tuple(r + q for r, q in zip(self._class_flight.get(rid, _NO_FLIGHT), queued[rid], strict=True))
             for rid in limits
         }
+        return {rid: row for rid, row in rows.items() if any(row)}
 
     def flush_gauges(self) -> None:
         """Write the in-flight gauges of the replicas that changed (batched off the request path: with

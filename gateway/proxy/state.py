@@ -26,13 +26,14 @@ from django.db import close_old_connections
 from billing.ingest import UsageWriter
 from billing.statements import prices
 from endpoints.config_version import ALL, ALL_KEY, CONFIG_KEY, VERSION_CHANNEL, VERSION_KEY
-from gateway.admission.shares import Member, allocate, fair_share
+from gateway.admission.shares import allocate, fair_share
 from gateway.metrics_scraper import MetricsScraper
 from gateway.proxy import profiling
 from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
+from gateway.proxy.membership import HEARTBEAT, MEMBERS_KEY, parse_members
 from gateway.proxy.prompt_tokens import TokenizerCache
 from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from gateway.proxy.runtime import EndpointRuntime
@@ -47,76 +48,6 @@ DEMAND_TTL_S = 5
 DEMAND_STALE_S = 30.0
 DEMAND_PRUNE_EVERY = 30  # publish cycles
 LORA_REPORT_TTL_S = 120  # a load churn window outlives a short pause of the proxies
-MEMBERS_KEY = "infercap:proxy:members"
-
-# Proxy membership heartbeat (see gateway.admission.shares). KEYS[1]: the members hash. ARGV: this process's
-# id, its in-flight streams per replica, the slots it wants to hold per replica, its demand (running + queued
-# requests) per replica and class (JSON objects), the TTL in seconds, and the replicas' limits (a JSON object).
-# In one atomic step: stamps the entry with Redis' clock (keeping the first join time), grants each wanted
-# holding out of what the other live members do not hold (so the holdings never sum above a limit), drops
-# expired entries and returns the live ones, this process's grants included.
-_HEARTBEAT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local ttl = tonumber(ARGV[5])
-local want = cjson.decode(ARGV[3])
-local limits = cjson.decode(ARGV[6])
-local joined = now
-local held = {}
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local ok, v = pcall(cjson.decode, all[i + 1])
-  if ok and type(v) == 'table' and tonumber(v.t) and now - tonumber(v.t) <= ttl then
-    if all[i] == ARGV[1] then
-      if tonumber(v.j) then joined = tonumber(v.j) end
-    elseif type(v.h) == 'table' then
-      for rid, n in pairs(v.h) do held[rid] = (held[rid] or 0) + (tonumber(n) or 0) end
-    end
-  end
-end
-local parts = {}
-for rid, w in pairs(want) do
-  local g = math.min(tonumber(w) or 0, (tonumber(limits[rid]) or 0) - (held[rid] or 0))
-  if g < 0 then g = 0 end
-  parts[#parts + 1] = cjson.encode(rid) .. ':' .. string.format('%d', math.floor(g))
-end
-local h = '{' .. table.concat(parts, ',') .. '}'
-redis.call('HSET', KEYS[1], ARGV[1],
-  string.format('{"j":%.6f,"t":%.6f,"f":%s,"q":%s,"h":%s}', joined, now, ARGV[2], ARGV[4], h))
-redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
-all = redis.call('HGETALL', KEYS[1])
-local live = {}
-for i = 1, #all, 2 do
-  local ok, v = pcall(cjson.decode, all[i + 1])
-  if ok and type(v) == 'table' and tonumber(v.t) and now - tonumber(v.t) <= ttl then
-    live[#live + 1] = all[i]
-    live[#live + 1] = all[i + 1]
-  else
-    redis.call('HDEL', KEYS[1], all[i])
-  end
-end
-return live
-"""
-
-
-def _parse_members(raw: list) -> dict:
-    def ints(value) -> dict[str, int]:
-        return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
-
-    members = {}
-    for i in range(0, len(raw) - 1, 2):
-        entry = json.loads(raw[i + 1])
-        demand = entry.get("q")
-        members[raw[i].decode() if isinstance(raw[i], bytes) else raw[i]] = Member(
-            joined=float(entry["j"]),
-            seen_at=float(entry["t"]),
-            in_flight=ints(entry.get("f")),
-            holdings=ints(entry.get("h")),
-            demand={k: tuple(v) for k, v in demand.items() if isinstance(v, list)}  # ``allocate`` reads them as ints
-            if isinstance(demand, dict)
-            else {},
-        )
-    return members
 
 
 def upstream_session() -> aiohttp.ClientSession:
@@ -169,6 +100,7 @@ class ProxyState:
         self._heartbeat = None
         self._beat_lock = asyncio.Lock()
         self._allocation: dict[str, int] = {}  # what this process may run per replica (the last beat's)
+        self._holdings: dict[str, int] = {}  # what the heartbeat granted this process per replica (0 included)
         self._beat_failing = False  # the last heartbeat could not reach Redis
 
     async def start(self) -> None:
@@ -209,7 +141,7 @@ class ProxyState:
         self._tasks.append(loop.create_task(self._publish_demand(), name="proxy-demand"))
         self._tasks.append(loop.create_task(self._sync_adapters(), name="proxy-lora-sync"))
         if self.redis is not None:
-            self._heartbeat = self.redis.register_script(_HEARTBEAT)
+            self._heartbeat = self.redis.register_script(HEARTBEAT)
             atexit.register(self._leave_sync)
             try:
                 await self._beat()  # a lone process starts with the whole limits, not after one interval
@@ -402,54 +334,77 @@ class ProxyState:
         for pool in self._slot_pools():
             in_flight.update(pool.in_flight_by_replica())
             limits.update(pool.replica_limits())
-            demand.update(pool.demand_by_replica())
+            demand.update(pool.demand_by_replica())  # only the replicas with some
         view = dict(self.members or {})
         me = view.get(self.process_id)
         if me is not None:
             view[self.process_id] = replace(me, in_flight=in_flight, demand=demand)
         allocation = allocate(self.process_id, view, limits)
-        for pool in self._slot_pools():
+        # Caps follow the allocation and the holdings; the pools none of whose replicas saw either move keep theirs.
+        pools = self._slot_pools()
+        owner = {rid: pool for pool in pools for rid in pool.slots}
+        previous = self._allocation
+        moved = {owner[rid] for rid, n in allocation.items() if previous.get(rid) != n and rid in owner}
+        for pool in moved:
             pool.lower_caps(allocation)
-        want = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
+        # Only what differs from what this process holds goes to the script; a replica gone from the pools is let go.
+        held = self._holdings
+        changes = {rid: w for rid, n in allocation.items() if held.get(rid) != (w := max(n, in_flight.get(rid, 0)))}
+        changes.update((rid, 0) for rid in held.keys() - limits.keys())
         raw = await self._heartbeat(
             keys=[self.members_key],
             args=[
                 self.process_id,
                 json.dumps(in_flight, separators=(",", ":")),
-                json.dumps(want, separators=(",", ":")),
+                json.dumps(changes, separators=(",", ":")),
                 json.dumps({rid: list(d) for rid, d in demand.items()}, separators=(",", ":")),
                 repr(self.config.member_ttl_s),
-                json.dumps(limits, separators=(",", ":")),
+                json.dumps({rid: limits.get(rid, 0) for rid in changes}, separators=(",", ":")),
             ],
         )
-        self.members = _parse_members(raw)
+        entries, grants, reset = raw
+        everything = bool(int(reset)) or self.members is None
+        if int(reset):
+            held = self._holdings = {}  # new, or counted out: nothing is held until granted again
+        for rid, n in json.loads(grants).items():
+            if rid in limits:
+                held[rid] = n
+            else:
+                held.pop(rid, None)
+            if rid in owner:
+                moved.add(owner[rid])
+        members = parse_members(entries)
+        members[self.process_id] = replace(members[self.process_id], holdings=held)
+        self.members = members
         self._allocation = allocation
-        self._apply_caps()
+        self._apply_caps(pools=None if everything else moved)
 
-    def _apply_caps(self, runtime: EndpointRuntime | None = None) -> None:
+    def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None) -> None:
         """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A
-        replica it holds nothing of yet gets 0 until the next beat, which is asked for at once; while Redis is
-        unreachable (no beat can grant anything), a replica that no member holds gets this process's even share
-        by the last membership read, as every other process computes it. Without Redis at all the caps stay off:
-        whole limits."""
+        replica it was never granted anything of gets 0 until the next beat, which is asked for at once; while
+        Redis is unreachable (no beat can grant anything), such a replica gets this process's even share by the
+        last membership read, as every other process computes it (a replica another process was granted before
+        Redis went away may then run over its limit by that share until Redis is back: the others' holdings are
+        read in Redis, per changed replica, not copied to every process). Without Redis at all the caps stay off:
+        whole limits. ``runtime``: that one's pools only; ``pools``: those only (a beat's, where something moved)."""
         if self.members is None:
             return
         mine = self.members.get(self.process_id)
         holdings = mine.holdings if mine is not None else {}
-        held_by_anyone = {rid for m in self.members.values() for rid, n in m.holdings.items() if n > 0}
         ids = list(self.members) if mine is not None else [*self.members, self.process_id]
         missing = False
-        for rt in self._slot_pools(runtime):
+        allocation, failing = self._allocation, self._beat_failing
+        for rt in self._slot_pools(runtime) if pools is None else pools:
             caps = {}
             for rid, slot in rt.slots.items():
-                if rid in holdings:
-                    caps[rid] = min(holdings[rid], self._allocation.get(rid, holdings[rid]))
-                elif self._beat_failing and rid not in held_by_anyone:
-                    caps[rid] = fair_share(slot.limit, ids, self.process_id)
-                else:
-                    caps[rid] = 0
+                have = holdings.get(rid)
+                if have is not None:
+                    share = allocation.get(rid)
+                    caps[rid] = have if share is None or share >= have else share
+                    continue
+                caps[rid] = fair_share(slot.limit, ids, self.process_id) if failing else 0
+                missing = missing or not slot.removed
             rt.apply_caps(caps)
-            missing = missing or any(rid not in holdings for rid in rt.replica_limits())
         if missing and self.redis is not None and not self._beat_failing and not self._beat_lock.locked():
             self.spawn(self._beat_soon())
 
@@ -475,6 +430,7 @@ class ProxyState:
         try:
             client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
             client.hdel(self.members_key, self.process_id)
+            client.delete(f"{self.members_key}:h:{self.process_id}")
             client.close()
         except Exception:  # noqa: BLE001 - the TTL removes it anyway
             pass
@@ -558,6 +514,7 @@ class ProxyState:
         if self.redis is not None:
             try:
                 await self.redis.hdel(self.members_key, self.process_id)
+                await self.redis.delete(f"{self.members_key}:h:{self.process_id}")
             except Exception:  # noqa: BLE001 - the TTL removes it anyway
                 pass
             await self.redis.aclose()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from billing.models import UsageRecord
-from gateway.proxy.state import MEMBERS_KEY
+from gateway.proxy.membership import MEMBERS_KEY
 from tenants.models import CapacityReservation
 from tenants.services import api_key_create
 from tests.proxy.conftest import spawn_proxy, spawn_replica
@@ -32,7 +32,10 @@ def _requests_at_replica(url: str) -> int:
 
 
 def _holdings(client) -> list[int]:
-    return [sum(json.loads(v).get("h", {}).values()) for v in client.hgetall(MEMBERS_KEY).values()]
+    """Each member's slots held, from its holdings hash beside the members hash (only what it holds is there)."""
+    return [
+        sum(map(int, client.hgetall(f"{MEMBERS_KEY}:h:{pid.decode()}").values())) for pid in client.hkeys(MEMBERS_KEY)
+    ]
 
 
 def _members(client) -> list[dict]:
@@ -61,7 +64,7 @@ def _beaten_with_demand(client, demands: set[tuple[int, ...]]) -> float | None:
     one of them is in some member's last heartbeat; None before."""
     seen = {}
     for member in _members(client):
-        per_replica = list(member.get("q", {}).values())
+        per_replica = list(member.get("q", {}).values()) or [[0, 0, 0]]  # a replica with no demand has no entry
         seen[tuple(sum(column) for column in zip(*per_replica, strict=True))] = member["t"]
     return max(seen[d] for d in demands) if demands <= set(seen) else None
 

@@ -13,9 +13,10 @@ from django.conf import settings
 
 from gateway.admission.shares import Member, allocate, fair_share, max_min_fill, spread_queue
 from gateway.proxy.config import ProxyConfig
+from gateway.proxy.membership import HEARTBEAT, parse_members
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.snapshot import ReplicaInfo
-from gateway.proxy.state import _HEARTBEAT, ProxyState, _parse_members
+from gateway.proxy.state import ProxyState
 from gateway.routing.base import RouteRequest
 from tests.rollouts.test_traffic_split import info
 from tests.waiting import wait_for, wait_for_async
@@ -161,53 +162,69 @@ def test_each_process_works_out_its_own_part_of_the_split_as_the_whole_split_giv
 @pytest.fixture
 def members_redis():
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete("test:members")
+    doomed = lambda: ["test:members", *client.keys("test:members:h:*")]  # noqa: E731
+    client.delete(*doomed())
     yield client
-    client.delete("test:members")
+    client.delete(*doomed())
     client.close()
 
 
+def _beat(client, pid, want, limits, ttl=5.0):
+    """One heartbeat of ``pid`` asking to hold ``want`` (replica → slots, the changes only): (members, grants,
+    whether it was not a live member)."""
+    entries, grants, reset = client.register_script(HEARTBEAT)(
+        keys=["test:members"],
+        args=[pid, "{}", json.dumps(want), "{}", repr(ttl), json.dumps({rid: limits[rid] for rid in want})],
+    )
+    return parse_members(entries), json.loads(grants), bool(reset)
+
+
+def _held(client, pid) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall(f"test:members:h:{pid}").items()}
+
+
 def test_the_heartbeat_grants_only_what_the_other_live_members_leave_free(members_redis):
-    beat = members_redis.register_script(_HEARTBEAT)
+    def grant(pid, want, limits):
+        return _beat(members_redis, pid, want, limits)[1]
 
-    def run(pid, want, limit=8, in_flight=None, ttl=5.0):
-        raw = beat(
-            keys=["test:members"],
-            args=[pid, json.dumps(in_flight or {}), json.dumps(want), json.dumps({}), repr(ttl), json.dumps(limit)],
-        )
-        return _parse_members(raw)
-
-    assert run("a", {"r": 8}, {"r": 8})["a"].holdings == {"r": 8}
-    got = run("b", {"r": 4}, {"r": 8})
-    assert got["b"].holdings == {"r": 0}  # a holds everything
-    assert got["a"].holdings == {"r": 8} and set(got) == {"a", "b"}
-    assert run("a", {"r": 3}, {"r": 8})["a"].holdings == {"r": 3}  # a release is immediate
-    assert run("b", {"r": 9}, {"r": 8})["b"].holdings == {"r": 5}  # b gets what a left, no more
-    assert run("a", {"r": 8}, {"r": 8})["a"].holdings == {"r": 3}  # a cannot take b's back
+    assert _beat(members_redis, "a", {"r": 8}, {"r": 8})[1:] == ({"r": 8}, True)  # a new member
+    members, grants, reset = _beat(members_redis, "b", {"r": 4}, {"r": 8})
+    assert grants == {"r": 0} and set(members) == {"a", "b"}  # a holds everything
+    assert _held(members_redis, "a") == {"r": 8} and _held(members_redis, "b") == {}
+    assert grant("a", {"r": 3}, {"r": 8}) == {"r": 3}  # a release is immediate
+    assert grant("b", {"r": 9}, {"r": 8}) == {"r": 5}  # b gets what a left, no more
+    assert grant("a", {"r": 8}, {"r": 8}) == {"r": 3}  # a cannot take b's back
+    assert grant("a", {}, {}) == {} and _held(members_redis, "a") == {"r": 3}  # no change asked: holdings stay
     # Whatever the order and the asks, the live holdings never sum above the limit.
     rng = random.Random(11)
+    limits = {"r": 8, "s": 2}
     for _ in range(200):
         pid = rng.choice("abc")
-        members = run(pid, {"r": rng.randint(0, 10), "s": rng.randint(0, 3)}, {"r": 8, "s": 2})
-        assert sum(m.holdings.get("r", 0) for m in members.values()) <= 8
-        assert sum(m.holdings.get("s", 0) for m in members.values()) <= 2
+        want = {rid: rng.randint(0, 10) for rid in limits if rng.random() < 0.7}
+        grants = grant(pid, want, limits)
+        assert all(0 <= grants[rid] <= want[rid] for rid in want)
+        held = [_held(members_redis, p) for p in "abc"]
+        assert grants.items() <= {**dict.fromkeys(want, 0), **held["abc".index(pid)]}.items()
+        for rid, limit in limits.items():
+            assert sum(h.get(rid, 0) for h in held) <= limit
 
 
 def test_a_dead_members_holdings_go_back_after_its_ttl(members_redis):
-    beat = members_redis.register_script(_HEARTBEAT)
-    args = [json.dumps({}), json.dumps({"r": 8}), json.dumps({}), "0.2", json.dumps({"r": 8})]
     before_a_beat = time.monotonic()
-    beat(keys=["test:members"], args=["a", *args])
-    assert _parse_members(beat(keys=["test:members"], args=["b", *args]))["b"].holdings == {"r": 0}
+    _beat(members_redis, "a", {"r": 8}, {"r": 8}, ttl=0.2)
+    assert _beat(members_redis, "b", {"r": 8}, {"r": 8}, ttl=0.2)[1] == {"r": 0}
 
     def b_beats_alone():
-        members = _parse_members(beat(keys=["test:members"], args=["b", *args]))
-        return members if set(members) == {"b"} else None
+        members, grants, _ = _beat(members_redis, "b", {"r": 8}, {"r": 8}, ttl=0.2)
+        return grants if set(members) == {"b"} else None
 
-    # "a" stops beating; "b" goes on until "a" is counted out.
-    members = wait_for(b_beats_alone, timeout=5, interval=0.02, message='"a" counted out')
+    # "a" stops beating; "b" goes on asking until "a" is counted out, and its holdings with it.
+    assert wait_for(b_beats_alone, timeout=5, interval=0.02, message='"a" counted out') == {"r": 8}
     assert time.monotonic() - before_a_beat >= 0.2, "counted out before its TTL"
-    assert members["b"].holdings == {"r": 8}
+    assert _held(members_redis, "a") == {}
+    # "a" comes back: it was counted out, so it is told so, holds nothing, and gets nothing "b" holds.
+    members, grants, reset = _beat(members_redis, "a", {"r": 8}, {"r": 8}, ttl=0.2)
+    assert reset and grants == {"r": 0} and set(members) == {"a", "b"}
 
 
 def test_a_runtime_reports_running_and_queued_requests_per_class_and_stops_admitting_at_its_allocation():
