@@ -68,8 +68,8 @@ class MetricsScraper:
     ):
         if not 0.01 <= interval_s <= 10:
             raise ValueError("interval_s must lie in [0.01, 10] seconds")
-        if idle_after_s <= 0 or budget_per_s <= 0:
-            raise ValueError("idle_after_s and budget_per_s must be positive")
+        if not (0 < idle_after_s < math.inf and 0 < budget_per_s < math.inf):
+            raise ValueError("idle_after_s and budget_per_s must be positive and finite")
         self.interval_s, self.timeout_s, self.clock = interval_s, timeout_s, clock
         # Ticks come TICKS_PER_INTERVAL times an interval, each starting its share of the budget: a busy scraper's
         # work reaches the event loop in small bursts (the budget's 100 scrapes at once held requests 10 ms).
@@ -94,6 +94,11 @@ class MetricsScraper:
     def latest(self, replica_id: str) -> ReplicaMetrics | None:
         self._read.add(replica_id)  # asked about: scraped from the next tick on (a set add, ~40 ns)
         return self._latest.get(replica_id)
+
+    def note(self, replica_ids) -> None:
+        """Replicas a request considered without reading their figures now (full, cooling down, left out of one
+        pick): keep them scraped all the same."""
+        self._read.update(replica_ids)
 
     def age_s(self, replica_id: str, now: float | None = None) -> float:
         metrics = self._latest.get(replica_id)
@@ -199,7 +204,7 @@ class MetricsScraper:
             task = self._outstanding.get(replica_id)
             if task is not None and not task.done():
                 continue
-            if allowance == 0:
+            if allowance <= 0:
                 deferred += 1
                 continue
             allowance -= 1

@@ -34,7 +34,7 @@ from gateway.proxy.state import ProxyState
 MEMBERS = 4  # proxy processes sharing the replicas
 REPLICAS_PER_ENDPOINT = 10
 LIMIT = 8  # each replica's concurrency limit
-BEATS = 20
+BEATS = 40  # one FULL_BEAT_EVERY period: its full beat counted in the mean
 BUSY_SHARE = 1.0  # the share of the replicas the other processes run and queue requests on (1: every one)
 
 

@@ -1,5 +1,6 @@
 """Proxy knobs, read once per process from ``settings.INFERCAP["PROXY"]`` overridden by environment variables."""
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -89,8 +90,8 @@ def load_config() -> ProxyConfig:
         cfg = ProxyConfig(**{**cfg.__dict__, **overrides})
     if cfg.metrics_stale_s <= 0:
         raise ValueError("metrics_stale_s must be positive")
-    if cfg.scrape_idle_s <= 0 or cfg.scrape_budget_per_s <= 0:
-        raise ValueError("scrape_idle_s and scrape_budget_per_s must be positive")
+    if not (0 < cfg.scrape_idle_s < math.inf and 0 < cfg.scrape_budget_per_s < math.inf):
+        raise ValueError("scrape_idle_s and scrape_budget_per_s must be positive and finite")
     if not 0 < cfg.lora_tenant_slot_share:
         raise ValueError("lora_tenant_slot_share must be positive")
     if cfg.max_n < 1:

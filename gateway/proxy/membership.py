@@ -9,6 +9,9 @@ import json
 from gateway.admission.shares import Member
 
 MEMBERS_KEY = "infercap:proxy:members"
+# Every this many beats (10 s at 0.25 s) a process asks for every replica, not only the changed ones: a holdings hash
+# lost in Redis (evicted, or a reply lost after the script ran) is put right within that.
+FULL_BEAT_EVERY = 40
 
 # Proxy membership heartbeat (see gateway.admission.shares). KEYS[1]: the members hash (process id → its join time,
 # stamp, in-flight streams and demand per replica: JSON, only the replicas where they are not zero); each member's
@@ -19,7 +22,9 @@ MEMBERS_KEY = "infercap:proxy:members"
 # do not hold (so the holdings never sum above a limit), stamps the entry with Redis' clock (keeping the first join
 # time) and returns the live entries, the grants, and 1 where this process was not a live member (new, or counted
 # out: what it held is gone, and it must ask again for every replica). A beat costs Redis the members' small
-# entries and, per changed replica, one read of each other member's holding: what changes, not the fleet.
+# entries and, per changed replica, one read of each other member's holding: what changes, not the fleet. The
+# holdings hashes are keys the script names itself: one Redis, not a Redis Cluster (whose scripts may touch only the
+# keys they are given).
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6

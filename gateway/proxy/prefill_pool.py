@@ -100,6 +100,8 @@ class PrefillPool:
         """A prefill replica with a free slot for ``route`` (its ``mu`` the prefill's), not in ``exclude`` and not
         cooling down, taken; None if none."""
         now = self.clock()
+        if self.scraper is not None:
+            self.scraper.note(self.slots)  # every replica of the pool is considered, a full or cooling one too
         views = [
             s.view
             for rid, s in self.slots.items()

@@ -275,6 +275,8 @@ class EndpointRuntime:
     def _views(self, now: float, exclude: set[str] | None = None) -> list[ReplicaView]:
         views = []
         scraper = self.scraper
+        if scraper is not None and exclude:
+            scraper.note(exclude)  # left out of this pick, not out of the endpoint: keep their figures fresh
         for rid, slot in self.slots.items():
             if slot.removed or (exclude and rid in exclude):
                 continue

@@ -33,7 +33,7 @@ from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
-from gateway.proxy.membership import HEARTBEAT, MEMBERS_KEY, parse_members
+from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, MEMBERS_KEY, parse_members
 from gateway.proxy.prompt_tokens import TokenizerCache
 from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from gateway.proxy.runtime import EndpointRuntime
@@ -101,6 +101,9 @@ class ProxyState:
         self._beat_lock = asyncio.Lock()
         self._allocation: dict[str, int] = {}  # what this process may run per replica (the last beat's)
         self._holdings: dict[str, int] = {}  # what the heartbeat granted this process per replica (0 included)
+        self._limits: dict[str, int] = {}  # the replicas' limits at the last beat
+        self._resend_all = False  # the next beat asks for every replica (after a failed one)
+        self._beats = 0
         self._beat_failing = False  # the last heartbeat could not reach Redis
 
     async def start(self) -> None:
@@ -321,11 +324,13 @@ class ProxyState:
             try:
                 await self._beat_locked()
             except Exception:
+                # The script may have run and its answer been lost: what Redis holds for this process is unknown, so
+                # the next beat asks again for every replica.
+                self._resend_all = True
                 if not self._beat_failing:
                     self._beat_failing = True
                     self._apply_caps()  # replicas nobody holds yet fall back to an even share
                 raise
-            self._beat_failing = False
 
     async def _beat_locked(self) -> None:
         in_flight: dict[str, int] = {}
@@ -347,10 +352,7 @@ class ProxyState:
         moved = {owner[rid] for rid, n in allocation.items() if previous.get(rid) != n and rid in owner}
         for pool in moved:
             pool.lower_caps(allocation)
-        # Only what differs from what this process holds goes to the script; a replica gone from the pools is let go.
-        held = self._holdings
-        changes = {rid: w for rid, n in allocation.items() if held.get(rid) != (w := max(n, in_flight.get(rid, 0)))}
-        changes.update((rid, 0) for rid in held.keys() - limits.keys())
+        changes = self._changes(allocation, in_flight, limits)
         raw = await self._heartbeat(
             keys=[self.members_key],
             args=[
@@ -363,9 +365,15 @@ class ProxyState:
             ],
         )
         entries, grants, reset = raw
+        self._beat_failing = self._resend_all = False  # Redis answered: caps from holdings again, not even shares
+        self._limits = limits
         everything = bool(int(reset)) or self.members is None
+        held = self._holdings
         if int(reset):
             held = self._holdings = {}  # new, or counted out: nothing is held until granted again
+            if not allocation.keys() <= changes.keys():  # asked for only some replicas: ask for all of them at once
+                self._resend_all = True
+                self.spawn(self._beat_soon())
         for rid, n in json.loads(grants).items():
             if rid in limits:
                 held[rid] = n
@@ -377,7 +385,26 @@ class ProxyState:
         members[self.process_id] = replace(members[self.process_id], holdings=held)
         self.members = members
         self._allocation = allocation
+        known = set(pools)
+        moved.update(pool for pool in self._slot_pools() if pool not in known)  # made while the script ran
         self._apply_caps(pools=None if everything else moved)
+
+    def _changes(self, allocation: dict[str, int], in_flight: dict[str, int], limits: dict[str, int]) -> dict:
+        """The holdings to ask for: only what differs from what this process holds (every replica after a failed
+        beat, and every ``FULL_BEAT_EVERY`` beats, against a holdings hash lost in Redis), a replica whose limit
+        changed (clipped to it again), and 0 for a replica gone from the pools."""
+        held, before = self._holdings, self._limits
+        self._beats += 1
+        if self._resend_all or self._beats % FULL_BEAT_EVERY == 0:
+            changes = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
+        else:
+            changes = {
+                rid: w
+                for rid, n in allocation.items()
+                if held.get(rid) != (w := max(n, in_flight.get(rid, 0))) or before.get(rid) != limits[rid]
+            }
+        changes.update((rid, 0) for rid in held.keys() - limits.keys())
+        return changes
 
     def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None) -> None:
         """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A

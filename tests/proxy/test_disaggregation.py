@@ -313,6 +313,9 @@ class OneScraped:
     def latest(self, replica_id: str):
         return ReplicaMetrics(scraped_at=100.0, num_waiting=3) if replica_id == "200" else None
 
+    def note(self, replica_ids) -> None:
+        pass
+
 
 def test_the_runtime_holds_the_prefill_pool_scrapes_it_and_routes_away_from_a_silent_replica():
     ep = pd_endpoint(name="pd-scraped", prefills=2)

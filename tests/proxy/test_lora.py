@@ -251,6 +251,9 @@ def test_views_carry_the_engines_lora_state_and_adapter_requests_go_only_where_t
             lora = {"lora_max": 2, "lora_active": frozenset({"ft"})} if rid == "100" else {}
             return ReplicaMetrics(scraped_at=1.0, **lora)
 
+        def note(self, rids):
+            pass
+
     runtime = EndpointRuntime(
         endpoint(replicas=2, limit=4), config=ProxyConfig(), scraper=Scraper(), clock=lambda: 1.0
     )
@@ -270,6 +273,9 @@ def test_a_tenants_adapter_goes_where_its_quota_does_not_unload_its_own():
     class Scraper:  # both replicas' engines serve 2 adapters: one tenant's private ones may hold 1 slot of each
         def latest(self, rid):
             return ReplicaMetrics(scraped_at=1.0, lora_max=2, lora_active=frozenset())
+
+        def note(self, rids):
+            pass
 
     runtime = EndpointRuntime(
         endpoint(replicas=2, limit=4), config=ProxyConfig(), scraper=Scraper(), clock=lambda: 1.0

@@ -22,6 +22,9 @@ class Scraper:
             num_gpu_blocks=1000, block_size=16, scraped_at=NOW - (5.0 if replica_id == "11" else 0.0)
         )
 
+    def note(self, replica_ids) -> None:
+        pass
+
 
 def routed_to(config: ProxyConfig, policy: str) -> str:
     """Where a request goes when the fresh replica already runs two requests and the stale one none."""

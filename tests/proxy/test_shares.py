@@ -13,7 +13,7 @@ from django.conf import settings
 
 from gateway.admission.shares import Member, allocate, fair_share, max_min_fill, spread_queue
 from gateway.proxy.config import ProxyConfig
-from gateway.proxy.membership import HEARTBEAT, parse_members
+from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, parse_members
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.snapshot import ReplicaInfo
 from gateway.proxy.state import ProxyState
@@ -269,3 +269,82 @@ def test_caps_follow_holdings_and_allocation_and_fall_back_to_an_even_share_whil
     state._beat_failing = True  # Redis unreachable: no beat can grant "11", which nobody holds
     state._apply_caps()
     assert rt.caps == {"10": 2, "11": 2}  # an even share of its 4 over the 2 members every process knows
+
+
+class _Proxy:
+    """A ``ProxyState`` beating on a test hash with one replica of ``limit`` slots (not started: no scraper, no
+    snapshot; the heartbeat alone)."""
+
+    def __init__(self, client, limit=10, ttl=0.3):
+        self.state = ProxyState(ProxyConfig(member_ttl_s=ttl))
+        self.state.members_key = "test:members"
+        self.state.redis = client
+        self.script = self.state._heartbeat = client.register_script(HEARTBEAT)
+        replica = ReplicaInfo(id=10, name="r", url="http://r", concurrency_limit=limit, version_id=1)
+        self.runtime = self.state.runtimes[1] = EndpointRuntime(
+            info(replicas=[replica]), config=ProxyConfig(), clock=time.monotonic
+        )
+
+    def cap(self) -> int:
+        return self.runtime.caps["10"]
+
+
+def _other_beat(client, pid, want, limit=10, ttl=0.3):
+    return _beat(client, pid, {"10": want}, {"10": limit}, ttl=ttl)
+
+
+@pytest.fixture
+def async_members_redis(members_redis):
+    import redis.asyncio as aioredis  # noqa: PLC0415 - the async client for a ProxyState's own loop
+
+    return aioredis.Redis.from_url(settings.REDIS_URL)
+
+
+def test_after_an_outage_caps_come_from_what_redis_grants_not_from_an_even_share(members_redis, async_members_redis):
+    async def scenario():
+        a = _Proxy(async_members_redis)
+        _other_beat(members_redis, "b", 5)  # b holds 5 of 10
+        await a.state._beat()  # a joins: asks for all, gets the 5 b leaves
+        assert _held(members_redis, a.state.process_id) == {"10": 5} and a.cap() == 5
+
+        async def unreachable(**_):
+            raise redis.ConnectionError("Redis away")
+
+        a.state._heartbeat = unreachable
+        with pytest.raises(redis.ConnectionError):
+            await a.state._beat()
+        assert a.cap() == 5  # what it held: nobody can take it meanwhile
+        await asyncio.sleep(0.4)  # past the TTL: both entries stale
+        a.state._heartbeat = a.script
+        await a.state._beat()  # back: a was counted out; it must ask again for everything, b still counted
+        held_a = _held(members_redis, a.state.process_id).get("10", 0)
+        assert a.cap() <= held_a <= 10
+        members, grants, _ = _other_beat(members_redis, "b", 5)  # b back too: gets what a left
+        assert held_a + grants["10"] <= 10
+        await a.state._beat()
+        assert a.cap() + grants["10"] <= 10 and a.cap() <= _held(members_redis, a.state.process_id).get("10", 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_holding_lost_in_redis_is_asked_for_again_and_a_lowered_limit_clips_what_is_held(
+    members_redis, async_members_redis
+):
+    async def scenario():
+        a = _Proxy(async_members_redis, ttl=5.0)
+        await a.state._beat()
+        mine = f"test:members:h:{a.state.process_id}"
+        assert _held(members_redis, a.state.process_id) == {"10": 10}
+        members_redis.delete(mine)  # evicted, or a reply lost after the script ran: a still believes it holds 10
+        await a.state._beat()
+        assert _held(members_redis, a.state.process_id) == {}  # nothing changed in a's eyes: nothing asked
+        for _ in range(FULL_BEAT_EVERY):  # within a full beat's period a asks for every replica again
+            await a.state._beat()
+        assert _held(members_redis, a.state.process_id) == {"10": 10} == {"10": a.cap()}
+        # a runs 10 streams, so it wants what it holds; the replica's limit drops to 4: the holding is clipped to it.
+        a.runtime.slots["10"].view.in_flight = 10
+        a.runtime.slots["10"].limit = 4
+        await a.state._beat()
+        assert _held(members_redis, a.state.process_id) == {"10": 4} and a.cap() <= 4
+
+    asyncio.run(scenario())

@@ -215,10 +215,18 @@ async def test_a_replica_is_scraped_while_requests_read_it_and_not_once_they_sto
         await _tick(scraper, clock, 10.3)
         assert idle.requests == 3
         assert scraper.apply(ReplicaView(replica_id="idle"), now=10.3).metrics_age_s == 0.0
+        # A replica a pick considered without reading it (full, cooling down) is noted all the same.
+        await _tick(scraper, clock, 20.0)  # "busy" unread since 5.1
+        assert busy.requests == 6
+        scraper.note({"busy"})
+        await _tick(scraper, clock, 20.1)
+        assert busy.requests == 7
         # A replica leaving the targets leaves the wanted set with them.
+        scraped = idle.requests
         scraper.set_targets({"busy": busy.url})
-        await _tick(scraper, clock, 10.5)
-        assert idle.requests == 3 and scraper.stats.wanted == 0
+        scraper.latest("idle")  # a stale read of a replica gone meanwhile
+        await _tick(scraper, clock, 20.2)
+        assert idle.requests == scraped and scraper.stats.wanted == 1  # "busy" alone
     finally:
         await scraper.stop()
         await busy.stop()
