@@ -37,15 +37,16 @@ Redis is used for four things, and each degrades on its own when Redis is unreac
 * **Usage spool**: usage records that cannot reach PostgreSQL go to a Redis stream, or, when Redis is
   down too, to a local spool file; both are drained into PostgreSQL when it is back.
 
-* **Replica slots are shared between proxy processes**: each process heartbeats its membership and its
-  in-flight streams per replica into ``infercap:proxy:members`` every ``member_interval_s`` (0.25 s) and takes
-  a fair part of every replica's concurrency limit (``gateway.admission.shares``: the parts sum to the limit,
-  a newcomer takes nothing until every other process has seen it, a process above its new part holds the
-  others back until it drains), so N processes never send a replica more than its limit together. No Redis
-  call per request: the caps change only on heartbeats. Costs: a new process queues its first requests for
-  about one interval; a dead process's part is idle until its entry expires (``member_ttl_s``, 1.5 s); with
-  more processes than a replica's limit some processes get no slot on it. While Redis is unreachable every
-  process keeps its last caps; without Redis configured a process has the whole limits.
+* **Replica slots are shared between proxy processes**: each process heartbeats its membership, its in-flight
+  streams and its demand per replica into ``infercap:proxy:members`` every ``member_interval_s`` (0.25 s), and holds
+  a part of every replica's concurrency limit (``gateway.admission.shares``: parts follow demand, critical first,
+  the rest split evenly; the script grants only what the other live processes do not hold, so the parts never sum
+  above the limit and N processes never send a replica more than its limit together). No Redis call per request:
+  the caps change only on heartbeats. Costs: a new process queues its first requests for about one interval; a dead
+  process's part is idle until its entry expires (``member_ttl_s``, 1.5 s); with more processes than a replica's
+  limit some processes get no slot on it. While Redis is unreachable every process keeps its last caps (a replica
+  it was never granted anything of gets its even share); without Redis configured, or before its first heartbeat
+  reached Redis, a process has the whole limits.
 
 Known limits: queues are per process (admission order and fairness hold within a process, not across
 processes); a process whose event loop stalls past ``member_ttl_s`` is counted out by the others while its

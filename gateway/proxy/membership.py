@@ -17,7 +17,8 @@ FULL_BEAT_EVERY = 40
 # stamp, in-flight streams and demand per replica: JSON, only the replicas where they are not zero); each member's
 # holdings are its own hash beside it (``KEYS[1]:h:<id>``, replica → slots, only those held). ARGV: this process's
 # id, its in-flight streams, the holdings it wants changed (replica → slots wanted: only where what it wants differs
-# from what it holds), its demand per replica and class, the TTL in seconds, and the changed replicas' limits. In
+# from what it holds), its demand per replica and class, the TTL in seconds, the changed replicas' limits, and "1"
+# for a full beat (every replica asked for: its holdings are rewritten from the asks, none left over). In
 # one atomic step: drops expired members and their holdings, grants each change out of what the other live members
 # do not hold (so the holdings never sum above a limit), stamps the entry with Redis' clock (keeping the first join
 # time) and returns the live entries, the grants, and 1 where this process was not a live member (new, or counted
@@ -52,6 +53,9 @@ for i = 1, #all, 2 do
 end
 local mine = prefix .. ARGV[1]
 local reset = 0
+if ARGV[7] == '1' then
+  redis.call('DEL', mine)  -- a full beat asks for every replica: what it holds is rewritten from them
+end
 if joined == nil then
   redis.call('DEL', mine)
   joined = now

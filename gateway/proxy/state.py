@@ -103,6 +103,7 @@ class ProxyState:
         self._holdings: dict[str, int] = {}  # what the heartbeat granted this process per replica (0 included)
         self._limits: dict[str, int] = {}  # the replicas' limits at the last beat
         self._resend_all = False  # the next beat asks for every replica (after a failed one)
+        self._beat_pending = False  # a beat asked for by ``_ask_beat`` has not started yet
         self._beats = 0
         self._beat_failing = False  # the last heartbeat could not reach Redis
 
@@ -306,6 +307,8 @@ class ProxyState:
             await asyncio.sleep(self.config.member_interval_s)
             for runtime in self.runtimes.values():
                 runtime.flush_gauges()
+                if self.scraper is not None and len(runtime.queue):  # requests waiting for a slot: keep it seen
+                    self.scraper.note(runtime.slots)
             if self.redis is None:
                 continue
             try:
@@ -333,13 +336,8 @@ class ProxyState:
                 raise
 
     async def _beat_locked(self) -> None:
-        in_flight: dict[str, int] = {}
-        limits: dict[str, int] = {}
-        demand: dict[str, tuple[int, ...]] = {}
-        for pool in self._slot_pools():
-            in_flight.update(pool.in_flight_by_replica())
-            limits.update(pool.replica_limits())
-            demand.update(pool.demand_by_replica())  # only the replicas with some
+        self._beat_pending = False  # a beat starting now covers what was asked before it
+        in_flight, limits, demand = self._reports()
         view = dict(self.members or {})
         me = view.get(self.process_id)
         if me is not None:
@@ -352,7 +350,9 @@ class ProxyState:
         moved = {owner[rid] for rid, n in allocation.items() if previous.get(rid) != n and rid in owner}
         for pool in moved:
             pool.lower_caps(allocation)
-        changes = self._changes(allocation, in_flight, limits)
+        self._allocation = allocation  # so caps applied if this beat fails stay within it too
+        full = self._resend_all or self._beats % FULL_BEAT_EVERY == FULL_BEAT_EVERY - 1
+        changes = self._changes(allocation, in_flight, limits, full)
         raw = await self._heartbeat(
             keys=[self.members_key],
             args=[
@@ -362,6 +362,7 @@ class ProxyState:
                 json.dumps({rid: list(d) for rid, d in demand.items()}, separators=(",", ":")),
                 repr(self.config.member_ttl_s),
                 json.dumps({rid: limits.get(rid, 0) for rid in changes}, separators=(",", ":")),
+                "1" if full else "0",
             ],
         )
         entries, grants, reset = raw
@@ -373,7 +374,7 @@ class ProxyState:
             held = self._holdings = {}  # new, or counted out: nothing is held until granted again
             if not allocation.keys() <= changes.keys():  # asked for only some replicas: ask for all of them at once
                 self._resend_all = True
-                self.spawn(self._beat_soon())
+                self._ask_beat()
         for rid, n in json.loads(grants).items():
             if rid in limits:
                 held[rid] = n
@@ -384,18 +385,32 @@ class ProxyState:
         members = parse_members(entries)
         members[self.process_id] = replace(members[self.process_id], holdings=held)
         self.members = members
-        self._allocation = allocation
         known = set(pools)
-        moved.update(pool for pool in self._slot_pools() if pool not in known)  # made while the script ran
+        fresh = [pool for pool in self._slot_pools() if pool not in known]  # made while the script ran
+        if fresh:
+            moved.update(fresh)
+            self._ask_beat()  # their replicas were not asked for
         self._apply_caps(pools=None if everything else moved)
 
-    def _changes(self, allocation: dict[str, int], in_flight: dict[str, int], limits: dict[str, int]) -> dict:
-        """The holdings to ask for: only what differs from what this process holds (every replica after a failed
-        beat, and every ``FULL_BEAT_EVERY`` beats, against a holdings hash lost in Redis), a replica whose limit
-        changed (clipped to it again), and 0 for a replica gone from the pools."""
+    def _reports(self) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[int, ...]]]:
+        """This process's streams, the replicas' limits and its demand per replica (only the replicas with some)."""
+        in_flight: dict[str, int] = {}
+        limits: dict[str, int] = {}
+        demand: dict[str, tuple[int, ...]] = {}
+        for pool in self._slot_pools():
+            in_flight.update(pool.in_flight_by_replica())
+            limits.update(pool.replica_limits())
+            demand.update(pool.demand_by_replica())
+        return in_flight, limits, demand
+
+    def _changes(self, allocation: dict[str, int], in_flight: dict[str, int], limits: dict[str, int], full: bool):
+        """The holdings to ask for: only what differs from what this process holds, a replica whose limit changed
+        (clipped to it again), and 0 for a replica gone from the pools; with ``full`` (after a failed beat, and every
+        ``FULL_BEAT_EVERY`` beats, against a holdings hash lost or left over in Redis) every replica, and the script
+        rewrites the process's holdings from them."""
         held, before = self._holdings, self._limits
         self._beats += 1
-        if self._resend_all or self._beats % FULL_BEAT_EVERY == 0:
+        if full:
             changes = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
         else:
             changes = {
@@ -433,6 +448,12 @@ class ProxyState:
                 missing = missing or not slot.removed
             rt.apply_caps(caps)
         if missing and self.redis is not None and not self._beat_failing and not self._beat_lock.locked():
+            self._ask_beat()
+
+    def _ask_beat(self) -> None:
+        """A beat now, beside the housekeeping's (one at a time: asking again while one is pending adds none)."""
+        if not self._beat_pending:
+            self._beat_pending = True
             self.spawn(self._beat_soon())
 
     def _slot_pools(self, runtime: EndpointRuntime | None = None) -> list:
@@ -521,7 +542,7 @@ class ProxyState:
         task.add_done_callback(self.background.discard)
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self.background]:  # no beat may land after this process has left
             task.cancel()
         for task in self._tasks:
             try:
