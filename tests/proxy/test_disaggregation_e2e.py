@@ -18,7 +18,7 @@ from gateway.proxy.snapshot_loader import read_snapshot
 from tests.factories import HardwareProfileFactory
 from tests.proxy.conftest import spawn_proxy, spawn_replica
 from tests.proxy.helpers import METRICS_AUTH, assert_openai_error, chat_body, post, sse_events, wait_for, wait_usage
-from tests.proxy.test_shared_slots_e2e import _members
+from tests.proxy.test_shared_slots_e2e import _held_on
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -193,7 +193,7 @@ def test_two_proxy_processes_never_send_a_prefill_replica_more_than_its_limit(pr
     for base in bases:  # each process joins the group on its first request (short: no prefill)
         assert post(base, tenant_a.raw_key, chat_body(endpoint.name, max_tokens=2, content="hi")).status_code == 200
     rid = str(prefill.pk)
-    wait_for(lambda: sorted(m["h"].get(rid, 0) for m in _members(clean_redis)) == [1, 1], timeout=10)
+    wait_for(lambda: sorted(_held_on(clean_redis, rid)) == [1, 1], timeout=10)
     httpx.post(f"http://127.0.0.1:{p_port}/admin/faults", json={"slow_factor": 50}, timeout=5).raise_for_status()
 
     peak, results, stop = [0], [], threading.Event()

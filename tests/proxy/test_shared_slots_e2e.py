@@ -38,6 +38,11 @@ def _holdings(client) -> list[int]:
     ]
 
 
+def _held_on(client, replica_id: str) -> list[int]:
+    """Each member's slots held on one replica (0 where its holdings hash has none)."""
+    return [int(client.hget(f"{MEMBERS_KEY}:h:{pid.decode()}", replica_id) or 0) for pid in client.hkeys(MEMBERS_KEY)]
+
+
 def _members(client) -> list[dict]:
     return [json.loads(v) for v in client.hgetall(MEMBERS_KEY).values()]
 
