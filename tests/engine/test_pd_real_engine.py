@@ -148,8 +148,12 @@ def test_the_consumer_decodes_from_the_producers_kv_as_the_producer_itself_would
     assert hit >= 512 and any(shared.iterdir())
     before = counters(consumer.url)
     decoded = chat(consumer.url, content, max_tokens=8, logprobs=True, top_logprobs=2)
-    # Same tokens, same logprobs: the KV it loaded is the one the producer computed, not noise of the right shape
-    assert token_logprobs(decoded) == token_logprobs(reference)
+    # Same tokens, same logprobs: the KV it loaded is the one the producer computed, not noise of the right shape.
+    # Within 0.02 nats: attention over loaded blocks sums in another order than over computed ones (a CI run gave
+    # -7.227 against -7.220 for the same token); KV of the right shape but wrong content moves them by whole nats.
+    got, want = token_logprobs(decoded), token_logprobs(reference)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert all(abs(a - b) <= 0.02 for (_, a), (_, b) in zip(got, want, strict=True)), (got, want)
     MEASURED["outputs_match"] = True
     assert decoded["usage"]["prompt_tokens_details"]["cached_tokens"] == hit
     assert decoded["usage"]["prompt_tokens_details"]["created_cache_tokens"] == n // BLOCK * BLOCK - hit
