@@ -35,21 +35,46 @@ Redis, by the heartbeat, for the replicas whose holding a process asks to change
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.admission.classes import CLASSES
+from gateway.admission.classes import CLASSES, CRITICAL, SHEDDABLE
+
+_CRITICAL, _SHEDDABLE = CLASSES.index(CRITICAL), CLASSES.index(SHEDDABLE)
 
 
 @dataclass(frozen=True)
 class Member:
-    """One live proxy process as the last heartbeat read showed it (times on the shared Redis clock)."""
+    """One live proxy process as the last heartbeat read showed it (times on the shared Redis clock).
+
+    Its demand per replica (what it runs there plus its share of the endpoint's queue) comes as the heartbeat
+    carries it: every class together, and the critical and the sheddable part of that (standard is the rest), each
+    only where it is not zero. Maps of plain counts: a process reads every other one's on every beat, and a map of
+    ints is the cheapest thing to decode and the collector never walks it (``bench scale``'s ``heartbeat`` loop)."""
 
     joined: float
     seen_at: float
-    in_flight: Mapping[str, int] = field(default_factory=dict)  # replica id → streams it runs there
-    holdings: Mapping[str, int] = field(default_factory=dict)  # replica id → slots it holds
-    demand: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # replica id → running + queued per class
+    holdings: Mapping[str, int] = field(default_factory=dict)  # replica id → slots it holds (this process's only)
+    demand: Mapping[str, int] = field(default_factory=dict)  # replica id → running + queued, every class
+    critical: Mapping[str, int] = field(default_factory=dict)  # replica id → the critical part of it
+    sheddable: Mapping[str, int] = field(default_factory=dict)  # replica id → the sheddable part of it
+
+
+def demand_parts(rows: Mapping[str, Sequence[int]]) -> dict[str, dict[str, int]]:
+    """Demand per replica as counts per class (``CLASSES`` order) → a ``Member``'s ``demand``, ``critical`` and
+    ``sheddable`` maps (non-zero counts only; negative counts read as 0)."""
+    total: dict[str, int] = {}
+    critical: dict[str, int] = {}
+    sheddable: dict[str, int] = {}
+    for rid, row in rows.items():
+        counts = [max(0, int(row[c])) if c < len(row) else 0 for c in range(len(CLASSES))]
+        if counts[_CRITICAL]:
+            critical[rid] = counts[_CRITICAL]
+        if counts[_SHEDDABLE]:
+            sheddable[rid] = counts[_SHEDDABLE]
+        if any(counts):
+            total[rid] = sum(counts)
+    return {"demand": total, "critical": critical, "sheddable": sheddable}
 
 
 def fair_share(limit: int, member_ids: list[str], member_id: str) -> int:
@@ -101,13 +126,18 @@ def spread_queue(queued: tuple[int, ...], limits: Mapping[str, int]) -> dict[str
     return {rid: tuple(v) for rid, v in out.items()}
 
 
-def allocate(me: str, members: Mapping[str, Member], limits: Mapping[str, int]) -> dict[str, int]:
+def allocate(
+    me: str, members: Mapping[str, Member], limits: Mapping[str, int], only: Iterable[str] | None = None
+) -> dict[str, int]:
     """How many requests ``me`` may run on each replica, from one heartbeat read (see the module docstring).
 
     Only ``me``'s part of each replica's split is worked out: a class whose demand the slots left cover gives every
     member its demand, so the max-min fill runs only for the class that runs out (it takes all that is left), and
-    the even split of the rest is ``me``'s share alone. A heartbeat covers every replica of the fleet, so this is per
-    replica and member (``bench scale``'s ``heartbeat`` loop)."""
+    the even split of the rest is ``me``'s share alone; where every member's demand fits in the limit (the usual
+    case), that is one look-up per member and no class is looked at. A heartbeat covers every replica of the fleet, so
+    this is per replica and member (``bench scale``'s ``heartbeat`` loop). ``only``: those replicas alone."""
+    if only is not None:
+        limits = {rid: limits[rid] for rid in only if rid in limits}
     if me not in members:
         return dict(limits)  # not a member yet: ask for everything; the grant gives what is free
     ids = sorted(members)  # the id order every process uses (``fair_share``, ``max_min_fill``'s ties)
@@ -125,20 +155,24 @@ def allocate(me: str, members: Mapping[str, Member], limits: Mapping[str, int]) 
                 mine = even[limit] = base + (1 if rank < extra else 0)
             out[rid] = mine
             continue
+        sums = [d.get(rid, 0) for d in demand_maps]
+        left = limit - sum(sums)
+        if left >= 0:  # every member's demand fits, in every class: each gets its own and a share of the rest
+            base, extra = divmod(left, n)
+            out[rid] = sums[rank] + base + (1 if rank < extra else 0)
+            continue
         mine, left = 0, limit
-        rows = [d.get(rid) for d in demand_maps]
-        if any(row and any(row) for row in rows):
-            for c in classes:
-                if left <= 0:
-                    break
-                wanted = [_count(row, c) for row in rows]
-                total = sum(wanted)
-                if total <= left:  # everyone's demand in this class fits
-                    mine += wanted[rank]
-                    left -= total
-                    continue
-                mine += max_min_fill(left, dict(zip(ids, wanted, strict=True)))[me]
-                left = 0
+        for c in classes:
+            if left <= 0:
+                break
+            wanted = [_count(members[mid], rid, c, own) for mid, own in zip(ids, sums, strict=True)]
+            total = sum(wanted)
+            if total <= left:  # everyone's demand in this class fits
+                mine += wanted[rank]
+                left -= total
+                continue
+            mine += max_min_fill(left, dict(zip(ids, wanted, strict=True)))[me]
+            left = 0
         if left > 0:
             base, extra = divmod(left, n)
             mine += base + (1 if rank < extra else 0)
@@ -146,6 +180,10 @@ def allocate(me: str, members: Mapping[str, Member], limits: Mapping[str, int]) 
     return out
 
 
-def _count(row, klass: int) -> int:
-    """One member's demand on a replica in a class (running plus queued), as its heartbeat reported it."""
-    return max(0, int(row[klass])) if row and klass < len(row) else 0
+def _count(member: Member, rid: str, klass: int, total: int) -> int:
+    """One member's demand on a replica in a class (running plus queued), from its heartbeat's maps."""
+    if klass == _CRITICAL:
+        return member.critical.get(rid, 0)
+    if klass == _SHEDDABLE:
+        return member.sheddable.get(rid, 0)
+    return max(0, total - member.critical.get(rid, 0) - member.sheddable.get(rid, 0))

@@ -37,8 +37,8 @@ Redis is used for four things, and each degrades on its own when Redis is unreac
 * **Usage spool**: usage records that cannot reach PostgreSQL go to a Redis stream, or, when Redis is
   down too, to a local spool file; both are drained into PostgreSQL when it is back.
 
-* **Replica slots are shared between proxy processes**: each process heartbeats its membership, its in-flight
-  streams and its demand per replica into ``infercap:proxy:members`` every ``member_interval_s`` (0.25 s), and holds
+* **Replica slots are shared between proxy processes**: each process heartbeats its membership and its demand
+  per replica into ``infercap:proxy:members`` every ``member_interval_s`` (0.25 s), and holds
   a part of every replica's concurrency limit (``gateway.admission.shares``: parts follow demand, critical first,
   the rest split evenly; the script grants only what the other live processes do not hold, so the parts never sum
   above the limit and N processes never send a replica more than its limit together). No Redis call per request:

@@ -223,8 +223,8 @@ class EndpointRuntime:
             found = self.adapters[rid] = ReplicaAdapters(victim=victim, clock=self.clock, queued=self.queued_adapters)
         return found
 
-    def in_flight_by_replica(self) -> dict[str, int]:
-        return {rid: s.view.in_flight for rid, s in self.slots.items() if s.view.in_flight}
+    def in_flight_by_replica(self) -> dict[str, int]:  # an idle endpoint answers without a look at its slots
+        return {rid: s.view.in_flight for rid, s in self.slots.items() if s.view.in_flight} if self.in_flight else {}
 
     def replica_limits(self) -> dict[str, int]:
         """Each serving replica's concurrency limit (what the proxy processes share)."""

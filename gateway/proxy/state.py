@@ -26,14 +26,14 @@ from django.db import close_old_connections
 from billing.ingest import UsageWriter
 from billing.statements import prices
 from endpoints.config_version import ALL, ALL_KEY, CONFIG_KEY, VERSION_CHANNEL, VERSION_KEY
-from gateway.admission.shares import allocate, fair_share
+from gateway.admission.shares import demand_parts, fair_share
 from gateway.metrics_scraper import MetricsScraper
 from gateway.proxy import profiling
 from gateway.proxy.budgets import Budgets
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
-from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, MEMBERS_KEY, parse_members
+from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, MEMBERS_KEY, ShareBook, parse_members
 from gateway.proxy.prompt_tokens import TokenizerCache
 from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from gateway.proxy.runtime import EndpointRuntime
@@ -99,9 +99,9 @@ class ProxyState:
         self.members: dict | None = None  # the last heartbeat read (None: no Redis, this process has whole limits)
         self._heartbeat = None
         self._beat_lock = asyncio.Lock()
-        self._allocation: dict[str, int] = {}  # what this process may run per replica (the last beat's)
-        self._holdings: dict[str, int] = {}  # what the heartbeat granted this process per replica (0 included)
-        self._limits: dict[str, int] = {}  # the replicas' limits at the last beat
+        self._book = ShareBook()  # what this process may run, holds and asks for per replica
+        self._owner: dict = {}  # replica id → its pool (``_owners``)
+        self._owner_basis: tuple | None = None
         self._resend_all = False  # the next beat asks for every replica (after a failed one)
         self._beat_pending = False  # a beat asked for by ``_ask_beat`` has not started yet
         self._beats = 0
@@ -340,26 +340,31 @@ class ProxyState:
         in_flight, limits, demand = self._reports()
         view = dict(self.members or {})
         me = view.get(self.process_id)
+        parts = demand_parts(demand)
         if me is not None:
-            view[self.process_id] = replace(me, in_flight=in_flight, demand=demand)
-        allocation = allocate(self.process_id, view, limits)
+            view[self.process_id] = replace(me, **parts)
+        book, previous = self._book, self._book.allocation
+        full = self._resend_all or self._beats % FULL_BEAT_EVERY == FULL_BEAT_EVERY - 1
+        self._beats += 1
+        touched = book.allocate(self.process_id, view, limits, full=full)  # caps applied if this beat fails follow it
+        allocation = book.allocation
         # Caps follow the allocation and the holdings; the pools none of whose replicas saw either move keep theirs.
         pools = self._slot_pools()
-        owner = {rid: pool for pool in pools for rid in pool.slots}
-        previous = self._allocation
-        moved = {owner[rid] for rid, n in allocation.items() if previous.get(rid) != n and rid in owner}
+        owner = self._owners(pools, limits)
+        moved = {
+            owner[rid]
+            for rid in (allocation if touched is None else touched)
+            if previous.get(rid) != allocation.get(rid) and rid in owner
+        }
         for pool in moved:
             pool.lower_caps(allocation)
-        self._allocation = allocation  # so caps applied if this beat fails stay within it too
-        full = self._resend_all or self._beats % FULL_BEAT_EVERY == FULL_BEAT_EVERY - 1
-        changes = self._changes(allocation, in_flight, limits, full)
+        changes = book.changes(in_flight, limits, touched, full)
         raw = await self._heartbeat(
             keys=[self.members_key],
             args=[
                 self.process_id,
-                json.dumps(in_flight, separators=(",", ":")),
                 json.dumps(changes, separators=(",", ":")),
-                json.dumps({rid: list(d) for rid, d in demand.items()}, separators=(",", ":")),
+                *(json.dumps(parts[k], separators=(",", ":")) for k in ("demand", "critical", "sheddable")),
                 repr(self.config.member_ttl_s),
                 json.dumps({rid: limits.get(rid, 0) for rid in changes}, separators=(",", ":")),
                 "1" if full else "0",
@@ -367,23 +372,15 @@ class ProxyState:
         )
         entries, grants, reset = raw
         self._beat_failing = self._resend_all = False  # Redis answered: caps from holdings again, not even shares
-        self._limits = limits
         everything = bool(int(reset)) or self.members is None
-        held = self._holdings
-        if int(reset):
-            held = self._holdings = {}  # new, or counted out: nothing is held until granted again
-            if not allocation.keys() <= changes.keys():  # asked for only some replicas: ask for all of them at once
-                self._resend_all = True
-                self._ask_beat()
-        for rid, n in json.loads(grants).items():
-            if rid in limits:
-                held[rid] = n
-            else:
-                held.pop(rid, None)
-            if rid in owner:
-                moved.add(owner[rid])
+        grants = json.loads(grants)
+        book.granted(grants, changes, limits, reset=bool(int(reset)))
+        if int(reset) and not allocation.keys() <= changes.keys():  # asked for only some replicas: ask for all
+            self._resend_all = True
+            self._ask_beat()
+        moved.update(owner[rid] for rid in grants if rid in owner)
         members = parse_members(entries)
-        members[self.process_id] = replace(members[self.process_id], holdings=held)
+        members[self.process_id] = replace(members[self.process_id], holdings=book.holdings)
         self.members = members
         known = set(pools)
         fresh = [pool for pool in self._slot_pools() if pool not in known]  # made while the script ran
@@ -403,23 +400,12 @@ class ProxyState:
             demand.update(pool.demand_by_replica())
         return in_flight, limits, demand
 
-    def _changes(self, allocation: dict[str, int], in_flight: dict[str, int], limits: dict[str, int], full: bool):
-        """The holdings to ask for: only what differs from what this process holds, a replica whose limit changed
-        (clipped to it again), and 0 for a replica gone from the pools; with ``full`` (after a failed beat, and every
-        ``FULL_BEAT_EVERY`` beats, against a holdings hash lost or left over in Redis) every replica, and the script
-        rewrites the process's holdings from them."""
-        held, before = self._holdings, self._limits
-        self._beats += 1
-        if full:
-            changes = {rid: max(n, in_flight.get(rid, 0)) for rid, n in allocation.items()}
-        else:
-            changes = {
-                rid: w
-                for rid, n in allocation.items()
-                if held.get(rid) != (w := max(n, in_flight.get(rid, 0))) or before.get(rid) != limits[rid]
-            }
-        changes.update((rid, 0) for rid in held.keys() - limits.keys())
-        return changes
+    def _owners(self, pools: list, limits: dict[str, int]) -> dict:
+        """Replica id → the pool holding its slot, kept while the pools and the limits stand."""
+        if self._owner_basis != (pools, limits):
+            self._owner = {rid: pool for pool in pools for rid in pool.slots}
+            self._owner_basis = (pools, limits)
+        return self._owner
 
     def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None) -> None:
         """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A
@@ -435,7 +421,7 @@ class ProxyState:
         holdings = mine.holdings if mine is not None else {}
         ids = list(self.members) if mine is not None else [*self.members, self.process_id]
         missing = False
-        allocation, failing = self._allocation, self._beat_failing
+        allocation, failing = self._book.allocation, self._beat_failing
         for rt in self._slot_pools(runtime) if pools is None else pools:
             caps = {}
             for rid, slot in rt.slots.items():

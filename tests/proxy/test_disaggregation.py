@@ -403,7 +403,7 @@ def test_the_heartbeat_shares_the_prefill_replicas_limits_between_proxy_processe
         state.process_id: Member(joined=0.0, seen_at=1.0, holdings={"300": 2, "200": 1}),
         "other": Member(joined=0.0, seen_at=1.0, holdings={"200": 3}),
     }
-    state._allocation = {"200": 1, "300": 2}
+    state._book.allocation = {"200": 1, "300": 2}
     state._apply_caps()
     assert (rt.caps, pool.caps) == ({"300": 2}, {"200": 1})
 

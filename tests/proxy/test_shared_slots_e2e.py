@@ -68,9 +68,9 @@ def _beaten_with_demand(client, demands: set[tuple[int, ...]]) -> float | None:
     """When the last of ``demands`` (running + queued per class, summed over replicas) was published, once every
     one of them is in some member's last heartbeat; None before."""
     seen = {}
-    for member in _members(client):
-        per_replica = list(member.get("q", {}).values()) or [[0, 0, 0]]  # a replica with no demand has no entry
-        seen[tuple(sum(column) for column in zip(*per_replica, strict=True))] = member["t"]
+    for member in _members(client):  # per replica: every class, the critical and the sheddable part (non-zero only)
+        total, critical, sheddable = (sum(member.get(k, {}).values()) for k in ("q", "c", "x"))
+        seen[(critical, total - critical - sheddable, sheddable)] = member["t"]
     return max(seen[d] for d in demands) if demands <= set(seen) else None
 
 

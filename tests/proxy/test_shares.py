@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from gateway.admission.shares import Member, allocate, fair_share, max_min_fill, spread_queue
+from gateway.admission.shares import Member, allocate, demand_parts, fair_share, max_min_fill, spread_queue
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, parse_members
 from gateway.proxy.runtime import EndpointRuntime
@@ -24,9 +24,9 @@ from tests.waiting import wait_for, wait_for_async
 CRIT, STD, SHED = 0, 1, 2
 
 
-def member(demand=(0, 0, 0), in_flight=0, rid="r"):
+def member(demand=(0, 0, 0), rid="r"):
     """``demand``: running plus queued requests per class (critical, standard, sheddable)."""
-    return Member(joined=0.0, seen_at=1.0, in_flight={rid: in_flight}, demand={rid: tuple(demand)})
+    return Member(joined=0.0, seen_at=1.0, **demand_parts({rid: demand}))
 
 
 def test_fair_shares_sum_to_the_limit_and_differ_by_at_most_one():
@@ -68,7 +68,7 @@ def test_a_lone_process_gets_the_whole_limit_and_a_non_member_asks_for_everythin
 
 
 def test_an_idle_process_lends_its_share_to_a_busy_one_and_keeps_headroom_when_both_idle():
-    busy = {"a": member(demand=(0, 8, 0), in_flight=2), "b": member()}  # 2 running, 6 queued
+    busy = {"a": member(demand=(0, 8, 0)), "b": member()}  # 2 running, 6 queued
     assert allocate("a", busy, {"r": 8}) == {"r": 8}
     assert allocate("b", busy, {"r": 8}) == {"r": 0}
     idle = {"a": member(), "b": member()}
@@ -81,8 +81,8 @@ def test_an_idle_process_lends_its_share_to_a_busy_one_and_keeps_headroom_when_b
 
 def test_critical_demand_in_one_process_comes_before_sheddable_demand_in_another():
     members = {
-        "a": member(demand=(0, 0, 14), in_flight=4),  # 4 sheddable running, 10 queued
-        "b": member(demand=(3, 4, 0), in_flight=4),  # 4 standard running, 3 critical queued
+        "a": member(demand=(0, 0, 14)),  # 4 sheddable running, 10 queued
+        "b": member(demand=(3, 4, 0)),  # 4 standard running, 3 critical queued
     }
     # b's critical, then b's standard, then a's sheddable: a may run 1 (it admits nothing new until its
     # streams end, and gives each slot back at its next heartbeat), b may run 7.
@@ -98,21 +98,22 @@ def test_allocations_sum_to_the_limit_and_meet_all_demand_that_fits():
     rng = random.Random(7)
     for _ in range(400):
         n, limit = rng.randint(1, 5), rng.randint(1, 16)
-        members = {f"p{i}": member(demand=tuple(rng.randint(0, 6) for _ in range(3))) for i in range(n)}
+        rows = {f"p{i}": tuple(rng.randint(0, 6) for _ in range(3)) for i in range(n)}
+        members = {mid: member(demand=row) for mid, row in rows.items()}
         got = {mid: allocate(mid, members, {"r": limit})["r"] for mid in members}
         assert sum(got.values()) == limit
-        total = {mid: sum(m.demand["r"]) for mid, m in members.items()}
+        total = {mid: sum(row) for mid, row in rows.items()}
         if sum(total.values()) <= limit:
             assert all(got[mid] >= total[mid] for mid in members)
         # Critical demand is served before any other class, wherever it is.
-        critical = {mid: m.demand["r"][CRIT] for mid, m in members.items()}
+        critical = {mid: row[CRIT] for mid, row in rows.items()}
         if sum(critical.values()) <= limit:
             assert all(got[mid] >= critical[mid] for mid in members)
 
 
 def reference_allocate(me, members, limits):
-    """The split as the module docstring states it, worked out for every member: each class max-min filled in turn,
-    the rest split evenly; ``me``'s part of it."""
+    """The split as the module docstring states it, worked out for every member from its demand rows (``members``:
+    member → replica → counts per class): each class max-min filled in turn, the rest split evenly; ``me``'s part."""
     if me not in members:
         return dict(limits)
     out = {}
@@ -121,7 +122,7 @@ def reference_allocate(me, members, limits):
         for c in range(3):
             if left <= 0:
                 break
-            demand = {mid: max(0, int(m.demand.get(rid, ())[c])) if c < len(m.demand.get(rid, ())) else 0
+            demand = {mid: max(0, int(m.get(rid, ())[c])) if c < len(m.get(rid, ())) else 0
                       for mid, m in members.items()}  # fmt: skip
             got = max_min_fill(left, demand)
             for mid, count in got.items():
@@ -139,21 +140,18 @@ def test_each_process_works_out_its_own_part_of_the_split_as_the_whole_split_giv
     for _ in range(400):
         ids = rng.sample(["p0", "p1", "p2", "p3", "p4", "zz"], rng.randint(1, 6))
         rids = [f"r{i}" for i in range(rng.randint(1, 5))]
-        members = {
-            mid: Member(
-                joined=0.0,
-                seen_at=1.0,
-                demand={
-                    rid: tuple(rng.choice([0, 0, 1, 2, 5, 9]) for _ in range(rng.choice([0, 1, 3])))
-                    for rid in rids
-                    if rng.random() < 0.7
-                },
-            )
+        rows = {
+            mid: {
+                rid: tuple(rng.choice([0, 0, 1, 2, 5, 9]) for _ in range(rng.choice([0, 1, 3])))
+                for rid in rids
+                if rng.random() < 0.7
+            }
             for mid in ids
         }
+        members = {mid: Member(joined=0.0, seen_at=1.0, **demand_parts(rows[mid])) for mid in ids}
         limits = {rid: rng.randint(0, 12) for rid in rids}
         for me in ids:
-            assert allocate(me, members, limits) == reference_allocate(me, members, limits)
+            assert allocate(me, members, limits) == reference_allocate(me, rows, limits)
         # Every process's part together is the whole limit.
         for rid in rids:
             assert sum(allocate(me, members, limits)[rid] for me in ids) == limits[rid]
@@ -174,7 +172,7 @@ def _beat(client, pid, want, limits, ttl=5.0):
     whether it was not a live member)."""
     entries, grants, reset = client.register_script(HEARTBEAT)(
         keys=["test:members"],
-        args=[pid, "{}", json.dumps(want), "{}", repr(ttl), json.dumps({rid: limits[rid] for rid in want})],
+        args=[pid, json.dumps(want), "{}", "{}", "{}", repr(ttl), json.dumps({rid: limits[rid] for rid in want})],
     )
     return parse_members(entries), json.loads(grants), bool(reset)
 
@@ -263,7 +261,7 @@ def test_caps_follow_holdings_and_allocation_and_fall_back_to_an_even_share_whil
         me: Member(joined=0.0, seen_at=1.0, holdings={"10": 3}),
         "other": Member(joined=0.0, seen_at=1.0, holdings={"10": 1}),
     }
-    state._allocation = {"10": 2}
+    state._book.allocation = {"10": 2}
     state._apply_caps()
     assert rt.caps == {"10": 2, "11": 0}  # min(holding, allocation); "11" waits for the next beat's grant
     state._beat_failing = True  # Redis unreachable: no beat can grant "11", which nobody holds
@@ -343,7 +341,7 @@ def test_a_holding_lost_in_redis_is_asked_for_again_and_a_lowered_limit_clips_wh
             await a.state._beat()
         assert _held(members_redis, a.state.process_id) == {"10": 10} == {"10": a.cap()}
         # a runs 10 streams, so it wants what it holds; the replica's limit drops to 4: the holding is clipped to it.
-        a.runtime.slots["10"].view.in_flight = 10
+        a.runtime.slots["10"].view.in_flight = a.runtime.in_flight = 10
         a.runtime.slots["10"].limit = 4
         await a.state._beat()
         assert _held(members_redis, a.state.process_id) == {"10": 4} and a.cap() <= 4
