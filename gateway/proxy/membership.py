@@ -89,7 +89,10 @@ def parse_members(raw: list) -> dict:
     ``Member``), except one that is not a map of non-negative numbers (an entry of another version): none."""
     members = {}
     for i in range(0, len(raw) - 1, 2):
-        entry = json.loads(raw[i + 1])
+        try:
+            entry = json.loads(raw[i + 1])
+        except ValueError:  # the script reads only an entry's head: one unreadable after it is left out, by all
+            continue
         members[raw[i].decode() if isinstance(raw[i], bytes) else raw[i]] = Member(
             joined=float(entry["j"]),
             seen_at=float(entry["t"]),
@@ -116,7 +119,8 @@ class ShareBook:
     A beat works out only what can have changed since the last one, not the fleet: a replica's allocation depends
     only on its limit, the members and their demand on it, so with the same members and limits only the replicas
     some member reports demand on, now or at the last beat, are worked out again; and the holdings asked for are
-    those replicas', plus those whose last grant fell short of the ask (asked again every beat until granted).
+    those replicas', those this process runs requests on now or ran at the last beat, and those whose last grant
+    fell short of the ask (asked again every beat until granted).
     The first beat, a changed membership or limit, and every full beat (``FULL_BEAT_EVERY``) go over every replica.
     """
 
@@ -127,6 +131,7 @@ class ShareBook:
         self.short: set[str] = set()  # replicas whose last grant was below the ask
         self._basis: tuple | None = None  # (members, limits) the allocation was worked out on
         self._demanded: set[str] = set()  # the replicas with some member's demand in that view
+        self._running: set[str] = set()  # the replicas this process ran requests on at the last beat
 
     def allocate(self, me: str, view: Mapping[str, Member], limits: dict[str, int], *, full: bool) -> set[str] | None:
         """Work out ``allocation`` from this beat's view; the replicas whose allocation may have changed, or None
@@ -150,7 +155,7 @@ class ShareBook:
             # Same limits: what is held is of serving replicas, and only these can want another holding.
             changes = {
                 rid: w
-                for rid in touched | self.short | in_flight.keys()
+                for rid in touched | self.short | in_flight.keys() | self._running
                 if rid in allocation and held.get(rid) != (w := max(allocation[rid], in_flight.get(rid, 0)))
             }
         else:
@@ -162,6 +167,7 @@ class ShareBook:
             }
             changes.update((rid, 0) for rid in held.keys() - limits.keys())
         self.short.intersection_update(changes)  # a replica not asked for holds what it wants
+        self._running = set(in_flight)
         return changes
 
     def granted(self, grants: dict[str, int], changes: dict[str, int], limits: dict[str, int], reset: bool) -> None:

@@ -100,8 +100,6 @@ class ProxyState:
         self._heartbeat = None
         self._beat_lock = asyncio.Lock()
         self._book = ShareBook()  # what this process may run, holds and asks for per replica
-        self._owner: dict = {}  # replica id → its pool (``_owners``)
-        self._owner_basis: tuple | None = None
         self._resend_all = False  # the next beat asks for every replica (after a failed one)
         self._beat_pending = False  # a beat asked for by ``_ask_beat`` has not started yet
         self._beats = 0
@@ -350,12 +348,8 @@ class ProxyState:
         allocation = book.allocation
         # Caps follow the allocation and the holdings; the pools none of whose replicas saw either move keep theirs.
         pools = self._slot_pools()
-        owner = self._owners(pools, limits)
-        moved = {
-            owner[rid]
-            for rid in (allocation if touched is None else touched)
-            if previous.get(rid) != allocation.get(rid) and rid in owner
-        }
+        changed = allocation if touched is None else touched
+        moved = _holding(pools, [rid for rid in changed if previous.get(rid) != allocation.get(rid)])
         for pool in moved:
             pool.lower_caps(allocation)
         changes = book.changes(in_flight, limits, touched, full)
@@ -378,7 +372,7 @@ class ProxyState:
         if int(reset) and not allocation.keys() <= changes.keys():  # asked for only some replicas: ask for all
             self._resend_all = True
             self._ask_beat()
-        moved.update(owner[rid] for rid in grants if rid in owner)
+        moved |= _holding(pools, grants)
         members = parse_members(entries)
         members[self.process_id] = replace(members[self.process_id], holdings=book.holdings)
         self.members = members
@@ -394,18 +388,14 @@ class ProxyState:
         in_flight: dict[str, int] = {}
         limits: dict[str, int] = {}
         demand: dict[str, tuple[int, ...]] = {}
-        for pool in self._slot_pools():
-            in_flight.update(pool.in_flight_by_replica())
+        for pool in self._slot_pools():  # a replica may be in two (a prefill pool's, retiring, and a runtime's)
+            for rid, n in pool.in_flight_by_replica().items():
+                in_flight[rid] = in_flight.get(rid, 0) + n
             limits.update(pool.replica_limits())
-            demand.update(pool.demand_by_replica())
+            for rid, row in pool.demand_by_replica().items():
+                have = demand.get(rid)
+                demand[rid] = row if have is None else tuple(a + b for a, b in zip(have, row, strict=True))
         return in_flight, limits, demand
-
-    def _owners(self, pools: list, limits: dict[str, int]) -> dict:
-        """Replica id → the pool holding its slot, kept while the pools and the limits stand."""
-        if self._owner_basis != (pools, limits):
-            self._owner = {rid: pool for pool in pools for rid in pool.slots}
-            self._owner_basis = (pools, limits)
-        return self._owner
 
     def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None) -> None:
         """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A
@@ -556,6 +546,14 @@ class ProxyState:
 
 _state: ProxyState | None = None
 _state_lock: asyncio.Lock | None = None
+
+
+def _holding(pools: list, rids) -> set:
+    """The pools with a slot on any of ``rids`` (a replica may be in two)."""
+    if not rids:
+        return set()
+    wanted = set(rids)
+    return {pool for pool in pools if not pool.slots.keys().isdisjoint(wanted)}
 
 
 async def get_state() -> ProxyState:

@@ -1,10 +1,19 @@
 """The heartbeat's book of what this process may run, holds and asks for (``gateway.proxy.membership.ShareBook``):
 a beat works out only the replicas that can have changed, and must give what working out every replica gives."""
 
+import asyncio
+import dataclasses
+import json
 import random
 
 from gateway.admission.shares import Member, allocate, demand_parts
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.disaggregation import prefill_route
 from gateway.proxy.membership import ShareBook, parse_members
+from gateway.proxy.runtime import EndpointRuntime
+from gateway.proxy.state import ProxyState
+from gateway.routing.base import RouteRequest
+from tests.proxy.test_disaggregation import LONG, PREFILL_COEFFS, pd_endpoint
 
 
 def _reference_changes(allocation, held, in_flight, before, limits):
@@ -77,3 +86,70 @@ def test_a_member_entry_of_another_format_counts_as_no_demand():
     assert members["old"].demand == {} and members["bad"].demand == members["bad"].critical == {}
     # On a replica of 8, "new" runs its 3 and the 5 left split evenly, the first two in id order one more.
     assert [allocate(mid, members, {"10": 8})["10"] for mid in ("bad", "new", "old")] == [2, 3 + 2, 1]
+
+
+class _GrantAll:
+    """A heartbeat that grants what is asked, with ``others`` as the other members (their demand: ``demand``)."""
+
+    def __init__(self, state):
+        self.others: list[str] = []
+        self.demand: dict[str, int] = {}
+        self.asked: list[dict] = []
+        state._heartbeat, state.redis = self, object()
+
+    async def __call__(self, keys, args):
+        self.asked.append(json.loads(args[1]))
+        mine = {"j": 1.0, "t": 2.0, **{k: json.loads(v) for k, v in zip("qcx", args[2:5], strict=True)}}
+        entries = [args[0].encode(), json.dumps(mine).encode()]
+        for other in self.others:
+            entries += [other.encode(), json.dumps({"j": 1.0, "t": 2.0, "q": self.demand, "c": {}, "x": {}}).encode()]
+        return entries, args[1], 1 if len(self.asked) == 1 else 0
+
+
+def _pd_turning_aggregated(prefills: int, others: list[str]):
+    """A process with a prefill/decode endpoint (prefill replica 200, decode 300, 4 slots each) beside ``others``
+    that turns aggregated while ``prefills`` prefills run on 200: 200 admits in the runtime while its prefill pool
+    retires."""
+    state = ProxyState(ProxyConfig())
+    ep = pd_endpoint(name="pd-turning")
+    rt = state.runtimes[ep.id] = EndpointRuntime(ep, config=ProxyConfig(), clock=lambda: 0.0)
+    beat = _GrantAll(state)
+    beat.others = others
+    asyncio.run(state._beat())
+    asyncio.run(state._beat())
+    routes = [
+        prefill_route(RouteRequest(request_id=f"p{i}", prompt_text=LONG, extra={"prompt_tokens": 300}), PREFILL_COEFFS)
+        for i in range(prefills)
+    ]
+    running = [(rt.prefill_pool.take(route), route) for route in routes]
+    pool = rt.prefill_pool
+    rt.update(dataclasses.replace(ep, serving_mode="aggregated"))
+    state._apply_caps()
+    assert rt.prefill_pool is pool and "200" in rt.slots and "200" in pool.slots
+    return state, rt, pool, beat, running
+
+
+def test_a_replica_moving_between_pools_is_capped_in_the_one_that_admits_on_it():
+    state, rt, pool, beat, running = _pd_turning_aggregated(prefills=1, others=["other"])
+    for slot, route in running:
+        pool.release(slot, route)
+    assert "200" not in pool.slots
+    asyncio.run(state._beat())
+    assert rt.slots["200"].view.concurrency_limit == 2  # half of 4
+    beat.demand = {"200": 4}  # the other process needs all of 200 (and nothing on 300: its split stays)
+    asyncio.run(state._beat())  # its demand is in the view from the next beat on
+    asyncio.run(state._beat())
+    assert state._book.allocation["200"] == 0 == state._book.holdings["200"]
+    assert rt.slots["200"].view.concurrency_limit == 0  # the runtime's cap follows, not the retired pool's
+
+
+def test_slots_held_for_prefills_that_ended_are_given_back_at_the_next_beat():
+    state, rt, pool, beat, running = _pd_turning_aggregated(prefills=2, others=[])
+    beat.others = ["!a", "!b"]  # three members from now on: the even third of 4 this process gets is 1
+    asyncio.run(state._beat())
+    asyncio.run(state._beat())
+    assert state._book.allocation["200"] == 1 and state._book.holdings["200"] == 2  # what runs is never revoked
+    for slot, route in running:
+        pool.release(slot, route)
+    asyncio.run(state._beat())
+    assert state._book.holdings["200"] == 1
