@@ -68,6 +68,7 @@ class Flight:
         "cancel_reason",
         "usage_status",
         "watcher",
+        "watchdog",
         "requested",
         "requested_price",
         "fallback_from",
@@ -103,6 +104,9 @@ class Flight:
         self.cancel_reason: str | None = None  # "client", "ttft" or "idle"
         self.usage_status: str | None = None  # overrides the outcome's status in the usage record
         self.watcher: asyncio.Task | None = None
+        # The watchdog's next check (``pipeline.arm_watchdog``): cancelled when the request ends, so a finished
+        # request is not held in memory, with all it refers to, until its timer comes due.
+        self.watchdog: asyncio.TimerHandle | None = None
         # Brownout (``brownout.py``): the endpoint the client named and its price (``endpoint`` and ``price`` move
         # to a fallback), the name of the endpoint fallen back from, the max_tokens a degraded request was capped
         # at, the degradation level of the endpoint that served it, and the first refusal (answered when no

@@ -60,6 +60,8 @@ async def completion(scope, receive, send, kind: str) -> None:
     finally:
         if flight.watcher is not None:
             flight.watcher.cancel()
+        if flight.watchdog is not None:
+            flight.watchdog.cancel()
         if needs_partial_usage(flight.outcome, flight.cancel_reason) and flight.req is not None:
             await count_unfinished(state, flight)
         meter_started = time.perf_counter() if flight.marks is not None else 0.0
@@ -203,7 +205,9 @@ def arm_watchdog(
     first_byte_s = ttft_s
     if not req.stream:
         first_byte_s += (req.max_tokens or 4096) / NON_STREAM_MIN_TOKENS_PER_S
-    loop.call_later(min(ttft_s, idle_s) / 4, watchdog, flight, first_byte_s, idle_s, loop)
+    if flight.watchdog is not None:
+        flight.watchdog.cancel()  # an earlier attempt's (a retry, a fallback): one watchdog a request
+    flight.watchdog = loop.call_later(min(ttft_s, idle_s) / 4, watchdog, flight, first_byte_s, idle_s, loop)
 
 
 def watchdog(flight: Flight, ttft_s: float, idle_s: float, loop: asyncio.AbstractEventLoop) -> None:
@@ -219,7 +223,7 @@ def watchdog(flight: Flight, ttft_s: float, idle_s: float, loop: asyncio.Abstrac
     elif now - (outcome.last_read_at or outcome.first_token_at) > idle_s:
         flight.cancel("idle")
         return
-    loop.call_later(min(ttft_s, idle_s) / 4, watchdog, flight, ttft_s, idle_s, loop)
+    flight.watchdog = loop.call_later(min(ttft_s, idle_s) / 4, watchdog, flight, ttft_s, idle_s, loop)
 
 
 async def end_cancelled(flight: Flight, send) -> None:

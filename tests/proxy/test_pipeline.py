@@ -262,3 +262,26 @@ async def test_the_proxys_log_lines_carry_the_request_id_the_client_got(monkeypa
     refused = [r for r in records if "refuses 'priority'" in r.getMessage()]
     rid = dict(client.sent[0]["headers"])[b"x-request-id"].decode()
     assert refused and {r.request_id for r in refused} == {rid}
+
+
+async def test_a_finished_request_leaves_no_watchdog_timer_holding_it(monkeypatch):
+    """The watchdog re-arms while a request runs; once it ends (answered, or after a retry on another replica) its
+    timer is cancelled, so the request and everything it refers to are freed now, not when the timer comes due."""
+    loop = asyncio.get_running_loop()
+    armed, call_later = [], loop.call_later
+
+    def recording(delay, callback, *args, **kwargs):
+        handle = call_later(delay, callback, *args, **kwargs)
+        if callback is pipeline.watchdog:
+            armed.append(handle)
+        return handle
+
+    monkeypatch.setattr(loop, "call_later", recording)
+    session = Session({"http://replica-0": lambda: Response(status=503), "http://replica-1": ok_stream})
+    state = State(WORLD, session)
+    state.runtime_for(EP).router.pick = lambda route, views, now: min(v.replica_id for v in views)
+    for _ in range(2):  # each request's attempt on replica-0 fails and is retried on replica-1
+        client = Client(chat())
+        await run(state, client, monkeypatch=monkeypatch)
+        assert client.status == 200
+    assert len(armed) >= 2 and all(handle.cancelled() for handle in armed)
