@@ -47,12 +47,15 @@ router-independent ceilings (the slowest runs; with ``seeds=`` the means still c
 from the best baseline and its 95 % interval; without them ``out_of_reach`` is empty: it lists each missed "≥ 1.15×
 llm-d" goal whose balanced-fleet ceiling is below 1.15× llm-d too, with that ceiling's ratio, and with ``seeds=``
 each workload's ``balanced_bound_vs_llmd`` gives that ratio seed by seed with its 95 % interval); ``stage_s=S``;
-``hot_prefix_s=S`` (the hot-prefix run's length; 30 quick, two legacy stages full); ``stages=Q1,Q2,...``, ``hot_share``, ``replicas`` for the legacy shared-prefix setup.
+``hot_prefix_s=S`` (the hot-prefix run's length; 30 quick, two legacy stages full); ``stages=Q1,Q2,...``, ``hot_share``, ``replicas`` for the legacy shared-prefix setup;
+``combine=A.json,B.json`` judges earlier ``seeds=`` runs' saved last lines together over all their seeds, running
+nothing (held-out runs only with ``--held-out``, which logs the look).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import random
 import time
@@ -60,7 +63,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from benchmarks import protocol
-from benchmarks.routing import routing_suite
+from benchmarks.routing import routing_headline, routing_suite
 from benchmarks.routing.routing_live import run_live
 from benchmarks.routing.routing_suite import _ms
 from benchmarks.serving.words import random_text
@@ -330,6 +333,8 @@ def run(
     held_out: bool = False,
     **options,
 ) -> dict:
+    if "combine" in options:
+        return _combine(str(options.pop("combine")), held_out=held_out, rest=options, progress=progress)
     setup = QUICK if quick else Setup()
     suite_stage_s = float(options["stage_s"]) if "stage_s" in options else None
     if "stages" in options:
@@ -398,6 +403,36 @@ def run(
         routing_suite.write_panels_svg(plot, suite["curves"])
         progress(f"wrote {plot}")
     return figures
+
+
+def _combine(paths: str, *, held_out: bool, rest: dict, progress) -> dict:
+    """``combine=A.json,B.json``: the last-line figures of earlier ``seeds=`` runs (of the same code) judged
+    together on all their seeds; no simulation runs. Runs of held-out seeds combine only with ``--held-out`` (the
+    command logs the look), training runs only without it."""
+    if rest:
+        raise ValueError(f"combine= takes no other option: {', '.join(sorted(rest))}")
+    saved = []
+    for path in [p for p in paths.split(",") if p]:
+        with open(path) as f:
+            run = json.load(f)
+        if "seeds" not in run or "workloads" not in run:
+            raise ValueError(f"{path}: not the figures of a seeds= run of bench routing")
+        if bool(run.get("held_out")) != held_out:
+            raise ValueError(f"{path}: {'held-out' if run.get('held_out') else 'training'} seeds; "
+                             f"{'drop' if not run.get('held_out') else 'add'} --held-out")  # fmt: skip
+        saved.append(run)
+    if len(saved) < 2:
+        raise ValueError("combine= needs two or more saved runs, comma-separated")
+    combined = routing_headline.combine(saved)
+    seeds = [seed for run in saved for seed in run["seeds"]]
+    progress(f"combined {len(saved)} runs: {len(seeds)} seeds ({', '.join(map(str, seeds))})")
+    for name, w in combined["workloads"].items():
+        progress(
+            f"  {name} ({len(w['seeds'])} seeds): infercap {w['infercap']['slo_throughput']}, best baseline "
+            f"{w['best_baseline']['name']} {w['best_baseline']['slo_throughput']}, paired difference 95 % "
+            f"{w['paired_diff_vs_best_baseline_ci95']}, x ceiling {w['ratio_vs_ceiling']} {w['ratio_vs_ceiling_ci95']}"
+        )
+    return {**combined, "seeds": seeds, "held_out": held_out, "combined_from": paths.split(",")}
 
 
 def _tune(tune: str, seeds: list[int] | None, *, quick: bool, stage_s, only, progress, one) -> dict:

@@ -119,3 +119,40 @@ def paired_above_zero(workloads: dict) -> list[str]:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
+
+
+def combine(saved: list[dict]) -> dict:
+    """Several saved ``seeds=`` runs put together, per workload over every seed that ran it (each seed its own
+    arrivals, so runs of the same code combine): the policies' means and per-seed figures, and the headline keys
+    ``over_seeds`` gives one run's seeds. A seed in two runs is refused."""
+    out: dict = {}
+    names = list(dict.fromkeys(name for run in saved for name in run["workloads"]))
+    for name in names:
+        parts = [(run["seeds"], run["workloads"][name]) for run in saved if name in run["workloads"]]
+        seeds = [seed for run_seeds, _ in parts for seed in run_seeds]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"{name}: a seed is in more than one of the runs combined")
+        if any("ceiling_per_seed" not in w for _, w in parts):
+            raise ValueError(f"{name}: a run saved without its per-seed ceilings (before 2026-12-06): run it again")
+        first = parts[0][1]
+        policies = [p for p, v in first.items() if isinstance(v, dict) and "per_seed" in v]
+        runs = [
+            {
+                **{p: {"slo_throughput": w[p]["per_seed"][i]} for p in policies},
+                "ceiling": w["ceiling_per_seed"][i],
+                "ceiling_source": w["ceiling_source"],
+                "balanced_bound": w["balanced_fleet"]["per_seed"][i] if "balanced_fleet" in policies else None,
+            }
+            for run_seeds, w in parts
+            for i in range(len(run_seeds))
+        ]
+        w: dict = {"seeds": seeds, "unit": first.get("unit")}
+        for policy in policies:
+            values = [r[policy]["slo_throughput"] for r in runs]
+            w[policy] = {"slo_throughput": round(sum(values) / len(values), 2), "per_seed": values}
+        if "balanced_fleet" in policies:
+            w["balanced_bound"] = w["balanced_fleet"]["slo_throughput"]
+            w["ratio_vs_balanced_bound"] = _ratio(w["infercap"]["slo_throughput"], w["balanced_bound"])
+        w.update(over_seeds(w, runs))
+        out[name] = w
+    return {"workloads": out, "goals": goals(out), "paired_above_zero": paired_above_zero(out)}
