@@ -19,7 +19,8 @@ do-nothing hop measured −5 to +9 ms in 280-request runs, +7.1 ms over 5,021). 
 reproduces that saturated case.
 
 Per level: added TTFT p50 with its 95% bootstrap interval, added TTFT p99 and added end-to-end p50 (ms,
-proxied − direct), tokens/s through the proxy as a ratio of direct, errors, the replica's own TTFT p50 on the
+proxied − direct), of it the proxy's own time before the replica had the request (``proxy_own_p50_ms``, from the
+answers' ``Server-Timing``), tokens/s through the proxy as a ratio of direct, errors, the replica's own TTFT p50 on the
 direct path, and the proxy's CPU ms per 1,000 tokens (including its background work, e.g. the replica metrics
 scraper); the ``bare_passthrough`` entry gives the same figures for the featureless hop (paired with its own
 direct traffic), so what this machine charges for any extra hop can be told apart from the proxy's own cost.
@@ -118,6 +119,7 @@ async def _one(session, url: str, payload: bytes, headers: dict, out: dict) -> N
                 out["errors"] += 1
                 out.setdefault("samples", []).append(f"{resp.status} {body[:200]!r}")
                 return
+            own = _server_timing(resp.headers.get("server-timing"), "proxy")
             async for chunk in resp.content.iter_any():
                 if ttft is None:
                     ttft = time.perf_counter() - t0
@@ -135,6 +137,18 @@ async def _one(session, url: str, payload: bytes, headers: dict, out: dict) -> N
     out["ttft"].append(ttft)
     out["e2e"].append(time.perf_counter() - t0)
     out["tokens"] += tokens
+    if own is not None:
+        out.setdefault("own_s", []).append(own)
+
+
+def _server_timing(value: str | None, metric: str) -> float | None:
+    """A metric's duration in a ``Server-Timing`` header, in seconds (the proxy's own time before the replica had
+    the request: docs/request-path.md); None where the answer has none (the direct path, the bare hop)."""
+    for part in (value or "").split(","):
+        name, _, params = part.strip().partition(";")
+        if name == metric and params.startswith("dur="):
+            return float(params[4:]) / 1000
+    return None
 
 
 async def _phase(
@@ -293,6 +307,7 @@ async def _interleaved(
                 out["tokens"] += scratch["tokens"]
                 out["errors"] += scratch["errors"]
                 out["wall_s"] += sum(scratch["e2e"])
+                out.setdefault("own_s", []).extend(scratch.get("own_s", []))
     for name, _, _, pid in targets:
         if pid:
             cpu[name] = _cpu_s(pid) - started[name]
@@ -317,6 +332,8 @@ def _summary(direct: dict, proxied: dict, cpu_s: float) -> dict:
         "added_ttft_p50_ms": round((_pct(proxied["ttft"], 50) - _pct(direct["ttft"], 50)) * 1000, 3),
         "added_ttft_p50_ci95_ms": added_p50_interval(direct["ttft"], proxied["ttft"]),
         "added_ttft_p99_ms": round((_pct(proxied["ttft"], 99) - _pct(direct["ttft"], 99)) * 1000, 3),
+        # Of the added TTFT, the proxy's own work before the replica had the request (its Server-Timing).
+        "proxy_own_p50_ms": round(_pct(proxied["own_s"], 50) * 1000, 3) if proxied.get("own_s") else None,
         "added_e2e_p50_ms": round((_pct(proxied["e2e"], 50) - _pct(direct["e2e"], 50)) * 1000, 3),
         "tokens_per_s_ratio": round(p_tps / d_tps, 4) if d_tps else None,
         "errors": proxied["errors"],

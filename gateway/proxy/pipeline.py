@@ -133,6 +133,7 @@ async def serve(
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     routed(flight)
     mark_slot_share(flight, flight.admission)
+    timing = server_timing(flight, time.perf_counter())
     if endpoint.serving_mode == DISAGGREGATED:
         req = await prefill_phase(state, flight, req, cache_salt=cache_salt)  # disaggregation.py
     upstream = Upstream(
@@ -140,7 +141,7 @@ async def serve(
         request_id=flight.request_id,
         priority=price.priority,
         cache_salt=cache_salt,
-        rid_header=flight.response_headers(),
+        rid_header=[*flight.response_headers(), timing],
         model=endpoint.name if endpoint is not flight.requested else None,
         adapter=adapter,
     )
@@ -195,6 +196,15 @@ def leave_at_first_byte(flight: Flight, outcome: Outcome) -> None:
         flight.cancel("client")
 
     outcome.on_first_token = first_byte_then_leave
+
+
+def server_timing(flight: Flight, now: float) -> tuple[bytes, bytes]:
+    """The ``Server-Timing`` header of an answer (W3C): how long the request waited in the endpoint's queue and how
+    long the proxy itself took until it was sent to a replica, the rest of its time before the replica's first byte
+    (a prefill on another replica included) being the replica's. Milliseconds."""
+    queued = flight.admission.queue_s if flight.admission is not None else 0.0
+    own = max(0.0, now - flight.t0 - queued)
+    return b"server-timing", f"queue;dur={queued * 1000:.3f}, proxy;dur={own * 1000:.3f}".encode()
 
 
 def arm_watchdog(

@@ -6,6 +6,7 @@ never answers and a client that leaves."""
 import asyncio
 import json
 import logging
+import re
 
 from config.request_log import RequestIdFilter
 from gateway.proxy import pipeline
@@ -131,6 +132,10 @@ async def test_an_answered_request_reaches_one_replica_with_the_tenants_salt_and
     assert sent["cache_salt"] == state.cache_salts.for_tenant(TENANT_A) and sent["priority"] == 1  # standard
     rid = dict(client.sent[0]["headers"])[b"x-request-id"].decode()
     assert headers["x-request-id"] == rid
+    # How long it queued and how long the proxy took until the replica had it (Server-Timing, milliseconds).
+    [timing] = [v.decode() for k, v in client.sent[0]["headers"] if k == b"server-timing"]
+    queued, own = re.fullmatch(r"queue;dur=(\d+\.\d{3}), proxy;dur=(\d+\.\d{3})", timing).groups()
+    assert float(queued) == 0.0 and 0.0 < float(own) < 1000.0
     [record] = state.usage.records
     assert (record["request_id"], record["status"], record["priority"]) == (rid, "ok", "standard")
     assert (record["input_tokens"], record["output_tokens"], record["queue_ms"]) == (3, 2, 0.0)
