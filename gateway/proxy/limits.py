@@ -10,10 +10,13 @@ also takes a small share of the bucket (5% of it) into a process-local lease tha
 a round trip. The tokens leave the shared bucket before they are spent locally, so N processes can never admit
 more than the limit together. A lease lives ``LEASE_TTL_S`` (1 s); while requests keep spending it, it is topped
 up in the background when it runs low or nears its end, so a busy tenant's requests do not wait for Redis at
-all. Whatever a lease still holds when it lapses (and every correction ``settle`` made to it) goes back to the
+all, and ``sweep`` renews it before it lapses while a request spent from it within ``KEEP_WARM_S`` (10 s), in one
+call for every such lease, so a tenant sending a request every few seconds does not wait for Redis either.
+Whatever a lease still holds when it lapses (and every correction ``settle`` made to it) goes back to the
 shared bucket: with the next call for that bucket, or from ``sweep`` (the proxy calls it every 0.25 s). So
 leases never drain a bucket that nobody uses; at any moment a process holds at most 5% of each bucket it
-serves, which other processes cannot use until it comes back. Small limits (an RPM of 4) never lease, so they
+serves, which other processes cannot use until it comes back (up to ``KEEP_WARM_S`` after its last request
+there). Small limits (an RPM of 4) never lease, so they
 stay exact.
 When Redis cannot be reached, see the fail modes in ``gateway.proxy`` (package docstring).
 """
@@ -186,17 +189,23 @@ LEASE_FRACTION = 0.05  # of a bucket's capacity, taken into a local lease with a
 LEASE_MIN_REQUESTS = 4  # lease only when the share covers at least this many requests like the current one
 LEASE_TTL_S = 1.0
 LEASE_REFILL_BELOW = 0.25  # top a lease up in the background below this part of its share or of its lifetime
+# The sweep renews a lease a request spent from within this long, once it has less than KEEP_WARM_MARGIN of its
+# lifetime left (the sweep runs every 0.25 s: a 1 s lease is renewed before it lapses).
+KEEP_WARM_S = 10.0
+KEEP_WARM_MARGIN = 0.5
 
 
 class _Lease:
-    __slots__ = ("tokens", "expires_at", "share", "capacity", "refilling")
+    __slots__ = ("tokens", "expires_at", "share", "capacity", "refilling", "bucket", "used_at")
 
-    def __init__(self, tokens: float, expires_at: float, share: float, capacity: float) -> None:
+    def __init__(self, tokens: float, expires_at: float, share: float, bucket: Bucket, used_at: float) -> None:
         self.tokens = tokens  # may go negative: corrections (settle) of requests served from it
         self.expires_at = expires_at
         self.share = share
-        self.capacity = capacity  # the bucket's
+        self.capacity = bucket.capacity
         self.refilling = False
+        self.bucket = bucket  # what a renewal takes from (``RateLimiter.sweep``)
+        self.used_at = used_at  # when a request last spent from it
 
 
 class RateLimiter:
@@ -210,11 +219,13 @@ class RateLimiter:
         breaker_s: float = 1.0,
         lease_fraction: float = LEASE_FRACTION,
         lease_ttl_s: float = LEASE_TTL_S,
+        keep_warm_s: float = KEEP_WARM_S,
         clock=time.monotonic,
     ) -> None:
         self._redis = redis_client
         self.lease_fraction = lease_fraction
         self.lease_ttl_s = lease_ttl_s
+        self.keep_warm_s = keep_warm_s
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
         self._refills: set[asyncio.Task] = set()
@@ -266,6 +277,7 @@ class RateLimiter:
                 low = False
                 for lease, b in zip(leases, buckets, strict=True):
                     lease.tokens -= b.cost
+                    lease.used_at = now
                     low = low or (
                         not lease.refilling
                         and (
@@ -346,7 +358,7 @@ class RateLimiter:
             lease = self._leases.get(key)
             if lease is None:
                 if extra > 0:
-                    self._leases[key] = _Lease(extra, expires, self._share(b), b.capacity)
+                    self._leases[key] = _Lease(extra, expires, self._share(b), b, self._clock())
                 continue
             lease.tokens += extra
             lease.expires_at = expires
@@ -361,7 +373,7 @@ class RateLimiter:
     def _restore_lapsed(self, keys: list[str], buckets: list[Bucket], back: list[float]) -> None:
         for key, b, tokens in zip(keys, buckets, back, strict=True):
             if tokens and key not in self._leases:
-                self._leases[key] = _Lease(tokens, 0.0, self._share(b), b.capacity)  # lapsed: returned later
+                self._leases[key] = _Lease(tokens, 0.0, self._share(b), b, 0.0)  # lapsed: returned later
 
     def _refill_soon(self, keys: list[str], buckets: list[Bucket]) -> None:
         leases = [self._leases[k] for k in keys]
@@ -384,10 +396,12 @@ class RateLimiter:
         task.add_done_callback(self._refills.discard)
 
     async def sweep(self) -> None:
-        """Give the tokens of lapsed leases back to the shared buckets (the proxy calls this periodically)."""
+        """Renew the leases requests spent from lately, before they lapse; give the tokens of lapsed ones back to
+        the shared buckets (the proxy calls this every 0.25 s)."""
         if not self._redis_usable():
             return
         now = self._clock()
+        await self._keep_warm(now)
         lapsed = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= now and not lease.refilling]
         if not lapsed:
             return
@@ -406,6 +420,33 @@ class RateLimiter:
             self._trip(exc)
             for key, lease in returned:
                 self._leases.setdefault(key, lease)
+
+    async def _keep_warm(self, now: float) -> None:
+        """Renew, in one call for all of them, the leases a request spent from within ``keep_warm_s`` that lapse
+        within half their lifetime: topped up to their share and given a new lifetime, so that a tenant's next
+        request after a pause shorter than that needs no round trip to Redis either. What they hold was taken from
+        the shared buckets like any lease's; a lease no request spends lapses and goes back."""
+        soon = now + KEEP_WARM_MARGIN * self.lease_ttl_s
+        warm = [
+            (key, lease)
+            for key, lease in self._leases.items()
+            if now < lease.expires_at <= soon and not lease.refilling and now - lease.used_at < self.keep_warm_s
+        ]
+        if not warm:
+            return
+        keys, leases = [k for k, _ in warm], [lease for _, lease in warm]
+        buckets = [lease.bucket for lease in leases]
+        for lease in leases:
+            lease.refilling = True
+        try:
+            extras = [max(0.0, lease.share - lease.tokens) for lease in leases]
+            zeros = [0.0] * len(keys)
+            raw = await self._call_take(keys, buckets, zeros, extras, zeros)  # cost 0: never refused
+            if raw is not None and raw.startswith("0:0:"):
+                self._grant(keys, buckets, [float(x) for x in raw[4:].split(",")])
+        finally:
+            for lease in leases:
+                lease.refilling = False
 
     def leased(self, key: str) -> float:
         """Tokens this process holds for ``key`` (tests and diagnostics)."""

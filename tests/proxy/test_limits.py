@@ -165,3 +165,41 @@ def test_busy_tenant_is_served_from_leases_topped_up_in_the_background():
         await b.aclose()
 
     run(scenario())
+
+
+def test_a_tenant_pausing_longer_than_a_lease_lives_is_served_from_a_lease_the_sweep_keeps_warm():
+    """Requests every 0.15 s against leases of 0.1 s: the housekeeping's sweep (every 0.025 s here, a tenth of the
+    proxy's timing like the lease) renews the lease while requests spend from it, so requests do not wait for Redis
+    after the first; once they stop for longer than ``keep_warm_s`` the lease lapses and every unspent token goes back."""
+
+    async def scenario():
+        a = aioredis.Redis.from_url(settings.REDIS_URL)
+        await _flush(a)
+        limiter = RateLimiter(a, lease_ttl_s=0.1, keep_warm_s=0.5)
+        bucket = [Bucket("mu", 100.0, 1e-9, 1.0)]  # leases of 5
+        key = limiter.keys(8, 8, bucket)[0]
+        stop = asyncio.Event()
+
+        async def housekeeping():
+            while not stop.is_set():
+                await limiter.sweep()
+                await asyncio.sleep(0.025)
+
+        sweeper = asyncio.create_task(housekeeping())
+        results = []
+        for _ in range(12):
+            results.append((await limiter.acquire(tenant_id=8, endpoint_id=8, buckets=bucket))[0])
+            await asyncio.sleep(0.15)  # on purpose: longer than a lease lives, shorter than keep_warm_s
+        assert results == [0.0] * 12
+        # Without the renewals every request would wait (12); a sweep running late on a loaded machine may miss one.
+        assert limiter.blocking_calls <= 3, limiter.blocking_calls
+        await asyncio.sleep(0.5 + 0.1 + 0.1)  # on purpose: past keep_warm_s and a lease's life, the sweep running
+        stop.set()
+        await sweeper
+        await limiter.sweep()
+        assert limiter.leased(key) == 0.0
+        assert await _level(a, key) == pytest.approx(100.0 - 12.0, abs=1e-3)  # conservation: 12 spent
+        await _flush(a)
+        await a.aclose()
+
+    run(scenario())
