@@ -69,6 +69,7 @@ class Flight:
         "usage_status",
         "watcher",
         "watchdog",
+        "before_serve_s",
         "requested",
         "requested_price",
         "fallback_from",
@@ -107,6 +108,7 @@ class Flight:
         # The watchdog's next check (``pipeline.arm_watchdog``): cancelled when the request ends, so a finished
         # request is not held in memory, with all it refers to, until its timer comes due.
         self.watchdog: asyncio.TimerHandle | None = None
+        self.before_serve_s: float | None = None  # arrival to the first endpoint's attempt (Server-Timing)
         # Brownout (``brownout.py``): the endpoint the client named and its price (``endpoint`` and ``price`` move
         # to a fallback), the name of the endpoint fallen back from, the max_tokens a degraded request was capped
         # at, the degradation level of the endpoint that served it, and the first refusal (answered when no

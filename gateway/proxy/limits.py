@@ -54,7 +54,7 @@ for i, key in ipairs(KEYS) do
   tokens = math.min(cap, tokens + math.max(0, now - ts) * rate + back)
   levels[i] = tokens
   local need = math.min(cost, cap)
-  if tokens < need then
+  if need > 0 and tokens < need then  -- a top-up (cost 0) is never refused: a bucket in debt grants it nothing
     local w = (need - tokens) / rate
     if w > wait then wait = w; which = i end
   end
@@ -204,8 +204,12 @@ class _Lease:
         self.share = share
         self.capacity = bucket.capacity
         self.refilling = False
-        self.bucket = bucket  # what a renewal takes from (``RateLimiter.sweep``)
+        self.bucket = bucket  # what a renewal takes from (``RateLimiter.sweep``): the latest request's
         self.used_at = used_at  # when a request last spent from it
+
+    def follow(self, bucket: Bucket, share: float) -> None:
+        """The bucket's limits as the latest request priced them (a snapshot may have changed them)."""
+        self.bucket, self.share, self.capacity = bucket, share, bucket.capacity
 
 
 class RateLimiter:
@@ -278,6 +282,8 @@ class RateLimiter:
                 for lease, b in zip(leases, buckets, strict=True):
                     lease.tokens -= b.cost
                     lease.used_at = now
+                    if lease.bucket is not b:  # a new snapshot's limits: renewals follow them
+                        lease.follow(b, self._share(b))
                     low = low or (
                         not lease.refilling
                         and (
@@ -362,6 +368,8 @@ class RateLimiter:
                 continue
             lease.tokens += extra
             lease.expires_at = expires
+            if lease.bucket is not b:
+                lease.follow(b, self._share(b))
 
     @staticmethod
     def _restore(taken: list) -> None:
@@ -402,6 +410,8 @@ class RateLimiter:
             return
         now = self._clock()
         await self._keep_warm(now)
+        if not self._redis_usable():  # the renewal found Redis gone: the lapsed leases wait for the next sweep
+            return
         lapsed = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= now and not lease.refilling]
         if not lapsed:
             return
@@ -430,7 +440,10 @@ class RateLimiter:
         warm = [
             (key, lease)
             for key, lease in self._leases.items()
-            if now < lease.expires_at <= soon and not lease.refilling and now - lease.used_at < self.keep_warm_s
+            if now < lease.expires_at <= soon
+            and not lease.refilling
+            and now - lease.used_at < self.keep_warm_s
+            and lease.tokens >= 0  # one in debt lapses, and its debt reaches the shared bucket
         ]
         if not warm:
             return

@@ -96,6 +96,7 @@ async def serve(
     """One attempt on one endpoint (the one named, or a fallback): price, degrade, limit, admit, relay."""
     config, key = state.config, flight.key
     flight.endpoint, runtime = endpoint, state.runtime_for(endpoint)
+    started = attempt_started(flight)
 
     def reprice(r: ParsedRequest) -> Price:
         return price_request(
@@ -116,9 +117,8 @@ async def serve(
     mark(flight, "price")
     flight.charged = await charge_limits(state.limiter, key=key, endpoint=endpoint, price=price, budgets=state.budgets)
     mark(flight, "limits")
-    loop = asyncio.get_running_loop()
     if flight.watcher is None:  # from here on the body is read: a disconnect cancels whatever we are waiting for
-        flight.watcher = loop.create_task(watch_disconnect(receive, flight))
+        flight.watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, flight))
     cache_salt, adapter = state.cache_salts.for_tenant(key.tenant_id), flight.adapter
     route = routing_request(
         flight.request_id,
@@ -133,7 +133,7 @@ async def serve(
     flight.admission = await admit(runtime, route, key=key, endpoint=endpoint, price=price)
     routed(flight)
     mark_slot_share(flight, flight.admission)
-    timing = server_timing(flight, time.perf_counter())
+    timing = server_timing(flight, time.perf_counter() - started)
     if endpoint.serving_mode == DISAGGREGATED:
         req = await prefill_phase(state, flight, req, cache_salt=cache_salt)  # disaggregation.py
     upstream = Upstream(
@@ -148,7 +148,7 @@ async def serve(
     flight.outcome = Outcome()
     flight.dispatched_at = time.perf_counter()
     dispatched(flight, upstream.headers)
-    arm_watchdog(flight, req, config.ttft_timeout_s, config.idle_timeout_s, loop)
+    arm_watchdog(flight, req, config.ttft_timeout_s, config.idle_timeout_s, asyncio.get_running_loop())
     await relay(state, flight, upstream, send)
 
 
@@ -198,12 +198,22 @@ def leave_at_first_byte(flight: Flight, outcome: Outcome) -> None:
     outcome.on_first_token = first_byte_then_leave
 
 
-def server_timing(flight: Flight, now: float) -> tuple[bytes, bytes]:
+def attempt_started(flight: Flight) -> float:
+    """Now, an endpoint's attempt beginning; the first one's start is where Server-Timing's first stages end."""
+    now = time.perf_counter()
+    if flight.before_serve_s is None:
+        flight.before_serve_s = now - flight.t0
+    return now
+
+
+def server_timing(flight: Flight, serving_s: float) -> tuple[bytes, bytes]:
     """The ``Server-Timing`` header of an answer (W3C): how long the request waited in the endpoint's queue and how
-    long the proxy itself took until it was sent to a replica, the rest of its time before the replica's first byte
-    (a prefill on another replica included) being the replica's. Milliseconds."""
+    long the proxy itself took until it was sent to a replica (its stages before the endpoint was known, and this
+    endpoint's until dispatch; an endpoint fallen back from is left out, its replica's time with it), the rest of
+    its time before the replica's first byte (a prefill on another replica included) being the replica's.
+    Milliseconds. ``serving_s``: since this endpoint's attempt began."""
     queued = flight.admission.queue_s if flight.admission is not None else 0.0
-    own = max(0.0, now - flight.t0 - queued)
+    own = (flight.before_serve_s or 0.0) + max(0.0, serving_s - queued)
     return b"server-timing", f"queue;dur={queued * 1000:.3f}, proxy;dur={own * 1000:.3f}".encode()
 
 

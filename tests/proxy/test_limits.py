@@ -203,3 +203,48 @@ def test_a_tenant_pausing_longer_than_a_lease_lives_is_served_from_a_lease_the_s
         await a.aclose()
 
     run(scenario())
+
+
+def test_a_warm_lease_follows_a_lowered_limit_and_one_tenants_debt_stops_no_others_renewal():
+    """Renewals take from the bucket as the latest request priced it, so a tenant whose limit was lowered is held
+    to the new one however steadily it sends; a bucket in debt grants its renewal nothing but refuses no one else's
+    in the same call; and a lease in debt is not renewed but lapses, so the debt reaches the shared bucket."""
+
+    async def scenario():
+        a = aioredis.Redis.from_url(settings.REDIS_URL)
+        await _flush(a)
+        now = [100.0]
+        limiter = RateLimiter(a, clock=lambda: now[0])  # lease 1 s, kept warm 10 s: the proxy's
+        old, new = [Bucket("mu", 1000.0, 100.0, 1.0)], [Bucket("mu", 100.0, 1e-9, 1.0)]  # 100 a second → none
+        admitted = (await limiter.acquire(tenant_id=3, endpoint_id=3, buckets=old))[0] == 0  # a lease of 50
+        for _ in range(300):  # a request every 0.2 s for 60 s under the lowered limit, the sweep every 0.1 s
+            admitted += (await limiter.acquire(tenant_id=3, endpoint_id=3, buckets=new))[0] == 0
+            for _ in range(2):
+                now[0] += 0.1
+                await limiter.sweep()
+        assert admitted <= 1 + 50 + 100, admitted  # the old lease, then what the new bucket holds
+        # Two tenants' leases due for renewal in one sweep; tenant 1's shared bucket is in debt.
+        await _flush(a)
+        limiter = RateLimiter(a, clock=lambda: now[0])
+        bucket = [Bucket("mu", 100.0, 1e-9, 1.0)]
+        for tenant in (1, 2):
+            await limiter.acquire(tenant_id=tenant, endpoint_id=tenant, buckets=bucket)
+        k1, k2 = limiter.keys(1, 1, bucket)[0], limiter.keys(2, 2, bucket)[0]
+        await a.hset(k1, "tokens", -50)  # another process's corrections ran it into debt
+        now[0] += 0.6
+        await limiter.sweep()
+        assert limiter._leases[k2].expires_at == pytest.approx(now[0] + 1.0)  # renewed despite tenant 1's debt
+        # A lease in debt (corrections of requests served from it) is left to lapse: its debt goes back.
+        await limiter.settle(tenant_id=2, endpoint_id=2, buckets=bucket, actual={"mu": 40.0})  # 39 over the estimate
+        before = await _level(a, k2)
+        now[0] += 0.6
+        await limiter.sweep()  # due again, but in debt: not renewed
+        now[0] += 0.5
+        await limiter.sweep()  # lapsed: the debt lands
+        assert limiter.leased(k2) == 0.0
+        # The lease's share of 5 comes back less the 39 its request was corrected by (its 1 was paid in Redis).
+        assert await _level(a, k2) == pytest.approx(before + 5.0 - 39.0, abs=1e-3)
+        await _flush(a)
+        await a.aclose()
+
+    run(scenario())
