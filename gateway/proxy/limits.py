@@ -10,13 +10,10 @@ also takes a small share of the bucket (5% of it) into a process-local lease tha
 a round trip. The tokens leave the shared bucket before they are spent locally, so N processes can never admit
 more than the limit together. A lease lives ``LEASE_TTL_S`` (1 s); while requests keep spending it, it is topped
 up in the background when it runs low or nears its end, so a busy tenant's requests do not wait for Redis at
-all, and ``sweep`` renews it before it lapses while a request spent from it within ``KEEP_WARM_S`` (10 s), in one
-call for every such lease, so a tenant sending a request every few seconds does not wait for Redis either.
-Whatever a lease still holds when it lapses (and every correction ``settle`` made to it) goes back to the
+all. Whatever a lease still holds when it lapses (and every correction ``settle`` made to it) goes back to the
 shared bucket: with the next call for that bucket, or from ``sweep`` (the proxy calls it every 0.25 s). So
 leases never drain a bucket that nobody uses; at any moment a process holds at most 5% of each bucket it
-serves, which other processes cannot use until it comes back (up to ``KEEP_WARM_S`` after its last request
-there). Small limits (an RPM of 4) never lease, so they
+serves, which other processes cannot use until it comes back. Small limits (an RPM of 4) never lease, so they
 stay exact.
 When Redis cannot be reached, see the fail modes in ``gateway.proxy`` (package docstring).
 """
@@ -54,7 +51,7 @@ for i, key in ipairs(KEYS) do
   tokens = math.min(cap, tokens + math.max(0, now - ts) * rate + back)
   levels[i] = tokens
   local need = math.min(cost, cap)
-  if need > 0 and tokens < need then  -- a top-up (cost 0) is never refused: a bucket in debt grants it nothing
+  if tokens < need then
     local w = (need - tokens) / rate
     if w > wait then wait = w; which = i end
   end
@@ -189,27 +186,17 @@ LEASE_FRACTION = 0.05  # of a bucket's capacity, taken into a local lease with a
 LEASE_MIN_REQUESTS = 4  # lease only when the share covers at least this many requests like the current one
 LEASE_TTL_S = 1.0
 LEASE_REFILL_BELOW = 0.25  # top a lease up in the background below this part of its share or of its lifetime
-# The sweep renews a lease a request spent from within this long, once it has less than KEEP_WARM_MARGIN of its
-# lifetime left (the sweep runs every 0.25 s: a 1 s lease is renewed before it lapses).
-KEEP_WARM_S = 10.0
-KEEP_WARM_MARGIN = 0.5
 
 
 class _Lease:
-    __slots__ = ("tokens", "expires_at", "share", "capacity", "refilling", "bucket", "used_at")
+    __slots__ = ("tokens", "expires_at", "share", "capacity", "refilling")
 
-    def __init__(self, tokens: float, expires_at: float, share: float, bucket: Bucket, used_at: float) -> None:
+    def __init__(self, tokens: float, expires_at: float, share: float, capacity: float) -> None:
         self.tokens = tokens  # may go negative: corrections (settle) of requests served from it
         self.expires_at = expires_at
         self.share = share
-        self.capacity = bucket.capacity
+        self.capacity = capacity  # the bucket's
         self.refilling = False
-        self.bucket = bucket  # what a renewal takes from (``RateLimiter.sweep``): the latest request's
-        self.used_at = used_at  # when a request last spent from it
-
-    def follow(self, bucket: Bucket, share: float) -> None:
-        """The bucket's limits as the latest request priced them (a snapshot may have changed them)."""
-        self.bucket, self.share, self.capacity = bucket, share, bucket.capacity
 
 
 class RateLimiter:
@@ -223,13 +210,11 @@ class RateLimiter:
         breaker_s: float = 1.0,
         lease_fraction: float = LEASE_FRACTION,
         lease_ttl_s: float = LEASE_TTL_S,
-        keep_warm_s: float = KEEP_WARM_S,
         clock=time.monotonic,
     ) -> None:
         self._redis = redis_client
         self.lease_fraction = lease_fraction
         self.lease_ttl_s = lease_ttl_s
-        self.keep_warm_s = keep_warm_s
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
         self._refills: set[asyncio.Task] = set()
@@ -281,9 +266,6 @@ class RateLimiter:
                 low = False
                 for lease, b in zip(leases, buckets, strict=True):
                     lease.tokens -= b.cost
-                    lease.used_at = now
-                    if lease.bucket is not b:  # a new snapshot's limits: renewals follow them
-                        lease.follow(b, self._share(b))
                     low = low or (
                         not lease.refilling
                         and (
@@ -364,12 +346,10 @@ class RateLimiter:
             lease = self._leases.get(key)
             if lease is None:
                 if extra > 0:
-                    self._leases[key] = _Lease(extra, expires, self._share(b), b, self._clock())
+                    self._leases[key] = _Lease(extra, expires, self._share(b), b.capacity)
                 continue
             lease.tokens += extra
             lease.expires_at = expires
-            if lease.bucket is not b:
-                lease.follow(b, self._share(b))
 
     @staticmethod
     def _restore(taken: list) -> None:
@@ -381,7 +361,7 @@ class RateLimiter:
     def _restore_lapsed(self, keys: list[str], buckets: list[Bucket], back: list[float]) -> None:
         for key, b, tokens in zip(keys, buckets, back, strict=True):
             if tokens and key not in self._leases:
-                self._leases[key] = _Lease(tokens, 0.0, self._share(b), b, 0.0)  # lapsed: returned later
+                self._leases[key] = _Lease(tokens, 0.0, self._share(b), b.capacity)  # lapsed: returned later
 
     def _refill_soon(self, keys: list[str], buckets: list[Bucket]) -> None:
         leases = [self._leases[k] for k in keys]
@@ -404,14 +384,10 @@ class RateLimiter:
         task.add_done_callback(self._refills.discard)
 
     async def sweep(self) -> None:
-        """Renew the leases requests spent from lately, before they lapse; give the tokens of lapsed ones back to
-        the shared buckets (the proxy calls this every 0.25 s)."""
+        """Give the tokens of lapsed leases back to the shared buckets (the proxy calls this periodically)."""
         if not self._redis_usable():
             return
         now = self._clock()
-        await self._keep_warm(now)
-        if not self._redis_usable():  # the renewal found Redis gone: the lapsed leases wait for the next sweep
-            return
         lapsed = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= now and not lease.refilling]
         if not lapsed:
             return
@@ -430,36 +406,6 @@ class RateLimiter:
             self._trip(exc)
             for key, lease in returned:
                 self._leases.setdefault(key, lease)
-
-    async def _keep_warm(self, now: float) -> None:
-        """Renew, in one call for all of them, the leases a request spent from within ``keep_warm_s`` that lapse
-        within half their lifetime: topped up to their share and given a new lifetime, so that a tenant's next
-        request after a pause shorter than that needs no round trip to Redis either. What they hold was taken from
-        the shared buckets like any lease's; a lease no request spends lapses and goes back."""
-        soon = now + KEEP_WARM_MARGIN * self.lease_ttl_s
-        warm = [
-            (key, lease)
-            for key, lease in self._leases.items()
-            if now < lease.expires_at <= soon
-            and not lease.refilling
-            and now - lease.used_at < self.keep_warm_s
-            and lease.tokens >= 0  # one in debt lapses, and its debt reaches the shared bucket
-        ]
-        if not warm:
-            return
-        keys, leases = [k for k, _ in warm], [lease for _, lease in warm]
-        buckets = [lease.bucket for lease in leases]
-        for lease in leases:
-            lease.refilling = True
-        try:
-            extras = [max(0.0, lease.share - lease.tokens) for lease in leases]
-            zeros = [0.0] * len(keys)
-            raw = await self._call_take(keys, buckets, zeros, extras, zeros)  # cost 0: never refused
-            if raw is not None and raw.startswith("0:0:"):
-                self._grant(keys, buckets, [float(x) for x in raw[4:].split(",")])
-        finally:
-            for lease in leases:
-                lease.refilling = False
 
     def leased(self, key: str) -> float:
         """Tokens this process holds for ``key`` (tests and diagnostics)."""
