@@ -42,7 +42,9 @@ was not measured, its figure is projected from the largest size along the CPU ex
 Options (``--opt k=v``): ``loops=a,b`` (a subset), ``<loop>=n1,n2,n3`` (its sizes), ``rows_per_slo=N``,
 ``vertical_sample=N`` (replicas the vertical tick reads an endpoint; default the product's
 ``AUTOSCALE_VERTICAL_SAMPLE``, 0 all), ``scrape_budget=N`` and ``scrape_idle=S`` (the scrape loops' scraper),
-``heartbeat_busy=F`` (the share of the replicas the heartbeat loop's other processes have requests on; 1 all).
+``heartbeat_busy=F`` (the share of the replicas the heartbeat loop's other processes have requests on; 1 all) and
+``heartbeat_churn=F`` (the share of those whose demand each of them moves between two beats; 0.1 by default),
+``heartbeat_mine=0`` (the measured process runs no streams; by default it runs them as the others do).
 Figures, on the last line: ``scale.<loop>.{sizes,seconds,exponent,goal_met,goal,goal_size,at_goal,goal_judged,
 breaks_at}`` and each loop's own lists (e.g. ``scale.snapshot_build.memory_mb``), ``scale.mode``, ``scale.wall_s``.
 """
@@ -167,8 +169,11 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
             kwargs = {"rows_per_slo": rows_per_slo} if name == "burn_tick" else {}
             if name == "vertical_tick" and options.get("vertical_sample") not in (None, ""):
                 kwargs = {"sample": int(options["vertical_sample"])}
-            if name == "heartbeat" and options.get("heartbeat_busy") not in (None, ""):
-                kwargs = {"busy_share": float(options["heartbeat_busy"])}
+            if name == "heartbeat":
+                knobs = (("busy_share", "heartbeat_busy"), ("churn", "heartbeat_churn"))
+                kwargs = {k: float(options[o]) for k, o in knobs if options.get(o) not in (None, "")}
+                if options.get("heartbeat_mine") not in (None, ""):
+                    kwargs["mine"] = options["heartbeat_mine"] not in ("0", "false", "no")
             if name.startswith("proxy_scrape"):
                 knobs = (("budget", "scrape_budget"), ("idle_s", "scrape_idle"), ("measure_s", "scrape_measure"))
                 kwargs = {k: float(options[o]) for k, o in knobs if options.get(o)}

@@ -2,10 +2,17 @@
 shares every replica's concurrency limit between the proxy processes (docs/request-path.md, "Several proxy
 processes"), as the fleet grows.
 
-One ``ProxyState`` (not started: no scraper, no snapshot poller) holds ``size`` replicas in endpoints of 10 with
-nothing in flight; ``MEMBERS - 1`` other processes beat on the same hash in turn, through the same script, each
+One ``ProxyState`` (not started: no scraper, no snapshot poller) holds ``size`` replicas in endpoints of 10, running
+streams as the other processes do (``--opt heartbeat_mine=0``: none, the process idle among busy ones);
+``MEMBERS - 1`` other processes beat on the same hash in turn, through the same script, each
 running and queueing a critical request on ``busy_share`` of the replicas (``--opt heartbeat_busy=``, 1: every
-one) and holding its even share of all (asked for once: a steady fleet). Measured over ``BEATS`` rounds: this process's
+one) and holding its even share of all (asked for once). Between two beats each of them moves its demand on ``churn``
+of those replicas (``--opt heartbeat_churn=``: a request there ends or another starts; a count between 1 and 2), drawn
+afresh each beat: 0 is a fleet whose demand stands still, which a beat that works out only what moved pays next to
+nothing for, 1 every replica's demand moving at every beat in every process, the worst case. The default, a tenth,
+is a busy fleet's: with one request running on a replica per process and requests of about 2.5 s (LLM requests
+mostly last longer), a replica's count moves within a 0.25 s beat about a tenth of the time.
+Measured over ``BEATS`` rounds: this process's
 CPU a beat (the allocation, the JSON both ways, the caps applied, the collections they cause) and Redis's (``INFO
 commandstats``: the script's time in the server, which runs one command at a time for every process). A process beats every ``member_interval_s`` (0.25 s), so
 the judged figure is this process's CPU-seconds a second; ``redis_cpu_s_per_s`` is Redis's for all ``MEMBERS``
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import random
 import time
 import uuid
 
@@ -25,6 +33,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from capacity.units import MUCoefficients
+from gateway.admission.classes import CLASSES, CRITICAL
 from gateway.admission.shares import fair_share
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.membership import HEARTBEAT
@@ -37,49 +46,42 @@ REPLICAS_PER_ENDPOINT = 10
 LIMIT = 8  # each replica's concurrency limit
 BEATS = 40  # one FULL_BEAT_EVERY period: its full beat counted in the mean
 BUSY_SHARE = 1.0  # the share of the replicas the other processes run and queue requests on (1: every one)
+CHURN = 0.1  # the share of those replicas whose demand each of them moves between two beats
 
 
-def heartbeat(replicas: int, *, progress, busy_share: float = BUSY_SHARE) -> dict:
-    return asyncio.run(_measure(replicas, progress, busy_share))
+def heartbeat(
+    replicas: int, *, progress, busy_share: float = BUSY_SHARE, churn: float = CHURN, mine: bool = True
+) -> dict:
+    return asyncio.run(_measure(replicas, progress, busy_share, churn, mine))
 
 
-async def _measure(replicas: int, progress, busy_share: float) -> dict:
+async def _measure(replicas: int, progress, busy_share: float, churn: float, mine: bool) -> dict:
     config = ProxyConfig()
     state = ProxyState(config)
     state.members_key = f"infercap:bench:members:{uuid.uuid4().hex[:8]}"
     state.redis = aioredis.Redis.from_url(settings.REDIS_URL)
     state._heartbeat = state.redis.register_script(HEARTBEAT)
     sync = redis.Redis.from_url(settings.REDIS_URL)
-    others = [f"bench-other-{i}" for i in range(MEMBERS - 1)]
-    other_beat = sync.register_script(HEARTBEAT)
     # As a proxy process does once it has started (``gateway.proxy.state.get_state``): what was loaded before is
     # out of the collector's view; the endpoints' runtimes, made on their first requests, are not.
     gc.collect()
     gc.freeze()
     try:
         rids = _runtimes(state, config, replicas)
-        ids = sorted([*others, state.process_id])
         busy = rids[: round(len(rids) * busy_share)]
-        queued = json.dumps(dict.fromkeys(busy, 1), separators=(",", ":"))  # one critical request each: every class
-        critical = queued  # and its critical part (nothing sheddable)
-        asked = set()
-
-        def beat_others() -> None:
-            for other in others:  # each asks for its even share once, then holds it (no change to ask for)
-                share = {} if other in asked else {rid: fair_share(LIMIT, ids, other) for rid in rids}
-                limits = json.dumps(dict.fromkeys(share, LIMIT), separators=(",", ":"))
-                args = [other, json.dumps(share), queued, critical, "{}", repr(config.member_ttl_s), limits]
-                other_beat(keys=[state.members_key], args=args)
-                asked.add(other)
-
+        fleet = _Fleet(state, sync, rids, busy, churn, mine)
+        beat_others, run_mine = fleet.beat_others, fleet.run_mine
         beat_others()
+        run_mine()
         await state._beat()  # joins: the first read of the others, and every replica asked for
         beat_others()
+        run_mine()
         await state._beat()
         redis_before, calls_before = _script_usec(sync)
         python_s = 0.0
         for _ in range(BEATS):
             beat_others()
+            run_mine()
             started = time.process_time()
             await state._beat()
             python_s += time.process_time() - started
@@ -104,11 +106,14 @@ async def _measure(replicas: int, progress, busy_share: float) -> dict:
         "redis_cpu_s_per_s": round(redis_per_beat * beats_per_s * MEMBERS, 4),
         "slots_held": held,
         "busy_share": busy_share,
+        "churn": churn,
+        "mine_busy": mine,
     }
     progress(
         f"  heartbeat: {replicas:,} replicas, {MEMBERS} processes: {out['process_ms_per_beat']} CPU-ms a beat in the "
         f"process ({cpu_per_s:.3f} CPU-s a second at {beats_per_s:g} beats), {out['redis_ms_per_beat']} ms in Redis "
-        f"({out['redis_cpu_s_per_s']} CPU-s a second for the {MEMBERS} processes); {held:,} slots held"
+        f"({out['redis_cpu_s_per_s']} CPU-s a second for the {MEMBERS} processes); {held:,} slots held; demand on "
+        f"{busy_share:g} of the replicas, {churn:g} of it moving a beat"
     )
     return out
 
@@ -131,6 +136,51 @@ def _runtimes(state: ProxyState, config: ProxyConfig, replicas: int) -> list[str
         state.runtimes[info.id] = EndpointRuntime(info, config=config, clock=time.monotonic)
         rids += [str(r.id) for r in infos]
     return rids
+
+
+class _Fleet:
+    """The other processes' beats and this process's own streams, moving between two beats as the docstring says."""
+
+    def __init__(self, state: ProxyState, sync, rids: list[str], busy: list[str], churn: float, mine: bool) -> None:
+        self.state, self.rids, self.busy, self.churn = state, rids, busy, churn
+        self.others = [f"bench-other-{i}" for i in range(MEMBERS - 1)]
+        self.ids = sorted([*self.others, state.process_id])
+        self.script = sync.register_script(HEARTBEAT)
+        self.demand = {other: dict.fromkeys(busy, 1) for other in self.others}  # critical: every class's count
+        self.beats = dict.fromkeys(self.others, 0)
+        self.running = dict.fromkeys(busy if mine else (), 1)  # this process's own critical streams
+        self.by_replica = {str(r.id): rt for rt in state.runtimes.values() for r in rt.info.replicas}
+        self.rng = random.Random(len(rids))
+
+    def run_mine(self) -> None:
+        for rid in self.rng.sample(self.busy, round(len(self.busy) * self.churn)) if self.running else ():
+            self.running[rid] = 3 - self.running[rid]
+        for rid, n in self.running.items():
+            _run(self.by_replica[rid], rid, n)
+
+    def beat_others(self) -> None:
+        ttl = repr(self.state.config.member_ttl_s)
+        for other in self.others:  # each asks for its even share once, then holds it (no change to ask for)
+            counts = self.demand[other]
+            moved = self.rng.sample(self.busy, round(len(self.busy) * self.churn))
+            for rid in moved:
+                counts[rid] = 3 - counts[rid]
+            queued = json.dumps(counts, separators=(",", ":"))  # and their critical part (nothing sheddable)
+            first = self.beats[other] == 0
+            share = {rid: fair_share(LIMIT, self.ids, other) for rid in self.rids} if first else {}
+            limits = json.dumps(dict.fromkeys(share, LIMIT), separators=(",", ":"))
+            beat = self.beats[other] = self.beats[other] + 1  # with what moved since its last beat, as a proxy does
+            moves = json.dumps({rid: counts[rid] for rid in moved}, separators=(",", ":"))
+            args = [other, json.dumps(share), queued, queued, "{}", ttl, limits, "0", str(beat), str(beat - 1), moves]
+            self.script(keys=[self.state.members_key], args=args)
+
+
+def _run(rt: EndpointRuntime, rid: str, n: int) -> None:
+    """``n`` critical streams of this process on ``rid``, as ``EndpointRuntime``'s take and release count them."""
+    view = rt.slots[rid].view
+    rt.in_flight += n - view.in_flight
+    view.in_flight = n
+    rt._class_flight.setdefault(rid, [0] * len(CLASSES))[CLASSES.index(CRITICAL)] = n
 
 
 def _script_usec(client: redis.Redis) -> tuple[int, int]:

@@ -35,7 +35,7 @@ Redis, by the heartbeat, for the replicas whose holding a process asks to change
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.admission.classes import CLASSES, CRITICAL, SHEDDABLE
@@ -58,22 +58,31 @@ class Member:
     demand: Mapping[str, int] = field(default_factory=dict)  # replica id → running + queued, every class
     critical: Mapping[str, int] = field(default_factory=dict)  # replica id → the critical part of it
     sheddable: Mapping[str, int] = field(default_factory=dict)  # replica id → the sheddable part of it
+    # The beat that wrote this (the member's own count) and, where known, the replicas whose total demand moved
+    # since an earlier one: (that beat, the replicas). A reader holding the member as of that beat need not
+    # compare the maps (``gateway.proxy.membership``).
+    beat: int | None = field(default=None, compare=False)
+    moved_since: tuple[int, Collection[str]] | None = field(default=None, compare=False)
 
 
 def demand_parts(rows: Mapping[str, Sequence[int]]) -> dict[str, dict[str, int]]:
     """Demand per replica as counts per class (``CLASSES`` order) → a ``Member``'s ``demand``, ``critical`` and
-    ``sheddable`` maps (non-zero counts only; negative counts read as 0)."""
+    ``sheddable`` maps (non-zero counts only; negative counts read as 0). Per replica each heartbeat: rows of the
+    usual shape take the short way."""
     total: dict[str, int] = {}
     critical: dict[str, int] = {}
     sheddable: dict[str, int] = {}
+    width = len(CLASSES)
     for rid, row in rows.items():
-        counts = [max(0, int(row[c])) if c < len(row) else 0 for c in range(len(CLASSES))]
-        if counts[_CRITICAL]:
-            critical[rid] = counts[_CRITICAL]
-        if counts[_SHEDDABLE]:
-            sheddable[rid] = counts[_SHEDDABLE]
-        if any(counts):
-            total[rid] = sum(counts)
+        if len(row) != width or min(row) < 0:
+            row = [max(0, int(row[c])) if c < len(row) else 0 for c in range(width)]
+        n = sum(row)
+        if n:
+            total[rid] = n
+            if row[_CRITICAL]:
+                critical[rid] = row[_CRITICAL]
+            if row[_SHEDDABLE]:
+                sheddable[rid] = row[_SHEDDABLE]
     return {"demand": total, "critical": critical, "sheddable": sheddable}
 
 
@@ -127,7 +136,11 @@ def spread_queue(queued: tuple[int, ...], limits: Mapping[str, int]) -> dict[str
 
 
 def allocate(
-    me: str, members: Mapping[str, Member], limits: Mapping[str, int], only: Iterable[str] | None = None
+    me: str,
+    members: Mapping[str, Member],
+    limits: Mapping[str, int],
+    only: Iterable[str] | None = None,
+    over: set[str] | None = None,
 ) -> dict[str, int]:
     """How many requests ``me`` may run on each replica, from one heartbeat read (see the module docstring).
 
@@ -135,7 +148,9 @@ def allocate(
     member its demand, so the max-min fill runs only for the class that runs out (it takes all that is left), and
     the even split of the rest is ``me``'s share alone; where every member's demand fits in the limit (the usual
     case), that is one look-up per member and no class is looked at. A heartbeat covers every replica of the fleet, so
-    this is per replica and member (``bench scale``'s ``heartbeat`` loop). ``only``: those replicas alone."""
+    this is per replica and member (``bench scale``'s ``heartbeat`` loop). ``only``: those replicas alone; ``over``:
+    a set to add the replicas to where the members' demand exceeds the limit (the only ones whose split looks at
+    the classes: elsewhere a member's share follows from the totals alone)."""
     if only is not None:
         limits = {rid: limits[rid] for rid in only if rid in limits}
     if me not in members:
@@ -143,12 +158,15 @@ def allocate(
     ids = sorted(members)  # the id order every process uses (``fair_share``, ``max_min_fill``'s ties)
     n, rank = len(ids), ids.index(me)
     demand_maps = [members[mid].demand for mid in ids]
-    demanded = set().union(*demand_maps)  # replicas some member reports demand on; the rest split evenly
+    # Replicas some member reports demand on; the rest split evenly. ``only`` is the replicas whose demand moved
+    # (``ShareBook``): nearly all demanded, so no set of them is built (an undemanded one's sums are all 0, and the
+    # branch below gives it the even share all the same).
+    demanded = set().union(*demand_maps) if only is None else None
     classes = range(len(CLASSES))
     even: dict[int, int] = {}  # limit → ``me``'s even share of it
     out = {}
     for rid, limit in limits.items():
-        if rid not in demanded:  # the usual replica of a large fleet: nobody's requests on it
+        if demanded is not None and rid not in demanded:  # the usual replica of a large fleet: nobody's requests on it
             mine = even.get(limit)
             if mine is None:
                 base, extra = divmod(max(0, limit), n)
@@ -161,6 +179,8 @@ def allocate(
             base, extra = divmod(left, n)
             out[rid] = sums[rank] + base + (1 if rank < extra else 0)
             continue
+        if over is not None:
+            over.add(rid)
         mine, left = 0, limit
         for c in classes:
             if left <= 0:

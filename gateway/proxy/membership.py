@@ -5,7 +5,9 @@ asks), and the reading of what it returns."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 
 from gateway.admission.shares import Member, allocate
 
@@ -19,7 +21,10 @@ FULL_BEAT_EVERY = 40
 # holdings are its own hash beside it (``KEYS[1]:h:<id>``, replica → slots, only those held). ARGV: this process's id,
 # the holdings it wants changed (replica → slots wanted: only where what it wants differs from what it holds), its
 # demand per replica (every class, critical, sheddable: three JSON maps), the TTL in seconds, the changed replicas'
-# limits, and "1" for a full beat (every replica asked for: its holdings are rewritten from the asks, none left over).
+# limits, "1" for a full beat (every replica asked for: its holdings are rewritten from the asks, none left over), and
+# its beat's number, the number of the beat before it (-1: none) and the total demand that moved since that one
+# (replica → its count now, 0 where it went: a JSON map), so that a reader holding that beat's entry decodes only
+# the moves (``parse_members``).
 # In one atomic step: drops expired members and their holdings, grants each change out of what the other live members do
 # not hold (so the holdings never sum above a limit), stamps the entry with Redis' clock (keeping the first join time)
 # and returns the live entries, the grants, and 1 where this process was not a live member (new, or counted out: what it
@@ -75,7 +80,10 @@ for rid, w in pairs(want) do
   parts[#parts + 1] = cjson.encode(rid) .. ':' .. string.format('%d', g)
 end
 redis.call('EXPIRE', mine, math.ceil(ttl * 10))
-local entry = string.format('{"j":%.6f,"t":%.6f,"q":%s,"c":%s,"x":%s}', joined, now, ARGV[3], ARGV[4], ARGV[5])
+local entry = string.format(
+  '{"j":%.6f,"t":%.6f,"s":%d,"b":%d,"d":%s,"q":%s,"c":%s,"x":%s}',
+  joined, now, tonumber(ARGV[9] or '') or -1, tonumber(ARGV[10] or '') or -1, ARGV[11] or '{}', ARGV[3], ARGV[4],
+  ARGV[5])
 redis.call('HSET', KEYS[1], ARGV[1], entry)
 redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
 live[#live + 1] = ARGV[1]
@@ -84,23 +92,119 @@ return {live, '{' .. table.concat(parts, ',') .. '}', reset}
 """
 
 
-def parse_members(raw: list) -> dict:
+_HEAD = re.compile(r'{"j":([\d.]+),"t":([\d.]+),"s":(-?\d+),"b":(-?\d+),"d":')
+_DECODER = json.JSONDecoder()
+
+
+def parse_members(raw: list, known: dict | None = None) -> dict:
     """The live members the heartbeat returned. Their demand maps are read as they came (plain counts, see
-    ``Member``), except one that is not a map of non-negative numbers (an entry of another version): none."""
+    ``Member``), except one that is not a map of non-negative numbers (an entry of another version): none. The
+    critical and sheddable maps are decoded when first looked at (``_LazyCounts``): the split looks at them only on a
+    replica whose demand exceeds its limit, so a fleet under its limits never decodes them.
+
+    ``known``: the caller's memory of the last read (member id → ``Member``), kept up to date here. A member whose
+    entry is of the beat known comes back as it was (the same maps: ``ShareBook.allocate`` skips it by identity);
+    one whose entry is of the beat after it (its ``"b"``) has only the demand that moved since decoded, and carries
+    those replicas in ``moved_since``; any other is decoded whole. So a busy fleet's beat decodes what moved, not
+    every member's demand on every replica."""
     members = {}
     for i in range(0, len(raw) - 1, 2):
-        try:
-            entry = json.loads(raw[i + 1])
-        except ValueError:  # the script reads only an entry's head: one unreadable after it is left out, by all
-            continue
-        members[raw[i].decode() if isinstance(raw[i], bytes) else raw[i]] = Member(
-            joined=float(entry["j"]),
-            seen_at=float(entry["t"]),
-            demand=_counts(entry.get("q")),
-            critical=_counts(entry.get("c")),
-            sheddable=_counts(entry.get("x")),
-        )
+        name = raw[i].decode() if isinstance(raw[i], bytes) else raw[i]
+        entry = raw[i + 1].decode() if isinstance(raw[i + 1], bytes) else raw[i + 1]
+        head = _HEAD.match(entry)
+        last = known.get(name) if known is not None and head is not None else None
+        if last is not None and last.beat == int(head[3]):
+            member = replace(last, joined=float(head[1]), seen_at=float(head[2]))
+        else:
+            member = (_read(entry, head, last) if head is not None else None) or _read_whole(entry)
+            if member is None:  # the script reads only an entry's head: one unreadable after it is left out, by all
+                continue
+        members[name] = member
+    if known is not None:
+        known.clear()
+        known.update((name, m) for name, m in members.items() if m.beat is not None)
     return members
+
+
+def _read(entry: str, head, last: Member | None) -> Member | None:
+    """An entry as the script writes it (``{"j":…,"t":…,"s":…,"b":…,"d":{…},"q":{…},"c":{…},"x":{…}}``): from
+    ``last`` and the moves where it is the entry's base beat, else the total demand decoded; the class maps left for
+    ``_LazyCounts``. None where it is not of that shape."""
+    beat, base = int(head[3]), int(head[4])
+    try:
+        moves, end = _DECODER.raw_decode(entry, head.end())
+    except ValueError:
+        return None
+    if not entry.startswith(',"q":', end) or _counts(moves) is not moves:
+        return None
+    c, x = entry.rfind(',"c":'), entry.rfind(',"x":')
+    if not (end < c < x and entry.endswith("}")):
+        return None
+    if last is not None and last.beat == base:
+        demand = {**last.demand, **moves}
+        for rid in [rid for rid, n in moves.items() if not n]:
+            del demand[rid]
+        moved_since = (base, moves.keys())
+    else:
+        try:
+            demand = _counts(_DECODER.raw_decode(entry, end + 5)[0])
+        except ValueError:
+            return None
+        moved_since = None
+    return Member(
+        joined=float(head[1]),
+        seen_at=float(head[2]),
+        demand=demand,
+        critical=_LazyCounts(entry[c + 5 : x]),
+        sheddable=_LazyCounts(entry[x + 5 : -1]),
+        beat=beat,
+        moved_since=moved_since,
+    )
+
+
+def _read_whole(entry: str) -> Member | None:
+    try:
+        decoded = json.loads(entry)
+        return Member(
+            joined=float(decoded["j"]),
+            seen_at=float(decoded["t"]),
+            demand=_counts(decoded.get("q")),
+            critical=_counts(decoded.get("c")),
+            sheddable=_counts(decoded.get("x")),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class _LazyCounts(Mapping):
+    """A member's per-class demand map, decoded from its JSON text on first use (one that does not decode, or is not
+    a map of non-negative counts, reads as none, as ``_counts``)."""
+
+    __slots__ = ("_text", "_map")
+
+    def __init__(self, text: str) -> None:
+        self._text, self._map = text, None
+
+    def _counts(self) -> dict:
+        if self._map is None:
+            try:
+                self._map = _counts(json.loads(self._text))
+            except ValueError:
+                self._map = {}
+            self._text = None
+        return self._map
+
+    def __getitem__(self, rid: str) -> int:
+        return self._counts()[rid]
+
+    def get(self, rid: str, default=None):
+        return self._counts().get(rid, default)
+
+    def __iter__(self):
+        return iter(self._counts())
+
+    def __len__(self) -> int:
+        return len(self._counts())
 
 
 def _counts(value) -> dict:
@@ -118,10 +222,13 @@ class ShareBook:
 
     A beat works out only what can have changed since the last one, not the fleet: a replica's allocation depends
     only on its limit, the members and their demand on it, so with the same members and limits only the replicas
-    some member reports demand on, now or at the last beat, are worked out again; and the holdings asked for are
-    those replicas', those this process runs requests on now or ran at the last beat, and those whose last grant
-    fell short of the ask (asked again every beat until granted).
-    The first beat, a changed membership or limit, and every full beat (``FULL_BEAT_EVERY``) go over every replica.
+    where some member's demand moved since the last beat's view are worked out again (see ``allocate``). Which those
+    are, each member says itself: its entry carries the replicas whose demand moved since its beat before
+    (``sending``, ``parse_members``); an entry that came back unchanged is skipped by identity, and only where a
+    reader lacks that earlier beat are two maps compared (``_moved``). The holdings asked for are those replicas',
+    those where this process's own streams moved since the last beat, and those whose last grant fell short of the
+    ask (asked again every beat until granted). The first beat, a changed membership or limit, and every full beat
+    (``FULL_BEAT_EVERY``) go over every replica.
     """
 
     def __init__(self) -> None:
@@ -129,22 +236,57 @@ class ShareBook:
         self.holdings: dict[str, int] = {}  # what the heartbeat granted (0 included)
         self.limits: dict[str, int] = {}  # the replicas' limits at the last beat Redis answered
         self.short: set[str] = set()  # replicas whose last grant was below the ask
+        self.known: dict[str, Member] = {}  # the members at the last read (``parse_members``)
+        self._sent: tuple[int, Mapping[str, int]] | None = None  # this process's last beat and its total demand
         self._basis: tuple | None = None  # (members, limits) the allocation was worked out on
-        self._demanded: set[str] = set()  # the replicas with some member's demand in that view
-        self._running: set[str] = set()  # the replicas this process ran requests on at the last beat
+        self._view: Mapping[str, Member] = {}  # the members' demand it was worked out from
+        self._over: set[str] = set()  # the replicas whose demand exceeded their limit in that view
+        self._flight: dict[str, int] = {}  # this process's streams per replica at the last beat
 
-    def allocate(self, me: str, view: Mapping[str, Member], limits: dict[str, int], *, full: bool) -> set[str] | None:
-        """Work out ``allocation`` from this beat's view; the replicas whose allocation may have changed, or None
-        where every one may have."""
-        demanded = set().union(*(m.demand for m in view.values()))
+    def allocate(
+        self, me: str, view: Mapping[str, Member], limits: dict[str, int], *, full: bool
+    ) -> tuple[set[str] | None, list[str]]:
+        """Work out ``allocation`` from this beat's view: the replicas whose allocation may have changed (None where
+        every one may have), and those whose allocation did change.
+
+        A replica's allocation follows from its limit and the members' total demand on it, and from their demand
+        per class only where the totals exceed the limit (``allocate``): so the replicas worked out again are those
+        where some member's total moved, and those over their limit at the last beat (a class's count can move
+        under an unchanged total); a replica under its limit then and with the same totals now is under it still."""
         basis = (sorted(view), limits)
+        before = self.allocation
         if full or me not in view or basis != self._basis:
-            touched, self.allocation = None, allocate(me, view, limits)
+            self._over = set()
+            touched, self.allocation = None, allocate(me, view, limits, over=self._over)
+            moved = [
+                rid for rid in before.keys() | self.allocation.keys() if before.get(rid) != self.allocation.get(rid)
+            ]
         else:
-            touched = demanded | self._demanded
-            self.allocation = {**self.allocation, **allocate(me, view, limits, only=touched)}
-        self._basis, self._demanded = basis, demanded
-        return touched
+            touched = set(self._over)
+            for mid, member in view.items():
+                last = self._view[mid]
+                since = member.moved_since
+                if member is last:
+                    continue
+                if since is not None and last.beat is not None and since[0] == last.beat:
+                    touched.update(since[1])  # the writer's own account of what moved since the view's beat
+                elif member.demand is not last.demand and member.demand != last.demand:
+                    touched.update(_moved(member.demand, last.demand))
+            self._over -= touched
+            fresh = allocate(me, view, limits, only=touched, over=self._over)
+            moved = [rid for rid, n in fresh.items() if before.get(rid) != n]
+            before.update(fresh)  # in place: a busy fleet's allocation is not copied every beat
+        self._basis, self._view = basis, view
+        return touched, moved
+
+    def sending(self, beat: int, demand: dict[str, int]) -> tuple[int, dict[str, int] | None]:
+        """This process's total demand for its beat ``beat`` against what it sent at its last one: that beat's
+        number (-1: none) and the replicas whose count moved, with their count now (0: gone); what it sends beside
+        its demand (``HEARTBEAT``) and keeps in its own ``Member`` for ``allocate``."""
+        sent, self._sent = self._sent, (beat, demand)
+        if sent is None:
+            return -1, None
+        return sent[0], {rid: demand.get(rid, 0) for rid in _moved(demand, sent[1])}
 
     def changes(self, in_flight: dict[str, int], limits: dict[str, int], touched: set[str] | None, full: bool):
         """The holdings to ask for: ``max(allocation, what runs)`` where it differs from what is held, a replica
@@ -155,7 +297,7 @@ class ShareBook:
             # Same limits: what is held is of serving replicas, and only these can want another holding.
             changes = {
                 rid: w
-                for rid in touched | self.short | in_flight.keys() | self._running
+                for rid in touched.union(self.short, _moved(in_flight, self._flight))
                 if rid in allocation and held.get(rid) != (w := max(allocation[rid], in_flight.get(rid, 0)))
             }
         else:
@@ -167,7 +309,7 @@ class ShareBook:
             }
             changes.update((rid, 0) for rid in held.keys() - limits.keys())
         self.short.intersection_update(changes)  # a replica not asked for holds what it wants
-        self._running = set(in_flight)
+        self._flight = in_flight
         return changes
 
     def granted(self, grants: dict[str, int], changes: dict[str, int], limits: dict[str, int], reset: bool) -> None:
@@ -185,3 +327,14 @@ class ShareBook:
                 short.add(rid)
             else:
                 short.discard(rid)
+
+
+def _moved(new: Mapping[str, int], old: Mapping[str, int]) -> list[str]:
+    """The replicas whose count differs between two demand maps. A busy fleet's maps are large: this builds no
+    object per replica (no pairs, which would also wake the collector), only the list of those that moved."""
+    get = old.get
+    moved = [rid for rid in new if new[rid] != get(rid)]
+    appeared = sum(1 for rid in moved if rid not in old)
+    if len(new) - appeared != len(old):  # some replica left the map (its demand went to 0)
+        moved += [rid for rid in old if rid not in new]
+    return moved

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.admission.classes import CLASSES
+from gateway.proxy.caps import lower_caps, set_caps
 from gateway.proxy.model_names import ModelRename, model_rename
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.routing.base import ReplicaView, RouteRequest
@@ -154,17 +155,11 @@ class PrefillPool:
         free slot the decode replica prefills)."""
         return {rid: tuple(s.class_flight) for rid, s in self.slots.items() if not s.removed and any(s.class_flight)}
 
-    def apply_caps(self, caps: dict[str, int] | None) -> None:
-        self.caps = caps
-        for rid, slot in self.slots.items():
-            slot.view.concurrency_limit = slot.limit if caps is None else min(slot.limit, caps.get(rid, 0))
+    def apply_caps(self, caps: dict[str, int] | None, *, merge: bool = False) -> None:
+        set_caps(self, caps, merge=merge)  # a prefill waits in no queue: nothing to admit
 
-    def lower_caps(self, allocation: dict[str, int]) -> None:
-        """Before a heartbeat gives slots back: take nothing beyond this process's new allocation."""
-        for rid, slot in self.slots.items():
-            if rid in allocation and self.caps is not None:
-                cap = self.caps[rid] = min(slot.view.concurrency_limit, allocation[rid])
-                slot.view.concurrency_limit = cap
+    def lower_caps(self, allocation: dict[str, int], only=None) -> None:
+        lower_caps(self, allocation, only)
 
     def cool_down(self, slot: PrefillSlot) -> None:
         """The replica failed a prefill (unreachable, 5xx): no prefill goes there for ``PREFILL_COOLDOWN_S``, after

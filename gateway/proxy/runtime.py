@@ -16,6 +16,7 @@ from gateway.admission import AdmissionController, QueuedItem, Refusal
 from gateway.admission.classes import CLASSES
 from gateway.admission.shares import spread_queue
 from gateway.proxy import metrics as m
+from gateway.proxy.caps import lower_caps, set_caps
 from gateway.proxy.kv_feeds import KVFeeds
 from gateway.proxy.model_names import ModelRename, model_rename
 from gateway.proxy.prefill_pool import CLASS_KEY, PrefillPool, sync_prefill_pool
@@ -199,20 +200,14 @@ class EndpointRuntime:
         """Stop the KV-event subscribers (their threads are joined: shutdown only)."""
         self.kv_feeds.close()
 
-    def apply_caps(self, caps: dict[str, int] | None) -> None:
-        """Follow this process's new share of the replicas' limits; a raised cap admits queued requests."""
-        self.caps = caps
-        for rid, slot in self.slots.items():
-            slot.view.concurrency_limit = slot.limit if caps is None else min(slot.limit, caps.get(rid, 0))
+    def apply_caps(self, caps: dict[str, int] | None, *, merge: bool = False) -> None:
+        """Follow this process's new share of the replicas' limits (``gateway.proxy.caps``); a raised cap admits
+        queued requests."""
+        set_caps(self, caps, merge=merge)
         self.pump()
 
-    def lower_caps(self, allocation: dict[str, int]) -> None:
-        """Before a heartbeat gives slots back: admit nothing beyond this process's new allocation."""
-        for rid, slot in self.slots.items():
-            if rid in allocation and self.caps is not None:
-                cap = min(slot.view.concurrency_limit, allocation[rid])
-                slot.view.concurrency_limit = cap
-                self.caps[rid] = cap
+    def lower_caps(self, allocation: dict[str, int], only=None) -> None:
+        lower_caps(self, allocation, only)
 
     def adapters_of(self, slot: Slot) -> ReplicaAdapters:
         """The LoRA adapters of a replica, as this process knows them (created on first use)."""

@@ -339,19 +339,22 @@ class ProxyState:
         view = dict(self.members or {})
         me = view.get(self.process_id)
         parts = demand_parts(demand)
+        book, beat = self._book, self._beats
+        base, moves = book.sending(beat, parts["demand"])
         if me is not None:
-            view[self.process_id] = replace(me, **parts)
-        book, previous = self._book, self._book.allocation
-        full = self._resend_all or self._beats % FULL_BEAT_EVERY == FULL_BEAT_EVERY - 1
+            view[self.process_id] = replace(
+                me, **parts, beat=beat, moved_since=None if moves is None else (base, moves)
+            )
+        full = self._resend_all or beat % FULL_BEAT_EVERY == FULL_BEAT_EVERY - 1
         self._beats += 1
-        touched = book.allocate(self.process_id, view, limits, full=full)  # caps applied if this beat fails follow it
-        allocation = book.allocation
-        # Caps follow the allocation and the holdings; the pools none of whose replicas saw either move keep theirs.
+        # Caps applied if this beat fails follow the new allocation; the pools none of whose replicas saw it or the
+        # holdings move keep theirs.
+        touched, shifted = book.allocate(self.process_id, view, limits, full=full)
+        allocation, shifted = book.allocation, set(shifted)
         pools = self._slot_pools()
-        changed = allocation if touched is None else touched
-        moved = _holding(pools, [rid for rid in changed if previous.get(rid) != allocation.get(rid)])
+        moved = _holding(pools, shifted)
         for pool in moved:
-            pool.lower_caps(allocation)
+            pool.lower_caps(allocation, shifted)
         changes = book.changes(in_flight, limits, touched, full)
         raw = await self._heartbeat(
             keys=[self.members_key],
@@ -362,6 +365,9 @@ class ProxyState:
                 repr(self.config.member_ttl_s),
                 json.dumps({rid: limits.get(rid, 0) for rid in changes}, separators=(",", ":")),
                 "1" if full else "0",
+                str(beat),
+                str(base),
+                json.dumps(moves or {}, separators=(",", ":")),
             ],
         )
         entries, grants, reset = raw
@@ -373,15 +379,16 @@ class ProxyState:
             self._resend_all = True
             self._ask_beat()
         moved |= _holding(pools, grants)
-        members = parse_members(entries)
+        shifted.update(grants)
+        members = parse_members(entries, book.known)
         members[self.process_id] = replace(members[self.process_id], holdings=book.holdings)
         self.members = members
         known = set(pools)
         fresh = [pool for pool in self._slot_pools() if pool not in known]  # made while the script ran
         if fresh:
-            moved.update(fresh)
+            self._apply_caps(pools=fresh)
             self._ask_beat()  # their replicas were not asked for
-        self._apply_caps(pools=None if everything else moved)
+        self._apply_caps(pools=None if everything else moved, only=None if everything else shifted)
 
     def _reports(self) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[int, ...]]]:
         """This process's streams, the replicas' limits and its demand per replica (only the replicas with some)."""
@@ -389,22 +396,30 @@ class ProxyState:
         limits: dict[str, int] = {}
         demand: dict[str, tuple[int, ...]] = {}
         for pool in self._slot_pools():  # a replica may be in two (a prefill pool's, retiring, and a runtime's)
-            for rid, n in pool.in_flight_by_replica().items():
-                in_flight[rid] = in_flight.get(rid, 0) + n
+            flight, rows = pool.in_flight_by_replica(), pool.demand_by_replica()
             limits.update(pool.replica_limits())
-            for rid, row in pool.demand_by_replica().items():
+            if in_flight.keys().isdisjoint(flight):  # the usual case: merged in C
+                in_flight.update(flight)
+            else:
+                for rid, n in flight.items():
+                    in_flight[rid] = in_flight.get(rid, 0) + n
+            if demand.keys().isdisjoint(rows):
+                demand.update(rows)
+                continue
+            for rid, row in rows.items():
                 have = demand.get(rid)
                 demand[rid] = row if have is None else tuple(a + b for a, b in zip(have, row, strict=True))
         return in_flight, limits, demand
 
-    def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None) -> None:
+    def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None, only=None) -> None:
         """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A
         replica it was never granted anything of gets 0 until the next beat, which is asked for at once; while
         Redis is unreachable (no beat can grant anything), such a replica gets this process's even share by the
         last membership read, as every other process computes it (a replica another process was granted before
         Redis went away may then run over its limit by that share until Redis is back: the others' holdings are
         read in Redis, per changed replica, not copied to every process). Without Redis at all the caps stay off:
-        whole limits. ``runtime``: that one's pools only; ``pools``: those only (a beat's, where something moved)."""
+        whole limits. ``runtime``: that one's pools only; ``pools``: those only (a beat's, where something moved);
+        ``only``: their replicas among those alone (the ones whose allocation or holding moved)."""
         if self.members is None:
             return
         mine = self.members.get(self.process_id)
@@ -414,7 +429,10 @@ class ProxyState:
         allocation, failing = self._book.allocation, self._beat_failing
         for rt in self._slot_pools(runtime) if pools is None else pools:
             caps = {}
-            for rid, slot in rt.slots.items():
+            merge = only is not None and rt.caps is not None
+            slots = rt.slots
+            for rid in slots.keys() & only if merge else slots:
+                slot = slots[rid]
                 have = holdings.get(rid)
                 if have is not None:
                     share = allocation.get(rid)
@@ -422,7 +440,7 @@ class ProxyState:
                     continue
                 caps[rid] = fair_share(slot.limit, ids, self.process_id) if failing else 0
                 missing = missing or not slot.removed
-            rt.apply_caps(caps)
+            rt.apply_caps(caps, merge=merge)
         if missing and self.redis is not None and not self._beat_failing and not self._beat_lock.locked():
             self._ask_beat()
 
