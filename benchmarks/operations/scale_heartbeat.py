@@ -151,12 +151,17 @@ class _Fleet:
         self.running = dict.fromkeys(busy if mine else (), 1)  # this process's own critical streams
         self.by_replica = {str(r.id): rt for rt in state.runtimes.values() for r in rt.info.replicas}
         self.rng = random.Random(len(rids))
+        self.first = True
 
     def run_mine(self) -> None:
-        for rid in self.rng.sample(self.busy, round(len(self.busy) * self.churn)) if self.running else ():
-            self.running[rid] = 3 - self.running[rid]
-        for rid, n in self.running.items():
-            _run(self.by_replica[rid], rid, n)
+        if self.first:  # every stream starts
+            moved, self.first = list(self.running), False
+        else:
+            moved = self.rng.sample(self.busy, round(len(self.busy) * self.churn)) if self.running else []
+            for rid in moved:
+                self.running[rid] = 3 - self.running[rid]
+        for rid in moved:
+            _run(self.by_replica[rid], rid, self.running[rid])
 
     def beat_others(self) -> None:
         ttl = repr(self.state.config.member_ttl_s)
@@ -170,17 +175,20 @@ class _Fleet:
             share = {rid: fair_share(LIMIT, self.ids, other) for rid in self.rids} if first else {}
             limits = json.dumps(dict.fromkeys(share, LIMIT), separators=(",", ":"))
             beat = self.beats[other] = self.beats[other] + 1  # with what moved since its last beat, as a proxy does
-            moves = json.dumps({rid: counts[rid] for rid in moved}, separators=(",", ":"))
-            args = [other, json.dumps(share), queued, queued, "{}", ttl, limits, "0", str(beat), str(beat - 1), moves]
+            base = beat - 1 if 2 * len(moved) <= len(counts) else -1  # most moved: no moves, as ``ShareBook.sending``
+            moves = json.dumps({rid: counts[rid] for rid in moved} if base >= 0 else {}, separators=(",", ":"))
+            args = [other, json.dumps(share), queued, queued, "{}", ttl, limits, "0", str(beat), str(base), moves]
             self.script(keys=[self.state.members_key], args=args)
 
 
 def _run(rt: EndpointRuntime, rid: str, n: int) -> None:
-    """``n`` critical streams of this process on ``rid``, as ``EndpointRuntime``'s take and release count them."""
+    """``n`` critical streams of this process on ``rid``, as ``EndpointRuntime``'s take and release count them
+    (and note them for the heartbeat)."""
     view = rt.slots[rid].view
     rt.in_flight += n - view.in_flight
     view.in_flight = n
     rt._class_flight.setdefault(rid, [0] * len(CLASSES))[CLASSES.index(CRITICAL)] = n
+    rt.flight_moved.add(rid)
 
 
 def _script_usec(client: redis.Redis) -> tuple[int, int]:

@@ -158,6 +158,7 @@ def allocate(
     ids = sorted(members)  # the id order every process uses (``fair_share``, ``max_min_fill``'s ties)
     n, rank = len(ids), ids.index(me)
     demand_maps = [members[mid].demand for mid in ids]
+    gets = [d.get for d in demand_maps]  # bound once: this loop runs per replica and member
     # Replicas some member reports demand on; the rest split evenly. ``only`` is the replicas whose demand moved
     # (``ShareBook``): nearly all demanded, so no set of them is built (an undemanded one's sums are all 0, and the
     # branch below gives it the even share all the same).
@@ -173,7 +174,7 @@ def allocate(
                 mine = even[limit] = base + (1 if rank < extra else 0)
             out[rid] = mine
             continue
-        sums = [d.get(rid, 0) for d in demand_maps]
+        sums = [get(rid, 0) for get in gets]
         left = limit - sum(sums)
         if left >= 0:  # every member's demand fits, in every class: each gets its own and a share of the rest
             base, extra = divmod(left, n)

@@ -279,25 +279,33 @@ class ShareBook:
         self._basis, self._view = basis, view
         return touched, moved
 
-    def sending(self, beat: int, demand: dict[str, int]) -> tuple[int, dict[str, int] | None]:
+    def sending(self, beat: int, demand: dict[str, int], moved=None) -> tuple[int, dict[str, int] | None]:
         """This process's total demand for its beat ``beat`` against what it sent at its last one: that beat's
         number (-1: none) and the replicas whose count moved, with their count now (0: gone); what it sends beside
-        its demand (``HEARTBEAT``) and keeps in its own ``Member`` for ``allocate``."""
+        its demand (``HEARTBEAT``) and keeps in its own ``Member`` for ``allocate``; none (-1, None) where most of
+        the map moved, which then costs less read whole. ``moved``: the replicas whose demand may have moved since
+        (``OwnReports``), else the two maps are compared."""
         sent, self._sent = self._sent, (beat, demand)
         if sent is None:
             return -1, None
-        return sent[0], {rid: demand.get(rid, 0) for rid in _moved(demand, sent[1])}
+        moves = {rid: demand.get(rid, 0) for rid in (_moved(demand, sent[1]) if moved is None else moved)}
+        if 2 * len(moves) > max(1, len(demand)):  # most of it moved: the readers decode the map whole instead
+            return -1, None
+        return sent[0], moves
 
-    def changes(self, in_flight: dict[str, int], limits: dict[str, int], touched: set[str] | None, full: bool):
+    def changes(
+        self, in_flight: dict[str, int], limits: dict[str, int], touched: set[str] | None, full: bool, moved=None
+    ) -> dict[str, int]:
         """The holdings to ask for: ``max(allocation, what runs)`` where it differs from what is held, a replica
         whose limit changed (clipped to it again), 0 for a replica gone from the pools; with ``full`` every replica,
-        and the script rewrites the process's holdings from them."""
+        and the script rewrites the process's holdings from them. ``moved``: the replicas whose streams may have
+        moved since the last beat (``OwnReports``), else ``in_flight`` is compared with the last beat's."""
         held, allocation = self.holdings, self.allocation
         if touched is not None and not full and limits == self.limits:
             # Same limits: what is held is of serving replicas, and only these can want another holding.
             changes = {
                 rid: w
-                for rid in touched.union(self.short, _moved(in_flight, self._flight))
+                for rid in touched.union(self.short, _moved(in_flight, self._flight) if moved is None else moved)
                 if rid in allocation and held.get(rid) != (w := max(allocation[rid], in_flight.get(rid, 0)))
             }
         else:
@@ -309,7 +317,7 @@ class ShareBook:
             }
             changes.update((rid, 0) for rid in held.keys() - limits.keys())
         self.short.intersection_update(changes)  # a replica not asked for holds what it wants
-        self._flight = in_flight
+        self._flight = dict(in_flight) if moved is None else {}  # compared at the next beat where no moves come
         return changes
 
     def granted(self, grants: dict[str, int], changes: dict[str, int], limits: dict[str, int], reset: bool) -> None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.admission.classes import CLASSES
-from gateway.proxy.caps import lower_caps, set_caps
+from gateway.proxy.caps import set_caps
 from gateway.proxy.model_names import ModelRename, model_rename
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.routing.base import ReplicaView, RouteRequest
@@ -60,6 +60,7 @@ class PrefillPool:
         # This process's share of each prefill replica's limit when several proxy processes run (replica id → cap;
         # ``gateway.admission.shares``, through ``ProxyState``'s heartbeat as for the decode pool); None: the whole.
         self.caps: dict[str, int] | None = None
+        self.flight_moved, self.limits_moved = set(), True  # since the heartbeat last looked (``reports.py``)
         self.info = info
         self.update(info)
 
@@ -90,6 +91,7 @@ class PrefillPool:
                 slot.removed = slot.view.draining = True
                 if slot.view.in_flight == 0:
                     self._forget(rid)
+        self.limits_moved = True
 
     def _forget(self, rid: str) -> None:
         self.slots.pop(rid, None)
@@ -122,6 +124,7 @@ class PrefillPool:
         slot.view.in_flight += 1
         slot.view.in_flight_mu += route.mu
         slot.class_flight[route.extra.get(CLASS_KEY, STANDARD_CLASS)] += 1
+        self.flight_moved.add(slot.view.replica_id)
         self.router.on_routed(route, slot.view.replica_id, now)
         return slot
 
@@ -155,11 +158,15 @@ class PrefillPool:
         free slot the decode replica prefills)."""
         return {rid: tuple(s.class_flight) for rid, s in self.slots.items() if not s.removed and any(s.class_flight)}
 
+    def report_of(self, rid: str) -> tuple[int, tuple[int, ...] | None]:
+        """One replica's prefills and its demand row (None: none), as the two maps above give them."""
+        slot = self.slots.get(rid)
+        if slot is None:
+            return 0, None
+        return slot.view.in_flight, tuple(slot.class_flight) if not slot.removed and any(slot.class_flight) else None
+
     def apply_caps(self, caps: dict[str, int] | None, *, merge: bool = False) -> None:
         set_caps(self, caps, merge=merge)  # a prefill waits in no queue: nothing to admit
-
-    def lower_caps(self, allocation: dict[str, int], only=None) -> None:
-        lower_caps(self, allocation, only)
 
     def cool_down(self, slot: PrefillSlot) -> None:
         """The replica failed a prefill (unreachable, 5xx): no prefill goes there for ``PREFILL_COOLDOWN_S``, after
@@ -169,6 +176,7 @@ class PrefillPool:
     def release(self, slot: PrefillSlot, route: RouteRequest) -> None:
         klass = route.extra.get(CLASS_KEY, STANDARD_CLASS)
         slot.class_flight[klass] = max(0, slot.class_flight[klass] - 1)
+        self.flight_moved.add(slot.view.replica_id)
         slot.view.in_flight -= 1
         slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - route.mu)
         try:

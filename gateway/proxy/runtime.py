@@ -16,7 +16,7 @@ from gateway.admission import AdmissionController, QueuedItem, Refusal
 from gateway.admission.classes import CLASSES
 from gateway.admission.shares import spread_queue
 from gateway.proxy import metrics as m
-from gateway.proxy.caps import lower_caps, set_caps
+from gateway.proxy.caps import set_caps
 from gateway.proxy.kv_feeds import KVFeeds
 from gateway.proxy.model_names import ModelRename, model_rename
 from gateway.proxy.prefill_pool import CLASS_KEY, PrefillPool, sync_prefill_pool
@@ -101,6 +101,7 @@ class EndpointRuntime:
         # ``gateway.admission.shares``); None = the whole limit.
         self.caps: dict[str, int] | None = None
         self._class_flight: dict[str, list[int]] = {}  # replica id → running requests per priority class
+        self.flight_moved, self.limits_moved = set(), True  # since the heartbeat last looked (``reports.py``)
         self.adapters: dict[str, ReplicaAdapters] = {}  # replica id → its LoRA adapters (``lora.py``)
         # The endpoint's adapters by public name, from the snapshot: requests are routed, loaded and counted under
         # their engine names (``AdapterInfo.engine_name``; docs/lora-serving.md).
@@ -182,6 +183,7 @@ class EndpointRuntime:
                     del self.slots[rid]
                     self._class_flight.pop(rid, None)
                     self.adapters.pop(rid, None)
+        self.limits_moved = True
         self.pump()
 
     def _make_router(self, policy: str, info: EndpointInfo):
@@ -201,13 +203,8 @@ class EndpointRuntime:
         self.kv_feeds.close()
 
     def apply_caps(self, caps: dict[str, int] | None, *, merge: bool = False) -> None:
-        """Follow this process's new share of the replicas' limits (``gateway.proxy.caps``); a raised cap admits
-        queued requests."""
-        set_caps(self, caps, merge=merge)
+        set_caps(self, caps, merge=merge)  # ``gateway.proxy.caps``; a raised cap admits queued requests
         self.pump()
-
-    def lower_caps(self, allocation: dict[str, int], only=None) -> None:
-        lower_caps(self, allocation, only)
 
     def adapters_of(self, slot: Slot) -> ReplicaAdapters:
         """The LoRA adapters of a replica, as this process knows them (created on first use)."""
@@ -220,6 +217,12 @@ class EndpointRuntime:
 
     def in_flight_by_replica(self) -> dict[str, int]:  # an idle endpoint answers without a look at its slots
         return {rid: s.view.in_flight for rid, s in self.slots.items() if s.view.in_flight} if self.in_flight else {}
+
+    def report_of(self, rid: str) -> tuple[int, tuple[int, ...] | None]:
+        """One replica's streams and, nothing queued, its demand row (None: none), as the maps here give them."""
+        slot, f = self.slots.get(rid), self._class_flight.get(rid)
+        row = tuple(f) if f and any(f) and slot is not None and not slot.removed else None
+        return (0 if slot is None else slot.view.in_flight), row
 
     def replica_limits(self) -> dict[str, int]:
         """Each serving replica's concurrency limit (what the proxy processes share)."""
@@ -406,6 +409,7 @@ class EndpointRuntime:
     def _take(self, slot: Slot, route: RouteRequest, mu: float, now: float) -> None:
         flight = self._class_flight.setdefault(slot.view.replica_id, [0] * len(CLASSES))
         flight[route.extra.get(CLASS_KEY, _STANDARD)] += 1
+        self.flight_moved.add(slot.view.replica_id)
         slot.view.in_flight += 1
         slot.view.in_flight_mu += mu
         self.in_flight += 1
@@ -436,6 +440,7 @@ class EndpointRuntime:
         if flight is not None:
             klass = route.extra.get(CLASS_KEY, _STANDARD)
             flight[klass] = max(0, flight[klass] - 1)
+        self.flight_moved.add(slot.view.replica_id)
         slot.view.in_flight -= 1
         slot.view.in_flight_mu = max(0.0, slot.view.in_flight_mu - mu_reserved)
         self.in_flight -= 1

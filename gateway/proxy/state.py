@@ -26,16 +26,18 @@ from django.db import close_old_connections
 from billing.ingest import UsageWriter
 from billing.statements import prices
 from endpoints.config_version import ALL, ALL_KEY, CONFIG_KEY, VERSION_CHANNEL, VERSION_KEY
-from gateway.admission.shares import demand_parts, fair_share
+from gateway.admission.shares import fair_share
 from gateway.metrics_scraper import MetricsScraper
 from gateway.proxy import profiling
 from gateway.proxy.budgets import Budgets
+from gateway.proxy.caps import lower_caps
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
 from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, MEMBERS_KEY, ShareBook, parse_members
 from gateway.proxy.prompt_tokens import TokenizerCache
 from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
+from gateway.proxy.reports import OwnReports
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.scrape_client import KeepAliveScrapeClient
 from gateway.proxy.snapshot import Snapshot
@@ -100,6 +102,7 @@ class ProxyState:
         self._heartbeat = None
         self._beat_lock = asyncio.Lock()
         self._book = ShareBook()  # what this process may run, holds and asks for per replica
+        self._own = OwnReports()  # what it runs and queues per replica, and their limits, for the heartbeat
         self._resend_all = False  # the next beat asks for every replica (after a failed one)
         self._beat_pending = False  # a beat asked for by ``_ask_beat`` has not started yet
         self._beats = 0
@@ -335,12 +338,13 @@ class ProxyState:
 
     async def _beat_locked(self) -> None:
         self._beat_pending = False  # a beat starting now covers what was asked before it
-        in_flight, limits, demand = self._reports()
+        flight_moved, demand_moved = self._own.refresh(self._slot_pools())
+        in_flight, limits = self._own.in_flight, self._own.limits
+        parts = {name: dict(part) for name, part in self._own.parts.items()}  # the book keeps them: copies
         view = dict(self.members or {})
         me = view.get(self.process_id)
-        parts = demand_parts(demand)
         book, beat = self._book, self._beats
-        base, moves = book.sending(beat, parts["demand"])
+        base, moves = book.sending(beat, parts["demand"], demand_moved)
         if me is not None:
             view[self.process_id] = replace(
                 me, **parts, beat=beat, moved_since=None if moves is None else (base, moves)
@@ -354,14 +358,14 @@ class ProxyState:
         pools = self._slot_pools()
         moved = _holding(pools, shifted)
         for pool in moved:
-            pool.lower_caps(allocation, shifted)
-        changes = book.changes(in_flight, limits, touched, full)
+            lower_caps(pool, allocation, shifted)
+        changes = book.changes(in_flight, limits, touched, full, flight_moved)
         raw = await self._heartbeat(
             keys=[self.members_key],
             args=[
                 self.process_id,
                 json.dumps(changes, separators=(",", ":")),
-                *(json.dumps(parts[k], separators=(",", ":")) for k in ("demand", "critical", "sheddable")),
+                *(self._own.encoded(k) for k in ("demand", "critical", "sheddable")),
                 repr(self.config.member_ttl_s),
                 json.dumps({rid: limits.get(rid, 0) for rid in changes}, separators=(",", ":")),
                 "1" if full else "0",
@@ -389,27 +393,6 @@ class ProxyState:
             self._apply_caps(pools=fresh)
             self._ask_beat()  # their replicas were not asked for
         self._apply_caps(pools=None if everything else moved, only=None if everything else shifted)
-
-    def _reports(self) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[int, ...]]]:
-        """This process's streams, the replicas' limits and its demand per replica (only the replicas with some)."""
-        in_flight: dict[str, int] = {}
-        limits: dict[str, int] = {}
-        demand: dict[str, tuple[int, ...]] = {}
-        for pool in self._slot_pools():  # a replica may be in two (a prefill pool's, retiring, and a runtime's)
-            flight, rows = pool.in_flight_by_replica(), pool.demand_by_replica()
-            limits.update(pool.replica_limits())
-            if in_flight.keys().isdisjoint(flight):  # the usual case: merged in C
-                in_flight.update(flight)
-            else:
-                for rid, n in flight.items():
-                    in_flight[rid] = in_flight.get(rid, 0) + n
-            if demand.keys().isdisjoint(rows):
-                demand.update(rows)
-                continue
-            for rid, row in rows.items():
-                have = demand.get(rid)
-                demand[rid] = row if have is None else tuple(a + b for a, b in zip(have, row, strict=True))
-        return in_flight, limits, demand
 
     def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None, only=None) -> None:
         """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A

@@ -15,6 +15,7 @@ from capacity.units import MUCoefficients
 from config import tracing
 from gateway.admission.shares import Member
 from gateway.proxy import metrics as m
+from gateway.proxy.caps import lower_caps
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.disaggregation import (
     NIXL_PREFILL_PARAMS,
@@ -414,7 +415,7 @@ def test_the_heartbeat_shares_the_prefill_replicas_limits_between_proxy_processe
     first = pool.take(route(0, 0))
     assert first is not None and pool.take(route(1, 0)) is None, "the other process holds the rest"
     assert pool.demand_by_replica() == {"200": (1, 0, 0)} and pool.in_flight_by_replica() == {"200": 1}
-    pool.lower_caps({"200": 0})
+    lower_caps(pool, {"200": 0})
     pool.release(first, route(0, 0))
     assert pool.demand_by_replica() == {} and pool.take(route(2, 1)) is None
 

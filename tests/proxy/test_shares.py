@@ -2,6 +2,7 @@
 (``gateway.admission.shares``) and the atomic grant in the heartbeat script (real Redis)."""
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
@@ -12,6 +13,7 @@ import redis
 from django.conf import settings
 
 from gateway.admission.shares import Member, allocate, demand_parts, fair_share, max_min_fill, spread_queue
+from gateway.proxy.caps import lower_caps
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, parse_members
 from gateway.proxy.runtime import EndpointRuntime
@@ -236,7 +238,7 @@ def test_a_runtime_reports_running_and_queued_requests_per_class_and_stops_admit
         waiting = asyncio.ensure_future(rt.acquire(routes[2], tenant="t", priority="sheddable", mu=1.0))
         await wait_for_async(lambda: rt.demand_by_replica()[rid][SHED], timeout=5, message="the third request queued")
         assert rt.demand_by_replica() == {rid: (2, 0, 1)}  # 2 critical running, 1 sheddable queued
-        rt.lower_caps({rid: 1})  # the allocation shrank: nothing new is admitted, nothing running is cut
+        lower_caps(rt, {rid: 1})  # the allocation shrank: nothing new is admitted, nothing running is cut
         rt.release(running[0][0], routes[0], 1.0, 1.0)
         await asyncio.sleep(0.05)  # on purpose: loop turns in which a wrong admission would happen
         assert not waiting.done() and rt.demand_by_replica() == {rid: (1, 0, 1)}
@@ -342,7 +344,8 @@ def test_a_holding_lost_in_redis_is_asked_for_again_and_a_lowered_limit_clips_wh
         assert _held(members_redis, a.state.process_id) == {"10": 10} == {"10": a.cap()}
         # a runs 10 streams, so it wants what it holds; the replica's limit drops to 4: the holding is clipped to it.
         a.runtime.slots["10"].view.in_flight = a.runtime.in_flight = 10
-        a.runtime.slots["10"].limit = 4
+        lowered = ReplicaInfo(id=10, name="r", url="http://r", concurrency_limit=4, version_id=1)
+        a.runtime.update(dataclasses.replace(a.runtime.info, replicas=(lowered,)))
         await a.state._beat()
         assert _held(members_redis, a.state.process_id) == {"10": 4} and a.cap() <= 4
 
