@@ -22,6 +22,19 @@ def set_caps(pool, caps: dict[str, int] | None, *, merge: bool = False) -> None:
         slot.view.concurrency_limit = slot.limit if caps is None else min(slot.limit, caps.get(rid, 0))
 
 
+def new_cap(pool, rid: str, limit: int, back: bool) -> int:
+    """What a replica's slot admits as a snapshot makes it (``back``: new to the pool, or returning after it was
+    removed): the whole limit without sharing; 0 for one new or back until the caps are next worked out (a cap kept
+    from before it went is stale: another process may hold all of it now); else its cap within the new limit."""
+    caps = pool.caps
+    if caps is None:
+        return limit
+    if back:
+        caps[rid] = 0
+        return 0
+    return min(limit, caps.get(rid, 0))
+
+
 def lower_caps(pool, allocation: Mapping[str, int], only=None) -> None:
     """Before a heartbeat gives slots back: admit nothing beyond this process's new allocation (``only``: on those
     replicas alone)."""

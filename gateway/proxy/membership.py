@@ -141,7 +141,7 @@ def _read(entry: str, head, last: Member | None) -> Member | None:
     if not (end < c < x and entry.endswith("}")):
         return None
     if last is not None and last.beat == base:
-        demand = {**last.demand, **moves}
+        demand = {**last.demand, **moves} if moves else last.demand
         for rid in [rid for rid, n in moves.items() if not n]:
             del demand[rid]
         moved_since = (base, moves.keys())

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.admission.classes import CLASSES
-from gateway.proxy.caps import set_caps
+from gateway.proxy.caps import new_cap, set_caps
 from gateway.proxy.model_names import ModelRename, model_rename
 from gateway.proxy.snapshot import EndpointInfo
 from gateway.routing.base import ReplicaView, RouteRequest
@@ -78,12 +78,13 @@ class PrefillPool:
             limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
             rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
             slot = self.slots.get(rid)
+            back = slot is None or slot.removed
             if slot is None:
                 view = ReplicaView(replica_id=rid, concurrency_limit=limit, profile=r.hardware_profile)
                 slot = self.slots[rid] = PrefillSlot(replica_id=r.id, name=r.name, url=r.url, view=view)
             slot.url, slot.removed, slot.configured_priority, slot.rename = r.url, False, r.takes_priority, rename
             slot.limit = limit
-            slot.view.concurrency_limit = limit if self.caps is None else min(limit, self.caps.get(rid, 0))
+            slot.view.concurrency_limit = new_cap(self, rid, limit, back)
             slot.view.mu_capacity = mu_capacity * r.speed
             slot.view.draining = False
         for rid, slot in list(self.slots.items()):
@@ -95,6 +96,8 @@ class PrefillPool:
 
     def _forget(self, rid: str) -> None:
         self.slots.pop(rid, None)
+        if self.caps is not None:
+            self.caps.pop(rid, None)
         forget = getattr(self.router, "forget_replica", None)
         if forget is not None:
             forget(rid)

@@ -45,9 +45,10 @@ class OwnReports:
         self._keys: dict[str, str] = {}  # replica id → its JSON key and colon (replicas are few and stable)
         self._pools: dict = {}  # pool → ``_Reported``
 
-    def refresh(self, pools: list) -> tuple[set[str], set[str]]:
+    def refresh(self, pools: list, *, whole: bool = False) -> tuple[set[str], set[str]]:
         """Bring the sums up to date with ``pools``; the replicas whose streams moved and those whose demand moved
-        since the last refresh."""
+        since the last refresh. ``whole``: read every pool whole (the heartbeat's full beat: whatever the sums
+        missed is put right within that)."""
         flight: dict[str, int] = {}  # replica → the change in its streams
         rows: list[tuple[str, tuple | None, tuple | None]] = []  # (replica, a pool's row before, after)
         limits_moved = False
@@ -59,7 +60,14 @@ class OwnReports:
             last = self._pools.get(pool)
             queue = getattr(pool, "queue", ())
             moved = pool.flight_moved
-            if last is None or pool.limits_moved or last.queued or len(queue) or 2 * len(moved) > len(pool.slots):
+            if (
+                whole
+                or last is None
+                or pool.limits_moved
+                or last.queued
+                or len(queue)
+                or 2 * len(moved) > len(pool.slots)
+            ):
                 pool.flight_moved, pool.limits_moved = set(), False
                 now = _Reported(pool.in_flight_by_replica(), pool.demand_by_replica(), pool.replica_limits())
                 now.queued = bool(len(queue))

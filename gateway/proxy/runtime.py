@@ -16,7 +16,7 @@ from gateway.admission import AdmissionController, QueuedItem, Refusal
 from gateway.admission.classes import CLASSES
 from gateway.admission.shares import spread_queue
 from gateway.proxy import metrics as m
-from gateway.proxy.caps import set_caps
+from gateway.proxy.caps import new_cap, set_caps
 from gateway.proxy.kv_feeds import KVFeeds
 from gateway.proxy.model_names import ModelRename, model_rename
 from gateway.proxy.prefill_pool import CLASS_KEY, PrefillPool, sync_prefill_pool
@@ -151,7 +151,7 @@ class EndpointRuntime:
             seen.add(rid)
             limit = max(1, min(r.concurrency_limit, info.concurrency_limit))
             slot = self.slots.get(rid)
-            cap = limit if self.caps is None else min(limit, self.caps.get(rid, 0))
+            cap = new_cap(self, rid, limit, back=slot is None or slot.removed)
             rename = model_rename(served_model_name=r.served_model_name, endpoint_name=info.name)
             if slot is None:
                 view = ReplicaView(
@@ -180,9 +180,7 @@ class EndpointRuntime:
                 slot.removed = True
                 slot.view.draining = True
                 if slot.view.in_flight == 0:
-                    del self.slots[rid]
-                    self._class_flight.pop(rid, None)
-                    self.adapters.pop(rid, None)
+                    self._drop(rid)
         self.limits_moved = True
         self.pump()
 
@@ -205,6 +203,10 @@ class EndpointRuntime:
     def apply_caps(self, caps: dict[str, int] | None, *, merge: bool = False) -> None:
         set_caps(self, caps, merge=merge)  # ``gateway.proxy.caps``; a raised cap admits queued requests
         self.pump()
+
+    def _drop(self, rid: str) -> None:  # a replica gone from the snapshot, its last stream ended (``caps.new_cap``)
+        for kept in (self.slots, self._class_flight, self.adapters, self.caps or {}):
+            kept.pop(rid, None)
 
     def adapters_of(self, slot: Slot) -> ReplicaAdapters:
         """The LoRA adapters of a replica, as this process knows them (created on first use)."""
@@ -457,9 +459,7 @@ class EndpointRuntime:
             log.exception("router on_finished failed")
         self._gauges_dirty.add(slot.view.replica_id)
         if slot.removed and slot.view.in_flight == 0:
-            self.slots.pop(slot.view.replica_id, None)
-            self._class_flight.pop(slot.view.replica_id, None)
-            self.adapters.pop(slot.view.replica_id, None)
+            self._drop(slot.view.replica_id)
             m.child(m.IN_FLIGHT, self.info.name, slot.name).set(0)
             m.child(m.IN_FLIGHT_MU, self.info.name, slot.name).set(0)
             if hasattr(self.router, "pending_prefill"):

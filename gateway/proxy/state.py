@@ -338,7 +338,8 @@ class ProxyState:
 
     async def _beat_locked(self) -> None:
         self._beat_pending = False  # a beat starting now covers what was asked before it
-        flight_moved, demand_moved = self._own.refresh(self._slot_pools())
+        full = self._resend_all or self._beats % FULL_BEAT_EVERY == FULL_BEAT_EVERY - 1
+        flight_moved, demand_moved = self._own.refresh(self._slot_pools(), whole=full)
         in_flight, limits = self._own.in_flight, self._own.limits
         parts = {name: dict(part) for name, part in self._own.parts.items()}  # the book keeps them: copies
         view = dict(self.members or {})
@@ -349,7 +350,6 @@ class ProxyState:
             view[self.process_id] = replace(
                 me, **parts, beat=beat, moved_since=None if moves is None else (base, moves)
             )
-        full = self._resend_all or beat % FULL_BEAT_EVERY == FULL_BEAT_EVERY - 1
         self._beats += 1
         # Caps applied if this beat fails follow the new allocation; the pools none of whose replicas saw it or the
         # holdings move keep theirs.
@@ -375,8 +375,10 @@ class ProxyState:
             ],
         )
         entries, grants, reset = raw
-        self._beat_failing = self._resend_all = False  # Redis answered: caps from holdings again, not even shares
-        everything = bool(int(reset)) or self.members is None
+        # Redis answered: caps from holdings again, not even shares (on every replica: an outage gave even shares
+        # to replicas nothing moved on since).
+        everything = bool(int(reset)) or self.members is None or self._beat_failing
+        self._beat_failing = self._resend_all = False
         grants = json.loads(grants)
         book.granted(grants, changes, limits, reset=bool(int(reset)))
         if int(reset) and not allocation.keys() <= changes.keys():  # asked for only some replicas: ask for all

@@ -107,8 +107,9 @@ def test_a_beat_that_works_out_only_what_moved_gives_what_working_out_everything
             book.granted(grants, changes, dict(limits), reset=me not in members)
             members = {**view, me: Member(joined=0.0, seen_at=1.0)}
         assert incremental > 20  # most beats took the short way
-    # Unchanged entries were not decoded again, those a beat on only in what moved; the rest whole.
-    assert 0.1 * read < kept < 0.3 * read and 0.2 * read < by_moves < 0.8 * read
+    # Unchanged entries (or ones whose demand did not move) kept their maps, those a beat on were read only in what
+    # moved; the rest whole.
+    assert 0.1 * read < kept < 0.6 * read and 0.2 * read < by_moves < 0.8 * read
 
 
 def _entry(beat, base, moves, parts) -> str:
