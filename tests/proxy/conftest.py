@@ -2,7 +2,10 @@
 workers (uvicorn running ``config.asgi``) that read the test database. Every process is killed on teardown."""
 
 import socket
+import uuid
 
+import pytest
+import redis
 from django.conf import settings
 
 from capacity.runtimes.processes import (
@@ -131,3 +134,14 @@ class TcpRelay:
 
     def close(self) -> None:
         self.cut()
+
+
+@pytest.fixture
+def members_key():
+    """A members hash of the test's own for the heartbeat script (``gateway.proxy.membership``), deleted afterwards
+    with its members' holdings."""
+    name = f"test:members:{uuid.uuid4().hex[:8]}"
+    yield name
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(name, *client.keys(f"{name}:h:*"))
+    client.close()

@@ -12,7 +12,6 @@ beats, a replica over its limit, joins, leaves, each kind of failure where injec
 import asyncio
 import dataclasses
 import random
-import uuid
 from collections import Counter
 
 import pytest
@@ -38,15 +37,6 @@ PD_ID = 20
 ALWAYS = ("incremental beat", "over its limit on an incremental beat", "demand read from moves", "replica back")
 ALWAYS += ("join", "leave", "counted out", "serving slot checked", "draining slot checked")
 FAILURES = ("failure before the script", "failure after the script", "recovery with a draining slot")
-
-
-@pytest.fixture
-def key():
-    name = f"test:fuzz:{uuid.uuid4().hex[:8]}"
-    yield name
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(name, *client.keys(f"{name}:h:*"))
-    client.close()
 
 
 @dataclasses.dataclass
@@ -347,10 +337,10 @@ async def _run(key: str, seed: int, fail_rate: float, record: Record) -> None:
 
 
 @pytest.mark.parametrize(("seed", "fail_rate"), [(0, 0.0), (1, 0.0), (2, FAIL_RATE), (3, FAIL_RATE)])
-def test_incremental_heartbeat_matches_whole_recomputation(seed, fail_rate, key, monkeypatch):
+def test_incremental_heartbeat_matches_whole_recomputation(seed, fail_rate, members_key, monkeypatch):
     record = Record()
     _install_checks(monkeypatch, record)
-    asyncio.run(_run(key, seed, fail_rate, record))
+    asyncio.run(_run(members_key, seed, fail_rate, record))
     assert not record.wrong, record.wrong[:3]
     missing = [case for case in ALWAYS + (FAILURES if fail_rate else ()) if not record.seen[case]]
     assert not missing, f"never happened: {missing} ({dict(record.seen)})"

@@ -6,7 +6,6 @@ caps worked out whole."""
 
 import asyncio
 import dataclasses
-import uuid
 
 import pytest
 import redis
@@ -18,15 +17,6 @@ from gateway.proxy.membership import HEARTBEAT
 from gateway.proxy.state import ProxyState
 from gateway.routing.base import RouteRequest
 from tests.proxy.snapshots import endpoint, snapshot
-
-
-@pytest.fixture
-def key():
-    name = f"test:caps:{uuid.uuid4().hex[:8]}"
-    yield name
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(name, *client.keys(f"{name}:h:*"))
-    client.close()
 
 
 def _held(key: str, pid: str) -> dict[str, int]:
@@ -75,7 +65,9 @@ async def _queue_then_bring_100_back(state, rt, ep) -> int:
     return rt.slots["100"].view.in_flight
 
 
-def test_a_replica_back_in_the_snapshot_does_not_admit_on_the_cap_it_had_before_it_went(key):
+def test_a_replica_back_in_the_snapshot_does_not_admit_on_the_cap_it_had_before_it_went(members_key):
+    key = members_key
+
     async def scenario():
         client = aioredis.Redis.from_url(settings.REDIS_URL)
         state, rt, ep = await _state(key, client)
@@ -97,7 +89,9 @@ def test_a_replica_back_in_the_snapshot_does_not_admit_on_the_cap_it_had_before_
     assert other == 4 and held == 0 and started == 0
 
 
-def test_an_outages_even_share_of_a_draining_replica_does_not_outlive_the_outage(key):
+def test_an_outages_even_share_of_a_draining_replica_does_not_outlive_the_outage(members_key):
+    key = members_key
+
     async def scenario():
         client = aioredis.Redis.from_url(settings.REDIS_URL)
         state, rt, ep = await _state(key, client)
