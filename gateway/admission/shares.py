@@ -65,25 +65,24 @@ class Member:
     moved_since: tuple[int, Collection[str]] | None = field(default=None, compare=False)
 
 
+def class_counts(row: Sequence[int]) -> tuple[int, int, int]:
+    """One replica's demand per class (``CLASSES`` order) → (every class, critical, sheddable), as a ``Member``'s
+    maps hold them (negative counts read as 0). Per replica each heartbeat: a row of the usual shape takes the short
+    way."""
+    if len(row) != len(CLASSES) or min(row) < 0:
+        row = [max(0, int(row[c])) if c < len(row) else 0 for c in range(len(CLASSES))]
+    return sum(row), row[_CRITICAL], row[_SHEDDABLE]
+
+
 def demand_parts(rows: Mapping[str, Sequence[int]]) -> dict[str, dict[str, int]]:
-    """Demand per replica as counts per class (``CLASSES`` order) → a ``Member``'s ``demand``, ``critical`` and
-    ``sheddable`` maps (non-zero counts only; negative counts read as 0). Per replica each heartbeat: rows of the
-    usual shape take the short way."""
-    total: dict[str, int] = {}
-    critical: dict[str, int] = {}
-    sheddable: dict[str, int] = {}
-    width = len(CLASSES)
+    """Demand per replica as counts per class → a ``Member``'s ``demand``, ``critical`` and ``sheddable`` maps
+    (non-zero counts only, ``class_counts``)."""
+    parts: tuple[dict[str, int], ...] = ({}, {}, {})
     for rid, row in rows.items():
-        if len(row) != width or min(row) < 0:
-            row = [max(0, int(row[c])) if c < len(row) else 0 for c in range(width)]
-        n = sum(row)
-        if n:
-            total[rid] = n
-            if row[_CRITICAL]:
-                critical[rid] = row[_CRITICAL]
-            if row[_SHEDDABLE]:
-                sheddable[rid] = row[_SHEDDABLE]
-    return {"demand": total, "critical": critical, "sheddable": sheddable}
+        for part, n in zip(parts, class_counts(row), strict=True):
+            if n:
+                part[rid] = n
+    return dict(zip(("demand", "critical", "sheddable"), parts, strict=True))
 
 
 def fair_share(limit: int, member_ids: list[str], member_id: str) -> int:

@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from gateway.admission.classes import CLASSES, CRITICAL, SHEDDABLE
+from gateway.admission.shares import class_counts
 
 _PARTS = ("demand", "critical", "sheddable")
-_CRITICAL, _SHEDDABLE = CLASSES.index(CRITICAL), CLASSES.index(SHEDDABLE)
 
 
 @dataclass
@@ -116,10 +115,10 @@ class OwnReports:
             rows_moved.add(rid)
         (total, critical, sheddable), keys = (self.parts[name] for name in _PARTS), self._keys
         texts = [self._json[name] for name in _PARTS]
-        for rid in rows_moved:  # as ``demand_parts`` gives them (rows here are counts, never negative)
+        for rid in rows_moved:  # as ``demand_parts`` gives them
             row = self.rows.get(rid)
             key = keys.get(rid) or keys.setdefault(rid, json.dumps(rid) + ":")
-            counts = (sum(row), row[_CRITICAL], row[_SHEDDABLE]) if row is not None else (0, 0, 0)
+            counts = class_counts(row) if row is not None else (0, 0, 0)
             for part, text, n in zip((total, critical, sheddable), texts, counts, strict=True):
                 if n:
                     part[rid], text[rid] = n, key + str(n)
