@@ -47,3 +47,17 @@ def lower_caps(pool, allocation: Mapping[str, int], only=None) -> None:
         if share is not None:
             view = slots[rid].view
             view.concurrency_limit = caps[rid] = min(view.concurrency_limit, share)
+
+
+def lower_caps_of(pools_of: Mapping[str, tuple], allocation: Mapping[str, int], rids) -> None:
+    """``lower_caps`` on ``rids`` in every pool with a slot on one (``pools_of``: ``OwnReports.pools_of``): a beat's,
+    paid per replica that moved rather than per pool."""
+    for rid in rids:
+        share = allocation.get(rid)
+        if share is None:
+            continue
+        for pool in pools_of.get(rid, ()):
+            caps, slot = pool.caps, pool.slots.get(rid)
+            if caps is not None and slot is not None:
+                view = slot.view
+                view.concurrency_limit = caps[rid] = min(view.concurrency_limit, share)

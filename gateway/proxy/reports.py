@@ -43,6 +43,9 @@ class OwnReports:
         self._json: dict[str, dict[str, str]] = {name: {} for name in _PARTS}
         self._keys: dict[str, str] = {}  # replica id → its JSON key and colon (replicas are few and stable)
         self._pools: dict = {}  # pool → ``_Reported``
+        # Replica id → the pools with a slot on it (draining ones too; a replica may be in two), made again when the
+        # pools or their replicas change: a beat moves the caps of the replicas that moved, not pool by pool.
+        self.pools_of: dict[str, tuple] = {}
 
     def refresh(self, pools: list, *, whole: bool = False) -> tuple[set[str], set[str]]:
         """Bring the sums up to date with ``pools``; the replicas whose streams moved and those whose demand moved
@@ -50,11 +53,11 @@ class OwnReports:
         missed is put right within that)."""
         flight: dict[str, int] = {}  # replica → the change in its streams
         rows: list[tuple[str, tuple | None, tuple | None]] = []  # (replica, a pool's row before, after)
-        limits_moved = False
+        limits_moved = reindex = whole
         for pool in self._pools.keys() - set(pools):  # gone: what it reported goes with it
             gone = self._pools.pop(pool)
             _moves(gone, {}, {}, gone.flight.keys() | gone.rows.keys(), flight, rows)
-            limits_moved = True
+            limits_moved = reindex = True
         for pool in pools:
             last = self._pools.get(pool)
             queue = getattr(pool, "queue", ())
@@ -67,6 +70,7 @@ class OwnReports:
                 or len(queue)
                 or 2 * len(moved) > len(pool.slots)
             ):
+                reindex = reindex or last is None or pool.limits_moved
                 pool.flight_moved, pool.limits_moved = set(), False
                 now = _Reported(pool.in_flight_by_replica(), pool.demand_by_replica(), pool.replica_limits())
                 now.queued = bool(len(queue))
@@ -92,6 +96,12 @@ class OwnReports:
             self.limits = {}
             for pool in pools:
                 self.limits.update(self._pools[pool].limits)
+        if reindex:
+            index: dict[str, list] = {}
+            for pool in pools:
+                for rid in pool.slots:
+                    index.setdefault(rid, []).append(pool)
+            self.pools_of = {rid: tuple(held) for rid, held in index.items()}
         return self._apply(flight, rows)
 
     def _apply(self, flight: dict[str, int], rows: list) -> tuple[set[str], set[str]]:

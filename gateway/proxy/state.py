@@ -30,7 +30,7 @@ from gateway.admission.shares import fair_share
 from gateway.metrics_scraper import MetricsScraper
 from gateway.proxy import profiling
 from gateway.proxy.budgets import Budgets
-from gateway.proxy.caps import lower_caps
+from gateway.proxy.caps import lower_caps_of
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
@@ -356,9 +356,7 @@ class ProxyState:
         touched, shifted = book.allocate(self.process_id, view, limits, full=full)
         allocation, shifted = book.allocation, set(shifted)
         pools = self._slot_pools()
-        moved = _holding(pools, shifted)
-        for pool in moved:
-            lower_caps(pool, allocation, shifted)
+        lower_caps_of(self._own.pools_of, allocation, shifted)
         changes = book.changes(in_flight, limits, touched, full, flight_moved)
         raw = await self._heartbeat(
             keys=[self.members_key],
@@ -384,7 +382,6 @@ class ProxyState:
         if int(reset) and not allocation.keys() <= changes.keys():  # asked for only some replicas: ask for all
             self._resend_all = True
             self._ask_beat()
-        moved |= _holding(pools, grants)
         shifted.update(grants)
         members = parse_members(entries, book.known)
         members[self.process_id] = replace(members[self.process_id], holdings=book.holdings)
@@ -394,7 +391,7 @@ class ProxyState:
         if fresh:
             self._apply_caps(pools=fresh)
             self._ask_beat()  # their replicas were not asked for
-        self._apply_caps(pools=None if everything else moved, only=None if everything else shifted)
+        self._apply_caps(only=None if everything else shifted)
 
     def _apply_caps(self, runtime: EndpointRuntime | None = None, pools=None, only=None) -> None:
         """Each runtime admits up to the smaller of what this process holds and its allocation per replica. A
@@ -403,8 +400,9 @@ class ProxyState:
         last membership read, as every other process computes it (a replica another process was granted before
         Redis went away may then run over its limit by that share until Redis is back: the others' holdings are
         read in Redis, per changed replica, not copied to every process). Without Redis at all the caps stay off:
-        whole limits. ``runtime``: that one's pools only; ``pools``: those only (a beat's, where something moved);
-        ``only``: their replicas among those alone (the ones whose allocation or holding moved)."""
+        whole limits. ``runtime``: that one's pools only; ``pools``: those only; ``only``: those replicas alone, in
+        the pools with a slot on them at the last beat (``OwnReports.pools_of``: a beat's, whose allocation or
+        holding moved there)."""
         if self.members is None:
             return
         mine = self.members.get(self.process_id)
@@ -412,11 +410,11 @@ class ProxyState:
         ids = list(self.members) if mine is not None else [*self.members, self.process_id]
         missing = False
         allocation, failing = self._book.allocation, self._beat_failing
-        for rt in self._slot_pools(runtime) if pools is None else pools:
+        for rt, rids in self._caps_work(runtime, pools, only):
             caps = {}
-            merge = only is not None and rt.caps is not None
+            merge = rids is not None and rt.caps is not None
             slots = rt.slots
-            for rid in slots.keys() & only if merge else slots:
+            for rid in rids if merge else slots:
                 slot = slots[rid]
                 have = holdings.get(rid)
                 if have is not None:
@@ -428,6 +426,18 @@ class ProxyState:
             rt.apply_caps(caps, merge=merge)
         if missing and self.redis is not None and not self._beat_failing and not self._beat_lock.locked():
             self._ask_beat()
+
+    def _caps_work(self, runtime, pools, only) -> list:
+        """``_apply_caps``'s (pool, its replicas to cap: None for all) pairs."""
+        if only is None:
+            return [(rt, None) for rt in (self._slot_pools(runtime) if pools is None else pools)]
+        by_pool: dict = {}
+        pools_of = self._own.pools_of
+        for rid in only:
+            for pool in pools_of.get(rid, ()):
+                if rid in pool.slots:
+                    by_pool.setdefault(pool, []).append(rid)
+        return list(by_pool.items())
 
     def _ask_beat(self) -> None:
         """A beat now, beside the housekeeping's (one at a time: asking again while one is pending adds none)."""
@@ -549,14 +559,6 @@ class ProxyState:
 
 _state: ProxyState | None = None
 _state_lock: asyncio.Lock | None = None
-
-
-def _holding(pools: list, rids) -> set:
-    """The pools with a slot on any of ``rids`` (a replica may be in two)."""
-    if not rids:
-        return set()
-    wanted = set(rids)
-    return {pool for pool in pools if not pool.slots.keys().isdisjoint(wanted)}
 
 
 async def get_state() -> ProxyState:
