@@ -18,6 +18,10 @@ Generates its fleet and history in PostgreSQL (``generate_series``) and Redis, i
 - ``heartbeat``: one proxy process's membership heartbeat (the replica slots shared between processes) with size
   replicas and 4 processes (``scale_heartbeat.py``); goal < 0.1 CPU-s a second a process at 10,000 replicas, with
   Redis's time for all of them beside it.
+- ``heartbeat_processes``: the same heartbeat as the number of proxy processes grows, size = processes, over
+  10,000 replicas, each process running 256 streams on replicas drawn at random and 40 requests a second (what a
+  proxy process streams in ``bench proxy``); goal < 0.1 CPU-s a second a process at 64 processes, with Redis's
+  time for all of them beside it (one Redis serves every beat).
 - ``snapshot_build``: the proxy's ``read_snapshot()``, size = API keys (100 per endpoint); goal < 2 s and < 200 MB
   held at 100,000 keys.
 - ``key_change``: one key change applied to a proxy's snapshot (the changed keys read, the rest carried over),
@@ -44,7 +48,9 @@ Options (``--opt k=v``): ``loops=a,b`` (a subset), ``<loop>=n1,n2,n3`` (its size
 ``AUTOSCALE_VERTICAL_SAMPLE``, 0 all), ``scrape_budget=N`` and ``scrape_idle=S`` (the scrape loops' scraper),
 ``heartbeat_busy=F`` (the share of the replicas the heartbeat loop's other processes have requests on; 1 all) and
 ``heartbeat_churn=F`` (the share of those whose demand each of them moves between two beats; 0.1 by default),
-``heartbeat_mine=0`` (the measured process runs no streams; by default it runs them as the others do).
+``heartbeat_mine=0`` (the measured process runs no streams; by default it runs them as the others do),
+``heartbeat_fleet=N``, ``heartbeat_streams=N`` and ``heartbeat_rate=F`` (the processes loop's replicas, streams
+and requests a second a process).
 Figures, on the last line: ``scale.<loop>.{sizes,seconds,exponent,goal_met,goal,goal_size,at_goal,goal_judged,
 breaks_at}`` and each loop's own lists (e.g. ``scale.snapshot_build.memory_mb``), ``scale.mode``, ``scale.wall_s``.
 """
@@ -106,6 +112,11 @@ LOOPS: dict[str, Loop] = {
         scale_heartbeat.heartbeat, "replicas", "< 0.1 CPU-s a second a proxy process at 10,000 replicas, 4 processes",
         10_000, 0.1, (100, 1_000, 10_000), (100, 1_000, 3_000),
     ),
+    "heartbeat_processes": Loop(
+        scale_heartbeat.heartbeat_processes, "processes",
+        "< 0.1 CPU-s a second a proxy process at 64 processes, 10,000 replicas, 256 streams and 40 requests/s each",
+        64, 0.1, (4, 16, 64), (4, 8, 16),
+    ),
     "snapshot_build": Loop(
         scale_fleet.snapshot, "API keys", "build < 2 s and < 200 MB held at 100,000 keys", 100_000, 2.0,
         (100, 1_000, 10_000, 100_000), (100, 1_000, 10_000, 30_000),
@@ -134,6 +145,8 @@ SMOKE = {
     "proxy_scrape": "30,60",
     "proxy_scrape_busy": "4,8",
     "heartbeat": "20,40",
+    "heartbeat_processes": "2,3",
+    "heartbeat_fleet": "200",
     "scrape_idle": "0.3",
     "scrape_measure": "0.5",
     "snapshot_build": "20,100,200",
@@ -174,6 +187,10 @@ def run(*, quick: bool, plot: str | None, live: bool = False, progress=print, **
                 kwargs = {k: float(options[o]) for k, o in knobs if options.get(o) not in (None, "")}
                 if options.get("heartbeat_mine") not in (None, ""):
                     kwargs["mine"] = options["heartbeat_mine"] not in ("0", "false", "no")
+            if name == "heartbeat_processes":
+                knobs = (("replicas", "heartbeat_fleet"), ("streams", "heartbeat_streams"), ("rate", "heartbeat_rate"))
+                kwargs = {k: float(options[o]) for k, o in knobs if options.get(o) not in (None, "")}
+                kwargs |= {k: int(kwargs[k]) for k in ("replicas", "streams") if k in kwargs}
             if name.startswith("proxy_scrape"):
                 knobs = (("budget", "scrape_budget"), ("idle_s", "scrape_idle"), ("measure_s", "scrape_measure"))
                 kwargs = {k: float(options[o]) for k, o in knobs if options.get(o)}

@@ -47,15 +47,31 @@ LIMIT = 8  # each replica's concurrency limit
 BEATS = 40  # one FULL_BEAT_EVERY period: its full beat counted in the mean
 BUSY_SHARE = 1.0  # the share of the replicas the other processes run and queue requests on (1: every one)
 CHURN = 0.1  # the share of those replicas whose demand each of them moves between two beats
+# ``heartbeat_processes``: many processes over one fleet, each streaming what one proxy process streams
+# (``bench proxy``: a few hundred streams, tens of requests a second), not every process on every replica.
+FLEET = 10_000  # replicas
+STREAMS = 256  # streams a process runs, each on a replica drawn at random
+RATE = 40.0  # requests a second a process: as many of its streams end and start on other replicas
 
 
 def heartbeat(
     replicas: int, *, progress, busy_share: float = BUSY_SHARE, churn: float = CHURN, mine: bool = True
 ) -> dict:
-    return asyncio.run(_measure(replicas, progress, busy_share, churn, mine))
+    load = {"busy_share": busy_share, "churn": churn}
+    return asyncio.run(_measure(replicas, progress, MEMBERS, load, mine))
 
 
-async def _measure(replicas: int, progress, busy_share: float, churn: float, mine: bool) -> dict:
+def heartbeat_processes(
+    members: int, *, progress, replicas: int = FLEET, streams: int = STREAMS, rate: float = RATE
+) -> dict:
+    """The same beat with ``members`` processes over ``replicas``, each (this one too) running ``streams`` streams
+    on replicas drawn at random, ``rate`` of them a second ending and as many starting elsewhere: what grows with
+    the number of processes (each beat reads every member, and Redis serves every member's beat)."""
+    load = {"streams": streams, "rate": rate}
+    return asyncio.run(_measure(replicas, progress, members, load, True))
+
+
+async def _measure(replicas: int, progress, members: int, load: dict, mine: bool) -> dict:
     config = ProxyConfig()
     state = ProxyState(config)
     state.members_key = f"infercap:bench:members:{uuid.uuid4().hex[:8]}"
@@ -68,8 +84,7 @@ async def _measure(replicas: int, progress, busy_share: float, churn: float, min
     gc.freeze()
     try:
         rids = _runtimes(state, config, replicas)
-        busy = rids[: round(len(rids) * busy_share)]
-        fleet = _Fleet(state, sync, rids, busy, churn, mine)
+        fleet = _Fleet(state, sync, rids, members, load, mine)
         beat_others, run_mine = fleet.beat_others, fleet.run_mine
         beat_others()
         run_mine()
@@ -100,20 +115,22 @@ async def _measure(replicas: int, progress, busy_share: float, churn: float, min
         "seconds": cpu_per_s,
         "cpu_s": round(cpu_per_s, 4),
         "replicas": replicas,
-        "members": MEMBERS,
+        "members": members,
         "process_ms_per_beat": round(python_per_beat * 1e3, 3),
         "redis_ms_per_beat": round(redis_per_beat * 1e3, 3),
-        "redis_cpu_s_per_s": round(redis_per_beat * beats_per_s * MEMBERS, 4),
+        "redis_cpu_s_per_s": round(redis_per_beat * beats_per_s * members, 4),
         "slots_held": held,
-        "busy_share": busy_share,
-        "churn": churn,
+        **load,
         "mine_busy": mine,
     }
+    if "streams" in load:
+        said = f"{load['streams']:g} streams a process, {load['rate']:g} requests a second"
+    else:
+        said = f"demand on {load['busy_share']:g} of the replicas, {load['churn']:g} of it moving a beat"
     progress(
-        f"  heartbeat: {replicas:,} replicas, {MEMBERS} processes: {out['process_ms_per_beat']} CPU-ms a beat in the "
+        f"  heartbeat: {replicas:,} replicas, {members} processes: {out['process_ms_per_beat']} CPU-ms a beat in the "
         f"process ({cpu_per_s:.3f} CPU-s a second at {beats_per_s:g} beats), {out['redis_ms_per_beat']} ms in Redis "
-        f"({out['redis_cpu_s_per_s']} CPU-s a second for the {MEMBERS} processes); {held:,} slots held; demand on "
-        f"{busy_share:g} of the replicas, {churn:g} of it moving a beat"
+        f"({out['redis_cpu_s_per_s']} CPU-s a second for the {members} processes); {held:,} slots held; {said}"
     )
     return out
 
@@ -141,44 +158,94 @@ def _runtimes(state: ProxyState, config: ProxyConfig, replicas: int) -> list[str
 class _Fleet:
     """The other processes' beats and this process's own streams, moving between two beats as the docstring says."""
 
-    def __init__(self, state: ProxyState, sync, rids: list[str], busy: list[str], churn: float, mine: bool) -> None:
-        self.state, self.rids, self.busy, self.churn = state, rids, busy, churn
-        self.others = [f"bench-other-{i}" for i in range(MEMBERS - 1)]
+    def __init__(self, state: ProxyState, sync, rids: list[str], members: int, load: dict, mine: bool) -> None:
+        self.state, self.rids = state, rids
+        self.others = [f"bench-other-{i:03d}" for i in range(members - 1)]
         self.ids = sorted([*self.others, state.process_id])
         self.script = sync.register_script(HEARTBEAT)
-        self.demand = {other: dict.fromkeys(busy, 1) for other in self.others}  # critical: every class's count
-        self.beats = dict.fromkeys(self.others, 0)
-        self.running = dict.fromkeys(busy if mine else (), 1)  # this process's own critical streams
-        self.by_replica = {str(r.id): rt for rt in state.runtimes.values() for r in rt.info.replicas}
         self.rng = random.Random(len(rids))
+        interval = state.config.member_interval_s
+        self.loads = {name: _load(self.rng, rids, load, interval) for name in self.others}
+        self.beats = dict.fromkeys(self.others, 0)
+        self.mine = _load(self.rng, rids, load, interval) if mine else None  # this process's own critical streams
+        self.by_replica = {str(r.id): rt for rt in state.runtimes.values() for r in rt.info.replicas}
         self.first = True
 
     def run_mine(self) -> None:
+        if self.mine is None:
+            return
         if self.first:  # every stream starts
-            moved, self.first = list(self.running), False
+            moved, self.first = list(self.mine.counts), False
         else:
-            moved = self.rng.sample(self.busy, round(len(self.busy) * self.churn)) if self.running else []
-            for rid in moved:
-                self.running[rid] = 3 - self.running[rid]
+            moved = self.mine.step()
+        counts = self.mine.counts
         for rid in moved:
-            _run(self.by_replica[rid], rid, self.running[rid])
+            _run(self.by_replica[rid], rid, counts.get(rid, 0))
 
     def beat_others(self) -> None:
         ttl = repr(self.state.config.member_ttl_s)
         for other in self.others:  # each asks for its even share once, then holds it (no change to ask for)
-            counts = self.demand[other]
-            moved = self.rng.sample(self.busy, round(len(self.busy) * self.churn))
-            for rid in moved:
-                counts[rid] = 3 - counts[rid]
+            load = self.loads[other]
+            moved = load.step()
+            counts = load.counts
             queued = json.dumps(counts, separators=(",", ":"))  # and their critical part (nothing sheddable)
             first = self.beats[other] == 0
-            share = {rid: fair_share(LIMIT, self.ids, other) for rid in self.rids} if first else {}
+            even = fair_share(LIMIT, self.ids, other)
+            share = dict.fromkeys(self.rids, even) if first else {}
             limits = json.dumps(dict.fromkeys(share, LIMIT), separators=(",", ":"))
             beat = self.beats[other] = self.beats[other] + 1  # with what moved since its last beat, as a proxy does
             base = beat - 1 if 2 * len(moved) <= len(counts) else -1  # most moved: no moves, as ``ShareBook.sending``
-            moves = json.dumps({rid: counts[rid] for rid in moved} if base >= 0 else {}, separators=(",", ":"))
+            moves = json.dumps({rid: counts.get(rid, 0) for rid in moved} if base >= 0 else {}, separators=(",", ":"))
             args = [other, json.dumps(share), queued, queued, "{}", ttl, limits, "0", str(beat), str(base), moves]
             self.script(keys=[self.state.members_key], args=args)
+
+
+def _load(rng: random.Random, rids: list[str], load: dict, interval: float):
+    if "streams" in load:
+        return _Streams(rng, rids, int(load["streams"]), round(load["rate"] * interval))
+    return _Toggles(rng, rids[: round(len(rids) * load["busy_share"])], load["churn"])
+
+
+class _Toggles:
+    """One process's demand: a request running on every busy replica, a second one starting or ending on ``churn``
+    of them between two beats (a count between 1 and 2)."""
+
+    def __init__(self, rng: random.Random, busy: list[str], churn: float) -> None:
+        self.rng, self.busy, self.churn = rng, busy, churn
+        self.counts = dict.fromkeys(busy, 1)
+
+    def step(self) -> list[str]:
+        moved = self.rng.sample(self.busy, round(len(self.busy) * self.churn))
+        for rid in moved:
+            self.counts[rid] = 3 - self.counts[rid]
+        return moved
+
+
+class _Streams:
+    """One process's demand: ``streams`` streams on replicas drawn at random; between two beats ``per_beat`` of
+    them end and as many start on replicas drawn afresh (the replicas whose count moved are what moved)."""
+
+    def __init__(self, rng: random.Random, rids: list[str], streams: int, per_beat: int) -> None:
+        self.rng, self.rids, self.per_beat = rng, rids, per_beat
+        self.on = [rng.choice(rids) for _ in range(streams)]
+        self.counts: dict[str, int] = {}
+        for rid in self.on:
+            self.counts[rid] = self.counts.get(rid, 0) + 1
+
+    def step(self) -> list[str]:
+        counts, before = self.counts, {}
+        for _ in range(self.per_beat):
+            i = self.rng.randrange(len(self.on))
+            old, new = self.on[i], self.rng.choice(self.rids)
+            for rid, change in ((old, -1), (new, 1)):
+                before.setdefault(rid, counts.get(rid, 0))
+                n = counts.get(rid, 0) + change
+                if n:
+                    counts[rid] = n
+                else:
+                    del counts[rid]
+            self.on[i] = new
+        return [rid for rid, n in before.items() if counts.get(rid, 0) != n]
 
 
 def _run(rt: EndpointRuntime, rid: str, n: int) -> None:

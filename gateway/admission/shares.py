@@ -140,6 +140,7 @@ def allocate(
     limits: Mapping[str, int],
     only: Iterable[str] | None = None,
     over: set[str] | None = None,
+    totals: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """How many requests ``me`` may run on each replica, from one heartbeat read (see the module docstring).
 
@@ -149,7 +150,9 @@ def allocate(
     case), that is one look-up per member and no class is looked at. A heartbeat covers every replica of the fleet, so
     this is per replica and member (``bench scale``'s ``heartbeat`` loop). ``only``: those replicas alone; ``over``:
     a set to add the replicas to where the members' demand exceeds the limit (the only ones whose split looks at
-    the classes: elsewhere a member's share follows from the totals alone)."""
+    the classes: elsewhere a member's share follows from the totals alone); ``totals``: every member's demand summed
+    per replica, where the caller keeps it (``ShareBook``): a replica under its limit then costs two look-ups, not one
+    per member (many processes, each with demand on a few replicas)."""
     if only is not None:
         limits = {rid: limits[rid] for rid in only if rid in limits}
     if me not in members:
@@ -158,6 +161,7 @@ def allocate(
     n, rank = len(ids), ids.index(me)
     demand_maps = [members[mid].demand for mid in ids]
     gets = [d.get for d in demand_maps]  # bound once: this loop runs per replica and member
+    own, total_of = gets[rank], (totals or {}).get
     # Replicas some member reports demand on; the rest split evenly. ``only`` is the replicas whose demand moved
     # (``ShareBook``): nearly all demanded, so no set of them is built (an undemanded one's sums are all 0, and the
     # branch below gives it the even share all the same).
@@ -173,9 +177,15 @@ def allocate(
                 mine = even[limit] = base + (1 if rank < extra else 0)
             out[rid] = mine
             continue
+        if totals is not None:
+            left = limit - total_of(rid, 0)
+            if left >= 0:  # every member's demand fits, in every class: each gets its own and a share of the rest
+                base, extra = divmod(left, n)
+                out[rid] = own(rid, 0) + base + (1 if rank < extra else 0)
+                continue
         sums = [get(rid, 0) for get in gets]
         left = limit - sum(sums)
-        if left >= 0:  # every member's demand fits, in every class: each gets its own and a share of the rest
+        if left >= 0:
             base, extra = divmod(left, n)
             out[rid] = sums[rank] + base + (1 if rank < extra else 0)
             continue

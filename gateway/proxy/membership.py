@@ -241,6 +241,7 @@ class ShareBook:
         self._basis: tuple | None = None  # (members, limits) the allocation was worked out on
         self._view: Mapping[str, Member] = {}  # the members' demand it was worked out from
         self._over: set[str] = set()  # the replicas whose demand exceeded their limit in that view
+        self._totals: dict[str, int] = {}  # every member's demand in that view, summed per replica (non-zero only)
         self._flight: dict[str, int] = {}  # this process's streams per replica at the last beat
 
     def allocate(
@@ -256,24 +257,34 @@ class ShareBook:
         basis = (sorted(view), limits)
         before = self.allocation
         if full or me not in view or basis != self._basis:
-            self._over = set()
-            touched, self.allocation = None, allocate(me, view, limits, over=self._over)
+            self._over, self._totals = set(), _sums(view)
+            touched, self.allocation = None, allocate(me, view, limits, over=self._over, totals=self._totals)
             moved = [
                 rid for rid in before.keys() | self.allocation.keys() if before.get(rid) != self.allocation.get(rid)
             ]
         else:
-            touched = set(self._over)
+            touched, totals = set(self._over), self._totals
             for mid, member in view.items():
                 last = self._view[mid]
                 since = member.moved_since
                 if member is last:
                     continue
                 if since is not None and last.beat is not None and since[0] == last.beat:
-                    touched.update(since[1])  # the writer's own account of what moved since the view's beat
+                    moved = since[1]  # the writer's own account of what moved since the view's beat
                 elif member.demand is not last.demand and member.demand != last.demand:
-                    touched.update(_moved(member.demand, last.demand))
+                    moved = _moved(member.demand, last.demand)
+                else:
+                    continue
+                touched.update(moved)
+                now, was = member.demand.get, last.demand.get
+                for rid in moved:
+                    n = totals.get(rid, 0) + now(rid, 0) - was(rid, 0)
+                    if n:
+                        totals[rid] = n
+                    else:
+                        totals.pop(rid, None)
             self._over -= touched
-            fresh = allocate(me, view, limits, only=touched, over=self._over)
+            fresh = allocate(me, view, limits, only=touched, over=self._over, totals=totals)
             moved = [rid for rid, n in fresh.items() if before.get(rid) != n]
             before.update(fresh)  # in place: a busy fleet's allocation is not copied every beat
         self._basis, self._view = basis, view
@@ -335,6 +346,15 @@ class ShareBook:
                 short.add(rid)
             else:
                 short.discard(rid)
+
+
+def _sums(view: Mapping[str, Member]) -> dict[str, int]:
+    """Every member's demand summed per replica (non-zero only)."""
+    totals: dict[str, int] = {}
+    for member in view.values():
+        for rid, n in member.demand.items():
+            totals[rid] = totals.get(rid, 0) + n
+    return {rid: n for rid, n in totals.items() if n}
 
 
 def _moved(new: Mapping[str, int], old: Mapping[str, int]) -> list[str]:

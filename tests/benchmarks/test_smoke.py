@@ -90,7 +90,7 @@ TOP = {
         f"scale.{loop}.{key}"
         for loop in (
             "burn_tick", "autoscaler_tick", "snapshot_build", "key_lookup", "ingestion", "cost_reports", "console_fleet",
-            "proxy_scrape", "proxy_scrape_busy", "heartbeat",
+            "proxy_scrape", "proxy_scrape_busy", "heartbeat", "heartbeat_processes",
         )
         for key in ("sizes", "seconds", "exponent", "goal_met", "goal", "at_goal", "breaks_at")
     } | {"scale.mode", "scale.wall_s"},
@@ -197,6 +197,9 @@ def test_scale(clean_redis, tmp_path):
     # that started before it).
     assert figures["scale.proxy_scrape.scrapes_per_s"][-1] < 60 / 0.1 / 2
     assert figures["scale.proxy_scrape_busy.wanted"] == figures["scale.proxy_scrape_busy.sizes"]
+    # The processes loop: as many members as its sizes say, each with the streams of one proxy process.
+    assert figures["scale.heartbeat_processes.members"] == figures["scale.heartbeat_processes.sizes"] == [2, 3]
+    assert figures["scale.heartbeat_processes.replicas"] == [200, 200]
     assert (tmp_path / "scale.svg").read_text().startswith("<svg")
 
 
