@@ -104,7 +104,7 @@ async def _measure(replicas: int, progress, members: int, load: dict, mine: bool
         held = sum((state.members[state.process_id].holdings or {}).values())
     finally:
         gc.unfreeze()
-        sync.delete(state.members_key, *sync.keys(f"{state.members_key}:h:*"))
+        sync.delete(state.members_key, *sync.keys(f"{state.members_key}:*"))
         sync.close()
         await state.redis.aclose()
     beats_per_s = 1.0 / config.member_interval_s
@@ -184,14 +184,17 @@ class _Fleet:
 
     def beat_others(self) -> None:
         ttl = repr(self.state.config.member_ttl_s)
-        for other in self.others:  # each asks for its even share once, then holds it (no change to ask for)
+        for other in self.others:  # each asks for its even share once, then what its streams need where they moved
             load = self.loads[other]
             moved = load.step()
             counts = load.counts
             queued = json.dumps(counts, separators=(",", ":"))  # and their critical part (nothing sheddable)
             first = self.beats[other] == 0
             even = fair_share(LIMIT, self.ids, other)
-            share = dict.fromkeys(self.rids, even) if first else {}
+            if first:
+                share = dict.fromkeys(self.rids, even)
+            else:  # as ``ShareBook.changes`` asks: at least what runs (the toggles never exceed the even share)
+                share = {rid: max(even, min(LIMIT, counts.get(rid, 0))) for rid in moved} if load.asks else {}
             limits = json.dumps(dict.fromkeys(share, LIMIT), separators=(",", ":"))
             beat = self.beats[other] = self.beats[other] + 1  # with what moved since its last beat, as a proxy does
             base = beat - 1 if 2 * len(moved) <= len(counts) else -1  # most moved: no moves, as ``ShareBook.sending``
@@ -210,6 +213,8 @@ class _Toggles:
     """One process's demand: a request running on every busy replica, a second one starting or ending on ``churn``
     of them between two beats (a count between 1 and 2)."""
 
+    asks = False  # two streams fit in the even share of 4 processes: held once, nothing more to ask for
+
     def __init__(self, rng: random.Random, busy: list[str], churn: float) -> None:
         self.rng, self.busy, self.churn = rng, busy, churn
         self.counts = dict.fromkeys(busy, 1)
@@ -223,7 +228,10 @@ class _Toggles:
 
 class _Streams:
     """One process's demand: ``streams`` streams on replicas drawn at random; between two beats ``per_beat`` of
-    them end and as many start on replicas drawn afresh (the replicas whose count moved are what moved)."""
+    them end and as many start on replicas drawn afresh (the replicas whose count moved are what moved). Where many
+    processes share a replica the even share is 0 or 1, so a process asks for its streams' slots as they move."""
+
+    asks = True
 
     def __init__(self, rng: random.Random, rids: list[str], streams: int, per_beat: int) -> None:
         self.rng, self.rids, self.per_beat = rng, rids, per_beat

@@ -15,6 +15,8 @@ MEMBERS_KEY = "infercap:proxy:members"
 # Every this many beats (10 s at 0.25 s) a process asks for every replica, not only the changed ones: a holdings hash
 # lost in Redis (evicted, or a reply lost after the script ran) is put right within that.
 FULL_BEAT_EVERY = 40
+# The replicas' holdings totals are summed afresh from every member's holdings at most this often (a full beat's).
+SUM_EVERY_S = 10
 
 # Proxy membership heartbeat (see gateway.admission.shares). KEYS[1]: the members hash (process id → its join time,
 # stamp and demand per replica: JSON, only the replicas where it is not zero, as ``Member`` holds it); each member's
@@ -29,9 +31,12 @@ FULL_BEAT_EVERY = 40
 # not hold (so the holdings never sum above a limit), stamps the entry with Redis' clock (keeping the first join time)
 # and returns the live entries, the grants, and 1 where this process was not a live member (new, or counted out: what it
 # held is gone, and it must ask again for every replica). A beat costs Redis a read of each member's entry head (its
-# join time and stamp, written first; the demand after them is passed on, never decoded) and, per changed replica, one
-# read of each other member's holding: what changes, not the fleet. The holdings hashes are keys the script names
-# itself: one Redis, not a Redis Cluster (whose scripts may touch only the keys they are given).
+# join time and stamp, written first; the demand after them is passed on, never decoded) and, per changed replica,
+# this process's holding and the replica's total: every live member's holdings summed per replica
+# (``KEYS[1]:held``), kept by every grant, release and expiry here and in ``LEAVE``, and summed afresh from the
+# members' hashes once every ``SUM_EVERY_S`` on a full beat. So a beat costs what changes, not the fleet or the
+# number of processes. The holdings hashes are keys the script names itself: one Redis, not a Redis Cluster (whose
+# scripts may touch only the keys they are given).
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -39,9 +44,17 @@ local ttl = tonumber(ARGV[6])
 local want = cjson.decode(ARGV[2])
 local limits = cjson.decode(ARGV[7])
 local prefix = KEYS[1] .. ':h:'
+local held_key = KEYS[1] .. ':held'
+local function release(key)  -- a member's holdings leave the replicas' totals, then the member's hash goes
+  local h = redis.call('HGETALL', key)
+  for k = 1, #h, 2 do
+    if redis.call('HINCRBY', held_key, h[k], -tonumber(h[k + 1])) <= 0 then redis.call('HDEL', held_key, h[k]) end
+  end
+  redis.call('DEL', key)
+end
 local joined = nil
-local others = {}
 local live = {}
+local names = {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local j, stamp = string.match(all[i + 1], '^{"j":([%d.]+),"t":([%d.]+)[,}]')  -- the head alone: no decode
@@ -49,33 +62,42 @@ for i = 1, #all, 2 do
   if all[i] == ARGV[1] then
     if fresh then joined = tonumber(j) end
   elseif fresh then
-    others[#others + 1] = all[i]
+    names[#names + 1] = all[i]
     live[#live + 1] = all[i]
     live[#live + 1] = all[i + 1]
   else
     redis.call('HDEL', KEYS[1], all[i])
-    redis.call('DEL', prefix .. all[i])
+    release(prefix .. all[i])
   end
 end
 local mine = prefix .. ARGV[1]
 local reset = 0
-if ARGV[8] == '1' then
-  redis.call('DEL', mine)  -- a full beat asks for every replica: what it holds is rewritten from them
-end
 if joined == nil then
-  redis.call('DEL', mine)
   joined = now
   reset = 1
 end
+if ARGV[8] == '1' or reset == 1 then
+  release(mine)  -- a full beat asks for every replica: what it holds is rewritten from them
+end
+if ARGV[8] == '1' and redis.call('SET', KEYS[1] .. ':summed', '1', 'NX', 'EX', REBUILD_S) then
+  -- Once a period, the first full beat sums every live member's holdings afresh: a hash lost outside this script
+  -- (evicted) cannot leave the totals wrong for longer.
+  redis.call('DEL', held_key)
+  for _, pid in ipairs(names) do
+    local h = redis.call('HGETALL', prefix .. pid)
+    for k = 1, #h, 2 do redis.call('HINCRBY', held_key, h[k], tonumber(h[k + 1])) end
+  end
+end
 local parts = {}
 for rid, w in pairs(want) do
-  local held = 0
-  for _, pid in ipairs(others) do
-    held = held + (tonumber(redis.call('HGET', prefix .. pid, rid)) or 0)
-  end
-  local g = math.min(tonumber(w) or 0, (tonumber(limits[rid]) or 0) - held)
+  local have = tonumber(redis.call('HGET', mine, rid)) or 0
+  local total = tonumber(redis.call('HGET', held_key, rid)) or 0
+  local g = math.min(tonumber(w) or 0, (tonumber(limits[rid]) or 0) - (total - have))
   if g < 0 then g = 0 end
   g = math.floor(g)
+  if g ~= have then
+    if redis.call('HINCRBY', held_key, rid, g - have) <= 0 then redis.call('HDEL', held_key, rid) end
+  end
   if g > 0 then redis.call('HSET', mine, rid, g) else redis.call('HDEL', mine, rid) end
   parts[#parts + 1] = cjson.encode(rid) .. ':' .. string.format('%d', g)
 end
@@ -86,9 +108,23 @@ local entry = string.format(
   ARGV[5])
 redis.call('HSET', KEYS[1], ARGV[1], entry)
 redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
+redis.call('EXPIRE', held_key, math.ceil(ttl * 10))
 live[#live + 1] = ARGV[1]
 live[#live + 1] = entry
 return {live, '{' .. table.concat(parts, ',') .. '}', reset}
+""".replace("REBUILD_S", str(SUM_EVERY_S))
+
+# A process leaving (shutdown, or a test counting it out): its entry and its holdings go, and the holdings leave the
+# replicas' totals. KEYS[1]: the members hash; ARGV[1]: the process's id.
+LEAVE = """
+local held_key = KEYS[1] .. ':held'
+local key = KEYS[1] .. ':h:' .. ARGV[1]
+local h = redis.call('HGETALL', key)
+for k = 1, #h, 2 do
+  if redis.call('HINCRBY', held_key, h[k], -tonumber(h[k + 1])) <= 0 then redis.call('HDEL', held_key, h[k]) end
+end
+redis.call('DEL', key)
+redis.call('HDEL', KEYS[1], ARGV[1])
 """
 
 

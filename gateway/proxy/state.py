@@ -34,7 +34,7 @@ from gateway.proxy.caps import lower_caps_of
 from gateway.proxy.config import ProxyConfig, load_config
 from gateway.proxy.isolation import CacheSalts
 from gateway.proxy.limits import RateLimiter
-from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, MEMBERS_KEY, ShareBook, parse_members
+from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, LEAVE, MEMBERS_KEY, ShareBook, parse_members
 from gateway.proxy.prompt_tokens import TokenizerCache
 from gateway.proxy.replica_adapters import LORA_REPORT_KEY, lora_report, read_engine_adapters, unload_stale
 from gateway.proxy.reports import OwnReports
@@ -466,8 +466,7 @@ class ProxyState:
         so the others take over this share now rather than after the TTL."""
         try:
             client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
-            client.hdel(self.members_key, self.process_id)
-            client.delete(f"{self.members_key}:h:{self.process_id}")
+            client.eval(LEAVE, 1, self.members_key, self.process_id)
             client.close()
         except Exception:  # noqa: BLE001 - the TTL removes it anyway
             pass
@@ -550,8 +549,7 @@ class ProxyState:
             await self.session.close()
         if self.redis is not None:
             try:
-                await self.redis.hdel(self.members_key, self.process_id)
-                await self.redis.delete(f"{self.members_key}:h:{self.process_id}")
+                await self.redis.eval(LEAVE, 1, self.members_key, self.process_id)
             except Exception:  # noqa: BLE001 - the TTL removes it anyway
                 pass
             await self.redis.aclose()

@@ -143,5 +143,5 @@ def members_key():
     name = f"test:members:{uuid.uuid4().hex[:8]}"
     yield name
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(name, *client.keys(f"{name}:h:*"))
+    client.delete(name, *client.keys(f"{name}:*"))
     client.close()

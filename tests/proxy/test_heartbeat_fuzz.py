@@ -24,7 +24,7 @@ from gateway.admission.shares import allocate, demand_parts, fair_share
 from gateway.proxy import state as proxy_state
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.disaggregation import prefill_route
-from gateway.proxy.membership import HEARTBEAT, ShareBook, parse_members
+from gateway.proxy.membership import HEARTBEAT, LEAVE, ShareBook, parse_members
 from gateway.proxy.reports import OwnReports
 from gateway.proxy.state import ProxyState
 from gateway.routing.base import RouteRequest
@@ -35,7 +35,7 @@ STEPS = 600
 FAIL_RATE = 0.08  # each kind, per script call, in every other 100 steps of a run that injects failures
 PD_ID = 20
 ALWAYS = ("incremental beat", "over its limit on an incremental beat", "demand read from moves", "replica back")
-ALWAYS += ("join", "leave", "counted out", "serving slot checked", "draining slot checked")
+ALWAYS += ("join", "leave", "counted out", "serving slot checked", "draining slot checked", "totals checked")
 FAILURES = ("failure before the script", "failure after the script", "recovery with a draining slot")
 
 
@@ -260,8 +260,7 @@ class Fleet:
 
     def forget(self, p: Proc) -> None:
         """Drop a process's entry and holdings from Redis, as the script does once its entry expired."""
-        self.sync.hdel(self.key, p.state.process_id)
-        self.sync.delete(f"{self.key}:h:{p.state.process_id}")
+        self.sync.eval(LEAVE, 1, self.key, p.state.process_id)
 
     def leave(self, p: Proc) -> None:
         if len(self.procs) > 2:
@@ -289,6 +288,13 @@ class Fleet:
         for rid, limit in self.limits.items():
             total = sum(h.get(rid, 0) for h in held.values())
             self.record.expect(total <= limit, "over its limit in Redis", rid, total, limit)
+        # The replicas' totals the script grants from are every holdings hash summed, exactly.
+        summed = Counter()
+        for key in self.sync.keys(f"{self.key}:h:*"):
+            summed.update({rid.decode(): int(n) for rid, n in self.sync.hgetall(key).items()})
+        totals = {rid.decode(): int(n) for rid, n in self.sync.hgetall(f"{self.key}:held").items()}
+        self.record.expect(totals == {rid: n for rid, n in summed.items() if n}, "totals", totals, dict(summed))
+        self.record.seen["totals checked"] += bool(totals)
         for p in self.procs:
             self.check_proc(p, held)
 

@@ -162,7 +162,7 @@ def test_each_process_works_out_its_own_part_of_the_split_as_the_whole_split_giv
 @pytest.fixture
 def members_redis():
     client = redis.Redis.from_url(settings.REDIS_URL)
-    doomed = lambda: ["test:members", *client.keys("test:members:h:*")]  # noqa: E731
+    doomed = lambda: ["test:members", *client.keys("test:members:*")]  # noqa: E731
     client.delete(*doomed())
     yield client
     client.delete(*doomed())
