@@ -192,16 +192,19 @@ def allocate(
         if over is not None:
             over.add(rid)
         mine, left = 0, limit
+        # Only the members with demand here take part in its classes' split (many processes, a few on each replica).
+        active = [(mid, own) for mid, own in zip(ids, sums, strict=True) if own or mid == me]
+        at = [mid for mid, _ in active].index(me)
         for c in classes:
             if left <= 0:
                 break
-            wanted = [_count(members[mid], rid, c, own) for mid, own in zip(ids, sums, strict=True)]
+            wanted = [_count(members[mid], rid, c, own) for mid, own in active]
             total = sum(wanted)
             if total <= left:  # everyone's demand in this class fits
-                mine += wanted[rank]
+                mine += wanted[at]
                 left -= total
                 continue
-            mine += max_min_fill(left, dict(zip(ids, wanted, strict=True)))[me]
+            mine += max_min_fill(left, {mid: w for (mid, _), w in zip(active, wanted, strict=True)})[me]
             left = 0
         if left > 0:
             base, extra = divmod(left, n)
