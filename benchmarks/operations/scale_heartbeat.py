@@ -34,7 +34,7 @@ from django.conf import settings
 
 from capacity.units import MUCoefficients
 from gateway.admission.classes import CLASSES, CRITICAL
-from gateway.admission.shares import fair_share
+from gateway.admission.shares import Member, allocate
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.membership import HEARTBEAT
 from gateway.proxy.runtime import EndpointRuntime
@@ -75,6 +75,10 @@ async def _measure(replicas: int, progress, members: int, load: dict, mine: bool
     config = ProxyConfig()
     state = ProxyState(config)
     state.members_key = f"infercap:bench:members:{uuid.uuid4().hex[:8]}"
+    # First in the id order: with more processes than a replica's limit, the first ``LIMIT`` by id hold the idle
+    # replicas' slots (their even shares) and give them back as others' demand comes; the measured process is one of
+    # them, the busier kind (the others here hold their shares and never read its demand).
+    state.process_id = f"bench-measured:{state.process_id}"
     state.redis = aioredis.Redis.from_url(settings.REDIS_URL)
     state._heartbeat = state.redis.register_script(HEARTBEAT)
     sync = redis.Redis.from_url(settings.REDIS_URL)
@@ -167,7 +171,11 @@ class _Fleet:
         interval = state.config.member_interval_s
         self.loads = {name: _load(self.rng, rids, load, interval) for name in self.others}
         self.beats = dict.fromkeys(self.others, 0)
+        self.held: dict[str, dict[str, int]] = {other: {} for other in self.others}
+        self.short: dict[str, set[str]] = {other: set() for other in self.others}
+        self.limits = dict.fromkeys(rids, LIMIT)
         self.mine = _load(self.rng, rids, load, interval) if mine else None  # this process's own critical streams
+        self.mine_moved: set[str] = set()  # since the others last worked out their allocations
         self.by_replica = {str(r.id): rt for rt in state.runtimes.values() for r in rt.info.replicas}
         self.first = True
 
@@ -181,26 +189,37 @@ class _Fleet:
         counts = self.mine.counts
         for rid in moved:
             _run(self.by_replica[rid], rid, counts.get(rid, 0))
+        self.mine_moved.update(moved)
 
     def beat_others(self) -> None:
+        """Each other process moves its demand, then beats as a proxy does: it asks to hold ``max(allocation, what
+        runs)`` (``shares.allocate`` on every process's demand, this one's included) where that moved or its last
+        grant fell short, with what moved since its last beat."""
         ttl = repr(self.state.config.member_ttl_s)
-        for other in self.others:  # each asks for its even share once, then what its streams need where they moved
-            load = self.loads[other]
-            moved = load.step()
-            counts = load.counts
+        moved = {other: self.loads[other].step() for other in self.others}
+        demand = {other: self.loads[other].counts for other in self.others}
+        demand[self.state.process_id] = self.mine.counts if self.mine is not None else {}
+        members = {pid: Member(joined=0.0, seen_at=0.0, demand=counts) for pid, counts in demand.items()}
+        touched = set().union(self.mine_moved, *moved.values())
+        self.mine_moved = set()
+        totals = {rid: sum(counts.get(rid, 0) for counts in demand.values()) for rid in touched}
+        for other in self.others:
+            counts, held = demand[other], self.held[other]
+            if self.beats[other] == 0:  # every replica asked for
+                want = allocate(other, members, self.limits)
+            else:
+                want = allocate(other, members, self.limits, only=touched | self.short[other], totals=totals)
+            ask = {rid: w for rid, n in want.items() if held.get(rid) != (w := max(n, counts.get(rid, 0)))}
+            limits = json.dumps(dict.fromkeys(ask, LIMIT), separators=(",", ":"))
             queued = json.dumps(counts, separators=(",", ":"))  # and their critical part (nothing sheddable)
-            first = self.beats[other] == 0
-            even = fair_share(LIMIT, self.ids, other)
-            if first:
-                share = dict.fromkeys(self.rids, even)
-            else:  # as ``ShareBook.changes`` asks: at least what runs (the toggles never exceed the even share)
-                share = {rid: max(even, min(LIMIT, counts.get(rid, 0))) for rid in moved} if load.asks else {}
-            limits = json.dumps(dict.fromkeys(share, LIMIT), separators=(",", ":"))
             beat = self.beats[other] = self.beats[other] + 1  # with what moved since its last beat, as a proxy does
-            base = beat - 1 if 2 * len(moved) <= len(counts) else -1  # most moved: no moves, as ``ShareBook.sending``
-            moves = json.dumps({rid: counts.get(rid, 0) for rid in moved} if base >= 0 else {}, separators=(",", ":"))
-            args = [other, json.dumps(share), queued, queued, "{}", ttl, limits, "0", str(beat), str(base), moves]
-            self.script(keys=[self.state.members_key], args=args)
+            mine = moved[other]
+            base = beat - 1 if 2 * len(mine) <= len(counts) else -1  # most moved: no moves, as ``ShareBook.sending``
+            moves = json.dumps({rid: counts.get(rid, 0) for rid in mine} if base >= 0 else {}, separators=(",", ":"))
+            args = [other, json.dumps(ask), queued, queued, "{}", ttl, limits, "0", str(beat), str(base), moves]
+            grants = json.loads(self.script(keys=[self.state.members_key], args=args)[1])
+            held.update(grants)
+            self.short[other] = {rid for rid, n in grants.items() if n < ask[rid]}
 
 
 def _load(rng: random.Random, rids: list[str], load: dict, interval: float):
@@ -212,8 +231,6 @@ def _load(rng: random.Random, rids: list[str], load: dict, interval: float):
 class _Toggles:
     """One process's demand: a request running on every busy replica, a second one starting or ending on ``churn``
     of them between two beats (a count between 1 and 2)."""
-
-    asks = False  # two streams fit in the even share of 4 processes: held once, nothing more to ask for
 
     def __init__(self, rng: random.Random, busy: list[str], churn: float) -> None:
         self.rng, self.busy, self.churn = rng, busy, churn
@@ -228,10 +245,7 @@ class _Toggles:
 
 class _Streams:
     """One process's demand: ``streams`` streams on replicas drawn at random; between two beats ``per_beat`` of
-    them end and as many start on replicas drawn afresh (the replicas whose count moved are what moved). Where many
-    processes share a replica the even share is 0 or 1, so a process asks for its streams' slots as they move."""
-
-    asks = True
+    them end and as many start on replicas drawn afresh (the replicas whose count moved are what moved)."""
 
     def __init__(self, rng: random.Random, rids: list[str], streams: int, per_beat: int) -> None:
         self.rng, self.rids, self.per_beat = rng, rids, per_beat

@@ -14,7 +14,10 @@ those it queues (its *demand*):
    members (a member with 2 gets 2, the others share the rest evenly); so a process running or queueing
    critical requests gets slots ahead of one busy with sheddable ones, whichever process they arrived at;
 2. what is left is split evenly (``fair_share``), so an idle process keeps headroom and its first requests
-   need not wait for a heartbeat.
+   need not wait for a heartbeat. Where it does not divide evenly, the members that get one more are the next
+   ones in id order from a place that depends on the replica (``spread``): the remainder of every replica going to
+   the first ids would move the first processes' allocation at nearly every change of demand anywhere, and
+   theirs alone, so they would pay for every other process's churn (``bench scale``'s heartbeat loops).
 
 A process's cap is the smaller of its allocation and its holding; it asks to hold ``max(allocation, what it
 runs)`` (a running stream is never revoked), so a process over its allocation admits nothing new and gives
@@ -35,8 +38,10 @@ Redis, by the heartbeat, for the replicas whose holding a process asks to change
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from gateway.admission.classes import CLASSES, CRITICAL, SHEDDABLE
 
@@ -85,11 +90,19 @@ def demand_parts(rows: Mapping[str, Sequence[int]]) -> dict[str, dict[str, int]]
     return dict(zip(("demand", "critical", "sheddable"), parts, strict=True))
 
 
-def fair_share(limit: int, member_ids: list[str], member_id: str) -> int:
-    """``limit // n``, plus one for the first ``limit % n`` members in id order (the shares sum to ``limit``)."""
+def fair_share(limit: int, member_ids: list[str], member_id: str, start: int = 0) -> int:
+    """``limit // n``, plus one for ``limit % n`` members: the next ones in id order from position ``start``
+    (mod n; ``spread``), wrapping (the shares sum to ``limit``)."""
     ordered = sorted(member_ids)
     base, extra = divmod(limit, len(ordered))
-    return base + (1 if ordered.index(member_id) < extra else 0)
+    return base + (1 if (ordered.index(member_id) - start) % len(ordered) < extra else 0)
+
+
+@lru_cache(maxsize=1 << 16)
+def spread(rid: str) -> int:
+    """Where a replica's remainder starts in the members' id order (``fair_share``'s ``start``): the same in every
+    process, and evenly spread over the replicas."""
+    return zlib.crc32(rid.encode())
 
 
 def max_min_fill(capacity: int, demands: Mapping[str, int]) -> dict[str, int]:
@@ -167,27 +180,23 @@ def allocate(
     # branch below gives it the even share all the same).
     demanded = set().union(*demand_maps) if only is None else None
     classes = range(len(CLASSES))
-    even: dict[int, int] = {}  # limit → ``me``'s even share of it
     out = {}
     for rid, limit in limits.items():
         if demanded is not None and rid not in demanded:  # the usual replica of a large fleet: nobody's requests on it
-            mine = even.get(limit)
-            if mine is None:
-                base, extra = divmod(max(0, limit), n)
-                mine = even[limit] = base + (1 if rank < extra else 0)
-            out[rid] = mine
+            base, extra = divmod(max(0, limit), n)
+            out[rid] = base + (1 if extra and (rank - spread(rid)) % n < extra else 0)
             continue
         if totals is not None:
             left = limit - total_of(rid, 0)
             if left >= 0:  # every member's demand fits, in every class: each gets its own and a share of the rest
                 base, extra = divmod(left, n)
-                out[rid] = own(rid, 0) + base + (1 if rank < extra else 0)
+                out[rid] = own(rid, 0) + base + (1 if extra and (rank - spread(rid)) % n < extra else 0)
                 continue
         sums = [get(rid, 0) for get in gets]
         left = limit - sum(sums)
         if left >= 0:
             base, extra = divmod(left, n)
-            out[rid] = sums[rank] + base + (1 if rank < extra else 0)
+            out[rid] = sums[rank] + base + (1 if extra and (rank - spread(rid)) % n < extra else 0)
             continue
         if over is not None:
             over.add(rid)
@@ -208,7 +217,7 @@ def allocate(
             left = 0
         if left > 0:
             base, extra = divmod(left, n)
-            mine += base + (1 if rank < extra else 0)
+            mine += base + (1 if extra and (rank - spread(rid)) % n < extra else 0)
         out[rid] = mine
     return out
 

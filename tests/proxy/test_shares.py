@@ -12,7 +12,15 @@ import pytest
 import redis
 from django.conf import settings
 
-from gateway.admission.shares import Member, allocate, demand_parts, fair_share, max_min_fill, spread_queue
+from gateway.admission.shares import (
+    Member,
+    allocate,
+    demand_parts,
+    fair_share,
+    max_min_fill,
+    spread,
+    spread_queue,
+)
 from gateway.proxy.caps import lower_caps
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, parse_members
@@ -34,9 +42,27 @@ def member(demand=(0, 0, 0), rid="r"):
 def test_fair_shares_sum_to_the_limit_and_differ_by_at_most_one():
     for limit, n in itertools.product(range(1, 20), range(1, 7)):
         ids = [f"p{i}" for i in range(n)]
-        shares = [fair_share(limit, ids, i) for i in ids]
+        start = limit * 7 + n  # any place the remainder starts: still the limit, within one of each other
+        shares = [fair_share(limit, ids, i, start) for i in ids]
         assert sum(shares) == limit
         assert max(shares) - min(shares) <= 1
+
+
+def test_the_remainder_of_an_even_split_goes_to_each_member_on_its_part_of_the_replicas():
+    # 3 members, a limit of 4 on 600 replicas (one with a request, the rest idle): the one slot over an even split
+    # goes to each member on about a third of them, not to the first id everywhere (which would move that member's
+    # allocation at every change of demand and no one else's).
+    ids = ["a", "b", "c"]
+    limits = {f"r{i}": 4 for i in range(600)}
+    members = {
+        mid: Member(joined=0.0, seen_at=1.0, **demand_parts({"r0": (1, 0, 0)} if mid == "a" else {})) for mid in ids
+    }
+    extra = {mid: sum(n - 1 for rid, n in allocate(mid, members, limits).items() if rid != "r0") for mid in ids}
+    assert all(170 <= extra[mid] <= 230 for mid in ids), extra
+    assert sum(extra.values()) == 599
+    # Every member works out the same split: the allocations sum to each limit.
+    for rid in limits:
+        assert sum(allocate(mid, members, limits)[rid] for mid in ids) == 4
 
 
 def test_max_min_fill_meets_small_demands_and_splits_the_rest_evenly():
@@ -132,7 +158,7 @@ def reference_allocate(me, members, limits):
             left -= sum(got.values())
         if left > 0:
             for mid in members:
-                alloc[mid] += fair_share(left, list(members), mid)
+                alloc[mid] += fair_share(left, list(members), mid, spread(rid))
         out[rid] = alloc[me]
     return out
 
