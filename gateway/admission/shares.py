@@ -32,8 +32,8 @@ whose heartbeat stalls past the TTL (event loop blocked for seconds) is counted 
 still run streams, so the TTL must stay well above the interval; while Redis is unreachable every process keeps
 its last caps (nobody can take, so nobody exceeds), except on a replica it was never granted anything of (new to
 it since its last beat), which it gives its even share: another process granted more of it before Redis went away
-can then run it over its limit by that share. Each process knows only its own holdings; the others' are read in
-Redis, by the heartbeat, for the replicas whose holding a process asks to change.
+can then run it over its limit by that share. Each process knows only its own holdings; what the others hold is
+read in Redis, by the heartbeat, as each replica's total for the replicas whose holding a process asks to change.
 """
 
 from __future__ import annotations
