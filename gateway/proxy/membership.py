@@ -79,10 +79,14 @@ end
 if ARGV[8] == '1' or reset == 1 then
   release(mine)  -- a full beat asks for every replica: what it holds is rewritten from them
 end
-if ARGV[8] == '1' and redis.call('SET', KEYS[1] .. ':summed', '1', 'NX', 'EX', REBUILD_S) then
-  -- Once a period, the first full beat sums every live member's holdings afresh: a hash lost outside this script
-  -- (evicted) cannot leave the totals wrong for longer.
+-- The totals summed afresh from every live member's holdings (this one's too, if it still holds): once a period by
+-- the first full beat, so that a hash lost outside this script (evicted) cannot leave them wrong for longer; and
+-- whenever they are missing while others live (lost themselves, or written by a version that kept none).
+local resum = ARGV[8] == '1' and redis.call('SET', KEYS[1] .. ':summed', '1', 'NX', 'EX', REBUILD_S)
+if not resum and #names > 0 and redis.call('EXISTS', held_key) == 0 then resum = true end
+if resum then
   redis.call('DEL', held_key)
+  names[#names + 1] = ARGV[1]
   for _, pid in ipairs(names) do
     local h = redis.call('HGETALL', prefix .. pid)
     for k = 1, #h, 2 do redis.call('HINCRBY', held_key, h[k], tonumber(h[k + 1])) end

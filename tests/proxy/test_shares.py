@@ -235,6 +235,15 @@ def test_the_heartbeat_grants_only_what_the_other_live_members_leave_free(member
             assert sum(h.get(rid, 0) for h in held) <= limit
 
 
+def test_holdings_totals_lost_in_redis_are_summed_again_before_anything_is_granted(members_redis):
+    # "a" holds 6 of 8; the totals the grants read are lost (evicted, or written by a version that kept none).
+    assert _beat(members_redis, "a", {"r": 6}, {"r": 8})[1] == {"r": 6}
+    members_redis.delete("test:members:held")
+    # "b" asks for all 8: it gets what "a" does not hold, not the whole limit.
+    assert _beat(members_redis, "b", {"r": 8}, {"r": 8})[1] == {"r": 2}
+    assert {k.decode(): int(v) for k, v in members_redis.hgetall("test:members:held").items()} == {"r": 8}
+
+
 def test_a_dead_members_holdings_go_back_after_its_ttl(members_redis):
     before_a_beat = time.monotonic()
     _beat(members_redis, "a", {"r": 8}, {"r": 8}, ttl=0.2)
