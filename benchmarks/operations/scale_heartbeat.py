@@ -202,13 +202,14 @@ class _Fleet:
         members = {pid: Member(joined=0.0, seen_at=0.0, demand=counts) for pid, counts in demand.items()}
         touched = set().union(self.mine_moved, *moved.values())
         self.mine_moved = set()
-        totals = {rid: sum(counts.get(rid, 0) for counts in demand.values()) for rid in touched}
         for other in self.others:
             counts, held = demand[other], self.held[other]
             if self.beats[other] == 0:  # every replica asked for
                 want = allocate(other, members, self.limits)
             else:
-                want = allocate(other, members, self.limits, only=touched | self.short[other], totals=totals)
+                only = touched | self.short[other]
+                totals = {rid: sum(c.get(rid, 0) for c in demand.values()) for rid in only}
+                want = allocate(other, members, self.limits, only=only, totals=totals)
             ask = {rid: w for rid, n in want.items() if held.get(rid) != (w := max(n, counts.get(rid, 0)))}
             limits = json.dumps(dict.fromkeys(ask, LIMIT), separators=(",", ":"))
             queued = json.dumps(counts, separators=(",", ":"))  # and their critical part (nothing sheddable)

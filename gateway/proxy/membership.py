@@ -15,7 +15,7 @@ MEMBERS_KEY = "infercap:proxy:members"
 # Every this many beats (10 s at 0.25 s) a process asks for every replica, not only the changed ones: a holdings hash
 # lost in Redis (evicted, or a reply lost after the script ran) is put right within that.
 FULL_BEAT_EVERY = 40
-# The replicas' holdings totals are summed afresh from every member's holdings at most this often (a full beat's).
+# The replicas' holdings totals are summed afresh from every member's holdings at least this often.
 SUM_EVERY_S = 10
 
 # Proxy membership heartbeat (see gateway.admission.shares). KEYS[1]: the members hash (process id → its join time,
@@ -34,8 +34,10 @@ SUM_EVERY_S = 10
 # join time and stamp, written first; the demand after them is passed on, never decoded) and, per changed replica,
 # this process's holding and the replica's total: every live member's holdings summed per replica
 # (``KEYS[1]:held``), kept by every grant, release and expiry here and in ``LEAVE``, and summed afresh from the
-# members' hashes once every ``SUM_EVERY_S`` on a full beat. So a beat costs what changes, not the fleet or the
-# number of processes. The holdings hashes are keys the script names itself: one Redis, not a Redis Cluster (whose
+# members' hashes at least every ``SUM_EVERY_S``, whenever the totals are missing, and when a member's hash expired
+# before it was counted out. So a beat costs what changes, not the fleet or the number of processes. While a live
+# member is of the version before (not in ``KEYS[1]:v2``, the members this version marks), whose script keeps no
+# totals, grants sum the others' hashes as that version did, and the totals are summed afresh once it is gone. The holdings hashes are keys the script names itself: one Redis, not a Redis Cluster (whose
 # scripts may touch only the keys they are given).
 HEARTBEAT = """
 local t = redis.call('TIME')
@@ -45,6 +47,7 @@ local want = cjson.decode(ARGV[2])
 local limits = cjson.decode(ARGV[7])
 local prefix = KEYS[1] .. ':h:'
 local held_key = KEYS[1] .. ':held'
+local marked = KEYS[1] .. ':v2'  -- the members whose scripts keep the totals (this version's)
 local function release(key)  -- a member's holdings leave the replicas' totals, then the member's hash goes
   local h = redis.call('HGETALL', key)
   for k = 1, #h, 2 do
@@ -55,6 +58,7 @@ end
 local joined = nil
 local live = {}
 local names = {}
+local lost = false
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local j, stamp = string.match(all[i + 1], '^{"j":([%d.]+),"t":([%d.]+)[,}]')  -- the head alone: no decode
@@ -67,9 +71,17 @@ for i = 1, #all, 2 do
     live[#live + 1] = all[i + 1]
   else
     redis.call('HDEL', KEYS[1], all[i])
+    redis.call('SREM', marked, all[i])
+    lost = lost or redis.call('EXISTS', prefix .. all[i]) == 0  -- expired before it was counted out: re-sum
     release(prefix .. all[i])
   end
 end
+-- A live member of the version before keeps no totals: while one lives, grants sum the others' hashes as it does.
+local mixed = false
+for _, pid in ipairs(names) do
+  if redis.call('SISMEMBER', marked, pid) == 0 then mixed = true break end
+end
+redis.call('SADD', marked, ARGV[1])
 local mine = prefix .. ARGV[1]
 local reset = 0
 if joined == nil then
@@ -79,24 +91,37 @@ end
 if ARGV[8] == '1' or reset == 1 then
   release(mine)  -- a full beat asks for every replica: what it holds is rewritten from them
 end
--- The totals summed afresh from every live member's holdings (this one's too, if it still holds): once a period by
--- the first full beat, so that a hash lost outside this script (evicted) cannot leave them wrong for longer; and
--- whenever they are missing while others live (lost themselves, or written by a version that kept none).
-local resum = ARGV[8] == '1' and redis.call('SET', KEYS[1] .. ':summed', '1', 'NX', 'EX', REBUILD_S)
-if not resum and #names > 0 and redis.call('EXISTS', held_key) == 0 then resum = true end
-if resum then
-  redis.call('DEL', held_key)
-  names[#names + 1] = ARGV[1]
-  for _, pid in ipairs(names) do
-    local h = redis.call('HGETALL', prefix .. pid)
-    for k = 1, #h, 2 do redis.call('HINCRBY', held_key, h[k], tonumber(h[k + 1])) end
+-- The totals summed afresh from every live member's holdings (this one's too, if it still holds): once a period,
+-- so that a hash lost outside this script (evicted, expired) cannot leave them wrong for longer; whenever they are
+-- missing while others live (lost themselves, or after members of the version before); and when a member's hash
+-- expired before the member was counted out.
+if not mixed then
+  local resum = redis.call('SET', KEYS[1] .. ':summed', '1', 'NX', 'EX', REBUILD_S) or lost
+  if not resum and #names > 0 and redis.call('EXISTS', held_key) == 0 then resum = true end
+  if resum then
+    redis.call('DEL', held_key)
+    names[#names + 1] = ARGV[1]
+    for _, pid in ipairs(names) do
+      local h = redis.call('HGETALL', prefix .. pid)
+      for k = 1, #h, 2 do redis.call('HINCRBY', held_key, h[k], tonumber(h[k + 1])) end
+    end
+    names[#names] = nil
   end
 end
 local parts = {}
 for rid, w in pairs(want) do
+  w = tonumber(w) or 0
   local have = tonumber(redis.call('HGET', mine, rid)) or 0
-  local total = tonumber(redis.call('HGET', held_key, rid)) or 0
-  local g = math.min(tonumber(w) or 0, (tonumber(limits[rid]) or 0) - (total - have))
+  local others = 0
+  if mixed then
+    for _, pid in ipairs(names) do others = others + (tonumber(redis.call('HGET', prefix .. pid, rid)) or 0) end
+  else
+    others = (tonumber(redis.call('HGET', held_key, rid)) or 0) - have
+  end
+  -- never below what it holds and still wants, within the limit (the same where the totals are right: others and
+  -- what it holds fit in the limit); a grant short of what runs would let the others past the limit
+  local limit = tonumber(limits[rid]) or 0
+  local g = math.max(math.min(w, limit - others), math.min(w, have, limit))
   if g < 0 then g = 0 end
   g = math.floor(g)
   if g ~= have then
@@ -104,6 +129,9 @@ for rid, w in pairs(want) do
   end
   if g > 0 then redis.call('HSET', mine, rid, g) else redis.call('HDEL', mine, rid) end
   parts[#parts + 1] = cjson.encode(rid) .. ':' .. string.format('%d', g)
+end
+if mixed then
+  redis.call('DEL', held_key)  -- wrong while the version before grants: summed afresh once it is gone
 end
 redis.call('EXPIRE', mine, math.ceil(ttl * 10))
 local entry = string.format(
@@ -113,6 +141,7 @@ local entry = string.format(
 redis.call('HSET', KEYS[1], ARGV[1], entry)
 redis.call('EXPIRE', KEYS[1], math.ceil(ttl * 10))
 redis.call('EXPIRE', held_key, math.ceil(ttl * 10))
+redis.call('EXPIRE', marked, math.ceil(ttl * 10))
 live[#live + 1] = ARGV[1]
 live[#live + 1] = entry
 return {live, '{' .. table.concat(parts, ',') .. '}', reset}
@@ -129,6 +158,7 @@ for k = 1, #h, 2 do
 end
 redis.call('DEL', key)
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('SREM', KEYS[1] .. ':v2', ARGV[1])
 """
 
 

@@ -23,7 +23,7 @@ from gateway.admission.shares import (
 )
 from gateway.proxy.caps import lower_caps
 from gateway.proxy.config import ProxyConfig
-from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, parse_members
+from gateway.proxy.membership import FULL_BEAT_EVERY, HEARTBEAT, LEAVE, parse_members
 from gateway.proxy.runtime import EndpointRuntime
 from gateway.proxy.snapshot import ReplicaInfo
 from gateway.proxy.state import ProxyState
@@ -244,6 +244,32 @@ def test_holdings_totals_lost_in_redis_are_summed_again_before_anything_is_grant
     assert {k.decode(): int(v) for k, v in members_redis.hgetall("test:members:held").items()} == {"r": 8}
 
 
+def _sum_held(client, rid: str) -> int:
+    return sum(int(client.hget(key, rid) or 0) for key in client.keys("test:members:h:*"))
+
+
+def test_beside_a_member_that_keeps_no_totals_grants_read_every_holding(members_redis):
+    # "old" runs the version before (unmarked): it holds 4 in the totals, then its script grants it 6 more in its
+    # holdings hash alone, as that version's does.
+    _beat(members_redis, "old", {"r": 4}, {"r": 10})
+    members_redis.srem("test:members:v2", "old")
+    members_redis.hset("test:members:h:old", "r", 10)
+    assert _beat(members_redis, "new", {"r": 10}, {"r": 10})[1] == {"r": 0}
+    assert _sum_held(members_redis, "r") == 10
+    # "old" goes; the totals are summed afresh from the hashes and the slots it held can be granted again.
+    members_redis.eval(LEAVE, 1, "test:members", "old")
+    assert _beat(members_redis, "new", {"r": 10}, {"r": 10})[1] == {"r": 10}
+    assert {k.decode(): int(v) for k, v in members_redis.hgetall("test:members:held").items()} == {"r": 10}
+
+
+def test_a_holdings_hash_expired_before_its_member_was_counted_out_leaves_no_phantom(members_redis):
+    _beat(members_redis, "a", {"r": 5}, {"r": 10}, ttl=0.2)  # its hash expires 2 s after this beat
+    time.sleep(0.1)
+    _beat(members_redis, "b", {"r": 5}, {"r": 10}, ttl=0.2)  # the totals and b's hash 0.1 s later
+    time.sleep(1.95)  # a's hash has expired, a itself is not yet counted out
+    assert _beat(members_redis, "c", {"r": 10}, {"r": 10}, ttl=0.2)[1] == {"r": 10}  # a and b are gone
+
+
 def test_a_dead_members_holdings_go_back_after_its_ttl(members_redis):
     before_a_beat = time.monotonic()
     _beat(members_redis, "a", {"r": 8}, {"r": 8}, ttl=0.2)
@@ -374,6 +400,9 @@ def test_a_holding_lost_in_redis_is_asked_for_again_and_a_lowered_limit_clips_wh
         members_redis.hset(mine, "99", 3)  # and a lost reply's grant of a replica since gone from a's pools
         await a.state._beat()
         assert _held(members_redis, a.state.process_id) == {"99": 3}  # nothing changed in a's eyes: nothing asked
+        # The totals the script grants from still count the 10 lost; they are summed afresh from the hashes every
+        # SUM_EVERY_S (10 s, what a full beat's period also is): that time passing, as the marker's expiry.
+        members_redis.delete("test:members:summed")
         for _ in range(FULL_BEAT_EVERY):  # within a full beat's period a asks for every replica, and only those
             await a.state._beat()
         assert _held(members_redis, a.state.process_id) == {"10": 10} == {"10": a.cap()}
