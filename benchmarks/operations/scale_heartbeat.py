@@ -72,7 +72,9 @@ def heartbeat_processes(
 
 
 async def _measure(replicas: int, progress, members: int, load: dict, mine: bool) -> dict:
-    config = ProxyConfig()
+    # The other processes beat one after another in this one process, slower than a fleet's do side by side (127 of
+    # them take longer than the TTL); a long TTL keeps them all live, as a fleet's would be: no member is counted out.
+    config = ProxyConfig(member_ttl_s=60.0)
     state = ProxyState(config)
     state.members_key = f"infercap:bench:members:{uuid.uuid4().hex[:8]}"
     # First in the id order: with more processes than a replica's limit, the first ``LIMIT`` by id hold the idle
@@ -202,13 +204,15 @@ class _Fleet:
         members = {pid: Member(joined=0.0, seen_at=0.0, demand=counts) for pid, counts in demand.items()}
         touched = set().union(self.mine_moved, *moved.values())
         self.mine_moved = set()
+        totals = {}  # every process's demand summed, where the others work it out
         for other in self.others:
             counts, held = demand[other], self.held[other]
             if self.beats[other] == 0:  # every replica asked for
                 want = allocate(other, members, self.limits)
             else:
                 only = touched | self.short[other]
-                totals = {rid: sum(c.get(rid, 0) for c in demand.values()) for rid in only}
+                for rid in only - totals.keys():
+                    totals[rid] = sum(c.get(rid, 0) for c in demand.values())
                 want = allocate(other, members, self.limits, only=only, totals=totals)
             ask = {rid: w for rid, n in want.items() if held.get(rid) != (w := max(n, counts.get(rid, 0)))}
             limits = json.dumps(dict.fromkeys(ask, LIMIT), separators=(",", ":"))
