@@ -37,8 +37,9 @@ SUM_EVERY_S = 10
 # members' hashes at least every ``SUM_EVERY_S``, whenever the totals are missing, and when a member's hash expired
 # before it was counted out. So a beat costs what changes, not the fleet or the number of processes. While a live
 # member is of the version before (not in ``KEYS[1]:v2``, the members this version marks), whose script keeps no
-# totals, grants sum the others' hashes as that version did, and the totals are summed afresh once it is gone. The holdings hashes are keys the script names itself: one Redis, not a Redis Cluster (whose
-# scripts may touch only the keys they are given).
+# totals, grants sum the others' hashes as that version did, and the totals are summed afresh once it is gone. The
+# holdings hashes are keys the script names itself: one Redis, not a Redis Cluster (whose scripts may touch only the
+# keys they are given).
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
