@@ -109,18 +109,24 @@ def _drop_state(ids: list[int], replica_ids: list[int]) -> None:
 def metrics_servers(ports: int = SERVER_PROCESSES * PORTS_PER_PROCESS):
     """Start the servers (``ports`` ports over ``SERVER_PROCESSES`` processes); yields their ports and a function
     moving every replica one cycle on."""
-    ports = _free_ports(ports)
-    per_process = -(-len(ports) // SERVER_PROCESSES)
+    count = ports
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     processes = []
     try:
-        for first in range(0, len(ports), per_process):
-            argv = [sys.executable, "-m", "benchmarks.operations.metrics_servers"]
-            argv += [str(p) for p in ports[first : first + per_process]]
-            processes.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
-        for process in processes:
-            if process.stdout.readline().strip() != "ready":
-                raise RuntimeError("a metrics server did not start")
+        # A port found free can be taken by another process before a server binds it (test suites run side by
+        # side): then the servers start again on ports found afresh.
+        for _attempt in range(3):
+            _stop(processes)
+            ports, processes = _free_ports(count), []
+            per_process = -(-len(ports) // SERVER_PROCESSES)
+            for first in range(0, len(ports), per_process):
+                argv = [sys.executable, "-m", "benchmarks.operations.metrics_servers"]
+                argv += [str(p) for p in ports[first : first + per_process]]
+                processes.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
+            if all(process.stdout.readline().strip() == "ready" for process in processes):
+                break
+        else:
+            raise RuntimeError("a metrics server did not start")
         heads = ports[::per_process]  # one port of each process
 
         def advance() -> None:
@@ -129,13 +135,17 @@ def metrics_servers(ports: int = SERVER_PROCESSES * PORTS_PER_PROCESS):
 
         yield ports, advance
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        _stop(processes)
+
+
+def _stop(processes: list) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def _free_ports(count: int) -> list[int]:
